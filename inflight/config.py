@@ -1,0 +1,150 @@
+"""Engine knobs as frozen dataclasses, validated once at construction.
+
+Every knob has a documented default here; `LLM(**knobs)` and the CLI flags are generated from
+these fields (`KNOBS`), so the three can never disagree. Values that depend on the loaded model
+(`max_model_len`, the number of KV blocks) are resolved by the engine after loading.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from inflight.errors import ConfigError
+
+GiB = 1024**3
+
+Dtype = Literal["auto", "bfloat16", "float16", "float32"]
+Batching = Literal["continuous", "static"]
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    model: str | None = field(
+        default=None,
+        metadata={"help": "HF model folder, GGUF file, or None for SmolLM2-135M-Instruct"},
+    )
+    dtype: Dtype = field(
+        default="auto",
+        metadata={"help": "weights/activations dtype; auto = bfloat16 where supported"},
+    )
+    max_model_len: int | None = field(
+        default=None,
+        metadata={"help": "max prompt + output tokens per request; default: the model's limit"},
+    )
+    device: str = field(default="auto", metadata={"help": "cpu, cuda or auto"})
+    seed: int = field(default=0, metadata={"help": "seed for requests that set none"})
+
+    def __post_init__(self) -> None:
+        _require(
+            self.dtype in ("auto", "bfloat16", "float16", "float32"),
+            f"dtype must be auto, bfloat16, float16 or float32, got {self.dtype!r}",
+        )
+        _require(
+            self.max_model_len is None or self.max_model_len >= 1,
+            f"max_model_len must be >= 1, got {self.max_model_len}",
+        )
+        _require(self.device in ("auto", "cpu", "cuda"), f"unknown device {self.device!r}")
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    kv_block_size: int = field(default=16, metadata={"help": "tokens per KV cache block"})
+    kv_cache_memory_bytes: int = field(
+        default=2 * GiB, metadata={"help": "memory budget for the KV cache, in bytes"}
+    )
+    num_kv_blocks: int | None = field(
+        default=None, metadata={"help": "number of KV blocks; overrides the memory budget"}
+    )
+
+    def __post_init__(self) -> None:
+        _require(self.kv_block_size >= 1, f"kv_block_size must be >= 1, got {self.kv_block_size}")
+        _require(
+            self.kv_cache_memory_bytes >= 1,
+            f"kv_cache_memory_bytes must be >= 1, got {self.kv_cache_memory_bytes}",
+        )
+        _require(
+            self.num_kv_blocks is None or self.num_kv_blocks >= 1,
+            f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}",
+        )
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_seqs: int = field(default=64, metadata={"help": "max sequences in flight"})
+    max_num_batched_tokens: int = field(
+        default=2048, metadata={"help": "token budget of one step (prefill chunks + decodes)"}
+    )
+    prefill_chunk_size: int | None = field(
+        default=None,
+        metadata={"help": "max prompt tokens of one request per step; default: the budget"},
+    )
+    batching: Batching = field(
+        default="continuous",
+        metadata={"help": "continuous, or static (admit only into an empty batch)"},
+    )
+    # Resolved by the engine once the model is loaded; not a user knob.
+    max_model_len: int = field(default=0, metadata={"knob": False})
+
+    def __post_init__(self) -> None:
+        _require(self.max_num_seqs >= 1, f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        _require(
+            self.max_num_batched_tokens >= 1,
+            f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}",
+        )
+        _require(
+            self.prefill_chunk_size is None or self.prefill_chunk_size >= 1,
+            f"prefill_chunk_size must be >= 1, got {self.prefill_chunk_size}",
+        )
+        _require(
+            self.batching in ("continuous", "static"),
+            f"batching must be 'continuous' or 'static', got {self.batching!r}",
+        )
+
+    @property
+    def chunk_limit(self) -> int:
+        """Most prompt tokens one request may compute in one step."""
+        if self.prefill_chunk_size is None:
+            return self.max_num_batched_tokens
+        return min(self.prefill_chunk_size, self.max_num_batched_tokens)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+
+    @classmethod
+    def from_knobs(cls, **knobs: Any) -> EngineConfig:
+        """Builds a config from flat knob names (`max_num_seqs=8`); unknown names are errors."""
+        parts: dict[type, dict[str, Any]] = {ModelConfig: {}, CacheConfig: {}, SchedulerConfig: {}}
+        for name, value in knobs.items():
+            owner = KNOBS.get(name)
+            if owner is None:
+                raise ConfigError(f"unknown knob {name!r}; known knobs: {', '.join(sorted(KNOBS))}")
+            parts[owner][name] = value
+        return cls(
+            model=ModelConfig(**parts[ModelConfig]),
+            cache=CacheConfig(**parts[CacheConfig]),
+            scheduler=SchedulerConfig(**parts[SchedulerConfig]),
+        )
+
+
+def knob_fields() -> list[tuple[type, dataclasses.Field]]:
+    """Every user-settable knob with the dataclass that owns it, in declaration order."""
+    return [
+        (owner, f)
+        for owner in (ModelConfig, CacheConfig, SchedulerConfig)
+        for f in dataclasses.fields(owner)
+        if f.metadata.get("knob", True)
+    ]
+
+
+KNOBS: dict[str, type] = {f.name: owner for owner, f in knob_fields()}

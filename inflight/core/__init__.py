@@ -1,0 +1,1 @@
+"""The tensor-free core: block pool, KV-cache manager, scheduler. Plain Python over integers."""

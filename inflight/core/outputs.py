@@ -1,0 +1,83 @@
+"""Messages between scheduler, model runner and engine front (plain data, no tensors).
+
+Lists inside these messages (token ids, block tables) are shared with the core's own state to
+keep a step cheap: receivers read them and never mutate them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from inflight.request import FinishReason
+from inflight.sampling_params import SamplingParams
+
+
+@dataclass(slots=True)
+class ScheduledRequest:
+    """One request's share of a step: compute `token_ids` at positions `start_pos...`."""
+
+    request_id: str
+    token_ids: list[int]  # the tokens to run this step (a prompt chunk, or the last sampled one)
+    start_pos: int  # == num_computed_tokens before this step
+    block_table: list[int]
+    sample: bool  # True when this chunk reaches the end of the known tokens
+    sampling_params: SamplingParams
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    eos_token_ids: frozenset[int] = frozenset()
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    scheduled: list[ScheduledRequest] = field(default_factory=list)
+    preempted_request_ids: list[str] = field(default_factory=list)
+    # Requests that left the core since the last step; the runner drops their per-request state.
+    finished_request_ids: list[str] = field(default_factory=list)
+    num_batched_tokens: int = 0
+    num_running: int = 0
+    num_waiting: int = 0
+    kv_usage: float = 0.0
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+@dataclass(slots=True)
+class Logprobs:
+    """Log-probabilities at one position: the sampled token's, and the top-N alternatives."""
+
+    token_id: int
+    logprob: float
+    rank: int  # 1 = most likely
+    top: list[tuple[int, float]] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class ModelRunnerOutput:
+    sampled_token_ids: dict[str, int] = field(default_factory=dict)
+    logprobs: dict[str, Logprobs] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class EngineCoreOutput:
+    """What one step produced for one request."""
+
+    request_id: str
+    new_token_ids: list[int]
+    new_logprobs: list[Logprobs] = field(default_factory=list)
+    finish_reason: FinishReason | None = None
+    stop_reason: int | str | None = None
+    num_preemptions: int = 0
+    arrival_time: float = 0.0
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    finished_time: float | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None

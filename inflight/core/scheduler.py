@@ -1,0 +1,258 @@
+"""Scheduler: decides, every step, which requests compute how many tokens.
+
+One token budget, no phases. Running requests come first, in admission order: a decode wants 1
+token, a prefill the rest of its known tokens clamped to the budget and `prefill_chunk_size`;
+a prefill chunk never takes the budget that decodes behind it still need. When blocks run out,
+the newest running request is preempted by recompute (blocks freed, progress reset, re-queued
+at the head) and nobody new is admitted that step. Otherwise waiting requests are admitted
+while seats (`max_num_seqs`), budget and blocks last.
+
+Invariants checked at the end of `schedule()`: the budget holds, running <= max_num_seqs, and
+the blocks held by requests are exactly the pool's used blocks.
+"""
+
+from __future__ import annotations
+
+import time
+
+from inflight.config import SchedulerConfig
+from inflight.core.kv_cache_manager import KVCacheManager
+from inflight.core.outputs import (
+    EngineCoreOutput,
+    ModelRunnerOutput,
+    ScheduledRequest,
+    SchedulerOutput,
+)
+from inflight.core.policy import FCFSQueue, StaticBatchGate
+from inflight.request import FinishReason, Request, RequestStatus
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, kv_cache_manager: KVCacheManager) -> None:
+        if config.max_model_len < 1:
+            raise ValueError("SchedulerConfig.max_model_len must be resolved before scheduling")
+        self.config = config
+        self.kv = kv_cache_manager
+        self.requests: dict[str, Request] = {}
+        self.waiting = FCFSQueue()
+        self.running: list[Request] = []
+        self.static_gate = (
+            StaticBatchGate(config.max_num_seqs) if config.batching == "static" else None
+        )
+        self._finished_ids: list[str] = []
+        self.num_preemptions = 0
+
+    # ------------------------------------------------------------------ intake
+    def add_request(self, request: Request) -> None:
+        if request.request_id in self.requests:
+            raise ValueError(f"duplicate request id {request.request_id!r}")
+        self.requests[request.request_id] = request
+        self.waiting.add(request)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    # ---------------------------------------------------------------- schedule
+    def schedule(self) -> SchedulerOutput:
+        cfg = self.config
+        budget = cfg.max_num_batched_tokens
+        scheduled: list[ScheduledRequest] = []
+        preempted: list[str] = []
+        now = time.monotonic()
+
+        # Budget still owed to decodes not yet visited, so a prefill chunk never starves them.
+        pending_decodes = sum(1 for r in self.running if r.num_tokens - r.num_computed_tokens == 1)
+        i = 0
+        while i < len(self.running):
+            request = self.running[i]
+            remaining = request.num_tokens - request.num_computed_tokens
+            is_decode = remaining == 1
+            if is_decode:
+                pending_decodes -= 1
+                num_new = min(1, budget)
+            else:
+                num_new = min(remaining, budget - pending_decodes, cfg.chunk_limit)
+            if num_new <= 0:
+                i += 1
+                continue
+            while not self.kv.allocate_slots(request, num_new):
+                victim = self.running.pop()
+                if victim is not request and victim.num_tokens - victim.num_computed_tokens == 1:
+                    pending_decodes -= 1
+                self._preempt(victim)
+                preempted.append(victim.request_id)
+                if victim is request:
+                    break
+            else:
+                scheduled.append(self._scheduled(request, num_new, now))
+                budget -= num_new
+                i += 1
+
+        if not preempted:
+            budget = self._admit_waiting(budget, scheduled, now)
+
+        out = SchedulerOutput(
+            scheduled=scheduled,
+            preempted_request_ids=preempted,
+            finished_request_ids=self._finished_ids,
+            num_batched_tokens=cfg.max_num_batched_tokens - budget,
+            num_running=len(self.running),
+            num_waiting=len(self.waiting),
+            kv_usage=self.kv.usage,
+        )
+        self._finished_ids = []
+        self._check_invariants(out)
+        return out
+
+    def _admit_waiting(self, budget: int, scheduled: list[ScheduledRequest], now: float) -> int:
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            request = self.waiting.peek()
+            if self.static_gate is not None and not self.static_gate.admits(request, self.waiting):
+                break
+            remaining = request.num_tokens - request.num_computed_tokens
+            num_new = min(remaining, budget, self.config.chunk_limit)
+            if not self.kv.allocate_slots(request, num_new):
+                break
+            self.waiting.pop()
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            if request.first_scheduled_time is None:
+                request.first_scheduled_time = now
+            scheduled.append(self._scheduled(request, num_new, now))
+            budget -= num_new
+        return budget
+
+    def _scheduled(self, request: Request, num_new: int, now: float) -> ScheduledRequest:
+        start = request.num_computed_tokens
+        end = start + num_new
+        n_prompt = request.num_prompt_tokens
+        if start >= n_prompt:
+            token_ids = request.output_token_ids[start - n_prompt : end - n_prompt]
+        elif end <= n_prompt:
+            token_ids = request.prompt_token_ids[start:end]
+        else:  # a recompute spanning prompt and earlier outputs
+            token_ids = request.all_token_ids[start:end]
+        return ScheduledRequest(
+            request_id=request.request_id,
+            token_ids=token_ids,
+            start_pos=start,
+            block_table=self.kv.get_block_table(request.request_id),
+            sample=end == request.num_tokens,
+            sampling_params=request.sampling_params,
+            prompt_token_ids=request.prompt_token_ids,
+            output_token_ids=request.output_token_ids,
+            eos_token_ids=request.eos_token_ids,
+        )
+
+    def _preempt(self, request: Request) -> None:
+        """Recompute preemption: drop the KV, keep the tokens, go back to the head of the queue."""
+        self.kv.free(request)
+        request.num_computed_tokens = 0
+        request.status = RequestStatus.WAITING
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.add_front(request)
+
+    def _check_invariants(self, out: SchedulerOutput) -> None:
+        cfg = self.config
+        assert out.num_batched_tokens == sum(s.num_tokens for s in out.scheduled)
+        assert out.num_batched_tokens <= cfg.max_num_batched_tokens
+        assert len(self.running) <= cfg.max_num_seqs
+        held = sum(len(t) for t in self.kv.block_tables.values())
+        pool = self.kv.pool
+        assert held == pool.num_used_blocks, (held, pool.num_used_blocks)
+        assert pool.num_free_blocks + pool.num_used_blocks == pool.num_blocks
+
+    # ------------------------------------------------------------------ update
+    def update_from_output(
+        self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput
+    ) -> list[EngineCoreOutput]:
+        """Advances progress, appends sampled tokens, finishes requests that hit a stop."""
+        outputs: list[EngineCoreOutput] = []
+        now = time.monotonic()
+        for s in scheduler_output.scheduled:
+            request = self.requests[s.request_id]
+            request.num_computed_tokens += s.num_tokens
+            token_id = runner_output.sampled_token_ids.get(s.request_id)
+            if token_id is None:
+                continue  # mid-prefill: nothing sampled yet
+            request.output_token_ids.append(token_id)
+            if request.first_token_time is None:
+                request.first_token_time = now
+            reason, stop_reason = self._check_stop(request, token_id)
+            logprobs = runner_output.logprobs.get(s.request_id)
+            if reason is not None:
+                self._finish(request, reason, stop_reason, now)
+            outputs.append(self._core_output(request, [token_id], [logprobs] if logprobs else []))
+        return outputs
+
+    def _check_stop(
+        self, request: Request, token_id: int
+    ) -> tuple[FinishReason | None, int | None]:
+        params = request.sampling_params
+        if request.num_output_tokens >= params.min_tokens:
+            if not params.ignore_eos and token_id in request.eos_token_ids:
+                return FinishReason.STOP, None
+            if token_id in params.stop_token_ids:
+                return FinishReason.STOP, token_id
+        if request.num_output_tokens >= params.max_tokens:
+            return FinishReason.LENGTH, None
+        if request.num_tokens >= self.config.max_model_len:
+            return FinishReason.LENGTH, None
+        return None, None
+
+    def finish_requests(
+        self, request_ids: list[str], reason: FinishReason, stop_reason: str | None = None
+    ) -> list[EngineCoreOutput]:
+        """Ends requests from outside the step (abort, stop string); unknown ids are ignored."""
+        outputs = []
+        now = time.monotonic()
+        for request_id in request_ids:
+            request = self.requests.get(request_id)
+            if request is None:
+                continue
+            self._finish(request, reason, stop_reason, now)
+            outputs.append(self._core_output(request, [], []))
+        return outputs
+
+    def _finish(
+        self, request: Request, reason: FinishReason, stop_reason: int | str | None, now: float
+    ) -> None:
+        if request.status is RequestStatus.RUNNING:
+            self.running.remove(request)
+        elif request.status is RequestStatus.WAITING:
+            self.waiting.remove(request)
+        request.status = RequestStatus.FINISHED
+        request.finish_reason = reason
+        request.stop_reason = stop_reason
+        request.finished_time = now
+        self.kv.free(request)
+        del self.requests[request.request_id]
+        self._finished_ids.append(request.request_id)
+        if self.static_gate is not None:
+            self.static_gate.on_finished(request.request_id)
+
+    @staticmethod
+    def _core_output(
+        request: Request, new_token_ids: list[int], logprobs: list
+    ) -> EngineCoreOutput:
+        return EngineCoreOutput(
+            request_id=request.request_id,
+            new_token_ids=new_token_ids,
+            new_logprobs=logprobs,
+            finish_reason=request.finish_reason,
+            stop_reason=request.stop_reason,
+            num_preemptions=request.num_preemptions,
+            arrival_time=request.arrival_time,
+            first_scheduled_time=request.first_scheduled_time,
+            first_token_time=request.first_token_time,
+            finished_time=request.finished_time,
+        )

@@ -1,0 +1,1 @@
+"""Engine: the step loop (core), input/output processing and the offline LLM API."""

@@ -1,0 +1,127 @@
+"""EngineCore: owns scheduler, KV cache and model runner; `step()` = schedule -> execute -> update.
+
+Built from an EngineConfig: loads the model, resolves `max_model_len` and the number of KV
+blocks, and refuses configurations where one request of `max_model_len` tokens could never fit
+in the pool (such a request would be preempted forever).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass
+
+from inflight.config import EngineConfig
+from inflight.core.kv_cache_manager import KVCacheManager, cdiv
+from inflight.core.outputs import EngineCoreOutput, SchedulerOutput
+from inflight.core.scheduler import Scheduler
+from inflight.errors import ConfigError
+from inflight.model.loader import LoadedModel, load_model, resolve_model_path
+from inflight.platform import resolve_device, resolve_dtype
+from inflight.request import FinishReason, Request
+from inflight.runner.kv_cache import KVCache, num_blocks_for_budget
+from inflight.runner.model_runner import ModelRunner
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class StepStats:
+    """What one step did, for metrics and benchmarks."""
+
+    num_batched_tokens: int
+    num_scheduled_seqs: int
+    num_running: int
+    num_waiting: int
+    kv_usage: float
+    num_preempted: int
+    duration_s: float
+
+
+class EngineCore:
+    def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None) -> None:
+        device = resolve_device(config.model.device)
+        dtype = resolve_dtype(config.model.dtype, device)
+        block_size = config.cache.kv_block_size
+        if loaded is None:
+            path = resolve_model_path(config.model.model)
+            loaded = load_model(path, dtype, device, block_size)
+        arch = loaded.arch
+
+        max_model_len = config.model.max_model_len or arch.max_position_embeddings
+        if max_model_len > arch.max_position_embeddings:
+            raise ConfigError(
+                f"max_model_len {max_model_len} exceeds the model's limit "
+                f"{arch.max_position_embeddings}"
+            )
+        sched_cfg = config.scheduler
+        num_blocks = config.cache.num_kv_blocks or num_blocks_for_budget(
+            arch,
+            dtype,
+            block_size,
+            config.cache.kv_cache_memory_bytes,
+            sched_cfg.max_num_seqs,
+            max_model_len,
+        )
+        capacity = num_blocks * block_size
+        if capacity < max_model_len:
+            if config.model.max_model_len is not None:
+                raise ConfigError(
+                    f"the KV cache holds {capacity} tokens ({num_blocks} blocks of {block_size}), "
+                    f"fewer than max_model_len={max_model_len}; raise the KV budget or lower "
+                    "max_model_len"
+                )
+            max_model_len = capacity
+        sched_cfg = dataclasses.replace(sched_cfg, max_model_len=max_model_len)
+        self.config = dataclasses.replace(config, scheduler=sched_cfg)
+
+        self.loaded = loaded
+        self.arch = arch
+        self.device, self.dtype = device, dtype
+        self.max_model_len = max_model_len
+        self.kv_cache = KVCache(arch, num_blocks, block_size, dtype, device)
+        self.kv_cache_manager = KVCacheManager(num_blocks, block_size)
+        self.scheduler = Scheduler(sched_cfg, self.kv_cache_manager)
+        attn = loaded.model.layers[0].attn
+        self.runner = ModelRunner(loaded.model, self.kv_cache, attn, device, config.model.seed)
+        self.last_step: StepStats | None = None
+        logger.info(
+            "KV cache: %d blocks of %d tokens (%.1f MiB, %s), max_model_len %d",
+            num_blocks,
+            block_size,
+            self.kv_cache.num_bytes / 2**20,
+            dtype,
+            max_model_len,
+        )
+        assert cdiv(max_model_len, block_size) <= num_blocks
+
+    def add_request(self, request: Request) -> None:
+        self.scheduler.add_request(request)
+
+    def abort_requests(self, request_ids: list[str]) -> list[EngineCoreOutput]:
+        return self.scheduler.finish_requests(request_ids, FinishReason.ABORT)
+
+    def finish_requests(
+        self, request_ids: list[str], reason: FinishReason, stop_reason: str | None = None
+    ) -> list[EngineCoreOutput]:
+        return self.scheduler.finish_requests(request_ids, reason, stop_reason)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    def step(self) -> list[EngineCoreOutput]:
+        start = time.perf_counter()
+        scheduler_output: SchedulerOutput = self.scheduler.schedule()
+        runner_output = self.runner.execute(scheduler_output)
+        outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
+        self.last_step = StepStats(
+            num_batched_tokens=scheduler_output.num_batched_tokens,
+            num_scheduled_seqs=len(scheduler_output.scheduled),
+            num_running=scheduler_output.num_running,
+            num_waiting=scheduler_output.num_waiting,
+            kv_usage=scheduler_output.kv_usage,
+            num_preempted=len(scheduler_output.preempted_request_ids),
+            duration_s=time.perf_counter() - start,
+        )
+        return outputs

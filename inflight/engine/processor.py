@@ -1,0 +1,219 @@
+"""Both ends of a request outside the core, shared by the offline and the HTTP front ends.
+
+InputProcessor turns a prompt (text or token ids) and SamplingParams into core Requests,
+rejecting with InvalidRequestError anything the core could never serve. A request with `n > 1`
+fans out into n core requests `<id>-0 .. <id>-(n-1)` (seeded ones get seed + i), gathered back
+into one RequestOutput by the OutputProcessor, which also detokenizes and applies stop strings.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+
+from transformers import PreTrainedTokenizerBase
+
+from inflight.core.outputs import EngineCoreOutput
+from inflight.engine.detokenizer import IncrementalDetokenizer
+from inflight.errors import InvalidRequestError
+from inflight.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from inflight.request import FinishReason, Request
+from inflight.sampling_params import SamplingParams
+
+PromptInput = str | list[int]
+
+
+class InputProcessor:
+    def __init__(
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        max_model_len: int,
+        vocab_size: int,
+        eos_token_ids: frozenset[int],
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.max_model_len = max_model_len
+        self.vocab_size = vocab_size
+        self.eos_token_ids = eos_token_ids
+
+    def tokenize(
+        self, prompt: PromptInput, add_special_tokens: bool = True
+    ) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, str):
+            if not prompt:
+                raise InvalidRequestError("prompt must not be empty", param="prompt")
+            ids = self.tokenizer(prompt, add_special_tokens=add_special_tokens).input_ids
+            return prompt, ids
+        if not isinstance(prompt, list) or not all(isinstance(t, int) for t in prompt):
+            raise InvalidRequestError("prompt must be a string or a list of token ids", "prompt")
+        if not prompt:
+            raise InvalidRequestError("prompt must not be empty", param="prompt")
+        return None, list(prompt)
+
+    def _validate(self, prompt_ids: list[int], params: SamplingParams) -> None:
+        bad = [t for t in prompt_ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise InvalidRequestError(
+                f"prompt has token ids outside the vocabulary [0, {self.vocab_size}): {bad[:5]}",
+                param="prompt",
+            )
+        for name, ids in (
+            ("stop_token_ids", params.stop_token_ids),
+            ("logit_bias", list(params.logit_bias or ())),
+        ):
+            if any(not 0 <= t < self.vocab_size for t in ids):
+                raise InvalidRequestError(
+                    f"{name} has token ids outside the vocabulary [0, {self.vocab_size})", name
+                )
+        n_prompt = len(prompt_ids)
+        if n_prompt + params.max_tokens > self.max_model_len:
+            raise InvalidRequestError(
+                f"this model's maximum context length is {self.max_model_len} tokens, but "
+                f"{n_prompt + params.max_tokens} were requested ({n_prompt} in the prompt, "
+                f"{params.max_tokens} for max_tokens); shorten the prompt or lower max_tokens",
+                param="max_tokens" if n_prompt < self.max_model_len else "prompt",
+            )
+
+    def process(
+        self,
+        request_id: str,
+        prompt: PromptInput,
+        params: SamplingParams,
+        priority: int = 0,
+        add_special_tokens: bool = True,
+    ) -> tuple[ParentRequest, list[Request]]:
+        """Validates and fans out one request; raises InvalidRequestError before any side effect.
+
+        `add_special_tokens=False` is for prompts rendered by a chat template, which already
+        carry their special tokens.
+        """
+        if not isinstance(params, SamplingParams):
+            raise InvalidRequestError("sampling params must be a SamplingParams", "sampling_params")
+        prompt_text, prompt_ids = self.tokenize(prompt, add_special_tokens)
+        self._validate(prompt_ids, params)
+        arrival = time.monotonic()
+        children = []
+        for i in range(params.n):
+            child_params = params
+            if params.n > 1:
+                seed = None if params.seed is None else params.seed + i
+                child_params = dataclasses.replace(params, n=1, seed=seed)
+            children.append(
+                Request(
+                    request_id=child_request_id(request_id, i, params.n),
+                    prompt_token_ids=prompt_ids,
+                    sampling_params=child_params,
+                    eos_token_ids=self.eos_token_ids,
+                    arrival_time=arrival,
+                    priority=priority,
+                )
+            )
+        parent = ParentRequest(request_id, prompt_text, prompt_ids, params, arrival)
+        return parent, children
+
+
+def child_request_id(request_id: str, index: int, n: int) -> str:
+    return request_id if n == 1 else f"{request_id}-{index}"
+
+
+@dataclass
+class ParentRequest:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    arrival_time: float
+    outputs: list[CompletionOutput] = field(default_factory=list)
+    metrics: RequestMetrics | None = None
+    num_finished: int = 0
+
+    def __post_init__(self) -> None:
+        want_logprobs = self.params.logprobs is not None
+        self.outputs = [
+            CompletionOutput(i, "", [], logprobs=[] if want_logprobs else None)
+            for i in range(self.params.n)
+        ]
+        self.metrics = RequestMetrics(self.arrival_time)
+
+    @property
+    def finished(self) -> bool:
+        return self.num_finished == self.params.n
+
+    def snapshot(self) -> RequestOutput:
+        return RequestOutput(
+            request_id=self.request_id,
+            prompt=self.prompt,
+            prompt_token_ids=self.prompt_token_ids,
+            outputs=[dataclasses.replace(o, token_ids=list(o.token_ids)) for o in self.outputs],
+            finished=self.finished,
+            metrics=dataclasses.replace(self.metrics),
+        )
+
+
+@dataclass
+class _ChildState:
+    parent: ParentRequest
+    index: int
+    detokenizer: IncrementalDetokenizer
+
+
+class OutputProcessor:
+    def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
+        self.tokenizer = tokenizer
+        self.children: dict[str, _ChildState] = {}
+
+    def add_request(self, parent: ParentRequest, children: list[Request]) -> None:
+        for i, child in enumerate(children):
+            detok = IncrementalDetokenizer(
+                self.tokenizer, parent.prompt_token_ids, child.sampling_params
+            )
+            self.children[child.request_id] = _ChildState(parent, i, detok)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.children)
+
+    def process_outputs(
+        self, core_outputs: list[EngineCoreOutput]
+    ) -> tuple[list[RequestOutput], dict[str, str]]:
+        """Returns snapshots of the parents that changed, and {child id: stop string} to finish."""
+        updated: dict[str, ParentRequest] = {}
+        stopped: dict[str, str] = {}
+        now = time.monotonic()
+        for out in core_outputs:
+            state = self.children.get(out.request_id)
+            if state is None:
+                continue  # already finished here (a stop string) before the core knew
+            parent, completion = state.parent, state.parent.outputs[state.index]
+            completion.token_ids.extend(out.new_token_ids)
+            if completion.logprobs is not None:
+                completion.logprobs.extend(out.new_logprobs)
+            stop_string = state.detokenizer.add_tokens(out.new_token_ids)
+            finish_reason, stop_reason = out.finish_reason, out.stop_reason
+            if stop_string is not None and finish_reason is None:
+                finish_reason, stop_reason = FinishReason.STOP, stop_string
+                stopped[out.request_id] = stop_string
+            elif stop_string is not None:  # the core finished it in the same step
+                finish_reason, stop_reason = FinishReason.STOP, stop_string
+            completion.text += state.detokenizer.take_delta(finished=finish_reason is not None)
+            self._update_metrics(parent.metrics, out)
+            if finish_reason is not None:
+                completion.finish_reason = finish_reason.value
+                completion.stop_reason = stop_reason
+                parent.num_finished += 1
+                finished_at = out.finished_time or now
+                parent.metrics.finished_time = max(parent.metrics.finished_time or 0.0, finished_at)
+                del self.children[out.request_id]
+            updated[parent.request_id] = parent
+        return [p.snapshot() for p in updated.values()], stopped
+
+    @staticmethod
+    def _update_metrics(metrics: RequestMetrics, out: EngineCoreOutput) -> None:
+        def earliest(a: float | None, b: float | None) -> float | None:
+            return b if a is None else a if b is None else min(a, b)
+
+        metrics.first_scheduled_time = earliest(
+            metrics.first_scheduled_time, out.first_scheduled_time
+        )
+        metrics.first_token_time = earliest(metrics.first_token_time, out.first_token_time)
+        metrics.num_preemptions = max(metrics.num_preemptions, out.num_preemptions)

@@ -1,0 +1,200 @@
+"""Llama-family decoder over a flat batch: RMSNorm, RoPE, GQA attention over paged KV, gated MLP.
+
+One forward takes every scheduled token of every request as one `[T]` row (no padding, no batch
+dimension); attention reads earlier tokens through the KV cache. Logits are computed only at
+`logits_indices`, the last token of each request that samples this step.
+
+Weights arrive with Hugging Face names (`load_weights`); q/k/v and gate/up are fused into one
+matmul each at load time.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from inflight.attention import AttentionMetadata, TorchReferenceBackend
+from inflight.model.arch import LlamaArchConfig
+
+
+def rope_inv_freq(cfg: LlamaArchConfig) -> torch.Tensor:
+    """Inverse frequencies [head_dim / 2], with llama3 or linear scaling applied."""
+    d = cfg.head_dim
+    # NOTE: float32 throughout, exactly as transformers computes it, for token-level parity.
+    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+    scaling = cfg.rope_scaling_dict
+    kind = scaling.get("rope_type", "default")
+    if kind == "linear":
+        inv_freq = inv_freq / scaling["factor"]
+    elif kind == "llama3":
+        factor = scaling["factor"]
+        low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+        old_len = scaling["original_max_position_embeddings"]
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+        smooth = (old_len / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
+        inv_freq = torch.where(medium, smoothed, scaled)
+    return inv_freq
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotates halves (HF layout): x [T, heads, D], cos/sin [T, 1, D/2]."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size), requires_grad=False)
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # NOTE: normalise in float32 and multiply by the weight after casting back, as HF does.
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: LlamaArchConfig, attn: TorchReferenceBackend) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = (
+            cfg.num_heads,
+            cfg.num_kv_heads,
+            cfg.head_dim,
+        )
+        q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        self.split = (q_size, kv_size, kv_size)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.qkv_proj = nn.Linear(cfg.hidden_size, q_size + 2 * kv_size, bias=cfg.qkv_bias)
+        self.o_proj = nn.Linear(q_size, cfg.hidden_size, bias=False)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.attn = attn
+
+    def forward(
+        self,
+        hidden: torch.Tensor,  # [T, hidden]
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        kv_cache: tuple[torch.Tensor, torch.Tensor],
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        t = hidden.shape[0]
+        q, k, v = self.qkv_proj(self.input_layernorm(hidden)).split(self.split, dim=-1)
+        q = apply_rope(q.view(t, self.num_heads, self.head_dim), cos, sin)
+        k = apply_rope(k.view(t, self.num_kv_heads, self.head_dim), cos, sin)
+        v = v.view(t, self.num_kv_heads, self.head_dim)
+        attn = self.attn.forward(q, k, v, kv_cache[0], kv_cache[1], meta)  # [T, H, D]
+        hidden = hidden + self.o_proj(attn.reshape(t, -1))
+        gate, up = self.gate_up_proj(self.post_attention_layernorm(hidden)).chunk(2, dim=-1)
+        return hidden + self.down_proj(F.silu(gate) * up)
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, cfg: LlamaArchConfig, attn: TorchReferenceBackend) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, attn) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
+        self.finish_init()
+
+    def finish_init(self) -> None:
+        """(Re)ties embeddings and rebuilds buffers; needed again after `to_empty`."""
+        if self.cfg.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        self.inv_freq = rope_inv_freq(self.cfg).to(self.embed_tokens.weight.device)
+        for p in self.parameters():
+            p.requires_grad_(False)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [T]
+        positions: torch.Tensor,  # [T]
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        meta: AttentionMetadata,
+        logits_indices: torch.Tensor,  # [S]
+    ) -> torch.Tensor:
+        """Returns float32 logits [S, vocab] for the tokens at `logits_indices`."""
+        hidden = self.embed_tokens(input_ids)
+        freqs = positions.float()[:, None] * self.inv_freq[None, :]  # [T, D/2]
+        cos = freqs.cos().to(hidden.dtype)[:, None, :]
+        sin = freqs.sin().to(hidden.dtype)[:, None, :]
+        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+            hidden = layer(hidden, cos, sin, kv_cache, meta)
+        hidden = self.norm(hidden[logits_indices])
+        return self.lm_head(hidden).float()
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copies HF-named tensors in, fusing q/k/v and gate/up; every parameter must be set."""
+        pending: dict[str, torch.Tensor] = {}
+        loaded: set[str] = set()
+        params = dict(self.named_parameters())
+        for name, tensor in weights:
+            name = name.removeprefix("model.")
+            if "rotary_emb" in name:
+                continue
+            if name == "lm_head.weight" and self.cfg.tie_word_embeddings:
+                continue
+            if name.startswith("layers."):
+                prefix, _, leaf = name.partition(".self_attn.")
+                if not leaf:
+                    prefix, _, leaf = name.partition(".mlp.")
+                if leaf:
+                    if leaf.partition(".")[0] in self._FUSED:
+                        pending[name] = tensor
+                        loaded.update(self._try_fuse(prefix, leaf, pending, params))
+                        continue
+                    name = f"{prefix}.{leaf}"
+            if name not in params:
+                raise KeyError(f"unexpected weight {name!r}")
+            self._copy(params[name], tensor, name)
+            loaded.add(name)
+        missing = set(params) - loaded
+        if self.cfg.tie_word_embeddings:
+            missing.discard("lm_head.weight")
+        if missing or pending:
+            raise KeyError(f"missing weights: {sorted(missing) or sorted(pending)}")
+
+    # HF projection -> (our fused projection, its parts in concatenation order)
+    _FUSED: ClassVar[dict[str, tuple[str, tuple[str, ...]]]] = {
+        "q_proj": ("qkv_proj", ("q_proj", "k_proj", "v_proj")),
+        "k_proj": ("qkv_proj", ("q_proj", "k_proj", "v_proj")),
+        "v_proj": ("qkv_proj", ("q_proj", "k_proj", "v_proj")),
+        "gate_proj": ("gate_up_proj", ("gate_proj", "up_proj")),
+        "up_proj": ("gate_up_proj", ("gate_proj", "up_proj")),
+    }
+
+    def _try_fuse(
+        self, prefix: str, leaf: str, pending: dict[str, torch.Tensor], params: dict
+    ) -> list[str]:
+        part, _, kind = leaf.partition(".")  # kind: weight | bias
+        fused, members = self._FUSED[part]
+        section = "self_attn" if fused == "qkv_proj" else "mlp"
+        names = [f"{prefix}.{section}.{m}.{kind}" for m in members]
+        if not all(n in pending for n in names):
+            return []
+        target = f"{prefix}.{fused}.{kind}"
+        self._copy(params[target], torch.cat([pending.pop(n) for n in names]), target)
+        return [target]
+
+    @staticmethod
+    def _copy(param: torch.Tensor, tensor: torch.Tensor, name: str) -> None:
+        if param.shape != tensor.shape:
+            raise ValueError(
+                f"weight {name!r} has shape {tuple(tensor.shape)}, expected {tuple(param.shape)}"
+            )
+        param.data.copy_(tensor)

