@@ -65,7 +65,9 @@ class LlamaArchConfig:
         rope["rope_type"] = rope_type
         rope.pop("type", None)
         window = config.get("sliding_window") if arch != "llama" else None
-        if arch == "qwen2" and not config.get("use_sliding_window", False):
+        if arch == "qwen2":
+            if config.get("use_sliding_window", False):
+                raise ValueError("Qwen2 per-layer sliding window attention is not supported")
             window = None
         eos = config.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))

@@ -133,4 +133,5 @@ def iter_gguf_weights(
                 array = unpermute_qk(array, cfg.num_heads)
             elif name.endswith("k_proj.weight") or name.endswith("k_proj.bias"):
                 array = unpermute_qk(array, cfg.num_kv_heads)
-        yield name, torch.from_numpy(np.ascontiguousarray(array))
+        # (memory-mapped F32 tensors are read-only views; torch wants writable memory)
+        yield name, torch.from_numpy(np.require(array, requirements=["C", "W"]))

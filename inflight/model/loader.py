@@ -61,9 +61,7 @@ class LoadedModel:
     path: Path
 
 
-def load_arch_config(path: Path) -> LlamaArchConfig:
-    if is_gguf(path):
-        return gguf_arch_config(open_gguf(path), path)
+def load_hf_arch_config(path: Path) -> LlamaArchConfig:
     config_file = path / "config.json"
     if not config_file.is_file():
         raise ModelLoadError(f"{config_file}: missing (a model folder needs config.json)")
@@ -108,14 +106,16 @@ def load_model(
     path: Path, dtype: torch.dtype, device: torch.device, block_size: int
 ) -> LoadedModel:
     """Builds the model and fills its weights; every failure is a ModelLoadError naming the file."""
-    arch = load_arch_config(path)
+    # NOTE: a GGUF file is parsed once: GGUFReader reads the whole vocabulary (seconds).
+    reader = open_gguf(path) if is_gguf(path) else None
+    arch = gguf_arch_config(reader, path) if reader else load_hf_arch_config(path)
     attn = TorchReferenceBackend(block_size, arch.sliding_window)
     with torch.device("meta"):
         model = LlamaModel(arch, attn)
     model = model.to_empty(device=device).to(dtype)
     model.finish_init()
-    if is_gguf(path):
-        weights = iter_gguf_weights(open_gguf(path), arch, path)
+    if reader is not None:
+        weights = iter_gguf_weights(reader, arch, path)
     else:
         weights = _iter_safetensors(_safetensors_files(path))
     try:

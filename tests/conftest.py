@@ -1,0 +1,135 @@
+"""Shared fixtures: tiny random Llama-family models written as HF folders, and a local tokenizer.
+
+Nothing is downloaded: the tokenizer is a byte-level BPE trained here on a few sentences, and
+the models are randomly initialised transformers models saved as safetensors + config.json.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+CORPUS = [
+    "Continuous batching schedules work at the level of single iterations.",
+    "The quick brown fox jumps over the lazy dog while the cat sleeps.",
+    "PagedAttention stores keys and values in fixed-size blocks of memory.",
+    "Émigré café naïve façade: UTF-8 text with accents, and emoji 🚀🙂 too.",
+    "Numbers like 12345 and 67890 appear in tables, lists and prose.",
+] * 20
+
+
+def build_tokenizer(folder: Path):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator(CORPUS, trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        bos_token="<|im_start|>",
+        unk_token="<|endoftext|>",
+        pad_token="<|endoftext|>",
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(folder)
+    return fast
+
+
+TINY_ARCHS = ("llama", "llama3_rope", "qwen2", "mistral")
+
+
+def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) -> Path:
+    from transformers import (
+        LlamaConfig,
+        LlamaForCausalLM,
+        MistralConfig,
+        MistralForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+    )
+
+    common = dict(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        rms_norm_eps=1e-5,
+        initializer_range=0.2,  # large enough that greedy argmax has clear winners
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
+    if arch == "llama":
+        config, cls = LlamaConfig(**common, rope_theta=10000.0), LlamaForCausalLM
+    elif arch == "llama3_rope":
+        rope = {
+            "rope_type": "llama3",
+            "rope_theta": 500000.0,
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+        }
+        config = LlamaConfig(**common, rope_scaling=rope, tie_word_embeddings=True)
+        cls = LlamaForCausalLM
+    elif arch == "qwen2":
+        config, cls = Qwen2Config(**common, tie_word_embeddings=False), Qwen2ForCausalLM
+    elif arch == "mistral":
+        config, cls = MistralConfig(**common, sliding_window=24), MistralForCausalLM
+    else:
+        raise ValueError(arch)
+    torch.manual_seed(seed)
+    model = cls(config).eval()
+    model.save_pretrained(folder, safe_serialization=True)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tokenizer_dir(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("tokenizer")
+    build_tokenizer(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_model_factory(tmp_path_factory, tokenizer_dir):
+    """Returns a function arch -> folder with a tiny random model plus the local tokenizer."""
+    cache: dict[str, Path] = {}
+
+    def make(arch: str = "llama") -> Path:
+        if arch not in cache:
+            from transformers import AutoTokenizer
+
+            folder = tmp_path_factory.mktemp(f"tiny-{arch}")
+            tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+            tokenizer.save_pretrained(folder)
+            cache[arch] = build_tiny_model(folder, arch, vocab_size=len(tokenizer))
+        return cache[arch]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tiny_model_factory) -> Path:
+    return tiny_model_factory("llama")

@@ -1,0 +1,46 @@
+"""The real default model against transformers loading the same GGUF: greedy, float32, token for
+token, with 16 mixed-length prompts in one batch, with every prompt chunked, and under preemption.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from inflight import LLM, SamplingParams
+from tests.parity import hf_greedy
+
+pytestmark = pytest.mark.integration
+
+MAX_TOKENS = [24, 16, 32, 12, 20, 24, 16, 28, 20, 16, 32, 24, 20, 16, 12, 24]
+
+ENGINE_SETTINGS = {
+    "one_batch": {},
+    "chunked_prefill": {"prefill_chunk_size": 32, "max_num_batched_tokens": 256},
+    # 36 blocks of 16 = 576 tokens for ~1,700 tokens of demand: preemption is certain.
+    "preemption": {"num_kv_blocks": 36, "max_num_batched_tokens": 512},
+}
+
+
+@pytest.fixture(scope="module")
+def expected(default_model, smollm_prompts):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(
+        default_model.parent, gguf_file=default_model.name, dtype=torch.float32
+    ).eval()
+    return hf_greedy(model, smollm_prompts, MAX_TOKENS)
+
+
+@pytest.mark.parametrize("setting", list(ENGINE_SETTINGS))
+def test_smollm2_greedy_parity(default_model, smollm_prompts, expected, setting):
+    assert max(len(p) for p in smollm_prompts) > 256 and min(len(p) for p in smollm_prompts) < 10
+    llm = LLM(dtype="float32", **ENGINE_SETTINGS[setting])
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in MAX_TOKENS]
+    outputs = llm.generate(smollm_prompts, params, use_tqdm=False)
+    for i, (out, want) in enumerate(zip(outputs, expected, strict=True)):
+        assert out.outputs[0].token_ids == want, f"prompt {i} diverged"
+    if setting == "preemption":
+        assert llm.core.scheduler.num_preemptions > 0
+    pool = llm.core.kv_cache_manager.pool
+    assert pool.num_free_blocks == pool.num_blocks
