@@ -1,0 +1,52 @@
+"""Drive the tensor-free core with hand-made model outputs (no model, no tensors)."""
+
+from __future__ import annotations
+
+from inflight.config import SchedulerConfig
+from inflight.core.kv_cache_manager import KVCacheManager
+from inflight.core.outputs import ModelRunnerOutput, SchedulerOutput
+from inflight.core.scheduler import Scheduler
+from inflight.request import Request
+from inflight.sampling_params import SamplingParams
+
+FAKE_TOKEN = 7
+EOS = 2
+
+
+def make_scheduler(
+    num_blocks: int = 64,
+    block_size: int = 4,
+    max_model_len: int = 256,
+    **knobs,
+) -> Scheduler:
+    config = SchedulerConfig(max_model_len=max_model_len, **knobs)
+    return Scheduler(config, KVCacheManager(num_blocks, block_size))
+
+
+def make_request(request_id: str, prompt_len: int, max_tokens: int, **params) -> Request:
+    return Request(
+        request_id=request_id,
+        prompt_token_ids=[10 + i % 50 for i in range(prompt_len)],
+        sampling_params=SamplingParams(max_tokens=max_tokens, ignore_eos=True, **params),
+        eos_token_ids=frozenset({EOS}),
+    )
+
+
+def fake_model_output(out: SchedulerOutput, token: int = FAKE_TOKEN) -> ModelRunnerOutput:
+    """Every request that samples this step gets `token`."""
+    return ModelRunnerOutput(
+        sampled_token_ids={s.request_id: token for s in out.scheduled if s.sample}
+    )
+
+
+def run_to_completion(scheduler: Scheduler, max_steps: int = 100_000) -> int:
+    """Steps until no request is left; returns the number of steps that scheduled work."""
+    steps = 0
+    for _ in range(max_steps):
+        if not scheduler.has_unfinished_requests():
+            return steps
+        out = scheduler.schedule()
+        if out.scheduled:
+            steps += 1
+        scheduler.update_from_output(out, fake_model_output(out))
+    raise AssertionError("requests did not finish")

@@ -1,0 +1,86 @@
+"""Property-based scheduler invariants over random arrivals, lengths, aborts and pool sizes."""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from inflight.core.kv_cache_manager import cdiv
+from inflight.request import FinishReason, RequestStatus
+from tests.core.helpers import fake_model_output, make_request, make_scheduler
+
+
+@st.composite
+def workloads(draw):
+    block_size = draw(st.sampled_from([1, 2, 4, 16]))
+    max_model_len = draw(st.integers(8, 96))
+    # The engine guarantees one max_model_len request always fits in the pool.
+    num_blocks = draw(
+        st.integers(cdiv(max_model_len, block_size), 3 * cdiv(max_model_len, block_size))
+    )
+    knobs = dict(
+        max_num_seqs=draw(st.integers(1, 8)),
+        max_num_batched_tokens=draw(st.integers(8, 128)),
+        prefill_chunk_size=draw(st.one_of(st.none(), st.integers(1, 32))),
+        batching=draw(st.sampled_from(["continuous", "static"])),
+    )
+    requests = []
+    for i in range(draw(st.integers(1, 16))):
+        prompt_len = draw(st.integers(1, max_model_len - 1))
+        max_tokens = draw(st.integers(1, max_model_len - prompt_len))
+        arrival_step = draw(st.integers(0, 30))
+        abort_step = draw(st.one_of(st.none(), st.integers(0, 60)))
+        requests.append((f"r{i}", prompt_len, max_tokens, arrival_step, abort_step))
+    return block_size, num_blocks, max_model_len, knobs, requests
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(workloads())
+def test_scheduler_invariants_hold_every_step(workload):
+    block_size, num_blocks, max_model_len, knobs, specs = workload
+    s = make_scheduler(num_blocks, block_size, max_model_len, **knobs)
+    reqs = {}
+    finished: dict[str, FinishReason] = {}
+    step = 0
+    while step < 5000:
+        for rid, prompt_len, max_tokens, arrival, _ in specs:
+            if arrival == step:
+                reqs[rid] = make_request(rid, prompt_len, max_tokens)
+                s.add_request(reqs[rid])
+        to_abort = [rid for rid, *_, abort in specs if abort == step and rid in s.requests]
+        for o in s.finish_requests(to_abort, FinishReason.ABORT):
+            finished[o.request_id] = o.finish_reason
+
+        out = s.schedule()
+        assert out.num_batched_tokens <= knobs["max_num_batched_tokens"]
+        assert sum(x.num_tokens for x in out.scheduled) == out.num_batched_tokens
+        assert len(s.running) <= knobs["max_num_seqs"]
+        assert len({x.request_id for x in out.scheduled}) == len(out.scheduled)
+        chunk = knobs["prefill_chunk_size"] or knobs["max_num_batched_tokens"]
+        assert all(x.num_tokens <= chunk or x.num_tokens == 1 for x in out.scheduled)
+
+        for o in s.update_from_output(out, fake_model_output(out)):
+            if o.finished:
+                finished[o.request_id] = o.finish_reason
+
+        pool = s.kv.pool
+        assert pool.num_free_blocks + pool.num_used_blocks == num_blocks
+        held = sum(len(t) for t in s.kv.block_tables.values())
+        assert held == pool.num_used_blocks
+        for r in s.running:
+            assert len(s.kv.get_block_table(r.request_id)) == cdiv(
+                r.num_computed_tokens, block_size
+            )
+        for r in s.waiting:
+            assert r.status is RequestStatus.WAITING and not s.kv.get_block_table(r.request_id)
+        pool.check_invariants()
+
+        step += 1
+        if step > 30 and not s.has_unfinished_requests():
+            break
+
+    assert set(finished) == set(reqs), "every request must finish"
+    for rid, prompt_len, max_tokens, *_ in specs:
+        if finished[rid] is not FinishReason.ABORT:
+            assert reqs[rid].num_output_tokens == max_tokens
+    assert s.kv.pool.num_free_blocks == num_blocks, "all blocks must be back in the pool"
