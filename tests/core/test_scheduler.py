@@ -86,7 +86,7 @@ def test_recompute_resumes_with_prompt_and_earlier_outputs():
     s._preempt(s.running.pop())
     out = s.schedule()
     (chunk,) = out.scheduled
-    assert chunk.start_pos == 0 and chunk.token_ids == req.prompt_token_ids + [7, 7, 7]
+    assert chunk.start_pos == 0 and chunk.token_ids == [*req.prompt_token_ids, 7, 7, 7]
     assert chunk.sample
 
 

@@ -80,7 +80,7 @@ def test_scheduler_invariants_hold_every_step(workload):
             break
 
     assert set(finished) == set(reqs), "every request must finish"
-    for rid, prompt_len, max_tokens, *_ in specs:
+    for rid, _prompt_len, max_tokens, *_ in specs:
         if finished[rid] is not FinishReason.ABORT:
             assert reqs[rid].num_output_tokens == max_tokens
     assert s.kv.pool.num_free_blocks == num_blocks, "all blocks must be back in the pool"
