@@ -1,0 +1,120 @@
+"""The offline API on a tiny model: bad input, chat, stop strings, n, seeds, metrics."""
+
+from __future__ import annotations
+
+import pytest
+
+from inflight import LLM, ConfigError, InvalidRequestError, SamplingParams
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_llama) -> LLM:
+    return LLM(str(tiny_llama), dtype="float32", max_model_len=128, num_kv_blocks=64)
+
+
+@pytest.mark.parametrize(
+    ("make", "param", "message"),
+    [
+        (lambda: SamplingParams(temperature=-0.1), "temperature", "temperature must be >= 0"),
+        (lambda: SamplingParams(top_p=0), "top_p", r"top_p must be in \(0, 1\]"),
+        (lambda: SamplingParams(top_p=1.5), "top_p", r"top_p must be in \(0, 1\]"),
+        (lambda: SamplingParams(max_tokens=0), "max_tokens", "max_tokens must be >= 1"),
+        (lambda: SamplingParams(n=0), "n", "n must be >= 1"),
+        (lambda: SamplingParams(logprobs=21), "logprobs", r"logprobs must be in \[0, 20\]"),
+        (lambda: SamplingParams(stop=[""]), "stop", "stop must not contain empty strings"),
+    ],
+)
+def test_invalid_sampling_params(make, param, message):
+    with pytest.raises(InvalidRequestError, match=message) as info:
+        make()
+    assert info.value.param == param
+
+
+def test_bad_prompts_are_rejected_before_the_core(llm):
+    ok = SamplingParams(max_tokens=4)
+    with pytest.raises(InvalidRequestError, match="prompt must not be empty"):
+        llm.generate([""], ok)
+    with pytest.raises(InvalidRequestError, match="prompt must not be empty"):
+        llm.generate([[]], ok)
+    with pytest.raises(InvalidRequestError, match="outside the vocabulary"):
+        llm.generate([[1, 10**6]], ok)
+    with pytest.raises(
+        InvalidRequestError,
+        match=r"maximum context length is 128 tokens, but 130 were requested "
+        r"\(10 in the prompt, 120 for max_tokens\)",
+    ):
+        llm.generate([[5] * 10], SamplingParams(max_tokens=120))
+    # A bad prompt in a list leaves nothing half-submitted, and the engine keeps serving.
+    with pytest.raises(InvalidRequestError):
+        llm.generate([[5, 6], ""], ok)
+    assert not llm.core.has_unfinished_requests()
+    (out,) = llm.generate([[5, 6]], ok, use_tqdm=False)
+    assert len(out.outputs[0].token_ids) >= 1
+
+
+def test_unknown_and_invalid_knobs(tiny_llama):
+    with pytest.raises(ConfigError, match="unknown knob 'max_num_seq'"):
+        LLM(str(tiny_llama), max_num_seq=4)
+    with pytest.raises(ConfigError, match="max_num_seqs must be >= 1"):
+        LLM(str(tiny_llama), max_num_seqs=0)
+    with pytest.raises(ConfigError, match="batching must be"):
+        LLM(str(tiny_llama), batching="dynamic")
+    with pytest.raises(ConfigError, match="fewer than max_model_len=512"):
+        LLM(str(tiny_llama), max_model_len=512, num_kv_blocks=4)
+
+
+def test_chat_uses_the_template(llm):
+    (out,) = llm.chat(
+        [{"role": "user", "content": "Hi"}], SamplingParams(max_tokens=3), use_tqdm=False
+    )
+    expected = llm.tokenizer(
+        "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False
+    ).input_ids
+    assert out.prompt_token_ids == expected
+
+
+def test_n_samples_and_seeds(llm):
+    params = SamplingParams(n=3, temperature=1.0, seed=123, max_tokens=12, ignore_eos=True)
+    (a,) = llm.generate(["The quick brown fox"], params, use_tqdm=False)
+    (b,) = llm.generate(["The quick brown fox"], params, use_tqdm=False)
+    assert [o.index for o in a.outputs] == [0, 1, 2]
+    assert [o.token_ids for o in a.outputs] == [o.token_ids for o in b.outputs]
+    assert len({tuple(o.token_ids) for o in a.outputs}) > 1  # different seeds per sample
+    # the same seeded request gives the same tokens whatever else is in the batch
+    crowd = [SamplingParams(temperature=1.0, max_tokens=12, ignore_eos=True)] * 5
+    outs = llm.generate(
+        ["The quick brown fox"] + ["other prompt"] * 5,
+        [SamplingParams(temperature=1.0, seed=123, max_tokens=12, ignore_eos=True), *crowd],
+        use_tqdm=False,
+    )
+    assert outs[0].outputs[0].token_ids == a.outputs[0].token_ids
+
+
+def test_stop_strings_end_generation(llm):
+    (free,) = llm.generate(
+        ["Numbers like"], SamplingParams(temperature=0, max_tokens=30, ignore_eos=True), False
+    )
+    text = free.outputs[0].text
+    assert len(text) > 6
+    stop = text[3:6]
+    (stopped,) = llm.generate(
+        ["Numbers like"],
+        SamplingParams(temperature=0, max_tokens=30, ignore_eos=True, stop=[stop]),
+        use_tqdm=False,
+    )
+    out = stopped.outputs[0]
+    assert out.finish_reason == "stop" and out.stop_reason == stop
+    assert out.text == text[: text.index(stop)]
+    assert not llm.core.has_unfinished_requests()
+    assert llm.core.kv_cache_manager.pool.num_used_blocks == 0
+
+
+def test_outputs_carry_timings_and_logprobs(llm):
+    (out,) = llm.generate(
+        [[5, 6, 7]], SamplingParams(temperature=0, max_tokens=4, logprobs=2), use_tqdm=False
+    )
+    m = out.metrics
+    assert 0 <= m.queue_time <= m.ttft <= m.e2e_latency
+    completion = out.outputs[0]
+    assert [lp.token_id for lp in completion.logprobs] == completion.token_ids
+    assert all(lp.rank == 1 and len(lp.top) == 2 for lp in completion.logprobs)  # greedy
