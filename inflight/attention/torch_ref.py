@@ -1,13 +1,14 @@
-"""Pure-PyTorch paged attention: gathers K/V through block tables, one SDPA call per group.
+"""Pure-PyTorch paged attention: gathers K/V block by block through block tables.
 
 Requests are split into two groups so padding stays small: decodes (1 query token each) and
-prefills (many). Each group is padded to its longest member and runs as one batched
-`scaled_dot_product_attention` with a boolean mask, so there is no per-request Python loop
-inside a layer. All index tensors are built once per step in `build_metadata`.
+prefills (many). Each group gathers its requests' blocks in one indexing op (whole 16-token
+blocks, not single slots) and is padded to its longest member; a boolean mask hides padding and
+the future. There is no per-request Python loop inside a layer. Index tensors are built once
+per step in `build_metadata`.
 
     flat tokens  | r0 prompt chunk (5) | r1 decode | r2 decode | r3 prompt chunk (3) |
-    prefill group  query rows [r0: 5 real][r3: 3 real + 2 pad]   keys padded to max seq_len
-    decode group   query rows [r1][r2]                           keys padded to max seq_len
+    prefill group  query rows [r0: 5 real][r3: 3 real + 2 pad]   keys: blocks of r0, r3
+    decode group   query rows [r1][r2]                           keys: blocks of r1, r2
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ import torch.nn.functional as F
 class AttentionGroup:
     token_index: torch.Tensor  # [R, Q] flat token index of each (padded) query row
     query_valid: torch.Tensor  # [R, Q] bool, False for padding rows
-    kv_slots: torch.Tensor  # [R, L] cache slot of each key position (0 where padded)
-    mask: torch.Tensor  # [R, 1, Q, L] bool, True where the query may attend the key
+    block_tables: torch.Tensor  # [R, MB] blocks to gather (block 0 pads short tables)
+    mask: torch.Tensor  # [R, 1, Q, MB * block_size] bool, True where the query may attend
 
 
 @dataclass
@@ -46,30 +47,31 @@ def _build_group(
     q_start = torch.tensor([query_start_loc[r] for r in rows])
     first_pos = torch.tensor([start_pos[r] for r in rows])
     seq_lens = first_pos + q_lens
-    max_q, max_len = int(q_lens.max()), int(seq_lens.max())
+    max_q = int(q_lens.max())
+    num_blocks = -(-int(seq_lens.max()) // block_size)
 
     q_offsets = torch.arange(max_q)
     query_valid = q_offsets[None, :] < q_lens[:, None]  # [R, Q]
     token_index = torch.where(query_valid, q_start[:, None] + q_offsets[None, :], 0)
-    # Padding rows pretend to be at position 0 so they see one key and never make NaNs.
+    # Padding rows pretend to be at position 0 so they see one real key and never make NaNs.
     query_pos = torch.where(query_valid, first_pos[:, None] + q_offsets[None, :], 0)
 
-    key_pos = torch.arange(max_len)  # [L]
-    tables = block_tables[torch.tensor(rows)]  # [R, max_blocks]
-    block_index = (key_pos // block_size).clamp(max=tables.shape[1] - 1)
-    kv_slots = tables[:, block_index] * block_size + key_pos % block_size  # [R, L]
-    key_valid = key_pos[None, :] < seq_lens[:, None]
-    kv_slots = torch.where(key_valid, kv_slots, 0)
-
-    mask = key_pos[None, None, :] <= query_pos[:, :, None]  # [R, Q, L] causal
+    key_pos = torch.arange(num_blocks * block_size)  # [L]
+    mask = key_pos[None, None, :] <= query_pos[:, :, None]  # [R, Q, L] causal, within seq_len
     if sliding_window is not None:
         mask &= key_pos[None, None, :] > query_pos[:, :, None] - sliding_window
     return AttentionGroup(
         token_index=token_index.to(device),
         query_valid=query_valid.to(device),
-        kv_slots=kv_slots.to(device),
+        block_tables=block_tables[torch.tensor(rows), :num_blocks].to(device),
         mask=mask.unsqueeze(1).to(device),
     )
+
+
+def _gather(cache: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor:
+    """[num_blocks, BS, KVH, D] cache, [R, MB] tables -> [R, MB * BS, KVH, D]."""
+    r, mb = block_tables.shape
+    return cache[block_tables].view(r, mb * cache.shape[1], cache.shape[2], cache.shape[3])
 
 
 class TorchReferenceBackend:
@@ -88,29 +90,20 @@ class TorchReferenceBackend:
         device: torch.device,
     ) -> AttentionMetadata:
         """Index tensors shared by every layer of one step (CPU lists in, device tensors out)."""
-        num_reqs = len(start_pos)
-        decode_rows = [
-            r for r in range(num_reqs) if query_start_loc[r + 1] - query_start_loc[r] == 1
-        ]
-        prefill_rows = [
-            r for r in range(num_reqs) if query_start_loc[r + 1] - query_start_loc[r] > 1
-        ]
+        q_lens = [query_start_loc[r + 1] - query_start_loc[r] for r in range(len(start_pos))]
 
         def group(rows: list[int]) -> AttentionGroup | None:
             if not rows:
                 return None
             return _build_group(
-                rows,
-                query_start_loc,
-                start_pos,
-                block_tables,
-                self.block_size,
-                self.sliding_window,
-                device,
-            )
+                rows, query_start_loc, start_pos, block_tables, self.block_size,
+                self.sliding_window, device,
+            )  # fmt: skip
 
         return AttentionMetadata(
-            slot_mapping=slot_mapping, decode=group(decode_rows), prefill=group(prefill_rows)
+            slot_mapping=slot_mapping,
+            decode=group([r for r, n in enumerate(q_lens) if n == 1]),
+            prefill=group([r for r, n in enumerate(q_lens) if n > 1]),
         )
 
     def forward(
@@ -123,19 +116,47 @@ class TorchReferenceBackend:
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
-        k_flat = k_cache.view(-1, num_kv_heads, head_dim)  # [slots, KVH, D]
-        v_flat = v_cache.view(-1, num_kv_heads, head_dim)
-        k_flat.index_copy_(0, meta.slot_mapping, key)
-        v_flat.index_copy_(0, meta.slot_mapping, value)
+        k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, key)
+        v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, value)
 
         out = torch.empty_like(query)
-        for group in (meta.decode, meta.prefill):
-            if group is None:
-                continue
-            q = query[group.token_index].transpose(1, 2)  # [R, H, Q, D]
-            k = k_flat[group.kv_slots].transpose(1, 2)  # [R, KVH, L, D]
-            v = v_flat[group.kv_slots].transpose(1, 2)
-            o = F.scaled_dot_product_attention(q, k, v, attn_mask=group.mask, enable_gqa=True)
+        if meta.decode is not None:
+            g = meta.decode
+            rows = g.token_index[:, 0]
+            out[rows] = self._decode(query[rows], k_cache, v_cache, g)
+        if meta.prefill is not None:
+            g = meta.prefill
+            q = query[g.token_index].transpose(1, 2)  # [R, H, Q, D]
+            k = _gather(k_cache, g.block_tables).transpose(1, 2)  # [R, KVH, L, D]
+            v = _gather(v_cache, g.block_tables).transpose(1, 2)
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=g.mask, enable_gqa=True)
             o = o.transpose(1, 2)  # [R, Q, H, D]
-            out[group.token_index[group.query_valid]] = o[group.query_valid]
+            out[g.token_index[g.query_valid]] = o[g.query_valid]
         return out
+
+    @staticmethod
+    def _decode(
+        q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, g: AttentionGroup
+    ) -> torch.Tensor:
+        """One query per request, as two batched matmuls over all KV heads at once.
+
+        NOTE: each query head is placed in its KV head's slice of a zero [KVH * D] vector, so the
+        gathered keys [R, L, KVH * D] are used as they lie in memory: GQA's head grouping would
+        otherwise need a permuted copy of every gathered key and value (slower than the extra
+        KVH-fold multiply-adds at q_len 1).
+        """
+        num_reqs, num_heads, head_dim = q.shape
+        num_kv_heads = k_cache.shape[2]
+        group_size = num_heads // num_kv_heads
+        k = _gather(k_cache, g.block_tables).flatten(2)  # [R, L, KVH * D]
+        v = _gather(v_cache, g.block_tables).flatten(2)
+        q_spread = q.new_zeros(num_reqs, num_heads, num_kv_heads, head_dim)
+        kv_of_head = torch.arange(num_heads, device=q.device) // group_size
+        q_spread[:, torch.arange(num_heads), kv_of_head] = q
+        scores = torch.bmm(q_spread.flatten(2), k.transpose(1, 2))  # [R, H, L]
+        scores = (
+            scores.float().mul_(head_dim**-0.5).masked_fill_(~g.mask[:, :, 0, :], float("-inf"))
+        )
+        probs = torch.softmax(scores, dim=-1).to(v.dtype)
+        out = torch.bmm(probs, v).view(num_reqs, num_heads, num_kv_heads, head_dim)
+        return out[:, torch.arange(num_heads), kv_of_head]  # [R, H, D]

