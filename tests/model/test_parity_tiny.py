@@ -1,8 +1,9 @@
 """Token-for-token greedy parity with transformers on tiny random Llama, Qwen2 and Mistral models.
 
 16 prompts of mixed lengths run together in one batch; then with a prefill chunk so small that
-every prompt is chunked; then with a KV pool so small that preemption must happen. Every run
-must reproduce transformers' one-at-a-time greedy output exactly.
+every prompt is chunked; with a KV pool so small that preemption must happen; one at a time;
+and in static-batching mode. Every run must reproduce transformers' one-at-a-time greedy output
+exactly.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ ENGINE_SETTINGS = {
     "chunked_prefill": {"prefill_chunk_size": 8, "max_num_batched_tokens": 64},
     "preemption": {"kv_block_size": 4, "num_kv_blocks": 40, "max_num_batched_tokens": 96},
     "one_at_a_time": {"max_num_seqs": 1},
+    # static batching: 4 batches of 4, each admitted only once the previous one is done
+    "static_batches": {"batching": "static", "max_num_seqs": 4},
 }
 
 

@@ -1,0 +1,39 @@
+"""`inflight generate` end to end on the tiny model: flags become knobs, errors exit cleanly."""
+
+from __future__ import annotations
+
+import pytest
+
+from inflight.cli import build_parser, main, parse_bytes
+
+
+def test_generate_prints_text(tiny_llama, capsys):
+    code = main(
+        ["generate", str(tiny_llama), "--prompt", "The quick", "--max-tokens", "4",
+         "--dtype", "float32", "--num-kv-blocks", "64", "--ignore-eos"]
+    )  # fmt: skip
+    assert code == 0
+    assert capsys.readouterr().out.strip() != ""
+
+
+def test_bad_knob_values_exit_with_a_message(tiny_llama, caplog):
+    code = main(["generate", str(tiny_llama), "--prompt", "x", "--max-num-seqs", "0"])
+    assert code == 2
+    assert "max_num_seqs must be >= 1" in caplog.text
+
+
+def test_every_knob_is_a_flag_with_its_default_in_help():
+    help_text = build_parser()._subparsers._group_actions[0].choices["generate"].format_help()
+    for flag in ("--max-num-seqs", "--max-num-batched-tokens", "--prefill-chunk-size",
+                 "--kv-block-size", "--kv-cache-memory-bytes", "--num-kv-blocks", "--batching",
+                 "--dtype", "--max-model-len"):  # fmt: skip
+        assert flag in help_text
+    assert "(default: 64)" in help_text and "(default: 2048)" in help_text
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [("1024", 1024), ("2GiB", 2 * 2**30), ("512MiB", 512 * 2**20), ("1.5GB", 1.5e9)],
+)
+def test_parse_bytes(text, value):
+    assert parse_bytes(text) == value
