@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import re
 import sys
 import types
@@ -99,7 +100,73 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
     gen.add_argument("--ignore-eos", action="store_true")
     add_knob_flags(gen)
+
+    serve = sub.add_parser(
+        "serve",
+        help="serve an OpenAI-compatible HTTP API",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    serve.add_argument(
+        "model_path",
+        nargs="?",
+        default=None,
+        metavar="MODEL",
+        help="HF model folder or GGUF file (default: SmolLM2-135M-Instruct)",
+    )
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument(
+        "--api-key",
+        default=os.environ.get("INFLIGHT_API_KEY"),
+        help="require 'Authorization: Bearer KEY' (or set INFLIGHT_API_KEY)",
+    )
+    serve.add_argument(
+        "--served-model-name",
+        default=None,
+        help="the model id clients send (default: the model file/folder name)",
+    )
+    serve.add_argument(
+        "--max-queued-requests",
+        type=int,
+        default=None,
+        help="waiting requests beyond which new ones get 429 (default: no limit)",
+    )
+    serve.add_argument(
+        "--request-timeout",
+        type=float,
+        default=None,
+        help="seconds before a request is aborted (default: no limit)",
+    )
+    serve.add_argument("--max-body-bytes", type=parse_bytes, default=8 * 2**20)
+    add_knob_flags(serve)
     return parser
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from inflight import InflightError
+    from inflight.engine.async_engine import AsyncLLM
+    from inflight.server.api_server import ServerConfig, build_app
+
+    knobs = knobs_from_args(args)
+    knobs.setdefault("model", args.model_path)
+    try:
+        engine = AsyncLLM(
+            max_queued_requests=args.max_queued_requests,
+            request_timeout=args.request_timeout,
+            **knobs,
+        )
+    except InflightError as e:
+        logger.error("%s", e)
+        return 2
+    config = ServerConfig(
+        host=args.host, port=args.port, api_key=args.api_key,
+        served_model_name=args.served_model_name, max_body_bytes=args.max_body_bytes,
+    )  # fmt: skip
+    app = build_app(engine, config)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    return 0
 
 
 def run_generate(args: argparse.Namespace) -> int:
@@ -153,6 +220,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "generate":
         return run_generate(args)
+    if args.command == "serve":
+        return run_serve(args)
     return 1
 
 

@@ -35,6 +35,7 @@ class StepStats:
     num_running: int
     num_waiting: int
     kv_usage: float
+    kv_blocks_used: int
     num_preempted: int
     duration_s: float
 
@@ -144,6 +145,7 @@ class EngineCore:
             num_running=scheduler_output.num_running,
             num_waiting=scheduler_output.num_waiting,
             kv_usage=scheduler_output.kv_usage,
+            kv_blocks_used=self.kv_cache_manager.pool.num_used_blocks,
             num_preempted=len(scheduler_output.preempted_request_ids),
             duration_s=time.perf_counter() - start,
         )

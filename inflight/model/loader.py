@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError, safe_open
+from tqdm.auto import tqdm
 
 from inflight.attention import TorchReferenceBackend
 from inflight.errors import ModelLoadError
@@ -118,6 +119,9 @@ def load_model(
         weights = iter_gguf_weights(reader, arch, path)
     else:
         weights = _iter_safetensors(_safetensors_files(path))
+    num_tensors = len(reader.tensors) if reader is not None else None
+    weights = tqdm(weights, total=num_tensors, desc=f"loading {path.name}", unit="tensor",
+                   leave=False, disable=None)  # fmt: skip
     try:
         model.load_weights(weights)
     except (KeyError, ValueError) as e:

@@ -1,0 +1,245 @@
+"""AsyncLLM: the asyncio front of the engine, for the HTTP server.
+
+The engine core steps on a thread of its own and never waits on HTTP. The asyncio side
+tokenizes and validates (raising before anything is queued), keeps one output queue per request,
+runs the detokenizer and stop strings, and aborts a request in the core the moment its consumer
+goes away (client disconnect, timeout). Messages cross threads in two directions only:
+
+    asyncio --(add / abort / finish, a queue.Queue)--> engine thread
+    engine thread --(step outputs, loop.call_soon_threadsafe)--> asyncio
+
+If a step raises, the engine is dead: every open stream gets EngineDeadError and new requests
+are refused, never left hanging.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+import logging
+import queue
+import threading
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from inflight.core.outputs import EngineCoreOutput
+from inflight.engine.llm import LLM
+from inflight.engine.processor import PromptInput
+from inflight.errors import InflightError
+from inflight.metrics import EngineMetrics
+from inflight.outputs import RequestOutput
+from inflight.request import FinishReason, Request
+from inflight.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+class EngineDeadError(InflightError):
+    """The engine loop has failed; no request can be served."""
+
+
+class QueueFullError(InflightError):
+    """The waiting queue is at `max_queued_requests`; try again later."""
+
+
+class RequestTimeoutError(InflightError):
+    """A request ran past the server's request timeout and was aborted."""
+
+
+@dataclass
+class _Add:
+    requests: list[Request]
+
+
+@dataclass
+class _Finish:
+    request_ids: list[str]
+    reason: FinishReason
+    stop_reason: str | None = None
+
+
+class AsyncLLM:
+    def __init__(
+        self,
+        model: str | None = None,
+        *,
+        max_queued_requests: int | None = None,
+        request_timeout: float | None = None,
+        **knobs: Any,
+    ) -> None:
+        self.llm = LLM(model, **knobs)
+        self.core = self.llm.core
+        self.tokenizer = self.llm.tokenizer
+        self.max_queued_requests = max_queued_requests
+        self.request_timeout = request_timeout
+        self.metrics = EngineMetrics(self.knobs())
+        self._inbox: queue.Queue[_Add | _Finish | None] = queue.Queue()
+        self._streams: dict[str, asyncio.Queue[RequestOutput | BaseException]] = {}
+        self._last_token_time: dict[str, float] = {}
+        self._num_unfinished = 0  # requests accepted and not yet finished (asyncio side)
+        self._ids = itertools.count()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self.dead_error: BaseException | None = None
+        self.num_steps = 0
+
+    # ------------------------------------------------------------ lifecycle
+    def knobs(self) -> dict[str, Any]:
+        """Every knob in effect, resolved values included (for the info metric and logs)."""
+        cfg = self.core.config
+        knobs: dict[str, Any] = {}
+        for part in (cfg.model, cfg.cache, cfg.scheduler):
+            knobs.update({f.name: getattr(part, f.name) for f in dataclasses.fields(part)})
+        knobs.update(
+            model=str(self.core.loaded.path),
+            num_kv_blocks=self.core.kv_cache.num_blocks,
+            dtype=str(self.core.dtype).removeprefix("torch."),
+            device=str(self.core.device),
+            max_queued_requests=self.max_queued_requests,
+            request_timeout=self.request_timeout,
+        )
+        return knobs
+
+    async def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.Thread(
+            target=self._run_engine, name="inflight-engine", daemon=True
+        )
+        self._thread.start()
+
+    async def shutdown(self) -> None:
+        if self._thread is None:
+            return
+        self._inbox.put(None)
+        await asyncio.to_thread(self._thread.join, 10)
+        self._thread = None
+
+    @property
+    def is_alive(self) -> bool:
+        return self.dead_error is None and self._thread is not None and self._thread.is_alive()
+
+    # --------------------------------------------------------- engine thread
+    def _run_engine(self) -> None:
+        core = self.core
+        try:
+            while True:
+                messages = self._next_messages()
+                if any(m is None for m in messages):
+                    return
+                outputs: list[EngineCoreOutput] = []
+                for m in messages:
+                    outputs.extend(self._apply(m))
+                if core.has_unfinished_requests():
+                    outputs.extend(core.step())
+                    self.num_steps += 1
+                    self.metrics.observe_step(core.last_step, core.kv_cache.num_blocks)
+                if outputs:
+                    self._loop.call_soon_threadsafe(self._deliver, outputs)
+        except BaseException as e:
+            logger.exception("engine loop failed")
+            self.dead_error = e
+            self._loop.call_soon_threadsafe(self._fail_all, e)
+
+    def _next_messages(self) -> list[_Add | _Finish | None]:
+        """Everything in the inbox; blocks for the first message only when the core is idle."""
+        messages = [] if self.core.has_unfinished_requests() else [self._inbox.get()]
+        while True:
+            try:
+                messages.append(self._inbox.get_nowait())
+            except queue.Empty:
+                return messages
+
+    def _apply(self, message: _Add | _Finish) -> list[EngineCoreOutput]:
+        if isinstance(message, _Add):
+            for request in message.requests:
+                self.core.add_request(request)
+            return []
+        return self.core.finish_requests(message.request_ids, message.reason, message.stop_reason)
+
+    # ------------------------------------------------------------- asyncio side
+    def _deliver(self, outputs: list[EngineCoreOutput]) -> None:
+        now = time.monotonic()
+        for out in outputs:
+            if out.new_token_ids and out.request_id in self._last_token_time:
+                gap = now - self._last_token_time[out.request_id]
+                self.metrics.observe_tokens(gap, len(out.new_token_ids))
+            self._last_token_time[out.request_id] = now
+            if out.finished:
+                self._last_token_time.pop(out.request_id, None)
+        request_outputs, stopped = self.llm.output_processor.process_outputs(outputs)
+        for request_id, stop_string in stopped.items():
+            self._inbox.put(_Finish([request_id], FinishReason.STOP, stop_string))
+        for ro in request_outputs:
+            stream = self._streams.get(ro.request_id)
+            if ro.finished:
+                self._num_unfinished -= 1
+                self.metrics.observe_finished(ro)
+            if stream is not None:
+                stream.put_nowait(ro)
+
+    def _fail_all(self, error: BaseException) -> None:
+        dead = EngineDeadError(f"the engine loop failed: {type(error).__name__}: {error}")
+        for stream in self._streams.values():
+            stream.put_nowait(dead)
+
+    async def generate(
+        self,
+        prompt: PromptInput,
+        params: SamplingParams,
+        *,
+        request_id: str | None = None,
+        priority: int = 0,
+        add_special_tokens: bool = True,
+    ) -> AsyncIterator[RequestOutput]:
+        """Yields cumulative snapshots of the request until it finishes.
+
+        Raises InvalidRequestError (before anything is queued), QueueFullError, EngineDeadError
+        or RequestTimeoutError. Closing the iterator early aborts the request in the core.
+        """
+        if not self.is_alive:
+            raise EngineDeadError("the engine is not running")
+        num_waiting = self._num_unfinished - self.core.scheduler.num_running
+        if self.max_queued_requests is not None and num_waiting >= self.max_queued_requests:
+            raise QueueFullError(
+                f"the waiting queue is full ({self.max_queued_requests} requests); retry later"
+            )
+        request_id = request_id or f"req-{next(self._ids)}"
+        parent, children = self.llm.input_processor.process(
+            request_id, prompt, params, priority=priority, add_special_tokens=add_special_tokens
+        )
+        stream: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
+        self._streams[request_id] = stream
+        self.llm.output_processor.add_request(parent, children)
+        self._num_unfinished += 1
+        self._inbox.put(_Add(children))
+        deadline = None if self.request_timeout is None else time.monotonic() + self.request_timeout
+        finished = False
+        try:
+            while True:
+                timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+                try:
+                    item = await asyncio.wait_for(stream.get(), timeout)
+                except TimeoutError:
+                    raise RequestTimeoutError(
+                        f"request {request_id} exceeded the {self.request_timeout:g} s request "
+                        "timeout and was aborted"
+                    ) from None
+                if isinstance(item, BaseException):
+                    raise item
+                finished = item.finished
+                yield item
+                if finished:
+                    return
+        finally:
+            self._streams.pop(request_id, None)
+            if not finished:
+                self.abort([c.request_id for c in children])
+
+    def abort(self, child_request_ids: list[str]) -> None:
+        """Ends requests in the core (their blocks return within one step)."""
+        self._inbox.put(_Finish(child_request_ids, FinishReason.ABORT))

@@ -1,0 +1,131 @@
+"""EngineMetrics: every metric the engine exports, on a registry of its own (no global state).
+
+Per step (updated from the engine thread): running and waiting requests, scheduled sequences and
+tokens (histograms and running-average gauges: the effective batch size), KV usage and blocks in
+use, preemptions, step duration. Per request (updated when it finishes): queue time, TTFT,
+inter-token latency, end-to-end latency, prompt and generated tokens, finish reason. The knobs
+in effect are one info metric.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    Info,
+    generate_latest,
+)
+
+from inflight.engine.engine_core import StepStats
+from inflight.outputs import RequestOutput
+
+PREFIX = "inflight"
+LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 60, 120)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+EMA_WEIGHT = 0.05  # running average over roughly the last 20 steps
+
+
+class EngineMetrics:
+    def __init__(self, knobs: dict[str, Any]) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+
+        def name(s: str) -> str:
+            return f"{PREFIX}_{s}"
+
+        self.running = Gauge(name("requests_running"), "Requests in the running batch", registry=r)
+        self.waiting = Gauge(name("requests_waiting"), "Requests waiting (queue depth)", registry=r)
+        self.kv_usage = Gauge(name("kv_cache_usage"), "Fraction of KV blocks in use", registry=r)
+        self.kv_blocks_used = Gauge(name("kv_cache_blocks_used"), "KV blocks in use", registry=r)
+        self.kv_blocks_total = Gauge(name("kv_cache_blocks_total"), "KV blocks in all", registry=r)
+        self.batch_seqs = Histogram(
+            name("batch_sequences"), "Sequences scheduled per step", buckets=BATCH_BUCKETS,
+            registry=r,
+        )  # fmt: skip
+        self.batch_tokens = Histogram(
+            name("batch_tokens"), "Tokens scheduled per step", buckets=BATCH_BUCKETS, registry=r
+        )
+        self.batch_seqs_avg = Gauge(
+            name("batch_sequences_avg"), "Running average of sequences per step", registry=r
+        )
+        self.batch_tokens_avg = Gauge(
+            name("batch_tokens_avg"), "Running average of tokens per step", registry=r
+        )
+        self.step_duration = Histogram(
+            name("step_duration_seconds"), "Duration of one engine step", buckets=LATENCY_BUCKETS,
+            registry=r,
+        )  # fmt: skip
+        self.preemptions = Counter(name("preemptions"), "Requests preempted", registry=r)
+        self.queue_time = Histogram(
+            name("request_queue_time_seconds"), "Arrival to first scheduled",
+            buckets=LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.ttft = Histogram(
+            name("time_to_first_token_seconds"), "Arrival to first token",
+            buckets=LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.itl = Histogram(
+            name("inter_token_latency_seconds"), "Time between tokens of one request",
+            buckets=LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.e2e = Histogram(
+            name("request_latency_seconds"), "Arrival to finish", buckets=LATENCY_BUCKETS,
+            registry=r,
+        )  # fmt: skip
+        self.prompt_tokens = Counter(name("prompt_tokens"), "Prompt tokens processed", registry=r)
+        self.generation_tokens = Counter(name("generation_tokens"), "Tokens generated", registry=r)
+        self.finished = Counter(
+            name("requests_finished"), "Finished requests", ["finish_reason"], registry=r
+        )
+        self.config = Info(name("config"), "Engine knobs in effect", registry=r)
+        self.config.info({k: str(v) for k, v in knobs.items()})
+        self._avg_seqs: float | None = None
+        self._avg_tokens: float | None = None
+
+    def observe_step(self, step: StepStats, num_blocks_total: int) -> None:
+        """Called from the engine thread after every step (prometheus-client is thread-safe)."""
+        self.running.set(step.num_running)
+        self.waiting.set(step.num_waiting)
+        self.kv_usage.set(step.kv_usage)
+        self.kv_blocks_used.set(step.kv_blocks_used)
+        self.kv_blocks_total.set(num_blocks_total)
+        if step.num_preempted:
+            self.preemptions.inc(step.num_preempted)
+        if not step.num_scheduled_seqs:
+            return
+        self.batch_seqs.observe(step.num_scheduled_seqs)
+        self.batch_tokens.observe(step.num_batched_tokens)
+        self.step_duration.observe(step.duration_s)
+        self._avg_seqs = _ema(self._avg_seqs, step.num_scheduled_seqs)
+        self._avg_tokens = _ema(self._avg_tokens, step.num_batched_tokens)
+        self.batch_seqs_avg.set(self._avg_seqs)
+        self.batch_tokens_avg.set(self._avg_tokens)
+
+    def observe_tokens(self, gap_s: float, num_tokens: int) -> None:
+        """New tokens of one request arrived `gap_s` after its previous ones."""
+        for _ in range(num_tokens):
+            self.itl.observe(gap_s / num_tokens)
+
+    def observe_finished(self, out: RequestOutput) -> None:
+        m = out.metrics
+        if m.queue_time is not None:
+            self.queue_time.observe(m.queue_time)
+        if m.ttft is not None:
+            self.ttft.observe(m.ttft)
+        if m.e2e_latency is not None:
+            self.e2e.observe(m.e2e_latency)
+        self.prompt_tokens.inc(len(out.prompt_token_ids))
+        for completion in out.outputs:
+            self.generation_tokens.inc(len(completion.token_ids))
+            self.finished.labels(finish_reason=completion.finish_reason or "abort").inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+def _ema(previous: float | None, value: float) -> float:
+    return value if previous is None else (1 - EMA_WEIGHT) * previous + EMA_WEIGHT * value

@@ -1,0 +1,1 @@
+"""OpenAI-compatible HTTP server: protocol (pydantic), serving (handlers), api_server (app)."""

@@ -1,0 +1,176 @@
+"""Shared pieces of the OpenAI handlers: model check, SamplingParams, stream merging, SSE.
+
+A request with several prompts, or `n` > 1, runs as one engine request per prompt (each with
+`n` samples); choice index = prompt index * n + sample index, as OpenAI numbers them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from inflight.engine.async_engine import AsyncLLM
+from inflight.errors import InvalidRequestError
+from inflight.outputs import RequestOutput
+from inflight.sampling_params import SamplingParams
+from inflight.server import protocol as p
+from inflight.server.errors import ModelNotFoundError, error_status
+
+DONE = "data: [DONE]\n\n"
+
+
+class OpenAIServing:
+    def __init__(self, engine: AsyncLLM, served_model_name: str) -> None:
+        self.engine = engine
+        self.model_name = served_model_name
+        self.tokenizer = engine.tokenizer
+
+    def check_model(self, model: str | None) -> None:
+        if model is not None and model != self.model_name:
+            raise ModelNotFoundError(
+                f"the model {model!r} does not exist; this server serves {self.model_name!r}",
+                param="model",
+            )
+
+    def sampling_params(
+        self, req: p.SamplingFields, max_tokens: int, logprobs: int | None
+    ) -> SamplingParams:
+        bias = None
+        if req.logit_bias:
+            try:
+                bias = {int(k): v for k, v in req.logit_bias.items()}
+            except ValueError:
+                raise InvalidRequestError(
+                    "logit_bias keys must be token ids", "logit_bias"
+                ) from None
+        return SamplingParams(
+            n=req.n,
+            temperature=1.0 if req.temperature is None else req.temperature,
+            top_p=1.0 if req.top_p is None else req.top_p,
+            top_k=req.top_k or 0,
+            min_p=req.min_p or 0.0,
+            presence_penalty=req.presence_penalty,
+            frequency_penalty=req.frequency_penalty,
+            repetition_penalty=req.repetition_penalty or 1.0,
+            logit_bias=bias,
+            seed=req.seed,
+            max_tokens=max_tokens,
+            min_tokens=req.min_tokens,
+            stop=req.stop or [],
+            stop_token_ids=req.stop_token_ids or [],
+            ignore_eos=req.ignore_eos,
+            include_stop_str_in_output=req.include_stop_str_in_output,
+            logprobs=logprobs,
+            skip_special_tokens=req.skip_special_tokens,
+        )
+
+    def start(
+        self,
+        prompts: list[str | list[int]],
+        params: SamplingParams,
+        priority: int,
+        add_special_tokens: bool = True,
+    ) -> list[AsyncIterator[RequestOutput]]:
+        """Validates every prompt first (nothing is queued if one is bad), then starts them."""
+        for prompt in prompts:
+            self.engine.llm.input_processor.process(
+                "validation", prompt, params, add_special_tokens=add_special_tokens
+            )
+        generate = self.engine.generate
+        return [generate(x, params, priority=priority, add_special_tokens=add_special_tokens)
+                for x in prompts]  # fmt: skip
+
+    def token_text(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id])
+
+    def wants_usage_chunk(self, req: p.SamplingFields) -> bool:
+        return bool(req.stream_options and req.stream_options.include_usage)
+
+
+async def merge_streams(
+    streams: list[AsyncIterator[RequestOutput]],
+) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """Interleaves request streams, tagging outputs with their stream's index. Closing this
+    iterator closes (and so aborts) every stream still open."""
+    queue: asyncio.Queue[tuple[int, RequestOutput | BaseException | None]] = asyncio.Queue()
+
+    async def pump(i: int, stream: AsyncIterator[RequestOutput]) -> None:
+        try:
+            async with contextlib.aclosing(stream) as s:
+                async for out in s:
+                    await queue.put((i, out))
+            await queue.put((i, None))
+        except Exception as e:
+            await queue.put((i, e))
+
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            i, item = await queue.get()
+            if item is None:
+                remaining -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield i, item
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def final_outputs(streams: list[AsyncIterator[RequestOutput]]) -> list[RequestOutput]:
+    finals: dict[int, RequestOutput] = {}
+    async with contextlib.aclosing(merge_streams(streams)) as merged:
+        async for i, out in merged:
+            finals[i] = out
+    return [finals[i] for i in range(len(streams))]
+
+
+def sse(payload: dict[str, Any]) -> str:
+    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+
+
+async def sse_stream(chunks: AsyncIterator[dict[str, Any]]) -> AsyncIterator[str]:
+    """SSE framing: every chunk, an error chunk if the stream breaks, then [DONE]."""
+    try:
+        async with contextlib.aclosing(chunks) as it:
+            async for chunk in it:
+                yield sse(chunk)
+    except Exception as e:
+        status, type_ = error_status(e)
+        yield sse(p.error_body(str(e), type_, status, getattr(e, "param", None)))
+    yield DONE
+
+
+def usage_of(outputs: list[RequestOutput]) -> p.UsageInfo:
+    prompt = sum(len(o.prompt_token_ids) for o in outputs)
+    completion = sum(len(c.token_ids) for o in outputs for c in o.outputs)
+    return p.UsageInfo(prompt_tokens=prompt, completion_tokens=completion,
+                       total_tokens=prompt + completion)  # fmt: skip
+
+
+class DeltaTracker:
+    """Turns cumulative snapshots into per-choice deltas (text, logprobs, finish) for streams."""
+
+    def __init__(self) -> None:
+        self._sent: dict[int, tuple[int, int, bool]] = {}  # index -> (chars, logprobs, finished)
+
+    def deltas(self, out: RequestOutput, first_index: int):
+        """Yields (choice index, completion, new text, new logprobs, is first) per change."""
+        for c in out.outputs:
+            index = first_index + c.index
+            is_first = index not in self._sent
+            chars, n_lp, done = self._sent.get(index, (0, 0, False))
+            if done:
+                continue
+            text = c.text[chars:]
+            logprobs = (c.logprobs or [])[n_lp:]
+            if not (text or logprobs or c.finish_reason or is_first):
+                continue
+            self._sent[index] = (len(c.text), len(c.logprobs or []), c.finish_reason is not None)
+            yield index, c, text, logprobs, is_first

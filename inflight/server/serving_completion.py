@@ -1,0 +1,99 @@
+"""POST /v1/completions: prompts as a string, strings, token ids or lists of token ids."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from inflight.core.outputs import Logprobs
+from inflight.errors import InvalidRequestError
+from inflight.outputs import RequestOutput
+from inflight.server import protocol as p
+from inflight.server.serving import (
+    DeltaTracker,
+    OpenAIServing,
+    final_outputs,
+    merge_streams,
+    usage_of,
+)
+
+
+class CompletionServing(OpenAIServing):
+    def _prompts(self, req: p.CompletionRequest) -> list[str | list[int]]:
+        prompt = req.prompt
+        if isinstance(prompt, str):
+            return [prompt]
+        if not prompt:
+            raise InvalidRequestError("prompt must not be empty", param="prompt")
+        if all(isinstance(x, int) for x in prompt):
+            return [prompt]  # type: ignore[list-item]
+        return list(prompt)  # type: ignore[arg-type]
+
+    def _start(self, req: p.CompletionRequest):
+        self.check_model(req.model)
+        if req.echo and req.stream and req.n > 1:
+            raise InvalidRequestError("echo with n > 1 is not supported when streaming", "echo")
+        params = self.sampling_params(req, req.max_tokens or 16, req.logprobs)
+        return self.start(self._prompts(req), params, req.priority)
+
+    def _prompt_text(self, out: RequestOutput) -> str:
+        return out.prompt if out.prompt is not None else self.tokenizer.decode(out.prompt_token_ids)
+
+    def _logprobs(self, entries: list[Logprobs] | None, offset: int) -> p.CompletionLogprobs | None:
+        if entries is None:
+            return None
+        lp = p.CompletionLogprobs()
+        for entry in entries:
+            text = self.token_text(entry.token_id)
+            lp.tokens.append(text)
+            lp.token_logprobs.append(entry.logprob)
+            lp.top_logprobs.append({self.token_text(t): v for t, v in entry.top})
+            lp.text_offset.append(offset)
+            offset += len(text)
+        return lp
+
+    async def create(self, req: p.CompletionRequest) -> p.CompletionResponse:
+        outputs = await final_outputs(self._start(req))
+        choices = []
+        for i, out in enumerate(outputs):
+            prefix = self._prompt_text(out) if req.echo else ""
+            for c in out.outputs:
+                choices.append(
+                    p.CompletionChoice(
+                        index=i * req.n + c.index,
+                        text=prefix + c.text,
+                        logprobs=self._logprobs(c.logprobs, len(prefix)),
+                        finish_reason=c.finish_reason,
+                        stop_reason=c.stop_reason,
+                    )
+                )
+        return p.CompletionResponse(
+            id=p.new_id("cmpl"), model=self.model_name, choices=choices, usage=usage_of(outputs)
+        )
+
+    def stream(self, req: p.CompletionRequest) -> AsyncIterator[dict[str, Any]]:
+        """Starts the requests now (errors raise before any byte is sent), streams later."""
+        return self._chunks(req, self._start(req))
+
+    async def _chunks(self, req: p.CompletionRequest, streams) -> AsyncIterator[dict[str, Any]]:
+        rid, tracker, finals = p.new_id("cmpl"), DeltaTracker(), {}
+        async for i, out in merge_streams(streams):
+            for index, c, text, logprobs, first in tracker.deltas(out, i * req.n):
+                if first and req.echo:
+                    text = self._prompt_text(out) + text
+                offset = len(c.text) - len(text)
+                choice = p.CompletionChoice(
+                    index=index, text=text, logprobs=self._logprobs(logprobs, offset)
+                    if c.logprobs is not None else None,
+                    finish_reason=c.finish_reason, stop_reason=c.stop_reason,
+                )  # fmt: skip
+                yield p.CompletionResponse(
+                    id=rid, model=self.model_name, choices=[choice]
+                ).model_dump(exclude_none=True)
+            if out.finished:
+                finals[i] = out
+        if self.wants_usage_chunk(req):
+            usage = usage_of(list(finals.values()))
+            yield p.CompletionResponse(
+                id=rid, model=self.model_name, choices=[], usage=usage
+            ).model_dump()

@@ -1,0 +1,151 @@
+"""Every error of the HTTP API: status code and OpenAI-shaped body; the server keeps serving."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+import pytest
+
+from inflight.engine.async_engine import AsyncLLM
+from tests.server.live import LiveServer
+
+MODEL = "tiny"
+
+
+def engine_for(folder, **kwargs) -> AsyncLLM:
+    return AsyncLLM(str(folder), dtype="float32", max_model_len=128, num_kv_blocks=64, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def server(tiny_llama):
+    with LiveServer(engine_for(tiny_llama), served_model_name=MODEL, max_body_bytes=4096) as s:
+        yield s
+
+
+def post(server, path, body, **kw):
+    return httpx.post(server.url + path, json=body, timeout=60, **kw)
+
+
+def assert_error(response, status, type_, param=None, message=None):
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["type"] == type_ and error["code"] == status
+    assert error["param"] == param
+    if message:
+        assert message in error["message"]
+
+
+def test_ok_then_errors_then_ok(server):
+    body = {"model": MODEL, "prompt": "The quick", "max_tokens": 4, "temperature": 0}
+    first = post(server, "/v1/completions", body)
+    assert first.status_code == 200
+
+    assert_error(post(server, "/v1/completions", {**body, "temperature": -1}), 400,
+                 "BadRequestError", "temperature")  # fmt: skip
+    assert_error(post(server, "/v1/completions", {**body, "max_tokens": "many"}), 400,
+                 "BadRequestError", "max_tokens")  # fmt: skip
+    assert_error(post(server, "/v1/completions", {"model": MODEL}), 400, "BadRequestError",
+                 "prompt")  # fmt: skip
+    assert_error(post(server, "/v1/completions", {**body, "prompt": ""}), 400,
+                 "BadRequestError", "prompt", "must not be empty")  # fmt: skip
+    assert_error(post(server, "/v1/completions", {**body, "prompt": [5, 6], "max_tokens": 200}),
+                 400,
+                 "BadRequestError", "max_tokens",
+                 "maximum context length is 128 tokens, but 202 were requested "
+                 "(2 in the prompt, 200 for max_tokens)")  # fmt: skip
+    assert_error(post(server, "/v1/completions", {**body, "model": "gpt-9"}), 404,
+                 "NotFoundError", "model", "'gpt-9' does not exist")  # fmt: skip
+    assert_error(post(server, "/v1/chat/completions", {"model": MODEL, "messages": []}), 400,
+                 "BadRequestError", "messages")  # fmt: skip
+    assert_error(post(server, "/v1/chat/completions",
+                      {"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
+                       "top_logprobs": 2}),
+                 400, "BadRequestError", "top_logprobs")  # fmt: skip
+    assert_error(post(server, "/v1/completions", {**body, "prompt": "x" * 5000}), 413,
+                 "BadRequestError", None, "exceeds 4096 bytes")  # fmt: skip
+    assert_error(post(server, "/detokenize", {"tokens": [10**7]}), 400, "BadRequestError",
+                 "tokens")  # fmt: skip
+    not_json = httpx.post(server.url + "/v1/completions", content=b"{nope", timeout=10,
+                          headers={"content-type": "application/json"})  # fmt: skip
+    assert not_json.status_code == 400
+
+    again = post(server, "/v1/completions", body)
+    assert again.status_code == 200
+    assert again.json()["choices"][0]["text"] == first.json()["choices"][0]["text"]
+    server.wait_idle()
+    assert server.engine.core.kv_cache_manager.pool.num_used_blocks == 0
+
+
+def test_api_key_guards_every_v1_and_tokenizer_route(tiny_llama):
+    with LiveServer(engine_for(tiny_llama), served_model_name=MODEL, api_key="s3cret") as s:
+        routes = [("post", "/v1/completions", {"prompt": "hi", "max_tokens": 1}),
+                  ("post", "/v1/chat/completions",
+                   {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}),
+                  ("get", "/v1/models", None), ("post", "/tokenize", {"prompt": "hi"}),
+                  ("post", "/detokenize", {"tokens": [5]})]  # fmt: skip
+        for method, path, body in routes:
+            for headers in ({}, {"Authorization": "Bearer wrong"}):
+                r = httpx.request(method, s.url + path, json=body, headers=headers, timeout=30)
+                assert_error(r, 401, "AuthenticationError")
+            ok = httpx.request(method, s.url + path, json=body, timeout=30,
+                               headers={"Authorization": "Bearer s3cret"})  # fmt: skip
+            assert ok.status_code == 200, (path, ok.text)
+        assert httpx.get(s.url + "/health").status_code == 200  # open routes stay open
+        assert httpx.get(s.url + "/metrics").status_code == 200
+
+
+def test_queue_full_is_429_with_retry_after(tiny_llama):
+    engine = engine_for(tiny_llama, max_queued_requests=1, max_num_seqs=1)
+    with LiveServer(engine, served_model_name=MODEL) as s:
+        s.engine.core.step = _slow(s.engine.core.step)  # ~5 s for the first request
+        long = {"model": MODEL, "prompt": "x", "max_tokens": 100, "ignore_eos": True}
+        with httpx.stream("POST", s.url + "/v1/completions", json={**long, "stream": True},
+                          timeout=60) as running:  # fmt: skip
+            next(running.iter_lines())  # the first request holds the only seat
+            waiter = threading.Thread(target=post, args=(s, "/v1/completions", long))
+            waiter.start()
+            deadline = time.monotonic() + 10
+            while engine.core.scheduler.num_waiting < 1 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            r = post(s, "/v1/completions", long)
+            assert_error(r, 429, "RateLimitError", None, "waiting queue is full")
+            assert r.headers["retry-after"] == "1"
+        waiter.join()
+
+
+def test_request_timeout_aborts_and_frees_blocks(tiny_llama):
+    engine = engine_for(tiny_llama, request_timeout=0.3)
+    with LiveServer(engine, served_model_name=MODEL) as s:
+        s.engine.core.step = _slow(s.engine.core.step)
+        body = {"model": MODEL, "prompt": "x", "max_tokens": 100, "ignore_eos": True}
+        assert_error(post(s, "/v1/completions", body), 408, "TimeoutError", None,
+                     "exceeded the 0.3 s request timeout")  # fmt: skip
+        s.wait_idle()
+        assert engine.core.kv_cache_manager.pool.num_used_blocks == 0
+
+
+def test_engine_failure_is_503_never_a_hang(tiny_llama):
+    with LiveServer(engine_for(tiny_llama), served_model_name=MODEL) as s:
+        assert httpx.get(s.url + "/health").status_code == 200
+
+        def broken_step():
+            raise RuntimeError("simulated device failure")
+
+        s.engine.core.step = broken_step
+        body = {"model": MODEL, "prompt": "x", "max_tokens": 4}
+        assert_error(post(s, "/v1/completions", body), 503, "ServiceUnavailableError", None,
+                     "simulated device failure")  # fmt: skip
+        health = httpx.get(s.url + "/health")
+        assert_error(health, 503, "ServiceUnavailableError")
+        assert_error(post(s, "/v1/completions", body), 503, "ServiceUnavailableError")
+
+
+def _slow(step):
+    def slow_step():
+        time.sleep(0.05)
+        return step()
+
+    return slow_step
