@@ -142,9 +142,10 @@ class EngineCore:
         self.last_step = StepStats(
             num_batched_tokens=scheduler_output.num_batched_tokens,
             num_scheduled_seqs=len(scheduler_output.scheduled),
-            num_running=scheduler_output.num_running,
-            num_waiting=scheduler_output.num_waiting,
-            kv_usage=scheduler_output.kv_usage,
+            # gauges reflect the state after the update (finished requests already gone)
+            num_running=self.scheduler.num_running,
+            num_waiting=self.scheduler.num_waiting,
+            kv_usage=self.kv_cache_manager.usage,
             kv_blocks_used=self.kv_cache_manager.pool.num_used_blocks,
             num_preempted=len(scheduler_output.preempted_request_ids),
             duration_s=time.perf_counter() - start,

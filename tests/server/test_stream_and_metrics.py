@@ -1,0 +1,76 @@
+"""Streaming mechanics on the tiny model: disconnects abort and free blocks; /metrics moves."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from inflight.engine.async_engine import AsyncLLM
+from tests.server.live import LiveServer
+
+
+def metric_samples(text: str) -> dict[tuple[str, tuple], float]:
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            samples[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return samples
+
+
+def test_disconnect_aborts_and_returns_blocks(tiny_llama):
+    engine = AsyncLLM(str(tiny_llama), dtype="float32", max_model_len=128, num_kv_blocks=64)
+    with LiveServer(engine, served_model_name="tiny") as s:
+        step = engine.core.step
+
+        def slow_step():
+            time.sleep(0.02)
+            return step()
+
+        engine.core.step = slow_step
+        pool = engine.core.kv_cache_manager.pool
+        before = pool.num_used_blocks
+        body = {"model": "tiny", "prompt": "The quick brown fox", "max_tokens": 120,
+                "ignore_eos": True, "stream": True}  # fmt: skip
+        with httpx.stream("POST", s.url + "/v1/completions", json=body, timeout=30) as r:
+            lines = r.iter_lines()
+            chunks = []
+            for line in lines:
+                if line.startswith("data: "):
+                    chunks.append(json.loads(line[6:]))
+                if len(chunks) == 3:
+                    break
+            assert pool.num_used_blocks > before  # the request holds blocks mid-stream
+        s.wait_idle()  # closing the connection aborted it within a step or so
+        assert pool.num_used_blocks == before
+        finished = metric_samples(httpx.get(s.url + "/metrics").text)
+        assert finished[("inflight_requests_finished_total", (("finish_reason", "abort"),))] == 1
+
+
+def test_metrics_parse_and_move(tiny_llama):
+    engine = AsyncLLM(str(tiny_llama), dtype="float32", max_model_len=128, num_kv_blocks=64)
+    with LiveServer(engine, served_model_name="tiny") as s:
+        before = metric_samples(httpx.get(s.url + "/metrics").text)
+        assert before[("inflight_generation_tokens_total", ())] == 0
+        info = [k for k in before if k[0] == "inflight_config_info"]
+        assert dict(info[0][1])["max_num_seqs"] == "64"
+        assert dict(info[0][1])["num_kv_blocks"] == "64"
+        body = {"model": "tiny", "prompt": [5, 6, 7], "max_tokens": 5, "ignore_eos": True, "n": 2}
+        assert httpx.post(s.url + "/v1/completions", json=body, timeout=30).status_code == 200
+        after = metric_samples(httpx.get(s.url + "/metrics").text)
+        assert after[("inflight_generation_tokens_total", ())] == 10
+        assert after[("inflight_prompt_tokens_total", ())] == 3
+        length = ("inflight_requests_finished_total", (("finish_reason", "length"),))
+        assert after[length] == 2
+        for name in ("inflight_time_to_first_token_seconds_count",
+                     "inflight_request_latency_seconds_count",
+                     "inflight_request_queue_time_seconds_count"):  # fmt: skip
+            assert after[(name, ())] == 1
+        assert after[("inflight_inter_token_latency_seconds_count", ())] >= 4
+        assert after[("inflight_batch_sequences_count", ())] >= 5
+        assert after[("inflight_batch_sequences_avg", ())] >= 1
+        assert after[("inflight_kv_cache_blocks_total", ())] == 64
+        assert after[("inflight_kv_cache_blocks_used", ())] == 0
+        assert after[("inflight_requests_running", ())] == 0
