@@ -91,7 +91,8 @@ class _BodyTooLarge(Exception):
 
 
 def build_app(engine: AsyncLLM, config: ServerConfig) -> FastAPI:
-    model_name = config.served_model_name or engine.core.loaded.path.name
+    path = engine.core.loaded.path
+    model_name = config.served_model_name or (path.stem if path.is_file() else path.name)
     completions = CompletionServing(engine, model_name)
     chat = ChatServing(engine, model_name)
 

@@ -108,7 +108,9 @@ def test_32_concurrent_streams_match_offline_generate(server):
 
     async def all_streams():
         client = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
-        return await asyncio.gather(*(one(client, p, n) for p, n in zip(prompts, max_tokens)))
+        return await asyncio.gather(
+            *(one(client, p, n) for p, n in zip(prompts, max_tokens, strict=True))
+        )
 
     results = asyncio.run(all_streams())
 

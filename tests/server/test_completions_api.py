@@ -1,0 +1,100 @@
+"""Completions API shapes on the tiny model: prompt forms, echo, n, token routes, broken streams."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from inflight import __version__
+from inflight.engine.async_engine import AsyncLLM
+from tests.server.live import LiveServer
+
+
+@pytest.fixture(scope="module")
+def server(tiny_llama):
+    engine = AsyncLLM(str(tiny_llama), dtype="float32", max_model_len=128, num_kv_blocks=64)
+    with LiveServer(engine, served_model_name="tiny") as s:
+        yield s
+
+
+def complete(server, **body):
+    r = httpx.post(server.url + "/v1/completions", json={"model": "tiny", **body}, timeout=60)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def sse_events(server, path, body):
+    with httpx.stream("POST", server.url + path, json=body, timeout=60) as r:
+        assert r.status_code == 200
+        return [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+
+
+def test_prompt_forms_number_choices_by_prompt_then_sample(server):
+    greedy = {"max_tokens": 5, "temperature": 0, "ignore_eos": True}
+    ids = httpx.post(server.url + "/tokenize", json={"prompt": "The quick"}).json()["tokens"]
+    by_text = complete(server, prompt="The quick", **greedy)
+    by_ids = complete(server, prompt=ids, **greedy)
+    assert by_text["choices"][0]["text"] == by_ids["choices"][0]["text"]
+
+    batch = complete(server, prompt=["The quick", "Numbers like"], n=2, **greedy)
+    assert [c["index"] for c in batch["choices"]] == [0, 1, 2, 3]
+    assert batch["choices"][0]["text"] == by_text["choices"][0]["text"]
+    assert batch["usage"]["completion_tokens"] == 20
+    id_batch = complete(server, prompt=[ids, ids], **greedy)
+    assert len({c["text"] for c in id_batch["choices"]}) == 1
+
+    echoed = complete(server, prompt="The quick", echo=True, **greedy)
+    assert echoed["choices"][0]["text"] == "The quick" + by_text["choices"][0]["text"]
+
+
+def test_streamed_completion_equals_the_whole(server):
+    body = {"model": "tiny", "prompt": "The quick", "max_tokens": 12, "temperature": 0,
+            "ignore_eos": True, "n": 2, "stream": True,
+            "stream_options": {"include_usage": True}}  # fmt: skip
+    events = sse_events(server, "/v1/completions", body)
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    usage = chunks[-1]["usage"]
+    texts = {0: "", 1: ""}
+    for c in chunks[:-1]:
+        (choice,) = c["choices"]
+        texts[choice["index"]] += choice["text"]
+    whole = complete(
+        server, **{k: v for k, v in body.items() if "stream" not in k and k != "model"}
+    )
+    assert [texts[0], texts[1]] == [c["text"] for c in whole["choices"]]
+    assert usage == whole["usage"]
+
+
+def test_tokenize_detokenize_version(server):
+    tok = httpx.post(server.url + "/tokenize", json={"prompt": "The quick brown fox"}).json()
+    assert tok["count"] == len(tok["tokens"]) and tok["max_model_len"] == 128
+    text = httpx.post(server.url + "/detokenize", json={"tokens": tok["tokens"]}).json()
+    assert text == {"prompt": "The quick brown fox"}
+    chat = httpx.post(server.url + "/tokenize",
+                      json={"messages": [{"role": "user", "content": "hi"}]}).json()  # fmt: skip
+    assert chat["count"] > 3
+    assert httpx.get(server.url + "/version").json() == {"version": __version__}
+
+
+def test_error_after_the_stream_started_is_an_error_chunk_then_done(tiny_llama):
+    engine = AsyncLLM(str(tiny_llama), dtype="float32", max_model_len=128, num_kv_blocks=64)
+    with LiveServer(engine, served_model_name="tiny") as s:
+        step, calls = engine.core.step, []
+
+        def failing_step():
+            calls.append(1)
+            if len(calls) > 3:
+                raise RuntimeError("boom mid-stream")
+            return step()
+
+        engine.core.step = failing_step
+        body = {"model": "tiny", "prompt": "x", "max_tokens": 50, "ignore_eos": True,
+                "stream": True}  # fmt: skip
+        events = sse_events(s, "/v1/completions", body)
+        assert events[-1] == "[DONE]"
+        error = json.loads(events[-2])["error"]
+        assert error["code"] == 503 and "boom mid-stream" in error["message"]
+        assert any("choices" in json.loads(e) for e in events[:-2])  # it had started
