@@ -6,6 +6,7 @@ API boundary and never reaches the core. Defaults follow vLLM (`max_tokens=16`, 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from inflight.errors import InvalidRequestError
@@ -73,6 +74,11 @@ class SamplingParams:
             0 <= self.min_tokens <= self.max_tokens,
             "min_tokens",
             f"must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens}",
+        )
+        _check(
+            all(math.isfinite(v) and -100 <= v <= 100 for v in (self.logit_bias or {}).values()),
+            "logit_bias",
+            "values must be in [-100, 100]",
         )
         _check(all(self.stop), "stop", "must not contain empty strings")
         _check(

@@ -22,6 +22,7 @@ def llm(tiny_llama) -> LLM:
         (lambda: SamplingParams(n=0), "n", "n must be >= 1"),
         (lambda: SamplingParams(logprobs=21), "logprobs", r"logprobs must be in \[0, 20\]"),
         (lambda: SamplingParams(stop=[""]), "stop", "stop must not contain empty strings"),
+        (lambda: SamplingParams(logit_bias={5: 1e9}), "logit_bias", r"in \[-100, 100\]"),
     ],
 )
 def test_invalid_sampling_params(make, param, message):
