@@ -139,6 +139,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--max-body-bytes", type=parse_bytes, default=8 * 2**20)
     add_knob_flags(serve)
+
+    from inflight.bench.cli import add_bench_parser
+
+    add_bench_parser(sub, add_knob_flags)
     return parser
 
 
@@ -222,6 +226,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_generate(args)
     if args.command == "serve":
         return run_serve(args)
+    if args.command == "bench":
+        from inflight.bench.cli import run_bench
+
+        return run_bench(args, knobs_from_args(args))
     return 1
 
 

@@ -1,16 +1,24 @@
-"""Benchmark workloads: prompts cut from real prose shipped with the package, long-tailed
-output lengths, a fixed seed. Nothing is downloaded.
+"""Benchmark workloads: prompts cut from real prose shipped with the package, length
+distributions, arrival processes, a fixed seed, JSONL files. Nothing is downloaded.
 
-`mixed64` is the reference workload of the project: 64 requests, prompts ~20-400 tokens,
-outputs long-tailed between 8 and 256 tokens, greedy with `ignore_eos`, all arriving at once.
+Named workloads:
+- `mixed64`: the project's reference: 64 requests, prompts ~20-400 tokens, outputs long-tailed
+  between 8 and 256 tokens, greedy with `ignore_eos`, all arriving at once.
+- `longtail`: 128 requests, prompts 20-400 tokens, outputs lognormal around 32 clipped to
+  [8, 512]: a batch that waits for its longest member wastes most of its seats.
+- `chat`: a chat-like mix: 80% short questions with medium answers, 20% long documents with
+  short answers.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import random
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from importlib import resources
+from pathlib import Path
 
 from transformers import PreTrainedTokenizerBase
 
@@ -19,28 +27,143 @@ from transformers import PreTrainedTokenizerBase
 class WorkloadRequest:
     prompt_token_ids: list[int]
     max_tokens: int
+    arrival_time: float = 0.0  # seconds after the start of the run
+    priority: int = 0
 
 
+# ------------------------------------------------------------------ length laws
+LengthLaw = Callable[[random.Random], int]
+
+
+def fixed(n: int) -> LengthLaw:
+    return lambda rng: n
+
+
+def uniform(low: int, high: int) -> LengthLaw:
+    return lambda rng: rng.randint(low, high)
+
+
+def log_uniform(low: int, high: int) -> LengthLaw:
+    return lambda rng: round(math.exp(rng.uniform(math.log(low), math.log(high))))
+
+
+def lognormal(median: float, sigma: float, low: int, high: int) -> LengthLaw:
+    """Long-tailed: lognormal around `median`, clipped to [low, high]."""
+    return lambda rng: max(low, min(high, round(rng.lognormvariate(math.log(median), sigma))))
+
+
+def mixture(*parts: tuple[float, LengthLaw]) -> LengthLaw:
+    weights = [w for w, _ in parts]
+    return lambda rng: rng.choices([law for _, law in parts], weights)[0](rng)
+
+
+# -------------------------------------------------------------- arrival laws
+def arrivals(
+    kind: str, n: int, rng: random.Random, rate: float = 1.0, cv: float = 3.0
+) -> list[float]:
+    """Arrival times: `all` at once, `poisson` at `rate`/s, or `gamma` bursts (coefficient of
+    variation `cv` > 1 clusters requests) at the same mean rate."""
+    if kind == "all":
+        return [0.0] * n
+    if kind == "poisson":
+        gaps = [rng.expovariate(rate) for _ in range(n)]
+    elif kind == "gamma":
+        shape = 1.0 / (cv * cv)
+        gaps = [rng.gammavariate(shape, 1.0 / (rate * shape)) for _ in range(n)]
+    else:
+        raise ValueError(f"unknown arrival process {kind!r}: all, poisson or gamma")
+    times, t = [], 0.0
+    for gap in gaps:
+        times.append(t)
+        t += gap
+    return times
+
+
+# ---------------------------------------------------------------------- prompts
 def corpus_text() -> str:
     return resources.files("inflight.bench").joinpath("data/corpus.txt").read_text()
 
 
-def log_uniform_int(rng: random.Random, low: int, high: int) -> int:
-    return round(math.exp(rng.uniform(math.log(low), math.log(high))))
+def synthetic(
+    tokenizer: PreTrainedTokenizerBase,
+    num_requests: int,
+    prompt_len: LengthLaw,
+    output_len: LengthLaw,
+    seed: int = 0,
+    arrival: str = "all",
+    rate: float = 1.0,
+) -> list[WorkloadRequest]:
+    """Prompts are windows of the shipped corpus (wrapping around) of `prompt_len` tokens."""
+    rng = random.Random(seed)
+    corpus = tokenizer(corpus_text(), add_special_tokens=False).input_ids
+    times = arrivals(arrival, num_requests, random.Random(seed + 1), rate)
+    requests = []
+    for i in range(num_requests):
+        length = prompt_len(rng)
+        start = rng.randrange(len(corpus))
+        prompt = [corpus[(start + j) % len(corpus)] for j in range(length)]
+        requests.append(WorkloadRequest(prompt, output_len(rng), times[i]))
+    return requests
 
 
-def long_tailed_int(rng: random.Random, low: int, high: int, median: float) -> int:
-    """Lognormal around `median` (sigma 0.9), clipped to [low, high]."""
-    return max(low, min(high, round(rng.lognormvariate(math.log(median), 0.9))))
+NAMED: dict[str, dict] = {
+    "mixed64": dict(num_requests=64, prompt_len=log_uniform(20, 400),
+                    output_len=lognormal(48, 0.9, 8, 256)),
+    "longtail": dict(num_requests=128, prompt_len=log_uniform(20, 400),
+                     output_len=lognormal(32, 1.0, 8, 512)),
+    "chat": dict(num_requests=96, prompt_len=mixture((0.8, uniform(20, 150)),
+                                                     (0.2, uniform(400, 1000))),
+                 output_len=mixture((0.8, lognormal(120, 0.6, 16, 400)),
+                                    (0.2, uniform(16, 64)))),
+}  # fmt: skip
+
+
+def named(
+    name: str,
+    tokenizer: PreTrainedTokenizerBase,
+    seed: int = 0,
+    num_requests: int | None = None,
+    arrival: str = "all",
+    rate: float = 1.0,
+) -> list[WorkloadRequest]:
+    if name not in NAMED:
+        raise ValueError(f"unknown workload {name!r}; named workloads: {', '.join(NAMED)}")
+    spec = dict(NAMED[name])
+    if num_requests is not None:
+        spec["num_requests"] = num_requests
+    return synthetic(tokenizer, seed=seed, arrival=arrival, rate=rate, **spec)
 
 
 def mixed64(tokenizer: PreTrainedTokenizerBase, seed: int = 0) -> list[WorkloadRequest]:
-    rng = random.Random(seed)
-    corpus = tokenizer(corpus_text(), add_special_tokens=False).input_ids
+    return named("mixed64", tokenizer, seed)
+
+
+# ------------------------------------------------------------------------ JSONL
+def save_jsonl(requests: list[WorkloadRequest], path: Path) -> None:
+    """One request a line: `prompt` (token ids), `max_tokens`, `arrival_time`, `priority`."""
+    with path.open("w") as f:
+        for r in requests:
+            row = asdict(r)
+            row["prompt"] = row.pop("prompt_token_ids")
+            f.write(json.dumps(row) + "\n")
+
+
+def load_jsonl(
+    path: Path, tokenizer: PreTrainedTokenizerBase | None = None
+) -> list[WorkloadRequest]:
+    """Reads a workload file; a `prompt` given as text is tokenized with `tokenizer`."""
     requests = []
-    for _ in range(64):
-        length = log_uniform_int(rng, 20, 400)
-        start = rng.randrange(len(corpus))
-        prompt = [corpus[(start + i) % len(corpus)] for i in range(length)]
-        requests.append(WorkloadRequest(prompt, long_tailed_int(rng, 8, 256, median=48)))
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        row = json.loads(line)
+        prompt = row["prompt"]
+        if isinstance(prompt, str):
+            if tokenizer is None:
+                raise ValueError(f"{path}:{n}: a text prompt needs a tokenizer")
+            prompt = tokenizer(prompt, add_special_tokens=False).input_ids
+        requests.append(
+            WorkloadRequest(prompt, int(row["max_tokens"]), float(row.get("arrival_time", 0.0)),
+                            int(row.get("priority", 0)))
+        )  # fmt: skip
     return requests

@@ -13,10 +13,11 @@ from tqdm.auto import tqdm
 
 from inflight.config import EngineConfig
 from inflight.engine.engine_core import EngineCore
-from inflight.engine.processor import InputProcessor, OutputProcessor, PromptInput
+from inflight.engine.processor import InputProcessor, OutputProcessor, ParentRequest, PromptInput
 from inflight.errors import InvalidRequestError
+from inflight.model.loader import LoadedModel
 from inflight.outputs import RequestOutput
-from inflight.request import FinishReason
+from inflight.request import FinishReason, Request
 from inflight.sampling_params import SamplingParams
 from inflight.tokenizer import load_tokenizer
 
@@ -26,9 +27,12 @@ Message = dict[str, str]
 
 
 class LLM:
-    def __init__(self, model: str | None = None, **knobs: Any) -> None:
+    def __init__(
+        self, model: str | None = None, *, loaded_model: LoadedModel | None = None, **knobs: Any
+    ) -> None:
+        """`loaded_model` reuses weights already in memory (another engine's `core.loaded`)."""
         config = EngineConfig.from_knobs(model=model, **knobs)
-        self.core = EngineCore(config)
+        self.core = EngineCore(config, loaded_model)
         self.config = self.core.config
         self.tokenizer = load_tokenizer(self.core.loaded.path)
         eos = set(self.core.arch.eos_token_ids)
@@ -104,9 +108,7 @@ class LLM:
         ]
         order = {parent.request_id: i for i, (parent, _) in enumerate(processed)}
         for parent, children in processed:
-            self.output_processor.add_request(parent, children)
-            for child in children:
-                self.core.add_request(child)
+            self._submit(parent, children)
 
         results: list[RequestOutput | None] = [None] * len(processed)
         bar = tqdm(total=len(processed), desc="generating", unit="req", disable=not use_tqdm)
@@ -122,6 +124,21 @@ class LLM:
                         bar.set_postfix_str(f"{num_generated / elapsed:.1f} out tok/s")
         assert all(r is not None for r in results)
         return results  # type: ignore[return-value]
+
+    def add_request(
+        self, prompt: PromptInput, params: SamplingParams, add_special_tokens: bool = True
+    ) -> str:
+        """Queues one request without running the engine (drive it with `step`); returns its id."""
+        parent, children = self.input_processor.process(
+            str(next(self._ids)), prompt, params, add_special_tokens=add_special_tokens
+        )
+        self._submit(parent, children)
+        return parent.request_id
+
+    def _submit(self, parent: ParentRequest, children: list[Request]) -> None:
+        self.output_processor.add_request(parent, children)
+        for child in children:
+            self.core.add_request(child)
 
     def step(self) -> list[RequestOutput]:
         """One engine step; returns snapshots of the requests it changed."""

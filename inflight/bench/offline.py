@@ -1,0 +1,66 @@
+"""Offline benchmark: a workload through `LLM`, honouring arrival times, recording every step."""
+
+from __future__ import annotations
+
+import resource
+import time
+
+from tqdm.auto import tqdm
+
+from inflight.bench.stats import RequestRecord, RunResult, StepRecord
+from inflight.bench.workloads import WorkloadRequest
+from inflight.engine.llm import LLM
+from inflight.sampling_params import SamplingParams
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+
+
+def run_offline(
+    llm: LLM, workload: list[WorkloadRequest], name: str, progress: bool = True
+) -> RunResult:
+    """Greedy with `ignore_eos`, so every request produces exactly its `max_tokens`."""
+    pending = sorted(workload, key=lambda r: r.arrival_time)
+    records: list[RequestRecord] = []
+    timeline: list[StepRecord] = []
+    core = llm.core
+    preemptions_before = core.totals.num_preemptions
+    bar = tqdm(total=len(workload), desc=name, unit="req", disable=not progress)
+    start = time.perf_counter()
+    with bar:
+        while pending or core.has_unfinished_requests():
+            now = time.perf_counter() - start
+            while pending and pending[0].arrival_time <= now:
+                r = pending.pop(0)
+                params = SamplingParams(temperature=0, max_tokens=r.max_tokens, ignore_eos=True)
+                llm.add_request(r.prompt_token_ids, params)
+            if not core.has_unfinished_requests():
+                time.sleep(max(0.0, pending[0].arrival_time - now))
+                continue
+            outputs = llm.step()
+            step = core.last_step
+            timeline.append(
+                StepRecord(
+                    t=time.perf_counter() - start, duration=step.duration_s,
+                    running=step.num_running, waiting=step.num_waiting,
+                    scheduled_seqs=step.num_scheduled_seqs,
+                    scheduled_tokens=step.num_batched_tokens, kv_usage=step.kv_usage,
+                )
+            )  # fmt: skip
+            for out in outputs:
+                if out.finished:
+                    m = out.metrics
+                    records.append(
+                        RequestRecord(len(out.prompt_token_ids), len(out.outputs[0].token_ids),
+                                      m.ttft, m.e2e_latency)
+                    )  # fmt: skip
+                    bar.update(1)
+    return RunResult(
+        name=name,
+        wall_s=time.perf_counter() - start,
+        requests=records,
+        timeline=timeline,
+        preemptions=core.totals.num_preemptions - preemptions_before,
+        peak_rss_mb=peak_rss_mb(),
+    )

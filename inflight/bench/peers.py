@@ -1,0 +1,100 @@
+"""Peers run on the same model, dtype and workload: Hugging Face transformers `generate` with
+padded static batches, and transformers' own continuous batching (`init_continuous_batching`).
+
+Both only support workloads that arrive all at once. Static `generate` runs each batch until
+its longest member is done (that waste is the point); only each request's own `max_tokens`
+count as output. Peers report throughput and end-to-end latency; their TTFT is not observable
+from outside `generate` and is left empty.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from inflight.bench.offline import peak_rss_mb
+from inflight.bench.stats import RequestRecord, RunResult
+from inflight.bench.workloads import WorkloadRequest
+from inflight.model.loader import is_gguf
+
+PEERS = ("hf-static", "hf-continuous")
+_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
+
+
+def load_hf_model(path: Path, dtype: str):
+    from transformers import AutoModelForCausalLM
+
+    kwargs = {"dtype": _DTYPES[dtype]}
+    if is_gguf(path):
+        return AutoModelForCausalLM.from_pretrained(
+            path.parent, gguf_file=path.name, **kwargs
+        ).eval()
+    return AutoModelForCausalLM.from_pretrained(path, **kwargs).eval()
+
+
+def _require_simultaneous(workload: list[WorkloadRequest], peer: str) -> None:
+    if any(r.arrival_time > 0 for r in workload):
+        raise ValueError(f"{peer} only runs workloads whose requests all arrive at once")
+
+
+@torch.inference_mode()
+def run_hf_static(
+    path: Path, workload: list[WorkloadRequest], dtype: str, batch_size: int, progress: bool = True
+) -> RunResult:
+    _require_simultaneous(workload, "hf-static")
+    model = load_hf_model(path, dtype)
+    pad_id = 0
+    records = []
+    start = time.perf_counter()
+    batches = [workload[i : i + batch_size] for i in range(0, len(workload), batch_size)]
+    for batch in tqdm(batches, desc="hf-static", unit="batch", disable=not progress):
+        width = max(len(r.prompt_token_ids) for r in batch)
+        # left padding, so every row's last prompt token sits in the last column
+        ids = torch.tensor([[pad_id] * (width - len(r.prompt_token_ids)) + r.prompt_token_ids
+                            for r in batch])  # fmt: skip
+        mask = torch.tensor([[0] * (width - len(r.prompt_token_ids)) + [1] * len(r.prompt_token_ids)
+                             for r in batch])  # fmt: skip
+        longest = max(r.max_tokens for r in batch)
+        model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=longest,
+                       eos_token_id=None, pad_token_id=pad_id)  # fmt: skip
+        done = time.perf_counter() - start
+        records += [RequestRecord(len(r.prompt_token_ids), r.max_tokens, None, done) for r in batch]
+    return RunResult("hf-static", time.perf_counter() - start, records, peak_rss_mb=peak_rss_mb())
+
+
+@torch.inference_mode()
+def run_hf_continuous(
+    path: Path, workload: list[WorkloadRequest], dtype: str, progress: bool = True
+) -> RunResult:
+    """transformers sizes its own batch and KV cache; it gets the whole workload at once."""
+    from transformers import GenerationConfig
+
+    _require_simultaneous(workload, "hf-continuous")
+    model = load_hf_model(path, dtype)
+    config = GenerationConfig(
+        do_sample=False, max_new_tokens=max(r.max_tokens for r in workload),
+        eos_token_id=-1,  # an id no token has: ignore EOS, as the inflight runs do
+        pad_token_id=0,
+    )  # fmt: skip
+    manager = model.init_continuous_batching(generation_config=config)
+    start = time.perf_counter()
+    manager.start()
+    records = []
+    try:
+        for i, r in enumerate(workload):
+            manager.add_request(r.prompt_token_ids, request_id=str(i), max_new_tokens=r.max_tokens)
+        for _ in tqdm(range(len(workload)), desc="hf-continuous", unit="req", disable=not progress):
+            result = manager.get_result(timeout=3600)
+            if result is None:
+                raise RuntimeError("transformers continuous batching returned no result")
+            r = workload[int(result.request_id)]
+            records.append(RequestRecord(len(r.prompt_token_ids), len(result.generated_tokens),
+                                         None, time.perf_counter() - start))  # fmt: skip
+    finally:
+        manager.stop(block=True)
+    return RunResult(
+        "hf-continuous", time.perf_counter() - start, records, peak_rss_mb=peak_rss_mb()
+    )

@@ -1,0 +1,119 @@
+"""Benchmark reports: results.json, summary.md and PNG plots in one results folder.
+
+Plots: output throughput per run, latency CDFs, and the batch timeline (sequences and tokens
+per step, KV usage, queue depth) of every inflight run: static batching's idle seats, drawn.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, no display
+import matplotlib.pyplot as plt
+import numpy as np
+
+from inflight.bench.stats import RunResult, summarize
+
+
+def write_report(out_dir: Path, title: str, runs: list[RunResult], meta: dict[str, Any]) -> dict:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    summaries = [summarize(r) for r in runs]
+    ok = [s for s in summaries if "error" not in s]
+    ratios = {}
+    if ok:
+        best = {s["name"]: s["output_tok_per_s"] for s in ok}
+        base = best.get("inflight-continuous")
+        if base:
+            ratios = {f"inflight-continuous / {n}": round(base / v, 2)
+                      for n, v in best.items() if n != "inflight-continuous" and v}  # fmt: skip
+    report = {"title": title, "meta": meta, "runs": summaries, "ratios": ratios}
+    (out_dir / "results.json").write_text(json.dumps(report, indent=2) + "\n")
+    (out_dir / "summary.md").write_text(markdown(report))
+    plot_throughput(out_dir / "throughput.png", ok)
+    plot_latency_cdfs(out_dir / "latency_cdf.png", [r for r in runs if not r.error])
+    timelines = [r for r in runs if r.timeline]
+    if timelines:
+        plot_timeline(out_dir / "timeline.png", timelines)
+    return report
+
+
+def _fmt(p: dict[str, float], key: str) -> str:
+    return f"{p[key]:.3f}" if key in p else "-"
+
+
+def markdown(report: dict) -> str:
+    lines = [f"# {report['title']}", ""]
+    lines += [f"- {k}: {v}" for k, v in report["meta"].items()]
+    lines += ["", "| run | output tok/s | req/s | wall s | TTFT p50/p99 s | TPOT p50 s "
+              "| e2e p50/p99 s | mean seqs/step | KV use | preempt | peak RSS MB |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for s in report["runs"]:
+        if "error" in s:
+            lines.append(f"| {s['name']} | error: {s['error']} |" + " |" * 9)
+            continue
+        ttft, tpot, e2e = s["ttft_s"], s["tpot_s"], s["e2e_s"]
+        lines.append(
+            f"| {s['name']} | {s['output_tok_per_s']} | {s['requests_per_s']} | {s['wall_s']} "
+            f"| {_fmt(ttft, 'p50')} / {_fmt(ttft, 'p99')} | {_fmt(tpot, 'p50')} "
+            f"| {_fmt(e2e, 'p50')} / {_fmt(e2e, 'p99')} | {s.get('mean_batch_seqs', '-')} "
+            f"| {s.get('kv_usage_time_weighted', '-')} | {s['preemptions']} "
+            f"| {round(s['peak_rss_mb']) if s['peak_rss_mb'] else '-'} |"
+        )
+    if report["ratios"]:
+        lines += ["", "Ratios of output tokens/s, measured in this one run:", ""]
+        lines += [f"- {k}: **{v}x**" for k, v in report["ratios"].items()]
+    return "\n".join(lines) + "\n"
+
+
+def plot_throughput(path: Path, summaries: list[dict]) -> None:
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    names = [s["name"] for s in summaries]
+    values = [s["output_tok_per_s"] for s in summaries]
+    bars = ax.barh(names, values, color="tab:blue")
+    ax.bar_label(bars, fmt="%.1f", padding=3)
+    ax.set_xlabel("output tokens / s")
+    ax.set_title("Throughput")
+    ax.invert_yaxis()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_latency_cdfs(path: Path, runs: list[RunResult]) -> None:
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    for ax, attr, label in ((axes[0], "ttft", "time to first token (s)"),
+                            (axes[1], "e2e", "end-to-end latency (s)")):  # fmt: skip
+        for run in runs:
+            values = np.sort([v for r in run.requests if (v := getattr(r, attr)) is not None])
+            if len(values):
+                ax.step(values, np.arange(1, len(values) + 1) / len(values), where="post",
+                        label=run.name)  # fmt: skip
+        ax.set_xlabel(label)
+        ax.set_ylabel("fraction of requests")
+        ax.grid(alpha=0.3)
+    axes[1].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_timeline(path: Path, runs: list[RunResult]) -> None:
+    panels = (("running", "running sequences"), ("scheduled_tokens", "tokens per step"),
+              ("kv_usage", "KV cache usage"), ("waiting", "queue depth"))  # fmt: skip
+    fig, axes = plt.subplots(len(panels), 1, figsize=(10, 9), sharex=True)
+    for ax, (attr, label) in zip(axes, panels, strict=True):
+        for run in runs:
+            t = [s.t for s in run.timeline]
+            ax.step(t, [getattr(s, attr) for s in run.timeline], where="post", label=run.name)
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    axes[-1].set_xlabel("seconds since start")
+    fig.suptitle("The batch over time")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

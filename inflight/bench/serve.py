@@ -1,0 +1,89 @@
+"""Serving benchmark: an async client for any OpenAI-compatible server, swept over request rates.
+
+Each request is sent at its (Poisson or gamma) arrival time as a streaming completion with token
+ids as the prompt, greedy, `ignore_eos`; TTFT is the first chunk carrying text, TPOT the mean gap
+after it. Goodput counts only requests that meet both SLOs (TTFT and TPOT). Failed requests are
+counted, never retried.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from pathlib import Path
+
+import httpx
+
+from inflight.bench.stats import RequestRecord, RunResult
+from inflight.bench.workloads import WorkloadRequest, named
+
+
+async def _one(
+    client: httpx.AsyncClient, url: str, model: str, r: WorkloadRequest, start: float
+) -> RequestRecord | None:
+    await asyncio.sleep(max(0.0, r.arrival_time - (time.perf_counter() - start)))
+    sent = time.perf_counter()
+    body = {"model": model, "prompt": r.prompt_token_ids, "max_tokens": r.max_tokens,
+            "temperature": 0, "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True}}  # fmt: skip
+    ttft, tokens = None, 0
+    try:
+        async with client.stream("POST", f"{url}/v1/completions", json=body) as resp:
+            if resp.status_code != 200:
+                return None
+            async for line in resp.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                if "error" in chunk:
+                    return None
+                if chunk.get("usage"):
+                    tokens = chunk["usage"]["completion_tokens"]
+                elif ttft is None and any(c.get("text") for c in chunk.get("choices", [])):
+                    ttft = time.perf_counter() - sent
+    except httpx.HTTPError:
+        return None
+    return RequestRecord(len(r.prompt_token_ids), tokens, ttft, time.perf_counter() - sent)
+
+
+async def run_rate(
+    url: str,
+    model: str,
+    workload: list[WorkloadRequest],
+    name: str,
+    api_key: str | None,
+    slo_ttft: float,
+    slo_tpot: float,
+) -> RunResult:
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    async with httpx.AsyncClient(timeout=None, headers=headers, limits=limits) as client:
+        start = time.perf_counter()
+        results = await asyncio.gather(*(_one(client, url, model, r, start) for r in workload))
+        wall = time.perf_counter() - start
+    records = [r for r in results if r is not None]
+    good = [r for r in records if r.ttft is not None and r.ttft <= slo_ttft
+            and (r.tpot is None or r.tpot <= slo_tpot)]  # fmt: skip
+    extra = {"errors": len(results) - len(records), "goodput_req_per_s": round(len(good) / wall, 3),
+             "slo": {"ttft_s": slo_ttft, "tpot_s": slo_tpot}}  # fmt: skip
+    return RunResult(name, wall, records, extra=extra)
+
+
+def run_serve_sweep(args: argparse.Namespace, out: Path) -> dict:
+    from inflight.bench.report import write_report
+    from inflight.model.loader import resolve_model_path
+    from inflight.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(resolve_model_path(args.tokenizer))
+    arrival = "poisson" if args.arrival == "all" else args.arrival
+    url = args.url.rstrip("/")
+    runs = []
+    for rate in [float(x) for x in args.rates.split(",")]:
+        workload = named(args.workload, tokenizer, args.workload_seed, args.num_requests,
+                         arrival, rate)  # fmt: skip
+        runs.append(asyncio.run(run_rate(url, args.model, workload, f"rate {rate:g}/s",
+                                         args.api_key, args.slo_ttft, args.slo_tpot)))  # fmt: skip
+    meta = {"url": url, "model": args.model, "workload": args.workload, "arrival": arrival}
+    return write_report(out, f"inflight bench serve: {args.workload}", runs, meta)

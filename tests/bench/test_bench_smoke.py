@@ -1,0 +1,62 @@
+"""Each `inflight bench` mode end to end on the tiny model: results.json, summary.md, plots."""
+
+from __future__ import annotations
+
+import json
+
+from inflight.cli import main
+from inflight.engine.async_engine import AsyncLLM
+from tests.server.live import LiveServer
+
+TINY = ["--dtype", "float32", "--num-kv-blocks", "256", "--max-model-len", "512"]
+
+
+def read(out):
+    report = json.loads((out / "results.json").read_text())
+    assert (out / "summary.md").read_text().startswith("# inflight bench")
+    for plot in ("throughput.png", "latency_cdf.png"):
+        assert (out / plot).read_bytes()[:4] == b"\x89PNG"
+    return report
+
+
+def test_offline(tiny_llama, tmp_path):
+    out = tmp_path / "offline"
+    code = main(["bench", "offline", str(tiny_llama), "--workload", "longtail",
+                 "--num-requests", "12", "--out", str(out), "--max-num-seqs", "4",
+                 *TINY])  # fmt: skip
+    assert code == 0
+    (run,) = read(out)["runs"]
+    assert run["name"] == "inflight-continuous" and run["requests"] == 12
+    assert run["mean_batch_seqs"] <= 4 and 0 < run["kv_usage_time_weighted"] <= 1
+    assert set(run["ttft_s"]) == {"p50", "p90", "p99", "mean"}
+    assert (out / "timeline.png").exists()
+
+
+def test_compare_with_peers(tiny_llama, tmp_path):
+    out = tmp_path / "compare"
+    code = main(["bench", "compare", str(tiny_llama), "--workload", "longtail",
+                 "--num-requests", "12", "--max-num-seqs", "4", "--peers",
+                 "hf-static,hf-continuous", "--out", str(out), *TINY])  # fmt: skip
+    assert code == 0
+    report = read(out)
+    runs = {r["name"]: r for r in report["runs"]}
+    assert set(runs) == {"inflight-continuous", "inflight-static", "hf-static", "hf-continuous"}
+    want = runs["inflight-continuous"]["output_tokens"]
+    assert all(r["output_tokens"] == want for r in runs.values())  # same useful work
+    assert runs["inflight-static"]["steps"] > runs["inflight-continuous"]["steps"]
+    assert "inflight-continuous / inflight-static" in report["ratios"]
+
+
+def test_serve_sweep(tiny_llama, tmp_path):
+    engine = AsyncLLM(str(tiny_llama), dtype="float32", max_model_len=512, num_kv_blocks=256)
+    with LiveServer(engine, served_model_name="tiny") as s:
+        out = tmp_path / "serve"
+        code = main(["bench", "serve", "--url", s.url, "--model", "tiny", "--tokenizer",
+                     str(tiny_llama), "--workload", "longtail", "--num-requests", "8",
+                     "--rates", "20,40", "--out", str(out)])  # fmt: skip
+        assert code == 0
+    runs = read(out)["runs"]
+    assert [r["name"] for r in runs] == ["rate 20/s", "rate 40/s"]
+    for r in runs:
+        assert r["errors"] == 0 and r["requests"] == 8
+        assert r["ttft_s"]["p50"] > 0 and r["goodput_req_per_s"] >= 0
