@@ -49,6 +49,13 @@ def add_knob_flags(parser: argparse.ArgumentParser) -> None:
         kind, choices = _flag_type(hint)
         if field.name == "kv_cache_memory_bytes":
             kind = parse_bytes
+        if kind is bool:
+            group.add_argument(
+                "--" + field.name.replace("_", "-"), dest=field.name,
+                action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS,
+                help=field.metadata.get("help", "") + f" (default: {field.default})",
+            )  # fmt: skip
+            continue
         # A None default is explained by the knob's own help text.
         shown = "" if field.default is None else f" (default: {field.default})"
         group.add_argument(
@@ -61,12 +68,23 @@ def add_knob_flags(parser: argparse.ArgumentParser) -> None:
         )
 
 
+def add_engine_flags(parser: argparse.ArgumentParser) -> None:
+    """The MODEL positional and every engine knob as a flag."""
+    parser.add_argument(
+        "model_path",
+        nargs="?",
+        default=None,
+        metavar="MODEL",
+        help="HF model folder or GGUF file (default: SmolLM2-135M-Instruct)",
+    )
+    add_knob_flags(parser)
+
+
 def knobs_from_args(args: argparse.Namespace) -> dict[str, Any]:
-    return {
-        owner_field.name: getattr(args, owner_field.name)
-        for _, owner_field in knob_fields()
-        if hasattr(args, owner_field.name)
-    }
+    """The knobs given as flags; MODEL (positional) fills `model` unless --model was given."""
+    knobs = {f.name: getattr(args, f.name) for _, f in knob_fields() if hasattr(args, f.name)}
+    knobs.setdefault("model", getattr(args, "model_path", None))
+    return knobs
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -76,13 +94,6 @@ def build_parser() -> argparse.ArgumentParser:
         "generate",
         help="generate text offline for one or more prompts",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    gen.add_argument(
-        "model_path",
-        nargs="?",
-        default=None,
-        metavar="MODEL",
-        help="HF model folder or GGUF file (default: SmolLM2-135M-Instruct)",
     )
     gen.add_argument(
         "--prompt", action="append", required=True, help="a prompt; repeat the flag for a batch"
@@ -99,19 +110,12 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--sampling-seed", type=int, default=None, help="per-request seed")
     gen.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
     gen.add_argument("--ignore-eos", action="store_true")
-    add_knob_flags(gen)
+    add_engine_flags(gen)
 
     serve = sub.add_parser(
         "serve",
         help="serve an OpenAI-compatible HTTP API",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    serve.add_argument(
-        "model_path",
-        nargs="?",
-        default=None,
-        metavar="MODEL",
-        help="HF model folder or GGUF file (default: SmolLM2-135M-Instruct)",
     )
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
@@ -138,11 +142,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds before a request is aborted (default: no limit)",
     )
     serve.add_argument("--max-body-bytes", type=parse_bytes, default=8 * 2**20)
-    add_knob_flags(serve)
+    add_engine_flags(serve)
 
     from inflight.bench.cli import add_bench_parser
 
-    add_bench_parser(sub, add_knob_flags)
+    add_bench_parser(sub, add_engine_flags)
     return parser
 
 
@@ -154,7 +158,6 @@ def run_serve(args: argparse.Namespace) -> int:
     from inflight.server.api_server import ServerConfig, build_app
 
     knobs = knobs_from_args(args)
-    knobs.setdefault("model", args.model_path)
     try:
         engine = AsyncLLM(
             max_queued_requests=args.max_queued_requests,
@@ -186,9 +189,7 @@ def run_generate(args: argparse.Namespace) -> int:
             stop=args.stop,
             ignore_eos=args.ignore_eos,
         )
-        knobs = knobs_from_args(args)
-        knobs.setdefault("model", args.model_path)
-        llm = LLM(**knobs)
+        llm = LLM(**knobs_from_args(args))
         if args.chat:
             conversations = [[{"role": "user", "content": p}] for p in args.prompt]
             outputs = llm.chat(conversations, params)

@@ -62,6 +62,9 @@ class CacheConfig:
     num_kv_blocks: int | None = field(
         default=None, metadata={"help": "number of KV blocks; overrides the memory budget"}
     )
+    enable_prefix_caching: bool = field(
+        default=True, metadata={"help": "reuse the KV of full blocks shared by earlier requests"}
+    )
 
     def __post_init__(self) -> None:
         _require(self.kv_block_size >= 1, f"kv_block_size must be >= 1, got {self.kv_block_size}")

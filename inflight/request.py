@@ -34,6 +34,7 @@ class Request:
     eos_token_ids: frozenset[int] = frozenset()
     arrival_time: float = field(default_factory=time.monotonic)
     priority: int = 0
+    cache_salt: str | None = None  # requests with different salts never share cached blocks
 
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
@@ -61,13 +62,3 @@ class Request:
     @property
     def all_token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
-
-    def token_id_at(self, position: int) -> int:
-        n = len(self.prompt_token_ids)
-        return (
-            self.prompt_token_ids[position] if position < n else self.output_token_ids[position - n]
-        )
-
-    @property
-    def is_finished(self) -> bool:
-        return self.status is RequestStatus.FINISHED

@@ -6,6 +6,7 @@ import argparse
 import gc
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,7 @@ def load_workload(args: argparse.Namespace, tokenizer) -> list[WorkloadRequest]:
                  args.rate)  # fmt: skip
 
 
-def add_bench_parser(sub: Any, add_knob_flags) -> None:
+def add_bench_parser(sub: Any, add_engine_flags: Callable[[argparse.ArgumentParser], None]) -> None:
     bench = sub.add_parser("bench", help="benchmarks: offline, compare, serve")
     modes = bench.add_subparsers(dest="bench_command", required=True)
     fmt = argparse.ArgumentDefaultsHelpFormatter
@@ -46,9 +47,8 @@ def add_bench_parser(sub: Any, add_knob_flags) -> None:
         "compare", formatter_class=fmt, help="continuous vs static batching, and peers, in one run"
     )
     for p in (offline, compare):
-        p.add_argument("model_path", nargs="?", default=None, metavar="MODEL")
         add_workload_flags(p)
-        add_knob_flags(p)
+        add_engine_flags(p)
     compare.add_argument(
         "--peers",
         default="",
@@ -89,9 +89,12 @@ def run_bench(args: argparse.Namespace, knobs: dict[str, Any]) -> int:
 
 
 def run_local(args: argparse.Namespace, knobs: dict[str, Any], out: Path) -> dict:
+    """Inflight in each mode on the same loaded weights, then the peers; the report is rewritten
+    after every run, so a long comparison cut short still leaves its finished runs."""
+    from inflight.bench.report import write_report  # matplotlib: only when reporting
     from inflight.engine.llm import LLM
 
-    knobs.setdefault("model", args.model_path)
+    title = f"inflight bench {args.bench_command}: {args.workload}"
     modes = ["continuous", "static"] if args.bench_command == "compare" else [
         knobs.get("batching", "continuous")]  # fmt: skip
     runs: list[RunResult] = []
@@ -108,6 +111,7 @@ def run_local(args: argparse.Namespace, knobs: dict[str, Any], out: Path) -> dic
             "max_num_seqs": llm.config.scheduler.max_num_seqs,
             "max_num_batched_tokens": llm.config.scheduler.max_num_batched_tokens,
         }  # fmt: skip
+        report = write_report(out, title, runs, meta)
         del llm
         gc.collect()
     for peer in [p for p in getattr(args, "peers", "").split(",") if p]:
@@ -122,8 +126,6 @@ def run_local(args: argparse.Namespace, knobs: dict[str, Any], out: Path) -> dic
         except Exception as e:  # a peer failing must not lose the other results
             logger.exception("peer %s failed", peer)
             runs.append(RunResult(peer, 0.0, [], error=f"{type(e).__name__}: {e}"))
+        report = write_report(out, title, runs, meta)
         gc.collect()
-    from inflight.bench.report import write_report  # matplotlib: only when reporting
-
-    title = f"inflight bench {args.bench_command}: {args.workload}"
-    return write_report(out, title, runs, meta)
+    return report

@@ -134,10 +134,6 @@ def named(
     return synthetic(tokenizer, seed=seed, arrival=arrival, rate=rate, **spec)
 
 
-def mixed64(tokenizer: PreTrainedTokenizerBase, seed: int = 0) -> list[WorkloadRequest]:
-    return named("mixed64", tokenizer, seed)
-
-
 # ------------------------------------------------------------------------ JSONL
 def save_jsonl(requests: list[WorkloadRequest], path: Path) -> None:
     """One request a line: `prompt` (token ids), `max_tokens`, `arrival_time`, `priority`."""

@@ -1,11 +1,18 @@
-"""KVCacheManager: maps each request to its block table and grows it on demand.
+"""KVCacheManager: maps each request to its block table, grows it on demand, and shares full
+blocks between requests through the prefix cache.
 
 A request holds exactly `cdiv(num_computed_tokens + num_scheduled_tokens, block_size)` blocks
 after `allocate_slots`; blocks are appended only when its tokens cross a block boundary, and all
-of them go back to the pool in `free` the moment the request finishes, is aborted or preempted.
+of them are released in `free` the moment the request finishes, is aborted or preempted.
 
     block_size = 4, 10 tokens computed, 3 scheduled -> 13 slots -> 4 blocks
     block table [7, 2, 9, 4]:  |t0 t1 t2 t3|t4 t5 t6 t7|t8 t9 s0 s1|s2 . . .|
+
+Prefix caching: block i of a request is identified by a chained hash
+`h_i = hash((h_{i-1}, tokens of block i))`, rooted in the request's `cache_salt`. Once a block is
+full and computed its hash is published; a new request starts with the longest run of cached
+full blocks of its tokens (at most `num_tokens - 1` tokens, so one is always computed and
+sampled from) and never writes into them: its new tokens land in blocks of its own.
 """
 
 from __future__ import annotations
@@ -19,10 +26,17 @@ def cdiv(a: int, b: int) -> int:
 
 
 class KVCacheManager:
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+    def __init__(
+        self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True
+    ) -> None:
         self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
         self.pool = BlockPool(num_blocks)
         self.block_tables: dict[str, list[int]] = {}
+        self._hashes: dict[str, list[int]] = {}  # request -> hashes of its full blocks
+        self._num_published: dict[str, int] = {}  # request -> leading blocks already cached
+        self.num_prefix_queries = 0  # prompt tokens looked up in the prefix cache
+        self.num_prefix_hits = 0  # of those, tokens found cached
 
     @property
     def usage(self) -> float:
@@ -34,21 +48,88 @@ class KVCacheManager:
         needed = cdiv(request.num_computed_tokens + num_new_tokens, self.block_size)
         return max(0, needed - len(table))
 
-    def allocate_slots(self, request: Request, num_new_tokens: int) -> bool:
-        """Makes room for `num_new_tokens` more tokens; False (no change) if blocks are short."""
-        n = self.num_new_blocks(request, num_new_tokens)
-        if n > self.pool.num_free_blocks:
+    # ----------------------------------------------------------- prefix cache
+    def block_hashes(self, request: Request) -> list[int]:
+        """Hashes of every full block of the request's known tokens, extended incrementally."""
+        hashes = self._hashes.setdefault(request.request_id, [])
+        bs = self.block_size
+        num_full = request.num_tokens // bs
+        if len(hashes) < num_full:
+            tokens = request.all_token_ids
+            parent = hashes[-1] if hashes else hash(("inflight", request.cache_salt))
+            for i in range(len(hashes), num_full):
+                parent = hash((parent, tuple(tokens[i * bs : (i + 1) * bs])))
+                hashes.append(parent)
+        return hashes
+
+    def get_computed_blocks(self, request: Request) -> list[int]:
+        """The longest cached prefix of a request that has computed nothing yet."""
+        if not self.enable_prefix_caching or request.num_computed_tokens:
+            return []
+        bs = self.block_size
+        max_blocks = (request.num_tokens - 1) // bs
+        hashes = self.block_hashes(request)
+        tokens = request.all_token_ids
+        blocks: list[int] = []
+        for i in range(max_blocks):
+            block_id = self.pool.lookup(hashes[i], tuple(tokens[i * bs : (i + 1) * bs]))
+            if block_id is None:
+                break
+            blocks.append(block_id)
+        return blocks
+
+    def record_lookup(self, num_tokens: int, num_hit_tokens: int) -> None:
+        if self.enable_prefix_caching:
+            self.num_prefix_queries += num_tokens
+            self.num_prefix_hits += num_hit_tokens
+
+    def cache_full_blocks(self, request: Request) -> None:
+        """Publishes the request's blocks that became full and computed since the last call."""
+        if not self.enable_prefix_caching:
+            return
+        table = self.block_tables.get(request.request_id)
+        start = self._num_published.get(request.request_id, 0)
+        num_full = request.num_computed_tokens // self.block_size
+        if not table or num_full <= start:
+            return
+        bs = self.block_size
+        hashes = self.block_hashes(request)
+        tokens = request.all_token_ids
+        for i in range(start, num_full):
+            self.pool.cache(table[i], hashes[i], tuple(tokens[i * bs : (i + 1) * bs]))
+        self._num_published[request.request_id] = num_full
+
+    # ---------------------------------------------------------------- blocks
+    def allocate_slots(
+        self, request: Request, num_new_tokens: int, computed_blocks: list[int] | None = None
+    ) -> bool:
+        """Makes room for `num_new_tokens` more tokens after the request's computed ones (and
+        after `computed_blocks`, a prefix hit taken at admission). False, with no change, if the
+        pool is short."""
+        computed_blocks = computed_blocks or []
+        table = self.block_tables.get(request.request_id, [])
+        num_computed = request.num_computed_tokens + len(computed_blocks) * self.block_size
+        needed = cdiv(num_computed + num_new_tokens, self.block_size) - len(table)
+        needed -= len(computed_blocks)
+        # Reviving a cached block that nobody holds takes it out of the free queue too.
+        revived = sum(1 for b in computed_blocks if self.pool.blocks[b].ref_count == 0)
+        if max(0, needed) + revived > self.pool.num_free_blocks:
             return False
         table = self.block_tables.setdefault(request.request_id, [])
-        if n:
-            table.extend(self.pool.allocate(n))
+        if computed_blocks:
+            self.pool.touch(computed_blocks)
+            table.extend(computed_blocks)
+        if needed > 0:
+            table.extend(self.pool.allocate(needed))
         return True
 
     def free(self, request: Request) -> None:
-        """Returns every block of the request to the pool (a no-op if it holds none)."""
+        """Releases every block of the request (cached ones stay reusable until evicted)."""
+        self._num_published.pop(request.request_id, None)
+        self._hashes.pop(request.request_id, None)
         table = self.block_tables.pop(request.request_id, None)
         if table:
-            # Freed in reverse so a sequence's tail blocks, least likely to be shared, go first.
+            # Reversed, so a sequence's tail blocks (least likely to be shared) are evicted first.
             self.pool.free(table[::-1])
 
     def get_block_table(self, request_id: str) -> list[int]:

@@ -7,8 +7,10 @@ the newest running request is preempted by recompute (blocks freed, progress res
 at the head) and nobody new is admitted that step. Otherwise waiting requests are admitted
 while seats (`max_num_seqs`), budget and blocks last.
 
+A waiting request starts from the longest prefix of its tokens found in the prefix cache.
+
 Invariants checked at the end of `schedule()`: the budget holds, running <= max_num_seqs, and
-the blocks held by requests are exactly the pool's used blocks.
+the blocks held by block tables are exactly the pool's references (shared blocks once a holder).
 """
 
 from __future__ import annotations
@@ -117,10 +119,15 @@ class Scheduler:
             request = self.waiting.peek()
             if self.static_gate is not None and not self.static_gate.admits(request, self.waiting):
                 break
-            remaining = request.num_tokens - request.num_computed_tokens
+            computed_blocks = self.kv.get_computed_blocks(request)
+            num_cached = len(computed_blocks) * self.kv.block_size
+            remaining = request.num_tokens - request.num_computed_tokens - num_cached
             num_new = min(remaining, budget, self.config.chunk_limit)
-            if not self.kv.allocate_slots(request, num_new):
+            if not self.kv.allocate_slots(request, num_new, computed_blocks):
                 break
+            if request.num_computed_tokens == 0:
+                self.kv.record_lookup(request.num_tokens, num_cached)
+            request.num_computed_tokens += num_cached
             self.waiting.pop()
             request.status = RequestStatus.RUNNING
             self.running.append(request)
@@ -168,7 +175,8 @@ class Scheduler:
         assert len(self.running) <= cfg.max_num_seqs
         held = sum(len(t) for t in self.kv.block_tables.values())
         pool = self.kv.pool
-        assert held == pool.num_used_blocks, (held, pool.num_used_blocks)
+        assert held == pool.num_refs, (held, pool.num_refs)  # shared blocks count once a holder
+        assert pool.num_used_blocks <= held
         assert pool.num_free_blocks + pool.num_used_blocks == pool.num_blocks
 
     # ------------------------------------------------------------------ update
@@ -181,6 +189,7 @@ class Scheduler:
         for s in scheduler_output.scheduled:
             request = self.requests[s.request_id]
             request.num_computed_tokens += s.num_tokens
+            self.kv.cache_full_blocks(request)
             token_id = runner_output.sampled_token_ids.get(s.request_id)
             if token_id is None:
                 continue  # mid-prefill: nothing sampled yet

@@ -195,6 +195,7 @@ class AsyncLLM:
         request_id: str | None = None,
         priority: int = 0,
         add_special_tokens: bool = True,
+        cache_salt: str | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Yields cumulative snapshots of the request until it finishes.
 
@@ -210,7 +211,12 @@ class AsyncLLM:
             )
         request_id = request_id or f"req-{next(self._ids)}"
         parent, children = self.llm.input_processor.process(
-            request_id, prompt, params, priority=priority, add_special_tokens=add_special_tokens
+            request_id,
+            prompt,
+            params,
+            priority=priority,
+            add_special_tokens=add_special_tokens,
+            cache_salt=cache_salt,
         )
         stream: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
         self._streams[request_id] = stream

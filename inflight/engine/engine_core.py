@@ -37,6 +37,8 @@ class StepStats:
     kv_usage: float
     kv_blocks_used: int
     num_preempted: int
+    num_prefix_queries: int  # prompt tokens looked up in the prefix cache this step
+    num_prefix_hits: int  # of those, found cached
     duration_s: float
 
 
@@ -104,7 +106,9 @@ class EngineCore:
         self.device, self.dtype = device, dtype
         self.max_model_len = max_model_len
         self.kv_cache = KVCache(arch, num_blocks, block_size, dtype, device)
-        self.kv_cache_manager = KVCacheManager(num_blocks, block_size)
+        self.kv_cache_manager = KVCacheManager(
+            num_blocks, block_size, config.cache.enable_prefix_caching
+        )
         self.scheduler = Scheduler(sched_cfg, self.kv_cache_manager)
         attn = loaded.model.layers[0].attn
         self.runner = ModelRunner(loaded.model, self.kv_cache, attn, device, config.model.seed)
@@ -136,6 +140,8 @@ class EngineCore:
 
     def step(self) -> list[EngineCoreOutput]:
         start = time.perf_counter()
+        kv = self.kv_cache_manager
+        queries, hits = kv.num_prefix_queries, kv.num_prefix_hits
         scheduler_output: SchedulerOutput = self.scheduler.schedule()
         runner_output = self.runner.execute(scheduler_output)
         outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
@@ -148,6 +154,8 @@ class EngineCore:
             kv_usage=self.kv_cache_manager.usage,
             kv_blocks_used=self.kv_cache_manager.pool.num_used_blocks,
             num_preempted=len(scheduler_output.preempted_request_ids),
+            num_prefix_queries=kv.num_prefix_queries - queries,
+            num_prefix_hits=kv.num_prefix_hits - hits,
             duration_s=time.perf_counter() - start,
         )
         if scheduler_output.scheduled:

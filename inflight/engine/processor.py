@@ -82,6 +82,7 @@ class InputProcessor:
         params: SamplingParams,
         priority: int = 0,
         add_special_tokens: bool = True,
+        cache_salt: str | None = None,
     ) -> tuple[ParentRequest, list[Request]]:
         """Validates and fans out one request; raises InvalidRequestError before any side effect.
 
@@ -107,6 +108,7 @@ class InputProcessor:
                     eos_token_ids=self.eos_token_ids,
                     arrival_time=arrival,
                     priority=priority,
+                    cache_salt=cache_salt,
                 )
             )
         parent = ParentRequest(request_id, prompt_text, prompt_ids, params, arrival)

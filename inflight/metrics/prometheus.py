@@ -60,6 +60,12 @@ class EngineMetrics:
             registry=r,
         )  # fmt: skip
         self.preemptions = Counter(name("preemptions"), "Requests preempted", registry=r)
+        self.prefix_queries = Counter(
+            name("prefix_cache_queries"), "Prompt tokens looked up in the prefix cache", registry=r
+        )
+        self.prefix_hits = Counter(
+            name("prefix_cache_hits"), "Prompt tokens found in the prefix cache", registry=r
+        )
         self.queue_time = Histogram(
             name("request_queue_time_seconds"), "Arrival to first scheduled",
             buckets=LATENCY_BUCKETS, registry=r,
@@ -95,6 +101,8 @@ class EngineMetrics:
         self.kv_blocks_total.set(num_blocks_total)
         if step.num_preempted:
             self.preemptions.inc(step.num_preempted)
+        self.prefix_queries.inc(step.num_prefix_queries)
+        self.prefix_hits.inc(step.num_prefix_hits)
         if not step.num_scheduled_seqs:
             return
         self.batch_seqs.observe(step.num_scheduled_seqs)

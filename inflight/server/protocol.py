@@ -44,6 +44,7 @@ class SamplingFields(BaseModel):
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     priority: int = 0
+    cache_salt: str | None = None  # requests with different salts never share cached KV
 
 
 class CompletionRequest(SamplingFields):

@@ -71,7 +71,7 @@ class OpenAIServing:
         self,
         prompts: list[str | list[int]],
         params: SamplingParams,
-        priority: int,
+        req: p.SamplingFields,
         add_special_tokens: bool = True,
     ) -> list[AsyncIterator[RequestOutput]]:
         """Validates every prompt first (nothing is queued if one is bad), then starts them."""
@@ -79,9 +79,11 @@ class OpenAIServing:
             self.engine.llm.input_processor.process(
                 "validation", prompt, params, add_special_tokens=add_special_tokens
             )
-        generate = self.engine.generate
-        return [generate(x, params, priority=priority, add_special_tokens=add_special_tokens)
-                for x in prompts]  # fmt: skip
+        return [
+            self.engine.generate(x, params, priority=req.priority, cache_salt=req.cache_salt,
+                                 add_special_tokens=add_special_tokens)
+            for x in prompts
+        ]  # fmt: skip
 
     def token_text(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id])

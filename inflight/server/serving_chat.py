@@ -34,7 +34,7 @@ class ChatServing(OpenAIServing):
             max_tokens = max(1, self.engine.core.max_model_len - len(prompt_ids))
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
         params = self.sampling_params(req, max_tokens, logprobs)
-        return self.start([prompt_ids], params, req.priority)
+        return self.start([prompt_ids], params, req)
 
     def _logprobs(self, entries: list[Logprobs] | None) -> p.ChatLogprobs | None:
         if entries is None:

@@ -34,7 +34,7 @@ class CompletionServing(OpenAIServing):
         if req.echo and req.stream and req.n > 1:
             raise InvalidRequestError("echo with n > 1 is not supported when streaming", "echo")
         params = self.sampling_params(req, req.max_tokens or 16, req.logprobs)
-        return self.start(self._prompts(req), params, req.priority)
+        return self.start(self._prompts(req), params, req)
 
     def _prompt_text(self, out: RequestOutput) -> str:
         return out.prompt if out.prompt is not None else self.tokenizer.decode(out.prompt_token_ids)

@@ -17,10 +17,11 @@ def make_scheduler(
     num_blocks: int = 64,
     block_size: int = 4,
     max_model_len: int = 256,
+    enable_prefix_caching: bool = True,
     **knobs,
 ) -> Scheduler:
     config = SchedulerConfig(max_model_len=max_model_len, **knobs)
-    return Scheduler(config, KVCacheManager(num_blocks, block_size))
+    return Scheduler(config, KVCacheManager(num_blocks, block_size, enable_prefix_caching))
 
 
 def make_request(request_id: str, prompt_len: int, max_tokens: int, **params) -> Request:

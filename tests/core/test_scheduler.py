@@ -76,8 +76,9 @@ def test_preemption_takes_the_newest_and_admits_nobody_that_step():
     assert len(new.output_token_ids) > 0  # tokens kept; only the KV is recomputed
 
 
-def test_recompute_resumes_with_prompt_and_earlier_outputs():
-    s = make_scheduler(num_blocks=6, block_size=4)
+@pytest.mark.parametrize("prefix_caching", [False, True])
+def test_recompute_resumes_with_prompt_and_earlier_outputs(prefix_caching):
+    s = make_scheduler(num_blocks=6, block_size=4, enable_prefix_caching=prefix_caching)
     req = make_request("r", prompt_len=6, max_tokens=10)
     s.add_request(req)
     for _ in range(3):
@@ -86,7 +87,10 @@ def test_recompute_resumes_with_prompt_and_earlier_outputs():
     s._preempt(s.running.pop())
     out = s.schedule()
     (chunk,) = out.scheduled
-    assert chunk.start_pos == 0 and chunk.token_ids == [*req.prompt_token_ids, 7, 7, 7]
+    if prefix_caching:  # its 2 full blocks are still cached: only the last token is recomputed
+        assert chunk.start_pos == 8 and chunk.token_ids == [7]
+    else:
+        assert chunk.start_pos == 0 and chunk.token_ids == [*req.prompt_token_ids, 7, 7, 7]
     assert chunk.sample
 
 

@@ -1,0 +1,93 @@
+"""Prefix caching in the pool, the KV-cache manager and the scheduler (hand-made outputs)."""
+
+from __future__ import annotations
+
+from inflight.core.block_pool import BlockPool
+from inflight.core.kv_cache_manager import KVCacheManager
+from inflight.request import Request
+from inflight.sampling_params import SamplingParams
+from tests.core.helpers import fake_model_output, make_scheduler, run_to_completion
+
+
+def request(rid: str, tokens: list[int], max_tokens: int = 2, salt: str | None = None) -> Request:
+    return Request(rid, list(tokens), SamplingParams(max_tokens=max_tokens, ignore_eos=True),
+                   cache_salt=salt)  # fmt: skip
+
+
+def test_freed_cached_blocks_are_evicted_least_recently_freed_first():
+    pool = BlockPool(4)
+    a, b = pool.allocate(2), pool.allocate(2)
+    for i, block in enumerate(a + b):
+        pool.cache(block, block_hash=100 + i, token_ids=(i,))
+    pool.free(b)  # freed first: evicted first
+    pool.free(a)
+    assert pool.num_free_blocks == 4 and pool.num_cached_blocks == 4
+    assert pool.lookup(100, (0,)) == a[0]
+    pool.touch([a[0]])  # a hit revives a free block
+    assert pool.num_free_blocks == 3 and pool.blocks[a[0]].ref_count == 1
+    assert pool.allocate(2) == b  # eviction order: b (oldest free) first
+    assert pool.lookup(102, (2,)) is None and pool.num_evictions == 2
+    assert pool.lookup(100, (0,)) == a[0]  # still cached
+    pool.check_invariants()
+
+
+def test_a_hash_hit_is_confirmed_against_the_tokens():
+    pool = BlockPool(2)
+    (block,) = pool.allocate(1)
+    pool.cache(block, block_hash=7, token_ids=(1, 2))
+    assert pool.lookup(7, (1, 2)) == block
+    assert pool.lookup(7, (1, 3)) is None  # same hash, other tokens: a collision, not a hit
+
+
+def test_longest_cached_prefix_leaves_one_token_to_compute():
+    kv = KVCacheManager(num_blocks=16, block_size=4)
+    first = request("a", list(range(12)))
+    assert kv.allocate_slots(first, 12)
+    first.num_computed_tokens = 12
+    kv.cache_full_blocks(first)  # 3 full blocks published
+    kv.free(first)
+
+    same = request("b", list(range(12)))  # fully cached: only 2 blocks may be reused
+    assert len(kv.get_computed_blocks(same)) == 2
+    longer = request("c", [*range(12), 99, 98])
+    assert kv.get_computed_blocks(longer) == kv.get_block_table("a") or len(
+        kv.get_computed_blocks(longer)) == 3  # fmt: skip
+    diverging = request("d", [0, 1, 2, 3, 4, 5, 77, 7, 8, 9, 10, 11, 12])
+    assert len(kv.get_computed_blocks(diverging)) == 1
+    salted = request("e", [*range(12), 99], salt="tenant-2")
+    assert kv.get_computed_blocks(salted) == []
+    off = KVCacheManager(num_blocks=16, block_size=4, enable_prefix_caching=False)
+    assert off.get_computed_blocks(longer) == []
+
+
+def test_shared_blocks_are_held_once_per_holder_and_freed_by_the_last():
+    kv = KVCacheManager(num_blocks=8, block_size=4)
+    a = request("a", list(range(9)))
+    assert kv.allocate_slots(a, 9)
+    a.num_computed_tokens = 9
+    kv.cache_full_blocks(a)
+    b = request("b", [*range(8), 50, 51])
+    hit = kv.get_computed_blocks(b)
+    assert hit == kv.get_block_table("a")[:2]
+    assert kv.allocate_slots(b, 2, hit)
+    assert kv.get_block_table("b")[:2] == hit
+    assert kv.pool.num_used_blocks == 4 and kv.pool.num_refs == 6  # 2 shared blocks
+    kv.free(a)
+    assert kv.pool.num_used_blocks == 3  # a's private block freed; shared ones still held by b
+    kv.free(b)
+    assert kv.pool.num_used_blocks == 0
+
+
+def test_scheduler_skips_cached_tokens_and_counts_hits():
+    s = make_scheduler(num_blocks=64, block_size=4, max_num_seqs=4)
+    system = list(range(100, 120))  # a 20-token shared prefix
+    s.add_request(request("first", [*system, 1, 2, 3]))
+    run_to_completion(s)
+    s.add_request(request("second", [*system, 4, 5]))
+    out = s.schedule()
+    (chunk,) = out.scheduled
+    assert chunk.start_pos == 20 and chunk.token_ids == [4, 5]
+    assert s.kv.num_prefix_hits == 20 and s.kv.num_prefix_queries == 23 + 22
+    s.update_from_output(out, fake_model_output(out))
+    run_to_completion(s)
+    assert s.kv.pool.num_used_blocks == 0
