@@ -93,7 +93,6 @@ def build_parser() -> argparse.ArgumentParser:
     gen = sub.add_parser(
         "generate",
         help="generate text offline for one or more prompts",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     gen.add_argument(
         "--prompt", action="append", required=True, help="a prompt; repeat the flag for a batch"
@@ -103,10 +102,10 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="send each prompt as a user message through the chat template",
     )
-    gen.add_argument("--max-tokens", type=int, default=64)
-    gen.add_argument("--temperature", type=float, default=0.0)
-    gen.add_argument("--top-p", type=float, default=1.0)
-    gen.add_argument("--top-k", type=int, default=0)
+    gen.add_argument("--max-tokens", type=int, default=64, help="(default: 64)")
+    gen.add_argument("--temperature", type=float, default=0.0, help="(default: 0, greedy)")
+    gen.add_argument("--top-p", type=float, default=1.0, help="(default: 1.0)")
+    gen.add_argument("--top-k", type=int, default=0, help="(default: 0, off)")
     gen.add_argument("--sampling-seed", type=int, default=None, help="per-request seed")
     gen.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
     gen.add_argument("--ignore-eos", action="store_true")
@@ -115,10 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser(
         "serve",
         help="serve an OpenAI-compatible HTTP API",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--host", default="127.0.0.1", help="(default: 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8000, help="(default: 8000)")
     serve.add_argument(
         "--api-key",
         default=os.environ.get("INFLIGHT_API_KEY"),
@@ -141,7 +139,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="seconds before a request is aborted (default: no limit)",
     )
-    serve.add_argument("--max-body-bytes", type=parse_bytes, default=8 * 2**20)
+    serve.add_argument("--max-body-bytes", type=parse_bytes, default=8 * 2**20,
+                       help="larger request bodies get 413 (default: 8MiB)")  # fmt: skip
     add_engine_flags(serve)
 
     from inflight.bench.cli import add_bench_parser

@@ -19,13 +19,16 @@ logger = logging.getLogger("inflight.bench")
 
 
 def add_workload_flags(parser: argparse.ArgumentParser) -> None:
+    named_list = ", ".join(NAMED)
     parser.add_argument("--workload", default="mixed64",
-                        help=f"a named workload ({', '.join(NAMED)}) or a JSONL file")  # fmt: skip
+                        help=f"named ({named_list}) or a JSONL file (default: mixed64)")  # fmt: skip
     parser.add_argument("--num-requests", type=int, default=None,
                         help="override the named workload's request count")  # fmt: skip
-    parser.add_argument("--workload-seed", type=int, default=0)
-    parser.add_argument("--arrival", choices=("all", "poisson", "gamma"), default="all")
-    parser.add_argument("--rate", type=float, default=4.0, help="mean requests/s when not 'all'")
+    parser.add_argument("--workload-seed", type=int, default=0, help="(default: 0)")
+    parser.add_argument("--arrival", choices=("all", "poisson", "gamma"), default="all",
+                        help="(default: all at once)")  # fmt: skip
+    parser.add_argument("--rate", type=float, default=4.0,
+                        help="mean requests/s when not 'all' (default: 4)")  # fmt: skip
     parser.add_argument("--out", type=Path, default=None,
                         help="results folder (default: results/bench-COMMAND-TIME)")  # fmt: skip
 
@@ -66,9 +69,15 @@ def add_bench_parser(sub: Any, add_engine_flags: Callable[[argparse.ArgumentPars
         default=None,
         help="model path whose tokenizer builds the prompts (default: ours)",
     )
-    serve.add_argument("--rates", default="1,2,4,8", help="request rates to sweep, requests/s")
-    serve.add_argument("--slo-ttft", type=float, default=1.0, help="goodput SLO on TTFT, s")
-    serve.add_argument("--slo-tpot", type=float, default=0.2, help="goodput SLO on TPOT, s")
+    serve.add_argument(
+        "--rates", default="1,2,4,8", help="request rates to sweep, requests/s (default: 1,2,4,8)"
+    )
+    serve.add_argument(
+        "--slo-ttft", type=float, default=1.0, help="goodput SLO on TTFT, s (default: 1)"
+    )
+    serve.add_argument(
+        "--slo-tpot", type=float, default=0.2, help="goodput SLO on TPOT, s (default: 0.2)"
+    )
     serve.add_argument("--api-key", default=None)
     add_workload_flags(serve)
 

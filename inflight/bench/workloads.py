@@ -6,6 +6,7 @@ Named workloads:
   between 8 and 256 tokens, greedy with `ignore_eos`, all arriving at once.
 - `longtail`: 128 requests, prompts 20-400 tokens, outputs lognormal around 32 clipped to
   [8, 512]: a batch that waits for its longest member wastes most of its seats.
+- `shared_prefix`: 64 requests behind one 300-token system prompt (prefix-caching benchmark).
 - `chat`: a chat-like mix: 80% short questions with medium answers, 20% long documents with
   short answers.
 """
@@ -92,8 +93,10 @@ def synthetic(
     seed: int = 0,
     arrival: str = "all",
     rate: float = 1.0,
+    shared_prefix: int = 0,
 ) -> list[WorkloadRequest]:
-    """Prompts are windows of the shipped corpus (wrapping around) of `prompt_len` tokens."""
+    """Prompts are windows of the shipped corpus (wrapping around) of `prompt_len` tokens,
+    after the corpus's first `shared_prefix` tokens (a system prompt every request shares)."""
     rng = random.Random(seed)
     corpus = tokenizer(corpus_text(), add_special_tokens=False).input_ids
     times = arrivals(arrival, num_requests, random.Random(seed + 1), rate)
@@ -101,7 +104,7 @@ def synthetic(
     for i in range(num_requests):
         length = prompt_len(rng)
         start = rng.randrange(len(corpus))
-        prompt = [corpus[(start + j) % len(corpus)] for j in range(length)]
+        prompt = corpus[:shared_prefix] + [corpus[(start + j) % len(corpus)] for j in range(length)]
         requests.append(WorkloadRequest(prompt, output_len(rng), times[i]))
     return requests
 
@@ -111,6 +114,8 @@ NAMED: dict[str, dict] = {
                     output_len=lognormal(48, 0.9, 8, 256)),
     "longtail": dict(num_requests=128, prompt_len=log_uniform(20, 400),
                      output_len=lognormal(32, 1.0, 8, 512)),
+    "shared_prefix": dict(num_requests=64, shared_prefix=300, prompt_len=log_uniform(10, 100),
+                          output_len=lognormal(32, 0.7, 8, 128)),
     "chat": dict(num_requests=96, prompt_len=mixture((0.8, uniform(20, 150)),
                                                      (0.2, uniform(400, 1000))),
                  output_len=mixture((0.8, lognormal(120, 0.6, 16, 400)),
