@@ -21,7 +21,7 @@ logger = logging.getLogger("inflight.bench")
 def add_workload_flags(parser: argparse.ArgumentParser) -> None:
     named_list = ", ".join(NAMED)
     parser.add_argument("--workload", default="mixed64",
-                        help=f"named ({named_list}) or a JSONL file (default: mixed64)")  # fmt: skip
+                        help=f"named ({named_list}) or JSONL file (default: mixed64)")  # fmt: skip
     parser.add_argument("--num-requests", type=int, default=None,
                         help="override the named workload's request count")  # fmt: skip
     parser.add_argument("--workload-seed", type=int, default=0, help="(default: 0)")
