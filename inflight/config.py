@@ -17,6 +17,7 @@ GiB = 1024**3
 
 Dtype = Literal["auto", "bfloat16", "float16", "float32"]
 Batching = Literal["continuous", "static"]
+Policy = Literal["fcfs", "priority", "sjf"]
 
 
 def _require(ok: bool, message: str) -> None:
@@ -92,6 +93,14 @@ class SchedulerConfig:
         default="continuous",
         metadata={"help": "continuous, or static (admit only into an empty batch)"},
     )
+    scheduling_policy: Policy = field(
+        default="fcfs",
+        metadata={"help": "waiting-queue order: fcfs, priority (lower first) or sjf"},
+    )
+    aging_s: float = field(
+        default=10.0,
+        metadata={"help": "seconds of waiting worth one priority level (sjf: 2x length)"},
+    )
     # Resolved by the engine once the model is loaded; not a user knob.
     max_model_len: int = field(default=0, metadata={"knob": False})
 
@@ -109,6 +118,11 @@ class SchedulerConfig:
             self.batching in ("continuous", "static"),
             f"batching must be 'continuous' or 'static', got {self.batching!r}",
         )
+        _require(
+            self.scheduling_policy in ("fcfs", "priority", "sjf"),
+            f"scheduling_policy must be fcfs, priority or sjf, got {self.scheduling_policy!r}",
+        )
+        _require(self.aging_s > 0, f"aging_s must be > 0, got {self.aging_s}")
 
     @property
     def chunk_limit(self) -> int:

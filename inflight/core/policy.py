@@ -1,11 +1,19 @@
-"""Queue orders for waiting requests, and the static-batching admission gate.
+"""Waiting-queue orders (fcfs, priority, sjf) and the static-batching admission gate.
 
-FCFS is the only order for now: a deque where new requests join the tail and preempted ones
-return to the head, so a preempted request is the first to be re-admitted.
+- fcfs: a deque; new requests join the tail, preempted ones return to the head.
+- priority: lower `priority` first (arrival breaks ties), as vLLM.
+- sjf: fewest remaining output tokens (`max_tokens` minus those generated) first.
+
+Aging (priority and sjf), so nothing starves: a request's rank improves by one unit for every
+`aging_s` seconds it has waited. For priority the unit is one priority level; for sjf it is a
+factor of two in remaining length (rank = log2(remaining tokens)). A request that is worse by
+`d` units thus overtakes fresh arrivals after `d * aging_s` seconds of waiting.
+Ranked queues are re-sorted once per step (`prepare`), as ranks move with time.
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Iterator
 
@@ -15,6 +23,9 @@ from inflight.request import Request
 class FCFSQueue:
     def __init__(self) -> None:
         self._queue: deque[Request] = deque()
+
+    def prepare(self, now: float) -> None:
+        """Arrival order needs no re-sorting."""
 
     def add(self, request: Request) -> None:
         self._queue.append(request)
@@ -37,6 +48,36 @@ class FCFSQueue:
 
     def __iter__(self) -> Iterator[Request]:
         return iter(self._queue)
+
+
+def remaining_output_tokens(request: Request) -> int:
+    return max(1, request.sampling_params.max_tokens - request.num_output_tokens)
+
+
+def base_rank(policy: str, request: Request) -> float:
+    if policy == "priority":
+        return float(request.priority)
+    return math.log2(remaining_output_tokens(request))
+
+
+class RankedQueue(FCFSQueue):
+    """priority / sjf order with aging; sorted by `prepare` at the top of every step."""
+
+    def __init__(self, policy: str, aging_s: float) -> None:
+        super().__init__()
+        self.policy = policy
+        self.aging_s = aging_s
+
+    def rank(self, request: Request, now: float) -> tuple[float, float]:
+        waited = max(0.0, now - request.arrival_time)
+        return base_rank(self.policy, request) - waited / self.aging_s, request.arrival_time
+
+    def prepare(self, now: float) -> None:
+        self._queue = deque(sorted(self._queue, key=lambda r: self.rank(r, now)))
+
+
+def make_queue(policy: str, aging_s: float) -> FCFSQueue:
+    return FCFSQueue() if policy == "fcfs" else RankedQueue(policy, aging_s)
 
 
 class StaticBatchGate:

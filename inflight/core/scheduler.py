@@ -16,6 +16,7 @@ the blocks held by block tables are exactly the pool's references (shared blocks
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from inflight.config import SchedulerConfig
 from inflight.core.kv_cache_manager import KVCacheManager
@@ -25,18 +26,25 @@ from inflight.core.outputs import (
     ScheduledRequest,
     SchedulerOutput,
 )
-from inflight.core.policy import FCFSQueue, StaticBatchGate
+from inflight.core.policy import StaticBatchGate, make_queue
 from inflight.request import FinishReason, Request, RequestStatus
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, kv_cache_manager: KVCacheManager) -> None:
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        kv_cache_manager: KVCacheManager,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """`clock` is the time source for aging and timestamps (the simulator passes its own)."""
         if config.max_model_len < 1:
             raise ValueError("SchedulerConfig.max_model_len must be resolved before scheduling")
         self.config = config
         self.kv = kv_cache_manager
+        self.clock = clock
         self.requests: dict[str, Request] = {}
-        self.waiting = FCFSQueue()
+        self.waiting = make_queue(config.scheduling_policy, config.aging_s)
         self.running: list[Request] = []
         self.static_gate = (
             StaticBatchGate(config.max_num_seqs) if config.batching == "static" else None
@@ -68,7 +76,11 @@ class Scheduler:
         budget = cfg.max_num_batched_tokens
         scheduled: list[ScheduledRequest] = []
         preempted: list[str] = []
-        now = time.monotonic()
+        now = self.clock()
+        self.waiting.prepare(now)
+        # Priority preemption happens before anything is scheduled, and does not stop admission:
+        # freeing room for a more important request is its purpose.
+        priority_preempted = self._preempt_for_priority(now)
 
         # Budget still owed to decodes not yet visited, so a prefill chunk never starves them.
         pending_decodes = sum(1 for r in self.running if r.num_tokens - r.num_computed_tokens == 1)
@@ -86,7 +98,7 @@ class Scheduler:
                 i += 1
                 continue
             while not self.kv.allocate_slots(request, num_new):
-                victim = self.running.pop()
+                victim = self.running.pop(self._victim_index(i))
                 if victim is not request and victim.num_tokens - victim.num_computed_tokens == 1:
                     pending_decodes -= 1
                 self._preempt(victim)
@@ -103,7 +115,7 @@ class Scheduler:
 
         out = SchedulerOutput(
             scheduled=scheduled,
-            preempted_request_ids=preempted,
+            preempted_request_ids=priority_preempted + preempted,
             finished_request_ids=self._finished_ids,
             num_batched_tokens=cfg.max_num_batched_tokens - budget,
             num_running=len(self.running),
@@ -113,6 +125,37 @@ class Scheduler:
         self._finished_ids = []
         self._check_invariants(out)
         return out
+
+    def _victim_index(self, first: int) -> int:
+        """Which running request to preempt, among those not yet scheduled this step (index >=
+        `first`): the newest, or under `priority` the least important (newest among equals)."""
+        if self.config.scheduling_policy != "priority":
+            return len(self.running) - 1
+        candidates = range(first, len(self.running))
+        return max(candidates, key=lambda j: (self.running[j].priority, j))
+
+    def _preempt_for_priority(self, now: float) -> list[str]:
+        """Under `priority`: while seats or blocks are short for the best waiting request and a
+        running one has a strictly worse priority, preempt the worst running one."""
+        if self.config.scheduling_policy != "priority" or not self.waiting or not self.running:
+            return []
+        head = self.waiting.peek()
+        first_chunk = min(head.num_tokens - head.num_computed_tokens, self.config.chunk_limit)
+        blocks_needed = -(-first_chunk // self.kv.block_size)
+        preempted = []
+        while self.running and (
+            len(self.running) >= self.config.max_num_seqs
+            or self.kv.pool.num_free_blocks < blocks_needed
+        ):
+            j = self._victim_index(0)
+            if self.running[j].priority <= head.priority:
+                break
+            victim = self.running.pop(j)
+            self._preempt(victim)
+            preempted.append(victim.request_id)
+        if preempted:
+            self.waiting.prepare(now)  # victims went to the head; put them in their place
+        return preempted
 
     def _admit_waiting(self, budget: int, scheduled: list[ScheduledRequest], now: float) -> int:
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
@@ -185,7 +228,7 @@ class Scheduler:
     ) -> list[EngineCoreOutput]:
         """Advances progress, appends sampled tokens, finishes requests that hit a stop."""
         outputs: list[EngineCoreOutput] = []
-        now = time.monotonic()
+        now = self.clock()
         for s in scheduler_output.scheduled:
             request = self.requests[s.request_id]
             request.num_computed_tokens += s.num_tokens
@@ -223,7 +266,7 @@ class Scheduler:
     ) -> list[EngineCoreOutput]:
         """Ends requests from outside the step (abort, stop string); unknown ids are ignored."""
         outputs = []
-        now = time.monotonic()
+        now = self.clock()
         for request_id in request_ids:
             request = self.requests.get(request_id)
             if request is None:

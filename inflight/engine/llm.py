@@ -53,13 +53,15 @@ class LLM:
         prompts: PromptInput | Sequence[PromptInput],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
+        priority: Sequence[int] | None = None,
     ) -> list[RequestOutput]:
-        """Generates for every prompt (text or token ids); all are validated before any runs."""
+        """Generates for every prompt (text or token ids); all are validated before any runs.
+        `priority` (one per prompt, lower first) matters under `scheduling_policy="priority"`."""
         if isinstance(prompts, str) or (
             isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
         ):
             prompts = [prompts]
-        return self._run([(p, True) for p in prompts], sampling_params, use_tqdm)
+        return self._run([(p, True) for p in prompts], sampling_params, use_tqdm, priority)
 
     def chat(
         self,
@@ -87,6 +89,7 @@ class LLM:
         prompts: list[tuple[PromptInput, bool]],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None,
         use_tqdm: bool,
+        priority: Sequence[int] | None = None,
     ) -> list[RequestOutput]:
         if sampling_params is None:
             sampling_params = SamplingParams()
@@ -99,12 +102,17 @@ class LLM:
             raise InvalidRequestError(
                 f"got {len(prompts)} prompts but {len(params)} sampling params", "sampling_params"
             )
+        priorities = list(priority) if priority is not None else [0] * len(prompts)
+        if len(priorities) != len(prompts):
+            raise InvalidRequestError(
+                f"got {len(prompts)} prompts but {len(priorities)} priorities", "priority"
+            )
         # Validate everything first, so a bad prompt leaves nothing half-submitted.
         processed = [
             self.input_processor.process(
-                str(next(self._ids)), prompt, p, add_special_tokens=special
+                str(next(self._ids)), prompt, p, priority=prio, add_special_tokens=special
             )
-            for (prompt, special), p in zip(prompts, params, strict=True)
+            for (prompt, special), p, prio in zip(prompts, params, priorities, strict=True)
         ]
         order = {parent.request_id: i for i, (parent, _) in enumerate(processed)}
         for parent, children in processed:

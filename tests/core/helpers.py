@@ -18,10 +18,12 @@ def make_scheduler(
     block_size: int = 4,
     max_model_len: int = 256,
     enable_prefix_caching: bool = True,
+    clock=None,
     **knobs,
 ) -> Scheduler:
     config = SchedulerConfig(max_model_len=max_model_len, **knobs)
-    return Scheduler(config, KVCacheManager(num_blocks, block_size, enable_prefix_caching))
+    kv = KVCacheManager(num_blocks, block_size, enable_prefix_caching)
+    return Scheduler(config, kv) if clock is None else Scheduler(config, kv, clock)
 
 
 def make_request(request_id: str, prompt_len: int, max_tokens: int, **params) -> Request:

@@ -23,6 +23,9 @@ ENGINE_SETTINGS = {
     "one_at_a_time": {"max_num_seqs": 1},
     # static batching: 4 batches of 4, each admitted only once the previous one is done
     "static_batches": {"batching": "static", "max_num_seqs": 4},
+    # other admission orders (and priority preemptions), same tokens
+    "priority_policy": {"scheduling_policy": "priority", "max_num_seqs": 4},
+    "sjf_policy": {"scheduling_policy": "sjf", "max_num_seqs": 4},
 }
 
 
@@ -42,7 +45,8 @@ def test_greedy_parity_with_transformers(reference, setting):
     folder, prompts, max_tokens, expected = reference
     llm = LLM(str(folder), dtype="float32", **ENGINE_SETTINGS[setting])
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in max_tokens]
-    outputs = llm.generate(prompts, params, use_tqdm=False)
+    priority = [i % 3 for i in range(len(prompts))]  # only the priority policy looks at it
+    outputs = llm.generate(prompts, params, use_tqdm=False, priority=priority)
 
     for i, (out, want) in enumerate(zip(outputs, expected, strict=True)):
         assert out.outputs[0].token_ids == want, f"prompt {i} (len {len(prompts[i])}) diverged"
