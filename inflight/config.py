@@ -18,6 +18,7 @@ GiB = 1024**3
 Dtype = Literal["auto", "bfloat16", "float16", "float32"]
 Batching = Literal["continuous", "static"]
 Policy = Literal["fcfs", "priority", "sjf"]
+PreemptionMode = Literal["recompute", "swap"]
 
 
 def _require(ok: bool, message: str) -> None:
@@ -63,6 +64,9 @@ class CacheConfig:
     num_kv_blocks: int | None = field(
         default=None, metadata={"help": "number of KV blocks; overrides the memory budget"}
     )
+    swap_space_bytes: int = field(
+        default=GiB, metadata={"help": "CPU memory for swapped-out KV blocks (preemption swap)"}
+    )
     enable_prefix_caching: bool = field(
         default=True, metadata={"help": "reuse the KV of full blocks shared by earlier requests"}
     )
@@ -72,6 +76,10 @@ class CacheConfig:
         _require(
             self.kv_cache_memory_bytes >= 1,
             f"kv_cache_memory_bytes must be >= 1, got {self.kv_cache_memory_bytes}",
+        )
+        _require(
+            self.swap_space_bytes >= 0,
+            f"swap_space_bytes must be >= 0, got {self.swap_space_bytes}",
         )
         _require(
             self.num_kv_blocks is None or self.num_kv_blocks >= 1,
@@ -96,6 +104,10 @@ class SchedulerConfig:
     scheduling_policy: Policy = field(
         default="fcfs",
         metadata={"help": "waiting-queue order: fcfs, priority (lower first) or sjf"},
+    )
+    preemption_mode: PreemptionMode = field(
+        default="recompute",
+        metadata={"help": "recompute, or swap KV to CPU (recompute when the swap space is full)"},
     )
     aging_s: float = field(
         default=10.0,
@@ -123,6 +135,10 @@ class SchedulerConfig:
             f"scheduling_policy must be fcfs, priority or sjf, got {self.scheduling_policy!r}",
         )
         _require(self.aging_s > 0, f"aging_s must be > 0, got {self.aging_s}")
+        _require(
+            self.preemption_mode in ("recompute", "swap"),
+            f"preemption_mode must be recompute or swap, got {self.preemption_mode!r}",
+        )
 
     @property
     def chunk_limit(self) -> int:

@@ -27,11 +27,18 @@ def cdiv(a: int, b: int) -> int:
 
 class KVCacheManager:
     def __init__(
-        self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_prefix_caching: bool = True,
+        num_cpu_blocks: int = 0,
     ) -> None:
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.pool = BlockPool(num_blocks)
+        # Swap space: CPU blocks holding the KV of swapped-out requests (no prefix caching).
+        self.cpu_pool = BlockPool(num_cpu_blocks) if num_cpu_blocks else None
+        self.swapped: dict[str, list[int]] = {}  # request -> its CPU block table
         self.block_tables: dict[str, list[int]] = {}
         self._hashes: dict[str, list[int]] = {}  # request -> hashes of its full blocks
         self._num_published: dict[str, int] = {}  # request -> leading blocks already cached
@@ -123,8 +130,46 @@ class KVCacheManager:
             table.extend(self.pool.allocate(needed))
         return True
 
+    # ------------------------------------------------------------------ swap
+    def can_swap_out(self, request: Request) -> bool:
+        table = self.block_tables.get(request.request_id, [])
+        return self.cpu_pool is not None and 0 < len(table) <= self.cpu_pool.num_free_blocks
+
+    def swap_out(self, request: Request) -> list[tuple[int, int]]:
+        """Moves the request's blocks to CPU blocks; returns (device block, CPU block) copies
+        that must run before anything writes the freed device blocks."""
+        assert self.cpu_pool is not None
+        table = self.block_tables[request.request_id]
+        cpu_blocks = self.cpu_pool.allocate(len(table))
+        self.free(request)  # reads and drops the device table
+        self.swapped[request.request_id] = cpu_blocks
+        return list(zip(table, cpu_blocks, strict=True))
+
+    def is_swapped(self, request: Request) -> bool:
+        return request.request_id in self.swapped
+
+    def swap_in(self, request: Request, num_new_tokens: int) -> list[tuple[int, int]] | None:
+        """Brings a swapped-out request back with room for `num_new_tokens` more; returns
+        (CPU block, device block) copies, or None (no change) if device blocks are short."""
+        assert self.cpu_pool is not None
+        cpu_blocks = self.swapped[request.request_id]
+        total = cdiv(request.num_computed_tokens + num_new_tokens, self.block_size)
+        if max(total, len(cpu_blocks)) > self.pool.num_free_blocks:
+            return None
+        device_blocks = self.pool.allocate(len(cpu_blocks))
+        copies = list(zip(cpu_blocks, device_blocks, strict=True))
+        self.block_tables[request.request_id] = device_blocks
+        del self.swapped[request.request_id]
+        self.cpu_pool.free(cpu_blocks)
+        assert self.allocate_slots(request, num_new_tokens)  # grows the table in place
+        return copies
+
     def free(self, request: Request) -> None:
-        """Releases every block of the request (cached ones stay reusable until evicted)."""
+        """Releases every block of the request, on the device and in swap space (cached device
+        blocks stay reusable until evicted)."""
+        swapped = self.swapped.pop(request.request_id, None)
+        if swapped:
+            self.cpu_pool.free(swapped)
         self._num_published.pop(request.request_id, None)
         self._hashes.pop(request.request_id, None)
         table = self.block_tables.pop(request.request_id, None)

@@ -35,6 +35,9 @@ class ScheduledRequest:
 class SchedulerOutput:
     scheduled: list[ScheduledRequest] = field(default_factory=list)
     preempted_request_ids: list[str] = field(default_factory=list)
+    # KV copies to run before the forward, in this order: (device, cpu) out, then (cpu, device) in
+    swap_out: list[tuple[int, int]] = field(default_factory=list)
+    swap_in: list[tuple[int, int]] = field(default_factory=list)
     # Requests that left the core since the last step; the runner drops their per-request state.
     finished_request_ids: list[str] = field(default_factory=list)
     num_batched_tokens: int = 0
@@ -44,7 +47,7 @@ class SchedulerOutput:
 
     @property
     def is_empty(self) -> bool:
-        return not self.scheduled
+        return not self.scheduled and not self.swap_out and not self.swap_in
 
 
 @dataclass(slots=True)

@@ -37,9 +37,6 @@ class FCFSQueue:
     def peek(self) -> Request:
         return self._queue[0]
 
-    def pop(self) -> Request:
-        return self._queue.popleft()
-
     def remove(self, request: Request) -> None:
         self._queue.remove(request)
 

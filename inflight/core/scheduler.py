@@ -4,7 +4,8 @@ One token budget, no phases. Running requests come first, in admission order: a 
 token, a prefill the rest of its known tokens clamped to the budget and `prefill_chunk_size`;
 a prefill chunk never takes the budget that decodes behind it still need. When blocks run out,
 the newest running request is preempted by recompute (blocks freed, progress reset, re-queued
-at the head) and nobody new is admitted that step. Otherwise waiting requests are admitted
+at the head) or, in swap mode, by swapping its blocks to CPU memory, and nobody new is admitted
+that step. Otherwise waiting requests are admitted
 while seats (`max_num_seqs`), budget and blocks last.
 
 A waiting request starts from the longest prefix of its tokens found in the prefix cache.
@@ -50,7 +51,10 @@ class Scheduler:
             StaticBatchGate(config.max_num_seqs) if config.batching == "static" else None
         )
         self._finished_ids: list[str] = []
+        self._swap_out: list[tuple[int, int]] = []
+        self._swap_in: list[tuple[int, int]] = []
         self.num_preemptions = 0
+        self.num_swaps = 0  # preemptions served by swapping rather than recompute
 
     # ------------------------------------------------------------------ intake
     def add_request(self, request: Request) -> None:
@@ -116,13 +120,15 @@ class Scheduler:
         out = SchedulerOutput(
             scheduled=scheduled,
             preempted_request_ids=priority_preempted + preempted,
+            swap_out=self._swap_out,
+            swap_in=self._swap_in,
             finished_request_ids=self._finished_ids,
             num_batched_tokens=cfg.max_num_batched_tokens - budget,
             num_running=len(self.running),
             num_waiting=len(self.waiting),
             kv_usage=self.kv.usage,
         )
-        self._finished_ids = []
+        self._finished_ids, self._swap_out, self._swap_in = [], [], []
         self._check_invariants(out)
         return out
 
@@ -136,8 +142,14 @@ class Scheduler:
 
     def _preempt_for_priority(self, now: float) -> list[str]:
         """Under `priority`: while seats or blocks are short for the best waiting request and a
-        running one has a strictly worse priority, preempt the worst running one."""
-        if self.config.scheduling_policy != "priority" or not self.waiting or not self.running:
+        running one has a strictly worse priority, preempt the worst running one. (Never in
+        static batching, which by definition runs its batch to the end.)"""
+        if (
+            self.config.scheduling_policy != "priority"
+            or self.static_gate is not None
+            or not self.waiting
+            or not self.running
+        ):
             return []
         head = self.waiting.peek()
         first_chunk = min(head.num_tokens - head.num_computed_tokens, self.config.chunk_limit)
@@ -158,20 +170,31 @@ class Scheduler:
         return preempted
 
     def _admit_waiting(self, budget: int, scheduled: list[ScheduledRequest], now: float) -> int:
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
-            request = self.waiting.peek()
+        """Admits in queue order and stops at the first request that does not fit (no skipping
+        ahead), except that static batching passes over requests outside the current batch."""
+        for request in list(self.waiting):
+            if not budget or len(self.running) >= self.config.max_num_seqs:
+                break
             if self.static_gate is not None and not self.static_gate.admits(request, self.waiting):
-                break
-            computed_blocks = self.kv.get_computed_blocks(request)
-            num_cached = len(computed_blocks) * self.kv.block_size
-            remaining = request.num_tokens - request.num_computed_tokens - num_cached
-            num_new = min(remaining, budget, self.config.chunk_limit)
-            if not self.kv.allocate_slots(request, num_new, computed_blocks):
-                break
-            if request.num_computed_tokens == 0:
-                self.kv.record_lookup(request.num_tokens, num_cached)
-            request.num_computed_tokens += num_cached
-            self.waiting.pop()
+                continue
+            if self.kv.is_swapped(request):  # resume from swap space: its KV comes back
+                num_new = min(request.num_tokens - request.num_computed_tokens, budget,
+                              self.config.chunk_limit)  # fmt: skip
+                copies = self.kv.swap_in(request, num_new)
+                if copies is None:
+                    break
+                self._swap_in += copies
+            else:
+                computed_blocks = self.kv.get_computed_blocks(request)
+                num_cached = len(computed_blocks) * self.kv.block_size
+                remaining = request.num_tokens - request.num_computed_tokens - num_cached
+                num_new = min(remaining, budget, self.config.chunk_limit)
+                if not self.kv.allocate_slots(request, num_new, computed_blocks):
+                    break
+                if request.num_computed_tokens == 0:
+                    self.kv.record_lookup(request.num_tokens, num_cached)
+                request.num_computed_tokens += num_cached
+            self.waiting.remove(request)
             request.status = RequestStatus.RUNNING
             self.running.append(request)
             if request.first_scheduled_time is None:
@@ -203,9 +226,14 @@ class Scheduler:
         )
 
     def _preempt(self, request: Request) -> None:
-        """Recompute preemption: drop the KV, keep the tokens, go back to the head of the queue."""
-        self.kv.free(request)
-        request.num_computed_tokens = 0
+        """Swap the KV out to CPU blocks when in swap mode and they suffice; otherwise recompute:
+        drop the KV, keep the tokens. Either way the request goes back to the head of the queue."""
+        if self.config.preemption_mode == "swap" and self.kv.can_swap_out(request):
+            self._swap_out += self.kv.swap_out(request)
+            self.num_swaps += 1
+        else:
+            self.kv.free(request)
+            request.num_computed_tokens = 0
         request.status = RequestStatus.WAITING
         request.num_preemptions += 1
         self.num_preemptions += 1

@@ -20,7 +20,7 @@ from inflight.errors import ConfigError
 from inflight.model.loader import LoadedModel, load_model, resolve_model_path
 from inflight.platform import resolve_device, resolve_dtype
 from inflight.request import FinishReason, Request
-from inflight.runner.kv_cache import KVCache, num_blocks_for_budget
+from inflight.runner.kv_cache import KVCache, kv_bytes_per_token, num_blocks_for_budget
 from inflight.runner.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
@@ -89,6 +89,10 @@ class EngineCore:
             sched_cfg.max_num_seqs,
             max_model_len,
         )
+        num_cpu_blocks = 0
+        if sched_cfg.preemption_mode == "swap":
+            per_block = kv_bytes_per_token(arch, dtype) * block_size
+            num_cpu_blocks = config.cache.swap_space_bytes // per_block
         capacity = num_blocks * block_size
         if capacity < max_model_len:
             if config.model.max_model_len is not None:
@@ -105,9 +109,9 @@ class EngineCore:
         self.arch = arch
         self.device, self.dtype = device, dtype
         self.max_model_len = max_model_len
-        self.kv_cache = KVCache(arch, num_blocks, block_size, dtype, device)
+        self.kv_cache = KVCache(arch, num_blocks, block_size, dtype, device, num_cpu_blocks)
         self.kv_cache_manager = KVCacheManager(
-            num_blocks, block_size, config.cache.enable_prefix_caching
+            num_blocks, block_size, config.cache.enable_prefix_caching, num_cpu_blocks
         )
         self.scheduler = Scheduler(sched_cfg, self.kv_cache_manager)
         attn = loaded.model.layers[0].attn

@@ -39,6 +39,7 @@ class KVCache:
         block_size: int,
         dtype: torch.dtype,
         device: torch.device,
+        num_cpu_blocks: int = 0,
     ) -> None:
         shape = (num_blocks, block_size, arch.num_kv_heads, arch.head_dim)
         self.num_blocks = num_blocks
@@ -54,3 +55,26 @@ class KVCache:
             for _ in range(arch.num_layers)
         ]
         self.num_bytes = kv_bytes_per_token(arch, dtype) * block_size * num_blocks
+        # Swap space in host memory (pinned when the device is a GPU, for fast copies).
+        pin = device.type == "cuda"
+        self.cpu_layers: list[tuple[torch.Tensor, torch.Tensor]] = [
+            (
+                torch.zeros((num_cpu_blocks, *shape[1:]), dtype=dtype, pin_memory=pin),
+                torch.zeros((num_cpu_blocks, *shape[1:]), dtype=dtype, pin_memory=pin),
+            )
+            for _ in range(arch.num_layers if num_cpu_blocks else 0)
+        ]
+
+    def swap(self, swap_out: list[tuple[int, int]], swap_in: list[tuple[int, int]]) -> None:
+        """Copies blocks device -> CPU, then CPU -> device (the order the scheduler relies on)."""
+        for copies, to_cpu in ((swap_out, True), (swap_in, False)):
+            if not copies:
+                continue
+            src = torch.tensor([a for a, _ in copies])
+            dst = torch.tensor([b for _, b in copies])
+            for device_kv, cpu_kv in zip(self.layers, self.cpu_layers, strict=True):
+                for dev, host in zip(device_kv, cpu_kv, strict=True):
+                    if to_cpu:
+                        host[dst] = dev[src.to(dev.device)].to("cpu")
+                    else:
+                        dev[dst.to(dev.device)] = host[src].to(dev.device)

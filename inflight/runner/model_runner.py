@@ -102,7 +102,8 @@ class ModelRunner:
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
         # NOTE: a preempted request keeps its seeded generator, so recompute does not replay noise.
         self.sampler.drop(out.finished_request_ids)
-        if out.is_empty:
+        self.kv_cache.swap(out.swap_out, out.swap_in)
+        if not out.scheduled:
             return ModelRunnerOutput()
         inputs = self.prepare_inputs(out)
         logits = self.model(

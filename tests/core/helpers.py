@@ -19,10 +19,11 @@ def make_scheduler(
     max_model_len: int = 256,
     enable_prefix_caching: bool = True,
     clock=None,
+    num_cpu_blocks: int = 0,
     **knobs,
 ) -> Scheduler:
     config = SchedulerConfig(max_model_len=max_model_len, **knobs)
-    kv = KVCacheManager(num_blocks, block_size, enable_prefix_caching)
+    kv = KVCacheManager(num_blocks, block_size, enable_prefix_caching, num_cpu_blocks)
     return Scheduler(config, kv) if clock is None else Scheduler(config, kv, clock)
 
 

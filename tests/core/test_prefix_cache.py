@@ -91,3 +91,26 @@ def test_scheduler_skips_cached_tokens_and_counts_hits():
     s.update_from_output(out, fake_model_output(out))
     run_to_completion(s)
     assert s.kv.pool.num_used_blocks == 0
+
+
+def test_swap_round_trip_moves_blocks_between_pools():
+    kv = KVCacheManager(num_blocks=8, block_size=4, enable_prefix_caching=False, num_cpu_blocks=4)
+    r = request("r", list(range(10)))
+    assert kv.allocate_slots(r, 10)
+    r.num_computed_tokens = 10
+    table = list(kv.get_block_table("r"))
+    assert kv.can_swap_out(r)
+    out = kv.swap_out(r)
+    assert [d for d, _ in out] == table and kv.is_swapped(r)
+    assert kv.pool.num_used_blocks == 0 and kv.cpu_pool.num_used_blocks == 3
+    back = kv.swap_in(r, 1)  # plus room for one more token: still 3 blocks (11 tokens)
+    assert [c for c, _ in back] == [c for _, c in out]
+    assert kv.get_block_table("r") == [d for _, d in back]
+    assert kv.pool.num_used_blocks == 3 and kv.cpu_pool.num_used_blocks == 0
+    big = request("big", list(range(20)))
+    assert kv.allocate_slots(big, 20)
+    big.num_computed_tokens = 20
+    assert not kv.can_swap_out(big)  # 5 blocks > 4 CPU blocks: the caller recomputes instead
+    kv.swap_out(r)
+    kv.free(r)  # an abort while swapped frees the swap space too
+    assert kv.cpu_pool.num_used_blocks == 0

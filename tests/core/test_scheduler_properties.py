@@ -27,14 +27,19 @@ def workloads(draw):
         batching=draw(st.sampled_from(["continuous", "static"])),
         # prompts all start with the same tokens, so prefix caching shares blocks heavily
         enable_prefix_caching=draw(st.booleans()),
+        scheduling_policy=draw(st.sampled_from(["fcfs", "priority", "sjf"])),
+        preemption_mode=draw(st.sampled_from(["recompute", "swap"])),
+        num_cpu_blocks=draw(st.integers(0, num_blocks)),
     )
     requests = []
+    priorities = st.integers(0, 3)
     for i in range(draw(st.integers(1, 16))):
         prompt_len = draw(st.integers(1, max_model_len - 1))
         max_tokens = draw(st.integers(1, max_model_len - prompt_len))
         arrival_step = draw(st.integers(0, 30))
         abort_step = draw(st.one_of(st.none(), st.integers(0, 60)))
-        requests.append((f"r{i}", prompt_len, max_tokens, arrival_step, abort_step))
+        requests.append((f"r{i}", prompt_len, max_tokens, arrival_step, abort_step,
+                         draw(priorities)))  # fmt: skip
     return block_size, num_blocks, max_model_len, knobs, requests
 
 
@@ -47,11 +52,12 @@ def test_scheduler_invariants_hold_every_step(workload):
     finished: dict[str, FinishReason] = {}
     step = 0
     while step < 5000:
-        for rid, prompt_len, max_tokens, arrival, _ in specs:
+        for rid, prompt_len, max_tokens, arrival, _, priority in specs:
             if arrival == step:
                 reqs[rid] = make_request(rid, prompt_len, max_tokens)
+                reqs[rid].priority = priority
                 s.add_request(reqs[rid])
-        to_abort = [rid for rid, *_, abort in specs if abort == step and rid in s.requests]
+        to_abort = [rid for rid, *_, abort, _ in specs if abort == step and rid in s.requests]
         for o in s.finish_requests(to_abort, FinishReason.ABORT):
             finished[o.request_id] = o.finish_reason
 
@@ -80,6 +86,10 @@ def test_scheduler_invariants_hold_every_step(workload):
             )
         for r in s.waiting:
             assert r.status is RequestStatus.WAITING and not s.kv.get_block_table(r.request_id)
+            if s.kv.is_swapped(r):  # swapped requests keep their progress in CPU blocks
+                assert len(s.kv.swapped[r.request_id]) == cdiv(r.num_computed_tokens, block_size)
+        if s.kv.cpu_pool is not None:
+            assert s.kv.cpu_pool.num_used_blocks == sum(len(t) for t in s.kv.swapped.values())
         pool.check_invariants()
 
         step += 1
@@ -91,3 +101,4 @@ def test_scheduler_invariants_hold_every_step(workload):
         if finished[rid] is not FinishReason.ABORT:
             assert reqs[rid].num_output_tokens == max_tokens
     assert s.kv.pool.num_free_blocks == num_blocks, "all blocks must be back in the pool"
+    assert s.kv.cpu_pool is None or s.kv.cpu_pool.num_used_blocks == 0

@@ -20,6 +20,20 @@ ENGINE_SETTINGS = {
     "one_batch": {},
     "chunked_prefill": {"prefill_chunk_size": 8, "max_num_batched_tokens": 64},
     "preemption": {"kv_block_size": 4, "num_kv_blocks": 40, "max_num_batched_tokens": 96},
+    # swap preemption: ample swap space, then 8 CPU blocks (1 KiB each) so some recompute
+    "preemption_swap": {
+        "kv_block_size": 4,
+        "num_kv_blocks": 40,
+        "max_num_batched_tokens": 96,
+        "preemption_mode": "swap",
+    },
+    "preemption_swap_small": {
+        "kv_block_size": 4,
+        "num_kv_blocks": 40,
+        "max_num_batched_tokens": 96,
+        "preemption_mode": "swap",
+        "swap_space_bytes": 8192,
+    },
     "one_at_a_time": {"max_num_seqs": 1},
     # static batching: 4 batches of 4, each admitted only once the previous one is done
     "static_batches": {"batching": "static", "max_num_seqs": 4},
@@ -51,7 +65,12 @@ def test_greedy_parity_with_transformers(reference, setting):
     for i, (out, want) in enumerate(zip(outputs, expected, strict=True)):
         assert out.outputs[0].token_ids == want, f"prompt {i} (len {len(prompts[i])}) diverged"
         assert out.outputs[0].finish_reason == "length"
-    if setting == "preemption":
-        assert llm.core.scheduler.num_preemptions > 0, "the pool was meant to force preemption"
+    scheduler = llm.core.scheduler
+    if setting.startswith("preemption"):
+        assert scheduler.num_preemptions > 0, "the pool was meant to force preemption"
+    if setting == "preemption_swap":
+        assert scheduler.num_swaps == scheduler.num_preemptions
+    if setting == "preemption_swap_small":
+        assert 0 < scheduler.num_swaps < scheduler.num_preemptions
     pool = llm.core.kv_cache_manager.pool
     assert pool.num_free_blocks == pool.num_blocks
