@@ -109,6 +109,13 @@ class SchedulerConfig:
         default="recompute",
         metadata={"help": "recompute, or swap KV to CPU (recompute when the swap space is full)"},
     )
+    predictive_admission: bool = field(
+        default=False,
+        metadata={"help": "admit when blocks that finishing requests will free soon suffice"},
+    )
+    prediction_horizon: int = field(
+        default=8, metadata={"help": "steps ahead predictive admission counts freed blocks"}
+    )
     aging_s: float = field(
         default=10.0,
         metadata={"help": "seconds of waiting worth one priority level (sjf: 2x length)"},
@@ -135,6 +142,10 @@ class SchedulerConfig:
             f"scheduling_policy must be fcfs, priority or sjf, got {self.scheduling_policy!r}",
         )
         _require(self.aging_s > 0, f"aging_s must be > 0, got {self.aging_s}")
+        _require(
+            self.prediction_horizon >= 1,
+            f"prediction_horizon must be >= 1, got {self.prediction_horizon}",
+        )
         _require(
             self.preemption_mode in ("recompute", "swap"),
             f"preemption_mode must be recompute or swap, got {self.preemption_mode!r}",

@@ -35,6 +35,9 @@ class Request:
     arrival_time: float = field(default_factory=time.monotonic)
     priority: int = 0
     cache_salt: str | None = None  # requests with different salts never share cached blocks
+    # Admitted before its blocks were free, on the prediction that running requests free them
+    # soon; cleared once its prompt is computed. Such a request yields, never anyone else.
+    admitted_on_prediction: bool = False
 
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0

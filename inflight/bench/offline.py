@@ -25,7 +25,11 @@ def run_offline(
     records: list[RequestRecord] = []
     timeline: list[StepRecord] = []
     core = llm.core
+    scheduler = core.scheduler
     preemptions_before = core.totals.num_preemptions
+    counters_before = (scheduler.num_predictive_admissions, scheduler.num_prediction_failures,
+                       core.kv_cache_manager.num_prefix_queries,
+                       core.kv_cache_manager.num_prefix_hits)  # fmt: skip
     bar = tqdm(total=len(workload), desc=name, unit="req", disable=not progress)
     start = time.perf_counter()
     with bar:
@@ -63,4 +67,23 @@ def run_offline(
         timeline=timeline,
         preemptions=core.totals.num_preemptions - preemptions_before,
         peak_rss_mb=peak_rss_mb(),
+        extra={
+            name: now - before
+            for name, now, before in zip(
+                (
+                    "predictive_admissions",
+                    "prediction_failures",
+                    "prefix_cache_queries",
+                    "prefix_cache_hits",
+                ),
+                (
+                    scheduler.num_predictive_admissions,
+                    scheduler.num_prediction_failures,
+                    core.kv_cache_manager.num_prefix_queries,
+                    core.kv_cache_manager.num_prefix_hits,
+                ),
+                counters_before,
+                strict=True,
+            )
+        },  # fmt: skip
     )

@@ -55,6 +55,8 @@ class Scheduler:
         self._swap_in: list[tuple[int, int]] = []
         self.num_preemptions = 0
         self.num_swaps = 0  # preemptions served by swapping rather than recompute
+        self.num_predictive_admissions = 0
+        self.num_prediction_failures = 0  # predictively admitted requests preempted mid-prompt
 
     # ------------------------------------------------------------------ intake
     def add_request(self, request: Request) -> None:
@@ -98,6 +100,8 @@ class Scheduler:
                 num_new = min(1, budget)
             else:
                 num_new = min(remaining, budget - pending_decodes, cfg.chunk_limit)
+                if request.admitted_on_prediction:  # takes only what is free; preempts nobody
+                    num_new = min(num_new, self._free_room(request))
             if num_new <= 0:
                 i += 1
                 continue
@@ -134,7 +138,13 @@ class Scheduler:
 
     def _victim_index(self, first: int) -> int:
         """Which running request to preempt, among those not yet scheduled this step (index >=
-        `first`): the newest, or under `priority` the least important (newest among equals)."""
+        `first`): a request admitted on a prediction that is still computing its prompt (it
+        loses only its own prefill), else the newest, or under `priority` the least important
+        (newest among equals)."""
+        predicted = [j for j in range(first, len(self.running))
+                     if self.running[j].admitted_on_prediction]  # fmt: skip
+        if predicted:
+            return predicted[-1]
         if self.config.scheduling_policy != "priority":
             return len(self.running) - 1
         candidates = range(first, len(self.running))
@@ -190,7 +200,9 @@ class Scheduler:
                 remaining = request.num_tokens - request.num_computed_tokens - num_cached
                 num_new = min(remaining, budget, self.config.chunk_limit)
                 if not self.kv.allocate_slots(request, num_new, computed_blocks):
-                    break
+                    num_new = self._admit_on_prediction(request, computed_blocks, num_new)
+                    if not num_new:
+                        break
                 if request.num_computed_tokens == 0:
                     self.kv.record_lookup(request.num_tokens, num_cached)
                 request.num_computed_tokens += num_cached
@@ -202,6 +214,58 @@ class Scheduler:
             scheduled.append(self._scheduled(request, num_new, now))
             budget -= num_new
         return budget
+
+    def _free_room(self, request: Request) -> int:
+        """Tokens the request could add now without taking blocks anyone else needs freed."""
+        bs = self.kv.block_size
+        held = len(self.kv.get_block_table(request.request_id))
+        return (held + self.kv.pool.num_free_blocks) * bs - request.num_computed_tokens
+
+    def _predicted_free_blocks(self) -> int:
+        """Net blocks the running requests will hand back within the prediction horizon: those
+        of decoding requests at most `prediction_horizon` tokens from their end (by max_tokens
+        or max_model_len; not shared with anyone), minus the blocks every decoding request will
+        still take while it grows over the horizon."""
+        horizon, pool, bs, total = (
+            self.config.prediction_horizon,
+            self.kv.pool,
+            self.kv.block_size,
+            0,
+        )
+        for r in self.running:
+            if r.num_tokens - r.num_computed_tokens != 1:
+                continue  # mid-prefill: its end is not near
+            left = min(r.sampling_params.max_tokens - r.num_output_tokens,
+                       self.config.max_model_len - r.num_tokens)  # fmt: skip
+            table = self.kv.get_block_table(r.request_id)
+            total -= max(0, -(-(r.num_tokens + min(left, horizon)) // bs) - len(table))
+            if left <= horizon:
+                total += sum(1 for b in table if pool.blocks[b].ref_count == 1)
+        return total
+
+    def _admit_on_prediction(
+        self, request: Request, computed_blocks: list[int], num_new: int
+    ) -> int:
+        """Admits a request whose first chunk does not fit, if the free blocks plus those
+        predicted free cover its whole prompt; its chunk shrinks to what is free now. Returns
+        the tokens scheduled (0: not admitted)."""
+        # A request that was preempted (a failed guess, or anything else) waits for real room:
+        # guessing again for it could preempt it again and again.
+        if not self.config.predictive_admission or request.num_preemptions:
+            return 0
+        bs = self.kv.block_size
+        revived = sum(1 for b in computed_blocks if self.kv.pool.blocks[b].ref_count == 0)
+        free_now = self.kv.pool.num_free_blocks - revived
+        cached = len(computed_blocks) * bs
+        needed = -(-(request.num_tokens - cached) // bs)
+        if free_now < 1 or free_now + self._predicted_free_blocks() < needed:
+            return 0
+        num_new = min(num_new, free_now * bs)
+        if not self.kv.allocate_slots(request, num_new, computed_blocks):
+            return 0
+        request.admitted_on_prediction = True
+        self.num_predictive_admissions += 1
+        return num_new
 
     def _scheduled(self, request: Request, num_new: int, now: float) -> ScheduledRequest:
         start = request.num_computed_tokens
@@ -228,6 +292,9 @@ class Scheduler:
     def _preempt(self, request: Request) -> None:
         """Swap the KV out to CPU blocks when in swap mode and they suffice; otherwise recompute:
         drop the KV, keep the tokens. Either way the request goes back to the head of the queue."""
+        if request.admitted_on_prediction:
+            request.admitted_on_prediction = False
+            self.num_prediction_failures += 1
         if self.config.preemption_mode == "swap" and self.kv.can_swap_out(request):
             self._swap_out += self.kv.swap_out(request)
             self.num_swaps += 1
@@ -265,6 +332,7 @@ class Scheduler:
             if token_id is None:
                 continue  # mid-prefill: nothing sampled yet
             request.output_token_ids.append(token_id)
+            request.admitted_on_prediction = False  # its prompt is in: an ordinary runner now
             if request.first_token_time is None:
                 request.first_token_time = now
             reason, stop_reason = self._check_stop(request, token_id)

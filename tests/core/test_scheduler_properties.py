@@ -30,6 +30,8 @@ def workloads(draw):
         scheduling_policy=draw(st.sampled_from(["fcfs", "priority", "sjf"])),
         preemption_mode=draw(st.sampled_from(["recompute", "swap"])),
         num_cpu_blocks=draw(st.integers(0, num_blocks)),
+        predictive_admission=draw(st.booleans()),
+        prediction_horizon=draw(st.integers(1, 16)),
     )
     requests = []
     priorities = st.integers(0, 3)

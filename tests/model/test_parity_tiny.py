@@ -34,6 +34,13 @@ ENGINE_SETTINGS = {
         "preemption_mode": "swap",
         "swap_space_bytes": 8192,
     },
+    "predictive_admission": {
+        "kv_block_size": 4,
+        "num_kv_blocks": 40,
+        "max_num_batched_tokens": 96,
+        "predictive_admission": True,
+        "prediction_horizon": 16,
+    },
     "one_at_a_time": {"max_num_seqs": 1},
     # static batching: 4 batches of 4, each admitted only once the previous one is done
     "static_batches": {"batching": "static", "max_num_seqs": 4},
@@ -70,6 +77,8 @@ def test_greedy_parity_with_transformers(reference, setting):
         assert scheduler.num_preemptions > 0, "the pool was meant to force preemption"
     if setting == "preemption_swap":
         assert scheduler.num_swaps == scheduler.num_preemptions
+    if setting == "predictive_admission":
+        assert scheduler.num_predictive_admissions > 0
     if setting == "preemption_swap_small":
         assert 0 < scheduler.num_swaps < scheduler.num_preemptions
     pool = llm.core.kv_cache_manager.pool

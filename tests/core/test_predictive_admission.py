@@ -1,0 +1,56 @@
+"""Predictive admission: admit when blocks about to be freed suffice; a wrong guess costs only
+the newcomer (it waits or is preempted), never a token of an ordinary running request."""
+
+from __future__ import annotations
+
+from tests.core.helpers import fake_model_output, make_request, make_scheduler
+
+
+def step(s):
+    out = s.schedule()
+    s.update_from_output(out, fake_model_output(out))
+    return out
+
+
+def scenario(predictive: bool):
+    # 10 blocks of 4 tokens. "ending" holds 4 blocks and is 2 tokens from its end; "steady"
+    # holds 4 blocks; the newcomer's 12-token prompt needs 3 blocks while only 2 are free.
+    s = make_scheduler(num_blocks=10, block_size=4, max_num_seqs=4, enable_prefix_caching=False,
+                       predictive_admission=predictive, prediction_horizon=4)  # fmt: skip
+    s.add_request(make_request("ending", prompt_len=13, max_tokens=4))
+    s.add_request(make_request("steady", prompt_len=13, max_tokens=3))
+    step(s)
+    step(s)  # both decode: 15 tokens each, 4 blocks each, 2 free
+    s.add_request(make_request("new", prompt_len=12, max_tokens=2))
+    return s
+
+
+def test_predictive_admission_starts_the_newcomer_early():
+    off, on = scenario(False), scenario(True)
+    out_off, out_on = off.schedule(), on.schedule()
+    assert "new" not in {x.request_id for x in out_off.scheduled}
+    (new,) = [x for x in out_on.scheduled if x.request_id == "new"]
+    assert new.num_tokens == 8  # the 2 free blocks now; the 3rd comes from "ending"
+    assert on.num_predictive_admissions == 1
+    on.update_from_output(out_on, fake_model_output(out_on))
+    for _ in range(20):
+        if not on.has_unfinished_requests():
+            break
+        step(on)
+    assert not on.has_unfinished_requests() and on.num_prediction_failures == 0
+    assert on.kv.pool.num_used_blocks == 0
+
+
+def test_a_wrong_prediction_costs_the_newcomer_not_a_runner():
+    # Whatever the policy, a request admitted on a prediction and still computing its prompt
+    # is the preemption victim before any ordinary running request.
+    for policy in ("fcfs", "priority", "sjf"):
+        s = make_scheduler(scheduling_policy=policy, predictive_admission=True)
+        runners = [make_request(rid, prompt_len=4, max_tokens=8) for rid in "abc"]
+        runners[0].priority, runners[2].priority = 9, 0  # "a" least important
+        runners[1].admitted_on_prediction = True
+        s.running = runners
+        assert s._victim_index(0) == 1
+        assert s._victim_index(2) == 2  # only not-yet-scheduled requests can be victims
+        runners[1].admitted_on_prediction = False
+        assert s._victim_index(0) == (0 if policy == "priority" else 2)
