@@ -17,6 +17,17 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
 
 
+def _counters(llm: LLM) -> dict[str, int]:
+    """Scheduler and prefix-cache counters a run reports as differences."""
+    scheduler, kv = llm.core.scheduler, llm.core.kv_cache_manager
+    return {
+        "predictive_admissions": scheduler.num_predictive_admissions,
+        "prediction_failures": scheduler.num_prediction_failures,
+        "prefix_cache_queries": kv.num_prefix_queries,
+        "prefix_cache_hits": kv.num_prefix_hits,
+    }
+
+
 def run_offline(
     llm: LLM, workload: list[WorkloadRequest], name: str, progress: bool = True
 ) -> RunResult:
@@ -25,11 +36,8 @@ def run_offline(
     records: list[RequestRecord] = []
     timeline: list[StepRecord] = []
     core = llm.core
-    scheduler = core.scheduler
     preemptions_before = core.totals.num_preemptions
-    counters_before = (scheduler.num_predictive_admissions, scheduler.num_prediction_failures,
-                       core.kv_cache_manager.num_prefix_queries,
-                       core.kv_cache_manager.num_prefix_hits)  # fmt: skip
+    counters_before = _counters(llm)
     bar = tqdm(total=len(workload), desc=name, unit="req", disable=not progress)
     start = time.perf_counter()
     with bar:
@@ -67,23 +75,5 @@ def run_offline(
         timeline=timeline,
         preemptions=core.totals.num_preemptions - preemptions_before,
         peak_rss_mb=peak_rss_mb(),
-        extra={
-            name: now - before
-            for name, now, before in zip(
-                (
-                    "predictive_admissions",
-                    "prediction_failures",
-                    "prefix_cache_queries",
-                    "prefix_cache_hits",
-                ),
-                (
-                    scheduler.num_predictive_admissions,
-                    scheduler.num_prediction_failures,
-                    core.kv_cache_manager.num_prefix_queries,
-                    core.kv_cache_manager.num_prefix_hits,
-                ),
-                counters_before,
-                strict=True,
-            )
-        },  # fmt: skip
+        extra={k: v - counters_before[k] for k, v in _counters(llm).items()},
     )
