@@ -27,7 +27,7 @@ from typing import Any
 
 from inflight.core.outputs import EngineCoreOutput
 from inflight.engine.llm import LLM
-from inflight.engine.processor import PromptInput
+from inflight.engine.processor import ParentRequest, PromptInput
 from inflight.errors import InflightError
 from inflight.metrics import EngineMetrics
 from inflight.outputs import RequestOutput
@@ -175,7 +175,11 @@ class AsyncLLM:
         for request_id, stop_string in stopped.items():
             self._inbox.put(_Finish([request_id], FinishReason.STOP, stop_string))
         for ro in request_outputs:
-            stream = self._streams.get(ro.request_id)
+            # (a finished request leaves the map here too, in case its stream was never read)
+            if ro.finished:
+                stream = self._streams.pop(ro.request_id, None)
+            else:
+                stream = self._streams.get(ro.request_id)
             if ro.finished:
                 self._num_unfinished -= 1
                 self.metrics.observe_finished(ro)
@@ -187,42 +191,62 @@ class AsyncLLM:
         for stream in self._streams.values():
             stream.put_nowait(dead)
 
-    async def generate(
+    def process(
         self,
         prompt: PromptInput,
         params: SamplingParams,
         *,
-        request_id: str | None = None,
         priority: int = 0,
         add_special_tokens: bool = True,
         cache_salt: str | None = None,
-    ) -> AsyncIterator[RequestOutput]:
-        """Yields cumulative snapshots of the request until it finishes.
+    ) -> tuple[ParentRequest, list[Request]]:
+        """Tokenizes and validates now; raises InvalidRequestError before anything is queued."""
+        return self.llm.input_processor.process(
+            f"req-{next(self._ids)}", prompt, params, priority=priority,
+            add_special_tokens=add_special_tokens, cache_salt=cache_salt,
+        )  # fmt: skip
 
-        Raises InvalidRequestError (before anything is queued), QueueFullError, EngineDeadError
-        or RequestTimeoutError. Closing the iterator early aborts the request in the core.
-        """
+    def check_capacity(self, num_requests: int = 1) -> None:
+        """Raises EngineDeadError, or QueueFullError if `num_requests` more would overflow the
+        waiting queue; call before `submit` so a refusal is an HTTP status, not a broken stream."""
         if not self.is_alive:
             raise EngineDeadError("the engine is not running")
+        if self.max_queued_requests is None:
+            return
         num_waiting = self._num_unfinished - self.core.scheduler.num_running
-        if self.max_queued_requests is not None and num_waiting >= self.max_queued_requests:
+        if num_waiting + num_requests > self.max_queued_requests:
             raise QueueFullError(
                 f"the waiting queue is full ({self.max_queued_requests} requests); retry later"
             )
-        request_id = request_id or f"req-{next(self._ids)}"
-        parent, children = self.llm.input_processor.process(
-            request_id,
-            prompt,
-            params,
-            priority=priority,
-            add_special_tokens=add_special_tokens,
-            cache_salt=cache_salt,
-        )
+
+    def submit(
+        self, processed: tuple[ParentRequest, list[Request]]
+    ) -> AsyncIterator[RequestOutput]:
+        """Queues a processed request now and returns its stream of cumulative snapshots.
+
+        The stream raises EngineDeadError or RequestTimeoutError; closing it early aborts the
+        request in the core (its blocks return within a step).
+        """
+        parent, children = processed
         stream: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
-        self._streams[request_id] = stream
+        self._streams[parent.request_id] = stream
         self.llm.output_processor.add_request(parent, children)
         self._num_unfinished += 1
         self._inbox.put(_Add(children))
+        return self._outputs(parent.request_id, [c.request_id for c in children], stream)
+
+    async def generate(
+        self, prompt: PromptInput, params: SamplingParams, **kwargs: Any
+    ) -> AsyncIterator[RequestOutput]:
+        """process + check_capacity + submit, for callers that want one call."""
+        processed = self.process(prompt, params, **kwargs)
+        self.check_capacity()
+        async for out in self.submit(processed):
+            yield out
+
+    async def _outputs(
+        self, request_id: str, child_ids: list[str], stream: asyncio.Queue
+    ) -> AsyncIterator[RequestOutput]:
         deadline = None if self.request_timeout is None else time.monotonic() + self.request_timeout
         finished = False
         try:
@@ -244,7 +268,7 @@ class AsyncLLM:
         finally:
             self._streams.pop(request_id, None)
             if not finished:
-                self.abort([c.request_id for c in children])
+                self.abort(child_ids)
 
     def abort(self, child_request_ids: list[str]) -> None:
         """Ends requests in the core (their blocks return within one step)."""

@@ -74,16 +74,15 @@ class OpenAIServing:
         req: p.SamplingFields,
         add_special_tokens: bool = True,
     ) -> list[AsyncIterator[RequestOutput]]:
-        """Validates every prompt first (nothing is queued if one is bad), then starts them."""
-        for prompt in prompts:
-            self.engine.llm.input_processor.process(
-                "validation", prompt, params, add_special_tokens=add_special_tokens
-            )
-        return [
-            self.engine.generate(x, params, priority=req.priority, cache_salt=req.cache_salt,
-                                 add_special_tokens=add_special_tokens)
+        """Validates every prompt and checks capacity for all of them before queueing any, so a
+        refusal leaves nothing half-submitted and is an HTTP status, not a broken stream."""
+        processed = [
+            self.engine.process(x, params, priority=req.priority, cache_salt=req.cache_salt,
+                                add_special_tokens=add_special_tokens)
             for x in prompts
         ]  # fmt: skip
+        self.engine.check_capacity(len(processed))
+        return [self.engine.submit(x) for x in processed]
 
     def token_text(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id])

@@ -100,20 +100,38 @@ def test_api_key_guards_every_v1_and_tokenizer_route(tiny_llama):
 def test_queue_full_is_429_with_retry_after(tiny_llama):
     engine = engine_for(tiny_llama, max_queued_requests=1, max_num_seqs=1)
     with LiveServer(engine, served_model_name=MODEL) as s:
-        s.engine.core.step = _slow(s.engine.core.step)  # ~5 s for the first request
-        long = {"model": MODEL, "prompt": "x", "max_tokens": 100, "ignore_eos": True}
-        with httpx.stream("POST", s.url + "/v1/completions", json={**long, "stream": True},
-                          timeout=60) as running:  # fmt: skip
-            next(running.iter_lines())  # the first request holds the only seat
-            waiter = threading.Thread(target=post, args=(s, "/v1/completions", long))
-            waiter.start()
-            deadline = time.monotonic() + 10
-            while engine.core.scheduler.num_waiting < 1 and time.monotonic() < deadline:
-                time.sleep(0.01)
-            r = post(s, "/v1/completions", long)
-            assert_error(r, 429, "RateLimitError", None, "waiting queue is full")
-            assert r.headers["retry-after"] == "1"
+        # The engine thread runs the first step, then holds: the first request keeps the only
+        # seat and the state cannot drift while the test asks.
+        release, step, calls = threading.Event(), engine.core.step, []
+
+        def held_step():
+            calls.append(1)
+            if len(calls) > 1:
+                release.wait(30)
+            return step()
+
+        engine.core.step = held_step
+        long = {"model": MODEL, "prompt": "x", "max_tokens": 20, "ignore_eos": True}
+        first = threading.Thread(target=post, args=(s, "/v1/completions", long))
+        first.start()
+        while not calls:
+            time.sleep(0.01)
+        waiter = threading.Thread(target=post, args=(s, "/v1/completions", long))
+        waiter.start()
+        while engine._num_unfinished < 2:  # the waiter is accepted: the queue holds 1 now
+            time.sleep(0.01)
+        r = post(s, "/v1/completions", long)
+        assert_error(r, 429, "RateLimitError", None, "waiting queue is full")
+        assert r.headers["retry-after"] == "1"
+        streamed = post(s, "/v1/completions", {**long, "stream": True})
+        assert_error(streamed, 429, "RateLimitError")  # a status, not a broken stream
+        release.set()
+        first.join()
         waiter.join()
+        s.wait_idle()
+        two = post(s, "/v1/completions", {**long, "prompt": ["a", "b"]})
+        assert_error(two, 429, "RateLimitError")  # 2 prompts would wait at once: all or none
+        assert post(s, "/v1/completions", long).status_code == 200
 
 
 def test_request_timeout_aborts_and_frees_blocks(tiny_llama):
