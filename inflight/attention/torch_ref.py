@@ -1,10 +1,12 @@
 """Pure-PyTorch paged attention: gathers K/V block by block through block tables.
 
-Requests are split into two groups so padding stays small: decodes (1 query token each) and
-prefills (many). Each group gathers its requests' blocks in one indexing op (whole 16-token
-blocks, not single slots) and is padded to its longest member; a boolean mask hides padding and
-the future. There is no per-request Python loop inside a layer. Index tensors are built once
-per step in `build_metadata`.
+Requests are split into groups so padding stays small: prefills (many query tokens), and
+decodes (1 query token each) in up to `MAX_DECODE_GROUPS` groups of similar context length, as
+one long context would otherwise pad every short one to its length. Each group gathers its
+requests' blocks in one indexing op (whole 16-token blocks, not single slots) and is padded to
+its longest member; a boolean mask hides padding and the future. There is no per-request Python
+loop inside a layer (only one over at most five groups). Index tensors are built once per step
+in `build_metadata`.
 
     flat tokens  | r0 prompt chunk (5) | r1 decode | r2 decode | r3 prompt chunk (3) |
     prefill group  query rows [r0: 5 real][r3: 3 real + 2 pad]   keys: blocks of r0, r3
@@ -30,7 +32,7 @@ class AttentionGroup:
 @dataclass
 class AttentionMetadata:
     slot_mapping: torch.Tensor  # [T] cache slot written by each new token
-    decode: AttentionGroup | None
+    decode: list[AttentionGroup]  # by context length, shortest first
     prefill: AttentionGroup | None
 
 
@@ -74,6 +76,20 @@ def _gather(cache: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor:
     return cache[block_tables].view(r, mb * cache.shape[1], cache.shape[2], cache.shape[3])
 
 
+MAX_DECODE_GROUPS = 4
+MIN_DECODE_GROUP = 8  # smaller groups cost more in per-op overhead than padding saves
+
+
+def split_by_length(rows: list[int], seq_lens: list[int]) -> list[list[int]]:
+    """Rows sorted by context length, cut into up to MAX_DECODE_GROUPS groups of equal size."""
+    if not rows:
+        return []
+    rows = sorted(rows, key=lambda r: seq_lens[r])
+    num_groups = max(1, min(MAX_DECODE_GROUPS, len(rows) // MIN_DECODE_GROUP))
+    size = -(-len(rows) // num_groups)
+    return [rows[i : i + size] for i in range(0, len(rows), size)]
+
+
 class TorchReferenceBackend:
     name = "torch"
 
@@ -100,9 +116,11 @@ class TorchReferenceBackend:
                 self.sliding_window, device,
             )  # fmt: skip
 
+        seq_lens = [start + n for start, n in zip(start_pos, q_lens, strict=True)]
+        decode_rows = [r for r, n in enumerate(q_lens) if n == 1]
         return AttentionMetadata(
             slot_mapping=slot_mapping,
-            decode=group([r for r, n in enumerate(q_lens) if n == 1]),
+            decode=[group(rows) for rows in split_by_length(decode_rows, seq_lens)],
             prefill=group([r for r, n in enumerate(q_lens) if n > 1]),
         )
 
@@ -120,8 +138,7 @@ class TorchReferenceBackend:
         v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, value)
 
         out = torch.empty_like(query)
-        if meta.decode is not None:
-            g = meta.decode
+        for g in meta.decode:
             rows = g.token_index[:, 0]
             out[rows] = self._decode(query[rows], k_cache, v_cache, g)
         if meta.prefill is not None:

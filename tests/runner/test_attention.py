@@ -26,9 +26,10 @@ def dense_attention(q, k, v, positions, window=None):
 @pytest.mark.parametrize("window", [None, 5])
 def test_mixed_batch_matches_dense_attention(window):
     torch.manual_seed(0)
-    # (cached tokens, new tokens): two decodes, two prefill chunks (one a continuation)
-    shapes = [(7, 1), (0, 9), (12, 1), (5, 6)]
-    num_blocks = 40
+    # (cached tokens, new tokens): decodes of many lengths (several decode groups), and two
+    # prefill chunks (one a continuation)
+    shapes = [(7, 1), (0, 9), (12, 1), (5, 6)] + [((i * 7) % 40, 1) for i in range(20)]
+    num_blocks = 400
     k_cache = torch.zeros(num_blocks, BS, KVH, D)
     v_cache = torch.zeros(num_blocks, BS, KVH, D)
     free = list(torch.randperm(num_blocks).tolist())  # scattered, non-contiguous blocks
@@ -60,6 +61,7 @@ def test_mixed_batch_matches_dense_attention(window):
     meta = backend.build_metadata(
         query_start_loc, start_pos, block_tables, torch.tensor(slots), torch.device("cpu")
     )
+    assert len(meta.decode) == 2  # 22 decodes: two length groups
     out = backend.forward(torch.cat(qs), torch.cat(ks), torch.cat(vs), k_cache, v_cache, meta)
 
     for i, (cached, new) in enumerate(shapes):
