@@ -77,6 +77,20 @@ def make_queue(policy: str, aging_s: float) -> FCFSQueue:
     return FCFSQueue() if policy == "fcfs" else RankedQueue(policy, aging_s)
 
 
+def victim_index(running: list[Request], first: int, policy: str) -> int:
+    """Which running request to preempt, among those not yet scheduled this step (index >=
+    `first`): a request admitted on a prediction that is still computing its prompt (it loses
+    only its own prefill), else the newest, or under `priority` the least important (newest
+    among equals)."""
+    candidates = range(first, len(running))
+    predicted = [j for j in candidates if running[j].admitted_on_prediction]
+    if predicted:
+        return predicted[-1]
+    if policy != "priority":
+        return len(running) - 1
+    return max(candidates, key=lambda j: (running[j].priority, j))
+
+
 class StaticBatchGate:
     """Static batching as a scheduler mode: a batch forms only when the previous one is done.
 

@@ -27,7 +27,7 @@ from inflight.core.outputs import (
     ScheduledRequest,
     SchedulerOutput,
 )
-from inflight.core.policy import StaticBatchGate, make_queue
+from inflight.core.policy import StaticBatchGate, make_queue, victim_index
 from inflight.request import FinishReason, Request, RequestStatus
 
 
@@ -101,7 +101,7 @@ class Scheduler:
             else:
                 num_new = min(remaining, budget - pending_decodes, cfg.chunk_limit)
                 if request.admitted_on_prediction:  # takes only what is free; preempts nobody
-                    num_new = min(num_new, self._free_room(request))
+                    num_new = min(num_new, self.kv.free_room(request))
             if num_new <= 0:
                 i += 1
                 continue
@@ -137,18 +137,7 @@ class Scheduler:
         return out
 
     def _victim_index(self, first: int) -> int:
-        """Which running request to preempt, among those not yet scheduled this step (index >=
-        `first`): a request admitted on a prediction that is still computing its prompt (it
-        loses only its own prefill), else the newest, or under `priority` the least important
-        (newest among equals)."""
-        predicted = [j for j in range(first, len(self.running))
-                     if self.running[j].admitted_on_prediction]  # fmt: skip
-        if predicted:
-            return predicted[-1]
-        if self.config.scheduling_policy != "priority":
-            return len(self.running) - 1
-        candidates = range(first, len(self.running))
-        return max(candidates, key=lambda j: (self.running[j].priority, j))
+        return victim_index(self.running, first, self.config.scheduling_policy)
 
     def _preempt_for_priority(self, now: float) -> list[str]:
         """Under `priority`: while seats or blocks are short for the best waiting request and a
@@ -215,34 +204,6 @@ class Scheduler:
             budget -= num_new
         return budget
 
-    def _free_room(self, request: Request) -> int:
-        """Tokens the request could add now without taking blocks anyone else needs freed."""
-        bs = self.kv.block_size
-        held = len(self.kv.get_block_table(request.request_id))
-        return (held + self.kv.pool.num_free_blocks) * bs - request.num_computed_tokens
-
-    def _predicted_free_blocks(self) -> int:
-        """Net blocks the running requests will hand back within the prediction horizon: those
-        of decoding requests at most `prediction_horizon` tokens from their end (by max_tokens
-        or max_model_len; not shared with anyone), minus the blocks every decoding request will
-        still take while it grows over the horizon."""
-        horizon, pool, bs, total = (
-            self.config.prediction_horizon,
-            self.kv.pool,
-            self.kv.block_size,
-            0,
-        )
-        for r in self.running:
-            if r.num_tokens - r.num_computed_tokens != 1:
-                continue  # mid-prefill: its end is not near
-            left = min(r.sampling_params.max_tokens - r.num_output_tokens,
-                       self.config.max_model_len - r.num_tokens)  # fmt: skip
-            table = self.kv.get_block_table(r.request_id)
-            total -= max(0, -(-(r.num_tokens + min(left, horizon)) // bs) - len(table))
-            if left <= horizon:
-                total += sum(1 for b in table if pool.blocks[b].ref_count == 1)
-        return total
-
     def _admit_on_prediction(
         self, request: Request, computed_blocks: list[int], num_new: int
     ) -> int:
@@ -258,7 +219,14 @@ class Scheduler:
         free_now = self.kv.pool.num_free_blocks - revived
         cached = len(computed_blocks) * bs
         needed = -(-(request.num_tokens - cached) // bs)
-        if free_now < 1 or free_now + self._predicted_free_blocks() < needed:
+        if (
+            free_now < 1
+            or free_now
+            + self.kv.predicted_free_blocks(
+                self.running, self.config.prediction_horizon, self.config.max_model_len
+            )
+            < needed
+        ):
             return 0
         num_new = min(num_new, free_now * bs)
         if not self.kv.allocate_slots(request, num_new, computed_blocks):

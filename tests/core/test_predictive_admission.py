@@ -3,6 +3,7 @@ the newcomer (it waits or is preempted), never a token of an ordinary running re
 
 from __future__ import annotations
 
+from inflight.core.policy import victim_index
 from tests.core.helpers import fake_model_output, make_request, make_scheduler
 
 
@@ -45,12 +46,10 @@ def test_a_wrong_prediction_costs_the_newcomer_not_a_runner():
     # Whatever the policy, a request admitted on a prediction and still computing its prompt
     # is the preemption victim before any ordinary running request.
     for policy in ("fcfs", "priority", "sjf"):
-        s = make_scheduler(scheduling_policy=policy, predictive_admission=True)
         runners = [make_request(rid, prompt_len=4, max_tokens=8) for rid in "abc"]
         runners[0].priority, runners[2].priority = 9, 0  # "a" least important
         runners[1].admitted_on_prediction = True
-        s.running = runners
-        assert s._victim_index(0) == 1
-        assert s._victim_index(2) == 2  # only not-yet-scheduled requests can be victims
+        assert victim_index(runners, 0, policy) == 1
+        assert victim_index(runners, 2, policy) == 2  # only not-yet-scheduled ones are victims
         runners[1].admitted_on_prediction = False
-        assert s._victim_index(0) == (0 if policy == "priority" else 2)
+        assert victim_index(runners, 0, policy) == (0 if policy == "priority" else 2)
