@@ -49,12 +49,6 @@ class KVCacheManager:
     def usage(self) -> float:
         return self.pool.usage
 
-    def num_new_blocks(self, request: Request, num_new_tokens: int) -> int:
-        """Blocks `allocate_slots(request, num_new_tokens)` would have to take from the pool."""
-        table = self.block_tables.get(request.request_id, ())
-        needed = cdiv(request.num_computed_tokens + num_new_tokens, self.block_size)
-        return max(0, needed - len(table))
-
     # ----------------------------------------------------------- prefix cache
     def block_hashes(self, request: Request) -> list[int]:
         """Hashes of every full block of the request's known tokens, extended incrementally."""

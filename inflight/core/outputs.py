@@ -45,10 +45,6 @@ class SchedulerOutput:
     num_waiting: int = 0
     kv_usage: float = 0.0
 
-    @property
-    def is_empty(self) -> bool:
-        return not self.scheduled and not self.swap_out and not self.swap_in
-
 
 @dataclass(slots=True)
 class Logprobs:

@@ -131,9 +131,6 @@ class EngineCore:
     def add_request(self, request: Request) -> None:
         self.scheduler.add_request(request)
 
-    def abort_requests(self, request_ids: list[str]) -> list[EngineCoreOutput]:
-        return self.scheduler.finish_requests(request_ids, FinishReason.ABORT)
-
     def finish_requests(
         self, request_ids: list[str], reason: FinishReason, stop_reason: str | None = None
     ) -> list[EngineCoreOutput]:
