@@ -18,11 +18,8 @@ sampled from) and never writes into them: its new tokens land in blocks of its o
 from __future__ import annotations
 
 from inflight.core.block_pool import BlockPool
+from inflight.core.sizing import cdiv
 from inflight.request import Request
-
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 class KVCacheManager:

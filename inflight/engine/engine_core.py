@@ -13,14 +13,14 @@ import time
 from dataclasses import dataclass
 
 from inflight.config import EngineConfig
-from inflight.core.kv_cache_manager import KVCacheManager, cdiv
+from inflight.core.kv_cache_manager import KVCacheManager
 from inflight.core.outputs import EngineCoreOutput, SchedulerOutput
 from inflight.core.scheduler import Scheduler
-from inflight.errors import ConfigError
+from inflight.core.sizing import cdiv, num_blocks_for_budget, resolve_max_model_len
 from inflight.model.loader import LoadedModel, load_model, resolve_model_path
 from inflight.platform import resolve_device, resolve_dtype
 from inflight.request import FinishReason, Request
-from inflight.runner.kv_cache import KVCache, kv_bytes_per_token, num_blocks_for_budget
+from inflight.runner.kv_cache import KVCache, kv_bytes_per_token
 from inflight.runner.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
@@ -74,34 +74,22 @@ class EngineCore:
             loaded = load_model(path, dtype, device, block_size)
         arch = loaded.arch
 
-        max_model_len = config.model.max_model_len or arch.max_position_embeddings
-        if max_model_len > arch.max_position_embeddings:
-            raise ConfigError(
-                f"max_model_len {max_model_len} exceeds the model's limit "
-                f"{arch.max_position_embeddings}"
-            )
+        requested_len = config.model.max_model_len
         sched_cfg = config.scheduler
+        bytes_per_token = kv_bytes_per_token(arch, dtype)
         num_blocks = config.cache.num_kv_blocks or num_blocks_for_budget(
-            arch,
-            dtype,
+            bytes_per_token,
             block_size,
             config.cache.kv_cache_memory_bytes,
             sched_cfg.max_num_seqs,
-            max_model_len,
+            requested_len or arch.max_position_embeddings,
+        )
+        max_model_len = resolve_max_model_len(
+            requested_len, arch.max_position_embeddings, num_blocks, block_size
         )
         num_cpu_blocks = 0
         if sched_cfg.preemption_mode == "swap":
-            per_block = kv_bytes_per_token(arch, dtype) * block_size
-            num_cpu_blocks = config.cache.swap_space_bytes // per_block
-        capacity = num_blocks * block_size
-        if capacity < max_model_len:
-            if config.model.max_model_len is not None:
-                raise ConfigError(
-                    f"the KV cache holds {capacity} tokens ({num_blocks} blocks of {block_size}), "
-                    f"fewer than max_model_len={max_model_len}; raise the KV budget or lower "
-                    "max_model_len"
-                )
-            max_model_len = capacity
+            num_cpu_blocks = config.cache.swap_space_bytes // (bytes_per_token * block_size)
         sched_cfg = dataclasses.replace(sched_cfg, max_model_len=max_model_len)
         self.config = dataclasses.replace(config, scheduler=sched_cfg)
 

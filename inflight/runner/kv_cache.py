@@ -1,34 +1,16 @@
-"""Per-layer paged K/V tensors `[num_blocks, block_size, kv_heads, head_dim]`, and their sizing.
-
-The number of blocks comes from a memory budget in bytes (or is given directly), capped at what
-`max_num_seqs` sequences of `max_model_len` tokens could ever hold, so a small model does not
-reserve memory it can never use.
-"""
+"""Per-layer paged K/V tensors `[num_blocks, block_size, kv_heads, head_dim]` (how many blocks:
+`core/sizing.py`)."""
 
 from __future__ import annotations
 
 import torch
 
-from inflight.core.kv_cache_manager import cdiv
 from inflight.model.arch import LlamaArchConfig
 
 
 def kv_bytes_per_token(arch: LlamaArchConfig, dtype: torch.dtype) -> int:
     element = torch.empty((), dtype=dtype).element_size()
     return 2 * arch.num_layers * arch.num_kv_heads * arch.head_dim * element
-
-
-def num_blocks_for_budget(
-    arch: LlamaArchConfig,
-    dtype: torch.dtype,
-    block_size: int,
-    memory_bytes: int,
-    max_num_seqs: int,
-    max_model_len: int,
-) -> int:
-    per_block = kv_bytes_per_token(arch, dtype) * block_size
-    useful = max_num_seqs * cdiv(max_model_len, block_size)
-    return max(1, min(memory_bytes // per_block, useful))
 
 
 class KVCache:
