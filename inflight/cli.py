@@ -1,5 +1,6 @@
-"""`inflight` command line. Every engine knob becomes a flag, generated from `inflight.config`,
-so flags, `LLM(**knobs)` keywords and documented defaults can never disagree.
+"""`inflight` command line: generate, serve, bench, simulate. Every engine knob becomes a flag,
+generated from `inflight.config`, so flags, `LLM(**knobs)` keywords and documented defaults
+can never disagree.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import re
 import sys
 import types
 import typing
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from inflight.config import knob_fields
@@ -42,9 +43,12 @@ def _flag_type(hint: Any) -> tuple[Any, list[str] | None]:
     return hint, None
 
 
-def add_knob_flags(parser: argparse.ArgumentParser) -> None:
+def add_knob_flags(parser: argparse.ArgumentParser, skip: Collection[str] = ()) -> None:
+    """Every knob as a flag, except those named in `skip`."""
     group = parser.add_argument_group("engine knobs")
     for owner, field in knob_fields():
+        if field.name in skip:
+            continue
         hint = typing.get_type_hints(owner)[field.name]
         kind, choices = _flag_type(hint)
         if field.name == "kv_cache_memory_bytes":
@@ -146,6 +150,9 @@ def build_parser() -> argparse.ArgumentParser:
     from inflight.bench.cli import add_bench_parser
 
     add_bench_parser(sub, add_engine_flags)
+    from inflight.sim.cli import add_simulate_parser
+
+    add_simulate_parser(sub, add_engine_flags, add_knob_flags)
     return parser
 
 
@@ -230,6 +237,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from inflight.bench.cli import run_bench
 
         return run_bench(args, knobs_from_args(args))
+    if args.command == "simulate":
+        from inflight.sim.cli import run_simulate
+
+        return run_simulate(args, knobs_from_args(args))
     return 1
 
 

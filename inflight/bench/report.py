@@ -24,12 +24,10 @@ def write_report(out_dir: Path, title: str, runs: list[RunResult], meta: dict[st
     summaries = [summarize(r) for r in runs]
     ok = [s for s in summaries if "error" not in s]
     ratios = {}
-    if ok:
-        best = {s["name"]: s["output_tok_per_s"] for s in ok}
-        base = best.get("inflight-continuous")
-        if base:
-            ratios = {f"inflight-continuous / {n}": round(base / v, 2)
-                      for n, v in best.items() if n != "inflight-continuous" and v}  # fmt: skip
+    if ok and ok[0]["output_tok_per_s"]:  # every run against the first (the reference)
+        base_name, base = ok[0]["name"], ok[0]["output_tok_per_s"]
+        ratios = {f"{base_name} / {s['name']}": round(base / s["output_tok_per_s"], 2)
+                  for s in ok[1:] if s["output_tok_per_s"]}  # fmt: skip
     report = {"title": title, "meta": meta, "runs": summaries, "ratios": ratios}
     (out_dir / "results.json").write_text(json.dumps(report, indent=2) + "\n")
     (out_dir / "summary.md").write_text(markdown(report))

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from importlib import resources
 from pathlib import Path
+from types import SimpleNamespace
 
 from transformers import PreTrainedTokenizerBase
 
@@ -81,6 +82,19 @@ def arrivals(
 
 
 # ---------------------------------------------------------------------- prompts
+class WordTokenizer:
+    """A stand-in tokenizer for simulations, which need token counts, not a model: one token per
+    whitespace-separated word, ids in order of first appearance (equal words, equal ids, so
+    shared prefixes stay shared)."""
+
+    def __init__(self) -> None:
+        self.vocab: dict[str, int] = {}
+
+    def __call__(self, text: str, add_special_tokens: bool = False) -> SimpleNamespace:
+        return SimpleNamespace(input_ids=[self.vocab.setdefault(w, len(self.vocab))
+                                          for w in text.split()])  # fmt: skip
+
+
 def corpus_text() -> str:
     return resources.files("inflight.bench").joinpath("data/corpus.txt").read_text()
 

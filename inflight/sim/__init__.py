@@ -1,0 +1,1 @@
+"""`inflight simulate`: the real scheduler over a roofline cost model."""

@@ -1,0 +1,193 @@
+"""Calibration: fit the cost model of the local CPU to this engine's measured steps, then check
+the fitted model on a second workload it was not fitted on.
+
+The engine and the simulator schedule a workload identically (same scheduler, same pool), so
+the engine's step i and the simulated step i did the same work; the fit is a least-squares
+regression of the measured step times on that work:
+
+    step time = weights / bandwidth                      (read once per step, at the measured rate)
+                + overhead + per-sequence * seqs         (host time: Python, input prep, sampling)
+                + kv bytes / (bandwidth * kv efficiency) (attention reads)
+                + FLOPs / (peak * compute efficiency)    (matmuls)
+
+with every coefficient >= 0. The CPU's kernels run one after another, so the calibrated
+profile adds memory and compute time (`combine="sum"`) rather than overlapping them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import itertools
+import logging
+from pathlib import Path
+
+import numpy as np
+
+from inflight.bench.stats import RunResult, summarize
+from inflight.bench.workloads import WorkloadRequest, named
+from inflight.sim.cost_model import StepWork, step_work
+from inflight.sim.hardware import HardwareProfile, measure_local
+from inflight.sim.model_profile import ModelProfile
+from inflight.sim.simulator import SimSetup, Simulation, build_setup, simulate
+
+logger = logging.getLogger("inflight.sim")
+
+
+def step_times(run: RunResult) -> np.ndarray:
+    """Time between consecutive step ends: the whole loop (step, output processing, request
+    intake), which is what wall time is made of when requests are waiting."""
+    ends = np.array([s.t for s in run.timeline])
+    return np.diff(ends, prepend=0.0)
+
+
+def schedule_works(setup: SimSetup, workload: list[WorkloadRequest]) -> list[StepWork]:
+    sim = Simulation(setup)
+    sim.record_schedules = True
+    sim.run(workload, "schedule")
+    window = setup.model.arch.sliding_window
+    return [step_work(out, window) for out in sim.schedules]
+
+
+def nonnegative_lstsq(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Least squares with coefficients >= 0, by trying every subset of columns (few columns)."""
+    best, best_err = np.zeros(x.shape[1]), float(np.sum(y**2))
+    for k in range(1, x.shape[1] + 1):
+        for cols in itertools.combinations(range(x.shape[1]), k):
+            coef, *_ = np.linalg.lstsq(x[:, cols], y, rcond=None)
+            if np.all(coef >= 0):
+                err = float(np.sum((x[:, cols] @ coef - y) ** 2))
+                if err < best_err:
+                    best = np.zeros(x.shape[1])
+                    best[list(cols)] = coef
+                    best_err = err
+    return best
+
+
+def fit_profile(
+    local: HardwareProfile, model: ModelProfile, works: list[StepWork], measured: np.ndarray
+) -> HardwareProfile:
+    if len(works) != len(measured):
+        raise RuntimeError(
+            f"engine ran {len(measured)} steps, the simulated schedule {len(works)}: the two "
+            "did not schedule the same way, so their steps cannot be paired"
+        )
+    bw = local.memory_bw
+    peak = local.peak_flops(model.compute_dtype)
+    kv_s = np.array([(w.kv_read_tokens + w.num_tokens) * model.kv_bytes_per_token / bw
+                     for w in works])  # fmt: skip
+    flop_s = np.array([
+        (2.0 * model.linear_params * w.num_tokens + 2.0 * model.head_params * w.num_sampled
+         + model.attention_flops_per_pair * w.attention_pairs) / peak
+        for w in works
+    ])  # fmt: skip
+    seqs = np.array([w.num_seqs for w in works], dtype=float)
+    target = measured - model.weight_bytes_per_step / bw
+    x = np.stack([np.ones_like(seqs), seqs, kv_s, flop_s], axis=1)
+    overhead, per_seq, kv_factor, flop_factor = nonnegative_lstsq(x, target)
+    predicted = x @ np.array([overhead, per_seq, kv_factor, flop_factor]) + (
+        model.weight_bytes_per_step / bw
+    )
+    return dataclasses.replace(
+        local,
+        name="local-cpu-calibrated",
+        source=local.source + f"; fitted to {len(works)} engine steps of {model.name}",
+        combine="sum",
+        step_overhead_s=float(overhead),
+        seq_overhead_s=float(per_seq),
+        kv_bw_efficiency=1.0 / kv_factor if kv_factor > 0 else 1e9,
+        compute_efficiency=1.0 / flop_factor if flop_factor > 0 else 1e9,
+        notes={
+            "fit_total_error": float(predicted.sum() / measured.sum() - 1),
+            "fit_step_r2": float(
+                1 - np.sum((predicted - measured) ** 2) / np.sum((measured - measured.mean()) ** 2)
+            ),
+        },
+    )
+
+
+METRICS = (  # (label, summary key, percentile or None)
+    ("output tokens/s", "output_tok_per_s", None),
+    ("wall time (s)", "wall_s", None),
+    ("steps", "steps", None),
+    ("mean sequences/step", "mean_batch_seqs", None),
+    ("TTFT p50 (s)", "ttft_s", "p50"),
+    ("TTFT p99 (s)", "ttft_s", "p99"),
+    ("TPOT p50 (s)", "tpot_s", "p50"),
+    ("e2e p50 (s)", "e2e_s", "p50"),
+    ("e2e p99 (s)", "e2e_s", "p99"),
+)
+
+
+def compare_runs(measured: RunResult, simulated: RunResult) -> list[dict]:
+    """Per metric: measured, simulated, relative error of the simulation."""
+    a, b = summarize(measured), summarize(simulated)
+    rows = []
+    for label, key, pct in METRICS:
+        m, s = a.get(key), b.get(key)
+        if pct is not None:
+            m, s = (m or {}).get(pct), (s or {}).get(pct)
+        if m is None or s is None:
+            continue
+        rows.append({"metric": label, "measured": m, "simulated": s,
+                     "error": (s - m) / m if m else None})  # fmt: skip
+    return rows
+
+
+_SHORT_DTYPE = {"torch.bfloat16": "bf16", "torch.float16": "fp16", "torch.float32": "fp32"}
+
+
+def run_calibration(
+    knobs: dict, fit_name: str, check_name: str, out: Path, num_requests: int | None = None
+) -> str:
+    """Measures this CPU, runs the engine on both workloads (each on a fresh KV pool: a warm
+    prefix cache would change the schedule), fits on the first, checks on the second. Writes
+    `cpu-profile.json` (use it as `--hardware`), `calibration.md` and the check's report."""
+    from inflight.bench.offline import run_offline
+    from inflight.bench.report import write_report
+    from inflight.engine.llm import LLM
+
+    local = measure_local()
+    loaded, runs = None, {}
+    for name in (fit_name, check_name):
+        llm = LLM(loaded_model=loaded, **knobs)
+        loaded, core = llm.core.loaded, llm.core
+        workload = named(name, llm.tokenizer, num_requests=num_requests)
+        runs[name] = (workload, run_offline(llm, workload, f"engine-{name}"))
+        num_blocks, max_model_len = core.kv_cache.num_blocks, core.max_model_len
+        dtype = _SHORT_DTYPE[str(core.dtype)]
+        del llm, core
+        gc.collect()
+    model = ModelProfile(loaded.path.stem, loaded.arch, dtype, dtype)
+    sim_knobs = {k: v for k, v in knobs.items() if k not in ("model", "dtype", "device", "seed")}
+    sim_knobs |= {"num_kv_blocks": num_blocks, "max_model_len": max_model_len}
+    workload, fit_run = runs[fit_name]
+    works = schedule_works(build_setup(local, model, sim_knobs), workload)
+    profile = fit_profile(local, model, works, step_times(fit_run))
+    out.mkdir(parents=True, exist_ok=True)
+    profile.save(out / "cpu-profile.json")
+
+    lines = [f"# Calibration: {model.name} ({dtype}) on this CPU", "",
+             f"Measured: read bandwidth {local.memory_bw / 1e9:.1f} GB/s, bf16 matmul "
+             f"{local.flops['bf16'] / 1e9:.0f} GFLOP/s, fp32 {local.flops['fp32'] / 1e9:.0f}.",
+             f"Fitted on `{fit_name}` ({len(works)} steps, step-time R^2 "
+             f"{profile.notes['fit_step_r2']:.3f}): overhead {profile.step_overhead_s * 1e3:.1f} "
+             f"ms/step + {profile.seq_overhead_s * 1e3:.2f} ms/sequence, compute at "
+             f"{profile.compute_efficiency:.0%} of the bf16 peak, KV reads at "
+             f"{min(profile.kv_bw_efficiency, 1e3):.0%} of the bandwidth.", ""]  # fmt: skip
+    for name in (fit_name, check_name):
+        workload, measured = runs[name]
+        simulated = simulate(build_setup(profile, model, sim_knobs), workload, "simulated")
+        write_report(out / name, f"calibration on {name}: engine vs simulated",
+                     [measured, simulated], {"profile": str(out / "cpu-profile.json")})  # fmt: skip
+        role = "fit" if name == fit_name else "check (not fitted on)"
+        lines += [f"## `{name}` ({role})", "", "| metric | engine | simulated | error |",
+                  "|---|---|---|---|"]  # fmt: skip
+        for row in compare_runs(measured, simulated):
+            err = "-" if row["error"] is None else f"{row['error']:+.1%}"
+            lines.append(f"| {row['metric']} | {row['measured']:.4g} | {row['simulated']:.4g} "
+                         f"| {err} |")  # fmt: skip
+        lines.append("")
+    text = "\n".join(lines)
+    (out / "calibration.md").write_text(text)
+    return text

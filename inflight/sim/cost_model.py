@@ -1,0 +1,92 @@
+"""Cost model: the time of one engine step from what the scheduler put in it.
+
+    memory  = weights (read once per step) + KV read for every attended context token
+              + KV written for every new token
+    compute = 2 FLOPs per linear parameter per token + LM head for sampling tokens
+              + 4 * layers * heads * head_dim per (query, key) pair of causal attention
+    step    = overhead + per-sequence overhead * seqs
+              + combine(memory / bandwidth, compute / peak)   (max: roofline; sum: serial)
+              + swapped blocks / host link bandwidth
+
+Efficiencies scale bandwidth and peak (1.0 = roofline). Sliding-window models attend to at
+most `window` keys per query.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from inflight.core.outputs import SchedulerOutput
+from inflight.sim.hardware import HardwareProfile
+from inflight.sim.model_profile import ModelProfile
+
+
+@dataclass(slots=True)
+class StepWork:
+    """What one step asks of the hardware, before any timing."""
+
+    num_tokens: int = 0
+    num_seqs: int = 0
+    num_sampled: int = 0
+    kv_read_tokens: int = 0  # context tokens whose K/V are read (once per sequence)
+    attention_pairs: int = 0  # (query, key) pairs attended
+    swapped_blocks: int = 0
+
+
+@dataclass(slots=True)
+class StepCost:
+    seconds: float
+    weight_bytes: float
+    kv_bytes: float
+    flops: float
+
+
+def step_work(out: SchedulerOutput, sliding_window: int | None = None) -> StepWork:
+    work = StepWork(swapped_blocks=len(out.swap_out) + len(out.swap_in))
+    for s in out.scheduled:
+        n, start = s.num_tokens, s.start_pos
+        work.num_tokens += n
+        work.num_seqs += 1
+        work.num_sampled += s.sample
+        # Query i (0-based in the chunk) attends to keys 0..start+i: start*n + n(n+1)/2 pairs.
+        pairs = start * n + n * (n + 1) // 2
+        context = start + n
+        if sliding_window is not None and context > sliding_window:
+            pairs = min(pairs, n * sliding_window)
+            context = min(context, sliding_window + n - 1)
+        work.attention_pairs += pairs
+        work.kv_read_tokens += context
+    return work
+
+
+class CostModel:
+    def __init__(self, hardware: HardwareProfile, model: ModelProfile, block_size: int) -> None:
+        self.hw = hardware
+        self.model = model
+        self.block_bytes = model.kv_bytes_per_token * block_size
+        self.peak = hardware.peak_flops(model.compute_dtype)
+
+    def cost(self, work: StepWork) -> StepCost:
+        m, hw = self.model, self.hw
+        weight_bytes = m.weight_bytes_per_step if work.num_tokens else 0.0
+        kv_bytes = float((work.kv_read_tokens + work.num_tokens) * m.kv_bytes_per_token)
+        flops = (
+            2.0 * m.linear_params * work.num_tokens
+            + 2.0 * m.head_params * work.num_sampled
+            + float(m.attention_flops_per_pair) * work.attention_pairs
+        )
+        memory_s = weight_bytes / (hw.memory_bw * hw.weight_bw_efficiency) + kv_bytes / (
+            hw.memory_bw * hw.kv_bw_efficiency
+        )
+        compute_s = flops / (self.peak * hw.compute_efficiency)
+        device_s = max(memory_s, compute_s) if hw.combine == "max" else memory_s + compute_s
+        seconds = (
+            hw.step_overhead_s
+            + hw.seq_overhead_s * work.num_seqs
+            + device_s
+            + work.swapped_blocks * self.block_bytes / hw.host_link_bw
+        )
+        return StepCost(seconds, weight_bytes, kv_bytes, flops)
+
+    def step_cost(self, out: SchedulerOutput) -> StepCost:
+        return self.cost(step_work(out, self.model.arch.sliding_window))

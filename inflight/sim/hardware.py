@@ -1,0 +1,130 @@
+"""Hardware profiles for the cost model: memory, bandwidth, peak dense compute per dtype.
+
+GPU figures are the vendors' published peaks (dense, i.e. without 2:4 sparsity), so a simulation
+with the default efficiencies of 1.0 is a roofline: a lower bound on time. The local CPU is
+measured on the spot (`measure_local`), and `inflight simulate calibrate` fits efficiencies and
+per-step overheads to this engine's measured steps, saved as a profile JSON file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+TB = 1e12
+GB = 1e9
+
+
+@dataclass(frozen=True)
+class HardwareProfile:
+    name: str
+    memory_bytes: int  # device memory for weights + KV + activations
+    memory_bw: float  # bytes/s
+    flops: dict[str, float]  # dtype ("bf16", "fp8", "fp32") -> dense FLOP/s
+    host_link_bw: float  # bytes/s one way, device <-> host (swap preemption)
+    source: str
+    is_cpu: bool = False
+    # Fractions of the peaks a real engine reaches (1.0 = roofline) and host time per step.
+    weight_bw_efficiency: float = 1.0
+    kv_bw_efficiency: float = 1.0
+    compute_efficiency: float = 1.0
+    step_overhead_s: float = 0.0
+    seq_overhead_s: float = 0.0  # per scheduled sequence (input preparation, sampling, output)
+    # "max": memory and compute overlap (a roofline); "sum": they run one after the other, as
+    # in an engine whose kernels are each memory- or compute-bound (the calibrated CPU).
+    combine: str = "max"
+    notes: dict[str, float] = field(default_factory=dict)  # fit quality and the like
+
+    def peak_flops(self, compute_dtype: str) -> float:
+        """Peak for `compute_dtype`, falling back to bf16 (e.g. fp8 weights on an A100 run as
+        bf16 matmuls after dequantization)."""
+        return self.flops.get(compute_dtype) or self.flops["bf16"]
+
+    def with_overrides(self, **changes: float | None) -> HardwareProfile:
+        return dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})
+
+    def save(self, path: Path) -> None:
+        path.write_text(json.dumps(dataclasses.asdict(self), indent=2) + "\n")
+
+    @classmethod
+    def load(cls, path: Path) -> HardwareProfile:
+        return cls(**json.loads(path.read_text()))
+
+
+_NVIDIA = "NVIDIA datasheet, dense (non-sparse) Tensor Core peaks"
+PROFILES: dict[str, HardwareProfile] = {
+    "h100-sxm": HardwareProfile(
+        "h100-sxm", 80 * GB, 3.35 * TB, {"bf16": 989e12, "fp8": 1979e12}, 64 * GB,
+        f"{_NVIDIA} (H100 SXM5 80GB: HBM3 3.35 TB/s, BF16 989 TFLOPS, FP8 1979 TFLOPS, "
+        "PCIe Gen5 x16)",
+    ),
+    "h200": HardwareProfile(
+        "h200", 141 * GB, 4.8 * TB, {"bf16": 989e12, "fp8": 1979e12}, 64 * GB,
+        f"{_NVIDIA} (H200 SXM 141GB: HBM3e 4.8 TB/s, compute as H100 SXM, PCIe Gen5 x16)",
+    ),
+    "a100-80gb": HardwareProfile(
+        "a100-80gb", 80 * GB, 2.039 * TB, {"bf16": 312e12}, 32 * GB,
+        f"{_NVIDIA} (A100 80GB SXM: HBM2e 2,039 GB/s, BF16 312 TFLOPS, no FP8 units, "
+        "PCIe Gen4 x16)",
+    ),
+    "l40s": HardwareProfile(
+        "l40s", 48 * GB, 864 * GB, {"bf16": 362e12, "fp8": 733e12}, 32 * GB,
+        f"{_NVIDIA} (L40S: GDDR6 864 GB/s, BF16 362 TFLOPS, FP8 733 TFLOPS, PCIe Gen4 x16)",
+    ),
+}  # fmt: skip
+
+
+def _best_rate(fn, work: float, repeats: int) -> float:
+    """Work per second of the fastest of `repeats` timed calls (after one warm-up)."""
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return work / best
+
+
+def measure_local(memory_bytes: int | None = None) -> HardwareProfile:
+    """Measures this CPU now: read bandwidth (sum over a 512 MiB array, far beyond the caches)
+    and matmul throughput in bf16 and fp32 with PyTorch's threads. Takes a few seconds."""
+    import torch
+
+    big = torch.ones(128 * 2**20, dtype=torch.float32)  # 512 MiB
+    bandwidth = _best_rate(lambda big=big: big.sum(), big.numel() * 4, 5)
+    del big
+    flops = {}
+    for name, dtype in (("bf16", torch.bfloat16), ("fp32", torch.float32)):
+        n = 2048
+        a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
+        flops[name] = _best_rate(lambda a=a, b=b: a @ b, 2.0 * n**3, 5)
+    if memory_bytes is None:
+        memory_bytes = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return HardwareProfile(
+        name="local-cpu",
+        memory_bytes=memory_bytes,
+        memory_bw=bandwidth,
+        flops=flops,
+        host_link_bw=bandwidth / 2,  # swap is a copy within the same memory
+        source=f"measured on this machine ({torch.get_num_threads()} threads)",
+        is_cpu=True,
+    )
+
+
+def resolve_hardware(name: str) -> HardwareProfile:
+    """A named profile, `local-cpu` (measured now), or a profile JSON file."""
+    if name in PROFILES:
+        return PROFILES[name]
+    if name == "local-cpu":
+        return measure_local()
+    path = Path(name)
+    if path.suffix == ".json" and path.is_file():
+        return HardwareProfile.load(path)
+    raise ValueError(
+        f"unknown hardware {name!r}: one of {', '.join(PROFILES)}, local-cpu, or a profile "
+        "JSON file (written by `inflight simulate calibrate`)"
+    )

@@ -1,0 +1,271 @@
+"""Discrete-event simulation of a fleet of engine replicas.
+
+Each replica runs the engine's own `Scheduler` and `KVCacheManager` (not a copy) on a simulated
+clock; a step lasts what the cost model says, then every sampling request receives a token, as
+if the model had run. Requests are greedy with `ignore_eos`, so they finish at `max_tokens`,
+exactly as `inflight bench` runs them: for the same workload the engine and the simulator make
+the same schedules, step for step.
+
+Events, in time order: an arrival goes to the replica with the fewest unfinished requests
+(a least-loaded balancer) and waits there for the next step, as a request reaching the engine
+during a forward pass does; a step end updates the scheduler and starts the next step at once.
+An arrival at the very instant a step ends is seen by the next step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+
+from tqdm.auto import tqdm
+
+from inflight.bench.stats import RequestRecord, RunResult, StepRecord
+from inflight.bench.workloads import WorkloadRequest
+from inflight.config import CacheConfig, EngineConfig, SchedulerConfig
+from inflight.core.kv_cache_manager import KVCacheManager
+from inflight.core.outputs import ModelRunnerOutput, SchedulerOutput
+from inflight.core.scheduler import Scheduler
+from inflight.core.sizing import num_blocks_for_budget, resolve_max_model_len
+from inflight.errors import ConfigError
+from inflight.request import Request
+from inflight.sampling_params import SamplingParams
+from inflight.sim.cost_model import CostModel
+from inflight.sim.hardware import HardwareProfile
+from inflight.sim.model_profile import ModelProfile
+
+SIMULATED_TOKEN = 0  # what every simulated sample "produces"; only counts matter
+
+
+@dataclass(frozen=True)
+class SimSetup:
+    """Everything one simulation needs, resolved: pools sized, max_model_len fixed."""
+
+    hardware: HardwareProfile
+    model: ModelProfile
+    scheduler: SchedulerConfig
+    cache: CacheConfig
+    num_kv_blocks: int
+    num_cpu_blocks: int
+    replicas: int = 1
+
+    @property
+    def max_model_len(self) -> int:
+        return self.scheduler.max_model_len
+
+    def describe(self) -> dict:
+        return {
+            "hardware": self.hardware.name, "model": self.model.name,
+            "weights": self.model.weight_dtype, "kv_dtype": self.model.kv_dtype,
+            "replicas": self.replicas, "max_num_seqs": self.scheduler.max_num_seqs,
+            "max_num_batched_tokens": self.scheduler.max_num_batched_tokens,
+            "kv_blocks": self.num_kv_blocks, "kv_block_size": self.cache.kv_block_size,
+            "kv_tokens": self.num_kv_blocks * self.cache.kv_block_size,
+            "max_model_len": self.max_model_len, "batching": self.scheduler.batching,
+            "policy": self.scheduler.scheduling_policy,
+        }  # fmt: skip
+
+
+def build_setup(
+    hardware: HardwareProfile,
+    model: ModelProfile,
+    knobs: dict,
+    replicas: int = 1,
+    memory_utilization: float = 0.9,
+    runtime_reserve_bytes: int = 2**30,
+) -> SimSetup:
+    """Sizes the KV pool as the engine would: from `kv_cache_memory_bytes` on a CPU, and on a
+    GPU from the memory left, after weights, peak activations and a runtime reserve (CUDA
+    context, graphs), within `memory_utilization` of the device (vLLM's rule)."""
+    config = EngineConfig.from_knobs(**knobs)
+    cache, sched = config.cache, config.scheduler
+    bs = cache.kv_block_size
+    limit = model.arch.max_position_embeddings
+    requested = config.model.max_model_len
+    if hardware.is_cpu:
+        budget = cache.kv_cache_memory_bytes
+    else:
+        fixed = (
+            model.weight_bytes_total
+            + model.activation_bytes(sched.max_num_batched_tokens, sched.max_num_seqs)
+            + runtime_reserve_bytes
+        )
+        usable = hardware.memory_bytes * memory_utilization
+        budget = int(usable - fixed)
+        if budget < model.kv_bytes_per_token * bs:
+            raise ConfigError(
+                f"{model.name} ({model.weight_dtype}) needs {fixed / 1e9:.1f} GB for weights, "
+                f"activations and runtime, more than {usable / 1e9:.1f} GB "
+                f"({memory_utilization:.0%} of {hardware.name}); no room for a KV cache"
+            )
+    num_blocks = cache.num_kv_blocks or num_blocks_for_budget(
+        model.kv_bytes_per_token, bs, budget, sched.max_num_seqs, requested or limit
+    )
+    max_model_len = resolve_max_model_len(requested, limit, num_blocks, bs)
+    num_cpu_blocks = 0
+    if sched.preemption_mode == "swap":
+        num_cpu_blocks = cache.swap_space_bytes // (model.kv_bytes_per_token * bs)
+    return SimSetup(
+        hardware, model, dataclasses.replace(sched, max_model_len=max_model_len), cache,
+        num_blocks, num_cpu_blocks, replicas,
+    )  # fmt: skip
+
+
+@dataclass
+class _Totals:
+    """Sums over every step of every replica."""
+
+    steps: int = 0
+    busy_s: float = 0.0
+    seat_s: float = 0.0  # scheduled sequences x step time
+    flops: float = 0.0
+    bytes: float = 0.0
+    preemptions: int = 0
+
+
+@dataclass
+class _Replica:
+    setup: SimSetup
+    now: float = 0.0
+    inbox: list[Request] = field(default_factory=list)
+    step_end: float | None = None  # None: idle
+    current: SchedulerOutput | None = None
+
+    def __post_init__(self) -> None:
+        s = self.setup
+        self.kv = KVCacheManager(s.num_kv_blocks, s.cache.kv_block_size,
+                                 s.cache.enable_prefix_caching, s.num_cpu_blocks)  # fmt: skip
+        self.scheduler = Scheduler(s.scheduler, self.kv, clock=lambda: self.now)
+
+    @property
+    def load(self) -> int:
+        return len(self.scheduler.requests) + len(self.inbox)
+
+
+class Simulation:
+    def __init__(self, setup: SimSetup) -> None:
+        self.setup = setup
+        self.cost_model = CostModel(setup.hardware, setup.model, setup.cache.kv_block_size)
+        self.replicas = [_Replica(setup) for _ in range(setup.replicas)]
+        self.totals = _Totals()
+        self.timeline: list[StepRecord] = []  # replica 0's steps (a fleet's would interleave)
+        self.schedules: list[SchedulerOutput] = []  # every step's schedule, when recorded
+        self.record_schedules = False
+
+    def _start_step(self, replica: _Replica, t: float) -> None:
+        replica.now = t
+        for request in replica.inbox:
+            replica.scheduler.add_request(request)
+        replica.inbox.clear()
+        if not replica.scheduler.has_unfinished_requests():
+            replica.step_end = replica.current = None
+            return
+        out = replica.scheduler.schedule()
+        if not out.scheduled:
+            raise RuntimeError("the scheduler scheduled nothing with requests pending")
+        cost = self.cost_model.step_cost(out)
+        replica.current, replica.step_end = out, t + cost.seconds
+        totals = self.totals
+        totals.steps += 1
+        totals.busy_s += cost.seconds
+        totals.seat_s += len(out.scheduled) * cost.seconds
+        totals.flops += cost.flops
+        totals.bytes += cost.weight_bytes + cost.kv_bytes
+        totals.preemptions += len(out.preempted_request_ids)
+        if self.record_schedules:
+            self.schedules.append(out)
+
+    def _end_step(self, replica: _Replica) -> list[str]:
+        """Finishes the replica's step; returns the ids of requests that finished."""
+        out, start = replica.current, replica.now
+        replica.now = replica.step_end
+        sampled = {s.request_id: SIMULATED_TOKEN for s in out.scheduled if s.sample}
+        outputs = replica.scheduler.update_from_output(out, ModelRunnerOutput(sampled))
+        if replica is self.replicas[0]:
+            sched = replica.scheduler
+            self.timeline.append(
+                StepRecord(
+                    t=replica.now, duration=replica.now - start, running=sched.num_running,
+                    waiting=sched.num_waiting, scheduled_seqs=len(out.scheduled),
+                    scheduled_tokens=out.num_batched_tokens, kv_usage=replica.kv.usage,
+                )
+            )  # fmt: skip
+        return [o.request_id for o in outputs if o.finished]
+
+    def run(self, workload: list[WorkloadRequest], name: str, progress: bool = False) -> RunResult:
+        wall_start = time.perf_counter()
+        requests = [self._request(i, r) for i, r in enumerate(workload)]
+        pending = sorted(requests, key=lambda r: r.arrival_time)
+        next_arrival = 0
+        records: list[RequestRecord] = []
+        by_id = {r.request_id: r for r in requests}
+        with tqdm(total=len(requests), desc=name, unit="req", disable=not progress) as bar:
+            while True:
+                busy = [r for r in self.replicas if r.step_end is not None]
+                t_done = min((r.step_end for r in busy), default=float("inf"))
+                t_arrive = (pending[next_arrival].arrival_time if next_arrival < len(pending)
+                            else float("inf"))  # fmt: skip
+                if t_arrive == t_done == float("inf"):
+                    break
+                if t_arrive <= t_done:  # every arrival of this instant, then idle replicas start
+                    while next_arrival < len(pending) and (
+                        pending[next_arrival].arrival_time == t_arrive
+                    ):
+                        replica = min(self.replicas, key=lambda r: r.load)
+                        replica.inbox.append(pending[next_arrival])
+                        next_arrival += 1
+                    for replica in self.replicas:
+                        if replica.step_end is None and replica.inbox:
+                            self._start_step(replica, t_arrive)
+                    continue
+                replica = next(r for r in busy if r.step_end == t_done)
+                for request_id in self._end_step(replica):
+                    records.append(_record(by_id[request_id]))
+                    bar.update(1)
+                self._start_step(replica, t_done)
+        sim_end = max(r.now for r in self.replicas)
+        return RunResult(
+            name=name, wall_s=sim_end - min(r.arrival_time for r in requests),
+            requests=records, timeline=self.timeline, preemptions=self.totals.preemptions,
+            extra=self._extra(time.perf_counter() - wall_start),
+        )  # fmt: skip
+
+    def _request(self, index: int, r: WorkloadRequest) -> Request:
+        total = len(r.prompt_token_ids) + r.max_tokens
+        if total > self.setup.max_model_len:
+            raise ConfigError(
+                f"workload request {index}: {len(r.prompt_token_ids)} prompt + {r.max_tokens} "
+                f"output tokens exceed max_model_len {self.setup.max_model_len}"
+            )
+        params = SamplingParams(temperature=0.0, max_tokens=r.max_tokens, ignore_eos=True)
+        return Request(str(index), list(r.prompt_token_ids), params,
+                       arrival_time=r.arrival_time, priority=r.priority)  # fmt: skip
+
+    def _extra(self, sim_wall_s: float) -> dict:
+        t, hw = self.totals, self.setup.hardware
+        busy = max(t.busy_s, 1e-12)
+        peak = self.cost_model.peak
+        return {
+            "replicas": self.setup.replicas,
+            "steps_all_replicas": t.steps,
+            "seat_utilization": round(t.seat_s / (busy * self.setup.scheduler.max_num_seqs), 4),
+            "compute_utilization": round(t.flops / (busy * peak), 4),
+            "bandwidth_utilization": round(t.bytes / (busy * hw.memory_bw), 4),
+            "simulator_wall_s": round(sim_wall_s, 3),
+        }
+
+
+def _record(request: Request) -> RequestRecord:
+    arrival = request.arrival_time
+    return RequestRecord(
+        request.num_prompt_tokens,
+        request.num_output_tokens,
+        request.first_token_time - arrival,
+        request.finished_time - arrival,
+    )
+
+
+def simulate(
+    setup: SimSetup, workload: list[WorkloadRequest], name: str, progress: bool = False
+) -> RunResult:
+    return Simulation(setup).run(workload, name, progress)

@@ -1,0 +1,24 @@
+"""`inflight simulate calibrate` on the real default model: the engine and the simulation pair
+step for step, the fitted profile loads back, the error table covers both workloads."""
+
+from __future__ import annotations
+
+import json
+
+from inflight.cli import main
+from inflight.sim.hardware import HardwareProfile
+
+
+def test_calibrate_end_to_end(tmp_path):
+    out = tmp_path / "calibration"
+    code = main(["simulate", "calibrate", "--fit-workload", "mixed64", "--check-workload",
+                 "longtail", "--num-requests", "6", "--max-num-seqs", "4", "--out", str(out)])  # fmt: skip
+    assert code == 0
+    profile = HardwareProfile.load(out / "cpu-profile.json")
+    assert profile.is_cpu and profile.combine == "sum" and profile.memory_bw > 0
+    text = (out / "calibration.md").read_text()
+    assert "## `mixed64` (fit)" in text and "## `longtail` (check (not fitted on))" in text
+    for name in ("mixed64", "longtail"):
+        engine, simulated = json.loads((out / name / "results.json").read_text())["runs"]
+        assert engine["steps"] == simulated["steps"]  # same schedule, step for step
+        assert engine["output_tokens"] == simulated["output_tokens"]
