@@ -11,8 +11,9 @@ from inflight.sim.hardware import HardwareProfile
 
 def test_calibrate_end_to_end(tmp_path):
     out = tmp_path / "calibration"
-    code = main(["simulate", "calibrate", "--fit-workload", "mixed64", "--check-workload",
-                 "longtail", "--num-requests", "6", "--max-num-seqs", "4", "--out", str(out)])  # fmt: skip
+    code = main(["simulate", "calibrate", "--fit-workload", "mixed64",
+                 "--check-workload", "longtail", "--num-requests", "6",
+                 "--max-num-seqs", "4", "--out", str(out)])  # fmt: skip
     assert code == 0
     profile = HardwareProfile.load(out / "cpu-profile.json")
     assert profile.is_cpu and profile.combine == "sum" and profile.memory_bw > 0
