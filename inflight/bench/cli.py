@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -14,6 +15,7 @@ from inflight.bench import peers as peer_runs
 from inflight.bench.offline import run_offline
 from inflight.bench.stats import RunResult
 from inflight.bench.workloads import NAMED, WorkloadRequest, load_jsonl, named
+from inflight.engine.profiling import OVERHEAD_PHASES, breakdown
 
 logger = logging.getLogger("inflight.bench")
 
@@ -41,7 +43,7 @@ def load_workload(args: argparse.Namespace, tokenizer) -> list[WorkloadRequest]:
 
 
 def add_bench_parser(sub: Any, add_engine_flags: Callable[[argparse.ArgumentParser], None]) -> None:
-    bench = sub.add_parser("bench", help="benchmarks: offline, compare, serve")
+    bench = sub.add_parser("bench", help="benchmarks: offline, compare, roofline, serve")
     modes = bench.add_subparsers(dest="bench_command", required=True)
     fmt = argparse.ArgumentDefaultsHelpFormatter
     offline = modes.add_parser("offline", help="one workload through the engine",
@@ -49,9 +51,17 @@ def add_bench_parser(sub: Any, add_engine_flags: Callable[[argparse.ArgumentPars
     compare = modes.add_parser(
         "compare", formatter_class=fmt, help="continuous vs static batching, and peers, in one run"
     )
-    for p in (offline, compare):
+    roofline = modes.add_parser(
+        "roofline", formatter_class=fmt,
+        help="the engine against this machine's measured roofline for the workload",
+    )  # fmt: skip
+    for p in (offline, compare, roofline):
         add_workload_flags(p)
         add_engine_flags(p)
+    offline.add_argument(
+        "--profile", action="store_true",
+        help="time every phase of every step; writes profile.md (overhead vs forward)",
+    )  # fmt: skip
     compare.add_argument(
         "--peers",
         default="",
@@ -90,11 +100,37 @@ def run_bench(args: argparse.Namespace, knobs: dict[str, Any]) -> int:
         from inflight.bench.serve import run_serve_sweep
 
         report = run_serve_sweep(args, out)
+    elif args.bench_command == "roofline":
+        from inflight.bench.roofline import run_roofline
+
+        title = f"inflight bench roofline: {args.workload}"
+        report = run_roofline(knobs, lambda tok: load_workload(args, tok), out, title)
     else:
         report = run_local(args, knobs, out)
     logger.info("results in %s", out)
     print((out / "summary.md").read_text())
     return 0 if all("error" not in r for r in report["runs"]) else 1
+
+
+def write_profile(out: Path, steps: list, max_num_seqs: int) -> None:
+    """profile.json and profile.md: every phase's share of step time, over all steps and over
+    the steps that ran a full batch of `max_num_seqs` sequences."""
+    full = [s for s in steps if s.num_seqs >= max_num_seqs]
+    result = {"all_steps": breakdown(steps), "full_batch_steps": breakdown(full)}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "profile.json").write_text(json.dumps(result, indent=2) + "\n")
+    lines = ["# Step profile", "", f"Overhead = {' + '.join(OVERHEAD_PHASES)} "
+             "(everything but the forward pass).", ""]  # fmt: skip
+    for key, label in (("all_steps", "all steps"),
+                       ("full_batch_steps", f"steps with {max_num_seqs} sequences")):  # fmt: skip
+        b = result[key]
+        lines += [f"## {label} ({b['steps']}): overhead {b['overhead_share']:.1%}", "",
+                  "| phase | seconds | share | ms/step |", "|---|---|---|---|"]  # fmt: skip
+        lines += [f"| {name} | {p['seconds']} | {p['share']:.1%} | {p['ms_per_step']} |"
+                  for name, p in b["phases"].items()]  # fmt: skip
+        lines.append("")
+    (out / "profile.md").write_text("\n".join(lines))
+    print("\n".join(lines))
 
 
 def run_local(args: argparse.Namespace, knobs: dict[str, Any], out: Path) -> dict:
@@ -113,7 +149,10 @@ def run_local(args: argparse.Namespace, knobs: dict[str, Any], out: Path) -> dic
         loaded = llm.core.loaded
         workload = load_workload(args, llm.tokenizer)
         dtype = str(llm.core.dtype).removeprefix("torch.")
+        timer = llm.core.enable_profiling() if getattr(args, "profile", False) else None
         runs.append(run_offline(llm, workload, f"inflight-{mode}"))
+        if timer is not None:
+            write_profile(out, timer.steps, llm.config.scheduler.max_num_seqs)
         meta = {
             "model": str(loaded.path), "dtype": dtype, "workload": args.workload,
             "requests": len(workload), "arrival": args.arrival,

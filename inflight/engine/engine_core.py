@@ -17,6 +17,7 @@ from inflight.core.kv_cache_manager import KVCacheManager
 from inflight.core.outputs import EngineCoreOutput, SchedulerOutput
 from inflight.core.scheduler import Scheduler
 from inflight.core.sizing import cdiv, num_blocks_for_budget, resolve_max_model_len
+from inflight.engine.profiling import NO_TIMER, PhaseTimer, Timer
 from inflight.model.loader import LoadedModel, load_model, resolve_model_path
 from inflight.platform import resolve_device, resolve_dtype
 from inflight.request import FinishReason, Request
@@ -104,6 +105,7 @@ class EngineCore:
         self.scheduler = Scheduler(sched_cfg, self.kv_cache_manager)
         attn = loaded.model.layers[0].attn
         self.runner = ModelRunner(loaded.model, self.kv_cache, attn, device, config.model.seed)
+        self.timer: Timer = NO_TIMER
         self.last_step: StepStats | None = None
         self.totals = StepTotals()
         logger.info(
@@ -115,6 +117,11 @@ class EngineCore:
             max_model_len,
         )
         assert cdiv(max_model_len, block_size) <= num_blocks
+
+    def enable_profiling(self) -> PhaseTimer:
+        """Times every phase of every step from now on (`inflight bench offline --profile`)."""
+        self.timer = self.runner.timer = PhaseTimer()
+        return self.timer
 
     def add_request(self, request: Request) -> None:
         self.scheduler.add_request(request)
@@ -131,9 +138,11 @@ class EngineCore:
         start = time.perf_counter()
         kv = self.kv_cache_manager
         queries, hits = kv.num_prefix_queries, kv.num_prefix_hits
-        scheduler_output: SchedulerOutput = self.scheduler.schedule()
+        with self.timer.phase("schedule"):
+            scheduler_output: SchedulerOutput = self.scheduler.schedule()
         runner_output = self.runner.execute(scheduler_output)
-        outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
+        with self.timer.phase("update"):
+            outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
         self.last_step = StepStats(
             num_batched_tokens=scheduler_output.num_batched_tokens,
             num_scheduled_seqs=len(scheduler_output.scheduled),

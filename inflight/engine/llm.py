@@ -150,7 +150,11 @@ class LLM:
 
     def step(self) -> list[RequestOutput]:
         """One engine step; returns snapshots of the requests it changed."""
-        outputs, stopped = self.output_processor.process_outputs(self.core.step())
-        for request_id, stop_string in stopped.items():
-            self.core.finish_requests([request_id], FinishReason.STOP, stop_string)
+        core_outputs = self.core.step()
+        with self.core.timer.phase("output"):
+            outputs, stopped = self.output_processor.process_outputs(core_outputs)
+            for request_id, stop_string in stopped.items():
+                self.core.finish_requests([request_id], FinishReason.STOP, stop_string)
+        if self.core.last_step is not None:
+            self.core.timer.end_step(self.core.last_step.num_scheduled_seqs)
         return outputs

@@ -19,6 +19,7 @@ import torch
 
 from inflight.attention import AttentionMetadata, TorchReferenceBackend
 from inflight.core.outputs import ModelRunnerOutput, SchedulerOutput
+from inflight.engine.profiling import NO_TIMER, Timer
 from inflight.model.llama import LlamaModel
 from inflight.runner.kv_cache import KVCache
 from inflight.runner.sampler import Sampler
@@ -51,6 +52,7 @@ class ModelRunner:
         self.device = device
         self.block_size = kv_cache.block_size
         self.sampler = Sampler(device, seed)
+        self.timer: Timer = NO_TIMER
 
     def prepare_inputs(self, out: SchedulerOutput) -> StepInputs:
         bs = self.block_size
@@ -105,21 +107,24 @@ class ModelRunner:
         self.kv_cache.swap(out.swap_out, out.swap_in)
         if not out.scheduled:
             return ModelRunnerOutput()
-        inputs = self.prepare_inputs(out)
-        logits = self.model(
-            inputs.input_ids,
-            inputs.positions,
-            self.kv_cache.layers,
-            inputs.attn_metadata,
-            inputs.logits_indices,
-        )
+        with self.timer.phase("prepare_inputs"):
+            inputs = self.prepare_inputs(out)
+        with self.timer.phase("forward"):
+            logits = self.model(
+                inputs.input_ids,
+                inputs.positions,
+                self.kv_cache.layers,
+                inputs.attn_metadata,
+                inputs.logits_indices,
+            )
         sampling = [s for s in out.scheduled if s.sample]
         if not sampling:
             return ModelRunnerOutput()
-        token_ids, logprobs = self.sampler.sample(logits, sampling)
-        result = ModelRunnerOutput()
-        for s, token_id, lp in zip(sampling, token_ids, logprobs, strict=True):
-            result.sampled_token_ids[s.request_id] = token_id
-            if lp is not None:
-                result.logprobs[s.request_id] = lp
+        with self.timer.phase("sample"):
+            token_ids, logprobs = self.sampler.sample(logits, sampling)
+            result = ModelRunnerOutput()
+            for s, token_id, lp in zip(sampling, token_ids, logprobs, strict=True):
+                result.sampled_token_ids[s.request_id] = token_id
+                if lp is not None:
+                    result.logprobs[s.request_id] = lp
         return result

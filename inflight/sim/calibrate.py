@@ -29,7 +29,7 @@ from inflight.bench.workloads import WorkloadRequest, named
 from inflight.sim.cost_model import StepWork, step_work
 from inflight.sim.hardware import HardwareProfile, measure_local
 from inflight.sim.model_profile import ModelProfile
-from inflight.sim.simulator import SimSetup, Simulation, build_setup, simulate
+from inflight.sim.simulator import SimSetup, Simulation, setup_like_engine, simulate
 
 logger = logging.getLogger("inflight.sim")
 
@@ -134,9 +134,6 @@ def compare_runs(measured: RunResult, simulated: RunResult) -> list[dict]:
     return rows
 
 
-_SHORT_DTYPE = {"torch.bfloat16": "bf16", "torch.float16": "fp16", "torch.float32": "fp32"}
-
-
 def run_calibration(
     knobs: dict, fit_name: str, check_name: str, out: Path, num_requests: int | None = None
 ) -> str:
@@ -151,23 +148,20 @@ def run_calibration(
     loaded, runs = None, {}
     for name in (fit_name, check_name):
         llm = LLM(loaded_model=loaded, **knobs)
-        loaded, core = llm.core.loaded, llm.core
+        loaded = llm.core.loaded
         workload = named(name, llm.tokenizer, num_requests=num_requests)
         runs[name] = (workload, run_offline(llm, workload, f"engine-{name}"))
-        num_blocks, max_model_len = core.kv_cache.num_blocks, core.max_model_len
-        dtype = _SHORT_DTYPE[str(core.dtype)]
-        del llm, core
+        setup = setup_like_engine(local, llm.core, knobs)
+        del llm
         gc.collect()
-    model = ModelProfile(loaded.path.stem, loaded.arch, dtype, dtype)
-    sim_knobs = {k: v for k, v in knobs.items() if k not in ("model", "dtype", "device", "seed")}
-    sim_knobs |= {"num_kv_blocks": num_blocks, "max_model_len": max_model_len}
+    model = setup.model
     workload, fit_run = runs[fit_name]
-    works = schedule_works(build_setup(local, model, sim_knobs), workload)
+    works = schedule_works(setup, workload)
     profile = fit_profile(local, model, works, step_times(fit_run))
     out.mkdir(parents=True, exist_ok=True)
     profile.save(out / "cpu-profile.json")
 
-    lines = [f"# Calibration: {model.name} ({dtype}) on this CPU", "",
+    lines = [f"# Calibration: {model.name} ({model.weight_dtype}) on this CPU", "",
              f"Measured: read bandwidth {local.memory_bw / 1e9:.1f} GB/s, bf16 matmul "
              f"{local.flops['bf16'] / 1e9:.0f} GFLOP/s, fp32 {local.flops['fp32'] / 1e9:.0f}.",
              f"Fitted on `{fit_name}` ({len(works)} steps, step-time R^2 "
@@ -177,7 +171,7 @@ def run_calibration(
              f"{min(profile.kv_bw_efficiency, 1e3):.0%} of the bandwidth.", ""]  # fmt: skip
     for name in (fit_name, check_name):
         workload, measured = runs[name]
-        simulated = simulate(build_setup(profile, model, sim_knobs), workload, "simulated")
+        simulated = simulate(dataclasses.replace(setup, hardware=profile), workload, "simulated")
         write_report(out / name, f"calibration on {name}: engine vs simulated",
                      [measured, simulated], {"profile": str(out / "cpu-profile.json")})  # fmt: skip
         role = "fit" if name == fit_name else "check (not fitted on)"

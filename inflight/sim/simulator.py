@@ -111,6 +111,20 @@ def build_setup(
     )  # fmt: skip
 
 
+_SHORT_DTYPE = {"torch.bfloat16": "bf16", "torch.float16": "fp16", "torch.float32": "fp32"}
+_ENGINE_ONLY = ("model", "dtype", "device", "seed")  # knobs of the engine's model, not its core
+
+
+def setup_like_engine(hardware: HardwareProfile, core, knobs: dict) -> SimSetup:
+    """A setup that schedules exactly as the given `EngineCore` does: its model and dtype, its
+    pool size and max_model_len, its scheduler knobs."""
+    dtype = _SHORT_DTYPE[str(core.dtype)]
+    model = ModelProfile(core.loaded.path.stem, core.arch, dtype, dtype)
+    sim_knobs = {k: v for k, v in knobs.items() if k not in _ENGINE_ONLY}
+    sim_knobs |= {"num_kv_blocks": core.kv_cache.num_blocks, "max_model_len": core.max_model_len}
+    return build_setup(hardware, model, sim_knobs)
+
+
 @dataclass
 class _Totals:
     """Sums over every step of every replica."""

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from inflight.cli import main
 from inflight.engine.async_engine import AsyncLLM
 from tests.server.live import LiveServer
@@ -60,3 +62,34 @@ def test_serve_sweep(tiny_llama, tmp_path):
     for r in runs:
         assert r["errors"] == 0 and r["requests"] == 8
         assert r["ttft_s"]["p50"] > 0 and r["goodput_req_per_s"] >= 0
+
+
+def test_offline_profile_breaks_steps_into_phases(tiny_llama, tmp_path):
+    out = tmp_path / "profile"
+    code = main(["bench", "offline", str(tiny_llama), "--workload", "longtail",
+                 "--num-requests", "8", "--max-num-seqs", "4", "--profile", "--out", str(out),
+                 *TINY])  # fmt: skip
+    assert code == 0
+    profile = json.loads((out / "profile.json").read_text())
+    every = profile["all_steps"]
+    assert set(every["phases"]) == {"schedule", "prepare_inputs", "forward", "sample", "update",
+                                    "output"}  # fmt: skip
+    assert every["steps"] == read(out)["runs"][0]["steps"]
+    assert sum(p["share"] for p in every["phases"].values()) == pytest.approx(1, abs=1e-3)
+    assert 0 < every["overhead_share"] < 1
+    assert 0 < profile["full_batch_steps"]["steps"] < every["steps"]
+    assert "## steps with 4 sequences" in (out / "profile.md").read_text()
+
+
+def test_roofline_bounds_the_engine(tiny_llama, tmp_path):
+    out = tmp_path / "roofline"
+    code = main(["bench", "roofline", str(tiny_llama), "--workload", "longtail",
+                 "--num-requests", "8", "--max-num-seqs", "4", "--out", str(out),
+                 *TINY])  # fmt: skip
+    assert code == 0
+    report = read(out)
+    engine, bound = report["runs"]
+    assert (engine["name"], bound["name"]) == ("inflight-continuous", "roofline")
+    assert bound["steps"] == engine["steps"]  # the same schedule, timed at the limit
+    assert 0 < report["meta"]["fraction of roofline reached"] <= 1
+    assert bound["wall_s"] < engine["wall_s"]

@@ -1,0 +1,67 @@
+"""Per-phase wall time of engine steps, for `inflight bench offline --profile`.
+
+Off by default: the engine holds `NO_TIMER`, whose phases are empty context managers. Times are
+host wall time; on a GPU the forward phase would need a device sync to be exact (CPU is
+synchronous).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
+from time import perf_counter
+
+
+@dataclass(frozen=True)
+class StepPhases:
+    seconds: dict[str, float]  # phase -> wall time in this step
+    num_seqs: int
+
+
+class PhaseTimer:
+    def __init__(self) -> None:
+        self.steps: list[StepPhases] = []
+        self._current: dict[str, float] = defaultdict(float)
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        start = perf_counter()
+        try:
+            yield
+        finally:
+            self._current[name] += perf_counter() - start
+
+    def end_step(self, num_seqs: int) -> None:
+        self.steps.append(StepPhases(dict(self._current), num_seqs))
+        self._current = defaultdict(float)
+
+
+class NoTimer:
+    def phase(self, name: str) -> nullcontext:
+        return nullcontext()
+
+    def end_step(self, num_seqs: int) -> None:
+        pass
+
+
+NO_TIMER = NoTimer()
+Timer = PhaseTimer | NoTimer
+
+# Phases that are not the model's forward pass: what issue 7 calls overhead.
+OVERHEAD_PHASES = ("schedule", "prepare_inputs", "sample", "update", "output")
+
+
+def breakdown(steps: list[StepPhases]) -> dict:
+    """Seconds and share of step time per phase, and the overhead share."""
+    totals: dict[str, float] = defaultdict(float)
+    for step in steps:
+        for name, seconds in step.seconds.items():
+            totals[name] += seconds
+    total = sum(totals.values()) or 1e-12
+    phases = {name: {"seconds": round(s, 4), "share": round(s / total, 4),
+                     "ms_per_step": round(1e3 * s / max(1, len(steps)), 3)}
+              for name, s in sorted(totals.items(), key=lambda kv: -kv[1])}  # fmt: skip
+    overhead = sum(totals.get(name, 0.0) for name in OVERHEAD_PHASES)
+    return {"steps": len(steps), "phases": phases, "overhead_share": round(overhead / total, 4)}

@@ -1,0 +1,29 @@
+"""Phase timing: shares and overhead computed from hand-made step phases."""
+
+from __future__ import annotations
+
+import pytest
+
+from inflight.engine.profiling import NO_TIMER, PhaseTimer, StepPhases, breakdown
+
+
+def test_breakdown_shares_and_overhead():
+    steps = [StepPhases({"forward": 0.6, "schedule": 0.1, "output": 0.1}, 4),
+             StepPhases({"forward": 0.2, "sample": 0.0}, 2)]  # fmt: skip
+    b = breakdown(steps)
+    assert b["steps"] == 2
+    assert list(b["phases"]) == ["forward", "schedule", "output", "sample"]
+    assert b["phases"]["forward"] == {"seconds": 0.8, "share": 0.8, "ms_per_step": 400.0}
+    assert b["overhead_share"] == pytest.approx(0.2)
+
+
+def test_timer_accumulates_per_step_and_the_null_timer_records_nothing():
+    timer = PhaseTimer()
+    for _ in range(2):
+        with timer.phase("schedule"):
+            pass
+    timer.end_step(3)
+    (step,) = timer.steps
+    assert set(step.seconds) == {"schedule"} and step.num_seqs == 3
+    with NO_TIMER.phase("forward"):
+        NO_TIMER.end_step(1)
