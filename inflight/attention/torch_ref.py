@@ -71,9 +71,13 @@ def _build_group(
 
 
 def _gather(cache: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor:
-    """[num_blocks, BS, KVH, D] cache, [R, MB] tables -> [R, MB * BS, KVH, D]."""
+    """[num_blocks, BS, KVH, D] cache, [R, MB] tables -> [R, MB * BS, KVH, D].
+
+    NOTE: `index_select` on a 2-D view copies whole blocks as rows; advanced indexing
+    (`cache[block_tables]`) is ~15x slower on the CPU for the same copy."""
     r, mb = block_tables.shape
-    return cache[block_tables].view(r, mb * cache.shape[1], cache.shape[2], cache.shape[3])
+    rows = cache.view(cache.shape[0], -1).index_select(0, block_tables.flatten())
+    return rows.view(r, mb * cache.shape[1], cache.shape[2], cache.shape[3])
 
 
 MAX_DECODE_GROUPS = 4
