@@ -19,6 +19,7 @@ Dtype = Literal["auto", "bfloat16", "float16", "float32"]
 Batching = Literal["continuous", "static"]
 Policy = Literal["fcfs", "priority", "sjf"]
 PreemptionMode = Literal["recompute", "swap"]
+AttentionBackend = Literal["auto", "torch", "cpu"]
 
 
 def _require(ok: bool, message: str) -> None:
@@ -42,6 +43,10 @@ class ModelConfig:
     )
     device: str = field(default="auto", metadata={"help": "cpu, cuda or auto"})
     seed: int = field(default=0, metadata={"help": "seed for requests that set none"})
+    attention_backend: AttentionBackend = field(
+        default="auto",
+        metadata={"help": "torch (reference), cpu (C++ decode kernel), or auto: cpu on a CPU"},
+    )
 
     def __post_init__(self) -> None:
         _require(
@@ -53,6 +58,10 @@ class ModelConfig:
             f"max_model_len must be >= 1, got {self.max_model_len}",
         )
         _require(self.device in ("auto", "cpu", "cuda"), f"unknown device {self.device!r}")
+        _require(
+            self.attention_backend in ("auto", "torch", "cpu"),
+            f"attention_backend must be auto, torch or cpu, got {self.attention_backend!r}",
+        )
 
 
 @dataclass(frozen=True)

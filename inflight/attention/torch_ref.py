@@ -15,6 +15,7 @@ in `build_metadata`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -122,11 +123,28 @@ class TorchReferenceBackend:
 
         seq_lens = [start + n for start, n in zip(start_pos, q_lens, strict=True)]
         decode_rows = [r for r, n in enumerate(q_lens) if n == 1]
-        return AttentionMetadata(
+        meta = AttentionMetadata(
             slot_mapping=slot_mapping,
-            decode=[group(rows) for rows in split_by_length(decode_rows, seq_lens)],
+            decode=[],
             prefill=group([r for r, n in enumerate(q_lens) if n > 1]),
         )
+        return self._with_decodes(
+            meta, decode_rows, query_start_loc, seq_lens, block_tables, group, device
+        )
+
+    def _with_decodes(
+        self,
+        meta: AttentionMetadata,
+        rows: list[int],
+        query_start_loc: list[int],
+        seq_lens: list[int],
+        block_tables: torch.Tensor,
+        group: Callable[[list[int]], AttentionGroup | None],
+        device: torch.device,
+    ) -> AttentionMetadata:
+        """Adds what the decodes need (here: groups by length); faster backends override."""
+        meta.decode = [group(g) for g in split_by_length(rows, seq_lens)]
+        return meta
 
     def forward(
         self,
@@ -142,9 +160,7 @@ class TorchReferenceBackend:
         v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, value)
 
         out = torch.empty_like(query)
-        for g in meta.decode:
-            rows = g.token_index[:, 0]
-            out[rows] = self._decode(query[rows], k_cache, v_cache, g)
+        self._attend_decodes(query, k_cache, v_cache, meta, out)
         if meta.prefill is not None:
             g = meta.prefill
             q = query[g.token_index].transpose(1, 2)  # [R, H, Q, D]
@@ -154,6 +170,18 @@ class TorchReferenceBackend:
             o = o.transpose(1, 2)  # [R, Q, H, D]
             out[g.token_index[g.query_valid]] = o[g.query_valid]
         return out
+
+    def _attend_decodes(
+        self,
+        query: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        out: torch.Tensor,
+    ) -> None:
+        for g in meta.decode:
+            rows = g.token_index[:, 0]
+            out[rows] = self._decode(query[rows], k_cache, v_cache, g)
 
     @staticmethod
     def _decode(

@@ -67,6 +67,10 @@ def add_bench_parser(sub: Any, add_engine_flags: Callable[[argparse.ArgumentPars
         default="",
         help=f"comma-separated peers to run too: {', '.join(peer_runs.PEERS)}",
     )
+    compare.add_argument(
+        "--vllm-python", type=Path, default=None,
+        help="python of a virtual environment with vLLM's CPU build (for --peers vllm)",
+    )  # fmt: skip
     serve = modes.add_parser(
         "serve",
         formatter_class=fmt,
@@ -169,6 +173,13 @@ def run_local(args: argparse.Namespace, knobs: dict[str, Any], out: Path) -> dic
                                                     meta["max_num_seqs"]))  # fmt: skip
             elif peer == "hf-continuous":
                 runs.append(peer_runs.run_hf_continuous(loaded.path, workload, dtype))
+            elif peer == "vllm":
+                if args.vllm_python is None:
+                    raise ValueError("--peers vllm needs --vllm-python (vLLM's own venv)")
+                from inflight.bench.vllm_peer import run_vllm
+
+                runs.append(run_vllm(args.vllm_python, loaded.path, workload, dtype,
+                                     meta["max_num_seqs"]))  # fmt: skip
             else:
                 raise ValueError(f"unknown peer {peer!r}; known: {', '.join(peer_runs.PEERS)}")
         except Exception as e:  # a peer failing must not lose the other results

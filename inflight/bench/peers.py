@@ -20,7 +20,7 @@ from inflight.bench.stats import RequestRecord, RunResult
 from inflight.bench.workloads import WorkloadRequest
 from inflight.model.loader import is_gguf
 
-PEERS = ("hf-static", "hf-continuous")
+PEERS = ("hf-static", "hf-continuous", "vllm")
 _DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
 
 

@@ -72,7 +72,7 @@ class EngineCore:
         block_size = config.cache.kv_block_size
         if loaded is None:
             path = resolve_model_path(config.model.model)
-            loaded = load_model(path, dtype, device, block_size)
+            loaded = load_model(path, dtype, device, block_size, config.model.attention_backend)
         arch = loaded.arch
 
         requested_len = config.model.max_model_len

@@ -128,7 +128,8 @@ class LlamaModel(nn.Module):
         meta: AttentionMetadata,
         logits_indices: torch.Tensor,  # [S]
     ) -> torch.Tensor:
-        """Returns float32 logits [S, vocab] for the tokens at `logits_indices`."""
+        """Returns logits [S, vocab] in the model's dtype for the tokens at `logits_indices`
+        (the sampler converts to float32 only when it needs more than an argmax)."""
         hidden = self.embed_tokens(input_ids)
         freqs = positions.float()[:, None] * self.inv_freq[None, :]  # [T, D/2]
         cos = freqs.cos().to(hidden.dtype)[:, None, :]
@@ -136,7 +137,7 @@ class LlamaModel(nn.Module):
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             hidden = layer(hidden, cos, sin, kv_cache, meta)
         hidden = self.norm(hidden[logits_indices])
-        return self.lm_head(hidden).float()
+        return self.lm_head(hidden)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copies HF-named tensors in, fusing q/k/v and gate/up; every parameter must be set."""

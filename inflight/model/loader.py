@@ -18,7 +18,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from tqdm.auto import tqdm
 
-from inflight.attention import TorchReferenceBackend
+from inflight.attention import make_backend
 from inflight.errors import ModelLoadError
 from inflight.model.arch import LlamaArchConfig
 from inflight.model.gguf_loader import gguf_arch_config, iter_gguf_weights, open_gguf
@@ -104,13 +104,17 @@ def _iter_safetensors(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
 
 
 def load_model(
-    path: Path, dtype: torch.dtype, device: torch.device, block_size: int
+    path: Path,
+    dtype: torch.dtype,
+    device: torch.device,
+    block_size: int,
+    attention_backend: str = "auto",
 ) -> LoadedModel:
     """Builds the model and fills its weights; every failure is a ModelLoadError naming the file."""
     # NOTE: a GGUF file is parsed once: GGUFReader reads the whole vocabulary (seconds).
     reader = open_gguf(path) if is_gguf(path) else None
     arch = gguf_arch_config(reader, path) if reader else load_hf_arch_config(path)
-    attn = TorchReferenceBackend(block_size, arch.sliding_window)
+    attn = make_backend(attention_backend, block_size, arch.sliding_window, device)
     with torch.device("meta"):
         model = LlamaModel(arch, attn)
     model = model.to_empty(device=device).to(dtype)

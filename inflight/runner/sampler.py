@@ -30,13 +30,20 @@ class Sampler:
     def sample(
         self, logits: torch.Tensor, requests: list[ScheduledRequest]
     ) -> tuple[list[int], list[Logprobs | None]]:
-        """logits [S, V] float32, one row per request in `requests` -> token ids, logprobs."""
+        """logits [S, V], one row per request in `requests` -> token ids, logprobs."""
         params = [r.sampling_params for r in requests]
         num_rows = logits.shape[0]
+        if all(p.is_greedy and p.logprobs is None and not p.logit_bias and not p.uses_penalties
+               and len(r.output_token_ids) >= p.min_tokens
+               for r, p in zip(requests, params, strict=True)):  # fmt: skip
+            # NOTE: a plain argmax, in the model's dtype: converting to float32 first is exact,
+            # so it picks the same token, and at 256 rows x 49k vocab the copy costs ~15 ms.
+            return logits.argmax(dim=-1).tolist(), [None] * num_rows
         want_logprobs = [p.logprobs is not None for p in params]
+        # A copy in float32: the edits below are in place, and logprobs want full precision.
+        logits = logits.to(torch.float32, copy=True)
         raw_logprobs = torch.log_softmax(logits, dim=-1) if any(want_logprobs) else None
 
-        logits = logits.clone()
         for row, r in enumerate(requests):
             p = r.sampling_params
             if p.logit_bias:

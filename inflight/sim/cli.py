@@ -20,7 +20,7 @@ from inflight.sim.model_profile import KV_BYTES, PRESETS, WEIGHT_BYTES, load_mod
 logger = logging.getLogger("inflight.sim")
 
 # Knobs that describe the engine's model and device, not the simulated fleet.
-_NOT_SIMULATED = ("model", "dtype", "device", "seed")
+_NOT_SIMULATED = ("model", "dtype", "device", "seed", "attention_backend")
 
 
 def _add_target_flags(p: argparse.ArgumentParser) -> None:

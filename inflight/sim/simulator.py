@@ -112,7 +112,8 @@ def build_setup(
 
 
 _SHORT_DTYPE = {"torch.bfloat16": "bf16", "torch.float16": "fp16", "torch.float32": "fp32"}
-_ENGINE_ONLY = ("model", "dtype", "device", "seed")  # knobs of the engine's model, not its core
+# Knobs of the engine's model and device, not of its core.
+_ENGINE_ONLY = ("model", "dtype", "device", "seed", "attention_backend")
 
 
 def setup_like_engine(hardware: HardwareProfile, core, knobs: dict) -> SimSetup:

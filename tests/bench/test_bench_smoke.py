@@ -93,3 +93,14 @@ def test_roofline_bounds_the_engine(tiny_llama, tmp_path):
     assert bound["steps"] == engine["steps"]  # the same schedule, timed at the limit
     assert 0 < report["meta"]["fraction of roofline reached"] <= 1
     assert bound["wall_s"] < engine["wall_s"]
+
+
+def test_vllm_peer_without_its_python_is_a_reported_error(tiny_llama, tmp_path):
+    out = tmp_path / "vllm"
+    code = main(["bench", "compare", str(tiny_llama), "--workload", "longtail",
+                 "--num-requests", "4", "--max-num-seqs", "4", "--peers", "vllm",
+                 "--out", str(out), *TINY])  # fmt: skip
+    assert code == 1  # a failed peer fails the command, and keeps the other runs
+    runs = {r["name"]: r for r in json.loads((out / "results.json").read_text())["runs"]}
+    assert "--vllm-python" in runs["vllm"]["error"]
+    assert runs["inflight-continuous"]["requests"] == 4

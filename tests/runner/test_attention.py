@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from inflight.attention import TorchReferenceBackend
+from inflight.attention import CpuKernelBackend, TorchReferenceBackend, make_backend
 
 H, KVH, D, BS = 4, 2, 8, 4
 
@@ -23,8 +23,9 @@ def dense_attention(q, k, v, positions, window=None):
     return torch.einsum("hql,lhd->qhd", scores.softmax(-1), v)
 
 
+@pytest.mark.parametrize("backend_cls", [TorchReferenceBackend, CpuKernelBackend])
 @pytest.mark.parametrize("window", [None, 5])
-def test_mixed_batch_matches_dense_attention(window):
+def test_mixed_batch_matches_dense_attention(backend_cls, window):
     torch.manual_seed(0)
     # (cached tokens, new tokens): decodes of many lengths (several decode groups), and two
     # prefill chunks (one a continuation)
@@ -57,11 +58,14 @@ def test_mixed_batch_matches_dense_attention(window):
     max_blocks = max(len(t) for t in tables)
     block_tables = torch.tensor([t + [0] * (max_blocks - len(t)) for t in tables])
 
-    backend = TorchReferenceBackend(BS, window)
+    backend = backend_cls(BS, window)
     meta = backend.build_metadata(
         query_start_loc, start_pos, block_tables, torch.tensor(slots), torch.device("cpu")
     )
-    assert len(meta.decode) == 2  # 22 decodes: two length groups
+    if backend_cls is TorchReferenceBackend:
+        assert len(meta.decode) == 2  # 22 decodes: two length groups
+    else:
+        assert meta.decode == [] and len(meta.decode_batch.rows) == 22
     out = backend.forward(torch.cat(qs), torch.cat(ks), torch.cat(vs), k_cache, v_cache, meta)
 
     for i, (cached, new) in enumerate(shapes):
@@ -69,3 +73,43 @@ def test_mixed_batch_matches_dense_attention(window):
         want = dense_attention(qs[i], full_k[i], full_v[i], positions, window)
         got = out[query_start_loc[i] : query_start_loc[i + 1]]
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def random_paged_decodes(dtype, num_reqs=40, num_blocks=300, block_size=16, kvh=3, h=9, d=64):
+    """Decodes over scattered blocks, contexts 1..~300 tokens: (q, caches, tables, lens)."""
+    gen = torch.Generator().manual_seed(1)
+    k_cache = torch.randn(num_blocks, block_size, kvh, d, generator=gen).to(dtype)
+    v_cache = torch.randn(num_blocks, block_size, kvh, d, generator=gen).to(dtype)
+    seq_lens = torch.randint(1, 300, (num_reqs,), generator=gen)
+    max_blocks = -(-int(seq_lens.max()) // block_size)
+    tables = torch.randint(0, num_blocks, (num_reqs, max_blocks), generator=gen)
+    q = torch.randn(num_reqs, h, d, generator=gen).to(dtype)
+    return q, k_cache, v_cache, tables, seq_lens
+
+
+@pytest.mark.parametrize(("dtype", "tol"), [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+@pytest.mark.parametrize("window", [None, 37])
+def test_kernel_matches_reference_on_model_shapes(dtype, tol, window):
+    """SmolLM2's head shapes (9 query heads over 3 KV heads of 64), 16-token blocks, bf16 too:
+    the kernel (fp32 math) against the reference (bf16 matmuls in bf16 runs)."""
+    q, k_cache, v_cache, tables, seq_lens = random_paged_decodes(dtype)
+    n = len(seq_lens)
+    query_start_loc = list(range(n + 1))
+    start_pos = (seq_lens - 1).tolist()
+    slots = [int(tables[r, p // 16]) * 16 + p % 16 for r, p in enumerate(start_pos)]
+    # the new tokens' K/V are the ones already in the cache at their slots (written back as is)
+    flat_k, flat_v = k_cache.view(-1, 3, 64), v_cache.view(-1, 3, 64)
+    key, value = flat_k[torch.tensor(slots)].clone(), flat_v[torch.tensor(slots)].clone()
+    outs = []
+    for backend in (TorchReferenceBackend(16, window), CpuKernelBackend(16, window)):
+        meta = backend.build_metadata(query_start_loc, start_pos, tables, torch.tensor(slots),
+                                      torch.device("cpu"))  # fmt: skip
+        outs.append(backend.forward(q, key, value, k_cache, v_cache, meta))
+    torch.testing.assert_close(outs[1].float(), outs[0].float(), atol=tol, rtol=tol)
+
+
+def test_make_backend_choices():
+    cpu = torch.device("cpu")
+    assert type(make_backend("torch", 16, None, cpu)) is TorchReferenceBackend
+    assert type(make_backend("auto", 16, None, cpu)) is CpuKernelBackend
+    assert type(make_backend("auto", 16, None, torch.device("meta"))) is TorchReferenceBackend

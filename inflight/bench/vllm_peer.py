@@ -1,0 +1,80 @@
+"""vLLM's CPU build as a peer: run in its own virtual environment (`--vllm-python`), on the same
+weights exported as a Hugging Face folder, in its best configuration for this machine.
+
+What "best" means here (measured, see FIELD_NOTES): OpenMP threads bound to every core
+(`VLLM_CPU_OMP_THREADS_BIND`), tcmalloc and Intel OpenMP preloaded when found, bfloat16.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+
+from inflight.bench.stats import RequestRecord, RunResult
+from inflight.bench.workloads import WorkloadRequest, save_jsonl
+from inflight.model.loader import is_gguf
+from inflight.tokenizer import cache_dir, load_tokenizer
+
+logger = logging.getLogger("inflight.bench")
+
+_TCMALLOC = ("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4",
+             "/usr/lib/x86_64-linux-gnu/libtcmalloc.so.4")  # fmt: skip
+
+
+def export_hf_folder(path: Path, dtype: str) -> Path:
+    """A GGUF model as an HF folder (safetensors + config + tokenizer), cached; an HF folder is
+    returned as it is."""
+    if not is_gguf(path):
+        return path
+    out = cache_dir() / "hf-export" / f"{path.stem}-{dtype}"
+    if (out / "config.json").is_file():
+        return out
+    from transformers import AutoModelForCausalLM
+
+    from inflight.bench.peers import load_hf_model
+
+    loaded = load_hf_model(path, dtype)
+    # transformers refuses to save a model loaded from GGUF: copy it into a plain one.
+    plain = AutoModelForCausalLM.from_config(loaded.config, dtype=loaded.dtype)
+    plain.load_state_dict(loaded.state_dict())
+    plain.save_pretrained(out)
+    load_tokenizer(path).save_pretrained(out)
+    logger.info("exported %s to %s for vLLM", path.name, out)
+    return out
+
+
+def _environment(python: Path) -> dict[str, str]:
+    env = dict(os.environ, VLLM_TARGET_DEVICE="cpu", VLLM_CPU_KVCACHE_SPACE="4")
+    env["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{(os.cpu_count() or 1) - 1}"
+    preload = [p for p in _TCMALLOC if Path(p).is_file()][:1]
+    iomp = sorted(python.parent.parent.glob("lib/python3*/site-packages/**/libiomp5.so"))
+    preload += [str(p) for p in iomp[:1]]
+    if preload:
+        env["LD_PRELOAD"] = ":".join(preload)
+    return env
+
+
+def run_vllm(
+    python: Path, model_path: Path, workload: list[WorkloadRequest], dtype: str, max_num_seqs: int
+) -> RunResult:
+    if any(r.arrival_time > 0 for r in workload):
+        raise ValueError("the vllm peer only runs workloads whose requests all arrive at once")
+    folder = export_hf_folder(model_path, dtype)
+    runner = Path(__file__).with_name("vllm_runner.py")
+    with tempfile.TemporaryDirectory() as tmp:
+        work, result = Path(tmp) / "workload.jsonl", Path(tmp) / "result.json"
+        save_jsonl(workload, work)
+        command = [str(python), str(runner), str(folder), str(work), str(result),
+                   "--dtype", dtype, "--max-num-seqs", str(max_num_seqs)]  # fmt: skip
+        logger.info("vllm peer: %s", " ".join(command))
+        done = subprocess.run(command, env=_environment(python), capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"vLLM exited with {done.returncode}: {done.stderr[-2000:]}")
+        data = json.loads(result.read_text())
+    wall = data["wall_s"]
+    records = [RequestRecord(p, o, None, wall) for p, o in data["requests"]]
+    return RunResult("vllm-cpu", wall, records, peak_rss_mb=data["peak_rss_mb"])

@@ -1,0 +1,21 @@
+"""The GGUF default model exported as an HF folder (what the vLLM peer loads) is the same model:
+inflight generates the same greedy tokens from the folder as from the GGUF file."""
+
+from __future__ import annotations
+
+from inflight import LLM, SamplingParams
+from inflight.bench.vllm_peer import export_hf_folder
+
+
+def test_exported_folder_generates_like_the_gguf(default_model, tmp_path, monkeypatch):
+    monkeypatch.setenv("INFLIGHT_CACHE", str(tmp_path))
+    folder = export_hf_folder(default_model, "float32")
+    assert (folder / "config.json").is_file() and list(folder.glob("*.safetensors"))
+    assert export_hf_folder(default_model, "float32") == folder  # cached
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    prompts = ["The capital of France is", "def fibonacci(n):"]
+    from_gguf = LLM(str(default_model), dtype="float32").generate(prompts, params)
+    from_folder = LLM(str(folder), dtype="float32").generate(prompts, params)
+    assert [o.outputs[0].token_ids for o in from_folder] == [
+        o.outputs[0].token_ids for o in from_gguf
+    ]
