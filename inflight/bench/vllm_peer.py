@@ -12,6 +12,7 @@ import logging
 import os
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 from inflight.bench.stats import RequestRecord, RunResult
@@ -42,6 +43,10 @@ def export_hf_folder(path: Path, dtype: str) -> Path:
     plain = AutoModelForCausalLM.from_config(loaded.config, dtype=loaded.dtype)
     plain.load_state_dict(loaded.state_dict())
     plain.save_pretrained(out)
+    # The config still names the GGUF "quantization" it was read from; the folder is plain.
+    config = json.loads((out / "config.json").read_text())
+    config.pop("quantization_config", None)
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     load_tokenizer(path).save_pretrained(out)
     logger.info("exported %s to %s for vLLM", path.name, out)
     return out
@@ -51,7 +56,8 @@ def _environment(python: Path) -> dict[str, str]:
     env = dict(os.environ, VLLM_TARGET_DEVICE="cpu", VLLM_CPU_KVCACHE_SPACE="4")
     env["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{(os.cpu_count() or 1) - 1}"
     preload = [p for p in _TCMALLOC if Path(p).is_file()][:1]
-    iomp = sorted(python.parent.parent.glob("lib/python3*/site-packages/**/libiomp5.so"))
+    venv = python.parent.parent
+    iomp = sorted(venv.glob("lib/libiomp5.so")) + sorted(venv.glob("lib/python3*/**/libiomp5.so"))
     preload += [str(p) for p in iomp[:1]]
     if preload:
         env["LD_PRELOAD"] = ":".join(preload)
@@ -71,10 +77,45 @@ def run_vllm(
         command = [str(python), str(runner), str(folder), str(work), str(result),
                    "--dtype", dtype, "--max-num-seqs", str(max_num_seqs)]  # fmt: skip
         logger.info("vllm peer: %s", " ".join(command))
-        done = subprocess.run(command, env=_environment(python), capture_output=True, text=True)
-        if done.returncode != 0:
-            raise RuntimeError(f"vLLM exited with {done.returncode}: {done.stderr[-2000:]}")
+        with tempfile.TemporaryFile("w+") as stderr:
+            process = subprocess.Popen(command, env=_environment(python), text=True,
+                                       stdout=subprocess.DEVNULL, stderr=stderr)  # fmt: skip
+            peak_mb = _watch_tree_rss(process)
+            if process.returncode != 0:
+                stderr.seek(0)
+                raise RuntimeError(f"vLLM exited with {process.returncode}: "
+                                   f"{stderr.read()[-2000:]}")  # fmt: skip
         data = json.loads(result.read_text())
     wall = data["wall_s"]
     records = [RequestRecord(p, o, None, wall) for p, o in data["requests"]]
-    return RunResult("vllm-cpu", wall, records, peak_rss_mb=data["peak_rss_mb"])
+    return RunResult("vllm-cpu", wall, records, peak_rss_mb=peak_mb)
+
+
+def _tree_rss_kib(root: int) -> int:
+    """Resident memory of a process and all its descendants, from /proc (Linux)."""
+    children: dict[int, list[int]] = {}
+    rss: dict[int, int] = {}
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            fields = dict(line.split(":", 1) for line in status.read_text().splitlines())
+        except (OSError, ValueError):
+            continue  # the process ended meanwhile
+        pid = int(status.parent.name)
+        children.setdefault(int(fields["PPid"]), []).append(pid)
+        rss[pid] = int(fields.get("VmRSS", "0 kB").split()[0])
+    total, stack = 0, [root]
+    while stack:
+        pid = stack.pop()
+        total += rss.get(pid, 0)
+        stack += children.get(pid, [])
+    return total
+
+
+def _watch_tree_rss(process: subprocess.Popen, interval_s: float = 0.25) -> float:
+    """Waits for `process`, sampling its tree's RSS; returns the peak in MB. (The runner cannot
+    measure itself: on Linux a child's ru_maxrss starts at its parent's, ours, at fork.)"""
+    peak = 0
+    while process.poll() is None:
+        peak = max(peak, _tree_rss_kib(process.pid))
+        time.sleep(interval_s)
+    return peak / 1024

@@ -5,13 +5,11 @@ by inflight (vLLM is not our dependency). Usage:
 
 The workload holds token ids (`prompt`) and `max_tokens`; every request is greedy with
 `ignore_eos`, as inflight's runs are. The result holds the wall time of `generate` (start-up
-excluded), each request's prompt and output token counts, and peak RSS of this process and its
-children (vLLM's engine core runs in a child process).
+excluded) and each request's prompt and output token counts; the caller samples peak memory.
 """
 
 import argparse
 import json
-import resource
 import time
 
 
@@ -46,14 +44,9 @@ def main() -> None:
     start = time.perf_counter()
     outputs = llm.generate(prompts, params, use_tqdm=True)
     wall = time.perf_counter() - start
-    rss_kib = max(
-        resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
-        resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss,
-    )
     result = {
         "wall_s": wall,
         "requests": [[len(o.prompt_token_ids), len(o.outputs[0].token_ids)] for o in outputs],
-        "peak_rss_mb": rss_kib / 1024,
     }
     with open(args.result, "w") as f:
         json.dump(result, f)
