@@ -16,11 +16,9 @@ from inflight.bench.workloads import NAMED, WordTokenizer, load_jsonl, named
 from inflight.errors import InflightError
 from inflight.sim.hardware import PROFILES, resolve_hardware
 from inflight.sim.model_profile import KV_BYTES, PRESETS, WEIGHT_BYTES, load_model_profile
+from inflight.sim.simulator import ENGINE_ONLY_KNOBS
 
 logger = logging.getLogger("inflight.sim")
-
-# Knobs that describe the engine's model and device, not the simulated fleet.
-_NOT_SIMULATED = ("model", "dtype", "device", "seed", "attention_backend")
 
 
 def _add_target_flags(p: argparse.ArgumentParser) -> None:
@@ -67,7 +65,7 @@ def add_simulate_parser(
     for p in (run, plan):
         _add_target_flags(p)
         add_workload_flags(p)
-        add_knob_flags(p, skip=_NOT_SIMULATED)
+        add_knob_flags(p, skip=ENGINE_ONLY_KNOBS)
     calibrate = modes.add_parser("calibrate", formatter_class=fmt,
                                  help="fit the local CPU's cost model to engine runs, and check "
                                  "it on another workload")  # fmt: skip
@@ -100,7 +98,7 @@ def run_simulate(args: argparse.Namespace, knobs: dict[str, Any]) -> int:
             print(run_calibration(knobs, args.fit_workload, args.check_workload, out,
                                   args.num_requests))  # fmt: skip
         else:
-            knobs = {k: v for k, v in knobs.items() if k not in _NOT_SIMULATED}
+            knobs = {k: v for k, v in knobs.items() if k not in ENGINE_ONLY_KNOBS}
             hardware = resolve_hardware(args.hardware).with_overrides(
                 weight_bw_efficiency=args.weight_bw_efficiency,
                 kv_bw_efficiency=args.kv_bw_efficiency,

@@ -113,7 +113,7 @@ def build_setup(
 
 _SHORT_DTYPE = {"torch.bfloat16": "bf16", "torch.float16": "fp16", "torch.float32": "fp32"}
 # Knobs of the engine's model and device, not of its core.
-_ENGINE_ONLY = ("model", "dtype", "device", "seed", "attention_backend")
+ENGINE_ONLY_KNOBS = ("model", "dtype", "device", "seed", "attention_backend")
 
 
 def setup_like_engine(hardware: HardwareProfile, core, knobs: dict) -> SimSetup:
@@ -121,7 +121,7 @@ def setup_like_engine(hardware: HardwareProfile, core, knobs: dict) -> SimSetup:
     pool size and max_model_len, its scheduler knobs."""
     dtype = _SHORT_DTYPE[str(core.dtype)]
     model = ModelProfile(core.loaded.path.stem, core.arch, dtype, dtype)
-    sim_knobs = {k: v for k, v in knobs.items() if k not in _ENGINE_ONLY}
+    sim_knobs = {k: v for k, v in knobs.items() if k not in ENGINE_ONLY_KNOBS}
     sim_knobs |= {"num_kv_blocks": core.kv_cache.num_blocks, "max_model_len": core.max_model_len}
     return build_setup(hardware, model, sim_knobs)
 
