@@ -26,7 +26,7 @@ import numpy as np
 
 from inflight.bench.stats import RunResult, summarize
 from inflight.bench.workloads import WorkloadRequest, named
-from inflight.sim.cost_model import StepWork, step_work
+from inflight.sim.cost_model import StepWork, step_amounts, step_work
 from inflight.sim.hardware import HardwareProfile, measure_local
 from inflight.sim.model_profile import ModelProfile
 from inflight.sim.simulator import SimSetup, Simulation, setup_like_engine, simulate
@@ -74,20 +74,12 @@ def fit_profile(
         )
     bw = local.memory_bw
     peak = local.peak_flops(model.compute_dtype)
-    kv_s = np.array([(w.kv_read_tokens + w.num_tokens) * model.kv_bytes_per_token / bw
-                     for w in works])  # fmt: skip
-    flop_s = np.array([
-        (2.0 * model.linear_params * w.num_tokens + 2.0 * model.head_params * w.num_sampled
-         + model.attention_flops_per_pair * w.attention_pairs) / peak
-        for w in works
-    ])  # fmt: skip
+    amounts = np.array([step_amounts(model, w) for w in works])  # [steps, 3]
+    weight_s, kv_s, flop_s = amounts[:, 0] / bw, amounts[:, 1] / bw, amounts[:, 2] / peak
     seqs = np.array([w.num_seqs for w in works], dtype=float)
-    target = measured - model.weight_bytes_per_step / bw
     x = np.stack([np.ones_like(seqs), seqs, kv_s, flop_s], axis=1)
-    overhead, per_seq, kv_factor, flop_factor = nonnegative_lstsq(x, target)
-    predicted = x @ np.array([overhead, per_seq, kv_factor, flop_factor]) + (
-        model.weight_bytes_per_step / bw
-    )
+    overhead, per_seq, kv_factor, flop_factor = nonnegative_lstsq(x, measured - weight_s)
+    predicted = x @ np.array([overhead, per_seq, kv_factor, flop_factor]) + weight_s
     return dataclasses.replace(
         local,
         name="local-cpu-calibrated",

@@ -59,6 +59,18 @@ def step_work(out: SchedulerOutput, sliding_window: int | None = None) -> StepWo
     return work
 
 
+def step_amounts(model: ModelProfile, work: StepWork) -> tuple[float, float, float]:
+    """What the step moves and computes: (weight bytes, KV bytes, FLOPs)."""
+    weight_bytes = model.weight_bytes_per_step if work.num_tokens else 0.0
+    kv_bytes = float((work.kv_read_tokens + work.num_tokens) * model.kv_bytes_per_token)
+    flops = (
+        2.0 * model.linear_params * work.num_tokens
+        + 2.0 * model.head_params * work.num_sampled
+        + float(model.attention_flops_per_pair) * work.attention_pairs
+    )
+    return weight_bytes, kv_bytes, flops
+
+
 class CostModel:
     def __init__(self, hardware: HardwareProfile, model: ModelProfile, block_size: int) -> None:
         self.hw = hardware
@@ -67,14 +79,8 @@ class CostModel:
         self.peak = hardware.peak_flops(model.compute_dtype)
 
     def cost(self, work: StepWork) -> StepCost:
-        m, hw = self.model, self.hw
-        weight_bytes = m.weight_bytes_per_step if work.num_tokens else 0.0
-        kv_bytes = float((work.kv_read_tokens + work.num_tokens) * m.kv_bytes_per_token)
-        flops = (
-            2.0 * m.linear_params * work.num_tokens
-            + 2.0 * m.head_params * work.num_sampled
-            + float(m.attention_flops_per_pair) * work.attention_pairs
-        )
+        hw = self.hw
+        weight_bytes, kv_bytes, flops = step_amounts(self.model, work)
         memory_s = weight_bytes / (hw.memory_bw * hw.weight_bw_efficiency) + kv_bytes / (
             hw.memory_bw * hw.kv_bw_efficiency
         )
