@@ -1,44 +1,24 @@
 """CPU paged-attention backend: the reference backend, with every decode computed by a C++
-kernel (`csrc/paged_attention.cpp`) that reads K/V in place through the block tables: no
-gathered copy of the cache, no padding to the longest context, GQA without repeating heads.
+kernel (`inflight/kernels/csrc/paged_attention.cpp`) that reads K/V in place through the block
+tables: no gathered copy of the cache, no padding to the longest context, GQA without repeating
+heads.
 
-Prefill chunks keep the reference's SDPA path (compute-bound; SDPA is already good at it). The
-kernel is compiled on first use with the machine's own compiler (`-march=native`) and cached by
-torch (`~/.cache/torch_extensions`); that takes ~40 s once. `auto` falls back to the pure
-PyTorch backend, with a warning, when no compiler is available.
+Prefill chunks keep the reference's per-request SDPA path. The kernel is compiled on first use
+(`inflight.kernels`); `auto` falls back to the pure PyTorch backend, with a warning, when no
+compiler is available.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
 from inflight.attention.torch_ref import AttentionMetadata, TorchReferenceBackend
+from inflight.kernels import load_extension
 
 logger = logging.getLogger(__name__)
-
-_SOURCE = Path(__file__).parent / "csrc" / "paged_attention.cpp"
-_extension = None
-
-
-def load_extension():
-    """The compiled kernel module (built once per machine and source version)."""
-    global _extension
-    if _extension is None:
-        from torch.utils.cpp_extension import load
-
-        logger.info("loading the CPU attention kernel (the first use compiles it, ~40 s)")
-        _extension = load(
-            name="inflight_paged_attention",
-            sources=[str(_SOURCE)],
-            extra_cflags=["-O3", "-march=native", "-fopenmp"],
-            extra_ldflags=["-fopenmp"],
-            verbose=False,
-        )
-    return _extension
 
 
 @dataclass

@@ -1,15 +1,18 @@
 """Pure-PyTorch paged attention: gathers K/V block by block through block tables.
 
-Requests are split into groups so padding stays small: prefills (many query tokens), and
-decodes (1 query token each) in up to `MAX_DECODE_GROUPS` groups of similar context length, as
-one long context would otherwise pad every short one to its length. Each group gathers its
+Decodes (1 query token each) go in up to `MAX_DECODE_GROUPS` groups of similar context length,
+as one long context would otherwise pad every short one to its length. Each group gathers its
 requests' blocks in one indexing op (whole 16-token blocks, not single slots) and is padded to
-its longest member; a boolean mask hides padding and the future. There is no per-request Python
-loop inside a layer (only one over at most five groups). Index tensors are built once per step
-in `build_metadata`.
+its longest member; a boolean mask hides padding and the future.
+
+Prefill chunks (many query tokens) are attended one request at a time, because causal SDPA
+skips the masked half of the scores only for a plain causal shape: padding prompts of 20 and
+400 tokens into one masked batch cost ~35x the useful FLOPs. A chunk with nothing cached
+before it attends to its own new keys (no cache read); a continuation gathers its blocks.
+Index tensors are built once per step in `build_metadata`.
 
     flat tokens  | r0 prompt chunk (5) | r1 decode | r2 decode | r3 prompt chunk (3) |
-    prefill group  query rows [r0: 5 real][r3: 3 real + 2 pad]   keys: blocks of r0, r3
+    prefills       r0: keys = its 5 new tokens, causal; r3: keys = its blocks (earlier + new)
     decode group   query rows [r1][r2]                           keys: blocks of r1, r2
 """
 
@@ -31,10 +34,18 @@ class AttentionGroup:
 
 
 @dataclass
+class PrefillChunk:
+    tokens: slice  # its query rows in the flat batch
+    block_table: torch.Tensor | None  # [MB] blocks holding earlier tokens; None: nothing cached
+    seq_len: int  # keys to attend: cached + new
+    mask: torch.Tensor | None  # [Q, seq_len] bool where not plainly causal (window, continuation)
+
+
+@dataclass
 class AttentionMetadata:
     slot_mapping: torch.Tensor  # [T] cache slot written by each new token
     decode: list[AttentionGroup]  # by context length, shortest first
-    prefill: AttentionGroup | None
+    prefills: list[PrefillChunk]
 
 
 def _build_group(
@@ -123,14 +134,34 @@ class TorchReferenceBackend:
 
         seq_lens = [start + n for start, n in zip(start_pos, q_lens, strict=True)]
         decode_rows = [r for r, n in enumerate(q_lens) if n == 1]
-        meta = AttentionMetadata(
-            slot_mapping=slot_mapping,
-            decode=[],
-            prefill=group([r for r, n in enumerate(q_lens) if n > 1]),
-        )
+        prefills = [
+            self._prefill_chunk(
+                query_start_loc[r], q_lens[r], start_pos[r], block_tables[r], device
+            )
+            for r, n in enumerate(q_lens)
+            if n > 1
+        ]
+        meta = AttentionMetadata(slot_mapping=slot_mapping, decode=[], prefills=prefills)
         return self._with_decodes(
             meta, decode_rows, query_start_loc, seq_lens, block_tables, group, device
         )
+
+    def _prefill_chunk(
+        self, start: int, q_len: int, cached: int, block_table: torch.Tensor, device: torch.device
+    ) -> PrefillChunk:
+        seq_len = cached + q_len
+        mask = None
+        if cached or self.sliding_window is not None:
+            query_pos = torch.arange(cached, seq_len)[:, None]
+            key_pos = torch.arange(seq_len)[None, :]
+            mask = key_pos <= query_pos  # causal, aligned to the chunk's real positions
+            if self.sliding_window is not None:
+                mask &= key_pos > query_pos - self.sliding_window
+            mask = mask.to(device)
+        table = None
+        if cached:
+            table = block_table[: -(-seq_len // self.block_size)].to(device)
+        return PrefillChunk(slice(start, start + q_len), table, seq_len, mask)
 
     def _with_decodes(
         self,
@@ -161,14 +192,22 @@ class TorchReferenceBackend:
 
         out = torch.empty_like(query)
         self._attend_decodes(query, k_cache, v_cache, meta, out)
-        if meta.prefill is not None:
-            g = meta.prefill
-            q = query[g.token_index].transpose(1, 2)  # [R, H, Q, D]
-            k = _gather(k_cache, g.block_tables).transpose(1, 2)  # [R, KVH, L, D]
-            v = _gather(v_cache, g.block_tables).transpose(1, 2)
-            o = F.scaled_dot_product_attention(q, k, v, attn_mask=g.mask, enable_gqa=True)
-            o = o.transpose(1, 2)  # [R, Q, H, D]
-            out[g.token_index[g.query_valid]] = o[g.query_valid]
+        for chunk in meta.prefills:
+            if chunk.block_table is None:
+                k, v = key[chunk.tokens], value[chunk.tokens]
+            else:
+                table = chunk.block_table[None]
+                k = _gather(k_cache, table)[0, : chunk.seq_len]
+                v = _gather(v_cache, table)[0, : chunk.seq_len]
+            o = F.scaled_dot_product_attention(
+                query[chunk.tokens].transpose(0, 1)[None],  # [1, H, Q, D]
+                k.transpose(0, 1)[None],  # [1, KVH, L, D]
+                v.transpose(0, 1)[None],
+                attn_mask=chunk.mask,
+                is_causal=chunk.mask is None,
+                enable_gqa=True,
+            )
+            out[chunk.tokens] = o[0].transpose(0, 1)
         return out
 
     def _attend_decodes(

@@ -15,11 +15,11 @@ from collections.abc import Iterable
 from typing import ClassVar
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from inflight.attention import AttentionMetadata, TorchReferenceBackend
 from inflight.model.arch import LlamaArchConfig
+from inflight.model.layer_ops import TorchLayerOps
 
 
 def rope_inv_freq(cfg: LlamaArchConfig) -> torch.Tensor:
@@ -44,28 +44,19 @@ def rope_inv_freq(cfg: LlamaArchConfig) -> torch.Tensor:
     return inv_freq
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotates halves (HF layout): x [T, heads, D], cos/sin [T, 1, D/2]."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
-
-
 class RMSNorm(nn.Module):
+    """Holds the weight and eps; the arithmetic is the layer ops' (`rms_norm`, `add_rms_norm`)."""
+
     def __init__(self, size: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size), requires_grad=False)
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # NOTE: normalise in float32 and multiply by the weight after casting back, as HF does.
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
-
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: LlamaArchConfig, attn: TorchReferenceBackend) -> None:
+    def __init__(
+        self, cfg: LlamaArchConfig, attn: TorchReferenceBackend, ops: TorchLayerOps
+    ) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = (
             cfg.num_heads,
@@ -81,32 +72,53 @@ class DecoderLayer(nn.Module):
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
         self.attn = attn
+        self.ops = ops
 
     def forward(
         self,
-        hidden: torch.Tensor,  # [T, hidden]
+        hidden: torch.Tensor,  # [T, hidden]: the previous layer's output (or the embeddings)
+        residual: torch.Tensor | None,  # [T, hidden]: the residual stream before `hidden`
         cos: torch.Tensor,
         sin: torch.Tensor,
         kv_cache: tuple[torch.Tensor, torch.Tensor],
         meta: AttentionMetadata,
-    ) -> torch.Tensor:
-        t = hidden.shape[0]
-        q, k, v = self.qkv_proj(self.input_layernorm(hidden)).split(self.split, dim=-1)
-        q = apply_rope(q.view(t, self.num_heads, self.head_dim), cos, sin)
-        k = apply_rope(k.view(t, self.num_kv_heads, self.head_dim), cos, sin)
-        v = v.view(t, self.num_kv_heads, self.head_dim)
-        attn = self.attn.forward(q, k, v, kv_cache[0], kv_cache[1], meta)  # [T, H, D]
-        hidden = hidden + self.o_proj(attn.reshape(t, -1))
-        gate, up = self.gate_up_proj(self.post_attention_layernorm(hidden)).chunk(2, dim=-1)
-        return hidden + self.down_proj(F.silu(gate) * up)
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns (this layer's MLP output, the residual stream it is to be added to): each
+        residual add is fused into the RMSNorm that follows it, the last into the model's."""
+        t, ops = hidden.shape[0], self.ops
+        norm = self.input_layernorm
+        if residual is None:
+            residual = hidden
+            x = ops.rms_norm(hidden, norm.weight, norm.eps)
+        else:
+            x = ops.add_rms_norm(hidden, residual, norm.weight, norm.eps)
+        qkv = self.qkv_proj(x)
+        ops.rope_(qkv, cos, sin, self.num_heads + self.num_kv_heads, self.head_dim)  # q and k
+        q, k, v = qkv.split(self.split, dim=-1)
+        attn = self.attn.forward(
+            q.view(t, self.num_heads, self.head_dim),
+            k.view(t, self.num_kv_heads, self.head_dim),
+            v.view(t, self.num_kv_heads, self.head_dim),
+            kv_cache[0],
+            kv_cache[1],
+            meta,
+        )  # [T, H, D]
+        norm = self.post_attention_layernorm
+        x = ops.add_rms_norm(self.o_proj(attn.reshape(t, -1)), residual, norm.weight, norm.eps)
+        return self.down_proj(ops.silu_and_mul(self.gate_up_proj(x))), residual
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, cfg: LlamaArchConfig, attn: TorchReferenceBackend) -> None:
+    def __init__(
+        self, cfg: LlamaArchConfig, attn: TorchReferenceBackend, ops: TorchLayerOps | None = None
+    ) -> None:
         super().__init__()
         self.cfg = cfg
+        self.ops = ops or TorchLayerOps()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, attn) for _ in range(cfg.num_layers))
+        self.layers = nn.ModuleList(
+            DecoderLayer(cfg, attn, self.ops) for _ in range(cfg.num_layers)
+        )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
@@ -132,12 +144,14 @@ class LlamaModel(nn.Module):
         (the sampler converts to float32 only when it needs more than an argmax)."""
         hidden = self.embed_tokens(input_ids)
         freqs = positions.float()[:, None] * self.inv_freq[None, :]  # [T, D/2]
-        cos = freqs.cos().to(hidden.dtype)[:, None, :]
-        sin = freqs.sin().to(hidden.dtype)[:, None, :]
+        cos, sin = freqs.cos().to(hidden.dtype), freqs.sin().to(hidden.dtype)
+        residual = None
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            hidden = layer(hidden, cos, sin, kv_cache, meta)
-        hidden = self.norm(hidden[logits_indices])
-        return self.lm_head(hidden)
+            hidden, residual = layer(hidden, residual, cos, sin, kv_cache, meta)
+        hidden, w, eps = hidden[logits_indices], self.norm.weight, self.norm.eps
+        if residual is None:
+            return self.lm_head(self.ops.rms_norm(hidden, w, eps))
+        return self.lm_head(self.ops.add_rms_norm(hidden, residual[logits_indices], w, eps))
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copies HF-named tensors in, fusing q/k/v and gate/up; every parameter must be set."""

@@ -18,11 +18,13 @@ import torch
 from safetensors import SafetensorError, safe_open
 from tqdm.auto import tqdm
 
-from inflight.attention import make_backend
+from inflight.attention import CpuKernelBackend, make_backend
 from inflight.errors import ModelLoadError
 from inflight.model.arch import LlamaArchConfig
 from inflight.model.gguf_loader import gguf_arch_config, iter_gguf_weights, open_gguf
+from inflight.model.layer_ops import CpuLayerOps, TorchLayerOps
 from inflight.model.llama import LlamaModel
+from inflight.model.packed_linear import can_pack, pack_linears
 
 logger = logging.getLogger(__name__)
 
@@ -115,8 +117,10 @@ def load_model(
     reader = open_gguf(path) if is_gguf(path) else None
     arch = gguf_arch_config(reader, path) if reader else load_hf_arch_config(path)
     attn = make_backend(attention_backend, block_size, arch.sliding_window, device)
+    # The CPU kernels are one build: the fused layer ops come with the CPU attention backend.
+    ops = CpuLayerOps() if isinstance(attn, CpuKernelBackend) else TorchLayerOps()
     with torch.device("meta"):
-        model = LlamaModel(arch, attn)
+        model = LlamaModel(arch, attn, ops)
     model = model.to_empty(device=device).to(dtype)
     model.finish_init()
     if reader is not None:
@@ -139,4 +143,6 @@ def load_model(
         dtype,
         device,
     )
+    if can_pack(dtype, device):
+        pack_linears(model)
     return LoadedModel(model=model.eval(), arch=arch, path=path)

@@ -15,6 +15,15 @@ import torch
 from inflight.core.outputs import Logprobs, ScheduledRequest
 
 
+def first_argmax(x: torch.Tensor) -> torch.Tensor:
+    """Index of the first maximum of each row, like `argmax(dim=-1)`.
+
+    NOTE: `max(dim=-1)` returns the same index (both pick the first maximum) and is ~4x faster
+    on the CPU for bfloat16 (6.3 -> 1.6 ms at 64 x 49k).
+    """
+    return x.max(dim=-1).indices
+
+
 class Sampler:
     def __init__(self, device: torch.device, seed: int = 0) -> None:
         self.device = device
@@ -36,9 +45,9 @@ class Sampler:
         if all(p.is_greedy and p.logprobs is None and not p.logit_bias and not p.uses_penalties
                and len(r.output_token_ids) >= p.min_tokens
                for r, p in zip(requests, params, strict=True)):  # fmt: skip
-            # NOTE: a plain argmax, in the model's dtype: converting to float32 first is exact,
-            # so it picks the same token, and at 256 rows x 49k vocab the copy costs ~15 ms.
-            return logits.argmax(dim=-1).tolist(), [None] * num_rows
+            # NOTE: in the model's dtype: converting to float32 first is exact, so it picks the
+            # same token, and at 256 rows x 49k vocab the copy costs ~15 ms.
+            return first_argmax(logits).tolist(), [None] * num_rows
         want_logprobs = [p.logprobs is not None for p in params]
         # A copy in float32: the edits below are in place, and logprobs want full precision.
         logits = logits.to(torch.float32, copy=True)
@@ -58,7 +67,7 @@ class Sampler:
             logits = self._apply_penalties(logits, requests)
 
         greedy = torch.tensor([p.is_greedy for p in params], device=self.device)
-        tokens = logits.argmax(dim=-1)
+        tokens = first_argmax(logits)
         if not bool(greedy.all()):
             sampled = self._sample_random(logits, requests)
             tokens = torch.where(greedy, tokens, sampled)
@@ -126,7 +135,7 @@ class Sampler:
                     gen.manual_seed(seed)
                     self.request_generators[r.request_id] = gen
                 noise[row].exponential_(generator=gen)
-        return (probs / noise).argmax(dim=-1)
+        return first_argmax(probs / noise)
 
     def _top_k_top_p(
         self, probs: torch.Tensor, top_k: list[int], top_p: list[float]

@@ -42,6 +42,13 @@ ENGINE_SETTINGS = {
         "prediction_horizon": 16,
     },
     "one_at_a_time": {"max_num_seqs": 1},
+    # the pure-PyTorch attention and layer ops (the default on a CPU is the C++ kernels)
+    "torch_reference": {"attention_backend": "torch"},
+    "torch_reference_chunked": {
+        "attention_backend": "torch",
+        "prefill_chunk_size": 8,
+        "max_num_batched_tokens": 64,
+    },
     # static batching: 4 batches of 4, each admitted only once the previous one is done
     "static_batches": {"batching": "static", "max_num_seqs": 4},
     # other admission orders (and priority preemptions), same tokens

@@ -42,6 +42,17 @@ def test_greedy_takes_argmax():
     assert tokens == [2]
 
 
+def test_greedy_ties_take_the_first_maximum_in_both_paths():
+    """The bf16 fast path (all greedy) and the float32 path (a penalty) agree with argmax."""
+    s = Sampler(torch.device("cpu"))
+    row = [0, 5, 1, 5, 5, 0, 0, 0]
+    logits = torch.tensor([row, row[::-1]], dtype=torch.bfloat16)
+    fast, _ = s.sample(logits, [req("a", temperature=0), req("b", temperature=0)])
+    assert fast == [1, 3] == logits.float().argmax(-1).tolist()
+    slow, _ = s.sample(logits, [req("c", temperature=0), req("d", temperature=0, logprobs=1)])
+    assert slow == [1, 3]
+
+
 def test_top_k_and_top_p_restrict_the_support():
     row = [3.0, 2.9, 2.8, 2.7, 0, 0, 0, 0]
     s = Sampler(torch.device("cpu"), seed=1)

@@ -9,7 +9,9 @@
 //   out          [R, H, D]            softmax(q k^T * scale) v over positions [first, seq_len)
 //
 // with first = seq_len - window when a sliding window is set (window > 0), else 0.
-#include <torch/extension.h>
+#include "exp_poly.h"
+#include "ops.h"
+
 #include <ATen/Parallel.h>
 #ifdef __AVX512F__
 #include <immintrin.h>
@@ -21,6 +23,24 @@
 #include <vector>
 
 namespace {
+
+inline float max_of(const float* __restrict x, int64_t n) {
+  float m = x[0];
+#pragma omp simd reduction(max : m)
+  for (int64_t i = 1; i < n; ++i) m = std::max(m, x[i]);
+  return m;
+}
+
+// scores[i] = exp(scores[i] - max), in place; returns their sum (the softmax denominator).
+inline float exp_and_sum(float* __restrict scores, int64_t n, float max) {
+  float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t i = 0; i < n; ++i) {
+    scores[i] = exp_poly(scores[i] - max);
+    sum += scores[i];
+  }
+  return sum;
+}
 
 #ifdef __AVX512F__
 // AVX-512 path: one (request, KV head) pair kept in registers. `DV` vectors of 16 floats make a
@@ -60,15 +80,7 @@ void decode_item_avx512(const scalar_t* q, const scalar_t* k_cache, const scalar
     pos += take;
   }
   float inv[G];
-  for (int g = 0; g < G; ++g) {
-    float* sg = scores + g * n;
-    float sum = 0.f;
-    for (int64_t i = 0; i < n; ++i) {
-      sg[i] = std::exp(sg[i] - m[g]);
-      sum += sg[i];
-    }
-    inv[g] = 1.f / sum;
-  }
+  for (int g = 0; g < G; ++g) inv[g] = 1.f / exp_and_sum(scores + g * n, n, m[g]);
   __m512 acc[G][DV];
   for (int g = 0; g < G; ++g)
     for (int j = 0; j < DV; ++j) acc[g][j] = _mm512_setzero_ps();
@@ -191,15 +203,7 @@ void decode(const scalar_t* q, const scalar_t* k_cache, const scalar_t* v_cache,
       }
       for (int64_t g = 0; g < G; ++g) {  // softmax over the positions, per head
         float* __restrict sg = scores.data() + g * n;
-        float m = sg[0];  // n >= 1: the query's own position
-        for (int64_t i = 1; i < n; ++i) m = std::max(m, sg[i]);
-        float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-        for (int64_t i = 0; i < n; ++i) {
-          sg[i] = std::exp(sg[i] - m);
-          sum += sg[i];
-        }
-        const float inv = 1.f / sum;
+        const float inv = 1.f / exp_and_sum(sg, n, max_of(sg, n));  // n >= 1: its own position
 #pragma omp simd
         for (int64_t i = 0; i < n; ++i) sg[i] *= inv;
       }
@@ -224,6 +228,8 @@ void decode(const scalar_t* q, const scalar_t* k_cache, const scalar_t* v_cache,
     }
   });
 }
+
+}  // namespace
 
 torch::Tensor paged_decode_attention(const torch::Tensor& q, const torch::Tensor& k_cache,
                                      const torch::Tensor& v_cache,
@@ -255,9 +261,3 @@ torch::Tensor paged_decode_attention(const torch::Tensor& q, const torch::Tensor
   return out;
 }
 
-}  // namespace
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("paged_decode_attention", &paged_decode_attention,
-        "decode attention over a paged KV cache (CPU)");
-}

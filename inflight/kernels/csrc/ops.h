@@ -1,0 +1,17 @@
+// The CPU kernels of inflight, compiled together into one extension (see inflight/kernels).
+#pragma once
+#include <torch/extension.h>
+
+// paged_attention.cpp
+torch::Tensor paged_decode_attention(const torch::Tensor& q, const torch::Tensor& k_cache,
+                                     const torch::Tensor& v_cache,
+                                     const torch::Tensor& block_tables,
+                                     const torch::Tensor& seq_lens, double scale, int64_t window);
+
+// layer_ops.cpp: fused element-wise parts of a decoder layer, rounding as PyTorch's unfused ops do
+torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
+torch::Tensor add_rms_norm(const torch::Tensor& x, torch::Tensor& residual,
+                           const torch::Tensor& weight, double eps);
+torch::Tensor silu_and_mul(const torch::Tensor& gate_up);
+void rope_(torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
+           int64_t num_heads, int64_t head_dim);

@@ -1,0 +1,112 @@
+"""The fused C++ layer ops against the PyTorch reference ops, and the packed bf16 linears."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from inflight.model.layer_ops import CpuLayerOps, TorchLayerOps
+from inflight.model.packed_linear import PackedLinear, can_pack, pack_linears
+
+REF, FUSED = TorchLayerOps(), CpuLayerOps()
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+def assert_norms_agree(out: torch.Tensor, want: torch.Tensor) -> None:
+    """The float32 mean is summed in another order, so a row's scale may differ in its last
+    place: a float32 rounding error, which bfloat16 rounding almost always hides (and then by one
+    bf16 step at most)."""
+    if out.dtype == torch.float32:
+        torch.testing.assert_close(out, want, rtol=2e-6, atol=1e-6)
+        return
+    steps = (out.view(torch.int16).long() - want.view(torch.int16).long()).abs()
+    assert int(steps.max()) <= 1
+    assert (out == want).float().mean() > 0.99
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("num_tokens", [1, 5, 300])
+def test_rms_norm_and_residual_add(dtype, num_tokens):
+    torch.manual_seed(0)
+    wide = torch.randn(num_tokens, 700, dtype=dtype) * 3
+    x = wide[:, :576]  # rows with a stride: the kernel must not assume contiguity
+    weight = torch.randn(576, dtype=dtype)
+    out, want = FUSED.rms_norm(x, weight, 1e-5), REF.rms_norm(x, weight, 1e-5)
+    assert out.shape == want.shape and out.dtype == dtype
+    assert_norms_agree(out, want)
+
+    residual = torch.randn(num_tokens, 576, dtype=dtype)
+    res_fused, res_ref = residual.clone(), residual.clone()
+    out = FUSED.add_rms_norm(x, res_fused, weight, 1e-6)
+    want = REF.add_rms_norm(x, res_ref, weight, 1e-6)
+    assert torch.equal(res_fused, res_ref), "the residual sum rounds exactly as torch's add"
+    assert torch.equal(res_fused, residual + x)
+    assert_norms_agree(out, want)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_silu_and_mul(dtype):
+    torch.manual_seed(1)
+    gate_up = torch.randn(67, 2 * 1536, dtype=dtype) * 6  # exp over a wide range
+    gate_up[0, :4] = torch.tensor([0.0, -100.0, 100.0, -0.0])
+    out, want = FUSED.silu_and_mul(gate_up), REF.silu_and_mul(gate_up)
+    assert out.shape == (67, 1536)
+    torch.testing.assert_close(out, want, rtol=1e-6 if dtype == torch.float32 else 0, atol=1e-6)
+    assert (out == want).float().mean() > 0.99
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rope_in_place_matches_reference_exactly(dtype):
+    torch.manual_seed(2)
+    num_tokens, heads, kv_heads, head_dim = 9, 9, 3, 64
+    qkv = torch.randn(num_tokens, (heads + 2 * kv_heads) * head_dim, dtype=dtype)
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, head_dim, 2).float() / head_dim))
+    freqs = torch.randint(0, 4000, (num_tokens,)).float()[:, None] * inv_freq[None]
+    cos, sin = freqs.cos().to(dtype), freqs.sin().to(dtype)
+    fused, ref = qkv.clone(), qkv.clone()
+    FUSED.rope_(fused, cos, sin, heads + kv_heads, head_dim)
+    REF.rope_(ref, cos, sin, heads + kv_heads, head_dim)
+    assert torch.equal(fused, ref)
+    rotated = (heads + kv_heads) * head_dim
+    assert torch.equal(fused[:, rotated:], qkv[:, rotated:]), "values must not be rotated"
+    assert not torch.equal(fused[:, :rotated], qkv[:, :rotated])
+
+
+def test_bad_inputs_raise_instead_of_reading_out_of_bounds():
+    x = torch.randn(4, 8)
+    with pytest.raises(RuntimeError, match="weight"):
+        FUSED.rms_norm(x, torch.ones(7), 1e-5)
+    with pytest.raises(RuntimeError, match="dtype"):
+        FUSED.rms_norm(x, torch.ones(8, dtype=torch.bfloat16), 1e-5)
+    with pytest.raises(RuntimeError, match="residual"):
+        FUSED.add_rms_norm(x, torch.randn(4, 9), torch.ones(8), 1e-5)
+    with pytest.raises(RuntimeError, match="gate_up"):
+        FUSED.silu_and_mul(torch.randn(4, 7))
+    with pytest.raises(RuntimeError, match="cos"):
+        FUSED.rope_(x, torch.randn(4, 3), torch.randn(4, 3), 1, 8)
+
+
+@pytest.mark.skipif(not can_pack(torch.bfloat16, torch.device("cpu")), reason="no oneDNN bf16")
+@pytest.mark.parametrize("bias", [False, True])
+def test_packed_linear_is_bit_identical_to_linear(bias):
+    torch.manual_seed(3)
+    linear = nn.Linear(576, 960, bias=bias).to(torch.bfloat16)
+    packed = PackedLinear(linear)
+    for num_tokens in (1, 4, 64, 300):
+        x = torch.randn(num_tokens, 576, dtype=torch.bfloat16)
+        assert torch.equal(packed(x), F.linear(x, linear.weight, linear.bias))
+
+
+@pytest.mark.skipif(not can_pack(torch.bfloat16, torch.device("cpu")), reason="no oneDNN bf16")
+def test_pack_linears_replaces_every_linear_and_keeps_ties():
+    model = nn.Sequential(nn.Embedding(50, 16), nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 50))
+    model = model.to(torch.bfloat16)
+    model[3].weight = nn.Parameter(torch.randn(50, 32, dtype=torch.bfloat16))
+    ids = torch.tensor([1, 7, 49])
+    before = model(ids)
+    assert pack_linears(model) == 2
+    assert not any(isinstance(m, nn.Linear) for m in model.modules())
+    assert torch.equal(model(ids), before)
+    assert not can_pack(torch.float32, torch.device("cpu")), "float32 stays on MKL's F.linear"
