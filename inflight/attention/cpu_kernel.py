@@ -1,11 +1,11 @@
-"""CPU paged-attention backend: the reference backend, with every decode computed by a C++
-kernel (`inflight/kernels/csrc/paged_attention.cpp`) that reads K/V in place through the block
-tables: no gathered copy of the cache, no padding to the longest context, GQA without repeating
-heads.
+"""CPU paged-attention backend: the reference backend's metadata and cache writes, with decodes
+and prompt chunks computed by C++ kernels (`inflight/kernels/csrc/paged_attention.cpp`,
+`prefill_attention.cpp`) that read K/V in place through the block tables: no gathered copy of
+the cache, no padding, no masks, GQA without repeating heads, one call per layer for all
+decodes and one for all prompt chunks.
 
-Prefill chunks keep the reference's per-request SDPA path. The kernel is compiled on first use
-(`inflight.kernels`); `auto` falls back to the pure PyTorch backend, with a warning, when no
-compiler is available.
+The kernels are compiled on first use (`inflight.kernels`); `auto` falls back to the pure
+PyTorch backend, with a warning, when no compiler is available.
 """
 
 from __future__ import annotations
@@ -31,8 +31,17 @@ class DecodeBatch:
 
 
 @dataclass
+class PrefillBatch:
+    """Every prompt chunk of the step, for the kernel: no masks, no gathered keys."""
+
+    chunks: torch.Tensor  # [C, 3] int64: first flat row, query tokens, tokens cached before
+    block_tables: torch.Tensor  # [C, MB] int64
+
+
+@dataclass
 class KernelMetadata(AttentionMetadata):
     decode_batch: DecodeBatch | None = None
+    prefill_batch: PrefillBatch | None = None
 
 
 class CpuKernelBackend(TorchReferenceBackend):
@@ -40,20 +49,44 @@ class CpuKernelBackend(TorchReferenceBackend):
 
     def __init__(self, block_size: int, sliding_window: int | None = None) -> None:
         super().__init__(block_size, sliding_window)
-        self.kernel = load_extension().paged_decode_attention
+        ext = load_extension()
+        self.kernel = ext.paged_decode_attention
+        self.prefill_kernel = ext.paged_prefill_attention
+
+    def _with_prefills(
+        self, meta, rows, query_start_loc, start_pos, block_tables, device
+    ) -> KernelMetadata:
+        batch = None
+        if rows:
+            chunks = [
+                (query_start_loc[r], query_start_loc[r + 1] - query_start_loc[r], start_pos[r])
+                for r in rows
+            ]
+            batch = PrefillBatch(
+                chunks=torch.tensor(chunks, dtype=torch.long).to(device),
+                block_tables=block_tables[torch.tensor(rows)].to(device),
+            )
+        return KernelMetadata(**vars(meta), prefill_batch=batch)
 
     def _with_decodes(
         self, meta, rows, query_start_loc, seq_lens, block_tables, group, device
     ) -> KernelMetadata:
-        batch = None
         if rows:
             index = torch.tensor(rows)
-            batch = DecodeBatch(
+            meta.decode_batch = DecodeBatch(
                 rows=torch.tensor([query_start_loc[r] for r in rows]).to(device),
                 block_tables=block_tables[index].to(device),
                 seq_lens=torch.tensor([seq_lens[r] for r in rows]).to(device),
             )
-        return KernelMetadata(**vars(meta), decode_batch=batch)
+        return meta
+
+    def _attend_prefills(self, query, key, value, k_cache, v_cache, meta, out) -> None:
+        batch = meta.prefill_batch
+        if batch is not None:
+            self.prefill_kernel(
+                query, k_cache, v_cache, batch.chunks, batch.block_tables, out,
+                query.shape[-1] ** -0.5, self.sliding_window or 0,
+            )  # fmt: skip
 
     def _attend_decodes(self, query, k_cache, v_cache, meta, out) -> None:
         batch = meta.decode_batch

@@ -133,18 +133,38 @@ class TorchReferenceBackend:
             )  # fmt: skip
 
         seq_lens = [start + n for start, n in zip(start_pos, q_lens, strict=True)]
+        meta = AttentionMetadata(slot_mapping=slot_mapping, decode=[], prefills=[])
+        prefill_rows = [r for r, n in enumerate(q_lens) if n > 1]
+        meta = self._with_prefills(
+            meta, prefill_rows, query_start_loc, start_pos, block_tables, device
+        )
         decode_rows = [r for r, n in enumerate(q_lens) if n == 1]
-        prefills = [
-            self._prefill_chunk(
-                query_start_loc[r], q_lens[r], start_pos[r], block_tables[r], device
-            )
-            for r, n in enumerate(q_lens)
-            if n > 1
-        ]
-        meta = AttentionMetadata(slot_mapping=slot_mapping, decode=[], prefills=prefills)
         return self._with_decodes(
             meta, decode_rows, query_start_loc, seq_lens, block_tables, group, device
         )
+
+    def _with_prefills(
+        self,
+        meta: AttentionMetadata,
+        rows: list[int],
+        query_start_loc: list[int],
+        start_pos: list[int],
+        block_tables: torch.Tensor,
+        device: torch.device,
+    ) -> AttentionMetadata:
+        """Adds what the prefill chunks need (here: one SDPA call each); faster backends
+        override."""
+        meta.prefills = [
+            self._prefill_chunk(
+                query_start_loc[r],
+                query_start_loc[r + 1] - query_start_loc[r],
+                start_pos[r],
+                block_tables[r],
+                device,
+            )
+            for r in rows
+        ]
+        return meta
 
     def _prefill_chunk(
         self, start: int, q_len: int, cached: int, block_table: torch.Tensor, device: torch.device
@@ -190,8 +210,21 @@ class TorchReferenceBackend:
         k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, key)
         v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, value)
 
-        out = torch.empty_like(query)
+        out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
         self._attend_decodes(query, k_cache, v_cache, meta, out)
+        self._attend_prefills(query, key, value, k_cache, v_cache, meta, out)
+        return out
+
+    def _attend_prefills(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        out: torch.Tensor,
+    ) -> None:
         for chunk in meta.prefills:
             if chunk.block_table is None:
                 k, v = key[chunk.tokens], value[chunk.tokens]
@@ -208,7 +241,6 @@ class TorchReferenceBackend:
                 enable_gqa=True,
             )
             out[chunk.tokens] = o[0].transpose(0, 1)
-        return out
 
     def _attend_decodes(
         self,

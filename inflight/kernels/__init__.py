@@ -1,7 +1,8 @@
 """inflight's C++ CPU kernels, compiled together into one torch extension on first use.
 
-`csrc/paged_attention.cpp` (decode attention over the paged KV cache) and `csrc/layer_ops.cpp`
-(fused RMSNorm, residual add + RMSNorm, SiLU-and-mul, RoPE) are built with the machine's own
+`csrc/paged_attention.cpp` and `csrc/prefill_attention.cpp` (decode and prefill attention over
+the paged KV cache) and `csrc/layer_ops.cpp` (fused RMSNorm, residual add + RMSNorm,
+SiLU-and-mul, RoPE) are built with the machine's own
 compiler (`-march=native`) by torch's cpp_extension and cached by torch
 (`~/.cache/torch_extensions`, or `TORCH_EXTENSIONS_DIR`): ~1 min once per machine and source
 version. Callers fall back to pure PyTorch when no compiler is available.
@@ -15,7 +16,7 @@ from types import ModuleType
 
 logger = logging.getLogger(__name__)
 
-_SOURCES = ("paged_attention.cpp", "layer_ops.cpp", "bindings.cpp")
+_SOURCES = ("paged_attention.cpp", "prefill_attention.cpp", "layer_ops.cpp", "bindings.cpp")
 _extension: ModuleType | None = None
 
 
@@ -32,7 +33,7 @@ def load_extension() -> ModuleType:
             sources=[str(csrc / name) for name in _SOURCES],
             extra_include_paths=[str(csrc)],
             # NOTE: no fused multiply-add contraction, so float32 element-wise results round
-            # exactly as PyTorch's separate ops do (the attention kernel calls FMA explicitly).
+            # exactly as PyTorch's separate ops do (the attention kernels call FMA explicitly).
             extra_cflags=["-O3", "-march=native", "-fopenmp", "-ffp-contract=off"],
             extra_ldflags=["-fopenmp"],
             verbose=False,

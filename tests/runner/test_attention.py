@@ -27,9 +27,10 @@ def dense_attention(q, k, v, positions, window=None):
 @pytest.mark.parametrize("window", [None, 5])
 def test_mixed_batch_matches_dense_attention(backend_cls, window):
     torch.manual_seed(0)
-    # (cached tokens, new tokens): decodes of many lengths (several decode groups), and two
-    # prefill chunks (one a continuation)
-    shapes = [(7, 1), (0, 9), (12, 1), (5, 6)] + [((i * 7) % 40, 1) for i in range(20)]
+    # (cached tokens, new tokens): decodes of many lengths (several decode groups), and prefill
+    # chunks (continuations too; longer than one 16-token tile of queries and of keys)
+    shapes = [(7, 1), (0, 9), (12, 1), (5, 6), (0, 40), (21, 35)]
+    shapes += [((i * 7) % 40, 1) for i in range(20)]
     num_blocks = 400
     k_cache = torch.zeros(num_blocks, BS, KVH, D)
     v_cache = torch.zeros(num_blocks, BS, KVH, D)
@@ -106,6 +107,52 @@ def test_kernel_matches_reference_on_model_shapes(dtype, tol, window):
                                       torch.device("cpu"))  # fmt: skip
         outs.append(backend.forward(q, key, value, k_cache, v_cache, meta))
     torch.testing.assert_close(outs[1].float(), outs[0].float(), atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize(("dtype", "tol"), [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+@pytest.mark.parametrize("window", [None, 37])
+def test_prefill_kernel_matches_reference_on_model_shapes(dtype, tol, window):
+    """Prompt chunks (fresh and continuations, 2..90 tokens) on SmolLM2's head shapes, the
+    queries a strided view into a fused QKV tensor as in the model."""
+    gen = torch.Generator().manual_seed(2)
+    num_blocks, bs, kvh, h, d = 200, 16, 3, 9, 64
+    k_cache = torch.randn(num_blocks, bs, kvh, d, generator=gen).to(dtype)
+    v_cache = torch.randn(num_blocks, bs, kvh, d, generator=gen).to(dtype)
+    cached = [0, 0, 17, 64, 100, 3]
+    new = [2, 90, 33, 16, 47, 70]
+    query_start_loc = [0]
+    for n in new:
+        query_start_loc.append(query_start_loc[-1] + n)
+    max_blocks = -(-max(c + n for c, n in zip(cached, new, strict=True)) // bs)
+    tables = torch.randperm(num_blocks, generator=gen)[: len(new) * max_blocks].view(-1, max_blocks)
+    slots = [
+        int(tables[r, p // bs]) * bs + p % bs
+        for r, (c, n) in enumerate(zip(cached, new, strict=True))
+        for p in range(c, c + n)
+    ]
+    flat_k, flat_v = k_cache.view(-1, kvh, d), v_cache.view(-1, kvh, d)
+    key, value = flat_k[torch.tensor(slots)].clone(), flat_v[torch.tensor(slots)].clone()
+    qkv = torch.randn(len(slots), (h + 2 * kvh) * d, generator=gen).to(dtype)
+    q = qkv[:, : h * d].view(-1, h, d)  # rows strided, as the model passes them
+    outs = []
+    for backend in (TorchReferenceBackend(bs, window), CpuKernelBackend(bs, window)):
+        meta = backend.build_metadata(query_start_loc, cached, tables, torch.tensor(slots),
+                                      torch.device("cpu"))  # fmt: skip
+        outs.append(backend.forward(q, key, value, k_cache, v_cache, meta))
+    torch.testing.assert_close(outs[1].float(), outs[0].float(), atol=tol, rtol=tol)
+
+
+def test_prefill_kernel_rejects_chunks_outside_its_inputs():
+    backend = CpuKernelBackend(16)
+    q = torch.randn(10, 4, 8)
+    cache = torch.zeros(4, 16, 2, 8)
+    tables = torch.zeros(1, 2, dtype=torch.long)
+    with pytest.raises(RuntimeError, match="outside"):
+        backend.prefill_kernel(q, cache, cache, torch.tensor([[5, 8, 0]]), tables,
+                               torch.empty_like(q), 1.0, 0)  # fmt: skip
+    with pytest.raises(RuntimeError, match="outside"):  # 30 cached + 8 new > 2 blocks of 16
+        backend.prefill_kernel(q, cache, cache, torch.tensor([[0, 8, 30]]), tables,
+                               torch.empty_like(q), 1.0, 0)  # fmt: skip
 
 
 def test_make_backend_choices():

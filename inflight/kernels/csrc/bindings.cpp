@@ -3,6 +3,8 @@
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode_attention", &paged_decode_attention,
         "decode attention over a paged KV cache");
+  m.def("paged_prefill_attention", &paged_prefill_attention,
+        "causal attention of prompt chunks over a paged KV cache, into out");
   m.def("rms_norm", &rms_norm, "RMSNorm of each row, HF rounding");
   m.def("add_rms_norm", &add_rms_norm, "residual += x (in place), then RMSNorm of the residual");
   m.def("silu_and_mul", &silu_and_mul, "silu(gate) * up for rows [gate | up]");

@@ -5,7 +5,7 @@
 // with float32 math in between, so bfloat16 results match the reference ops bit for bit except
 // where a float32 sum or exp lands an ulp apart. Loops are written for the compiler's
 // vectoriser: bfloat16 conversions are bit operations, and exp is a polynomial without calls.
-#include "exp_poly.h"
+#include "vec_math.h"
 #include "ops.h"
 
 #include <ATen/Parallel.h>

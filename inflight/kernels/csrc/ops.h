@@ -8,6 +8,12 @@ torch::Tensor paged_decode_attention(const torch::Tensor& q, const torch::Tensor
                                      const torch::Tensor& block_tables,
                                      const torch::Tensor& seq_lens, double scale, int64_t window);
 
+// prefill_attention.cpp
+torch::Tensor paged_prefill_attention(const torch::Tensor& q, const torch::Tensor& k_cache,
+                                      const torch::Tensor& v_cache, const torch::Tensor& chunks,
+                                      const torch::Tensor& block_tables, torch::Tensor& out,
+                                      double scale, int64_t window);
+
 // layer_ops.cpp: fused element-wise parts of a decoder layer, rounding as PyTorch's unfused ops do
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
 torch::Tensor add_rms_norm(const torch::Tensor& x, torch::Tensor& residual,

@@ -9,7 +9,7 @@
 //   out          [R, H, D]            softmax(q k^T * scale) v over positions [first, seq_len)
 //
 // with first = seq_len - window when a sliding window is set (window > 0), else 0.
-#include "exp_poly.h"
+#include "vec_math.h"
 #include "ops.h"
 
 #include <ATen/Parallel.h>
@@ -46,11 +46,6 @@ inline float exp_and_sum(float* __restrict scores, int64_t n, float max) {
 // AVX-512 path: one (request, KV head) pair kept in registers. `DV` vectors of 16 floats make a
 // head (DV = 4: head_dim 64, DV = 8: head_dim 128), `G` query heads share the KV head. Scores
 // go through memory once (softmax needs them all); keys and values are read once each.
-inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-inline __m512 load16(const c10::BFloat16* p) {  // bf16 -> fp32: the bits shifted up by 16
-  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
-}
 
 template <typename scalar_t, int DV, int G>
 void decode_item_avx512(const scalar_t* q, const scalar_t* k_cache, const scalar_t* v_cache,
@@ -195,7 +190,7 @@ void decode(const scalar_t* q, const scalar_t* k_cache, const scalar_t* v_cache,
           for (int64_t d = 0; d < D; ++d) {
             const float* __restrict kd = tile.data() + d * BS;
 #pragma omp simd
-            for (int64_t t = 0; t < take; ++t) sg[t] += qg[d] * kd[t];
+            for (int64_t t = 0; t < take; ++t) sg[t] = std::fma(qg[d], kd[t], sg[t]);
           }
         }
         pos += take;
@@ -217,7 +212,7 @@ void decode(const scalar_t* q, const scalar_t* k_cache, const scalar_t* v_cache,
             const float p = scores[g * n + i];
             float* __restrict ag = acc.data() + g * D;
 #pragma omp simd
-            for (int64_t d = 0; d < D; ++d) ag[d] += p * static_cast<float>(vt[d]);
+            for (int64_t d = 0; d < D; ++d) ag[d] = std::fma(p, static_cast<float>(vt[d]), ag[d]);
           }
         }
         pos += take;

@@ -1,0 +1,319 @@
+// Paged prefill attention on the CPU: the query tokens of prompt chunks attend causally to
+// every earlier token of their request, keys and values read in place from the paged cache
+// (the chunk's own K/V are written there first), flash-style: 16 keys at a time with an online
+// softmax, so nothing of size queries x keys is ever stored and the masked half of the causal
+// square is skipped, not computed. fp32 math whatever the storage dtype.
+//
+//   q            [T, H, D]           rows may be strided (a view into the fused QKV output)
+//   k/v_cache    [NB, BS, KVH, D]    the layer's paged cache, the chunks' tokens included
+//   chunks       [C, 3] int64        (first flat row, query tokens, cached tokens before them)
+//   block_tables [C, MB] int64       each chunk's blocks
+//   out          [T, H, D]           written for the chunks' rows only
+//
+// Work items are (chunk, KV head, tile of 16 query tokens): the G query heads of one KV head
+// share every key tile they read. Items run longest first under dynamic scheduling (causal
+// tiles late in a prompt read more keys).
+#include "vec_math.h"
+#include "ops.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+namespace {
+
+constexpr int64_t KT = 16;  // keys per tile: one vector of 16 floats of scores per query row
+constexpr int64_t QT = 16;  // query tokens per work item
+
+struct Item {
+  int64_t chunk, kv_head, first_token, num_tokens, cost;
+};
+
+struct Scratch {
+  std::vector<float> q, acc, max, sum, kt, v;
+};
+
+template <typename scalar_t, int kD>
+void prefill_item(const Item& it, const scalar_t* q, int64_t q_stride, const scalar_t* k_cache,
+                  const scalar_t* v_cache, const int64_t* table, int64_t BS, int64_t KVH,
+                  int64_t G, int64_t D_runtime, int64_t first_pos, float scale, int64_t window,
+                  scalar_t* out, int64_t out_stride, Scratch& s) {
+  const int64_t D = kD > 0 ? kD : D_runtime;
+  const int64_t rows = it.num_tokens * G;  // row r: token r / G, query head r % G
+  const int64_t token_stride = KVH * D, head_offset = it.kv_head * D;
+  s.q.resize(rows * D);
+  s.acc.assign(rows * D, 0.f);
+  s.max.assign(rows, -std::numeric_limits<float>::infinity());
+  s.sum.assign(rows, 0.f);
+  s.kt.resize(D * KT);
+  s.v.resize(KT * D);
+  for (int64_t r = 0; r < rows; ++r) {
+    const scalar_t* src = q + (it.first_token + r / G) * q_stride + (it.kv_head * G + r % G) * D;
+    for (int64_t d = 0; d < D; ++d) s.q[r * D + d] = static_cast<float>(src[d]) * scale;
+  }
+  const int64_t first_q = first_pos + it.first_token;  // positions of the item's query tokens
+  const int64_t last_q = first_q + it.num_tokens - 1;
+  const int64_t lo = window > 0 ? std::max<int64_t>(0, first_q - window + 1) : 0;
+
+  for (int64_t k0 = lo; k0 <= last_q; k0 += KT) {
+    const int64_t n = std::min(KT, last_q + 1 - k0);
+    for (int64_t t = 0; t < KT; ++t) {  // K transposed [D][KT] and V [KT][D], zero past n
+      if (t < n) {
+        const int64_t pos = k0 + t;
+        const int64_t slot = (table[pos / BS] * BS + pos % BS) * token_stride + head_offset;
+        for (int64_t d = 0; d < D; ++d) {
+          s.kt[d * KT + t] = static_cast<float>(k_cache[slot + d]);
+          s.v[t * D + d] = static_cast<float>(v_cache[slot + d]);
+        }
+      } else {
+        for (int64_t d = 0; d < D; ++d) s.kt[d * KT + t] = s.v[t * D + d] = 0.f;
+      }
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t qpos = first_q + r / G;
+      if (k0 > qpos || (window > 0 && k0 + n - 1 <= qpos - window)) continue;  // all masked
+      float score[KT] = {};
+      const float* __restrict qr = s.q.data() + r * D;
+      for (int64_t d = 0; d < D; ++d) {
+        const float qd = qr[d];
+        const float* __restrict kd = s.kt.data() + d * KT;
+#pragma omp simd
+        for (int64_t t = 0; t < KT; ++t) score[t] = std::fma(qd, kd[t], score[t]);
+      }
+      float tile_max = -std::numeric_limits<float>::infinity();
+      bool valid[KT];
+      for (int64_t t = 0; t < KT; ++t) {
+        const int64_t kpos = k0 + t;
+        valid[t] = t < n && kpos <= qpos && (window <= 0 || kpos > qpos - window);
+        if (valid[t]) tile_max = std::max(tile_max, score[t]);
+      }
+      const float new_max = std::max(s.max[r], tile_max);
+      const float correction = exp_poly(s.max[r] - new_max);  // ~0 on the first tile: acc is 0
+      float p[KT], p_sum = 0.f;
+#pragma omp simd reduction(+ : p_sum)
+      for (int64_t t = 0; t < KT; ++t) {
+        p[t] = valid[t] ? exp_poly(score[t] - new_max) : 0.f;
+        p_sum += p[t];
+      }
+      s.max[r] = new_max;
+      s.sum[r] = s.sum[r] * correction + p_sum;
+      float* __restrict acc = s.acc.data() + r * D;
+#pragma omp simd
+      for (int64_t d = 0; d < D; ++d) acc[d] *= correction;
+      for (int64_t t = 0; t < n; ++t) {
+        const float pt = p[t];
+        const float* __restrict vt = s.v.data() + t * D;
+#pragma omp simd
+        for (int64_t d = 0; d < D; ++d) acc[d] = std::fma(pt, vt[d], acc[d]);
+      }
+    }
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    scalar_t* dst = out + (it.first_token + r / G) * out_stride + (it.kv_head * G + r % G) * D;
+    const float inv = 1.f / s.sum[r];  // > 0: every query sees at least its own key
+    for (int64_t d = 0; d < D; ++d) dst[d] = static_cast<scalar_t>(s.acc[r * D + d] * inv);
+  }
+}
+
+#ifdef __AVX512F__
+// The AVX-512 item: RB query rows at a time keep their 16 scores and their whole accumulator in
+// registers (DV vectors of 16 floats per head: DV = 4 for head_dim 64), so each transposed key
+// row and each value row loaded serves RB rows, and nothing round-trips through memory per key.
+template <typename scalar_t, int DV, int RB>
+void prefill_item_avx512(const Item& it, const scalar_t* q, int64_t q_stride,
+                         const scalar_t* k_cache, const scalar_t* v_cache, const int64_t* table,
+                         int64_t BS, int64_t KVH, int64_t G, int64_t first_pos, float scale,
+                         int64_t window, scalar_t* out, int64_t out_stride, Scratch& s) {
+  constexpr int64_t D = DV * 16;
+  const int64_t rows = it.num_tokens * G;
+  const int64_t padded = (rows + RB - 1) / RB * RB;  // rows past `rows` are never stored
+  const int64_t token_stride = KVH * D, head_offset = it.kv_head * D;
+  s.q.assign(padded * D, 0.f);
+  s.acc.assign(padded * D, 0.f);
+  s.max.assign(padded, -3.0e38f);
+  s.sum.assign(padded, 0.f);
+  s.kt.resize(D * KT);
+  s.v.resize(KT * D);
+  for (int64_t r = 0; r < rows; ++r) {
+    const scalar_t* src = q + (it.first_token + r / G) * q_stride + (it.kv_head * G + r % G) * D;
+    for (int j = 0; j < DV; ++j)
+      _mm512_storeu_ps(s.q.data() + r * D + j * 16,
+                       _mm512_mul_ps(load16(src + j * 16), _mm512_set1_ps(scale)));
+  }
+  const int64_t first_q = first_pos + it.first_token;
+  const int64_t last_q = first_q + it.num_tokens - 1;
+  const int64_t lo = window > 0 ? std::max<int64_t>(0, first_q - window + 1) : 0;
+  alignas(64) float p[RB][KT];
+
+  for (int64_t k0 = lo; k0 <= last_q; k0 += KT) {
+    const int64_t n = std::min(KT, last_q + 1 - k0);
+    for (int64_t t = 0; t < KT; ++t) {  // K transposed [D][KT] and V [KT][D], zero past n
+      if (t < n) {
+        const int64_t pos = k0 + t;
+        const scalar_t* k = k_cache + (table[pos / BS] * BS + pos % BS) * token_stride + head_offset;
+        const scalar_t* v = v_cache + (table[pos / BS] * BS + pos % BS) * token_stride + head_offset;
+        alignas(64) float row[D];
+        for (int j = 0; j < DV; ++j) {
+          _mm512_store_ps(row + j * 16, load16(k + j * 16));
+          _mm512_storeu_ps(s.v.data() + t * D + j * 16, load16(v + j * 16));
+        }
+        for (int64_t d = 0; d < D; ++d) s.kt[d * KT + t] = row[d];
+      } else {
+        for (int64_t d = 0; d < D; ++d) s.kt[d * KT + t] = s.v[t * D + d] = 0.f;
+      }
+    }
+    for (int64_t r0 = 0; r0 < padded; r0 += RB) {
+      // keys k0 .. k0+n-1 that each row may see: a contiguous run of lanes
+      __mmask16 mask[RB];
+      bool any = false;
+      for (int b = 0; b < RB; ++b) {
+        const int64_t qpos = first_q + std::min(r0 + b, rows - 1) / G;
+        const int64_t hi = std::min<int64_t>(n - 1, qpos - k0);  // causal
+        const int64_t from = window > 0 ? std::max<int64_t>(0, qpos - window + 1 - k0) : 0;
+        mask[b] = hi < from ? 0 : static_cast<__mmask16>(((2u << hi) - 1) & ~((1u << from) - 1));
+        any |= mask[b] != 0;
+      }
+      if (!any) continue;
+      __m512 score[RB];
+      for (int b = 0; b < RB; ++b) score[b] = _mm512_setzero_ps();
+      const float* qr = s.q.data() + r0 * D;
+      for (int64_t d = 0; d < D; ++d) {
+        const __m512 kd = _mm512_loadu_ps(s.kt.data() + d * KT);
+        for (int b = 0; b < RB; ++b)
+          score[b] = _mm512_fmadd_ps(_mm512_set1_ps(qr[b * D + d]), kd, score[b]);
+      }
+      __m512 acc[RB][DV];
+      for (int b = 0; b < RB; ++b) {
+        const int64_t r = r0 + b;
+        const float tile_max =
+            mask[b] ? _mm512_mask_reduce_max_ps(mask[b], score[b]) : s.max[r];
+        const float new_max = std::max(s.max[r], tile_max);
+        const float correction = exp_poly(s.max[r] - new_max);
+        const __m512 pv =
+            _mm512_maskz_mov_ps(mask[b], exp512(_mm512_sub_ps(score[b], _mm512_set1_ps(new_max))));
+        _mm512_store_ps(p[b], pv);
+        s.max[r] = new_max;
+        s.sum[r] = s.sum[r] * correction + _mm512_reduce_add_ps(pv);
+        for (int j = 0; j < DV; ++j)
+          acc[b][j] = _mm512_mul_ps(_mm512_loadu_ps(s.acc.data() + r * D + j * 16),
+                                    _mm512_set1_ps(correction));
+      }
+      for (int64_t t = 0; t < n; ++t) {
+        __m512 vt[DV];
+        for (int j = 0; j < DV; ++j) vt[j] = _mm512_loadu_ps(s.v.data() + t * D + j * 16);
+        for (int b = 0; b < RB; ++b) {
+          const __m512 pt = _mm512_set1_ps(p[b][t]);
+          for (int j = 0; j < DV; ++j) acc[b][j] = _mm512_fmadd_ps(pt, vt[j], acc[b][j]);
+        }
+      }
+      for (int b = 0; b < RB; ++b)
+        for (int j = 0; j < DV; ++j)
+          _mm512_storeu_ps(s.acc.data() + (r0 + b) * D + j * 16, acc[b][j]);
+    }
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    scalar_t* dst = out + (it.first_token + r / G) * out_stride + (it.kv_head * G + r % G) * D;
+    const float inv = 1.f / s.sum[r];
+    for (int64_t d = 0; d < D; ++d) dst[d] = static_cast<scalar_t>(s.acc[r * D + d] * inv);
+  }
+}
+#endif
+
+template <typename scalar_t, int kD>
+void prefill(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
+             const int64_t* chunks, int64_t C, const int64_t* tables, int64_t MB,
+             torch::Tensor& out, float scale, int64_t window) {
+  const int64_t H = q.size(1), D = q.size(2), BS = k_cache.size(1), KVH = k_cache.size(2);
+  const int64_t G = H / KVH;
+  std::vector<Item> items;
+  for (int64_t c = 0; c < C; ++c) {
+    const int64_t num_q = chunks[c * 3 + 1], cached = chunks[c * 3 + 2];
+    for (int64_t i0 = 0; i0 < num_q; i0 += QT)
+      for (int64_t h = 0; h < KVH; ++h) {
+        const int64_t n = std::min(QT, num_q - i0), keys = cached + i0 + n;
+        items.push_back({c, h, i0, n, n * (window > 0 ? std::min(keys, window) : keys)});
+      }
+  }
+  std::sort(items.begin(), items.end(),
+            [](const Item& a, const Item& b) { return a.cost > b.cost; });
+  const scalar_t* qp = q.data_ptr<scalar_t>();
+  const scalar_t* kp = k_cache.data_ptr<scalar_t>();
+  const scalar_t* vp = v_cache.data_ptr<scalar_t>();
+  scalar_t* op = out.data_ptr<scalar_t>();
+  const int64_t num_items = static_cast<int64_t>(items.size());
+#pragma omp parallel
+  {
+    Scratch scratch;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t w = 0; w < num_items; ++w) {
+      const Item& it = items[w];
+      const int64_t first_row = chunks[it.chunk * 3];
+      const scalar_t* q_rows = qp + first_row * q.stride(0);
+      scalar_t* out_rows = op + first_row * out.stride(0);
+      const int64_t* table = tables + it.chunk * MB;
+      const int64_t cached = chunks[it.chunk * 3 + 2];
+#ifdef __AVX512F__
+      if constexpr ((kD == 64 || kD == 128) && (std::is_same_v<scalar_t, float> ||
+                                                std::is_same_v<scalar_t, c10::BFloat16>)) {
+        constexpr int DV = kD / 16, RB = kD == 64 ? 4 : 2;  // RB rows x DV vectors in registers
+        prefill_item_avx512<scalar_t, DV, RB>(it, q_rows, q.stride(0), kp, vp, table, BS, KVH,
+                                              G, cached, scale, window, out_rows,
+                                              out.stride(0), scratch);
+        continue;
+      }
+#endif
+      prefill_item<scalar_t, kD>(it, q_rows, q.stride(0), kp, vp, table, BS, KVH, G, D, cached,
+                                 scale, window, out_rows, out.stride(0), scratch);
+    }
+  }
+}
+
+}  // namespace
+
+torch::Tensor paged_prefill_attention(const torch::Tensor& q, const torch::Tensor& k_cache,
+                                      const torch::Tensor& v_cache, const torch::Tensor& chunks,
+                                      const torch::Tensor& block_tables, torch::Tensor& out,
+                                      double scale, int64_t window) {
+  TORCH_CHECK(q.dim() == 3 && q.stride(2) == 1 && q.stride(1) == q.size(2),
+              "q must be [T, H, D] with contiguous heads (rows may be strided)");
+  TORCH_CHECK(k_cache.dim() == 4 && v_cache.sizes() == k_cache.sizes() &&
+                  k_cache.is_contiguous() && v_cache.is_contiguous(),
+              "caches must be contiguous [NB, BS, KVH, D]");
+  TORCH_CHECK(out.sizes() == q.sizes() && out.is_contiguous(), "out must be contiguous like q");
+  TORCH_CHECK(q.scalar_type() == k_cache.scalar_type() &&
+                  q.scalar_type() == v_cache.scalar_type() &&
+                  q.scalar_type() == out.scalar_type(),
+              "q, caches and out must share a dtype");
+  TORCH_CHECK(chunks.dim() == 2 && chunks.size(1) == 3 && chunks.scalar_type() == torch::kLong &&
+                  block_tables.dim() == 2 && block_tables.scalar_type() == torch::kLong &&
+                  block_tables.size(0) == chunks.size(0),
+              "chunks [C, 3] and block_tables [C, MB] must be int64, one row per chunk");
+  TORCH_CHECK(k_cache.size(3) == q.size(2) && q.size(1) % k_cache.size(2) == 0,
+              "head sizes do not match");
+  auto c = chunks.contiguous();
+  auto tables = block_tables.contiguous();
+  const int64_t C = c.size(0), T = q.size(0), MB = tables.size(1);
+  const int64_t* cp = c.data_ptr<int64_t>();
+  for (int64_t i = 0; i < C; ++i)
+    TORCH_CHECK(cp[i * 3] >= 0 && cp[i * 3 + 1] >= 1 && cp[i * 3] + cp[i * 3 + 1] <= T &&
+                    cp[i * 3 + 2] >= 0 &&
+                    cp[i * 3 + 2] + cp[i * 3 + 1] <= MB * k_cache.size(1),
+                "chunk ", i, " lies outside the query rows or its block table");
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "paged_prefill", [&] {
+    const float s = static_cast<float>(scale);
+    if (q.size(2) == 64)
+      prefill<scalar_t, 64>(q, k_cache, v_cache, cp, C, tables.data_ptr<int64_t>(), MB, out, s,
+                            window);
+    else if (q.size(2) == 128)
+      prefill<scalar_t, 128>(q, k_cache, v_cache, cp, C, tables.data_ptr<int64_t>(), MB, out, s,
+                             window);
+    else
+      prefill<scalar_t, 0>(q, k_cache, v_cache, cp, C, tables.data_ptr<int64_t>(), MB, out, s,
+                           window);
+  });
+  return out;
+}
