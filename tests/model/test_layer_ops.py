@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from inflight.model.layer_ops import CpuLayerOps, TorchLayerOps
-from inflight.model.packed_linear import PackedLinear, can_pack, pack_linears
+from inflight.model.packed_linear import PackedLinear, can_pack, pack_linears, warm_up
 
 REF, FUSED = TorchLayerOps(), CpuLayerOps()
 DTYPES = [torch.float32, torch.bfloat16]
@@ -110,3 +110,19 @@ def test_pack_linears_replaces_every_linear_and_keeps_ties():
     assert not any(isinstance(m, nn.Linear) for m in model.modules())
     assert torch.equal(model(ids), before)
     assert not can_pack(torch.float32, torch.device("cpu")), "float32 stays on MKL's F.linear"
+
+
+@pytest.mark.skipif(not can_pack(torch.bfloat16, torch.device("cpu")), reason="no oneDNN bf16")
+def test_warm_up_runs_each_packed_shape_once_per_batch_size(monkeypatch):
+    model = nn.Sequential(nn.Linear(16, 32), nn.Linear(16, 32), nn.Linear(32, 8))
+    pack_linears(model.to(torch.bfloat16))
+    calls = []
+    original = PackedLinear.forward
+
+    def record(self, x):
+        calls.append((self.in_features, self.out_features, x.shape[0]))
+        return original(self, x)
+
+    monkeypatch.setattr(PackedLinear, "forward", record)
+    warm_up(model, [3, 1, 3, 2])
+    assert sorted(calls) == sorted((i, o, n) for i, o in [(16, 32), (32, 8)] for n in (1, 2, 3))
