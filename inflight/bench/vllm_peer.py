@@ -87,7 +87,7 @@ def run_vllm(
                                    f"{stderr.read()[-2000:]}")  # fmt: skip
         data = json.loads(result.read_text())
     wall = data["wall_s"]
-    records = [RequestRecord(p, o, None, wall) for p, o in data["requests"]]
+    records = [RequestRecord(*row) for row in data["requests"]]
     return RunResult("vllm-cpu", wall, records, peak_rss_mb=peak_mb)
 
 

@@ -4,8 +4,10 @@ by inflight (vLLM is not our dependency). Usage:
     python vllm_runner.py MODEL_DIR WORKLOAD.jsonl RESULT.json --dtype bfloat16 --max-num-seqs 64
 
 The workload holds token ids (`prompt`) and `max_tokens`; every request is greedy with
-`ignore_eos`, as inflight's runs are. The result holds the wall time of `generate` (start-up
-excluded) and each request's prompt and output token counts; the caller samples peak memory.
+`ignore_eos`, as inflight's runs are. The requests are added to vLLM's engine and stepped to the
+end, as `LLM.generate` does internally, but watching every step's outputs: the result holds the
+wall time (start-up excluded) and, per request, prompt and output token counts, time to first
+token and end-to-end latency from the start. The caller samples peak memory.
 """
 
 import argparse
@@ -41,13 +43,24 @@ def main() -> None:
     params = [
         SamplingParams(temperature=0.0, max_tokens=r["max_tokens"], ignore_eos=True) for r in rows
     ]
+    engine = llm.llm_engine
+    first_token: dict[str, float] = {}
+    finished: dict[str, list] = {}
     start = time.perf_counter()
-    outputs = llm.generate(prompts, params, use_tqdm=True)
+    for i, (prompt, param) in enumerate(zip(prompts, params)):
+        engine.add_request(str(i), prompt, param)
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            now = time.perf_counter() - start
+            if out.outputs and out.outputs[0].token_ids:
+                first_token.setdefault(out.request_id, now)
+            if out.finished:
+                finished[out.request_id] = [
+                    len(out.prompt_token_ids), len(out.outputs[0].token_ids),
+                    first_token[out.request_id], now,
+                ]  # fmt: skip
     wall = time.perf_counter() - start
-    result = {
-        "wall_s": wall,
-        "requests": [[len(o.prompt_token_ids), len(o.outputs[0].token_ids)] for o in outputs],
-    }
+    result = {"wall_s": wall, "requests": [finished[str(i)] for i in range(len(rows))]}
     with open(args.result, "w") as f:
         json.dump(result, f)
 
