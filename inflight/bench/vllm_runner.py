@@ -47,7 +47,7 @@ def main() -> None:
     first_token: dict[str, float] = {}
     finished: dict[str, list] = {}
     start = time.perf_counter()
-    for i, (prompt, param) in enumerate(zip(prompts, params)):
+    for i, (prompt, param) in enumerate(zip(prompts, params, strict=True)):
         engine.add_request(str(i), prompt, param)
     while engine.has_unfinished_requests():
         for out in engine.step():
