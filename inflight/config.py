@@ -45,7 +45,10 @@ class ModelConfig:
     seed: int = field(default=0, metadata={"help": "seed for requests that set none"})
     attention_backend: AttentionBackend = field(
         default="auto",
-        metadata={"help": "torch (reference), cpu (C++ decode kernel), or auto: cpu on a CPU"},
+        metadata={
+            "help": "torch (pure-PyTorch reference), cpu (C++ kernels: paged attention and fused "
+            "norm/RoPE/SiLU), or auto: cpu on a CPU"
+        },
     )
 
     def __post_init__(self) -> None:
