@@ -19,7 +19,6 @@ from inflight.core.scheduler import Scheduler
 from inflight.core.sizing import cdiv, num_blocks_for_budget, resolve_max_model_len
 from inflight.engine.profiling import NO_TIMER, PhaseTimer, Timer
 from inflight.model.loader import LoadedModel, load_model, resolve_model_path
-from inflight.model.packed_linear import warm_up
 from inflight.platform import resolve_device, resolve_dtype
 from inflight.request import FinishReason, Request
 from inflight.runner.kv_cache import KVCache, kv_bytes_per_token
@@ -106,9 +105,6 @@ class EngineCore:
         self.scheduler = Scheduler(sched_cfg, self.kv_cache_manager)
         attn = loaded.model.layers[0].attn
         self.runner = ModelRunner(loaded.model, self.kv_cache, attn, device, config.model.seed)
-        # Decode batch sizes up to 64 (~0.7 s for SmolLM2); larger ones cost ~40 ms each to warm,
-        # more than their first use does.
-        warm_up(loaded.model, range(1, min(sched_cfg.max_num_seqs, 64) + 1))
         self.timer: Timer = NO_TIMER
         self.last_step: StepStats | None = None
         self.totals = StepTotals()

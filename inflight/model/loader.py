@@ -24,7 +24,7 @@ from inflight.model.arch import LlamaArchConfig
 from inflight.model.gguf_loader import gguf_arch_config, iter_gguf_weights, open_gguf
 from inflight.model.layer_ops import CpuLayerOps, TorchLayerOps
 from inflight.model.llama import LlamaModel
-from inflight.model.packed_linear import can_pack, pack_linears
+from inflight.model.packed_linear import can_pack, pack_linears, warm_up
 
 logger = logging.getLogger(__name__)
 
@@ -145,4 +145,7 @@ def load_model(
     )
     if can_pack(dtype, device):
         pack_linears(model)
+        # Once per loaded model (engines may share it): decode batch sizes up to 64 (~0.7 s for
+        # SmolLM2); larger ones cost ~40 ms each to warm, more than their first use does.
+        warm_up(model, range(1, 65))
     return LoadedModel(model=model.eval(), arch=arch, path=path)

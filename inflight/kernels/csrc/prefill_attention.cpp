@@ -16,8 +16,6 @@
 #include "vec_math.h"
 #include "ops.h"
 
-#include <omp.h>
-
 #include <algorithm>
 #include <cmath>
 #include <limits>
