@@ -71,6 +71,11 @@ def add_bench_parser(sub: Any, add_engine_flags: Callable[[argparse.ArgumentPars
         "--vllm-python", type=Path, default=None,
         help="python of a virtual environment with vLLM's CPU build (for --peers vllm)",
     )  # fmt: skip
+    compare.add_argument(
+        "--llamacpp-python", type=Path, default=None,
+        help="python of a virtual environment with llama-cpp-python (for --peers llamacpp: "
+        "single stream in inflight's dtype; llamacpp-gguf: the GGUF file as shipped)",
+    )  # fmt: skip
     serve = modes.add_parser(
         "serve",
         formatter_class=fmt,
@@ -180,6 +185,13 @@ def run_local(args: argparse.Namespace, knobs: dict[str, Any], out: Path) -> dic
 
                 runs.append(run_vllm(args.vllm_python, loaded.path, workload, dtype,
                                      meta["max_num_seqs"]))  # fmt: skip
+            elif peer in ("llamacpp", "llamacpp-gguf"):
+                if args.llamacpp_python is None:
+                    raise ValueError(f"--peers {peer} needs --llamacpp-python (its own venv)")
+                from inflight.bench.llamacpp_peer import run_llamacpp
+
+                runs.append(run_llamacpp(args.llamacpp_python, loaded.path, workload, dtype,
+                                         as_shipped=peer == "llamacpp-gguf"))  # fmt: skip
             else:
                 raise ValueError(f"unknown peer {peer!r}; known: {', '.join(peer_runs.PEERS)}")
         except Exception as e:  # a peer failing must not lose the other results

@@ -17,10 +17,10 @@ from tqdm.auto import tqdm
 
 from inflight.bench.offline import peak_rss_mb
 from inflight.bench.stats import RequestRecord, RunResult
-from inflight.bench.workloads import WorkloadRequest
+from inflight.bench.workloads import WorkloadRequest, require_simultaneous
 from inflight.model.loader import is_gguf
 
-PEERS = ("hf-static", "hf-continuous", "vllm")
+PEERS = ("hf-static", "hf-continuous", "vllm", "llamacpp", "llamacpp-gguf")
 _DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
 
 
@@ -35,16 +35,10 @@ def load_hf_model(path: Path, dtype: str):
     return AutoModelForCausalLM.from_pretrained(path, **kwargs).eval()
 
 
-def _require_simultaneous(workload: list[WorkloadRequest], peer: str) -> None:
-    if any(r.arrival_time > 0 for r in workload):
-        raise ValueError(f"{peer} only runs workloads whose requests all arrive at once")
-
-
-@torch.inference_mode()
 def run_hf_static(
     path: Path, workload: list[WorkloadRequest], dtype: str, batch_size: int, progress: bool = True
 ) -> RunResult:
-    _require_simultaneous(workload, "hf-static")
+    require_simultaneous(workload, "hf-static")
     model = load_hf_model(path, dtype)
     pad_id = 0
     records = []
@@ -72,7 +66,7 @@ def run_hf_continuous(
     """transformers sizes its own batch and KV cache; it gets the whole workload at once."""
     from transformers import GenerationConfig
 
-    _require_simultaneous(workload, "hf-continuous")
+    require_simultaneous(workload, "hf-continuous")
     model = load_hf_model(path, dtype)
     config = GenerationConfig(
         do_sample=False, max_new_tokens=max(r.max_tokens for r in workload),

@@ -10,13 +10,11 @@ from __future__ import annotations
 import json
 import logging
 import os
-import subprocess
-import tempfile
-import time
 from pathlib import Path
 
-from inflight.bench.stats import RequestRecord, RunResult
-from inflight.bench.workloads import WorkloadRequest, save_jsonl
+from inflight.bench.external_peer import run_runner
+from inflight.bench.stats import RunResult
+from inflight.bench.workloads import WorkloadRequest, require_simultaneous
 from inflight.model.loader import is_gguf
 from inflight.tokenizer import cache_dir, load_tokenizer
 
@@ -67,55 +65,8 @@ def _environment(python: Path) -> dict[str, str]:
 def run_vllm(
     python: Path, model_path: Path, workload: list[WorkloadRequest], dtype: str, max_num_seqs: int
 ) -> RunResult:
-    if any(r.arrival_time > 0 for r in workload):
-        raise ValueError("the vllm peer only runs workloads whose requests all arrive at once")
+    require_simultaneous(workload, "the vllm peer")
     folder = export_hf_folder(model_path, dtype)
     runner = Path(__file__).with_name("vllm_runner.py")
-    with tempfile.TemporaryDirectory() as tmp:
-        work, result = Path(tmp) / "workload.jsonl", Path(tmp) / "result.json"
-        save_jsonl(workload, work)
-        command = [str(python), str(runner), str(folder), str(work), str(result),
-                   "--dtype", dtype, "--max-num-seqs", str(max_num_seqs)]  # fmt: skip
-        logger.info("vllm peer: %s", " ".join(command))
-        with tempfile.TemporaryFile("w+") as stderr:
-            process = subprocess.Popen(command, env=_environment(python), text=True,
-                                       stdout=subprocess.DEVNULL, stderr=stderr)  # fmt: skip
-            peak_mb = _watch_tree_rss(process)
-            if process.returncode != 0:
-                stderr.seek(0)
-                raise RuntimeError(f"vLLM exited with {process.returncode}: "
-                                   f"{stderr.read()[-2000:]}")  # fmt: skip
-        data = json.loads(result.read_text())
-    wall = data["wall_s"]
-    records = [RequestRecord(*row) for row in data["requests"]]
-    return RunResult("vllm-cpu", wall, records, peak_rss_mb=peak_mb)
-
-
-def _tree_rss_kib(root: int) -> int:
-    """Resident memory of a process and all its descendants, from /proc (Linux)."""
-    children: dict[int, list[int]] = {}
-    rss: dict[int, int] = {}
-    for status in Path("/proc").glob("[0-9]*/status"):
-        try:
-            fields = dict(line.split(":", 1) for line in status.read_text().splitlines())
-        except (OSError, ValueError):
-            continue  # the process ended meanwhile
-        pid = int(status.parent.name)
-        children.setdefault(int(fields["PPid"]), []).append(pid)
-        rss[pid] = int(fields.get("VmRSS", "0 kB").split()[0])
-    total, stack = 0, [root]
-    while stack:
-        pid = stack.pop()
-        total += rss.get(pid, 0)
-        stack += children.get(pid, [])
-    return total
-
-
-def _watch_tree_rss(process: subprocess.Popen, interval_s: float = 0.25) -> float:
-    """Waits for `process`, sampling its tree's RSS; returns the peak in MB. (The runner cannot
-    measure itself: on Linux a child's ru_maxrss starts at its parent's, ours, at fork.)"""
-    peak = 0
-    while process.poll() is None:
-        peak = max(peak, _tree_rss_kib(process.pid))
-        time.sleep(interval_s)
-    return peak / 1024
+    args = ["--model", str(folder), "--dtype", dtype, "--max-num-seqs", str(max_num_seqs)]
+    return run_runner("vllm-cpu", python, runner, args, workload, _environment(python))

@@ -1,7 +1,7 @@
 """Runs one workload through vLLM's offline API; executed by vLLM's own Python, never imported
 by inflight (vLLM is not our dependency). Usage:
 
-    python vllm_runner.py MODEL_DIR WORKLOAD.jsonl RESULT.json --dtype bfloat16 --max-num-seqs 64
+    python vllm_runner.py WORKLOAD.jsonl RESULT.json --model DIR --dtype bfloat16 --max-num-seqs 64
 
 The workload holds token ids (`prompt`) and `max_tokens`; every request is greedy with
 `ignore_eos`, as inflight's runs are. The requests are added to vLLM's engine and stepped to the
@@ -17,9 +17,9 @@ import time
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("model")
     parser.add_argument("workload")
     parser.add_argument("result")
+    parser.add_argument("--model", required=True)
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--max-num-seqs", type=int, default=64)
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048)

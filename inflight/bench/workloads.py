@@ -153,6 +153,12 @@ def named(
     return synthetic(tokenizer, seed=seed, arrival=arrival, rate=rate, **spec)
 
 
+def require_simultaneous(workload: list[WorkloadRequest], peer: str) -> None:
+    """Peers that take a whole workload at once cannot honour arrival times."""
+    if any(r.arrival_time > 0 for r in workload):
+        raise ValueError(f"{peer} only runs workloads whose requests all arrive at once")
+
+
 # ------------------------------------------------------------------------ JSONL
 def save_jsonl(requests: list[WorkloadRequest], path: Path) -> None:
     """One request a line: `prompt` (token ids), `max_tokens`, `arrival_time`, `priority`."""

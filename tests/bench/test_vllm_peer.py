@@ -7,7 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from inflight.bench.vllm_peer import _environment, _watch_tree_rss
+from inflight.bench.external_peer import watch_tree_rss
+from inflight.bench.vllm_peer import _environment
 
 
 def test_environment_binds_every_core_and_preloads_intel_openmp(tmp_path):
@@ -27,7 +28,7 @@ def test_peak_memory_counts_the_process_tree():
              "time.sleep(1.5)")  # fmt: skip
     parent = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {child!r}])"
     process = subprocess.Popen([sys.executable, "-c", parent])
-    peak = _watch_tree_rss(process, interval_s=0.05)
+    peak = watch_tree_rss(process, interval_s=0.05)
     assert process.returncode == 0
     assert 200 <= peak < 1000
 
