@@ -28,6 +28,7 @@ class DecodeBatch:
     rows: torch.Tensor  # [R] flat token index of each decode (its only query token)
     block_tables: torch.Tensor  # [R, MB] int64
     seq_lens: torch.Tensor  # [R] int64
+    all_rows: bool = False  # every token of the step is a decode (rows == 0..T-1)
 
 
 @dataclass
@@ -77,6 +78,7 @@ class CpuKernelBackend(TorchReferenceBackend):
                 rows=torch.tensor([query_start_loc[r] for r in rows]).to(device),
                 block_tables=block_tables[index].to(device),
                 seq_lens=torch.tensor([seq_lens[r] for r in rows]).to(device),
+                all_rows=len(rows) == query_start_loc[-1],
             )
         return meta
 

@@ -1,9 +1,9 @@
 """inflight's C++ CPU kernels, compiled together into one torch extension on first use.
 
 `csrc/paged_attention.cpp` and `csrc/prefill_attention.cpp` (decode and prefill attention over
-the paged KV cache) and `csrc/layer_ops.cpp` (fused RMSNorm, residual add + RMSNorm,
-SiLU-and-mul, RoPE) are built with the machine's own
-compiler (`-march=native`) by torch's cpp_extension and cached by torch
+the paged KV cache), `csrc/layer_ops.cpp` (fused RMSNorm, residual add + RMSNorm, SiLU-and-mul,
+RoPE) and `csrc/decoder_layers.cpp` (every decoder layer driven from C++) are built with the
+machine's own compiler (`-march=native`) by torch's cpp_extension and cached by torch
 (`~/.cache/torch_extensions`, or `TORCH_EXTENSIONS_DIR`): ~1 min once per machine and source
 version. Callers fall back to pure PyTorch when no compiler is available.
 """
@@ -16,7 +16,13 @@ from types import ModuleType
 
 logger = logging.getLogger(__name__)
 
-_SOURCES = ("paged_attention.cpp", "prefill_attention.cpp", "layer_ops.cpp", "bindings.cpp")
+_SOURCES = (
+    "paged_attention.cpp",
+    "prefill_attention.cpp",
+    "layer_ops.cpp",
+    "decoder_layers.cpp",
+    "bindings.cpp",
+)
 _extension: ModuleType | None = None
 
 

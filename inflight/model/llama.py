@@ -11,7 +11,7 @@ matmul each at load time.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import ClassVar
 
 import torch
@@ -122,6 +122,9 @@ class LlamaModel(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
+        # The same layers as one C++ call (model/fused_layers.py), set by the loader when the
+        # C++ kernels are in use; None runs the Python loop below.
+        self.fused_layers: Callable | None = None
         self.finish_init()
 
     def finish_init(self) -> None:
@@ -146,8 +149,11 @@ class LlamaModel(nn.Module):
         freqs = positions.float()[:, None] * self.inv_freq[None, :]  # [T, D/2]
         cos, sin = freqs.cos().to(hidden.dtype), freqs.sin().to(hidden.dtype)
         residual = None
-        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            hidden, residual = layer(hidden, residual, cos, sin, kv_cache, meta)
+        if self.fused_layers is not None:
+            hidden, residual = self.fused_layers(hidden, cos, sin, kv_caches, meta)
+        else:
+            for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+                hidden, residual = layer(hidden, residual, cos, sin, kv_cache, meta)
         hidden, w, eps = hidden[logits_indices], self.norm.weight, self.norm.eps
         if residual is None:
             return self.lm_head(self.ops.rms_norm(hidden, w, eps))

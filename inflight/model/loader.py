@@ -21,6 +21,7 @@ from tqdm.auto import tqdm
 from inflight.attention import CpuKernelBackend, make_backend
 from inflight.errors import ModelLoadError
 from inflight.model.arch import LlamaArchConfig
+from inflight.model.fused_layers import FusedDecoderLayers
 from inflight.model.gguf_loader import gguf_arch_config, iter_gguf_weights, open_gguf
 from inflight.model.layer_ops import CpuLayerOps, TorchLayerOps
 from inflight.model.llama import LlamaModel
@@ -148,4 +149,6 @@ def load_model(
         # Once per loaded model (engines may share it): decode batch sizes up to 64 (~0.7 s for
         # SmolLM2); larger ones cost ~40 ms each to warm, more than their first use does.
         warm_up(model, range(1, 65))
+    if isinstance(attn, CpuKernelBackend):
+        model.fused_layers = FusedDecoderLayers(model.layers, attn)
     return LoadedModel(model=model.eval(), arch=arch, path=path)

@@ -21,3 +21,17 @@ torch::Tensor add_rms_norm(const torch::Tensor& x, torch::Tensor& residual,
 torch::Tensor silu_and_mul(const torch::Tensor& gate_up);
 void rope_(torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
            int64_t num_heads, int64_t head_dim);
+
+// decoder_layers.cpp: every decoder layer of a Llama-family model in one call (the Python
+// `DecoderLayer.forward` loop, moved to C++); returns {hidden, residual}
+std::vector<torch::Tensor> llama_decoder_layers(
+    torch::Tensor hidden, c10::optional<torch::Tensor> residual, const torch::Tensor& cos,
+    const torch::Tensor& sin, const std::vector<torch::Tensor>& weights,
+    const std::vector<c10::optional<torch::Tensor>>& qkv_biases,
+    const std::vector<torch::Tensor>& k_caches, const std::vector<torch::Tensor>& v_caches,
+    const torch::Tensor& slot_mapping, const c10::optional<torch::Tensor>& decode_rows,
+    const c10::optional<torch::Tensor>& decode_tables,
+    const c10::optional<torch::Tensor>& decode_lens, bool decode_all_rows,
+    const c10::optional<torch::Tensor>& prefill_chunks,
+    const c10::optional<torch::Tensor>& prefill_tables, int64_t num_heads, int64_t num_kv_heads,
+    int64_t head_dim, double eps, double scale, int64_t window, bool packed);

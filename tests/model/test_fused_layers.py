@@ -1,0 +1,50 @@
+"""The decoder layers as one C++ call (`FusedDecoderLayers`) against the Python layer loop it
+replaces: same tokens and bit-identical logprobs, in float32 (plain linears) and bfloat16
+(packed linears), through chunked prefills mixed with decodes and pure decode steps, for every
+tiny architecture (Qwen2's QKV bias, Mistral's sliding window)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from inflight import LLM, SamplingParams
+from inflight.model.fused_layers import FusedDecoderLayers
+from tests.conftest import TINY_ARCHS
+from tests.parity import mixed_max_tokens, random_prompts
+
+
+def _run(llm: LLM, prompts, max_tokens):
+    params = [
+        SamplingParams(temperature=0, max_tokens=n, ignore_eos=True, logprobs=2) for n in max_tokens
+    ]
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    return [(o.outputs[0].token_ids, o.outputs[0].logprobs) for o in outputs]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("arch", TINY_ARCHS)
+def test_fused_layers_match_the_python_loop_bit_for_bit(tiny_model_factory, arch, dtype):
+    llm = LLM(str(tiny_model_factory(arch)), dtype=dtype, attention_backend="cpu",
+              prefill_chunk_size=8, max_num_batched_tokens=64,
+              enable_prefix_caching=False)  # fmt: skip
+    model = llm.core.loaded.model
+    fused = model.fused_layers
+    assert isinstance(fused, FusedDecoderLayers)
+    assert fused.packed == (dtype == "bfloat16")  # oneDNN-packed weights exist only for bf16
+    prompts = random_prompts(model.cfg.vocab_size)
+    max_tokens = mixed_max_tokens(len(prompts))
+
+    got = _run(llm, prompts, max_tokens)
+    model.fused_layers = None
+    want = _run(llm, prompts, max_tokens)
+    assert got == want
+
+
+def test_mixed_weight_kinds_are_refused(tiny_llama):
+    """One call packs or not for all layers: a model half packed cannot be fused."""
+    llm = LLM(str(tiny_llama), dtype="bfloat16", attention_backend="cpu")
+    layers = llm.core.loaded.model.layers
+    layers[0].qkv_proj = torch.nn.Linear(layers[0].qkv_proj.in_features, 4, bias=False)
+    with pytest.raises(ValueError, match="all packed or all plain"):
+        FusedDecoderLayers(layers, layers[0].attn)
