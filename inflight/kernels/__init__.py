@@ -2,10 +2,11 @@
 
 `csrc/paged_attention.cpp` and `csrc/prefill_attention.cpp` (decode and prefill attention over
 the paged KV cache), `csrc/layer_ops.cpp` (fused RMSNorm, residual add + RMSNorm, SiLU-and-mul,
-RoPE) and `csrc/decoder_layers.cpp` (every decoder layer driven from C++) are built with the
-machine's own compiler (`-march=native`) by torch's cpp_extension and cached by torch
-(`~/.cache/torch_extensions`, or `TORCH_EXTENSIONS_DIR`): ~1 min once per machine and source
-version. Callers fall back to pure PyTorch when no compiler is available.
+RoPE), `csrc/decoder_layers.cpp` (every decoder layer driven from C++) and `csrc/argmax.cpp`
+(greedy sampling) are built with the machine's own compiler (`-march=native`) by torch's
+cpp_extension and cached by torch (`~/.cache/torch_extensions`, or `TORCH_EXTENSIONS_DIR`):
+~1 min once per machine and source version. Callers fall back to pure PyTorch when no compiler
+is available.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ _SOURCES = (
     "prefill_attention.cpp",
     "layer_ops.cpp",
     "decoder_layers.cpp",
+    "argmax.cpp",
     "bindings.cpp",
 )
 _extension: ModuleType | None = None

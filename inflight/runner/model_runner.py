@@ -17,9 +17,10 @@ from dataclasses import dataclass
 
 import torch
 
-from inflight.attention import AttentionMetadata, TorchReferenceBackend
+from inflight.attention import AttentionMetadata, CpuKernelBackend, TorchReferenceBackend
 from inflight.core.outputs import ModelRunnerOutput, SchedulerOutput
 from inflight.engine.profiling import NO_TIMER, Timer
+from inflight.kernels import load_extension
 from inflight.model.llama import LlamaModel
 from inflight.runner.kv_cache import KVCache
 from inflight.runner.sampler import Sampler
@@ -51,7 +52,11 @@ class ModelRunner:
         self.attn_backend = attn_backend
         self.device = device
         self.block_size = kv_cache.block_size
-        self.sampler = Sampler(device, seed)
+        # The C++ kernels (chosen with the attention backend) include greedy sampling's argmax.
+        if isinstance(attn_backend, CpuKernelBackend):
+            self.sampler = Sampler(device, seed, argmax=load_extension().first_argmax)
+        else:
+            self.sampler = Sampler(device, seed)
         self.timer: Timer = NO_TIMER
 
     def prepare_inputs(self, out: SchedulerOutput) -> StepInputs:

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from inflight import LLM, SamplingParams
+from inflight.kernels import load_extension
 from inflight.model.fused_layers import FusedDecoderLayers
 from tests.conftest import TINY_ARCHS
 from tests.parity import mixed_max_tokens, random_prompts
@@ -32,6 +33,7 @@ def test_fused_layers_match_the_python_loop_bit_for_bit(tiny_model_factory, arch
     fused = model.fused_layers
     assert isinstance(fused, FusedDecoderLayers)
     assert fused.packed == (dtype == "bfloat16")  # oneDNN-packed weights exist only for bf16
+    assert llm.core.runner.sampler.argmax is load_extension().first_argmax  # the kernels' argmax
     prompts = random_prompts(model.cfg.vocab_size)
     max_tokens = mixed_max_tokens(len(prompts))
 

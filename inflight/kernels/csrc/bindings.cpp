@@ -9,6 +9,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("add_rms_norm", &add_rms_norm, "residual += x (in place), then RMSNorm of the residual");
   m.def("silu_and_mul", &silu_and_mul, "silu(gate) * up for rows [gate | up]");
   m.def("rope_", &rope_, "rotary embedding (rotate-half layout) in place on the first heads");
+  m.def("first_argmax", &first_argmax, "index of each row's first maximum (NaN is maximal)");
   m.def("llama_decoder_layers", &llama_decoder_layers,
         "every decoder layer of a Llama-family model; returns [hidden, residual]");
 }

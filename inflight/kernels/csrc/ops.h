@@ -22,6 +22,9 @@ torch::Tensor silu_and_mul(const torch::Tensor& gate_up);
 void rope_(torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
            int64_t num_heads, int64_t head_dim);
 
+// argmax.cpp: greedy sampling, the first maximum of each row as torch.max picks it
+torch::Tensor first_argmax(const torch::Tensor& x);
+
 // decoder_layers.cpp: every decoder layer of a Llama-family model in one call (the Python
 // `DecoderLayer.forward` loop, moved to C++); returns {hidden, residual}
 std::vector<torch::Tensor> llama_decoder_layers(
