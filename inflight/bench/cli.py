@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from inflight.bench import peers as peer_runs
-from inflight.bench.offline import run_offline
+from inflight.bench.offline import reset_peak_rss, run_offline
 from inflight.bench.stats import RunResult
 from inflight.bench.workloads import NAMED, WorkloadRequest, load_jsonl, named
 from inflight.engine.profiling import OVERHEAD_PHASES, breakdown
@@ -154,6 +154,7 @@ def run_local(args: argparse.Namespace, knobs: dict[str, Any], out: Path) -> dic
     runs: list[RunResult] = []
     loaded = None
     for mode in modes:
+        reset_peak_rss()  # each run's own peak (the first one's includes loading the model)
         llm = LLM(loaded_model=loaded, **{**knobs, "batching": mode})
         loaded = llm.core.loaded
         workload = load_workload(args, llm.tokenizer)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import resource
 import time
+from pathlib import Path
 
 from tqdm.auto import tqdm
 
@@ -14,7 +16,15 @@ from inflight.sampling_params import SamplingParams
 
 
 def peak_rss_mb() -> float:
+    """This process's peak resident memory since it started or since `reset_peak_rss`."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+
+
+def reset_peak_rss() -> None:
+    """Restarts the peak from the current resident memory (Linux), so a run measured in this
+    process does not report an earlier run's peak. Elsewhere the peak stays the process's."""
+    with contextlib.suppress(OSError):
+        Path("/proc/self/clear_refs").write_text("5")
 
 
 def _counters(llm: LLM) -> dict[str, int]:

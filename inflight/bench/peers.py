@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from inflight.bench.offline import peak_rss_mb
+from inflight.bench.offline import peak_rss_mb, reset_peak_rss
 from inflight.bench.stats import RequestRecord, RunResult
 from inflight.bench.workloads import WorkloadRequest, require_simultaneous
 from inflight.model.loader import is_gguf
@@ -39,6 +39,7 @@ def run_hf_static(
     path: Path, workload: list[WorkloadRequest], dtype: str, batch_size: int, progress: bool = True
 ) -> RunResult:
     require_simultaneous(workload, "hf-static")
+    reset_peak_rss()
     model = load_hf_model(path, dtype)
     pad_id = 0
     records = []
@@ -67,6 +68,7 @@ def run_hf_continuous(
     from transformers import GenerationConfig
 
     require_simultaneous(workload, "hf-continuous")
+    reset_peak_rss()
     model = load_hf_model(path, dtype)
     config = GenerationConfig(
         do_sample=False, max_new_tokens=max(r.max_tokens for r in workload),

@@ -85,11 +85,11 @@ def plot_latency_cdfs(path: Path, runs: list[RunResult]) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
     for ax, attr, label in ((axes[0], "ttft", "time to first token (s)"),
                             (axes[1], "e2e", "end-to-end latency (s)")):  # fmt: skip
-        for run in runs:
+        for i, run in enumerate(runs):  # one colour per run in both panels
             values = np.sort([v for r in run.requests if (v := getattr(r, attr)) is not None])
             if len(values):
                 ax.step(values, np.arange(1, len(values) + 1) / len(values), where="post",
-                        label=run.name)  # fmt: skip
+                        label=run.name, color=f"C{i % 10}")  # fmt: skip
         ax.set_xlabel(label)
         ax.set_ylabel("fraction of requests")
         ax.grid(alpha=0.3)
