@@ -229,6 +229,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         stream=sys.stderr,
     )
     args = build_parser().parse_args(argv)
+    if args.command in ("serve", "bench") and argv is None:  # a process of its own
+        from inflight.process_setup import restart_with_tcmalloc
+
+        restart_with_tcmalloc([sys.executable, "-m", "inflight", *sys.argv[1:]])
     if args.command == "generate":
         return run_generate(args)
     if args.command == "serve":

@@ -16,12 +16,10 @@ from inflight.bench.external_peer import run_runner
 from inflight.bench.stats import RunResult
 from inflight.bench.workloads import WorkloadRequest, require_simultaneous
 from inflight.model.loader import is_gguf
+from inflight.process_setup import find_tcmalloc
 from inflight.tokenizer import cache_dir, load_tokenizer
 
 logger = logging.getLogger("inflight.bench")
-
-_TCMALLOC = ("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4",
-             "/usr/lib/x86_64-linux-gnu/libtcmalloc.so.4")  # fmt: skip
 
 
 def export_hf_folder(path: Path, dtype: str) -> Path:
@@ -53,7 +51,7 @@ def export_hf_folder(path: Path, dtype: str) -> Path:
 def _environment(python: Path) -> dict[str, str]:
     env = dict(os.environ, VLLM_TARGET_DEVICE="cpu", VLLM_CPU_KVCACHE_SPACE="4")
     env["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{(os.cpu_count() or 1) - 1}"
-    preload = [p for p in _TCMALLOC if Path(p).is_file()][:1]
+    preload = [str(p) for p in [find_tcmalloc()] if p is not None]
     venv = python.parent.parent
     iomp = sorted(venv.glob("lib/libiomp5.so")) + sorted(venv.glob("lib/python3*/**/libiomp5.so"))
     preload += [str(p) for p in iomp[:1]]

@@ -1,0 +1,7 @@
+"""`python -m inflight`: the `inflight` command."""
+
+import sys
+
+from inflight.cli import main
+
+sys.exit(main())
