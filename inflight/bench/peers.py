@@ -35,6 +35,7 @@ def load_hf_model(path: Path, dtype: str):
     return AutoModelForCausalLM.from_pretrained(path, **kwargs).eval()
 
 
+@torch.inference_mode()
 def run_hf_static(
     path: Path, workload: list[WorkloadRequest], dtype: str, batch_size: int, progress: bool = True
 ) -> RunResult:
