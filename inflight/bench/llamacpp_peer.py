@@ -22,6 +22,7 @@ from inflight.tokenizer import cache_dir
 logger = logging.getLogger("inflight.bench")
 
 _FLOAT_TYPES = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}
+_FILE_TYPES = {"bfloat16": "MOSTLY_BF16", "float16": "MOSTLY_F16", "float32": "ALL_F32"}
 
 
 def convert_gguf(path: Path, dtype: str, out: Path | None = None) -> Path:
@@ -44,7 +45,7 @@ def convert_gguf(path: Path, dtype: str, out: Path | None = None) -> Path:
         vtype = field.types[0]
         value = field.contents()
         if name == "general.file_type":
-            value = int(gguf.LlamaFileType[f"MOSTLY_{target.name}"])
+            value = int(gguf.LlamaFileType[_FILE_TYPES[dtype]])
         sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
         writer.add_key_value(name, value, vtype, sub)
     for tensor in reader.tensors:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from gguf import GGMLQuantizationType, GGUFReader
+from gguf import GGMLQuantizationType, GGUFReader, LlamaFileType
 
 from inflight.bench.llamacpp_peer import convert_gguf, run_llamacpp
 from inflight.bench.workloads import WorkloadRequest
@@ -39,6 +39,9 @@ def test_rewritten_gguf_holds_the_same_weights_in_the_new_type(
     assert types["blk.0.attn_norm.weight"] == "F32"
     for key in ("general.architecture", "tokenizer.ggml.tokens", "llama.block_count"):
         assert reader.fields[key].contents() == source.fields[key].contents()
+    file_type = {"float32": LlamaFileType.ALL_F32, "bfloat16": LlamaFileType.MOSTLY_BF16}[dtype]
+    assert source.fields["general.file_type"].contents() == LlamaFileType.MOSTLY_Q4_1
+    assert reader.fields["general.file_type"].contents() == file_type
     assert convert_gguf(q4, dtype, out) == out  # cached: not rewritten
 
 

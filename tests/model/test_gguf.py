@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFWriter
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFWriter, LlamaFileType
 from gguf.quants import dequantize, quantize
 
 from inflight import LLM, SamplingParams
@@ -80,6 +80,8 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType) -> 
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     w.add_rope_dimension_count(cfg["hidden_size"] // cfg["num_attention_heads"])
     w.add_vocab_size(cfg["vocab_size"])
+    file_type = "ALL_F32" if qtype == Q.F32 else f"MOSTLY_{qtype.name}"
+    w.add_file_type(int(LlamaFileType[file_type]))  # what llama.cpp's converter writes
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("default")
     w.add_token_list([t for t, _ in vocab])
