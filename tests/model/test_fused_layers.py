@@ -50,3 +50,33 @@ def test_mixed_weight_kinds_are_refused(tiny_llama):
     layers[0].qkv_proj = torch.nn.Linear(layers[0].qkv_proj.in_features, 4, bias=False)
     with pytest.raises(ValueError, match="all packed or all plain"):
         FusedDecoderLayers(layers, layers[0].attn)
+
+
+def test_bad_inputs_are_refused_before_any_write(tiny_llama):
+    """The C++ loop checks what it indexes: weight lists, slots, cache shapes."""
+    llm = LLM(str(tiny_llama), dtype="float32", attention_backend="cpu")
+    fused = llm.core.loaded.model.fused_layers
+    caches = llm.core.runner.kv_cache.layers
+    num_heads, num_kv_heads, head_dim = fused.shape
+    hidden = torch.randn(2, num_heads * head_dim)
+    cos = sin = torch.ones(2, head_dim // 2)
+
+    def run(weights=fused.weights, slots=(0, 1), k_caches=None):
+        k_caches = k_caches if k_caches is not None else [k for k, _ in caches]
+        return fused.run(
+            hidden, None, cos, sin, weights, fused.qkv_biases, k_caches, [v for _, v in caches],
+            torch.tensor(slots), None, None, None, False, None, None,
+            num_heads, num_kv_heads, head_dim, fused.eps, 1.0, 0, fused.packed,
+        )  # fmt: skip
+
+    with pytest.raises(RuntimeError, match="six weights"):
+        run(weights=fused.weights[:-1])
+    num_slots = caches[0][0].shape[0] * caches[0][0].shape[1]
+    caches[0][0].view(num_slots, -1)[0] = 7.0
+    with pytest.raises(RuntimeError, match="out of range"):
+        run(slots=(0, num_slots))
+    assert bool((caches[0][0].view(num_slots, -1)[0] == 7.0).all())  # slot 0 was not written
+    with pytest.raises(RuntimeError, match="one int64 slot per token"):
+        run(slots=(0,))
+    with pytest.raises(RuntimeError, match="caches must be contiguous"):
+        run(k_caches=[k.to(torch.bfloat16) for k, _ in caches])

@@ -33,15 +33,14 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& w, const OptTe
 
 // cache.view(-1, KVH, D).index_copy_(0, slots, rows) for rows of a strided view (a slice of the
 // fused QKV output): one memcpy per token, without index_copy_'s ~20 us of setup per call.
-void write_cache(const torch::Tensor& cache, const torch::Tensor& rows,
-                 const int64_t* slots) {
-  const int64_t T = rows.size(0), num_slots = cache.size(0) * cache.size(1);
+// The slots were checked against the cache size before the first layer.
+void write_cache(const torch::Tensor& cache, const torch::Tensor& rows, const int64_t* slots) {
+  const int64_t T = rows.size(0);
   const int64_t row_bytes = rows.size(1) * rows.size(2) * rows.element_size();
   const int64_t stride_bytes = rows.stride(0) * rows.element_size();
   const auto* src = static_cast<const char*>(rows.data_ptr());
   auto* dst = static_cast<char*>(cache.data_ptr());
   for (int64_t t = 0; t < T; ++t) {
-    TORCH_CHECK(slots[t] >= 0 && slots[t] < num_slots, "slot ", slots[t], " out of range");
     std::memcpy(dst + slots[t] * row_bytes, src + t * stride_bytes, row_bytes);
   }
 }
@@ -76,10 +75,14 @@ std::vector<torch::Tensor> llama_decoder_layers(
   for (size_t l = 0; l < L; ++l) {
     for (const auto* cache : {&k_caches[l], &v_caches[l]}) {
       TORCH_CHECK(cache->dim() == 4 && cache->is_contiguous() &&
-                      cache->size(2) == num_kv_heads && cache->size(3) == head_dim &&
-                      cache->scalar_type() == hidden.scalar_type(),
-                  "caches must be contiguous [NB, BS, KVH, D] in the model's dtype");
+                      cache->sizes() == k_caches[0].sizes() && cache->size(2) == num_kv_heads &&
+                      cache->size(3) == head_dim && cache->scalar_type() == hidden.scalar_type(),
+                  "caches must be contiguous [NB, BS, KVH, D] in the model's dtype, all alike");
     }
+  }
+  const int64_t num_slots = L ? k_caches[0].size(0) * k_caches[0].size(1) : 0;
+  for (int64_t t = 0; t < T; ++t) {
+    TORCH_CHECK(slots[t] >= 0 && slots[t] < num_slots, "slot ", slots[t], " out of range");
   }
   torch::Tensor res = residual.has_value() ? *residual : torch::Tensor();
   for (size_t l = 0; l < L; ++l) {
