@@ -2,11 +2,12 @@
 
 `csrc/paged_attention.cpp` and `csrc/prefill_attention.cpp` (decode and prefill attention over
 the paged KV cache), `csrc/layer_ops.cpp` (fused RMSNorm, residual add + RMSNorm, SiLU-and-mul,
-RoPE), `csrc/decoder_layers.cpp` (every decoder layer driven from C++) and `csrc/argmax.cpp`
-(greedy sampling) are built with the machine's own compiler (`-march=native`) by torch's
-cpp_extension and cached by torch (`~/.cache/torch_extensions`, or `TORCH_EXTENSIONS_DIR`):
-~1 min once per machine and source version. Callers fall back to pure PyTorch when no compiler
-is available.
+RoPE), `csrc/decoder_layers.cpp` (every decoder layer driven from C++), `csrc/bf16_linear.cpp`
+(bfloat16 linears for decode-sized batches) and `csrc/argmax.cpp` (greedy sampling) are built
+with the machine's own compiler (`-march=native`) by torch's cpp_extension and cached by torch
+(`~/.cache/torch_extensions`, or `TORCH_EXTENSIONS_DIR`): ~1 min once per machine and source
+version. Callers fall back to pure PyTorch when no compiler is available; `bf16_linear` exists
+only where the compiler targets AVX-512 BF16 (`bf16_linear_available()`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ _SOURCES = (
     "layer_ops.cpp",
     "decoder_layers.cpp",
     "argmax.cpp",
+    "bf16_linear.cpp",
     "bindings.cpp",
 )
 _extension: ModuleType | None = None

@@ -22,10 +22,17 @@ class FusedDecoderLayers:
     """Holds flat lists of every layer's weights (taken after packing: build it last)."""
 
     def __init__(self, layers: torch.nn.ModuleList, backend: CpuKernelBackend) -> None:
-        kinds = {type(getattr(layer, p)) for layer in layers for p in _PROJECTIONS}
+        projections = [getattr(layer, p) for layer in layers for p in _PROJECTIONS]
+        kinds = {type(m) for m in projections}
         if len(kinds) != 1:
             raise ValueError(f"projections must be all packed or all plain, got {kinds}")
         self.packed = kinds == {PackedLinear}
+        # inflight's bf16 kernel packings, used up to `small_batch_rows` rows (as PackedLinear)
+        self.small_weights = [getattr(m, "small_weight", None) for m in projections]
+        rows = {getattr(m, "small_batch_rows", 0) for m in projections}
+        if len(rows) != 1:
+            raise ValueError(f"projections must share one small-batch row limit, got {rows}")
+        self.small_batch_rows = rows.pop()
         self.weights = [
             w
             for layer in layers
@@ -57,7 +64,8 @@ class FusedDecoderLayers:
         decode, prefill = meta.decode_batch, meta.prefill_batch
         num_heads, num_kv_heads, head_dim = self.shape
         hidden, residual = self.run(
-            hidden, None, cos, sin, self.weights, self.qkv_biases,
+            hidden, None, cos, sin, self.weights, self.small_weights, self.small_batch_rows,
+            self.qkv_biases,
             [k for k, _ in kv_caches], [v for _, v in kv_caches], meta.slot_mapping,
             decode and decode.rows, decode and decode.block_tables, decode and decode.seq_lens,
             decode is not None and decode.all_rows,

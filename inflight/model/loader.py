@@ -20,6 +20,7 @@ from tqdm.auto import tqdm
 
 from inflight.attention import CpuKernelBackend, make_backend
 from inflight.errors import ModelLoadError
+from inflight.model import packed_linear
 from inflight.model.arch import LlamaArchConfig
 from inflight.model.fused_layers import FusedDecoderLayers
 from inflight.model.gguf_loader import gguf_arch_config, iter_gguf_weights, open_gguf
@@ -145,7 +146,9 @@ def load_model(
         device,
     )
     if can_pack(dtype, device):
-        pack_linears(model)
+        # inflight's bf16 kernel for decode-sized batches comes with the other CPU kernels
+        kernels = isinstance(attn, CpuKernelBackend)
+        pack_linears(model, packed_linear.SMALL_BATCH_ROWS if kernels else 0)
         # Once per loaded model (engines may share it): decode batch sizes up to 64 (~0.7 s for
         # SmolLM2); larger ones cost ~40 ms each to warm, more than their first use does.
         warm_up(model, range(1, 65))

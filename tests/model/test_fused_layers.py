@@ -10,6 +10,7 @@ import torch
 
 from inflight import LLM, SamplingParams
 from inflight.kernels import load_extension
+from inflight.model import packed_linear
 from inflight.model.fused_layers import FusedDecoderLayers
 from tests.conftest import TINY_ARCHS
 from tests.parity import mixed_max_tokens, random_prompts
@@ -25,7 +26,11 @@ def _run(llm: LLM, prompts, max_tokens):
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("arch", TINY_ARCHS)
-def test_fused_layers_match_the_python_loop_bit_for_bit(tiny_model_factory, arch, dtype):
+def test_fused_layers_match_the_python_loop_bit_for_bit(
+    tiny_model_factory, arch, dtype, monkeypatch
+):
+    # steps of at most 4 rows take inflight's bf16 linear kernel, larger ones oneDNN: both paths
+    monkeypatch.setattr(packed_linear, "SMALL_BATCH_ROWS", 4)
     llm = LLM(str(tiny_model_factory(arch)), dtype=dtype, attention_backend="cpu",
               prefill_chunk_size=8, max_num_batched_tokens=64,
               enable_prefix_caching=False)  # fmt: skip
@@ -33,6 +38,9 @@ def test_fused_layers_match_the_python_loop_bit_for_bit(tiny_model_factory, arch
     fused = model.fused_layers
     assert isinstance(fused, FusedDecoderLayers)
     assert fused.packed == (dtype == "bfloat16")  # oneDNN-packed weights exist only for bf16
+    kernel = fused.packed and load_extension().bf16_linear_available()
+    assert fused.small_batch_rows == (4 if kernel else 0)
+    assert all((w is not None) == kernel for w in fused.small_weights)
     assert llm.core.runner.sampler.argmax is load_extension().first_argmax  # the kernels' argmax
     prompts = random_prompts(model.cfg.vocab_size)
     max_tokens = mixed_max_tokens(len(prompts))
@@ -61,16 +69,19 @@ def test_bad_inputs_are_refused_before_any_write(tiny_llama):
     hidden = torch.randn(2, num_heads * head_dim)
     cos = sin = torch.ones(2, head_dim // 2)
 
-    def run(weights=fused.weights, slots=(0, 1), k_caches=None):
+    def run(weights=fused.weights, small=fused.small_weights, slots=(0, 1), k_caches=None):
         k_caches = k_caches if k_caches is not None else [k for k, _ in caches]
         return fused.run(
-            hidden, None, cos, sin, weights, fused.qkv_biases, k_caches, [v for _, v in caches],
+            hidden, None, cos, sin, weights, small, 0, fused.qkv_biases, k_caches,
+            [v for _, v in caches],
             torch.tensor(slots), None, None, None, False, None, None,
             num_heads, num_kv_heads, head_dim, fused.eps, 1.0, 0, fused.packed,
         )  # fmt: skip
 
     with pytest.raises(RuntimeError, match="six weights"):
         run(weights=fused.weights[:-1])
+    with pytest.raises(RuntimeError, match="four optional small-batch packings"):
+        run(small=fused.small_weights[:-1])
     num_slots = caches[0][0].shape[0] * caches[0][0].shape[1]
     caches[0][0].view(num_slots, -1)[0] = 7.0
     with pytest.raises(RuntimeError, match="out of range"):

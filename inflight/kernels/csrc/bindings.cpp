@@ -9,6 +9,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("add_rms_norm", &add_rms_norm, "residual += x (in place), then RMSNorm of the residual");
   m.def("silu_and_mul", &silu_and_mul, "silu(gate) * up for rows [gate | up]");
   m.def("rope_", &rope_, "rotary embedding (rotate-half layout) in place on the first heads");
+  m.def("bf16_linear_available", &bf16_linear_available,
+        "whether this machine compiled bf16_linear (AVX-512 BF16)");
+  m.def("pack_bf16_linear", &pack_bf16_linear, "a [N, K] bf16 weight in bf16_linear's layout");
+  m.def("bf16_linear", &bf16_linear, "x @ W.T (+ bias) over a weight from pack_bf16_linear");
   m.def("first_argmax", &first_argmax, "index of each row's first maximum (NaN is maximal)");
   m.def("llama_decoder_layers", &llama_decoder_layers,
         "every decoder layer of a Llama-family model; returns [hidden, residual]");

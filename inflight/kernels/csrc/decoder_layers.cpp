@@ -7,8 +7,9 @@
 // projection. Only the driving loop moves from Python to C++: at a few tokens per step the
 // Python glue between ~20 ops per layer cost as much as the attention itself (~3 ms a step).
 //
-// Linears are either oneDNN-packed weights (`mkldnn::_linear_pointwise`, called through the
-// dispatcher exactly as `PackedLinear` calls it) or plain ones (`at::linear`).
+// Linears are plain weights (`at::linear`) or `PackedLinear`'s: inflight's bf16 kernel for at most
+// `small_rows` rows when the layer has its packing, else oneDNN (`mkldnn::_linear_pointwise`,
+// called through the dispatcher), exactly as `PackedLinear.forward` chooses.
 #include "ops.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -20,15 +21,24 @@ namespace {
 
 using OptTensor = c10::optional<torch::Tensor>;
 
-torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& w, const OptTensor& b,
-                     bool packed) {
-  if (!packed) return at::linear(x, w, b);
+struct Linear {
+  const torch::Tensor& weight;  // plain, or oneDNN-packed (logical shape [N, K] either way)
+  const OptTensor& small;       // bf16_linear's packing of the same weight, if any
+  const OptTensor& bias;
+};
+
+torch::Tensor linear(const torch::Tensor& x, const Linear& l, bool packed, int64_t small_rows) {
+  if (!packed) return at::linear(x, l.weight, l.bias);
+  if (l.small.has_value() && x.size(0) <= small_rows) {
+    return bf16_linear(x, *l.small, l.bias, l.weight.size(0));
+  }
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("mkldnn::_linear_pointwise", "")
                        .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const OptTensor&,
                                          std::string_view, c10::List<std::optional<at::Scalar>>,
                                          std::optional<std::string_view>)>();
-  return op.call(x, w, b, "none", c10::List<std::optional<at::Scalar>>(), std::string_view(""));
+  return op.call(x, l.weight, l.bias, "none", c10::List<std::optional<at::Scalar>>(),
+                 std::string_view(""));
 }
 
 // cache.view(-1, KVH, D).index_copy_(0, slots, rows) for rows of a strided view (a slice of the
@@ -46,12 +56,15 @@ void write_cache(const torch::Tensor& cache, const torch::Tensor& rows, const in
 }
 
 constexpr size_t kWeightsPerLayer = 6;  // input norm, qkv, o, post-attention norm, gate-up, down
+constexpr size_t kSmallPerLayer = 4;    // bf16_linear packings (or none): qkv, o, gate-up, down
+const OptTensor kNone;
 
 }  // namespace
 
 std::vector<torch::Tensor> llama_decoder_layers(
     torch::Tensor hidden, OptTensor residual, const torch::Tensor& cos, const torch::Tensor& sin,
-    const std::vector<torch::Tensor>& weights, const std::vector<OptTensor>& qkv_biases,
+    const std::vector<torch::Tensor>& weights, const std::vector<OptTensor>& small_weights,
+    int64_t small_rows, const std::vector<OptTensor>& qkv_biases,
     const std::vector<torch::Tensor>& k_caches, const std::vector<torch::Tensor>& v_caches,
     const torch::Tensor& slot_mapping, const OptTensor& decode_rows,
     const OptTensor& decode_tables, const OptTensor& decode_lens, bool decode_all_rows,
@@ -59,9 +72,11 @@ std::vector<torch::Tensor> llama_decoder_layers(
     int64_t num_kv_heads, int64_t head_dim, double eps, double scale, int64_t window,
     bool packed) {
   const size_t L = k_caches.size();
-  TORCH_CHECK(weights.size() == L * kWeightsPerLayer && qkv_biases.size() == L &&
+  TORCH_CHECK(weights.size() == L * kWeightsPerLayer &&
+                  small_weights.size() == L * kSmallPerLayer && qkv_biases.size() == L &&
                   v_caches.size() == L,
-              "six weights, one optional qkv bias and two caches per layer");
+              "six weights, four optional small-batch packings, one optional qkv bias and two "
+              "caches per layer");
   TORCH_CHECK(decode_rows.has_value() == decode_tables.has_value() &&
                   decode_rows.has_value() == decode_lens.has_value() &&
                   prefill_chunks.has_value() == prefill_tables.has_value(),
@@ -87,6 +102,7 @@ std::vector<torch::Tensor> llama_decoder_layers(
   torch::Tensor res = residual.has_value() ? *residual : torch::Tensor();
   for (size_t l = 0; l < L; ++l) {
     const torch::Tensor* w = &weights[l * kWeightsPerLayer];
+    const OptTensor* small = &small_weights[l * kSmallPerLayer];
     torch::Tensor x;
     if (!res.defined()) {
       res = hidden;
@@ -94,7 +110,7 @@ std::vector<torch::Tensor> llama_decoder_layers(
     } else {
       x = add_rms_norm(hidden, res, w[0], eps);
     }
-    torch::Tensor qkv = linear(x, w[1], qkv_biases[l], packed);
+    torch::Tensor qkv = linear(x, {w[1], small[0], qkv_biases[l]}, packed, small_rows);
     rope_(qkv, cos, sin, num_heads + num_kv_heads, head_dim);
     auto q = qkv.narrow(1, 0, q_size).view({T, num_heads, head_dim});
     auto k = qkv.narrow(1, q_size, kv_size).view({T, num_kv_heads, head_dim});
@@ -121,9 +137,10 @@ std::vector<torch::Tensor> llama_decoder_layers(
                                 window);
       }
     }
-    x = add_rms_norm(linear(attn.view({T, q_size}), w[2], c10::nullopt, packed), res, w[3], eps);
-    hidden = linear(silu_and_mul(linear(x, w[4], c10::nullopt, packed)), w[5], c10::nullopt,
-                    packed);
+    x = add_rms_norm(linear(attn.view({T, q_size}), {w[2], small[1], kNone}, packed, small_rows),
+                     res, w[3], eps);
+    hidden = linear(silu_and_mul(linear(x, {w[4], small[2], kNone}, packed, small_rows)),
+                    {w[5], small[3], kNone}, packed, small_rows);
   }
   return {hidden, res};
 }

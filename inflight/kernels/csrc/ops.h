@@ -22,6 +22,12 @@ torch::Tensor silu_and_mul(const torch::Tensor& gate_up);
 void rope_(torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
            int64_t num_heads, int64_t head_dim);
 
+// bf16_linear.cpp: bfloat16 linear layers for decode-sized batches (AVX-512 BF16 machines only)
+bool bf16_linear_available();
+torch::Tensor pack_bf16_linear(const torch::Tensor& weight);
+torch::Tensor bf16_linear(const torch::Tensor& x, const torch::Tensor& packed,
+                          const c10::optional<torch::Tensor>& bias, int64_t out_features);
+
 // argmax.cpp: greedy sampling, the first maximum of each row as torch.max picks it
 torch::Tensor first_argmax(const torch::Tensor& x);
 
@@ -30,6 +36,7 @@ torch::Tensor first_argmax(const torch::Tensor& x);
 std::vector<torch::Tensor> llama_decoder_layers(
     torch::Tensor hidden, c10::optional<torch::Tensor> residual, const torch::Tensor& cos,
     const torch::Tensor& sin, const std::vector<torch::Tensor>& weights,
+    const std::vector<c10::optional<torch::Tensor>>& small_weights, int64_t small_rows,
     const std::vector<c10::optional<torch::Tensor>>& qkv_biases,
     const std::vector<torch::Tensor>& k_caches, const std::vector<torch::Tensor>& v_caches,
     const torch::Tensor& slot_mapping, const c10::optional<torch::Tensor>& decode_rows,

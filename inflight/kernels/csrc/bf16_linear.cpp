@@ -1,0 +1,188 @@
+// bfloat16 linear layers for decode-sized batches: y = x W^T (+ b) with AVX-512 BF16 dot
+// products (`vdpbf16ps`: pairs of bf16 products summed into float32 lanes).
+//
+// At a few rows a linear layer is a stream over its weights: oneDNN's kernels read them at
+// ~28 GB/s on a 2-core EPYC, this one at ~45 (the machine's read bandwidth), and at 8-64 rows
+// it keeps more rows per register tile. The weight is packed once into blocks of 32 columns,
+// each block stored pair-major ([K/2][32 columns][2]), so one 64-byte load holds a k pair for 16
+// columns and one block is a single sequential stream.
+//
+// Every output is the float32 sum over k in order, one rounding per `vdpbf16ps` step, then
+// bias, then one rounding to bf16: a row's result never depends on the other rows of the batch.
+#include "ops.h"
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <utility>
+#include <vector>
+
+#ifdef __AVX512BF16__
+#include <immintrin.h>
+
+namespace {
+
+constexpr int64_t kVecsPerBlock = 2;                  // 16-lane vectors of columns per block
+constexpr int64_t kBlockCols = 16 * kVecsPerBlock;    // columns per packed block
+constexpr int64_t kPairStride = kBlockCols * 2;       // bf16 values per k pair of a block
+constexpr int kMaxRows = 12;                          // 12 x 2 accumulators: 24 of 32 registers
+constexpr int64_t kChunkPairs = 128;                  // 16 KB of a block, reused from L1 per tile
+constexpr int64_t kPanelRows = 96;                    // rows per pass (bounds the scratch)
+constexpr int64_t kPrefetchPairs = 16;                // 2 KB ahead of a one-tile stream
+
+// What a tile does after its last chunk: add the bias, round, store (masking columns past N).
+struct Epilogue {
+  uint16_t* y;
+  int64_t ldy;
+  const float* bias;  // this tile's first column, or null
+  int last_lanes;     // columns of the last vector that exist (1..16)
+};
+
+// MR rows x NV vectors of columns over `pairs` k pairs. The accumulators start at zero (first
+// chunk) or from `scratch`, and go back to `scratch` unless `done` finishes the tile.
+template <int MR, int NV>
+void tile(const uint16_t* x, int64_t ldx, const uint16_t* w, int64_t pairs, float* scratch,
+          bool first, const Epilogue* done, int64_t prefetch) {
+  __m512 acc[MR][NV];
+  for (int m = 0; m < MR; ++m)
+    for (int v = 0; v < NV; ++v)
+      acc[m][v] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(scratch + m * kBlockCols + v * 16);
+  for (int64_t p = 0; p < pairs; ++p) {
+    const uint16_t* wp = w + p * kPairStride;
+    if (prefetch) {
+      for (int v = 0; v < NV; ++v)
+        _mm_prefetch(reinterpret_cast<const char*>(wp + prefetch * kPairStride + v * 32),
+                     _MM_HINT_T0);
+    }
+    __m512bh wv[NV];
+    for (int v = 0; v < NV; ++v) wv[v] = (__m512bh)_mm512_loadu_si512(wp + v * 32);
+    for (int m = 0; m < MR; ++m) {
+      int32_t pair;
+      std::memcpy(&pair, x + m * ldx + 2 * p, sizeof pair);
+      const __m512bh xb = (__m512bh)_mm512_set1_epi32(pair);
+      for (int v = 0; v < NV; ++v) acc[m][v] = _mm512_dpbf16_ps(acc[m][v], xb, wv[v]);
+    }
+  }
+  if (done == nullptr) {
+    for (int m = 0; m < MR; ++m)
+      for (int v = 0; v < NV; ++v) _mm512_storeu_ps(scratch + m * kBlockCols + v * 16, acc[m][v]);
+    return;
+  }
+  for (int m = 0; m < MR; ++m) {
+    for (int v = 0; v < NV; ++v) {
+      __m512 a = acc[m][v];
+      if (done->bias) a = _mm512_add_ps(a, _mm512_loadu_ps(done->bias + v * 16));
+      const __m256i out = (__m256i)_mm512_cvtneps_pbh(a);
+      uint16_t* dst = done->y + m * done->ldy + v * 16;
+      if (v == NV - 1 && done->last_lanes < 16) {
+        _mm256_mask_storeu_epi16(dst, static_cast<__mmask16>((1u << done->last_lanes) - 1), out);
+      } else {
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), out);
+      }
+    }
+  }
+}
+
+using TileFn = void (*)(const uint16_t*, int64_t, const uint16_t*, int64_t, float*, bool,
+                        const Epilogue*, int64_t);
+
+template <int NV, int... MR>
+constexpr std::array<TileFn, sizeof...(MR)> tiles_by_rows(std::integer_sequence<int, MR...>) {
+  return {&tile<MR + 1, NV>...};
+}
+
+// kTiles[nv - 1][rows - 1]: the tile for that many vectors and rows.
+const std::array<std::array<TileFn, kMaxRows>, kVecsPerBlock> kTiles = {
+    tiles_by_rows<1>(std::make_integer_sequence<int, kMaxRows>()),
+    tiles_by_rows<2>(std::make_integer_sequence<int, kMaxRows>()),
+};
+
+}  // namespace
+
+bool bf16_linear_available() { return true; }
+
+torch::Tensor pack_bf16_linear(const torch::Tensor& weight) {
+  TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == torch::kBFloat16,
+              "weight: [out_features, in_features] bfloat16");
+  const int64_t N = weight.size(0), K = weight.size(1);
+  TORCH_CHECK(K % 2 == 0, "in_features must be even (k pairs), got ", K);
+  const int64_t blocks = (N + kBlockCols - 1) / kBlockCols;
+  // [blocks * 32 columns (zero padded), K/2, 2] -> [blocks, K/2, 32, 2]
+  auto padded = torch::zeros({blocks * kBlockCols, K / 2, 2}, weight.options());
+  padded.narrow(0, 0, N).copy_(weight.reshape({N, K / 2, 2}));
+  return padded.view({blocks, kBlockCols, K / 2, 2}).transpose(1, 2).contiguous();
+}
+
+torch::Tensor bf16_linear(const torch::Tensor& x_in, const torch::Tensor& packed,
+                          const c10::optional<torch::Tensor>& bias, int64_t out_features) {
+  TORCH_CHECK(packed.dim() == 4 && packed.size(2) == kBlockCols && packed.size(3) == 2 &&
+                  packed.scalar_type() == torch::kBFloat16 && packed.is_contiguous(),
+              "packed: a weight from pack_bf16_linear");
+  const int64_t N = out_features, pairs = packed.size(1), K = 2 * pairs;
+  TORCH_CHECK(N > (packed.size(0) - 1) * kBlockCols && N <= packed.size(0) * kBlockCols,
+              "out_features ", N, " does not match the packed weight");
+  TORCH_CHECK(x_in.dim() == 2 && x_in.size(1) == K && x_in.scalar_type() == torch::kBFloat16,
+              "x: [rows, ", K, "] bfloat16");
+  TORCH_CHECK(!bias.has_value() || (bias->dim() == 1 && bias->size(0) == N), "bias: [", N, "]");
+  const torch::Tensor x = x_in.contiguous();
+  const torch::Tensor bias_f32 =
+      bias.has_value() ? bias->to(torch::kFloat).contiguous() : torch::Tensor();
+  const int64_t M = x.size(0);
+  auto y = torch::empty({M, N}, x.options());
+  if (M == 0) return y;
+  const auto* xp = reinterpret_cast<const uint16_t*>(x.data_ptr());
+  const auto* wp = reinterpret_cast<const uint16_t*>(packed.data_ptr());
+  auto* yp = reinterpret_cast<uint16_t*>(y.data_ptr());
+  const float* bp = bias_f32.defined() ? bias_f32.data_ptr<float>() : nullptr;
+  // Threads split the columns (16 at a time) and each streams its share of the weight once per
+  // panel of rows; within a panel, a chunk of a block's weight serves every row tile from L1.
+  const int64_t vecs = (N + 15) / 16;
+  at::parallel_for(0, vecs, 1, [&](int64_t v_begin, int64_t v_end) {
+    std::vector<float> scratch(std::min(M, kPanelRows) * kBlockCols);
+    for (int64_t m0 = 0; m0 < M; m0 += kPanelRows) {
+      const int64_t panel = std::min(kPanelRows, M - m0);
+      const bool one_tile = panel <= kMaxRows;
+      const int64_t chunk = one_tile ? pairs : kChunkPairs;
+      for (int64_t v0 = v_begin; v0 < v_end;) {
+        const int64_t in_block = v0 % kVecsPerBlock;
+        const int nv = static_cast<int>(std::min(kVecsPerBlock - in_block, v_end - v0));
+        const int64_t col = v0 * 16;
+        const uint16_t* block_w = wp + (v0 / kVecsPerBlock) * pairs * kPairStride + in_block * 32;
+        const int last_lanes = static_cast<int>(std::min<int64_t>(16, N - (v0 + nv - 1) * 16));
+        for (int64_t p0 = 0; p0 < pairs; p0 += chunk) {
+          const int64_t np = std::min(chunk, pairs - p0);
+          for (int64_t r0 = 0; r0 < panel; r0 += kMaxRows) {
+            const int rows = static_cast<int>(std::min<int64_t>(kMaxRows, panel - r0));
+            const Epilogue done{yp + (m0 + r0) * N + col, N, bp ? bp + col : nullptr,
+                                last_lanes};
+            // the first tile of a chunk brings the next chunk in; the others find it in L1
+            const int64_t prefetch = one_tile ? kPrefetchPairs : (r0 == 0 ? chunk : 0);
+            kTiles[nv - 1][rows - 1](xp + (m0 + r0) * K + 2 * p0, K,
+                                     block_w + p0 * kPairStride, np,
+                                     scratch.data() + r0 * kBlockCols, p0 == 0,
+                                     p0 + np == pairs ? &done : nullptr, prefetch);
+          }
+        }
+        v0 += nv;
+      }
+    }
+  });
+  return y;
+}
+
+#else  // no AVX-512 BF16 on the machine that compiled this: callers keep oneDNN's linears
+
+bool bf16_linear_available() { return false; }
+
+torch::Tensor pack_bf16_linear(const torch::Tensor&) {
+  TORCH_CHECK(false, "bf16_linear needs AVX-512 BF16");
+}
+
+torch::Tensor bf16_linear(const torch::Tensor&, const torch::Tensor&,
+                          const c10::optional<torch::Tensor>&, int64_t) {
+  TORCH_CHECK(false, "bf16_linear needs AVX-512 BF16");
+}
+
+#endif

@@ -1,0 +1,112 @@
+"""inflight's bf16 linear kernel (`kernels/csrc/bf16_linear.cpp`) against exact arithmetic:
+each output is the float32 sum of its products rounded once to bf16, so it lies within one bf16
+step of the float64 result; a row's output never depends on the rows batched with it; the
+shapes the tiling splits (row tiles, panels, K chunks, partial column vectors) are all covered."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from inflight.kernels import load_extension
+from inflight.model.packed_linear import PackedLinear, can_pack
+
+ext = load_extension()
+pytestmark = pytest.mark.skipif(
+    not (ext.bf16_linear_available() and can_pack(torch.bfloat16, torch.device("cpu"))),
+    reason="no AVX-512 BF16 on this CPU",
+)
+
+
+def assert_within_one_bf16_step(got: torch.Tensor, x, weight, bias=None) -> None:
+    """|got - exact| <= one bf16 step at the exact value, plus the float32 accumulation error."""
+    exact = x.double() @ weight.double().T + (0 if bias is None else bias.double())
+    magnitude = x.double().abs() @ weight.double().abs().T
+    step = torch.exp2(torch.floor(torch.log2(exact.abs().clamp_min(1e-30))) - 7)
+    accumulation = magnitude * x.shape[1] * 2.0**-24
+    assert got.dtype == torch.bfloat16 and got.shape == exact.shape
+    assert bool(((got.double() - exact).abs() <= step + accumulation).all())
+
+
+# (out_features, in_features): SmolLM2's projections and head, widths that leave partial
+# column vectors and blocks, and a K long enough for several chunks
+SHAPES = [(960, 576), (100, 576), (8, 64), (49, 130), (576, 1536)]
+ROWS = [1, 5, 12, 13, 64, 97, 200]  # one tile, full and partial tiles, past one panel of 96
+
+
+@pytest.mark.parametrize(("n", "k"), SHAPES)
+@pytest.mark.parametrize("rows", ROWS)
+def test_kernel_rounds_the_exact_product_once(n, k, rows):
+    torch.manual_seed(n * 1000 + rows)
+    weight = torch.randn(n, k, dtype=torch.bfloat16)
+    bias = torch.randn(n, dtype=torch.bfloat16)
+    x = torch.randn(rows, k, dtype=torch.bfloat16)
+    packed = ext.pack_bf16_linear(weight)
+    assert_within_one_bf16_step(ext.bf16_linear(x, packed, None, n), x, weight)
+    assert_within_one_bf16_step(ext.bf16_linear(x, packed, bias, n), x, weight, bias)
+
+
+def test_rows_do_not_depend_on_their_batch():
+    """Each row alone gives the bits it gets in any batch (tiles and panels change, sums do not)."""
+    torch.manual_seed(0)
+    weight = torch.randn(960, 576, dtype=torch.bfloat16)
+    packed = ext.pack_bf16_linear(weight)
+    x = torch.randn(150, 576, dtype=torch.bfloat16)
+    batched = ext.bf16_linear(x, packed, None, 960)
+    for r in (0, 11, 12, 95, 96, 149):
+        assert torch.equal(ext.bf16_linear(x[r : r + 1], packed, None, 960)[0], batched[r])
+        assert torch.equal(ext.bf16_linear(x[r : r + 7], packed, None, 960)[0], batched[r])
+
+
+def test_strided_and_empty_inputs():
+    torch.manual_seed(1)
+    weight = torch.randn(64, 128, dtype=torch.bfloat16)
+    packed = ext.pack_bf16_linear(weight)
+    wide = torch.randn(6, 200, dtype=torch.bfloat16)
+    x = wide[:, :128]  # rows with a stride wider than the row
+    assert torch.equal(
+        ext.bf16_linear(x, packed, None, 64), ext.bf16_linear(x.contiguous(), packed, None, 64)
+    )
+    assert ext.bf16_linear(x[:0], packed, None, 64).shape == (0, 64)
+
+
+def test_bad_shapes_are_refused():
+    weight = torch.randn(64, 128, dtype=torch.bfloat16)
+    packed = ext.pack_bf16_linear(weight)
+    with pytest.raises(RuntimeError, match="even"):
+        ext.pack_bf16_linear(torch.randn(64, 127, dtype=torch.bfloat16))
+    with pytest.raises(RuntimeError, match="bfloat16"):
+        ext.pack_bf16_linear(torch.randn(64, 128))
+    with pytest.raises(RuntimeError, match=r"x: \[rows, 128\] bfloat16"):
+        ext.bf16_linear(torch.randn(2, 64, dtype=torch.bfloat16), packed, None, 64)
+    with pytest.raises(RuntimeError, match="does not match the packed weight"):
+        ext.bf16_linear(torch.randn(2, 128, dtype=torch.bfloat16), packed, None, 96)
+    with pytest.raises(RuntimeError, match="bias"):
+        ext.bf16_linear(torch.randn(2, 128, dtype=torch.bfloat16), packed,
+                        torch.randn(63, dtype=torch.bfloat16), 64)  # fmt: skip
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_packed_linear_uses_the_kernel_for_small_batches_and_onednn_above(bias):
+    torch.manual_seed(3)
+    linear = nn.Linear(576, 960, bias=bias).to(torch.bfloat16)
+    packed = PackedLinear(linear, small_batch_rows=16)
+    assert packed.small_batch_rows == 16 and packed.small_weight is not None
+    for rows in (1, 16):
+        x = torch.randn(rows, 576, dtype=torch.bfloat16)
+        want = ext.bf16_linear(x, packed.small_weight, linear.bias, 960)
+        assert torch.equal(packed(x), want)
+        assert_within_one_bf16_step(packed(x), x, linear.weight, linear.bias)
+    for rows in (17, 300):  # oneDNN: bit-identical to F.linear
+        x = torch.randn(rows, 576, dtype=torch.bfloat16)
+        assert torch.equal(packed(x), F.linear(x, linear.weight, linear.bias))
+
+
+def test_packed_linear_keeps_onednn_for_odd_widths():
+    linear = nn.Linear(575, 64).to(torch.bfloat16)  # k pairs need an even in_features
+    packed = PackedLinear(linear, small_batch_rows=64)
+    assert packed.small_batch_rows == 0 and packed.small_weight is None
+    x = torch.randn(3, 575, dtype=torch.bfloat16)
+    assert torch.equal(packed(x), F.linear(x, linear.weight, linear.bias))
