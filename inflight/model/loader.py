@@ -149,8 +149,9 @@ def load_model(
         # inflight's bf16 kernel for decode-sized batches comes with the other CPU kernels
         kernels = isinstance(attn, CpuKernelBackend)
         pack_linears(model, packed_linear.SMALL_BATCH_ROWS if kernels else 0)
-        # Once per loaded model (engines may share it): decode batch sizes up to 64 (~0.7 s for
-        # SmolLM2); larger ones cost ~40 ms each to warm, more than their first use does.
+        # Once per loaded model (engines may share it): decode batch sizes up to 64 that oneDNN
+        # serves (~0.7 s for SmolLM2; none where the bf16 kernel does); larger ones cost ~40 ms
+        # each to warm, more than their first use does.
         warm_up(model, range(1, 65))
     if isinstance(attn, CpuKernelBackend):
         model.fused_layers = FusedDecoderLayers(model.layers, attn)

@@ -7,7 +7,7 @@ So each weight is packed once for oneDNN, bit-identical to `F.linear` (same kern
 accumulation). With inflight's CPU kernels, decode-sized batches (up to `SMALL_BATCH_ROWS` rows)
 go instead through `kernels/csrc/bf16_linear.cpp` over a second packing of the same weight:
 oneDNN's small-batch kernels read the weights well below the machine's bandwidth (SmolLM2's
-layers at 1 row: ~6.5 ms vs ~4.5 ms, at 16 rows ~10 vs ~6, on a 2-core EPYC). Larger batches
+layers at 1 row: ~7 ms vs ~4 ms, at 16 rows ~10 vs ~6, on a 2-core EPYC). Larger batches
 (prefill) stay on oneDNN, which uses AMX where the CPU has it. float32 stays on `F.linear`
 (MKL), whose results the packed path would not match.
 """
@@ -28,8 +28,8 @@ logger = logging.getLogger(__name__)
 # The batch size oneDNN is told to expect; measured insensitive between 1 and 2048 tokens.
 _BATCH_HINT = 64
 # Batches of at most this many rows use inflight's bf16 kernel when it is built: on the 2-core
-# EPYC it is 15-40% faster than oneDNN up to 64 rows and level with it at 512-2048; oneDNN keeps
-# the prefill-sized ones, where AMX (on CPUs that have it) is far ahead of AVX-512.
+# EPYC it is 20-45% faster than oneDNN up to 512 rows and level with it at 2048; oneDNN keeps
+# the prefill-sized ones, where AMX (on CPUs that have it) should be far ahead of AVX-512.
 SMALL_BATCH_ROWS = 64
 
 
