@@ -78,11 +78,12 @@ def pack_linears(model: nn.Module, small_batch_rows: int = 0) -> int:
     A tied LM head gets its own packed copy; the embedding keeps the plain weight it indexes.
     """
     targets = [(name, m) for name, m in model.named_modules() if isinstance(m, nn.Linear)]
+    packed = []
     for name, linear in targets:
         parent_name, _, leaf = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, leaf, PackedLinear(linear, small_batch_rows))
-    packed = [model.get_submodule(name) for name, _ in targets]
+        packed.append(PackedLinear(linear, small_batch_rows))
+        setattr(parent, leaf, packed[-1])
     logger.info(
         "packed %d linear layers for oneDNN, %d also for inflight's bf16 kernel (<= %d rows)",
         len(packed),
