@@ -53,6 +53,25 @@ class CpuKernelBackend(TorchReferenceBackend):
         ext = load_extension()
         self.kernel = ext.paged_decode_attention
         self.prefill_kernel = ext.paged_prefill_attention
+        self._write_kv = ext.write_kv_cache
+
+    def cache_shapes(
+        self, num_blocks: int, num_kv_heads: int, head_dim: int
+    ) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """Keys [NB, KVH, D/2, BS, 2] (each block's keys transposed, in pairs of dims), values
+        [NB, KVH, BS, D]: every (block, head) one contiguous run (`csrc/kv_layout.h` says why)."""
+        if head_dim % 2:
+            raise ValueError(f"the CPU attention kernels need an even head_dim, got {head_dim}")
+        bs = self.block_size
+        return (num_blocks, num_kv_heads, head_dim // 2, bs, 2), (
+            num_blocks,
+            num_kv_heads,
+            bs,
+            head_dim,
+        )
+
+    def write_cache(self, k_cache, v_cache, key, value, slot_mapping) -> None:
+        self._write_kv(k_cache, v_cache, key, value, slot_mapping)
 
     def _with_prefills(
         self, meta, rows, query_start_loc, start_pos, block_tables, device
@@ -99,6 +118,16 @@ class CpuKernelBackend(TorchReferenceBackend):
             query[batch.rows], k_cache, v_cache, batch.block_tables, batch.seq_lens,
             head_dim**-0.5, self.sliding_window or 0,
         )  # fmt: skip
+
+
+def to_kernel_layout(
+    k_cache: torch.Tensor, v_cache: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token-major caches [NB, BS, KVH, D] (the reference backend's) in `CpuKernelBackend`'s
+    layout: copies, for tests and for comparing the two backends on the same contents."""
+    nb, bs, kvh, d = k_cache.shape
+    keys = k_cache.view(nb, bs, kvh, d // 2, 2).permute(0, 2, 3, 1, 4).contiguous()
+    return keys, v_cache.permute(0, 2, 1, 3).contiguous()
 
 
 def make_backend(

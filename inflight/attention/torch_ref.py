@@ -113,6 +113,26 @@ class TorchReferenceBackend:
         self.block_size = block_size
         self.sliding_window = sliding_window
 
+    def cache_shapes(
+        self, num_blocks: int, num_kv_heads: int, head_dim: int
+    ) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """Shapes of one layer's key and value caches: here both token-major,
+        [num_blocks, block_size, KVH, D]; other backends lay blocks out for their kernels."""
+        shape = (num_blocks, self.block_size, num_kv_heads, head_dim)
+        return shape, shape
+
+    def write_cache(
+        self,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        key: torch.Tensor,  # [T, KVH, D]
+        value: torch.Tensor,
+        slot_mapping: torch.Tensor,  # [T] block * block_size + offset
+    ) -> None:
+        num_kv_heads, head_dim = key.shape[1], key.shape[2]
+        k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, key)
+        v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, value)
+
     def build_metadata(
         self,
         query_start_loc: list[int],
@@ -202,13 +222,11 @@ class TorchReferenceBackend:
         query: torch.Tensor,  # [T, H, D]
         key: torch.Tensor,  # [T, KVH, D]
         value: torch.Tensor,  # [T, KVH, D]
-        k_cache: torch.Tensor,  # [num_blocks, block_size, KVH, D]
+        k_cache: torch.Tensor,  # laid out as `cache_shapes` says
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
     ) -> torch.Tensor:
-        num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
-        k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, key)
-        v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, value)
+        self.write_cache(k_cache, v_cache, key, value, meta.slot_mapping)
 
         out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
         self._attend_decodes(query, k_cache, v_cache, meta, out)

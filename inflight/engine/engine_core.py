@@ -98,12 +98,12 @@ class EngineCore:
         self.arch = arch
         self.device, self.dtype = device, dtype
         self.max_model_len = max_model_len
-        self.kv_cache = KVCache(arch, num_blocks, block_size, dtype, device, num_cpu_blocks)
+        attn = loaded.model.layers[0].attn
+        self.kv_cache = KVCache(arch, attn, num_blocks, dtype, device, num_cpu_blocks)
         self.kv_cache_manager = KVCacheManager(
             num_blocks, block_size, config.cache.enable_prefix_caching, num_cpu_blocks
         )
         self.scheduler = Scheduler(sched_cfg, self.kv_cache_manager)
-        attn = loaded.model.layers[0].attn
         self.runner = ModelRunner(loaded.model, self.kv_cache, attn, device, config.model.seed)
         self.timer: Timer = NO_TIMER
         self.last_step: StepStats | None = None

@@ -1,8 +1,9 @@
 """inflight's C++ CPU kernels, compiled together into one torch extension on first use.
 
 `csrc/paged_attention.cpp` and `csrc/prefill_attention.cpp` (decode and prefill attention over
-the paged KV cache), `csrc/layer_ops.cpp` (fused RMSNorm, residual add + RMSNorm, SiLU-and-mul,
-RoPE), `csrc/decoder_layers.cpp` (every decoder layer driven from C++), `csrc/bf16_linear.cpp`
+the paged KV cache, laid out as `csrc/kv_layout.h` says and written by `csrc/kv_cache.cpp`),
+`csrc/layer_ops.cpp` (fused RMSNorm, residual add + RMSNorm, SiLU-and-mul, RoPE),
+`csrc/decoder_layers.cpp` (every decoder layer driven from C++), `csrc/bf16_linear.cpp`
 (bfloat16 linears for decode-sized batches) and `csrc/argmax.cpp` (greedy sampling) are built
 with the machine's own compiler (`-march=native`) by torch's cpp_extension and cached by torch
 (`~/.cache/torch_extensions`, or `TORCH_EXTENSIONS_DIR`): ~1 min once per machine and source
@@ -21,6 +22,7 @@ logger = logging.getLogger(__name__)
 _SOURCES = (
     "paged_attention.cpp",
     "prefill_attention.cpp",
+    "kv_cache.cpp",
     "layer_ops.cpp",
     "decoder_layers.cpp",
     "argmax.cpp",

@@ -1,10 +1,11 @@
-"""Per-layer paged K/V tensors `[num_blocks, block_size, kv_heads, head_dim]` (how many blocks:
-`core/sizing.py`)."""
+"""Per-layer paged K/V tensors, laid out as the attention backend asks (`cache_shapes`; how many
+blocks: `core/sizing.py`). Block `b` is index `b` of dim 0 in every layout."""
 
 from __future__ import annotations
 
 import torch
 
+from inflight.attention import TorchReferenceBackend
 from inflight.model.arch import LlamaArchConfig
 
 
@@ -17,13 +18,14 @@ class KVCache:
     def __init__(
         self,
         arch: LlamaArchConfig,
+        attn: TorchReferenceBackend,
         num_blocks: int,
-        block_size: int,
         dtype: torch.dtype,
         device: torch.device,
         num_cpu_blocks: int = 0,
     ) -> None:
-        shape = (num_blocks, block_size, arch.num_kv_heads, arch.head_dim)
+        block_size = attn.block_size
+        k_shape, v_shape = attn.cache_shapes(num_blocks, arch.num_kv_heads, arch.head_dim)
         self.num_blocks = num_blocks
         self.block_size = block_size
         # NOTE: zeroed, not left uninitialised: attention gathers whole blocks, so it reads
@@ -31,8 +33,8 @@ class KVCache:
         # 0 * NaN = NaN. (The zeroing is mostly first-touch page faults paid here, not later.)
         self.layers: list[tuple[torch.Tensor, torch.Tensor]] = [
             (
-                torch.zeros(shape, dtype=dtype, device=device),
-                torch.zeros(shape, dtype=dtype, device=device),
+                torch.zeros(k_shape, dtype=dtype, device=device),
+                torch.zeros(v_shape, dtype=dtype, device=device),
             )
             for _ in range(arch.num_layers)
         ]
@@ -41,8 +43,8 @@ class KVCache:
         pin = device.type == "cuda"
         self.cpu_layers: list[tuple[torch.Tensor, torch.Tensor]] = [
             (
-                torch.zeros((num_cpu_blocks, *shape[1:]), dtype=dtype, pin_memory=pin),
-                torch.zeros((num_cpu_blocks, *shape[1:]), dtype=dtype, pin_memory=pin),
+                torch.zeros((num_cpu_blocks, *k_shape[1:]), dtype=dtype, pin_memory=pin),
+                torch.zeros((num_cpu_blocks, *v_shape[1:]), dtype=dtype, pin_memory=pin),
             )
             for _ in range(arch.num_layers if num_cpu_blocks else 0)
         ]

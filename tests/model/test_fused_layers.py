@@ -82,11 +82,12 @@ def test_bad_inputs_are_refused_before_any_write(tiny_llama):
         run(weights=fused.weights[:-1])
     with pytest.raises(RuntimeError, match="four optional small-batch packings"):
         run(small=fused.small_weights[:-1])
-    num_slots = caches[0][0].shape[0] * caches[0][0].shape[1]
-    caches[0][0].view(num_slots, -1)[0] = 7.0
+    values = caches[0][1]  # [NB, KVH, BS, D]
+    num_slots = values.shape[0] * values.shape[2]
+    values[0, :, 0] = 7.0
     with pytest.raises(RuntimeError, match="out of range"):
         run(slots=(0, num_slots))
-    assert bool((caches[0][0].view(num_slots, -1)[0] == 7.0).all())  # slot 0 was not written
+    assert bool((values[0, :, 0] == 7.0).all())  # slot 0 was not written
     with pytest.raises(RuntimeError, match="one int64 slot per token"):
         run(slots=(0,))
     with pytest.raises(RuntimeError, match="caches must be contiguous"):

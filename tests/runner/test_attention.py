@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from inflight.attention import CpuKernelBackend, TorchReferenceBackend, make_backend
+from inflight.attention.cpu_kernel import to_kernel_layout
 
 H, KVH, D, BS = 4, 2, 8, 4
 
@@ -60,6 +61,8 @@ def test_mixed_batch_matches_dense_attention(backend_cls, window):
     block_tables = torch.tensor([t + [0] * (max_blocks - len(t)) for t in tables])
 
     backend = backend_cls(BS, window)
+    if backend_cls is CpuKernelBackend:
+        k_cache, v_cache = to_kernel_layout(k_cache, v_cache)
     meta = backend.build_metadata(
         query_start_loc, start_pos, block_tables, torch.tensor(slots), torch.device("cpu")
     )
@@ -88,34 +91,49 @@ def random_paged_decodes(dtype, num_reqs=40, num_blocks=300, block_size=16, kvh=
     return q, k_cache, v_cache, tables, seq_lens
 
 
-@pytest.mark.parametrize(("dtype", "tol"), [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+# (dtype, tolerance, block size, head_dim): SmolLM2's shapes in fp32 and bf16 (the AVX-512 BF16
+# path where the CPU has it), bf16 blocks of 32 positions and heads of 128 (the same path, more
+# rows per block and registers per head), bf16 blocks of 8 and fp16 (the generic loop).
+KERNEL_CASES = [
+    (torch.float32, 1e-5, 16, 64),
+    (torch.bfloat16, 2e-2, 16, 64),
+    (torch.bfloat16, 2e-2, 32, 128),
+    (torch.bfloat16, 2e-2, 8, 64),
+    (torch.float16, 5e-3, 16, 64),
+]
+
+
+@pytest.mark.parametrize(("dtype", "tol", "bs", "d"), KERNEL_CASES)
 @pytest.mark.parametrize("window", [None, 37])
-def test_kernel_matches_reference_on_model_shapes(dtype, tol, window):
-    """SmolLM2's head shapes (9 query heads over 3 KV heads of 64), 16-token blocks, bf16 too:
-    the kernel (fp32 math) against the reference (bf16 matmuls in bf16 runs)."""
-    q, k_cache, v_cache, tables, seq_lens = random_paged_decodes(dtype)
+def test_kernel_matches_reference_on_model_shapes(dtype, tol, bs, d, window):
+    """SmolLM2's head grouping (9 query heads over 3 KV heads): the kernel (fp32 accumulation)
+    against the reference (bf16 matmuls in bf16 runs)."""
+    q, k_cache, v_cache, tables, seq_lens = random_paged_decodes(dtype, block_size=bs, d=d)
     n = len(seq_lens)
     query_start_loc = list(range(n + 1))
     start_pos = (seq_lens - 1).tolist()
-    slots = [int(tables[r, p // 16]) * 16 + p % 16 for r, p in enumerate(start_pos)]
+    slots = [int(tables[r, p // bs]) * bs + p % bs for r, p in enumerate(start_pos)]
     # the new tokens' K/V are the ones already in the cache at their slots (written back as is)
-    flat_k, flat_v = k_cache.view(-1, 3, 64), v_cache.view(-1, 3, 64)
+    flat_k, flat_v = k_cache.view(-1, 3, d), v_cache.view(-1, 3, d)
     key, value = flat_k[torch.tensor(slots)].clone(), flat_v[torch.tensor(slots)].clone()
     outs = []
-    for backend in (TorchReferenceBackend(16, window), CpuKernelBackend(16, window)):
+    for backend, caches in (
+        (TorchReferenceBackend(bs, window), (k_cache, v_cache)),
+        (CpuKernelBackend(bs, window), to_kernel_layout(k_cache, v_cache)),
+    ):
         meta = backend.build_metadata(query_start_loc, start_pos, tables, torch.tensor(slots),
                                       torch.device("cpu"))  # fmt: skip
-        outs.append(backend.forward(q, key, value, k_cache, v_cache, meta))
+        outs.append(backend.forward(q, key, value, *caches, meta))
     torch.testing.assert_close(outs[1].float(), outs[0].float(), atol=tol, rtol=tol)
 
 
-@pytest.mark.parametrize(("dtype", "tol"), [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+@pytest.mark.parametrize(("dtype", "tol", "bs", "d"), KERNEL_CASES)
 @pytest.mark.parametrize("window", [None, 37])
-def test_prefill_kernel_matches_reference_on_model_shapes(dtype, tol, window):
-    """Prompt chunks (fresh and continuations, 2..90 tokens) on SmolLM2's head shapes, the
+def test_prefill_kernel_matches_reference_on_model_shapes(dtype, tol, bs, d, window):
+    """Prompt chunks (fresh and continuations, 2..90 tokens) on SmolLM2's head grouping, the
     queries a strided view into a fused QKV tensor as in the model."""
     gen = torch.Generator().manual_seed(2)
-    num_blocks, bs, kvh, h, d = 200, 16, 3, 9, 64
+    num_blocks, kvh, h = 200 * 16 // bs, 3, 9
     k_cache = torch.randn(num_blocks, bs, kvh, d, generator=gen).to(dtype)
     v_cache = torch.randn(num_blocks, bs, kvh, d, generator=gen).to(dtype)
     cached = [0, 0, 17, 64, 100, 3]
@@ -135,24 +153,70 @@ def test_prefill_kernel_matches_reference_on_model_shapes(dtype, tol, window):
     qkv = torch.randn(len(slots), (h + 2 * kvh) * d, generator=gen).to(dtype)
     q = qkv[:, : h * d].view(-1, h, d)  # rows strided, as the model passes them
     outs = []
-    for backend in (TorchReferenceBackend(bs, window), CpuKernelBackend(bs, window)):
+    for backend, caches in (
+        (TorchReferenceBackend(bs, window), (k_cache, v_cache)),
+        (CpuKernelBackend(bs, window), to_kernel_layout(k_cache, v_cache)),
+    ):
         meta = backend.build_metadata(query_start_loc, cached, tables, torch.tensor(slots),
                                       torch.device("cpu"))  # fmt: skip
-        outs.append(backend.forward(q, key, value, k_cache, v_cache, meta))
+        outs.append(backend.forward(q, key, value, *caches, meta))
     torch.testing.assert_close(outs[1].float(), outs[0].float(), atol=tol, rtol=tol)
 
 
 def test_prefill_kernel_rejects_chunks_outside_its_inputs():
     backend = CpuKernelBackend(16)
     q = torch.randn(10, 4, 8)
-    cache = torch.zeros(4, 16, 2, 8)
+    k_cache, v_cache = (torch.zeros(s) for s in backend.cache_shapes(4, 2, 8))
     tables = torch.zeros(1, 2, dtype=torch.long)
     with pytest.raises(RuntimeError, match="outside"):
-        backend.prefill_kernel(q, cache, cache, torch.tensor([[5, 8, 0]]), tables,
+        backend.prefill_kernel(q, k_cache, v_cache, torch.tensor([[5, 8, 0]]), tables,
                                torch.empty_like(q), 1.0, 0)  # fmt: skip
     with pytest.raises(RuntimeError, match="outside"):  # 30 cached + 8 new > 2 blocks of 16
-        backend.prefill_kernel(q, cache, cache, torch.tensor([[0, 8, 30]]), tables,
+        backend.prefill_kernel(q, k_cache, v_cache, torch.tensor([[0, 8, 30]]), tables,
                                torch.empty_like(q), 1.0, 0)  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_kernel_cache_writes_match_the_reference_layout(dtype):
+    """Tokens written at scattered slots by each backend: the kernel's caches hold exactly what
+    the reference's hold, moved as `to_kernel_layout` says (every block, head, position, dim)."""
+    gen = torch.Generator().manual_seed(3)
+    num_blocks, bs, kvh, d = 6, 16, 3, 8
+    slots = torch.randperm(num_blocks * bs, generator=gen)[:40]
+    qkv = torch.randn(40, 4 * kvh * d, generator=gen).to(dtype)  # strided rows, as in the model
+    key = qkv[:, : kvh * d].view(40, kvh, d)
+    value = qkv[:, kvh * d : 2 * kvh * d].view(40, kvh, d)
+    caches = {}
+    for backend in (TorchReferenceBackend(bs), CpuKernelBackend(bs)):
+        k_shape, v_shape = backend.cache_shapes(num_blocks, kvh, d)
+        k_cache, v_cache = torch.zeros(k_shape, dtype=dtype), torch.zeros(v_shape, dtype=dtype)
+        backend.write_cache(k_cache, v_cache, key, value, slots)
+        caches[backend.name] = (k_cache, v_cache)
+    want_k, want_v = to_kernel_layout(*caches["torch"])
+    assert torch.equal(caches["cpu"][0], want_k) and torch.equal(caches["cpu"][1], want_v)
+    # the layout itself, for the first token: keys [NB, KVH, D/2, BS, 2], values [NB, KVH, BS, D]
+    block, offset = divmod(int(slots[0]), bs)
+    keys, values = caches["cpu"]
+    assert torch.equal(keys[block, :, :, offset].reshape(kvh, d), key[0])
+    assert torch.equal(values[block, :, offset], value[0])
+
+
+def test_kernels_refuse_caches_and_slots_they_cannot_index():
+    backend = CpuKernelBackend(16)
+    k_cache, v_cache = (torch.zeros(s) for s in backend.cache_shapes(4, 2, 8))
+    rows = torch.zeros(2, 2, 8)
+    with pytest.raises(RuntimeError, match="out of range"):
+        backend.write_cache(k_cache, v_cache, rows, rows, torch.tensor([0, 64]))
+    assert not k_cache.any() and not v_cache.any()  # checked before the first write
+    with pytest.raises(RuntimeError, match=r"keys .* and values"):
+        backend.write_cache(v_cache, v_cache, rows, rows, torch.tensor([0, 1]))
+    with pytest.raises(RuntimeError, match="disagree"):
+        backend.write_cache(k_cache, v_cache[:, :1].contiguous(), rows, rows, torch.tensor([0, 1]))
+    q, tables = torch.randn(1, 4, 8), torch.zeros(1, 2, dtype=torch.long)
+    with pytest.raises(RuntimeError, match="outside its block table"):  # 33 tokens > 2 blocks
+        backend.kernel(q, k_cache, v_cache, tables, torch.tensor([33]), 1.0, 0)
+    with pytest.raises(ValueError, match="even head_dim"):
+        backend.cache_shapes(4, 2, 7)
 
 
 def test_make_backend_choices():

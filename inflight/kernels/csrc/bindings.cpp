@@ -5,6 +5,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "decode attention over a paged KV cache");
   m.def("paged_prefill_attention", &paged_prefill_attention,
         "causal attention of prompt chunks over a paged KV cache, into out");
+  m.def("write_kv_cache", &write_kv_cache, "keys and values written at their cache slots");
   m.def("rms_norm", &rms_norm, "RMSNorm of each row, HF rounding");
   m.def("add_rms_norm", &add_rms_norm, "residual += x (in place), then RMSNorm of the residual");
   m.def("silu_and_mul", &silu_and_mul, "silu(gate) * up for rows [gate | up]");

@@ -10,11 +10,11 @@
 // Linears are plain weights (`at::linear`) or `PackedLinear`'s: inflight's bf16 kernel for at most
 // `small_rows` rows when the layer has its packing, else oneDNN (`mkldnn::_linear_pointwise`,
 // called through the dispatcher), exactly as `PackedLinear.forward` chooses.
+#include "kv_layout.h"
 #include "ops.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
 
-#include <cstring>
 #include <string_view>
 
 namespace {
@@ -39,20 +39,6 @@ torch::Tensor linear(const torch::Tensor& x, const Linear& l, bool packed, int64
                                          std::optional<std::string_view>)>();
   return op.call(x, l.weight, l.bias, "none", c10::List<std::optional<at::Scalar>>(),
                  std::string_view(""));
-}
-
-// cache.view(-1, KVH, D).index_copy_(0, slots, rows) for rows of a strided view (a slice of the
-// fused QKV output): one memcpy per token, without index_copy_'s ~20 us of setup per call.
-// The slots were checked against the cache size before the first layer.
-void write_cache(const torch::Tensor& cache, const torch::Tensor& rows, const int64_t* slots) {
-  const int64_t T = rows.size(0);
-  const int64_t row_bytes = rows.size(1) * rows.size(2) * rows.element_size();
-  const int64_t stride_bytes = rows.stride(0) * rows.element_size();
-  const auto* src = static_cast<const char*>(rows.data_ptr());
-  auto* dst = static_cast<char*>(cache.data_ptr());
-  for (int64_t t = 0; t < T; ++t) {
-    std::memcpy(dst + slots[t] * row_bytes, src + t * stride_bytes, row_bytes);
-  }
 }
 
 constexpr size_t kWeightsPerLayer = 6;  // input norm, qkv, o, post-attention norm, gate-up, down
@@ -88,14 +74,13 @@ std::vector<torch::Tensor> llama_decoder_layers(
               "slot_mapping: one int64 slot per token");
   const int64_t* slots = slot_mapping.data_ptr<int64_t>();
   for (size_t l = 0; l < L; ++l) {
-    for (const auto* cache : {&k_caches[l], &v_caches[l]}) {
-      TORCH_CHECK(cache->dim() == 4 && cache->is_contiguous() &&
-                      cache->sizes() == k_caches[0].sizes() && cache->size(2) == num_kv_heads &&
-                      cache->size(3) == head_dim && cache->scalar_type() == hidden.scalar_type(),
-                  "caches must be contiguous [NB, BS, KVH, D] in the model's dtype, all alike");
-    }
+    const KVLayout lay = kv_layout(k_caches[l], v_caches[l]);
+    TORCH_CHECK(k_caches[l].sizes() == k_caches[0].sizes() &&
+                    v_caches[l].sizes() == v_caches[0].sizes() && lay.kv_heads == num_kv_heads &&
+                    lay.head_dim == head_dim && k_caches[l].scalar_type() == hidden.scalar_type(),
+                "every layer's caches must have the model's heads and dtype, all alike");
   }
-  const int64_t num_slots = L ? k_caches[0].size(0) * k_caches[0].size(1) : 0;
+  const int64_t num_slots = L ? kv_layout(k_caches[0], v_caches[0]).num_slots(k_caches[0].size(0)) : 0;
   for (int64_t t = 0; t < T; ++t) {
     TORCH_CHECK(slots[t] >= 0 && slots[t] < num_slots, "slot ", slots[t], " out of range");
   }
@@ -117,8 +102,7 @@ std::vector<torch::Tensor> llama_decoder_layers(
     auto v = qkv.narrow(1, q_size + kv_size, kv_size).view({T, num_kv_heads, head_dim});
     const auto& kc = k_caches[l];
     const auto& vc = v_caches[l];
-    write_cache(kc, k, slots);
-    write_cache(vc, v, slots);
+    write_kv(kc, vc, kv_layout(kc, vc), k, v, slots);
 
     torch::Tensor attn;
     if (decode_rows.has_value() && decode_all_rows) {

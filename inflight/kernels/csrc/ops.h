@@ -8,6 +8,10 @@ torch::Tensor paged_decode_attention(const torch::Tensor& q, const torch::Tensor
                                      const torch::Tensor& block_tables,
                                      const torch::Tensor& seq_lens, double scale, int64_t window);
 
+// kv_cache.cpp: key/value [T, KVH, D] written at their slots in the kernels' layout (kv_layout.h)
+void write_kv_cache(torch::Tensor& k_cache, torch::Tensor& v_cache, const torch::Tensor& key,
+                    const torch::Tensor& value, const torch::Tensor& slot_mapping);
+
 // prefill_attention.cpp
 torch::Tensor paged_prefill_attention(const torch::Tensor& q, const torch::Tensor& k_cache,
                                       const torch::Tensor& v_cache, const torch::Tensor& chunks,

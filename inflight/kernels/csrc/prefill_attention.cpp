@@ -5,7 +5,7 @@
 // square is skipped, not computed. fp32 math whatever the storage dtype.
 //
 //   q            [T, H, D]           rows may be strided (a view into the fused QKV output)
-//   k/v_cache    [NB, BS, KVH, D]    the layer's paged cache, the chunks' tokens included
+//   k/v_cache    kv_layout.h         the layer's paged cache, the chunks' tokens included
 //   chunks       [C, 3] int64        (first flat row, query tokens, cached tokens before them)
 //   block_tables [C, MB] int64       each chunk's blocks
 //   out          [T, H, D]           written for the chunks' rows only
@@ -13,8 +13,9 @@
 // Work items are (chunk, KV head, tile of 16 query tokens): the G query heads of one KV head
 // share every key tile they read. Items run longest first under dynamic scheduling (causal
 // tiles late in a prompt read more keys).
-#include "vec_math.h"
+#include "kv_layout.h"
 #include "ops.h"
+#include "vec_math.h"
 
 #include <algorithm>
 #include <cmath>
@@ -37,12 +38,12 @@ struct Scratch {
 
 template <typename scalar_t, int kD>
 void prefill_item(const Item& it, const scalar_t* q, int64_t q_stride, const scalar_t* k_cache,
-                  const scalar_t* v_cache, const int64_t* table, int64_t BS, int64_t KVH,
+                  const scalar_t* v_cache, const int64_t* table, const KVLayout& lay,
                   int64_t G, int64_t D_runtime, int64_t first_pos, float scale, int64_t window,
                   scalar_t* out, int64_t out_stride, Scratch& s) {
   const int64_t D = kD > 0 ? kD : D_runtime;
   const int64_t rows = it.num_tokens * G;  // row r: token r / G, query head r % G
-  const int64_t token_stride = KVH * D, head_offset = it.kv_head * D;
+  const int64_t BS = lay.block_size;
   s.q.resize(rows * D);
   s.acc.assign(rows * D, 0.f);
   s.max.assign(rows, -std::numeric_limits<float>::infinity());
@@ -62,10 +63,10 @@ void prefill_item(const Item& it, const scalar_t* q, int64_t q_stride, const sca
     for (int64_t t = 0; t < KT; ++t) {  // K transposed [D][KT] and V [KT][D], zero past n
       if (t < n) {
         const int64_t pos = k0 + t;
-        const int64_t slot = (table[pos / BS] * BS + pos % BS) * token_stride + head_offset;
+        const int64_t run = lay.run(table[pos / BS], it.kv_head), offset = pos % BS;
         for (int64_t d = 0; d < D; ++d) {
-          s.kt[d * KT + t] = static_cast<float>(k_cache[slot + d]);
-          s.v[t * D + d] = static_cast<float>(v_cache[slot + d]);
+          s.kt[d * KT + t] = static_cast<float>(k_cache[run + lay.key_in_run(offset, d)]);
+          s.v[t * D + d] = static_cast<float>(v_cache[run + lay.value_in_run(offset) + d]);
         }
       } else {
         for (int64_t d = 0; d < D; ++d) s.kt[d * KT + t] = s.v[t * D + d] = 0.f;
@@ -124,12 +125,12 @@ void prefill_item(const Item& it, const scalar_t* q, int64_t q_stride, const sca
 template <typename scalar_t, int DV, int RB>
 void prefill_item_avx512(const Item& it, const scalar_t* q, int64_t q_stride,
                          const scalar_t* k_cache, const scalar_t* v_cache, const int64_t* table,
-                         int64_t BS, int64_t KVH, int64_t G, int64_t first_pos, float scale,
+                         const KVLayout& lay, int64_t G, int64_t first_pos, float scale,
                          int64_t window, scalar_t* out, int64_t out_stride, Scratch& s) {
   constexpr int64_t D = DV * 16;
   const int64_t rows = it.num_tokens * G;
   const int64_t padded = (rows + RB - 1) / RB * RB;  // rows past `rows` are never stored
-  const int64_t token_stride = KVH * D, head_offset = it.kv_head * D;
+  const int64_t BS = lay.block_size;
   s.q.assign(padded * D, 0.f);
   s.acc.assign(padded * D, 0.f);
   s.max.assign(padded, -3.0e38f);
@@ -149,17 +150,30 @@ void prefill_item_avx512(const Item& it, const scalar_t* q, int64_t q_stride,
 
   for (int64_t k0 = lo; k0 <= last_q; k0 += KT) {
     const int64_t n = std::min(KT, last_q + 1 - k0);
-    for (int64_t t = 0; t < KT; ++t) {  // K transposed [D][KT] and V [KT][D], zero past n
+    // K transposed [D][KT] and V [KT][D], zero past n (or, for keys read a block row at a time,
+    // whatever the cache holds there: those lanes are masked out of every score)
+    const int64_t k0_offset = k0 % BS;
+    const bool whole_rows = std::is_same_v<scalar_t, c10::BFloat16> && BS % KT == 0 &&
+                            k0_offset % KT == 0;
+    if (whole_rows) {  // one 64-byte row = dims (2i, 2i+1) of the tile's 16 positions
+      const scalar_t* k = k_cache + lay.run(table[k0 / BS], it.kv_head) + k0_offset * 2;
+      const __m512i high = _mm512_set1_epi32(static_cast<int32_t>(0xFFFF0000u));
+      for (int64_t i = 0; i < D / 2; ++i) {
+        const __m512i pairs = _mm512_loadu_si512(k + i * BS * 2);
+        _mm512_storeu_si512(s.kt.data() + 2 * i * KT, _mm512_slli_epi32(pairs, 16));
+        _mm512_storeu_si512(s.kt.data() + (2 * i + 1) * KT, _mm512_and_si512(pairs, high));
+      }
+    }
+    for (int64_t t = 0; t < KT; ++t) {
       if (t < n) {
         const int64_t pos = k0 + t;
-        const scalar_t* k = k_cache + (table[pos / BS] * BS + pos % BS) * token_stride + head_offset;
-        const scalar_t* v = v_cache + (table[pos / BS] * BS + pos % BS) * token_stride + head_offset;
-        alignas(64) float row[D];
-        for (int j = 0; j < DV; ++j) {
-          _mm512_store_ps(row + j * 16, load16(k + j * 16));
-          _mm512_storeu_ps(s.v.data() + t * D + j * 16, load16(v + j * 16));
+        const int64_t run = lay.run(table[pos / BS], it.kv_head), offset = pos % BS;
+        const scalar_t* v = v_cache + run + lay.value_in_run(offset);
+        for (int j = 0; j < DV; ++j) _mm512_storeu_ps(s.v.data() + t * D + j * 16, load16(v + j * 16));
+        if (!whole_rows) {
+          for (int64_t d = 0; d < D; ++d)
+            s.kt[d * KT + t] = static_cast<float>(k_cache[run + lay.key_in_run(offset, d)]);
         }
-        for (int64_t d = 0; d < D; ++d) s.kt[d * KT + t] = row[d];
       } else {
         for (int64_t d = 0; d < D; ++d) s.kt[d * KT + t] = s.v[t * D + d] = 0.f;
       }
@@ -225,7 +239,8 @@ template <typename scalar_t, int kD>
 void prefill(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
              const int64_t* chunks, int64_t C, const int64_t* tables, int64_t MB,
              torch::Tensor& out, float scale, int64_t window) {
-  const int64_t H = q.size(1), D = q.size(2), BS = k_cache.size(1), KVH = k_cache.size(2);
+  const KVLayout lay = kv_layout(k_cache, v_cache);
+  const int64_t H = q.size(1), D = q.size(2), KVH = lay.kv_heads;
   const int64_t G = H / KVH;
   std::vector<Item> items;
   for (int64_t c = 0; c < C; ++c) {
@@ -258,13 +273,13 @@ void prefill(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::
       if constexpr ((kD == 64 || kD == 128) && (std::is_same_v<scalar_t, float> ||
                                                 std::is_same_v<scalar_t, c10::BFloat16>)) {
         constexpr int DV = kD / 16, RB = kD == 64 ? 4 : 2;  // RB rows x DV vectors in registers
-        prefill_item_avx512<scalar_t, DV, RB>(it, q_rows, q.stride(0), kp, vp, table, BS, KVH,
-                                              G, cached, scale, window, out_rows,
-                                              out.stride(0), scratch);
+        prefill_item_avx512<scalar_t, DV, RB>(it, q_rows, q.stride(0), kp, vp, table, lay, G,
+                                              cached, scale, window, out_rows, out.stride(0),
+                                              scratch);
         continue;
       }
 #endif
-      prefill_item<scalar_t, kD>(it, q_rows, q.stride(0), kp, vp, table, BS, KVH, G, D, cached,
+      prefill_item<scalar_t, kD>(it, q_rows, q.stride(0), kp, vp, table, lay, G, D, cached,
                                  scale, window, out_rows, out.stride(0), scratch);
     }
   }
@@ -278,9 +293,7 @@ torch::Tensor paged_prefill_attention(const torch::Tensor& q, const torch::Tenso
                                       double scale, int64_t window) {
   TORCH_CHECK(q.dim() == 3 && q.stride(2) == 1 && q.stride(1) == q.size(2),
               "q must be [T, H, D] with contiguous heads (rows may be strided)");
-  TORCH_CHECK(k_cache.dim() == 4 && v_cache.sizes() == k_cache.sizes() &&
-                  k_cache.is_contiguous() && v_cache.is_contiguous(),
-              "caches must be contiguous [NB, BS, KVH, D]");
+  const KVLayout lay = kv_layout(k_cache, v_cache);
   TORCH_CHECK(out.sizes() == q.sizes() && out.is_contiguous(), "out must be contiguous like q");
   TORCH_CHECK(q.scalar_type() == k_cache.scalar_type() &&
                   q.scalar_type() == v_cache.scalar_type() &&
@@ -290,7 +303,7 @@ torch::Tensor paged_prefill_attention(const torch::Tensor& q, const torch::Tenso
                   block_tables.dim() == 2 && block_tables.scalar_type() == torch::kLong &&
                   block_tables.size(0) == chunks.size(0),
               "chunks [C, 3] and block_tables [C, MB] must be int64, one row per chunk");
-  TORCH_CHECK(k_cache.size(3) == q.size(2) && q.size(1) % k_cache.size(2) == 0,
+  TORCH_CHECK(lay.head_dim == q.size(2) && q.size(1) % lay.kv_heads == 0,
               "head sizes do not match");
   auto c = chunks.contiguous();
   auto tables = block_tables.contiguous();
@@ -299,7 +312,7 @@ torch::Tensor paged_prefill_attention(const torch::Tensor& q, const torch::Tenso
   for (int64_t i = 0; i < C; ++i)
     TORCH_CHECK(cp[i * 3] >= 0 && cp[i * 3 + 1] >= 1 && cp[i * 3] + cp[i * 3 + 1] <= T &&
                     cp[i * 3 + 2] >= 0 &&
-                    cp[i * 3 + 2] + cp[i * 3 + 1] <= MB * k_cache.size(1),
+                    cp[i * 3 + 2] + cp[i * 3 + 1] <= MB * lay.block_size,
                 "chunk ", i, " lies outside the query rows or its block table");
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "paged_prefill", [&] {
     const float s = static_cast<float>(scale);

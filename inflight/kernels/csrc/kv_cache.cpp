@@ -1,0 +1,85 @@
+// Writes into the CPU kernels' paged KV cache layout (kv_layout.h).
+#include "kv_layout.h"
+#include "ops.h"
+
+#include <cstring>
+
+namespace {
+
+// `Pair` is two elements' worth of bytes (uint32_t for 16-bit dtypes): keys move a pair of dims
+// at a time, the unit of their transposed rows.
+template <typename Pair>
+void write_rows(char* k_cache, char* v_cache, const KVLayout& lay, const char* key,
+                const char* value, int64_t key_stride, int64_t value_stride, int64_t T,
+                const int64_t* slots) {
+  const int64_t element = sizeof(Pair) / 2, D = lay.head_dim, BS = lay.block_size;
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t block = slots[t] / BS, offset = slots[t] % BS;
+    for (int64_t h = 0; h < lay.kv_heads; ++h) {
+      const char* k = key + t * key_stride + h * D * element;
+      auto* krun = reinterpret_cast<Pair*>(k_cache + lay.run(block, h) * element);
+      for (int64_t i = 0; i < D / 2; ++i) {
+        std::memcpy(krun + i * BS + offset, k + i * sizeof(Pair), sizeof(Pair));
+      }
+      std::memcpy(v_cache + (lay.run(block, h) + lay.value_in_run(offset)) * element,
+                  value + t * value_stride + h * D * element, D * element);
+    }
+  }
+}
+
+}  // namespace
+
+KVLayout kv_layout(const torch::Tensor& k_cache, const torch::Tensor& v_cache) {
+  TORCH_CHECK(k_cache.dim() == 5 && v_cache.dim() == 4 && k_cache.size(4) == 2,
+              "caches must be keys [NB, KVH, D/2, BS, 2] and values [NB, KVH, BS, D]");
+  const int64_t NB = v_cache.size(0), KVH = v_cache.size(1), BS = v_cache.size(2),
+                D = v_cache.size(3);
+  TORCH_CHECK(k_cache.size(0) == NB && k_cache.size(1) == KVH && k_cache.size(2) * 2 == D &&
+                  k_cache.size(3) == BS,
+              "key and value caches disagree: keys ", k_cache.sizes(), ", values ",
+              v_cache.sizes());
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() &&
+                  k_cache.scalar_type() == v_cache.scalar_type(),
+              "caches must be contiguous and share a dtype");
+  return {BS, KVH, D};
+}
+
+void write_kv(const torch::Tensor& k_cache, const torch::Tensor& v_cache, const KVLayout& layout,
+              const torch::Tensor& key, const torch::Tensor& value, const int64_t* slots) {
+  auto* kc = static_cast<char*>(k_cache.data_ptr());
+  auto* vc = static_cast<char*>(v_cache.data_ptr());
+  const auto* k = static_cast<const char*>(key.data_ptr());
+  const auto* v = static_cast<const char*>(value.data_ptr());
+  const int64_t element = key.element_size(), T = key.size(0);
+  const int64_t ks = key.stride(0) * element, vs = value.stride(0) * element;
+  if (element == 2) {
+    write_rows<uint32_t>(kc, vc, layout, k, v, ks, vs, T, slots);
+  } else if (element == 4) {
+    write_rows<uint64_t>(kc, vc, layout, k, v, ks, vs, T, slots);
+  } else {
+    TORCH_CHECK(element == 8, "unsupported cache dtype");
+    write_rows<__uint128_t>(kc, vc, layout, k, v, ks, vs, T, slots);
+  }
+}
+
+void write_kv_cache(torch::Tensor& k_cache, torch::Tensor& v_cache, const torch::Tensor& key,
+                    const torch::Tensor& value, const torch::Tensor& slot_mapping) {
+  const KVLayout lay = kv_layout(k_cache, v_cache);
+  const int64_t T = slot_mapping.numel();
+  for (const auto* rows : {&key, &value}) {
+    TORCH_CHECK(rows->dim() == 3 && rows->size(0) == T && rows->size(1) == lay.kv_heads &&
+                    rows->size(2) == lay.head_dim && rows->stride(2) == 1 &&
+                    rows->stride(1) == lay.head_dim &&
+                    rows->scalar_type() == k_cache.scalar_type(),
+                "key and value must be [T, KVH, D] with contiguous heads, in the cache dtype");
+  }
+  TORCH_CHECK(slot_mapping.dim() == 1 && slot_mapping.scalar_type() == torch::kLong &&
+                  slot_mapping.is_contiguous(),
+              "slot_mapping: one int64 slot per token");
+  const int64_t* slots = slot_mapping.data_ptr<int64_t>();
+  const int64_t num_slots = lay.num_slots(k_cache.size(0));
+  for (int64_t t = 0; t < T; ++t) {
+    TORCH_CHECK(slots[t] >= 0 && slots[t] < num_slots, "slot ", slots[t], " out of range");
+  }
+  write_kv(k_cache, v_cache, lay, key, value, slots);
+}
