@@ -2,10 +2,10 @@
 
 Order of operations (as vLLM): logit bias, min_tokens masking and penalties shape the logits;
 greedy rows take the argmax there; the rest are divided by their temperature, filtered by
-min-p, top-k and top-p, and drawn by the exponential-race trick (argmax of p / Exp(1) noise).
-A request with a `seed` draws its noise from its own generator, so its tokens do not depend on
-what else is in the batch. Logprobs are those of the raw model distribution (before any
-processing), for the sampled token and the top-N.
+min-p, top-k and top-p, and drawn by inverting the cumulative distribution with one uniform
+number per row. A request with a `seed` draws its number from its own generator, so its tokens
+do not depend on what else is in the batch. Logprobs are those of the raw model distribution
+(before any processing), for the sampled token and the top-N.
 """
 
 from __future__ import annotations
@@ -24,6 +24,18 @@ def first_argmax(x: torch.Tensor) -> torch.Tensor:
     on the CPU for bfloat16 (6.3 -> 1.6 ms at 64 x 49k).
     """
     return x.max(dim=-1).indices
+
+
+def inverse_cdf(weights: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
+    """For each row of non-negative `weights` [S, V] (any positive sum) and `uniform` [S, 1] in
+    [0, 1): the first index whose cumulative weight exceeds uniform * sum. Index i is drawn with
+    probability weights[i] / sum; a zero weight is never drawn (its cumulative sum equals the
+    previous one, and a float sum of non-negative terms never decreases)."""
+    cdf = weights.cumsum(dim=-1)
+    total = cdf[:, -1:]
+    # below the total even where uniform * total rounds up to it, so some index always exceeds
+    target = torch.minimum(uniform * total, torch.nextafter(total, torch.zeros_like(total)))
+    return torch.searchsorted(cdf, target, right=True).squeeze(1)
 
 
 class Sampler:
@@ -134,8 +146,10 @@ class Sampler:
         if any(top_k) or any(v < 1.0 for v in top_p):
             probs = self._top_k_top_p(probs, top_k, top_p)
 
-        noise = torch.empty_like(probs)
-        noise.exponential_(generator=self.generator)
+        # NOTE: one random number per row, not per vocabulary entry: an exponential race (argmax
+        # of p / Exp(1) noise) drew 3M numbers for 64 rows of 49k, 54 ms on a CPU (as long as
+        # the forward pass); the cumulative sum and search cost ~2 ms.
+        uniform = torch.rand(len(requests), 1, generator=self.generator, device=self.device)
         for row, r in enumerate(requests):
             seed = r.sampling_params.seed
             if seed is not None and not r.sampling_params.is_greedy:
@@ -144,8 +158,8 @@ class Sampler:
                     gen = torch.Generator(device=self.device)
                     gen.manual_seed(seed)
                     self.request_generators[r.request_id] = gen
-                noise[row].exponential_(generator=gen)
-        return self.argmax(probs / noise)
+                uniform[row] = torch.rand(1, generator=gen, device=self.device)
+        return inverse_cdf(probs, uniform)
 
     def _top_k_top_p(
         self, probs: torch.Tensor, top_k: list[int], top_p: list[float]

@@ -7,7 +7,7 @@ import math
 import torch
 
 from inflight.core.outputs import ScheduledRequest
-from inflight.runner.sampler import Sampler
+from inflight.runner.sampler import Sampler, inverse_cdf
 from inflight.sampling_params import SamplingParams
 
 VOCAB = 8
@@ -61,6 +61,17 @@ def test_top_k_and_top_p_restrict_the_support():
     assert set(draw_many(s, row, req("p", top_p=0.5))) == {0, 1}
     # p_i / p_max = e^-0.1, e^-0.2, e^-0.3 = .90, .82, .74: min_p 0.8 keeps three
     assert set(draw_many(s, row, req("m", min_p=0.8))) == {0, 1, 2}
+
+
+def test_inverse_cdf_draws_each_index_with_its_probability():
+    weights = torch.tensor([[0.0, 4.0, 0.0, 2.0, 1.0, 1.0, 0.0, 0.0]])  # sum 8, not normalised
+    # uniform u picks the first index whose cumulative weight exceeds 8u: [0, 4, 4, 6, 7, 8, 8, 8]
+    for u, want in [(0.0, 1), (0.4999, 1), (0.5, 3), (0.75, 4), (0.875, 5), (0.99999999, 5)]:
+        assert inverse_cdf(weights, torch.tensor([[u]])).item() == want
+    gen = torch.Generator().manual_seed(0)
+    draws = inverse_cdf(weights.expand(20000, -1), torch.rand(20000, 1, generator=gen))
+    freq = torch.bincount(draws, minlength=8).float() / 20000
+    torch.testing.assert_close(freq, weights[0] / 8, atol=0.015, rtol=0)
 
 
 def test_temperature_sharpens_and_flattens():
