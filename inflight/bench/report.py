@@ -73,6 +73,7 @@ def plot_throughput(path: Path, summaries: list[dict]) -> None:
     values = [s["output_tok_per_s"] for s in summaries]
     bars = ax.barh(names, values, color="tab:blue")
     ax.bar_label(bars, fmt="%.1f", padding=3)
+    ax.set_xlim(0, max(values, default=1) * 1.12)  # room for the longest bar's label
     ax.set_xlabel("output tokens / s")
     ax.set_title("Throughput")
     ax.invert_yaxis()
