@@ -80,7 +80,9 @@ std::vector<torch::Tensor> llama_decoder_layers(
                     lay.head_dim == head_dim && k_caches[l].scalar_type() == hidden.scalar_type(),
                 "every layer's caches must have the model's heads and dtype, all alike");
   }
-  const int64_t num_slots = L ? kv_layout(k_caches[0], v_caches[0]).num_slots(k_caches[0].size(0)) : 0;
+  // every layer's caches alike (checked above): one layout serves all
+  const KVLayout layout = L ? kv_layout(k_caches[0], v_caches[0]) : KVLayout{1, 0, 0};
+  const int64_t num_slots = L ? layout.num_slots(k_caches[0].size(0)) : 0;
   for (int64_t t = 0; t < T; ++t) {
     TORCH_CHECK(slots[t] >= 0 && slots[t] < num_slots, "slot ", slots[t], " out of range");
   }
@@ -102,7 +104,7 @@ std::vector<torch::Tensor> llama_decoder_layers(
     auto v = qkv.narrow(1, q_size + kv_size, kv_size).view({T, num_kv_heads, head_dim});
     const auto& kc = k_caches[l];
     const auto& vc = v_caches[l];
-    write_kv(kc, vc, kv_layout(kc, vc), k, v, slots);
+    write_kv(kc, vc, layout, k, v, slots);
 
     torch::Tensor attn;
     if (decode_rows.has_value() && decode_all_rows) {
