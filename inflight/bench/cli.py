@@ -16,8 +16,12 @@ from inflight.bench.offline import reset_peak_rss, run_offline
 from inflight.bench.stats import RunResult
 from inflight.bench.workloads import NAMED, WorkloadRequest, load_jsonl, named
 from inflight.engine.profiling import OVERHEAD_PHASES, breakdown
+from inflight.errors import ConfigError, InflightError
 
 logger = logging.getLogger("inflight.bench")
+
+
+COMPARE_MODES = ("continuous", "static", "static-padded")
 
 
 def add_workload_flags(parser: argparse.ArgumentParser) -> None:
@@ -61,6 +65,12 @@ def add_bench_parser(sub: Any, add_engine_flags: Callable[[argparse.ArgumentPars
     offline.add_argument(
         "--profile", action="store_true",
         help="time every phase of every step; writes profile.md (overhead vs forward)",
+    )  # fmt: skip
+    compare.add_argument(
+        "--modes", default=",".join(COMPARE_MODES),
+        help="inflight's own runs: continuous, static (a batch admits nobody until its last "
+        "member ends) and static-padded (static, and every member decodes until the batch's "
+        "longest is done, as transformers `generate` does)",
     )  # fmt: skip
     compare.add_argument(
         "--peers",
@@ -115,7 +125,11 @@ def run_bench(args: argparse.Namespace, knobs: dict[str, Any]) -> int:
         title = f"inflight bench roofline: {args.workload}"
         report = run_roofline(knobs, lambda tok: load_workload(args, tok), out, title)
     else:
-        report = run_local(args, knobs, out)
+        try:
+            report = run_local(args, knobs, out)
+        except InflightError as e:
+            logger.error("%s", e)
+            return 2
     logger.info("results in %s", out)
     print((out / "summary.md").read_text())
     return 0 if all("error" not in r for r in report["runs"]) else 1
@@ -149,18 +163,24 @@ def run_local(args: argparse.Namespace, knobs: dict[str, Any], out: Path) -> dic
     from inflight.engine.llm import LLM
 
     title = f"inflight bench {args.bench_command}: {args.workload}"
-    modes = ["continuous", "static"] if args.bench_command == "compare" else [
-        knobs.get("batching", "continuous")]  # fmt: skip
+    modes = [knobs.get("batching", "continuous")]
+    if args.bench_command == "compare":
+        modes = [m for m in args.modes.split(",") if m]
+        if not modes or not set(modes) <= set(COMPARE_MODES):
+            raise ConfigError(
+                f"--modes takes some of {', '.join(COMPARE_MODES)}, got {args.modes!r}"
+            )
     runs: list[RunResult] = []
     loaded = None
     for mode in modes:
         reset_peak_rss()  # each run's own peak (the first one's includes loading the model)
-        llm = LLM(loaded_model=loaded, **{**knobs, "batching": mode})
+        llm = LLM(loaded_model=loaded, **{**knobs, "batching": mode.removesuffix("-padded")})
         loaded = llm.core.loaded
         workload = load_workload(args, llm.tokenizer)
         dtype = str(llm.core.dtype).removeprefix("torch.")
         timer = llm.core.enable_profiling() if getattr(args, "profile", False) else None
-        runs.append(run_offline(llm, workload, f"inflight-{mode}"))
+        runs.append(run_offline(llm, workload, f"inflight-{mode}",
+                                padded=mode == "static-padded"))  # fmt: skip
         if timer is not None:
             write_profile(out, timer.steps, llm.config.scheduler.max_num_seqs)
         meta = {

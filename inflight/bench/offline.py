@@ -10,8 +10,9 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from inflight.bench.stats import RequestRecord, RunResult, StepRecord
-from inflight.bench.workloads import WorkloadRequest
+from inflight.bench.workloads import WorkloadRequest, pad_batches, require_simultaneous
 from inflight.engine.llm import LLM
+from inflight.errors import ConfigError
 from inflight.sampling_params import SamplingParams
 
 
@@ -39,10 +40,28 @@ def _counters(llm: LLM) -> dict[str, int]:
 
 
 def run_offline(
-    llm: LLM, workload: list[WorkloadRequest], name: str, progress: bool = True
+    llm: LLM,
+    workload: list[WorkloadRequest],
+    name: str,
+    progress: bool = True,
+    padded: bool = False,
 ) -> RunResult:
-    """Greedy with `ignore_eos`, so every request produces exactly its `max_tokens`."""
-    pending = sorted(workload, key=lambda r: r.arrival_time)
+    """Greedy with `ignore_eos`, so every request produces exactly its `max_tokens`.
+
+    `padded` (with static batching) makes it static batching as `generate` does it
+    (`workloads.pad_batches`): only each request's own prompt and `max_tokens` count, and it
+    ends with its batch.
+    """
+    submitted = workload
+    if padded:
+        require_simultaneous(workload, "padded static batching")
+        config = llm.config.scheduler
+        if config.batching != "static" or config.scheduling_policy != "fcfs":
+            raise ConfigError("padded batches need static batching under the fcfs policy")
+        pad_id = llm.tokenizer.pad_token_id or 0
+        submitted = pad_batches(workload, config.max_num_seqs, pad_id)
+    pending = sorted(zip(workload, submitted, strict=True), key=lambda p: p[0].arrival_time)
+    useful: dict[str, WorkloadRequest] = {}  # request id -> the request as the workload has it
     records: list[RequestRecord] = []
     timeline: list[StepRecord] = []
     core = llm.core
@@ -53,12 +72,12 @@ def run_offline(
     with bar:
         while pending or core.has_unfinished_requests():
             now = time.perf_counter() - start
-            while pending and pending[0].arrival_time <= now:
-                r = pending.pop(0)
-                params = SamplingParams(temperature=0, max_tokens=r.max_tokens, ignore_eos=True)
-                llm.add_request(r.prompt_token_ids, params)
+            while pending and pending[0][0].arrival_time <= now:
+                r, sent = pending.pop(0)
+                params = SamplingParams(temperature=0, max_tokens=sent.max_tokens, ignore_eos=True)
+                useful[llm.add_request(sent.prompt_token_ids, params)] = r
             if not core.has_unfinished_requests():
-                time.sleep(max(0.0, pending[0].arrival_time - now))
+                time.sleep(max(0.0, pending[0][0].arrival_time - now))
                 continue
             outputs = llm.step()
             step = core.last_step
@@ -72,9 +91,10 @@ def run_offline(
             )  # fmt: skip
             for out in outputs:
                 if out.finished:
-                    m = out.metrics
+                    m, asked = out.metrics, useful[out.request_id]
                     records.append(
-                        RequestRecord(len(out.prompt_token_ids), len(out.outputs[0].token_ids),
+                        RequestRecord(len(asked.prompt_token_ids),
+                                      min(len(out.outputs[0].token_ids), asked.max_tokens),
                                       m.ttft, m.e2e_latency)
                     )  # fmt: skip
                     bar.update(1)

@@ -17,7 +17,7 @@ import json
 import math
 import random
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from importlib import resources
 from pathlib import Path
 from types import SimpleNamespace
@@ -157,6 +157,23 @@ def require_simultaneous(workload: list[WorkloadRequest], peer: str) -> None:
     """Peers that take a whole workload at once cannot honour arrival times."""
     if any(r.arrival_time > 0 for r in workload):
         raise ValueError(f"{peer} only runs workloads whose requests all arrive at once")
+
+
+def pad_batches(
+    workload: list[WorkloadRequest], batch_size: int, pad_id: int
+) -> list[WorkloadRequest]:
+    """The work of static batching as transformers `generate` does it, request by request:
+    consecutive batches of `batch_size` in workload order, each prompt left-padded with `pad_id`
+    to its batch's longest prompt and decoding until its batch's longest `max_tokens`. (Where
+    `generate` masks the pads, these rows attend to them: the same compute, other tokens.)"""
+    padded = []
+    for i in range(0, len(workload), batch_size):
+        batch = workload[i : i + batch_size]
+        width = max(len(r.prompt_token_ids) for r in batch)
+        longest = max(r.max_tokens for r in batch)
+        padded += [replace(r, prompt_token_ids=[pad_id] * (width - len(r.prompt_token_ids))
+                           + r.prompt_token_ids, max_tokens=longest) for r in batch]  # fmt: skip
+    return padded
 
 
 # ------------------------------------------------------------------------ JSONL

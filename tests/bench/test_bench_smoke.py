@@ -42,11 +42,25 @@ def test_compare_with_peers(tiny_llama, tmp_path):
     assert code == 0
     report = read(out)
     runs = {r["name"]: r for r in report["runs"]}
-    assert set(runs) == {"inflight-continuous", "inflight-static", "hf-static", "hf-continuous"}
+    assert set(runs) == {"inflight-continuous", "inflight-static", "inflight-static-padded",
+                         "hf-static", "hf-continuous"}  # fmt: skip
     want = runs["inflight-continuous"]["output_tokens"]
     assert all(r["output_tokens"] == want for r in runs.values())  # same useful work
     assert runs["inflight-static"]["steps"] > runs["inflight-continuous"]["steps"]
+    # the same batches, run to their longest member with every seat filled
+    padded, static = runs["inflight-static-padded"], runs["inflight-static"]
+    assert padded["steps"] >= static["steps"]
+    assert padded["mean_batch_seqs"] > static["mean_batch_seqs"]
     assert "inflight-continuous / inflight-static" in report["ratios"]
+
+
+def test_compare_refuses_unknown_modes_and_padding_out_of_order(tiny_llama, tmp_path, caplog):
+    base = ["bench", "compare", str(tiny_llama), "--workload", "longtail", "--num-requests", "4",
+            "--out", str(tmp_path / "x"), *TINY]  # fmt: skip
+    assert main([*base, "--modes", "continuous,dynamic"]) == 2
+    assert "--modes takes some of continuous, static, static-padded" in caplog.text
+    assert main([*base, "--modes", "static-padded", "--scheduling-policy", "sjf"]) == 2
+    assert "padded batches need static batching under the fcfs policy" in caplog.text
 
 
 def test_serve_sweep(tiny_llama, tmp_path):

@@ -68,6 +68,15 @@ def test_named_workloads_are_seeded_and_round_trip_jsonl(tokenizer, tmp_path):
     assert (r.max_tokens, r.arrival_time, r.priority) == (4, 0.0, 2)
 
 
+def test_pad_batches_pads_each_batch_to_its_own_longest_prompt_and_output():
+    reqs = [w.WorkloadRequest([7] * p, n) for p, n in ((1, 5), (3, 9), (2, 2), (1, 7), (4, 3))]
+    padded = w.pad_batches(reqs, 2, pad_id=0)
+    assert [r.max_tokens for r in padded] == [9, 9, 7, 7, 3]
+    assert [r.prompt_token_ids for r in padded] == [[0, 0, 7], [7, 7, 7], [7, 7], [0, 7],
+                                                    [7, 7, 7, 7]]  # fmt: skip
+    assert w.pad_batches(reqs, 5, pad_id=0)[2].prompt_token_ids == [0, 0, 7, 7]
+
+
 def test_percentiles_and_time_weighted_means():
     p = percentiles([1.0, 2.0, 3.0, 4.0, None])
     assert p == {"p50": 2.5, "p90": pytest.approx(3.7), "p99": pytest.approx(3.97), "mean": 2.5}
