@@ -47,18 +47,19 @@ def markdown(report: dict) -> str:
     lines = [f"# {report['title']}", ""]
     lines += [f"- {k}: {v}" for k, v in report["meta"].items()]
     lines += ["", "| run | output tok/s | req/s | wall s | TTFT p50/p99 s | TPOT p50 s "
-              "| e2e p50/p99 s | mean seqs/step | KV use | preempt | peak RSS MB |",
-              "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+              "| e2e p50/p99 s | mean seqs/step | KV use | computed / needed tokens | preempt "
+              "| peak RSS MB |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for s in report["runs"]:
         if "error" in s:
-            lines.append(f"| {s['name']} | error: {s['error']} |" + " |" * 9)
+            lines.append(f"| {s['name']} | error: {s['error']} |" + " |" * 10)
             continue
         ttft, tpot, e2e = s["ttft_s"], s["tpot_s"], s["e2e_s"]
         lines.append(
             f"| {s['name']} | {s['output_tok_per_s']} | {s['requests_per_s']} | {s['wall_s']} "
             f"| {_fmt(ttft, 'p50')} / {_fmt(ttft, 'p99')} | {_fmt(tpot, 'p50')} "
             f"| {_fmt(e2e, 'p50')} / {_fmt(e2e, 'p99')} | {s.get('mean_batch_seqs', '-')} "
-            f"| {s.get('kv_usage_time_weighted', '-')} | {s['preemptions']} "
+            f"| {s.get('kv_usage_time_weighted', '-')} "
+            f"| {s.get('computed_per_needed_token', '-')} | {s['preemptions']} "
             f"| {round(s['peak_rss_mb']) if s['peak_rss_mb'] else '-'} |"
         )
     if report["ratios"]:

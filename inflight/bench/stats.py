@@ -90,6 +90,12 @@ def summarize(run: RunResult) -> dict:
         summary["kv_usage_time_weighted"] = round(
             time_weighted_mean([s.kv_usage for s in steps], [s.duration for s in steps]), 4
         )
+        # Padding, recompute after preemption (> 1) and prefix-cache hits (< 1) in one figure: a
+        # request needs its prompt and all but its last output token run through the model.
+        needed = sum(r.prompt_tokens + r.output_tokens - 1 for r in run.requests)
+        if needed > 0:
+            computed = sum(s.scheduled_tokens for s in steps)
+            summary["computed_per_needed_token"] = round(computed / needed, 3)
     summary.update(run.extra)
     if run.error:
         summary["error"] = run.error

@@ -51,6 +51,9 @@ def test_compare_with_peers(tiny_llama, tmp_path):
     padded, static = runs["inflight-static-padded"], runs["inflight-static"]
     assert padded["steps"] >= static["steps"]
     assert padded["mean_batch_seqs"] > static["mean_batch_seqs"]
+    # no preemption, no prefix hits: static computes exactly what is needed; padding more
+    assert static["computed_per_needed_token"] == 1.0
+    assert padded["computed_per_needed_token"] > 1.0
     assert "inflight-continuous / inflight-static" in report["ratios"]
 
 

@@ -97,4 +97,5 @@ def test_summary_on_a_hand_made_run():
     assert s["output_tok_per_s"] == 3.0 and s["total_tok_per_s"] == 18.0
     assert s["requests_per_s"] == 1.0 and s["steps"] == 2 and s["mean_batch_seqs"] == 1.5
     assert s["kv_usage_time_weighted"] == 0.5
+    assert s["computed_per_needed_token"] == round(31 / 34, 3)  # 14 + 20 needed, 30 + 1 run
     assert s["tpot_s"]["mean"] == pytest.approx(0.1)  # (0.5 - 0.1) / 4; the 1-token one has none
