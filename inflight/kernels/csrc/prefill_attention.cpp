@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <type_traits>
 #include <vector>
@@ -34,6 +35,7 @@ struct Item {
 
 struct Scratch {
   std::vector<float> q, acc, max, sum, kt, v;
+  std::vector<int32_t> q_pairs;  // bf16 queries as pairs of dims, for vdpbf16ps scores
 };
 
 template <typename scalar_t, int kD>
@@ -122,6 +124,10 @@ void prefill_item(const Item& it, const scalar_t* q, int64_t q_stride, const sca
 // The AVX-512 item: RB query rows at a time keep their 16 scores and their whole accumulator in
 // registers (DV vectors of 16 floats per head: DV = 4 for head_dim 64), so each transposed key
 // row and each value row loaded serves RB rows, and nothing round-trips through memory per key.
+// With bf16 and AVX-512 BF16, a tile of 16 keys that is one aligned slice of a block is scored
+// in place: each 64-byte row of the block's keys holds a pair of dims for those 16 positions,
+// so a `vdpbf16ps` with a broadcast query pair adds both dims' products to 16 scores at once
+// (the decode kernel's scheme), and no fp32 copy of the keys is made.
 template <typename scalar_t, int DV, int RB>
 void prefill_item_avx512(const Item& it, const scalar_t* q, int64_t q_stride,
                          const scalar_t* k_cache, const scalar_t* v_cache, const int64_t* table,
@@ -143,6 +149,20 @@ void prefill_item_avx512(const Item& it, const scalar_t* q, int64_t q_stride,
       _mm512_storeu_ps(s.q.data() + r * D + j * 16,
                        _mm512_mul_ps(load16(src + j * 16), _mm512_set1_ps(scale)));
   }
+#ifdef __AVX512BF16__
+  constexpr bool kPairScores = std::is_same_v<scalar_t, c10::BFloat16>;
+  if constexpr (kPairScores) {  // padded rows repeat the last real one (never stored)
+    s.q_pairs.resize(padded * D / 2);
+    for (int64_t r = 0; r < padded; ++r) {
+      const int64_t src_r = std::min(r, rows - 1);
+      const scalar_t* src =
+          q + (it.first_token + src_r / G) * q_stride + (it.kv_head * G + src_r % G) * D;
+      std::memcpy(s.q_pairs.data() + r * D / 2, src, D * sizeof(scalar_t));
+    }
+  }
+#else
+  constexpr bool kPairScores = false;
+#endif
   const int64_t first_q = first_pos + it.first_token;
   const int64_t last_q = first_q + it.num_tokens - 1;
   const int64_t lo = window > 0 ? std::max<int64_t>(0, first_q - window + 1) : 0;
@@ -155,11 +175,14 @@ void prefill_item_avx512(const Item& it, const scalar_t* q, int64_t q_stride,
     const int64_t k0_offset = k0 % BS;
     const bool whole_rows = std::is_same_v<scalar_t, c10::BFloat16> && BS % KT == 0 &&
                             k0_offset % KT == 0;
-    if (whole_rows) {  // one 64-byte row = dims (2i, 2i+1) of the tile's 16 positions
-      const scalar_t* k = k_cache + lay.run(table[k0 / BS], it.kv_head) + k0_offset * 2;
+    // the tile's keys in place: row i = dims (2i, 2i+1) of its 16 positions, 64 bytes
+    const scalar_t* key_rows =
+        whole_rows ? k_cache + lay.run(table[k0 / BS], it.kv_head) + k0_offset * 2 : nullptr;
+    const bool pair_scores = kPairScores && whole_rows;
+    if (whole_rows && !pair_scores) {  // widened into the fp32 tile
       const __m512i high = _mm512_set1_epi32(static_cast<int32_t>(0xFFFF0000u));
       for (int64_t i = 0; i < D / 2; ++i) {
-        const __m512i pairs = _mm512_loadu_si512(k + i * BS * 2);
+        const __m512i pairs = _mm512_loadu_si512(key_rows + i * BS * 2);
         _mm512_storeu_si512(s.kt.data() + 2 * i * KT, _mm512_slli_epi32(pairs, 16));
         _mm512_storeu_si512(s.kt.data() + (2 * i + 1) * KT, _mm512_and_si512(pairs, high));
       }
@@ -192,11 +215,32 @@ void prefill_item_avx512(const Item& it, const scalar_t* q, int64_t q_stride,
       if (!any) continue;
       __m512 score[RB];
       for (int b = 0; b < RB; ++b) score[b] = _mm512_setzero_ps();
-      const float* qr = s.q.data() + r0 * D;
-      for (int64_t d = 0; d < D; ++d) {
-        const __m512 kd = _mm512_loadu_ps(s.kt.data() + d * KT);
+#ifdef __AVX512BF16__
+      if (pair_scores) {  // two chains per row: even and odd pairs of dims
+        __m512 odd[RB];
+        for (int b = 0; b < RB; ++b) odd[b] = _mm512_setzero_ps();
+        const int32_t* qp = s.q_pairs.data() + r0 * D / 2;
+        for (int64_t i = 0; i < D / 2; i += 2) {
+          const auto k_even = (__m512bh)_mm512_loadu_si512(key_rows + i * BS * 2);
+          const auto k_odd = (__m512bh)_mm512_loadu_si512(key_rows + (i + 1) * BS * 2);
+          for (int b = 0; b < RB; ++b) {
+            score[b] = _mm512_dpbf16_ps(
+                score[b], (__m512bh)_mm512_set1_epi32(qp[b * D / 2 + i]), k_even);
+            odd[b] = _mm512_dpbf16_ps(
+                odd[b], (__m512bh)_mm512_set1_epi32(qp[b * D / 2 + i + 1]), k_odd);
+          }
+        }
         for (int b = 0; b < RB; ++b)
-          score[b] = _mm512_fmadd_ps(_mm512_set1_ps(qr[b * D + d]), kd, score[b]);
+          score[b] = _mm512_mul_ps(_mm512_add_ps(score[b], odd[b]), _mm512_set1_ps(scale));
+      } else
+#endif
+      {
+        const float* qr = s.q.data() + r0 * D;
+        for (int64_t d = 0; d < D; ++d) {
+          const __m512 kd = _mm512_loadu_ps(s.kt.data() + d * KT);
+          for (int b = 0; b < RB; ++b)
+            score[b] = _mm512_fmadd_ps(_mm512_set1_ps(qr[b * D + d]), kd, score[b]);
+        }
       }
       __m512 acc[RB][DV];
       for (int b = 0; b < RB; ++b) {
