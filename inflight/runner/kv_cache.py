@@ -7,6 +7,7 @@ import torch
 
 from inflight.attention import TorchReferenceBackend
 from inflight.model.arch import LlamaArchConfig
+from inflight.runner.huge_pages import zeros_on_huge_pages
 
 
 def kv_bytes_per_token(arch: LlamaArchConfig, dtype: torch.dtype) -> int:
@@ -28,15 +29,18 @@ class KVCache:
         k_shape, v_shape = attn.cache_shapes(num_blocks, arch.num_kv_heads, arch.head_dim)
         self.num_blocks = num_blocks
         self.block_size = block_size
+
         # NOTE: zeroed, not left uninitialised: attention gathers whole blocks, so it reads
         # slots past a sequence's end, masked out; masked garbage could still be NaN, and
         # 0 * NaN = NaN. (The zeroing is mostly first-touch page faults paid here, not later.)
+        # On the CPU, on huge pages where the OS offers them (huge_pages.py says why).
+        def zeros(shape: tuple[int, ...]) -> torch.Tensor:
+            if device.type == "cpu":
+                return zeros_on_huge_pages(shape, dtype)
+            return torch.zeros(shape, dtype=dtype, device=device)
+
         self.layers: list[tuple[torch.Tensor, torch.Tensor]] = [
-            (
-                torch.zeros(k_shape, dtype=dtype, device=device),
-                torch.zeros(v_shape, dtype=dtype, device=device),
-            )
-            for _ in range(arch.num_layers)
+            (zeros(k_shape), zeros(v_shape)) for _ in range(arch.num_layers)
         ]
         self.num_bytes = kv_bytes_per_token(arch, dtype) * block_size * num_blocks
         # Swap space in host memory (pinned when the device is a GPU, for fast copies).
