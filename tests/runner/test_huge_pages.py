@@ -29,6 +29,9 @@ def test_zeros_on_huge_pages_is_zeros():
     assert t.shape == (3, 5, 7) and t.dtype == torch.bfloat16 and not t.any()
     t[1, 2, 3] = 4.0
     assert t.sum().item() == 4.0
+    view = t[1]
+    del t  # the memory lives as long as any view of it
+    assert view.sum().item() == 4.0
 
 
 @pytest.mark.skipif(huge_pages._madvise() is None, reason="no transparent huge pages here")
