@@ -11,7 +11,6 @@ the mark must come before the first touch, so the tensor gets a fresh mapping.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import functools
 import logging
 import math
@@ -23,22 +22,17 @@ import torch
 logger = logging.getLogger(__name__)
 
 HUGE_PAGE = 2 << 20
-_MADV_HUGEPAGE = 14
 _THP_MODE = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
 
 @functools.cache
-def _madvise():
-    """libc's madvise when huge pages can be asked for here, else None."""
+def huge_pages_offered() -> bool:
+    """Whether this OS gives huge pages to ranges that ask for them."""
     try:
         mode = _THP_MODE.read_text()
     except OSError:
-        return None
-    if "[always]" not in mode and "[madvise]" not in mode:
-        return None
-    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    return libc.madvise
+        return False
+    return hasattr(mmap, "MADV_HUGEPAGE") and ("[always]" in mode or "[madvise]" in mode)
 
 
 def zeros_on_huge_pages(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
@@ -46,18 +40,18 @@ def zeros_on_huge_pages(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Ten
     marked for huge pages before anything touches them (the allocator's heap could hand back
     memory already faulted in 4 KB pages). Where the OS offers no huge pages, or refuses, the
     pages are ordinary ones; never an error."""
-    madvise = _madvise()
     numel = math.prod(shape)
-    if madvise is None or numel == 0:
+    if not huge_pages_offered() or numel == 0:
         return torch.zeros(shape, dtype=dtype)
     nbytes = numel * torch.empty((), dtype=dtype).element_size()
     # private and anonymous: zero-filled, nothing faulted in yet (shared memory has no THP)
     buf = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     view = ctypes.c_char.from_buffer(buf)
-    offset = -ctypes.addressof(view) % HUGE_PAGE
-    start = ctypes.addressof(view) + offset
+    offset = -ctypes.addressof(view) % HUGE_PAGE  # the tensor starts on a 2 MB boundary
     del view  # the export would pin the mapping; the tensor below keeps it alive instead
-    if madvise(start, -(-nbytes // HUGE_PAGE) * HUGE_PAGE, _MADV_HUGEPAGE) != 0:
-        logger.debug("madvise(MADV_HUGEPAGE) refused: errno %d", ctypes.get_errno())
+    try:
+        buf.madvise(mmap.MADV_HUGEPAGE, offset, len(buf) - offset)
+    except OSError as e:
+        logger.debug("madvise(MADV_HUGEPAGE) refused: %s", e)
     # the tensor holds a reference to `buf`; touching it now pays the page faults at startup
     return torch.frombuffer(buf, dtype=dtype, count=numel, offset=offset).view(shape).zero_()

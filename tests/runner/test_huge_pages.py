@@ -7,8 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from inflight.runner import huge_pages
-from inflight.runner.huge_pages import zeros_on_huge_pages
+from inflight.runner.huge_pages import huge_pages_offered, zeros_on_huge_pages
 
 
 def anon_huge_kb(address: int) -> int:
@@ -34,7 +33,7 @@ def test_zeros_on_huge_pages_is_zeros():
     assert view.sum().item() == 4.0
 
 
-@pytest.mark.skipif(huge_pages._madvise() is None, reason="no transparent huge pages here")
+@pytest.mark.skipif(not huge_pages_offered(), reason="no transparent huge pages here")
 def test_a_large_cache_tensor_gets_huge_pages():
     t = zeros_on_huge_pages((64 << 20,), torch.uint8)  # 64 MB: ~31 whole 2 MB pages inside
     assert anon_huge_kb(t.data_ptr() + (32 << 20)) >= 2048
