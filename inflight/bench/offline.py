@@ -61,7 +61,7 @@ def run_offline(
         pad_id = llm.tokenizer.pad_token_id or 0
         submitted = pad_batches(workload, config.max_num_seqs, pad_id)
     pending = sorted(zip(workload, submitted, strict=True), key=lambda p: p[0].arrival_time)
-    useful: dict[str, WorkloadRequest] = {}  # request id -> the request as the workload has it
+    asked_by_id: dict[str, WorkloadRequest] = {}  # the request as the workload has it
     records: list[RequestRecord] = []
     timeline: list[StepRecord] = []
     core = llm.core
@@ -75,7 +75,7 @@ def run_offline(
             while pending and pending[0][0].arrival_time <= now:
                 r, sent = pending.pop(0)
                 params = SamplingParams(temperature=0, max_tokens=sent.max_tokens, ignore_eos=True)
-                useful[llm.add_request(sent.prompt_token_ids, params)] = r
+                asked_by_id[llm.add_request(sent.prompt_token_ids, params)] = r
             if not core.has_unfinished_requests():
                 time.sleep(max(0.0, pending[0][0].arrival_time - now))
                 continue
@@ -91,7 +91,7 @@ def run_offline(
             )  # fmt: skip
             for out in outputs:
                 if out.finished:
-                    m, asked = out.metrics, useful[out.request_id]
+                    m, asked = out.metrics, asked_by_id[out.request_id]
                     records.append(
                         RequestRecord(len(asked.prompt_token_ids),
                                       min(len(out.outputs[0].token_ids), asked.max_tokens),

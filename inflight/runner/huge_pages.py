@@ -43,7 +43,7 @@ def zeros_on_huge_pages(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Ten
     numel = math.prod(shape)
     if not huge_pages_offered() or numel == 0:
         return torch.zeros(shape, dtype=dtype)
-    nbytes = numel * torch.empty((), dtype=dtype).element_size()
+    nbytes = numel * dtype.itemsize
     # private and anonymous: zero-filled, nothing faulted in yet (shared memory has no THP)
     buf = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     view = ctypes.c_char.from_buffer(buf)
