@@ -11,14 +11,24 @@
 // with first = seq_len - window when a sliding window is set (window > 0), else 0.
 //
 // A (request, KV head) item walks its blocks twice, keys then values, reading each block's run
-// (2 KB) whole while the next run is prefetched. Scores are kept for whole blocks: slot i of a
-// head's row is position base + i, base = the first block's first position.
+// (2 KB) whole. Scores are kept for whole blocks: slot i of a head's row is position base + i,
+// base = the first block's first position.
+//
+// The kernel is bound by memory latency, not bandwidth: one core keeps only so many cache misses
+// in flight. So while it computes on one run it prefetches, line by line, the run
+// `kPrefetchRuns` ahead in the order it will read them (its keys, its values, then the first
+// keys of the item it takes next), and threads take items from a shared counter one ahead so
+// that next item is known. On a 2-core EPYC this took 48 requests x ~225 tokens x 30 layers from
+// 12.2 to 8.4 ms (one burst prefetch of the next run before: the burst stalled on full miss
+// buffers).
 #include "kv_layout.h"
 #include "ops.h"
 #include "vec_math.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <optional>
 #include <type_traits>
 #include <vector>
 
@@ -49,7 +59,31 @@ struct Item {
   int64_t head, first, len;
   int64_t first_block() const { return first / layout->block_size; }
   int64_t end_block() const { return (len + layout->block_size - 1) / layout->block_size; }
+  int64_t num_blocks() const { return end_block() - first_block(); }
 };
+
+// How many runs ahead of the one being computed the decode kernels prefetch.
+constexpr int64_t kPrefetchRuns = 3;
+
+// The j-th run `it` reads (its keys block by block, then its values), continuing into `next`'s
+// keys; past both, its own last value run (already cached: a harmless target).
+template <typename T>
+const char* run_in_read_order(const T* k_cache, const T* v_cache, const Item& it,
+                              const Item* next, int64_t j) {
+  const KVLayout& lay = *it.layout;
+  const int64_t n = it.num_blocks(), b0 = it.first_block();
+  const T* p;
+  if (j < n) {
+    p = k_cache + lay.run(it.table[b0 + j], it.head);
+  } else if (j < 2 * n) {
+    p = v_cache + lay.run(it.table[b0 + j - n], it.head);
+  } else if (next != nullptr && j - 2 * n < next->num_blocks()) {
+    p = k_cache + lay.run(next->table[next->first_block() + j - 2 * n], next->head);
+  } else {
+    p = v_cache + lay.run(it.table[b0 + n - 1], it.head);
+  }
+  return reinterpret_cast<const char*>(p);
+}
 
 // Each head's scores [lo, hi) of its row become probabilities, in place.
 inline void softmax_rows(float* scores, int64_t G, int64_t row, int64_t lo, int64_t hi) {
@@ -64,32 +98,30 @@ inline void softmax_rows(float* scores, int64_t G, int64_t row, int64_t lo, int6
 #ifdef __AVX512BF16__
 using bf16 = c10::BFloat16;
 
-inline void prefetch_run(const bf16* run, int64_t elements) {
-  const char* p = reinterpret_cast<const char*>(run);
-  for (int64_t b = 0; b < elements * 2; b += 64) _mm_prefetch(p + b, _MM_HINT_T0);
-}
-
 // bf16 with AVX-512 BF16, D = 32 * DZ, G query heads per KV head, BS a multiple of 16. Scores:
 // vdpbf16ps of a broadcast pair of query dims with a 64-byte key row (16 positions), two
 // accumulator chains per head. Values: each 64-dim row widened to fp32 by interleaving with
 // zeros (unpacklo/hi), which permutes dims within 128-bit lanes; undone once at the end.
 template <int DZ, int G>
 void decode_item_bf16(const bf16* q, const bf16* k_cache, const bf16* v_cache, const Item& it,
-                      float scale, float* scores, bf16* out) {
+                      const Item* next, float scale, float* scores, bf16* out) {
   constexpr int D = 32 * DZ, DV = 2 * DZ;
   const KVLayout& lay = *it.layout;
-  const int64_t BS = lay.block_size, run = BS * D;
+  const int64_t BS = lay.block_size;
   const int64_t b0 = it.first_block(), b1 = it.end_block(), base = b0 * BS, row = (b1 - b0) * BS;
   const auto* q_pairs = reinterpret_cast<const int32_t*>(q);  // [G][D / 2]
+  auto ahead = [&](int64_t j) {
+    return run_in_read_order(k_cache, v_cache, it, next, j + kPrefetchRuns);
+  };
   for (int64_t b = b0; b < b1; ++b) {
     const bf16* k = k_cache + lay.run(it.table[b], it.head);
-    prefetch_run(b + 1 < b1 ? k_cache + lay.run(it.table[b + 1], it.head)
-                            : v_cache + lay.run(it.table[b0], it.head),
-                 run);
+    const char* pf = ahead(b - b0);  // lines at the same offsets as this run's
     for (int64_t c = 0; c < BS; c += 16) {
       __m512 even[G], odd[G];
       for (int g = 0; g < G; ++g) even[g] = odd[g] = _mm512_setzero_ps();
       for (int i = 0; i < D / 2; i += 2) {
+        _mm_prefetch(pf + (i * BS + c) * 4, _MM_HINT_T0);  // 4 bytes: a pair of bf16
+        _mm_prefetch(pf + ((i + 1) * BS + c) * 4, _MM_HINT_T0);
         const auto k0 = (__m512bh)_mm512_loadu_si512(k + i * BS * 2 + c * 2);
         const auto k1 = (__m512bh)_mm512_loadu_si512(k + (i + 1) * BS * 2 + c * 2);
         for (int g = 0; g < G; ++g) {
@@ -112,9 +144,10 @@ void decode_item_bf16(const bf16* q, const bf16* k_cache, const bf16* v_cache, c
   const __m512i zero = _mm512_setzero_si512();
   for (int64_t b = b0; b < b1; ++b) {
     const bf16* v = v_cache + lay.run(it.table[b], it.head);
-    if (b + 1 < b1) prefetch_run(v_cache + lay.run(it.table[b + 1], it.head), run);
+    const char* pf = ahead(b1 - b0 + b - b0);
     const int64_t t0 = std::max(it.first, b * BS) - b * BS, t1 = std::min(it.len, (b + 1) * BS) - b * BS;
     for (int64_t t = t0; t < t1; ++t) {
+      for (int z = 0; z < DZ; ++z) _mm_prefetch(pf + (t * D + z * 32) * 2, _MM_HINT_T0);
       __m512 vv[DV];
       for (int z = 0; z < DZ; ++z) {
         const __m512i raw = _mm512_loadu_si512(v + t * D + z * 32);
@@ -140,7 +173,8 @@ void decode_item_bf16(const bf16* q, const bf16* k_cache, const bf16* v_cache, c
   }
 }
 
-using ItemFn = void (*)(const bf16*, const bf16*, const bf16*, const Item&, float, float*, bf16*);
+using ItemFn = void (*)(const bf16*, const bf16*, const bf16*, const Item&, const Item*, float,
+                       float*, bf16*);
 
 template <int DZ>
 ItemFn pick_g(int64_t G) {
@@ -225,26 +259,38 @@ void decode(const scalar_t* q, const scalar_t* k_cache, const scalar_t* v_cache,
   std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
     return seq_lens[a / KVH] > seq_lens[b / KVH];
   });
-#pragma omp parallel if (R * KVH > 1)
+  auto item = [&](int64_t i) {
+    const int64_t r = order[i] / KVH, len = seq_lens[r];
+    const int64_t first = window > 0 ? std::max<int64_t>(0, len - window) : 0;
+    return Item{&lay, block_tables + r * MB, order[i] % KVH, first, len};
+  };
+  const int64_t num_items = R * KVH;
+  std::atomic<int64_t> counter{0};  // items are taken in order, each thread one ahead
+#pragma omp parallel if (num_items > 1)
   {
     std::vector<float> scores, qf, tile, acc;
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t i = 0; i < R * KVH; ++i) {
-      const int64_t w = order[i], r = w / KVH, len = seq_lens[r];
-      const int64_t first = window > 0 ? std::max<int64_t>(0, len - window) : 0;
-      const Item it{&lay, block_tables + r * MB, w % KVH, first, len};
-      scores.resize(G * (it.end_block() - it.first_block()) * BS);
-      const int64_t offset = (r * H + it.head * G) * D;  // the item's G query heads
+    for (int64_t i = counter.fetch_add(1); i < num_items;) {
+      const int64_t i_next = counter.fetch_add(1);
+      const Item it = item(i);
+      const std::optional<Item> next =
+          i_next < num_items ? std::optional<Item>(item(i_next)) : std::nullopt;
+      scores.resize(G * it.num_blocks() * BS);
+      const int64_t offset = (order[i] / KVH * H + it.head * G) * D;  // the item's G query heads
+      bool done = false;
 #ifdef __AVX512BF16__
       if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
         if (ItemFn fn = pick_bf16(D, G, BS)) {
-          fn(q + offset, k_cache, v_cache, it, scale, scores.data(), out + offset);
-          continue;
+          fn(q + offset, k_cache, v_cache, it, next ? &*next : nullptr, scale, scores.data(),
+             out + offset);
+          done = true;
         }
       }
 #endif
-      decode_item_generic(q + offset, k_cache, v_cache, it, G, scale, scores.data(),
-                          out + offset, qf, tile, acc);
+      if (!done) {
+        decode_item_generic(q + offset, k_cache, v_cache, it, G, scale, scores.data(),
+                            out + offset, qf, tile, acc);
+      }
+      i = i_next;
     }
   }
 }
