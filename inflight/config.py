@@ -19,7 +19,7 @@ Dtype = Literal["auto", "bfloat16", "float16", "float32"]
 Batching = Literal["continuous", "static"]
 Policy = Literal["fcfs", "priority", "sjf"]
 PreemptionMode = Literal["recompute", "swap"]
-AttentionBackend = Literal["auto", "torch", "cpu"]
+AttentionBackend = Literal["auto", "torch", "cpu", "triton"]
 
 
 def _require(ok: bool, message: str) -> None:
@@ -47,7 +47,8 @@ class ModelConfig:
         default="auto",
         metadata={
             "help": "torch (pure-PyTorch reference), cpu (C++ kernels: paged attention and fused "
-            "norm/RoPE/SiLU), or auto: cpu on a CPU"
+            "norm/RoPE/SiLU), triton (decode attention as a Triton kernel, for CUDA), or auto: "
+            "cpu on a CPU, triton on a GPU"
         },
     )
 
@@ -62,8 +63,8 @@ class ModelConfig:
         )
         _require(self.device in ("auto", "cpu", "cuda"), f"unknown device {self.device!r}")
         _require(
-            self.attention_backend in ("auto", "torch", "cpu"),
-            f"attention_backend must be auto, torch or cpu, got {self.attention_backend!r}",
+            self.attention_backend in ("auto", "torch", "cpu", "triton"),
+            f"attention_backend must be auto, torch, cpu or triton, got {self.attention_backend!r}",
         )
 
 

@@ -11,6 +11,7 @@ PyTorch backend, with a warning, when no compiler is available.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -45,13 +46,46 @@ class KernelMetadata(AttentionMetadata):
     prefill_batch: PrefillBatch | None = None
 
 
-class CpuKernelBackend(TorchReferenceBackend):
+class DecodeKernelBackend(TorchReferenceBackend):
+    """The reference backend with every decode of a step computed by one kernel call per layer,
+    `decode_kernel(q [R, H, D], k_cache, v_cache, block_tables [R, MB], seq_lens [R], scale,
+    window) -> [R, H, D]`, reading the cache in place. Subclasses say which kernel."""
+
+    decode_kernel: Callable[..., torch.Tensor]
+
+    def _with_decodes(
+        self, meta, rows, query_start_loc, seq_lens, block_tables, group, device
+    ) -> KernelMetadata:
+        if not isinstance(meta, KernelMetadata):
+            meta = KernelMetadata(**vars(meta))
+        if rows:
+            index = torch.tensor(rows)
+            meta.decode_batch = DecodeBatch(
+                rows=torch.tensor([query_start_loc[r] for r in rows]).to(device),
+                block_tables=block_tables[index].to(device),
+                seq_lens=torch.tensor([seq_lens[r] for r in rows]).to(device),
+                all_rows=len(rows) == query_start_loc[-1],
+            )
+        return meta
+
+    def _attend_decodes(self, query, k_cache, v_cache, meta, out) -> None:
+        batch = meta.decode_batch
+        if batch is None:
+            return
+        head_dim = query.shape[-1]
+        out[batch.rows] = self.decode_kernel(
+            query[batch.rows], k_cache, v_cache, batch.block_tables, batch.seq_lens,
+            head_dim**-0.5, self.sliding_window or 0,
+        )  # fmt: skip
+
+
+class CpuKernelBackend(DecodeKernelBackend):
     name = "cpu"
 
     def __init__(self, block_size: int, sliding_window: int | None = None) -> None:
         super().__init__(block_size, sliding_window)
         ext = load_extension()
-        self.kernel = ext.paged_decode_attention
+        self.decode_kernel = ext.paged_decode_attention
         self.prefill_kernel = ext.paged_prefill_attention
         self._write_kv = ext.write_kv_cache
 
@@ -88,19 +122,6 @@ class CpuKernelBackend(TorchReferenceBackend):
             )
         return KernelMetadata(**vars(meta), prefill_batch=batch)
 
-    def _with_decodes(
-        self, meta, rows, query_start_loc, seq_lens, block_tables, group, device
-    ) -> KernelMetadata:
-        if rows:
-            index = torch.tensor(rows)
-            meta.decode_batch = DecodeBatch(
-                rows=torch.tensor([query_start_loc[r] for r in rows]).to(device),
-                block_tables=block_tables[index].to(device),
-                seq_lens=torch.tensor([seq_lens[r] for r in rows]).to(device),
-                all_rows=len(rows) == query_start_loc[-1],
-            )
-        return meta
-
     def _attend_prefills(self, query, key, value, k_cache, v_cache, meta, out) -> None:
         batch = meta.prefill_batch
         if batch is not None:
@@ -108,16 +129,6 @@ class CpuKernelBackend(TorchReferenceBackend):
                 query, k_cache, v_cache, batch.chunks, batch.block_tables, out,
                 query.shape[-1] ** -0.5, self.sliding_window or 0,
             )  # fmt: skip
-
-    def _attend_decodes(self, query, k_cache, v_cache, meta, out) -> None:
-        batch = meta.decode_batch
-        if batch is None:
-            return
-        head_dim = query.shape[-1]
-        out[batch.rows] = self.kernel(
-            query[batch.rows], k_cache, v_cache, batch.block_tables, batch.seq_lens,
-            head_dim**-0.5, self.sliding_window or 0,
-        )  # fmt: skip
 
 
 def to_kernel_layout(
@@ -133,14 +144,24 @@ def to_kernel_layout(
 def make_backend(
     name: str, block_size: int, sliding_window: int | None, device: torch.device
 ) -> TorchReferenceBackend:
-    """`torch` (the reference), `cpu` (the kernel; an error if it cannot be built) or `auto`
-    (the kernel on a CPU when it builds, otherwise the reference)."""
-    if name == "torch" or (name == "auto" and device.type != "cpu"):
+    """`torch` (the reference), `cpu` (the C++ kernels), `triton` (the Triton decode kernel) or
+    `auto` (the C++ kernels on a CPU, Triton on a GPU, each when it can run, else the reference
+    with a warning). A kernel named outright that cannot run is an error."""
+    if name == "torch":
         return TorchReferenceBackend(block_size, sliding_window)
+    if name == "auto":
+        name = "cpu" if device.type == "cpu" else "triton"
+        strict = False
+    else:
+        strict = True
     try:
+        if name == "triton":
+            from inflight.attention.triton_decode import TritonBackend
+
+            return TritonBackend(block_size, sliding_window)
         return CpuKernelBackend(block_size, sliding_window)
     except Exception as e:
-        if name == "cpu":
+        if strict:
             raise
-        logger.warning("CPU attention kernel unavailable (%s); using the PyTorch reference", e)
+        logger.warning("%s attention kernel unavailable (%s); using the PyTorch reference", name, e)
         return TorchReferenceBackend(block_size, sliding_window)

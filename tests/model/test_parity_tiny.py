@@ -49,6 +49,8 @@ ENGINE_SETTINGS = {
         "prefill_chunk_size": 8,
         "max_num_batched_tokens": 64,
     },
+    # decodes by the Triton kernel (under Triton's interpreter without a GPU), small blocks
+    "triton_decode": {"attention_backend": "triton", "kv_block_size": 4},
     # static batching: 4 batches of 4, each admitted only once the previous one is done
     "static_batches": {"batching": "static", "max_num_seqs": 4},
     # other admission orders (and priority preemptions), same tokens

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
 from inflight.attention import CpuKernelBackend, TorchReferenceBackend, make_backend
 from inflight.attention.cpu_kernel import to_kernel_layout
+from inflight.attention.triton_decode import TritonBackend
 
 H, KVH, D, BS = 4, 2, 8, 4
 
@@ -24,7 +29,7 @@ def dense_attention(q, k, v, positions, window=None):
     return torch.einsum("hql,lhd->qhd", scores.softmax(-1), v)
 
 
-@pytest.mark.parametrize("backend_cls", [TorchReferenceBackend, CpuKernelBackend])
+@pytest.mark.parametrize("backend_cls", [TorchReferenceBackend, CpuKernelBackend, TritonBackend])
 @pytest.mark.parametrize("window", [None, 5])
 def test_mixed_batch_matches_dense_attention(backend_cls, window):
     torch.manual_seed(0)
@@ -103,11 +108,13 @@ KERNEL_CASES = [
 ]
 
 
+@pytest.mark.parametrize("kernel", ["cpu", "triton"])
 @pytest.mark.parametrize(("dtype", "tol", "bs", "d"), KERNEL_CASES)
 @pytest.mark.parametrize("window", [None, 37])
-def test_kernel_matches_reference_on_model_shapes(dtype, tol, bs, d, window):
-    """SmolLM2's head grouping (9 query heads over 3 KV heads): the kernel (fp32 accumulation)
-    against the reference (bf16 matmuls in bf16 runs)."""
+def test_kernel_matches_reference_on_model_shapes(kernel, dtype, tol, bs, d, window):
+    """SmolLM2's head grouping (9 query heads over 3 KV heads): each decode kernel (fp32
+    accumulation; Triton's under its interpreter here) against the reference (bf16 matmuls in
+    bf16 runs)."""
     q, k_cache, v_cache, tables, seq_lens = random_paged_decodes(dtype, block_size=bs, d=d)
     n = len(seq_lens)
     query_start_loc = list(range(n + 1))
@@ -117,10 +124,11 @@ def test_kernel_matches_reference_on_model_shapes(dtype, tol, bs, d, window):
     flat_k, flat_v = k_cache.view(-1, 3, d), v_cache.view(-1, 3, d)
     key, value = flat_k[torch.tensor(slots)].clone(), flat_v[torch.tensor(slots)].clone()
     outs = []
-    for backend, caches in (
-        (TorchReferenceBackend(bs, window), (k_cache, v_cache)),
-        (CpuKernelBackend(bs, window), to_kernel_layout(k_cache, v_cache)),
-    ):
+    if kernel == "cpu":
+        fast = (CpuKernelBackend(bs, window), to_kernel_layout(k_cache, v_cache))
+    else:
+        fast = (TritonBackend(bs, window), (k_cache.clone(), v_cache.clone()))
+    for backend, caches in ((TorchReferenceBackend(bs, window), (k_cache, v_cache)), fast):
         meta = backend.build_metadata(query_start_loc, start_pos, tables, torch.tensor(slots),
                                       torch.device("cpu"))  # fmt: skip
         outs.append(backend.forward(q, key, value, *caches, meta))
@@ -214,7 +222,7 @@ def test_kernels_refuse_caches_and_slots_they_cannot_index():
         backend.write_cache(k_cache, v_cache[:, :1].contiguous(), rows, rows, torch.tensor([0, 1]))
     q, tables = torch.randn(1, 4, 8), torch.zeros(1, 2, dtype=torch.long)
     with pytest.raises(RuntimeError, match="outside its block table"):  # 33 tokens > 2 blocks
-        backend.kernel(q, k_cache, v_cache, tables, torch.tensor([33]), 1.0, 0)
+        backend.decode_kernel(q, k_cache, v_cache, tables, torch.tensor([33]), 1.0, 0)
     with pytest.raises(ValueError, match="even head_dim"):
         backend.cache_shapes(4, 2, 7)
 
@@ -223,4 +231,47 @@ def test_make_backend_choices():
     cpu = torch.device("cpu")
     assert type(make_backend("torch", 16, None, cpu)) is TorchReferenceBackend
     assert type(make_backend("auto", 16, None, cpu)) is CpuKernelBackend
-    assert type(make_backend("auto", 16, None, torch.device("meta"))) is TorchReferenceBackend
+    gpu = torch.device("meta")  # stands for a CUDA device: only the choice is tested
+    assert type(make_backend("auto", 16, None, gpu)) is TritonBackend
+    # a block size the Triton kernel cannot tile: auto falls back, asking for it outright fails
+    assert type(make_backend("auto", 12, None, gpu)) is TorchReferenceBackend
+    with pytest.raises(ValueError, match="power-of-two block_size"):
+        make_backend("triton", 12, None, gpu)
+
+
+def test_triton_backend_refuses_a_cpu_process_without_its_interpreter():
+    """Triton imported before `TRITON_INTERPRET` was set cannot interpret: a clear error, not a
+    failure deep inside the first decode."""
+    code = (
+        "import triton\n"
+        "from inflight.attention.triton_decode import TritonBackend\n"
+        "try:\n"
+        "    TritonBackend(16)\n"
+        "except RuntimeError as e:\n"
+        "    print('refused:', e)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["CUDA_VISIBLE_DEVICES"] = ""
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "refused:" in out.stdout and "TRITON_INTERPRET=1" in out.stdout
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("window", [None, 37])
+def test_triton_kernel_compiled_on_a_gpu_matches_the_reference(window):
+    """The same comparison as on the CPU, with the kernel compiled for the GPU (CI has none)."""
+    q, k_cache, v_cache, tables, seq_lens = (
+        t.cuda() for t in random_paged_decodes(torch.bfloat16, block_size=16, d=64)
+    )
+    n = len(seq_lens)
+    start_pos = (seq_lens - 1).tolist()
+    slots = torch.tensor([int(tables[r, p // 16]) * 16 + p % 16 for r, p in enumerate(start_pos)])
+    key = k_cache.view(-1, 3, 64)[slots.cuda()].clone()
+    value = v_cache.view(-1, 3, 64)[slots.cuda()].clone()
+    outs = []
+    for backend in (TorchReferenceBackend(16, window), TritonBackend(16, window)):
+        meta = backend.build_metadata(list(range(n + 1)), start_pos, tables.cpu(),
+                                      slots.cuda(), torch.device("cuda"))  # fmt: skip
+        outs.append(backend.forward(q, key, value, k_cache.clone(), v_cache.clone(), meta))
+    torch.testing.assert_close(outs[1].float(), outs[0].float(), atol=2e-2, rtol=2e-2)
