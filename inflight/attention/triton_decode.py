@@ -99,6 +99,14 @@ def _paged_decode_kernel(
     )
 
 
+def check_block_size(block_size: int) -> None:
+    """A loop iteration covers whole blocks, and Triton tiles come in powers of two."""
+    if block_size < 1 or block_size & (block_size - 1):
+        raise ValueError(
+            f"the Triton decode kernel needs a power-of-two block_size, got {block_size}"
+        )
+
+
 def paged_decode_attention(
     q: torch.Tensor,  # [R, H, D]
     k_cache: torch.Tensor,  # [NB, BS, KVH, D]
@@ -116,10 +124,7 @@ def paged_decode_attention(
         raise ValueError(
             f"query heads {num_heads}x{head_dim} do not fit KV heads {num_kv_heads}x{cache_dim}"
         )
-    if block_size & (block_size - 1):
-        raise ValueError(
-            f"the Triton decode kernel needs a power-of-two block_size, got {block_size}"
-        )
+    check_block_size(block_size)
     out = torch.empty_like(q)
     if num_reqs == 0:
         return out
@@ -153,8 +158,5 @@ class TritonBackend(DecodeKernelBackend):
                 "no GPU, and Triton was imported before its interpreter was turned on: set "
                 "TRITON_INTERPRET=1 before the process starts to run the Triton kernel on a CPU"
             )
-        if block_size & (block_size - 1):
-            raise ValueError(
-                f"the Triton decode kernel needs a power-of-two block_size, got {block_size}"
-            )
+        check_block_size(block_size)
         self.decode_kernel = paged_decode_attention
