@@ -5,7 +5,8 @@ the cache, no padding, no masks, GQA without repeating heads, one call per layer
 decodes and one for all prompt chunks.
 
 The kernels are compiled on first use (`inflight.kernels`); `auto` falls back to the pure
-PyTorch backend, with a warning, when no compiler is available.
+PyTorch backend, with a warning, when no compiler is available. `DecodeKernelBackend`, the
+plumbing for a decode kernel that reads the cache in place, is shared with the Triton backend.
 """
 
 from __future__ import annotations
