@@ -14,6 +14,7 @@ it against the PyTorch reference on machines without CUDA.
 
 from __future__ import annotations
 
+import logging
 import os
 
 import torch
@@ -25,6 +26,8 @@ import triton
 import triton.language as tl
 
 from inflight.attention.cpu_kernel import DecodeKernelBackend
+
+logger = logging.getLogger(__name__)
 
 # Positions scored per loop iteration (at least one block): bounds the [group, positions, dim]
 # products a program holds at once.
@@ -159,4 +162,8 @@ class TritonBackend(DecodeKernelBackend):
                 "TRITON_INTERPRET=1 before the process starts to run the Triton kernel on a CPU"
             )
         check_block_size(block_size)
+        if not torch.cuda.is_available():
+            logger.warning(
+                "no GPU: the Triton decode kernel runs under Triton's interpreter (slow)"
+            )
         self.decode_kernel = paged_decode_attention
