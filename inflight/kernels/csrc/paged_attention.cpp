@@ -19,7 +19,7 @@
 // `kPrefetchRuns` ahead in the order it will read them (its keys, its values, then the first
 // keys of the item it takes next), and threads take items from a shared counter one ahead so
 // that next item is known. On a 2-core EPYC this took 48 requests x ~225 tokens x 30 layers from
-// 12.2 to 8.4 ms (one burst prefetch of the next run before: the burst stalled on full miss
+// 11.1 to 8.8 ms (one burst prefetch of the next run before: the burst stalled on full miss
 // buffers).
 #include "kv_layout.h"
 #include "ops.h"
