@@ -78,22 +78,28 @@ PROFILES: dict[str, HardwareProfile] = {
 }  # fmt: skip
 
 
-def _best_rate(fn, work: float, repeats: int) -> float:
-    """Work per second of the fastest of `repeats` timed calls (after one warm-up)."""
+def _best_rate(fn, work: float, repeats: int, sync=lambda: None) -> float:
+    """Work per second of the fastest of `repeats` timed calls (after one warm-up); `sync` waits
+    for the device, whose work is asynchronous."""
     fn()
+    sync()
     best = float("inf")
     for _ in range(repeats):
         start = time.perf_counter()
         fn()
+        sync()
         best = min(best, time.perf_counter() - start)
     return work / best
 
 
-def measure_local(memory_bytes: int | None = None) -> HardwareProfile:
-    """Measures this CPU now: read bandwidth (sum over a 512 MiB array, far beyond the caches)
-    and matmul throughput in bf16 and fp32 with PyTorch's threads. Takes a few seconds."""
+def measure_local(memory_bytes: int | None = None, device: str = "cpu") -> HardwareProfile:
+    """Measures this machine's `device` ("cpu" or "cuda") now: read bandwidth (a sum over an
+    array far beyond the caches) and matmul throughput in bf16 and fp32. Takes a few seconds."""
     import torch
 
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        return _measure_cuda(dev, memory_bytes)
     big = torch.ones(128 * 2**20, dtype=torch.float32)  # 512 MiB
     bandwidth = _best_rate(lambda big=big: big.sum(), big.numel() * 4, 5)
     del big
@@ -112,6 +118,40 @@ def measure_local(memory_bytes: int | None = None) -> HardwareProfile:
         host_link_bw=bandwidth / 2,  # swap is a copy within the same memory
         source=f"measured on this machine ({torch.get_num_threads()} threads)",
         is_cpu=True,
+    )
+
+
+def _measure_cuda(dev, memory_bytes: int | None) -> HardwareProfile:
+    """The GPU's HBM read bandwidth (sum over 2 GiB), bf16/fp32 matmul rates (8192-cubed, random
+    data: zeros run faster) and pinned host -> device copy rate (swap)."""
+    import torch
+
+    def sync() -> None:
+        torch.cuda.synchronize(dev)
+
+    big = torch.ones(512 * 2**20, dtype=torch.float32, device=dev)  # 2 GiB
+    bandwidth = _best_rate(lambda big=big: big.sum(), big.numel() * 4, 10, sync)
+    del big
+    flops = {}
+    n = 8192
+    for name, dtype in (("bf16", torch.bfloat16), ("fp32", torch.float32)):
+        a = torch.randn(n, n, device=dev, dtype=dtype)
+        b = torch.randn(n, n, device=dev, dtype=dtype)
+        flops[name] = _best_rate(lambda a=a, b=b: a @ b, 2.0 * n**3, 10, sync)
+        del a, b
+    host = torch.ones(64 * 2**20, dtype=torch.float32, pin_memory=True)  # 256 MiB
+    on_device = torch.empty_like(host, device=dev)
+    copy = lambda d=on_device, h=host: d.copy_(h, non_blocking=True)  # noqa: E731
+    link = _best_rate(copy, host.numel() * 4, 5, sync)
+    del host, on_device
+    props = torch.cuda.get_device_properties(dev)
+    return HardwareProfile(
+        name="local-cuda",
+        memory_bytes=memory_bytes or props.total_memory,
+        memory_bw=bandwidth,
+        flops=flops,
+        host_link_bw=link,
+        source=f"measured on this machine ({props.name})",
     )
 
 
