@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from inflight.attention.torch_ref import AttentionMetadata, TorchReferenceBackend
+from inflight.errors import ConfigError
 from inflight.kernels import load_extension
 
 logger = logging.getLogger(__name__)
@@ -150,6 +151,11 @@ def make_backend(
     with a warning). A kernel named outright that cannot run is an error."""
     if name == "torch":
         return TorchReferenceBackend(block_size, sliding_window)
+    if name == "cpu" and device.type != "cpu":
+        raise ConfigError(
+            f"the cpu attention backend (C++ kernels) reads host memory; the model is on "
+            f"{device.type}: use triton or torch there"
+        )
     if name == "auto":
         name = "cpu" if device.type == "cpu" else "triton"
         strict = False

@@ -12,6 +12,7 @@ from inflight import LLM, SamplingParams
 from inflight.kernels import load_extension
 from inflight.model import packed_linear
 from inflight.model.fused_layers import FusedDecoderLayers
+from inflight.model.packed_linear import can_pack
 from tests.conftest import TINY_ARCHS
 from tests.parity import mixed_max_tokens, random_prompts
 
@@ -31,13 +32,14 @@ def test_fused_layers_match_the_python_loop_bit_for_bit(
 ):
     # steps of at most 4 rows take inflight's bf16 linear kernel, larger ones oneDNN: both paths
     monkeypatch.setattr(packed_linear, "SMALL_BATCH_ROWS", 4)
-    llm = LLM(str(tiny_model_factory(arch)), dtype=dtype, attention_backend="cpu",
+    llm = LLM(str(tiny_model_factory(arch)), dtype=dtype, attention_backend="cpu", device="cpu",
               prefill_chunk_size=8, max_num_batched_tokens=64,
               enable_prefix_caching=False)  # fmt: skip
     model = llm.core.loaded.model
     fused = model.fused_layers
     assert isinstance(fused, FusedDecoderLayers)
-    assert fused.packed == (dtype == "bfloat16")  # oneDNN-packed weights exist only for bf16
+    # oneDNN-packed weights exist only for bf16, on CPUs that compute it
+    assert fused.packed == (dtype == "bfloat16" and can_pack(torch.bfloat16, torch.device("cpu")))
     kernel = fused.packed and load_extension().bf16_linear_available()
     assert fused.small_batch_rows == (4 if kernel else 0)
     assert all((w is not None) == kernel for w in fused.small_weights)
@@ -51,9 +53,10 @@ def test_fused_layers_match_the_python_loop_bit_for_bit(
     assert got == want
 
 
+@pytest.mark.skipif(not can_pack(torch.bfloat16, torch.device("cpu")), reason="no oneDNN bf16")
 def test_mixed_weight_kinds_are_refused(tiny_llama):
     """One call packs or not for all layers: a model half packed cannot be fused."""
-    llm = LLM(str(tiny_llama), dtype="bfloat16", attention_backend="cpu")
+    llm = LLM(str(tiny_llama), dtype="bfloat16", attention_backend="cpu", device="cpu")
     layers = llm.core.loaded.model.layers
     layers[0].qkv_proj = torch.nn.Linear(layers[0].qkv_proj.in_features, 4, bias=False)
     with pytest.raises(ValueError, match="all packed or all plain"):
@@ -62,7 +65,7 @@ def test_mixed_weight_kinds_are_refused(tiny_llama):
 
 def test_bad_inputs_are_refused_before_any_write(tiny_llama):
     """The C++ loop checks what it indexes: weight lists, slots, cache shapes."""
-    llm = LLM(str(tiny_llama), dtype="float32", attention_backend="cpu")
+    llm = LLM(str(tiny_llama), dtype="float32", attention_backend="cpu", device="cpu")
     fused = llm.core.loaded.model.fused_layers
     caches = llm.core.runner.kv_cache.layers
     num_heads, num_kv_heads, head_dim = fused.shape

@@ -16,13 +16,14 @@ DTYPES = [torch.float32, torch.bfloat16]
 
 def assert_norms_agree(out: torch.Tensor, want: torch.Tensor) -> None:
     """The float32 mean is summed in another order, so a row's scale may differ in its last
-    place: a float32 rounding error, which bfloat16 rounding almost always hides (and then by one
-    bf16 step at most)."""
+    place: a float32 rounding error, which bfloat16 rounding almost always hides. When it does
+    not, the normalised value is one bf16 step off, and the product with the weight, rounded
+    again, up to two (seen on an Intel host, whose PyTorch sums in another order than here)."""
     if out.dtype == torch.float32:
         torch.testing.assert_close(out, want, rtol=2e-6, atol=1e-6)
         return
     steps = (out.view(torch.int16).long() - want.view(torch.int16).long()).abs()
-    assert int(steps.max()) <= 1
+    assert int(steps.max()) <= 2
     assert (out == want).float().mean() > 0.99
 
 

@@ -12,6 +12,7 @@ import torch
 from inflight.attention import CpuKernelBackend, TorchReferenceBackend, make_backend
 from inflight.attention.cpu_kernel import to_kernel_layout
 from inflight.attention.triton_decode import TritonBackend
+from inflight.errors import ConfigError
 
 H, KVH, D, BS = 4, 2, 8, 4
 GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -248,6 +249,9 @@ def test_make_backend_choices():
     assert type(make_backend("auto", 12, None, gpu)) is TorchReferenceBackend
     with pytest.raises(ValueError, match="power-of-two block_size"):
         make_backend("triton", 12, None, gpu)
+    # the C++ kernels read host memory: named for a GPU model, a clear error (not a crash)
+    with pytest.raises(ConfigError, match=r"cpu attention backend .* reads host memory"):
+        make_backend("cpu", 16, None, gpu)
 
 
 def test_triton_backend_refuses_a_cpu_process_without_its_interpreter():
