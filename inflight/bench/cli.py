@@ -185,6 +185,7 @@ def run_local(args: argparse.Namespace, knobs: dict[str, Any], out: Path) -> dic
         loaded = llm.core.loaded
         workload = load_workload(args, llm.tokenizer)
         dtype = str(llm.core.dtype).removeprefix("torch.")
+        device = llm.core.device.type
         timer = llm.core.enable_profiling() if getattr(args, "profile", False) else None
         runs.append(run_offline(llm, workload, f"inflight-{mode}",
                                 padded=mode == "static-padded"))  # fmt: skip
@@ -203,9 +204,9 @@ def run_local(args: argparse.Namespace, knobs: dict[str, Any], out: Path) -> dic
         try:
             if peer == "hf-static":
                 runs.append(peer_runs.run_hf_static(loaded.path, workload, dtype,
-                                                    meta["max_num_seqs"]))  # fmt: skip
+                                                    meta["max_num_seqs"], device))  # fmt: skip
             elif peer == "hf-continuous":
-                runs.append(peer_runs.run_hf_continuous(loaded.path, workload, dtype))
+                runs.append(peer_runs.run_hf_continuous(loaded.path, workload, dtype, device))
             elif peer == "vllm":
                 if args.vllm_python is None:
                     raise ValueError("--peers vllm needs --vllm-python (vLLM's own venv)")

@@ -24,24 +24,30 @@ PEERS = ("hf-static", "hf-continuous", "vllm", "llamacpp", "llamacpp-gguf")
 _DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
 
 
-def load_hf_model(path: Path, dtype: str):
+def load_hf_model(path: Path, dtype: str, device: str = "cpu"):
+    """On `device`: the peers run where inflight ran, or the comparison says nothing."""
     from transformers import AutoModelForCausalLM
 
     kwargs = {"dtype": _DTYPES[dtype]}
     if is_gguf(path):
-        return AutoModelForCausalLM.from_pretrained(
-            path.parent, gguf_file=path.name, **kwargs
-        ).eval()
-    return AutoModelForCausalLM.from_pretrained(path, **kwargs).eval()
+        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, **kwargs)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    return model.to(device).eval()
 
 
 @torch.inference_mode()
 def run_hf_static(
-    path: Path, workload: list[WorkloadRequest], dtype: str, batch_size: int, progress: bool = True
+    path: Path,
+    workload: list[WorkloadRequest],
+    dtype: str,
+    batch_size: int,
+    device: str = "cpu",
+    progress: bool = True,
 ) -> RunResult:
     require_simultaneous(workload, "hf-static")
     reset_peak_rss()
-    model = load_hf_model(path, dtype)
+    model = load_hf_model(path, dtype, device)
     pad_id = 0
     records = []
     start = time.perf_counter()
@@ -50,9 +56,9 @@ def run_hf_static(
         width = max(len(r.prompt_token_ids) for r in batch)
         # left padding, so every row's last prompt token sits in the last column
         ids = torch.tensor([[pad_id] * (width - len(r.prompt_token_ids)) + r.prompt_token_ids
-                            for r in batch])  # fmt: skip
+                            for r in batch], device=device)  # fmt: skip
         mask = torch.tensor([[0] * (width - len(r.prompt_token_ids)) + [1] * len(r.prompt_token_ids)
-                             for r in batch])  # fmt: skip
+                             for r in batch], device=device)  # fmt: skip
         longest = max(r.max_tokens for r in batch)
         model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=longest,
                        eos_token_id=None, pad_token_id=pad_id)  # fmt: skip
@@ -63,14 +69,20 @@ def run_hf_static(
 
 @torch.inference_mode()
 def run_hf_continuous(
-    path: Path, workload: list[WorkloadRequest], dtype: str, progress: bool = True
+    path: Path,
+    workload: list[WorkloadRequest],
+    dtype: str,
+    device: str = "cpu",
+    progress: bool = True,
 ) -> RunResult:
-    """transformers sizes its own batch and KV cache; it gets the whole workload at once."""
+    """transformers sizes its own batch and KV cache; it gets the whole workload at once. A
+    request it fails (it logs the error and returns what it has, e.g. nothing after running out
+    of GPU memory) fails the run: a short result must never be reported as a fast one."""
     from transformers import GenerationConfig
 
     require_simultaneous(workload, "hf-continuous")
     reset_peak_rss()
-    model = load_hf_model(path, dtype)
+    model = load_hf_model(path, dtype, device)
     config = GenerationConfig(
         do_sample=False, max_new_tokens=max(r.max_tokens for r in workload),
         eos_token_id=-1,  # an id no token has: ignore EOS, as the inflight runs do
@@ -88,6 +100,12 @@ def run_hf_continuous(
             if result is None:
                 raise RuntimeError("transformers continuous batching returned no result")
             r = workload[int(result.request_id)]
+            if result.error is not None or len(result.generated_tokens) != r.max_tokens:
+                raise RuntimeError(
+                    f"transformers continuous batching failed request {result.request_id}: "
+                    f"{len(result.generated_tokens)} of {r.max_tokens} tokens"
+                    + (f" ({result.error})" if result.error else "")
+                )
             records.append(RequestRecord(len(r.prompt_token_ids), len(result.generated_tokens),
                                          None, time.perf_counter() - start))  # fmt: skip
     finally:
