@@ -51,6 +51,13 @@ class ModelConfig:
             "cpu on a CPU, triton on a GPU"
         },
     )
+    enforce_eager: bool = field(
+        default=False,
+        metadata={
+            "help": "run every step op by op: no CUDA graphs for decode-only steps (graphs are "
+            "used on a GPU with the triton backend)"
+        },
+    )
 
     def __post_init__(self) -> None:
         _require(

@@ -21,6 +21,7 @@ from inflight.engine.profiling import NO_TIMER, PhaseTimer, Timer
 from inflight.model.loader import LoadedModel, load_model, resolve_model_path
 from inflight.platform import resolve_device, resolve_dtype
 from inflight.request import FinishReason, Request
+from inflight.runner.cuda_graphs import DecodeGraphs, supports_graphs
 from inflight.runner.kv_cache import KVCache, kv_bytes_per_token
 from inflight.runner.model_runner import ModelRunner
 
@@ -99,12 +100,23 @@ class EngineCore:
         self.device, self.dtype = device, dtype
         self.max_model_len = max_model_len
         attn = loaded.model.layers[0].attn
-        self.kv_cache = KVCache(arch, attn, num_blocks, dtype, device, num_cpu_blocks)
+        use_graphs = supports_graphs(attn, device) and not config.model.enforce_eager
+        self.kv_cache = KVCache(
+            arch, attn, num_blocks, dtype, device, num_cpu_blocks, scratch_block=use_graphs
+        )
         self.kv_cache_manager = KVCacheManager(
             num_blocks, block_size, config.cache.enable_prefix_caching, num_cpu_blocks
         )
         self.scheduler = Scheduler(sched_cfg, self.kv_cache_manager)
-        self.runner = ModelRunner(loaded.model, self.kv_cache, attn, device, config.model.seed)
+        graphs = None
+        if use_graphs:
+            graphs = DecodeGraphs(
+                loaded.model, self.kv_cache, sched_cfg.max_num_seqs, max_model_len, device
+            )
+            graphs.capture_all()
+        self.runner = ModelRunner(
+            loaded.model, self.kv_cache, attn, device, config.model.seed, graphs
+        )
         self.timer: Timer = NO_TIMER
         self.last_step: StepStats | None = None
         self.totals = StepTotals()

@@ -1,5 +1,6 @@
 """Per-layer paged K/V tensors, laid out as the attention backend asks (`cache_shapes`; how many
-blocks: `core/sizing.py`). Block `b` is index `b` of dim 0 in every layout."""
+blocks: `core/sizing.py`). Block `b` is index `b` of dim 0 in every layout. With `scratch_block`
+one block more is allocated, past the pool's: CUDA graphs' padding rows write there."""
 
 from __future__ import annotations
 
@@ -24,10 +25,13 @@ class KVCache:
         dtype: torch.dtype,
         device: torch.device,
         num_cpu_blocks: int = 0,
+        scratch_block: bool = False,
     ) -> None:
         block_size = attn.block_size
-        k_shape, v_shape = attn.cache_shapes(num_blocks, arch.num_kv_heads, arch.head_dim)
-        self.num_blocks = num_blocks
+        allocated = num_blocks + scratch_block
+        k_shape, v_shape = attn.cache_shapes(allocated, arch.num_kv_heads, arch.head_dim)
+        self.num_blocks = num_blocks  # the pool's; the scratch block is not among them
+        self.scratch_block: int | None = num_blocks if scratch_block else None
         self.block_size = block_size
 
         # NOTE: zeroed, not left uninitialised: attention gathers whole blocks, so it reads

@@ -22,6 +22,7 @@ from inflight.core.outputs import ModelRunnerOutput, SchedulerOutput
 from inflight.engine.profiling import NO_TIMER, Timer
 from inflight.kernels import load_extension
 from inflight.model.llama import LlamaModel
+from inflight.runner.cuda_graphs import DecodeGraphs
 from inflight.runner.kv_cache import KVCache
 from inflight.runner.sampler import Sampler
 
@@ -46,8 +47,10 @@ class ModelRunner:
         attn_backend: TorchReferenceBackend,
         device: torch.device,
         seed: int = 0,
+        decode_graphs: DecodeGraphs | None = None,
     ) -> None:
         self.model = model
+        self.decode_graphs = decode_graphs
         self.kv_cache = kv_cache
         self.attn_backend = attn_backend
         self.device = device
@@ -112,16 +115,21 @@ class ModelRunner:
         self.kv_cache.swap(out.swap_out, out.swap_in)
         if not out.scheduled:
             return ModelRunnerOutput()
-        with self.timer.phase("prepare_inputs"):
-            inputs = self.prepare_inputs(out)
-        with self.timer.phase("forward"):
-            logits = self.model(
-                inputs.input_ids,
-                inputs.positions,
-                self.kv_cache.layers,
-                inputs.attn_metadata,
-                inputs.logits_indices,
-            )
+        graphs = self.decode_graphs
+        if graphs is not None and graphs.fits(out.scheduled):
+            with self.timer.phase("forward"):
+                logits = graphs.run(out.scheduled)
+        else:
+            with self.timer.phase("prepare_inputs"):
+                inputs = self.prepare_inputs(out)
+            with self.timer.phase("forward"):
+                logits = self.model(
+                    inputs.input_ids,
+                    inputs.positions,
+                    self.kv_cache.layers,
+                    inputs.attn_metadata,
+                    inputs.logits_indices,
+                )
         sampling = [s for s in out.scheduled if s.sample]
         if not sampling:
             return ModelRunnerOutput()

@@ -1,0 +1,103 @@
+"""Decode steps through `DecodeGraphs`: static buffers, padded batch sizes, a scratch block.
+
+Without a GPU nothing is captured, but the forward reads the same static buffers (with the
+Triton kernel under its interpreter), so the filling and padding are checked here on any
+machine; with a GPU the graphs are captured and replayed for real.
+"""
+
+from __future__ import annotations
+
+import random
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from inflight import LLM, SamplingParams
+from inflight.engine import engine_core
+from inflight.runner.cuda_graphs import DecodeGraphs, graph_batch_sizes
+
+GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+# Small blocks and a pool that binds: block 0 belongs to some request at most steps, so a
+# padding row that wrote anywhere but the scratch block would change someone's tokens.
+KNOBS = dict(dtype="float32", attention_backend="triton", kv_block_size=4, num_kv_blocks=48,
+             max_num_seqs=11, max_num_batched_tokens=96, enable_prefix_caching=False)  # fmt: skip
+
+
+def test_batch_sizes_step_by_eight_and_end_at_the_cap():
+    assert graph_batch_sizes(1) == [1]
+    assert graph_batch_sizes(4) == [1, 2, 4]
+    assert graph_batch_sizes(11) == [1, 2, 4, 8, 11]
+    assert graph_batch_sizes(256)[:6] == [1, 2, 4, 8, 16, 24]
+    assert graph_batch_sizes(256)[-2:] == [248, 256]
+
+
+def generate(llm: LLM) -> list[list[int]]:
+    rng = random.Random(0)
+    vocab = llm.core.arch.vocab_size
+    prompts = [[rng.randrange(3, vocab) for _ in range(rng.randint(2, 30))] for _ in range(14)]
+    params = [SamplingParams(temperature=0, max_tokens=rng.randint(4, 20), ignore_eos=True)
+              for _ in prompts]  # fmt: skip
+    return [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+
+
+def count_graph_steps(llm: LLM) -> list[int]:
+    """Wraps the engine's DecodeGraphs.run to record each step's batch size."""
+    graphs = llm.core.runner.decode_graphs
+    assert isinstance(graphs, DecodeGraphs)
+    sizes: list[int] = []
+    run = graphs.run
+
+    def counted(scheduled):
+        sizes.append(len(scheduled))
+        return run(scheduled)
+
+    graphs.run = counted
+    return sizes
+
+
+@pytest.fixture
+def eager_tokens(tiny_llama):
+    return generate(LLM(str(tiny_llama), enforce_eager=True, **KNOBS))
+
+
+def test_static_buffers_give_the_eager_tokens(tiny_llama, eager_tokens, monkeypatch):
+    monkeypatch.setattr(engine_core, "supports_graphs", lambda attn, device: True)
+    llm = LLM(str(tiny_llama), **KNOBS)
+    kv = llm.core.kv_cache
+    assert kv.scratch_block == kv.num_blocks == 48
+    assert kv.layers[0][0].shape[0] == 49, "one block past the pool's"
+    sizes = count_graph_steps(llm)
+
+    assert generate(llm) == eager_tokens
+    assert len(set(sizes)) > 3, "decode steps of several batch sizes, most of them padded"
+    pool = llm.core.kv_cache_manager.pool
+    assert pool.num_blocks == 48 and pool.num_free_blocks == 48
+    assert llm.core.scheduler.num_preemptions > 0, "the pool was meant to bind"
+
+
+def test_steps_with_prompt_tokens_and_eager_engines_skip_the_graphs(tiny_llama, monkeypatch):
+    if not torch.cuda.is_available():
+        assert LLM(str(tiny_llama), **KNOBS).core.runner.decode_graphs is None
+    monkeypatch.setattr(engine_core, "supports_graphs", lambda attn, device: True)
+    llm = LLM(str(tiny_llama), **{**KNOBS, "enforce_eager": True})
+    assert llm.core.runner.decode_graphs is None
+    assert llm.core.kv_cache.scratch_block is None
+    graphs = LLM(str(tiny_llama), **KNOBS).core.runner.decode_graphs
+
+    def step(num_tokens: int, sample: bool = True) -> SimpleNamespace:
+        return SimpleNamespace(num_tokens=num_tokens, sample=sample)
+
+    assert graphs.fits([step(1)] * 11)
+    assert not graphs.fits([step(1)] * 12), "more than the largest graph"
+    assert not graphs.fits([step(1), step(5)]), "a prompt chunk in the step"
+    assert not graphs.fits([step(1, sample=False)])
+
+
+@GPU
+def test_captured_graphs_give_the_eager_tokens(tiny_llama, eager_tokens):
+    llm = LLM(str(tiny_llama), **KNOBS)
+    sizes = count_graph_steps(llm)
+    assert generate(llm) == eager_tokens
+    graphs = llm.core.runner.decode_graphs
+    assert sizes and all(g is not None for g, _ in graphs.graphs.values())
