@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Run HERE (not on the GPU machine) before a device session: the GPU machine reaches no registry
+# and holds no model, so this puts what it lacks into two git-ignored folders that the device
+# tool carries (`carry: [".whl", ".gpu"]`):
+#   .whl/            wheels of our dependencies missing from its image (Python 3.12)
+#   .gpu/smol-meta/  SmolLM2-135M's tokenizer and config, read from the default model's GGUF
+#                    (its weights, 98 MB, are over the 64 MiB a call carries: the device run
+#                    builds random weights of the same shapes, which time the same)
+# Then: run `bash scripts/gpu/run.sh` on the device (see that file).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+for d in /.whl/ /.gpu/; do grep -qx "$d" .git/info/exclude 2>/dev/null || echo "$d" >> .git/info/exclude; done
+.venv/bin/python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+  --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+  --platform manylinux2014_x86_64 -d .whl \
+  fastapi starlette pydantic pydantic_core annotated-types typing-inspection uvicorn gguf \
+  openai jiter sniffio typing_extensions distro opentelemetry-api httpcore2 httpx2 truststore
+.venv/bin/python - <<'PY'
+from pathlib import Path
+
+from transformers import AutoConfig, AutoTokenizer
+
+from inflight.model.loader import default_model_path
+
+gguf = default_model_path()
+out = Path(".gpu/smol-meta")
+AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(out)
+AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(out)
+print(f"wrote {out}")
+PY
