@@ -48,6 +48,12 @@ def partition_size(max_context: int) -> int:
     return size
 
 
+@triton.jit
+def _window_start(seq_len, window):
+    """The first position a query at `seq_len - 1` attends to (0 when `window` is 0)."""
+    return tl.where(window > 0, tl.maximum(seq_len - window, 0), 0)
+
+
 # Lengths and widths vary from step to step: specializing on their values (Triton's default for
 # integers) would compile a new variant, seconds each, in the middle of serving.
 @triton.jit(do_not_specialize=["window", "max_blocks", "num_partitions"])
@@ -77,7 +83,7 @@ def _partition_kernel(
     kv_head = tl.program_id(1)
     part = tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + r)
-    first = tl.where(window > 0, tl.maximum(seq_len - window, 0), 0)
+    first = _window_start(seq_len, window)
     lo = part * PARTITION
     hi = tl.minimum(lo + PARTITION, seq_len)
     if (lo < seq_len) & (lo + PARTITION > first):
@@ -146,7 +152,7 @@ def _merge_kernel(
     h = tl.program_id(1)
     num_heads = tl.num_programs(1)
     seq_len = tl.load(seq_lens_ptr + r)
-    first = tl.where(window > 0, tl.maximum(seq_len - window, 0), 0)
+    first = _window_start(seq_len, window)
     parts = tl.arange(0, PARTS_PAD)
     live = (parts >= first // PARTITION) & (parts * PARTITION < seq_len)
     live &= parts < num_partitions
