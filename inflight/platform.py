@@ -32,3 +32,18 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
     return torch.bfloat16 if cpu_supports_bf16() else torch.float32
+
+
+def describe_device(device: torch.device) -> str:
+    """What a benchmark ran on, for its report: the GPU's name, or the CPU's model and threads."""
+    if device.type == "cuda":
+        return f"cuda: {torch.cuda.get_device_name(device)}"
+    model = "unknown CPU"
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next(
+                line.split(":", 1)[1].strip() for line in f if line.startswith("model name")
+            )
+    except (OSError, StopIteration):
+        pass
+    return f"cpu: {model} ({torch.get_num_threads()} threads)"

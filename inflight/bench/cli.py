@@ -17,6 +17,7 @@ from inflight.bench.stats import RunResult
 from inflight.bench.workloads import NAMED, WorkloadRequest, load_jsonl, named
 from inflight.engine.profiling import OVERHEAD_PHASES, breakdown
 from inflight.errors import ConfigError, InflightError
+from inflight.platform import describe_device
 
 logger = logging.getLogger("inflight.bench")
 
@@ -193,6 +194,7 @@ def run_local(args: argparse.Namespace, knobs: dict[str, Any], out: Path) -> dic
             write_profile(out, timer.steps, llm.config.scheduler.max_num_seqs)
         meta = {
             "model": str(loaded.path), "dtype": dtype, "workload": args.workload,
+            "device": describe_device(llm.core.device),
             "requests": len(workload), "arrival": args.arrival,
             "max_num_seqs": llm.config.scheduler.max_num_seqs,
             "max_num_batched_tokens": llm.config.scheduler.max_num_batched_tokens,

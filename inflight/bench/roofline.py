@@ -17,7 +17,7 @@ from inflight.bench.offline import run_offline
 from inflight.bench.stats import RunResult
 from inflight.bench.workloads import WorkloadRequest
 from inflight.engine.llm import LLM
-from inflight.platform import resolve_device
+from inflight.platform import describe_device, resolve_device
 from inflight.sim.hardware import measure_local
 from inflight.sim.simulator import setup_like_engine, simulate
 
@@ -34,7 +34,7 @@ def run_roofline(knobs: dict, load_workload, out: Path, title: str) -> dict:
     engine = run_offline(llm, workload, "inflight-continuous")
     meta = {
         "model": str(llm.core.loaded.path), "dtype": setup.model.weight_dtype,
-        "device": local.source,
+        "device": describe_device(llm.core.device),
         "requests": len(workload), "max_num_seqs": setup.scheduler.max_num_seqs,
         "read bandwidth GB/s": round(local.memory_bw / 1e9, 1),
         "bf16 matmul GFLOP/s": round(local.flops["bf16"] / 1e9),

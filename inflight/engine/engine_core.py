@@ -12,6 +12,8 @@ import logging
 import time
 from dataclasses import dataclass
 
+import torch
+
 from inflight.config import EngineConfig
 from inflight.core.kv_cache_manager import KVCacheManager
 from inflight.core.outputs import EngineCoreOutput, SchedulerOutput
@@ -132,7 +134,9 @@ class EngineCore:
 
     def enable_profiling(self) -> PhaseTimer:
         """Times every phase of every step from now on (`inflight bench offline --profile`)."""
-        self.timer = self.runner.timer = PhaseTimer()
+        device = self.device
+        sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else lambda: None
+        self.timer = self.runner.timer = PhaseTimer(sync)
         return self.timer
 
     def add_request(self, request: Request) -> None:

@@ -1,14 +1,15 @@
 """Per-phase wall time of engine steps, for `inflight bench offline --profile`.
 
 Off by default: the engine holds `NO_TIMER`, whose phases are empty context managers. Times are
-host wall time; on a GPU the forward phase would need a device sync to be exact (CPU is
-synchronous).
+host wall time. On a GPU the timer waits for the device at the end of every phase (`sync`):
+otherwise the forward phase measures only how long the host took to queue the kernels, and the
+wait lands in whichever phase next reads a result (the GPU profile of the first session did).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from time import perf_counter
@@ -21,9 +22,10 @@ class StepPhases:
 
 
 class PhaseTimer:
-    def __init__(self) -> None:
+    def __init__(self, sync: Callable[[], None] = lambda: None) -> None:
         self.steps: list[StepPhases] = []
         self._current: dict[str, float] = defaultdict(float)
+        self._sync = sync
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -31,6 +33,7 @@ class PhaseTimer:
         try:
             yield
         finally:
+            self._sync()
             self._current[name] += perf_counter() - start
 
     def end_step(self, num_seqs: int) -> None:

@@ -27,3 +27,14 @@ def test_timer_accumulates_per_step_and_the_null_timer_records_nothing():
     assert set(step.seconds) == {"schedule"} and step.num_seqs == 3
     with NO_TIMER.phase("forward"):
         NO_TIMER.end_step(1)
+
+
+def test_the_timer_waits_for_the_device_at_the_end_of_each_phase():
+    """On a GPU, `sync` is torch.cuda.synchronize: the phase that queued the work pays for it."""
+    calls: list[str] = []
+    timer = PhaseTimer(sync=lambda: calls.append("sync"))
+    with timer.phase("forward"):
+        calls.append("forward")
+    with timer.phase("sample"):
+        calls.append("sample")
+    assert calls == ["forward", "sync", "sample", "sync"]
