@@ -147,9 +147,9 @@ class ParentRequest:
             request_id=self.request_id,
             prompt=self.prompt,
             prompt_token_ids=self.prompt_token_ids,
-            outputs=[dataclasses.replace(o, token_ids=list(o.token_ids)) for o in self.outputs],
+            outputs=[o.copy() for o in self.outputs],
             finished=self.finished,
-            metrics=dataclasses.replace(self.metrics),
+            metrics=self.metrics.copy(),
         )
 
 
