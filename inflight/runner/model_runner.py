@@ -80,9 +80,11 @@ class ModelRunner:
         starts = torch.tensor(start_pos)
         seq_lens = (starts + q_lens).tolist()
         max_blocks = max(len(s.block_table) for s in out.scheduled)
-        block_tables = torch.zeros(num_reqs, max_blocks, dtype=torch.long)
-        for row, s in enumerate(out.scheduled):
-            block_tables[row, : len(s.block_table)] = torch.tensor(s.block_table)
+        # one tensor from padded lists: a tensor per row cost ~6 us each (1.5 ms at 256 rows)
+        block_tables = torch.tensor(
+            [s.block_table + [0] * (max_blocks - len(s.block_table)) for s in out.scheduled],
+            dtype=torch.long,
+        )
 
         # positions: for each request, start_pos .. start_pos + q_len - 1
         req_of_token = torch.repeat_interleave(torch.arange(num_reqs), q_lens)  # [T]
