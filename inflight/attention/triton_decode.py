@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import dataclass
 
 import torch
 
@@ -29,7 +30,8 @@ if not torch.cuda.is_available():
 import triton
 import triton.language as tl
 
-from inflight.attention.cpu_kernel import DecodeKernelBackend
+from inflight.attention.cpu_kernel import DecodeKernelBackend, KernelMetadata
+from inflight.attention.flat_prefill import FlatPrefill, attend_flat_prefill, build_flat_prefill
 
 logger = logging.getLogger(__name__)
 
@@ -233,8 +235,15 @@ def runs_here() -> bool:
     return torch.cuda.is_available() or not isinstance(tl.sum, triton.JITFunction)
 
 
+@dataclass
+class TritonMetadata(KernelMetadata):
+    flat_prefill: FlatPrefill | None = None  # every prompt chunk at once, when small enough
+
+
 class TritonBackend(DecodeKernelBackend):
-    """The reference backend's cache layout and prompt path, with decodes by the Triton kernel."""
+    """The reference backend's cache layout, decodes by the Triton kernels, and the step's
+    prompt chunks in one SDPA call per layer (`flat_prefill.py`; chunk by chunk, as the
+    reference, when the step's mask would be too large)."""
 
     name = "triton"
 
@@ -251,3 +260,24 @@ class TritonBackend(DecodeKernelBackend):
                 "no GPU: the Triton decode kernel runs under Triton's interpreter (slow)"
             )
         self.decode_kernel = paged_decode_attention
+
+    def _with_prefills(
+        self, meta, rows, query_start_loc, start_pos, block_tables, device
+    ) -> KernelMetadata:
+        flat = None
+        if rows:
+            flat = build_flat_prefill(
+                rows, query_start_loc, start_pos, block_tables, self.block_size,
+                self.sliding_window, device,
+            )  # fmt: skip
+        if flat is None:
+            meta = super()._with_prefills(
+                meta, rows, query_start_loc, start_pos, block_tables, device
+            )
+        return TritonMetadata(**vars(meta), flat_prefill=flat)
+
+    def _attend_prefills(self, query, key, value, k_cache, v_cache, meta, out) -> None:
+        if isinstance(meta, TritonMetadata) and meta.flat_prefill is not None:
+            attend_flat_prefill(query, k_cache, v_cache, meta.flat_prefill, out)
+        else:
+            super()._attend_prefills(query, key, value, k_cache, v_cache, meta, out)

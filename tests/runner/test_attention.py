@@ -9,8 +9,9 @@ import sys
 import pytest
 import torch
 
-from inflight.attention import CpuKernelBackend, TorchReferenceBackend, make_backend
+from inflight.attention import CpuKernelBackend, TorchReferenceBackend, flat_prefill, make_backend
 from inflight.attention.cpu_kernel import to_kernel_layout
+from inflight.attention.flat_prefill import FLAT_MASK_LIMIT
 from inflight.attention.triton_decode import TritonBackend
 from inflight.errors import ConfigError
 
@@ -34,11 +35,20 @@ def dense_attention(q, k, v, positions, window=None):
 
 
 @pytest.mark.parametrize(
-    "backend_cls",
-    [TorchReferenceBackend, CpuKernelBackend, pytest.param(TritonBackend, marks=INTERPRETED)],
+    ("backend_cls", "flat_limit"),
+    [
+        (TorchReferenceBackend, None),
+        (CpuKernelBackend, None),
+        # the Triton backend's prompt chunks: all in one masked call, or (a step too large for
+        # its mask) one call each, as the reference
+        pytest.param(TritonBackend, FLAT_MASK_LIMIT, marks=INTERPRETED, id="triton-flat"),
+        pytest.param(TritonBackend, 0, marks=INTERPRETED, id="triton-chunked"),
+    ],
 )
 @pytest.mark.parametrize("window", [None, 5])
-def test_mixed_batch_matches_dense_attention(backend_cls, window):
+def test_mixed_batch_matches_dense_attention(backend_cls, flat_limit, window, monkeypatch):
+    if flat_limit is not None:
+        monkeypatch.setattr(flat_prefill, "FLAT_MASK_LIMIT", flat_limit)
     torch.manual_seed(0)
     # (cached tokens, new tokens): decodes of many lengths (several decode groups), and prefill
     # chunks (continuations too; longer than one 16-token tile of queries and of keys)
@@ -82,6 +92,9 @@ def test_mixed_batch_matches_dense_attention(backend_cls, window):
         assert len(meta.decode) == 2  # 22 decodes: two length groups
     else:
         assert meta.decode == [] and len(meta.decode_batch.rows) == 22
+    if flat_limit is not None:  # 4 prompt chunks: one masked call, or one call each
+        flat = flat_limit > 0
+        assert (meta.flat_prefill is not None) == flat and len(meta.prefills) == 4 * (not flat)
     out = backend.forward(torch.cat(qs), torch.cat(ks), torch.cat(vs), k_cache, v_cache, meta)
 
     for i, (cached, new) in enumerate(shapes):
