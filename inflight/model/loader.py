@@ -119,8 +119,15 @@ def load_model(
     reader = open_gguf(path) if is_gguf(path) else None
     arch = gguf_arch_config(reader, path) if reader else load_hf_arch_config(path)
     attn = make_backend(attention_backend, block_size, arch.sliding_window, device)
-    # The CPU kernels are one build: the fused layer ops come with the CPU attention backend.
-    ops = CpuLayerOps() if isinstance(attn, CpuKernelBackend) else TorchLayerOps()
+    # The fused layer ops come with their attention backend: the CPU kernels are one build, and
+    # the Triton ones are checked on the device first (Triton is imported only for them).
+    ops: TorchLayerOps = TorchLayerOps()
+    if isinstance(attn, CpuKernelBackend):
+        ops = CpuLayerOps()
+    elif attn.name == "triton":
+        from inflight.model.triton_layer_ops import checked_layer_ops
+
+        ops = checked_layer_ops(device, dtype)
     with torch.device("meta"):
         model = LlamaModel(arch, attn, ops)
     model = model.to_empty(device=device).to(dtype)
