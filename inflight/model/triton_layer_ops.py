@@ -32,7 +32,7 @@ def _round(x, dtype: tl.constexpr):
     the tests on CPUs would see another rounding than the GPU's. (NaN is not preserved.)"""
     if dtype == tl.bfloat16:
         bits = x.to(tl.uint32, bitcast=True)
-        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16  # no 32-bit literal
         return bits.to(tl.float32, bitcast=True)
     elif dtype == tl.float16:
         return x.to(tl.float16).to(tl.float32)
