@@ -97,23 +97,11 @@ class DecodeGraphs:
             len(self.sizes), self.sizes[-1], time.perf_counter() - start,
         )  # fmt: skip
 
-    def run(self, scheduled: Sequence[ScheduledRequest]) -> torch.Tensor:
-        """Logits [len(scheduled), vocab] of one decode step (a view of the graph's output: valid
-        until the next step)."""
-        num = len(scheduled)
-        size = next(s for s in self.sizes if s >= num)
-        self._load(scheduled, size)
-        if size in self.graphs:
-            graph, logits = self.graphs[size]
-            graph.replay()
-        else:  # nothing captured: no GPU
-            logits = self._forward(size)
-        return logits[:num]
-
-    def _load(self, scheduled: Sequence[ScheduledRequest], size: int) -> None:
-        """Writes the step's inputs into the static buffers; padding rows sit at position 0 of
-        the scratch block, with a context of 1."""
-        bs, pad = self.block_size, size - len(scheduled)
+    def load(self, scheduled: Sequence[ScheduledRequest]) -> int:
+        """Writes the step's inputs into the static buffers and returns the padded batch size;
+        padding rows sit at position 0 of the scratch block, with a context of 1."""
+        bs, size = self.block_size, next(n for n in self.sizes if n >= len(scheduled))
+        pad = size - len(scheduled)
         ids = [s.token_ids[0] for s in scheduled]
         positions = [s.start_pos for s in scheduled]
         slots = [
@@ -132,6 +120,17 @@ class DecodeGraphs:
         # Columns past `width` keep older entries: the kernel never reads past a context.
         self.scalars[:, :size].copy_(host)
         self.block_tables[:size, :width].copy_(torch.tensor(tables, dtype=torch.long))
+        return size
+
+    def forward(self, size: int, num: int) -> torch.Tensor:
+        """Logits [num, vocab] of the loaded step: the graph of `size` replayed (a view of its
+        output, valid until the next step), or on a CPU an eager forward on the buffers."""
+        if size in self.graphs:
+            graph, logits = self.graphs[size]
+            graph.replay()
+        else:
+            logits = self._eager_forward(size)
+        return logits[:num]
 
     def _metadata(self, size: int) -> KernelMetadata:
         slots = self.scalars[2, :size]
@@ -143,7 +142,7 @@ class DecodeGraphs:
         )
         return KernelMetadata(slot_mapping=slots, decode=[], prefills=[], decode_batch=batch)
 
-    def _forward(self, size: int) -> torch.Tensor:
+    def _eager_forward(self, size: int) -> torch.Tensor:
         return self.model(
             self.scalars[0, :size],
             self.scalars[1, :size],
@@ -158,10 +157,10 @@ class DecodeGraphs:
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
-            self._forward(size)
+            self._eager_forward(size)
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
-            logits = self._forward(size)
+            logits = self._eager_forward(size)
         self.pool = graph.pool()
         return graph, logits

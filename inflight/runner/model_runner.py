@@ -119,8 +119,10 @@ class ModelRunner:
             return ModelRunnerOutput()
         graphs = self.decode_graphs
         if graphs is not None and graphs.fits(out.scheduled):
+            with self.timer.phase("prepare_inputs"):
+                size = graphs.load(out.scheduled)
             with self.timer.phase("forward"):
-                logits = graphs.run(out.scheduled)
+                logits = graphs.forward(size, len(out.scheduled))
         else:
             with self.timer.phase("prepare_inputs"):
                 inputs = self.prepare_inputs(out)

@@ -42,17 +42,17 @@ def generate(llm: LLM) -> list[list[int]]:
 
 
 def count_graph_steps(llm: LLM) -> list[int]:
-    """Wraps the engine's DecodeGraphs.run to record each step's batch size."""
+    """Wraps the engine's DecodeGraphs.load to record each graph step's batch size."""
     graphs = llm.core.runner.decode_graphs
     assert isinstance(graphs, DecodeGraphs)
     sizes: list[int] = []
-    run = graphs.run
+    load = graphs.load
 
     def counted(scheduled):
         sizes.append(len(scheduled))
-        return run(scheduled)
+        return load(scheduled)
 
-    graphs.run = counted
+    graphs.load = counted
     return sizes
 
 
