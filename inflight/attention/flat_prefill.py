@@ -53,16 +53,16 @@ def build_flat_prefill(
         return None
     chunks = torch.arange(len(rows))
 
-    def ranges(starts: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(owner chunk, start + offset) for every element of the ranges, concatenated."""
+    def ranges(lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(owner chunk, offset in its range) of every element of ranges 0..length-1."""
         owner = torch.repeat_interleave(chunks, lengths)
         first = torch.cumsum(lengths, 0) - lengths  # where each chunk's range begins
-        return owner, starts[owner] + torch.arange(int(lengths.sum())) - first[owner]
+        return owner, torch.arange(int(lengths.sum())) - first[owner]
 
-    query_owner, query_rows = ranges(torch.tensor([query_start_loc[r] for r in rows]), q_lens)
-    query_pos = query_rows - torch.tensor([query_start_loc[r] for r in rows])[query_owner]
-    query_pos += cached[query_owner]
-    key_owner, key_pos = ranges(torch.zeros_like(seq_lens), seq_lens)
+    query_owner, offset = ranges(q_lens)
+    query_rows = torch.tensor([query_start_loc[r] for r in rows])[query_owner] + offset
+    query_pos = cached[query_owner] + offset
+    key_owner, key_pos = ranges(seq_lens)
     tables = block_tables[torch.tensor(rows)]
     key_slots = tables[key_owner, key_pos // block_size] * block_size + key_pos % block_size
     mask = (query_owner[:, None] == key_owner[None, :]) & (key_pos[None, :] <= query_pos[:, None])
