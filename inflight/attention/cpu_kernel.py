@@ -5,8 +5,8 @@ the cache, no padding, no masks, GQA without repeating heads, one call per layer
 decodes and one for all prompt chunks.
 
 The kernels are compiled on first use (`inflight.kernels`); `auto` falls back to the pure
-PyTorch backend, with a warning, when no compiler is available. `DecodeKernelBackend`, the
-plumbing for a decode kernel that reads the cache in place, is shared with the Triton backend.
+PyTorch backend, with a warning, when no compiler is available. `PagedKernelBackend`, the
+plumbing for kernels that read the cache in place, is shared with the Triton backend.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ class PrefillBatch:
 
     chunks: torch.Tensor  # [C, 3] int64: first flat row, query tokens, tokens cached before
     block_tables: torch.Tensor  # [C, MB] int64
+    max_query_len: int  # the longest chunk's query tokens
 
 
 @dataclass
@@ -48,12 +49,15 @@ class KernelMetadata(AttentionMetadata):
     prefill_batch: PrefillBatch | None = None
 
 
-class DecodeKernelBackend(TorchReferenceBackend):
+class PagedKernelBackend(TorchReferenceBackend):
     """The reference backend with every decode of a step computed by one kernel call per layer,
     `decode_kernel(q [R, H, D], k_cache, v_cache, block_tables [R, MB], seq_lens [R], scale,
-    window) -> [R, H, D]`, reading the cache in place. Subclasses say which kernel."""
+    window) -> [R, H, D]`, and every prompt chunk by another, `prefill_kernel(query, k_cache,
+    v_cache, chunks [C, 3], block_tables [C, MB], out, scale, window)`, both reading the cache
+    in place. Subclasses say which kernels."""
 
     decode_kernel: Callable[..., torch.Tensor]
+    prefill_kernel: Callable[..., None]
 
     def _with_decodes(
         self, meta, rows, query_start_loc, seq_lens, block_tables, group, device
@@ -80,8 +84,35 @@ class DecodeKernelBackend(TorchReferenceBackend):
             head_dim**-0.5, self.sliding_window or 0,
         )  # fmt: skip
 
+    def _with_prefills(
+        self, meta, rows, query_start_loc, start_pos, block_tables, device
+    ) -> KernelMetadata:
+        batch = None
+        if rows:
+            chunks = [
+                (query_start_loc[r], query_start_loc[r + 1] - query_start_loc[r], start_pos[r])
+                for r in rows
+            ]
+            batch = PrefillBatch(
+                chunks=torch.tensor(chunks, dtype=torch.long).to(device),
+                block_tables=block_tables[torch.tensor(rows)].to(device),
+                max_query_len=max(n for _, n, _ in chunks),
+            )
+        if not isinstance(meta, KernelMetadata):
+            meta = KernelMetadata(**vars(meta))
+        meta.prefill_batch = batch
+        return meta
 
-class CpuKernelBackend(DecodeKernelBackend):
+    def _attend_prefills(self, query, key, value, k_cache, v_cache, meta, out) -> None:
+        batch = meta.prefill_batch
+        if batch is not None:
+            self.prefill_kernel(
+                query, k_cache, v_cache, batch.chunks, batch.block_tables, out,
+                query.shape[-1] ** -0.5, self.sliding_window or 0,
+            )  # fmt: skip
+
+
+class CpuKernelBackend(PagedKernelBackend):
     name = "cpu"
 
     def __init__(self, block_size: int, sliding_window: int | None = None) -> None:
@@ -108,29 +139,6 @@ class CpuKernelBackend(DecodeKernelBackend):
 
     def write_cache(self, k_cache, v_cache, key, value, slot_mapping) -> None:
         self._write_kv(k_cache, v_cache, key, value, slot_mapping)
-
-    def _with_prefills(
-        self, meta, rows, query_start_loc, start_pos, block_tables, device
-    ) -> KernelMetadata:
-        batch = None
-        if rows:
-            chunks = [
-                (query_start_loc[r], query_start_loc[r + 1] - query_start_loc[r], start_pos[r])
-                for r in rows
-            ]
-            batch = PrefillBatch(
-                chunks=torch.tensor(chunks, dtype=torch.long).to(device),
-                block_tables=block_tables[torch.tensor(rows)].to(device),
-            )
-        return KernelMetadata(**vars(meta), prefill_batch=batch)
-
-    def _attend_prefills(self, query, key, value, k_cache, v_cache, meta, out) -> None:
-        batch = meta.prefill_batch
-        if batch is not None:
-            self.prefill_kernel(
-                query, k_cache, v_cache, batch.chunks, batch.block_tables, out,
-                query.shape[-1] ** -0.5, self.sliding_window or 0,
-            )  # fmt: skip
 
 
 def to_kernel_layout(

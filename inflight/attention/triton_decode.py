@@ -11,27 +11,19 @@ the partitions' partial results. Partitions past a request's context (or before 
 window) exit at once, so the grid can be sized from the block tables' width alone: the same
 launch serves any lengths, which CUDA graphs need.
 
-Without a GPU, importing this module turns on Triton's interpreter (`TRITON_INTERPRET=1`,
-unless set otherwise) so the same kernels run on CPU tensors, slowly: that is how the tests check
-them against the PyTorch reference on machines without CUDA.
+`TritonBackend` pairs these with the prompt kernel of `triton_prefill.py`. Without a GPU the
+kernels run under Triton's interpreter (`triton_runtime.py`), which is how CI tests them.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-from dataclasses import dataclass
 
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # read when a kernel is decorated below
-
-import triton
-import triton.language as tl
-
-from inflight.attention.cpu_kernel import DecodeKernelBackend, KernelMetadata
-from inflight.attention.flat_prefill import FlatPrefill, attend_flat_prefill, build_flat_prefill
+from inflight.attention.cpu_kernel import PagedKernelBackend
+from inflight.attention.triton_prefill import paged_prefill_attention
+from inflight.attention.triton_runtime import runs_here, tl, triton
 
 logger = logging.getLogger(__name__)
 
@@ -228,22 +220,9 @@ def paged_decode_attention(
     return out
 
 
-def runs_here() -> bool:
-    """Whether the kernel can run in this process: on a GPU, or under the interpreter, which
-    works only if Triton was first imported with `TRITON_INTERPRET=1` (its own library functions
-    are wrapped for the interpreter at import)."""
-    return torch.cuda.is_available() or not isinstance(tl.sum, triton.JITFunction)
-
-
-@dataclass
-class TritonMetadata(KernelMetadata):
-    flat_prefill: FlatPrefill | None = None  # every prompt chunk at once, when small enough
-
-
-class TritonBackend(DecodeKernelBackend):
-    """The reference backend's cache layout, decodes by the Triton kernels, and the step's
-    prompt chunks in one SDPA call per layer (`flat_prefill.py`; chunk by chunk, as the
-    reference, when the step's mask would be too large)."""
+class TritonBackend(PagedKernelBackend):
+    """The reference backend's cache layout, with decodes and prompt chunks computed by Triton
+    kernels that read it in place (one launch per layer for each)."""
 
     name = "triton"
 
@@ -256,28 +235,13 @@ class TritonBackend(DecodeKernelBackend):
             )
         check_block_size(block_size)
         if not torch.cuda.is_available():
-            logger.warning(
-                "no GPU: the Triton decode kernel runs under Triton's interpreter (slow)"
-            )
+            logger.warning("no GPU: the Triton attention kernels run under Triton's interpreter")
         self.decode_kernel = paged_decode_attention
 
-    def _with_prefills(
-        self, meta, rows, query_start_loc, start_pos, block_tables, device
-    ) -> KernelMetadata:
-        flat = None
-        if rows:
-            flat = build_flat_prefill(
-                rows, query_start_loc, start_pos, block_tables, self.block_size,
-                self.sliding_window, device,
-            )  # fmt: skip
-        if flat is None:
-            meta = super()._with_prefills(
-                meta, rows, query_start_loc, start_pos, block_tables, device
-            )
-        return TritonMetadata(**vars(meta), flat_prefill=flat)
-
     def _attend_prefills(self, query, key, value, k_cache, v_cache, meta, out) -> None:
-        if isinstance(meta, TritonMetadata) and meta.flat_prefill is not None:
-            attend_flat_prefill(query, k_cache, v_cache, meta.flat_prefill, out)
-        else:
-            super()._attend_prefills(query, key, value, k_cache, v_cache, meta, out)
+        batch = meta.prefill_batch
+        if batch is not None:
+            paged_prefill_attention(
+                query, k_cache, v_cache, batch.chunks, batch.block_tables, out,
+                query.shape[-1] ** -0.5, self.sliding_window or 0, batch.max_query_len,
+            )  # fmt: skip

@@ -17,9 +17,8 @@ from __future__ import annotations
 import logging
 
 import torch
-import triton
-import triton.language as tl
 
+from inflight.attention.triton_runtime import tl, triton
 from inflight.model.layer_ops import TorchLayerOps
 
 logger = logging.getLogger(__name__)

@@ -11,7 +11,7 @@ padding rows point at a scratch KV block that no request owns (the cache has one
 than the pool hands out), so they write and read only there. Steps with prompt tokens run
 eagerly. Every size is captured when the engine starts (a few seconds), not when first needed.
 Only decode kernels that take their lengths from tensors can be captured:
-`DecodeKernelBackend` (on a GPU, the Triton backend).
+`PagedKernelBackend` (on a GPU, the Triton backend).
 
 On a CPU nothing is captured: the same buffers feed an eager forward, which is how the tests
 check the buffer filling and padding on machines without a GPU.
@@ -25,7 +25,7 @@ from collections.abc import Sequence
 
 import torch
 
-from inflight.attention.cpu_kernel import DecodeBatch, DecodeKernelBackend, KernelMetadata
+from inflight.attention.cpu_kernel import DecodeBatch, KernelMetadata, PagedKernelBackend
 from inflight.core.outputs import ScheduledRequest
 from inflight.model.llama import LlamaModel
 from inflight.runner.kv_cache import KVCache
@@ -42,7 +42,7 @@ def graph_batch_sizes(max_num_seqs: int) -> list[int]:
 
 def supports_graphs(attn: object, device: torch.device) -> bool:
     """A GPU, and a decode kernel that reads lengths from tensors (no per-step Python shapes)."""
-    return device.type == "cuda" and isinstance(attn, DecodeKernelBackend)
+    return device.type == "cuda" and isinstance(attn, PagedKernelBackend)
 
 
 class DecodeGraphs:

@@ -9,9 +9,8 @@ import sys
 import pytest
 import torch
 
-from inflight.attention import CpuKernelBackend, TorchReferenceBackend, flat_prefill, make_backend
+from inflight.attention import CpuKernelBackend, TorchReferenceBackend, make_backend
 from inflight.attention.cpu_kernel import to_kernel_layout
-from inflight.attention.flat_prefill import FLAT_MASK_LIMIT
 from inflight.attention.triton_decode import TritonBackend
 from inflight.errors import ConfigError
 
@@ -35,20 +34,15 @@ def dense_attention(q, k, v, positions, window=None):
 
 
 @pytest.mark.parametrize(
-    ("backend_cls", "flat_limit"),
+    "backend_cls",
     [
-        (TorchReferenceBackend, None),
-        (CpuKernelBackend, None),
-        # the Triton backend's prompt chunks: all in one masked call, or (a step too large for
-        # its mask) one call each, as the reference
-        pytest.param(TritonBackend, FLAT_MASK_LIMIT, marks=INTERPRETED, id="triton-flat"),
-        pytest.param(TritonBackend, 0, marks=INTERPRETED, id="triton-chunked"),
+        TorchReferenceBackend,
+        CpuKernelBackend,
+        pytest.param(TritonBackend, marks=INTERPRETED, id="TritonBackend"),
     ],
 )
 @pytest.mark.parametrize("window", [None, 5])
-def test_mixed_batch_matches_dense_attention(backend_cls, flat_limit, window, monkeypatch):
-    if flat_limit is not None:
-        monkeypatch.setattr(flat_prefill, "FLAT_MASK_LIMIT", flat_limit)
+def test_mixed_batch_matches_dense_attention(backend_cls, window):
     torch.manual_seed(0)
     # (cached tokens, new tokens): decodes of many lengths (several decode groups), and prefill
     # chunks (continuations too; longer than one 16-token tile of queries and of keys)
@@ -90,11 +84,9 @@ def test_mixed_batch_matches_dense_attention(backend_cls, flat_limit, window, mo
     )
     if backend_cls is TorchReferenceBackend:
         assert len(meta.decode) == 2  # 22 decodes: two length groups
-    else:
+    else:  # one kernel call for all decodes, one for all 4 prompt chunks
         assert meta.decode == [] and len(meta.decode_batch.rows) == 22
-    if flat_limit is not None:  # 4 prompt chunks: one masked call, or one call each
-        flat = flat_limit > 0
-        assert (meta.flat_prefill is not None) == flat and len(meta.prefills) == 4 * (not flat)
+        assert meta.prefills == [] and meta.prefill_batch.chunks.shape == (4, 3)
     out = backend.forward(torch.cat(qs), torch.cat(ks), torch.cat(vs), k_cache, v_cache, meta)
 
     for i, (cached, new) in enumerate(shapes):
@@ -160,11 +152,16 @@ def test_kernel_matches_reference_on_model_shapes(kernel, dtype, tol, bs, d, win
     torch.testing.assert_close(outs[1].float(), outs[0].float(), atol=tol, rtol=tol)
 
 
+@pytest.mark.parametrize(
+    "kernel",
+    ["cpu", pytest.param("triton", marks=INTERPRETED), pytest.param("triton-cuda", marks=GPU)],
+)
 @pytest.mark.parametrize(("dtype", "tol", "bs", "d"), KERNEL_CASES)
 @pytest.mark.parametrize("window", [None, 37])
-def test_prefill_kernel_matches_reference_on_model_shapes(dtype, tol, bs, d, window):
-    """Prompt chunks (fresh and continuations, 2..90 tokens) on SmolLM2's head grouping, the
-    queries a strided view into a fused QKV tensor as in the model."""
+def test_prefill_kernel_matches_reference_on_model_shapes(kernel, dtype, tol, bs, d, window):
+    """Prompt chunks (fresh and continuations, 2..90 tokens: more than one tile of the Triton
+    kernel's 64 queries) on SmolLM2's head grouping, the queries a strided view into a fused QKV
+    tensor as in the model."""
     gen = torch.Generator().manual_seed(2)
     num_blocks, kvh, h = 200 * 16 // bs, 3, 9
     k_cache = torch.randn(num_blocks, bs, kvh, d, generator=gen).to(dtype)
@@ -185,13 +182,17 @@ def test_prefill_kernel_matches_reference_on_model_shapes(dtype, tol, bs, d, win
     key, value = flat_k[torch.tensor(slots)].clone(), flat_v[torch.tensor(slots)].clone()
     qkv = torch.randn(len(slots), (h + 2 * kvh) * d, generator=gen).to(dtype)
     q = qkv[:, : h * d].view(-1, h, d)  # rows strided, as the model passes them
+    device = torch.device("cuda" if kernel == "triton-cuda" else "cpu")
+    q, key, value, k_cache, v_cache = (t.to(device) for t in (q, key, value, k_cache, v_cache))
+    if kernel == "cpu":
+        fast = (CpuKernelBackend(bs, window), to_kernel_layout(k_cache, v_cache))
+    else:
+        fast = (TritonBackend(bs, window), (k_cache.clone(), v_cache.clone()))
     outs = []
-    for backend, caches in (
-        (TorchReferenceBackend(bs, window), (k_cache, v_cache)),
-        (CpuKernelBackend(bs, window), to_kernel_layout(k_cache, v_cache)),
-    ):
-        meta = backend.build_metadata(query_start_loc, cached, tables, torch.tensor(slots),
-                                      torch.device("cpu"))  # fmt: skip
+    for backend, caches in ((TorchReferenceBackend(bs, window), (k_cache, v_cache)), fast):
+        meta = backend.build_metadata(
+            query_start_loc, cached, tables, torch.tensor(slots, device=device), device
+        )
         outs.append(backend.forward(q, key, value, *caches, meta))
     torch.testing.assert_close(outs[1].float(), outs[0].float(), atol=tol, rtol=tol)
 
