@@ -8,6 +8,7 @@
 #   decode    decode_bench.py: graphs vs eager decode throughput, the decode kernel alone
 #   longtail  `inflight bench offline --workload longtail`, 320 requests, 256 seats, profiled
 #   roofline  `inflight bench roofline` on a 1B Llama
+#   compare   `inflight bench compare --workload mixed64` with the transformers peers, both models
 # Logs and results go to $OUT, which comes back. All stages: about 8 minutes on an H100.
 set -uo pipefail
 stages=${*:-tests cold mixed decode longtail roofline}
@@ -51,6 +52,12 @@ for stage in $stages; do
     timeout 100 $bench roofline /tmp/models/llama1b --workload mixed64 \
       --out /tmp/res/llama1b-roofline > "$OUT/llama1b-roofline.log" 2>&1
     grep -E "fraction|inflight-cont" "$OUT/llama1b-roofline.log" ;;
+  compare)
+    for model in smol llama1b; do
+      timeout 220 $bench compare /tmp/models/$model --workload mixed64 \
+        --peers hf-static,hf-continuous --out /tmp/res/compare-$model > "$OUT/compare-$model.log" 2>&1
+      echo "compare $model"; grep -E "^\| (inflight|hf|transformers)|x\*\*" "$OUT/compare-$model.log"
+    done ;;
   *) echo "unknown stage $stage"; exit 2 ;;
   esac
 done
