@@ -18,13 +18,14 @@ from dataclasses import dataclass
 import torch
 
 from inflight.attention import AttentionMetadata, CpuKernelBackend, TorchReferenceBackend
-from inflight.core.outputs import ModelRunnerOutput, SchedulerOutput
+from inflight.core.outputs import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
 from inflight.engine.profiling import NO_TIMER, Timer
 from inflight.kernels import load_extension
 from inflight.model.llama import LlamaModel
 from inflight.runner.cuda_graphs import DecodeGraphs
 from inflight.runner.kv_cache import KVCache
 from inflight.runner.sampler import Sampler
+from inflight.sampling_params import SamplingParams
 
 
 @dataclass
@@ -61,6 +62,29 @@ class ModelRunner:
         else:
             self.sampler = Sampler(device, seed)
         self.timer: Timer = NO_TIMER
+
+    @torch.inference_mode()
+    def warm_up(self) -> None:
+        """One step of a prompt chunk and a decode, written and read in the scratch block only,
+        so that a GPU's kernels compile (Triton: ~0.7 s on the H100) and its libraries set up
+        before the first request, not during it."""
+        scratch = self.kv_cache.scratch_block
+        if scratch is None:
+            raise ValueError("warming up needs a KV cache with a scratch block")
+
+        def chunk(name: str, num_tokens: int) -> ScheduledRequest:
+            tokens = [0] * num_tokens
+            return ScheduledRequest(name, tokens, 0, [scratch], True, SamplingParams(), tokens, [])
+
+        # a chunk filling the block, and a decode (one query token) of the block's first position
+        out = SchedulerOutput(
+            [chunk("warm-up prompt", self.block_size), chunk("warm-up decode", 1)]
+        )
+        inputs = self.prepare_inputs(out)
+        self.model(inputs.input_ids, inputs.positions, self.kv_cache.layers,
+                   inputs.attn_metadata, inputs.logits_indices)  # fmt: skip
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
     def prepare_inputs(self, out: SchedulerOutput) -> StepInputs:
         bs = self.block_size

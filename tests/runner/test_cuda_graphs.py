@@ -82,7 +82,8 @@ def test_steps_with_prompt_tokens_and_eager_engines_skip_the_graphs(tiny_llama, 
     monkeypatch.setattr(engine_core, "supports_graphs", lambda attn, device: True)
     llm = LLM(str(tiny_llama), **{**KNOBS, "enforce_eager": True})
     assert llm.core.runner.decode_graphs is None
-    assert llm.core.kv_cache.scratch_block is None
+    # without graphs, only a GPU engine keeps a scratch block (for its start-up warm-up)
+    assert (llm.core.kv_cache.scratch_block is None) != torch.cuda.is_available()
     graphs = LLM(str(tiny_llama), **KNOBS).core.runner.decode_graphs
 
     def step(num_tokens: int, sample: bool = True) -> SimpleNamespace:
@@ -92,6 +93,23 @@ def test_steps_with_prompt_tokens_and_eager_engines_skip_the_graphs(tiny_llama, 
     assert not graphs.fits([step(1)] * 12), "more than the largest graph"
     assert not graphs.fits([step(1), step(5)]), "a prompt chunk in the step"
     assert not graphs.fits([step(1, sample=False)])
+
+
+def test_warm_up_writes_only_the_scratch_block(tiny_llama, monkeypatch):
+    """The start-up step that compiles a GPU's kernels (run here by hand: GPU engines run it
+    themselves) leaves every block of the pool as it was."""
+    monkeypatch.setattr(engine_core, "supports_graphs", lambda attn, device: True)
+    llm = LLM(str(tiny_llama), **KNOBS)
+    kv = llm.core.kv_cache
+    for k, v in kv.layers:
+        k.normal_()
+        v.normal_()
+    before = [(k.clone(), v.clone()) for k, v in kv.layers]
+    llm.core.runner.warm_up()
+    pool = slice(0, kv.num_blocks)
+    for (k, v), (k0, v0) in zip(kv.layers, before, strict=True):
+        assert torch.equal(k[pool], k0[pool]) and torch.equal(v[pool], v0[pool])
+        assert not torch.equal(k[kv.scratch_block], k0[kv.scratch_block])
 
 
 @GPU
