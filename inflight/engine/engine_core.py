@@ -120,7 +120,7 @@ class EngineCore:
             loaded.model, self.kv_cache, attn, device, config.model.seed, graphs
         )
         if device.type == "cuda":
-            self.runner.warm_up()
+            self.runner.warm_up(min(sched_cfg.max_num_batched_tokens, max_model_len))
         self.timer: Timer = NO_TIMER
         self.last_step: StepStats | None = None
         self.totals = StepTotals()

@@ -105,7 +105,7 @@ def test_warm_up_writes_only_the_scratch_block(tiny_llama, monkeypatch):
         k.normal_()
         v.normal_()
     before = [(k.clone(), v.clone()) for k, v in kv.layers]
-    llm.core.runner.warm_up()
+    llm.core.runner.warm_up(96)  # the step budget: 24 blocks' worth, all in the scratch block
     pool = slice(0, kv.num_blocks)
     for (k, v), (k0, v0) in zip(kv.layers, before, strict=True):
         assert torch.equal(k[pool], k0[pool]) and torch.equal(v[pool], v0[pool])
