@@ -103,9 +103,10 @@ class EngineCore:
         self.max_model_len = max_model_len
         attn = loaded.model.layers[0].attn
         use_graphs = supports_graphs(attn, device) and not config.model.enforce_eager
-        # the scratch block: padding rows of decode graphs, and the start-up warm-up on GPUs
-        self.kv_cache = KVCache(arch, attn, num_blocks, dtype, device, num_cpu_blocks,
-                                scratch_block=use_graphs or device.type == "cuda")  # fmt: skip
+        # the scratch block: the start-up warm-up's, and padding rows' of decode graphs
+        self.kv_cache = KVCache(
+            arch, attn, num_blocks, dtype, device, num_cpu_blocks, scratch_block=True
+        )
         self.kv_cache_manager = KVCacheManager(
             num_blocks, block_size, config.cache.enable_prefix_caching, num_cpu_blocks
         )
@@ -119,8 +120,7 @@ class EngineCore:
         self.runner = ModelRunner(
             loaded.model, self.kv_cache, attn, device, config.model.seed, graphs
         )
-        if device.type == "cuda":
-            self.runner.warm_up(min(sched_cfg.max_num_batched_tokens, max_model_len))
+        self.runner.warm_up(min(sched_cfg.max_num_batched_tokens, max_model_len))
         self.timer: Timer = NO_TIMER
         self.last_step: StepStats | None = None
         self.totals = StepTotals()

@@ -27,6 +27,8 @@ from inflight.runner.kv_cache import KVCache
 from inflight.runner.sampler import Sampler
 from inflight.sampling_params import SamplingParams
 
+WARM_UP_CHUNK = 512  # tokens per prompt chunk of the start-up warm-up
+
 
 @dataclass
 class StepInputs:
@@ -65,11 +67,13 @@ class ModelRunner:
 
     @torch.inference_mode()
     def warm_up(self, num_prompt_tokens: int) -> None:
-        """One step of a `num_prompt_tokens` prompt chunk (the step budget: the largest shapes)
-        and a decode, sampled, every token's K/V in the scratch block (a table that names it
-        over and over), so that a GPU compiles its kernels (Triton: ~0.7 s on the H100), loads
-        its libraries' and grows its memory pool before the first request, not during it. On
-        the H100 the first prompt steps of a process were ~0.3 s slower without it."""
+        """One step of `num_prompt_tokens` prompt tokens (the step budget: the largest shapes;
+        in chunks of at most `WARM_UP_CHUNK`, so attention stays cheap) and a decode, sampled,
+        every token's K/V in the scratch block (tables that name it over and over), so that
+        kernels compile (Triton: ~0.7 s on the H100), libraries set up and memory is allocated
+        and touched before the first request, not during it. Without it the first steps of a
+        process were slower: ~0.3 s on the H100 (kernels compiled apart), ~1 s for 32 prompts
+        of SmolLM2 on a 2-core CPU."""
         scratch = self.kv_cache.scratch_block
         if scratch is None:
             raise ValueError("warming up needs a KV cache with a scratch block")
@@ -77,10 +81,13 @@ class ModelRunner:
         def chunk(name: str, num_tokens: int) -> ScheduledRequest:
             tokens = [0] * num_tokens
             table = [scratch] * -(-num_tokens // self.block_size)
-            return ScheduledRequest(name, tokens, 0, table, True, SamplingParams(), tokens, [])
+            greedy = SamplingParams(temperature=0)  # draws nothing from the shared generator
+            return ScheduledRequest(name, tokens, 0, table, True, greedy, tokens, [])
 
-        # a decode is one query token: the second request exercises the decode kernel
-        scheduled = [chunk("warm-up prompt", max(2, num_prompt_tokens)), chunk("warm-up", 1)]
+        sizes = [WARM_UP_CHUNK] * (num_prompt_tokens // WARM_UP_CHUNK)
+        sizes += [num_prompt_tokens % WARM_UP_CHUNK] if num_prompt_tokens % WARM_UP_CHUNK else []
+        scheduled = [chunk(f"warm-up {i}", n) for i, n in enumerate(sizes)]
+        scheduled.append(chunk("warm-up decode", 1))  # one query token: a decode
         inputs = self.prepare_inputs(SchedulerOutput(scheduled))
         logits = self.model(inputs.input_ids, inputs.positions, self.kv_cache.layers,
                             inputs.attn_metadata, inputs.logits_indices)  # fmt: skip
