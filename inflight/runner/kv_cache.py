@@ -1,6 +1,7 @@
 """Per-layer paged K/V tensors, laid out as the attention backend asks (`cache_shapes`; how many
 blocks: `core/sizing.py`). Block `b` is index `b` of dim 0 in every layout. With `scratch_block`
-one block more is allocated, past the pool's: CUDA graphs' padding rows write there."""
+one block more is allocated, past the pool's: the start-up warm-up and CUDA graphs' padding rows
+write there (engines always ask for it)."""
 
 from __future__ import annotations
 
