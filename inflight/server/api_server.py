@@ -125,6 +125,11 @@ def build_app(engine: AsyncLLM, config: ServerConfig) -> FastAPI:
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, e: RequestValidationError) -> JSONResponse:
         first = e.errors()[0] if e.errors() else {}
+        if first.get("type") == "json_invalid":  # loc holds a character offset, not a field
+            detail = first.get("ctx", {}).get("error", "")
+            position = first.get("loc", ("body", "?"))[-1]
+            message = f"the body is not valid JSON (at character {position}: {detail})"
+            return error_response(400, message, "BadRequestError")
         loc = [str(x) for x in first.get("loc", ()) if x != "body"]
         param = ".".join(loc) or None
         message = f"{param or 'body'}: {first.get('msg', 'invalid request')}"

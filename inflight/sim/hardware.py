@@ -83,13 +83,7 @@ def _best_rate(fn, work: float, repeats: int, sync=lambda: None) -> float:
     for the device, whose work is asynchronous."""
     fn()
     sync()
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        sync()
-        best = min(best, time.perf_counter() - start)
-    return work / best
+    return work / min(_timed(fn, sync) for _ in range(repeats))
 
 
 def measure_local(memory_bytes: int | None = None, device: str = "cpu") -> HardwareProfile:
@@ -103,11 +97,8 @@ def measure_local(memory_bytes: int | None = None, device: str = "cpu") -> Hardw
     big = torch.ones(128 * 2**20, dtype=torch.float32)  # 512 MiB
     bandwidth = _best_rate(lambda big=big: big.sum(), big.numel() * 4, 5)
     del big
-    flops = {}
-    for name, dtype in (("bf16", torch.bfloat16), ("fp32", torch.float32)):
-        n = 2048
-        a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
-        flops[name] = _best_rate(lambda a=a, b=b: a @ b, 2.0 * n**3, 5)
+    flops = {name: _cpu_matmul_rate(dtype)
+             for name, dtype in (("bf16", torch.bfloat16), ("fp32", torch.float32))}  # fmt: skip
     if memory_bytes is None:
         memory_bytes = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     return HardwareProfile(
@@ -119,6 +110,28 @@ def measure_local(memory_bytes: int | None = None, device: str = "cpu") -> Hardw
         source=f"measured on this machine ({torch.get_num_threads()} threads)",
         is_cpu=True,
     )
+
+
+def _cpu_matmul_rate(dtype, largest: int = 2048, slow_s: float = 0.05) -> float:
+    """Square matmul FLOP/s. The size doubles from 256 up to `largest` while a product takes
+    under `slow_s`: a CPU without native bf16 emulates it at ~1 GFLOP/s, where 2048-cubed
+    products would take minutes to time instead of a second."""
+    import torch
+
+    n = 256
+    while True:
+        a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
+        took = min(_timed(lambda a=a, b=b: a @ b) for _ in range(2))  # the first may warm up
+        if n >= largest or took > slow_s:
+            return _best_rate(lambda a=a, b=b: a @ b, 2.0 * n**3, 5)
+        n *= 2
+
+
+def _timed(fn, sync=lambda: None) -> float:
+    start = time.perf_counter()
+    fn()
+    sync()
+    return time.perf_counter() - start
 
 
 def _measure_cuda(dev, memory_bytes: int | None) -> HardwareProfile:

@@ -70,7 +70,7 @@ def test_ok_then_errors_then_ok(server):
                  "tokens")  # fmt: skip
     not_json = httpx.post(server.url + "/v1/completions", content=b"{nope", timeout=10,
                           headers={"content-type": "application/json"})  # fmt: skip
-    assert not_json.status_code == 400
+    assert_error(not_json, 400, "BadRequestError", None, "not valid JSON (at character 1")
 
     again = post(server, "/v1/completions", body)
     assert again.status_code == 200
