@@ -25,7 +25,7 @@ from inflight.platform import resolve_device, resolve_dtype
 from inflight.request import FinishReason, Request
 from inflight.runner.cuda_graphs import DecodeGraphs, supports_graphs
 from inflight.runner.kv_cache import KVCache, kv_bytes_per_token
-from inflight.runner.model_runner import ModelRunner
+from inflight.runner.model_runner import WARM_UP_CHUNK, ModelRunner
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +66,21 @@ class StepTotals:
     @property
     def mean_batch_seqs(self) -> float:
         return self.num_scheduled_seqs / max(1, self.num_steps)
+
+
+def warm_up_tokens(
+    budget: int, max_model_len: int, device: torch.device, attn_name: str, block_size: int
+) -> int:
+    """Prompt tokens of the start-up warm-up. A GPU's is a full step budget: kernels and
+    libraries set up per shape there, and the largest shapes come first. A CPU's first-use costs
+    do not grow with the step's size, while its compute does: one chunk (a full budget of
+    SmolLM2 took 11 s in float32 on a 2-core AVX2 EPYC, and no run was faster for it). Under
+    Triton's interpreter (tests), one block: nothing compiles there."""
+    if device.type != "cpu":
+        return min(budget, max_model_len)
+    if attn_name == "triton":
+        return block_size
+    return min(budget, max_model_len, WARM_UP_CHUNK)
 
 
 class EngineCore:
@@ -120,11 +135,8 @@ class EngineCore:
         self.runner = ModelRunner(
             loaded.model, self.kv_cache, attn, device, config.model.seed, graphs
         )
-        warm_up_tokens = min(sched_cfg.max_num_batched_tokens, max_model_len)
-        if attn.name == "triton" and device.type == "cpu":
-            # Triton's interpreter (tests): nothing to compile, and a full budget takes seconds
-            warm_up_tokens = block_size
-        self.runner.warm_up(warm_up_tokens)
+        self.runner.warm_up(warm_up_tokens(sched_cfg.max_num_batched_tokens, max_model_len,
+                                           device, attn.name, block_size))  # fmt: skip
         self.timer: Timer = NO_TIMER
         self.last_step: StepStats | None = None
         self.totals = StepTotals()

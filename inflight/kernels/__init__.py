@@ -6,13 +6,16 @@ the paged KV cache, laid out as `csrc/kv_layout.h` says and written by `csrc/kv_
 `csrc/decoder_layers.cpp` (every decoder layer driven from C++), `csrc/bf16_linear.cpp`
 (bfloat16 linears for decode-sized batches) and `csrc/argmax.cpp` (greedy sampling) are built
 with the machine's own compiler (`-march=native`) by torch's cpp_extension and cached by torch
-(`~/.cache/torch_extensions`, or `TORCH_EXTENSIONS_DIR`): ~1 min once per machine and source
-version. Callers fall back to pure PyTorch when no compiler is available; `bf16_linear` exists
-only where the compiler targets AVX-512 BF16 (`bf16_linear_available()`).
+(`~/.cache/torch_extensions`, or `TORCH_EXTENSIONS_DIR`): 1-4 min once per CPU kind and
+source version. The build's name carries a digest of the CPU's feature flags, so a cache shared
+between machines (a network home) never hands one CPU code compiled for another's instructions.
+Callers fall back to pure PyTorch when no compiler is available; `bf16_linear` exists only where
+the compiler targets AVX-512 BF16 (`bf16_linear_available()`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from pathlib import Path
 from types import ModuleType
@@ -39,9 +42,9 @@ def load_extension() -> ModuleType:
         from torch.utils.cpp_extension import load
 
         csrc = Path(__file__).parent / "csrc"
-        logger.info("loading the CPU kernels (the first use compiles them, ~1 min)")
+        logger.info("loading the CPU kernels (the first use on a CPU kind compiles them, 1-4 min)")
         _extension = load(
-            name="inflight_cpu_kernels",
+            name=f"inflight_cpu_kernels_{_cpu_digest()}",
             sources=[str(csrc / name) for name in _SOURCES],
             extra_include_paths=[str(csrc)],
             # NOTE: no fused multiply-add contraction, so float32 element-wise results round
@@ -51,3 +54,14 @@ def load_extension() -> ModuleType:
             verbose=False,
         )
     return _extension
+
+
+def _cpu_digest() -> str:
+    """A short digest of this CPU's feature flags (what `-march=native` compiles for)."""
+    flags = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith(("flags", "Features"))), "")
+    except OSError:
+        pass
+    return hashlib.sha256(" ".join(sorted(flags.split())).encode()).hexdigest()[:10]

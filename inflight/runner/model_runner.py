@@ -67,13 +67,13 @@ class ModelRunner:
 
     @torch.inference_mode()
     def warm_up(self, num_prompt_tokens: int) -> None:
-        """One step of `num_prompt_tokens` prompt tokens (the step budget: the largest shapes;
-        in chunks of at most `WARM_UP_CHUNK`, so attention stays cheap) and a decode, sampled,
+        """One step of `num_prompt_tokens` prompt tokens (in chunks of at most `WARM_UP_CHUNK`,
+        so attention stays cheap; how many: `engine_core.warm_up_tokens`) and a decode, sampled,
         every token's K/V in the scratch block (tables that name it over and over), so that
         kernels compile (Triton: ~0.7 s on the H100), libraries set up and memory is allocated
         and touched before the first request, not during it. Without it the first steps of a
         process were slower: ~0.3 s on the H100 (kernels compiled apart), ~1 s for 32 prompts
-        of SmolLM2 on a 2-core CPU."""
+        of SmolLM2 on a 2-core AVX-512 CPU (within noise on an AVX2 one)."""
         scratch = self.kv_cache.scratch_block
         if scratch is None:
             raise ValueError("warming up needs a KV cache with a scratch block")

@@ -67,12 +67,20 @@ def reference(request, tiny_model_factory):
     max_tokens = mixed_max_tokens(len(prompts))
     expected = hf_greedy(model, prompts, max_tokens)
     assert len({tuple(x) for x in expected}) > 8, "the reference must not be degenerate"
-    return folder, prompts, max_tokens, expected
+    return request.param, folder, prompts, max_tokens, expected
+
+
+# Under Triton's interpreter a run takes ~2 min on a 2-core AVX2 CPU: only on the
+# architectures whose attention differs (full and sliding window).
+INTERPRETED_ARCHS = ("llama", "mistral")
 
 
 @pytest.mark.parametrize("setting", list(ENGINE_SETTINGS))
 def test_greedy_parity_with_transformers(reference, setting):
-    folder, prompts, max_tokens, expected = reference
+    arch, folder, prompts, max_tokens, expected = reference
+    interpreted = setting == "triton_decode" and not torch.cuda.is_available()
+    if interpreted and arch not in INTERPRETED_ARCHS:
+        pytest.skip("Triton's interpreter: llama and mistral cover its attention")
     llm = LLM(str(folder), dtype="float32", **ENGINE_SETTINGS[setting])
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in max_tokens]
     priority = [i % 3 for i in range(len(prompts))]  # only the priority policy looks at it

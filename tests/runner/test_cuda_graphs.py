@@ -15,7 +15,9 @@ import torch
 
 from inflight import LLM, SamplingParams
 from inflight.engine import engine_core
+from inflight.engine.engine_core import warm_up_tokens
 from inflight.runner.cuda_graphs import DecodeGraphs, graph_batch_sizes
+from inflight.runner.model_runner import WARM_UP_CHUNK
 
 GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 # Small blocks and a pool that binds: block 0 belongs to some request at most steps, so a
@@ -107,6 +109,15 @@ def test_warm_up_writes_only_the_scratch_block(tiny_llama):
     for (k, v), (k0, v0) in zip(kv.layers, before, strict=True):
         assert torch.equal(k[pool], k0[pool]) and torch.equal(v[pool], v0[pool])
         assert not torch.equal(k[kv.scratch_block], k0[kv.scratch_block])
+
+
+def test_warm_up_size_per_device():
+    cpu, gpu = torch.device("cpu"), torch.device("cuda")
+    assert warm_up_tokens(2048, 8192, gpu, "triton", 16) == 2048, "a GPU's: the step budget"
+    assert warm_up_tokens(2048, 1000, gpu, "torch", 16) == 1000, "within one request's length"
+    assert warm_up_tokens(2048, 8192, cpu, "cpu", 16) == WARM_UP_CHUNK, "a CPU's: one chunk"
+    assert warm_up_tokens(300, 8192, cpu, "cpu", 16) == 300
+    assert warm_up_tokens(2048, 8192, cpu, "triton", 16) == 16, "the interpreter's: one block"
 
 
 @GPU
