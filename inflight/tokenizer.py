@@ -23,7 +23,8 @@ def cache_dir() -> Path:
     return Path(os.environ.get("INFLIGHT_CACHE", Path.home() / ".cache" / "inflight"))
 
 
-def _gguf_cache_key(path: Path) -> str:
+def file_cache_key(path: Path) -> str:
+    """A key that changes when the file is replaced: its path, size and modification time."""
     stat = path.stat()
     raw = f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
     return hashlib.sha256(raw.encode()).hexdigest()[:16]
@@ -33,7 +34,7 @@ def load_tokenizer(path: Path) -> PreTrainedTokenizerBase:
     try:
         if path.is_dir():
             return AutoTokenizer.from_pretrained(path)
-        cached = cache_dir() / "tokenizers" / _gguf_cache_key(path)
+        cached = cache_dir() / "tokenizers" / file_cache_key(path)
         if (cached / "tokenizer_config.json").is_file():
             return AutoTokenizer.from_pretrained(cached)
         tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)

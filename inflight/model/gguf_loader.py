@@ -3,21 +3,34 @@
 Dequantization is the `gguf` package's (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q6_K and more).
 llama.cpp's converter permutes the rows of Q and K weights of `llama`-architecture models into
 an interleaved RoPE layout; `unpermute_qk` undoes that so the weights match HF's half-rotation.
+
+`GGUFReader` parses every metadata field, the whole vocabulary included: 3-10 s for SmolLM2.
+What loading needs (the architecture and where each tensor lies) is small, so `read_gguf_index`
+keeps it beside the converted tokenizer, keyed by the file's path, size and modification time,
+and later loads of the same file map the tensors without parsing it again.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import logging
 from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from gguf import GGUFReader
+from gguf import GGMLQuantizationType, GGUFReader
 from gguf.quants import dequantize
 
 from inflight.errors import ModelLoadError
 from inflight.model.arch import LlamaArchConfig
+from inflight.tokenizer import cache_dir, file_cache_key
+
+logger = logging.getLogger(__name__)
 
 SUPPORTED_GGUF_ARCHITECTURES = ("llama", "qwen2")
 
@@ -113,8 +126,78 @@ def hf_name(gguf_name: str) -> str | None:
     return None if mapped is None else f"{mapped}.{kind}"
 
 
+@dataclass(frozen=True)
+class IndexedTensor:
+    """Where one tensor lies in the file: the fields of gguf's `ReaderTensor` that loading uses,
+    with `data` mapped from the file when first read."""
+
+    file: np.memmap
+    name: str
+    tensor_type: GGMLQuantizationType
+    shape: tuple[int, ...]  # GGUF order: fastest-varying first
+    data_offset: int
+    data_dtype: str  # of the raw array gguf's dequantize takes
+    data_shape: tuple[int, ...]
+
+    @property
+    def data(self) -> np.ndarray:
+        dtype = np.dtype(self.data_dtype)
+        size = int(np.prod(self.data_shape)) * dtype.itemsize
+        raw = self.file[self.data_offset : self.data_offset + size]
+        return raw.view(dtype).reshape(self.data_shape)
+
+
+@dataclass
+class GGUFIndex:
+    """A GGUF file's architecture and tensor locations (see the module docstring)."""
+
+    path: Path
+    arch: LlamaArchConfig
+    entries: list[dict[str, Any]]
+
+    @cached_property
+    def tensors(self) -> list[IndexedTensor]:
+        file = np.memmap(self.path, dtype=np.uint8, mode="r")
+        return [IndexedTensor(file, e["name"], GGMLQuantizationType(e["type"]), tuple(e["shape"]),
+                              e["offset"], e["dtype"], tuple(e["data_shape"]))
+                for e in self.entries]  # fmt: skip
+
+
+# Bumped whenever what `gguf_arch_config` reads changes, so no stale index outlives it.
+INDEX_VERSION = 1
+
+
+def _arch_from_json(saved: dict[str, Any]) -> LlamaArchConfig:
+    """`dataclasses.asdict`'s JSON back to the config (JSON turned its tuples into lists)."""
+    rope = saved.get("rope_scaling")
+    rope_scaling = tuple(map(tuple, rope)) if rope else None
+    eos = tuple(saved["eos_token_ids"])
+    return LlamaArchConfig(**{**saved, "eos_token_ids": eos, "rope_scaling": rope_scaling})
+
+
+def read_gguf_index(path: Path) -> GGUFIndex:
+    """The file's index, from the cache when it was indexed before, else parsed (and cached)."""
+    cached = cache_dir() / "gguf-index" / f"{file_cache_key(path)}-v{INDEX_VERSION}.json"
+    try:
+        saved = json.loads(cached.read_text())
+        return GGUFIndex(path, _arch_from_json(saved["arch"]), saved["tensors"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # not indexed yet, or an index from another version: parse the file
+    reader = open_gguf(path)
+    arch = gguf_arch_config(reader, path)
+    entries = [{"name": t.name, "type": int(t.tensor_type), "shape": [int(d) for d in t.shape],
+                "offset": int(t.data_offset), "dtype": t.data.dtype.str,
+                "data_shape": list(t.data.shape)} for t in reader.tensors]  # fmt: skip
+    try:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        cached.write_text(json.dumps({"arch": dataclasses.asdict(arch), "tensors": entries}))
+    except OSError as e:  # a read-only home only costs the parse next time
+        logger.warning("could not cache the GGUF index at %s: %s", cached, e)
+    return GGUFIndex(path, arch, entries)
+
+
 def iter_gguf_weights(
-    reader: GGUFReader, cfg: LlamaArchConfig, path: Path
+    reader: GGUFReader | GGUFIndex, cfg: LlamaArchConfig, path: Path
 ) -> Iterator[tuple[str, torch.Tensor]]:
     for tensor in reader.tensors:
         name = hf_name(tensor.name)
@@ -127,7 +210,8 @@ def iter_gguf_weights(
                 f"{path}: tensor {tensor.name!r} has unsupported type {tensor.tensor_type.name}"
             ) from e
         # GGUF lists dims fastest-first; numpy order is the reverse.
-        array = np.asarray(array, dtype=np.float32).reshape(tuple(reversed(tensor.shape.tolist())))
+        shape = tuple(reversed([int(d) for d in tensor.shape]))
+        array = np.asarray(array, dtype=np.float32).reshape(shape)
         if cfg.architecture == "llama":
             if name.endswith("q_proj.weight") or name.endswith("q_proj.bias"):
                 array = unpermute_qk(array, cfg.num_heads)

@@ -23,7 +23,7 @@ from inflight.errors import ModelLoadError
 from inflight.model import packed_linear
 from inflight.model.arch import LlamaArchConfig
 from inflight.model.fused_layers import FusedDecoderLayers
-from inflight.model.gguf_loader import gguf_arch_config, iter_gguf_weights, open_gguf
+from inflight.model.gguf_loader import iter_gguf_weights, read_gguf_index
 from inflight.model.layer_ops import CpuLayerOps, TorchLayerOps
 from inflight.model.llama import LlamaModel
 from inflight.model.packed_linear import can_pack, pack_linears, warm_up
@@ -115,9 +115,8 @@ def load_model(
     attention_backend: str = "auto",
 ) -> LoadedModel:
     """Builds the model and fills its weights; every failure is a ModelLoadError naming the file."""
-    # NOTE: a GGUF file is parsed once: GGUFReader reads the whole vocabulary (seconds).
-    reader = open_gguf(path) if is_gguf(path) else None
-    arch = gguf_arch_config(reader, path) if reader else load_hf_arch_config(path)
+    index = read_gguf_index(path) if is_gguf(path) else None
+    arch = index.arch if index else load_hf_arch_config(path)
     attn = make_backend(attention_backend, block_size, arch.sliding_window, device)
     # The fused layer ops come with their attention backend: the CPU kernels are one build, and
     # the Triton ones are checked on the device first (Triton is imported only for them).
@@ -132,11 +131,11 @@ def load_model(
         model = LlamaModel(arch, attn, ops)
     model = model.to_empty(device=device).to(dtype)
     model.finish_init()
-    if reader is not None:
-        weights = iter_gguf_weights(reader, arch, path)
+    if index is not None:
+        weights = iter_gguf_weights(index, arch, path)
     else:
         weights = _iter_safetensors(_safetensors_files(path))
-    num_tensors = len(reader.tensors) if reader is not None else None
+    num_tensors = len(index.entries) if index is not None else None
     weights = tqdm(weights, total=num_tensors, desc=f"loading {path.name}", unit="tensor",
                    leave=False, disable=None)  # fmt: skip
     try:

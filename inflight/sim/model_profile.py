@@ -108,7 +108,7 @@ def load_model_profile(
 ) -> ModelProfile:
     """`spec`: a preset name (config.json files shipped in `inflight/sim/models`), an HF config
     .json file, a model folder, a GGUF file, or None for the engine's default model."""
-    from inflight.model.gguf_loader import gguf_arch_config, open_gguf
+    from inflight.model.gguf_loader import read_gguf_index
     from inflight.model.loader import is_gguf, load_hf_arch_config, resolve_model_path
 
     if spec in PRESETS:
@@ -120,5 +120,5 @@ def load_model_profile(
         arch = LlamaArchConfig.from_hf_config(json.loads(path.read_text()))
         return ModelProfile(path.parent.name or path.stem, arch, weight_dtype, kv_dtype)
     path = resolve_model_path(spec)
-    arch = gguf_arch_config(open_gguf(path), path) if is_gguf(path) else load_hf_arch_config(path)
+    arch = read_gguf_index(path).arch if is_gguf(path) else load_hf_arch_config(path)
     return ModelProfile(path.stem, arch, weight_dtype, kv_dtype)

@@ -14,8 +14,14 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFWriter,
 from gguf.quants import dequantize, quantize
 
 from inflight import LLM, SamplingParams
+from inflight.model import gguf_loader
 from inflight.model.arch import LlamaArchConfig
-from inflight.model.gguf_loader import iter_gguf_weights, unpermute_qk
+from inflight.model.gguf_loader import (
+    gguf_arch_config,
+    iter_gguf_weights,
+    read_gguf_index,
+    unpermute_qk,
+)
 from tests.parity import hf_greedy, random_prompts
 
 Q = GGMLQuantizationType
@@ -164,3 +170,27 @@ def test_quantized_tiny_gguf_matches_transformers_loading_the_same_file(
     # the tokenizer came from GGUF metadata and round-trips text
     text = "The quick brown fox"
     assert llm.tokenizer.decode(llm.tokenizer(text).input_ids) == text
+
+
+def test_a_second_load_maps_the_tensors_from_the_cached_index(tmp_path, tiny_llama, monkeypatch):
+    monkeypatch.setenv("INFLIGHT_CACHE", str(tmp_path / "cache"))
+    path = write_tiny_gguf(tiny_llama, tmp_path / "tiny.gguf", Q.Q4_1)
+    reader = GGUFReader(path)
+    want_arch = gguf_arch_config(reader, path)
+    want = dict(iter_gguf_weights(reader, want_arch, path))
+
+    first = read_gguf_index(path)  # parses the file and writes the index
+    (saved,) = (tmp_path / "cache" / "gguf-index").iterdir()
+    monkeypatch.setattr(gguf_loader, "open_gguf", lambda p: pytest.fail("parsed again"))
+    second = read_gguf_index(path)
+    for index in (first, second):
+        assert index.arch == want_arch
+        got = dict(iter_gguf_weights(index, index.arch, path))
+        assert list(got) == list(want)
+        for name, tensor in want.items():
+            assert torch.equal(got[name], tensor), name
+
+    saved.write_text("{not json")  # a damaged index is parsed again, not trusted
+    monkeypatch.setattr(gguf_loader, "open_gguf", GGUFReader)
+    assert read_gguf_index(path).arch == want_arch
+    assert json.loads(saved.read_text())["arch"]["num_layers"] == want_arch.num_layers
