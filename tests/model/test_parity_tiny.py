@@ -70,9 +70,10 @@ def reference(request, tiny_model_factory):
     return request.param, folder, prompts, max_tokens, expected
 
 
-# Under Triton's interpreter a run takes ~2 min on a 2-core AVX2 CPU: only on the
-# architectures whose attention differs (full and sliding window).
-INTERPRETED_ARCHS = ("llama", "mistral")
+# Under Triton's interpreter a run takes ~2 min on a 2-core AVX2 CPU: only on mistral, whose
+# sliding window leaves some prompts inside it and some beyond (test_attention checks the
+# kernels on every shape with and without a window).
+INTERPRETED_ARCHS = ("mistral",)
 
 
 @pytest.mark.parametrize("setting", list(ENGINE_SETTINGS))
@@ -80,7 +81,7 @@ def test_greedy_parity_with_transformers(reference, setting):
     arch, folder, prompts, max_tokens, expected = reference
     interpreted = setting == "triton_decode" and not torch.cuda.is_available()
     if interpreted and arch not in INTERPRETED_ARCHS:
-        pytest.skip("Triton's interpreter: llama and mistral cover its attention")
+        pytest.skip("Triton's interpreter: mistral covers its attention")
     llm = LLM(str(folder), dtype="float32", **ENGINE_SETTINGS[setting])
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in max_tokens]
     priority = [i % 3 for i in range(len(prompts))]  # only the priority policy looks at it
