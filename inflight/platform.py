@@ -16,14 +16,19 @@ def resolve_device(device: str) -> torch.device:
 
 
 @functools.cache
-def cpu_supports_bf16() -> bool:
-    """True when the CPU has native bf16 instructions (AVX512-BF16 or AMX), per /proc/cpuinfo."""
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags in /proc/cpuinfo (x86 `flags`, Arm `Features`), or none."""
     try:
         with open("/proc/cpuinfo") as f:
-            flags = f.read()
+            line = next((x for x in f if x.startswith(("flags", "Features"))), "")
     except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+        return frozenset()
+    return frozenset(line.partition(":")[2].split())
+
+
+def cpu_supports_bf16() -> bool:
+    """True when the CPU has native bf16 instructions (AVX512-BF16 or AMX)."""
+    return bool(cpu_flags() & {"avx512_bf16", "amx_bf16"})
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:

@@ -20,6 +20,8 @@ import logging
 from pathlib import Path
 from types import ModuleType
 
+from inflight.platform import cpu_flags
+
 logger = logging.getLogger(__name__)
 
 _SOURCES = (
@@ -58,10 +60,4 @@ def load_extension() -> ModuleType:
 
 def _cpu_digest() -> str:
     """A short digest of this CPU's feature flags (what `-march=native` compiles for)."""
-    flags = ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((line for line in f if line.startswith(("flags", "Features"))), "")
-    except OSError:
-        pass
-    return hashlib.sha256(" ".join(sorted(flags.split())).encode()).hexdigest()[:10]
+    return hashlib.sha256(" ".join(sorted(cpu_flags())).encode()).hexdigest()[:10]
