@@ -6,11 +6,13 @@ the paged KV cache, laid out as `csrc/kv_layout.h` says and written by `csrc/kv_
 `csrc/decoder_layers.cpp` (every decoder layer driven from C++), `csrc/bf16_linear.cpp`
 (bfloat16 linears for decode-sized batches) and `csrc/argmax.cpp` (greedy sampling) are built
 with the machine's own compiler (`-march=native`) by torch's cpp_extension and cached by torch
-(`~/.cache/torch_extensions`, or `TORCH_EXTENSIONS_DIR`): 1-4 min once per CPU kind and
-source version. The build's name carries a digest of the CPU's feature flags, so a cache shared
-between machines (a network home) never hands one CPU code compiled for another's instructions.
-Callers fall back to pure PyTorch when no compiler is available; `bf16_linear` exists only where
-the compiler targets AVX-512 BF16 (`bf16_linear_available()`).
+(`~/.cache/torch_extensions`, or `TORCH_EXTENSIONS_DIR`): ~2 min on 2 cores, once per CPU kind
+and source version. Only `csrc/bindings.cpp` includes the whole of `torch/extension.h`; the
+kernels include ATen's Tensor and the operators they call, which halved that build. The build's
+name carries a digest of the CPU's feature flags, so a cache shared between machines (a network
+home) never hands one CPU code compiled for another's instructions. Callers fall back to pure
+PyTorch when no compiler is available; `bf16_linear` exists only where the compiler targets
+AVX-512 BF16 (`bf16_linear_available()`).
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ def load_extension() -> ModuleType:
         from torch.utils.cpp_extension import load
 
         csrc = Path(__file__).parent / "csrc"
-        logger.info("loading the CPU kernels (the first use on a CPU kind compiles them, 1-4 min)")
+        logger.info("loading the CPU kernels (the first use on a CPU kind compiles them, ~2 min)")
         _extension = load(
             name=f"inflight_cpu_kernels_{_cpu_digest()}",
             sources=[str(csrc / name) for name in _SOURCES],

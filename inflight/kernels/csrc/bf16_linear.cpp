@@ -11,6 +11,8 @@
 // bias, then one rounding to bf16: a row's result never depends on the other rows of the batch.
 #include "ops.h"
 
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -103,34 +105,34 @@ const std::array<std::array<TileFn, kMaxRows>, kVecsPerBlock> kTiles = {
 
 bool bf16_linear_available() { return true; }
 
-torch::Tensor pack_bf16_linear(const torch::Tensor& weight) {
-  TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == torch::kBFloat16,
+at::Tensor pack_bf16_linear(const at::Tensor& weight) {
+  TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kBFloat16,
               "weight: [out_features, in_features] bfloat16");
   const int64_t N = weight.size(0), K = weight.size(1);
   TORCH_CHECK(K % 2 == 0, "in_features must be even (k pairs), got ", K);
   const int64_t blocks = (N + kBlockCols - 1) / kBlockCols;
   // [blocks * 32 columns (zero padded), K/2, 2] -> [blocks, K/2, 32, 2]
-  auto padded = torch::zeros({blocks * kBlockCols, K / 2, 2}, weight.options());
+  auto padded = at::zeros({blocks * kBlockCols, K / 2, 2}, weight.options());
   padded.narrow(0, 0, N).copy_(weight.reshape({N, K / 2, 2}));
   return padded.view({blocks, kBlockCols, K / 2, 2}).transpose(1, 2).contiguous();
 }
 
-torch::Tensor bf16_linear(const torch::Tensor& x_in, const torch::Tensor& packed,
-                          const c10::optional<torch::Tensor>& bias, int64_t out_features) {
+at::Tensor bf16_linear(const at::Tensor& x_in, const at::Tensor& packed,
+                          const c10::optional<at::Tensor>& bias, int64_t out_features) {
   TORCH_CHECK(packed.dim() == 4 && packed.size(2) == kBlockCols && packed.size(3) == 2 &&
-                  packed.scalar_type() == torch::kBFloat16 && packed.is_contiguous(),
+                  packed.scalar_type() == at::kBFloat16 && packed.is_contiguous(),
               "packed: a weight from pack_bf16_linear");
   const int64_t N = out_features, pairs = packed.size(1), K = 2 * pairs;
   TORCH_CHECK(N > (packed.size(0) - 1) * kBlockCols && N <= packed.size(0) * kBlockCols,
               "out_features ", N, " does not match the packed weight");
-  TORCH_CHECK(x_in.dim() == 2 && x_in.size(1) == K && x_in.scalar_type() == torch::kBFloat16,
+  TORCH_CHECK(x_in.dim() == 2 && x_in.size(1) == K && x_in.scalar_type() == at::kBFloat16,
               "x: [rows, ", K, "] bfloat16");
   TORCH_CHECK(!bias.has_value() || (bias->dim() == 1 && bias->size(0) == N), "bias: [", N, "]");
-  const torch::Tensor x = x_in.contiguous();
-  const torch::Tensor bias_f32 =
-      bias.has_value() ? bias->to(torch::kFloat).contiguous() : torch::Tensor();
+  const at::Tensor x = x_in.contiguous();
+  const at::Tensor bias_f32 =
+      bias.has_value() ? bias->to(at::kFloat).contiguous() : at::Tensor();
   const int64_t M = x.size(0);
-  auto y = torch::empty({M, N}, x.options());
+  auto y = at::empty({M, N}, x.options());
   if (M == 0) return y;
   const auto* xp = reinterpret_cast<const uint16_t*>(x.data_ptr());
   const auto* wp = reinterpret_cast<const uint16_t*>(packed.data_ptr());
@@ -176,12 +178,12 @@ torch::Tensor bf16_linear(const torch::Tensor& x_in, const torch::Tensor& packed
 
 bool bf16_linear_available() { return false; }
 
-torch::Tensor pack_bf16_linear(const torch::Tensor&) {
+at::Tensor pack_bf16_linear(const at::Tensor&) {
   TORCH_CHECK(false, "bf16_linear needs AVX-512 BF16");
 }
 
-torch::Tensor bf16_linear(const torch::Tensor&, const torch::Tensor&,
-                          const c10::optional<torch::Tensor>&, int64_t) {
+at::Tensor bf16_linear(const at::Tensor&, const at::Tensor&,
+                          const c10::optional<at::Tensor>&, int64_t) {
   TORCH_CHECK(false, "bf16_linear needs AVX-512 BF16");
 }
 

@@ -1,5 +1,7 @@
 #include "ops.h"
 
+#include <torch/extension.h>
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode_attention", &paged_decode_attention,
         "decode attention over a paged KV cache");

@@ -13,21 +13,23 @@
 #include "kv_layout.h"
 #include "ops.h"
 
+#include <ATen/ops/empty.h>
+#include <ATen/ops/linear.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 
 #include <string_view>
 
 namespace {
 
-using OptTensor = c10::optional<torch::Tensor>;
+using OptTensor = c10::optional<at::Tensor>;
 
 struct Linear {
-  const torch::Tensor& weight;  // plain, or oneDNN-packed (logical shape [N, K] either way)
+  const at::Tensor& weight;  // plain, or oneDNN-packed (logical shape [N, K] either way)
   const OptTensor& small;       // bf16_linear's packing of the same weight, if any
   const OptTensor& bias;
 };
 
-torch::Tensor linear(const torch::Tensor& x, const Linear& l, bool packed, int64_t small_rows) {
+at::Tensor linear(const at::Tensor& x, const Linear& l, bool packed, int64_t small_rows) {
   if (!packed) return at::linear(x, l.weight, l.bias);
   if (l.small.has_value() && x.size(0) <= small_rows) {
     return bf16_linear(x, *l.small, l.bias, l.weight.size(0));
@@ -47,12 +49,12 @@ const OptTensor kNone;
 
 }  // namespace
 
-std::vector<torch::Tensor> llama_decoder_layers(
-    torch::Tensor hidden, OptTensor residual, const torch::Tensor& cos, const torch::Tensor& sin,
-    const std::vector<torch::Tensor>& weights, const std::vector<OptTensor>& small_weights,
+std::vector<at::Tensor> llama_decoder_layers(
+    at::Tensor hidden, OptTensor residual, const at::Tensor& cos, const at::Tensor& sin,
+    const std::vector<at::Tensor>& weights, const std::vector<OptTensor>& small_weights,
     int64_t small_rows, const std::vector<OptTensor>& qkv_biases,
-    const std::vector<torch::Tensor>& k_caches, const std::vector<torch::Tensor>& v_caches,
-    const torch::Tensor& slot_mapping, const OptTensor& decode_rows,
+    const std::vector<at::Tensor>& k_caches, const std::vector<at::Tensor>& v_caches,
+    const at::Tensor& slot_mapping, const OptTensor& decode_rows,
     const OptTensor& decode_tables, const OptTensor& decode_lens, bool decode_all_rows,
     const OptTensor& prefill_chunks, const OptTensor& prefill_tables, int64_t num_heads,
     int64_t num_kv_heads, int64_t head_dim, double eps, double scale, int64_t window,
@@ -70,7 +72,7 @@ std::vector<torch::Tensor> llama_decoder_layers(
   const int64_t T = hidden.size(0), q_size = num_heads * head_dim,
                 kv_size = num_kv_heads * head_dim;
   TORCH_CHECK(slot_mapping.dim() == 1 && slot_mapping.size(0) == T &&
-                  slot_mapping.scalar_type() == torch::kLong && slot_mapping.is_contiguous(),
+                  slot_mapping.scalar_type() == at::kLong && slot_mapping.is_contiguous(),
               "slot_mapping: one int64 slot per token");
   const int64_t* slots = slot_mapping.data_ptr<int64_t>();
   for (size_t l = 0; l < L; ++l) {
@@ -86,18 +88,18 @@ std::vector<torch::Tensor> llama_decoder_layers(
   for (int64_t t = 0; t < T; ++t) {
     TORCH_CHECK(slots[t] >= 0 && slots[t] < num_slots, "slot ", slots[t], " out of range");
   }
-  torch::Tensor res = residual.has_value() ? *residual : torch::Tensor();
+  at::Tensor res = residual.has_value() ? *residual : at::Tensor();
   for (size_t l = 0; l < L; ++l) {
-    const torch::Tensor* w = &weights[l * kWeightsPerLayer];
+    const at::Tensor* w = &weights[l * kWeightsPerLayer];
     const OptTensor* small = &small_weights[l * kSmallPerLayer];
-    torch::Tensor x;
+    at::Tensor x;
     if (!res.defined()) {
       res = hidden;
       x = rms_norm(hidden, w[0], eps);
     } else {
       x = add_rms_norm(hidden, res, w[0], eps);
     }
-    torch::Tensor qkv = linear(x, {w[1], small[0], qkv_biases[l]}, packed, small_rows);
+    at::Tensor qkv = linear(x, {w[1], small[0], qkv_biases[l]}, packed, small_rows);
     rope_(qkv, cos, sin, num_heads + num_kv_heads, head_dim);
     auto q = qkv.narrow(1, 0, q_size).view({T, num_heads, head_dim});
     auto k = qkv.narrow(1, q_size, kv_size).view({T, num_kv_heads, head_dim});
@@ -106,13 +108,13 @@ std::vector<torch::Tensor> llama_decoder_layers(
     const auto& vc = v_caches[l];
     write_kv(kc, vc, layout, k, v, slots);
 
-    torch::Tensor attn;
+    at::Tensor attn;
     if (decode_rows.has_value() && decode_all_rows) {
       // every token is a decode, in order: no gather of queries, no scatter of outputs
       attn = paged_decode_attention(q.contiguous(), kc, vc, *decode_tables, *decode_lens, scale,
                                     window);
     } else {
-      attn = torch::empty({T, num_heads, head_dim}, qkv.options());
+      attn = at::empty({T, num_heads, head_dim}, qkv.options());
       if (decode_rows.has_value()) {
         attn.index_copy_(0, *decode_rows,
                          paged_decode_attention(q.index_select(0, *decode_rows), kc, vc,

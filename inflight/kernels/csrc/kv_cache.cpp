@@ -29,7 +29,7 @@ void write_rows(char* k_cache, char* v_cache, const KVLayout& lay, const char* k
 
 }  // namespace
 
-KVLayout kv_layout(const torch::Tensor& k_cache, const torch::Tensor& v_cache) {
+KVLayout kv_layout(const at::Tensor& k_cache, const at::Tensor& v_cache) {
   TORCH_CHECK(k_cache.dim() == 5 && v_cache.dim() == 4 && k_cache.size(4) == 2,
               "caches must be keys [NB, KVH, D/2, BS, 2] and values [NB, KVH, BS, D]");
   const int64_t NB = v_cache.size(0), KVH = v_cache.size(1), BS = v_cache.size(2),
@@ -44,8 +44,8 @@ KVLayout kv_layout(const torch::Tensor& k_cache, const torch::Tensor& v_cache) {
   return {BS, KVH, D};
 }
 
-void write_kv(const torch::Tensor& k_cache, const torch::Tensor& v_cache, const KVLayout& layout,
-              const torch::Tensor& key, const torch::Tensor& value, const int64_t* slots) {
+void write_kv(const at::Tensor& k_cache, const at::Tensor& v_cache, const KVLayout& layout,
+              const at::Tensor& key, const at::Tensor& value, const int64_t* slots) {
   auto* kc = static_cast<char*>(k_cache.data_ptr());
   auto* vc = static_cast<char*>(v_cache.data_ptr());
   const auto* k = static_cast<const char*>(key.data_ptr());
@@ -62,8 +62,8 @@ void write_kv(const torch::Tensor& k_cache, const torch::Tensor& v_cache, const 
   }
 }
 
-void write_kv_cache(torch::Tensor& k_cache, torch::Tensor& v_cache, const torch::Tensor& key,
-                    const torch::Tensor& value, const torch::Tensor& slot_mapping) {
+void write_kv_cache(at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& key,
+                    const at::Tensor& value, const at::Tensor& slot_mapping) {
   const KVLayout lay = kv_layout(k_cache, v_cache);
   const int64_t T = slot_mapping.numel();
   for (const auto* rows : {&key, &value}) {
@@ -73,7 +73,7 @@ void write_kv_cache(torch::Tensor& k_cache, torch::Tensor& v_cache, const torch:
                     rows->scalar_type() == k_cache.scalar_type(),
                 "key and value must be [T, KVH, D] with contiguous heads, in the cache dtype");
   }
-  TORCH_CHECK(slot_mapping.dim() == 1 && slot_mapping.scalar_type() == torch::kLong &&
+  TORCH_CHECK(slot_mapping.dim() == 1 && slot_mapping.scalar_type() == at::kLong &&
                   slot_mapping.is_contiguous(),
               "slot_mapping: one int64 slot per token");
   const int64_t* slots = slot_mapping.data_ptr<int64_t>();

@@ -11,7 +11,7 @@
 // positions of 64 dims): attention streams whole runs instead of one head's 128-byte slices
 // strided by the other heads' (the token-major layout ran at ~40% of the memory bandwidth).
 #pragma once
-#include <torch/extension.h>
+#include <ATen/core/Tensor.h>
 
 #include <cstdint>
 
@@ -32,9 +32,9 @@ struct KVLayout {
 };
 
 // The layout of a layer's two caches, after checking their shapes, dtype and contiguity.
-KVLayout kv_layout(const torch::Tensor& k_cache, const torch::Tensor& v_cache);
+KVLayout kv_layout(const at::Tensor& k_cache, const at::Tensor& v_cache);
 
 // Writes key/value [T, KVH, D] (rows may be strided) at slots[t] = block * BS + offset. The
 // caller has checked the slots against the cache size.
-void write_kv(const torch::Tensor& k_cache, const torch::Tensor& v_cache, const KVLayout& layout,
-              const torch::Tensor& key, const torch::Tensor& value, const int64_t* slots);
+void write_kv(const at::Tensor& k_cache, const at::Tensor& v_cache, const KVLayout& layout,
+              const at::Tensor& key, const at::Tensor& value, const int64_t* slots);

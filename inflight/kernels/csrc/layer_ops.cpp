@@ -8,6 +8,7 @@
 #include "vec_math.h"
 #include "ops.h"
 
+#include <ATen/ops/empty.h>
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
@@ -73,7 +74,7 @@ void rms_norm_row(const T* __restrict x, const T* __restrict w, T* __restrict ou
   }
 }
 
-void check_rows(const torch::Tensor& x, const torch::Tensor& weight) {
+void check_rows(const at::Tensor& x, const at::Tensor& weight) {
   TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1, "x must be [T, D] with contiguous rows");
   TORCH_CHECK(weight.dim() == 1 && weight.size(0) == x.size(1) && weight.is_contiguous(),
               "weight must be [D]");
@@ -136,9 +137,9 @@ void rope_rows(T* xp, int64_t stride, const T* cp, const T* sp, int64_t T_, int6
 
 }  // namespace
 
-torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   check_rows(x, weight);
-  auto out = torch::empty(x.sizes(), x.options());
+  auto out = at::empty(x.sizes(), x.options());
   const int64_t T = x.size(0), D = x.size(1), stride = x.stride(0);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "rms_norm", [&] {
     const scalar_t* xp = x.data_ptr<scalar_t>();
@@ -152,13 +153,13 @@ torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, doub
   return out;
 }
 
-torch::Tensor add_rms_norm(const torch::Tensor& x, torch::Tensor& residual,
-                           const torch::Tensor& weight, double eps) {
+at::Tensor add_rms_norm(const at::Tensor& x, at::Tensor& residual,
+                           const at::Tensor& weight, double eps) {
   check_rows(x, weight);
   TORCH_CHECK(residual.sizes() == x.sizes() && residual.is_contiguous() &&
                   residual.scalar_type() == x.scalar_type(),
               "residual must be a contiguous tensor shaped and typed like x");
-  auto out = torch::empty(x.sizes(), x.options());
+  auto out = at::empty(x.sizes(), x.options());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "add_rms_norm", [&] {
     add_rms_norm_rows(x.data_ptr<scalar_t>(), x.stride(0), residual.data_ptr<scalar_t>(),
                       weight.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), x.size(0),
@@ -167,11 +168,11 @@ torch::Tensor add_rms_norm(const torch::Tensor& x, torch::Tensor& residual,
   return out;
 }
 
-torch::Tensor silu_and_mul(const torch::Tensor& gate_up) {
+at::Tensor silu_and_mul(const at::Tensor& gate_up) {
   TORCH_CHECK(gate_up.dim() == 2 && gate_up.stride(1) == 1 && gate_up.size(1) % 2 == 0,
               "gate_up must be [T, 2 * I] with contiguous rows");
   const int64_t T = gate_up.size(0), I = gate_up.size(1) / 2;
-  auto out = torch::empty({T, I}, gate_up.options());
+  auto out = at::empty({T, I}, gate_up.options());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, gate_up.scalar_type(), "silu_mul", [&] {
     silu_and_mul_rows(gate_up.data_ptr<scalar_t>(), gate_up.stride(0), out.data_ptr<scalar_t>(),
                       T, I);
@@ -179,7 +180,7 @@ torch::Tensor silu_and_mul(const torch::Tensor& gate_up) {
   return out;
 }
 
-void rope_(torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
+void rope_(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
            int64_t num_heads, int64_t head_dim) {
   TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1 && num_heads * head_dim <= x.size(1),
               "x must be [T, >= num_heads * head_dim] with contiguous rows");

@@ -25,6 +25,8 @@
 #include "ops.h"
 #include "vec_math.h"
 
+#include <ATen/ops/empty_like.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -297,15 +299,15 @@ void decode(const scalar_t* q, const scalar_t* k_cache, const scalar_t* v_cache,
 
 }  // namespace
 
-torch::Tensor paged_decode_attention(const torch::Tensor& q, const torch::Tensor& k_cache,
-                                     const torch::Tensor& v_cache,
-                                     const torch::Tensor& block_tables,
-                                     const torch::Tensor& seq_lens, double scale,
+at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache,
+                                     const at::Tensor& v_cache,
+                                     const at::Tensor& block_tables,
+                                     const at::Tensor& seq_lens, double scale,
                                      int64_t window) {
   const KVLayout lay = kv_layout(k_cache, v_cache);
   TORCH_CHECK(q.dim() == 3 && q.is_contiguous(), "q must be contiguous [R, H, D]");
   TORCH_CHECK(q.scalar_type() == k_cache.scalar_type(), "q and caches must share a dtype");
-  TORCH_CHECK(block_tables.scalar_type() == torch::kLong && seq_lens.scalar_type() == torch::kLong,
+  TORCH_CHECK(block_tables.scalar_type() == at::kLong && seq_lens.scalar_type() == at::kLong,
               "block_tables and seq_lens must be int64");
   const int64_t R = q.size(0), H = q.size(1);
   TORCH_CHECK(q.size(2) == lay.head_dim && H % lay.kv_heads == 0, "head sizes do not match");
@@ -318,7 +320,7 @@ torch::Tensor paged_decode_attention(const torch::Tensor& q, const torch::Tensor
   for (int64_t r = 0; r < R; ++r)
     TORCH_CHECK(lp[r] >= 1 && lp[r] <= MB * lay.block_size, "request ", r, " has ", lp[r],
                 " tokens: outside its block table");
-  auto out = torch::empty_like(q);
+  auto out = at::empty_like(q);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "paged_decode", [&] {
     decode<scalar_t>(q.data_ptr<scalar_t>(), k_cache.data_ptr<scalar_t>(),
                      v_cache.data_ptr<scalar_t>(), lay, tables.data_ptr<int64_t>(), lp,

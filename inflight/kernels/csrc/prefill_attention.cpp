@@ -280,9 +280,9 @@ void prefill_item_avx512(const Item& it, const scalar_t* q, int64_t q_stride,
 #endif
 
 template <typename scalar_t, int kD>
-void prefill(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
+void prefill(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
              const int64_t* chunks, int64_t C, const int64_t* tables, int64_t MB,
-             torch::Tensor& out, float scale, int64_t window) {
+             at::Tensor& out, float scale, int64_t window) {
   const KVLayout lay = kv_layout(k_cache, v_cache);
   const int64_t H = q.size(1), D = q.size(2), KVH = lay.kv_heads;
   const int64_t G = H / KVH;
@@ -331,9 +331,9 @@ void prefill(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::
 
 }  // namespace
 
-torch::Tensor paged_prefill_attention(const torch::Tensor& q, const torch::Tensor& k_cache,
-                                      const torch::Tensor& v_cache, const torch::Tensor& chunks,
-                                      const torch::Tensor& block_tables, torch::Tensor& out,
+at::Tensor paged_prefill_attention(const at::Tensor& q, const at::Tensor& k_cache,
+                                      const at::Tensor& v_cache, const at::Tensor& chunks,
+                                      const at::Tensor& block_tables, at::Tensor& out,
                                       double scale, int64_t window) {
   TORCH_CHECK(q.dim() == 3 && q.stride(2) == 1 && q.stride(1) == q.size(2),
               "q must be [T, H, D] with contiguous heads (rows may be strided)");
@@ -343,8 +343,8 @@ torch::Tensor paged_prefill_attention(const torch::Tensor& q, const torch::Tenso
                   q.scalar_type() == v_cache.scalar_type() &&
                   q.scalar_type() == out.scalar_type(),
               "q, caches and out must share a dtype");
-  TORCH_CHECK(chunks.dim() == 2 && chunks.size(1) == 3 && chunks.scalar_type() == torch::kLong &&
-                  block_tables.dim() == 2 && block_tables.scalar_type() == torch::kLong &&
+  TORCH_CHECK(chunks.dim() == 2 && chunks.size(1) == 3 && chunks.scalar_type() == at::kLong &&
+                  block_tables.dim() == 2 && block_tables.scalar_type() == at::kLong &&
                   block_tables.size(0) == chunks.size(0),
               "chunks [C, 3] and block_tables [C, MB] must be int64, one row per chunk");
   TORCH_CHECK(lay.head_dim == q.size(2) && q.size(1) % lay.kv_heads == 0,
