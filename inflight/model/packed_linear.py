@@ -1,15 +1,19 @@
-"""Linear layers with weights packed once at load time (CPU, bfloat16).
+"""Linear layers with weights packed once at load time (CPU; float32 and bfloat16).
 
 `F.linear` hands oneDNN a plain row-major weight, which it re-packs into its blocked layout on
 every call: at decode batch sizes that copy costs as much as the multiply (SmolLM2, 30 layers +
 LM head, weights streamed from DRAM: 21 ms -> 12 ms per step at 1-4 tokens, 44 -> 37 ms at 64).
-So each weight is packed once for oneDNN, bit-identical to `F.linear` (same kernel, same
-accumulation). With inflight's CPU kernels, decode-sized batches (up to `SMALL_BATCH_ROWS` rows)
-go instead through `kernels/csrc/bf16_linear.cpp` over a second packing of the same weight:
-oneDNN's small-batch kernels read the weights well below the machine's bandwidth (SmolLM2's
-layers at 1 row: ~7 ms vs ~4 ms, at 16 rows ~10 vs ~6, on a 2-core EPYC). Larger batches
-(prefill) stay on oneDNN, which uses AMX where the CPU has it. float32 stays on `F.linear`
-(MKL), whose results the packed path would not match.
+So each weight is packed once for oneDNN, bit-identical to `F.linear` in bfloat16 (same kernel,
+same accumulation). With inflight's CPU kernels, decode-sized bf16 batches (up to
+`SMALL_BATCH_ROWS` rows) go instead through `kernels/csrc/bf16_linear.cpp` over a second packing
+of the same weight: oneDNN's small-batch kernels read the weights well below the machine's
+bandwidth (SmolLM2's layers at 1 row: ~7 ms vs ~4 ms, at 16 rows ~10 vs ~6, on a 2-core EPYC).
+Larger batches (prefill) stay on oneDNN, which uses AMX where the CPU has it.
+
+float32 is packed too: its `F.linear` is MKL's sgemm, which on an AMD CPU without AVX-512 reads a
+skinny batch's weights at 2-4 GB/s (SmolLM2's LM head at 4 rows: 42 ms; oneDNN: 8.4 ms), so a
+float32 engine decoding 8 sequences ran at 38 tok/s, and 84 packed. The sums then differ from
+`F.linear`'s (and transformers') in the last bits; greedy parity with transformers still holds.
 """
 
 from __future__ import annotations
@@ -31,14 +35,15 @@ _BATCH_HINT = 64
 # EPYC it is 20-45% faster than oneDNN up to 512 rows and level with it at 2048; oneDNN keeps
 # the prefill-sized ones, where AMX (on CPUs that have it) should be far ahead of AVX-512.
 SMALL_BATCH_ROWS = 64
+# A warm-up call slower than this is mostly multiply, which outweighs the ~1 ms build it saves.
+WARM_UP_MAX_CALL_S = 0.005
 
 
 def can_pack(dtype: torch.dtype, device: torch.device) -> bool:
-    return (
-        device.type == "cpu"
-        and dtype == torch.bfloat16
-        and torch.backends.mkldnn.is_available()
-        and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    if device.type != "cpu" or not torch.backends.mkldnn.is_available():
+        return False
+    return dtype == torch.float32 or (
+        dtype == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported()
     )
 
 
@@ -55,7 +60,9 @@ class PackedLinear(nn.Module):
         self.register_buffer("bias", bias)
         self.small_batch_rows = 0
         self.register_buffer("small_weight", None)
-        if small_batch_rows > 0 and self.in_features % 2 == 0:  # the kernel reads k in pairs
+        # inflight's kernel is bf16 only, and reads k in pairs
+        bf16_pairs = weight.dtype == torch.bfloat16 and self.in_features % 2 == 0
+        if small_batch_rows > 0 and bf16_pairs:
             ext = load_extension()
             if ext.bf16_linear_available():
                 self.small_weight = ext.pack_bf16_linear(weight)
@@ -63,7 +70,7 @@ class PackedLinear(nn.Module):
                 self._small_linear = ext.bf16_linear
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dim() == 2 and x.shape[0] <= self.small_batch_rows:
+        if x.dim() == 2 and 0 < x.shape[0] <= self.small_batch_rows:
             return self._small_linear(x, self.small_weight, self.bias, self.out_features)
         return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
 
@@ -99,6 +106,10 @@ def warm_up(model: nn.Module, batch_sizes: Iterable[int]) -> None:
     would otherwise land on the first requests' steps (~5 ms per new decode batch size for a
     Llama layer). inflight's own bf16 kernel has nothing to build.
 
+    A shape whose first call takes over `WARM_UP_MAX_CALL_S` is mostly multiply, not build
+    (SmolLM2's float32 LM head: 10-54 ms a call on a 2-core AVX2 EPYC, 3.5 s over 64 sizes), so
+    warming it costs more than it saves: it is run at the first size only.
+
     Kernels are cached per shape, not per weight, so one layer's projections stand for all."""
     by_shape = {}
     for m in model.modules():
@@ -106,10 +117,12 @@ def warm_up(model: nn.Module, batch_sizes: Iterable[int]) -> None:
             by_shape.setdefault((m.in_features, m.out_features, m.bias is not None), m)
     start, calls = time.perf_counter(), 0
     with torch.inference_mode():
-        for n in sorted(set(batch_sizes)):
-            for m in by_shape.values():
-                if n > m.small_batch_rows:
-                    m(torch.zeros(n, m.in_features, dtype=m.weight.dtype))
-                    calls += 1
+        for m in by_shape.values():
+            for n in sorted(n for n in set(batch_sizes) if n > m.small_batch_rows):
+                call_start = time.perf_counter()
+                m(torch.zeros(n, m.in_features, dtype=m.weight.dtype))
+                calls += 1
+                if time.perf_counter() - call_start > WARM_UP_MAX_CALL_S:
+                    break
     if calls:
         logger.info("warmed %d oneDNN kernels in %.2f s", calls, time.perf_counter() - start)

@@ -1,7 +1,8 @@
 """The decoder layers as one C++ call (`FusedDecoderLayers`) against the Python layer loop it
-replaces: same tokens and bit-identical logprobs, in float32 (plain linears) and bfloat16
-(packed linears), through chunked prefills mixed with decodes and pure decode steps, for every
-tiny architecture (Qwen2's QKV bias, Mistral's sliding window)."""
+replaces: same tokens and bit-identical logprobs, with oneDNN-packed linears (float32, and
+bfloat16 where the CPU computes it) and plain ones, through chunked prefills mixed with decodes
+and pure decode steps, for every tiny architecture (Qwen2's QKV bias, Mistral's sliding
+window)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import torch
 
 from inflight import LLM, SamplingParams
 from inflight.kernels import load_extension
-from inflight.model import packed_linear
+from inflight.model import loader, packed_linear
 from inflight.model.fused_layers import FusedDecoderLayers
 from inflight.model.packed_linear import can_pack
 from tests.conftest import TINY_ARCHS
@@ -25,21 +26,23 @@ def _run(llm: LLM, prompts, max_tokens):
     return [(o.outputs[0].token_ids, o.outputs[0].logprobs) for o in outputs]
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize(("dtype", "plain"), [("float32", False), ("bfloat16", False),
+                                              ("float32", True)])  # fmt: skip
 @pytest.mark.parametrize("arch", TINY_ARCHS)
 def test_fused_layers_match_the_python_loop_bit_for_bit(
-    tiny_model_factory, arch, dtype, monkeypatch
+    tiny_model_factory, arch, dtype, plain, monkeypatch
 ):
     # steps of at most 4 rows take inflight's bf16 linear kernel, larger ones oneDNN: both paths
     monkeypatch.setattr(packed_linear, "SMALL_BATCH_ROWS", 4)
+    if plain:  # what a CPU without oneDNN gets: nn.Linear's weights as they are
+        monkeypatch.setattr(loader, "can_pack", lambda dtype, device: False)
     llm = LLM(str(tiny_model_factory(arch)), dtype=dtype, attention_backend="cpu", device="cpu",
               prefill_chunk_size=8, max_num_batched_tokens=64,
               enable_prefix_caching=False)  # fmt: skip
     model = llm.core.loaded.model
     fused = model.fused_layers
     assert isinstance(fused, FusedDecoderLayers)
-    # oneDNN-packed weights exist only for bf16, on CPUs that compute it
-    assert fused.packed == (dtype == "bfloat16" and can_pack(torch.bfloat16, torch.device("cpu")))
+    assert fused.packed == (not plain and can_pack(getattr(torch, dtype), torch.device("cpu")))
     kernel = fused.packed and load_extension().bf16_linear_available()
     assert fused.small_batch_rows == (4 if kernel else 0)
     assert all((w is not None) == kernel for w in fused.small_weights)

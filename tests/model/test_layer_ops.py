@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from inflight.model import packed_linear
 from inflight.model.layer_ops import CpuLayerOps, TorchLayerOps
 from inflight.model.packed_linear import PackedLinear, can_pack, pack_linears, warm_up
 from inflight.model.triton_layer_ops import TritonLayerOps, checked_layer_ops
@@ -110,34 +111,54 @@ def test_bad_inputs_raise_instead_of_reading_out_of_bounds():
         FUSED.rope_(x, torch.randn(4, 3), torch.randn(4, 3), 1, 8)
 
 
-@pytest.mark.skipif(not can_pack(torch.bfloat16, torch.device("cpu")), reason="no oneDNN bf16")
+CPU = torch.device("cpu")
+# float32 everywhere oneDNN is; bfloat16 where the CPU computes it
+PACKABLE = [dtype for dtype in (torch.float32, torch.bfloat16) if can_pack(dtype, CPU)]
+
+
+def assert_same_as_linear(got: torch.Tensor, want: torch.Tensor) -> None:
+    """bf16: bit for bit, `F.linear` calls the same oneDNN kernel. float32: `F.linear` is MKL's
+    sgemm, which sums in another order, so equal up to float32 rounding."""
+    if got.dtype == torch.bfloat16:
+        assert torch.equal(got, want)
+    else:
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_only_cpu_float32_and_bf16_are_packed():
+    assert can_pack(torch.float32, CPU) == torch.backends.mkldnn.is_available()
+    assert not can_pack(torch.float16, CPU)
+    assert not can_pack(torch.float32, torch.device("cuda"))
+
+
+@pytest.mark.parametrize("dtype", PACKABLE)
 @pytest.mark.parametrize("bias", [False, True])
-def test_packed_linear_is_bit_identical_to_linear(bias):
+def test_packed_linear_computes_linear(dtype, bias):
     torch.manual_seed(3)
-    linear = nn.Linear(576, 960, bias=bias).to(torch.bfloat16)
+    linear = nn.Linear(576, 960, bias=bias).to(dtype)
     packed = PackedLinear(linear)
     for num_tokens in (1, 4, 64, 300):
-        x = torch.randn(num_tokens, 576, dtype=torch.bfloat16)
-        assert torch.equal(packed(x), F.linear(x, linear.weight, linear.bias))
+        x = torch.randn(num_tokens, 576, dtype=dtype)
+        assert_same_as_linear(packed(x), F.linear(x, linear.weight, linear.bias))
+    assert packed(torch.randn(0, 576, dtype=dtype)).shape == (0, 960), "an empty batch"
 
 
-@pytest.mark.skipif(not can_pack(torch.bfloat16, torch.device("cpu")), reason="no oneDNN bf16")
-def test_pack_linears_replaces_every_linear_and_keeps_ties():
+@pytest.mark.parametrize("dtype", PACKABLE)
+def test_pack_linears_replaces_every_linear_and_keeps_ties(dtype):
     model = nn.Sequential(nn.Embedding(50, 16), nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 50))
-    model = model.to(torch.bfloat16)
-    model[3].weight = nn.Parameter(torch.randn(50, 32, dtype=torch.bfloat16))
+    model = model.to(dtype)
+    model[3].weight = nn.Parameter(torch.randn(50, 32, dtype=dtype))
     ids = torch.tensor([1, 7, 49])
     before = model(ids)
     assert pack_linears(model) == 2
     assert not any(isinstance(m, nn.Linear) for m in model.modules())
-    assert torch.equal(model(ids), before)
-    assert not can_pack(torch.float32, torch.device("cpu")), "float32 stays on MKL's F.linear"
+    assert_same_as_linear(model(ids), before)
 
 
-@pytest.mark.skipif(not can_pack(torch.bfloat16, torch.device("cpu")), reason="no oneDNN bf16")
-def test_warm_up_runs_each_packed_shape_once_per_batch_size(monkeypatch):
+@pytest.mark.parametrize("dtype", PACKABLE)
+def test_warm_up_runs_each_packed_shape_once_per_batch_size(dtype, monkeypatch):
     model = nn.Sequential(nn.Linear(16, 32), nn.Linear(16, 32), nn.Linear(32, 8))
-    pack_linears(model.to(torch.bfloat16))
+    pack_linears(model.to(dtype))
     calls = []
     original = PackedLinear.forward
 
@@ -148,3 +169,22 @@ def test_warm_up_runs_each_packed_shape_once_per_batch_size(monkeypatch):
     monkeypatch.setattr(PackedLinear, "forward", record)
     warm_up(model, [3, 1, 3, 2])
     assert sorted(calls) == sorted((i, o, n) for i, o in [(16, 32), (32, 8)] for n in (1, 2, 3))
+
+
+@pytest.mark.parametrize("dtype", PACKABLE)
+def test_warm_up_runs_a_slow_shape_at_its_first_size_only(dtype, monkeypatch):
+    """A call slower than the limit is mostly multiply: warming it at every size costs more
+    than the kernel builds it would save."""
+    model = nn.Sequential(nn.Linear(16, 32), nn.Linear(32, 8))
+    pack_linears(model.to(dtype))
+    calls = []
+    original = PackedLinear.forward
+
+    def record(self, x):
+        calls.append((self.in_features, x.shape[0]))
+        return original(self, x)
+
+    monkeypatch.setattr(PackedLinear, "forward", record)
+    monkeypatch.setattr(packed_linear, "WARM_UP_MAX_CALL_S", 0.0)
+    warm_up(model, [3, 1, 2])
+    assert sorted(calls) == [(16, 1), (32, 1)]
