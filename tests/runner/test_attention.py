@@ -11,7 +11,7 @@ import torch
 
 from inflight.attention import CpuKernelBackend, TorchReferenceBackend, make_backend
 from inflight.attention.cpu_kernel import to_kernel_layout
-from inflight.attention.triton_decode import TritonBackend
+from inflight.attention.triton_decode import MIN_PARTITION, TritonBackend
 from inflight.errors import ConfigError
 
 H, KVH, D, BS = 4, 2, 8, 4
@@ -99,9 +99,9 @@ def test_mixed_batch_matches_dense_attention(backend_cls, window):
 def random_paged_decodes(dtype, num_reqs=40, num_blocks=300, block_size=16, kvh=3, h=9, d=64):
     """Decodes over scattered blocks, contexts 1..~300 tokens: (q, caches, tables, lens)."""
     gen = torch.Generator().manual_seed(1)
+    seq_lens = torch.randint(1, 300, (num_reqs,), generator=gen)  # first: the same for any shape
     k_cache = torch.randn(num_blocks, block_size, kvh, d, generator=gen).to(dtype)
     v_cache = torch.randn(num_blocks, block_size, kvh, d, generator=gen).to(dtype)
-    seq_lens = torch.randint(1, 300, (num_reqs,), generator=gen)
     max_blocks = -(-int(seq_lens.max()) // block_size)
     tables = torch.randint(0, num_blocks, (num_reqs, max_blocks), generator=gen)
     q = torch.randn(num_reqs, h, d, generator=gen).to(dtype)
@@ -130,7 +130,13 @@ def test_kernel_matches_reference_on_model_shapes(kernel, dtype, tol, bs, d, win
     """SmolLM2's head grouping (9 query heads over 3 KV heads): each decode kernel (fp32
     accumulation; Triton's under its interpreter here) against the reference (bf16 matmuls in
     bf16 runs; "triton-cuda": compiled for the GPU, which CI does not have)."""
-    q, k_cache, v_cache, tables, seq_lens = random_paged_decodes(dtype, block_size=bs, d=d)
+    # Triton's interpreter runs each program in Python: 16 requests there (contexts 7..299,
+    # inside and beyond the window, one to three partitions), 40 elsewhere
+    num_reqs = 16 if kernel == "triton" else 40
+    q, k_cache, v_cache, tables, seq_lens = random_paged_decodes(
+        dtype, num_reqs, block_size=bs, d=d
+    )
+    assert seq_lens.max() > 2 * MIN_PARTITION and seq_lens.min() < 37
     device = torch.device("cuda" if kernel == "triton-cuda" else "cpu")
     q, k_cache, v_cache = q.to(device), k_cache.to(device), v_cache.to(device)
     n = len(seq_lens)
@@ -273,7 +279,7 @@ def test_triton_backend_refuses_a_cpu_process_without_its_interpreter():
     failure deep inside the first decode."""
     code = (
         "import triton\n"
-        "from inflight.attention.triton_decode import TritonBackend\n"
+        "from inflight.attention.triton_decode import MIN_PARTITION, TritonBackend\n"
         "try:\n"
         "    TritonBackend(16)\n"
         "except RuntimeError as e:\n"

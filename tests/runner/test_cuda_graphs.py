@@ -60,7 +60,12 @@ def count_graph_steps(llm: LLM) -> list[int]:
 
 @pytest.fixture
 def eager_tokens(tiny_llama):
-    return generate(LLM(str(tiny_llama), enforce_eager=True, **KNOBS))
+    """The tokens of eager steps; on a CPU the reference attention's (Triton's interpreter
+    would take a minute for the same tokens)."""
+    attention = "triton" if torch.cuda.is_available() else "torch"
+    return generate(
+        LLM(str(tiny_llama), enforce_eager=True, **{**KNOBS, "attention_backend": attention})
+    )
 
 
 def test_static_buffers_give_the_eager_tokens(tiny_llama, eager_tokens, monkeypatch):
