@@ -106,9 +106,9 @@ def warm_up(model: nn.Module, batch_sizes: Iterable[int]) -> None:
     would otherwise land on the first requests' steps (~5 ms per new decode batch size for a
     Llama layer). inflight's own bf16 kernel has nothing to build.
 
-    A shape whose first call takes over `WARM_UP_MAX_CALL_S` is mostly multiply, not build
-    (SmolLM2's float32 LM head: 10-54 ms a call on a 2-core AVX2 EPYC, 3.5 s over 64 sizes), so
-    warming it costs more than it saves: it is run at the first size only.
+    Once a shape's call takes over `WARM_UP_MAX_CALL_S`, it is mostly multiply, not build
+    (SmolLM2's float32 LM head: 10-54 ms a call on a 2-core AVX2 EPYC, 3.5 s over 64 sizes), and
+    warming it at larger sizes would cost more than it saves: that shape stops there.
 
     Kernels are cached per shape, not per weight, so one layer's projections stand for all."""
     by_shape = {}
