@@ -155,10 +155,8 @@ def test_pack_linears_replaces_every_linear_and_keeps_ties(dtype):
     assert_same_as_linear(model(ids), before)
 
 
-@pytest.mark.parametrize("dtype", PACKABLE)
-def test_warm_up_runs_each_packed_shape_once_per_batch_size(dtype, monkeypatch):
-    model = nn.Sequential(nn.Linear(16, 32), nn.Linear(16, 32), nn.Linear(32, 8))
-    pack_linears(model.to(dtype))
+def record_calls(monkeypatch) -> list[tuple[int, int, int]]:
+    """(in features, out features, rows) of every PackedLinear call from now on."""
     calls = []
     original = PackedLinear.forward
 
@@ -167,6 +165,14 @@ def test_warm_up_runs_each_packed_shape_once_per_batch_size(dtype, monkeypatch):
         return original(self, x)
 
     monkeypatch.setattr(PackedLinear, "forward", record)
+    return calls
+
+
+@pytest.mark.parametrize("dtype", PACKABLE)
+def test_warm_up_runs_each_packed_shape_once_per_batch_size(dtype, monkeypatch):
+    model = nn.Sequential(nn.Linear(16, 32), nn.Linear(16, 32), nn.Linear(32, 8))
+    pack_linears(model.to(dtype))
+    calls = record_calls(monkeypatch)
     warm_up(model, [3, 1, 3, 2])
     assert sorted(calls) == sorted((i, o, n) for i, o in [(16, 32), (32, 8)] for n in (1, 2, 3))
 
@@ -177,14 +183,7 @@ def test_warm_up_runs_a_slow_shape_at_its_first_size_only(dtype, monkeypatch):
     than the kernel builds it would save."""
     model = nn.Sequential(nn.Linear(16, 32), nn.Linear(32, 8))
     pack_linears(model.to(dtype))
-    calls = []
-    original = PackedLinear.forward
-
-    def record(self, x):
-        calls.append((self.in_features, x.shape[0]))
-        return original(self, x)
-
-    monkeypatch.setattr(PackedLinear, "forward", record)
+    calls = record_calls(monkeypatch)
     monkeypatch.setattr(packed_linear, "WARM_UP_MAX_CALL_S", 0.0)
     warm_up(model, [3, 1, 2])
-    assert sorted(calls) == [(16, 1), (32, 1)]
+    assert sorted(calls) == [(16, 32, 1), (32, 8, 1)]

@@ -279,7 +279,7 @@ def test_triton_backend_refuses_a_cpu_process_without_its_interpreter():
     failure deep inside the first decode."""
     code = (
         "import triton\n"
-        "from inflight.attention.triton_decode import MIN_PARTITION, TritonBackend\n"
+        "from inflight.attention.triton_decode import TritonBackend\n"
         "try:\n"
         "    TritonBackend(16)\n"
         "except RuntimeError as e:\n"
