@@ -34,6 +34,7 @@ _SOURCES = (
     "decoder_layers.cpp",
     "argmax.cpp",
     "bf16_linear.cpp",
+    "gguf_linear.cpp",
     "bindings.cpp",
 )
 _extension: ModuleType | None = None

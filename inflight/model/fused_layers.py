@@ -27,12 +27,15 @@ class FusedDecoderLayers:
         if len(kinds) != 1:
             raise ValueError(f"projections must be all packed or all plain, got {kinds}")
         self.packed = kinds == {PackedLinear}
-        # inflight's bf16 kernel packings, used up to `small_batch_rows` rows (as PackedLinear)
+        # the small-batch kernels' weights (bf16 packings or GGUF blocks), used up to
+        # `small_batch_rows` rows as PackedLinear does
         self.small_weights = [getattr(m, "small_weight", None) for m in projections]
-        rows = {getattr(m, "small_batch_rows", 0) for m in projections}
-        if len(rows) != 1:
+        rows = {
+            m.small_batch_rows for m in projections if getattr(m, "small_weight", None) is not None
+        }
+        if len(rows) > 1:
             raise ValueError(f"projections must share one small-batch row limit, got {rows}")
-        self.small_batch_rows = rows.pop()
+        self.small_batch_rows = rows.pop() if rows else 0
         self.weights = [
             w
             for layer in layers

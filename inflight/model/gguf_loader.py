@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from gguf import GGMLQuantizationType, GGUFReader
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader
 from gguf.quants import dequantize
 
 from inflight.errors import ModelLoadError
@@ -196,9 +196,23 @@ def read_gguf_index(path: Path) -> GGUFIndex:
     return GGUFIndex(path, arch, entries)
 
 
+# The block formats `kernels/csrc/gguf_linear.cpp` multiplies from directly.
+KERNEL_BLOCK_TYPES = (
+    GGMLQuantizationType.Q4_0,
+    GGMLQuantizationType.Q4_1,
+    GGMLQuantizationType.Q8_0,
+)
+
+
 def iter_gguf_weights(
-    reader: GGUFReader | GGUFIndex, cfg: LlamaArchConfig, path: Path
+    reader: GGUFReader | GGUFIndex,
+    cfg: LlamaArchConfig,
+    path: Path,
+    blocks: dict[str, torch.Tensor] | None = None,
 ) -> Iterator[tuple[str, torch.Tensor]]:
+    """(HF name, float32 tensor) for every tensor; with `blocks`, each matrix stored in one of
+    `KERNEL_BLOCK_TYPES` also leaves its raw blocks there (uint8 [rows, blocks per row, block
+    bytes], Q/K rows un-permuted like the values), for the kernel that reads them as they are."""
     for tensor in reader.tensors:
         name = hf_name(tensor.name)
         if name is None:
@@ -212,10 +226,18 @@ def iter_gguf_weights(
         # GGUF lists dims fastest-first; numpy order is the reverse.
         shape = tuple(reversed([int(d) for d in tensor.shape]))
         array = np.asarray(array, dtype=np.float32).reshape(shape)
+        raw = None
+        if blocks is not None and tensor.tensor_type in KERNEL_BLOCK_TYPES and len(shape) == 2:
+            block_size, block_bytes = GGML_QUANT_SIZES[tensor.tensor_type]
+            raw = tensor.data.reshape(shape[0], shape[1] // block_size, block_bytes)
         if cfg.architecture == "llama":
             if name.endswith("q_proj.weight") or name.endswith("q_proj.bias"):
                 array = unpermute_qk(array, cfg.num_heads)
+                raw = None if raw is None else unpermute_qk(raw, cfg.num_heads)
             elif name.endswith("k_proj.weight") or name.endswith("k_proj.bias"):
                 array = unpermute_qk(array, cfg.num_kv_heads)
+                raw = None if raw is None else unpermute_qk(raw, cfg.num_kv_heads)
+        if raw is not None:
+            blocks[name] = torch.from_numpy(np.array(raw, order="C"))  # a copy off the file
         # (memory-mapped F32 tensors are read-only views; torch wants writable memory)
         yield name, torch.from_numpy(np.require(array, requirements=["C", "W"]))

@@ -190,21 +190,39 @@ class LlamaModel(nn.Module):
         if missing or pending:
             raise KeyError(f"missing weights: {sorted(missing) or sorted(pending)}")
 
+    # our projection -> (its HF section, the HF projections it is made of, in concatenation order)
+    _PROJECTIONS: ClassVar[dict[str, tuple[str, tuple[str, ...]]]] = {
+        "qkv_proj": ("self_attn", ("q_proj", "k_proj", "v_proj")),
+        "o_proj": ("self_attn", ("o_proj",)),
+        "gate_up_proj": ("mlp", ("gate_proj", "up_proj")),
+        "down_proj": ("mlp", ("down_proj",)),
+    }
     # HF projection -> (our fused projection, its parts in concatenation order)
     _FUSED: ClassVar[dict[str, tuple[str, tuple[str, ...]]]] = {
-        "q_proj": ("qkv_proj", ("q_proj", "k_proj", "v_proj")),
-        "k_proj": ("qkv_proj", ("q_proj", "k_proj", "v_proj")),
-        "v_proj": ("qkv_proj", ("q_proj", "k_proj", "v_proj")),
-        "gate_proj": ("gate_up_proj", ("gate_proj", "up_proj")),
-        "up_proj": ("gate_up_proj", ("gate_proj", "up_proj")),
+        part: (fused, parts)
+        for fused, (_, parts) in _PROJECTIONS.items()
+        if len(parts) > 1
+        for part in parts
     }
+
+    def linear_sources(self) -> dict[str, list[str]]:
+        """Each linear layer's module name -> the HF weights its weight is made of, in
+        concatenation order (a tied LM head's is the embedding's)."""
+        sources = {
+            f"layers.{i}.{fused}": [f"model.layers.{i}.{section}.{p}.weight" for p in parts]
+            for i in range(len(self.layers))
+            for fused, (section, parts) in self._PROJECTIONS.items()
+        }
+        tied = self.cfg.tie_word_embeddings
+        sources["lm_head"] = ["model.embed_tokens.weight" if tied else "lm_head.weight"]
+        return sources
 
     def _try_fuse(
         self, prefix: str, leaf: str, pending: dict[str, torch.Tensor], params: dict
     ) -> list[str]:
         part, _, kind = leaf.partition(".")  # kind: weight | bias
         fused, members = self._FUSED[part]
-        section = "self_attn" if fused == "qkv_proj" else "mlp"
+        section = self._PROJECTIONS[fused][0]
         names = [f"{prefix}.{section}.{m}.{kind}" for m in members]
         if not all(n in pending for n in names):
             return []

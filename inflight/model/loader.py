@@ -20,6 +20,7 @@ from tqdm.auto import tqdm
 
 from inflight.attention import CpuKernelBackend, make_backend
 from inflight.errors import ModelLoadError
+from inflight.kernels import load_extension
 from inflight.model import packed_linear
 from inflight.model.arch import LlamaArchConfig
 from inflight.model.fused_layers import FusedDecoderLayers
@@ -107,6 +108,19 @@ def _iter_safetensors(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
             raise ModelLoadError(f"{f}: corrupt or unreadable safetensors file ({e})") from e
 
 
+def gguf_blocks_by_module(
+    model: LlamaModel, blocks: dict[str, torch.Tensor]
+) -> dict[str, torch.Tensor]:
+    """Each linear layer's GGUF blocks, where every weight it fuses came as blocks of one format
+    (the blocks of fused parts concatenate along the rows, as the weights do)."""
+    by_module = {}
+    for module, sources in model.linear_sources().items():
+        parts = [blocks.get(name) for name in sources]
+        if all(p is not None for p in parts) and len({p.shape[1:] for p in parts}) == 1:
+            by_module[module] = torch.cat(parts) if len(parts) > 1 else parts[0]
+    return by_module
+
+
 def load_model(
     path: Path,
     dtype: torch.dtype,
@@ -131,8 +145,14 @@ def load_model(
         model = LlamaModel(arch, attn, ops)
     model = model.to_empty(device=device).to(dtype)
     model.finish_init()
+    # inflight's small-batch kernels come with the other CPU kernels
+    kernels = isinstance(attn, CpuKernelBackend) and can_pack(dtype, device)
+    # float32 decode batches can multiply from the file's own blocks (see packed_linear)
+    blocks: dict[str, torch.Tensor] | None = None
+    if index is not None and kernels and dtype == torch.float32:
+        blocks = {} if load_extension().gguf_linear_available() else None
     if index is not None:
-        weights = iter_gguf_weights(index, arch, path)
+        weights = iter_gguf_weights(index, arch, path, blocks)
     else:
         weights = _iter_safetensors(_safetensors_files(path))
     num_tensors = len(index.entries) if index is not None else None
@@ -152,9 +172,8 @@ def load_model(
         device,
     )
     if can_pack(dtype, device):
-        # inflight's bf16 kernel for decode-sized batches comes with the other CPU kernels
-        kernels = isinstance(attn, CpuKernelBackend)
-        pack_linears(model, packed_linear.SMALL_BATCH_ROWS if kernels else 0)
+        small_rows = packed_linear.SMALL_BATCH_ROWS if kernels else 0
+        pack_linears(model, small_rows, gguf_blocks_by_module(model, blocks or {}))
         # Once per loaded model (engines may share it): decode batch sizes up to 64 that oneDNN
         # serves (~0.7 s for SmolLM2; none where the bf16 kernel does); larger ones cost ~40 ms
         # each to warm, more than their first use does.

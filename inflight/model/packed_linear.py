@@ -14,12 +14,18 @@ float32 is packed too: its `F.linear` is MKL's sgemm, which on an AMD CPU withou
 skinny batch's weights at 2-4 GB/s (SmolLM2's LM head at 4 rows: 42 ms; oneDNN: 8.4 ms), so a
 float32 engine decoding 8 sequences ran at 38 tok/s, and 84 packed. The sums then differ from
 `F.linear`'s (and transformers') in the last bits; greedy parity with transformers still holds.
+
+A float32 weight dequantized from a GGUF file's Q4_0, Q4_1 or Q8_0 blocks keeps those blocks too,
+and batches of up to `GGUF_SMALL_BATCH_ROWS` rows multiply straight from them
+(`kernels/csrc/gguf_linear.cpp`, AVX2): the same weights in 0.16-0.27 of the bytes, which is what
+a decode step's time is made of (SmolLM2's linears at 1 row, 2-core AVX2 EPYC: 46 -> 25 ms).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from collections.abc import Iterable
 
 import torch
@@ -35,6 +41,10 @@ _BATCH_HINT = 64
 # EPYC it is 20-45% faster than oneDNN up to 512 rows and level with it at 2048; oneDNN keeps
 # the prefill-sized ones, where AMX (on CPUs that have it) should be far ahead of AVX-512.
 SMALL_BATCH_ROWS = 64
+# Batches of at most this many rows multiply from GGUF blocks when a float32 weight has them: on
+# the AVX2 EPYC it beats oneDNN's float32 by 1.9x at 1 row, 1.2x at 8 and loses 10% at 16, where
+# converting the quants (once per 8 rows) starts to cost more than the bytes it saves.
+GGUF_SMALL_BATCH_ROWS = 8
 # A warm-up call slower than this is mostly multiply, which outweighs the ~1 ms build it saves.
 WARM_UP_MAX_CALL_S = 0.005
 
@@ -48,10 +58,17 @@ def can_pack(dtype: torch.dtype, device: torch.device) -> bool:
 
 
 class PackedLinear(nn.Module):
-    """`nn.Linear`'s forward over weights packed once: oneDNN's layout, plus inflight's kernel
-    layout (`small_weight`) for batches of at most `small_batch_rows` rows when that is built."""
+    """`nn.Linear`'s forward over weights packed once: oneDNN's layout, plus a small-batch
+    kernel's (`small_weight`) for batches of at most `small_batch_rows` rows when one applies:
+    GGUF blocks given for a float32 weight (`gguf_linear`), or inflight's bf16 layout for a bf16
+    weight (`bf16_linear`, up to the `small_batch_rows` asked for)."""
 
-    def __init__(self, linear: nn.Linear, small_batch_rows: int = 0) -> None:
+    def __init__(
+        self,
+        linear: nn.Linear,
+        small_batch_rows: int = 0,
+        gguf_blocks: torch.Tensor | None = None,
+    ) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         weight = linear.weight.detach()
@@ -59,15 +76,27 @@ class PackedLinear(nn.Module):
         bias = None if linear.bias is None else linear.bias.detach()
         self.register_buffer("bias", bias)
         self.small_batch_rows = 0
+        self.small_kernel = ""
         self.register_buffer("small_weight", None)
-        # inflight's kernel is bf16 only, and reads k in pairs
+        if small_batch_rows <= 0:
+            return
+        ext = load_extension()
+        float32 = weight.dtype == torch.float32
         bf16_pairs = weight.dtype == torch.bfloat16 and self.in_features % 2 == 0
-        if small_batch_rows > 0 and bf16_pairs:
-            ext = load_extension()
-            if ext.bf16_linear_available():
-                self.small_weight = ext.pack_bf16_linear(weight)
-                self.small_batch_rows = small_batch_rows
-                self._small_linear = ext.bf16_linear
+        if gguf_blocks is not None and float32 and ext.gguf_linear_available():
+            if tuple(gguf_blocks.shape[:2]) != (self.out_features, self.in_features // 32):
+                raise ValueError(
+                    f"GGUF blocks {tuple(gguf_blocks.shape)} do not fit a "
+                    f"[{self.out_features}, {self.in_features}] weight"
+                )
+            self.small_weight = gguf_blocks
+            self.small_batch_rows = GGUF_SMALL_BATCH_ROWS
+            self.small_kernel, self._small_linear = "gguf", ext.gguf_linear
+        # inflight's bf16 kernel reads k in pairs
+        elif bf16_pairs and ext.bf16_linear_available():
+            self.small_weight = ext.pack_bf16_linear(weight)
+            self.small_batch_rows = small_batch_rows
+            self.small_kernel, self._small_linear = "bf16", ext.bf16_linear
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() == 2 and 0 < x.shape[0] <= self.small_batch_rows:
@@ -75,27 +104,37 @@ class PackedLinear(nn.Module):
         return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
 
     def extra_repr(self) -> str:
-        small = f", bf16 kernel up to {self.small_batch_rows} rows" if self.small_batch_rows else ""
+        small = ""
+        if self.small_kernel:
+            small = f", {self.small_kernel} kernel up to {self.small_batch_rows} rows"
         return f"in_features={self.in_features}, out_features={self.out_features}, packed{small}"
 
 
-def pack_linears(model: nn.Module, small_batch_rows: int = 0) -> int:
+def pack_linears(
+    model: nn.Module,
+    small_batch_rows: int = 0,
+    gguf_blocks: dict[str, torch.Tensor] | None = None,
+) -> int:
     """Replaces every `nn.Linear` under `model` with a `PackedLinear`; returns how many.
+    `gguf_blocks` maps module names to their weights' GGUF blocks, where they have them.
 
     A tied LM head gets its own packed copy; the embedding keeps the plain weight it indexes.
     """
     targets = [(name, m) for name, m in model.named_modules() if isinstance(m, nn.Linear)]
+    gguf_blocks = gguf_blocks or {}
     packed = []
     for name, linear in targets:
         parent_name, _, leaf = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        packed.append(PackedLinear(linear, small_batch_rows))
+        packed.append(PackedLinear(linear, small_batch_rows, gguf_blocks.get(name)))
         setattr(parent, leaf, packed[-1])
+    kernels = Counter(
+        f"{m.small_kernel} kernel (<= {m.small_batch_rows} rows)" for m in packed if m.small_kernel
+    )
     logger.info(
-        "packed %d linear layers for oneDNN, %d also for inflight's bf16 kernel (<= %d rows)",
+        "packed %d linear layers for oneDNN; small batches: %s",
         len(packed),
-        sum(1 for m in packed if m.small_batch_rows),
-        small_batch_rows,
+        ", ".join(f"{n} through {k}" for k, n in kernels.items()) or "oneDNN too",
     )
     return len(targets)
 

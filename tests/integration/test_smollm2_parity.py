@@ -1,5 +1,6 @@
 """The real default model against transformers loading the same GGUF: greedy, float32, token for
-token, with 16 mixed-length prompts in one batch, with every prompt chunked, and under preemption.
+token, with 16 mixed-length prompts in one batch, with every prompt chunked, under preemption,
+and four at a time (every decode step small enough to multiply from the GGUF blocks).
 """
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ import pytest
 import torch
 
 from inflight import LLM, SamplingParams
+from inflight.kernels import load_extension
 from tests.parity import hf_greedy
 
 pytestmark = pytest.mark.integration
@@ -19,6 +21,7 @@ ENGINE_SETTINGS = {
     "chunked_prefill": {"prefill_chunk_size": 32, "max_num_batched_tokens": 256},
     # 36 blocks of 16 = 576 tokens for ~1,700 tokens of demand: preemption is certain.
     "preemption": {"num_kv_blocks": 36, "max_num_batched_tokens": 512},
+    "four_at_a_time": {"max_num_seqs": 4},
 }
 
 
@@ -42,5 +45,7 @@ def test_smollm2_greedy_parity(default_model, smollm_prompts, expected, setting)
         assert out.outputs[0].token_ids == want, f"prompt {i} diverged"
     if setting == "preemption":
         assert llm.core.scheduler.num_preemptions > 0
+    if setting == "four_at_a_time" and load_extension().gguf_linear_available():
+        assert llm.core.loaded.model.fused_layers.small_batch_rows >= 4
     pool = llm.core.kv_cache_manager.pool
     assert pool.num_free_blocks == pool.num_blocks

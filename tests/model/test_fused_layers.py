@@ -1,13 +1,14 @@
 """The decoder layers as one C++ call (`FusedDecoderLayers`) against the Python layer loop it
 replaces: same tokens and bit-identical logprobs, with oneDNN-packed linears (float32, and
-bfloat16 where the CPU computes it) and plain ones, through chunked prefills mixed with decodes
-and pure decode steps, for every tiny architecture (Qwen2's QKV bias, Mistral's sliding
-window)."""
+bfloat16 where the CPU computes it), plain ones, and a GGUF model's blocks for small batches,
+through chunked prefills mixed with decodes and pure decode steps, for every tiny architecture
+(Qwen2's QKV bias, Mistral's sliding window)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from gguf import GGMLQuantizationType
 
 from inflight import LLM, SamplingParams
 from inflight.kernels import load_extension
@@ -15,6 +16,7 @@ from inflight.model import loader, packed_linear
 from inflight.model.fused_layers import FusedDecoderLayers
 from inflight.model.packed_linear import can_pack
 from tests.conftest import TINY_ARCHS
+from tests.gguf_files import write_tiny_gguf
 from tests.parity import mixed_max_tokens, random_prompts
 
 
@@ -47,13 +49,31 @@ def test_fused_layers_match_the_python_loop_bit_for_bit(
     assert fused.small_batch_rows == (4 if kernel else 0)
     assert all((w is not None) == kernel for w in fused.small_weights)
     assert llm.core.runner.sampler.argmax is load_extension().first_argmax  # the kernels' argmax
+    _assert_fused_matches_the_loop(llm)
+
+
+def _assert_fused_matches_the_loop(llm: LLM) -> None:
+    model = llm.core.loaded.model
     prompts = random_prompts(model.cfg.vocab_size)
     max_tokens = mixed_max_tokens(len(prompts))
-
     got = _run(llm, prompts, max_tokens)
     model.fused_layers = None
     want = _run(llm, prompts, max_tokens)
     assert got == want
+
+
+@pytest.mark.skipif(not load_extension().gguf_linear_available(), reason="no AVX2 GGUF kernel")
+def test_fused_layers_match_the_python_loop_over_gguf_blocks(tmp_path, tiny_llama, monkeypatch):
+    # steps of at most 4 rows multiply from the Q4_1 blocks, larger ones through oneDNN
+    monkeypatch.setattr(packed_linear, "GGUF_SMALL_BATCH_ROWS", 4)
+    path = write_tiny_gguf(tiny_llama, tmp_path / "tiny.gguf", GGMLQuantizationType.Q4_1)
+    llm = LLM(str(path), dtype="float32", attention_backend="cpu", device="cpu",
+              prefill_chunk_size=8, max_num_batched_tokens=64,
+              enable_prefix_caching=False)  # fmt: skip
+    fused = llm.core.loaded.model.fused_layers
+    assert fused.small_batch_rows == 4
+    assert all(w is not None and w.dtype == torch.uint8 for w in fused.small_weights)
+    _assert_fused_matches_the_loop(llm)
 
 
 @pytest.mark.skipif(not can_pack(torch.bfloat16, torch.device("cpu")), reason="no oneDNN bf16")

@@ -16,6 +16,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "whether this machine compiled bf16_linear (AVX-512 BF16)");
   m.def("pack_bf16_linear", &pack_bf16_linear, "a [N, K] bf16 weight in bf16_linear's layout");
   m.def("bf16_linear", &bf16_linear, "x @ W.T (+ bias) over a weight from pack_bf16_linear");
+  m.def("gguf_linear_available", &gguf_linear_available,
+        "whether this machine compiled gguf_linear (AVX2, FMA and F16C)");
+  m.def("gguf_linear", &gguf_linear, "x @ W.T (+ bias) over W's GGUF Q4_0 / Q4_1 / Q8_0 blocks");
   m.def("first_argmax", &first_argmax, "index of each row's first maximum (NaN is maximal)");
   m.def("llama_decoder_layers", &llama_decoder_layers,
         "every decoder layer of a Llama-family model; returns [hidden, residual]");

@@ -7,9 +7,10 @@
 // projection. Only the driving loop moves from Python to C++: at a few tokens per step the
 // Python glue between ~20 ops per layer cost as much as the attention itself (~3 ms a step).
 //
-// Linears are plain weights (`at::linear`) or `PackedLinear`'s: inflight's bf16 kernel for at most
-// `small_rows` rows when the layer has its packing, else oneDNN (`mkldnn::_linear_pointwise`,
-// called through the dispatcher), exactly as `PackedLinear.forward` chooses.
+// Linears are plain weights (`at::linear`) or `PackedLinear`'s: inflight's bf16 or GGUF-block
+// kernel for at most `small_rows` rows when the layer has its weight, else oneDNN
+// (`mkldnn::_linear_pointwise`, called through the dispatcher), exactly as `PackedLinear.forward`
+// chooses.
 #include "kv_layout.h"
 #include "ops.h"
 
@@ -25,13 +26,17 @@ using OptTensor = c10::optional<at::Tensor>;
 
 struct Linear {
   const at::Tensor& weight;  // plain, or oneDNN-packed (logical shape [N, K] either way)
-  const OptTensor& small;       // bf16_linear's packing of the same weight, if any
+  const OptTensor& small;    // the same weight for a small-batch kernel: bf16_linear's packing
+                             // (bf16) or its GGUF blocks for gguf_linear (uint8), if any
   const OptTensor& bias;
 };
 
 at::Tensor linear(const at::Tensor& x, const Linear& l, bool packed, int64_t small_rows) {
   if (!packed) return at::linear(x, l.weight, l.bias);
   if (l.small.has_value() && x.size(0) <= small_rows) {
+    if (l.small->scalar_type() == at::kByte) {
+      return gguf_linear(x, *l.small, l.bias, l.weight.size(0));
+    }
     return bf16_linear(x, *l.small, l.bias, l.weight.size(0));
   }
   static auto op = c10::Dispatcher::singleton()
@@ -44,7 +49,7 @@ at::Tensor linear(const at::Tensor& x, const Linear& l, bool packed, int64_t sma
 }
 
 constexpr size_t kWeightsPerLayer = 6;  // input norm, qkv, o, post-attention norm, gate-up, down
-constexpr size_t kSmallPerLayer = 4;    // bf16_linear packings (or none): qkv, o, gate-up, down
+constexpr size_t kSmallPerLayer = 4;    // small-batch kernel weights (or none): qkv, o, gate-up, down
 const OptTensor kNone;
 
 }  // namespace

@@ -40,6 +40,12 @@ at::Tensor pack_bf16_linear(const at::Tensor& weight);
 at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed,
                           const c10::optional<at::Tensor>& bias, int64_t out_features);
 
+// gguf_linear.cpp: float32 linear layers over GGUF Q4_0 / Q4_1 / Q8_0 blocks, for decode-sized
+// batches (AVX2 + FMA + F16C machines only)
+bool gguf_linear_available();
+at::Tensor gguf_linear(const at::Tensor& x, const at::Tensor& blocks,
+                       const c10::optional<at::Tensor>& bias, int64_t out_features);
+
 // argmax.cpp: greedy sampling, the first maximum of each row as torch.max picks it
 at::Tensor first_argmax(const at::Tensor& x);
 
