@@ -18,7 +18,7 @@ float32 engine decoding 8 sequences ran at 38 tok/s, and 84 packed. The sums the
 A float32 weight dequantized from a GGUF file's Q4_0, Q4_1 or Q8_0 blocks keeps those blocks too,
 and batches of up to `GGUF_SMALL_BATCH_ROWS` rows multiply straight from them
 (`kernels/csrc/gguf_linear.cpp`, AVX2): the same weights in 0.16-0.27 of the bytes, which is what
-a decode step's time is made of (SmolLM2's linears at 1 row, 2-core AVX2 EPYC: 46 -> 25 ms).
+a decode step's time is made of (SmolLM2's linears at 1 row, 2-core AVX2 EPYC: 45 -> 24 ms).
 """
 
 from __future__ import annotations
@@ -42,8 +42,8 @@ _BATCH_HINT = 64
 # the prefill-sized ones, where AMX (on CPUs that have it) should be far ahead of AVX-512.
 SMALL_BATCH_ROWS = 64
 # Batches of at most this many rows multiply from GGUF blocks when a float32 weight has them: on
-# the AVX2 EPYC it beats oneDNN's float32 by 1.9x at 1 row, 1.2x at 8 and loses 10% at 16, where
-# converting the quants (once per 8 rows) starts to cost more than the bytes it saves.
+# the AVX2 EPYC it beats oneDNN's float32 by 1.9x at 1 row, 1.2x at 8 and loses 16% at 16, where
+# converting the quants (once per 8 rows) costs more than the bytes it saves.
 GGUF_SMALL_BATCH_ROWS = 8
 # A warm-up call slower than this is mostly multiply, which outweighs the ~1 ms build it saves.
 WARM_UP_MAX_CALL_S = 0.005
