@@ -105,7 +105,7 @@ void tile(const Problem& p, int64_t m0, int64_t n0) {
       const __m256 dv = _mm256_set1_ps(d);
       for (int r = 0; r < MR; ++r) {
         const float* xb = x + r * p.K + b * kBlock;
-        // two short chains rather than one of four: the latency, not the arithmetic, bounds it
+        // two chains of two products: a shorter dependency path than one chain of four
         const __m256 dot = _mm256_add_ps(
             _mm256_fmadd_ps(q[1], _mm256_loadu_ps(xb + 8), _mm256_mul_ps(q[0], _mm256_loadu_ps(xb))),
             _mm256_fmadd_ps(q[3], _mm256_loadu_ps(xb + 24),
