@@ -3,20 +3,20 @@
 //
 // At a few rows a linear layer is a stream over its weights, so its time is their bytes over the
 // memory bandwidth. A GGUF checkpoint dequantized to float32 streams 6.4x (Q4_1) or 3.8x (Q8_0)
-// more bytes than its blocks: SmolLM2-135M's decode step reads 538 MB instead of 96 MB. Here each
-// block is expanded in registers to exactly the float32 values gguf's `dequantize` gives
-// (Q4_0: d * (q - 8), Q4_1: d * q + m, Q8_0: q * d, each product and sum rounded once: the
-// extension is built without FMA contraction), then multiplied into float32 accumulators. So the
-// weights are those of the dequantized model, and only the order of the float32 sums differs
-// from oneDNN's.
+// more bytes than its blocks: SmolLM2-135M's decode step reads 538 MB instead of 96 MB. Here a
+// block's quants become floats in registers (the 4-bit ones centred: q - 8) and meet x in FMAs;
+// the block then adds d * (that dot product) to the output's accumulator. Q4_0's weight is
+// d * (q - 8) exactly that way; Q4_1's, d * q + m, also adds (m + 8 d) * (the block's sum of x).
+// So the weights are the dequantized model's (d, m and q are exact in float32); only how the
+// float32 products are grouped and summed differs from oneDNN's over the dequantized weights.
 //
 // A block of 32 weights is [fp16 d][fp16 m, Q4_1 only][16 bytes of nibbles: element j low,
 // element j + 16 high] for the 4-bit formats and [fp16 d][32 int8] for Q8_0; the weight comes as
 // [out_features, in_features / 32, block bytes], and the block size tells the format apart.
 //
-// Every output is one float32 accumulator of 8 lanes, fed in k order by FMAs, then summed across
-// lanes in a fixed order, then the bias added: a row's result never depends on the other rows
-// of the batch, nor on how the batch is tiled.
+// Every output is a fixed sequence of float32 operations: one accumulator of 8 lanes fed in k
+// order, summed across lanes in a fixed order, then the offsets, then the bias. So a row's
+// result never depends on the other rows of the batch, nor on how the batch is tiled.
 #include "ops.h"
 
 #include <ATen/ops/empty.h>
