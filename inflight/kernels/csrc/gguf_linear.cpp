@@ -22,6 +22,7 @@
 #include <ATen/ops/empty.h>
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <array>
 #include <cstring>
 #include <utility>
