@@ -20,14 +20,13 @@ from tqdm.auto import tqdm
 
 from inflight.attention import CpuKernelBackend, make_backend
 from inflight.errors import ModelLoadError
-from inflight.kernels import load_extension
 from inflight.model import packed_linear
 from inflight.model.arch import LlamaArchConfig
 from inflight.model.fused_layers import FusedDecoderLayers
 from inflight.model.gguf_loader import iter_gguf_weights, read_gguf_index
 from inflight.model.layer_ops import CpuLayerOps, TorchLayerOps
 from inflight.model.llama import LlamaModel
-from inflight.model.packed_linear import can_pack, pack_linears, warm_up
+from inflight.model.packed_linear import can_pack, gguf_kernel_applies, pack_linears, warm_up
 
 logger = logging.getLogger(__name__)
 
@@ -148,9 +147,8 @@ def load_model(
     # inflight's small-batch kernels come with the other CPU kernels
     kernels = isinstance(attn, CpuKernelBackend) and can_pack(dtype, device)
     # float32 decode batches can multiply from the file's own blocks (see packed_linear)
-    blocks: dict[str, torch.Tensor] | None = None
-    if index is not None and kernels and dtype == torch.float32:
-        blocks = {} if load_extension().gguf_linear_available() else None
+    keep_blocks = index is not None and kernels and gguf_kernel_applies(dtype)
+    blocks: dict[str, torch.Tensor] | None = {} if keep_blocks else None
     if index is not None:
         weights = iter_gguf_weights(index, arch, path, blocks)
     else:

@@ -57,6 +57,12 @@ def can_pack(dtype: torch.dtype, device: torch.device) -> bool:
     )
 
 
+def gguf_kernel_applies(dtype: torch.dtype) -> bool:
+    """Whether weights of `dtype` can multiply small batches from GGUF blocks on this CPU (the
+    loader keeps blocks only then)."""
+    return dtype == torch.float32 and load_extension().gguf_linear_available()
+
+
 class PackedLinear(nn.Module):
     """`nn.Linear`'s forward over weights packed once: oneDNN's layout, plus a small-batch
     kernel's (`small_weight`) for batches of at most `small_batch_rows` rows when one applies:
@@ -81,9 +87,8 @@ class PackedLinear(nn.Module):
         if small_batch_rows <= 0:
             return
         ext = load_extension()
-        float32 = weight.dtype == torch.float32
         bf16_pairs = weight.dtype == torch.bfloat16 and self.in_features % 2 == 0
-        if gguf_blocks is not None and float32 and ext.gguf_linear_available():
+        if gguf_blocks is not None and gguf_kernel_applies(weight.dtype):
             if tuple(gguf_blocks.shape[:2]) != (self.out_features, self.in_features // 32):
                 raise ValueError(
                     f"GGUF blocks {tuple(gguf_blocks.shape)} do not fit a "
