@@ -19,6 +19,7 @@ Dtype = Literal["auto", "bfloat16", "float16", "float32"]
 Batching = Literal["continuous", "static"]
 Policy = Literal["fcfs", "priority", "sjf"]
 PreemptionMode = Literal["recompute", "swap"]
+KVAdmission = Literal["on-demand", "reserve"]
 AttentionBackend = Literal["auto", "torch", "cpu", "triton"]
 
 
@@ -129,12 +130,20 @@ class SchedulerConfig:
         default="recompute",
         metadata={"help": "recompute, or swap KV to CPU (recompute when the swap space is full)"},
     )
+    kv_admission: KVAdmission = field(
+        default="on-demand",
+        metadata={
+            "help": "on-demand (admit when the first chunk's blocks are free, preempt when blocks"
+            " run out) or reserve (admit only when the whole prompt + max_tokens fits beside what"
+            " running requests may still grow into: no preemption for blocks)"
+        },
+    )
     predictive_admission: bool = field(
         default=False,
         metadata={"help": "admit when blocks that finishing requests will free soon suffice"},
     )
     prediction_horizon: int = field(
-        default=8, metadata={"help": "steps ahead predictive admission counts freed blocks"}
+        default=32, metadata={"help": "steps ahead predictive admission counts freed blocks"}
     )
     aging_s: float = field(
         default=10.0,
@@ -165,6 +174,10 @@ class SchedulerConfig:
         _require(
             self.prediction_horizon >= 1,
             f"prediction_horizon must be >= 1, got {self.prediction_horizon}",
+        )
+        _require(
+            self.kv_admission in ("on-demand", "reserve"),
+            f"kv_admission must be on-demand or reserve, got {self.kv_admission!r}",
         )
         _require(
             self.preemption_mode in ("recompute", "swap"),

@@ -109,9 +109,7 @@ class KVCacheManager:
         num_computed = request.num_computed_tokens + len(computed_blocks) * self.block_size
         needed = cdiv(num_computed + num_new_tokens, self.block_size) - len(table)
         needed -= len(computed_blocks)
-        # Reviving a cached block that nobody holds takes it out of the free queue too.
-        revived = sum(1 for b in computed_blocks if self.pool.blocks[b].ref_count == 0)
-        if max(0, needed) + revived > self.pool.num_free_blocks:
+        if max(0, needed) + self.num_revived(computed_blocks) > self.pool.num_free_blocks:
             return False
         table = self.block_tables.setdefault(request.request_id, [])
         if computed_blocks:
@@ -120,6 +118,10 @@ class KVCacheManager:
         if needed > 0:
             table.extend(self.pool.allocate(needed))
         return True
+
+    def num_revived(self, computed_blocks: list[int]) -> int:
+        """Cached blocks of a prefix hit that nobody holds: taking them takes free blocks."""
+        return sum(1 for b in computed_blocks if self.pool.blocks[b].ref_count == 0)
 
     # ------------------------------------------------------------------ swap
     def can_swap_out(self, request: Request) -> bool:
@@ -167,30 +169,6 @@ class KVCacheManager:
         if table:
             # Reversed, so a sequence's tail blocks (least likely to be shared) are evicted first.
             self.pool.free(table[::-1])
-
-    # ------------------------------------------------------- admission guesses
-    def free_room(self, request: Request) -> int:
-        """Tokens the request could add now using only its own and currently free blocks."""
-        held = len(self.block_tables.get(request.request_id, ()))
-        return (held + self.pool.num_free_blocks) * self.block_size - request.num_computed_tokens
-
-    def predicted_free_blocks(
-        self, running: list[Request], horizon: int, max_model_len: int
-    ) -> int:
-        """Net blocks running requests will hand back within `horizon` steps: those of decoding
-        requests at most `horizon` tokens from their end (by max_tokens or max_model_len; not
-        shared with anyone), minus the blocks every decoding request still takes meanwhile."""
-        bs, total = self.block_size, 0
-        for r in running:
-            if r.num_tokens - r.num_computed_tokens != 1:
-                continue  # mid-prefill: its end is not near
-            left = min(r.sampling_params.max_tokens - r.num_output_tokens,
-                       max_model_len - r.num_tokens)  # fmt: skip
-            table = self.block_tables.get(r.request_id, [])
-            total -= max(0, cdiv(r.num_tokens + min(left, horizon), bs) - len(table))
-            if left <= horizon:
-                total += sum(1 for b in table if self.pool.blocks[b].ref_count == 1)
-        return total
 
     def get_block_table(self, request_id: str) -> list[int]:
         return self.block_tables.get(request_id, [])

@@ -5,8 +5,11 @@ token, a prefill the rest of its known tokens clamped to the budget and `prefill
 a prefill chunk never takes the budget that decodes behind it still need. When blocks run out,
 the newest running request is preempted by recompute (blocks freed, progress reset, re-queued
 at the head) or, in swap mode, by swapping its blocks to CPU memory, and nobody new is admitted
-that step. Otherwise waiting requests are admitted
-while seats (`max_num_seqs`), budget and blocks last.
+that step. Otherwise waiting requests are admitted while seats (`max_num_seqs`), budget and
+blocks last: on demand (the default), the blocks of the first chunk; under
+`kv_admission="reserve"`, the blocks of the whole prompt + max_tokens beside what running
+requests are still owed (`KVForecast`), so no running request ever runs out of blocks.
+Predictive admission lets a request in early on blocks that requests about to end will free.
 
 A waiting request starts from the longest prefix of its tokens found in the prefix cache.
 
@@ -21,6 +24,7 @@ from collections.abc import Callable
 
 from inflight.config import SchedulerConfig
 from inflight.core.kv_cache_manager import KVCacheManager
+from inflight.core.kv_forecast import KVForecast
 from inflight.core.outputs import (
     EngineCoreOutput,
     ModelRunnerOutput,
@@ -28,6 +32,7 @@ from inflight.core.outputs import (
     SchedulerOutput,
 )
 from inflight.core.policy import StaticBatchGate, make_queue, victim_index
+from inflight.core.sizing import cdiv
 from inflight.request import FinishReason, Request, RequestStatus
 
 
@@ -43,6 +48,7 @@ class Scheduler:
             raise ValueError("SchedulerConfig.max_model_len must be resolved before scheduling")
         self.config = config
         self.kv = kv_cache_manager
+        self.forecast = KVForecast(kv_cache_manager, config.max_model_len)
         self.clock = clock
         self.requests: dict[str, Request] = {}
         self.waiting = make_queue(config.scheduling_policy, config.aging_s)
@@ -84,6 +90,7 @@ class Scheduler:
         preempted: list[str] = []
         now = self.clock()
         self.waiting.prepare(now)
+        self._end_probation()
         # Priority preemption happens before anything is scheduled, and does not stop admission:
         # freeing room for a more important request is its purpose.
         priority_preempted = self._preempt_for_priority(now)
@@ -100,8 +107,8 @@ class Scheduler:
                 num_new = min(1, budget)
             else:
                 num_new = min(remaining, budget - pending_decodes, cfg.chunk_limit)
-                if request.admitted_on_prediction:  # takes only what is free; preempts nobody
-                    num_new = min(num_new, self.kv.free_room(request))
+            if request.admitted_on_prediction:  # takes only room nobody needs; preempts nobody
+                num_new = min(num_new, self._probation_room(request))
             if num_new <= 0:
                 i += 1
                 continue
@@ -151,12 +158,9 @@ class Scheduler:
         ):
             return []
         head = self.waiting.peek()
-        first_chunk = min(head.num_tokens - head.num_computed_tokens, self.config.chunk_limit)
-        blocks_needed = -(-first_chunk // self.kv.block_size)
         preempted = []
         while self.running and (
-            len(self.running) >= self.config.max_num_seqs
-            or self.kv.pool.num_free_blocks < blocks_needed
+            len(self.running) >= self.config.max_num_seqs or self._blocks_short(head)
         ):
             j = self._victim_index(0)
             if self.running[j].priority <= head.priority:
@@ -168,6 +172,26 @@ class Scheduler:
             self.waiting.prepare(now)  # victims went to the head; put them in their place
         return preempted
 
+    def _blocks_short(self, request: Request) -> bool:
+        """Whether blocks stop a waiting request's admission (prefix hits aside)."""
+        if self.config.kv_admission == "reserve":
+            return self._reservation_shortfall(request, []) > 0
+        first_chunk = min(request.num_tokens - request.num_computed_tokens,
+                          self.config.chunk_limit)  # fmt: skip
+        return self.kv.pool.num_free_blocks < cdiv(first_chunk, self.kv.block_size)
+
+    def _reservation_shortfall(self, request: Request, computed_blocks: list[int]) -> int:
+        """Under `reserve`: blocks missing for the request's whole length beside what running
+        requests are owed (<= 0: it fits)."""
+        need = self.forecast.final_blocks(request) - len(computed_blocks)
+        need += self.kv.num_revived(computed_blocks)
+        return need - self.forecast.unreserved_blocks(self.running)
+
+    def _fits(self, request: Request, computed_blocks: list[int]) -> bool:
+        return self.config.kv_admission != "reserve" or (
+            self._reservation_shortfall(request, computed_blocks) <= 0
+        )
+
     def _admit_waiting(self, budget: int, scheduled: list[ScheduledRequest], now: float) -> int:
         """Admits in queue order and stops at the first request that does not fit (no skipping
         ahead), except that static batching passes over requests outside the current batch."""
@@ -177,6 +201,8 @@ class Scheduler:
             if self.static_gate is not None and not self.static_gate.admits(request, self.waiting):
                 continue
             if self.kv.is_swapped(request):  # resume from swap space: its KV comes back
+                if not self._fits(request, []):
+                    break
                 num_new = min(request.num_tokens - request.num_computed_tokens, budget,
                               self.config.chunk_limit)  # fmt: skip
                 copies = self.kv.swap_in(request, num_new)
@@ -188,7 +214,10 @@ class Scheduler:
                 num_cached = len(computed_blocks) * self.kv.block_size
                 remaining = request.num_tokens - request.num_computed_tokens - num_cached
                 num_new = min(remaining, budget, self.config.chunk_limit)
-                if not self.kv.allocate_slots(request, num_new, computed_blocks):
+                if not (
+                    self._fits(request, computed_blocks)
+                    and self.kv.allocate_slots(request, num_new, computed_blocks)
+                ):
                     num_new = self._admit_on_prediction(request, computed_blocks, num_new)
                     if not num_new:
                         break
@@ -207,33 +236,57 @@ class Scheduler:
     def _admit_on_prediction(
         self, request: Request, computed_blocks: list[int], num_new: int
     ) -> int:
-        """Admits a request whose first chunk does not fit, if the free blocks plus those
-        predicted free cover its whole prompt; its chunk shrinks to what is free now. Returns
-        the tokens scheduled (0: not admitted)."""
+        """Admits a request that blocks stop, if what running requests certain to end within
+        the horizon hand back covers it: on demand, its whole prompt; under `reserve`, its
+        reservation. It goes on probation: it takes only blocks no ordinary request will need
+        within the horizon, and is the first preempted if the guess fails. Returns the tokens
+        scheduled (0: not admitted)."""
+        cfg, kv, forecast = self.config, self.kv, self.forecast
         # A request that was preempted (a failed guess, or anything else) waits for real room:
         # guessing again for it could preempt it again and again.
-        if not self.config.predictive_admission or request.num_preemptions:
+        if not cfg.predictive_admission or request.num_preemptions:
             return 0
-        bs = self.kv.block_size
-        revived = sum(1 for b in computed_blocks if self.kv.pool.blocks[b].ref_count == 0)
-        free_now = self.kv.pool.num_free_blocks - revived
-        cached = len(computed_blocks) * bs
-        needed = -(-(request.num_tokens - cached) // bs)
-        if (
-            free_now < 1
-            or free_now
-            + self.kv.predicted_free_blocks(
-                self.running, self.config.prediction_horizon, self.config.max_model_len
-            )
-            < needed
-        ):
+        horizon, bs = cfg.prediction_horizon, kv.block_size
+        revived = kv.num_revived(computed_blocks)
+        if cfg.kv_admission == "reserve":
+            shortfall = self._reservation_shortfall(request, computed_blocks)
+            covered = forecast.returned_reservation(self.running, horizon) >= shortfall
+        else:
+            needed = cdiv(request.num_tokens - len(computed_blocks) * bs, bs) + revived
+            freed = forecast.net_freed_blocks(self.running, horizon)
+            covered = kv.pool.num_free_blocks + freed >= needed
+        room = forecast.lowest_free_blocks(self.running, horizon) - revived
+        if not covered or room < 1:
             return 0
-        num_new = min(num_new, free_now * bs)
+        num_new = min(num_new, room * bs)
         if not self.kv.allocate_slots(request, num_new, computed_blocks):
             return 0
         request.admitted_on_prediction = True
         self.num_predictive_admissions += 1
         return num_new
+
+    def _probation_room(self, request: Request) -> int:
+        """Tokens a request admitted on a prediction may add now: its own blocks and the free
+        ones no ordinary request will need within the horizon."""
+        held = len(self.kv.get_block_table(request.request_id))
+        lowest = self.forecast.lowest_free_blocks(self.running, self.config.prediction_horizon)
+        return (held + lowest) * self.kv.block_size - request.num_computed_tokens
+
+    def _end_probation(self) -> None:
+        """Under `reserve`, requests admitted on a prediction become ordinary once every
+        running request's reservation fits again (on demand: once their prompt is in). With
+        no ordinary request left to hand blocks back, the oldest on probation becomes ordinary:
+        it may then preempt the younger ones, so the batch cannot stall."""
+        if self.config.kv_admission != "reserve":
+            return
+        on_probation = [r for r in self.running if r.admitted_on_prediction]
+        if not on_probation:
+            return
+        if self.forecast.unreserved_blocks(self.running) >= 0:
+            for r in on_probation:
+                r.admitted_on_prediction = False
+        elif len(on_probation) == len(self.running):
+            on_probation[0].admitted_on_prediction = False
 
     def _scheduled(self, request: Request, num_new: int, now: float) -> ScheduledRequest:
         start = request.num_computed_tokens
@@ -284,6 +337,10 @@ class Scheduler:
         assert held == pool.num_refs, (held, pool.num_refs)  # shared blocks count once a holder
         assert pool.num_used_blocks <= held
         assert pool.num_free_blocks + pool.num_used_blocks == pool.num_blocks
+        if cfg.kv_admission == "reserve" and not any(
+            r.admitted_on_prediction for r in self.running
+        ):
+            assert self.forecast.unreserved_blocks(self.running) >= 0
 
     # ------------------------------------------------------------------ update
     def update_from_output(
@@ -300,7 +357,8 @@ class Scheduler:
             if token_id is None:
                 continue  # mid-prefill: nothing sampled yet
             request.output_token_ids.append(token_id)
-            request.admitted_on_prediction = False  # its prompt is in: an ordinary runner now
+            if self.config.kv_admission == "on-demand":  # its prompt is in: an ordinary runner
+                request.admitted_on_prediction = False
             if request.first_token_time is None:
                 request.first_token_time = now
             reason, stop_reason = self._check_stop(request, token_id)

@@ -53,3 +53,33 @@ def test_a_wrong_prediction_costs_the_newcomer_not_a_runner():
         assert victim_index(runners, 2, policy) == 2  # only not-yet-scheduled ones are victims
         runners[1].admitted_on_prediction = False
         assert victim_index(runners, 0, policy) == (0 if policy == "priority" else 2)
+
+
+def first_steps_under_reserve(predictive: bool):
+    """12 blocks of 4 tokens, all reserved: "ending" (12 + 5 tokens: 4 blocks at its longest)
+    and "steady" (12 + 20: 8 blocks). The newcomer (8 + 4: 3 blocks) arrives after their
+    prompts, when "ending" is 4 tokens from its end."""
+    s = make_scheduler(num_blocks=12, block_size=4, max_num_seqs=4, enable_prefix_caching=False,
+                       kv_admission="reserve", predictive_admission=predictive,
+                       prediction_horizon=4)  # fmt: skip
+    s.add_request(make_request("ending", prompt_len=12, max_tokens=5))
+    s.add_request(make_request("steady", prompt_len=12, max_tokens=20))
+    step(s)
+    s.add_request(make_request("new", prompt_len=8, max_tokens=4))
+    first = {}
+    for n in range(1, 40):
+        if not s.has_unfinished_requests():
+            break
+        for x in step(s).scheduled:
+            first.setdefault(x.request_id, n)
+    assert not s.has_unfinished_requests() and s.kv.pool.num_free_blocks == 12
+    return s, first["new"]
+
+
+def test_under_reserve_a_prediction_borrows_the_reservation_of_a_request_about_to_end():
+    _, started_off = first_steps_under_reserve(False)
+    on, started_on = first_steps_under_reserve(True)
+    assert started_off == 5  # "ending" samples its last token at step 4
+    assert started_on == 1 and on.num_predictive_admissions == 1
+    # It took only blocks no ordinary request needed before "ending" gave its own back.
+    assert on.num_preemptions == on.num_prediction_failures == 0

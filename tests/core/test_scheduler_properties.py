@@ -30,6 +30,7 @@ def workloads(draw):
         scheduling_policy=draw(st.sampled_from(["fcfs", "priority", "sjf"])),
         preemption_mode=draw(st.sampled_from(["recompute", "swap"])),
         num_cpu_blocks=draw(st.integers(0, num_blocks)),
+        kv_admission=draw(st.sampled_from(["on-demand", "reserve"])),
         predictive_admission=draw(st.booleans()),
         prediction_horizon=draw(st.integers(1, 16)),
     )
@@ -98,6 +99,10 @@ def test_scheduler_invariants_hold_every_step(workload):
         if step > 30 and not s.has_unfinished_requests():
             break
 
+    if knobs["kv_admission"] == "reserve" and knobs["scheduling_policy"] != "priority":
+        # Reservations leave no running request short of blocks: the only preemptions are
+        # of requests admitted on a prediction that failed.
+        assert s.num_preemptions == s.num_prediction_failures
     assert set(finished) == set(reqs), "every request must finish"
     for rid, _prompt_len, max_tokens, *_ in specs:
         if finished[rid] is not FinishReason.ABORT:

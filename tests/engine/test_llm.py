@@ -60,6 +60,8 @@ def test_unknown_and_invalid_knobs(tiny_llama):
         LLM(str(tiny_llama), max_num_seqs=0)
     with pytest.raises(ConfigError, match="batching must be"):
         LLM(str(tiny_llama), batching="dynamic")
+    with pytest.raises(ConfigError, match="kv_admission must be on-demand or reserve"):
+        LLM(str(tiny_llama), kv_admission="guaranteed")
     with pytest.raises(ConfigError, match="fewer than max_model_len=512"):
         LLM(str(tiny_llama), max_model_len=512, num_kv_blocks=4)
 

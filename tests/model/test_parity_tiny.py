@@ -1,9 +1,9 @@
 """Token-for-token greedy parity with transformers on tiny random Llama, Qwen2 and Mistral models.
 
 16 prompts of mixed lengths run together in one batch; then with a prefill chunk so small that
-every prompt is chunked; with a KV pool so small that preemption must happen; one at a time;
-and in static-batching mode. Every run must reproduce transformers' one-at-a-time greedy output
-exactly.
+every prompt is chunked; with a KV pool so small that preemption must happen (or, with
+whole-length reservations, admission must wait); one at a time; and in static-batching mode.
+Every run must reproduce transformers' one-at-a-time greedy output exactly.
 """
 
 from __future__ import annotations
@@ -38,6 +38,15 @@ ENGINE_SETTINGS = {
         "kv_block_size": 4,
         "num_kv_blocks": 40,
         "max_num_batched_tokens": 96,
+        "predictive_admission": True,
+        "prediction_horizon": 16,
+    },
+    # whole-length reservations, borrowed early from requests about to end
+    "reserve_predictive": {
+        "kv_block_size": 4,
+        "num_kv_blocks": 40,
+        "max_num_batched_tokens": 96,
+        "kv_admission": "reserve",
         "predictive_admission": True,
         "prediction_horizon": 16,
     },
@@ -101,8 +110,10 @@ def test_greedy_parity_with_transformers(reference, setting):
         assert scheduler.num_preemptions > 0, "the pool was meant to force preemption"
     if setting == "preemption_swap":
         assert scheduler.num_swaps == scheduler.num_preemptions
-    if setting == "predictive_admission":
+    if setting in ("predictive_admission", "reserve_predictive"):
         assert scheduler.num_predictive_admissions > 0
+    if setting == "reserve_predictive":
+        assert scheduler.num_preemptions == scheduler.num_prediction_failures
     if setting == "preemption_swap_small":
         assert 0 < scheduler.num_swaps < scheduler.num_preemptions
     pool = llm.core.kv_cache_manager.pool

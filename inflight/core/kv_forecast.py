@@ -1,0 +1,116 @@
+"""KVForecast: what the block pool will look like over the next steps, for admission.
+
+Two questions the scheduler asks beyond "is a block free now":
+- Under `kv_admission="reserve"`, every running request is owed the blocks of its longest
+  length (prompt + max_tokens, capped by `max_model_len`, less the last token, which is
+  sampled but never computed); a newcomer is admitted only into
+  blocks nobody is owed, so no running request ever runs out of blocks.
+- Predictive admission counts blocks that running requests certain to end within `horizon`
+  steps hand back. Certain: decoding, at most `horizon` tokens from max_tokens or
+  max_model_len, and not itself admitted on a prediction (only ordinary requests are sure to be
+  scheduled every step, one token a step).
+
+Pure arithmetic over the KV manager's block tables: nothing here changes state.
+"""
+
+from __future__ import annotations
+
+from itertools import accumulate
+
+from inflight.core.kv_cache_manager import KVCacheManager
+from inflight.core.sizing import cdiv
+from inflight.request import Request
+
+
+class KVForecast:
+    def __init__(self, kv: KVCacheManager, max_model_len: int) -> None:
+        self.kv = kv
+        self.max_model_len = max_model_len
+
+    # ---------------------------------------------------------- one request
+    def tokens_left(self, r: Request) -> int:
+        """Tokens the request may still sample."""
+        return min(r.sampling_params.max_tokens - r.num_output_tokens,
+                   self.max_model_len - r.num_tokens)  # fmt: skip
+
+    def final_blocks(self, r: Request) -> int:
+        """Blocks the request holds at its longest: KV for every token but the last sampled."""
+        final_len = min(r.num_prompt_tokens + r.sampling_params.max_tokens, self.max_model_len)
+        return cdiv(final_len - 1, self.kv.block_size)
+
+    def owed_blocks(self, r: Request) -> int:
+        """Blocks the request has yet to take to reach its longest length."""
+        return max(0, self.final_blocks(r) - len(self.kv.get_block_table(r.request_id)))
+
+    def ends_within(self, r: Request, horizon: int) -> bool:
+        decoding = r.num_tokens - r.num_computed_tokens == 1
+        return decoding and not r.admitted_on_prediction and self.tokens_left(r) <= horizon
+
+    def _unshared_blocks(self, r: Request) -> int:
+        """Blocks the request alone holds: freed when it ends."""
+        blocks = self.kv.pool.blocks
+        return sum(1 for b in self.kv.get_block_table(r.request_id) if blocks[b].ref_count == 1)
+
+    # ------------------------------------------------------------ the batch
+    def unreserved_blocks(self, running: list[Request]) -> int:
+        """Free blocks no running request is owed (negative while requests admitted on a
+        prediction borrow some)."""
+        return self.kv.pool.num_free_blocks - sum(self.owed_blocks(r) for r in running)
+
+    def returned_reservation(self, running: list[Request], horizon: int) -> int:
+        """Under `reserve`: what requests certain to end within `horizon` steps give back,
+        their unshared blocks and the blocks they are still owed."""
+        return sum(
+            self._unshared_blocks(r) + self.owed_blocks(r)
+            for r in running
+            if self.ends_within(r, horizon)
+        )
+
+    def net_freed_blocks(self, running: list[Request], horizon: int) -> int:
+        """On demand: blocks requests certain to end within `horizon` steps free, minus the
+        blocks every decoding request takes meanwhile."""
+        bs, total = self.kv.block_size, 0
+        for r in running:
+            if r.num_tokens - r.num_computed_tokens != 1:
+                continue  # mid-prefill: its growth is its prompt, its end is not near
+            steps = min(self.tokens_left(r), horizon)
+            total -= max(
+                0, cdiv(r.num_tokens + steps, bs) - len(self.kv.get_block_table(r.request_id))
+            )
+            if self.ends_within(r, horizon):
+                total += self._unshared_blocks(r)
+        return total
+
+    def free_blocks_ahead(self, running: list[Request], horizon: int) -> list[int]:
+        """Free blocks once each of the next `horizon` steps (1 = this one) is scheduled, if
+        every ordinary running request computes a token a step (a prefill: all its known
+        tokens now) and those that end within the horizon free their unshared blocks the step
+        after their last token. Requests admitted on a prediction are left out. Exact when no
+        block is shared; a block shared now counts as held to the end, though its other
+        holders may end first, so with sharing this is a lower bound."""
+        bs = self.kv.block_size
+        gained = [0] * (horizon + 2)  # gained[t]: free blocks gained at step t
+        for r in running:
+            if r.admitted_on_prediction:
+                continue
+            held = len(self.kv.get_block_table(r.request_id))
+            ends = self.ends_within(r, horizon)
+            last_step = self.tokens_left(r) if ends else horizon
+            taken = 0
+            # At step t the request holds cdiv(num_tokens + t - 1, bs) blocks (at most its final
+            # count): its next block is taken at the first step whose tokens cross into it.
+            for block in range(held, self.final_blocks(r)):
+                step = max(1, block * bs + 2 - r.num_tokens)
+                if step > last_step:
+                    break
+                gained[step] -= 1
+                taken += 1
+            if ends:
+                gained[last_step + 1] += taken + self._unshared_blocks(r)
+        free = self.kv.pool.num_free_blocks
+        return [free + g for g in accumulate(gained[1 : horizon + 1])]
+
+    def lowest_free_blocks(self, running: list[Request], horizon: int) -> int:
+        """The fewest free blocks over the next `horizon` steps: what a request admitted on a
+        prediction may take without ever taking a block an ordinary request will need."""
+        return min(self.free_blocks_ahead(running, horizon))
