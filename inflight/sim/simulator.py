@@ -260,7 +260,14 @@ class Simulation:
         t, hw = self.totals, self.setup.hardware
         busy = max(t.busy_s, 1e-12)
         peak = self.cost_model.peak
-        return {
+        schedulers = [r.scheduler for r in self.replicas]
+        predictions = {}
+        if self.setup.scheduler.predictive_admission:
+            predictions = {
+                "predictive_admissions": sum(s.num_predictive_admissions for s in schedulers),
+                "prediction_failures": sum(s.num_prediction_failures for s in schedulers),
+            }
+        return predictions | {
             "replicas": self.setup.replicas,
             "steps_all_replicas": t.steps,
             "seat_utilization": round(t.seat_s / (busy * self.setup.scheduler.max_num_seqs), 4),
