@@ -24,6 +24,7 @@ def as_steps(outputs) -> list[list[tuple[str, int, int]]]:
         {"num_kv_blocks": 40, "max_num_batched_tokens": 64},  # chunked prefill + preemption
         {"num_kv_blocks": 200, "batching": "static"},
         {"num_kv_blocks": 40, "preemption_mode": "swap", "scheduling_policy": "sjf"},
+        {"num_kv_blocks": 40, "kv_admission": "reserve", "predictive_admission": True},
     ],
 )
 def test_engine_and_simulation_schedule_identically(tiny_llama, knobs):
@@ -51,5 +52,9 @@ def test_engine_and_simulation_schedule_identically(tiny_llama, knobs):
     assert as_steps(sim.schedules) == as_steps(engine_schedules)
     assert len(simulated.requests) == len(run.requests) == len(workload)
     assert simulated.preemptions == run.preemptions
-    if knobs["num_kv_blocks"] == 40:
+    if knobs.get("predictive_admission"):
+        for key in ("predictive_admissions", "prediction_failures"):
+            assert simulated.extra[key] == run.extra[key]
+        assert run.extra["predictive_admissions"] > 0  # the case under test really predicts
+    elif knobs["num_kv_blocks"] == 40:
         assert run.preemptions > 0  # the case under test really preempts
