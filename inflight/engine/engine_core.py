@@ -43,6 +43,8 @@ class StepStats:
     num_preempted: int
     num_prefix_queries: int  # prompt tokens looked up in the prefix cache this step
     num_prefix_hits: int  # of those, found cached
+    num_predictive_admissions: int  # requests admitted early on blocks about to be freed
+    num_prediction_failures: int  # of requests so admitted, preempted this step
     duration_s: float
 
 
@@ -172,6 +174,8 @@ class EngineCore:
         start = time.perf_counter()
         kv = self.kv_cache_manager
         queries, hits = kv.num_prefix_queries, kv.num_prefix_hits
+        predicted = self.scheduler.num_predictive_admissions
+        failed = self.scheduler.num_prediction_failures
         with self.timer.phase("schedule"):
             scheduler_output: SchedulerOutput = self.scheduler.schedule()
         runner_output = self.runner.execute(scheduler_output)
@@ -188,6 +192,8 @@ class EngineCore:
             num_preempted=len(scheduler_output.preempted_request_ids),
             num_prefix_queries=kv.num_prefix_queries - queries,
             num_prefix_hits=kv.num_prefix_hits - hits,
+            num_predictive_admissions=self.scheduler.num_predictive_admissions - predicted,
+            num_prediction_failures=self.scheduler.num_prediction_failures - failed,
             duration_s=time.perf_counter() - start,
         )
         if scheduler_output.scheduled:

@@ -2,9 +2,9 @@
 
 Per step (updated from the engine thread): running and waiting requests, scheduled sequences and
 tokens (histograms and running-average gauges: the effective batch size), KV usage and blocks in
-use, preemptions, step duration. Per request (updated when it finishes): queue time, TTFT,
-inter-token latency, end-to-end latency, prompt and generated tokens, finish reason. The knobs
-in effect are one info metric.
+use, preemptions, prefix-cache lookups, predictive admissions and their failures, step duration.
+Per request (updated when it finishes): queue time, TTFT, inter-token latency, end-to-end
+latency, prompt and generated tokens, finish reason. The knobs in effect are one info metric.
 """
 
 from __future__ import annotations
@@ -66,6 +66,14 @@ class EngineMetrics:
         self.prefix_hits = Counter(
             name("prefix_cache_hits"), "Prompt tokens found in the prefix cache", registry=r
         )
+        self.predictive_admissions = Counter(
+            name("predictive_admissions"), "Requests admitted on blocks about to be freed",
+            registry=r,
+        )  # fmt: skip
+        self.prediction_failures = Counter(
+            name("prediction_failures"), "Requests admitted on a prediction, then preempted",
+            registry=r,
+        )  # fmt: skip
         self.queue_time = Histogram(
             name("request_queue_time_seconds"), "Arrival to first scheduled",
             buckets=LATENCY_BUCKETS, registry=r,
@@ -103,6 +111,8 @@ class EngineMetrics:
             self.preemptions.inc(step.num_preempted)
         self.prefix_queries.inc(step.num_prefix_queries)
         self.prefix_hits.inc(step.num_prefix_hits)
+        self.predictive_admissions.inc(step.num_predictive_admissions)
+        self.prediction_failures.inc(step.num_prediction_failures)
         if not step.num_scheduled_seqs:
             return
         self.batch_seqs.observe(step.num_scheduled_seqs)

@@ -8,7 +8,9 @@ import time
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from inflight import LLM, SamplingParams
 from inflight.engine.async_engine import AsyncLLM
+from inflight.metrics.prometheus import EngineMetrics
 from tests.server.live import LiveServer
 
 
@@ -74,3 +76,29 @@ def test_metrics_parse_and_move(tiny_llama):
         assert after[("inflight_kv_cache_blocks_total", ())] == 64
         assert after[("inflight_kv_cache_blocks_used", ())] == 0
         assert after[("inflight_requests_running", ())] == 0
+
+
+def test_predictive_admissions_reach_the_metrics(tiny_llama):
+    # 40 blocks of 4 tokens; each request reserves 8-12 blocks, so admission waits on
+    # reservations and requests near their end lend theirs.
+    llm = LLM(str(tiny_llama), dtype="float32", max_model_len=128, kv_block_size=4,
+              num_kv_blocks=40, kv_admission="reserve", predictive_admission=True)  # fmt: skip
+    metrics = EngineMetrics({})
+    step = llm.core.step
+
+    def step_and_observe():
+        outputs = step()
+        metrics.observe_step(llm.core.last_step, 40)
+        return outputs
+
+    llm.core.step = step_and_observe
+    prompts = [[5 + i] * (12 + 4 * (i % 4)) for i in range(8)]
+    llm.generate(prompts, SamplingParams(max_tokens=20, ignore_eos=True), use_tqdm=False)
+    samples = metric_samples(metrics.render().decode())
+    scheduler = llm.core.scheduler
+    assert (
+        samples[("inflight_predictive_admissions_total", ())]
+        == (scheduler.num_predictive_admissions)
+        > 0
+    )
+    assert samples[("inflight_prediction_failures_total", ())] == scheduler.num_prediction_failures
