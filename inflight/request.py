@@ -36,7 +36,8 @@ class Request:
     priority: int = 0
     cache_salt: str | None = None  # requests with different salts never share cached blocks
     # Admitted before its blocks were free, on the prediction that running requests free them
-    # soon; cleared once its prompt is computed. Such a request yields, never anyone else.
+    # soon (on probation); cleared once its prompt is computed (on-demand admission) or once
+    # every reservation fits again (reserve). Such a request yields, never anyone else.
     admitted_on_prediction: bool = False
 
     output_token_ids: list[int] = field(default_factory=list)
@@ -61,6 +62,11 @@ class Request:
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def is_decoding(self) -> bool:
+        """Past its prompt: one known token left to compute, the one it sampled last."""
+        return self.num_tokens - self.num_computed_tokens == 1
 
     @property
     def all_token_ids(self) -> list[int]:

@@ -2,9 +2,9 @@
 
 Two questions the scheduler asks beyond "is a block free now":
 - Under `kv_admission="reserve"`, every running request is owed the blocks of its longest
-  length (prompt + max_tokens, capped by `max_model_len`, less the last token, which is
-  sampled but never computed); a newcomer is admitted only into
-  blocks nobody is owed, so no running request ever runs out of blocks.
+  length (prompt + max_tokens, capped by `max_model_len`, less the last token, which is sampled
+  but never computed); a newcomer is admitted only into blocks nobody is owed, so no running
+  request ever runs out of blocks.
 - Predictive admission counts blocks that running requests certain to end within `horizon`
   steps hand back. Certain: decoding, at most `horizon` tokens from max_tokens or
   max_model_len, and not itself admitted on a prediction (only ordinary requests are sure to be
@@ -43,8 +43,7 @@ class KVForecast:
         return max(0, self.final_blocks(r) - len(self.kv.get_block_table(r.request_id)))
 
     def ends_within(self, r: Request, horizon: int) -> bool:
-        decoding = r.num_tokens - r.num_computed_tokens == 1
-        return decoding and not r.admitted_on_prediction and self.tokens_left(r) <= horizon
+        return r.is_decoding and not r.admitted_on_prediction and self.tokens_left(r) <= horizon
 
     def _unshared_blocks(self, r: Request) -> int:
         """Blocks the request alone holds: freed when it ends."""
@@ -71,7 +70,7 @@ class KVForecast:
         blocks every decoding request takes meanwhile."""
         bs, total = self.kv.block_size, 0
         for r in running:
-            if r.num_tokens - r.num_computed_tokens != 1:
+            if not r.is_decoding:
                 continue  # mid-prefill: its growth is its prompt, its end is not near
             steps = min(self.tokens_left(r), horizon)
             total -= max(

@@ -96,7 +96,7 @@ class Scheduler:
         priority_preempted = self._preempt_for_priority(now)
 
         # Budget still owed to decodes not yet visited, so a prefill chunk never starves them.
-        pending_decodes = sum(1 for r in self.running if r.num_tokens - r.num_computed_tokens == 1)
+        pending_decodes = sum(1 for r in self.running if r.is_decoding)
         i = 0
         while i < len(self.running):
             request = self.running[i]
@@ -114,7 +114,7 @@ class Scheduler:
                 continue
             while not self.kv.allocate_slots(request, num_new):
                 victim = self.running.pop(self._victim_index(i))
-                if victim is not request and victim.num_tokens - victim.num_computed_tokens == 1:
+                if victim is not request and victim.is_decoding:
                     pending_decodes -= 1
                 self._preempt(victim)
                 preempted.append(victim.request_id)
