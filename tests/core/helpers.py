@@ -43,14 +43,33 @@ def fake_model_output(out: SchedulerOutput, token: int = FAKE_TOKEN) -> ModelRun
     )
 
 
+def step(scheduler: Scheduler) -> SchedulerOutput:
+    """One engine step with hand-made model outputs."""
+    out = scheduler.schedule()
+    scheduler.update_from_output(out, fake_model_output(out))
+    return out
+
+
 def run_to_completion(scheduler: Scheduler, max_steps: int = 100_000) -> int:
     """Steps until no request is left; returns the number of steps that scheduled work."""
     steps = 0
     for _ in range(max_steps):
         if not scheduler.has_unfinished_requests():
             return steps
-        out = scheduler.schedule()
-        if out.scheduled:
+        if step(scheduler).scheduled:
             steps += 1
-        scheduler.update_from_output(out, fake_model_output(out))
+    raise AssertionError("requests did not finish")
+
+
+def first_steps_to_completion(
+    scheduler: Scheduler, first_step: int = 0, max_steps: int = 1_000
+) -> dict[str, int]:
+    """Steps until no request is left; returns the step each request was first scheduled in,
+    counting from `first_step`."""
+    first: dict[str, int] = {}
+    for n in range(first_step, first_step + max_steps):
+        if not scheduler.has_unfinished_requests():
+            return first
+        for x in step(scheduler).scheduled:
+            first.setdefault(x.request_id, n)
     raise AssertionError("requests did not finish")

@@ -7,13 +7,7 @@ import copy
 
 import pytest
 
-from tests.core.helpers import fake_model_output, make_request, make_scheduler
-
-
-def step(s):
-    out = s.schedule()
-    s.update_from_output(out, fake_model_output(out))
-    return out
+from tests.core.helpers import fake_model_output, make_request, make_scheduler, step
 
 
 def decoding_batch(enable_prefix_caching: bool, **knobs):

@@ -4,13 +4,13 @@ the newcomer (it waits or is preempted), never a token of an ordinary running re
 from __future__ import annotations
 
 from inflight.core.policy import victim_index
-from tests.core.helpers import fake_model_output, make_request, make_scheduler
-
-
-def step(s):
-    out = s.schedule()
-    s.update_from_output(out, fake_model_output(out))
-    return out
+from tests.core.helpers import (
+    fake_model_output,
+    first_steps_to_completion,
+    make_request,
+    make_scheduler,
+    step,
+)
 
 
 def scenario(predictive: bool):
@@ -66,13 +66,8 @@ def first_steps_under_reserve(predictive: bool):
     s.add_request(make_request("steady", prompt_len=12, max_tokens=20))
     step(s)
     s.add_request(make_request("new", prompt_len=8, max_tokens=4))
-    first = {}
-    for n in range(1, 40):
-        if not s.has_unfinished_requests():
-            break
-        for x in step(s).scheduled:
-            first.setdefault(x.request_id, n)
-    assert not s.has_unfinished_requests() and s.kv.pool.num_free_blocks == 12
+    first = first_steps_to_completion(s, first_step=1, max_steps=39)
+    assert s.kv.pool.num_free_blocks == 12
     return s, first["new"]
 
 

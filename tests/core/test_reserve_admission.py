@@ -4,7 +4,12 @@ blocks; on demand admits on the first chunk's blocks and preempts when they run 
 
 from __future__ import annotations
 
-from tests.core.helpers import fake_model_output, make_request, make_scheduler
+from tests.core.helpers import (
+    fake_model_output,
+    first_steps_to_completion,
+    make_request,
+    make_scheduler,
+)
 
 
 def run(kv_admission: str, **knobs):
@@ -15,15 +20,7 @@ def run(kv_admission: str, **knobs):
                        kv_admission=kv_admission, **knobs)  # fmt: skip
     for rid, prompt_len, max_tokens in [("a", 8, 12), ("b", 8, 12), ("c", 4, 12)]:
         s.add_request(make_request(rid, prompt_len, max_tokens))
-    first_step = {}
-    for n in range(100):
-        if not s.has_unfinished_requests():
-            break
-        out = s.schedule()
-        for x in out.scheduled:
-            first_step.setdefault(x.request_id, n)
-        s.update_from_output(out, fake_model_output(out))
-    assert not s.has_unfinished_requests()
+    first_step = first_steps_to_completion(s, max_steps=100)
     assert s.kv.pool.num_free_blocks == 10
     return s, first_step
 
