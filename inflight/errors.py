@@ -27,3 +27,7 @@ class ConfigError(InflightError, ValueError):
 
 class ModelLoadError(InflightError):
     """A model folder or file that cannot be loaded; the message names the file and the problem."""
+
+
+class ModelFailedError(InflightError):
+    """The model cannot run a step at all (not one request's fault); the engine stops."""

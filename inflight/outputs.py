@@ -12,8 +12,9 @@ class CompletionOutput:
     index: int
     text: str
     token_ids: list[int]
-    finish_reason: str | None = None  # "stop" | "length" | "abort"
-    stop_reason: int | str | None = None  # the stop token id or stop string that ended it
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
+    # the stop token id or stop string that ended it; for "error", the error's description
+    stop_reason: int | str | None = None
     logprobs: list[Logprobs] | None = None
 
     @property

@@ -24,6 +24,7 @@ class FinishReason(enum.StrEnum):
     STOP = "stop"  # EOS, a stop token id or a stop string
     LENGTH = "length"  # max_tokens or max_model_len
     ABORT = "abort"  # cancelled by the caller
+    ERROR = "error"  # its step failed on it alone; stop_reason holds the error
 
 
 @dataclass(slots=True)

@@ -14,11 +14,49 @@ from inflight.errors import InvalidRequestError
 # Temperatures below this sample greedily (argmax) instead of dividing by ~0.
 GREEDY_EPSILON = 1e-5
 MAX_LOGPROBS = 20
+MAX_TEMPERATURE = 100.0  # OpenAI allows 2; beyond 100 sampling is uniform anyway
+# Seeds are what torch.Generator.manual_seed takes: int64 or uint64.
+MIN_SEED, MAX_SEED = -(2**63), 2**64 - 1
+MAX_INT64 = 2**63 - 1
+# repetition_penalty divides logits: bounded away from 0 (a denormal makes them infinite).
+MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY = 0.01, 100.0
+# The smallest normal float32: a smaller non-zero value becomes a denormal or 0 in the sampler.
+FLOAT32_TINY = 1.1754943508222875e-38
 
 
 def _check(ok: bool, param: str, message: str) -> None:
     if not ok:
         raise InvalidRequestError(f"{param} {message}", param=param)
+
+
+def check_int(value: object, param: str, lo: int, hi: int) -> None:
+    """An int (not a bool) in [lo, hi]."""
+    _check(isinstance(value, int) and not isinstance(value, bool), param,
+           f"must be an integer, got {type(value).__name__}")  # fmt: skip
+    _check(lo <= value <= hi, param, f"must be in [{lo}, {hi}], got {value}")  # type: ignore[operator]
+
+
+def check_float(value: object, param: str, lo: float, hi: float, lo_open: bool = False) -> None:
+    """A finite real number in [lo, hi] ((lo, hi] with `lo_open`), never a denormal in float32."""
+    _check(isinstance(value, int | float) and not isinstance(value, bool), param,
+           f"must be a number, got {type(value).__name__}")  # fmt: skip
+    _check(math.isfinite(value), param, f"must be finite, got {value}")  # type: ignore[arg-type]
+    above = value > lo if lo_open else value >= lo  # type: ignore[operator]
+    interval = f"{'(' if lo_open else '['}{lo:g}, {hi:g}]"
+    _check(above and value <= hi, param, f"must be in {interval}, got {value}")  # type: ignore[operator]
+    _check(value == 0 or abs(value) >= FLOAT32_TINY, param,  # type: ignore[arg-type]
+           f"is too close to 0 ({value} is not a normal float32)")  # fmt: skip
+
+
+def check_text(value: object, param: str) -> None:
+    """A string that is valid Unicode (JSON can carry lone surrogates, which cannot be encoded)."""
+    _check(isinstance(value, str), param, f"must be a string, got {type(value).__name__}")
+    try:
+        value.encode("utf-8")  # type: ignore[union-attr]
+    except UnicodeEncodeError as e:
+        raise InvalidRequestError(
+            f"{param} is not valid Unicode (a lone surrogate at character {e.start})", param
+        ) from None
 
 
 @dataclass
@@ -43,54 +81,40 @@ class SamplingParams:
     skip_special_tokens: bool = True
 
     def __post_init__(self) -> None:
+        """Checks every field's type and range, so nothing the sampler would choke on (an
+        overflowing seed, a denormal divisor, NaN) gets past the API boundary."""
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.stop = list(self.stop or [])
         self.stop_token_ids = list(self.stop_token_ids or [])
+        check_int(self.n, "n", 1, MAX_INT64)
+        check_float(self.temperature, "temperature", 0.0, MAX_TEMPERATURE)
+        check_float(self.top_p, "top_p", 0.0, 1.0, lo_open=True)
+        check_int(self.top_k, "top_k", -1, MAX_INT64)
         if self.top_k == -1:
             self.top_k = 0
-        _check(self.n >= 1, "n", f"must be >= 1, got {self.n}")
-        _check(self.temperature >= 0, "temperature", f"must be >= 0, got {self.temperature}")
-        _check(0 < self.top_p <= 1, "top_p", f"must be in (0, 1], got {self.top_p}")
-        _check(self.top_k >= 0, "top_k", f"must be -1, 0 (disabled) or >= 1, got {self.top_k}")
-        _check(0 <= self.min_p <= 1, "min_p", f"must be in [0, 1], got {self.min_p}")
-        _check(
-            -2 <= self.presence_penalty <= 2,
-            "presence_penalty",
-            f"must be in [-2, 2], got {self.presence_penalty}",
-        )
-        _check(
-            -2 <= self.frequency_penalty <= 2,
-            "frequency_penalty",
-            f"must be in [-2, 2], got {self.frequency_penalty}",
-        )
-        _check(
-            self.repetition_penalty > 0,
-            "repetition_penalty",
-            f"must be > 0, got {self.repetition_penalty}",
-        )
-        _check(self.max_tokens >= 1, "max_tokens", f"must be >= 1, got {self.max_tokens}")
-        _check(
-            0 <= self.min_tokens <= self.max_tokens,
-            "min_tokens",
-            f"must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens}",
-        )
-        _check(
-            all(math.isfinite(v) and -100 <= v <= 100 for v in (self.logit_bias or {}).values()),
-            "logit_bias",
-            "values must be in [-100, 100]",
-        )
-        _check(all(self.stop), "stop", "must not contain empty strings")
-        _check(
-            all(t >= 0 for t in self.stop_token_ids),
-            "stop_token_ids",
-            "must be non-negative token ids",
-        )
-        _check(
-            self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS,
-            "logprobs",
-            f"must be in [0, {MAX_LOGPROBS}], got {self.logprobs}",
-        )
+        check_float(self.min_p, "min_p", 0.0, 1.0)
+        check_float(self.presence_penalty, "presence_penalty", -2.0, 2.0)
+        check_float(self.frequency_penalty, "frequency_penalty", -2.0, 2.0)
+        check_float(self.repetition_penalty, "repetition_penalty",
+                    MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY)  # fmt: skip
+        check_int(self.max_tokens, "max_tokens", 1, MAX_INT64)
+        check_int(self.min_tokens, "min_tokens", 0, self.max_tokens)
+        for token_id, bias in (self.logit_bias or {}).items():
+            check_int(token_id, "logit_bias", 0, MAX_INT64)
+            check_float(bias, "logit_bias", -100.0, 100.0)
+        if self.seed is not None:
+            # children of an n > 1 request are seeded seed, seed + 1, ..., seed + n - 1
+            check_int(self.seed, "seed", MIN_SEED, MAX_SEED - (self.n - 1))
+        for stop in self.stop:
+            check_text(stop, "stop")
+            _check(bool(stop), "stop", "must not contain empty strings")
+        for token_id in self.stop_token_ids:
+            check_int(token_id, "stop_token_ids", 0, MAX_INT64)
+        if self.logprobs is not None:
+            check_int(self.logprobs, "logprobs", 0, MAX_LOGPROBS)
+        for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"):
+            _check(isinstance(getattr(self, name), bool), name, "must be a boolean")
 
     @property
     def is_greedy(self) -> bool:

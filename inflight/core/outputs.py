@@ -60,6 +60,13 @@ class Logprobs:
 class ModelRunnerOutput:
     sampled_token_ids: dict[str, int] = field(default_factory=dict)
     logprobs: dict[str, Logprobs] = field(default_factory=dict)
+    # requests the step failed on when run alone: id -> the error, for their client
+    failed: dict[str, str] = field(default_factory=dict)
+
+    def merge(self, other: ModelRunnerOutput) -> None:
+        self.sampled_token_ids.update(other.sampled_token_ids)
+        self.logprobs.update(other.logprobs)
+        self.failed.update(other.failed)
 
 
 @dataclass(slots=True)

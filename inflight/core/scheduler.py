@@ -346,11 +346,17 @@ class Scheduler:
     def update_from_output(
         self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput
     ) -> list[EngineCoreOutput]:
-        """Advances progress, appends sampled tokens, finishes requests that hit a stop."""
+        """Advances progress, appends sampled tokens, finishes requests that hit a stop or that
+        the runner failed on."""
         outputs: list[EngineCoreOutput] = []
         now = self.clock()
         for s in scheduler_output.scheduled:
             request = self.requests[s.request_id]
+            error = runner_output.failed.get(s.request_id)
+            if error is not None:  # its KV is not cached: the blocks go back as they are
+                self._finish(request, FinishReason.ERROR, error, now)
+                outputs.append(self._core_output(request, [], []))
+                continue
             request.num_computed_tokens += s.num_tokens
             self.kv.cache_full_blocks(request)
             token_id = runner_output.sampled_token_ids.get(s.request_id)

@@ -16,19 +16,21 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import itertools
 import logging
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 from inflight.core.outputs import EngineCoreOutput
 from inflight.engine.llm import LLM
 from inflight.engine.processor import ParentRequest, PromptInput
-from inflight.errors import InflightError
+from inflight.errors import InflightError, InvalidRequestError
 from inflight.metrics import EngineMetrics
 from inflight.outputs import RequestOutput
 from inflight.request import FinishReason, Request
@@ -47,6 +49,10 @@ class QueueFullError(InflightError):
 
 class RequestTimeoutError(InflightError):
     """A request ran past the server's request timeout and was aborted."""
+
+
+class RequestFailedError(InflightError):
+    """The engine failed on this request alone and ended it; the others carry on."""
 
 
 @dataclass
@@ -79,8 +85,11 @@ class AsyncLLM:
         self._inbox: queue.Queue[_Add | _Finish | None] = queue.Queue()
         self._streams: dict[str, asyncio.Queue[RequestOutput | BaseException]] = {}
         self._last_token_time: dict[str, float] = {}
-        self._num_unfinished = 0  # requests accepted and not yet finished (asyncio side)
+        self._num_unfinished = 0  # sequences accepted and not yet finished (asyncio side)
         self._ids = itertools.count()
+        # One thread for tokenizing and chat templates: off the event loop (the Rust tokenizer
+        # releases the GIL), and one at a time (a shared fast tokenizer is not re-entrant).
+        self._tokenizer_pool = ThreadPoolExecutor(1, thread_name_prefix="inflight-tokenizer")
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self.dead_error: BaseException | None = None
@@ -94,7 +103,7 @@ class AsyncLLM:
         for part in (cfg.model, cfg.cache, cfg.scheduler):
             knobs.update({f.name: getattr(part, f.name) for f in dataclasses.fields(part)})
         knobs.update(
-            model=str(self.core.loaded.path),
+            model=self.core.loaded.path.name,  # a name: /metrics shows no file system paths
             num_kv_blocks=self.core.kv_cache.num_blocks,
             dtype=str(self.core.dtype).removeprefix("torch."),
             device=str(self.core.device),
@@ -107,6 +116,7 @@ class AsyncLLM:
         if self._thread is not None:
             return
         self._loop = asyncio.get_running_loop()
+        self._publish_state()
         self._thread = threading.Thread(
             target=self._run_engine, name="inflight-engine", daemon=True
         )
@@ -118,6 +128,7 @@ class AsyncLLM:
         self._inbox.put(None)
         await asyncio.to_thread(self._thread.join, 10)
         self._thread = None
+        self._tokenizer_pool.shutdown(wait=False, cancel_futures=True)
 
     @property
     def is_alive(self) -> bool:
@@ -137,13 +148,27 @@ class AsyncLLM:
                 if core.has_unfinished_requests():
                     outputs.extend(core.step())
                     self.num_steps += 1
-                    self.metrics.observe_step(core.last_step, core.kv_cache.num_blocks)
+                    self.metrics.observe_step(core.last_step)
+                self._publish_state()
                 if outputs:
                     self._loop.call_soon_threadsafe(self._deliver, outputs)
         except BaseException as e:
             logger.exception("engine loop failed")
             self.dead_error = e
             self._loop.call_soon_threadsafe(self._fail_all, e)
+
+    def _publish_state(self) -> None:
+        """Sets the state gauges from the core, after a step or after messages alone (an abort
+        on an idle engine), so they never keep the values of the last step."""
+        scheduler, kv = self.core.scheduler, self.core.kv_cache_manager
+        self.metrics.observe_state(
+            num_running=scheduler.num_running,
+            num_waiting=scheduler.num_waiting,
+            num_swapped=len(kv.swapped),
+            kv_usage=kv.usage,
+            kv_blocks_used=kv.pool.num_used_blocks,
+            kv_blocks_total=kv.pool.num_blocks,
+        )
 
     def _next_messages(self) -> list[_Add | _Finish | None]:
         """Everything in the inbox; blocks for the first message only when the core is idle."""
@@ -181,7 +206,7 @@ class AsyncLLM:
             else:
                 stream = self._streams.get(ro.request_id)
             if ro.finished:
-                self._num_unfinished -= 1
+                self._num_unfinished -= len(ro.outputs)
                 self.metrics.observe_finished(ro)
             if stream is not None:
                 stream.put_nowait(ro)
@@ -206,17 +231,32 @@ class AsyncLLM:
             add_special_tokens=add_special_tokens, cache_salt=cache_salt,
         )  # fmt: skip
 
-    def check_capacity(self, num_requests: int = 1) -> None:
-        """Raises EngineDeadError, or QueueFullError if `num_requests` more would overflow the
-        waiting queue; call before `submit` so a refusal is an HTTP status, not a broken stream."""
+    async def run_tokenizer(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Runs `fn(*args)` (tokenizing, rendering a chat) on the tokenizer thread."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._tokenizer_pool, functools.partial(fn, *args))
+
+    def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of a text that could fit the context (longer texts are refused untokenized)."""
+        return self.llm.input_processor.tokenize(text, add_special_tokens)[1]
+
+    def check_capacity(self, num_sequences: int = 1) -> None:
+        """Raises EngineDeadError, or QueueFullError if `num_sequences` more (a request with `n`
+        samples is n) would overflow the waiting queue; call before `submit` so a refusal is an
+        HTTP status, not a broken stream."""
         if not self.is_alive:
             raise EngineDeadError("the engine is not running")
         if self.max_queued_requests is None:
             return
+        if num_sequences > self.max_queued_requests:
+            raise InvalidRequestError(
+                f"{num_sequences} sequences (prompts x n) exceed the server's queue bound of "
+                f"{self.max_queued_requests}", "n",
+            )  # fmt: skip
         num_waiting = self._num_unfinished - self.core.scheduler.num_running
-        if num_waiting + num_requests > self.max_queued_requests:
+        if num_waiting + num_sequences > self.max_queued_requests:
             raise QueueFullError(
-                f"the waiting queue is full ({self.max_queued_requests} requests); retry later"
+                f"the waiting queue is full ({self.max_queued_requests} sequences); retry later"
             )
 
     def submit(
@@ -231,7 +271,7 @@ class AsyncLLM:
         stream: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
         self._streams[parent.request_id] = stream
         self.llm.output_processor.add_request(parent, children)
-        self._num_unfinished += 1
+        self._num_unfinished += len(children)
         self._inbox.put(_Add(children))
         return self._outputs(parent.request_id, [c.request_id for c in children], stream)
 
@@ -240,7 +280,7 @@ class AsyncLLM:
     ) -> AsyncIterator[RequestOutput]:
         """process + check_capacity + submit, for callers that want one call."""
         processed = self.process(prompt, params, **kwargs)
-        self.check_capacity()
+        self.check_capacity(len(processed[1]))
         async for out in self.submit(processed):
             yield out
 
@@ -261,6 +301,12 @@ class AsyncLLM:
                     ) from None
                 if isinstance(item, BaseException):
                     raise item
+                failed = [c for c in item.outputs if c.finish_reason == FinishReason.ERROR]
+                if failed:
+                    finished = item.finished
+                    raise RequestFailedError(
+                        f"request {request_id} failed in the engine: {failed[0].stop_reason}"
+                    )
                 finished = item.finished
                 yield item
                 if finished:

@@ -20,6 +20,7 @@ from inflight.core.outputs import EngineCoreOutput, SchedulerOutput
 from inflight.core.scheduler import Scheduler
 from inflight.core.sizing import cdiv, num_blocks_for_budget, resolve_max_model_len
 from inflight.engine.profiling import NO_TIMER, PhaseTimer, Timer
+from inflight.errors import ModelFailedError
 from inflight.model.loader import LoadedModel, load_model, resolve_model_path
 from inflight.platform import resolve_device, resolve_dtype
 from inflight.request import FinishReason, Request
@@ -170,6 +171,17 @@ class EngineCore:
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
 
+    def _probe_model(self, failed: dict[str, str]) -> None:
+        """Every request of the step failed, each alone: if a synthetic request fails too, the
+        model is broken, not the requests, and the engine must stop."""
+        try:
+            self.runner.probe()
+        except Exception as e:
+            first = next(iter(failed.values()))
+            raise ModelFailedError(
+                f"the model fails on every request ({first}) and on a probe ({e})"
+            ) from e
+
     def step(self) -> list[EngineCoreOutput]:
         start = time.perf_counter()
         kv = self.kv_cache_manager
@@ -179,6 +191,10 @@ class EngineCore:
         with self.timer.phase("schedule"):
             scheduler_output: SchedulerOutput = self.scheduler.schedule()
         runner_output = self.runner.execute(scheduler_output)
+        if scheduler_output.scheduled and len(runner_output.failed) == len(
+            scheduler_output.scheduled
+        ):
+            self._probe_model(runner_output.failed)
         with self.timer.phase("update"):
             outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
         self.last_step = StepStats(

@@ -18,7 +18,7 @@ from inflight.errors import InvalidRequestError
 from inflight.model.loader import LoadedModel
 from inflight.outputs import RequestOutput
 from inflight.request import FinishReason, Request
-from inflight.sampling_params import SamplingParams
+from inflight.sampling_params import SamplingParams, check_text
 from inflight.tokenizer import load_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -77,6 +77,10 @@ class LLM:
     def render_chat(self, messages: list[Message]) -> str:
         if not self.tokenizer.chat_template:
             raise InvalidRequestError("this model has no chat template", param="messages")
+        for i, message in enumerate(messages):
+            for key, value in message.items():
+                if isinstance(value, str):
+                    check_text(value, f"messages.{i}.{key}")
         try:
             return self.tokenizer.apply_chat_template(
                 messages, tokenize=False, add_generation_prompt=True

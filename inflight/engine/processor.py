@@ -19,7 +19,7 @@ from inflight.engine.detokenizer import IncrementalDetokenizer
 from inflight.errors import InvalidRequestError
 from inflight.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from inflight.request import FinishReason, Request
-from inflight.sampling_params import SamplingParams
+from inflight.sampling_params import MAX_INT64, SamplingParams, check_int, check_text
 
 PromptInput = str | list[int]
 
@@ -36,16 +36,29 @@ class InputProcessor:
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
         self.eos_token_ids = eos_token_ids
+        # No text longer than this fits the context: a token covers at most its own string's
+        # characters (x4 for normalizers that fold several characters into one). Checking it
+        # first keeps a multi-megabyte prompt from holding the tokenizer for seconds.
+        longest_token = max((len(t) for t in tokenizer.get_vocab()), default=1)
+        self.max_prompt_chars = 4 * longest_token * max_model_len
 
     def tokenize(
         self, prompt: PromptInput, add_special_tokens: bool = True
     ) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):
+            check_text(prompt, "prompt")
             if not prompt:
                 raise InvalidRequestError("prompt must not be empty", param="prompt")
+            if len(prompt) > self.max_prompt_chars:
+                raise InvalidRequestError(
+                    f"the prompt has {len(prompt)} characters, more than any text of at most "
+                    f"{self.max_model_len} tokens (this model's context) can have", "prompt",
+                )  # fmt: skip
             ids = self.tokenizer(prompt, add_special_tokens=add_special_tokens).input_ids
             return prompt, ids
-        if not isinstance(prompt, list) or not all(isinstance(t, int) for t in prompt):
+        if not isinstance(prompt, list) or not all(
+            isinstance(t, int) and not isinstance(t, bool) for t in prompt
+        ):
             raise InvalidRequestError("prompt must be a string or a list of token ids", "prompt")
         if not prompt:
             raise InvalidRequestError("prompt must not be empty", param="prompt")
@@ -66,6 +79,11 @@ class InputProcessor:
                 raise InvalidRequestError(
                     f"{name} has token ids outside the vocabulary [0, {self.vocab_size})", name
                 )
+        if params.top_k > self.vocab_size:
+            raise InvalidRequestError(
+                f"top_k must be -1, 0 (disabled) or at most the vocabulary size "
+                f"{self.vocab_size}, got {params.top_k}", param="top_k",
+            )  # fmt: skip
         n_prompt = len(prompt_ids)
         if n_prompt + params.max_tokens > self.max_model_len:
             raise InvalidRequestError(
@@ -91,6 +109,9 @@ class InputProcessor:
         """
         if not isinstance(params, SamplingParams):
             raise InvalidRequestError("sampling params must be a SamplingParams", "sampling_params")
+        check_int(priority, "priority", -MAX_INT64 - 1, MAX_INT64)
+        if cache_salt is not None:
+            check_text(cache_salt, "cache_salt")
         prompt_text, prompt_ids = self.tokenize(prompt, add_special_tokens)
         self._validate(prompt_ids, params)
         arrival = time.monotonic()

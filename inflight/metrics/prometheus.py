@@ -1,8 +1,11 @@
 """EngineMetrics: every metric the engine exports, on a registry of its own (no global state).
 
-Per step (updated from the engine thread): running and waiting requests, scheduled sequences and
-tokens (histograms and running-average gauges: the effective batch size), KV usage and blocks in
-use, preemptions, prefix-cache lookups, predictive admissions and their failures, step duration.
+Gauges of the engine's state (running, waiting and swapped requests, KV usage and blocks in use)
+are set by the engine thread whenever that state changes: after a step, and after requests are
+added, aborted or finished with no step to follow, so an idle engine's gauges read idle.
+Per step: scheduled sequences and tokens (histograms and running-average gauges: the effective
+batch size), preemptions, prefix-cache lookups, predictive admissions and their failures, step
+duration.
 Per request (updated when it finishes): queue time, TTFT, inter-token latency, end-to-end
 latency, prompt and generated tokens, finish reason. The knobs in effect are one info metric.
 """
@@ -39,6 +42,9 @@ class EngineMetrics:
 
         self.running = Gauge(name("requests_running"), "Requests in the running batch", registry=r)
         self.waiting = Gauge(name("requests_waiting"), "Requests waiting (queue depth)", registry=r)
+        self.swapped = Gauge(
+            name("requests_swapped"), "Waiting requests whose KV is swapped to CPU", registry=r
+        )
         self.kv_usage = Gauge(name("kv_cache_usage"), "Fraction of KV blocks in use", registry=r)
         self.kv_blocks_used = Gauge(name("kv_cache_blocks_used"), "KV blocks in use", registry=r)
         self.kv_blocks_total = Gauge(name("kv_cache_blocks_total"), "KV blocks in all", registry=r)
@@ -100,13 +106,26 @@ class EngineMetrics:
         self._avg_seqs: float | None = None
         self._avg_tokens: float | None = None
 
-    def observe_step(self, step: StepStats, num_blocks_total: int) -> None:
-        """Called from the engine thread after every step (prometheus-client is thread-safe)."""
-        self.running.set(step.num_running)
-        self.waiting.set(step.num_waiting)
-        self.kv_usage.set(step.kv_usage)
-        self.kv_blocks_used.set(step.kv_blocks_used)
-        self.kv_blocks_total.set(num_blocks_total)
+    def observe_state(
+        self,
+        num_running: int,
+        num_waiting: int,
+        num_swapped: int,
+        kv_usage: float,
+        kv_blocks_used: int,
+        kv_blocks_total: int,
+    ) -> None:
+        """The engine's state now; called from the engine thread (prometheus-client is
+        thread-safe) after every change."""
+        self.running.set(num_running)
+        self.waiting.set(num_waiting)
+        self.swapped.set(num_swapped)
+        self.kv_usage.set(kv_usage)
+        self.kv_blocks_used.set(kv_blocks_used)
+        self.kv_blocks_total.set(kv_blocks_total)
+
+    def observe_step(self, step: StepStats) -> None:
+        """Called from the engine thread after every step."""
         if step.num_preempted:
             self.preemptions.inc(step.num_preempted)
         self.prefix_queries.inc(step.num_prefix_queries)

@@ -13,6 +13,8 @@ Per step it builds, on the CPU and then in one copy each to the device:
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -28,6 +30,8 @@ from inflight.runner.sampler import Sampler
 from inflight.sampling_params import SamplingParams
 
 WARM_UP_CHUNK = 512  # tokens per prompt chunk of the start-up warm-up
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -64,6 +68,9 @@ class ModelRunner:
         else:
             self.sampler = Sampler(device, seed)
         self.timer: Timer = NO_TIMER
+        # Test-only: called with every request of a batch before its forward pass, so a test
+        # can make one request's processing fail.
+        self.fault_hook: Callable[[ScheduledRequest], None] | None = None
 
     @torch.inference_mode()
     def warm_up(self, num_prompt_tokens: int) -> None:
@@ -151,15 +158,41 @@ class ModelRunner:
         self.kv_cache.swap(out.swap_out, out.swap_in)
         if not out.scheduled:
             return ModelRunnerOutput()
+        return self._run_isolating(out.scheduled)
+
+    def _run_isolating(self, scheduled: list[ScheduledRequest]) -> ModelRunnerOutput:
+        """Runs the batch; if it fails, runs its halves apart, down to single requests, so one
+        request whose inputs break the step fails alone and everyone else gets their token.
+        Running a request again rewrites the same KV slots with the same values, and a failed
+        sampling call rewinds the seeded generators, so the tokens are those of one clean run."""
+        try:
+            return self._run(scheduled)
+        except Exception as e:
+            if len(scheduled) == 1:
+                request_id = scheduled[0].request_id
+                logger.error("request %s failed in the step: %s: %s",
+                             request_id, type(e).__name__, e, exc_info=e)  # fmt: skip
+                return ModelRunnerOutput(failed={request_id: f"{type(e).__name__}: {e}"})
+            logger.warning("a step of %d requests failed (%s); running them apart",
+                           len(scheduled), type(e).__name__)  # fmt: skip
+            mid = len(scheduled) // 2
+            result = self._run_isolating(scheduled[:mid])
+            result.merge(self._run_isolating(scheduled[mid:]))
+            return result
+
+    def _run(self, scheduled: list[ScheduledRequest]) -> ModelRunnerOutput:
+        if self.fault_hook is not None:
+            for s in scheduled:
+                self.fault_hook(s)
         graphs = self.decode_graphs
-        if graphs is not None and graphs.fits(out.scheduled):
+        if graphs is not None and graphs.fits(scheduled):
             with self.timer.phase("prepare_inputs"):
-                size = graphs.load(out.scheduled)
+                size = graphs.load(scheduled)
             with self.timer.phase("forward"):
-                logits = graphs.forward(size, len(out.scheduled))
+                logits = graphs.forward(size, len(scheduled))
         else:
             with self.timer.phase("prepare_inputs"):
-                inputs = self.prepare_inputs(out)
+                inputs = self.prepare_inputs(SchedulerOutput(scheduled))
             with self.timer.phase("forward"):
                 logits = self.model(
                     inputs.input_ids,
@@ -168,7 +201,7 @@ class ModelRunner:
                     inputs.attn_metadata,
                     inputs.logits_indices,
                 )
-        sampling = [s for s in out.scheduled if s.sample]
+        sampling = [s for s in scheduled if s.sample]
         if not sampling:
             return ModelRunnerOutput()
         with self.timer.phase("sample"):
@@ -179,3 +212,8 @@ class ModelRunner:
                 if lp is not None:
                     result.logprobs[s.request_id] = lp
         return result
+
+    def probe(self) -> None:
+        """One prompt token and one decode on the scratch block: raises if the model itself
+        cannot run a step (told apart from requests that break a step)."""
+        self.warm_up(1)

@@ -61,7 +61,23 @@ class Sampler:
     def sample(
         self, logits: torch.Tensor, requests: list[ScheduledRequest]
     ) -> tuple[list[int], list[Logprobs | None]]:
-        """logits [S, V], one row per request in `requests` -> token ids, logprobs."""
+        """logits [S, V], one row per request in `requests` -> token ids, logprobs. A call that
+        raises leaves the seeded generators as they were, so a retry draws the same numbers."""
+        saved = {r.request_id: g.get_state() for r in requests
+                 if (g := self.request_generators.get(r.request_id)) is not None}  # fmt: skip
+        try:
+            return self._sample(logits, requests)
+        except Exception:
+            for r in requests:
+                if r.request_id in saved:
+                    self.request_generators[r.request_id].set_state(saved[r.request_id])
+                else:
+                    self.request_generators.pop(r.request_id, None)
+            raise
+
+    def _sample(
+        self, logits: torch.Tensor, requests: list[ScheduledRequest]
+    ) -> tuple[list[int], list[Logprobs | None]]:
         params = [r.sampling_params for r in requests]
         num_rows = logits.shape[0]
         if all(p.is_greedy and p.logprobs is None and not p.logit_bias and not p.uses_penalties

@@ -156,13 +156,13 @@ def build_app(engine: AsyncLLM, config: ServerConfig) -> FastAPI:
     @app.post("/v1/completions", dependencies=guarded)
     async def create_completion(req: p.CompletionRequest) -> Any:
         if req.stream:
-            return streaming(completions.stream(req))
+            return streaming(await completions.stream(req))
         return await completions.create(req)
 
     @app.post("/v1/chat/completions", dependencies=guarded)
     async def create_chat_completion(req: p.ChatCompletionRequest) -> Any:
         if req.stream:
-            return streaming(chat.stream(req))
+            return streaming(await chat.stream(req))
         return await chat.create(req)
 
     @app.get("/v1/models", dependencies=guarded)
@@ -175,11 +175,9 @@ def build_app(engine: AsyncLLM, config: ServerConfig) -> FastAPI:
     async def tokenize(req: p.TokenizeRequest) -> dict[str, Any]:
         completions.check_model(req.model)
         if req.messages is not None:
-            tokens = chat.render(req.messages)
+            tokens = await engine.run_tokenizer(chat.render, req.messages)
         elif req.prompt is not None:
-            tokens = engine.tokenizer(
-                req.prompt, add_special_tokens=req.add_special_tokens
-            ).input_ids
+            tokens = await engine.run_tokenizer(engine.tokenize, req.prompt, req.add_special_tokens)
         else:
             raise InvalidRequestError("prompt or messages is required", "prompt")
         return {"tokens": tokens, "count": len(tokens), "max_model_len": engine.core.max_model_len}
@@ -190,7 +188,7 @@ def build_app(engine: AsyncLLM, config: ServerConfig) -> FastAPI:
         vocab = engine.core.arch.vocab_size
         if any(not 0 <= t < vocab for t in req.tokens):
             raise InvalidRequestError(f"tokens must be in [0, {vocab})", "tokens")
-        return {"prompt": engine.tokenizer.decode(req.tokens)}
+        return {"prompt": await engine.run_tokenizer(engine.tokenizer.decode, req.tokens)}
 
     @app.get("/health")
     async def health() -> Response:

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from inflight.engine.async_engine import EngineDeadError, QueueFullError, RequestTimeoutError
+from inflight.engine.async_engine import (
+    EngineDeadError,
+    QueueFullError,
+    RequestFailedError,
+    RequestTimeoutError,
+)
 from inflight.errors import InvalidRequestError
 
 
@@ -19,6 +24,8 @@ def error_status(e: BaseException) -> tuple[int, str]:
         return 429, "RateLimitError"
     if isinstance(e, RequestTimeoutError):
         return 408, "TimeoutError"
+    if isinstance(e, RequestFailedError):
+        return 500, "InternalServerError"
     if isinstance(e, EngineDeadError):
         return 503, "ServiceUnavailableError"
     return 500, "InternalServerError"

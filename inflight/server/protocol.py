@@ -1,69 +1,99 @@
 """Pydantic models of the OpenAI API subset inflight serves, plus vLLM's sampling extras.
 
-Requests accept unknown fields (as vLLM does) so stock clients keep working; known fields are
-type- and range-checked, and a failure becomes a 400 naming the field.
+Requests accept unknown fields (as vLLM does) so stock clients keep working. Known fields are
+checked strictly, by JSON type (`"stream": "yes"` is not a boolean, `"n": 2.0` not an integer)
+and by range (the ranges of `SamplingParams`, so the OpenAPI document states them), strings as
+valid Unicode; a failure becomes a 400 naming the field.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+from inflight.sampling_params import (
+    MAX_INT64,
+    MAX_LOGPROBS,
+    MAX_REPETITION_PENALTY,
+    MAX_SEED,
+    MIN_REPETITION_PENALTY,
+    MIN_SEED,
+)
+
+MAX_N = 16  # choices per request over HTTP (the queue bound counts each)
+
+
+def _valid_unicode(text: str) -> str:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"not valid Unicode (a lone surrogate at character {e.start})") from None
+    return text
+
+
+Text = Annotated[str, AfterValidator(_valid_unicode)]
+TokenId = Annotated[int, Field(ge=0, le=MAX_INT64)]
+STRICT = ConfigDict(extra="allow", strict=True)
 
 
 class StreamOptions(BaseModel):
+    model_config = STRICT
     include_usage: bool = False
 
 
 class SamplingFields(BaseModel):
     """Fields shared by completions and chat completions."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = STRICT
 
-    model: str | None = None
-    n: int = Field(default=1, ge=1, le=16)
-    temperature: float | None = Field(default=None, ge=0, le=2)
-    top_p: float | None = Field(default=None, gt=0, le=1)
-    stop: str | list[str] | None = None
-    seed: int | None = None
-    presence_penalty: float = Field(default=0.0, ge=-2, le=2)
-    frequency_penalty: float = Field(default=0.0, ge=-2, le=2)
-    logit_bias: dict[str, float] | None = None
+    model: Text | None = None
+    n: int = Field(default=1, ge=1, le=MAX_N)
+    temperature: float | None = Field(default=None, ge=0, le=2, allow_inf_nan=False)
+    top_p: float | None = Field(default=None, gt=0, le=1, allow_inf_nan=False)
+    stop: Text | list[Text] | None = None
+    seed: int | None = Field(default=None, ge=MIN_SEED, le=MAX_SEED)
+    presence_penalty: float = Field(default=0.0, ge=-2, le=2, allow_inf_nan=False)
+    frequency_penalty: float = Field(default=0.0, ge=-2, le=2, allow_inf_nan=False)
+    logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    user: str | None = None
+    user: Text | None = None
     # vLLM-style extras
-    top_k: int | None = Field(default=None, ge=-1)
-    min_p: float | None = Field(default=None, ge=0, le=1)
-    repetition_penalty: float | None = Field(default=None, gt=0)
+    top_k: int | None = Field(default=None, ge=-1, le=MAX_INT64)
+    min_p: float | None = Field(default=None, ge=0, le=1, allow_inf_nan=False)
+    repetition_penalty: float | None = Field(
+        default=None, ge=MIN_REPETITION_PENALTY, le=MAX_REPETITION_PENALTY, allow_inf_nan=False
+    )
     ignore_eos: bool = False
-    min_tokens: int = Field(default=0, ge=0)
-    stop_token_ids: list[int] | None = None
+    min_tokens: int = Field(default=0, ge=0, le=MAX_INT64)
+    stop_token_ids: list[TokenId] | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
-    priority: int = 0
-    cache_salt: str | None = None  # requests with different salts never share cached KV
+    priority: int = Field(default=0, ge=-MAX_INT64 - 1, le=MAX_INT64)
+    cache_salt: Text | None = None  # requests with different salts never share cached KV
 
 
 class CompletionRequest(SamplingFields):
-    prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = Field(default=16, ge=1)
+    prompt: Text | list[Text] | list[TokenId] | list[list[TokenId]]
+    max_tokens: int | None = Field(default=16, ge=1, le=MAX_INT64)
     echo: bool = False
-    logprobs: int | None = Field(default=None, ge=0, le=20)
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    best_of: int | None = Field(default=None, ge=1, le=MAX_N)  # only best_of == n is served
 
 
 class ChatContentPart(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = STRICT
     type: Literal["text"]
-    text: str
+    text: Text
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = STRICT
     role: Literal["system", "user", "assistant", "developer", "tool"]
-    content: str | list[ChatContentPart] | None = None
+    content: Text | list[ChatContentPart] | None = None
 
     def text(self) -> str:
         if self.content is None:
@@ -75,10 +105,10 @@ class ChatMessage(BaseModel):
 
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: int | None = Field(default=None, ge=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: int | None = Field(default=None, ge=1, le=MAX_INT64)
+    max_completion_tokens: int | None = Field(default=None, ge=1, le=MAX_INT64)
     logprobs: bool = False
-    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
 
 
 class UsageInfo(BaseModel):
@@ -190,15 +220,17 @@ class ModelList(BaseModel):
 
 
 class TokenizeRequest(BaseModel):
-    model: str | None = None
-    prompt: str | None = None
+    model_config = STRICT
+    model: Text | None = None
+    prompt: Text | None = None
     messages: list[ChatMessage] | None = None
     add_special_tokens: bool = True
 
 
 class DetokenizeRequest(BaseModel):
-    model: str | None = None
-    tokens: list[int]
+    model_config = STRICT
+    model: Text | None = None
+    tokens: list[TokenId]
 
 
 class ErrorInfo(BaseModel):

@@ -67,7 +67,7 @@ class OpenAIServing:
             skip_special_tokens=req.skip_special_tokens,
         )
 
-    def start(
+    async def start(
         self,
         prompts: list[str | list[int]],
         params: SamplingParams,
@@ -75,13 +75,18 @@ class OpenAIServing:
         add_special_tokens: bool = True,
     ) -> list[AsyncIterator[RequestOutput]]:
         """Validates every prompt and checks capacity for all of them before queueing any, so a
-        refusal leaves nothing half-submitted and is an HTTP status, not a broken stream."""
-        processed = [
-            self.engine.process(x, params, priority=req.priority, cache_salt=req.cache_salt,
-                                add_special_tokens=add_special_tokens)
-            for x in prompts
-        ]  # fmt: skip
-        self.engine.check_capacity(len(processed))
+        refusal leaves nothing half-submitted and is an HTTP status, not a broken stream.
+        Tokenizing runs on the engine's tokenizer thread, never on the event loop."""
+
+        def process_all():
+            return [
+                self.engine.process(x, params, priority=req.priority, cache_salt=req.cache_salt,
+                                    add_special_tokens=add_special_tokens)
+                for x in prompts
+            ]  # fmt: skip
+
+        processed = await self.engine.run_tokenizer(process_all)
+        self.engine.check_capacity(sum(len(children) for _, children in processed))
         return [self.engine.submit(x) for x in processed]
 
     def token_text(self, token_id: int) -> str:

@@ -24,17 +24,17 @@ class ChatServing(OpenAIServing):
         )
         return self.tokenizer(text, add_special_tokens=False).input_ids
 
-    def _start(self, req: p.ChatCompletionRequest):
+    async def _start(self, req: p.ChatCompletionRequest):
         self.check_model(req.model)
         if req.top_logprobs is not None and not req.logprobs:
             raise InvalidRequestError("top_logprobs needs logprobs=true", param="top_logprobs")
-        prompt_ids = self.render(req.messages)
+        prompt_ids = await self.engine.run_tokenizer(self.render, req.messages)
         max_tokens = req.max_completion_tokens or req.max_tokens
         if max_tokens is None:  # OpenAI's default: as much as the context leaves
             max_tokens = max(1, self.engine.core.max_model_len - len(prompt_ids))
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
         params = self.sampling_params(req, max_tokens, logprobs)
-        return self.start([prompt_ids], params, req)
+        return await self.start([prompt_ids], params, req)
 
     def _logprobs(self, entries: list[Logprobs] | None) -> p.ChatLogprobs | None:
         if entries is None:
@@ -54,7 +54,7 @@ class ChatServing(OpenAIServing):
         return p.ChatLogprobs(content=content)
 
     async def create(self, req: p.ChatCompletionRequest) -> p.ChatCompletionResponse:
-        (out,) = await final_outputs(self._start(req))
+        (out,) = await final_outputs(await self._start(req))
         choices = [
             p.ChatChoice(
                 index=c.index,
@@ -69,9 +69,9 @@ class ChatServing(OpenAIServing):
             id=p.new_id("chatcmpl"), model=self.model_name, choices=choices, usage=usage_of([out])
         )
 
-    def stream(self, req: p.ChatCompletionRequest) -> AsyncIterator[dict[str, Any]]:
+    async def stream(self, req: p.ChatCompletionRequest) -> AsyncIterator[dict[str, Any]]:
         """Starts the request now (errors raise before any byte is sent), streams later."""
-        return self._chunks(req, self._start(req))
+        return self._chunks(req, await self._start(req))
 
     async def _chunks(self, req: p.ChatCompletionRequest, streams) -> AsyncIterator[dict[str, Any]]:
         rid, tracker, final = p.new_id("chatcmpl"), DeltaTracker(), None

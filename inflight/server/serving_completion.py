@@ -29,12 +29,17 @@ class CompletionServing(OpenAIServing):
             return [prompt]  # type: ignore[list-item]
         return list(prompt)  # type: ignore[arg-type]
 
-    def _start(self, req: p.CompletionRequest):
+    async def _start(self, req: p.CompletionRequest):
         self.check_model(req.model)
+        if req.best_of is not None and req.best_of != req.n:
+            raise InvalidRequestError(
+                f"best_of={req.best_of} is not supported: only best_of equal to n ({req.n})",
+                "best_of",
+            )
         if req.echo and req.stream and req.n > 1:
             raise InvalidRequestError("echo with n > 1 is not supported when streaming", "echo")
         params = self.sampling_params(req, req.max_tokens or 16, req.logprobs)
-        return self.start(self._prompts(req), params, req)
+        return await self.start(self._prompts(req), params, req)
 
     def _prompt_text(self, out: RequestOutput) -> str:
         return out.prompt if out.prompt is not None else self.tokenizer.decode(out.prompt_token_ids)
@@ -53,7 +58,7 @@ class CompletionServing(OpenAIServing):
         return lp
 
     async def create(self, req: p.CompletionRequest) -> p.CompletionResponse:
-        outputs = await final_outputs(self._start(req))
+        outputs = await final_outputs(await self._start(req))
         choices = []
         for i, out in enumerate(outputs):
             prefix = self._prompt_text(out) if req.echo else ""
@@ -71,9 +76,9 @@ class CompletionServing(OpenAIServing):
             id=p.new_id("cmpl"), model=self.model_name, choices=choices, usage=usage_of(outputs)
         )
 
-    def stream(self, req: p.CompletionRequest) -> AsyncIterator[dict[str, Any]]:
+    async def stream(self, req: p.CompletionRequest) -> AsyncIterator[dict[str, Any]]:
         """Starts the requests now (errors raise before any byte is sent), streams later."""
-        return self._chunks(req, self._start(req))
+        return self._chunks(req, await self._start(req))
 
     async def _chunks(self, req: p.CompletionRequest, streams) -> AsyncIterator[dict[str, Any]]:
         rid, tracker, finals = p.new_id("cmpl"), DeltaTracker(), {}

@@ -129,8 +129,10 @@ def test_queue_full_is_429_with_retry_after(tiny_llama):
         first.join()
         waiter.join()
         s.wait_idle()
+        # The bound counts sequences (prompts x n), and more than it could ever hold is a 400.
         two = post(s, "/v1/completions", {**long, "prompt": ["a", "b"]})
-        assert_error(two, 429, "RateLimitError")  # 2 prompts would wait at once: all or none
+        assert_error(two, 400, "BadRequestError", "n", "2 sequences (prompts x n) exceed")
+        assert_error(post(s, "/v1/completions", {**long, "n": 2}), 400, "BadRequestError", "n")
         assert post(s, "/v1/completions", long).status_code == 200
 
 

@@ -88,7 +88,7 @@ def test_predictive_admissions_reach_the_metrics(tiny_llama):
 
     def step_and_observe():
         outputs = step()
-        metrics.observe_step(llm.core.last_step, 40)
+        metrics.observe_step(llm.core.last_step)
         return outputs
 
     llm.core.step = step_and_observe

@@ -2,24 +2,29 @@
 
 #include <torch/extension.h>
 
+// Every kernel runs without the GIL: a step is milliseconds to seconds of C++, and the
+// server's event loop (health checks, new requests, streaming) must run meanwhile. Arguments are
+// converted before the GIL is released and results after it is taken back.
+using no_gil = py::call_guard<py::gil_scoped_release>;
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("paged_decode_attention", &paged_decode_attention,
+  m.def("paged_decode_attention", &paged_decode_attention, no_gil(),
         "decode attention over a paged KV cache");
-  m.def("paged_prefill_attention", &paged_prefill_attention,
+  m.def("paged_prefill_attention", &paged_prefill_attention, no_gil(),
         "causal attention of prompt chunks over a paged KV cache, into out");
-  m.def("write_kv_cache", &write_kv_cache, "keys and values written at their cache slots");
-  m.def("rms_norm", &rms_norm, "RMSNorm of each row, HF rounding");
-  m.def("add_rms_norm", &add_rms_norm, "residual += x (in place), then RMSNorm of the residual");
-  m.def("silu_and_mul", &silu_and_mul, "silu(gate) * up for rows [gate | up]");
-  m.def("rope_", &rope_, "rotary embedding (rotate-half layout) in place on the first heads");
-  m.def("bf16_linear_available", &bf16_linear_available,
+  m.def("write_kv_cache", &write_kv_cache, no_gil(), "keys and values written at their cache slots");
+  m.def("rms_norm", &rms_norm, no_gil(), "RMSNorm of each row, HF rounding");
+  m.def("add_rms_norm", &add_rms_norm, no_gil(), "residual += x (in place), then RMSNorm of the residual");
+  m.def("silu_and_mul", &silu_and_mul, no_gil(), "silu(gate) * up for rows [gate | up]");
+  m.def("rope_", &rope_, no_gil(), "rotary embedding (rotate-half layout) in place on the first heads");
+  m.def("bf16_linear_available", &bf16_linear_available, no_gil(),
         "whether this machine compiled bf16_linear (AVX-512 BF16)");
-  m.def("pack_bf16_linear", &pack_bf16_linear, "a [N, K] bf16 weight in bf16_linear's layout");
-  m.def("bf16_linear", &bf16_linear, "x @ W.T (+ bias) over a weight from pack_bf16_linear");
-  m.def("gguf_linear_available", &gguf_linear_available,
+  m.def("pack_bf16_linear", &pack_bf16_linear, no_gil(), "a [N, K] bf16 weight in bf16_linear's layout");
+  m.def("bf16_linear", &bf16_linear, no_gil(), "x @ W.T (+ bias) over a weight from pack_bf16_linear");
+  m.def("gguf_linear_available", &gguf_linear_available, no_gil(),
         "whether this machine compiled gguf_linear (AVX2, FMA and F16C)");
-  m.def("gguf_linear", &gguf_linear, "x @ W.T (+ bias) over W's GGUF Q4_0 / Q4_1 / Q8_0 blocks");
-  m.def("first_argmax", &first_argmax, "index of each row's first maximum (NaN is maximal)");
-  m.def("llama_decoder_layers", &llama_decoder_layers,
+  m.def("gguf_linear", &gguf_linear, no_gil(), "x @ W.T (+ bias) over W's GGUF Q4_0 / Q4_1 / Q8_0 blocks");
+  m.def("first_argmax", &first_argmax, no_gil(), "index of each row's first maximum (NaN is maximal)");
+  m.def("llama_decoder_layers", &llama_decoder_layers, no_gil(),
         "every decoder layer of a Llama-family model; returns [hidden, residual]");
 }
