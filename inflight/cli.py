@@ -143,8 +143,30 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="seconds before a request is aborted (default: no limit)",
     )
-    serve.add_argument("--max-body-bytes", type=parse_bytes, default=8 * 2**20,
-                       help="larger request bodies get 413 (default: 8MiB)")  # fmt: skip
+    serve.add_argument(
+        "--max-body-bytes",
+        type=parse_bytes,
+        default=8 * 2**20,
+        help="larger request bodies get 413 (default: 8MiB)",
+    )
+    serve.add_argument(
+        "--allowed-hosts",
+        nargs="+",
+        default=None,
+        metavar="HOST",
+        help="Host header names accepted, '*' for any (default: any with "
+        "--api-key or a non-loopback --host, else loopback names only)",
+    )
+    serve.add_argument(
+        "--read-timeout",
+        type=float,
+        default=10.0,
+        help="seconds a client may take to send a request's head, or stall its "
+        "body, before the connection is closed or gets 408 (default: 10)",
+    )
+    serve.add_argument("--shutdown-timeout", type=float, default=30.0,
+                       help="on SIGTERM, seconds in-flight requests get to finish before they "
+                            "are aborted (default: 30)")  # fmt: skip
     add_engine_flags(serve)
 
     from inflight.bench.cli import add_bench_parser
@@ -157,11 +179,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
     from inflight import InflightError
     from inflight.engine.async_engine import AsyncLLM
     from inflight.server.api_server import ServerConfig, build_app
+    from inflight.server.http_server import serve
 
     knobs = knobs_from_args(args)
     try:
@@ -176,9 +197,11 @@ def run_serve(args: argparse.Namespace) -> int:
     config = ServerConfig(
         host=args.host, port=args.port, api_key=args.api_key,
         served_model_name=args.served_model_name, max_body_bytes=args.max_body_bytes,
+        allowed_hosts=args.allowed_hosts, read_timeout=args.read_timeout,
+        shutdown_timeout=args.shutdown_timeout,
     )  # fmt: skip
-    app = build_app(engine, config)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    serve(build_app(engine, config), engine, config)
+    logger.info("server stopped")
     return 0
 
 

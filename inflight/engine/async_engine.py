@@ -51,6 +51,11 @@ class RequestTimeoutError(InflightError):
     """A request ran past the server's request timeout and was aborted."""
 
 
+class ShuttingDownError(EngineDeadError):
+    """The server is shutting down: new requests are refused, and requests still running when
+    the shutdown timeout ends are aborted with this."""
+
+
 class RequestFailedError(InflightError):
     """The engine failed on this request alone and ended it; the others carry on."""
 
@@ -93,6 +98,7 @@ class AsyncLLM:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self.dead_error: BaseException | None = None
+        self.draining = False
         self.num_steps = 0
 
     # ------------------------------------------------------------ lifecycle
@@ -129,6 +135,23 @@ class AsyncLLM:
         await asyncio.to_thread(self._thread.join, 10)
         self._thread = None
         self._tokenizer_pool.shutdown(wait=False, cancel_futures=True)
+
+    async def drain(self, timeout: float) -> int:
+        """Refuses new requests, waits up to `timeout` seconds for those in flight to finish,
+        then ends the rest with ShuttingDownError (an error chunk for a stream). Returns how
+        many were cut short."""
+        self.draining = True
+        deadline = time.monotonic() + timeout
+        while self._streams and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        cut = len(self._streams)
+        error = ShuttingDownError(f"the server shut down ({timeout:g} s shutdown timeout)")
+        for stream in list(self._streams.values()):
+            stream.put_nowait(error)
+        deadline = time.monotonic() + 5
+        while self._streams and time.monotonic() < deadline:  # consumers abort as they leave
+            await asyncio.sleep(0.01)
+        return cut
 
     @property
     def is_alive(self) -> bool:
@@ -244,6 +267,8 @@ class AsyncLLM:
         """Raises EngineDeadError, or QueueFullError if `num_sequences` more (a request with `n`
         samples is n) would overflow the waiting queue; call before `submit` so a refusal is an
         HTTP status, not a broken stream."""
+        if self.draining:
+            raise ShuttingDownError("the server is shutting down")
         if not self.is_alive:
             raise EngineDeadError("the engine is not running")
         if self.max_queued_requests is None:

@@ -1,7 +1,9 @@
-"""The FastAPI app: routes, API-key guard, body-size limit, OpenAI-shaped errors.
+"""The FastAPI app: routes, API-key guard, request limits, OpenAI-shaped errors.
 
 Every error leaves as `{"error": {"message", "type", "param", "code"}}` with the status from
-`server.errors.error_status`; validation failures are 400 and name the field.
+`server.errors.error_status`; validation failures are 400 and name the field. The OpenAPI
+document declares each route's error statuses and the event-stream content of streamed
+responses, so schema-driven clients and fuzzers know every answer the server can give.
 """
 
 from __future__ import annotations
@@ -10,21 +12,28 @@ import hmac
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from inflight import __version__
 from inflight.engine.async_engine import AsyncLLM, EngineDeadError
 from inflight.errors import InflightError, InvalidRequestError
 from inflight.server import protocol as p
 from inflight.server.errors import error_status
+from inflight.server.middleware import (
+    AllowedHosts,
+    Draining,
+    RequestLimits,
+    default_allowed_hosts,
+    error_response,
+)
 from inflight.server.serving import sse_stream
 from inflight.server.serving_chat import ChatServing
 from inflight.server.serving_completion import CompletionServing
@@ -39,6 +48,12 @@ class ServerConfig:
     api_key: str | None = None
     served_model_name: str | None = None
     max_body_bytes: int = 8 * 2**20
+    # Host header names accepted (None: `middleware.default_allowed_hosts`); "*" accepts any
+    allowed_hosts: list[str] | None = field(default=None)
+    # seconds a client may take to send a request's head, or stall its body
+    read_timeout: float = 10.0
+    # seconds in-flight requests get to finish after SIGTERM before they are aborted
+    shutdown_timeout: float = 30.0
 
 
 SHOWN_KNOBS = (
@@ -46,48 +61,51 @@ SHOWN_KNOBS = (
     "prefill_chunk_size", "kv_block_size", "num_kv_blocks", "batching",
 )  # fmt: skip
 
-
-def error_response(status: int, message: str, type_: str, param: str | None = None) -> JSONResponse:
-    headers = {"Retry-After": "1"} if status == 429 else None
-    return JSONResponse(p.error_body(message, type_, status, param), status, headers=headers)
-
-
-class BodySizeLimit:
-    """Refuses request bodies over `max_bytes` (413), declared or streamed."""
-
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
-        self.app, self.max_bytes = app, max_bytes
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        declared = dict(scope.get("headers", [])).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            return await self._refuse(scope, receive, send)
-        seen = 0
-
-        async def counting_receive() -> Message:
-            nonlocal seen
-            message = await receive()
-            seen += len(message.get("body", b""))
-            if seen > self.max_bytes:
-                raise _BodyTooLarge
-            return message
-
-        try:
-            await self.app(scope, counting_receive, send)
-        except _BodyTooLarge:
-            await self._refuse(scope, receive, send)
-
-    async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
-        response = error_response(
-            413, f"request body exceeds {self.max_bytes} bytes", "BadRequestError"
-        )
-        await response(scope, receive, send)
+_ERROR_DESCRIPTIONS = {
+    400: "Invalid request: the message names the field (`error.param`)",
+    401: "Missing or invalid API key",
+    404: "Unknown model",
+    408: "Request timed out (the request body stalled, or generation ran past the timeout)",
+    413: "Request body too large",
+    429: "Waiting queue full; retry after `Retry-After` seconds",
+    500: "The engine failed on this request alone (other requests are unaffected)",
+    503: "The engine has failed, or the server is shutting down",
+}
 
 
-class _BodyTooLarge(Exception):
-    pass
+def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    every = (400, 413, 503, *statuses)
+    return {s: {"model": p.ErrorResponse, "description": _ERROR_DESCRIPTIONS[s]} for s in every}
+
+
+def _streamed(model: type) -> dict[int | str, dict[str, Any]]:
+    """200 as JSON, or as server-sent events (`data: {chunk}` lines) when `stream` is true."""
+    sse = {"schema": {"type": "string", "description": "`data: <JSON chunk>` lines, then "
+                                                     "`data: [DONE]`"}}  # fmt: skip
+    return {200: {"model": model, "content": {"text/event-stream": sse}}}
+
+
+def _field_path(loc: tuple) -> list[str]:
+    """A pydantic error location as field names and indices, without "body" and without the
+    names pydantic gives the members of a union ("list[int]", "function-after[...]")."""
+    return [str(x) for x in loc if x != "body" and not (isinstance(x, str) and "[" in x)]
+
+
+def validation_message(errors: list[dict[str, Any]]) -> tuple[str | None, str]:
+    """(param, message) for a 400: the first bad field, with every reason pydantic gives for
+    it (a union field fails once per allowed form)."""
+    if not errors:
+        return None, "invalid request"
+    paths = [_field_path(e.get("loc", ())) for e in errors]
+    same = [(path, e) for path, e in zip(paths, errors, strict=True) if path[:1] == paths[0][:1]]
+    common = same[0][0]
+    for path, _ in same[1:]:
+        n = 0
+        while n < min(len(common), len(path)) and common[n] == path[n]:
+            n += 1
+        common = common[:n]
+    reasons = dict.fromkeys(f"{'.'.join(path) or 'body'}: {e.get('msg')}" for path, e in same)
+    return ".".join(common) or None, "; or ".join(list(reasons)[:4])
 
 
 def build_app(engine: AsyncLLM, config: ServerConfig) -> FastAPI:
@@ -106,7 +124,12 @@ def build_app(engine: AsyncLLM, config: ServerConfig) -> FastAPI:
         await engine.shutdown()
 
     app = FastAPI(title="inflight", version=__version__, lifespan=lifespan)
-    app.add_middleware(BodySizeLimit, max_bytes=config.max_body_bytes)
+    # the last added runs first: hosts, then draining, then body limits
+    app.add_middleware(RequestLimits, max_bytes=config.max_body_bytes,
+                       read_timeout=config.read_timeout)  # fmt: skip
+    app.add_middleware(Draining, is_draining=lambda: engine.draining)
+    hosts = config.allowed_hosts or default_allowed_hosts(config.host, config.api_key)
+    app.add_middleware(AllowedHosts, hosts=hosts)
 
     async def require_api_key(request: Request) -> None:
         if config.api_key is None:
@@ -130,9 +153,7 @@ def build_app(engine: AsyncLLM, config: ServerConfig) -> FastAPI:
             position = first.get("loc", ("body", "?"))[-1]
             message = f"the body is not valid JSON (at character {position}: {detail})"
             return error_response(400, message, "BadRequestError")
-        loc = [str(x) for x in first.get("loc", ()) if x != "body"]
-        param = ".".join(loc) or None
-        message = f"{param or 'body'}: {first.get('msg', 'invalid request')}"
+        param, message = validation_message(e.errors())
         return error_response(400, message, "BadRequestError", param)
 
     @app.exception_handler(InflightError)
@@ -143,7 +164,9 @@ def build_app(engine: AsyncLLM, config: ServerConfig) -> FastAPI:
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, e: StarletteHTTPException) -> JSONResponse:
         type_ = "NotFoundError" if e.status_code == 404 else "BadRequestError"
-        return error_response(e.status_code, str(e.detail), type_)
+        response = error_response(e.status_code, str(e.detail), type_)
+        response.headers.update(e.headers or {})  # 405's Allow
+        return response
 
     @app.exception_handler(Exception)
     async def crash(_: Request, e: Exception) -> JSONResponse:
@@ -153,26 +176,36 @@ def build_app(engine: AsyncLLM, config: ServerConfig) -> FastAPI:
     def streaming(chunks: AsyncIterator[dict[str, Any]]) -> StreamingResponse:
         return StreamingResponse(sse_stream(chunks), media_type="text/event-stream")
 
-    @app.post("/v1/completions", dependencies=guarded)
+    @app.post(
+        "/v1/completions",
+        dependencies=guarded,
+        response_model=p.CompletionResponse,
+        responses={**_streamed(p.CompletionResponse), **_errors(401, 404, 408, 429, 500)},
+    )
     async def create_completion(req: p.CompletionRequest) -> Any:
         if req.stream:
             return streaming(await completions.stream(req))
         return await completions.create(req)
 
-    @app.post("/v1/chat/completions", dependencies=guarded)
+    @app.post(
+        "/v1/chat/completions",
+        dependencies=guarded,
+        response_model=p.ChatCompletionResponse,
+        responses={**_streamed(p.ChatCompletionResponse), **_errors(401, 404, 408, 429, 500)},
+    )
     async def create_chat_completion(req: p.ChatCompletionRequest) -> Any:
         if req.stream:
             return streaming(await chat.stream(req))
         return await chat.create(req)
 
-    @app.get("/v1/models", dependencies=guarded)
+    @app.get("/v1/models", dependencies=guarded, responses=_errors(401))
     async def list_models() -> p.ModelList:
         return p.ModelList(
             data=[p.ModelCard(id=model_name, max_model_len=engine.core.max_model_len)]
         )
 
-    @app.post("/tokenize", dependencies=guarded)
-    async def tokenize(req: p.TokenizeRequest) -> dict[str, Any]:
+    @app.post("/tokenize", dependencies=guarded, responses=_errors(401, 404))
+    async def tokenize(req: p.TokenizeRequest) -> p.TokenizeResponse:
         completions.check_model(req.model)
         if req.messages is not None:
             tokens = await engine.run_tokenizer(chat.render, req.messages)
@@ -180,31 +213,51 @@ def build_app(engine: AsyncLLM, config: ServerConfig) -> FastAPI:
             tokens = await engine.run_tokenizer(engine.tokenize, req.prompt, req.add_special_tokens)
         else:
             raise InvalidRequestError("prompt or messages is required", "prompt")
-        return {"tokens": tokens, "count": len(tokens), "max_model_len": engine.core.max_model_len}
+        return p.TokenizeResponse(
+            tokens=tokens, count=len(tokens), max_model_len=engine.core.max_model_len
+        )
 
-    @app.post("/detokenize", dependencies=guarded)
-    async def detokenize(req: p.DetokenizeRequest) -> dict[str, Any]:
+    @app.post("/detokenize", dependencies=guarded, responses=_errors(401, 404))
+    async def detokenize(req: p.DetokenizeRequest) -> p.DetokenizeResponse:
         completions.check_model(req.model)
         vocab = engine.core.arch.vocab_size
         if any(not 0 <= t < vocab for t in req.tokens):
             raise InvalidRequestError(f"tokens must be in [0, {vocab})", "tokens")
-        return {"prompt": await engine.run_tokenizer(engine.tokenizer.decode, req.tokens)}
+        text = await engine.run_tokenizer(engine.tokenizer.decode, req.tokens)
+        return p.DetokenizeResponse(prompt=text)
 
-    @app.get("/health")
+    @app.get("/health", response_class=Response,
+             responses={200: {"description": "The engine is stepping (empty body)"},
+                        **_errors()})  # fmt: skip
     async def health() -> Response:
         if not engine.is_alive:
             error = engine.dead_error or EngineDeadError("the engine is not running")
             return error_response(503, f"engine is dead: {error}", "ServiceUnavailableError")
         return Response(status_code=200)
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=Response, responses={
+        200: {"content": {CONTENT_TYPE_LATEST.split(";")[0]: {"schema": {"type": "string"}}},
+              "description": "Prometheus text format"}, **_errors()})  # fmt: skip
     async def metrics() -> Response:
         return Response(engine.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
-    @app.get("/version")
+    @app.get("/version", responses=_errors())
     async def version() -> dict[str, str]:
         return {"version": __version__}
 
+    def openapi() -> dict[str, Any]:
+        """FastAPI's document, less the 422 it adds to every route (this server answers 400)."""
+        if app.openapi_schema is None:
+            schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
+            for path in schema.get("paths", {}).values():
+                for operation in path.values():
+                    operation.get("responses", {}).pop("422", None)
+            for name in ("HTTPValidationError", "ValidationError"):
+                schema.get("components", {}).get("schemas", {}).pop(name, None)
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
     return app
 
 

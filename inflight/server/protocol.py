@@ -233,6 +233,16 @@ class DetokenizeRequest(BaseModel):
     tokens: list[TokenId]
 
 
+class TokenizeResponse(BaseModel):
+    tokens: list[int]
+    count: int
+    max_model_len: int
+
+
+class DetokenizeResponse(BaseModel):
+    prompt: str
+
+
 class ErrorInfo(BaseModel):
     message: str
     type: str

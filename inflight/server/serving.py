@@ -85,6 +85,8 @@ class OpenAIServing:
                 for x in prompts
             ]  # fmt: skip
 
+        # Refused before tokenizing too: under overload, 429s must cost next to nothing.
+        self.engine.check_capacity(len(prompts) * params.n)
         processed = await self.engine.run_tokenizer(process_all)
         self.engine.check_capacity(sum(len(children) for _, children in processed))
         return [self.engine.submit(x) for x in processed]
