@@ -137,3 +137,10 @@ def tiny_model_factory(tmp_path_factory, tokenizer_dir):
 @pytest.fixture(scope="session")
 def tiny_llama(tiny_model_factory) -> Path:
     return tiny_model_factory("llama")
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--full", action="store_true", default=False,
+        help="long variants of bounded tests (API fuzzing: 10,000 requests instead of 1,000)",
+    )  # fmt: skip
