@@ -55,7 +55,7 @@ def load_workload(args: argparse.Namespace, tokenizer) -> list[WorkloadRequest]:
 
 
 def add_bench_parser(sub: Any, add_engine_flags: Callable[[argparse.ArgumentParser], None]) -> None:
-    bench = sub.add_parser("bench", help="benchmarks: offline, compare, roofline, serve")
+    bench = sub.add_parser("bench", help="benchmarks: offline, compare, roofline, serve, soak")
     modes = bench.add_subparsers(dest="bench_command", required=True)
     fmt = argparse.ArgumentDefaultsHelpFormatter
     offline = modes.add_parser("offline", help="one workload through the engine",
@@ -118,6 +118,50 @@ def add_bench_parser(sub: Any, add_engine_flags: Callable[[argparse.ArgumentPars
     serve.add_argument("--api-key", default=None)
     add_workload_flags(serve)
 
+    soak = modes.add_parser(
+        "soak",
+        formatter_class=fmt,
+        help="a bounded overload run against `inflight serve`: outcomes, /health, RSS",
+    )
+    soak.add_argument(
+        "--duration", type=float, default=600.0, help="seconds of Poisson arrivals (default: 600)"
+    )
+    soak.add_argument(
+        "--load",
+        type=float,
+        default=2.0,
+        help="arrival rate as a multiple of the measured saturation rate (default: 2)",
+    )
+    soak.add_argument(
+        "--disconnect-fraction",
+        type=float,
+        default=0.1,
+        help="share of clients that leave mid-stream (default: 0.1)",
+    )
+    soak.add_argument(
+        "--max-queued-requests",
+        type=int,
+        default=64,
+        help="the started server's queue bound (default: 64)",
+    )
+    soak.add_argument(
+        "--request-timeout",
+        type=float,
+        default=300.0,
+        help="client timeout per request, s; past it the request is lost (default: 300)",
+    )
+    soak.add_argument("--url", default=None, help="soak a running server instead of starting one")
+    soak.add_argument("--served-model-name", default=None, help="with --url: its model id")
+    soak.add_argument(
+        "--server-pid", type=int, default=None, help="with --url: the server's pid, for its RSS"
+    )
+    soak.add_argument("--workload", default="chat", help="named workload (default: chat)")
+    soak.add_argument("--workload-seed", type=int, default=0, help="(default: 0)")
+    soak.add_argument(
+        "--out", type=Path, default=None, help="results folder (default: results/bench-soak-<time>)"
+    )
+    add_engine_flags(soak)  # fmt: skip
+
 
 def run_bench(args: argparse.Namespace, knobs: dict[str, Any]) -> int:
     out = (
@@ -127,6 +171,13 @@ def run_bench(args: argparse.Namespace, knobs: dict[str, Any]) -> int:
         from inflight.bench.serve import run_serve_sweep
 
         report = run_serve_sweep(args, out)
+    elif args.bench_command == "soak":
+        from inflight.bench.soak import ok, run_soak
+
+        summary = run_soak(args, dict(knobs), out)["summary"]
+        logger.info("results in %s", out)
+        print((out / "summary.md").read_text())
+        return 0 if ok(summary) else 1
     elif args.bench_command == "roofline":
         from inflight.bench.roofline import run_roofline
 

@@ -117,3 +117,34 @@ def plot_timeline(path: Path, runs: list[RunResult]) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def plot_soak(result: Any, path: Path, window_s: float = 10.0) -> None:
+    """A soak over time: request outcomes per window, /health latency, server RSS."""
+    fig, (ax_out, ax_health, ax_rss) = plt.subplots(3, 1, figsize=(9, 8), sharex=True)
+    end = max([t for t, _ in result.timeline] + [window_s])
+    edges = np.arange(0.0, end + window_s, window_s)
+    bottom = np.zeros(len(edges) - 1)
+    for outcome in ("completed", "rejected", "disconnected", "errored", "lost"):
+        times = [t for t, o in result.timeline if o == outcome]
+        counts, _ = np.histogram(times, bins=edges)
+        if counts.any():
+            ax_out.bar(edges[:-1], counts / window_s, width=window_s, bottom=bottom,
+                       align="edge", label=outcome)  # fmt: skip
+            bottom += counts / window_s
+    ax_out.set_ylabel("requests/s ended")
+    ax_out.legend(loc="upper right", fontsize=8)
+    health = [(t, s * 1000) for t, s in result.health if s != float("inf")]
+    if health:
+        ax_health.plot(*zip(*health, strict=True), ".", markersize=2)
+    ax_health.set_ylabel("/health + /metrics, ms")
+    ax_health.set_yscale("log")
+    if result.rss:
+        ax_rss.plot(*zip(*result.rss, strict=True))
+    ax_rss.set_ylabel("server RSS, MiB")
+    ax_rss.set_xlabel("seconds")
+    fig.suptitle(f"soak at {result.rate_req_per_s:.2f} req/s "
+                 f"(saturation {result.saturation_req_per_s:.2f} req/s)")  # fmt: skip
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

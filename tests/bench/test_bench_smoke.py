@@ -121,3 +121,22 @@ def test_vllm_peer_without_its_python_is_a_reported_error(tiny_llama, tmp_path):
     runs = {r["name"]: r for r in json.loads((out / "results.json").read_text())["runs"]}
     assert "--vllm-python" in runs["vllm"]["error"]
     assert runs["inflight-continuous"]["requests"] == 4
+
+
+def test_soak_starts_a_server_and_accounts_for_every_request(tiny_llama, tmp_path):
+    out = tmp_path / "soak"
+    code = main(["bench", "soak", str(tiny_llama), "--workload", "longtail", "--duration", "3",
+                 "--load", "3", "--max-num-seqs", "4", "--max-queued-requests", "4",
+                 "--disconnect-fraction", "0.3", "--out", str(out), *TINY])  # fmt: skip
+    assert code == 0
+    report = json.loads((out / "soak.json").read_text())
+    summary = report["summary"]
+    assert summary["sent"] == sum(
+        summary[k] for k in ("completed", "rejected", "errored", "disconnected", "lost")
+    )
+    assert summary["sent"] == len(report["timeline"]) > 0
+    assert summary["lost"] == 0 and summary["completed"] > 0 and summary["disconnected"] > 0
+    assert summary["exit_code"] == 0 and summary["idle_after_s"] < 1
+    assert summary["health_failed"] == 0 and summary["health_polls"] > 0
+    assert summary["rss_start_mib"] > 0
+    assert (out / "soak.png").read_bytes()[:4] == b"\x89PNG"
