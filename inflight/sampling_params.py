@@ -20,6 +20,9 @@ MIN_SEED, MAX_SEED = -(2**63), 2**64 - 1
 MAX_INT64 = 2**63 - 1
 # repetition_penalty divides logits: bounded away from 0 (a denormal makes them infinite).
 MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY = 0.01, 100.0
+# Stop conditions are checked on every new token: bounded, so one request cannot slow the
+# detokenizer for everyone (OpenAI allows 4 stop strings).
+MAX_STOP_STRINGS, MAX_STOP_STRING_CHARS, MAX_STOP_TOKEN_IDS = 64, 1024, 1024
 # The smallest normal float32: a smaller non-zero value becomes a denormal or 0 in the sampler.
 FLOAT32_TINY = 1.1754943508222875e-38
 
@@ -106,9 +109,16 @@ class SamplingParams:
         if self.seed is not None:
             # children of an n > 1 request are seeded seed, seed + 1, ..., seed + n - 1
             check_int(self.seed, "seed", MIN_SEED, MAX_SEED - (self.n - 1))
+        _check(len(self.stop) <= MAX_STOP_STRINGS, "stop",
+               f"must hold at most {MAX_STOP_STRINGS} strings, got {len(self.stop)}")  # fmt: skip
         for stop in self.stop:
             check_text(stop, "stop")
             _check(bool(stop), "stop", "must not contain empty strings")
+            _check(len(stop) <= MAX_STOP_STRING_CHARS, "stop",
+                   f"strings must be at most {MAX_STOP_STRING_CHARS} characters")  # fmt: skip
+        num_ids = len(self.stop_token_ids)
+        _check(num_ids <= MAX_STOP_TOKEN_IDS, "stop_token_ids",
+               f"must hold at most {MAX_STOP_TOKEN_IDS} ids, got {num_ids}")  # fmt: skip
         for token_id in self.stop_token_ids:
             check_int(token_id, "stop_token_ids", 0, MAX_INT64)
         if self.logprobs is not None:

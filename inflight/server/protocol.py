@@ -19,6 +19,9 @@ from inflight.sampling_params import (
     MAX_LOGPROBS,
     MAX_REPETITION_PENALTY,
     MAX_SEED,
+    MAX_STOP_STRING_CHARS,
+    MAX_STOP_STRINGS,
+    MAX_STOP_TOKEN_IDS,
     MIN_REPETITION_PENALTY,
     MIN_SEED,
 )
@@ -36,6 +39,7 @@ def _valid_unicode(text: str) -> str:
 
 Text = Annotated[str, AfterValidator(_valid_unicode)]
 TokenId = Annotated[int, Field(ge=0, le=MAX_INT64)]
+StopText = Annotated[Text, Field(min_length=1, max_length=MAX_STOP_STRING_CHARS)]
 STRICT = ConfigDict(extra="allow", strict=True)
 
 
@@ -53,7 +57,7 @@ class SamplingFields(BaseModel):
     n: int = Field(default=1, ge=1, le=MAX_N)
     temperature: float | None = Field(default=None, ge=0, le=2, allow_inf_nan=False)
     top_p: float | None = Field(default=None, gt=0, le=1, allow_inf_nan=False)
-    stop: Text | list[Text] | None = None
+    stop: StopText | Annotated[list[StopText], Field(max_length=MAX_STOP_STRINGS)] | None = None
     seed: int | None = Field(default=None, ge=MIN_SEED, le=MAX_SEED)
     presence_penalty: float = Field(default=0.0, ge=-2, le=2, allow_inf_nan=False)
     frequency_penalty: float = Field(default=0.0, ge=-2, le=2, allow_inf_nan=False)
@@ -69,7 +73,7 @@ class SamplingFields(BaseModel):
     )
     ignore_eos: bool = False
     min_tokens: int = Field(default=0, ge=0, le=MAX_INT64)
-    stop_token_ids: list[TokenId] | None = None
+    stop_token_ids: list[TokenId] | None = Field(default=None, max_length=MAX_STOP_TOKEN_IDS)
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     priority: int = Field(default=0, ge=-MAX_INT64 - 1, le=MAX_INT64)

@@ -86,6 +86,9 @@ CASES = [
         "messages.0.content",
     ),
     (C, raw({**OK, "stop": "S"}, S='"\\ud800"'), 400, "stop"),
+    (C, {**OK, "stop": ["x"] * 65}, 400, "stop"),  # checked on every token: bounded
+    (C, {**OK, "stop": "x" * 1025}, 400, "stop"),
+    (C, {**OK, "stop_token_ids": [1] * 1025}, 400, "stop_token_ids"),
     ("/tokenize", raw({"prompt": "S"}, S='"\\ud800"'), 400, "prompt"),
     # bodies that are not JSON
     (C, b"{" * 10 + b"[" * 50_000, 400, None),  # deep nesting
