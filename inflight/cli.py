@@ -1,6 +1,6 @@
-"""`inflight` command line: generate, serve, bench, simulate. Every engine knob becomes a flag,
-generated from `inflight.config`, so flags, `LLM(**knobs)` keywords and documented defaults
-can never disagree.
+"""`inflight` command line: generate, serve, doctor, bench, simulate. Every engine knob becomes
+a flag, generated from `inflight.config`, so flags, `LLM(**knobs)` keywords and documented
+defaults can never disagree.
 """
 
 from __future__ import annotations
@@ -169,6 +169,16 @@ def build_parser() -> argparse.ArgumentParser:
                             "are aborted (default: 30)")  # fmt: skip
     add_engine_flags(serve)
 
+    doctor = sub.add_parser(
+        "doctor", help="read a running server's /metrics for a while and print what to change"
+    )
+    doctor.add_argument("url", help="the server's base URL, e.g. http://127.0.0.1:8000")
+    doctor.add_argument(
+        "--window", type=float, default=30.0, help="seconds of metrics to read (default: 30)"
+    )
+    doctor.add_argument("--api-key", default=os.environ.get("INFLIGHT_API_KEY"))
+    doctor.add_argument("--json", action="store_true", help="the report as JSON")  # fmt: skip
+
     from inflight.bench.cli import add_bench_parser
 
     add_bench_parser(sub, add_engine_flags)
@@ -202,6 +212,36 @@ def run_serve(args: argparse.Namespace) -> int:
     )  # fmt: skip
     serve(build_app(engine, config), engine, config)
     logger.info("server stopped")
+    return 0
+
+
+def run_doctor(args: argparse.Namespace) -> int:
+    """Scrapes `/metrics` once a second for `--window` seconds, then runs the doctor's rules."""
+    import json
+    import time
+
+    import httpx
+
+    from inflight.metrics.doctor import History, format_hints
+
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    history = History(seconds=args.window)
+    url = args.url.rstrip("/") + "/metrics"
+    start = time.monotonic()
+    try:
+        while True:
+            now = time.monotonic()
+            response = httpx.get(url, headers=headers, timeout=10)
+            response.raise_for_status()
+            history.take(now, response.text)
+            if now - start >= args.window:
+                break
+            time.sleep(1)
+    except httpx.HTTPError as e:
+        logger.error("cannot read %s: %s", url, e)
+        return 2
+    report = history.report()
+    print(json.dumps(report, indent=1) if args.json else format_hints(report))
     return 0
 
 
@@ -260,6 +300,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_generate(args)
     if args.command == "serve":
         return run_serve(args)
+    if args.command == "doctor":
+        return run_doctor(args)
     if args.command == "bench":
         from inflight.bench.cli import run_bench
 

@@ -8,8 +8,10 @@ goes away (client disconnect, timeout). Messages cross threads in two directions
     asyncio --(add / abort / finish, a queue.Queue)--> engine thread
     engine thread --(step outputs, loop.call_soon_threadsafe)--> asyncio
 
-If a step raises, the engine is dead: every open stream gets EngineDeadError and new requests
-are refused, never left hanging.
+A request the step fails on alone ends with RequestFailedError and the others carry on; if the
+model itself fails (or the loop does), the engine is dead: every open stream gets
+EngineDeadError and new requests are refused, never left hanging. `drain` refuses new requests
+and gives those in flight a deadline (graceful shutdown).
 """
 
 from __future__ import annotations
@@ -280,6 +282,7 @@ class AsyncLLM:
             )  # fmt: skip
         num_waiting = self._num_unfinished - self.core.scheduler.num_running
         if num_waiting + num_sequences > self.max_queued_requests:
+            self.metrics.rejected.labels(reason="queue_full").inc()
             raise QueueFullError(
                 f"the waiting queue is full ({self.max_queued_requests} sequences); retry later"
             )
@@ -320,6 +323,7 @@ class AsyncLLM:
                 try:
                     item = await asyncio.wait_for(stream.get(), timeout)
                 except TimeoutError:
+                    self.metrics.rejected.labels(reason="timeout").inc()
                     raise RequestTimeoutError(
                         f"request {request_id} exceeded the {self.request_timeout:g} s request "
                         "timeout and was aborted"

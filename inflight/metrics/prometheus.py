@@ -7,7 +7,8 @@ Per step: scheduled sequences and tokens (histograms and running-average gauges:
 batch size), preemptions, prefix-cache lookups, predictive admissions and their failures, step
 duration.
 Per request (updated when it finishes): queue time, TTFT, inter-token latency, end-to-end
-latency, prompt and generated tokens, finish reason. The knobs in effect are one info metric.
+latency, prompt and generated tokens, finish reason; requests refused (queue full) or timed
+out. The knobs in effect are one info metric.
 """
 
 from __future__ import annotations
@@ -101,6 +102,10 @@ class EngineMetrics:
         self.finished = Counter(
             name("requests_finished"), "Finished requests", ["finish_reason"], registry=r
         )
+        self.rejected = Counter(
+            name("requests_rejected"), "Requests refused (queue full) or ended by the request "
+            "timeout", ["reason"], registry=r,
+        )  # fmt: skip
         self.config = Info(name("config"), "Engine knobs in effect", registry=r)
         self.config.info({k: str(v) for k, v in knobs.items()})
         self._avg_seqs: float | None = None

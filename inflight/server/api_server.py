@@ -8,8 +8,10 @@ responses, so schema-driven clients and fuzzers know every answer the server can
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -25,6 +27,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from inflight import __version__
 from inflight.engine.async_engine import AsyncLLM, EngineDeadError
 from inflight.errors import InflightError, InvalidRequestError
+from inflight.metrics.doctor import History
 from inflight.server import protocol as p
 from inflight.server.errors import error_status
 from inflight.server.middleware import (
@@ -114,13 +117,23 @@ def build_app(engine: AsyncLLM, config: ServerConfig) -> FastAPI:
     completions = CompletionServing(engine, model_name)
     chat = ChatServing(engine, model_name)
 
+    history = History(seconds=60)
+
+    async def sample_metrics() -> None:
+        """One snapshot a second for /doctor (a parse of ~200 samples: ~2 ms)."""
+        while True:
+            history.take(time.monotonic(), engine.metrics.render().decode())
+            await asyncio.sleep(1)
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await engine.start()
         knobs = engine.knobs()
         shown = ", ".join(f"{k}={knobs[k]}" for k in SHOWN_KNOBS)
         logger.info("serving %r on http://%s:%d (%s)", model_name, config.host, config.port, shown)
+        sampler = asyncio.create_task(sample_metrics())
         yield
+        sampler.cancel()
         await engine.shutdown()
 
     app = FastAPI(title="inflight", version=__version__, lifespan=lifespan)
@@ -240,6 +253,11 @@ def build_app(engine: AsyncLLM, config: ServerConfig) -> FastAPI:
               "description": "Prometheus text format"}, **_errors()})  # fmt: skip
     async def metrics() -> Response:
         return Response(engine.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/doctor", dependencies=guarded, responses=_errors(401))
+    async def doctor() -> dict[str, Any]:
+        """Hints from the last 60 s of metrics: each names a flag and carries its evidence."""
+        return history.report()
 
     @app.get("/version", responses=_errors())
     async def version() -> dict[str, str]:

@@ -14,6 +14,7 @@ import time
 import httpx
 import pytest
 
+from inflight.cli import main
 from inflight.engine.async_engine import AsyncLLM
 from tests.server.live import LiveServer
 from tests.server.test_stream_and_metrics import metric_samples
@@ -95,6 +96,10 @@ def test_overload_gets_429s_while_health_answers(tiny_llama):
         assert len(health_times) >= 6 and health_times[len(health_times) // 2] < 0.2
         assert health_times[-1] < 3.0, health_times
         assert_gauges_idle_within(s, 1.0)
+        time.sleep(1.1)  # the doctor's history takes a snapshot a second
+        doctor = httpx.get(s.url + "/doctor").json()
+        hints = {h["rule"]: h for h in doctor["hints"]}
+        assert hints["queue_full"]["evidence"]["rejected"] == statuses.count(429)
 
 
 def test_disconnect_storm_returns_every_block(tiny_llama):
@@ -176,6 +181,16 @@ def test_a_poisoned_request_fails_alone_over_http(tiny_llama):
         assert [r.json()["choices"][0]["text"] for r in responses] == alone
         assert httpx.get(s.url + "/health").status_code == 200
         assert_gauges_idle_within(s, 1.0)
+
+
+def test_doctor_command_reads_a_running_server(tiny_llama, capsys):
+    engine = engine_for(tiny_llama)
+    with LiveServer(engine, served_model_name=MODEL) as s:
+        assert main(["doctor", s.url, "--window", "1", "--json"]) == 0
+        report = json.loads(capsys.readouterr().out)
+        assert report["hints"] == [] and report["window_s"] >= 1
+        assert report["window"]["running_mean"] == 0
+        assert main(["doctor", "http://127.0.0.1:1", "--window", "0"]) == 2  # nothing there
 
 
 # ------------------------------------------------------------------ graceful shutdown
