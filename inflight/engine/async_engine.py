@@ -30,12 +30,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from inflight.core.outputs import EngineCoreOutput
+from inflight.engine.engine_core import StepStats
 from inflight.engine.llm import LLM
 from inflight.engine.processor import ParentRequest, PromptInput
 from inflight.errors import InflightError, InvalidRequestError
 from inflight.metrics import EngineMetrics
+from inflight.metrics.live import FinishedSample, LiveFeed, StepSample
 from inflight.outputs import RequestOutput
-from inflight.request import FinishReason, Request
+from inflight.request import FinishReason, Request, RequestStatus
 from inflight.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -89,6 +91,7 @@ class AsyncLLM:
         self.max_queued_requests = max_queued_requests
         self.request_timeout = request_timeout
         self.metrics = EngineMetrics(self.knobs())
+        self.feed = LiveFeed()  # the dashboard's data
         self._inbox: queue.Queue[_Add | _Finish | None] = queue.Queue()
         self._streams: dict[str, asyncio.Queue[RequestOutput | BaseException]] = {}
         self._last_token_time: dict[str, float] = {}
@@ -174,6 +177,7 @@ class AsyncLLM:
                     outputs.extend(core.step())
                     self.num_steps += 1
                     self.metrics.observe_step(core.last_step)
+                    self._feed_step(core.last_step)
                 self._publish_state()
                 if outputs:
                     self._loop.call_soon_threadsafe(self._deliver, outputs)
@@ -194,10 +198,52 @@ class AsyncLLM:
             kv_blocks_used=kv.pool.num_used_blocks,
             kv_blocks_total=kv.pool.num_blocks,
         )
+        self._feed_detail()
+
+    def watch(self, delta: int) -> None:
+        """A dashboard opened (+1) or closed (-1): the engine thread keeps the block map and the
+        request table fresh while any is open, idle or not."""
+        self.feed.watchers += delta
+        self._inbox.put(_Finish([], FinishReason.ABORT))  # wakes an idle engine thread
+
+    def _feed_step(self, step: StepStats) -> None:
+        kv = self.core.kv_cache_manager
+        self.feed.add_step(StepSample(
+            t=time.monotonic(), duration_s=step.duration_s,
+            prefill_tokens=step.num_batched_tokens - step.num_decode_tokens,
+            decode_tokens=step.num_decode_tokens, sampled_tokens=step.num_sampled_tokens,
+            num_seqs=step.num_scheduled_seqs, running=step.num_running,
+            waiting=step.num_waiting, swapped=len(kv.swapped), kv_usage=step.kv_usage,
+            preempted=step.num_preempted, prefix_queries=step.num_prefix_queries,
+            prefix_hits=step.num_prefix_hits,
+        ))  # fmt: skip
+
+    def _feed_detail(self) -> None:
+        """The block map and the live requests, while a dashboard watches (no prompt text)."""
+        now = time.monotonic()
+        if not self.feed.wants_detail(now):
+            return
+        scheduler, kv = self.core.scheduler, self.core.kv_cache_manager
+        rows = []
+        for r in list(scheduler.requests.values())[:100]:
+            state = "running" if r.status is RequestStatus.RUNNING else (
+                "swapped" if kv.is_swapped(r) else "waiting")  # fmt: skip
+            rows.append([r.request_id, state, r.priority, r.num_prompt_tokens,
+                         r.num_output_tokens, len(kv.get_block_table(r.request_id)),
+                         round(now - r.arrival_time, 1)])  # fmt: skip
+        cpu = kv.cpu_pool
+        swapped = "3" * (cpu.num_used_blocks if cpu is not None else 0)
+        self.feed.set_detail(kv.pool.block_states(), swapped, rows, now)
 
     def _next_messages(self) -> list[_Add | _Finish | None]:
-        """Everything in the inbox; blocks for the first message only when the core is idle."""
-        messages = [] if self.core.has_unfinished_requests() else [self._inbox.get()]
+        """Everything in the inbox; blocks for the first message only when the core is idle
+        (and then, while a dashboard watches, only until its next refresh is due)."""
+        messages: list[_Add | _Finish | None] = []
+        if not self.core.has_unfinished_requests():
+            try:
+                messages.append(self._inbox.get(timeout=0.25 if self.feed.watchers else None))
+            except queue.Empty:
+                return messages
         while True:
             try:
                 messages.append(self._inbox.get_nowait())
@@ -233,8 +279,20 @@ class AsyncLLM:
             if ro.finished:
                 self._num_unfinished -= len(ro.outputs)
                 self.metrics.observe_finished(ro)
+                self._feed_finished(ro, now)
             if stream is not None:
                 stream.put_nowait(ro)
+
+    def _feed_finished(self, out: RequestOutput, now: float) -> None:
+        m = out.metrics
+        num_output = sum(len(c.token_ids) for c in out.outputs)
+        tpot = None
+        if m.ttft is not None and m.e2e_latency is not None and num_output > len(out.outputs):
+            tpot = (m.e2e_latency - m.ttft) / (num_output - len(out.outputs))
+        self.feed.add_finished(FinishedSample(
+            t=now, queue_s=m.queue_time, ttft_s=m.ttft, tpot_s=tpot, e2e_s=m.e2e_latency,
+            prompt_tokens=len(out.prompt_token_ids), output_tokens=num_output,
+        ))  # fmt: skip
 
     def _fail_all(self, error: BaseException) -> None:
         dead = EngineDeadError(f"the engine loop failed: {type(error).__name__}: {error}")
@@ -283,6 +341,7 @@ class AsyncLLM:
         num_waiting = self._num_unfinished - self.core.scheduler.num_running
         if num_waiting + num_sequences > self.max_queued_requests:
             self.metrics.rejected.labels(reason="queue_full").inc()
+            self.feed.add_refusal(time.monotonic(), "queue_full")
             raise QueueFullError(
                 f"the waiting queue is full ({self.max_queued_requests} sequences); retry later"
             )
@@ -324,6 +383,7 @@ class AsyncLLM:
                     item = await asyncio.wait_for(stream.get(), timeout)
                 except TimeoutError:
                     self.metrics.rejected.labels(reason="timeout").inc()
+                    self.feed.add_refusal(time.monotonic(), "timeout")
                     raise RequestTimeoutError(
                         f"request {request_id} exceeded the {self.request_timeout:g} s request "
                         "timeout and was aborted"

@@ -36,6 +36,8 @@ class StepStats:
     """What one step did, for metrics and benchmarks."""
 
     num_batched_tokens: int
+    num_decode_tokens: int  # of those, decodes (one new token of a request past its prompt)
+    num_sampled_tokens: int  # tokens sampled (decodes, and prompt chunks that end a prompt)
     num_scheduled_seqs: int
     num_running: int
     num_waiting: int
@@ -199,6 +201,11 @@ class EngineCore:
             outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
         self.last_step = StepStats(
             num_batched_tokens=scheduler_output.num_batched_tokens,
+            num_decode_tokens=sum(
+                s.num_tokens == 1 and s.start_pos >= len(s.prompt_token_ids)
+                for s in scheduler_output.scheduled
+            ),
+            num_sampled_tokens=len(runner_output.sampled_token_ids),
             num_scheduled_seqs=len(scheduler_output.scheduled),
             # gauges reflect the state after the update (finished requests already gone)
             num_running=self.scheduler.num_running,

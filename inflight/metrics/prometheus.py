@@ -7,7 +7,8 @@ Per step: scheduled sequences and tokens (histograms and running-average gauges:
 batch size), preemptions, prefix-cache lookups, predictive admissions and their failures, step
 duration.
 Per request (updated when it finishes): queue time, TTFT, inter-token latency, end-to-end
-latency, prompt and generated tokens, finish reason; requests refused (queue full) or timed
+latency, prompt and generated tokens (counters and per-request histograms), finish reason;
+requests refused (queue full) or timed
 out. The knobs in effect are one info metric.
 """
 
@@ -30,6 +31,7 @@ from inflight.outputs import RequestOutput
 PREFIX = "inflight"
 LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 60, 120)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+LENGTH_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 EMA_WEIGHT = 0.05  # running average over roughly the last 20 steps
 
 
@@ -98,6 +100,14 @@ class EngineMetrics:
             registry=r,
         )  # fmt: skip
         self.prompt_tokens = Counter(name("prompt_tokens"), "Prompt tokens processed", registry=r)
+        self.prompt_length = Histogram(
+            name("request_prompt_tokens"), "Prompt tokens per finished request",
+            buckets=LENGTH_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.output_length = Histogram(
+            name("request_generation_tokens"), "Tokens generated per finished sequence",
+            buckets=LENGTH_BUCKETS, registry=r,
+        )  # fmt: skip
         self.generation_tokens = Counter(name("generation_tokens"), "Tokens generated", registry=r)
         self.finished = Counter(
             name("requests_finished"), "Finished requests", ["finish_reason"], registry=r
@@ -161,8 +171,10 @@ class EngineMetrics:
         if m.e2e_latency is not None:
             self.e2e.observe(m.e2e_latency)
         self.prompt_tokens.inc(len(out.prompt_token_ids))
+        self.prompt_length.observe(len(out.prompt_token_ids))
         for completion in out.outputs:
             self.generation_tokens.inc(len(completion.token_ids))
+            self.output_length.observe(len(completion.token_ids))
             self.finished.labels(finish_reason=completion.finish_reason or "abort").inc()
 
     def render(self) -> bytes:

@@ -20,7 +20,7 @@ from typing import Any
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -29,6 +29,7 @@ from inflight.engine.async_engine import AsyncLLM, EngineDeadError
 from inflight.errors import InflightError, InvalidRequestError
 from inflight.metrics.doctor import History
 from inflight.server import protocol as p
+from inflight.server.dashboard import Broadcaster, page_html
 from inflight.server.errors import error_status
 from inflight.server.middleware import (
     AllowedHosts,
@@ -118,6 +119,7 @@ def build_app(engine: AsyncLLM, config: ServerConfig) -> FastAPI:
     chat = ChatServing(engine, model_name)
 
     history = History(seconds=60)
+    broadcaster = Broadcaster(engine, history)
 
     async def sample_metrics() -> None:
         """One snapshot a second for /doctor (a parse of ~200 samples: ~2 ms)."""
@@ -131,9 +133,10 @@ def build_app(engine: AsyncLLM, config: ServerConfig) -> FastAPI:
         knobs = engine.knobs()
         shown = ", ".join(f"{k}={knobs[k]}" for k in SHOWN_KNOBS)
         logger.info("serving %r on http://%s:%d (%s)", model_name, config.host, config.port, shown)
-        sampler = asyncio.create_task(sample_metrics())
+        tasks = [asyncio.create_task(sample_metrics()), asyncio.create_task(broadcaster.run())]
         yield
-        sampler.cancel()
+        for task in tasks:
+            task.cancel()
         await engine.shutdown()
 
     app = FastAPI(title="inflight", version=__version__, lifespan=lifespan)
@@ -153,6 +156,15 @@ def build_app(engine: AsyncLLM, config: ServerConfig) -> FastAPI:
             raise _Unauthorized
 
     guarded = [Depends(require_api_key)]
+
+    async def require_api_key_or_query(request: Request) -> None:
+        """The dashboard's guard: a browser cannot add a header to a page or an EventSource,
+        so the key may also come as `?api_key=`."""
+        if config.api_key is None:
+            return
+        given = request.query_params.get("api_key", "")
+        if not hmac.compare_digest(given.encode(), config.api_key.encode()):
+            await require_api_key(request)
 
     @app.exception_handler(_Unauthorized)
     async def unauthorized(_: Request, __: Exception) -> JSONResponse:
@@ -258,6 +270,23 @@ def build_app(engine: AsyncLLM, config: ServerConfig) -> FastAPI:
     async def doctor() -> dict[str, Any]:
         """Hints from the last 60 s of metrics: each names a flag and carries its evidence."""
         return history.report()
+
+    @app.get(
+        "/dashboard", dependencies=[Depends(require_api_key_or_query)], include_in_schema=False
+    )
+    async def dashboard() -> HTMLResponse:
+        return HTMLResponse(page_html())
+
+    @app.get(
+        "/dashboard/events",
+        dependencies=[Depends(require_api_key_or_query)],
+        include_in_schema=False,
+    )  # an endless stream: not for schema-driven clients
+    async def dashboard_events() -> StreamingResponse:
+        hello = {"model": model_name, "knobs": {k: str(v) for k, v in engine.knobs().items()},
+                 "num_blocks": engine.core.kv_cache_manager.pool.num_blocks}  # fmt: skip
+        return StreamingResponse(broadcaster.stream(hello), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache"})  # fmt: skip
 
     @app.get("/version", responses=_errors())
     async def version() -> dict[str, str]:
