@@ -116,6 +116,13 @@ def add_bench_parser(sub: Any, add_engine_flags: Callable[[argparse.ArgumentPars
         "--slo-tpot", type=float, default=0.2, help="goodput SLO on TPOT, s (default: 0.2)"
     )
     serve.add_argument("--api-key", default=None)
+    serve.add_argument(
+        "--dashboards",
+        type=int,
+        default=0,
+        help="also run each rate with this many dashboards open (their cost)",
+    )
+    serve.add_argument("--repeats", type=int, default=1, help="runs of each rate (default: 1)")
     add_workload_flags(serve)
 
     soak = modes.add_parser(

@@ -48,6 +48,27 @@ async def _one(
     return RequestRecord(len(r.prompt_token_ids), tokens, ttft, time.perf_counter() - sent)
 
 
+async def _watch_dashboard(url: str, api_key: str | None, stop: asyncio.Event) -> int:
+    """One open dashboard: reads its event stream and throws the bytes away (as cheaply as a
+    client can, so the server's cost is what a run measures). Returns the bytes read."""
+    host, port = url.split("://", 1)[1].split("/", 1)[0].rsplit(":", 1)
+    reader, writer = await asyncio.open_connection(host, int(port))
+    query = f"?api_key={api_key}" if api_key else ""
+    writer.write(f"GET /dashboard/events{query} HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+    received = 0
+    while not stop.is_set():
+        try:
+            data = await asyncio.wait_for(reader.read(65536), 0.5)
+        except TimeoutError:
+            continue
+        if not data:  # the server closed the stream
+            break
+        received += len(data)
+    writer.close()
+    await writer.wait_closed()  # before this run's event loop ends, or the socket outlives it
+    return received
+
+
 async def run_rate(
     url: str,
     model: str,
@@ -56,18 +77,28 @@ async def run_rate(
     api_key: str | None,
     slo_ttft: float,
     slo_tpot: float,
+    dashboards: int = 0,
 ) -> RunResult:
+    """One rate's run; `dashboards` pages watch the server's dashboard meanwhile."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    stop = asyncio.Event()
+    watchers = [asyncio.create_task(_watch_dashboard(url, api_key, stop))
+                for _ in range(dashboards)]  # fmt: skip
+    if dashboards:
+        await asyncio.sleep(1)  # every page connected and receiving
     async with httpx.AsyncClient(timeout=None, headers=headers, limits=limits) as client:
         start = time.perf_counter()
         results = await asyncio.gather(*(_one(client, url, model, r, start) for r in workload))
         wall = time.perf_counter() - start
+    stop.set()
+    dashboard_bytes = sum(await asyncio.gather(*watchers))
     records = [r for r in results if r is not None]
     good = [r for r in records if r.ttft is not None and r.ttft <= slo_ttft
             and (r.tpot is None or r.tpot <= slo_tpot)]  # fmt: skip
     extra = {"errors": len(results) - len(records), "goodput_req_per_s": round(len(good) / wall, 3),
-             "slo": {"ttft_s": slo_ttft, "tpot_s": slo_tpot}}  # fmt: skip
+             "slo": {"ttft_s": slo_ttft, "tpot_s": slo_tpot}, "dashboards": dashboards,
+             "dashboard_mb_per_s": round(dashboard_bytes / wall / 1e6, 3)}  # fmt: skip
     return RunResult(name, wall, records, extra=extra)
 
 
@@ -80,10 +111,16 @@ def run_serve_sweep(args: argparse.Namespace, out: Path) -> dict:
     arrival = "poisson" if args.arrival == "all" else args.arrival
     url = args.url.rstrip("/")
     runs = []
-    for rate in [float(x) for x in args.rates.split(",")]:
-        workload = named(args.workload, tokenizer, args.workload_seed, args.num_requests,
-                         arrival, rate)  # fmt: skip
-        runs.append(asyncio.run(run_rate(url, args.model, workload, f"rate {rate:g}/s",
-                                         args.api_key, args.slo_ttft, args.slo_tpot)))  # fmt: skip
-    meta = {"url": url, "model": args.model, "workload": args.workload, "arrival": arrival}
+    for repeat in range(args.repeats):
+        for rate in [float(x) for x in args.rates.split(",")]:
+            workload = named(args.workload, tokenizer, args.workload_seed, args.num_requests,
+                             arrival, rate)  # fmt: skip
+            # with --dashboards, runs alternate without and with the pages open
+            for pages in (0, args.dashboards) if args.dashboards else (0,):
+                name = f"rate {rate:g}/s" + (f", {pages} dashboards" if args.dashboards else "")
+                name += f" #{repeat + 1}" if args.repeats > 1 else ""
+                runs.append(asyncio.run(run_rate(url, args.model, workload, name, args.api_key,
+                                                 args.slo_ttft, args.slo_tpot, pages)))  # fmt: skip
+    meta = {"url": url, "model": args.model, "workload": args.workload, "arrival": arrival,
+            "dashboards": args.dashboards}  # fmt: skip
     return write_report(out, f"inflight bench serve: {args.workload}", runs, meta)

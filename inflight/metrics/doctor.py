@@ -155,11 +155,13 @@ def kv_pressure(w: Window) -> Hint | None:
     if not (w.kv_usage_max > 0.95 and w.preemptions > 0):
         return None
     budget = w.knob("kv_cache_memory_bytes", 2 * 2**30)
+    blocks = w.knob("num_kv_blocks", 0)
     return Hint(
         "kv_pressure", "warning",
         f"the KV cache reached {w.kv_usage_max:.0%} and {w.preemptions:g} requests were "
         f"preempted in {w.seconds:.0f} s; their tokens are computed again",
-        f"--kv-cache-memory-bytes {_bytes(2 * budget)} (or a lower --max-num-seqs)",
+        f"--kv-cache-memory-bytes {_bytes(2 * budget)} (--num-kv-blocks {2 * blocks:.0f} if "
+        "you set the blocks), or a lower --max-num-seqs",
         {"kv_usage_max": w.kv_usage_max, "preemptions": w.preemptions},
     )  # fmt: skip
 

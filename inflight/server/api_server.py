@@ -84,8 +84,10 @@ def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
 
 def _streamed(model: type) -> dict[int | str, dict[str, Any]]:
     """200 as JSON, or as server-sent events (`data: {chunk}` lines) when `stream` is true."""
-    sse = {"schema": {"type": "string", "description": "`data: <JSON chunk>` lines, then "
-                                                     "`data: [DONE]`"}}  # fmt: skip
+    event = {"type": "object", "required": ["data"], "properties": {
+        "data": {"type": "string", "description": "a JSON chunk, or [DONE] at the end"},
+        "event": {"type": "string"}}}  # fmt: skip
+    sse = {"schema": event, "description": "one server-sent event per chunk"}
     return {200: {"model": model, "content": {"text/event-stream": sse}}}
 
 

@@ -10,6 +10,7 @@ plus a hundred socket writes. A page that falls behind skips to the newest updat
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import time
 from collections.abc import AsyncIterator
@@ -20,7 +21,15 @@ from inflight.engine.async_engine import AsyncLLM
 from inflight.metrics.doctor import History
 
 UPDATES_PER_S = 4
+# With many pages open the rate drops (to 1 a second at 100 pages): each update is a write per
+# page on the event loop, which shares the GIL with the engine's step.
+PAGES_AT_FULL_RATE = 25
 BELT_STEPS = 200
+
+
+def run_lengths(states: str) -> list[list]:
+    """The block map as [[state, count], ...]: a pool is mostly long runs of one state."""
+    return [[state, sum(1 for _ in run)] for state, run in itertools.groupby(states)]
 
 
 def page_html() -> str:
@@ -32,14 +41,15 @@ class Broadcaster:
         self.engine, self.history = engine, history
         self.version = 0
         self.payload = ""
-        self._changed = asyncio.Condition()
+        self._published = asyncio.Event()  # replaced by a fresh one at every update
         self._last_step_t = float("-inf")
 
     async def run(self) -> None:
         """Builds an update every 1/UPDATES_PER_S s while a page is open (a lifespan task)."""
         while True:
-            await asyncio.sleep(1 / UPDATES_PER_S)
-            if self.engine.feed.watchers:
+            pages = self.engine.feed.watchers
+            await asyncio.sleep(max(1, pages / PAGES_AT_FULL_RATE) / UPDATES_PER_S)
+            if pages:
                 await self.publish(self.update())
 
     def update(self) -> dict[str, Any]:
@@ -47,24 +57,27 @@ class Broadcaster:
         steps = feed.steps_after(self._last_step_t, BELT_STEPS)
         if steps:
             self._last_step_t = steps[-1].t
-        return {"t": now, "steps": [s.belt_row() for s in steps], **feed.state(now),
+        state = feed.state(now)
+        state["kv"]["blocks"] = run_lengths(state["kv"]["blocks"])
+        return {"t": now, "steps": [s.belt_row() for s in steps], **state,
                 "hints": self.history.report()["hints"], "alive": self.engine.is_alive}  # fmt: skip
 
     async def publish(self, update: dict[str, Any]) -> None:
-        async with self._changed:
-            self.payload = f"data: {json.dumps(update, separators=(',', ':'))}\n\n"
-            self.version += 1
-            self._changed.notify_all()
+        self.payload = f"data: {json.dumps(update, separators=(',', ':'))}\n\n"
+        self.version += 1
+        published, self._published = self._published, asyncio.Event()
+        published.set()
 
     async def next(self, seen: int, timeout: float = 1.0) -> tuple[str | None, int]:
-        """The newest update after version `seen` (None after `timeout`: send a keep-alive)."""
-        async with self._changed:
+        """The newest update after version `seen` (None after `timeout`: send a keep-alive).
+        (An event per update rather than a Condition: a page that leaves cancels this wait,
+        and nothing is left to release.)"""
+        if self.version <= seen:
             try:
-                await asyncio.wait_for(self._changed.wait_for(lambda: self.version > seen),
-                                       timeout)  # fmt: skip
+                await asyncio.wait_for(self._published.wait(), timeout)
             except TimeoutError:
                 return None, seen
-            return self.payload, self.version
+        return self.payload, self.version
 
     async def stream(self, hello: dict[str, Any]) -> AsyncIterator[str]:
         """One page's events: a hello (knobs and the belt so far), then every update."""

@@ -9,7 +9,7 @@ from inflight.metrics.doctor import Snapshot, diagnose, histogram_quantile, wind
 
 KNOBS = {"max_num_seqs": "64", "max_num_batched_tokens": "2048", "prefill_chunk_size": "None",
          "kv_cache_memory_bytes": str(2 * 2**30), "enable_prefix_caching": "True",
-         "max_queued_requests": "64"}  # fmt: skip
+         "max_queued_requests": "64", "num_kv_blocks": "5825"}  # fmt: skip
 ITL_BOUNDS = ("0.005", "0.01", "0.02", "0.05", "0.1", "0.2", "0.5", "+Inf")
 
 
@@ -67,7 +67,7 @@ def test_a_healthy_window_has_no_hints():
 def test_kv_pressure_names_the_memory_flag():
     history = [snap(0), snap(10, kv=0.97, running=40, preemptions=12, steps=100, seqs=3000)]
     (hint,) = [h for h in diagnose(history) if h.rule == "kv_pressure"]
-    assert hint.flag.startswith("--kv-cache-memory-bytes 4GiB")
+    assert hint.flag.startswith("--kv-cache-memory-bytes 4GiB (--num-kv-blocks 11650 if")
     assert hint.evidence == {"kv_usage_max": 0.97, "preemptions": 12}
     assert "12 requests were preempted in 10 s" in hint.message
 
