@@ -53,3 +53,14 @@ class LiveServer:
             if time.monotonic() > deadline:
                 raise AssertionError("the engine did not become idle")
             time.sleep(0.02)
+
+
+def slow_steps(engine: AsyncLLM, seconds: float) -> None:
+    """Every engine step sleeps `seconds` first, so a test can act while requests run."""
+    step = engine.core.step
+
+    def slow_step():
+        time.sleep(seconds)
+        return step()
+
+    engine.core.step = slow_step

@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from inflight.engine.async_engine import AsyncLLM
-from tests.server.live import LiveServer
+from tests.server.live import LiveServer, slow_steps
 
 MODEL = "tiny"
 
@@ -139,7 +139,7 @@ def test_queue_full_is_429_with_retry_after(tiny_llama):
 def test_request_timeout_aborts_and_frees_blocks(tiny_llama):
     engine = engine_for(tiny_llama, request_timeout=0.3)
     with LiveServer(engine, served_model_name=MODEL) as s:
-        s.engine.core.step = _slow(s.engine.core.step)
+        slow_steps(s.engine, 0.05)
         body = {"model": MODEL, "prompt": "x", "max_tokens": 100, "ignore_eos": True}
         assert_error(post(s, "/v1/completions", body), 408, "TimeoutError", None,
                      "exceeded the 0.3 s request timeout")  # fmt: skip
@@ -161,11 +161,3 @@ def test_engine_failure_is_503_never_a_hang(tiny_llama):
         health = httpx.get(s.url + "/health")
         assert_error(health, 503, "ServiceUnavailableError")
         assert_error(post(s, "/v1/completions", body), 503, "ServiceUnavailableError")
-
-
-def _slow(step):
-    def slow_step():
-        time.sleep(0.05)
-        return step()
-
-    return slow_step

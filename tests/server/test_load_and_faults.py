@@ -14,9 +14,10 @@ import time
 import httpx
 import pytest
 
+from inflight.bench.soak import free_port
 from inflight.cli import main
 from inflight.engine.async_engine import AsyncLLM
-from tests.server.live import LiveServer
+from tests.server.live import LiveServer, slow_steps
 from tests.server.test_stream_and_metrics import metric_samples
 
 MODEL = "tiny"
@@ -28,16 +29,6 @@ IDLE_GAUGES = ("inflight_requests_running", "inflight_requests_waiting",
 def engine_for(folder, **knobs) -> AsyncLLM:
     knobs = {"dtype": "float32", "max_model_len": 128, "num_kv_blocks": 64, **knobs}
     return AsyncLLM(str(folder), **knobs)
-
-
-def slow_steps(engine: AsyncLLM, seconds: float) -> None:
-    step = engine.core.step
-
-    def slow_step():
-        time.sleep(seconds)
-        return step()
-
-    engine.core.step = slow_step
 
 
 def assert_gauges_idle_within(server: LiveServer, seconds: float) -> None:
@@ -209,14 +200,6 @@ def start_server(model, port: int, shutdown_timeout: float, log) -> subprocess.P
         assert process.poll() is None, "the server exited while starting"
     process.kill()
     raise AssertionError("the server did not start")
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.mark.parametrize("shutdown_timeout", [30.0, 0.0])

@@ -21,9 +21,9 @@ import httpx
 import pytest
 import yaml
 
+from inflight.bench.soak import free_port
 from inflight.engine.async_engine import AsyncLLM
-from tests.server.live import LiveServer
-from tests.server.test_load_and_faults import free_port, slow_steps
+from tests.server.live import LiveServer, slow_steps
 from tests.server.test_stream_and_metrics import metric_samples
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -11,7 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from inflight import LLM, SamplingParams
 from inflight.engine.async_engine import AsyncLLM
 from inflight.metrics.prometheus import EngineMetrics
-from tests.server.live import LiveServer
+from tests.server.live import LiveServer, slow_steps
 
 
 def metric_samples(text: str) -> dict[tuple[str, tuple], float]:
@@ -25,13 +24,7 @@ def metric_samples(text: str) -> dict[tuple[str, tuple], float]:
 def test_disconnect_aborts_and_returns_blocks(tiny_llama):
     engine = AsyncLLM(str(tiny_llama), dtype="float32", max_model_len=128, num_kv_blocks=64)
     with LiveServer(engine, served_model_name="tiny") as s:
-        step = engine.core.step
-
-        def slow_step():
-            time.sleep(0.02)
-            return step()
-
-        engine.core.step = slow_step
+        slow_steps(engine, 0.02)
         pool = engine.core.kv_cache_manager.pool
         before = pool.num_used_blocks
         body = {"model": "tiny", "prompt": "The quick brown fox", "max_tokens": 120,
