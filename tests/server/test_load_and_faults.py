@@ -85,7 +85,7 @@ def test_overload_gets_429s_while_health_answers(tiny_llama):
         # `inflight bench soak` measures /health from outside (p99 ~13 ms under such a burst).
         health_times.sort()
         assert len(health_times) >= 6 and health_times[len(health_times) // 2] < 0.2
-        assert health_times[-1] < 3.0, health_times
+        assert health_times[-1] < 10.0, health_times  # (a hang; slow CPUs see ~1-2 s here)
         assert_gauges_idle_within(s, 1.0)
         time.sleep(1.1)  # the doctor's history takes a snapshot a second
         doctor = httpx.get(s.url + "/doctor").json()
