@@ -30,12 +30,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from inflight.core.outputs import EngineCoreOutput
-from inflight.engine.engine_core import StepStats
 from inflight.engine.llm import LLM
 from inflight.engine.processor import ParentRequest, PromptInput
 from inflight.errors import InflightError, InvalidRequestError
 from inflight.metrics import EngineMetrics
 from inflight.metrics.live import FinishedSample, LiveFeed, StepSample
+from inflight.metrics.stats import StepStats
 from inflight.outputs import RequestOutput
 from inflight.request import FinishReason, Request, RequestStatus
 from inflight.sampling_params import SamplingParams

@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from dataclasses import dataclass
 
 import torch
 
@@ -21,6 +20,7 @@ from inflight.core.scheduler import Scheduler
 from inflight.core.sizing import cdiv, num_blocks_for_budget, resolve_max_model_len
 from inflight.engine.profiling import NO_TIMER, PhaseTimer, Timer
 from inflight.errors import ModelFailedError
+from inflight.metrics.stats import StepStats, StepTotals
 from inflight.model.loader import LoadedModel, load_model, resolve_model_path
 from inflight.platform import resolve_device, resolve_dtype
 from inflight.request import FinishReason, Request
@@ -29,48 +29,6 @@ from inflight.runner.kv_cache import KVCache, kv_bytes_per_token
 from inflight.runner.model_runner import WARM_UP_CHUNK, ModelRunner
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(slots=True)
-class StepStats:
-    """What one step did, for metrics and benchmarks."""
-
-    num_batched_tokens: int
-    num_decode_tokens: int  # of those, decodes (one new token of a request past its prompt)
-    num_sampled_tokens: int  # tokens sampled (decodes, and prompt chunks that end a prompt)
-    num_scheduled_seqs: int
-    num_running: int
-    num_waiting: int
-    kv_usage: float
-    kv_blocks_used: int
-    num_preempted: int
-    num_prefix_queries: int  # prompt tokens looked up in the prefix cache this step
-    num_prefix_hits: int  # of those, found cached
-    num_predictive_admissions: int  # requests admitted early on blocks about to be freed
-    num_prediction_failures: int  # of requests so admitted, preempted this step
-    duration_s: float
-
-
-@dataclass(slots=True)
-class StepTotals:
-    """Running sums over every step that scheduled work (effective batch size = seqs / steps)."""
-
-    num_steps: int = 0
-    num_scheduled_seqs: int = 0
-    num_batched_tokens: int = 0
-    num_preemptions: int = 0
-    busy_s: float = 0.0
-
-    def add(self, step: StepStats) -> None:
-        self.num_steps += 1
-        self.num_scheduled_seqs += step.num_scheduled_seqs
-        self.num_batched_tokens += step.num_batched_tokens
-        self.num_preemptions += step.num_preempted
-        self.busy_s += step.duration_s
-
-    @property
-    def mean_batch_seqs(self) -> float:
-        return self.num_scheduled_seqs / max(1, self.num_steps)
 
 
 def warm_up_tokens(

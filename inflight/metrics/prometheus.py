@@ -25,7 +25,7 @@ from prometheus_client import (
     generate_latest,
 )
 
-from inflight.engine.engine_core import StepStats
+from inflight.metrics.stats import StepStats
 from inflight.outputs import RequestOutput
 
 PREFIX = "inflight"
