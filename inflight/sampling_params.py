@@ -51,15 +51,21 @@ def check_float(value: object, param: str, lo: float, hi: float, lo_open: bool =
            f"is too close to 0 ({value} is not a normal float32)")  # fmt: skip
 
 
-def check_text(value: object, param: str) -> None:
-    """A string that is valid Unicode (JSON can carry lone surrogates, which cannot be encoded)."""
-    _check(isinstance(value, str), param, f"must be a string, got {type(value).__name__}")
+def unicode_problem(text: str) -> str | None:
+    """Why `text` is not valid Unicode, or None (JSON can carry lone surrogates, which no
+    encoder, tokenizer included, accepts)."""
     try:
-        value.encode("utf-8")  # type: ignore[union-attr]
+        text.encode("utf-8")
     except UnicodeEncodeError as e:
-        raise InvalidRequestError(
-            f"{param} is not valid Unicode (a lone surrogate at character {e.start})", param
-        ) from None
+        return f"not valid Unicode (a lone surrogate at character {e.start})"
+    return None
+
+
+def check_text(value: object, param: str) -> None:
+    """A string that is valid Unicode."""
+    _check(isinstance(value, str), param, f"must be a string, got {type(value).__name__}")
+    problem = unicode_problem(value)  # type: ignore[arg-type]
+    _check(problem is None, param, f"is {problem}")
 
 
 @dataclass

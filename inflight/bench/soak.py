@@ -31,6 +31,7 @@ from typing import Any
 import httpx
 
 from inflight.bench.workloads import WorkloadRequest, named
+from inflight.metrics.doctor import Snapshot
 
 logger = logging.getLogger(__name__)
 
@@ -108,15 +109,6 @@ def rss_mib(pid: int) -> float | None:
     except OSError:
         return None
     return None
-
-
-def metric_values(text: str, names: tuple[str, ...]) -> dict[str, float]:
-    values = {}
-    for line in text.splitlines():
-        name, _, value = line.partition(" ")
-        if name in names:
-            values[name] = float(value)
-    return values
 
 
 async def _request(
@@ -229,8 +221,8 @@ class Soak:
         within 10 s)."""
         start = time.perf_counter()
         while time.perf_counter() - start < 10:
-            values = metric_values((await client.get("/metrics")).text, IDLE_GAUGES)
-            if values and not any(values.values()):
+            metrics = Snapshot.parse(0.0, (await client.get("/metrics")).text)
+            if all(metrics.samples.get((name, ())) == 0 for name in IDLE_GAUGES):
                 return round(time.perf_counter() - start, 3)
             await asyncio.sleep(0.05)
         return None

@@ -323,6 +323,11 @@ class AsyncLLM:
         """Token ids of a text that could fit the context (longer texts are refused untokenized)."""
         return self.llm.input_processor.tokenize(text, add_special_tokens)[1]
 
+    def _count_refusal(self, reason: str) -> None:
+        """A request refused (queue full) or cut by the timeout: for /metrics and the dashboard."""
+        self.metrics.rejected.labels(reason=reason).inc()
+        self.feed.add_refusal(time.monotonic(), reason)
+
     def check_capacity(self, num_sequences: int = 1) -> None:
         """Raises EngineDeadError, or QueueFullError if `num_sequences` more (a request with `n`
         samples is n) would overflow the waiting queue; call before `submit` so a refusal is an
@@ -340,8 +345,7 @@ class AsyncLLM:
             )  # fmt: skip
         num_waiting = self._num_unfinished - self.core.scheduler.num_running
         if num_waiting + num_sequences > self.max_queued_requests:
-            self.metrics.rejected.labels(reason="queue_full").inc()
-            self.feed.add_refusal(time.monotonic(), "queue_full")
+            self._count_refusal("queue_full")
             raise QueueFullError(
                 f"the waiting queue is full ({self.max_queued_requests} sequences); retry later"
             )
@@ -382,8 +386,7 @@ class AsyncLLM:
                 try:
                     item = await asyncio.wait_for(stream.get(), timeout)
                 except TimeoutError:
-                    self.metrics.rejected.labels(reason="timeout").inc()
-                    self.feed.add_refusal(time.monotonic(), "timeout")
+                    self._count_refusal("timeout")
                     raise RequestTimeoutError(
                         f"request {request_id} exceeded the {self.request_timeout:g} s request "
                         "timeout and was aborted"

@@ -24,16 +24,15 @@ from inflight.sampling_params import (
     MAX_STOP_TOKEN_IDS,
     MIN_REPETITION_PENALTY,
     MIN_SEED,
+    unicode_problem,
 )
 
 MAX_N = 16  # choices per request over HTTP (the queue bound counts each)
 
 
 def _valid_unicode(text: str) -> str:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as e:
-        raise ValueError(f"not valid Unicode (a lone surrogate at character {e.start})") from None
+    if (problem := unicode_problem(text)) is not None:
+        raise ValueError(problem)
     return text
 
 

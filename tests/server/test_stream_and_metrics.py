@@ -5,20 +5,16 @@ from __future__ import annotations
 import json
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 
 from inflight import LLM, SamplingParams
 from inflight.engine.async_engine import AsyncLLM
+from inflight.metrics.doctor import Snapshot
 from inflight.metrics.prometheus import EngineMetrics
 from tests.server.live import LiveServer, slow_steps
 
 
 def metric_samples(text: str) -> dict[tuple[str, tuple], float]:
-    samples = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            samples[(s.name, tuple(sorted(s.labels.items())))] = s.value
-    return samples
+    return Snapshot.parse(0.0, text).samples
 
 
 def test_disconnect_aborts_and_returns_blocks(tiny_llama):
