@@ -124,7 +124,7 @@ def build_app(engine: AsyncLLM, config: ServerConfig) -> FastAPI:
     broadcaster = Broadcaster(engine, history)
 
     async def sample_metrics() -> None:
-        """One snapshot a second for /doctor (a parse of ~200 samples: ~2 ms)."""
+        """One snapshot a second for /doctor."""
         while True:
             history.take(time.monotonic(), engine.metrics.render().decode())
             await asyncio.sleep(1)

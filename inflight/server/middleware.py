@@ -29,10 +29,6 @@ def error_response(status: int, message: str, type_: str, param: str | None = No
     return JSONResponse(p.error_body(message, type_, status, param), status, headers=headers)
 
 
-async def _refuse(scope: Scope, receive: Receive, send: Send, response: JSONResponse) -> None:
-    await response(scope, receive, send)
-
-
 class RequestLimits:
     def __init__(self, app: ASGIApp, max_bytes: int, read_timeout: float) -> None:
         self.app, self.max_bytes, self.read_timeout = app, max_bytes, read_timeout
@@ -45,7 +41,7 @@ class RequestLimits:
         )
         declared = dict(scope.get("headers", [])).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            return await _refuse(scope, receive, send, too_large)
+            return await too_large(scope, receive, send)
         chunks: list[bytes] = []
         size = 0
         while True:
@@ -55,13 +51,13 @@ class RequestLimits:
                 timeout = error_response(
                     408, f"the request body stalled for {self.read_timeout:g} s", "TimeoutError"
                 )
-                return await _refuse(scope, receive, send, timeout)
+                return await timeout(scope, receive, send)
             if message["type"] == "http.disconnect":
                 return None
             body = message.get("body", b"")
             size += len(body)
             if size > self.max_bytes:
-                return await _refuse(scope, receive, send, too_large)
+                return await too_large(scope, receive, send)
             chunks.append(body)
             if not message.get("more_body", False):
                 break
@@ -113,7 +109,7 @@ class AllowedHosts:
                     400, f"the Host header {host!r} is not allowed (see --allowed-hosts)",
                     "BadRequestError",
                 )  # fmt: skip
-                return await _refuse(scope, receive, send, refusal)
+                return await refusal(scope, receive, send)
         await self.app(scope, receive, send)
 
 
@@ -126,5 +122,5 @@ class Draining:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and self.is_draining() and scope["path"] != "/metrics":
             refusal = error_response(503, "the server is shutting down", "ServiceUnavailableError")
-            return await _refuse(scope, receive, send, refusal)
+            return await refusal(scope, receive, send)
         await self.app(scope, receive, send)

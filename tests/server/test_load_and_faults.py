@@ -82,10 +82,10 @@ def test_overload_gets_429s_while_health_answers(tiny_llama):
         assert statuses.count(429) > 0 and statuses.count(200) >= 16
         assert all(r.headers["retry-after"] == "1" for r in responses if r.status_code == 429)
         # Client and server share one process (and its GIL) here, so only a hang is caught;
-        # `inflight bench soak` measures /health from outside (p99 ~13 ms under such a burst).
+        # `inflight bench soak` measures /health from outside (docs/reliability.md).
         health_times.sort()
         assert len(health_times) >= 6 and health_times[len(health_times) // 2] < 0.2
-        assert health_times[-1] < 10.0, health_times  # (a hang; slow CPUs see ~1-2 s here)
+        assert health_times[-1] < 10.0, health_times  # a hang, not a slow CPU
         assert_gauges_idle_within(s, 1.0)
         time.sleep(1.1)  # the doctor's history takes a snapshot a second
         doctor = httpx.get(s.url + "/doctor").json()
