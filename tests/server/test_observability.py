@@ -8,6 +8,7 @@ available); without them these tests skip, except in CI (CI=true), where they mu
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import math
 import os
@@ -219,3 +220,40 @@ def test_dashboard_needs_the_key(tiny_llama):
             assert events.status_code == 200
             assert next(events.iter_lines()) == "event: hello"
         assert httpx.get(server.url + "/dashboard/events").status_code == 401
+
+
+def test_pages_that_leave_stop_counting_as_watchers(tiny_llama):
+    """Pages that vanish mid-stream release their place, so the update rate of the others
+    returns to full."""
+    pages = 20
+    engine = AsyncLLM(str(tiny_llama), dtype="float32", max_model_len=128, num_kv_blocks=64)
+    with LiveServer(engine, served_model_name=MODEL) as server:
+
+        async def open_and_vanish():
+            streams = []
+            for _ in range(pages):
+                reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+                writer.write(b"GET /dashboard/events HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+                streams.append((reader, writer))
+            for reader, _ in streams:
+                assert (await reader.readuntil(b"event: hello")).endswith(b"event: hello")
+            await asyncio.sleep(1)  # a few updates each
+            assert engine.feed.watchers == pages
+            for _, writer in streams:
+                writer.close()
+                await writer.wait_closed()
+
+        asyncio.run(open_and_vanish())
+        deadline = time.monotonic() + 3
+        while engine.feed.watchers:
+            assert time.monotonic() < deadline, engine.feed.watchers
+            time.sleep(0.05)
+        with httpx.stream("GET", server.url + "/dashboard/events") as events:
+            lines = events.iter_lines()
+            start = time.monotonic()
+            updates = sum(
+                1
+                for line in itertools.takewhile(lambda _: time.monotonic() - start < 1.2, lines)
+                if line.startswith("data:")
+            )
+        assert updates >= 4  # the hello and ~4 updates a second, at full rate again
