@@ -32,6 +32,17 @@ COMPARE_MODES = {
 }
 
 
+def positive(text: str) -> float:
+    """A finite number > 0, for rates and durations (a flag value, so argparse reports it)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
+    return value
+
+
 def add_workload_flags(parser: argparse.ArgumentParser) -> None:
     named_list = ", ".join(NAMED)
     parser.add_argument("--workload", default="mixed64",
@@ -131,11 +142,14 @@ def add_bench_parser(sub: Any, add_engine_flags: Callable[[argparse.ArgumentPars
         help="a bounded overload run against `inflight serve`: outcomes, /health, RSS",
     )
     soak.add_argument(
-        "--duration", type=float, default=600.0, help="seconds of Poisson arrivals (default: 600)"
+        "--duration",
+        type=positive,
+        default=600.0,
+        help="seconds of Poisson arrivals (default: 600)",
     )
     soak.add_argument(
         "--load",
-        type=float,
+        type=positive,
         default=2.0,
         help="arrival rate as a multiple of the measured saturation rate (default: 2)",
     )
@@ -153,7 +167,7 @@ def add_bench_parser(sub: Any, add_engine_flags: Callable[[argparse.ArgumentPars
     )
     soak.add_argument(
         "--request-timeout",
-        type=float,
+        type=positive,
         default=300.0,
         help="client timeout per request, s; past it the request is lost (default: 300)",
     )
