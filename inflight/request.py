@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from inflight.sampling_params import SamplingParams
 
@@ -36,6 +37,7 @@ class Request:
     arrival_time: float = field(default_factory=time.monotonic)
     priority: int = 0
     cache_salt: str | None = None  # requests with different salts never share cached blocks
+    grammar: Any = None  # the compiled constraint of its structured output (xgrammar), or None
     # Admitted before its blocks were free, on the prediction that running requests free them
     # soon (on probation); cleared once its prompt is computed (on-demand admission) or once
     # every reservation fits again (reserve). Such a request yields, never anyone else.

@@ -25,6 +25,9 @@ MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY = 0.01, 100.0
 MAX_STOP_STRINGS, MAX_STOP_STRING_CHARS, MAX_STOP_TOKEN_IDS = 64, 1024, 1024
 # The smallest normal float32: a smaller non-zero value becomes a denormal or 0 in the sampler.
 FLOAT32_TINY = 1.1754943508222875e-38
+# A grammar's text (schema, regex, EBNF, choices) is compiled before the request is queued:
+# bounded, so compiling one cannot hold the tokenizer thread for long.
+MAX_GRAMMAR_CHARS, MAX_CHOICES = 64 * 1024, 1024
 
 
 def _check(ok: bool, param: str, message: str) -> None:
@@ -68,6 +71,50 @@ def check_text(value: object, param: str) -> None:
     _check(problem is None, param, f"is {problem}")
 
 
+@dataclass(frozen=True)
+class StructuredOutputs:
+    """A constraint on the output, compiled to a grammar that masks each step's logits: exactly
+    one of a JSON schema (`json`, a dict or its text), any JSON object (`json_object`), a
+    `regex`, one of the strings in `choice`, or an EBNF (GBNF) `grammar`. `param` names the
+    request field it came from, for error messages."""
+
+    json: dict | str | None = None
+    json_object: bool = False
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    param: str = field(default="structured_outputs", compare=False)
+
+    def __post_init__(self) -> None:
+        given = [k for k in ("json", "regex", "choice", "grammar") if getattr(self, k) is not None]
+        given += ["json_object"] if self.json_object is True else []
+        kinds = "json, json_object, regex, choice, grammar"
+        _check(len(given) == 1, self.param, f"must set exactly one of {kinds}; got {given}")
+        _check(isinstance(self.json_object, bool), self.param, "json_object must be a boolean")
+        if self.json is not None:
+            _check(isinstance(self.json, dict | str), self.param,
+                   "json must be a JSON schema (an object, or its text)")  # fmt: skip
+        for name in ("regex", "grammar"):
+            if (value := getattr(self, name)) is not None:
+                check_text(value, self.param)
+                _check(0 < len(value) <= MAX_GRAMMAR_CHARS, self.param,
+                       f"{name} must have 1 to {MAX_GRAMMAR_CHARS} characters")  # fmt: skip
+        if self.choice is not None:
+            _check(isinstance(self.choice, list) and 0 < len(self.choice) <= MAX_CHOICES,
+                   self.param, f"choice must be a list of 1 to {MAX_CHOICES} strings")  # fmt: skip
+            for option in self.choice:
+                check_text(option, self.param)
+            _check(sum(map(len, self.choice)) <= MAX_GRAMMAR_CHARS, self.param,
+                   f"choice must have at most {MAX_GRAMMAR_CHARS} characters in all")  # fmt: skip
+
+    @property
+    def kind(self) -> str:
+        for name in ("json", "regex", "choice", "grammar"):
+            if getattr(self, name) is not None:
+                return name
+        return "json_object"
+
+
 @dataclass
 class SamplingParams:
     n: int = 1
@@ -88,6 +135,7 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     logprobs: int | None = None  # number of top alternatives besides the sampled token
     skip_special_tokens: bool = True
+    structured_outputs: StructuredOutputs | None = None
 
     def __post_init__(self) -> None:
         """Checks every field's type and range, so nothing the sampler would choke on (an
@@ -129,6 +177,11 @@ class SamplingParams:
             check_int(token_id, "stop_token_ids", 0, MAX_INT64)
         if self.logprobs is not None:
             check_int(self.logprobs, "logprobs", 0, MAX_LOGPROBS)
+        if self.structured_outputs is not None:
+            _check(isinstance(self.structured_outputs, StructuredOutputs), "structured_outputs",
+                   "must be a StructuredOutputs")  # fmt: skip
+            # min_tokens bans EOS, and a complete grammar allows only EOS: no token would be left
+            _check(self.min_tokens == 0, "min_tokens", "cannot be combined with structured outputs")
         for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"):
             _check(isinstance(getattr(self, name), bool), name, "must be a boolean")
 

@@ -7,6 +7,7 @@ keep a step cheap: receivers read them and never mutate them.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from inflight.request import FinishReason
 from inflight.sampling_params import SamplingParams
@@ -25,6 +26,7 @@ class ScheduledRequest:
     prompt_token_ids: list[int]
     output_token_ids: list[int]
     eos_token_ids: frozenset[int] = frozenset()
+    grammar: Any = None  # its compiled constraint (xgrammar), or None
 
     @property
     def num_tokens(self) -> int:
@@ -62,11 +64,14 @@ class ModelRunnerOutput:
     logprobs: dict[str, Logprobs] = field(default_factory=dict)
     # requests the step failed on when run alone: id -> the error, for their client
     failed: dict[str, str] = field(default_factory=dict)
+    # constrained requests whose grammar is complete with this step's token: they stop
+    grammar_complete: set[str] = field(default_factory=set)
 
     def merge(self, other: ModelRunnerOutput) -> None:
         self.sampled_token_ids.update(other.sampled_token_ids)
         self.logprobs.update(other.logprobs)
         self.failed.update(other.failed)
+        self.grammar_complete.update(other.grammar_complete)
 
 
 @dataclass(slots=True)

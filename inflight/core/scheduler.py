@@ -308,6 +308,7 @@ class Scheduler:
             prompt_token_ids=request.prompt_token_ids,
             output_token_ids=request.output_token_ids,
             eos_token_ids=request.eos_token_ids,
+            grammar=request.grammar,
         )
 
     def _preempt(self, request: Request) -> None:
@@ -368,6 +369,8 @@ class Scheduler:
             if request.first_token_time is None:
                 request.first_token_time = now
             reason, stop_reason = self._check_stop(request, token_id)
+            if s.request_id in runner_output.grammar_complete:  # even under ignore_eos
+                reason, stop_reason = FinishReason.STOP, None
             logprobs = runner_output.logprobs.get(s.request_id)
             if reason is not None:
                 self._finish(request, reason, stop_reason, now)

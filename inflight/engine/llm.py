@@ -23,7 +23,7 @@ from inflight.tokenizer import load_tokenizer
 
 logger = logging.getLogger(__name__)
 
-Message = dict[str, str]
+Message = dict[str, Any]
 
 
 class LLM:
@@ -74,7 +74,11 @@ class LLM:
         prompts = [(self.render_chat(c), False) for c in conversations]
         return self._run(prompts, sampling_params, use_tqdm)
 
-    def render_chat(self, messages: list[Message]) -> str:
+    def render_chat(
+        self, messages: list[Message], tools: list[dict[str, Any]] | None = None
+    ) -> str:
+        """The prompt text of a conversation; `tools` (OpenAI's shape) go to templates that
+        render them."""
         if not self.tokenizer.chat_template:
             raise InvalidRequestError("this model has no chat template", param="messages")
         for i, message in enumerate(messages):
@@ -83,7 +87,7 @@ class LLM:
                     check_text(value, f"messages.{i}.{key}")
         try:
             return self.tokenizer.apply_chat_template(
-                messages, tokenize=False, add_generation_prompt=True
+                messages, tools=tools, tokenize=False, add_generation_prompt=True
             )
         except Exception as e:  # jinja errors for malformed messages
             raise InvalidRequestError(f"cannot render the chat template: {e}", "messages") from e

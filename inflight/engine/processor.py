@@ -20,6 +20,7 @@ from inflight.errors import InvalidRequestError
 from inflight.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from inflight.request import FinishReason, Request
 from inflight.sampling_params import MAX_INT64, SamplingParams, check_int, check_text
+from inflight.structured import Grammars
 
 PromptInput = str | list[int]
 
@@ -33,6 +34,7 @@ class InputProcessor:
         eos_token_ids: frozenset[int],
     ) -> None:
         self.tokenizer = tokenizer
+        self.grammars = Grammars(tokenizer, vocab_size, sorted(eos_token_ids))
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
         self.eos_token_ids = eos_token_ids
@@ -114,6 +116,9 @@ class InputProcessor:
             check_text(cache_salt, "cache_salt")
         prompt_text, prompt_ids = self.tokenize(prompt, add_special_tokens)
         self._validate(prompt_ids, params)
+        grammar = None
+        if params.structured_outputs is not None:
+            grammar = self.grammars.compile(params.structured_outputs)
         arrival = time.monotonic()
         children = []
         for i in range(params.n):
@@ -130,6 +135,7 @@ class InputProcessor:
                     arrival_time=arrival,
                     priority=priority,
                     cache_salt=cache_salt,
+                    grammar=grammar,
                 )
             )
         parent = ParentRequest(request_id, prompt_text, prompt_ids, params, arrival)

@@ -52,8 +52,9 @@ class NoTimer:
 NO_TIMER = NoTimer()
 Timer = PhaseTimer | NoTimer
 
-# Phases that are not the model's forward pass: what issue 7 calls overhead.
-OVERHEAD_PHASES = ("schedule", "prepare_inputs", "sample", "update", "output")
+# Phases that are not the model's forward pass: overhead. ("grammar": waiting for the masks
+# filled beside the forward pass, and applying them.)
+OVERHEAD_PHASES = ("schedule", "prepare_inputs", "grammar", "sample", "update", "output")
 
 
 def breakdown(steps: list[StepPhases]) -> dict:

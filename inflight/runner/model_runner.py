@@ -28,6 +28,7 @@ from inflight.runner.cuda_graphs import DecodeGraphs
 from inflight.runner.kv_cache import KVCache
 from inflight.runner.sampler import Sampler
 from inflight.sampling_params import SamplingParams
+from inflight.structured import GrammarMasks
 
 WARM_UP_CHUNK = 512  # tokens per prompt chunk of the start-up warm-up
 
@@ -67,6 +68,7 @@ class ModelRunner:
             self.sampler = Sampler(device, seed, argmax=load_extension().first_argmax)
         else:
             self.sampler = Sampler(device, seed)
+        self.grammar_masks = GrammarMasks()
         self.timer: Timer = NO_TIMER
         # Test-only: called with every request of a batch before its forward pass, so a test
         # can make one request's processing fail.
@@ -155,6 +157,7 @@ class ModelRunner:
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
         # NOTE: a preempted request keeps its seeded generator, so recompute does not replay noise.
         self.sampler.drop(out.finished_request_ids)
+        self.grammar_masks.drop(out.finished_request_ids)
         self.kv_cache.swap(out.swap_out, out.swap_in)
         if not out.scheduled:
             return ModelRunnerOutput()
@@ -184,34 +187,61 @@ class ModelRunner:
         if self.fault_hook is not None:
             for s in scheduled:
                 self.fault_hook(s)
+        sampling = [s for s in scheduled if s.sample]
+        constrained = [row for row, s in enumerate(sampling) if s.grammar is not None]
+        masks = None
+        if constrained:  # filled beside the forward pass, which releases the GIL
+            masks = self.grammar_masks.start_fill([sampling[row] for row in constrained])
+        try:
+            logits = self._forward(scheduled)
+        finally:
+            # always waited for: the matchers must be idle before anything runs them again
+            bitmask = None
+            if masks is not None:
+                with self.timer.phase("grammar"):
+                    bitmask = masks.result()
+        if not sampling:
+            return ModelRunnerOutput()
+        result = ModelRunnerOutput()
+        if bitmask is not None:
+            with self.timer.phase("grammar"):
+                for row in self.grammar_masks.apply(logits, constrained, bitmask):
+                    result.failed[sampling[row].request_id] = "the grammar allows no token here"
+        with self.timer.phase("sample"):
+            token_ids, logprobs = self.sampler.sample(logits, sampling)
+        for s, token_id, lp in zip(sampling, token_ids, logprobs, strict=True):
+            if s.request_id in result.failed:
+                continue
+            if s.grammar is not None:  # last: it never raises, so a retry cannot replay it
+                complete, error = self.grammar_masks.accept(s.request_id, token_id)
+                if error is not None:
+                    result.failed[s.request_id] = error
+                    continue
+                if complete:
+                    result.grammar_complete.add(s.request_id)
+            result.sampled_token_ids[s.request_id] = token_id
+            if lp is not None:
+                result.logprobs[s.request_id] = lp
+        return result
+
+    def _forward(self, scheduled: list[ScheduledRequest]) -> torch.Tensor:
+        """Logits [S, V] of the requests in `scheduled` that sample, in their order."""
         graphs = self.decode_graphs
         if graphs is not None and graphs.fits(scheduled):
             with self.timer.phase("prepare_inputs"):
                 size = graphs.load(scheduled)
             with self.timer.phase("forward"):
-                logits = graphs.forward(size, len(scheduled))
-        else:
-            with self.timer.phase("prepare_inputs"):
-                inputs = self.prepare_inputs(SchedulerOutput(scheduled))
-            with self.timer.phase("forward"):
-                logits = self.model(
-                    inputs.input_ids,
-                    inputs.positions,
-                    self.kv_cache.layers,
-                    inputs.attn_metadata,
-                    inputs.logits_indices,
-                )
-        sampling = [s for s in scheduled if s.sample]
-        if not sampling:
-            return ModelRunnerOutput()
-        with self.timer.phase("sample"):
-            token_ids, logprobs = self.sampler.sample(logits, sampling)
-            result = ModelRunnerOutput()
-            for s, token_id, lp in zip(sampling, token_ids, logprobs, strict=True):
-                result.sampled_token_ids[s.request_id] = token_id
-                if lp is not None:
-                    result.logprobs[s.request_id] = lp
-        return result
+                return graphs.forward(size, len(scheduled))
+        with self.timer.phase("prepare_inputs"):
+            inputs = self.prepare_inputs(SchedulerOutput(scheduled))
+        with self.timer.phase("forward"):
+            return self.model(
+                inputs.input_ids,
+                inputs.positions,
+                self.kv_cache.layers,
+                inputs.attn_metadata,
+                inputs.logits_indices,
+            )
 
     def probe(self) -> None:
         """One prompt token and one decode on the scratch block: raises if the model itself

@@ -15,6 +15,8 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from inflight.sampling_params import (
+    MAX_CHOICES,
+    MAX_GRAMMAR_CHARS,
     MAX_INT64,
     MAX_LOGPROBS,
     MAX_REPETITION_PENALTY,
@@ -47,6 +49,38 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+GrammarText = Annotated[Text, Field(min_length=1, max_length=MAX_GRAMMAR_CHARS)]
+FunctionName = Annotated[Text, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")]
+
+
+class JsonSchemaFormat(BaseModel):
+    model_config = STRICT
+    name: Annotated[Text, Field(max_length=64)] = "response"
+    description: Text | None = None
+    # `schema` is a BaseModel attribute, hence the alias
+    schema_: dict[str, Any] = Field(alias="schema", default_factory=dict)
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    """OpenAI's `response_format`: free text, any JSON object, or JSON matching a schema."""
+
+    model_config = STRICT
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StructuredOutputsField(BaseModel):
+    """vLLM's `structured_outputs`: exactly one constraint."""
+
+    model_config = STRICT
+    json_: dict[str, Any] | GrammarText | None = Field(alias="json", default=None)
+    json_object: bool | None = None
+    regex: GrammarText | None = None
+    choice: Annotated[list[Text], Field(min_length=1, max_length=MAX_CHOICES)] | None = None
+    grammar: GrammarText | None = None
+
+
 class SamplingFields(BaseModel):
     """Fields shared by completions and chat completions."""
 
@@ -77,6 +111,8 @@ class SamplingFields(BaseModel):
     skip_special_tokens: bool = True
     priority: int = Field(default=0, ge=-MAX_INT64 - 1, le=MAX_INT64)
     cache_salt: Text | None = None  # requests with different salts never share cached KV
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputsField | None = None
 
 
 class CompletionRequest(SamplingFields):
@@ -93,10 +129,26 @@ class ChatContentPart(BaseModel):
     text: Text
 
 
+class FunctionCall(BaseModel):
+    model_config = STRICT
+    name: Text
+    arguments: Text  # a JSON object's text, as OpenAI sends it
+
+
+class ToolCall(BaseModel):
+    model_config = STRICT
+    id: Text
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(BaseModel):
     model_config = STRICT
     role: Literal["system", "user", "assistant", "developer", "tool"]
     content: Text | list[ChatContentPart] | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls
+    tool_call_id: Text | None = None  # what a tool message answers
+    name: Text | None = None
 
     def text(self) -> str:
         if self.content is None:
@@ -106,8 +158,36 @@ class ChatMessage(BaseModel):
         return "".join(part.text for part in self.content)
 
 
+class FunctionDefinition(BaseModel):
+    model_config = STRICT
+    name: FunctionName
+    description: Text | None = None
+    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
+    strict: bool | None = None
+
+
+class Tool(BaseModel):
+    model_config = STRICT
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(BaseModel):
+    model_config = STRICT
+    name: FunctionName
+
+
+class NamedToolChoice(BaseModel):
+    model_config = STRICT
+    type: Literal["function"]
+    function: NamedFunction
+
+
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
+    tools: Annotated[list[Tool], Field(max_length=128)] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True
     max_tokens: int | None = Field(default=None, ge=1, le=MAX_INT64)
     max_completion_tokens: int | None = Field(default=None, ge=1, le=MAX_INT64)
     logprobs: bool = False
@@ -169,6 +249,7 @@ class ChatLogprobs(BaseModel):
 class ChatResponseMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
+    tool_calls: list[ToolCall] | None = None
 
 
 class ChatChoice(BaseModel):
@@ -188,9 +269,22 @@ class ChatCompletionResponse(BaseModel):
     usage: UsageInfo
 
 
+class DeltaFunctionCall(BaseModel):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class DeltaToolCall(BaseModel):
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: DeltaFunctionCall
+
+
 class DeltaMessage(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
 
 
 class ChatStreamChoice(BaseModel):

@@ -15,7 +15,7 @@ from typing import Any
 from inflight.engine.async_engine import AsyncLLM
 from inflight.errors import InvalidRequestError
 from inflight.outputs import RequestOutput
-from inflight.sampling_params import SamplingParams
+from inflight.sampling_params import SamplingParams, StructuredOutputs
 from inflight.server import protocol as p
 from inflight.server.errors import ModelNotFoundError, error_status
 
@@ -36,8 +36,20 @@ class OpenAIServing:
             )
 
     def sampling_params(
-        self, req: p.SamplingFields, max_tokens: int, logprobs: int | None
+        self,
+        req: p.SamplingFields,
+        max_tokens: int,
+        logprobs: int | None,
+        constraint: StructuredOutputs | None = None,
     ) -> SamplingParams:
+        """`constraint`: one a handler derived (a tool choice); with one from the request's own
+        `response_format` or `structured_outputs` as well, the request is refused."""
+        requested = requested_constraint(req)
+        if constraint is not None and requested is not None:
+            raise InvalidRequestError(
+                f"{requested.param} cannot be combined with a required or named tool_choice",
+                requested.param,
+            )  # fmt: skip
         bias = None
         if req.logit_bias:
             try:
@@ -65,6 +77,7 @@ class OpenAIServing:
             include_stop_str_in_output=req.include_stop_str_in_output,
             logprobs=logprobs,
             skip_special_tokens=req.skip_special_tokens,
+            structured_outputs=constraint or requested,
         )
 
     async def start(
@@ -96,6 +109,30 @@ class OpenAIServing:
 
     def wants_usage_chunk(self, req: p.SamplingFields) -> bool:
         return bool(req.stream_options and req.stream_options.include_usage)
+
+
+def requested_constraint(req: p.SamplingFields) -> StructuredOutputs | None:
+    """The constraint of `response_format` (OpenAI) or `structured_outputs` (vLLM), if any."""
+    fmt, extra = req.response_format, req.structured_outputs
+    if fmt is not None and fmt.type != "text" and extra is not None:
+        raise InvalidRequestError(
+            "response_format and structured_outputs cannot both constrain the output",
+            "structured_outputs",
+        )  # fmt: skip
+    if extra is not None:
+        return StructuredOutputs(
+            json=extra.json_, json_object=bool(extra.json_object), regex=extra.regex,
+            choice=extra.choice, grammar=extra.grammar,
+        )  # fmt: skip
+    if fmt is None or fmt.type == "text":
+        return None
+    if fmt.type == "json_object":
+        return StructuredOutputs(json_object=True, param="response_format")
+    if fmt.json_schema is None:
+        raise InvalidRequestError(
+            "response_format of type json_schema needs json_schema", "response_format.json_schema"
+        )
+    return StructuredOutputs(json=fmt.json_schema.schema_, param="response_format.json_schema")
 
 
 async def merge_streams(

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
 from inflight.core.outputs import Logprobs
 from inflight.errors import InvalidRequestError
 from inflight.server import protocol as p
+from inflight.server import tool_calls as tc
 from inflight.server.serving import (
     DeltaTracker,
     OpenAIServing,
@@ -17,24 +19,52 @@ from inflight.server.serving import (
 )
 
 
+def template_message(m: p.ChatMessage) -> dict[str, Any]:
+    """A message as chat templates read it: tool calls' arguments as objects, not text."""
+    message: dict[str, Any] = {"role": m.role, "content": m.text()}
+    if m.tool_calls:
+        calls = []
+        for call in m.tool_calls:
+            try:
+                arguments = json.loads(call.function.arguments)
+            except ValueError:
+                arguments = call.function.arguments
+            function = {"name": call.function.name, "arguments": arguments}
+            calls.append({"id": call.id, "type": "function", "function": function})
+        message["tool_calls"] = calls
+    for key in ("tool_call_id", "name"):
+        if getattr(m, key) is not None:
+            message[key] = getattr(m, key)
+    return message
+
+
 class ChatServing(OpenAIServing):
-    def render(self, messages: list[p.ChatMessage]) -> list[int]:
-        text = self.engine.llm.render_chat(
-            [{"role": m.role, "content": m.text()} for m in messages]
-        )
+    def render(self, req: p.ChatCompletionRequest, mode: str) -> list[int]:
+        tools = None
+        if req.tools and mode != "none":
+            tools = [t.model_dump(exclude_none=True) for t in req.tools]
+        messages = [template_message(m) for m in req.messages]
+        text = self.engine.llm.render_chat(messages, tools)
         return self.tokenizer(text, add_special_tokens=False).input_ids
 
     async def _start(self, req: p.ChatCompletionRequest):
         self.check_model(req.model)
         if req.top_logprobs is not None and not req.logprobs:
             raise InvalidRequestError("top_logprobs needs logprobs=true", param="top_logprobs")
-        prompt_ids = await self.engine.run_tokenizer(self.render, req.messages)
+        mode = tc.resolve_tool_choice(req)
+        constraint = tc.tool_constraint(req, mode)
+        prompt_ids = await self.engine.run_tokenizer(self.render, req, mode)
         max_tokens = req.max_completion_tokens or req.max_tokens
         if max_tokens is None:  # OpenAI's default: as much as the context leaves
             max_tokens = max(1, self.engine.core.max_model_len - len(prompt_ids))
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
-        params = self.sampling_params(req, max_tokens, logprobs)
-        return await self.start([prompt_ids], params, req)
+        params = self.sampling_params(req, max_tokens, logprobs, constraint)
+        return await self.start([prompt_ids], params, req), mode
+
+    @staticmethod
+    def _function_name(req: p.ChatCompletionRequest) -> str | None:
+        choice = req.tool_choice
+        return choice.function.name if isinstance(choice, p.NamedToolChoice) else None
 
     def _logprobs(self, entries: list[Logprobs] | None) -> p.ChatLogprobs | None:
         if entries is None:
@@ -54,27 +84,36 @@ class ChatServing(OpenAIServing):
         return p.ChatLogprobs(content=content)
 
     async def create(self, req: p.ChatCompletionRequest) -> p.ChatCompletionResponse:
-        (out,) = await final_outputs(await self._start(req))
-        choices = [
-            p.ChatChoice(
-                index=c.index,
-                message=p.ChatResponseMessage(content=c.text),
-                logprobs=self._logprobs(c.logprobs),
-                finish_reason=c.finish_reason,
-                stop_reason=c.stop_reason,
+        streams, mode = await self._start(req)
+        (out,) = await final_outputs(streams)
+        choices = []
+        for c in out.outputs:
+            content, calls = c.text, []
+            if mode != "none" and (c.finish_reason != "length" or mode == "auto"):
+                content, calls = tc.parse_tool_calls(mode, c.text, self._function_name(req))
+            choices.append(
+                p.ChatChoice(
+                    index=c.index,
+                    message=p.ChatResponseMessage(content=content, tool_calls=calls or None),
+                    logprobs=self._logprobs(c.logprobs),
+                    finish_reason=tc.finish_reason(mode, len(calls), c.finish_reason),
+                    stop_reason=c.stop_reason,
+                )
             )
-            for c in out.outputs
-        ]
         return p.ChatCompletionResponse(
             id=p.new_id("chatcmpl"), model=self.model_name, choices=choices, usage=usage_of([out])
         )
 
     async def stream(self, req: p.ChatCompletionRequest) -> AsyncIterator[dict[str, Any]]:
         """Starts the request now (errors raise before any byte is sent), streams later."""
-        return self._chunks(req, await self._start(req))
+        streams, mode = await self._start(req)
+        return self._chunks(req, streams, mode)
 
-    async def _chunks(self, req: p.ChatCompletionRequest, streams) -> AsyncIterator[dict[str, Any]]:
+    async def _chunks(
+        self, req: p.ChatCompletionRequest, streams, mode: str
+    ) -> AsyncIterator[dict[str, Any]]:
         rid, tracker, final = p.new_id("chatcmpl"), DeltaTracker(), None
+        calls: dict[int, tc.ToolCallStream] = {}
 
         def chunk(choice: p.ChatStreamChoice) -> dict[str, Any]:
             return p.ChatCompletionChunk(
@@ -89,13 +128,22 @@ class ChatServing(OpenAIServing):
                             index=index, delta=p.DeltaMessage(role="assistant", content="")
                         )
                     )
-                if text or logprobs or c.finish_reason:
+                finish_reason, tool_deltas = c.finish_reason, None
+                if mode != "none":
+                    stream = calls.setdefault(
+                        index, tc.ToolCallStream(mode, self._function_name(req))
+                    )
+                    text, tool_deltas = stream.feed(c.text, c.finish_reason is not None)
+                    finish_reason = tc.finish_reason(mode, stream.num_calls, finish_reason)
+                if text or tool_deltas or logprobs or finish_reason:
                     yield chunk(
                         p.ChatStreamChoice(
                             index=index,
-                            delta=p.DeltaMessage(content=text) if text else p.DeltaMessage(),
+                            delta=p.DeltaMessage(
+                                content=text or None, tool_calls=tool_deltas or None
+                            ),
                             logprobs=self._logprobs(logprobs) if c.logprobs is not None else None,
-                            finish_reason=c.finish_reason,
+                            finish_reason=finish_reason,
                         )
                     )
             if out.finished:

@@ -1,0 +1,221 @@
+"""Tool calls on chat completions: the constraint a `tool_choice` implies, and the parsers that
+turn generated text into OpenAI `tool_calls`, whole or streamed.
+
+- `required`: the output is constrained to a JSON array of `{"name": ..., "arguments": {...}}`
+  (one item unless `parallel_tool_calls`), each item matching one function's parameter schema,
+  so it works with any model. Streamed one complete call at a time.
+- a named function: the output is constrained to that function's parameter schema and is its
+  arguments. Streamed as OpenAI streams it: a first delta with the call's id and name, then the
+  arguments text as it is generated. Finishes with "stop", as OpenAI's forced calls do.
+- `auto`: unconstrained; the tools are rendered by the model's chat template, and Hermes-style
+  blocks `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` in the output (the format of
+  Hermes, Qwen 2.5 and 3, SmolLM3 templates) become calls; the rest is the message's content.
+  Templates that call tools another way get their calls as plain content.
+- `none`: tools are not rendered; plain text.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import jsonschema
+
+from inflight.errors import InvalidRequestError
+from inflight.sampling_params import StructuredOutputs
+from inflight.server import protocol as p
+
+TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
+_HERMES_BLOCK = re.compile(re.escape(TOOL_CALL_OPEN) + r"(.*?)" + re.escape(TOOL_CALL_CLOSE), re.S)
+
+
+def new_call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+def resolve_tool_choice(req: p.ChatCompletionRequest) -> str:
+    """'none', 'auto', 'required' or 'named'; checks tools and tool_choice agree (400s)."""
+    choice = req.tool_choice
+    if not req.tools:
+        if choice not in (None, "none"):
+            raise InvalidRequestError("tool_choice needs tools", param="tool_choice")
+        return "none"
+    for i, tool in enumerate(req.tools):
+        schema = tool.function.parameters
+        try:
+            jsonschema.validators.validator_for(schema).check_schema(schema)
+        except jsonschema.SchemaError as e:
+            raise InvalidRequestError(
+                f"tools.{i}.function.parameters is not a valid JSON schema: {e.message}",
+                param=f"tools.{i}.function.parameters",
+            ) from None
+    names = [t.function.name for t in req.tools]
+    if len(set(names)) != len(names):
+        raise InvalidRequestError("tools must have distinct function names", param="tools")
+    if isinstance(choice, p.NamedToolChoice):
+        if choice.function.name not in names:
+            raise InvalidRequestError(
+                f"tool_choice names {choice.function.name!r}, which is not in tools",
+                param="tool_choice",
+            )
+        return "named"
+    return choice or "auto"
+
+
+def tool_constraint(req: p.ChatCompletionRequest, mode: str) -> StructuredOutputs | None:
+    """The output constraint of `required` and named tool choices (None for the others)."""
+    assert req.tools is not None or mode in ("none", "auto")
+    if mode == "named":
+        name = req.tool_choice.function.name  # type: ignore[union-attr]
+        params = next(t.function.parameters for t in req.tools if t.function.name == name)
+        return StructuredOutputs(json=params, param="tool_choice")
+    if mode == "required":
+        items = [
+            {"type": "object", "required": ["name", "arguments"],
+             "properties": {"name": {"const": t.function.name},
+                            "arguments": t.function.parameters}}
+            for t in req.tools  # type: ignore[union-attr]
+        ]  # fmt: skip
+        schema: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"anyOf": items}}
+        if not req.parallel_tool_calls:
+            schema["maxItems"] = 1
+        return StructuredOutputs(json=schema, param="tools")
+    return None
+
+
+def _call(name: str, arguments: Any) -> p.ToolCall:
+    text = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
+    return p.ToolCall(id=new_call_id(), function=p.FunctionCall(name=name, arguments=text))
+
+
+def _as_call(item: Any) -> p.ToolCall | None:
+    """`{"name": str, "arguments": {...}}` (or "parameters", as some templates write) -> a call."""
+    if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+        return None
+    arguments = item.get("arguments", item.get("parameters", {}))
+    return _call(item["name"], arguments)
+
+
+def _array_items(text: str) -> list[Any]:
+    """The complete items of a JSON array whose text may still be growing."""
+    decoder, items = json.JSONDecoder(), []
+    pos = text.find("[")
+    if pos < 0:
+        return items
+    pos += 1
+    while True:
+        while pos < len(text) and text[pos] in " \t\r\n,":
+            pos += 1
+        if pos >= len(text) or text[pos] == "]":
+            return items
+        try:
+            item, pos = decoder.raw_decode(text, pos)
+        except ValueError:
+            return items  # incomplete: more text to come
+        items.append(item)
+
+
+def _hermes_split(text: str, final: bool) -> tuple[str, list[p.ToolCall], int]:
+    """(content, calls, characters consumed) of Hermes-style output. Unless `final`, stops
+    before an unclosed `<tool_call>` block or a trailing partial `<tool_call>` tag."""
+    content, calls, pos = [], [], 0
+    for match in _HERMES_BLOCK.finditer(text):
+        content.append(text[pos : match.start()])
+        try:
+            call = _as_call(json.loads(match.group(1)))
+        except ValueError:
+            call = None
+        if call is None:
+            content.append(match.group(0))  # not a call after all: keep it as text
+        else:
+            calls.append(call)
+        pos = match.end()
+    rest = text[pos:]
+    if not final:
+        cut = rest.find(TOOL_CALL_OPEN)
+        if cut < 0:  # hold back a tail that could be the start of the tag
+            cut = next((i for i in range(max(0, len(rest) - len(TOOL_CALL_OPEN) + 1), len(rest))
+                        if TOOL_CALL_OPEN.startswith(rest[i:])), len(rest))  # fmt: skip
+        rest = rest[:cut]
+    content.append(rest)
+    return "".join(content), calls, pos + len(rest)
+
+
+def parse_tool_calls(
+    mode: str, text: str, function_name: str | None
+) -> tuple[str | None, list[p.ToolCall]]:
+    """Whole output -> (content, tool calls) for a non-streamed response."""
+    if mode == "named":
+        return None, [_call(function_name, text)]  # type: ignore[arg-type]
+    if mode == "required":
+        try:
+            items = json.loads(text)
+        except ValueError:
+            return text, []  # cut short (max_tokens): the text as it is
+        calls = [c for c in map(_as_call, items) if c is not None]
+        return (None, calls) if calls else (text, [])
+    if mode == "auto":
+        content, calls, _ = _hermes_split(text, final=True)
+        if not calls:
+            return text, []
+        return content.strip() or None, calls
+    return text, []
+
+
+def finish_reason(mode: str, calls: int, reason: str | None) -> str | None:
+    """OpenAI's: "tool_calls" when the model chose to call; forced (named) calls end "stop"."""
+    if reason == "stop" and calls and mode in ("required", "auto"):
+        return "tool_calls"
+    return reason
+
+
+@dataclass
+class ToolCallStream:
+    """One choice's streamed tool calls: fed the cumulative text, returns what is new."""
+
+    mode: str
+    function_name: str | None = None
+    _sent_chars: int = 0  # of content (auto) or arguments (named)
+    _num_calls: int = 0
+    _call_id: str = field(default_factory=new_call_id)
+
+    @property
+    def num_calls(self) -> int:
+        return self._num_calls
+
+    def feed(self, text: str, finished: bool) -> tuple[str, list[p.DeltaToolCall]]:
+        """(new content, new tool-call deltas) since the last call."""
+        if self.mode == "named":
+            deltas = []
+            if self._num_calls == 0:
+                self._num_calls = 1
+                deltas.append(p.DeltaToolCall(
+                    index=0, id=self._call_id, type="function",
+                    function=p.DeltaFunctionCall(name=self.function_name, arguments=""),
+                ))  # fmt: skip
+            if len(text) > self._sent_chars:
+                new, self._sent_chars = text[self._sent_chars :], len(text)
+                deltas.append(p.DeltaToolCall(index=0, function=p.DeltaFunctionCall(arguments=new)))
+            return "", deltas
+        if self.mode == "required":
+            calls = [c for c in map(_as_call, _array_items(text)) if c is not None]
+            return "", self._new_calls(calls)
+        # auto
+        content, calls, _ = _hermes_split(text, final=finished)
+        new_content = content[self._sent_chars :]
+        self._sent_chars = len(content)
+        return new_content, self._new_calls(calls)
+
+    def _new_calls(self, calls: list[p.ToolCall]) -> list[p.DeltaToolCall]:
+        deltas = [
+            p.DeltaToolCall(
+                index=i, id=c.id, type="function",
+                function=p.DeltaFunctionCall(name=c.function.name, arguments=c.function.arguments),
+            )
+            for i, c in enumerate(calls) if i >= self._num_calls
+        ]  # fmt: skip
+        self._num_calls = max(self._num_calls, len(calls))
+        return deltas

@@ -1,0 +1,139 @@
+"""Grammars: StructuredOutputs -> a compiled xgrammar grammar, validated, cached by its text.
+
+JSON is compiled without free whitespace (`{"a":1}`, not `{ "a" : 1 }`): a sampling model may
+otherwise emit whitespace until `max_tokens`, and compact JSON parses the same. Schemas are
+checked against their metaschema first (jsonschema), so a schema with a wrong keyword value is
+refused with that library's message rather than compiled into something else.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import jsonschema
+
+from inflight.errors import InvalidRequestError
+from inflight.sampling_params import StructuredOutputs
+
+if TYPE_CHECKING:
+    import xgrammar as xgr
+    from transformers import PreTrainedTokenizerBase
+
+# Any JSON object: OpenAI's `json_object` mode.
+JSON_OBJECT_SCHEMA = {"type": "object"}
+
+
+@dataclass
+class CompileStats:
+    """Compile times, cold (first time a text is seen) and cached, for benchmarks."""
+
+    cold: int = 0
+    cold_seconds: float = 0.0
+    cached: int = 0
+    cached_seconds: float = 0.0
+
+
+def choice_grammar(options: list[str]) -> str:
+    """EBNF for exactly one of `options` (JSON string literals are valid EBNF literals)."""
+    return "root ::= " + " | ".join(json.dumps(o, ensure_ascii=False) for o in options)
+
+
+class Grammars:
+    """Compiles constraints for one tokenizer; thread-safe (the tokenizer thread compiles)."""
+
+    def __init__(
+        self, tokenizer: PreTrainedTokenizerBase, vocab_size: int, stop_token_ids: list[int]
+    ) -> None:
+        self._tokenizer = tokenizer
+        self._vocab_size = vocab_size
+        self._stop_token_ids = sorted(stop_token_ids)
+        self._compiler: xgr.GrammarCompiler | None = None
+        self._seen: set[tuple[str, str]] = set()
+        self._lock = threading.Lock()
+        self.stats = CompileStats()
+
+    def _get_compiler(self) -> xgr.GrammarCompiler:
+        """Built on first use: importing xgrammar and reading the vocabulary take ~0.5 s that a
+        server without constrained requests never needs to pay."""
+        if self._compiler is None:
+            import xgrammar as xgr
+
+            info = xgr.TokenizerInfo.from_huggingface(
+                self._tokenizer, vocab_size=self._vocab_size, stop_token_ids=self._stop_token_ids
+            )
+            # one thread: compiling runs beside the forward pass on a machine of few cores
+            self._compiler = xgr.GrammarCompiler(info, max_threads=1)
+        return self._compiler
+
+    def compile(self, spec: StructuredOutputs) -> xgr.CompiledGrammar:
+        """Raises InvalidRequestError naming `spec.param` when the constraint does not compile.
+        xgrammar caches compiled grammars by their text, so a repeated one costs ~0.1 ms."""
+        kind, text = spec.kind, self._text(spec)
+        with self._lock:
+            compiler = self._get_compiler()
+            start = time.perf_counter()
+            try:
+                if kind in ("json", "json_object"):
+                    grammar = compiler.compile_json_schema(text, any_whitespace=False)
+                elif kind == "regex":
+                    grammar = compiler.compile_regex(text)
+                else:
+                    grammar = compiler.compile_grammar(text)
+            except RuntimeError as e:
+                raise InvalidRequestError(
+                    f"{spec.param}: the {kind} does not compile: {_reason(e)}", spec.param
+                ) from None
+            elapsed = time.perf_counter() - start
+            if (kind, text) in self._seen:
+                self.stats.cached += 1
+                self.stats.cached_seconds += elapsed
+            else:
+                self._seen.add((kind, text))
+                self.stats.cold += 1
+                self.stats.cold_seconds += elapsed
+        return grammar
+
+    @staticmethod
+    def _text(spec: StructuredOutputs) -> str:
+        if spec.kind == "json_object":
+            return json.dumps(JSON_OBJECT_SCHEMA)
+        if spec.kind == "json":
+            return _schema_text(spec.json, spec.param)  # type: ignore[arg-type]
+        if spec.kind == "choice":
+            return choice_grammar(spec.choice)  # type: ignore[arg-type]
+        return spec.regex if spec.kind == "regex" else spec.grammar  # type: ignore[return-value]
+
+
+def _schema_text(schema: dict | str, param: str) -> str:
+    """A schema's canonical text (dict key order kept: it is the order properties are written)."""
+    parsed: Any = schema
+    if isinstance(schema, str):
+        try:
+            parsed = json.loads(schema)
+        except ValueError as e:
+            message = f"{param}: the schema is not valid JSON: {e}"
+            raise InvalidRequestError(message, param) from None
+    if not isinstance(parsed, dict):
+        raise InvalidRequestError(f"{param}: a JSON schema must be an object", param)
+    try:
+        jsonschema.validators.validator_for(parsed).check_schema(parsed)
+    except jsonschema.SchemaError as e:
+        where = "/".join(str(p) for p in e.path) or "the top level"
+        raise InvalidRequestError(
+            f"{param}: not a valid JSON schema at {where}: {e.message}", param
+        ) from None
+    return json.dumps(parsed, ensure_ascii=False, sort_keys=False)
+
+
+def _reason(error: RuntimeError) -> str:
+    """xgrammar's message without its C++ source location prefix."""
+    text = str(error).strip()
+    if "] " in text and text.startswith("["):
+        text = text.split("] ", 1)[1]
+    if ".cc:" in text.split(" ", 1)[0]:
+        text = text.split(" ", 1)[1] if " " in text else text
+    return text.splitlines()[0]

@@ -1,0 +1,89 @@
+"""GrammarMasks: the model runner's side of structured outputs.
+
+Each constrained request has a matcher (its position in its grammar). In a step, the masks of
+the constrained rows that sample are filled on a worker thread while the forward pass runs (both
+release the GIL), then applied to those rows' logits only: every other row is untouched, so an
+unconstrained request samples exactly what it would alone. After sampling, each matcher accepts
+its request's token. Accepting never raises: a matcher that refuses a token (it cannot happen
+with the mask applied) fails its own request, not the step.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING
+
+import torch
+
+from inflight.core.outputs import ScheduledRequest
+
+if TYPE_CHECKING:
+    import xgrammar as xgr
+
+_BITS = torch.arange(32, dtype=torch.int32)
+
+
+def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """int32 [R, ceil(V / 32)] (bit j of word i allows token 32 i + j) -> bool [R, vocab_size]."""
+    bits = (bitmask.unsqueeze(-1) >> _BITS) & 1
+    return bits.view(bitmask.shape[0], -1)[:, :vocab_size].bool()
+
+
+class GrammarMasks:
+    def __init__(self) -> None:
+        self.matchers: dict[str, xgr.GrammarMatcher] = {}
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="inflight-grammar")
+
+    def drop(self, request_ids: list[str]) -> None:
+        for request_id in request_ids:
+            self.matchers.pop(request_id, None)
+
+    def start_fill(self, rows: list[ScheduledRequest]) -> Future[torch.Tensor]:
+        """Fills one mask row per request in `rows` (all constrained) on the worker thread."""
+        return self._pool.submit(self._fill, rows)
+
+    def _matcher(self, s: ScheduledRequest) -> xgr.GrammarMatcher:
+        matcher = self.matchers.get(s.request_id)
+        if matcher is None:
+            import xgrammar as xgr
+
+            matcher = xgr.GrammarMatcher(s.grammar)
+            # a request preempted by recompute keeps its outputs and so its matcher; one that
+            # arrives with outputs (none today) would replay them here
+            for token_id in s.output_token_ids:
+                matcher.accept_token(token_id)
+            self.matchers[s.request_id] = matcher
+        return matcher
+
+    def _fill(self, rows: list[ScheduledRequest]) -> torch.Tensor:
+        import xgrammar as xgr
+
+        vocab_size = rows[0].grammar.tokenizer_info.vocab_size
+        bitmask = xgr.allocate_token_bitmask(len(rows), vocab_size)
+        for i, s in enumerate(rows):
+            self._matcher(s).fill_next_token_bitmask(bitmask, i)
+        return bitmask
+
+    @staticmethod
+    def apply(logits: torch.Tensor, row_indices: list[int], bitmask: torch.Tensor) -> list[int]:
+        """Sets the logits of disallowed tokens to -inf in the rows `row_indices`, in place.
+        Returns the rows whose grammar allows no token at all (left as they are: their requests
+        must fail, since nothing can be sampled)."""
+        allowed = unpack_bitmask(bitmask, logits.shape[-1]).to(logits.device)
+        rows = torch.tensor(row_indices, device=logits.device)
+        dead = ~allowed.any(dim=-1)
+        allowed[dead] = True
+        logits[rows] = logits[rows].masked_fill(~allowed, float("-inf"))
+        return [row for row, d in zip(row_indices, dead.tolist(), strict=True) if d]
+
+    def accept(self, request_id: str, token_id: int) -> tuple[bool, str | None]:
+        """Advances a request's matcher: (grammar complete, error). An error fails that request."""
+        matcher = self.matchers.get(request_id)
+        if matcher is None:
+            return False, None
+        try:
+            if not matcher.accept_token(token_id):
+                return False, f"the grammar does not allow token {token_id} here"
+            return matcher.is_terminated(), None
+        except Exception as e:
+            return False, f"{type(e).__name__}: {e}"
