@@ -189,17 +189,15 @@ class ToolCallStream:
     def feed(self, text: str, finished: bool) -> tuple[str, list[p.DeltaToolCall]]:
         """(new content, new tool-call deltas) since the last call."""
         if self.mode == "named":
-            deltas = []
-            if self._num_calls == 0:
+            new, self._sent_chars = text[self._sent_chars :], len(text)
+            if self._num_calls == 0:  # the first delta names the call
                 self._num_calls = 1
-                deltas.append(p.DeltaToolCall(
-                    index=0, id=self._call_id, type="function",
-                    function=p.DeltaFunctionCall(name=self.function_name, arguments=""),
-                ))  # fmt: skip
-            if len(text) > self._sent_chars:
-                new, self._sent_chars = text[self._sent_chars :], len(text)
-                deltas.append(p.DeltaToolCall(index=0, function=p.DeltaFunctionCall(arguments=new)))
-            return "", deltas
+                function = p.DeltaFunctionCall(name=self.function_name, arguments=new)
+                return "", [p.DeltaToolCall(index=0, id=self._call_id, type="function",
+                                            function=function)]  # fmt: skip
+            if not new:
+                return "", []
+            return "", [p.DeltaToolCall(index=0, function=p.DeltaFunctionCall(arguments=new))]
         if self.mode == "required":
             calls = [c for c in map(_as_call, _array_items(text)) if c is not None]
             return "", self._new_calls(calls)

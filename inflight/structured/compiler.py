@@ -126,7 +126,28 @@ def _schema_text(schema: dict | str, param: str) -> str:
         raise InvalidRequestError(
             f"{param}: not a valid JSON schema at {where}: {e.message}", param
         ) from None
-    return json.dumps(parsed, ensure_ascii=False, sort_keys=False)
+    return json.dumps(_length_bounds_as_patterns(parsed), ensure_ascii=False)
+
+
+def _length_bounds_as_patterns(schema: Any) -> Any:
+    """A copy with every `{"type": "string", "minLength"/"maxLength"}` (no pattern) written as
+    the `pattern` `^.{min,max}$`, which means the same. NOTE: xgrammar (0.2.8) compiles length
+    bounds to a character class that admits raw control characters, which no JSON parser
+    accepts (mlc-ai/xgrammar#800); its pattern path counts the same characters and excludes them.
+    """
+    if isinstance(schema, list):
+        return [_length_bounds_as_patterns(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {key: _length_bounds_as_patterns(value) for key, value in schema.items()}
+    lo, hi = out.get("minLength"), out.get("maxLength")
+    bounded = isinstance(lo, int) or isinstance(hi, int)
+    if out.get("type") == "string" and bounded and "pattern" not in out:
+        lo = lo if isinstance(lo, int) else 0
+        out["pattern"] = f"^.{{{lo},{hi if isinstance(hi, int) else ''}}}$"
+        out.pop("minLength", None)
+        out.pop("maxLength", None)
+    return out
 
 
 def _reason(error: RuntimeError) -> str:

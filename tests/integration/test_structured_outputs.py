@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from enum import Enum
+from enum import StrEnum
 
 import jsonschema
 import openai
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.integration
 MODEL = "smollm2"
 
 
-class Color(str, Enum):
+class Color(StrEnum):
     RED = "red"
     GREEN = "green"
     BLUE = "blue"
@@ -131,9 +131,10 @@ def test_regex_choice_and_grammar_hold(client):
             extra_body={"structured_outputs": {"choice": ["yes", "no", "it depends"]}},
         )  # fmt: skip
         assert r.choices[0].message.content in ("yes", "no", "it depends")
+        grammar = 'root ::= "[" [0-9] ("," [0-9]){0,3} "]"'
         r = client.completions.create(
             model=MODEL, prompt="Count:", temperature=1.0, seed=seed, max_tokens=30,
-            extra_body={"structured_outputs": {"grammar": 'root ::= "[" [0-9] ("," [0-9]){0,3} "]"'}},
+            extra_body={"structured_outputs": {"grammar": grammar}},
         )  # fmt: skip
         assert re.fullmatch(r"\[\d(,\d){0,3}\]", r.choices[0].text)
 
@@ -164,8 +165,9 @@ def _check_call(call, names):
     jsonschema.validate(arguments, tool["function"]["parameters"])
 
 
-@pytest.mark.parametrize("tool_choice", ["required", {"type": "function",
-                                                      "function": {"name": "get_weather"}}])
+@pytest.mark.parametrize(
+    "tool_choice", ["required", {"type": "function", "function": {"name": "get_weather"}}]
+)
 def test_tool_calls_validate_whole_and_streamed(client, tool_choice):
     kwargs = dict(model=MODEL, messages=ASK_WEATHER, tools=[WEATHER, TIME],
                   tool_choice=tool_choice, temperature=1.0, seed=11, max_tokens=200)  # fmt: skip
@@ -193,10 +195,11 @@ def test_tool_calls_validate_whole_and_streamed(client, tool_choice):
 def test_auto_parses_hermes_tool_call_blocks(client):
     """SmolLM2's template does not ask for tool calls, so a regex makes the model write a
     Hermes-style block; `auto` turns it into a call, whole and streamed."""
-    block = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}</tool_call>'
+    call = {"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}
+    regex = "Let me check\\. " + re.escape(f"<tool_call>{json.dumps(call)}</tool_call>")
     kwargs = dict(model=MODEL, messages=ASK_WEATHER, tools=[WEATHER], tool_choice="auto",
                   temperature=0, max_tokens=100,
-                  extra_body={"structured_outputs": {"regex": "Let me check\\. " + re.escape(block)}})  # fmt: skip
+                  extra_body={"structured_outputs": {"regex": regex}})  # fmt: skip
     r = client.chat.completions.create(**kwargs)
     choice = r.choices[0]
     assert choice.finish_reason == "tool_calls"
