@@ -14,10 +14,17 @@ from typing import Any
 from inflight.bench import peers as peer_runs
 from inflight.bench.offline import reset_peak_rss, run_offline
 from inflight.bench.stats import RunResult
+from inflight.bench.structured import (
+    compare,
+    is_constrained,
+    order_constraint,
+    write_structured_report,
+)
 from inflight.bench.workloads import NAMED, WorkloadRequest, load_jsonl, named
 from inflight.engine.profiling import OVERHEAD_PHASES, breakdown
 from inflight.errors import ConfigError, InflightError
 from inflight.platform import describe_device
+from inflight.sampling_params import StructuredOutputs
 
 logger = logging.getLogger("inflight.bench")
 
@@ -30,6 +37,9 @@ COMPARE_MODES = {
     "static": {"batching": "static"},
     "static-padded": {"batching": "static", "enable_prefix_caching": False},
 }
+
+
+CONSTRAINED = "+json"  # the suffix of a mode's run with constrained requests
 
 
 def positive(text: str) -> float:
@@ -84,6 +94,11 @@ def add_bench_parser(sub: Any, add_engine_flags: Callable[[argparse.ArgumentPars
     offline.add_argument(
         "--profile", action="store_true",
         help="time every phase of every step; writes profile.md (overhead vs forward)",
+    )  # fmt: skip
+    offline.add_argument(
+        "--constrained-fraction", type=float, default=0.0,
+        help="also run the workload with this share of its requests constrained to a JSON "
+        "schema; writes structured.md (step time with and without)",
     )  # fmt: skip
     compare.add_argument(
         "--modes", default=",".join(COMPARE_MODES),
@@ -250,18 +265,31 @@ def run_local(args: argparse.Namespace, knobs: dict[str, Any], out: Path) -> dic
             raise ConfigError(
                 f"--modes takes some of {', '.join(COMPARE_MODES)}, got {args.modes!r}"
             )
+    fraction = getattr(args, "constrained_fraction", 0.0)
+    if not 0.0 <= fraction <= 1.0:
+        raise ConfigError(f"--constrained-fraction must be in [0, 1], got {fraction}")
+    if fraction:
+        modes = [modes[0], modes[0] + CONSTRAINED]
     runs: list[RunResult] = []
     loaded = None
     for mode in modes:
         reset_peak_rss()  # each run's own peak (the first one's includes loading the model)
-        llm = LLM(loaded_model=loaded, **{**knobs, **COMPARE_MODES.get(mode, {})})
+        base_mode = mode.removesuffix(CONSTRAINED)
+        llm = LLM(loaded_model=loaded, **{**knobs, **COMPARE_MODES.get(base_mode, {})})
         loaded = llm.core.loaded
         workload = load_workload(args, llm.tokenizer)
         dtype = str(llm.core.dtype).removeprefix("torch.")
         device = llm.core.device.type
         timer = llm.core.enable_profiling() if getattr(args, "profile", False) else None
-        runs.append(run_offline(llm, workload, f"inflight-{mode}",
-                                padded=mode == "static-padded"))  # fmt: skip
+        with_json = mode != base_mode
+
+        def constraint(i: int, with_json: bool = with_json) -> StructuredOutputs | None:
+            return order_constraint() if with_json and is_constrained(i, fraction) else None
+
+        padded = mode == "static-padded"
+        runs.append(
+            run_offline(llm, workload, f"inflight-{mode}", padded=padded, constrained=constraint)
+        )
         if timer is not None:
             write_profile(out, timer.steps, llm.config.scheduler.max_num_seqs)
         meta = {
@@ -272,6 +300,10 @@ def run_local(args: argparse.Namespace, knobs: dict[str, Any], out: Path) -> dic
             "max_num_batched_tokens": llm.config.scheduler.max_num_batched_tokens,
         }  # fmt: skip
         report = write_report(out, title, runs, meta)
+        if with_json:
+            result = compare(runs[0], runs[1], meta["max_num_seqs"],
+                             llm.input_processor.grammars.stats)  # fmt: skip
+            print(write_structured_report(out, result, runs[0], runs[1], fraction, meta["device"]))
         del llm
         gc.collect()
     for peer in [p for p in getattr(args, "peers", "").split(",") if p]:

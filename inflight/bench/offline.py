@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import resource
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from tqdm.auto import tqdm
@@ -13,7 +14,7 @@ from inflight.bench.stats import RequestRecord, RunResult, StepRecord
 from inflight.bench.workloads import WorkloadRequest, pad_batches, require_simultaneous
 from inflight.engine.llm import LLM
 from inflight.errors import ConfigError
-from inflight.sampling_params import SamplingParams
+from inflight.sampling_params import SamplingParams, StructuredOutputs
 
 
 def peak_rss_mb() -> float:
@@ -45,12 +46,13 @@ def run_offline(
     name: str,
     progress: bool = True,
     padded: bool = False,
+    constrained: Callable[[int], StructuredOutputs | None] = lambda index: None,
 ) -> RunResult:
     """Greedy with `ignore_eos`, so every request produces exactly its `max_tokens`.
 
     `padded` (with static batching) makes it static batching as `generate` does it
     (`workloads.pad_batches`): only each request's own prompt and `max_tokens` count, and it
-    ends with its batch.
+    ends with its batch. `constrained(i)`: the i-th request's structured-output constraint.
     """
     submitted = workload
     if padded:
@@ -60,7 +62,8 @@ def run_offline(
             raise ConfigError("padded batches need static batching under the fcfs policy")
         pad_id = llm.tokenizer.pad_token_id or 0
         submitted = pad_batches(workload, config.max_num_seqs, pad_id)
-    pending = sorted(zip(workload, submitted, strict=True), key=lambda p: p[0].arrival_time)
+    pending = sorted(zip(workload, submitted, map(constrained, range(len(workload))), strict=True),
+                     key=lambda p: p[0].arrival_time)  # fmt: skip
     asked_by_id: dict[str, WorkloadRequest] = {}  # the request as the workload has it
     records: list[RequestRecord] = []
     timeline: list[StepRecord] = []
@@ -73,8 +76,9 @@ def run_offline(
         while pending or core.has_unfinished_requests():
             now = time.perf_counter() - start
             while pending and pending[0][0].arrival_time <= now:
-                r, sent = pending.pop(0)
-                params = SamplingParams(temperature=0, max_tokens=sent.max_tokens, ignore_eos=True)
+                r, sent, constraint = pending.pop(0)
+                params = SamplingParams(temperature=0, max_tokens=sent.max_tokens, ignore_eos=True,
+                                        structured_outputs=constraint)  # fmt: skip
                 asked_by_id[llm.add_request(sent.prompt_token_ids, params)] = r
             if not core.has_unfinished_requests():
                 time.sleep(max(0.0, pending[0][0].arrival_time - now))

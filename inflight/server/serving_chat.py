@@ -39,12 +39,10 @@ def template_message(m: p.ChatMessage) -> dict[str, Any]:
 
 
 class ChatServing(OpenAIServing):
-    def render(self, req: p.ChatCompletionRequest, mode: str) -> list[int]:
-        tools = None
-        if req.tools and mode != "none":
-            tools = [t.model_dump(exclude_none=True) for t in req.tools]
-        messages = [template_message(m) for m in req.messages]
-        text = self.engine.llm.render_chat(messages, tools)
+    def render(self, messages: list[p.ChatMessage], tools: list[p.Tool] | None = None) -> list[int]:
+        """Prompt token ids of a conversation; `tools` for templates that render them."""
+        tool_dicts = [t.model_dump(exclude_none=True) for t in tools] if tools else None
+        text = self.engine.llm.render_chat([template_message(m) for m in messages], tool_dicts)
         return self.tokenizer(text, add_special_tokens=False).input_ids
 
     async def _start(self, req: p.ChatCompletionRequest):
@@ -53,7 +51,8 @@ class ChatServing(OpenAIServing):
             raise InvalidRequestError("top_logprobs needs logprobs=true", param="top_logprobs")
         mode = tc.resolve_tool_choice(req)
         constraint = tc.tool_constraint(req, mode)
-        prompt_ids = await self.engine.run_tokenizer(self.render, req, mode)
+        tools = req.tools if mode != "none" else None
+        prompt_ids = await self.engine.run_tokenizer(self.render, req.messages, tools)
         max_tokens = req.max_completion_tokens or req.max_tokens
         if max_tokens is None:  # OpenAI's default: as much as the context leaves
             max_tokens = max(1, self.engine.core.max_model_len - len(prompt_ids))

@@ -15,7 +15,7 @@ from inflight import LLM, SamplingParams
 from inflight.errors import InvalidRequestError
 from inflight.sampling_params import StructuredOutputs
 from inflight.structured import GrammarMasks
-from inflight.structured.masks import unpack_bitmask
+from inflight.structured.masks import ban_bias
 
 SCHEMA = {
     "type": "object",
@@ -176,14 +176,16 @@ def test_constrained_requests_survive_recompute_preemption(tiny_llama):
         jsonschema.validate(json.loads(text), SCHEMA)
 
 
-def test_bitmask_unpacking_matches_xgrammar():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_ban_bias_matches_xgrammar(dtype):
     import xgrammar as xgr
 
     vocab = 1000
     bitmask = torch.randint(-(2**31), 2**31 - 1, (3, (vocab + 31) // 32), dtype=torch.int32)
     logits = torch.zeros(3, vocab)
     xgr.apply_token_bitmask_inplace(logits, bitmask)
-    assert torch.equal(unpack_bitmask(bitmask, vocab), logits == 0)
+    bias = ban_bias(bitmask, vocab, dtype)
+    assert bias.dtype == dtype and torch.equal(bias.float(), logits)
 
 
 def test_applying_masks_touches_only_constrained_rows_and_reports_dead_rows():
