@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +26,8 @@ if TYPE_CHECKING:
 
 # Any JSON object: OpenAI's `json_object` mode.
 JSON_OBJECT_SCHEMA = {"type": "object"}
+# Compiled grammars kept, least recently used dropped first (one is ~0.1-10 MB).
+CACHE_SIZE = 128
 
 
 @dataclass
@@ -52,7 +55,7 @@ class Grammars:
         self._vocab_size = vocab_size
         self._stop_token_ids = sorted(stop_token_ids)
         self._compiler: xgr.GrammarCompiler | None = None
-        self._seen: set[tuple[str, str]] = set()
+        self._cache: OrderedDict[tuple[str, str], xgr.CompiledGrammar] = OrderedDict()
         self._lock = threading.Lock()
         self.stats = CompileStats()
 
@@ -65,37 +68,43 @@ class Grammars:
             info = xgr.TokenizerInfo.from_huggingface(
                 self._tokenizer, vocab_size=self._vocab_size, stop_token_ids=self._stop_token_ids
             )
-            # one thread: compiling runs beside the forward pass on a machine of few cores
-            self._compiler = xgr.GrammarCompiler(info, max_threads=1)
+            # one thread: compiling runs beside the forward pass on a machine of few cores;
+            # no cache of its own (unbounded by default): ours is bounded
+            self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
         return self._compiler
 
     def compile(self, spec: StructuredOutputs) -> xgr.CompiledGrammar:
         """Raises InvalidRequestError naming `spec.param` when the constraint does not compile.
-        xgrammar caches compiled grammars by their text, so a repeated one costs ~0.1 ms."""
-        kind, text = spec.kind, self._text(spec)
+        Compiled grammars are cached by their text: a repeated one costs a lookup."""
+        key = (spec.kind, self._text(spec))
         with self._lock:
-            compiler = self._get_compiler()
             start = time.perf_counter()
-            try:
-                if kind in ("json", "json_object"):
-                    grammar = compiler.compile_json_schema(text, any_whitespace=False)
-                elif kind == "regex":
-                    grammar = compiler.compile_regex(text)
-                else:
-                    grammar = compiler.compile_grammar(text)
-            except RuntimeError as e:
-                raise InvalidRequestError(
-                    f"{spec.param}: the {kind} does not compile: {_reason(e)}", spec.param
-                ) from None
-            elapsed = time.perf_counter() - start
-            if (kind, text) in self._seen:
+            grammar = self._cache.get(key)
+            if grammar is not None:
+                self._cache.move_to_end(key)
                 self.stats.cached += 1
-                self.stats.cached_seconds += elapsed
-            else:
-                self._seen.add((kind, text))
-                self.stats.cold += 1
-                self.stats.cold_seconds += elapsed
+                self.stats.cached_seconds += time.perf_counter() - start
+                return grammar
+            grammar = self._compile(spec, *key)
+            self._cache[key] = grammar
+            if len(self._cache) > CACHE_SIZE:
+                self._cache.popitem(last=False)
+            self.stats.cold += 1
+            self.stats.cold_seconds += time.perf_counter() - start
         return grammar
+
+    def _compile(self, spec: StructuredOutputs, kind: str, text: str) -> xgr.CompiledGrammar:
+        compiler = self._get_compiler()
+        try:
+            if kind in ("json", "json_object"):
+                return compiler.compile_json_schema(text, any_whitespace=False)
+            if kind == "regex":
+                return compiler.compile_regex(text)
+            return compiler.compile_grammar(text)
+        except RuntimeError as e:
+            raise InvalidRequestError(
+                f"{spec.param}: the {kind} does not compile: {_reason(e)}", spec.param
+            ) from None
 
     @staticmethod
     def _text(spec: StructuredOutputs) -> str:

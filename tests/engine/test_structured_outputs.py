@@ -121,6 +121,15 @@ def test_malformed_constraints_are_typed_errors(spec):
     assert e.value.param == "structured_outputs"
 
 
+def test_compiled_grammars_are_cached_by_their_text(llm):
+    grammars = llm.input_processor.grammars
+    first = grammars.compile(StructuredOutputs(json={"type": "object", "properties": {}}))
+    before = grammars.stats.cold
+    again = grammars.compile(StructuredOutputs(json='{"type": "object", "properties": {}}'))
+    assert again is first and grammars.stats.cold == before
+    assert grammars.compile(StructuredOutputs(regex="x+")) is not first
+
+
 def test_min_tokens_and_a_constraint_are_refused():
     with pytest.raises(InvalidRequestError) as e:
         SamplingParams(min_tokens=2, structured_outputs=StructuredOutputs(regex="a"))
