@@ -22,11 +22,10 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-import jsonschema
-
 from inflight.errors import InvalidRequestError
 from inflight.sampling_params import StructuredOutputs
 from inflight.server import protocol as p
+from inflight.structured.compiler import check_json_schema
 
 TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
 _HERMES_BLOCK = re.compile(re.escape(TOOL_CALL_OPEN) + r"(.*?)" + re.escape(TOOL_CALL_CLOSE), re.S)
@@ -44,14 +43,7 @@ def resolve_tool_choice(req: p.ChatCompletionRequest) -> str:
             raise InvalidRequestError("tool_choice needs tools", param="tool_choice")
         return "none"
     for i, tool in enumerate(req.tools):
-        schema = tool.function.parameters
-        try:
-            jsonschema.validators.validator_for(schema).check_schema(schema)
-        except jsonschema.SchemaError as e:
-            raise InvalidRequestError(
-                f"tools.{i}.function.parameters is not a valid JSON schema: {e.message}",
-                param=f"tools.{i}.function.parameters",
-            ) from None
+        check_json_schema(tool.function.parameters, f"tools.{i}.function.parameters")
     names = [t.function.name for t in req.tools]
     if len(set(names)) != len(names):
         raise InvalidRequestError("tools must have distinct function names", param="tools")

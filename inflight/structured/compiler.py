@@ -28,6 +28,8 @@ if TYPE_CHECKING:
 JSON_OBJECT_SCHEMA = {"type": "object"}
 # Compiled grammars kept, least recently used dropped first (one is ~0.1-10 MB).
 CACHE_SIZE = 128
+# Dicts and lists within dicts and lists: far beyond any real schema, well within the stack.
+MAX_SCHEMA_DEPTH = 64
 
 
 @dataclass
@@ -123,19 +125,34 @@ def _schema_text(schema: dict | str, param: str) -> str:
     if isinstance(schema, str):
         try:
             parsed = json.loads(schema)
-        except ValueError as e:
+        except (ValueError, RecursionError) as e:
             message = f"{param}: the schema is not valid JSON: {e}"
             raise InvalidRequestError(message, param) from None
-    if not isinstance(parsed, dict):
+    check_json_schema(parsed, param)
+    return json.dumps(_length_bounds_as_patterns(parsed), ensure_ascii=False)
+
+
+def check_json_schema(schema: Any, param: str) -> None:
+    """A JSON schema object no deeper than `MAX_SCHEMA_DEPTH`, valid against its metaschema."""
+    if not isinstance(schema, dict):
         raise InvalidRequestError(f"{param}: a JSON schema must be an object", param)
+    # Checked without recursion first: the checks below recurse and would overflow the stack.
+    stack = [(schema, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_SCHEMA_DEPTH:
+            raise InvalidRequestError(
+                f"{param}: the schema nests deeper than {MAX_SCHEMA_DEPTH} levels", param
+            )
+        children = node.values() if isinstance(node, dict) else node
+        stack.extend((c, depth + 1) for c in children if isinstance(c, dict | list))
     try:
-        jsonschema.validators.validator_for(parsed).check_schema(parsed)
+        jsonschema.validators.validator_for(schema).check_schema(schema)
     except jsonschema.SchemaError as e:
         where = "/".join(str(p) for p in e.path) or "the top level"
         raise InvalidRequestError(
             f"{param}: not a valid JSON schema at {where}: {e.message}", param
         ) from None
-    return json.dumps(_length_bounds_as_patterns(parsed), ensure_ascii=False)
 
 
 def _length_bounds_as_patterns(schema: Any) -> Any:

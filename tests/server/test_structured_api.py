@@ -20,6 +20,7 @@ WEATHER = {"type": "function", "function": {
                    "required": ["city"]},
 }}  # fmt: skip
 USER = [{"role": "user", "content": "hi"}]
+DEEP = json.loads('{"items": ' * 100 + "{}" + "}" * 100)  # parses; too deep to check
 
 
 @pytest.fixture(scope="module")
@@ -61,6 +62,12 @@ def chat(server, **body):
         ({"tools": [WEATHER], "tool_choice": "required",
           "response_format": {"type": "json_object"}}, "response_format"),
         ({"structured_outputs": {"regex": "a"}, "min_tokens": 3}, "min_tokens"),
+        ({"structured_outputs": {"json": "[" * 50_000}}, "structured_outputs"),
+        ({"structured_outputs": {"json": DEEP}}, "structured_outputs"),
+        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": DEEP}}]},
+         "tools.0.function.parameters"),
+        ({"structured_outputs": {"json": {"type": "integer", "minimum": -(10**30)}}},
+         "structured_outputs"),
     ],
 )  # fmt: skip
 def test_bad_constraints_are_400s_naming_the_field(server, body, param):
