@@ -7,6 +7,8 @@ Named workloads:
 - `longtail`: 128 requests, prompts 20-400 tokens, outputs lognormal around 32 clipped to
   [8, 512]: a batch that waits for its longest member wastes most of its seats.
 - `shared_prefix`: 64 requests behind one 300-token system prompt (prefix-caching benchmark).
+- `prefix_groups`: 128 requests behind 16 different 300-token system prompts (what a router
+  that sends a prefix back to the replica holding it is for).
 - `chat`: a chat-like mix: 80% short questions with medium answers, 20% long documents with
   short answers.
 """
@@ -108,9 +110,11 @@ def synthetic(
     arrival: str = "all",
     rate: float = 1.0,
     shared_prefix: int = 0,
+    num_prefixes: int = 1,
 ) -> list[WorkloadRequest]:
     """Prompts are windows of the shipped corpus (wrapping around) of `prompt_len` tokens,
-    after the corpus's first `shared_prefix` tokens (a system prompt every request shares)."""
+    after a `shared_prefix`-token system prompt: the corpus's first tokens, or with
+    `num_prefixes` > 1 one of that many consecutive windows, drawn per request."""
     rng = random.Random(seed)
     corpus = tokenizer(corpus_text(), add_special_tokens=False).input_ids
     times = arrivals(arrival, num_requests, random.Random(seed + 1), rate)
@@ -118,7 +122,10 @@ def synthetic(
     for i in range(num_requests):
         length = prompt_len(rng)
         start = rng.randrange(len(corpus))
-        prompt = corpus[:shared_prefix] + [corpus[(start + j) % len(corpus)] for j in range(length)]
+        group = rng.randrange(num_prefixes) if num_prefixes > 1 else 0
+        first = group * shared_prefix
+        prefix = [corpus[(first + j) % len(corpus)] for j in range(shared_prefix)]
+        prompt = prefix + [corpus[(start + j) % len(corpus)] for j in range(length)]
         requests.append(WorkloadRequest(prompt, output_len(rng), times[i]))
     return requests
 
@@ -130,6 +137,8 @@ NAMED: dict[str, dict] = {
                      output_len=lognormal(32, 1.0, 8, 512)),
     "shared_prefix": dict(num_requests=64, shared_prefix=300, prompt_len=log_uniform(10, 100),
                           output_len=lognormal(32, 0.7, 8, 128)),
+    "prefix_groups": dict(num_requests=128, shared_prefix=300, num_prefixes=16,
+                          prompt_len=log_uniform(10, 100), output_len=lognormal(32, 0.7, 8, 128)),
     "chat": dict(num_requests=96, prompt_len=mixture((0.8, uniform(20, 150)),
                                                      (0.2, uniform(400, 1000))),
                  output_len=mixture((0.8, lognormal(120, 0.6, 16, 400)),

@@ -17,9 +17,22 @@ sampled from) and never writes into them: its new tokens land in blocks of its o
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from inflight.core.block_pool import BlockPool
 from inflight.core.sizing import cdiv
 from inflight.request import Request
+
+
+def extend_block_hashes(
+    hashes: list[int], tokens: Sequence[int], block_size: int, salt: str | None, num_full: int
+) -> None:
+    """Appends the chained hashes of full blocks `len(hashes) .. num_full - 1` of `tokens`."""
+    bs = block_size
+    parent = hashes[-1] if hashes else hash(("inflight", salt))
+    for i in range(len(hashes), num_full):
+        parent = hash((parent, tuple(tokens[i * bs : (i + 1) * bs])))
+        hashes.append(parent)
 
 
 class KVCacheManager:
@@ -50,14 +63,10 @@ class KVCacheManager:
     def block_hashes(self, request: Request) -> list[int]:
         """Hashes of every full block of the request's known tokens, extended incrementally."""
         hashes = self._hashes.setdefault(request.request_id, [])
-        bs = self.block_size
-        num_full = request.num_tokens // bs
+        num_full = request.num_tokens // self.block_size
         if len(hashes) < num_full:
-            tokens = request.all_token_ids
-            parent = hashes[-1] if hashes else hash(("inflight", request.cache_salt))
-            for i in range(len(hashes), num_full):
-                parent = hash((parent, tuple(tokens[i * bs : (i + 1) * bs])))
-                hashes.append(parent)
+            extend_block_hashes(hashes, request.all_token_ids, self.block_size,
+                                request.cache_salt, num_full)  # fmt: skip
         return hashes
 
     def get_computed_blocks(self, request: Request) -> list[int]:

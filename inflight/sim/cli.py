@@ -14,6 +14,7 @@ from typing import Any
 from inflight.bench.cli import add_workload_flags
 from inflight.bench.workloads import NAMED, WordTokenizer, load_jsonl, named
 from inflight.errors import InflightError
+from inflight.routing import ROUTERS
 from inflight.sim.hardware import PROFILES, resolve_hardware
 from inflight.sim.model_profile import KV_BYTES, PRESETS, WEIGHT_BYTES, load_model_profile
 from inflight.sim.simulator import ENGINE_ONLY_KNOBS
@@ -31,6 +32,8 @@ def _add_target_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--weights", choices=list(WEIGHT_BYTES), default="bf16")
     p.add_argument("--kv-dtype", choices=list(KV_BYTES), default="bf16")
     p.add_argument("--replicas", type=int, default=1)
+    p.add_argument("--router", choices=ROUTERS, default="least-loaded",
+                   help="how a fleet of replicas shares arrivals (inflight.routing)")  # fmt: skip
     p.add_argument("--memory-utilization", type=float, default=0.9,
                    help="share of GPU memory for weights + activations + KV")  # fmt: skip
     for name in ("weight_bw_efficiency", "kv_bw_efficiency", "compute_efficiency"):
@@ -136,7 +139,8 @@ def _run(args, hardware, model, knobs, out: Path) -> None:
     for mode in modes:
         setup = build_setup(hardware, model, {**knobs, "batching": mode}, args.replicas,
                             args.memory_utilization)  # fmt: skip
-        runs.append(simulate(setup, workload, f"simulated-{mode}", progress=True))
+        runs.append(simulate(setup, workload, f"simulated-{mode}", progress=True,
+                             router=args.router))  # fmt: skip
         meta = setup.describe() | {
             "workload": args.workload, "requests": len(workload), "arrival": args.arrival,
             "hardware source": hardware.source,

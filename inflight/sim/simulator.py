@@ -6,10 +6,11 @@ if the model had run. Requests are greedy with `ignore_eos`, so they finish at `
 exactly as `inflight bench` runs them: for the same workload the engine and the simulator make
 the same schedules, step for step.
 
-Events, in time order: an arrival goes to the replica with the fewest unfinished requests
-(a least-loaded balancer) and waits there for the next step, as a request reaching the engine
-during a forward pass does; a step end updates the scheduler and starts the next step at once.
-An arrival at the very instant a step ends is seen by the next step.
+Events, in time order: an arrival goes to the replica its router names (`inflight.routing`, the
+policy Ray Serve replicas use; by default the one with the fewest unfinished requests) and waits
+there for the next step, as a request reaching the engine during a forward pass does; a step end
+updates the scheduler and starts the next step at once. An arrival at the very instant a step
+ends is seen by the next step.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from inflight.core.scheduler import Scheduler
 from inflight.core.sizing import num_blocks_for_budget, resolve_max_model_len
 from inflight.errors import ConfigError
 from inflight.request import Request
+from inflight.routing import make_router, prefix_key
 from inflight.sampling_params import SamplingParams
 from inflight.sim.cost_model import CostModel
 from inflight.sim.hardware import HardwareProfile
@@ -158,8 +160,9 @@ class _Replica:
 
 
 class Simulation:
-    def __init__(self, setup: SimSetup) -> None:
+    def __init__(self, setup: SimSetup, router: str = "least-loaded") -> None:
         self.setup = setup
+        self.router = make_router(router)
         self.cost_model = CostModel(setup.hardware, setup.model, setup.cache.kv_block_size)
         self.replicas = [_Replica(setup) for _ in range(setup.replicas)]
         self.totals = _Totals()
@@ -226,7 +229,7 @@ class Simulation:
                     while next_arrival < len(pending) and (
                         pending[next_arrival].arrival_time == t_arrive
                     ):
-                        replica = min(self.replicas, key=lambda r: r.load)
+                        replica = self._route(pending[next_arrival])
                         replica.inbox.append(pending[next_arrival])
                         next_arrival += 1
                     for replica in self.replicas:
@@ -244,6 +247,14 @@ class Simulation:
             requests=records, timeline=self.timeline, preemptions=self.totals.preemptions,
             extra=self._extra(time.perf_counter() - wall_start),
         )  # fmt: skip
+
+    def _route(self, request: Request) -> _Replica:
+        prefix = []
+        if self.router.name == "prefix-aware":
+            prefix = prefix_key(request.prompt_token_ids, self.setup.cache.kv_block_size,
+                                request.cache_salt)  # fmt: skip
+        loads = {i: replica.load for i, replica in enumerate(self.replicas)}
+        return self.replicas[self.router.choose(prefix, loads)]
 
     def _request(self, index: int, r: WorkloadRequest) -> Request:
         total = len(r.prompt_token_ids) + r.max_tokens
@@ -267,8 +278,16 @@ class Simulation:
                 "predictive_admissions": sum(s.num_predictive_admissions for s in schedulers),
                 "prediction_failures": sum(s.num_prediction_failures for s in schedulers),
             }
+        kvs = [r.kv for r in self.replicas]
+        queries = sum(kv.num_prefix_queries for kv in kvs)
         return predictions | {
             "replicas": self.setup.replicas,
+            "router": self.router.name,
+            "prefix_routed": self.router.prefix_routed,
+            "load_routed": self.router.load_routed,
+            "prefix_cache_hit_rate": round(
+                sum(kv.num_prefix_hits for kv in kvs) / max(1, queries), 4
+            ),
             "steps_all_replicas": t.steps,
             "seat_utilization": round(t.seat_s / (busy * self.setup.scheduler.max_num_seqs), 4),
             "compute_utilization": round(t.flops / (busy * peak), 4),
@@ -288,6 +307,10 @@ def _record(request: Request) -> RequestRecord:
 
 
 def simulate(
-    setup: SimSetup, workload: list[WorkloadRequest], name: str, progress: bool = False
+    setup: SimSetup,
+    workload: list[WorkloadRequest],
+    name: str,
+    progress: bool = False,
+    router: str = "least-loaded",
 ) -> RunResult:
-    return Simulation(setup).run(workload, name, progress)
+    return Simulation(setup, router).run(workload, name, progress)
