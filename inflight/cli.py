@@ -16,6 +16,7 @@ from collections.abc import Collection, Sequence
 from typing import Any
 
 from inflight.config import knob_fields
+from inflight.routing import ROUTERS
 
 logger = logging.getLogger("inflight")
 
@@ -167,6 +168,17 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--shutdown-timeout", type=float, default=30.0,
                        help="on SIGTERM, seconds in-flight requests get to finish before they "
                             "are aborted (default: 30)")  # fmt: skip
+    serve.add_argument("--replicas", type=int, default=1,
+                       help="engine replicas behind one endpoint, on Ray Serve (default: 1, "
+                            "one process without Ray)")  # fmt: skip
+    serve.add_argument("--router", default="prefix-aware",
+                       choices=ROUTERS,
+                       help="how --replicas share requests (default: prefix-aware)")  # fmt: skip
+    serve.add_argument(
+        "--ray-address",
+        default=None,
+        help="a Ray cluster to join (default: start Ray on this machine)",
+    )
     add_engine_flags(serve)
 
     doctor = sub.add_parser(
@@ -195,6 +207,21 @@ def run_serve(args: argparse.Namespace) -> int:
     from inflight.server.http_server import serve
 
     knobs = knobs_from_args(args)
+    config = ServerConfig(
+        host=args.host, port=args.port, api_key=args.api_key,
+        served_model_name=args.served_model_name, max_body_bytes=args.max_body_bytes,
+        allowed_hosts=args.allowed_hosts, read_timeout=args.read_timeout,
+        shutdown_timeout=args.shutdown_timeout,
+    )  # fmt: skip
+    if args.replicas < 1:
+        logger.error("--replicas must be >= 1, got %d", args.replicas)
+        return 2
+    if args.replicas > 1 or args.ray_address:
+        from inflight.server.replicas import deploy
+
+        deploy(knobs, config, args.replicas, args.router, args.ray_address,
+               args.max_queued_requests, args.request_timeout)  # fmt: skip
+        return 0
     try:
         engine = AsyncLLM(
             max_queued_requests=args.max_queued_requests,
@@ -204,12 +231,6 @@ def run_serve(args: argparse.Namespace) -> int:
     except InflightError as e:
         logger.error("%s", e)
         return 2
-    config = ServerConfig(
-        host=args.host, port=args.port, api_key=args.api_key,
-        served_model_name=args.served_model_name, max_body_bytes=args.max_body_bytes,
-        allowed_hosts=args.allowed_hosts, read_timeout=args.read_timeout,
-        shutdown_timeout=args.shutdown_timeout,
-    )  # fmt: skip
     serve(build_app(engine, config), engine, config)
     logger.info("server stopped")
     return 0

@@ -27,6 +27,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from inflight.core.outputs import EngineCoreOutput
@@ -157,6 +158,26 @@ class AsyncLLM:
         while self._streams and time.monotonic() < deadline:  # consumers abort as they leave
             await asyncio.sleep(0.01)
         return cut
+
+    # ------------------------------------------------ what the server reads
+    @property
+    def model_path(self) -> Path:
+        return self.core.loaded.path
+
+    @property
+    def max_model_len(self) -> int:
+        return self.core.max_model_len
+
+    @property
+    def vocab_size(self) -> int:
+        return self.core.arch.vocab_size
+
+    @property
+    def num_kv_blocks(self) -> int:
+        return self.core.kv_cache_manager.pool.num_blocks
+
+    def render_chat(self, messages: list[dict[str, Any]], tools: list[dict] | None = None) -> str:
+        return self.llm.render_chat(messages, tools)
 
     @property
     def is_alive(self) -> bool:

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from tqdm.auto import tqdm
+from transformers import PreTrainedTokenizerBase
 
 from inflight.config import EngineConfig
 from inflight.engine.engine_core import EngineCore
@@ -24,6 +25,27 @@ from inflight.tokenizer import load_tokenizer
 logger = logging.getLogger(__name__)
 
 Message = dict[str, Any]
+
+
+def render_chat(
+    tokenizer: PreTrainedTokenizerBase,
+    messages: list[Message],
+    tools: list[dict[str, Any]] | None = None,
+) -> str:
+    """The prompt text of a conversation; `tools` (OpenAI's shape) go to templates that
+    render them."""
+    if not tokenizer.chat_template:
+        raise InvalidRequestError("this model has no chat template", param="messages")
+    for i, message in enumerate(messages):
+        for key, value in message.items():
+            if isinstance(value, str):
+                check_text(value, f"messages.{i}.{key}")
+    try:
+        return tokenizer.apply_chat_template(
+            messages, tools=tools, tokenize=False, add_generation_prompt=True
+        )
+    except Exception as e:  # jinja errors for malformed messages
+        raise InvalidRequestError(f"cannot render the chat template: {e}", "messages") from e
 
 
 class LLM:
@@ -77,20 +99,7 @@ class LLM:
     def render_chat(
         self, messages: list[Message], tools: list[dict[str, Any]] | None = None
     ) -> str:
-        """The prompt text of a conversation; `tools` (OpenAI's shape) go to templates that
-        render them."""
-        if not self.tokenizer.chat_template:
-            raise InvalidRequestError("this model has no chat template", param="messages")
-        for i, message in enumerate(messages):
-            for key, value in message.items():
-                if isinstance(value, str):
-                    check_text(value, f"messages.{i}.{key}")
-        try:
-            return self.tokenizer.apply_chat_template(
-                messages, tools=tools, tokenize=False, add_generation_prompt=True
-            )
-        except Exception as e:  # jinja errors for malformed messages
-            raise InvalidRequestError(f"cannot render the chat template: {e}", "messages") from e
+        return render_chat(self.tokenizer, messages, tools)
 
     def _run(
         self,

@@ -115,7 +115,7 @@ def validation_message(errors: list[dict[str, Any]]) -> tuple[str | None, str]:
 
 
 def build_app(engine: AsyncLLM, config: ServerConfig) -> FastAPI:
-    path = engine.core.loaded.path
+    path = engine.model_path
     model_name = config.served_model_name or (path.stem if path.is_file() else path.name)
     completions = CompletionServing(engine, model_name)
     chat = ChatServing(engine, model_name)
@@ -227,9 +227,7 @@ def build_app(engine: AsyncLLM, config: ServerConfig) -> FastAPI:
 
     @app.get("/v1/models", dependencies=guarded, responses=_errors(401))
     async def list_models() -> p.ModelList:
-        return p.ModelList(
-            data=[p.ModelCard(id=model_name, max_model_len=engine.core.max_model_len)]
-        )
+        return p.ModelList(data=[p.ModelCard(id=model_name, max_model_len=engine.max_model_len)])
 
     @app.post("/tokenize", dependencies=guarded, responses=_errors(401, 404))
     async def tokenize(req: p.TokenizeRequest) -> p.TokenizeResponse:
@@ -241,13 +239,13 @@ def build_app(engine: AsyncLLM, config: ServerConfig) -> FastAPI:
         else:
             raise InvalidRequestError("prompt or messages is required", "prompt")
         return p.TokenizeResponse(
-            tokens=tokens, count=len(tokens), max_model_len=engine.core.max_model_len
+            tokens=tokens, count=len(tokens), max_model_len=engine.max_model_len
         )
 
     @app.post("/detokenize", dependencies=guarded, responses=_errors(401, 404))
     async def detokenize(req: p.DetokenizeRequest) -> p.DetokenizeResponse:
         completions.check_model(req.model)
-        vocab = engine.core.arch.vocab_size
+        vocab = engine.vocab_size
         if any(not 0 <= t < vocab for t in req.tokens):
             raise InvalidRequestError(f"tokens must be in [0, {vocab})", "tokens")
         text = await engine.run_tokenizer(engine.tokenizer.decode, req.tokens)
@@ -260,7 +258,10 @@ def build_app(engine: AsyncLLM, config: ServerConfig) -> FastAPI:
         if not engine.is_alive:
             error = engine.dead_error or EngineDeadError("the engine is not running")
             return error_response(503, f"engine is dead: {error}", "ServiceUnavailableError")
-        return Response(status_code=200)
+        replicas = getattr(engine, "replicas_up", None)  # a gateway in front of replicas
+        if replicas is None:
+            return Response(status_code=200)
+        return JSONResponse({"replicas_up": replicas()})
 
     @app.get("/metrics", response_class=Response, responses={
         200: {"content": {CONTENT_TYPE_LATEST.split(";")[0]: {"schema": {"type": "string"}}},
@@ -286,7 +287,7 @@ def build_app(engine: AsyncLLM, config: ServerConfig) -> FastAPI:
     )  # an endless stream: not for schema-driven clients
     async def dashboard_events() -> StreamingResponse:
         hello = {"model": model_name, "knobs": {k: str(v) for k, v in engine.knobs().items()},
-                 "num_blocks": engine.core.kv_cache_manager.pool.num_blocks}  # fmt: skip
+                 "num_blocks": engine.num_kv_blocks}  # fmt: skip
         return StreamingResponse(broadcaster.stream(hello), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})  # fmt: skip
 

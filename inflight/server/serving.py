@@ -26,7 +26,10 @@ class OpenAIServing:
     def __init__(self, engine: AsyncLLM, served_model_name: str) -> None:
         self.engine = engine
         self.model_name = served_model_name
-        self.tokenizer = engine.tokenizer
+
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.model_name:

@@ -42,7 +42,7 @@ class ChatServing(OpenAIServing):
     def render(self, messages: list[p.ChatMessage], tools: list[p.Tool] | None = None) -> list[int]:
         """Prompt token ids of a conversation; `tools` for templates that render them."""
         tool_dicts = [t.model_dump(exclude_none=True) for t in tools] if tools else None
-        text = self.engine.llm.render_chat([template_message(m) for m in messages], tool_dicts)
+        text = self.engine.render_chat([template_message(m) for m in messages], tool_dicts)
         return self.tokenizer(text, add_special_tokens=False).input_ids
 
     async def _start(self, req: p.ChatCompletionRequest):
@@ -55,7 +55,7 @@ class ChatServing(OpenAIServing):
         prompt_ids = await self.engine.run_tokenizer(self.render, req.messages, tools)
         max_tokens = req.max_completion_tokens or req.max_tokens
         if max_tokens is None:  # OpenAI's default: as much as the context leaves
-            max_tokens = max(1, self.engine.core.max_model_len - len(prompt_ids))
+            max_tokens = max(1, self.engine.max_model_len - len(prompt_ids))
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
         params = self.sampling_params(req, max_tokens, logprobs, constraint)
         return await self.start([prompt_ids], params, req), mode

@@ -1,0 +1,158 @@
+"""`inflight serve --replicas 2` on Ray Serve, with the tiny model: the official client through
+the gateway, prefix-aware routing against round-robin on the engines' own prefix-hit counters,
+and a replica killed mid-stream. One Ray instance for the module (it takes ~10 s to start)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+
+from inflight.metrics.doctor import Snapshot
+from inflight.server.api_server import ServerConfig
+
+ray = pytest.importorskip("ray")
+serve = pytest.importorskip("ray.serve")
+from inflight.server.replicas import start_fleet  # noqa: E402
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def fleet(tiny_llama):
+    ray.init(num_cpus=2, namespace="inflight-tests", include_dashboard=False,
+             log_to_driver=False)  # fmt: skip
+    port = free_port()
+    config = ServerConfig(host="127.0.0.1", port=port, served_model_name="tiny")
+    knobs = {"model": str(tiny_llama), "dtype": "float32", "max_model_len": 512,
+             "num_kv_blocks": 256}  # fmt: skip
+
+    def deploy(router: str) -> str:
+        start_fleet(knobs, config, replicas=2, router=router)
+        url = f"http://127.0.0.1:{port}"
+        wait_for(lambda: health(url).get("replicas_up") == 2, 60)
+        return url
+
+    try:
+        yield deploy
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+
+
+def wait_for(condition, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError("condition not met")
+        time.sleep(0.25)
+
+
+def health(url: str) -> dict:
+    try:
+        r = httpx.get(url + "/health", timeout=5)
+    except httpx.HTTPError:
+        return {}
+    return r.json() if r.status_code == 200 else {}
+
+
+def per_replica(url: str, name: str) -> dict[str, float]:
+    snapshot = Snapshot.parse(time.time(), httpx.get(url + "/metrics", timeout=10).text)
+    return {dict(labels)["replica"]: value for labels, value in snapshot.labelled(name).items()}
+
+
+def test_the_openai_client_works_through_the_replicas(fleet):
+    url = fleet("prefix-aware")
+    client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+    (card,) = client.models.list().data
+    assert card.id == "tiny"
+    r = client.completions.create(model="tiny", prompt="The quick", max_tokens=5,
+                                  temperature=0, extra_body={"ignore_eos": True})  # fmt: skip
+    assert r.usage.completion_tokens == 5 and r.choices[0].finish_reason == "length"
+    chunks = list(client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=6,
+        temperature=0, stream=True, extra_body={"ignore_eos": True},
+    ))  # fmt: skip
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    whole = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=6,
+        temperature=0, extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    assert text == whole.choices[0].message.content
+    with pytest.raises(openai.BadRequestError) as e:  # refused by the gateway
+        client.completions.create(model="tiny", prompt="x", max_tokens=2,
+                                  extra_body={"structured_outputs": {"regex": "(("}})  # fmt: skip
+    assert e.value.body["param"] == "structured_outputs"
+    running = per_replica(url, "inflight_requests_running")
+    assert len(running) == 2  # every engine's series, labelled by replica
+
+
+def _hit_rate(url: str, system_prompts: list[str]) -> float:
+    """Sequential requests behind a few system prompts; the fleet's prefix-cache hit rate."""
+    before_q = per_replica(url, "inflight_prefix_cache_queries_total")
+    before_h = per_replica(url, "inflight_prefix_cache_hits_total")
+    for i in range(4):
+        for system in system_prompts:
+            httpx.post(url + "/v1/completions", json={
+                "prompt": f"{system} Question {i}:", "max_tokens": 2, "temperature": 0},
+                timeout=60).raise_for_status()  # fmt: skip
+    time.sleep(2.5)  # the engines report their counters once a second
+    after_q = per_replica(url, "inflight_prefix_cache_queries_total")
+    after_h = per_replica(url, "inflight_prefix_cache_hits_total")
+    queries = sum(after_q[r] - before_q.get(r, 0) for r in after_q)
+    return sum(after_h[r] - before_h.get(r, 0) for r in after_h) / queries
+
+
+def test_prefix_aware_routing_gets_more_prefix_hits_than_round_robin(fleet):
+    def prompts(tag: str) -> list[str]:
+        return [f"{tag} system prompt {k}: " + "Numbers like 12345 appear in tables. " * 6
+                for k in range(3)]  # fmt: skip
+
+    aware = _hit_rate(fleet("prefix-aware"), prompts("alpha"))
+    round_robin = _hit_rate(fleet("round-robin"), prompts("beta"))
+    print(f"fleet prefix-cache hit rate: prefix-aware {aware:.3f}, round-robin {round_robin:.3f}")
+    assert aware > round_robin + 0.1
+
+
+def test_a_killed_replica_ends_its_streams_with_an_error_and_the_fleet_serves_on(fleet):
+    url = fleet("power-of-two")
+    results: list[str] = []
+
+    def stream(i: int) -> None:
+        # as long as the tiny model allows: still streaming when the replica is killed
+        body = {"prompt": f"stream {i}", "max_tokens": 500, "ignore_eos": True,
+                "temperature": 0, "stream": True}  # fmt: skip
+        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=120) as r:
+            events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+        assert events[-1] == "[DONE]"
+        last = json.loads(events[-2])
+        results.append("error" if "error" in last else last["choices"][0]["finish_reason"])
+
+    threads = [threading.Thread(target=stream, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    time.sleep(0.5)  # streaming by now, spread over both engines by the router
+    (victim, *_) = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+                    if "EngineReplica" in a["name"]]  # fmt: skip
+    killed_at = time.monotonic()
+    ray.kill(ray.get_actor(victim, namespace="serve"), no_restart=True)
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads)  # nothing hangs
+    assert len(results) == 6 and set(results) <= {"length", "error"}
+    print(f"streams: {results}, all ended {time.monotonic() - killed_at:.1f} s after the kill")
+    assert "error" in results  # the victim's streams: an OpenAI-shaped error chunk, then [DONE]
+    # a new engine replaces the dead one, and requests are served
+    wait_for(lambda: health(url).get("replicas_up") == 2, 90)
+    r = httpx.post(url + "/v1/completions", json={"prompt": "after", "max_tokens": 3},
+                   timeout=60)  # fmt: skip
+    assert r.status_code == 200
