@@ -51,6 +51,7 @@ logger = logging.getLogger(__name__)
 HUB_NAME = "inflight-metrics-hub"
 REPORT_PERIOD_S = 1.0
 REPLICA_FRESH_S = 5.0  # an engine not heard from for this long counts as down
+RETRIES_BEFORE_FIRST_OUTPUT = 2
 
 # Ray Serve imports the router from its path and pickles its module by value: that module keeps
 # no state of its own, and counts into these (in the gateway's process, where the router of the
@@ -277,29 +278,40 @@ class RemoteEngine:
         self, processed: tuple[ParentRequest, list[Request]]
     ) -> AsyncIterator[RequestOutput]:
         parent, children = processed
-        key = prefix_key(parent.prompt_token_ids, self._info["block_size"], children[0].cache_salt)
-        stream = self.handle.options(stream=True).generate.remote(
-            parent.prompt_token_ids, parent.params, priority=children[0].priority,
-            cache_salt=children[0].cache_salt, prefix_key=key,
+        salt = children[0].cache_salt
+        call = functools.partial(
+            self.handle.options(stream=True).generate.remote, parent.prompt_token_ids,
+            parent.params, priority=children[0].priority, cache_salt=salt,
+            prefix_key=prefix_key(parent.prompt_token_ids, self._info["block_size"], salt),
         )  # fmt: skip
-        return self._outputs(parent, stream)
+        return self._outputs(parent, call)
 
-    async def _outputs(self, parent: ParentRequest, stream: Any) -> AsyncIterator[RequestOutput]:
-        try:
-            async for out in stream:
-                out.request_id, out.prompt = parent.request_id, parent.prompt
-                yield out
-        except ray.exceptions.RayTaskError as e:
-            cause = e.cause if isinstance(e.cause, Exception) else e
-            if isinstance(cause, InflightError):
-                raise cause from None
-            raise EngineDeadError(f"the engine replica failed: {cause}") from None
-        except (ray.exceptions.RayActorError, ray.exceptions.ActorDiedError) as e:
-            raise EngineDeadError(
-                f"the engine replica serving this request died ({type(e).__name__}); retry"
-            ) from None
-        finally:
-            stream.cancel()
+    async def _outputs(
+        self, parent: ParentRequest, call: Callable[[], Any]
+    ) -> AsyncIterator[RequestOutput]:
+        """The engine's outputs. An engine that dies before its first output (the request was
+        queued there) is retried on another; one that dies mid-stream ends it with an error."""
+        for attempt in range(1 + RETRIES_BEFORE_FIRST_OUTPUT):
+            stream, started = call(), False
+            try:
+                async for out in stream:
+                    started = True
+                    out.request_id, out.prompt = parent.request_id, parent.prompt
+                    yield out
+                return
+            except ray.exceptions.RayTaskError as e:
+                cause = e.cause if isinstance(e.cause, Exception) else e
+                if isinstance(cause, InflightError):
+                    raise cause from None
+                raise EngineDeadError(f"the engine replica failed: {cause}") from None
+            except ray.exceptions.RayActorError as e:
+                if started or attempt == RETRIES_BEFORE_FIRST_OUTPUT:
+                    raise EngineDeadError(
+                        f"the engine replica serving this request died ({type(e).__name__})"
+                    ) from None
+                logger.warning("an engine replica died before answering; retrying elsewhere")
+            finally:
+                stream.cancel()
 
     async def refresh(self) -> str:
         """The engines' merged /metrics, and how many reported recently."""

@@ -145,6 +145,16 @@ def test_a_killed_replica_ends_its_streams_with_an_error_and_the_fleet_serves_on
                     if "EngineReplica" in a["name"]]  # fmt: skip
     killed_at = time.monotonic()
     ray.kill(ray.get_actor(victim, namespace="serve"), no_restart=True)
+    # requests sent at once, some routed to the dead engine before the fleet knows: retried
+    statuses: list[int] = []
+    late = [threading.Thread(target=lambda i=i: statuses.append(httpx.post(
+        url + "/v1/completions", json={"prompt": f"late {i}", "max_tokens": 3},
+        timeout=60).status_code)) for i in range(4)]  # fmt: skip
+    for t in late:
+        t.start()
+    for t in late:
+        t.join(timeout=60)
+    assert statuses == [200] * 4
     for t in threads:
         t.join(timeout=120)
     assert not any(t.is_alive() for t in threads)  # nothing hangs
