@@ -76,7 +76,9 @@ def load_workload(args: argparse.Namespace, tokenizer) -> list[WorkloadRequest]:
 
 
 def add_bench_parser(sub: Any, add_engine_flags: Callable[[argparse.ArgumentParser], None]) -> None:
-    bench = sub.add_parser("bench", help="benchmarks: offline, compare, roofline, serve, soak")
+    bench = sub.add_parser(
+        "bench", help="benchmarks: offline, compare, roofline, serve, soak, fleet"
+    )
     modes = bench.add_subparsers(dest="bench_command", required=True)
     fmt = argparse.ArgumentDefaultsHelpFormatter
     offline = modes.add_parser("offline", help="one workload through the engine",
@@ -91,6 +93,9 @@ def add_bench_parser(sub: Any, add_engine_flags: Callable[[argparse.ArgumentPars
     for p in (offline, compare, roofline):
         add_workload_flags(p)
         add_engine_flags(p)
+    from inflight.bench.fleet import add_fleet_parser
+
+    add_engine_flags(add_fleet_parser(modes, fmt))
     offline.add_argument(
         "--profile", action="store_true",
         help="time every phase of every step; writes profile.md (overhead vs forward)",
@@ -214,6 +219,12 @@ def run_bench(args: argparse.Namespace, knobs: dict[str, Any]) -> int:
         logger.info("results in %s", out)
         print((out / "summary.md").read_text())
         return 0 if ok(summary) else 1
+    elif args.bench_command == "fleet":
+        from inflight.bench.fleet import run_fleet
+
+        print(run_fleet(args, dict(knobs), out))
+        logger.info("results in %s", out)
+        return 0
     elif args.bench_command == "roofline":
         from inflight.bench.roofline import run_roofline
 
