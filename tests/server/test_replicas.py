@@ -94,6 +94,8 @@ def test_the_openai_client_works_through_the_replicas(fleet):
     assert e.value.body["param"] == "structured_outputs"
     running = per_replica(url, "inflight_requests_running")
     assert len(running) == 2  # every engine's series, labelled by replica
+    metrics = httpx.get(url + "/metrics", timeout=10).text
+    assert 'inflight_router_decisions_total{routed="load"}' in metrics
 
 
 def _hit_rate(url: str, system_prompts: list[str]) -> float:
