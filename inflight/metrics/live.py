@@ -70,6 +70,18 @@ class LiveFeed:
         self.swap_map = ""
         self.requests: list[list[Any]] = []
 
+    def __getstate__(self) -> dict[str, Any]:
+        """A consistent copy without the lock (a replica's feed is shipped to the gateway)."""
+        with self._lock:
+            state = {k: v for k, v in self.__dict__.items() if k != "_lock"}
+            for name in ("_steps", "_finished", "_refusals"):
+                state[name] = deque(state[name], maxlen=state[name].maxlen)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
     # ------------------------------------------------------------------ writers
     def add_step(self, sample: StepSample) -> None:
         with self._lock:

@@ -122,6 +122,8 @@ def build_app(engine: AsyncLLM, config: ServerConfig) -> FastAPI:
 
     history = History(seconds=60)
     broadcaster = Broadcaster(engine, history)
+    replica_broadcasters: dict[str, Broadcaster] = {}  # behind a gateway: one per engine
+    tasks: list[asyncio.Task] = []
 
     async def sample_metrics() -> None:
         """One snapshot a second for /doctor."""
@@ -135,7 +137,8 @@ def build_app(engine: AsyncLLM, config: ServerConfig) -> FastAPI:
         knobs = engine.knobs()
         shown = ", ".join(f"{k}={knobs[k]}" for k in SHOWN_KNOBS)
         logger.info("serving %r on http://%s:%d (%s)", model_name, config.host, config.port, shown)
-        tasks = [asyncio.create_task(sample_metrics()), asyncio.create_task(broadcaster.run())]
+        tasks.extend([asyncio.create_task(sample_metrics()),
+                      asyncio.create_task(broadcaster.run())])  # fmt: skip
         yield
         for task in tasks:
             task.cancel()
@@ -285,10 +288,22 @@ def build_app(engine: AsyncLLM, config: ServerConfig) -> FastAPI:
         dependencies=[Depends(require_api_key_or_query)],
         include_in_schema=False,
     )  # an endless stream: not for schema-driven clients
-    async def dashboard_events() -> StreamingResponse:
+    async def dashboard_events(replica: str | None = None) -> StreamingResponse:
+        """`replica` picks one engine behind a gateway (`--replicas`); the first by default."""
         hello = {"model": model_name, "knobs": {k: str(v) for k, v in engine.knobs().items()},
                  "num_blocks": engine.num_kv_blocks}  # fmt: skip
-        return StreamingResponse(broadcaster.stream(hello), media_type="text/event-stream",
+        chosen = broadcaster
+        views = getattr(engine, "replica_views", None)
+        if views is not None:
+            replicas = sorted(views())
+            replica = replica if replica in replicas else (replicas[0] if replicas else "")
+            if replica not in replica_broadcasters:
+                view = views().get(replica) or engine
+                replica_broadcasters[replica] = Broadcaster(view, history)
+                tasks.append(asyncio.create_task(replica_broadcasters[replica].run()))
+            chosen = replica_broadcasters[replica]
+            hello |= {"replicas": replicas, "replica": replica}
+        return StreamingResponse(chosen.stream(hello), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})  # fmt: skip
 
     @app.get("/version", responses=_errors())

@@ -53,7 +53,8 @@ class Broadcaster:
                 await self.publish(self.update())
 
     def update(self) -> dict[str, Any]:
-        feed, now = self.engine.feed, time.monotonic()
+        # a replica's feed runs on that replica's clock
+        feed, now = self.engine.feed, getattr(self.engine, "clock", time.monotonic)()
         steps = feed.steps_after(self._last_step_t, BELT_STEPS)
         if steps:
             self._last_step_t = steps[-1].t
@@ -85,7 +86,8 @@ class Broadcaster:
         engine.watch(+1)
         try:
             belt = [s.belt_row() for s in engine.feed.steps_after(float("-inf"), BELT_STEPS)]
-            first = {**hello, "belt": belt, "t": time.monotonic()}
+            now = getattr(engine, "clock", time.monotonic)()
+            first = {**hello, "belt": belt, "t": now}
             yield f"event: hello\ndata: {json.dumps(first, separators=(',', ':'))}\n\n"
             seen = self.version
             while not engine.draining:

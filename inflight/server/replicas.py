@@ -52,6 +52,7 @@ HUB_NAME = "inflight-metrics-hub"
 REPORT_PERIOD_S = 1.0
 REPLICA_FRESH_S = 5.0  # an engine not heard from for this long counts as down
 RETRIES_BEFORE_FIRST_OUTPUT = 2
+EMPTY_FEED = LiveFeed()  # a replica's, until its first one arrives
 
 # Ray Serve imports the router from its path and pickles its module by value: that module keeps
 # no state of its own, and counts into these (in the gateway's process, where the router of the
@@ -65,17 +66,61 @@ ROUTED = Counter("inflight_router_decisions", "Engines the router chose, by why 
 
 @ray.remote(num_cpus=0)
 class MetricsHub:
-    """The engines' latest /metrics texts, for the gateway."""
+    """The engines' latest /metrics texts and, while a dashboard watches, their live feeds."""
 
     def __init__(self) -> None:
         self.reports: dict[str, tuple[float, str]] = {}
+        self.feeds: dict[str, tuple[float, LiveFeed, float]] = {}  # at, feed, engine's clock
+        self.watched_until = 0.0
 
-    def report(self, replica: str, text: str) -> None:
-        self.reports[replica] = (time.time(), text)
-
-    def collect(self) -> dict[str, tuple[float, str]]:
+    def report(self, replica: str, text: str, feed: LiveFeed | None, clock: float) -> bool:
+        """Stores an engine's report; answers whether a dashboard wants its live feed."""
         now = time.time()
+        self.reports[replica] = (now, text)
+        if feed is not None:
+            self.feeds[replica] = (now, feed, clock)
+        return now < self.watched_until
+
+    def collect(self, watched: bool = False) -> dict[str, tuple[float, str]]:
+        now = time.time()
+        if watched:  # a page is open at the gateway: engines send their feeds for a while
+            self.watched_until = now + 3 * REPORT_PERIOD_S
         return {r: (now - t, text) for r, (t, text) in self.reports.items()}
+
+    def collect_feeds(self) -> dict[str, tuple[float, LiveFeed, float]]:
+        now = time.time()
+        return {r: (now - t, feed, clock) for r, (t, feed, clock) in self.feeds.items()}
+
+
+class ReplicaView:
+    """One engine's live feed at the gateway, as the dashboard's broadcaster reads an engine."""
+
+    def __init__(self, remote: RemoteEngine, replica: str) -> None:
+        self.remote, self.replica = remote, replica
+
+    @property
+    def feed(self) -> LiveFeed:
+        entry = self.remote.replica_feeds.get(self.replica)
+        return entry[0] if entry else EMPTY_FEED
+
+    def clock(self) -> float:
+        """The engine's clock (its feed's timestamps): as it was when sent, plus the time since."""
+        entry = self.remote.replica_feeds.get(self.replica)
+        if entry is None:
+            return time.monotonic()
+        _, clock, received = entry
+        return clock + (time.monotonic() - received)
+
+    @property
+    def is_alive(self) -> bool:
+        return self.replica in self.remote.replica_views()
+
+    @property
+    def draining(self) -> bool:
+        return self.remote.draining
+
+    def watch(self, delta: int) -> None:
+        self.remote.watch(delta)
 
 
 def merge_metrics(texts: dict[str, str]) -> str:
@@ -120,9 +165,17 @@ class EngineReplica:
         threading.Thread(target=self._report, name="inflight-metrics-push", daemon=True).start()
 
     def _report(self) -> None:
+        """Once a second: /metrics to the hub, and the live feed while a dashboard watches."""
+        watched = False
         while True:
             try:
-                self._hub.report.remote(self.name, self.engine.metrics.render().decode())
+                feed = self.engine.feed if watched else None
+                wanted = ray.get(self._hub.report.remote(
+                    self.name, self.engine.metrics.render().decode(), feed, time.monotonic(),
+                ), timeout=10)  # fmt: skip
+                if wanted != watched:  # the engine keeps its request table fresh meanwhile
+                    self.engine.watch(+1 if wanted else -1)
+                    watched = wanted
             except Exception:  # the hub restarting: report again next time
                 logger.debug("metrics report failed", exc_info=True)
             time.sleep(REPORT_PERIOD_S)
@@ -177,7 +230,8 @@ class RemoteEngine:
     def __init__(self, model_path: Path) -> None:
         self.model_path = model_path
         self.handle: Any = None
-        self.feed = LiveFeed()  # the dashboard shows no engine through the gateway
+        self.feed = LiveFeed()  # counts the gateway's open dashboards; engines' feeds below
+        self.replica_feeds: dict[str, tuple[LiveFeed, float, float]] = {}  # feed, clock, at
         self.draining = False
         self.dead_error: BaseException | None = None
         self.metrics = _MergedMetrics(self)
@@ -186,6 +240,7 @@ class RemoteEngine:
         self._pool: ThreadPoolExecutor | None = None
         self._ids = 0
         self._up = 0
+        self._fresh: list[str] = []
         self._refresher: asyncio.Task | None = None
 
     # ---- lifecycle
@@ -222,7 +277,11 @@ class RemoteEngine:
         return dict(self._info.get("knobs", {}))
 
     def watch(self, delta: int) -> None:
-        pass
+        self.feed.watchers += delta
+
+    def replica_views(self) -> dict[str, ReplicaView]:
+        """The engines that reported recently (their feeds arrive once a page watches)."""
+        return {r: ReplicaView(self, r) for r in self._fresh}
 
     # ---- what the server reads
     @property
@@ -316,9 +375,17 @@ class RemoteEngine:
     async def refresh(self) -> str:
         """The engines' merged /metrics, and how many reported recently."""
         hub = ray.get_actor(HUB_NAME)
-        reports = await hub.collect.remote()
+        watched = self.feed.watchers > 0
+        reports = await hub.collect.remote(watched)
         fresh = {r: text for r, (age, text) in reports.items() if age < REPLICA_FRESH_S}
+        if watched:
+            feeds = await hub.collect_feeds.remote()
+            now = time.monotonic()
+            self.replica_feeds = {
+                r: (feed, clock + age, now) for r, (age, feed, clock) in feeds.items() if r in fresh
+            }
         self._up = len(fresh)
+        self._fresh = sorted(fresh)
         self.metrics.text = merge_metrics(fresh)
         return self.metrics.text
 

@@ -98,6 +98,41 @@ def test_the_openai_client_works_through_the_replicas(fleet):
     assert 'inflight_router_decisions_total{routed="load"}' in metrics
 
 
+def _events(url: str, replica: str | None, until, timeout: float = 30.0) -> list[dict]:
+    """The dashboard's events for one engine (hello first), read until `until(events)`."""
+    query = f"?replica={replica}" if replica else ""
+    events, deadline = [], time.monotonic() + timeout
+    with httpx.stream("GET", f"{url}/dashboard/events{query}", timeout=timeout) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                events.append(json.loads(line[6:]))
+                if until(events) or time.monotonic() > deadline:
+                    break
+    return events
+
+
+def test_the_dashboard_switches_between_replicas(fleet):
+    url = fleet("prefix-aware")
+    (hello,) = _events(url, None, lambda e: len(e) == 1)
+    replicas = hello["replicas"]
+    assert len(replicas) == 2 and hello["replica"] == replicas[0]
+    for replica in replicas:
+
+        def busy(replica: str = replica) -> None:
+            for i in range(6):  # routed by load: both engines decode while the page watches
+                httpx.post(url + "/v1/completions", json={
+                    "prompt": f"dash {replica} {i}", "max_tokens": 60, "ignore_eos": True},
+                    timeout=60)  # fmt: skip
+
+        load = threading.Thread(target=busy)
+        load.start()
+        events = _events(url, replica, lambda e: any(x.get("steps") for x in e[1:]))
+        load.join()
+        assert events[0]["replica"] == replica
+        steps = [row for x in events[1:] for row in x.get("steps", [])]
+        assert steps, "the chosen engine's steps reach the page"
+
+
 def _hit_rate(url: str, system_prompts: list[str]) -> float:
     """Sequential requests behind a few system prompts; the fleet's prefix-cache hit rate."""
     before_q = per_replica(url, "inflight_prefix_cache_queries_total")
