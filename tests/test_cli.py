@@ -37,3 +37,13 @@ def test_every_knob_is_a_flag_with_its_default_in_help():
 )
 def test_parse_bytes(text, value):
     assert parse_bytes(text) == value
+
+
+def test_one_replica_serves_without_importing_ray():
+    """`--replicas 1` is the single process: building the server must not pull Ray in."""
+    import subprocess
+    import sys
+
+    code = ("import sys, inflight.cli, inflight.server.api_server, inflight.routing; "
+            "sys.exit(1 if 'ray' in sys.modules else 0)")  # fmt: skip
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
