@@ -30,6 +30,8 @@ JSON_OBJECT_SCHEMA = {"type": "object"}
 CACHE_SIZE = 128
 # Dicts and lists within dicts and lists: far beyond any real schema, well within the stack.
 MAX_SCHEMA_DEPTH = 64
+# A schema's text (a request body may hold megabytes): compiling is bounded by it.
+MAX_SCHEMA_CHARS = 256 * 1024
 
 
 @dataclass
@@ -129,7 +131,12 @@ def _schema_text(schema: dict | str, param: str) -> str:
             message = f"{param}: the schema is not valid JSON: {e}"
             raise InvalidRequestError(message, param) from None
     check_json_schema(parsed, param)
-    return json.dumps(_length_bounds_as_patterns(parsed), ensure_ascii=False)
+    text = json.dumps(_length_bounds_as_patterns(parsed), ensure_ascii=False)
+    if len(text) > MAX_SCHEMA_CHARS:
+        raise InvalidRequestError(
+            f"{param}: the schema has {len(text)} characters, more than {MAX_SCHEMA_CHARS}", param
+        )
+    return text
 
 
 def check_json_schema(schema: Any, param: str) -> None:

@@ -68,6 +68,9 @@ def chat(server, **body):
          "tools.0.function.parameters"),
         ({"structured_outputs": {"json": {"type": "integer", "minimum": -(10**30)}}},
          "structured_outputs"),
+        ({"response_format": {"type": "json_schema", "json_schema": {"name": "big", "schema": {
+          "type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(20_000)}}}}},
+         "response_format.json_schema"),
     ],
 )  # fmt: skip
 def test_bad_constraints_are_400s_naming_the_field(server, body, param):
