@@ -36,9 +36,13 @@ def fleet(tiny_llama):
     knobs = {"model": str(tiny_llama), "dtype": "float32", "max_model_len": 512,
              "num_kv_blocks": 256}  # fmt: skip
 
+    url, deployed = f"http://127.0.0.1:{port}", []
+
     def deploy(router: str) -> str:
-        start_fleet(knobs, config, replicas=2, router=router)
-        url = f"http://127.0.0.1:{port}"
+        """The fleet with `router`; redeployed (~10 s) only when the router changes."""
+        if deployed[-1:] != [router]:
+            start_fleet(knobs, config, replicas=2, router=router)
+            deployed.append(router)
         wait_for(lambda: health(url).get("replicas_up") == 2, 60)
         return url
 
@@ -119,9 +123,9 @@ def test_the_dashboard_switches_between_replicas(fleet):
     for replica in replicas:
 
         def busy(replica: str = replica) -> None:
-            for i in range(6):  # routed by load: both engines decode while the page watches
+            for i in range(4):  # routed by load: both engines decode while the page watches
                 httpx.post(url + "/v1/completions", json={
-                    "prompt": f"dash {replica} {i}", "max_tokens": 60, "ignore_eos": True},
+                    "prompt": f"dash {replica} {i}", "max_tokens": 40, "ignore_eos": True},
                     timeout=60)  # fmt: skip
 
         load = threading.Thread(target=busy)
@@ -137,12 +141,12 @@ def _hit_rate(url: str, system_prompts: list[str]) -> float:
     """Sequential requests behind a few system prompts; the fleet's prefix-cache hit rate."""
     before_q = per_replica(url, "inflight_prefix_cache_queries_total")
     before_h = per_replica(url, "inflight_prefix_cache_hits_total")
-    for i in range(4):
+    for i in range(3):
         for system in system_prompts:
             httpx.post(url + "/v1/completions", json={
                 "prompt": f"{system} Question {i}:", "max_tokens": 2, "temperature": 0},
                 timeout=60).raise_for_status()  # fmt: skip
-    time.sleep(2.5)  # the engines report their counters once a second
+    time.sleep(1.5)  # the engines report their counters once a second
     after_q = per_replica(url, "inflight_prefix_cache_queries_total")
     after_h = per_replica(url, "inflight_prefix_cache_hits_total")
     queries = sum(after_q[r] - before_q.get(r, 0) for r in after_q)
@@ -161,7 +165,7 @@ def test_prefix_aware_routing_gets_more_prefix_hits_than_round_robin(fleet):
 
 
 def test_a_killed_replica_ends_its_streams_with_an_error_and_the_fleet_serves_on(fleet):
-    url = fleet("power-of-two")
+    url = fleet("round-robin")  # (as the test before left it) 3 streams on each engine
     results: list[str] = []
 
     def stream(i: int) -> None:
