@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import jsonschema
 
 from inflight.errors import InvalidRequestError
-from inflight.sampling_params import StructuredOutputs
+from inflight.sampling_params import StructuredOutputs, unicode_problem
 
 if TYPE_CHECKING:
     import xgrammar as xgr
@@ -131,16 +131,13 @@ def _schema_text(schema: dict | str, param: str) -> str:
             message = f"{param}: the schema is not valid JSON: {e}"
             raise InvalidRequestError(message, param) from None
     check_json_schema(parsed, param)
-    text = json.dumps(_length_bounds_as_patterns(parsed), ensure_ascii=False)
-    if len(text) > MAX_SCHEMA_CHARS:
-        raise InvalidRequestError(
-            f"{param}: the schema has {len(text)} characters, more than {MAX_SCHEMA_CHARS}", param
-        )
-    return text
+    return json.dumps(_length_bounds_as_patterns(parsed), ensure_ascii=False)
 
 
 def check_json_schema(schema: Any, param: str) -> None:
-    """A JSON schema object no deeper than `MAX_SCHEMA_DEPTH`, valid against its metaschema."""
+    """A JSON schema object no deeper than `MAX_SCHEMA_DEPTH` nor longer than `MAX_SCHEMA_CHARS`
+    as text, valid Unicode (JSON may carry lone surrogates, which no encoder accepts), valid
+    against its metaschema; cheapest checks first."""
     if not isinstance(schema, dict):
         raise InvalidRequestError(f"{param}: a JSON schema must be an object", param)
     # Checked without recursion first: the checks below recurse and would overflow the stack.
@@ -153,6 +150,13 @@ def check_json_schema(schema: Any, param: str) -> None:
             )
         children = node.values() if isinstance(node, dict) else node
         stack.extend((c, depth + 1) for c in children if isinstance(c, dict | list))
+    text = json.dumps(schema, ensure_ascii=False)
+    if len(text) > MAX_SCHEMA_CHARS:
+        raise InvalidRequestError(
+            f"{param}: the schema has {len(text)} characters, more than {MAX_SCHEMA_CHARS}", param
+        )
+    if (problem := unicode_problem(text)) is not None:
+        raise InvalidRequestError(f"{param}: the schema is {problem}", param)
     try:
         jsonschema.validators.validator_for(schema).check_schema(schema)
     except jsonschema.SchemaError as e:

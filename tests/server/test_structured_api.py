@@ -31,8 +31,10 @@ def server(tiny_llama):
 
 
 def chat(server, **body):
-    return httpx.post(server.url + "/v1/chat/completions",
-                      json={"messages": USER, "max_tokens": 60, **body}, timeout=60)  # fmt: skip
+    """Sent as JSON text with escapes (`\\ud800`) and `NaN` as a hostile client writes them."""
+    text = json.dumps({"messages": USER, "max_tokens": 60, **body})
+    return httpx.post(server.url + "/v1/chat/completions", content=text,
+                      headers={"content-type": "application/json"}, timeout=60)  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -67,6 +69,16 @@ def chat(server, **body):
         ({"tools": [{"type": "function", "function": {"name": "f", "parameters": DEEP}}]},
          "tools.0.function.parameters"),
         ({"structured_outputs": {"json": {"type": "integer", "minimum": -(10**30)}}},
+         "structured_outputs"),
+        ({"structured_outputs": {"json": {"type": "object", "properties": {
+          "\ud800": {"type": "string"}}}}}, "structured_outputs"),
+        ({"structured_outputs": {"json": '{"enum": ["\\udfff"]}'}}, "structured_outputs"),
+        ({"tools": [{"type": "function", "function": {"name": "f",
+          "parameters": {"type": "object", "description": "\udfff"}}}]},
+         "tools.0.function.parameters"),
+        ({"structured_outputs": {"json": {"type": "string", "maxLength": 2**64}}},
+         "structured_outputs"),
+        ({"structured_outputs": {"json": {"type": "number", "minimum": float("nan")}}},
          "structured_outputs"),
         ({"response_format": {"type": "json_schema", "json_schema": {"name": "big", "schema": {
           "type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(20_000)}}}}},
