@@ -22,7 +22,6 @@ from collections.abc import Hashable, Mapping, Sequence
 
 from inflight.core.kv_cache_manager import extend_block_hashes
 
-ROUTERS = ("round-robin", "least-loaded", "power-of-two", "prefix-aware")
 PREFIX_BLOCKS = 32  # leading blocks that key a request (512 tokens at 16 per block)
 TABLE_SIZE = 100_000  # prefix hashes remembered, least recently used dropped first
 
@@ -42,6 +41,7 @@ class Router:
     """Base of the policies: `choose` names a replica among `loads`' keys (never empty)."""
 
     name = "base"
+    uses_prefix = False  # whether `choose` reads the prefix key (callers may skip computing it)
 
     def __init__(self, seed: int = 0) -> None:
         self.rng = random.Random(seed)
@@ -91,6 +91,7 @@ class PowerOfTwo(Router):
 
 class PrefixAware(Router):
     name = "prefix-aware"
+    uses_prefix = True
 
     def __init__(self, seed: int = 0, margin: int = 8, table_size: int = TABLE_SIZE) -> None:
         super().__init__(seed)
@@ -124,8 +125,13 @@ class PrefixAware(Router):
             del self.owner[h]
 
 
+POLICIES: dict[str, type[Router]] = {
+    p.name: p for p in (RoundRobin, LeastLoaded, PowerOfTwo, PrefixAware)
+}
+ROUTERS = tuple(POLICIES)
+
+
 def make_router(name: str, seed: int = 0) -> Router:
-    policies = {p.name: p for p in (RoundRobin, LeastLoaded, PowerOfTwo, PrefixAware)}
-    if name not in policies:
+    if name not in POLICIES:
         raise ValueError(f"unknown router {name!r}; known: {', '.join(ROUTERS)}")
-    return policies[name](seed)
+    return POLICIES[name](seed)

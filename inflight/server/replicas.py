@@ -52,7 +52,6 @@ HUB_NAME = "inflight-metrics-hub"
 REPORT_PERIOD_S = 1.0
 REPLICA_FRESH_S = 5.0  # an engine not heard from for this long counts as down
 RETRIES_BEFORE_FIRST_OUTPUT = 2
-EMPTY_FEED = LiveFeed()  # a replica's, until its first one arrives
 
 # Ray Serve imports the router from its path and pickles its module by value: that module keeps
 # no state of its own, and counts into these (in the gateway's process, where the router of the
@@ -101,7 +100,7 @@ class ReplicaView:
     @property
     def feed(self) -> LiveFeed:
         entry = self.remote.replica_feeds.get(self.replica)
-        return entry[0] if entry else EMPTY_FEED
+        return entry[0] if entry else LiveFeed()  # until its first one arrives
 
     def clock(self) -> float:
         """The engine's clock (its feed's timestamps): as it was when sent, plus the time since."""
@@ -234,7 +233,7 @@ class RemoteEngine:
         self.replica_feeds: dict[str, tuple[LiveFeed, float, float]] = {}  # feed, clock, at
         self.draining = False
         self.dead_error: BaseException | None = None
-        self.metrics = _MergedMetrics(self)
+        self.metrics = _MergedMetrics()
         self._info: dict[str, Any] = {}
         self._processor: InputProcessor | None = None
         self._pool: ThreadPoolExecutor | None = None
@@ -393,9 +392,8 @@ class RemoteEngine:
 class _MergedMetrics:
     """`engine.metrics` for the gateway: the engines' series plus the router's counters."""
 
-    def __init__(self, remote: RemoteEngine) -> None:
-        self.remote = remote
-        self.text = ""
+    def __init__(self) -> None:
+        self.text = ""  # the engines' merged series, refreshed once a second
 
     def render(self) -> bytes:
         return (self.text + generate_latest(ROUTER_REGISTRY).decode()).encode()

@@ -250,7 +250,7 @@ class Simulation:
 
     def _route(self, request: Request) -> _Replica:
         prefix = []
-        if self.router.name == "prefix-aware":
+        if self.router.uses_prefix:
             prefix = prefix_key(request.prompt_token_ids, self.setup.cache.kv_block_size,
                                 request.cache_salt)  # fmt: skip
         loads = {i: replica.load for i, replica in enumerate(self.replicas)}

@@ -56,11 +56,9 @@ class GrammarMasks:
         if matcher is None:
             import xgrammar as xgr
 
+            # created at a request's first sample, dropped when it finishes: a request
+            # preempted by recompute keeps its outputs, and so its matcher
             matcher = xgr.GrammarMatcher(s.grammar)
-            # a request preempted by recompute keeps its outputs and so its matcher; one that
-            # arrives with outputs (none today) would replay them here
-            for token_id in s.output_token_ids:
-                matcher.accept_token(token_id)
             self.matchers[s.request_id] = matcher
         return matcher
 
