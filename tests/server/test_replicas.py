@@ -137,6 +137,24 @@ def test_the_dashboard_switches_between_replicas(fleet):
         assert steps, "the chosen engine's steps reach the page"
 
 
+def test_a_client_that_vanishes_mid_stream_is_aborted_in_its_engine(fleet):
+    url = fleet("prefix-aware")
+    body = {"prompt": "vanish", "max_tokens": 500, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                break  # one chunk, then the client leaves
+
+    # aborted in its engine within a step (the engines report their counters once a second)
+    def aborted() -> float:
+        snapshot = Snapshot.parse(time.time(), httpx.get(url + "/metrics", timeout=10).text)
+        counts = snapshot.labelled("inflight_requests_finished_total")
+        return sum(v for k, v in counts.items() if dict(k)["finish_reason"] == "abort")
+
+    wait_for(lambda: aborted() >= 1, 10)
+    wait_for(lambda: sum(per_replica(url, "inflight_requests_running").values()) == 0, 10)
+
+
 def _hit_rate(url: str, system_prompts: list[str]) -> float:
     """Sequential requests behind a few system prompts; the fleet's prefix-cache hit rate."""
     before_q = per_replica(url, "inflight_prefix_cache_queries_total")
