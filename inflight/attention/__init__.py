@@ -1,12 +1,14 @@
-"""Paged attention backends behind one interface.
+"""Paged attention backends behind one protocol (`backend.AttentionBackend`).
 
-`TorchReferenceBackend` is pure PyTorch and is the oracle every faster backend is tested against;
-`CpuKernelBackend` computes decodes and prompt chunks with C++ kernels over the paged cache, and
-`triton_decode.TritonBackend` (imported on demand: it needs Triton) decodes with a Triton kernel
-for CUDA GPUs; `make_backend` chooses.
+`TorchReferenceBackend` (`torch_ref.py`) is pure PyTorch and is the oracle every faster backend
+is tested against; `paged_kernels.PagedKernelBackend` is the plumbing of backends whose kernels
+read the cache in place: `cpu_kernel.CpuKernelBackend` (C++ kernels) and
+`triton_decode.TritonBackend` (Triton, for CUDA GPUs; imported on demand). `selector.make_backend`
+chooses.
 """
 
-from inflight.attention.cpu_kernel import CpuKernelBackend, make_backend
+from inflight.attention.backend import AttentionBackend
+from inflight.attention.selector import make_backend
 from inflight.attention.torch_ref import AttentionMetadata, TorchReferenceBackend
 
-__all__ = ["AttentionMetadata", "CpuKernelBackend", "TorchReferenceBackend", "make_backend"]
+__all__ = ["AttentionBackend", "AttentionMetadata", "TorchReferenceBackend", "make_backend"]

@@ -18,11 +18,12 @@ Index tensors are built once per step in `build_metadata`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from inflight.attention.backend import prompt_and_decode_rows, write_token_major
 
 
 @dataclass
@@ -107,7 +108,10 @@ def split_by_length(rows: list[int], seq_lens: list[int]) -> list[list[int]]:
 
 
 class TorchReferenceBackend:
+    """The oracle every kernel backend is tested against; runs anywhere PyTorch does."""
+
     name = "torch"
+    cpu_kernels = triton_kernels = graph_capturable = interpreted = False
 
     def __init__(self, block_size: int, sliding_window: int | None = None) -> None:
         self.block_size = block_size
@@ -121,18 +125,6 @@ class TorchReferenceBackend:
         shape = (num_blocks, self.block_size, num_kv_heads, head_dim)
         return shape, shape
 
-    def write_cache(
-        self,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        key: torch.Tensor,  # [T, KVH, D]
-        value: torch.Tensor,
-        slot_mapping: torch.Tensor,  # [T] block * block_size + offset
-    ) -> None:
-        num_kv_heads, head_dim = key.shape[1], key.shape[2]
-        k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, key)
-        v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, value)
-
     def build_metadata(
         self,
         query_start_loc: list[int],
@@ -141,40 +133,8 @@ class TorchReferenceBackend:
         slot_mapping: torch.Tensor,
         device: torch.device,
     ) -> AttentionMetadata:
-        """Index tensors shared by every layer of one step (CPU lists in, device tensors out)."""
-        q_lens = [query_start_loc[r + 1] - query_start_loc[r] for r in range(len(start_pos))]
-
-        def group(rows: list[int]) -> AttentionGroup | None:
-            if not rows:
-                return None
-            return _build_group(
-                rows, query_start_loc, start_pos, block_tables, self.block_size,
-                self.sliding_window, device,
-            )  # fmt: skip
-
-        seq_lens = [start + n for start, n in zip(start_pos, q_lens, strict=True)]
-        meta = AttentionMetadata(slot_mapping=slot_mapping, decode=[], prefills=[])
-        prefill_rows = [r for r, n in enumerate(q_lens) if n > 1]
-        meta = self._with_prefills(
-            meta, prefill_rows, query_start_loc, start_pos, block_tables, device
-        )
-        decode_rows = [r for r, n in enumerate(q_lens) if n == 1]
-        return self._with_decodes(
-            meta, decode_rows, query_start_loc, seq_lens, block_tables, group, device
-        )
-
-    def _with_prefills(
-        self,
-        meta: AttentionMetadata,
-        rows: list[int],
-        query_start_loc: list[int],
-        start_pos: list[int],
-        block_tables: torch.Tensor,
-        device: torch.device,
-    ) -> AttentionMetadata:
-        """Adds what the prefill chunks need (here: one SDPA call each); faster backends
-        override."""
-        meta.prefills = [
+        prefill_rows, decode_rows = prompt_and_decode_rows(query_start_loc)
+        prefills = [
             self._prefill_chunk(
                 query_start_loc[r],
                 query_start_loc[r + 1] - query_start_loc[r],
@@ -182,9 +142,26 @@ class TorchReferenceBackend:
                 block_tables[r],
                 device,
             )
-            for r in rows
+            for r in prefill_rows
         ]
-        return meta
+        seq_lens = [start_pos[r] + query_start_loc[r + 1] - query_start_loc[r]
+                    for r in range(len(start_pos))]  # fmt: skip
+        decode = [
+            _build_group(
+                g,
+                query_start_loc,
+                start_pos,
+                block_tables,
+                self.block_size,
+                self.sliding_window,
+                device,
+            )
+            for g in split_by_length(decode_rows, seq_lens)
+        ]
+        return AttentionMetadata(slot_mapping=slot_mapping, decode=decode, prefills=prefills)
+
+    def decode_metadata(self, slot_mapping, rows, block_tables, seq_lens) -> AttentionMetadata:
+        raise NotImplementedError("the reference backend builds no graph-capturable metadata")
 
     def _prefill_chunk(
         self, start: int, q_len: int, cached: int, block_table: torch.Tensor, device: torch.device
@@ -203,20 +180,6 @@ class TorchReferenceBackend:
             table = block_table[: -(-seq_len // self.block_size)].to(device)
         return PrefillChunk(slice(start, start + q_len), table, seq_len, mask)
 
-    def _with_decodes(
-        self,
-        meta: AttentionMetadata,
-        rows: list[int],
-        query_start_loc: list[int],
-        seq_lens: list[int],
-        block_tables: torch.Tensor,
-        group: Callable[[list[int]], AttentionGroup | None],
-        device: torch.device,
-    ) -> AttentionMetadata:
-        """Adds what the decodes need (here: groups by length); faster backends override."""
-        meta.decode = [group(g) for g in split_by_length(rows, seq_lens)]
-        return meta
-
     def forward(
         self,
         query: torch.Tensor,  # [T, H, D]
@@ -226,23 +189,11 @@ class TorchReferenceBackend:
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
     ) -> torch.Tensor:
-        self.write_cache(k_cache, v_cache, key, value, meta.slot_mapping)
-
+        write_token_major(k_cache, v_cache, key, value, meta.slot_mapping)
         out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
-        self._attend_decodes(query, k_cache, v_cache, meta, out)
-        self._attend_prefills(query, key, value, k_cache, v_cache, meta, out)
-        return out
-
-    def _attend_prefills(
-        self,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        meta: AttentionMetadata,
-        out: torch.Tensor,
-    ) -> None:
+        for g in meta.decode:
+            rows = g.token_index[:, 0]
+            out[rows] = self._decode(query[rows], k_cache, v_cache, g)
         for chunk in meta.prefills:
             if chunk.block_table is None:
                 k, v = key[chunk.tokens], value[chunk.tokens]
@@ -259,18 +210,7 @@ class TorchReferenceBackend:
                 enable_gqa=True,
             )
             out[chunk.tokens] = o[0].transpose(0, 1)
-
-    def _attend_decodes(
-        self,
-        query: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        meta: AttentionMetadata,
-        out: torch.Tensor,
-    ) -> None:
-        for g in meta.decode:
-            rows = g.token_index[:, 0]
-            out[rows] = self._decode(query[rows], k_cache, v_cache, g)
+        return out
 
     @staticmethod
     def _decode(

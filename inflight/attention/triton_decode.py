@@ -21,7 +21,7 @@ import logging
 
 import torch
 
-from inflight.attention.cpu_kernel import PagedKernelBackend
+from inflight.attention.paged_kernels import PagedKernelBackend
 from inflight.attention.triton_prefill import paged_prefill_attention
 from inflight.attention.triton_runtime import runs_here, tl, triton
 
@@ -225,6 +225,9 @@ class TritonBackend(PagedKernelBackend):
     kernels that read it in place (one launch per layer for each)."""
 
     name = "triton"
+    triton_kernels = True
+    decode_kernel = staticmethod(paged_decode_attention)
+    prefill_kernel = staticmethod(paged_prefill_attention)
 
     def __init__(self, block_size: int, sliding_window: int | None = None) -> None:
         super().__init__(block_size, sliding_window)
@@ -234,14 +237,6 @@ class TritonBackend(PagedKernelBackend):
                 "TRITON_INTERPRET=1 before the process starts to run the Triton kernel on a CPU"
             )
         check_block_size(block_size)
-        if not torch.cuda.is_available():
+        self.interpreted = not torch.cuda.is_available()
+        if self.interpreted:
             logger.warning("no GPU: the Triton attention kernels run under Triton's interpreter")
-        self.decode_kernel = paged_decode_attention
-
-    def _attend_prefills(self, query, key, value, k_cache, v_cache, meta, out) -> None:
-        batch = meta.prefill_batch
-        if batch is not None:
-            paged_prefill_attention(
-                query, k_cache, v_cache, batch.chunks, batch.block_tables, out,
-                query.shape[-1] ** -0.5, self.sliding_window or 0, batch.max_query_len,
-            )  # fmt: skip

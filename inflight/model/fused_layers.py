@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from inflight.attention.cpu_kernel import CpuKernelBackend, KernelMetadata
+from inflight.attention.cpu_kernel import CpuKernelBackend
+from inflight.attention.paged_kernels import KernelMetadata
 from inflight.kernels import load_extension
 from inflight.model.packed_linear import PackedLinear
 

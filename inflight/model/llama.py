@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
-from inflight.attention import AttentionMetadata, TorchReferenceBackend
+from inflight.attention import AttentionBackend
 from inflight.model.arch import LlamaArchConfig
 from inflight.model.layer_ops import TorchLayerOps
 
@@ -54,9 +54,7 @@ class RMSNorm(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(
-        self, cfg: LlamaArchConfig, attn: TorchReferenceBackend, ops: TorchLayerOps
-    ) -> None:
+    def __init__(self, cfg: LlamaArchConfig, attn: AttentionBackend, ops: TorchLayerOps) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = (
             cfg.num_heads,
@@ -81,7 +79,7 @@ class DecoderLayer(nn.Module):
         cos: torch.Tensor,
         sin: torch.Tensor,
         kv_cache: tuple[torch.Tensor, torch.Tensor],
-        meta: AttentionMetadata,
+        meta: Any,  # the attention backend's own
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns (this layer's MLP output, the residual stream it is to be added to): each
         residual add is fused into the RMSNorm that follows it, the last into the model's."""
@@ -110,7 +108,7 @@ class DecoderLayer(nn.Module):
 
 class LlamaModel(nn.Module):
     def __init__(
-        self, cfg: LlamaArchConfig, attn: TorchReferenceBackend, ops: TorchLayerOps | None = None
+        self, cfg: LlamaArchConfig, attn: AttentionBackend, ops: TorchLayerOps | None = None
     ) -> None:
         super().__init__()
         self.cfg = cfg
@@ -140,7 +138,7 @@ class LlamaModel(nn.Module):
         input_ids: torch.Tensor,  # [T]
         positions: torch.Tensor,  # [T]
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-        meta: AttentionMetadata,
+        meta: Any,  # the attention backend's own
         logits_indices: torch.Tensor,  # [S]
     ) -> torch.Tensor:
         """Returns logits [S, vocab] in the model's dtype for the tokens at `logits_indices`

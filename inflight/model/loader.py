@@ -18,7 +18,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from tqdm.auto import tqdm
 
-from inflight.attention import CpuKernelBackend, make_backend
+from inflight.attention import make_backend
 from inflight.errors import ModelLoadError
 from inflight.model import packed_linear
 from inflight.model.arch import LlamaArchConfig
@@ -134,9 +134,9 @@ def load_model(
     # The fused layer ops come with their attention backend: the CPU kernels are one build, and
     # the Triton ones are checked on the device first (Triton is imported only for them).
     ops: TorchLayerOps = TorchLayerOps()
-    if isinstance(attn, CpuKernelBackend):
+    if attn.cpu_kernels:
         ops = CpuLayerOps()
-    elif attn.name == "triton":
+    elif attn.triton_kernels:
         from inflight.model.triton_layer_ops import checked_layer_ops
 
         ops = checked_layer_ops(device, dtype)
@@ -145,7 +145,7 @@ def load_model(
     model = model.to_empty(device=device).to(dtype)
     model.finish_init()
     # inflight's small-batch kernels come with the other CPU kernels
-    kernels = isinstance(attn, CpuKernelBackend) and can_pack(dtype, device)
+    kernels = attn.cpu_kernels and can_pack(dtype, device)
     # float32 decode batches can multiply from the file's own blocks (see packed_linear)
     keep_blocks = index is not None and kernels and gguf_kernel_applies(dtype)
     blocks: dict[str, torch.Tensor] | None = {} if keep_blocks else None
@@ -176,6 +176,6 @@ def load_model(
         # serves (~0.7 s for SmolLM2; none where the bf16 kernel does); larger ones cost ~40 ms
         # each to warm, more than their first use does.
         warm_up(model, range(1, 65))
-    if isinstance(attn, CpuKernelBackend):
+    if attn.cpu_kernels:
         model.fused_layers = FusedDecoderLayers(model.layers, attn)
     return LoadedModel(model=model.eval(), arch=arch, path=path)

@@ -10,8 +10,9 @@ block tables. A step of `n` decodes runs the graph captured for the smallest siz
 padding rows point at a scratch KV block that no request owns (the cache has one block more
 than the pool hands out), so they write and read only there. Steps with prompt tokens run
 eagerly. Every size is captured when the engine starts (a few seconds), not when first needed.
-Only decode kernels that take their lengths from tensors can be captured:
-`PagedKernelBackend` (on a GPU, the Triton backend).
+Only decode kernels that take their lengths from tensors can be captured: backends that say
+`graph_capturable` (on a GPU, the Triton backend), which build the step's metadata over the
+static buffers (`decode_metadata`).
 
 On a CPU nothing is captured: the same buffers feed an eager forward, which is how the tests
 check the buffer filling and padding on machines without a GPU.
@@ -22,10 +23,11 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
-from inflight.attention.cpu_kernel import DecodeBatch, KernelMetadata, PagedKernelBackend
+from inflight.attention import AttentionBackend
 from inflight.core.outputs import ScheduledRequest
 from inflight.model.llama import LlamaModel
 from inflight.runner.kv_cache import KVCache
@@ -40,9 +42,9 @@ def graph_batch_sizes(max_num_seqs: int) -> list[int]:
     return [*sizes, max_num_seqs]
 
 
-def supports_graphs(attn: object, device: torch.device) -> bool:
+def supports_graphs(attn: AttentionBackend, device: torch.device) -> bool:
     """A GPU, and a decode kernel that reads lengths from tensors (no per-step Python shapes)."""
-    return device.type == "cuda" and isinstance(attn, PagedKernelBackend)
+    return device.type == "cuda" and attn.graph_capturable
 
 
 class DecodeGraphs:
@@ -57,6 +59,7 @@ class DecodeGraphs:
         if kv_cache.scratch_block is None:
             raise ValueError("decode graphs need a KV cache with a scratch block for padding")
         self.model = model
+        self.attn: AttentionBackend = model.layers[0].attn
         self.kv_cache = kv_cache
         self.device = device
         self.capture = device.type == "cuda"
@@ -132,15 +135,11 @@ class DecodeGraphs:
             logits = self._eager_forward(size)
         return logits[:num]
 
-    def _metadata(self, size: int) -> KernelMetadata:
-        slots = self.scalars[2, :size]
-        batch = DecodeBatch(
-            rows=self.rows[:size],
-            block_tables=self.block_tables[:size],
-            seq_lens=self.scalars[3, :size],
-            all_rows=True,
-        )
-        return KernelMetadata(slot_mapping=slots, decode=[], prefills=[], decode_batch=batch)
+    def _metadata(self, size: int) -> Any:
+        return self.attn.decode_metadata(
+            self.scalars[2, :size], self.rows[:size], self.block_tables[:size],
+            self.scalars[3, :size],
+        )  # fmt: skip
 
     def _eager_forward(self, size: int) -> torch.Tensor:
         return self.model(

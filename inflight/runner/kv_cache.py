@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from inflight.attention import TorchReferenceBackend
+from inflight.attention import AttentionBackend
 from inflight.model.arch import LlamaArchConfig
 from inflight.runner.huge_pages import zeros_on_huge_pages
 
@@ -21,7 +21,7 @@ class KVCache:
     def __init__(
         self,
         arch: LlamaArchConfig,
-        attn: TorchReferenceBackend,
+        attn: AttentionBackend,
         num_blocks: int,
         dtype: torch.dtype,
         device: torch.device,

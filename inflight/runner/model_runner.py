@@ -16,10 +16,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from inflight.attention import AttentionMetadata, CpuKernelBackend, TorchReferenceBackend
+from inflight.attention import AttentionBackend
 from inflight.core.outputs import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
 from inflight.engine.profiling import NO_TIMER, Timer
 from inflight.kernels import load_extension
@@ -44,7 +45,7 @@ class StepInputs:
     seq_lens: list[int]
     block_tables: torch.Tensor
     logits_indices: torch.Tensor
-    attn_metadata: AttentionMetadata
+    attn_metadata: Any  # the backend's own
 
 
 class ModelRunner:
@@ -52,7 +53,7 @@ class ModelRunner:
         self,
         model: LlamaModel,
         kv_cache: KVCache,
-        attn_backend: TorchReferenceBackend,
+        attn_backend: AttentionBackend,
         device: torch.device,
         seed: int = 0,
         decode_graphs: DecodeGraphs | None = None,
@@ -64,7 +65,7 @@ class ModelRunner:
         self.device = device
         self.block_size = kv_cache.block_size
         # The C++ kernels (chosen with the attention backend) include greedy sampling's argmax.
-        if isinstance(attn_backend, CpuKernelBackend):
+        if attn_backend.cpu_kernels:
             self.sampler = Sampler(device, seed, argmax=load_extension().first_argmax)
         else:
             self.sampler = Sampler(device, seed)

@@ -9,8 +9,9 @@ import sys
 import pytest
 import torch
 
-from inflight.attention import CpuKernelBackend, TorchReferenceBackend, make_backend
-from inflight.attention.cpu_kernel import to_kernel_layout
+from inflight.attention import TorchReferenceBackend, make_backend
+from inflight.attention.backend import write_token_major
+from inflight.attention.cpu_kernel import CpuKernelBackend, to_kernel_layout
 from inflight.attention.triton_decode import MIN_PARTITION, TritonBackend
 from inflight.errors import ConfigError
 
@@ -85,8 +86,8 @@ def test_mixed_batch_matches_dense_attention(backend_cls, window):
     if backend_cls is TorchReferenceBackend:
         assert len(meta.decode) == 2  # 22 decodes: two length groups
     else:  # one kernel call for all decodes, one for all 4 prompt chunks
-        assert meta.decode == [] and len(meta.decode_batch.rows) == 22
-        assert meta.prefills == [] and meta.prefill_batch.chunks.shape == (4, 3)
+        assert len(meta.decode_batch.rows) == 22
+        assert meta.prefill_batch.chunks.shape == (4, 3)
     out = backend.forward(torch.cat(qs), torch.cat(ks), torch.cat(vs), k_cache, v_cache, meta)
 
     for i, (cached, new) in enumerate(shapes):
@@ -210,10 +211,10 @@ def test_prefill_kernel_rejects_chunks_outside_its_inputs():
     tables = torch.zeros(1, 2, dtype=torch.long)
     with pytest.raises(RuntimeError, match="outside"):
         backend.prefill_kernel(q, k_cache, v_cache, torch.tensor([[5, 8, 0]]), tables,
-                               torch.empty_like(q), 1.0, 0)  # fmt: skip
+                               torch.empty_like(q), 1.0, 0, 8)  # fmt: skip
     with pytest.raises(RuntimeError, match="outside"):  # 30 cached + 8 new > 2 blocks of 16
         backend.prefill_kernel(q, k_cache, v_cache, torch.tensor([[0, 8, 30]]), tables,
-                               torch.empty_like(q), 1.0, 0)  # fmt: skip
+                               torch.empty_like(q), 1.0, 0, 8)  # fmt: skip
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -227,10 +228,12 @@ def test_kernel_cache_writes_match_the_reference_layout(dtype):
     key = qkv[:, : kvh * d].view(40, kvh, d)
     value = qkv[:, kvh * d : 2 * kvh * d].view(40, kvh, d)
     caches = {}
-    for backend in (TorchReferenceBackend(bs), CpuKernelBackend(bs)):
+    kernel = CpuKernelBackend(bs)
+    for backend, write in ((TorchReferenceBackend(bs), write_token_major),
+                           (kernel, kernel.write_cache)):  # fmt: skip
         k_shape, v_shape = backend.cache_shapes(num_blocks, kvh, d)
         k_cache, v_cache = torch.zeros(k_shape, dtype=dtype), torch.zeros(v_shape, dtype=dtype)
-        backend.write_cache(k_cache, v_cache, key, value, slots)
+        write(k_cache, v_cache, key, value, slots)
         caches[backend.name] = (k_cache, v_cache)
     want_k, want_v = to_kernel_layout(*caches["torch"])
     assert torch.equal(caches["cpu"][0], want_k) and torch.equal(caches["cpu"][1], want_v)

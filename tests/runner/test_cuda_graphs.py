@@ -118,11 +118,11 @@ def test_warm_up_writes_only_the_scratch_block(tiny_llama):
 
 def test_warm_up_size_per_device():
     cpu, gpu = torch.device("cpu"), torch.device("cuda")
-    assert warm_up_tokens(2048, 8192, gpu, "triton", 16) == 2048, "a GPU's: the step budget"
-    assert warm_up_tokens(2048, 1000, gpu, "torch", 16) == 1000, "within one request's length"
-    assert warm_up_tokens(2048, 8192, cpu, "cpu", 16) == WARM_UP_CHUNK, "a CPU's: one chunk"
-    assert warm_up_tokens(300, 8192, cpu, "cpu", 16) == 300
-    assert warm_up_tokens(2048, 8192, cpu, "triton", 16) == 16, "the interpreter's: one block"
+    assert warm_up_tokens(2048, 8192, gpu, False, 16) == 2048, "a GPU's: the step budget"
+    assert warm_up_tokens(2048, 1000, gpu, False, 16) == 1000, "within one request's length"
+    assert warm_up_tokens(2048, 8192, cpu, False, 16) == WARM_UP_CHUNK, "a CPU's: one chunk"
+    assert warm_up_tokens(300, 8192, cpu, False, 16) == 300
+    assert warm_up_tokens(2048, 8192, cpu, True, 16) == 16, "the interpreter's: one block"
 
 
 @GPU

@@ -1,0 +1,122 @@
+"""Plumbing for kernel backends that read the paged cache in place (the C++ and the Triton one):
+all decodes of a step go to one kernel call per layer and all prompt chunks to another, with no
+gathered copy of the cache, no padding and no masks.
+
+A subclass says which kernels and which cache layout:
+`decode_kernel(q [R, H, D], k_cache, v_cache, block_tables [R, MB], seq_lens [R], scale,
+window) -> [R, H, D]` and `prefill_kernel(query, k_cache, v_cache, chunks [C, 3],
+block_tables [C, MB], out, scale, window, max_query_len)`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from inflight.attention.backend import prompt_and_decode_rows, write_token_major
+
+
+@dataclass
+class DecodeBatch:
+    """Every decode of the step, for the kernel: no grouping, no masks."""
+
+    rows: torch.Tensor  # [R] flat token index of each decode (its only query token)
+    block_tables: torch.Tensor  # [R, MB] int64
+    seq_lens: torch.Tensor  # [R] int64
+    all_rows: bool = False  # every token of the step is a decode (rows == 0..T-1)
+
+
+@dataclass
+class PrefillBatch:
+    """Every prompt chunk of the step, for the kernel: no masks, no gathered keys."""
+
+    chunks: torch.Tensor  # [C, 3] int64: first flat row, query tokens, tokens cached before
+    block_tables: torch.Tensor  # [C, MB] int64
+    max_query_len: int  # the longest chunk's query tokens
+
+
+@dataclass
+class KernelMetadata:
+    slot_mapping: torch.Tensor  # [T] cache slot written by each new token
+    decode_batch: DecodeBatch | None = None
+    prefill_batch: PrefillBatch | None = None
+
+
+class PagedKernelBackend:
+    name: str
+    cpu_kernels = triton_kernels = interpreted = False
+    graph_capturable = True
+    decode_kernel: Callable[..., torch.Tensor]
+    prefill_kernel: Callable[..., None]
+
+    def __init__(self, block_size: int, sliding_window: int | None = None) -> None:
+        self.block_size = block_size
+        self.sliding_window = sliding_window
+
+    def cache_shapes(
+        self, num_blocks: int, num_kv_heads: int, head_dim: int
+    ) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """Token-major, [num_blocks, block_size, KVH, D], unless a subclass lays blocks out."""
+        shape = (num_blocks, self.block_size, num_kv_heads, head_dim)
+        return shape, shape
+
+    def write_cache(self, k_cache, v_cache, key, value, slot_mapping) -> None:
+        write_token_major(k_cache, v_cache, key, value, slot_mapping)
+
+    def build_metadata(
+        self,
+        query_start_loc: list[int],
+        start_pos: list[int],
+        block_tables: torch.Tensor,
+        slot_mapping: torch.Tensor,
+        device: torch.device,
+    ) -> KernelMetadata:
+        prefill_rows, decode_rows = prompt_and_decode_rows(query_start_loc)
+        meta = KernelMetadata(slot_mapping=slot_mapping)
+        if decode_rows:
+            index = torch.tensor(decode_rows)
+            meta.decode_batch = DecodeBatch(
+                rows=torch.tensor([query_start_loc[r] for r in decode_rows]).to(device),
+                block_tables=block_tables[index].to(device),
+                seq_lens=torch.tensor([start_pos[r] + 1 for r in decode_rows]).to(device),
+                all_rows=len(decode_rows) == query_start_loc[-1],
+            )
+        if prefill_rows:
+            chunks = [
+                (query_start_loc[r], query_start_loc[r + 1] - query_start_loc[r], start_pos[r])
+                for r in prefill_rows
+            ]
+            meta.prefill_batch = PrefillBatch(
+                chunks=torch.tensor(chunks, dtype=torch.long).to(device),
+                block_tables=block_tables[torch.tensor(prefill_rows)].to(device),
+                max_query_len=max(n for _, n, _ in chunks),
+            )
+        return meta
+
+    def decode_metadata(
+        self,
+        slot_mapping: torch.Tensor,
+        rows: torch.Tensor,
+        block_tables: torch.Tensor,
+        seq_lens: torch.Tensor,
+    ) -> KernelMetadata:
+        batch = DecodeBatch(rows=rows, block_tables=block_tables, seq_lens=seq_lens, all_rows=True)
+        return KernelMetadata(slot_mapping=slot_mapping, decode_batch=batch)
+
+    def forward(self, query, key, value, k_cache, v_cache, meta: KernelMetadata) -> torch.Tensor:
+        self.write_cache(k_cache, v_cache, key, value, meta.slot_mapping)
+        out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
+        scale, window = query.shape[-1] ** -0.5, self.sliding_window or 0
+        if (batch := meta.decode_batch) is not None:
+            out[batch.rows] = self.decode_kernel(
+                query[batch.rows], k_cache, v_cache, batch.block_tables, batch.seq_lens,
+                scale, window,
+            )  # fmt: skip
+        if (chunks := meta.prefill_batch) is not None:
+            self.prefill_kernel(
+                query, k_cache, v_cache, chunks.chunks, chunks.block_tables, out, scale, window,
+                chunks.max_query_len,
+            )  # fmt: skip
+        return out
