@@ -38,10 +38,6 @@ class Request:
     priority: int = 0
     cache_salt: str | None = None  # requests with different salts never share cached blocks
     grammar: Any = None  # the compiled constraint of its structured output (xgrammar), or None
-    # Admitted before its blocks were free, on the prediction that running requests free them
-    # soon (on probation); cleared once its prompt is computed (on-demand admission) or once
-    # every reservation fits again (reserve). Such a request yields, never anyone else.
-    admitted_on_prediction: bool = False
 
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
@@ -74,3 +70,18 @@ class Request:
     @property
     def all_token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
+
+    def stop_after(
+        self, token_id: int, max_model_len: int
+    ) -> tuple[FinishReason | None, int | None]:
+        """Whether the request ends with `token_id`, just appended, and the stop token that
+        ended it (EOS and stop ids count only after `min_tokens`; length limits always)."""
+        params = self.sampling_params
+        if self.num_output_tokens >= params.min_tokens:
+            if not params.ignore_eos and token_id in self.eos_token_ids:
+                return FinishReason.STOP, None
+            if token_id in params.stop_token_ids:
+                return FinishReason.STOP, token_id
+        if self.num_output_tokens >= params.max_tokens or self.num_tokens >= max_model_len:
+            return FinishReason.LENGTH, None
+        return None, None

@@ -28,10 +28,9 @@ def extend_block_hashes(
     hashes: list[int], tokens: Sequence[int], block_size: int, salt: str | None, num_full: int
 ) -> None:
     """Appends the chained hashes of full blocks `len(hashes) .. num_full - 1` of `tokens`."""
-    bs = block_size
     parent = hashes[-1] if hashes else hash(("inflight", salt))
     for i in range(len(hashes), num_full):
-        parent = hash((parent, tuple(tokens[i * bs : (i + 1) * bs])))
+        parent = hash((parent, tuple(tokens[i * block_size : (i + 1) * block_size])))
         hashes.append(parent)
 
 
@@ -73,13 +72,15 @@ class KVCacheManager:
         """The longest cached prefix of a request that has computed nothing yet."""
         if not self.enable_prefix_caching or request.num_computed_tokens:
             return []
-        bs = self.block_size
-        max_blocks = (request.num_tokens - 1) // bs
+        block_size = self.block_size
+        max_blocks = (request.num_tokens - 1) // block_size
         hashes = self.block_hashes(request)
         tokens = request.all_token_ids
         blocks: list[int] = []
         for i in range(max_blocks):
-            block_id = self.pool.lookup(hashes[i], tuple(tokens[i * bs : (i + 1) * bs]))
+            block_id = self.pool.lookup(
+                hashes[i], tuple(tokens[i * block_size : (i + 1) * block_size])
+            )
             if block_id is None:
                 break
             blocks.append(block_id)
@@ -99,11 +100,13 @@ class KVCacheManager:
         num_full = request.num_computed_tokens // self.block_size
         if not table or num_full <= start:
             return
-        bs = self.block_size
+        block_size = self.block_size
         hashes = self.block_hashes(request)
         tokens = request.all_token_ids
         for i in range(start, num_full):
-            self.pool.cache(table[i], hashes[i], tuple(tokens[i * bs : (i + 1) * bs]))
+            self.pool.cache(
+                table[i], hashes[i], tuple(tokens[i * block_size : (i + 1) * block_size])
+            )
         self._num_published[request.request_id] = num_full
 
     # ---------------------------------------------------------------- blocks
@@ -171,6 +174,7 @@ class KVCacheManager:
         blocks stay reusable until evicted)."""
         swapped = self.swapped.pop(request.request_id, None)
         if swapped:
+            assert self.cpu_pool is not None  # only swap mode swaps
             self.cpu_pool.free(swapped)
         self._num_published.pop(request.request_id, None)
         self._hashes.pop(request.request_id, None)

@@ -10,7 +10,8 @@ Two questions the scheduler asks beyond "is a block free now":
   max_model_len, and not itself admitted on a prediction (only ordinary requests are sure to be
   scheduled every step, one token a step).
 
-Pure arithmetic over the KV manager's block tables: nothing here changes state.
+Pure arithmetic over the KV manager's block tables: nothing here changes state. Only the
+admission module (`admission.py`) asks it.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ class KVForecast:
     def __init__(self, kv: KVCacheManager, max_model_len: int) -> None:
         self.kv = kv
         self.max_model_len = max_model_len
+        # ids of requests admitted on a prediction: not sure to be scheduled every step
+        self.probation: set[str] = set()
 
     # ---------------------------------------------------------- one request
     def tokens_left(self, r: Request) -> int:
@@ -43,7 +46,9 @@ class KVForecast:
         return max(0, self.final_blocks(r) - len(self.kv.get_block_table(r.request_id)))
 
     def ends_within(self, r: Request, horizon: int) -> bool:
-        return r.is_decoding and not r.admitted_on_prediction and self.tokens_left(r) <= horizon
+        return (
+            r.is_decoding and r.request_id not in self.probation and self.tokens_left(r) <= horizon
+        )
 
     def _unshared_blocks(self, r: Request) -> int:
         """Blocks the request alone holds: freed when it ends."""
@@ -68,13 +73,14 @@ class KVForecast:
     def net_freed_blocks(self, running: list[Request], horizon: int) -> int:
         """On demand: blocks requests certain to end within `horizon` steps free, minus the
         blocks every decoding request takes meanwhile."""
-        bs, total = self.kv.block_size, 0
+        block_size, total = self.kv.block_size, 0
         for r in running:
             if not r.is_decoding:
                 continue  # mid-prefill: its growth is its prompt, its end is not near
             steps = min(self.tokens_left(r), horizon)
             total -= max(
-                0, cdiv(r.num_tokens + steps, bs) - len(self.kv.get_block_table(r.request_id))
+                0,
+                cdiv(r.num_tokens + steps, block_size) - len(self.kv.get_block_table(r.request_id)),
             )
             if self.ends_within(r, horizon):
                 total += self._unshared_blocks(r)
@@ -87,19 +93,19 @@ class KVForecast:
         after their last token. Requests admitted on a prediction are left out. Exact when no
         block is shared; a block shared now counts as held to the end, though its other
         holders may end first, so with sharing this is a lower bound."""
-        bs = self.kv.block_size
+        block_size = self.kv.block_size
         gained = [0] * (horizon + 2)  # gained[t]: free blocks gained at step t
         for r in running:
-            if r.admitted_on_prediction:
+            if r.request_id in self.probation:
                 continue
             held = len(self.kv.get_block_table(r.request_id))
             ends = self.ends_within(r, horizon)
             last_step = self.tokens_left(r) if ends else horizon
             taken = 0
-            # At step t the request holds cdiv(num_tokens + t - 1, bs) blocks (at most its final
-            # count): its next block is taken at the first step whose tokens cross into it.
+            # At step t the request holds cdiv(num_tokens + t - 1, block_size) blocks (at most its
+            # final count): its next block is taken at the first step whose tokens cross into it.
             for block in range(held, self.final_blocks(r)):
-                step = max(1, block * bs + 2 - r.num_tokens)
+                step = max(1, block * block_size + 2 - r.num_tokens)
                 if step > last_step:
                     break
                 gained[step] -= 1

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from inflight.request import FinishReason
+from inflight.request import FinishReason, Request
 from inflight.sampling_params import SamplingParams
 
 
@@ -31,6 +31,32 @@ class ScheduledRequest:
     @property
     def num_tokens(self) -> int:
         return len(self.token_ids)
+
+    @classmethod
+    def of(cls, request: Request, num_new: int, block_table: list[int]) -> ScheduledRequest:
+        """The request's next `num_new` tokens from its progress (a recompute may span prompt
+        and earlier outputs)."""
+        start = request.num_computed_tokens
+        end = start + num_new
+        n_prompt = request.num_prompt_tokens
+        if start >= n_prompt:
+            token_ids = request.output_token_ids[start - n_prompt : end - n_prompt]
+        elif end <= n_prompt:
+            token_ids = request.prompt_token_ids[start:end]
+        else:
+            token_ids = request.all_token_ids[start:end]
+        return cls(
+            request_id=request.request_id,
+            token_ids=token_ids,
+            start_pos=start,
+            block_table=block_table,
+            sample=end == request.num_tokens,
+            sampling_params=request.sampling_params,
+            prompt_token_ids=request.prompt_token_ids,
+            output_token_ids=request.output_token_ids,
+            eos_token_ids=request.eos_token_ids,
+            grammar=request.grammar,
+        )
 
 
 @dataclass(slots=True)
@@ -92,3 +118,20 @@ class EngineCoreOutput:
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
+
+    @classmethod
+    def of(
+        cls, request: Request, new_token_ids: list[int], logprobs: list[Logprobs]
+    ) -> EngineCoreOutput:
+        return cls(
+            request_id=request.request_id,
+            new_token_ids=new_token_ids,
+            new_logprobs=logprobs,
+            finish_reason=request.finish_reason,
+            stop_reason=request.stop_reason,
+            num_preemptions=request.num_preemptions,
+            arrival_time=request.arrival_time,
+            first_scheduled_time=request.first_scheduled_time,
+            first_token_time=request.first_token_time,
+            finished_time=request.finished_time,
+        )

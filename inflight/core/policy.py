@@ -79,16 +79,10 @@ def make_queue(policy: str, aging_s: float) -> FCFSQueue:
 
 def victim_index(running: list[Request], first: int, policy: str) -> int:
     """Which running request to preempt, among those not yet scheduled this step (index >=
-    `first`): a request admitted on a prediction that is still computing its prompt (it loses
-    only its own prefill), else the newest, or under `priority` the least important (newest
-    among equals)."""
-    candidates = range(first, len(running))
-    predicted = [j for j in candidates if running[j].admitted_on_prediction]
-    if predicted:
-        return predicted[-1]
+    `first`): the newest, or under `priority` the least important (newest among equals)."""
     if policy != "priority":
         return len(running) - 1
-    return max(candidates, key=lambda j: (running[j].priority, j))
+    return max(range(first, len(running)), key=lambda j: (running[j].priority, j))
 
 
 class StaticBatchGate:

@@ -6,10 +6,8 @@ a prefill chunk never takes the budget that decodes behind it still need. When b
 the newest running request is preempted by recompute (blocks freed, progress reset, re-queued
 at the head) or, in swap mode, by swapping its blocks to CPU memory, and nobody new is admitted
 that step. Otherwise waiting requests are admitted while seats (`max_num_seqs`), budget and
-blocks last: on demand (the default), the blocks of the first chunk; under
-`kv_admission="reserve"`, the blocks of the whole prompt + max_tokens beside what running
-requests are still owed (`KVForecast`), so no running request ever runs out of blocks.
-Predictive admission lets a request in early on blocks that requests about to end will free.
+blocks last. Whether the blocks let a request in is the admission module's answer
+(`admission.py`: on demand, reserve, predictive); the queue order is `policy.py`'s.
 
 A waiting request starts from the longest prefix of its tokens found in the prefix cache.
 
@@ -23,8 +21,8 @@ import time
 from collections.abc import Callable
 
 from inflight.config import SchedulerConfig
+from inflight.core.admission import make_admission
 from inflight.core.kv_cache_manager import KVCacheManager
-from inflight.core.kv_forecast import KVForecast
 from inflight.core.outputs import (
     EngineCoreOutput,
     ModelRunnerOutput,
@@ -32,7 +30,7 @@ from inflight.core.outputs import (
     SchedulerOutput,
 )
 from inflight.core.policy import StaticBatchGate, make_queue, victim_index
-from inflight.core.sizing import cdiv
+from inflight.metrics.stats import StepStats
 from inflight.request import FinishReason, Request, RequestStatus
 
 
@@ -48,7 +46,7 @@ class Scheduler:
             raise ValueError("SchedulerConfig.max_model_len must be resolved before scheduling")
         self.config = config
         self.kv = kv_cache_manager
-        self.forecast = KVForecast(kv_cache_manager, config.max_model_len)
+        self.admission = make_admission(kv_cache_manager, config)
         self.clock = clock
         self.requests: dict[str, Request] = {}
         self.waiting = make_queue(config.scheduling_policy, config.aging_s)
@@ -61,8 +59,7 @@ class Scheduler:
         self._swap_in: list[tuple[int, int]] = []
         self.num_preemptions = 0
         self.num_swaps = 0  # preemptions served by swapping rather than recompute
-        self.num_predictive_admissions = 0
-        self.num_prediction_failures = 0  # predictively admitted requests preempted mid-prompt
+        self._events_before = self._event_counts()
 
     # ------------------------------------------------------------------ intake
     def add_request(self, request: Request) -> None:
@@ -84,50 +81,18 @@ class Scheduler:
 
     # ---------------------------------------------------------------- schedule
     def schedule(self) -> SchedulerOutput:
-        cfg = self.config
-        budget = cfg.max_num_batched_tokens
-        scheduled: list[ScheduledRequest] = []
-        preempted: list[str] = []
         now = self.clock()
+        self._events_before = self._event_counts()
         self.waiting.prepare(now)
-        self._end_probation()
+        self.admission.start_step(self.running)
         # Priority preemption happens before anything is scheduled, and does not stop admission:
         # freeing room for a more important request is its purpose.
         priority_preempted = self._preempt_for_priority(now)
-
-        # Budget still owed to decodes not yet visited, so a prefill chunk never starves them.
-        pending_decodes = sum(1 for r in self.running if r.is_decoding)
-        i = 0
-        while i < len(self.running):
-            request = self.running[i]
-            remaining = request.num_tokens - request.num_computed_tokens
-            is_decode = remaining == 1
-            if is_decode:
-                pending_decodes -= 1
-                num_new = min(1, budget)
-            else:
-                num_new = min(remaining, budget - pending_decodes, cfg.chunk_limit)
-            if request.admitted_on_prediction:  # takes only room nobody needs; preempts nobody
-                num_new = min(num_new, self._probation_room(request))
-            if num_new <= 0:
-                i += 1
-                continue
-            while not self.kv.allocate_slots(request, num_new):
-                victim = self.running.pop(self._victim_index(i))
-                if victim is not request and victim.is_decoding:
-                    pending_decodes -= 1
-                self._preempt(victim)
-                preempted.append(victim.request_id)
-                if victim is request:
-                    break
-            else:
-                scheduled.append(self._scheduled(request, num_new, now))
-                budget -= num_new
-                i += 1
-
-        if not preempted:
+        scheduled: list[ScheduledRequest] = []
+        budget, preempted = self._schedule_running(scheduled)
+        if not preempted:  # blocks that ran short for a runner are no room for a newcomer
             budget = self._admit_waiting(budget, scheduled, now)
-
+        cfg = self.config
         out = SchedulerOutput(
             scheduled=scheduled,
             preempted_request_ids=priority_preempted + preempted,
@@ -143,7 +108,77 @@ class Scheduler:
         self._check_invariants(out)
         return out
 
+    def _schedule_running(self, scheduled: list[ScheduledRequest]) -> tuple[int, list[str]]:
+        """Schedules running requests in admission order, preempting when blocks run out;
+        returns the budget left and the ids preempted."""
+        cfg, budget, preempted = self.config, self.config.max_num_batched_tokens, []
+        # Budget still owed to decodes not yet visited, so a prefill chunk never starves them.
+        pending_decodes = sum(1 for r in self.running if r.is_decoding)
+        i = 0
+        while i < len(self.running):
+            request = self.running[i]
+            remaining = request.num_tokens - request.num_computed_tokens
+            if remaining == 1:  # a decode
+                pending_decodes -= 1
+                num_new = min(1, budget)
+            else:
+                num_new = min(remaining, budget - pending_decodes, cfg.chunk_limit)
+            limit = self.admission.token_limit(request, self.running)
+            if limit is not None:
+                num_new = min(num_new, limit)
+            if num_new <= 0:
+                i += 1
+                continue
+            while not self.kv.allocate_slots(request, num_new):
+                victim = self.running.pop(self._victim_index(i))
+                if victim is not request and victim.is_decoding:
+                    pending_decodes -= 1
+                self._preempt(victim)
+                preempted.append(victim.request_id)
+                if victim is request:
+                    break
+            else:
+                scheduled.append(self._scheduled(request, num_new))
+                budget -= num_new
+                i += 1
+        return budget, preempted
+
+    def _event_counts(self) -> tuple[int, int, int, int]:
+        kv, admission = self.kv, self.admission
+        return (kv.num_prefix_queries, kv.num_prefix_hits,
+                admission.num_predictive_admissions, admission.num_prediction_failures)  # fmt: skip
+
+    def make_stats(self, out: SchedulerOutput, num_sampled: int, duration_s: float) -> StepStats:
+        """The record of the step `out` scheduled, after its update: gauges as they are now,
+        events since `schedule()` began."""
+        queries, hits, predicted, failed = map(
+            int.__sub__, self._event_counts(), self._events_before
+        )
+        return StepStats(
+            t=self.clock(),
+            duration_s=duration_s,
+            num_batched_tokens=out.num_batched_tokens,
+            num_decode_tokens=sum(
+                s.num_tokens == 1 and s.start_pos >= len(s.prompt_token_ids) for s in out.scheduled
+            ),
+            num_sampled_tokens=num_sampled,
+            num_scheduled_seqs=len(out.scheduled),
+            num_running=len(self.running),
+            num_waiting=len(self.waiting),
+            num_swapped=len(self.kv.swapped),
+            kv_usage=self.kv.usage,
+            kv_blocks_used=self.kv.pool.num_used_blocks,
+            num_preempted=len(out.preempted_request_ids),
+            num_prefix_queries=queries,
+            num_prefix_hits=hits,
+            num_predictive_admissions=predicted,
+            num_prediction_failures=failed,
+        )
+
     def _victim_index(self, first: int) -> int:
+        preferred = self.admission.preferred_victim(self.running, first)
+        if preferred is not None:
+            return preferred
         return victim_index(self.running, first, self.config.scheduling_policy)
 
     def _preempt_for_priority(self, now: float) -> list[str]:
@@ -160,7 +195,8 @@ class Scheduler:
         head = self.waiting.peek()
         preempted = []
         while self.running and (
-            len(self.running) >= self.config.max_num_seqs or self._blocks_short(head)
+            len(self.running) >= self.config.max_num_seqs
+            or self.admission.blocks_short(head, self.running)
         ):
             j = self._victim_index(0)
             if self.running[j].priority <= head.priority:
@@ -172,26 +208,6 @@ class Scheduler:
             self.waiting.prepare(now)  # victims went to the head; put them in their place
         return preempted
 
-    def _blocks_short(self, request: Request) -> bool:
-        """Whether blocks stop a waiting request's admission (prefix hits aside)."""
-        if self.config.kv_admission == "reserve":
-            return self._reservation_shortfall(request, []) > 0
-        first_chunk = min(request.num_tokens - request.num_computed_tokens,
-                          self.config.chunk_limit)  # fmt: skip
-        return self.kv.pool.num_free_blocks < cdiv(first_chunk, self.kv.block_size)
-
-    def _reservation_shortfall(self, request: Request, computed_blocks: list[int]) -> int:
-        """Under `reserve`: blocks missing for the request's whole length beside what running
-        requests are owed (<= 0: it fits)."""
-        need = self.forecast.final_blocks(request) - len(computed_blocks)
-        need += self.kv.num_revived(computed_blocks)
-        return need - self.forecast.unreserved_blocks(self.running)
-
-    def _fits(self, request: Request, computed_blocks: list[int]) -> bool:
-        return self.config.kv_admission != "reserve" or (
-            self._reservation_shortfall(request, computed_blocks) <= 0
-        )
-
     def _admit_waiting(self, budget: int, scheduled: list[ScheduledRequest], now: float) -> int:
         """Admits in queue order and stops at the first request that does not fit (no skipping
         ahead), except that static batching passes over requests outside the current batch."""
@@ -201,7 +217,7 @@ class Scheduler:
             if self.static_gate is not None and not self.static_gate.admits(request, self.waiting):
                 continue
             if self.kv.is_swapped(request):  # resume from swap space: its KV comes back
-                if not self._fits(request, []):
+                if not self.admission.fits(request, [], self.running):
                     break
                 num_new = min(request.num_tokens - request.num_computed_tokens, budget,
                               self.config.chunk_limit)  # fmt: skip
@@ -215,10 +231,12 @@ class Scheduler:
                 remaining = request.num_tokens - request.num_computed_tokens - num_cached
                 num_new = min(remaining, budget, self.config.chunk_limit)
                 if not (
-                    self._fits(request, computed_blocks)
+                    self.admission.fits(request, computed_blocks, self.running)
                     and self.kv.allocate_slots(request, num_new, computed_blocks)
                 ):
-                    num_new = self._admit_on_prediction(request, computed_blocks, num_new)
+                    num_new = self.admission.when_blocked(
+                        request, computed_blocks, num_new, self.running
+                    )
                     if not num_new:
                         break
                 if request.num_computed_tokens == 0:
@@ -229,94 +247,18 @@ class Scheduler:
             self.running.append(request)
             if request.first_scheduled_time is None:
                 request.first_scheduled_time = now
-            scheduled.append(self._scheduled(request, num_new, now))
+            scheduled.append(self._scheduled(request, num_new))
             budget -= num_new
         return budget
 
-    def _admit_on_prediction(
-        self, request: Request, computed_blocks: list[int], num_new: int
-    ) -> int:
-        """Admits a request that blocks stop, if what running requests certain to end within
-        the horizon hand back covers it: on demand, its whole prompt; under `reserve`, its
-        reservation. It goes on probation: it takes only blocks no ordinary request will need
-        within the horizon, and is the first preempted if the guess fails. Returns the tokens
-        scheduled (0: not admitted)."""
-        cfg, kv, forecast = self.config, self.kv, self.forecast
-        # A request that was preempted (a failed guess, or anything else) waits for real room:
-        # guessing again for it could preempt it again and again.
-        if not cfg.predictive_admission or request.num_preemptions:
-            return 0
-        horizon, bs = cfg.prediction_horizon, kv.block_size
-        revived = kv.num_revived(computed_blocks)
-        if cfg.kv_admission == "reserve":
-            shortfall = self._reservation_shortfall(request, computed_blocks)
-            covered = forecast.returned_reservation(self.running, horizon) >= shortfall
-        else:
-            needed = cdiv(request.num_tokens - len(computed_blocks) * bs, bs) + revived
-            freed = forecast.net_freed_blocks(self.running, horizon)
-            covered = kv.pool.num_free_blocks + freed >= needed
-        room = forecast.lowest_free_blocks(self.running, horizon) - revived
-        if not covered or room < 1:
-            return 0
-        num_new = min(num_new, room * bs)
-        if not self.kv.allocate_slots(request, num_new, computed_blocks):
-            return 0
-        request.admitted_on_prediction = True
-        self.num_predictive_admissions += 1
-        return num_new
-
-    def _probation_room(self, request: Request) -> int:
-        """Tokens a request admitted on a prediction may add now: its own blocks and the free
-        ones no ordinary request will need within the horizon."""
-        held = len(self.kv.get_block_table(request.request_id))
-        lowest = self.forecast.lowest_free_blocks(self.running, self.config.prediction_horizon)
-        return (held + lowest) * self.kv.block_size - request.num_computed_tokens
-
-    def _end_probation(self) -> None:
-        """Under `reserve`, requests admitted on a prediction become ordinary once every
-        running request's reservation fits again (on demand: once their prompt is in). With
-        no ordinary request left to hand blocks back, the oldest on probation becomes ordinary:
-        it may then preempt the younger ones, so the batch cannot stall."""
-        if self.config.kv_admission != "reserve":
-            return
-        on_probation = [r for r in self.running if r.admitted_on_prediction]
-        if not on_probation:
-            return
-        if self.forecast.unreserved_blocks(self.running) >= 0:
-            for r in on_probation:
-                r.admitted_on_prediction = False
-        elif len(on_probation) == len(self.running):
-            on_probation[0].admitted_on_prediction = False
-
-    def _scheduled(self, request: Request, num_new: int, now: float) -> ScheduledRequest:
-        start = request.num_computed_tokens
-        end = start + num_new
-        n_prompt = request.num_prompt_tokens
-        if start >= n_prompt:
-            token_ids = request.output_token_ids[start - n_prompt : end - n_prompt]
-        elif end <= n_prompt:
-            token_ids = request.prompt_token_ids[start:end]
-        else:  # a recompute spanning prompt and earlier outputs
-            token_ids = request.all_token_ids[start:end]
-        return ScheduledRequest(
-            request_id=request.request_id,
-            token_ids=token_ids,
-            start_pos=start,
-            block_table=self.kv.get_block_table(request.request_id),
-            sample=end == request.num_tokens,
-            sampling_params=request.sampling_params,
-            prompt_token_ids=request.prompt_token_ids,
-            output_token_ids=request.output_token_ids,
-            eos_token_ids=request.eos_token_ids,
-            grammar=request.grammar,
-        )
+    def _scheduled(self, request: Request, num_new: int) -> ScheduledRequest:
+        block_table = self.kv.get_block_table(request.request_id)
+        return ScheduledRequest.of(request, num_new, block_table)
 
     def _preempt(self, request: Request) -> None:
         """Swap the KV out to CPU blocks when in swap mode and they suffice; otherwise recompute:
         drop the KV, keep the tokens. Either way the request goes back to the head of the queue."""
-        if request.admitted_on_prediction:
-            request.admitted_on_prediction = False
-            self.num_prediction_failures += 1
+        self.admission.on_preempted(request)
         if self.config.preemption_mode == "swap" and self.kv.can_swap_out(request):
             self._swap_out += self.kv.swap_out(request)
             self.num_swaps += 1
@@ -338,10 +280,7 @@ class Scheduler:
         assert held == pool.num_refs, (held, pool.num_refs)  # shared blocks count once a holder
         assert pool.num_used_blocks <= held
         assert pool.num_free_blocks + pool.num_used_blocks == pool.num_blocks
-        if cfg.kv_admission == "reserve" and not any(
-            r.admitted_on_prediction for r in self.running
-        ):
-            assert self.forecast.unreserved_blocks(self.running) >= 0
+        self.admission.check(self.running)
 
     # ------------------------------------------------------------------ update
     def update_from_output(
@@ -356,7 +295,7 @@ class Scheduler:
             error = runner_output.failed.get(s.request_id)
             if error is not None:  # its KV is not cached: the blocks go back as they are
                 self._finish(request, FinishReason.ERROR, error, now)
-                outputs.append(self._core_output(request, [], []))
+                outputs.append(EngineCoreOutput.of(request, [], []))
                 continue
             request.num_computed_tokens += s.num_tokens
             self.kv.cache_full_blocks(request)
@@ -364,33 +303,17 @@ class Scheduler:
             if token_id is None:
                 continue  # mid-prefill: nothing sampled yet
             request.output_token_ids.append(token_id)
-            if self.config.kv_admission == "on-demand":  # its prompt is in: an ordinary runner
-                request.admitted_on_prediction = False
+            self.admission.on_sampled(request)
             if request.first_token_time is None:
                 request.first_token_time = now
-            reason, stop_reason = self._check_stop(request, token_id)
+            reason, stop_reason = request.stop_after(token_id, self.config.max_model_len)
             if s.request_id in runner_output.grammar_complete:  # even under ignore_eos
                 reason, stop_reason = FinishReason.STOP, None
             logprobs = runner_output.logprobs.get(s.request_id)
             if reason is not None:
                 self._finish(request, reason, stop_reason, now)
-            outputs.append(self._core_output(request, [token_id], [logprobs] if logprobs else []))
+            outputs.append(EngineCoreOutput.of(request, [token_id], [logprobs] if logprobs else []))
         return outputs
-
-    def _check_stop(
-        self, request: Request, token_id: int
-    ) -> tuple[FinishReason | None, int | None]:
-        params = request.sampling_params
-        if request.num_output_tokens >= params.min_tokens:
-            if not params.ignore_eos and token_id in request.eos_token_ids:
-                return FinishReason.STOP, None
-            if token_id in params.stop_token_ids:
-                return FinishReason.STOP, token_id
-        if request.num_output_tokens >= params.max_tokens:
-            return FinishReason.LENGTH, None
-        if request.num_tokens >= self.config.max_model_len:
-            return FinishReason.LENGTH, None
-        return None, None
 
     def finish_requests(
         self, request_ids: list[str], reason: FinishReason, stop_reason: str | None = None
@@ -403,7 +326,7 @@ class Scheduler:
             if request is None:
                 continue
             self._finish(request, reason, stop_reason, now)
-            outputs.append(self._core_output(request, [], []))
+            outputs.append(EngineCoreOutput.of(request, [], []))
         return outputs
 
     def _finish(
@@ -420,22 +343,6 @@ class Scheduler:
         self.kv.free(request)
         del self.requests[request.request_id]
         self._finished_ids.append(request.request_id)
+        self.admission.on_finished(request)
         if self.static_gate is not None:
             self.static_gate.on_finished(request.request_id)
-
-    @staticmethod
-    def _core_output(
-        request: Request, new_token_ids: list[int], logprobs: list
-    ) -> EngineCoreOutput:
-        return EngineCoreOutput(
-            request_id=request.request_id,
-            new_token_ids=new_token_ids,
-            new_logprobs=logprobs,
-            finish_reason=request.finish_reason,
-            stop_reason=request.stop_reason,
-            num_preemptions=request.num_preemptions,
-            arrival_time=request.arrival_time,
-            first_scheduled_time=request.first_scheduled_time,
-            first_token_time=request.first_token_time,
-            finished_time=request.finished_time,
-        )

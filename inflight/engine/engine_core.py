@@ -32,16 +32,16 @@ logger = logging.getLogger(__name__)
 
 
 def warm_up_tokens(
-    budget: int, max_model_len: int, device: torch.device, attn_name: str, block_size: int
+    budget: int, max_model_len: int, device: torch.device, interpreted: bool, block_size: int
 ) -> int:
     """Prompt tokens of the start-up warm-up. A GPU's is a full step budget: kernels and
     libraries set up per shape there, and the largest shapes come first. A CPU's first-use costs
-    do not grow with the step's size, while its compute does: one chunk (a full budget of
-    SmolLM2 took 11 s in float32 on a 2-core AVX2 EPYC, and no run was faster for it). Under
+    do not grow with the step's size, while its compute does: one chunk (a full budget costs
+    seconds of float32 compute on a small CPU and makes no later step faster). Under
     Triton's interpreter (tests), one block: nothing compiles there."""
     if device.type != "cpu":
         return min(budget, max_model_len)
-    if attn_name == "triton":
+    if interpreted:
         return block_size
     return min(budget, max_model_len, WARM_UP_CHUNK)
 
@@ -99,9 +99,9 @@ class EngineCore:
             loaded.model, self.kv_cache, attn, device, config.model.seed, graphs
         )
         self.runner.warm_up(warm_up_tokens(sched_cfg.max_num_batched_tokens, max_model_len,
-                                           device, attn.name, block_size))  # fmt: skip
+                                           device, attn.interpreted, block_size))  # fmt: skip
         self.timer: Timer = NO_TIMER
-        self.last_step: StepStats | None = None
+        self.last_step = StepStats()  # the latest step's record (all zeros before the first)
         self.totals = StepTotals()
         logger.info(
             "KV cache: %d blocks of %d tokens (%.1f MiB, %s), max_model_len %d",
@@ -144,10 +144,6 @@ class EngineCore:
 
     def step(self) -> list[EngineCoreOutput]:
         start = time.perf_counter()
-        kv = self.kv_cache_manager
-        queries, hits = kv.num_prefix_queries, kv.num_prefix_hits
-        predicted = self.scheduler.num_predictive_admissions
-        failed = self.scheduler.num_prediction_failures
         with self.timer.phase("schedule"):
             scheduler_output: SchedulerOutput = self.scheduler.schedule()
         runner_output = self.runner.execute(scheduler_output)
@@ -157,25 +153,8 @@ class EngineCore:
             self._probe_model(runner_output.failed)
         with self.timer.phase("update"):
             outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
-        self.last_step = StepStats(
-            num_batched_tokens=scheduler_output.num_batched_tokens,
-            num_decode_tokens=sum(
-                s.num_tokens == 1 and s.start_pos >= len(s.prompt_token_ids)
-                for s in scheduler_output.scheduled
-            ),
-            num_sampled_tokens=len(runner_output.sampled_token_ids),
-            num_scheduled_seqs=len(scheduler_output.scheduled),
-            # gauges reflect the state after the update (finished requests already gone)
-            num_running=self.scheduler.num_running,
-            num_waiting=self.scheduler.num_waiting,
-            kv_usage=self.kv_cache_manager.usage,
-            kv_blocks_used=self.kv_cache_manager.pool.num_used_blocks,
-            num_preempted=len(scheduler_output.preempted_request_ids),
-            num_prefix_queries=kv.num_prefix_queries - queries,
-            num_prefix_hits=kv.num_prefix_hits - hits,
-            num_predictive_admissions=self.scheduler.num_predictive_admissions - predicted,
-            num_prediction_failures=self.scheduler.num_prediction_failures - failed,
-            duration_s=time.perf_counter() - start,
+        self.last_step = self.scheduler.make_stats(
+            scheduler_output, len(runner_output.sampled_token_ids), time.perf_counter() - start
         )
         if scheduler_output.scheduled:
             self.totals.add(self.last_step)

@@ -3,7 +3,7 @@
 Off by default: the engine holds `NO_TIMER`, whose phases are empty context managers. Times are
 host wall time. On a GPU the timer waits for the device at the end of every phase (`sync`):
 otherwise the forward phase measures only how long the host took to queue the kernels, and the
-wait lands in whichever phase next reads a result (the GPU profile of the first session did).
+wait lands in whichever phase next reads a result.
 """
 
 from __future__ import annotations
@@ -11,19 +11,14 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
 from time import perf_counter
 
-
-@dataclass(frozen=True)
-class StepPhases:
-    seconds: dict[str, float]  # phase -> wall time in this step
-    num_seqs: int
+from inflight.metrics.stats import StepStats
 
 
 class PhaseTimer:
     def __init__(self, sync: Callable[[], None] = lambda: None) -> None:
-        self.steps: list[StepPhases] = []
+        self.steps: list[StepStats] = []  # every timed step, its phases filled in
         self._current: dict[str, float] = defaultdict(float)
         self._sync = sync
 
@@ -36,8 +31,9 @@ class PhaseTimer:
             self._sync()
             self._current[name] += perf_counter() - start
 
-    def end_step(self, num_seqs: int) -> None:
-        self.steps.append(StepPhases(dict(self._current), num_seqs))
+    def end_step(self, step: StepStats) -> None:
+        step.phases = dict(self._current)
+        self.steps.append(step)
         self._current = defaultdict(float)
 
 
@@ -45,7 +41,7 @@ class NoTimer:
     def phase(self, name: str) -> nullcontext:
         return nullcontext()
 
-    def end_step(self, num_seqs: int) -> None:
+    def end_step(self, step: StepStats) -> None:
         pass
 
 
@@ -57,11 +53,11 @@ Timer = PhaseTimer | NoTimer
 OVERHEAD_PHASES = ("schedule", "prepare_inputs", "grammar", "sample", "update", "output")
 
 
-def breakdown(steps: list[StepPhases]) -> dict:
+def breakdown(steps: list[StepStats]) -> dict:
     """Seconds and share of step time per phase, and the overhead share."""
     totals: dict[str, float] = defaultdict(float)
     for step in steps:
-        for name, seconds in step.seconds.items():
+        for name, seconds in step.phases.items():
             totals[name] += seconds
     total = sum(totals.values()) or 1e-12
     phases = {name: {"seconds": round(s, 4), "share": round(s / total, 4),

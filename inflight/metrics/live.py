@@ -1,7 +1,7 @@
 """LiveFeed: what the dashboard shows, handed from the engine thread to the event loop without
 either waiting on the other.
 
-The engine thread appends one small `StepSample` per step and, while someone watches, refreshes
+The engine thread appends each step's record (`StepStats`) and, while someone watches, refreshes
 the block map and the table of live requests at most `DETAIL_HZ` times a second. The event loop
 records finished requests and refusals. Readers copy under a lock held for microseconds, and
 `state` turns the last `window_s` seconds into the dashboard's numbers (percentiles by rank).
@@ -14,29 +14,9 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+from inflight.metrics.stats import StepStats
+
 DETAIL_HZ = 4
-
-
-@dataclass(frozen=True, slots=True)
-class StepSample:
-    t: float  # monotonic seconds when the step ended
-    duration_s: float
-    prefill_tokens: int
-    decode_tokens: int
-    sampled_tokens: int
-    num_seqs: int
-    running: int
-    waiting: int
-    swapped: int
-    kv_usage: float
-    preempted: int
-    prefix_queries: int
-    prefix_hits: int
-
-    def belt_row(self) -> list[float]:
-        """[t, step ms, prefill tokens, decode tokens, sequences, KV usage]"""
-        return [round(self.t, 3), round(self.duration_s * 1000, 2), self.prefill_tokens,
-                self.decode_tokens, self.num_seqs, round(self.kv_usage, 4)]  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +41,7 @@ class LiveFeed:
     def __init__(self, max_steps: int = 4000, window_s: float = 60.0) -> None:
         self.window_s = window_s
         self._lock = threading.Lock()
-        self._steps: deque[StepSample] = deque(maxlen=max_steps)
+        self._steps: deque[StepStats] = deque(maxlen=max_steps)
         self._finished: deque[FinishedSample] = deque(maxlen=20_000)
         self._refusals: deque[tuple[float, str]] = deque(maxlen=20_000)
         self.watchers = 0  # open dashboards; details are refreshed only while > 0
@@ -83,9 +63,9 @@ class LiveFeed:
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ writers
-    def add_step(self, sample: StepSample) -> None:
+    def add_step(self, step: StepStats) -> None:
         with self._lock:
-            self._steps.append(sample)
+            self._steps.append(step)
 
     def wants_detail(self, now: float) -> bool:
         return self.watchers > 0 and now - self._detail_t >= 1 / DETAIL_HZ
@@ -105,7 +85,7 @@ class LiveFeed:
             self._refusals.append((t, reason))
 
     # ------------------------------------------------------------------ reader
-    def steps_after(self, t: float, limit: int) -> list[StepSample]:
+    def steps_after(self, t: float, limit: int) -> list[StepStats]:
         with self._lock:
             steps = [s for s in self._steps if s.t > t]
         return steps[-limit:]
@@ -120,7 +100,8 @@ class LiveFeed:
         span = min(self.window_s, now - steps[0].t + steps[0].duration_s) if steps else 1.0
         span = max(span, 1e-3)
         latest = steps[-1] if steps else None
-        queries = sum(s.prefix_queries for s in steps)
+        queries = sum(s.num_prefix_queries for s in steps)
+        hits = sum(s.num_prefix_hits for s in steps)
 
         def quantiles(attr: str) -> dict[str, float | None]:
             values = [v for f in finished if (v := getattr(f, attr)) is not None]
@@ -128,21 +109,21 @@ class LiveFeed:
 
         return {
             "queue": {
-                "running": latest.running if latest else 0,
-                "waiting": latest.waiting if latest else 0,
-                "swapped": latest.swapped if latest else 0,
+                "running": latest.num_running if latest else 0,
+                "waiting": latest.num_waiting if latest else 0,
+                "swapped": latest.num_swapped if latest else 0,
                 "wait_s": quantiles("queue_s"),
             },
             "latency": {"ttft_s": quantiles("ttft_s"), "tpot_s": quantiles("tpot_s"),
                         "e2e_s": quantiles("e2e_s"), "finished": len(finished)},
             "throughput": {
-                "prompt_tok_per_s": sum(s.prefill_tokens for s in steps) / span,
-                "generated_tok_per_s": sum(s.sampled_tokens for s in steps) / span,
+                "prompt_tok_per_s": sum(s.num_prefill_tokens for s in steps) / span,
+                "generated_tok_per_s": sum(s.num_sampled_tokens for s in steps) / span,
                 "steps_per_s": len(steps) / span,
             },
             "events": {
-                "preemptions_per_s": sum(s.preempted for s in steps) / span,
-                "prefix_hit_rate": sum(s.prefix_hits for s in steps) / queries if queries else None,
+                "preemptions_per_s": sum(s.num_preempted for s in steps) / span,
+                "prefix_hit_rate": hits / queries if queries else None,
                 "rejected": refusals.count("queue_full"),
                 "timeouts": refusals.count("timeout"),
             },

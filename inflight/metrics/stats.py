@@ -1,29 +1,50 @@
-"""What one engine step did, and running totals over steps: read by the engine's metrics, the
-dashboard's feed and `inflight bench` (below the engine, so metrics never import it)."""
+"""The step record: what one scheduler step did, and running totals over steps.
+
+One record for every reader: `Scheduler.make_stats()` builds it after a step's update, the
+engine adds its wall time and phases, and the Prometheus metrics, the dashboard's feed,
+`inflight bench` and the simulator all read the same fields. Pure data (core and engine import
+it; it imports nothing of theirs).
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(slots=True)
 class StepStats:
-    """What one step did, for metrics and benchmarks."""
+    """Every count is 0 unless the step did it (a step that scheduled nothing is all zeros)."""
 
-    num_batched_tokens: int
-    num_decode_tokens: int  # of those, decodes (one new token of a request past its prompt)
-    num_sampled_tokens: int  # tokens sampled (decodes, and prompt chunks that end a prompt)
-    num_scheduled_seqs: int
-    num_running: int
-    num_waiting: int
-    kv_usage: float
-    kv_blocks_used: int
-    num_preempted: int
-    num_prefix_queries: int  # prompt tokens looked up in the prefix cache this step
-    num_prefix_hits: int  # of those, found cached
-    num_predictive_admissions: int  # requests admitted early on blocks about to be freed
-    num_prediction_failures: int  # of requests so admitted, preempted this step
-    duration_s: float
+    t: float = 0.0  # the scheduler's clock when the step ended (a simulation's: simulated)
+    duration_s: float = 0.0  # wall time of the step (a simulation's: simulated)
+    num_batched_tokens: int = 0
+    num_decode_tokens: int = 0  # of those, decodes (one new token of a request past its prompt)
+    num_sampled_tokens: int = 0  # tokens sampled (decodes, and prompt chunks that end a prompt)
+    num_scheduled_seqs: int = 0
+    # gauges after the update (finished requests already gone)
+    num_running: int = 0
+    num_waiting: int = 0
+    num_swapped: int = 0
+    kv_usage: float = 0.0
+    kv_blocks_used: int = 0
+    # events of this step
+    num_preempted: int = 0
+    num_prefix_queries: int = 0  # prompt tokens looked up in the prefix cache
+    num_prefix_hits: int = 0  # of those, found cached
+    num_predictive_admissions: int = 0  # requests admitted early on blocks about to be freed
+    num_prediction_failures: int = 0  # of requests so admitted, preempted
+    phases: dict[str, float] = field(default_factory=dict)  # seconds per phase, when profiled
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        return self.num_batched_tokens - self.num_decode_tokens
+
+    def belt_row(self) -> list[float]:
+        """The dashboard's belt: [t, step ms, prefill tokens, decode tokens, sequences, KV
+        usage]."""
+        return [round(self.t, 3), round(self.duration_s * 1000, 2), self.num_prefill_tokens,
+                self.num_decode_tokens, self.num_scheduled_seqs,
+                round(self.kv_usage, 4)]  # fmt: skip
 
 
 @dataclass(slots=True)
@@ -35,6 +56,7 @@ class StepTotals:
     num_batched_tokens: int = 0
     num_preemptions: int = 0
     busy_s: float = 0.0
+    seat_s: float = 0.0  # sequences x seconds: busy seats over time
 
     def add(self, step: StepStats) -> None:
         self.num_steps += 1
@@ -42,6 +64,7 @@ class StepTotals:
         self.num_batched_tokens += step.num_batched_tokens
         self.num_preemptions += step.num_preempted
         self.busy_s += step.duration_s
+        self.seat_s += step.num_scheduled_seqs * step.duration_s
 
     @property
     def mean_batch_seqs(self) -> float:

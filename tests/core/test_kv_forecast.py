@@ -27,7 +27,7 @@ def decoding_batch(enable_prefix_caching: bool, **knobs):
 
 def test_block_counts_by_hand():
     s = decoding_batch(enable_prefix_caching=False, kv_admission="reserve")
-    f = s.forecast
+    f = s.admission.forecast
     by_id = {r.request_id: r for r in s.running}
     # "d": 13 prompt tokens + 2 sampled, 4 blocks held; at most 25 tokens, the last never
     # computed: 24 in the KV cache, 6 blocks.
@@ -52,7 +52,7 @@ def test_free_blocks_ahead_against_stepping_the_scheduler(enable_prefix_caching)
         out = twin.schedule()
         free_once_scheduled.append(twin.kv.pool.num_free_blocks)
         twin.update_from_output(out, fake_model_output(out))
-    ahead = s.forecast.free_blocks_ahead(s.running, horizon)
+    ahead = s.admission.forecast.free_blocks_ahead(s.running, horizon)
     if not enable_prefix_caching:  # exact
         assert ahead == free_once_scheduled
     else:
@@ -62,8 +62,8 @@ def test_free_blocks_ahead_against_stepping_the_scheduler(enable_prefix_caching)
         assert ahead[:10] == free_once_scheduled[:10]  # before "d", the first holder, ends
         assert ahead != free_once_scheduled
     for h in (1, 6, 12):  # a shorter horizon forecasts the same steps
-        assert s.forecast.free_blocks_ahead(s.running, h) == ahead[:h]
-    assert s.forecast.lowest_free_blocks(s.running, 6) == min(ahead[:6])
+        assert s.admission.forecast.free_blocks_ahead(s.running, h) == ahead[:h]
+    assert s.admission.forecast.lowest_free_blocks(s.running, 6) == min(ahead[:6])
 
 
 def test_lowest_free_blocks_is_cautious_about_prefills_and_ignores_guesses():
@@ -73,6 +73,8 @@ def test_lowest_free_blocks_is_cautious_about_prefills_and_ignores_guesses():
     s.add_request(make_request("p", 20, 4))
     step(s)
     free = s.kv.pool.num_free_blocks
-    assert s.forecast.lowest_free_blocks(s.running, 1) == free - 4  # 20 tokens: 5 blocks, 1 held
-    s.running[0].admitted_on_prediction = True  # on probation: not counted
-    assert s.forecast.lowest_free_blocks(s.running, 1) == free
+    assert (
+        s.admission.forecast.lowest_free_blocks(s.running, 1) == free - 4
+    )  # 20 tokens: 5 blocks, 1 held
+    s.admission.forecast.probation.add(s.running[0].request_id)  # on probation: not counted
+    assert s.admission.forecast.lowest_free_blocks(s.running, 1) == free

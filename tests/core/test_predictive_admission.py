@@ -32,26 +32,29 @@ def test_predictive_admission_starts_the_newcomer_early():
     assert "new" not in {x.request_id for x in out_off.scheduled}
     (new,) = [x for x in out_on.scheduled if x.request_id == "new"]
     assert new.num_tokens == 8  # the 2 free blocks now; the 3rd comes from "ending"
-    assert on.num_predictive_admissions == 1
+    assert on.admission.num_predictive_admissions == 1
     on.update_from_output(out_on, fake_model_output(out_on))
     for _ in range(20):
         if not on.has_unfinished_requests():
             break
         step(on)
-    assert not on.has_unfinished_requests() and on.num_prediction_failures == 0
+    assert not on.has_unfinished_requests() and on.admission.num_prediction_failures == 0
     assert on.kv.pool.num_used_blocks == 0
 
 
 def test_a_wrong_prediction_costs_the_newcomer_not_a_runner():
-    # Whatever the policy, a request admitted on a prediction and still computing its prompt
-    # is the preemption victim before any ordinary running request.
+    # Whatever the policy, a request admitted on a prediction is the preemption victim before
+    # any ordinary running request.
     for policy in ("fcfs", "priority", "sjf"):
+        admission = make_scheduler(predictive_admission=True, scheduling_policy=policy).admission
         runners = [make_request(rid, prompt_len=4, max_tokens=8) for rid in "abc"]
         runners[0].priority, runners[2].priority = 9, 0  # "a" least important
-        runners[1].admitted_on_prediction = True
-        assert victim_index(runners, 0, policy) == 1
-        assert victim_index(runners, 2, policy) == 2  # only not-yet-scheduled ones are victims
-        runners[1].admitted_on_prediction = False
+        admission.probation.add("b")
+        assert admission.preferred_victim(runners, 0) == 1
+        assert admission.preferred_victim(runners, 2) is None  # only not-yet-scheduled ones
+        assert victim_index(runners, 2, policy) == 2
+        admission.probation.clear()
+        assert admission.preferred_victim(runners, 0) is None
         assert victim_index(runners, 0, policy) == (0 if policy == "priority" else 2)
 
 
@@ -75,6 +78,6 @@ def test_under_reserve_a_prediction_borrows_the_reservation_of_a_request_about_t
     _, started_off = first_steps_under_reserve(False)
     on, started_on = first_steps_under_reserve(True)
     assert started_off == 5  # "ending" samples its last token at step 4
-    assert started_on == 1 and on.num_predictive_admissions == 1
+    assert started_on == 1 and on.admission.num_predictive_admissions == 1
     # It took only blocks no ordinary request needed before "ending" gave its own back.
-    assert on.num_preemptions == on.num_prediction_failures == 0
+    assert on.num_preemptions == on.admission.num_prediction_failures == 0

@@ -44,7 +44,7 @@ def test_a_request_longer_than_the_free_reservation_waits_even_with_blocks_free(
     out = s.schedule()
     assert [x.request_id for x in out.scheduled] == ["long"]
     assert s.kv.pool.num_free_blocks == 9  # blocks are still allocated on demand
-    assert s.forecast.unreserved_blocks(s.running) == 2
+    assert s.admission.forecast.unreserved_blocks(s.running) == 2
 
 
 def test_priority_preemption_frees_a_reservation():

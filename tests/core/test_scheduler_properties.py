@@ -102,7 +102,7 @@ def test_scheduler_invariants_hold_every_step(workload):
     if knobs["kv_admission"] == "reserve" and knobs["scheduling_policy"] != "priority":
         # Reservations leave no running request short of blocks: the only preemptions are
         # of requests admitted on a prediction that failed.
-        assert s.num_preemptions == s.num_prediction_failures
+        assert s.num_preemptions == s.admission.num_prediction_failures
     assert set(finished) == set(reqs), "every request must finish"
     for rid, _prompt_len, max_tokens, *_ in specs:
         if finished[rid] is not FinishReason.ABORT:

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from inflight.engine.profiling import NO_TIMER, PhaseTimer, StepPhases, breakdown
+from inflight.engine.profiling import NO_TIMER, PhaseTimer, breakdown
+from inflight.metrics.stats import StepStats
 
 
 def test_breakdown_shares_and_overhead():
-    steps = [StepPhases({"forward": 0.6, "schedule": 0.1, "output": 0.1}, 4),
-             StepPhases({"forward": 0.2, "sample": 0.0}, 2)]  # fmt: skip
+    steps = [StepStats(num_scheduled_seqs=4,
+                       phases={"forward": 0.6, "schedule": 0.1, "output": 0.1}),
+             StepStats(num_scheduled_seqs=2, phases={"forward": 0.2, "sample": 0.0})]  # fmt: skip
     b = breakdown(steps)
     assert b["steps"] == 2
     assert list(b["phases"]) == ["forward", "schedule", "output", "sample"]
@@ -22,11 +24,12 @@ def test_timer_accumulates_per_step_and_the_null_timer_records_nothing():
     for _ in range(2):
         with timer.phase("schedule"):
             pass
-    timer.end_step(3)
+    record = StepStats(num_scheduled_seqs=3)
+    timer.end_step(record)
     (step,) = timer.steps
-    assert set(step.seconds) == {"schedule"} and step.num_seqs == 3
+    assert step is record and set(step.phases) == {"schedule"}
     with NO_TIMER.phase("forward"):
-        NO_TIMER.end_step(1)
+        NO_TIMER.end_step(StepStats())
 
 
 def test_the_timer_waits_for_the_device_at_the_end_of_each_phase():

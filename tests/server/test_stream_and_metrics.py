@@ -87,7 +87,10 @@ def test_predictive_admissions_reach_the_metrics(tiny_llama):
     scheduler = llm.core.scheduler
     assert (
         samples[("inflight_predictive_admissions_total", ())]
-        == (scheduler.num_predictive_admissions)
+        == (scheduler.admission.num_predictive_admissions)
         > 0
     )
-    assert samples[("inflight_prediction_failures_total", ())] == scheduler.num_prediction_failures
+    assert (
+        samples[("inflight_prediction_failures_total", ())]
+        == scheduler.admission.num_prediction_failures
+    )

@@ -1,0 +1,237 @@
+"""Admission: whether the blocks let a waiting request start, the scheduler's one contract for it.
+
+The scheduler owns seats, the token budget and the queue order; an `Admission` answers for the
+KV blocks. Three implementations, picked once from the config by `make_admission`:
+
+- `OnDemand` (the default): a request starts when the blocks of its first chunk can be
+  allocated; running requests take blocks as they grow and are preempted when none are left.
+- `Reserve`: a request starts only when the blocks of its whole length (prompt + max_tokens)
+  are free beside what running requests are still owed (`KVForecast`), so no running request
+  ever runs out of blocks.
+- `Predictive(base)`: wraps either. A request the base turns away starts anyway when blocks
+  that requests certain to end within the horizon hand back cover it. It is then on probation:
+  it takes only blocks no ordinary request will need within the horizon, is the first victim
+  when blocks run short, and becomes ordinary once the base would have admitted it (on demand:
+  its prompt is in; reserve: every reservation fits again).
+
+Nothing here schedules; each hook is a question or a notice from `Scheduler.schedule()` and
+`update_from_output()`.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from inflight.config import SchedulerConfig
+from inflight.core.kv_cache_manager import KVCacheManager
+from inflight.core.kv_forecast import KVForecast
+from inflight.core.sizing import cdiv
+from inflight.request import Request
+
+
+class Admission(Protocol):
+    """The scheduler's questions and notices about blocks, in the order a step asks them."""
+
+    kv: KVCacheManager
+    num_predictive_admissions: int
+    num_prediction_failures: int  # requests on probation that were preempted
+
+    def start_step(self, running: list[Request]) -> None:
+        """Called before anything is scheduled."""
+
+    def token_limit(self, request: Request, running: list[Request]) -> int | None:
+        """The most tokens a running request may compute this step (None: no limit)."""
+
+    def preferred_victim(self, running: list[Request], first: int) -> int | None:
+        """Index (>= `first`) of the running request to preempt before the policy's choice."""
+
+    def blocks_short(self, request: Request, running: list[Request]) -> bool:
+        """Whether blocks stop the request's admission (prefix hits aside): priority
+        preemption frees room for it while this holds."""
+
+    def fits(self, request: Request, computed_blocks: list[int], running: list[Request]) -> bool:
+        """Whether the request may start, beside allocating its first chunk."""
+
+    def when_blocked(
+        self, request: Request, computed_blocks: list[int], num_new: int, running: list[Request]
+    ) -> int:
+        """A last chance for a request that does not fit: tokens it starts with (0: it waits)."""
+
+    def on_preempted(self, request: Request) -> None: ...
+
+    def on_sampled(self, request: Request) -> None:
+        """The request sampled a token: its prompt is in."""
+
+    def on_finished(self, request: Request) -> None: ...
+
+    def check(self, running: list[Request]) -> None:
+        """Asserts this mode's invariant at the end of `schedule()`."""
+
+
+class OnDemand:
+    """Admits on the blocks of the first chunk; the other hooks are no-ops."""
+
+    reserves = False  # whether running requests are owed blocks they have not taken yet
+    num_predictive_admissions = 0
+    num_prediction_failures = 0
+
+    def __init__(self, kv: KVCacheManager, config: SchedulerConfig) -> None:
+        self.kv = kv
+        self.config = config
+        self.forecast = KVForecast(kv, config.max_model_len)
+
+    def start_step(self, running: list[Request]) -> None: ...
+
+    def fits(self, request: Request, computed_blocks: list[int], running: list[Request]) -> bool:
+        return True  # the first chunk's allocation decides
+
+    def blocks_short(self, request: Request, running: list[Request]) -> bool:
+        first_chunk = min(request.num_tokens - request.num_computed_tokens,
+                          self.config.chunk_limit)  # fmt: skip
+        return self.kv.pool.num_free_blocks < cdiv(first_chunk, self.kv.block_size)
+
+    def when_blocked(
+        self, request: Request, computed_blocks: list[int], num_new: int, running: list[Request]
+    ) -> int:
+        return 0
+
+    def token_limit(self, request: Request, running: list[Request]) -> int | None:
+        return None
+
+    def preferred_victim(self, running: list[Request], first: int) -> int | None:
+        return None
+
+    def on_preempted(self, request: Request) -> None: ...
+
+    def on_sampled(self, request: Request) -> None: ...
+
+    def on_finished(self, request: Request) -> None: ...
+
+    def covered_by_returns(
+        self, request: Request, computed_blocks: list[int], running: list[Request], horizon: int
+    ) -> bool:
+        """Whether blocks handed back within `horizon` steps cover the whole prompt."""
+        forecast, block_size = self.forecast, self.kv.block_size
+        needed = cdiv(request.num_tokens - len(computed_blocks) * block_size, block_size)
+        needed += self.kv.num_revived(computed_blocks)
+        freed = forecast.net_freed_blocks(running, horizon)
+        return self.kv.pool.num_free_blocks + freed >= needed
+
+    def check(self, running: list[Request]) -> None: ...
+
+
+class Reserve(OnDemand):
+    """Admits only when the request's whole length fits beside every running reservation."""
+
+    reserves = True
+
+    def shortfall(
+        self, request: Request, computed_blocks: list[int], running: list[Request]
+    ) -> int:
+        """Blocks missing for the request's whole length beside what running requests are owed
+        (<= 0: it fits)."""
+        need = self.forecast.final_blocks(request) - len(computed_blocks)
+        need += self.kv.num_revived(computed_blocks)
+        return need - self.forecast.unreserved_blocks(running)
+
+    def fits(self, request: Request, computed_blocks: list[int], running: list[Request]) -> bool:
+        return self.shortfall(request, computed_blocks, running) <= 0
+
+    def blocks_short(self, request: Request, running: list[Request]) -> bool:
+        return self.shortfall(request, [], running) > 0
+
+    def covered_by_returns(
+        self, request: Request, computed_blocks: list[int], running: list[Request], horizon: int
+    ) -> bool:
+        """Whether the reservations of requests ending within `horizon` steps cover it."""
+        shortfall = self.shortfall(request, computed_blocks, running)
+        return self.forecast.returned_reservation(running, horizon) >= shortfall
+
+    def check(self, running: list[Request]) -> None:
+        if not self.forecast.probation:
+            assert self.forecast.unreserved_blocks(running) >= 0
+
+
+class Predictive:
+    """Admission on a prediction, around a base mode that decides everything else."""
+
+    def __init__(self, base: OnDemand, horizon: int) -> None:
+        self.base = base
+        self.horizon = horizon
+        self.kv, self.forecast = base.kv, base.forecast
+        # ids of requests on probation; the forecast leaves them out of what it is sure of
+        self.probation: set[str] = base.forecast.probation
+        self.num_predictive_admissions = 0
+        self.num_prediction_failures = 0  # requests on probation that were preempted
+
+    def fits(self, request: Request, computed_blocks: list[int], running: list[Request]) -> bool:
+        return self.base.fits(request, computed_blocks, running)
+
+    def blocks_short(self, request: Request, running: list[Request]) -> bool:
+        return self.base.blocks_short(request, running)
+
+    def check(self, running: list[Request]) -> None:
+        self.base.check(running)
+
+    def start_step(self, running: list[Request]) -> None:
+        """Under a reserving base, probation ends for all once every running reservation fits
+        again. With no ordinary request left to hand blocks back, the oldest on probation
+        becomes ordinary: it may then preempt the younger ones, so the batch cannot stall."""
+        if not self.base.reserves or not self.probation:
+            return
+        if self.forecast.unreserved_blocks(running) >= 0:
+            self.probation.clear()
+        elif len(self.probation) == len(running):
+            self.probation.discard(running[0].request_id)
+
+    def when_blocked(
+        self, request: Request, computed_blocks: list[int], num_new: int, running: list[Request]
+    ) -> int:
+        # A request that was preempted (a failed guess, or anything else) waits for real room:
+        # guessing again for it could preempt it again and again.
+        if request.num_preemptions or not self.base.covered_by_returns(
+            request, computed_blocks, running, self.horizon
+        ):
+            return 0
+        room = self.forecast.lowest_free_blocks(running, self.horizon)
+        room -= self.kv.num_revived(computed_blocks)
+        if room < 1:
+            return 0
+        num_new = min(num_new, room * self.kv.block_size)
+        if not self.kv.allocate_slots(request, num_new, computed_blocks):
+            return 0
+        self.probation.add(request.request_id)
+        self.num_predictive_admissions += 1
+        return num_new
+
+    def token_limit(self, request: Request, running: list[Request]) -> int | None:
+        """On probation: its own blocks and the free ones no ordinary request will need within
+        the horizon (it takes only room nobody needs, so it preempts nobody)."""
+        if request.request_id not in self.probation:
+            return None
+        held = len(self.kv.get_block_table(request.request_id))
+        lowest = self.forecast.lowest_free_blocks(running, self.horizon)
+        return (held + lowest) * self.kv.block_size - request.num_computed_tokens
+
+    def preferred_victim(self, running: list[Request], first: int) -> int | None:
+        """The newest request on probation: a failed guess costs the guess, not a runner."""
+        on_probation = [j for j in range(first, len(running))
+                        if running[j].request_id in self.probation]  # fmt: skip
+        return on_probation[-1] if on_probation else None
+
+    def on_preempted(self, request: Request) -> None:
+        if request.request_id in self.probation:
+            self.probation.discard(request.request_id)
+            self.num_prediction_failures += 1
+
+    def on_sampled(self, request: Request) -> None:
+        if not self.base.reserves:  # on demand: its prompt is in, as if admitted for real
+            self.probation.discard(request.request_id)
+
+    def on_finished(self, request: Request) -> None:
+        self.probation.discard(request.request_id)
+
+
+def make_admission(kv: KVCacheManager, config: SchedulerConfig) -> Admission:
+    base = (Reserve if config.kv_admission == "reserve" else OnDemand)(kv, config)
+    return Predictive(base, config.prediction_horizon) if config.predictive_admission else base
