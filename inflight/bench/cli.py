@@ -13,18 +13,19 @@ from typing import Any
 
 from inflight.bench import peers as peer_runs
 from inflight.bench.offline import reset_peak_rss, run_offline
-from inflight.bench.stats import RunResult
 from inflight.bench.structured import (
     compare,
     is_constrained,
     order_constraint,
     write_structured_report,
 )
-from inflight.bench.workloads import NAMED, WorkloadRequest, load_jsonl, named
 from inflight.engine.profiling import OVERHEAD_PHASES, breakdown
 from inflight.errors import ConfigError, InflightError
 from inflight.platform import describe_device
 from inflight.sampling_params import StructuredOutputs
+from inflight.workload.flags import add_workload_flags
+from inflight.workload.requests import NAMED, WorkloadRequest, load_jsonl, named
+from inflight.workload.results import RunResult
 
 logger = logging.getLogger("inflight.bench")
 
@@ -53,21 +54,6 @@ def positive(text: str) -> float:
     return value
 
 
-def add_workload_flags(parser: argparse.ArgumentParser) -> None:
-    named_list = ", ".join(NAMED)
-    parser.add_argument("--workload", default="mixed64",
-                        help=f"named ({named_list}) or JSONL file (default: mixed64)")  # fmt: skip
-    parser.add_argument("--num-requests", type=int, default=None,
-                        help="override the named workload's request count")  # fmt: skip
-    parser.add_argument("--workload-seed", type=int, default=0, help="(default: 0)")
-    parser.add_argument("--arrival", choices=("all", "poisson", "gamma"), default="all",
-                        help="(default: all at once)")  # fmt: skip
-    parser.add_argument("--rate", type=float, default=4.0,
-                        help="mean requests/s when not 'all' (default: 4)")  # fmt: skip
-    parser.add_argument("--out", type=Path, default=None,
-                        help="results folder (default: results/bench-COMMAND-TIME)")  # fmt: skip
-
-
 def load_workload(args: argparse.Namespace, tokenizer) -> list[WorkloadRequest]:
     if args.workload.endswith(".jsonl"):
         return load_jsonl(Path(args.workload), tokenizer)
@@ -77,7 +63,7 @@ def load_workload(args: argparse.Namespace, tokenizer) -> list[WorkloadRequest]:
 
 def add_bench_parser(sub: Any, add_engine_flags: Callable[[argparse.ArgumentParser], None]) -> None:
     bench = sub.add_parser(
-        "bench", help="benchmarks: offline, compare, roofline, serve, soak, fleet"
+        "bench", help="benchmarks: offline, compare, roofline, serve, soak, fleet, calibrate"
     )
     modes = bench.add_subparsers(dest="bench_command", required=True)
     fmt = argparse.ArgumentDefaultsHelpFormatter
@@ -96,6 +82,15 @@ def add_bench_parser(sub: Any, add_engine_flags: Callable[[argparse.ArgumentPars
     from inflight.bench.fleet import add_fleet_parser
 
     add_engine_flags(add_fleet_parser(modes, fmt))
+    calibrate = modes.add_parser("calibrate", formatter_class=fmt,
+                                 help="fit the simulator's cost model of this CPU to engine runs, "
+                                 "and check it on another workload")  # fmt: skip
+    calibrate.add_argument("--fit-workload", choices=list(NAMED), default="mixed64")
+    calibrate.add_argument("--check-workload", choices=list(NAMED), default="longtail")
+    calibrate.add_argument("--num-requests", type=int, default=None,
+                           help="override both workloads' request counts")  # fmt: skip
+    calibrate.add_argument("--out", type=Path, default=None)
+    add_engine_flags(calibrate)
     offline.add_argument(
         "--profile", action="store_true",
         help="time every phase of every step; writes profile.md (overhead vs forward)",
@@ -225,6 +220,13 @@ def run_bench(args: argparse.Namespace, knobs: dict[str, Any]) -> int:
         print(run_fleet(args, dict(knobs), out))
         logger.info("results in %s", out)
         return 0
+    elif args.bench_command == "calibrate":
+        from inflight.bench.calibrate import run_calibration
+
+        print(run_calibration(knobs, args.fit_workload, args.check_workload, out,
+                              args.num_requests))  # fmt: skip
+        logger.info("results in %s", out)
+        return 0
     elif args.bench_command == "roofline":
         from inflight.bench.roofline import run_roofline
 
@@ -244,7 +246,7 @@ def run_bench(args: argparse.Namespace, knobs: dict[str, Any]) -> int:
 def write_profile(out: Path, steps: list, max_num_seqs: int) -> None:
     """profile.json and profile.md: every phase's share of step time, over all steps and over
     the steps that ran a full batch of `max_num_seqs` sequences."""
-    full = [s for s in steps if s.num_seqs >= max_num_seqs]
+    full = [s for s in steps if s.num_scheduled_seqs >= max_num_seqs]
     result = {"all_steps": breakdown(steps), "full_batch_steps": breakdown(full)}
     out.mkdir(parents=True, exist_ok=True)
     (out / "profile.json").write_text(json.dumps(result, indent=2) + "\n")
@@ -265,8 +267,8 @@ def write_profile(out: Path, steps: list, max_num_seqs: int) -> None:
 def run_local(args: argparse.Namespace, knobs: dict[str, Any], out: Path) -> dict:
     """Inflight in each mode on the same loaded weights, then the peers; the report is rewritten
     after every run, so a long comparison cut short still leaves its finished runs."""
-    from inflight.bench.report import write_report  # matplotlib: only when reporting
     from inflight.engine.llm import LLM
+    from inflight.workload.report import write_report  # matplotlib: only when reporting
 
     title = f"inflight bench {args.bench_command}: {args.workload}"
     modes = [knobs.get("batching", "continuous")]

@@ -15,8 +15,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from inflight.bench.stats import RequestRecord, RunResult
-from inflight.bench.workloads import WorkloadRequest, save_jsonl
+from inflight.workload.requests import WorkloadRequest, save_jsonl
+from inflight.workload.results import RequestRecord, RunResult
 
 logger = logging.getLogger("inflight.bench")
 

@@ -4,7 +4,7 @@ Each configuration starts a real server (`inflight serve`, with `--replicas` on 
 loaded with each workload at a Poisson rate through the streaming completions API, and its
 engines' own prefix-cache counters are read from `/metrics`. The simulator then predicts the same
 runs: a fleet on one machine is simulated as replicas of the given hardware profile (a profile
-written by `inflight simulate calibrate` on this machine, or `local-cpu`) with its bandwidth and
+written by `inflight bench calibrate` on this machine, or `local-cpu`) with its bandwidth and
 compute divided among the replicas, and the same routing policy.
 """
 
@@ -25,9 +25,9 @@ from typing import Any
 import httpx
 
 from inflight.bench.serve import run_rate
-from inflight.bench.stats import summarize
-from inflight.bench.workloads import named
 from inflight.metrics.doctor import Snapshot
+from inflight.workload.requests import named
+from inflight.workload.results import summarize
 
 # (label, replicas, router): one engine with every core, then two replicas with half each
 CONFIGS = [
@@ -111,10 +111,10 @@ def measure(args: argparse.Namespace, tokenizer: Any, model: str) -> list[dict]:
 
 def predict(args: argparse.Namespace, knobs: dict[str, Any]) -> list[dict]:
     """The simulator's view of the same runs (token counts from a word tokenizer)."""
-    from inflight.bench.workloads import WordTokenizer
     from inflight.sim.hardware import resolve_hardware
     from inflight.sim.model_profile import load_model_profile
     from inflight.sim.simulator import build_setup, simulate
+    from inflight.workload.requests import WordTokenizer
 
     hardware = resolve_hardware(args.hardware)
     dtype = args.sim_dtype
@@ -234,7 +234,7 @@ def add_fleet_parser(modes: Any, fmt: Any) -> argparse.ArgumentParser:
     fleet.add_argument("--serve-args", default="", help="extra flags for `inflight serve`")
     fleet.add_argument("--hardware", default="local-cpu",
                        help="the simulator's profile of this machine (local-cpu, or the JSON "
-                            "from `inflight simulate calibrate`)")  # fmt: skip
+                            "from `inflight bench calibrate`)")  # fmt: skip
     fleet.add_argument(
         "--sim-dtype",
         default="fp32",

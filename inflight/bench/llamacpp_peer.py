@@ -14,10 +14,10 @@ import os
 from pathlib import Path
 
 from inflight.bench.external_peer import run_runner
-from inflight.bench.stats import RunResult
-from inflight.bench.workloads import WorkloadRequest, require_simultaneous
 from inflight.model.loader import is_gguf
 from inflight.tokenizer import cache_dir
+from inflight.workload.requests import WorkloadRequest, require_simultaneous
+from inflight.workload.results import RunResult
 
 logger = logging.getLogger("inflight.bench")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import resource
 import time
 from collections.abc import Callable
@@ -10,11 +11,12 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from inflight.bench.stats import RequestRecord, RunResult, StepRecord
-from inflight.bench.workloads import WorkloadRequest, pad_batches, require_simultaneous
 from inflight.engine.llm import LLM
 from inflight.errors import ConfigError
+from inflight.metrics.stats import StepStats
 from inflight.sampling_params import SamplingParams, StructuredOutputs
+from inflight.workload.requests import WorkloadRequest, pad_batches, require_simultaneous
+from inflight.workload.results import RequestRecord, RunResult
 
 
 def peak_rss_mb() -> float:
@@ -27,17 +29,6 @@ def reset_peak_rss() -> None:
     process does not report an earlier run's peak. Elsewhere the peak stays the process's."""
     with contextlib.suppress(OSError):
         Path("/proc/self/clear_refs").write_text("5")
-
-
-def _counters(llm: LLM) -> dict[str, int]:
-    """Scheduler and prefix-cache counters a run reports as differences."""
-    scheduler, kv = llm.core.scheduler, llm.core.kv_cache_manager
-    return {
-        "predictive_admissions": scheduler.num_predictive_admissions,
-        "prediction_failures": scheduler.num_prediction_failures,
-        "prefix_cache_queries": kv.num_prefix_queries,
-        "prefix_cache_hits": kv.num_prefix_hits,
-    }
 
 
 def run_offline(
@@ -66,12 +57,11 @@ def run_offline(
                      key=lambda p: p[0].arrival_time)  # fmt: skip
     asked_by_id: dict[str, WorkloadRequest] = {}  # the request as the workload has it
     records: list[RequestRecord] = []
-    timeline: list[StepRecord] = []
+    timeline: list[StepStats] = []
     core = llm.core
-    preemptions_before = core.totals.num_preemptions
-    counters_before = _counters(llm)
     bar = tqdm(total=len(workload), desc=name, unit="req", disable=not progress)
     start = time.perf_counter()
+    clock_start = core.scheduler.clock()
     with bar:
         while pending or core.has_unfinished_requests():
             now = time.perf_counter() - start
@@ -84,15 +74,7 @@ def run_offline(
                 time.sleep(max(0.0, pending[0][0].arrival_time - now))
                 continue
             outputs = llm.step()
-            step = core.last_step
-            timeline.append(
-                StepRecord(
-                    t=time.perf_counter() - start, duration=step.duration_s,
-                    running=step.num_running, waiting=step.num_waiting,
-                    scheduled_seqs=step.num_scheduled_seqs,
-                    scheduled_tokens=step.num_batched_tokens, kv_usage=step.kv_usage,
-                )
-            )  # fmt: skip
+            timeline.append(dataclasses.replace(core.last_step, t=core.last_step.t - clock_start))
             for out in outputs:
                 if out.finished:
                     m, asked = out.metrics, asked_by_id[out.request_id]
@@ -107,7 +89,17 @@ def run_offline(
         wall_s=time.perf_counter() - start,
         requests=records,
         timeline=timeline,
-        preemptions=core.totals.num_preemptions - preemptions_before,
+        preemptions=sum(s.num_preempted for s in timeline),
         peak_rss_mb=peak_rss_mb(),
-        extra={k: v - counters_before[k] for k, v in _counters(llm).items()},
+        extra=event_counts(timeline),
     )
+
+
+def event_counts(timeline: list[StepStats]) -> dict[str, int]:
+    """A run's admission and prefix-cache events, summed over its steps."""
+    return {
+        "predictive_admissions": sum(s.num_predictive_admissions for s in timeline),
+        "prediction_failures": sum(s.num_prediction_failures for s in timeline),
+        "prefix_cache_queries": sum(s.num_prefix_queries for s in timeline),
+        "prefix_cache_hits": sum(s.num_prefix_hits for s in timeline),
+    }

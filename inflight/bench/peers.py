@@ -16,9 +16,9 @@ import torch
 from tqdm.auto import tqdm
 
 from inflight.bench.offline import peak_rss_mb, reset_peak_rss
-from inflight.bench.stats import RequestRecord, RunResult
-from inflight.bench.workloads import WorkloadRequest, require_simultaneous
 from inflight.model.loader import is_gguf
+from inflight.workload.requests import WorkloadRequest, require_simultaneous
+from inflight.workload.results import RequestRecord, RunResult
 
 PEERS = ("hf-static", "hf-continuous", "vllm", "llamacpp", "llamacpp-gguf")
 _DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}

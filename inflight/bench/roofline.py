@@ -14,17 +14,17 @@ import gc
 from pathlib import Path
 
 from inflight.bench.offline import run_offline
-from inflight.bench.stats import RunResult
-from inflight.bench.workloads import WorkloadRequest
 from inflight.engine.llm import LLM
 from inflight.platform import describe_device, resolve_device
 from inflight.sim.hardware import measure_local
 from inflight.sim.simulator import setup_like_engine, simulate
+from inflight.workload.requests import WorkloadRequest
+from inflight.workload.results import RunResult
 
 
 def run_roofline(knobs: dict, load_workload, out: Path, title: str) -> dict:
     """`load_workload(tokenizer)` builds the workload. Returns the report (see bench.report)."""
-    from inflight.bench.report import write_report
+    from inflight.workload.report import write_report
 
     local = measure_local(device=resolve_device(knobs.get("device", "auto")).type)
     llm = LLM(**knobs)

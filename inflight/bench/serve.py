@@ -16,8 +16,8 @@ from pathlib import Path
 
 import httpx
 
-from inflight.bench.stats import RequestRecord, RunResult
-from inflight.bench.workloads import WorkloadRequest, named
+from inflight.workload.requests import WorkloadRequest, named
+from inflight.workload.results import RequestRecord, RunResult
 
 
 async def _one(
@@ -103,9 +103,9 @@ async def run_rate(
 
 
 def run_serve_sweep(args: argparse.Namespace, out: Path) -> dict:
-    from inflight.bench.report import write_report
     from inflight.model.loader import resolve_model_path
     from inflight.tokenizer import load_tokenizer
+    from inflight.workload.report import write_report
 
     tokenizer = load_tokenizer(resolve_model_path(args.tokenizer))
     arrival = "poisson" if args.arrival == "all" else args.arrival

@@ -30,8 +30,8 @@ from typing import Any
 
 import httpx
 
-from inflight.bench.workloads import WorkloadRequest, named
 from inflight.metrics.doctor import Snapshot
+from inflight.workload.requests import WorkloadRequest, named
 
 logger = logging.getLogger(__name__)
 
@@ -253,9 +253,9 @@ def start_server(model: str | None, knobs: dict[str, Any], max_queued: int, log:
 
 
 def run_soak(args: Any, knobs: dict[str, Any], out: Path) -> dict[str, Any]:
-    from inflight.bench.report import plot_soak
     from inflight.model.loader import resolve_model_path
     from inflight.tokenizer import load_tokenizer
+    from inflight.workload.report import plot_soak
 
     out.mkdir(parents=True, exist_ok=True)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per request otherwise

@@ -19,9 +19,9 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from inflight.bench.stats import RunResult
 from inflight.sampling_params import StructuredOutputs
 from inflight.structured import CompileStats
+from inflight.workload.results import RunResult
 
 MIN_ITEMS = 10_000
 ORDER_SCHEMA = {
@@ -71,8 +71,8 @@ def is_constrained(index: int, fraction: float) -> bool:
 
 def decode_steps(run: RunResult) -> list[tuple[int, float]]:
     """(sequences, seconds) of every step that only decoded (one token per sequence)."""
-    return [(s.scheduled_seqs, s.duration) for s in run.timeline
-            if s.scheduled_seqs and s.scheduled_tokens == s.scheduled_seqs]  # fmt: skip
+    return [(s.num_scheduled_seqs, s.duration_s) for s in run.timeline
+            if s.num_scheduled_seqs and s.num_batched_tokens == s.num_scheduled_seqs]  # fmt: skip
 
 
 def compare(base: RunResult, constrained: RunResult, max_num_seqs: int,

@@ -13,11 +13,11 @@ import os
 from pathlib import Path
 
 from inflight.bench.external_peer import run_runner
-from inflight.bench.stats import RunResult
-from inflight.bench.workloads import WorkloadRequest, require_simultaneous
 from inflight.model.loader import is_gguf
 from inflight.process_setup import find_tcmalloc
 from inflight.tokenizer import cache_dir, load_tokenizer
+from inflight.workload.requests import WorkloadRequest, require_simultaneous
+from inflight.workload.results import RunResult
 
 logger = logging.getLogger("inflight.bench")
 

@@ -10,12 +10,12 @@ from __future__ import annotations
 import math
 import random
 
-from inflight.bench.stats import summarize
-from inflight.bench.workloads import WordTokenizer, WorkloadRequest, corpus_text, named
 from inflight.errors import ConfigError
 from inflight.sim.hardware import PROFILES
 from inflight.sim.model_profile import load_model_profile
 from inflight.sim.simulator import build_setup, simulate
+from inflight.workload.requests import WordTokenizer, WorkloadRequest, corpus_text, named
+from inflight.workload.results import summarize
 
 
 def _uniform_outputs(n: int, prompt_len: int, low: int, high: int, seed: int = 0):

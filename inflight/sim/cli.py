@@ -1,4 +1,4 @@
-"""`inflight simulate run | plan | calibrate | claims`."""
+"""`inflight simulate run | plan | claims` (calibration is `inflight bench calibrate`)."""
 
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from inflight.bench.cli import add_workload_flags
-from inflight.bench.workloads import NAMED, WordTokenizer, load_jsonl, named
 from inflight.errors import InflightError
 from inflight.routing import ROUTERS
 from inflight.sim.hardware import PROFILES, resolve_hardware
 from inflight.sim.model_profile import KV_BYTES, PRESETS, WEIGHT_BYTES, load_model_profile
 from inflight.sim.simulator import ENGINE_ONLY_KNOBS
+from inflight.workload.flags import add_workload_flags
+from inflight.workload.requests import WordTokenizer, load_jsonl, named
 
 logger = logging.getLogger("inflight.sim")
 
@@ -25,7 +25,7 @@ logger = logging.getLogger("inflight.sim")
 def _add_target_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hardware", default="h100-sxm",
                    help=f"{', '.join(PROFILES)}, local-cpu (measured now) or a profile JSON "
-                   "from `simulate calibrate`")  # fmt: skip
+                   "from `inflight bench calibrate`")  # fmt: skip
     p.add_argument("--model", dest="model_spec", default=None,
                    help=f"preset ({', '.join(PRESETS)}), HF config.json, model folder or GGUF "
                    "(default: the engine's default model)")  # fmt: skip
@@ -69,15 +69,6 @@ def add_simulate_parser(
         _add_target_flags(p)
         add_workload_flags(p)
         add_knob_flags(p, skip=ENGINE_ONLY_KNOBS)
-    calibrate = modes.add_parser("calibrate", formatter_class=fmt,
-                                 help="fit the local CPU's cost model to engine runs, and check "
-                                 "it on another workload")  # fmt: skip
-    calibrate.add_argument("--fit-workload", choices=list(NAMED), default="mixed64")
-    calibrate.add_argument("--check-workload", choices=list(NAMED), default="longtail")
-    calibrate.add_argument("--num-requests", type=int, default=None,
-                           help="override both workloads' request counts")  # fmt: skip
-    calibrate.add_argument("--out", type=Path, default=None)
-    add_engine_flags(calibrate)
     claims = modes.add_parser("claims", help="check the seeds' claims; writes claims.md")
     claims.add_argument("--out", type=Path, default=None)
 
@@ -95,11 +86,6 @@ def run_simulate(args: argparse.Namespace, knobs: dict[str, Any]) -> int:
             (out / "claims.md").write_text(text)
             (out / "claims.json").write_text(json.dumps(figures, indent=2) + "\n")
             print(text)
-        elif args.simulate_command == "calibrate":
-            from inflight.sim.calibrate import run_calibration
-
-            print(run_calibration(knobs, args.fit_workload, args.check_workload, out,
-                                  args.num_requests))  # fmt: skip
         else:
             knobs = {k: v for k, v in knobs.items() if k not in ENGINE_ONLY_KNOBS}
             hardware = resolve_hardware(args.hardware).with_overrides(
@@ -130,8 +116,8 @@ def _workload(args: argparse.Namespace, num_requests: int | None = None):
 
 
 def _run(args, hardware, model, knobs, out: Path) -> None:
-    from inflight.bench.report import write_report
     from inflight.sim.simulator import build_setup, simulate
+    from inflight.workload.report import write_report
 
     workload = _workload(args)
     modes = ["continuous", "static"] if args.compare else [knobs.get("batching", "continuous")]

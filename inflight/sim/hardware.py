@@ -2,7 +2,7 @@
 
 GPU figures are the vendors' published peaks (dense, i.e. without 2:4 sparsity), so a simulation
 with the default efficiencies of 1.0 is a roofline: a lower bound on time. The local CPU is
-measured on the spot (`measure_local`), and `inflight simulate calibrate` fits efficiencies and
+measured on the spot (`measure_local`), and `inflight bench calibrate` fits efficiencies and
 per-step overheads to this engine's measured steps, saved as a profile JSON file.
 """
 
@@ -179,5 +179,5 @@ def resolve_hardware(name: str) -> HardwareProfile:
         return HardwareProfile.load(path)
     raise ValueError(
         f"unknown hardware {name!r}: one of {', '.join(PROFILES)}, local-cpu, or a profile "
-        "JSON file (written by `inflight simulate calibrate`)"
+        "JSON file (written by `inflight bench calibrate`)"
     )

@@ -11,12 +11,12 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
-from inflight.bench.stats import summarize
-from inflight.bench.workloads import WorkloadRequest
 from inflight.errors import ConfigError
 from inflight.sim.hardware import HardwareProfile
 from inflight.sim.model_profile import ModelProfile
 from inflight.sim.simulator import build_setup, simulate
+from inflight.workload.requests import WorkloadRequest
+from inflight.workload.results import summarize
 
 
 @dataclass

@@ -21,20 +21,21 @@ from dataclasses import dataclass, field
 
 from tqdm.auto import tqdm
 
-from inflight.bench.stats import RequestRecord, RunResult, StepRecord
-from inflight.bench.workloads import WorkloadRequest
 from inflight.config import CacheConfig, EngineConfig, SchedulerConfig
 from inflight.core.kv_cache_manager import KVCacheManager
 from inflight.core.outputs import ModelRunnerOutput, SchedulerOutput
 from inflight.core.scheduler import Scheduler
 from inflight.core.sizing import num_blocks_for_budget, resolve_max_model_len
 from inflight.errors import ConfigError
+from inflight.metrics.stats import StepStats, StepTotals
 from inflight.request import Request
 from inflight.routing import make_router, prefix_key
 from inflight.sampling_params import SamplingParams
 from inflight.sim.cost_model import CostModel
 from inflight.sim.hardware import HardwareProfile
 from inflight.sim.model_profile import ModelProfile
+from inflight.workload.requests import WorkloadRequest
+from inflight.workload.results import RequestRecord, RunResult
 
 SIMULATED_TOKEN = 0  # what every simulated sample "produces"; only counts matter
 
@@ -81,7 +82,7 @@ def build_setup(
     context, graphs), within `memory_utilization` of the device (vLLM's rule)."""
     config = EngineConfig.from_knobs(**knobs)
     cache, sched = config.cache, config.scheduler
-    bs = cache.kv_block_size
+    block_size = cache.kv_block_size
     limit = model.arch.max_position_embeddings
     requested = config.model.max_model_len
     if hardware.is_cpu:
@@ -94,19 +95,19 @@ def build_setup(
         )
         usable = hardware.memory_bytes * memory_utilization
         budget = int(usable - fixed)
-        if budget < model.kv_bytes_per_token * bs:
+        if budget < model.kv_bytes_per_token * block_size:
             raise ConfigError(
                 f"{model.name} ({model.weight_dtype}) needs {fixed / 1e9:.1f} GB for weights, "
                 f"activations and runtime, more than {usable / 1e9:.1f} GB "
                 f"({memory_utilization:.0%} of {hardware.name}); no room for a KV cache"
             )
     num_blocks = cache.num_kv_blocks or num_blocks_for_budget(
-        model.kv_bytes_per_token, bs, budget, sched.max_num_seqs, requested or limit
+        model.kv_bytes_per_token, block_size, budget, sched.max_num_seqs, requested or limit
     )
-    max_model_len = resolve_max_model_len(requested, limit, num_blocks, bs)
+    max_model_len = resolve_max_model_len(requested, limit, num_blocks, block_size)
     num_cpu_blocks = 0
     if sched.preemption_mode == "swap":
-        num_cpu_blocks = cache.swap_space_bytes // (model.kv_bytes_per_token * bs)
+        num_cpu_blocks = cache.swap_space_bytes // (model.kv_bytes_per_token * block_size)
     return SimSetup(
         hardware, model, dataclasses.replace(sched, max_model_len=max_model_len), cache,
         num_blocks, num_cpu_blocks, replicas,
@@ -126,18 +127,6 @@ def setup_like_engine(hardware: HardwareProfile, core, knobs: dict) -> SimSetup:
     sim_knobs = {k: v for k, v in knobs.items() if k not in ENGINE_ONLY_KNOBS}
     sim_knobs |= {"num_kv_blocks": core.kv_cache.num_blocks, "max_model_len": core.max_model_len}
     return build_setup(hardware, model, sim_knobs)
-
-
-@dataclass
-class _Totals:
-    """Sums over every step of every replica."""
-
-    steps: int = 0
-    busy_s: float = 0.0
-    seat_s: float = 0.0  # scheduled sequences x step time
-    flops: float = 0.0
-    bytes: float = 0.0
-    preemptions: int = 0
 
 
 @dataclass
@@ -165,8 +154,9 @@ class Simulation:
         self.router = make_router(router)
         self.cost_model = CostModel(setup.hardware, setup.model, setup.cache.kv_block_size)
         self.replicas = [_Replica(setup) for _ in range(setup.replicas)]
-        self.totals = _Totals()
-        self.timeline: list[StepRecord] = []  # replica 0's steps (a fleet's would interleave)
+        self.totals = StepTotals()  # every step of every replica
+        self.flops = self.bytes = 0.0  # what those steps computed and moved, by the cost model
+        self.timeline: list[StepStats] = []  # replica 0's steps (a fleet's would interleave)
         self.schedules: list[SchedulerOutput] = []  # every step's schedule, when recorded
         self.record_schedules = False
 
@@ -183,13 +173,8 @@ class Simulation:
             raise RuntimeError("the scheduler scheduled nothing with requests pending")
         cost = self.cost_model.step_cost(out)
         replica.current, replica.step_end = out, t + cost.seconds
-        totals = self.totals
-        totals.steps += 1
-        totals.busy_s += cost.seconds
-        totals.seat_s += len(out.scheduled) * cost.seconds
-        totals.flops += cost.flops
-        totals.bytes += cost.weight_bytes + cost.kv_bytes
-        totals.preemptions += len(out.preempted_request_ids)
+        self.flops += cost.flops
+        self.bytes += cost.weight_bytes + cost.kv_bytes
         if self.record_schedules:
             self.schedules.append(out)
 
@@ -199,15 +184,10 @@ class Simulation:
         replica.now = replica.step_end
         sampled = {s.request_id: SIMULATED_TOKEN for s in out.scheduled if s.sample}
         outputs = replica.scheduler.update_from_output(out, ModelRunnerOutput(sampled))
+        step = replica.scheduler.make_stats(out, len(sampled), replica.now - start)
+        self.totals.add(step)
         if replica is self.replicas[0]:
-            sched = replica.scheduler
-            self.timeline.append(
-                StepRecord(
-                    t=replica.now, duration=replica.now - start, running=sched.num_running,
-                    waiting=sched.num_waiting, scheduled_seqs=len(out.scheduled),
-                    scheduled_tokens=out.num_batched_tokens, kv_usage=replica.kv.usage,
-                )
-            )  # fmt: skip
+            self.timeline.append(step)
         return [o.request_id for o in outputs if o.finished]
 
     def run(self, workload: list[WorkloadRequest], name: str, progress: bool = False) -> RunResult:
@@ -244,7 +224,7 @@ class Simulation:
         sim_end = max(r.now for r in self.replicas)
         return RunResult(
             name=name, wall_s=sim_end - min(r.arrival_time for r in requests),
-            requests=records, timeline=self.timeline, preemptions=self.totals.preemptions,
+            requests=records, timeline=self.timeline, preemptions=self.totals.num_preemptions,
             extra=self._extra(time.perf_counter() - wall_start),
         )  # fmt: skip
 
@@ -271,12 +251,12 @@ class Simulation:
         t, hw = self.totals, self.setup.hardware
         busy = max(t.busy_s, 1e-12)
         peak = self.cost_model.peak
-        schedulers = [r.scheduler for r in self.replicas]
+        admissions = [r.scheduler.admission for r in self.replicas]
         predictions = {}
         if self.setup.scheduler.predictive_admission:
             predictions = {
-                "predictive_admissions": sum(s.num_predictive_admissions for s in schedulers),
-                "prediction_failures": sum(s.num_prediction_failures for s in schedulers),
+                "predictive_admissions": sum(a.num_predictive_admissions for a in admissions),
+                "prediction_failures": sum(a.num_prediction_failures for a in admissions),
             }
         kvs = [r.kv for r in self.replicas]
         queries = sum(kv.num_prefix_queries for kv in kvs)
@@ -288,10 +268,10 @@ class Simulation:
             "prefix_cache_hit_rate": round(
                 sum(kv.num_prefix_hits for kv in kvs) / max(1, queries), 4
             ),
-            "steps_all_replicas": t.steps,
+            "steps_all_replicas": t.num_steps,
             "seat_utilization": round(t.seat_s / (busy * self.setup.scheduler.max_num_seqs), 4),
-            "compute_utilization": round(t.flops / (busy * peak), 4),
-            "bandwidth_utilization": round(t.bytes / (busy * hw.memory_bw), 4),
+            "compute_utilization": round(self.flops / (busy * peak), 4),
+            "bandwidth_utilization": round(self.bytes / (busy * hw.memory_bw), 4),
             "simulator_wall_s": round(sim_wall_s, 3),
         }
 

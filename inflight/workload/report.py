@@ -16,7 +16,7 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt
 import numpy as np
 
-from inflight.bench.stats import RunResult, summarize
+from inflight.workload.results import RunResult, summarize
 
 
 def write_report(out_dir: Path, title: str, runs: list[RunResult], meta: dict[str, Any]) -> dict:
@@ -102,8 +102,8 @@ def plot_latency_cdfs(path: Path, runs: list[RunResult]) -> None:
 
 
 def plot_timeline(path: Path, runs: list[RunResult]) -> None:
-    panels = (("running", "running sequences"), ("scheduled_tokens", "tokens per step"),
-              ("kv_usage", "KV cache usage"), ("waiting", "queue depth"))  # fmt: skip
+    panels = (("num_running", "running sequences"), ("num_batched_tokens", "tokens per step"),
+              ("kv_usage", "KV cache usage"), ("num_waiting", "queue depth"))  # fmt: skip
     fig, axes = plt.subplots(len(panels), 1, figsize=(10, 9), sharex=True)
     for ax, (attr, label) in zip(axes, panels, strict=True):
         for run in runs:

@@ -98,7 +98,7 @@ class WordTokenizer:
 
 
 def corpus_text() -> str:
-    return resources.files("inflight.bench").joinpath("data/corpus.txt").read_text()
+    return resources.files("inflight.workload").joinpath("data/corpus.txt").read_text()
 
 
 def synthetic(

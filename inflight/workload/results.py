@@ -6,18 +6,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-
-@dataclass(frozen=True)
-class StepRecord:
-    """One engine step on the run's clock (seconds since start; `duration` ends at `t`)."""
-
-    t: float
-    duration: float
-    running: int
-    waiting: int
-    scheduled_seqs: int
-    scheduled_tokens: int
-    kv_usage: float
+from inflight.metrics.stats import StepStats
 
 
 @dataclass(frozen=True)
@@ -40,7 +29,7 @@ class RunResult:
     name: str
     wall_s: float
     requests: list[RequestRecord]
-    timeline: list[StepRecord] = field(default_factory=list)
+    timeline: list[StepStats] = field(default_factory=list)  # `t`: seconds since the run began
     preemptions: int = 0
     peak_rss_mb: float | None = None
     error: str | None = None
@@ -82,19 +71,21 @@ def summarize(run: RunResult) -> dict:
         "preemptions": run.preemptions,
         "peak_rss_mb": run.peak_rss_mb,
     }
-    steps = [s for s in run.timeline if s.scheduled_seqs]
+    steps = [s for s in run.timeline if s.num_scheduled_seqs]
     if steps:
         summary["steps"] = len(steps)
-        summary["mean_batch_seqs"] = round(float(np.mean([s.scheduled_seqs for s in steps])), 2)
-        summary["mean_batch_tokens"] = round(float(np.mean([s.scheduled_tokens for s in steps])), 2)
+        summary["mean_batch_seqs"] = round(float(np.mean([s.num_scheduled_seqs for s in steps])), 2)
+        summary["mean_batch_tokens"] = round(
+            float(np.mean([s.num_batched_tokens for s in steps])), 2
+        )
         summary["kv_usage_time_weighted"] = round(
-            time_weighted_mean([s.kv_usage for s in steps], [s.duration for s in steps]), 4
+            time_weighted_mean([s.kv_usage for s in steps], [s.duration_s for s in steps]), 4
         )
         # Padding, recompute after preemption (> 1) and prefix-cache hits (< 1) in one figure: a
         # request needs its prompt and all but its last output token run through the model.
         needed = sum(r.prompt_tokens + r.output_tokens - 1 for r in run.requests)
         if needed > 0:
-            computed = sum(s.scheduled_tokens for s in steps)
+            computed = sum(s.num_batched_tokens for s in steps)
             summary["computed_per_needed_token"] = round(computed / needed, 3)
     summary.update(run.extra)
     if run.error:

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from inflight.bench import peers
-from inflight.bench.workloads import WorkloadRequest
+from inflight.workload.requests import WorkloadRequest
 
 
 class FakeManager:

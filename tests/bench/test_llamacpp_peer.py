@@ -10,8 +10,8 @@ import torch
 from gguf import GGMLQuantizationType, GGUFReader, LlamaFileType
 
 from inflight.bench.llamacpp_peer import convert_gguf, run_llamacpp
-from inflight.bench.workloads import WorkloadRequest
 from inflight.model.gguf_loader import gguf_arch_config, iter_gguf_weights
+from inflight.workload.requests import WorkloadRequest
 from tests.model.test_gguf import write_tiny_gguf
 
 

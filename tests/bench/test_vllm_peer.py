@@ -74,7 +74,7 @@ def test_vllm_runner_reports_every_request_with_its_latencies(tmp_path, monkeypa
     """The runner and its parser against a stand-in `vllm` package (vLLM is not installed here):
     requests come back in workload order with token counts, TTFT <= end-to-end <= wall."""
     from inflight.bench.vllm_peer import run_vllm
-    from inflight.bench.workloads import WorkloadRequest
+    from inflight.workload.requests import WorkloadRequest
 
     stub = tmp_path / "stub"
     (stub / "vllm").mkdir(parents=True)

@@ -9,11 +9,11 @@ import statistics
 import pytest
 from transformers import AutoTokenizer
 
-from inflight.bench import workloads as w
-from inflight.bench.stats import (
+from inflight.metrics.stats import StepStats
+from inflight.workload import requests as w
+from inflight.workload.results import (
     RequestRecord,
     RunResult,
-    StepRecord,
     percentiles,
     summarize,
     time_weighted_mean,
@@ -87,12 +87,19 @@ def test_percentiles_and_time_weighted_means():
 
 
 def test_summary_on_a_hand_made_run():
+    # fmt: off
     run = RunResult(
         name="x",
         wall_s=2.0,
         requests=[RequestRecord(10, 5, 0.1, 0.5), RequestRecord(20, 1, 0.2, 0.2)],
-        timeline=[StepRecord(1.0, 1.0, 2, 0, 2, 30, 0.25), StepRecord(2.0, 1.0, 1, 0, 1, 1, 0.75)],
+        timeline=[
+            StepStats(t=1.0, duration_s=1.0, num_scheduled_seqs=2, num_batched_tokens=30,
+                      num_running=2, kv_usage=0.25),
+            StepStats(t=2.0, duration_s=1.0, num_scheduled_seqs=1, num_batched_tokens=1,
+                      num_running=1, kv_usage=0.75),
+        ],
     )
+    # fmt: on
     s = summarize(run)
     assert s["output_tok_per_s"] == 3.0 and s["total_tok_per_s"] == 18.0
     assert s["requests_per_s"] == 1.0 and s["steps"] == 2 and s["mean_batch_seqs"] == 1.5

@@ -1,17 +1,21 @@
-"""`inflight simulate calibrate` on the real default model: the engine and the simulation pair
+"""`inflight bench calibrate` on the real default model: the engine and the simulation pair
 step for step, the fitted profile loads back, the error table covers both workloads."""
 
 from __future__ import annotations
 
 import json
 
+import pytest
+
 from inflight.cli import main
 from inflight.sim.hardware import HardwareProfile
+
+pytestmark = pytest.mark.slow
 
 
 def test_calibrate_end_to_end(tmp_path):
     out = tmp_path / "calibration"
-    code = main(["simulate", "calibrate", "--fit-workload", "mixed64",
+    code = main(["bench", "calibrate", "--fit-workload", "mixed64",
                  "--check-workload", "longtail", "--num-requests", "6",
                  "--max-num-seqs", "4", "--out", str(out)])  # fmt: skip
     assert code == 0

@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 
 from inflight.bench.offline import run_offline
-from inflight.bench.workloads import named
 from inflight.core.scheduler import Scheduler
 from inflight.engine.llm import LLM
 from inflight.sim.hardware import PROFILES
 from inflight.sim.model_profile import ModelProfile
 from inflight.sim.simulator import Simulation, build_setup
+from inflight.workload.requests import named
 
 
 def as_steps(outputs) -> list[list[tuple[str, int, int]]]:

@@ -3,10 +3,10 @@ prompt's blocks on one replica, so the fleet hits its prefix caches more often."
 
 from __future__ import annotations
 
-from inflight.bench.workloads import WordTokenizer, named
 from inflight.sim.hardware import resolve_hardware
 from inflight.sim.model_profile import load_model_profile
 from inflight.sim.simulator import build_setup, simulate
+from inflight.workload.requests import WordTokenizer, named
 
 
 def test_prefix_aware_routing_raises_the_fleets_prefix_hits():

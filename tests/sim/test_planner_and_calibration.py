@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from inflight.bench.workloads import WorkloadRequest
 from inflight.sim.calibrate import fit_profile, nonnegative_lstsq
 from inflight.sim.cost_model import CostModel, StepWork
 from inflight.sim.planner import plan
+from inflight.workload.requests import WorkloadRequest
 from tests.sim.helpers import overhead_only, toy_hardware, toy_model
 
 KNOBS = {"num_kv_blocks": 64, "max_model_len": 256}

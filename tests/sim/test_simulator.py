@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from inflight.bench.stats import summarize
-from inflight.bench.workloads import WorkloadRequest
 from inflight.errors import ConfigError
 from inflight.sim.claims import steps_claim
 from inflight.sim.hardware import PROFILES
 from inflight.sim.model_profile import load_model_profile
 from inflight.sim.simulator import build_setup, simulate
+from inflight.workload.requests import WorkloadRequest
+from inflight.workload.results import summarize
 from tests.core.test_static_vs_continuous import LENGTHS, continuous_steps, static_steps
 from tests.sim.helpers import overhead_only, toy_model
 
