@@ -1,4 +1,5 @@
-"""AsyncLLM: the asyncio front of the engine, for the HTTP server.
+"""AsyncLLM: the asyncio front of the engine, for the HTTP server (the offline `LLM`'s sibling
+on the same `FrontEnd`).
 
 The engine core steps on a thread of its own and never waits on HTTP. The asyncio side
 tokenizes and validates (raising before anything is queued), keeps one output queue per request,
@@ -27,16 +28,14 @@ import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from inflight.core.outputs import EngineCoreOutput
-from inflight.engine.llm import LLM
+from inflight.engine.frontend import FrontEnd
 from inflight.engine.processor import ParentRequest, PromptInput
 from inflight.errors import InflightError, InvalidRequestError
-from inflight.metrics import EngineMetrics
-from inflight.metrics.live import FinishedSample, LiveFeed, StepSample
-from inflight.metrics.stats import StepStats
+from inflight.metrics.live import FinishedSample, LiveFeed
+from inflight.metrics.prometheus import EngineMetrics
 from inflight.outputs import RequestOutput
 from inflight.request import FinishReason, Request, RequestStatus
 from inflight.sampling_params import SamplingParams
@@ -77,7 +76,7 @@ class _Finish:
     stop_reason: str | None = None
 
 
-class AsyncLLM:
+class AsyncLLM(FrontEnd):
     def __init__(
         self,
         model: str | None = None,
@@ -86,9 +85,7 @@ class AsyncLLM:
         request_timeout: float | None = None,
         **knobs: Any,
     ) -> None:
-        self.llm = LLM(model, **knobs)
-        self.core = self.llm.core
-        self.tokenizer = self.llm.tokenizer
+        super().__init__(model, **knobs)
         self.max_queued_requests = max_queued_requests
         self.request_timeout = request_timeout
         self.metrics = EngineMetrics(self.knobs())
@@ -159,37 +156,18 @@ class AsyncLLM:
             await asyncio.sleep(0.01)
         return cut
 
-    # ------------------------------------------------ what the server reads
-    @property
-    def model_path(self) -> Path:
-        return self.core.loaded.path
-
-    @property
-    def max_model_len(self) -> int:
-        return self.core.max_model_len
-
-    @property
-    def vocab_size(self) -> int:
-        return self.core.arch.vocab_size
-
-    @property
-    def num_kv_blocks(self) -> int:
-        return self.core.kv_cache_manager.pool.num_blocks
-
-    def render_chat(self, messages: list[dict[str, Any]], tools: list[dict] | None = None) -> str:
-        return self.llm.render_chat(messages, tools)
-
     @property
     def is_alive(self) -> bool:
         return self.dead_error is None and self._thread is not None and self._thread.is_alive()
 
     # --------------------------------------------------------- engine thread
     def _run_engine(self) -> None:
-        core = self.core
+        core, loop = self.core, self._loop
+        assert loop is not None, "start() sets the loop before the thread starts"
         try:
             while True:
                 messages = self._next_messages()
-                if any(m is None for m in messages):
+                if messages is None:
                     return
                 outputs: list[EngineCoreOutput] = []
                 for m in messages:
@@ -198,14 +176,14 @@ class AsyncLLM:
                     outputs.extend(core.step())
                     self.num_steps += 1
                     self.metrics.observe_step(core.last_step)
-                    self._feed_step(core.last_step)
+                    self.feed.add_step(core.last_step)
                 self._publish_state()
                 if outputs:
-                    self._loop.call_soon_threadsafe(self._deliver, outputs)
+                    loop.call_soon_threadsafe(self._deliver, outputs)
         except BaseException as e:
             logger.exception("engine loop failed")
             self.dead_error = e
-            self._loop.call_soon_threadsafe(self._fail_all, e)
+            loop.call_soon_threadsafe(self._fail_all, e)
 
     def _publish_state(self) -> None:
         """Sets the state gauges from the core, after a step or after messages alone (an abort
@@ -227,18 +205,6 @@ class AsyncLLM:
         self.feed.watchers += delta
         self._inbox.put(_Finish([], FinishReason.ABORT))  # wakes an idle engine thread
 
-    def _feed_step(self, step: StepStats) -> None:
-        kv = self.core.kv_cache_manager
-        self.feed.add_step(StepSample(
-            t=time.monotonic(), duration_s=step.duration_s,
-            prefill_tokens=step.num_batched_tokens - step.num_decode_tokens,
-            decode_tokens=step.num_decode_tokens, sampled_tokens=step.num_sampled_tokens,
-            num_seqs=step.num_scheduled_seqs, running=step.num_running,
-            waiting=step.num_waiting, swapped=len(kv.swapped), kv_usage=step.kv_usage,
-            preempted=step.num_preempted, prefix_queries=step.num_prefix_queries,
-            prefix_hits=step.num_prefix_hits,
-        ))  # fmt: skip
-
     def _feed_detail(self) -> None:
         """The block map and the live requests, while a dashboard watches (no prompt text)."""
         now = time.monotonic()
@@ -256,20 +222,23 @@ class AsyncLLM:
         swapped = "3" * (cpu.num_used_blocks if cpu is not None else 0)
         self.feed.set_detail(kv.pool.block_states(), swapped, rows, now)
 
-    def _next_messages(self) -> list[_Add | _Finish | None]:
-        """Everything in the inbox; blocks for the first message only when the core is idle
-        (and then, while a dashboard watches, only until its next refresh is due)."""
-        messages: list[_Add | _Finish | None] = []
+    def _next_messages(self) -> list[_Add | _Finish] | None:
+        """Everything in the inbox (None: shut down); blocks for the first message only when
+        the core is idle (and then, while a dashboard watches, only until its next refresh is
+        due)."""
+        received: list[_Add | _Finish | None] = []
         if not self.core.has_unfinished_requests():
             try:
-                messages.append(self._inbox.get(timeout=0.25 if self.feed.watchers else None))
+                received.append(self._inbox.get(timeout=0.25 if self.feed.watchers else None))
             except queue.Empty:
-                return messages
+                return []
         while True:
             try:
-                messages.append(self._inbox.get_nowait())
+                received.append(self._inbox.get_nowait())
             except queue.Empty:
-                return messages
+                break
+        messages = [m for m in received if m is not None]
+        return None if len(messages) < len(received) else messages
 
     def _apply(self, message: _Add | _Finish) -> list[EngineCoreOutput]:
         if isinstance(message, _Add):
@@ -288,7 +257,7 @@ class AsyncLLM:
             self._last_token_time[out.request_id] = now
             if out.finished:
                 self._last_token_time.pop(out.request_id, None)
-        request_outputs, stopped = self.llm.output_processor.process_outputs(outputs)
+        request_outputs, stopped = self.output_processor.process_outputs(outputs)
         for request_id, stop_string in stopped.items():
             self._inbox.put(_Finish([request_id], FinishReason.STOP, stop_string))
         for ro in request_outputs:
@@ -330,7 +299,7 @@ class AsyncLLM:
         cache_salt: str | None = None,
     ) -> tuple[ParentRequest, list[Request]]:
         """Tokenizes and validates now; raises InvalidRequestError before anything is queued."""
-        return self.llm.input_processor.process(
+        return self.input_processor.process(
             f"req-{next(self._ids)}", prompt, params, priority=priority,
             add_special_tokens=add_special_tokens, cache_salt=cache_salt,
         )  # fmt: skip
@@ -342,7 +311,7 @@ class AsyncLLM:
 
     def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of a text that could fit the context (longer texts are refused untokenized)."""
-        return self.llm.input_processor.tokenize(text, add_special_tokens)[1]
+        return self.input_processor.tokenize(text, add_special_tokens)[1]
 
     def _count_refusal(self, reason: str) -> None:
         """A request refused (queue full) or cut by the timeout: for /metrics and the dashboard."""
@@ -382,7 +351,7 @@ class AsyncLLM:
         parent, children = processed
         stream: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
         self._streams[parent.request_id] = stream
-        self.llm.output_processor.add_request(parent, children)
+        self.output_processor.add_request(parent, children)
         self._num_unfinished += len(children)
         self._inbox.put(_Add(children))
         return self._outputs(parent.request_id, [c.request_id for c in children], stream)

@@ -1,5 +1,6 @@
 """LLM: the offline API. `LLM(model=None, **knobs).generate(prompts, params)` runs the engine
 loop in the caller's thread until every request is done and returns outputs in input order.
+(`AsyncLLM` is its asyncio sibling on the same `FrontEnd`.)
 """
 
 from __future__ import annotations
@@ -7,68 +8,28 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 from tqdm.auto import tqdm
-from transformers import PreTrainedTokenizerBase
 
-from inflight.config import EngineConfig
-from inflight.engine.engine_core import EngineCore
-from inflight.engine.processor import InputProcessor, OutputProcessor, ParentRequest, PromptInput
+from inflight.engine.frontend import FrontEnd, Message
+from inflight.engine.processor import ParentRequest, PromptInput
 from inflight.errors import InvalidRequestError
 from inflight.model.loader import LoadedModel
 from inflight.outputs import RequestOutput
 from inflight.request import FinishReason, Request
-from inflight.sampling_params import SamplingParams, check_text
-from inflight.tokenizer import load_tokenizer
+from inflight.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
-Message = dict[str, Any]
 
-
-def render_chat(
-    tokenizer: PreTrainedTokenizerBase,
-    messages: list[Message],
-    tools: list[dict[str, Any]] | None = None,
-) -> str:
-    """The prompt text of a conversation; `tools` (OpenAI's shape) go to templates that
-    render them."""
-    if not tokenizer.chat_template:
-        raise InvalidRequestError("this model has no chat template", param="messages")
-    for i, message in enumerate(messages):
-        for key, value in message.items():
-            if isinstance(value, str):
-                check_text(value, f"messages.{i}.{key}")
-    try:
-        return tokenizer.apply_chat_template(
-            messages, tools=tools, tokenize=False, add_generation_prompt=True
-        )
-    except Exception as e:  # jinja errors for malformed messages
-        raise InvalidRequestError(f"cannot render the chat template: {e}", "messages") from e
-
-
-class LLM:
+class LLM(FrontEnd):
     def __init__(
         self, model: str | None = None, *, loaded_model: LoadedModel | None = None, **knobs: Any
     ) -> None:
         """`loaded_model` reuses weights already in memory (another engine's `core.loaded`)."""
-        config = EngineConfig.from_knobs(model=model, **knobs)
-        self.core = EngineCore(config, loaded_model)
-        self.config = self.core.config
-        self.tokenizer = load_tokenizer(self.core.loaded.path)
-        eos = set(self.core.arch.eos_token_ids)
-        if self.tokenizer.eos_token_id is not None:
-            eos.add(self.tokenizer.eos_token_id)
-        self.input_processor = InputProcessor(
-            self.tokenizer, self.core.max_model_len, self.core.arch.vocab_size, frozenset(eos)
-        )
-        self.output_processor = OutputProcessor(self.tokenizer)
+        super().__init__(model, loaded_model=loaded_model, **knobs)
         self._ids = itertools.count()
-
-    @property
-    def max_model_len(self) -> int:
-        return self.core.max_model_len
 
     def generate(
         self,
@@ -79,11 +40,11 @@ class LLM:
     ) -> list[RequestOutput]:
         """Generates for every prompt (text or token ids); all are validated before any runs.
         `priority` (one per prompt, lower first) matters under `scheduling_policy="priority"`."""
-        if isinstance(prompts, str) or (
-            isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
-        ):
-            prompts = [prompts]
-        return self._run([(p, True) for p in prompts], sampling_params, use_tqdm, priority)
+        one = isinstance(prompts, str) or (
+            isinstance(prompts, list) and bool(prompts) and isinstance(prompts[0], int)
+        )  # a prompt: text, or token ids
+        batch = [cast(PromptInput, prompts)] if one else list(cast(list[PromptInput], prompts))
+        return self._run([(p, True) for p in batch], sampling_params, use_tqdm, priority)
 
     def chat(
         self,
@@ -92,14 +53,11 @@ class LLM:
         use_tqdm: bool = True,
     ) -> list[RequestOutput]:
         """Renders each conversation through the model's chat template, then generates."""
-        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
-        prompts = [(self.render_chat(c), False) for c in conversations]
+        one = bool(messages) and isinstance(messages[0], dict)
+        conversations = cast(list[list[Message]], [messages] if one else messages)
+        prompts: list[tuple[PromptInput, bool]] = [(self.render_chat(c), False)
+                                                   for c in conversations]  # fmt: skip
         return self._run(prompts, sampling_params, use_tqdm)
-
-    def render_chat(
-        self, messages: list[Message], tools: list[dict[str, Any]] | None = None
-    ) -> str:
-        return render_chat(self.tokenizer, messages, tools)
 
     def _run(
         self,
@@ -147,8 +105,9 @@ class LLM:
                         bar.update(1)
                         elapsed = bar.format_dict["elapsed"] or 1e-9
                         bar.set_postfix_str(f"{num_generated / elapsed:.1f} out tok/s")
-        assert all(r is not None for r in results)
-        return results  # type: ignore[return-value]
+        done = [r for r in results if r is not None]
+        assert len(done) == len(results)
+        return done
 
     def add_request(
         self, prompt: PromptInput, params: SamplingParams, add_special_tokens: bool = True
@@ -172,6 +131,5 @@ class LLM:
             outputs, stopped = self.output_processor.process_outputs(core_outputs)
             for request_id, stop_string in stopped.items():
                 self.core.finish_requests([request_id], FinishReason.STOP, stop_string)
-        if self.core.last_step is not None:
-            self.core.timer.end_step(self.core.last_step.num_scheduled_seqs)
+        self.core.timer.end_step(self.core.last_step)
         return outputs

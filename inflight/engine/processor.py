@@ -154,7 +154,7 @@ class ParentRequest:
     params: SamplingParams
     arrival_time: float
     outputs: list[CompletionOutput] = field(default_factory=list)
-    metrics: RequestMetrics | None = None
+    metrics: RequestMetrics = field(init=False)
     num_finished: int = 0
 
     def __post_init__(self) -> None:

@@ -1,5 +1,2 @@
-"""Engine metrics, exported in the Prometheus text format (names prefixed `inflight_`)."""
-
-from inflight.metrics.prometheus import EngineMetrics
-
-__all__ = ["EngineMetrics"]
+"""Engine metrics: the step record (`stats`), Prometheus export (`prometheus`), the dashboard's
+feed (`live`) and the doctor's reading of them (`doctor`)."""

@@ -36,7 +36,7 @@ from ray import serve
 from ray.serve.config import RequestRouterConfig
 
 from inflight.engine.async_engine import AsyncLLM, EngineDeadError
-from inflight.engine.llm import render_chat
+from inflight.engine.frontend import render_chat
 from inflight.engine.processor import InputProcessor, ParentRequest, PromptInput
 from inflight.errors import InflightError
 from inflight.metrics.live import LiveFeed
@@ -186,20 +186,18 @@ class EngineReplica:
 
     def describe(self) -> dict[str, Any]:
         """What the gateway needs to validate requests as the engines would."""
-        processor = self.engine.llm.input_processor
         return {
             "model_path": str(self.engine.model_path),
             "max_model_len": self.engine.max_model_len,
             "vocab_size": self.engine.vocab_size,
-            "eos_token_ids": sorted(processor.eos_token_ids),
+            "eos_token_ids": sorted(self.engine.eos_token_ids),
             "num_kv_blocks": self.engine.num_kv_blocks,
-            "block_size": self.engine.core.config.cache.kv_block_size,
+            "block_size": self.engine.block_size,
             "knobs": self.engine.knobs(),
         }
 
     def record_routing_stats(self) -> dict[str, Any]:
-        scheduler = self.engine.core.scheduler
-        return {"load": scheduler.num_running + scheduler.num_waiting}
+        return {"load": self.engine.load}
 
     async def check_health(self) -> None:
         if self._started and not self.engine.is_alive:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from inflight.metrics import EngineMetrics
 from inflight.metrics.doctor import Snapshot, diagnose, histogram_quantile, window
+from inflight.metrics.prometheus import EngineMetrics
 
 KNOBS = {"max_num_seqs": "64", "max_num_batched_tokens": "2048", "prefill_chunk_size": "None",
          "kv_cache_memory_bytes": str(2 * 2**30), "enable_prefix_caching": "True",

@@ -1,0 +1,99 @@
+"""FrontEnd: what the offline `LLM` and the asyncio `AsyncLLM` both stand on, side by side.
+
+An engine core (scheduler, KV cache, model runner), the model's tokenizer, the input processor
+(validation, tokenizing, one request per `n`) and the output processor (detokenizing, stop
+strings, fan-in of `n`). A front end adds only how the step loop is driven: in the caller's
+thread (`LLM`) or on a thread of its own behind asyncio queues (`AsyncLLM`). What a server
+reads of an engine is here too, as public properties.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from transformers import PreTrainedTokenizerBase
+
+from inflight.config import EngineConfig
+from inflight.engine.engine_core import EngineCore
+from inflight.engine.processor import InputProcessor, OutputProcessor
+from inflight.errors import InvalidRequestError
+from inflight.model.loader import LoadedModel
+from inflight.sampling_params import check_text
+from inflight.tokenizer import load_tokenizer
+
+Message = dict[str, Any]
+
+
+def render_chat(
+    tokenizer: PreTrainedTokenizerBase,
+    messages: list[Message],
+    tools: list[dict[str, Any]] | None = None,
+) -> str:
+    """The prompt text of a conversation; `tools` (OpenAI's shape) go to templates that
+    render them."""
+    if not tokenizer.chat_template:
+        raise InvalidRequestError("this model has no chat template", param="messages")
+    for i, message in enumerate(messages):
+        for key, value in message.items():
+            if isinstance(value, str):
+                check_text(value, f"messages.{i}.{key}")
+    try:
+        return tokenizer.apply_chat_template(
+            messages, tools=tools, tokenize=False, add_generation_prompt=True
+        )
+    except Exception as e:  # jinja errors for malformed messages
+        raise InvalidRequestError(f"cannot render the chat template: {e}", "messages") from e
+
+
+class FrontEnd:
+    def __init__(
+        self, model: str | None = None, *, loaded_model: LoadedModel | None = None, **knobs: Any
+    ) -> None:
+        """`loaded_model` reuses weights already in memory (another engine's `core.loaded`)."""
+        config = EngineConfig.from_knobs(model=model, **knobs)
+        self.core = EngineCore(config, loaded_model)
+        self.config = self.core.config
+        self.tokenizer = load_tokenizer(self.core.loaded.path)
+        eos = set(self.core.arch.eos_token_ids)
+        if self.tokenizer.eos_token_id is not None:
+            eos.add(self.tokenizer.eos_token_id)
+        self.input_processor = InputProcessor(
+            self.tokenizer, self.core.max_model_len, self.core.arch.vocab_size, frozenset(eos)
+        )
+        self.output_processor = OutputProcessor(self.tokenizer)
+
+    @property
+    def model_path(self) -> Path:
+        return self.core.loaded.path
+
+    @property
+    def max_model_len(self) -> int:
+        return self.core.max_model_len
+
+    @property
+    def vocab_size(self) -> int:
+        return self.core.arch.vocab_size
+
+    @property
+    def num_kv_blocks(self) -> int:
+        return self.core.kv_cache_manager.pool.num_blocks
+
+    @property
+    def block_size(self) -> int:
+        return self.config.cache.kv_block_size
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        return self.input_processor.eos_token_ids
+
+    @property
+    def load(self) -> int:
+        """Unfinished sequences in the core (running and waiting), for routers."""
+        scheduler = self.core.scheduler
+        return scheduler.num_running + scheduler.num_waiting
+
+    def render_chat(
+        self, messages: list[Message], tools: list[dict[str, Any]] | None = None
+    ) -> str:
+        return render_chat(self.tokenizer, messages, tools)
