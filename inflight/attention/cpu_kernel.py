@@ -40,11 +40,11 @@ class CpuKernelBackend(PagedKernelBackend):
         [NB, KVH, BS, D]: every (block, head) one contiguous run (`csrc/kv_layout.h` says why)."""
         if head_dim % 2:
             raise ValueError(f"the CPU attention kernels need an even head_dim, got {head_dim}")
-        bs = self.block_size
-        return (num_blocks, num_kv_heads, head_dim // 2, bs, 2), (
+        block_size = self.block_size
+        return (num_blocks, num_kv_heads, head_dim // 2, block_size, 2), (
             num_blocks,
             num_kv_heads,
-            bs,
+            block_size,
             head_dim,
         )
 
@@ -57,6 +57,6 @@ def to_kernel_layout(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Token-major caches [NB, BS, KVH, D] (the reference backend's) in `CpuKernelBackend`'s
     layout: copies, for tests and for comparing the two backends on the same contents."""
-    nb, bs, kvh, d = k_cache.shape
-    keys = k_cache.view(nb, bs, kvh, d // 2, 2).permute(0, 2, 3, 1, 4).contiguous()
+    nb, block_size, kvh, d = k_cache.shape
+    keys = k_cache.view(nb, block_size, kvh, d // 2, 2).permute(0, 2, 3, 1, 4).contiguous()
     return keys, v_cache.permute(0, 2, 1, 3).contiguous()

@@ -5,10 +5,9 @@ One program per (chunk, tile of `BLOCK_M` queries, query head) walks the chunk's
 its window's start to its last query's, `BLOCK_N` at a time, with two matrix products per
 iteration (scores, then probabilities times values) and an online softmax in float32 (flash
 attention over a paged cache). No masks, no gathered copies of the cache, no padding of chunks
-to a common length, and no per-shape set-up: the first GPU session's prompt path (PyTorch SDPA,
-a call per chunk, then one masked call per step) spent 0.5-3.6 s in the first steps of every new
-shape, nearly all of it in cuDNN building attention plans on the host (`scripts/gpu/
-cold_steps.py`: 4.4 ms of host time per call).
+to a common length, and no per-shape set-up: PyTorch's masked SDPA goes to cuDNN on Hopper,
+which builds an attention plan on the host for every new shape, so the first steps of every new
+shape cost seconds (`scripts/gpu/cold_steps.py` measures it).
 
 The grid is sized by the step's longest chunk; tiles past a shorter chunk's end exit at once.
 Inputs are the C++ prompt kernel's (`PrefillBatch`), so both backends share their metadata.

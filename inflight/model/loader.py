@@ -173,8 +173,8 @@ def load_model(
         small_rows = packed_linear.SMALL_BATCH_ROWS if kernels else 0
         pack_linears(model, small_rows, gguf_blocks_by_module(model, blocks or {}))
         # Once per loaded model (engines may share it): decode batch sizes up to 64 that oneDNN
-        # serves (~0.7 s for SmolLM2; none where the bf16 kernel does); larger ones cost ~40 ms
-        # each to warm, more than their first use does.
+        # serves (none where the bf16 kernel does); larger ones cost more to warm than their
+        # first use does.
         warm_up(model, range(1, 65))
     if attn.cpu_kernels:
         model.fused_layers = FusedDecoderLayers(model.layers, attn)

@@ -1,13 +1,13 @@
 """Linear layers with weights packed once at load time (CPU; float32 and bfloat16).
 
 `F.linear` hands oneDNN a plain row-major weight, which it re-packs into its blocked layout on
-every call: at decode batch sizes that copy costs as much as the multiply (SmolLM2, 30 layers +
-LM head, weights streamed from DRAM: 21 ms -> 12 ms per step at 1-4 tokens, 44 -> 37 ms at 64).
+every call: at decode batch sizes that copy costs as much as the multiply (packing once nearly
+halves the linears' time at 1-4 tokens; docs/history/benchmark-rounds.md, "round 2").
 So each weight is packed once for oneDNN, bit-identical to `F.linear` in bfloat16 (same kernel,
 same accumulation). With inflight's CPU kernels, decode-sized bf16 batches (up to
 `SMALL_BATCH_ROWS` rows) go instead through `kernels/csrc/bf16_linear.cpp` over a second packing
 of the same weight: oneDNN's small-batch kernels read the weights well below the machine's
-bandwidth (SmolLM2's layers at 1 row: ~7 ms vs ~4 ms, at 16 rows ~10 vs ~6, on a 2-core EPYC).
+bandwidth (about half of it at 1-16 rows).
 Larger batches (prefill) stay on oneDNN, which uses AMX where the CPU has it.
 
 float32 is packed too: its `F.linear` is MKL's sgemm, which on an AMD CPU without AVX-512 reads a
@@ -18,7 +18,7 @@ float32 engine decoding 8 sequences ran at 38 tok/s, and 84 packed. The sums the
 A float32 weight dequantized from a GGUF file's Q4_0, Q4_1 or Q8_0 blocks keeps those blocks too,
 and batches of up to `GGUF_SMALL_BATCH_ROWS` rows multiply straight from them
 (`kernels/csrc/gguf_linear.cpp`, AVX2): the same weights in 0.16-0.27 of the bytes, which is what
-a decode step's time is made of (SmolLM2's linears at 1 row, 2-core AVX2 EPYC: 45 -> 24 ms).
+a decode step's time is made of (about half the linears' time at one row).
 """
 
 from __future__ import annotations
@@ -37,13 +37,13 @@ logger = logging.getLogger(__name__)
 
 # The batch size oneDNN is told to expect; measured insensitive between 1 and 2048 tokens.
 _BATCH_HINT = 64
-# Batches of at most this many rows use inflight's bf16 kernel when it is built: on the 2-core
-# EPYC it is 20-45% faster than oneDNN up to 512 rows and level with it at 2048; oneDNN keeps
+# Batches of at most this many rows use inflight's bf16 kernel when it is built: it is faster
+# than oneDNN up to a few hundred rows and level with it at 2048; oneDNN keeps
 # the prefill-sized ones, where AMX (on CPUs that have it) should be far ahead of AVX-512.
 SMALL_BATCH_ROWS = 64
-# Batches of at most this many rows multiply from GGUF blocks when a float32 weight has them: on
-# the AVX2 EPYC it beats oneDNN's float32 by 1.9x at 1 row, 1.2x at 8 and loses 16% at 16, where
-# converting the quants (once per 8 rows) costs more than the bytes it saves.
+# Batches of at most this many rows multiply from GGUF blocks when a float32 weight has them: it
+# beats oneDNN's float32 up to 8 rows and loses at 16, where converting the quants (once per 8
+# rows) costs more than the bytes it saves.
 GGUF_SMALL_BATCH_ROWS = 8
 # A warm-up call slower than this is mostly multiply, which outweighs the ~1 ms build it saves.
 WARM_UP_MAX_CALL_S = 0.005
@@ -150,9 +150,9 @@ def warm_up(model: nn.Module, batch_sizes: Iterable[int]) -> None:
     would otherwise land on the first requests' steps (~5 ms per new decode batch size for a
     Llama layer). inflight's own bf16 kernel has nothing to build.
 
-    Once a shape's call takes over `WARM_UP_MAX_CALL_S`, it is mostly multiply, not build
-    (SmolLM2's float32 LM head: 10-54 ms a call on a 2-core AVX2 EPYC, 3.5 s over 64 sizes), and
-    warming it at larger sizes would cost more than it saves: that shape stops there.
+    Once a shape's call takes over `WARM_UP_MAX_CALL_S`, it is mostly multiply, not build (a
+    float32 LM head on a small CPU), and warming it at larger sizes would cost more than it
+    saves: that shape stops there.
 
     Kernels are cached per shape, not per weight, so one layer's projections stand for all."""
     by_shape = {}

@@ -1,9 +1,8 @@
 """The element-wise parts of a decoder layer as Triton kernels, for GPUs: one kernel each where
 PyTorch runs 3-8 (RMSNorm with its residual add, RoPE, SiLU-and-mul).
 
-Why: a decode step of a small model is mostly tiny kernels. On the H100 of the first GPU session,
-32 decodes of SmolLM2 ran ~980 kernels a step (~33 a layer; 4.0 ms replayed as a CUDA graph,
-against 0.1 ms of weights to read), and eager steps paid ~10-30 us of host time per kernel. These
+Why: a decode step of a small model is mostly tiny kernels (~33 a layer in PyTorch's op
+sequence), far more time than its weights take to read, and each costs host time when eager. These
 kernels round where `TorchLayerOps` (Hugging Face's op sequence) rounds: to the storage dtype
 after every op, float32 in between, so results match it up to float32 summation order.
 

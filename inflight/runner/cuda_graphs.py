@@ -1,8 +1,8 @@
 """CUDA graphs for decode-only steps: one captured forward per padded batch size, replayed.
 
 Why: a decode step of a small model is ~35 kernels per layer, each a few microseconds of GPU
-work but ~20 us of Python and launch on the host, so an eager step is bound by the CPU (SmolLM2,
-32 decodes on an H100: 26 ms eager, 4 ms replayed). A graph replays every launch at once.
+work but several times that in Python and launch on the host, so an eager step is bound by the
+CPU (docs/benchmarks.md has the figures). A graph replays every launch at once.
 
 A graph fixes its tensors' addresses and shapes, so the forward reads its inputs from static
 buffers sized for the largest batch: token ids, positions, cache slots, context lengths and
@@ -103,18 +103,18 @@ class DecodeGraphs:
     def load(self, scheduled: Sequence[ScheduledRequest]) -> int:
         """Writes the step's inputs into the static buffers and returns the padded batch size;
         padding rows sit at position 0 of the scratch block, with a context of 1."""
-        bs, size = self.block_size, next(n for n in self.sizes if n >= len(scheduled))
+        block_size, size = self.block_size, next(n for n in self.sizes if n >= len(scheduled))
         pad = size - len(scheduled)
         ids = [s.token_ids[0] for s in scheduled]
         positions = [s.start_pos for s in scheduled]
         slots = [
-            s.block_table[pos // bs] * bs + pos % bs
+            s.block_table[pos // block_size] * block_size + pos % block_size
             for s, pos in zip(scheduled, positions, strict=True)
         ]
         seq_lens = [pos + 1 for pos in positions]
         host = torch.tensor(
             [ids + [0] * pad, positions + [0] * pad,
-             slots + [self.scratch * bs] * pad, seq_lens + [1] * pad],
+             slots + [self.scratch * block_size] * pad, seq_lens + [1] * pad],
             dtype=torch.long,
         )  # fmt: skip
         width = max(len(s.block_table) for s in scheduled)

@@ -2,8 +2,8 @@
 
 Paged attention reads each (block, head) run of 2 KB from wherever the block table points in a
 pool of gigabytes. On 4 KB pages almost every run is a TLB miss and a page walk; on 2 MB pages
-a run's translation is usually cached (decode attention 12-16% faster on this 2-core EPYC,
-scattered blocks). Linux hands out huge pages to a range marked `MADV_HUGEPAGE` when
+a run's translation is usually cached (decode attention over scattered blocks is measurably
+faster). Linux hands out huge pages to a range marked `MADV_HUGEPAGE` when
 `/sys/kernel/mm/transparent_hugepage/enabled` is `always` or `madvise` (the common default);
 the mark must come before the first touch, so the tensor gets a fresh mapping.
 """

@@ -80,10 +80,9 @@ class ModelRunner:
         """One step of `num_prompt_tokens` prompt tokens (in chunks of at most `WARM_UP_CHUNK`,
         so attention stays cheap; how many: `engine_core.warm_up_tokens`) and a decode, sampled,
         every token's K/V in the scratch block (tables that name it over and over), so that
-        kernels compile (Triton: ~0.7 s on the H100), libraries set up and memory is allocated
-        and touched before the first request, not during it. Without it the first steps of a
-        process were slower: ~0.3 s on the H100 (kernels compiled apart), ~1 s for 32 prompts
-        of SmolLM2 on a 2-core AVX-512 CPU (within noise on an AVX2 one)."""
+        kernels compile, libraries set up and memory is allocated and touched before the first
+        request, not during it (without it, the first steps of a process are measurably slower
+        on GPUs and on AVX-512 CPUs)."""
         scratch = self.kv_cache.scratch_block
         if scratch is None:
             raise ValueError("warming up needs a KV cache with a scratch block")
@@ -107,7 +106,7 @@ class ModelRunner:
             torch.cuda.synchronize(self.device)
 
     def prepare_inputs(self, out: SchedulerOutput) -> StepInputs:
-        bs = self.block_size
+        block_size = self.block_size
         input_ids: list[int] = []
         start_pos: list[int] = []
         query_start_loc = [0]
@@ -136,7 +135,10 @@ class ModelRunner:
             torch.arange(len(input_ids)) - torch.tensor(query_start_loc[:-1])[req_of_token]
         )
         positions = starts[req_of_token] + token_offset  # [T]
-        slot_mapping = block_tables[req_of_token, positions // bs] * bs + positions % bs  # [T]
+        slot_mapping = (
+            block_tables[req_of_token, positions // block_size] * block_size
+            + positions % block_size
+        )  # [T]
 
         dev = self.device
         slot_mapping = slot_mapping.to(dev)

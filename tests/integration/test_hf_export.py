@@ -3,8 +3,12 @@ inflight generates the same greedy tokens from the folder as from the GGUF file.
 
 from __future__ import annotations
 
+import pytest
+
 from inflight import LLM, SamplingParams
 from inflight.bench.vllm_peer import export_hf_folder
+
+pytestmark = pytest.mark.slow
 
 
 def test_exported_folder_generates_like_the_gguf(default_model, tmp_path, monkeypatch):

@@ -12,13 +12,14 @@ import time
 import httpx
 import openai
 import pytest
+import ray
+from ray import serve
 
 from inflight.metrics.doctor import Snapshot
 from inflight.server.api_server import ServerConfig
+from inflight.server.replicas import start_fleet
 
-ray = pytest.importorskip("ray")
-serve = pytest.importorskip("ray.serve")
-from inflight.server.replicas import start_fleet  # noqa: E402
+pytestmark = pytest.mark.slow
 
 
 def free_port() -> int:

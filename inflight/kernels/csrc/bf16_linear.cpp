@@ -1,8 +1,8 @@
 // bfloat16 linear layers for decode-sized batches: y = x W^T (+ b) with AVX-512 BF16 dot
 // products (`vdpbf16ps`: pairs of bf16 products summed into float32 lanes).
 //
-// At a few rows a linear layer is a stream over its weights: oneDNN's kernels read them at
-// ~28 GB/s on a 2-core EPYC, this one at ~45 (the machine's read bandwidth), and at 8-64 rows
+// At a few rows a linear layer is a stream over its weights: oneDNN's kernels read them at about
+// 60% of the machine's read bandwidth, this one at all of it, and at 8-64 rows
 // it keeps more rows per register tile. The weight is packed once into blocks of 32 columns,
 // each block stored pair-major ([K/2][32 columns][2]), so one 64-byte load holds a k pair for 16
 // columns and one block is a single sequential stream.
