@@ -21,6 +21,7 @@ from inflight.bench.structured import (
 )
 from inflight.engine.profiling import OVERHEAD_PHASES, breakdown
 from inflight.errors import ConfigError, InflightError
+from inflight.model.loader import is_gguf
 from inflight.platform import describe_device
 from inflight.sampling_params import StructuredOutputs
 from inflight.workload.flags import add_workload_flags
@@ -114,6 +115,12 @@ def add_bench_parser(sub: Any, add_engine_flags: Callable[[argparse.ArgumentPars
     compare.add_argument(
         "--vllm-python", type=Path, default=None,
         help="python of a virtual environment with vLLM's CPU build (for --peers vllm)",
+    )  # fmt: skip
+    compare.add_argument(
+        "--llama-server", type=Path, default=None,
+        help="llama.cpp's llama-server binary (for --peers llama-server: the same GGUF over "
+        "HTTP with --parallel max_num_seqs slots; --peers inflight-serve measures inflight's "
+        "server the same way)",
     )  # fmt: skip
     compare.add_argument(
         "--llamacpp-python", type=Path, default=None,
@@ -340,6 +347,19 @@ def run_local(args: argparse.Namespace, knobs: dict[str, Any], out: Path) -> dic
 
                 runs.append(run_llamacpp(args.llamacpp_python, loaded.path, workload, dtype,
                                          as_shipped=peer == "llamacpp-gguf"))  # fmt: skip
+            elif peer == "llama-server":
+                if args.llama_server is None:
+                    raise ValueError("--peers llama-server needs --llama-server (its binary)")
+                if not is_gguf(loaded.path):
+                    raise ValueError("llama-server runs a GGUF file; the model is not one")
+                from inflight.bench.server_peers import run_llama_server
+
+                runs.append(run_llama_server(args.llama_server, loaded.path, workload,
+                                             meta["max_num_seqs"]))  # fmt: skip
+            elif peer == "inflight-serve":
+                from inflight.bench.server_peers import run_inflight_server
+
+                runs.append(run_inflight_server(loaded.path, workload, knobs))
             else:
                 raise ValueError(f"unknown peer {peer!r}; known: {', '.join(peer_runs.PEERS)}")
         except Exception as e:  # a peer failing must not lose the other results

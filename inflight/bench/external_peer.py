@@ -48,7 +48,7 @@ def run_runner(
     return RunResult(name, data["wall_s"], records, peak_rss_mb=peak_mb)
 
 
-def _tree_rss_kib(root: int) -> int:
+def tree_rss_kib(root: int) -> int:
     """Resident memory of a process and all its descendants, from /proc (Linux)."""
     children: dict[int, list[int]] = {}
     rss: dict[int, int] = {}
@@ -73,6 +73,6 @@ def watch_tree_rss(process: subprocess.Popen, interval_s: float = 0.25) -> float
     measure itself: on Linux a child's ru_maxrss starts at its parent's, ours, at fork.)"""
     peak = 0
     while process.poll() is None:
-        peak = max(peak, _tree_rss_kib(process.pid))
+        peak = max(peak, tree_rss_kib(process.pid))
         time.sleep(interval_s)
     return peak / 1024

@@ -13,10 +13,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import signal
-import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -25,6 +21,7 @@ from typing import Any
 import httpx
 
 from inflight.bench.serve import run_rate
+from inflight.bench.server_peers import free_port, start_server, stop_server
 from inflight.metrics.doctor import Snapshot
 from inflight.workload.requests import named
 from inflight.workload.results import summarize
@@ -37,12 +34,6 @@ CONFIGS = [
 ]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _prefix_counters(url: str) -> tuple[float, float]:
     """(hits, queries) in prompt tokens, summed over every engine behind `url`."""
     snap = Snapshot.parse(time.time(), httpx.get(url + "/metrics", timeout=30).text)
@@ -51,34 +42,13 @@ def _prefix_counters(url: str) -> tuple[float, float]:
 
 
 def _start_server(replicas: int, router: str, serve_args: list[str]) -> tuple[Any, str]:
-    port = _free_port()
+    port = free_port()
     cmd = [sys.executable, "-m", "inflight", "serve", "--port", str(port),
            "--replicas", str(replicas), "--router", router, *serve_args]  # fmt: skip
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)  # fmt: skip
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server exited ({proc.returncode}): {' '.join(cmd)}")
-        try:
-            r = httpx.get(url + "/health", timeout=5)
-            if r.status_code == 200 and (replicas == 1 or r.json()["replicas_up"] == replicas):
-                return proc, url
-        except (httpx.HTTPError, ValueError, KeyError):
-            pass
-        time.sleep(1)
-    _stop(proc)
-    raise TimeoutError(f"the server did not come up: {' '.join(cmd)}")
-
-
-def _stop(proc: Any) -> None:
-    os.killpg(proc.pid, signal.SIGINT)
-    try:
-        proc.wait(60)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+    proc = start_server(cmd, url, lambda r: replicas == 1 or r.json()["replicas_up"] == replicas,
+                        timeout_s=300)  # fmt: skip
+    return proc, url
 
 
 def measure(args: argparse.Namespace, tokenizer: Any, model: str) -> list[dict]:
@@ -105,7 +75,7 @@ def measure(args: argparse.Namespace, tokenizer: Any, model: str) -> list[dict]:
                     "prefix_hit_rate": round((hits1 - hits0) / max(1.0, queries1 - queries0), 3),
                 })  # fmt: skip
         finally:
-            _stop(proc)
+            stop_server(proc)
     return rows
 
 

@@ -20,7 +20,8 @@ from inflight.model.loader import is_gguf
 from inflight.workload.requests import WorkloadRequest, require_simultaneous
 from inflight.workload.results import RequestRecord, RunResult
 
-PEERS = ("hf-static", "hf-continuous", "vllm", "llamacpp", "llamacpp-gguf")
+PEERS = ("hf-static", "hf-continuous", "vllm", "llamacpp", "llamacpp-gguf", "llama-server",
+         "inflight-serve")  # fmt: skip
 _DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
 
 
