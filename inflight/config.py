@@ -149,6 +149,14 @@ class SchedulerConfig:
         default=10.0,
         metadata={"help": "seconds of waiting worth one priority level (sjf: 2x length)"},
     )
+    num_speculative_tokens: int = field(
+        default=0,
+        metadata={
+            "help": "draft tokens per decode from n-gram prompt lookup, verified in the same "
+            "forward pass (0: off); each request drafts only while its acceptance pays for "
+            "the step time its drafts add"
+        },
+    )
     # Resolved by the engine once the model is loaded; not a user knob.
     max_model_len: int = field(default=0, metadata={"knob": False})
 
@@ -171,6 +179,10 @@ class SchedulerConfig:
             f"scheduling_policy must be fcfs, priority or sjf, got {self.scheduling_policy!r}",
         )
         _require(self.aging_s > 0, f"aging_s must be > 0, got {self.aging_s}")
+        _require(
+            0 <= self.num_speculative_tokens <= 64,
+            f"num_speculative_tokens must be in [0, 64], got {self.num_speculative_tokens}",
+        )
         _require(
             self.prediction_horizon >= 1,
             f"prediction_horizon must be >= 1, got {self.prediction_horizon}",

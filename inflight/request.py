@@ -71,6 +71,11 @@ class Request:
     def all_token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
 
+    def tokens_left(self, max_model_len: int) -> int:
+        """Tokens the request may still sample (max_tokens, max_model_len)."""
+        return min(self.sampling_params.max_tokens - self.num_output_tokens,
+                   max_model_len - self.num_tokens)  # fmt: skip
+
     def stop_after(
         self, token_id: int, max_model_len: int
     ) -> tuple[FinishReason | None, int | None]:

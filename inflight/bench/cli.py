@@ -38,6 +38,8 @@ COMPARE_MODES = {
     "continuous": {"batching": "continuous"},
     "static": {"batching": "static"},
     "static-padded": {"batching": "static", "enable_prefix_caching": False},
+    # n-gram speculation on top of continuous batching (the other modes keep the knobs' value)
+    "speculative": {"batching": "continuous", "num_speculative_tokens": 4},
 }
 
 
@@ -102,10 +104,11 @@ def add_bench_parser(sub: Any, add_engine_flags: Callable[[argparse.ArgumentPars
         "schema; writes structured.md (step time with and without)",
     )  # fmt: skip
     compare.add_argument(
-        "--modes", default=",".join(COMPARE_MODES),
+        "--modes", default="continuous,static,static-padded",
         help="inflight's own runs: continuous, static (a batch admits nobody until its last "
-        "member ends) and static-padded (static, and every member decodes until the batch's "
-        "longest is done, as transformers `generate` does)",
+        "member ends), static-padded (static, and every member decodes until the batch's "
+        "longest is done, as transformers `generate` does) and speculative (continuous with "
+        "4 n-gram draft tokens)",
     )  # fmt: skip
     compare.add_argument(
         "--peers",

@@ -102,4 +102,7 @@ def event_counts(timeline: list[StepStats]) -> dict[str, int]:
         "prediction_failures": sum(s.num_prediction_failures for s in timeline),
         "prefix_cache_queries": sum(s.num_prefix_queries for s in timeline),
         "prefix_cache_hits": sum(s.num_prefix_hits for s in timeline),
+        "spec_draft_tokens": sum(s.num_draft_tokens for s in timeline),
+        "spec_accepted_tokens": sum(s.num_accepted_tokens for s in timeline),
+        "spec_drafts_declined": sum(s.num_drafts_declined for s in timeline),
     }

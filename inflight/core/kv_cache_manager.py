@@ -131,6 +131,15 @@ class KVCacheManager:
             table.extend(self.pool.allocate(needed))
         return True
 
+    def trim(self, request: Request) -> None:
+        """Frees the blocks past the request's computed tokens: the slots of rejected drafts
+        (never hashed: only full computed blocks are)."""
+        table = self.block_tables.get(request.request_id)
+        keep = cdiv(request.num_computed_tokens, self.block_size)
+        if table and len(table) > keep:
+            self.pool.free(table[keep:])
+            del table[keep:]
+
     def num_revived(self, computed_blocks: list[int]) -> int:
         """Cached blocks of a prefix hit that nobody holds: taking them takes free blocks."""
         return sum(1 for b in computed_blocks if self.pool.blocks[b].ref_count == 0)

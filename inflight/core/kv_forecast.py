@@ -32,9 +32,7 @@ class KVForecast:
 
     # ---------------------------------------------------------- one request
     def tokens_left(self, r: Request) -> int:
-        """Tokens the request may still sample."""
-        return min(r.sampling_params.max_tokens - r.num_output_tokens,
-                   self.max_model_len - r.num_tokens)  # fmt: skip
+        return r.tokens_left(self.max_model_len)
 
     def final_blocks(self, r: Request) -> int:
         """Blocks the request holds at its longest: KV for every token but the last sampled."""

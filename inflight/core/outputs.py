@@ -27,15 +27,20 @@ class ScheduledRequest:
     output_token_ids: list[int]
     eos_token_ids: frozenset[int] = frozenset()
     grammar: Any = None  # its compiled constraint (xgrammar), or None
+    # speculative tokens after the request's last sampled one (a decode's `token_ids` end with
+    # them): logits come back for every position from the last sampled token on
+    draft_token_ids: list[int] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
         return len(self.token_ids)
 
     @classmethod
-    def of(cls, request: Request, num_new: int, block_table: list[int]) -> ScheduledRequest:
+    def of(
+        cls, request: Request, num_new: int, block_table: list[int], drafts: list[int] | None = None
+    ) -> ScheduledRequest:
         """The request's next `num_new` tokens from its progress (a recompute may span prompt
-        and earlier outputs)."""
+        and earlier outputs), then `drafts` to verify."""
         start = request.num_computed_tokens
         end = start + num_new
         n_prompt = request.num_prompt_tokens
@@ -47,7 +52,7 @@ class ScheduledRequest:
             token_ids = request.all_token_ids[start:end]
         return cls(
             request_id=request.request_id,
-            token_ids=token_ids,
+            token_ids=token_ids + drafts if drafts else token_ids,
             start_pos=start,
             block_table=block_table,
             sample=end == request.num_tokens,
@@ -56,6 +61,7 @@ class ScheduledRequest:
             output_token_ids=request.output_token_ids,
             eos_token_ids=request.eos_token_ids,
             grammar=request.grammar,
+            draft_token_ids=drafts or [],
         )
 
 
@@ -92,9 +98,12 @@ class ModelRunnerOutput:
     failed: dict[str, str] = field(default_factory=dict)
     # constrained requests whose grammar is complete with this step's token: they stop
     grammar_complete: set[str] = field(default_factory=set)
+    # speculating requests: the drafts kept, which come before their sampled token
+    accepted_draft_ids: dict[str, list[int]] = field(default_factory=dict)
 
     def merge(self, other: ModelRunnerOutput) -> None:
         self.sampled_token_ids.update(other.sampled_token_ids)
+        self.accepted_draft_ids.update(other.accepted_draft_ids)
         self.logprobs.update(other.logprobs)
         self.failed.update(other.failed)
         self.grammar_complete.update(other.grammar_complete)

@@ -9,7 +9,9 @@ that step. Otherwise waiting requests are admitted while seats (`max_num_seqs`),
 blocks last. Whether the blocks let a request in is the admission module's answer
 (`admission.py`: on demand, reserve, predictive); the queue order is `policy.py`'s.
 
-A waiting request starts from the longest prefix of its tokens found in the prefix cache.
+A waiting request starts from the longest prefix of its tokens found in the prefix cache. With
+speculation on, a decode may carry draft tokens (`speculation.py`) within the budget that later
+decodes do not need; the drafts the model rejects give their blocks back in the update.
 
 Invariants checked at the end of `schedule()`: the budget holds, running <= max_num_seqs, and
 the blocks held by block tables are exactly the pool's references (shared blocks once a holder).
@@ -30,6 +32,7 @@ from inflight.core.outputs import (
     SchedulerOutput,
 )
 from inflight.core.policy import StaticBatchGate, make_queue, victim_index
+from inflight.core.speculation import Speculation
 from inflight.metrics.stats import StepStats
 from inflight.request import FinishReason, Request, RequestStatus
 
@@ -47,6 +50,9 @@ class Scheduler:
         self.config = config
         self.kv = kv_cache_manager
         self.admission = make_admission(kv_cache_manager, config)
+        self.speculation = (
+            Speculation(config.num_speculative_tokens) if config.num_speculative_tokens else None
+        )
         self.clock = clock
         self.requests: dict[str, Request] = {}
         self.waiting = make_queue(config.scheduling_policy, config.aging_s)
@@ -129,6 +135,14 @@ class Scheduler:
             if num_new <= 0:
                 i += 1
                 continue
+            drafts = []
+            if self.speculation is not None and remaining == 1:
+                # within the budget later decodes are owed, and what the request may sample
+                room = min(budget - 1 - pending_decodes, request.tokens_left(cfg.max_model_len) - 1,
+                           limit - 1 if limit is not None else budget)  # fmt: skip
+                drafts = self.speculation.propose(request, room)
+                if drafts and not self.kv.allocate_slots(request, 1 + len(drafts)):
+                    drafts = []  # no blocks to spare: a plain decode
             while not self.kv.allocate_slots(request, num_new):
                 victim = self.running.pop(self._victim_index(i))
                 if victim is not request and victim.is_decoding:
@@ -138,28 +152,35 @@ class Scheduler:
                 if victim is request:
                     break
             else:
-                scheduled.append(self._scheduled(request, num_new))
-                budget -= num_new
+                scheduled.append(self._scheduled(request, num_new, drafts))
+                budget -= num_new + len(drafts)
                 i += 1
         return budget, preempted
 
-    def _event_counts(self) -> tuple[int, int, int, int]:
-        kv, admission = self.kv, self.admission
+    def _event_counts(self) -> tuple[int, ...]:
+        kv, admission, spec = self.kv, self.admission, self.speculation
         return (kv.num_prefix_queries, kv.num_prefix_hits,
-                admission.num_predictive_admissions, admission.num_prediction_failures)  # fmt: skip
+                admission.num_predictive_admissions, admission.num_prediction_failures,
+                spec.num_drafted if spec else 0, spec.num_accepted if spec else 0,
+                spec.num_declined if spec else 0)  # fmt: skip
 
     def make_stats(self, out: SchedulerOutput, num_sampled: int, duration_s: float) -> StepStats:
         """The record of the step `out` scheduled, after its update: gauges as they are now,
         events since `schedule()` began."""
-        queries, hits, predicted, failed = map(
+        queries, hits, predicted, failed, drafted, accepted, declined = map(
             int.__sub__, self._event_counts(), self._events_before
         )
+        if self.speculation is not None:
+            self.speculation.cost.observe(out.num_batched_tokens, len(out.scheduled), duration_s)
         return StepStats(
             t=self.clock(),
             duration_s=duration_s,
             num_batched_tokens=out.num_batched_tokens,
             num_decode_tokens=sum(
-                s.num_tokens == 1 and s.start_pos >= len(s.prompt_token_ids) for s in out.scheduled
+                s.num_tokens
+                for s in out.scheduled
+                if s.num_tokens == 1 + len(s.draft_token_ids)
+                and s.start_pos >= len(s.prompt_token_ids)
             ),
             num_sampled_tokens=num_sampled,
             num_scheduled_seqs=len(out.scheduled),
@@ -173,6 +194,9 @@ class Scheduler:
             num_prefix_hits=hits,
             num_predictive_admissions=predicted,
             num_prediction_failures=failed,
+            num_draft_tokens=drafted,
+            num_accepted_tokens=accepted,
+            num_drafts_declined=declined,
         )
 
     def _victim_index(self, first: int) -> int:
@@ -251,9 +275,11 @@ class Scheduler:
             budget -= num_new
         return budget
 
-    def _scheduled(self, request: Request, num_new: int) -> ScheduledRequest:
+    def _scheduled(
+        self, request: Request, num_new: int, drafts: list[int] | None = None
+    ) -> ScheduledRequest:
         block_table = self.kv.get_block_table(request.request_id)
-        return ScheduledRequest.of(request, num_new, block_table)
+        return ScheduledRequest.of(request, num_new, block_table, drafts)
 
     def _preempt(self, request: Request) -> None:
         """Swap the KV out to CPU blocks when in swap mode and they suffice; otherwise recompute:
@@ -297,23 +323,49 @@ class Scheduler:
                 self._finish(request, FinishReason.ERROR, error, now)
                 outputs.append(EngineCoreOutput.of(request, [], []))
                 continue
-            request.num_computed_tokens += s.num_tokens
-            self.kv.cache_full_blocks(request)
             token_id = runner_output.sampled_token_ids.get(s.request_id)
-            if token_id is None:
-                continue  # mid-prefill: nothing sampled yet
-            request.output_token_ids.append(token_id)
-            self.admission.on_sampled(request)
+            if token_id is None:  # mid-prefill: nothing sampled yet
+                request.num_computed_tokens += s.num_tokens
+                self.kv.cache_full_blocks(request)
+                continue
+            new_token_ids, reason, stop_reason = self._append(
+                request, s, runner_output.accepted_draft_ids.get(s.request_id, []), token_id
+            )
             if request.first_token_time is None:
                 request.first_token_time = now
-            reason, stop_reason = request.stop_after(token_id, self.config.max_model_len)
             if s.request_id in runner_output.grammar_complete:  # even under ignore_eos
                 reason, stop_reason = FinishReason.STOP, None
             logprobs = runner_output.logprobs.get(s.request_id)
             if reason is not None:
                 self._finish(request, reason, stop_reason, now)
-            outputs.append(EngineCoreOutput.of(request, [token_id], [logprobs] if logprobs else []))
+            outputs.append(
+                EngineCoreOutput.of(request, new_token_ids, [logprobs] if logprobs else [])
+            )
         return outputs
+
+    def _append(
+        self, request: Request, s: ScheduledRequest, accepted: list[int], token_id: int
+    ) -> tuple[list[int], FinishReason | None, int | None]:
+        """Appends the drafts the runner kept and its sampled token, up to the first stop; the
+        KV of the kept tokens counts as computed, the rejected drafts' slots go back."""
+        new_token_ids: list[int] = []
+        reason, stop_reason = None, None
+        for token in [*accepted, token_id]:
+            request.output_token_ids.append(token)
+            new_token_ids.append(token)
+            reason, stop_reason = request.stop_after(token, self.config.max_model_len)
+            if reason is not None:
+                break
+        drafted = len(s.draft_token_ids)
+        # the last sampled token and every kept draft but the last appended token have KV now
+        request.num_computed_tokens += s.num_tokens - drafted + len(new_token_ids) - 1
+        if drafted:
+            self.kv.trim(request)
+            assert self.speculation is not None
+            self.speculation.on_verified(request.request_id, drafted, len(accepted))
+        self.kv.cache_full_blocks(request)
+        self.admission.on_sampled(request)
+        return new_token_ids, reason, stop_reason
 
     def finish_requests(
         self, request_ids: list[str], reason: FinishReason, stop_reason: str | None = None
@@ -344,5 +396,7 @@ class Scheduler:
         del self.requests[request.request_id]
         self._finished_ids.append(request.request_id)
         self.admission.on_finished(request)
+        if self.speculation is not None:
+            self.speculation.on_finished(request.request_id)
         if self.static_gate is not None:
             self.static_gate.on_finished(request.request_id)

@@ -83,6 +83,17 @@ class EngineMetrics:
             name("prediction_failures"), "Requests admitted on a prediction, then preempted",
             registry=r,
         )  # fmt: skip
+        self.spec_drafted = Counter(
+            name("spec_draft_tokens"), "Speculative tokens verified", registry=r
+        )
+        self.spec_accepted = Counter(
+            name("spec_accepted_tokens"), "Speculative tokens kept", registry=r
+        )
+        self.spec_declined = Counter(
+            name("spec_drafts_declined"),
+            "Lookups whose draft was not worth the step time it adds (speculation off for it)",
+            registry=r,
+        )
         self.queue_time = Histogram(
             name("request_queue_time_seconds"), "Arrival to first scheduled",
             buckets=LATENCY_BUCKETS, registry=r,
@@ -147,6 +158,9 @@ class EngineMetrics:
         self.prefix_hits.inc(step.num_prefix_hits)
         self.predictive_admissions.inc(step.num_predictive_admissions)
         self.prediction_failures.inc(step.num_prediction_failures)
+        self.spec_drafted.inc(step.num_draft_tokens)
+        self.spec_accepted.inc(step.num_accepted_tokens)
+        self.spec_declined.inc(step.num_drafts_declined)
         if not step.num_scheduled_seqs:
             return
         self.batch_seqs.observe(step.num_scheduled_seqs)

@@ -33,6 +33,9 @@ class StepStats:
     num_prefix_hits: int = 0  # of those, found cached
     num_predictive_admissions: int = 0  # requests admitted early on blocks about to be freed
     num_prediction_failures: int = 0  # of requests so admitted, preempted
+    num_draft_tokens: int = 0  # speculative tokens verified
+    num_accepted_tokens: int = 0  # of those, kept
+    num_drafts_declined: int = 0  # lookups that found a draft not worth its step time
     phases: dict[str, float] = field(default_factory=dict)  # seconds per phase, when profiled
 
     @property

@@ -115,8 +115,9 @@ class ModelRunner:
             input_ids.extend(s.token_ids)
             start_pos.append(s.start_pos)
             query_start_loc.append(query_start_loc[-1] + s.num_tokens)
-            if s.sample:
-                logits_indices.append(query_start_loc[-1] - 1)
+            if s.sample:  # the last token's logits, and each draft's before it
+                end = query_start_loc[-1]
+                logits_indices.extend(range(end - 1 - len(s.draft_token_ids), end))
 
         num_reqs = len(out.scheduled)
         q_lens = torch.tensor([s.num_tokens for s in out.scheduled])
@@ -191,10 +192,13 @@ class ModelRunner:
             for s in scheduled:
                 self.fault_hook(s)
         sampling = [s for s in scheduled if s.sample]
-        constrained = [row for row, s in enumerate(sampling) if s.grammar is not None]
+        # rows of the requests that sample plainly (speculating ones are verified apart; they
+        # are never constrained)
+        plain = [s for s in sampling if not s.draft_token_ids]
+        constrained = [row for row, s in enumerate(plain) if s.grammar is not None]
         masks = None
         if constrained:  # filled beside the forward pass, which releases the GIL
-            masks = self.grammar_masks.start_fill([sampling[row] for row in constrained])
+            masks = self.grammar_masks.start_fill([plain[row] for row in constrained])
         try:
             logits = self._forward(scheduled)
         finally:
@@ -206,6 +210,10 @@ class ModelRunner:
         if not sampling:
             return ModelRunnerOutput()
         result = ModelRunnerOutput()
+        if len(plain) < len(sampling):
+            logits, sampling = self._verify_drafts(logits, sampling, result)
+            if not sampling:
+                return result
         if bitmask is not None:
             with self.timer.phase("grammar"):
                 for row in self.grammar_masks.apply(logits, constrained, bitmask):
@@ -226,6 +234,25 @@ class ModelRunner:
             if lp is not None:
                 result.logprobs[s.request_id] = lp
         return result
+
+    def _verify_drafts(
+        self, logits: torch.Tensor, sampling: list[ScheduledRequest], result: ModelRunnerOutput
+    ) -> tuple[torch.Tensor, list[ScheduledRequest]]:
+        """Verifies every speculating request on its rows (its last token's and each draft's)
+        into `result`; returns the other requests and their logits rows, one each."""
+        plain_rows, plain, row = [], [], 0
+        with self.timer.phase("sample"):
+            for s in sampling:
+                num_rows = 1 + len(s.draft_token_ids)
+                if s.draft_token_ids:
+                    *kept, token_id = self.sampler.verify(logits[row : row + num_rows], s)
+                    result.accepted_draft_ids[s.request_id] = kept
+                    result.sampled_token_ids[s.request_id] = token_id
+                else:
+                    plain_rows.append(row)
+                    plain.append(s)
+                row += num_rows
+        return logits[plain_rows], plain
 
     def _forward(self, scheduled: list[ScheduledRequest]) -> torch.Tensor:
         """Logits [S, V] of the requests in `scheduled` that sample, in their order."""

@@ -145,7 +145,30 @@ class Sampler:
     def _sample_random(
         self, logits: torch.Tensor, requests: list[ScheduledRequest]
     ) -> torch.Tensor:
-        params = [r.sampling_params for r in requests]
+        probs = self._probs(logits, [r.sampling_params for r in requests])
+        # NOTE: one random number per row, not per vocabulary entry: an exponential race (argmax
+        # of p / Exp(1) noise) drew 3M numbers for 64 rows of 49k, as long as the forward pass
+        # on a CPU; the cumulative sum and search cost a fraction of that.
+        uniform = torch.rand(len(requests), 1, generator=self.generator, device=self.device)
+        for row, r in enumerate(requests):
+            if r.sampling_params.seed is not None and not r.sampling_params.is_greedy:
+                uniform[row] = self._uniforms(r, 1)
+        return inverse_cdf(probs, uniform)
+
+    def _uniforms(self, request: ScheduledRequest, n: int) -> torch.Tensor:
+        """`n` numbers in [0, 1) from the request's own generator if it has a seed."""
+        seed = request.sampling_params.seed
+        if seed is None:
+            return torch.rand(n, generator=self.generator, device=self.device)
+        gen = self.request_generators.get(request.request_id)
+        if gen is None:
+            gen = torch.Generator(device=self.device)
+            gen.manual_seed(seed)
+            self.request_generators[request.request_id] = gen
+        return torch.rand(n, generator=gen, device=self.device)
+
+    def _probs(self, logits: torch.Tensor, params: list) -> torch.Tensor:
+        """The distribution each row samples from: temperature, then min-p, top-k, top-p."""
         temperature = torch.tensor(
             [1.0 if p.is_greedy else p.temperature for p in params], device=self.device
         )
@@ -161,21 +184,47 @@ class Sampler:
         top_p = [p.top_p for p in params]
         if any(top_k) or any(v < 1.0 for v in top_p):
             probs = self._top_k_top_p(probs, top_k, top_p)
+        return probs
 
-        # NOTE: one random number per row, not per vocabulary entry: an exponential race (argmax
-        # of p / Exp(1) noise) drew 3M numbers for 64 rows of 49k, 54 ms on a CPU (as long as
-        # the forward pass); the cumulative sum and search cost ~2 ms.
-        uniform = torch.rand(len(requests), 1, generator=self.generator, device=self.device)
-        for row, r in enumerate(requests):
-            seed = r.sampling_params.seed
-            if seed is not None and not r.sampling_params.is_greedy:
-                gen = self.request_generators.get(r.request_id)
-                if gen is None:
-                    gen = torch.Generator(device=self.device)
-                    gen.manual_seed(seed)
-                    self.request_generators[r.request_id] = gen
-                uniform[row] = torch.rand(1, generator=gen, device=self.device)
-        return inverse_cdf(probs, uniform)
+    def verify(self, logits: torch.Tensor, request: ScheduledRequest) -> list[int]:
+        """The request's drafts checked against `logits` [1 + d, V] (the rows of its last
+        sampled token and of each draft): the drafts kept, then one token of the model's own.
+
+        Greedy keeps drafts while each is the argmax, so the tokens are those of decoding one at
+        a time. Sampled, draft i is kept with probability p_i(draft i), and at the first
+        rejection the token is drawn from p_i without the draft (the residual of a proposal
+        that was certain of its token): every token follows the target distribution. A call
+        that raises leaves the request's generator as it was."""
+        gen = self.request_generators.get(request.request_id)
+        saved = gen.get_state() if gen is not None else None
+        try:
+            return self._verify(logits, request)
+        except Exception:
+            if saved is not None and gen is not None:
+                gen.set_state(saved)
+            else:
+                self.request_generators.pop(request.request_id, None)
+            raise
+
+    def _verify(self, logits: torch.Tensor, request: ScheduledRequest) -> list[int]:
+        drafts, params = request.draft_token_ids, request.sampling_params
+        if params.is_greedy:
+            best = self.argmax(logits).tolist()
+            kept = 0
+            while kept < len(drafts) and best[kept] == drafts[kept]:
+                kept += 1
+            return [*drafts[:kept], best[kept]]
+        probs = self._probs(logits.to(torch.float32), [params] * logits.shape[0])
+        accept = self._uniforms(request, len(drafts)).tolist()
+        for i, draft in enumerate(drafts):
+            if accept[i] < float(probs[i, draft]):
+                continue
+            residual = probs[i : i + 1].clone()
+            residual[0, draft] = 0.0
+            token = inverse_cdf(residual, self._uniforms(request, 1)[None])
+            return [*drafts[:i], int(token)]
+        bonus = inverse_cdf(probs[-1:], self._uniforms(request, 1)[None])
+        return [*drafts, int(bonus)]
 
     def _top_k_top_p(
         self, probs: torch.Tensor, top_k: list[int], top_p: list[float]

@@ -11,6 +11,8 @@ Named workloads:
   that sends a prefix back to the replica holding it is for).
 - `chat`: a chat-like mix: 80% short questions with medium answers, 20% long documents with
   short answers.
+- `edit`: 32 requests to copy a passage of 60-200 tokens, each asking for as many tokens as its
+  passage: output that repeats the prompt, where speculative n-gram lookup pays.
 """
 
 from __future__ import annotations
@@ -105,18 +107,23 @@ def synthetic(
     tokenizer: PreTrainedTokenizerBase,
     num_requests: int,
     prompt_len: LengthLaw,
-    output_len: LengthLaw,
+    output_len: LengthLaw | None,
     seed: int = 0,
     arrival: str = "all",
     rate: float = 1.0,
     shared_prefix: int = 0,
     num_prefixes: int = 1,
+    task: tuple[str, str] | None = None,
 ) -> list[WorkloadRequest]:
     """Prompts are windows of the shipped corpus (wrapping around) of `prompt_len` tokens,
     after a `shared_prefix`-token system prompt: the corpus's first tokens, or with
-    `num_prefixes` > 1 one of that many consecutive windows, drawn per request."""
+    `num_prefixes` > 1 one of that many consecutive windows, drawn per request. A `task`
+    (text before, text after) frames each window as something to rewrite; `output_len` None
+    asks for as many tokens as the window has."""
     rng = random.Random(seed)
     corpus = tokenizer(corpus_text(), add_special_tokens=False).input_ids
+    before, after = ([tokenizer(t, add_special_tokens=False).input_ids for t in task]
+                     if task else ([], []))  # fmt: skip
     times = arrivals(arrival, num_requests, random.Random(seed + 1), rate)
     requests = []
     for i in range(num_requests):
@@ -125,8 +132,9 @@ def synthetic(
         group = rng.randrange(num_prefixes) if num_prefixes > 1 else 0
         first = group * shared_prefix
         prefix = [corpus[(first + j) % len(corpus)] for j in range(shared_prefix)]
-        prompt = prefix + [corpus[(start + j) % len(corpus)] for j in range(length)]
-        requests.append(WorkloadRequest(prompt, output_len(rng), times[i]))
+        window = [corpus[(start + j) % len(corpus)] for j in range(length)]
+        max_tokens = output_len(rng) if output_len is not None else length
+        requests.append(WorkloadRequest(prefix + before + window + after, max_tokens, times[i]))
     return requests
 
 
@@ -143,6 +151,9 @@ NAMED: dict[str, dict] = {
                                                      (0.2, uniform(400, 1000))),
                  output_len=mixture((0.8, lognormal(120, 0.6, 16, 400)),
                                     (0.2, uniform(16, 64)))),
+    "edit": dict(num_requests=32, prompt_len=uniform(60, 200), output_len=None,
+                 task=("Copy the passage below exactly, then stop.\n\nPassage:\n",
+                       "\n\nCopy:\n")),
 }  # fmt: skip
 
 

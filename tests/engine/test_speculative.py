@@ -1,0 +1,137 @@
+"""Speculative decoding with n-gram prompt lookup: greedy output is the non-speculative output
+token for token (preemption and prefix caching on), sampled output keeps the target
+distribution, rejected drafts give their blocks back, and drafting stops where it cannot pay."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pytest
+import torch
+
+from inflight import LLM, SamplingParams
+from inflight.core.outputs import ModelRunnerOutput, ScheduledRequest
+from inflight.core.speculation import Speculation, StepCostFit
+from inflight.runner.sampler import Sampler
+from tests.core.helpers import make_request, make_scheduler
+
+
+def repetitive_prompts(vocab: int, count: int = 12) -> list[list[int]]:
+    """Prompts that repeat a phrase, so lookup finds drafts; and plain random ones."""
+    rng = random.Random(7)
+    prompts = []
+    for i in range(count):
+        phrase = [rng.randrange(3, vocab) for _ in range(rng.randint(3, 8))]
+        prompts.append(phrase * rng.randint(2, 5) if i % 3 else phrase + phrase[:2])
+    return prompts
+
+
+def generate(llm: LLM, prompts, params) -> list[list[int]]:
+    return [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+
+
+@pytest.mark.parametrize("knobs", [
+    {},
+    {"num_kv_blocks": 40, "kv_block_size": 4},  # a pool that binds: preemption by recompute
+])  # fmt: skip
+def test_greedy_tokens_are_those_of_decoding_one_at_a_time(tiny_llama, knobs):
+    base = {"dtype": "float32", "max_num_seqs": 6, "enable_prefix_caching": True, **knobs}
+    plain = LLM(str(tiny_llama), **base)
+    prompts = repetitive_prompts(plain.vocab_size)
+    params = [SamplingParams(temperature=0, max_tokens=24 + i, ignore_eos=True)
+              for i in range(len(prompts))]  # fmt: skip
+    want = generate(plain, prompts, params)
+    spec = LLM(str(tiny_llama), num_speculative_tokens=4, **base)
+    assert generate(spec, prompts, params) == want
+    speculation = spec.core.scheduler.speculation
+    assert speculation.num_drafted > 0, "lookup must be tested (acceptance: the integration test)"
+    if knobs:
+        assert spec.core.scheduler.num_preemptions > 0, "the pool was meant to bind"
+    assert spec.core.kv_cache_manager.pool.num_used_blocks == 0
+
+
+def test_rejection_sampling_keeps_the_target_distribution():
+    """Two drafts against known distributions: the first token follows p0 whatever the draft,
+    and the second follows p1 whenever the first draft was kept."""
+    torch.manual_seed(0)
+    vocab, trials = 6, 12_000
+    logits = torch.randn(3, vocab) * 1.5
+    sampler = Sampler(torch.device("cpu"), seed=1)
+    params = SamplingParams(temperature=0.8, top_k=5)
+    request = ScheduledRequest("r", [0, 2, 4], 10, [0], True, params, [1] * 10, [],
+                               draft_token_ids=[2, 4])  # fmt: skip
+    first, second = Counter(), Counter()
+    for _ in range(trials):
+        tokens = sampler.verify(logits, request)
+        first[tokens[0]] += 1
+        if tokens[0] == 2:
+            second[tokens[1]] += 1
+    target = sampler._probs(logits.clone(), [params] * 3)
+    got0 = torch.tensor([first[t] / trials for t in range(vocab)])
+    assert torch.allclose(got0, target[0], atol=0.015), (got0, target[0])
+    kept = sum(second.values())
+    got1 = torch.tensor([second[t] / kept for t in range(vocab)])
+    assert torch.allclose(got1, target[1], atol=0.025), (got1, target[1])
+    assert target[0].min() == 0  # top-k removed a token, and it is never drawn
+    assert first[int(target[0].argmin())] == 0
+
+
+def test_rejected_drafts_give_their_blocks_back():
+    s = make_scheduler(num_blocks=16, block_size=4, num_speculative_tokens=4)
+    s.add_request(make_request("a", prompt_len=6, max_tokens=20))
+    request = s.requests["a"]
+    request.prompt_token_ids[:] = [5, 6, 7, 8, 5, 6]  # "5 6" recurs: lookup drafts "7 8 5 6"
+    out = s.schedule()
+    s.update_from_output(out, ModelRunnerOutput({"a": 7}))  # the prompt, then 7
+    out = s.schedule()
+    (scheduled,) = out.scheduled
+    assert scheduled.token_ids == [7, 8, 5, 6, 7] and scheduled.draft_token_ids == [8, 5, 6, 7]
+    assert len(s.kv.get_block_table("a")) == 3  # 11 positions
+    # the model keeps "8" and samples 9 where the draft said 5
+    s.update_from_output(out, ModelRunnerOutput({"a": 9}, accepted_draft_ids={"a": [8]}))
+    assert request.output_token_ids == [7, 8, 9]
+    assert request.num_computed_tokens == 8 == request.num_tokens - 1
+    assert len(s.kv.get_block_table("a")) == 2  # the third block held only rejected slots
+    assert s.kv.pool.num_used_blocks == 2
+    assert s.speculation.num_drafted == 4 and s.speculation.num_accepted == 1
+
+
+def test_a_stop_inside_the_kept_drafts_ends_there():
+    s = make_scheduler(num_blocks=16, block_size=4, num_speculative_tokens=4)
+    s.add_request(make_request("a", prompt_len=6, max_tokens=3))
+    s.requests["a"].prompt_token_ids[:] = [5, 6, 7, 8, 5, 6]
+    out = s.schedule()
+    s.update_from_output(out, ModelRunnerOutput({"a": 7}))
+    out = s.schedule()
+    assert out.scheduled[0].draft_token_ids == [8], "max_tokens 3: room for one draft"
+    (done,) = s.update_from_output(out, ModelRunnerOutput({"a": 1}, accepted_draft_ids={"a": [8]}))
+    assert done.new_token_ids == [8, 1] and done.finish_reason == "length"
+    assert s.kv.pool.num_used_blocks == 0
+
+
+def test_lookup_finds_the_latest_earlier_occurrence_of_the_longest_suffix():
+    spec = Speculation(3)
+    r = make_request("a", prompt_len=1, max_tokens=50)
+    r.prompt_token_ids[:] = [1, 2, 3, 9, 1, 2, 3, 4, 5, 2, 3]
+    assert spec.propose(r, 10) == [4, 5, 2]  # "1 2 3"? no: suffix "2 3" last seen before 4
+    r.output_token_ids.append(7)  # suffix "3 7": never seen
+    assert spec.propose(r, 10) == []
+    assert spec.propose(make_request("b", prompt_len=3, max_tokens=5), 0) == []
+
+
+def test_drafting_stops_where_the_step_time_it_adds_outweighs_acceptance():
+    fit = StepCostFit()
+    for tokens in (8, 16, 24, 32, 40, 48):  # 8 sequences, 10 ms + 1 ms a token
+        fit.observe(tokens, 8, 0.010 + 0.001 * tokens)
+    assert fit.seconds_per_token == pytest.approx(0.001)
+    # a draft token costs 1 ms for all 8 sequences of a ~20-60 ms step
+    assert fit.break_even_rate() == pytest.approx(0.001 * 8 / fit.mean_seconds)
+    assert 0.018 < fit.mean_seconds < 0.058 and 0.1 < fit.break_even_rate() < 0.45
+    spec = Speculation(4)
+    spec.cost = fit
+    r = make_request("a", prompt_len=1, max_tokens=50)
+    r.prompt_token_ids[:] = [1, 2, 3, 1, 2]
+    assert spec.propose(r, 4) == [3, 1, 2]
+    spec.on_verified("a", drafted=40, accepted=2)  # 4 of 44 with the prior: 9%
+    assert spec.propose(r, 4) == [] and spec.num_declined == 1
