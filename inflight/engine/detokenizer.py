@@ -44,6 +44,7 @@ class IncrementalDetokenizer:
         self.text = ""  # all output text decoded so far (after any stop-string cut)
         self.sent = 0  # characters of `text` already handed out
         self.stop_string: str | None = None
+        self.num_consumed = 0  # of the tokens given to the last `add_tokens`
         self.hold = max((len(s) for s in params.stop), default=1) - 1
         self._decode_ids = decoder_of(tokenizer)
 
@@ -51,10 +52,14 @@ class IncrementalDetokenizer:
         return self._decode_ids(ids, skip_special_tokens=self.params.skip_special_tokens)
 
     def add_tokens(self, token_ids: list[int]) -> str | None:
-        """Consumes new tokens; returns the stop string if one now ends the output."""
+        """Consumes new tokens up to the one that completes a stop string (`num_consumed` of
+        them: a step of kept speculative drafts may bring tokens past it); returns the stop
+        string if one now ends the output."""
+        self.num_consumed = 0
         for token_id in token_ids:
             if self.stop_string is not None:
                 break
+            self.num_consumed += 1
             self.ids.append(token_id)
             prefix = self._decode(self.ids[self.prefix_offset : self.read_offset])
             full = self._decode(self.ids[self.prefix_offset :])

@@ -214,10 +214,11 @@ class OutputProcessor:
             if state is None:
                 continue  # already finished here (a stop string) before the core knew
             parent, completion = state.parent, state.parent.outputs[state.index]
-            completion.token_ids.extend(out.new_token_ids)
-            if completion.logprobs is not None:
-                completion.logprobs.extend(out.new_logprobs)
             stop_string = state.detokenizer.add_tokens(out.new_token_ids)
+            consumed = state.detokenizer.num_consumed  # none past a stop string
+            completion.token_ids.extend(out.new_token_ids[:consumed])
+            if completion.logprobs is not None:
+                completion.logprobs.extend(out.new_logprobs[:consumed])
             finish_reason, stop_reason = out.finish_reason, out.stop_reason
             if stop_string is not None and finish_reason is None:
                 finish_reason, stop_reason = FinishReason.STOP, stop_string

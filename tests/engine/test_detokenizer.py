@@ -50,3 +50,16 @@ def test_stop_string_can_be_kept(tokenizer):
 def test_earliest_stop_string_wins(tokenizer):
     deltas, detok = stream(tokenizer, TEXT, SamplingParams(stop=["fox", "🙂"]))
     assert detok.stop_string == "🙂" and "".join(deltas) == " Émigré café 🚀"
+
+
+def test_tokens_past_a_stop_string_in_one_call_are_not_consumed(tokenizer):
+    """A step of kept speculative drafts brings several tokens at once: those after the one
+    that completes the stop string are left out (`num_consumed`)."""
+    ids = tokenizer(TEXT).input_ids
+    one_at_a_time = stream(tokenizer, TEXT, SamplingParams(stop=["quick"]))[1]
+    detok = IncrementalDetokenizer(tokenizer, tokenizer("Hello").input_ids,
+                                   SamplingParams(stop=["quick"]))  # fmt: skip
+    assert detok.add_tokens(ids) == "quick"
+    assert detok.num_consumed < len(ids)
+    assert detok.ids == one_at_a_time.ids  # the same tokens as fed one by one up to the stop
+    assert detok.take_delta(finished=True) == " Émigré café 🚀🙂 and the "

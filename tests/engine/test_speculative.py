@@ -135,3 +135,20 @@ def test_drafting_stops_where_the_step_time_it_adds_outweighs_acceptance():
     assert spec.propose(r, 4) == [3, 1, 2]
     spec.on_verified("a", drafted=40, accepted=2)  # 4 of 44 with the prior: 9%
     assert spec.propose(r, 4) == [] and spec.num_declined == 1
+
+
+def test_a_stop_string_ends_the_tokens_where_one_at_a_time_would(tiny_llama):
+    """A step of kept drafts can carry tokens past a stop string: they are not returned."""
+    base = {"dtype": "float32", "max_num_seqs": 4}
+    plain = LLM(str(tiny_llama), **base)
+    prompts = repetitive_prompts(plain.vocab_size, count=6)
+    first = generate(plain, prompts, [SamplingParams(temperature=0, max_tokens=30)] * 6)
+    # stop strings: the text of each output's 6th-8th tokens, so each stops mid-output
+    stops = [plain.tokenizer.decode(out[5:8]) for out in first]
+    params = [SamplingParams(temperature=0, max_tokens=30, stop=[s]) for s in stops]
+    want = plain.generate(prompts, params, use_tqdm=False)
+    spec = LLM(str(tiny_llama), num_speculative_tokens=4, **base)
+    got = spec.generate(prompts, params, use_tqdm=False)
+    for g, w in zip(got, want, strict=True):
+        assert g.outputs[0].token_ids == w.outputs[0].token_ids
+        assert g.outputs[0].text == w.outputs[0].text
