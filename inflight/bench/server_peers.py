@@ -61,7 +61,8 @@ def start_server(
 
 
 def stop_server(proc: subprocess.Popen) -> None:
-    os.killpg(proc.pid, signal.SIGINT)
+    # SIGTERM: a process started from a background job inherits SIGINT ignored
+    os.killpg(proc.pid, signal.SIGTERM)
     try:
         proc.wait(60)
     except subprocess.TimeoutExpired:

@@ -15,9 +15,9 @@ pytestmark = pytest.mark.integration
 def test_greedy_speculation_keeps_the_tokens_and_most_drafts(default_model):
     knobs = {"max_num_seqs": 4, "num_kv_blocks": 40, "enable_prefix_caching": True}
     plain = LLM(str(default_model), **knobs)
-    workload = named("edit", plain.tokenizer, num_requests=6)
+    workload = named("edit", plain.tokenizer, num_requests=5)
     prompts = [r.prompt_token_ids for r in workload]
-    params = [SamplingParams(temperature=0, max_tokens=min(r.max_tokens, 64), ignore_eos=True)
+    params = [SamplingParams(temperature=0, max_tokens=min(r.max_tokens, 48), ignore_eos=True)
               for r in workload]  # fmt: skip
     want = [o.outputs[0].token_ids for o in plain.generate(prompts, params, use_tqdm=False)]
     spec = LLM(str(default_model), loaded_model=plain.core.loaded, num_speculative_tokens=4,
