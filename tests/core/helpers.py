@@ -37,9 +37,18 @@ def make_request(request_id: str, prompt_len: int, max_tokens: int, **params) ->
 
 
 def fake_model_output(out: SchedulerOutput, token: int = FAKE_TOKEN) -> ModelRunnerOutput:
-    """Every request that samples this step gets `token`."""
+    """Every request that samples this step gets `token`, as from a model that always says it:
+    a speculating request keeps its drafts up to the first that is not `token`."""
+    accepted = {}
+    for s in out.scheduled:
+        if s.draft_token_ids:
+            kept = 0
+            while kept < len(s.draft_token_ids) and s.draft_token_ids[kept] == token:
+                kept += 1
+            accepted[s.request_id] = s.draft_token_ids[:kept]
     return ModelRunnerOutput(
-        sampled_token_ids={s.request_id: token for s in out.scheduled if s.sample}
+        sampled_token_ids={s.request_id: token for s in out.scheduled if s.sample},
+        accepted_draft_ids=accepted,
     )
 
 

@@ -33,6 +33,7 @@ def workloads(draw):
         kv_admission=draw(st.sampled_from(["on-demand", "reserve"])),
         predictive_admission=draw(st.booleans()),
         prediction_horizon=draw(st.integers(1, 16)),
+        num_speculative_tokens=draw(st.sampled_from([0, 0, 3])),
     )
     requests = []
     priorities = st.integers(0, 3)
@@ -70,7 +71,8 @@ def test_scheduler_invariants_hold_every_step(workload):
         assert len(s.running) <= knobs["max_num_seqs"]
         assert len({x.request_id for x in out.scheduled}) == len(out.scheduled)
         chunk = knobs["prefill_chunk_size"] or knobs["max_num_batched_tokens"]
-        assert all(x.num_tokens <= chunk or x.num_tokens == 1 for x in out.scheduled)
+        assert all(x.num_tokens <= chunk or x.num_tokens == 1 + len(x.draft_token_ids)
+                   for x in out.scheduled)  # fmt: skip
 
         for o in s.update_from_output(out, fake_model_output(out)):
             if o.finished:
@@ -108,4 +110,6 @@ def test_scheduler_invariants_hold_every_step(workload):
         if finished[rid] is not FinishReason.ABORT:
             assert reqs[rid].num_output_tokens == max_tokens
     assert s.kv.pool.num_free_blocks == num_blocks, "all blocks must be back in the pool"
+    if s.speculation is not None:
+        assert s.speculation.num_accepted <= s.speculation.num_drafted
     assert s.kv.cpu_pool is None or s.kv.cpu_pool.num_used_blocks == 0
