@@ -102,6 +102,7 @@ class LiveFeed:
         latest = steps[-1] if steps else None
         queries = sum(s.num_prefix_queries for s in steps)
         hits = sum(s.num_prefix_hits for s in steps)
+        drafted = sum(s.num_draft_tokens for s in steps)
 
         def quantiles(attr: str) -> dict[str, float | None]:
             values = [v for f in finished if (v := getattr(f, attr)) is not None]
@@ -124,6 +125,9 @@ class LiveFeed:
             "events": {
                 "preemptions_per_s": sum(s.num_preempted for s in steps) / span,
                 "prefix_hit_rate": hits / queries if queries else None,
+                "draft_acceptance": (sum(s.num_accepted_tokens for s in steps) / drafted
+                                     if drafted else None),
+                "drafts_declined": sum(s.num_drafts_declined for s in steps),
                 "rejected": refusals.count("queue_full"),
                 "timeouts": refusals.count("timeout"),
             },

@@ -152,3 +152,16 @@ def test_a_stop_string_ends_the_tokens_where_one_at_a_time_would(tiny_llama):
     for g, w in zip(got, want, strict=True):
         assert g.outputs[0].token_ids == w.outputs[0].token_ids
         assert g.outputs[0].text == w.outputs[0].text
+
+
+def test_the_dashboard_feed_shows_the_share_of_drafts_kept():
+    from inflight.metrics.live import LiveFeed
+    from inflight.metrics.stats import StepStats
+
+    feed = LiveFeed()
+    assert feed.state(now=1.0)["events"]["draft_acceptance"] is None  # nothing drafted yet
+    feed.add_step(StepStats(t=1.0, duration_s=0.01, num_draft_tokens=8, num_accepted_tokens=6))
+    feed.add_step(StepStats(t=2.0, duration_s=0.01, num_draft_tokens=2, num_accepted_tokens=0,
+                            num_drafts_declined=3))  # fmt: skip
+    events = feed.state(now=2.5)["events"]
+    assert events["draft_acceptance"] == 0.6 and events["drafts_declined"] == 3
