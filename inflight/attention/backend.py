@@ -65,6 +65,15 @@ class AttentionBackend(Protocol):
         ...
 
 
+def token_major_shapes(
+    num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Keys and values both [num_blocks, block_size, KVH, D]: the reference's and Triton's
+    layout."""
+    shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    return shape, shape
+
+
 def write_token_major(
     k_cache: torch.Tensor,  # [NB, BS, KVH, D]
     v_cache: torch.Tensor,

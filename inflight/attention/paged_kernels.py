@@ -15,7 +15,11 @@ from dataclasses import dataclass
 
 import torch
 
-from inflight.attention.backend import prompt_and_decode_rows, write_token_major
+from inflight.attention.backend import (
+    prompt_and_decode_rows,
+    token_major_shapes,
+    write_token_major,
+)
 
 
 @dataclass
@@ -58,9 +62,8 @@ class PagedKernelBackend:
     def cache_shapes(
         self, num_blocks: int, num_kv_heads: int, head_dim: int
     ) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        """Token-major, [num_blocks, block_size, KVH, D], unless a subclass lays blocks out."""
-        shape = (num_blocks, self.block_size, num_kv_heads, head_dim)
-        return shape, shape
+        """Token-major, unless a subclass lays blocks out for its kernels."""
+        return token_major_shapes(num_blocks, self.block_size, num_kv_heads, head_dim)
 
     def write_cache(self, k_cache, v_cache, key, value, slot_mapping) -> None:
         write_token_major(k_cache, v_cache, key, value, slot_mapping)

@@ -23,7 +23,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from inflight.attention.backend import prompt_and_decode_rows, write_token_major
+from inflight.attention.backend import (
+    prompt_and_decode_rows,
+    token_major_shapes,
+    write_token_major,
+)
 
 
 @dataclass
@@ -120,10 +124,8 @@ class TorchReferenceBackend:
     def cache_shapes(
         self, num_blocks: int, num_kv_heads: int, head_dim: int
     ) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        """Shapes of one layer's key and value caches: here both token-major,
-        [num_blocks, block_size, KVH, D]; other backends lay blocks out for their kernels."""
-        shape = (num_blocks, self.block_size, num_kv_heads, head_dim)
-        return shape, shape
+        """Token-major: blocks gathered whole, as rows of a 2-D view."""
+        return token_major_shapes(num_blocks, self.block_size, num_kv_heads, head_dim)
 
     def build_metadata(
         self,

@@ -98,6 +98,17 @@ def measure_server(
     return run
 
 
+def run_server(name: str, cmd: list[str], port: int, model: str,
+               workload: list[WorkloadRequest]) -> RunResult:  # fmt: skip
+    """Starts `cmd` (listening on `port`), measures the workload through it, stops it."""
+    url = f"http://127.0.0.1:{port}"
+    proc = start_server(cmd, url)
+    try:
+        return measure_server(name, proc, url, model, workload)
+    finally:
+        stop_server(proc)
+
+
 def run_llama_server(
     binary: Path, gguf: Path, workload: list[WorkloadRequest], parallel: int
 ) -> RunResult:
@@ -108,12 +119,7 @@ def run_llama_server(
            "--parallel", str(parallel), "--ctx-size", str(parallel * longest),
            "--cont-batching", "--threads", threads, "--threads-batch", threads,
            "--no-webui"]  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    proc = start_server(cmd, url)
-    try:
-        return measure_server("llama-server", proc, url, gguf.stem, workload)
-    finally:
-        stop_server(proc)
+    return run_server("llama-server", cmd, port, gguf.stem, workload)
 
 
 def serve_flags(knobs: dict[str, Any]) -> list[str]:
@@ -136,9 +142,4 @@ def run_inflight_server(
     port = free_port()
     cmd = [sys.executable, "-m", "inflight", "serve", str(model), "--port", str(port),
            *serve_flags(knobs)]  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    proc = start_server(cmd, url)
-    try:
-        return measure_server("inflight-serve", proc, url, model.stem, workload)
-    finally:
-        stop_server(proc)
+    return run_server("inflight-serve", cmd, port, model.stem, workload)

@@ -34,6 +34,8 @@ DECAY = 0.95  # weight of older steps in the cost fit (~20 steps)
 class _RequestState:
     index: dict[tuple[int, ...], int] = field(default_factory=dict)  # n-gram -> end, latest
     indexed_to: int = 0  # n-grams ending at positions <= this are in the index
+    # the request's tokens, extended as it samples (not a fresh prompt + outputs list a step)
+    tokens: list[int] = field(default_factory=list)
     drafted: int = PRIOR_DRAFTED
     accepted: int = PRIOR_ACCEPTED
 
@@ -102,8 +104,13 @@ class Speculation:
         limit = min(self.k, limit)
         if limit <= 0 or not self.applies_to(request):
             return []
-        state = self._states.setdefault(request.request_id, _RequestState())
-        tokens = request.all_token_ids
+        state = self._states.get(request.request_id)
+        if state is None:
+            state = self._states[request.request_id] = _RequestState(
+                tokens=list(request.prompt_token_ids)
+            )
+        tokens = state.tokens
+        tokens += request.output_token_ids[len(tokens) - request.num_prompt_tokens :]
         end = len(tokens)
         for stop in range(state.indexed_to + 1, end):  # every n-gram but the current suffix
             for n in range(NGRAM_MIN, min(NGRAM_MAX, stop) + 1):

@@ -20,7 +20,7 @@ from inflight.core.scheduler import Scheduler
 from inflight.core.sizing import cdiv, num_blocks_for_budget, resolve_max_model_len
 from inflight.engine.profiling import NO_TIMER, PhaseTimer, Timer
 from inflight.errors import ModelFailedError
-from inflight.metrics.stats import StepStats, StepTotals
+from inflight.metrics.stats import StepStats
 from inflight.model.loader import LoadedModel, load_model, resolve_model_path
 from inflight.platform import resolve_device, resolve_dtype
 from inflight.request import FinishReason, Request
@@ -102,7 +102,6 @@ class EngineCore:
                                            device, attn.interpreted, block_size))  # fmt: skip
         self.timer: Timer = NO_TIMER
         self.last_step = StepStats()  # the latest step's record (all zeros before the first)
-        self.totals = StepTotals()
         logger.info(
             "KV cache: %d blocks of %d tokens (%.1f MiB, %s), max_model_len %d",
             num_blocks,
@@ -156,6 +155,4 @@ class EngineCore:
         self.last_step = self.scheduler.make_stats(
             scheduler_output, len(runner_output.sampled_token_ids), time.perf_counter() - start
         )
-        if scheduler_output.scheduled:
-            self.totals.add(self.last_step)
         return outputs

@@ -52,23 +52,15 @@ class StepStats:
 
 @dataclass(slots=True)
 class StepTotals:
-    """Running sums over every step that scheduled work (effective batch size = seqs / steps)."""
+    """Running sums over steps (a simulated fleet's utilizations)."""
 
     num_steps: int = 0
-    num_scheduled_seqs: int = 0
-    num_batched_tokens: int = 0
     num_preemptions: int = 0
     busy_s: float = 0.0
     seat_s: float = 0.0  # sequences x seconds: busy seats over time
 
     def add(self, step: StepStats) -> None:
         self.num_steps += 1
-        self.num_scheduled_seqs += step.num_scheduled_seqs
-        self.num_batched_tokens += step.num_batched_tokens
         self.num_preemptions += step.num_preempted
         self.busy_s += step.duration_s
         self.seat_s += step.num_scheduled_seqs * step.duration_s
-
-    @property
-    def mean_batch_seqs(self) -> float:
-        return self.num_scheduled_seqs / max(1, self.num_steps)
