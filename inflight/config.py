@@ -52,6 +52,15 @@ class ModelConfig:
             "cpu on a CPU, triton on a GPU"
         },
     )
+    int8_activations: bool = field(
+        default=False,
+        metadata={
+            "help": "round decode batches' activations to 8 bits per block of 32 and multiply "
+            "them with the weights in integers, as llama.cpp does: faster decoding on a CPU, "
+            "at the cost of output that may differ from the exact path (applies to a GGUF "
+            "file's Q4_0, Q4_1 and Q8_0 weights in float32 on AVX2 CPUs)"
+        },
+    )
     enforce_eager: bool = field(
         default=False,
         metadata={

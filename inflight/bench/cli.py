@@ -40,6 +40,8 @@ COMPARE_MODES = {
     "static-padded": {"batching": "static", "enable_prefix_caching": False},
     # n-gram speculation on top of continuous batching (the other modes keep the knobs' value)
     "speculative": {"batching": "continuous", "num_speculative_tokens": 4},
+    # decode batches' activations rounded to 8 bits (a model of its own: loaded again)
+    "int8": {"batching": "continuous", "int8_activations": True},
 }
 
 
@@ -66,7 +68,8 @@ def load_workload(args: argparse.Namespace, tokenizer) -> list[WorkloadRequest]:
 
 def add_bench_parser(sub: Any, add_engine_flags: Callable[[argparse.ArgumentParser], None]) -> None:
     bench = sub.add_parser(
-        "bench", help="benchmarks: offline, compare, roofline, serve, soak, fleet, calibrate"
+        "bench",
+        help="benchmarks: offline, compare, roofline, serve, soak, fleet, calibrate, agreement",
     )
     modes = bench.add_subparsers(dest="bench_command", required=True)
     fmt = argparse.ArgumentDefaultsHelpFormatter
@@ -94,6 +97,12 @@ def add_bench_parser(sub: Any, add_engine_flags: Callable[[argparse.ArgumentPars
                            help="override both workloads' request counts")  # fmt: skip
     calibrate.add_argument("--out", type=Path, default=None)
     add_engine_flags(calibrate)
+    agreement = modes.add_parser("agreement", formatter_class=fmt,
+                                 help="greedy tokens with int8_activations against the exact "
+                                 "path, on the parity prompts")  # fmt: skip
+    agreement.add_argument("--max-tokens", type=int, default=64, help="greedy tokens per prompt")
+    agreement.add_argument("--out", type=Path, default=None)
+    add_engine_flags(agreement)
     offline.add_argument(
         "--profile", action="store_true",
         help="time every phase of every step; writes profile.md (overhead vs forward)",
@@ -107,8 +116,8 @@ def add_bench_parser(sub: Any, add_engine_flags: Callable[[argparse.ArgumentPars
         "--modes", default="continuous,static,static-padded",
         help="inflight's own runs: continuous, static (a batch admits nobody until its last "
         "member ends), static-padded (static, and every member decodes until the batch's "
-        "longest is done, as transformers `generate` does) and speculative (continuous with "
-        "4 n-gram draft tokens)",
+        "longest is done, as transformers `generate` does), speculative (continuous with "
+        "4 n-gram draft tokens) and int8 (continuous with int8_activations)",
     )  # fmt: skip
     compare.add_argument(
         "--peers",
@@ -237,6 +246,12 @@ def run_bench(args: argparse.Namespace, knobs: dict[str, Any]) -> int:
                               args.num_requests))  # fmt: skip
         logger.info("results in %s", out)
         return 0
+    elif args.bench_command == "agreement":
+        from inflight.bench.agreement import run_agreement
+
+        print(run_agreement(knobs, out, args.max_tokens))
+        logger.info("results in %s", out)
+        return 0
     elif args.bench_command == "roofline":
         from inflight.bench.roofline import run_roofline
 
@@ -298,7 +313,11 @@ def run_local(args: argparse.Namespace, knobs: dict[str, Any], out: Path) -> dic
     for mode in modes:
         reset_peak_rss()  # each run's own peak (the first one's includes loading the model)
         base_mode = mode.removesuffix(CONSTRAINED)
-        llm = LLM(loaded_model=loaded, **{**knobs, **COMPARE_MODES.get(base_mode, {})})
+        mode_knobs = {**knobs, **COMPARE_MODES.get(base_mode, {})}
+        int8 = mode_knobs.get("int8_activations", False)
+        if loaded is not None and loaded.int8_activations != int8:
+            loaded = None  # weights packed for the other kind of activations
+        llm = LLM(loaded_model=loaded, **mode_knobs)
         loaded = llm.core.loaded
         workload = load_workload(args, llm.tokenizer)
         dtype = str(llm.core.dtype).removeprefix("torch.")

@@ -19,7 +19,7 @@ from inflight.core.outputs import EngineCoreOutput, SchedulerOutput
 from inflight.core.scheduler import Scheduler
 from inflight.core.sizing import cdiv, num_blocks_for_budget, resolve_max_model_len
 from inflight.engine.profiling import NO_TIMER, PhaseTimer, Timer
-from inflight.errors import ModelFailedError
+from inflight.errors import ConfigError, ModelFailedError
 from inflight.metrics.stats import StepStats
 from inflight.model.loader import LoadedModel, load_model, resolve_model_path
 from inflight.platform import resolve_device, resolve_dtype
@@ -53,7 +53,13 @@ class EngineCore:
         block_size = config.cache.kv_block_size
         if loaded is None:
             path = resolve_model_path(config.model.model)
-            loaded = load_model(path, dtype, device, block_size, config.model.attention_backend)
+            loaded = load_model(path, dtype, device, block_size, config.model.attention_backend,
+                                config.model.int8_activations)  # fmt: skip
+        elif loaded.int8_activations != config.model.int8_activations:
+            raise ConfigError(
+                f"the model to reuse was loaded with int8_activations="
+                f"{loaded.int8_activations}, this engine asks for {config.model.int8_activations}"
+            )
         arch = loaded.arch
 
         requested_len = config.model.max_model_len

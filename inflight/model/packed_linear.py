@@ -18,7 +18,9 @@ float32 engine decoding 8 sequences ran at 38 tok/s, and 84 packed. The sums the
 A float32 weight dequantized from a GGUF file's Q4_0, Q4_1 or Q8_0 blocks keeps those blocks too,
 and batches of up to `GGUF_SMALL_BATCH_ROWS` rows multiply straight from them
 (`kernels/csrc/gguf_linear.cpp`, AVX2): the same weights in 0.16-0.27 of the bytes, which is what
-a decode step's time is made of (about half the linears' time at one row).
+a decode step's time is made of (about half the linears' time at one row). With
+`int8_activations` those batches are rounded to 8 bits per block of 32 and multiplied in integers
+(llama.cpp's way; ~1.6x faster at one row, not exact: docs/benchmarks.md has the token agreement).
 """
 
 from __future__ import annotations
@@ -45,6 +47,9 @@ SMALL_BATCH_ROWS = 64
 # beats oneDNN's float32 up to 8 rows and loses at 16, where converting the quants (once per 8
 # rows) costs more than the bytes it saves.
 GGUF_SMALL_BATCH_ROWS = 8
+# With 8-bit activations (`gguf_int8_linear`) every batch goes to the GGUF kernel: its integer
+# dot products beat oneDNN's float32 at every size measured, 1.4x at 512 rows and 4-9x at one.
+GGUF_INT8_SMALL_BATCH_ROWS = 2**31 - 1
 # A warm-up call slower than this is mostly multiply, which outweighs the ~1 ms build it saves.
 WARM_UP_MAX_CALL_S = 0.005
 
@@ -63,17 +68,40 @@ def gguf_kernel_applies(dtype: torch.dtype) -> bool:
     return dtype == torch.float32 and load_extension().gguf_linear_available()
 
 
+# A GGUF block's bytes before its quants, by block size: fp16 d (Q4_0, Q8_0), d and m (Q4_1).
+_BLOCK_HEADER_BYTES = {18: 2, 20: 4, 34: 2}
+_GROUP = 8  # columns that gguf_int8_linear computes together, one per float32 lane
+
+
+def regroup_for_int8(blocks: torch.Tensor) -> torch.Tensor:
+    """A weight's GGUF blocks [N, K / 32, block bytes] in `gguf_int8_linear`'s layout, eight
+    columns at a time: [ceil(N / 8), K / 32, 8 fp16 d | 8 fp16 m (Q4_1) | quants], the quants in
+    chunks of 4 bytes from each of the 8 columns in turn (csrc/gguf_int8_linear.cpp says why).
+    The same bytes reordered; columns past N are zero blocks."""
+    n, num_blocks, block_bytes = blocks.shape
+    header = _BLOCK_HEADER_BYTES[block_bytes]
+    if n % _GROUP:
+        blocks = torch.cat([blocks, blocks.new_zeros(-n % _GROUP, num_blocks, block_bytes)])
+    groups = blocks.view(-1, _GROUP, num_blocks, block_bytes).transpose(1, 2)  # [G, B, 8, bytes]
+    lead = groups.shape[:2]
+    scales = [groups[..., i : i + 2].reshape(*lead, 2 * _GROUP) for i in range(0, header, 2)]
+    chunks = groups[..., header:].reshape(*lead, _GROUP, -1, 4).transpose(2, 3)
+    return torch.cat([*scales, chunks.reshape(*lead, -1)], dim=-1).contiguous()
+
+
 class PackedLinear(nn.Module):
     """`nn.Linear`'s forward over weights packed once: oneDNN's layout, plus a small-batch
     kernel's (`small_weight`) for batches of at most `small_batch_rows` rows when one applies:
-    GGUF blocks given for a float32 weight (`gguf_linear`), or inflight's bf16 layout for a bf16
-    weight (`bf16_linear`, up to the `small_batch_rows` asked for)."""
+    GGUF blocks given for a float32 weight (`gguf_linear`, with 8-bit activations if asked), or
+    inflight's bf16 layout for a bf16 weight (`bf16_linear`, up to the `small_batch_rows` asked
+    for)."""
 
     def __init__(
         self,
         linear: nn.Linear,
         small_batch_rows: int = 0,
         gguf_blocks: torch.Tensor | None = None,
+        int8_activations: bool = False,
     ) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
@@ -83,6 +111,7 @@ class PackedLinear(nn.Module):
         self.register_buffer("bias", bias)
         self.small_batch_rows = 0
         self.small_kernel = ""
+        self.int8_activations = False  # only the GGUF kernel has an integer path
         self.register_buffer("small_weight", None)
         if small_batch_rows <= 0:
             return
@@ -94,9 +123,15 @@ class PackedLinear(nn.Module):
                     f"GGUF blocks {tuple(gguf_blocks.shape)} do not fit a "
                     f"[{self.out_features}, {self.in_features}] weight"
                 )
-            self.small_weight = gguf_blocks
-            self.small_batch_rows = GGUF_SMALL_BATCH_ROWS
-            self.small_kernel, self._small_linear = "gguf", ext.gguf_linear
+            if int8_activations:
+                self.small_weight = regroup_for_int8(gguf_blocks)
+                self.small_batch_rows = GGUF_INT8_SMALL_BATCH_ROWS
+                self.small_kernel, self._small_linear = "gguf-int8", ext.gguf_int8_linear
+                self.int8_activations = True
+            else:
+                self.small_weight = gguf_blocks
+                self.small_batch_rows = GGUF_SMALL_BATCH_ROWS
+                self.small_kernel, self._small_linear = "gguf", ext.gguf_linear
         # inflight's bf16 kernel reads k in pairs
         elif bf16_pairs and ext.bf16_linear_available():
             self.small_weight = ext.pack_bf16_linear(weight)
@@ -119,9 +154,11 @@ def pack_linears(
     model: nn.Module,
     small_batch_rows: int = 0,
     gguf_blocks: dict[str, torch.Tensor] | None = None,
+    int8_activations: bool = False,
 ) -> int:
     """Replaces every `nn.Linear` under `model` with a `PackedLinear`; returns how many.
-    `gguf_blocks` maps module names to their weights' GGUF blocks, where they have them.
+    `gguf_blocks` maps module names to their weights' GGUF blocks, where they have them;
+    `int8_activations` asks their kernel to round small batches to 8 bits.
 
     A tied LM head gets its own packed copy; the embedding keeps the plain weight it indexes.
     """
@@ -131,7 +168,9 @@ def pack_linears(
     for name, linear in targets:
         parent_name, _, leaf = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        packed.append(PackedLinear(linear, small_batch_rows, gguf_blocks.get(name)))
+        packed.append(
+            PackedLinear(linear, small_batch_rows, gguf_blocks.get(name), int8_activations)
+        )
         setattr(parent, leaf, packed[-1])
     kernels = Counter(
         f"{m.small_kernel} kernel (<= {m.small_batch_rows} rows)" for m in packed if m.small_kernel

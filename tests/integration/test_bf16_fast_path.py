@@ -10,7 +10,7 @@ import torch
 from inflight import LLM, SamplingParams
 from inflight.model.layer_ops import CpuLayerOps
 from inflight.model.packed_linear import PackedLinear, can_pack
-from tests.integration.conftest import RAW_PROMPTS
+from inflight.workload.parity import RAW_PROMPTS
 
 pytestmark = pytest.mark.skipif(
     not can_pack(torch.bfloat16, torch.device("cpu")), reason="no oneDNN bf16 on this CPU"

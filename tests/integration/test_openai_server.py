@@ -12,7 +12,7 @@ import pytest
 
 from inflight import LLM, SamplingParams
 from inflight.engine.async_engine import AsyncLLM
-from tests.integration.conftest import CHAT_PROMPTS, RAW_PROMPTS
+from inflight.workload.parity import CHAT_PROMPTS, RAW_PROMPTS
 from tests.server.live import LiveServer
 
 pytestmark = pytest.mark.integration

@@ -8,7 +8,8 @@
 // Python glue between ~20 ops per layer cost as much as the attention itself (~3 ms a step).
 //
 // Linears are plain weights (`at::linear`) or `PackedLinear`'s: inflight's bf16 or GGUF-block
-// kernel for at most `small_rows` rows when the layer has its weight, else oneDNN
+// kernel (exact, or with 8-bit activations) for at most `small_rows` rows when the layer has
+// its weight, else oneDNN
 // (`mkldnn::_linear_pointwise`, called through the dispatcher), exactly as `PackedLinear.forward`
 // chooses.
 #include "kv_layout.h"
@@ -31,11 +32,20 @@ struct Linear {
   const OptTensor& bias;
 };
 
-at::Tensor linear(const at::Tensor& x, const Linear& l, bool packed, int64_t small_rows) {
-  if (!packed) return at::linear(x, l.weight, l.bias);
-  if (l.small.has_value() && x.size(0) <= small_rows) {
+// Which kernels a layer's linears use, as `PackedLinear.forward` picks them.
+struct LinearChoice {
+  bool packed;            // oneDNN-packed weights (else plain ones, through at::linear)
+  int64_t small_rows;     // batches up to this many rows go to the small-batch kernel
+  bool int8_activations;  // GGUF blocks are regrouped for gguf_int8_linear
+};
+
+at::Tensor linear(const at::Tensor& x, const Linear& l, const LinearChoice& how) {
+  if (!how.packed) return at::linear(x, l.weight, l.bias);
+  if (l.small.has_value() && x.size(0) <= how.small_rows) {
     if (l.small->scalar_type() == at::kByte) {
-      return gguf_linear(x, *l.small, l.bias, l.weight.size(0));
+      const int64_t N = l.weight.size(0);
+      return how.int8_activations ? gguf_int8_linear(x, *l.small, l.bias, N)
+                                  : gguf_linear(x, *l.small, l.bias, N);
     }
     return bf16_linear(x, *l.small, l.bias, l.weight.size(0));
   }
@@ -63,7 +73,8 @@ std::vector<at::Tensor> llama_decoder_layers(
     const OptTensor& decode_tables, const OptTensor& decode_lens, bool decode_all_rows,
     const OptTensor& prefill_chunks, const OptTensor& prefill_tables, int64_t num_heads,
     int64_t num_kv_heads, int64_t head_dim, double eps, double scale, int64_t window,
-    bool packed) {
+    bool packed, bool int8_activations) {
+  const LinearChoice how{packed, small_rows, int8_activations};
   const size_t L = k_caches.size();
   TORCH_CHECK(weights.size() == L * kWeightsPerLayer &&
                   small_weights.size() == L * kSmallPerLayer && qkv_biases.size() == L &&
@@ -104,7 +115,7 @@ std::vector<at::Tensor> llama_decoder_layers(
     } else {
       x = add_rms_norm(hidden, res, w[0], eps);
     }
-    at::Tensor qkv = linear(x, {w[1], small[0], qkv_biases[l]}, packed, small_rows);
+    at::Tensor qkv = linear(x, {w[1], small[0], qkv_biases[l]}, how);
     rope_(qkv, cos, sin, num_heads + num_kv_heads, head_dim);
     auto q = qkv.narrow(1, 0, q_size).view({T, num_heads, head_dim});
     auto k = qkv.narrow(1, q_size, kv_size).view({T, num_kv_heads, head_dim});
@@ -130,10 +141,10 @@ std::vector<at::Tensor> llama_decoder_layers(
                                 window);
       }
     }
-    x = add_rms_norm(linear(attn.view({T, q_size}), {w[2], small[1], kNone}, packed, small_rows),
-                     res, w[3], eps);
-    hidden = linear(silu_and_mul(linear(x, {w[4], small[2], kNone}, packed, small_rows)),
-                    {w[5], small[3], kNone}, packed, small_rows);
+    x = add_rms_norm(linear(attn.view({T, q_size}), {w[2], small[1], kNone}, how), res, w[3],
+                     eps);
+    hidden = linear(silu_and_mul(linear(x, {w[4], small[2], kNone}, how)),
+                    {w[5], small[3], kNone}, how);
   }
   return {hidden, res};
 }
