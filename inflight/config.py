@@ -21,6 +21,10 @@ Policy = Literal["fcfs", "priority", "sjf"]
 PreemptionMode = Literal["recompute", "swap"]
 KVAdmission = Literal["on-demand", "reserve"]
 AttentionBackend = Literal["auto", "torch", "cpu", "triton"]
+QuantizedActivations = Literal["auto", "off", "int16", "int8"]
+# bits of each kind of quantized activations (off: float, the exact path; auto: int16 where the
+# kernel applies, since its greedy output matched the exact path's on every parity prompt)
+ACTIVATION_BITS = {"auto": 16, "off": 0, "int16": 16, "int8": 8}
 
 
 def _require(ok: bool, message: str) -> None:
@@ -52,13 +56,15 @@ class ModelConfig:
             "cpu on a CPU, triton on a GPU"
         },
     )
-    int8_activations: bool = field(
-        default=False,
+    quantized_activations: QuantizedActivations = field(
+        default="auto",
         metadata={
-            "help": "round decode batches' activations to 8 bits per block of 32 and multiply "
-            "them with the weights in integers, as llama.cpp does: faster decoding on a CPU, "
-            "at the cost of output that may differ from the exact path (applies to a GGUF "
-            "file's Q4_0, Q4_1 and Q8_0 weights in float32 on AVX2 CPUs)"
+            "help": "int16 or int8: round activations to 16 or 8 bits per block of 32 and "
+            "multiply them with the weights in integers (int8 is what llama.cpp does); off: "
+            "float32 throughout (the exact path); auto: int16 where it applies. Applies to a "
+            "GGUF file's Q4_0, Q4_1 and Q8_0 weights in float32 on AVX2 CPUs; int16 ~2x "
+            "faster decoding than off with the same greedy tokens on the parity prompts, int8 "
+            "a little faster again but its tokens drift (docs/benchmarks.md)"
         },
     )
     enforce_eager: bool = field(
@@ -79,6 +85,11 @@ class ModelConfig:
             f"max_model_len must be >= 1, got {self.max_model_len}",
         )
         _require(self.device in ("auto", "cpu", "cuda"), f"unknown device {self.device!r}")
+        _require(
+            self.quantized_activations in ACTIVATION_BITS,
+            "quantized_activations must be auto, off, int16 or int8, got "
+            f"{self.quantized_activations!r}",
+        )
         _require(
             self.attention_backend in ("auto", "torch", "cpu", "triton"),
             f"attention_backend must be auto, torch, cpu or triton, got {self.attention_backend!r}",

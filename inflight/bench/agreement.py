@@ -1,5 +1,5 @@
-"""`inflight bench agreement`: how far `int8_activations` moves greedy output from the exact
-path, on the parity prompts.
+"""`inflight bench agreement`: how far `quantized_activations` (int16, int8) moves greedy output
+from the exact path, on the parity prompts.
 
 Both engines decode every prompt greedily for the same number of tokens (EOS ignored, so every
 continuation is as long); the report counts prompts whose first token agrees, prompts whose whole
@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from inflight.engine.llm import LLM
+from inflight.platform import describe_device
 from inflight.sampling_params import SamplingParams
 from inflight.workload.parity import parity_prompts
 
@@ -50,32 +51,42 @@ def agreement(reference: list[list[int]], candidate: list[list[int]]) -> dict[st
     }
 
 
+KINDS = ("int16", "int8")
+
+
 def run_agreement(knobs: dict[str, Any], out: Path, max_tokens: int = 64) -> str:
-    """Runs the exact engine, then the one with 8-bit activations, on the same knobs otherwise;
-    writes agreement.json and agreement.md, and returns the latter."""
-    runs = {}
-    for int8 in (False, True):
-        llm = LLM(**{**knobs, "int8_activations": int8})
+    """Runs the exact engine, then each kind of quantized activations, on the same knobs
+    otherwise; writes agreement.json and agreement.md, and returns the latter."""
+    runs: dict[str, list[list[int]]] = {}
+    for kind in ("off", *KINDS):
+        llm = LLM(**{**knobs, "quantized_activations": kind})
         prompts = parity_prompts(llm.tokenizer)
-        logger.info("greedy, %d prompts, int8_activations=%s", len(prompts), int8)
-        runs[int8] = greedy(llm, prompts, max_tokens)
+        logger.info("greedy, %d prompts, quantized_activations=%s", len(prompts), kind)
+        runs[kind] = greedy(llm, prompts, max_tokens)
         device, dtype = llm.core.device, llm.core.dtype
         del llm
-    result = {**agreement(runs[False], runs[True]), "max_tokens": max_tokens,
-              "device": str(device), "dtype": str(dtype).removeprefix("torch.")}  # fmt: skip
+    results = {kind: agreement(runs["off"], runs[kind]) for kind in KINDS}
+    meta = {"max_tokens": max_tokens, "device": describe_device(device),
+            "dtype": str(dtype).removeprefix("torch.")}  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)
-    (out / "agreement.json").write_text(json.dumps(result, indent=2) + "\n")
-    r = result
-    text = "\n".join([
-        "# Token agreement: int8_activations against the exact path", "",
-        f"{r['prompts']} parity prompts, {max_tokens} greedy tokens each, {r['dtype']} on "
-        f"{r['device']}.", "",
-        "| measure | value |", "|---|---|",
-        f"| first token agrees | {r['first_token_agrees']} / {r['prompts']} |",
-        f"| whole continuation agrees | {r['all_tokens_agree']} / {r['prompts']} |",
-        f"| tokens before the first difference | {r['tokens_before_first_difference']} / "
-        f"{r['tokens']} ({r['share_before_first_difference']:.1%}) |",
-        "", f"Tokens before the first difference, per prompt: {r['per_prompt']}", "",
-    ])  # fmt: skip
+    (out / "agreement.json").write_text(json.dumps({**meta, "kinds": results}, indent=2) + "\n")
+    prompts_n = len(runs["off"])
+    lines = [
+        "# Token agreement: quantized activations against the exact path", "",
+        f"{prompts_n} parity prompts, {max_tokens} greedy tokens each, {meta['dtype']} on "
+        f"{meta['device']}.", "",
+        "| quantized_activations | first token agrees | whole continuation agrees "
+        "| tokens before the first difference |",
+        "|---|---|---|---|",
+    ]  # fmt: skip
+    for kind, r in results.items():
+        lines.append(
+            f"| {kind} | {r['first_token_agrees']} / {r['prompts']} | {r['all_tokens_agree']} / "
+            f"{r['prompts']} | {r['tokens_before_first_difference']} / {r['tokens']} "
+            f"({r['share_before_first_difference']:.1%}) |"
+        )
+    lines += ["", "Tokens before the first difference, per prompt:"]
+    lines += [f"- {kind}: {r['per_prompt']}" for kind, r in results.items()]
+    text = "\n".join(lines) + "\n"
     (out / "agreement.md").write_text(text)
     return text

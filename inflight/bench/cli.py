@@ -40,8 +40,10 @@ COMPARE_MODES = {
     "static-padded": {"batching": "static", "enable_prefix_caching": False},
     # n-gram speculation on top of continuous batching (the other modes keep the knobs' value)
     "speculative": {"batching": "continuous", "num_speculative_tokens": 4},
-    # decode batches' activations rounded to 8 bits (a model of its own: loaded again)
-    "int8": {"batching": "continuous", "int8_activations": True},
+    # activations in float32 or rounded to 16 or 8 bits (each a model of its own: loaded again)
+    "exact": {"batching": "continuous", "quantized_activations": "off"},
+    "int16": {"batching": "continuous", "quantized_activations": "int16"},
+    "int8": {"batching": "continuous", "quantized_activations": "int8"},
 }
 
 
@@ -98,8 +100,8 @@ def add_bench_parser(sub: Any, add_engine_flags: Callable[[argparse.ArgumentPars
     calibrate.add_argument("--out", type=Path, default=None)
     add_engine_flags(calibrate)
     agreement = modes.add_parser("agreement", formatter_class=fmt,
-                                 help="greedy tokens with int8_activations against the exact "
-                                 "path, on the parity prompts")  # fmt: skip
+                                 help="greedy tokens with quantized activations against the "
+                                 "exact path, on the parity prompts")  # fmt: skip
     agreement.add_argument("--max-tokens", type=int, default=64, help="greedy tokens per prompt")
     agreement.add_argument("--out", type=Path, default=None)
     add_engine_flags(agreement)
@@ -117,7 +119,8 @@ def add_bench_parser(sub: Any, add_engine_flags: Callable[[argparse.ArgumentPars
         help="inflight's own runs: continuous, static (a batch admits nobody until its last "
         "member ends), static-padded (static, and every member decodes until the batch's "
         "longest is done, as transformers `generate` does), speculative (continuous with "
-        "4 n-gram draft tokens) and int8 (continuous with int8_activations)",
+        "4 n-gram draft tokens), and exact, int16 and int8 (continuous with "
+        "quantized_activations off, int16 and int8)",
     )  # fmt: skip
     compare.add_argument(
         "--peers",
@@ -314,9 +317,9 @@ def run_local(args: argparse.Namespace, knobs: dict[str, Any], out: Path) -> dic
         reset_peak_rss()  # each run's own peak (the first one's includes loading the model)
         base_mode = mode.removesuffix(CONSTRAINED)
         mode_knobs = {**knobs, **COMPARE_MODES.get(base_mode, {})}
-        int8 = mode_knobs.get("int8_activations", False)
-        if loaded is not None and loaded.int8_activations != int8:
-            loaded = None  # weights packed for the other kind of activations
+        activations = mode_knobs.get("quantized_activations", "auto")
+        if loaded is not None and loaded.quantized_activations != activations:
+            loaded = None  # weights packed for another kind of activations
         llm = LLM(loaded_model=loaded, **mode_knobs)
         loaded = llm.core.loaded
         workload = load_workload(args, llm.tokenizer)

@@ -54,11 +54,12 @@ class EngineCore:
         if loaded is None:
             path = resolve_model_path(config.model.model)
             loaded = load_model(path, dtype, device, block_size, config.model.attention_backend,
-                                config.model.int8_activations)  # fmt: skip
-        elif loaded.int8_activations != config.model.int8_activations:
+                                config.model.quantized_activations)  # fmt: skip
+        elif loaded.quantized_activations != config.model.quantized_activations:
             raise ConfigError(
-                f"the model to reuse was loaded with int8_activations="
-                f"{loaded.int8_activations}, this engine asks for {config.model.int8_activations}"
+                f"the model to reuse was loaded with quantized_activations="
+                f"{loaded.quantized_activations!r}, this engine asks for "
+                f"{config.model.quantized_activations!r}"
             )
         arch = loaded.arch
 

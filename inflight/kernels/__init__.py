@@ -5,8 +5,8 @@ the paged KV cache, laid out as `csrc/kv_layout.h` says and written by `csrc/kv_
 `csrc/layer_ops.cpp` (fused RMSNorm, residual add + RMSNorm, SiLU-and-mul, RoPE),
 `csrc/decoder_layers.cpp` (every decoder layer driven from C++), `csrc/bf16_linear.cpp`
 (bfloat16 linears for decode-sized batches), `csrc/gguf_linear.cpp` (float32 linears for them,
-over a GGUF file's Q4_0 / Q4_1 / Q8_0 blocks), `csrc/gguf_int8_linear.cpp` (the same with 8-bit
-activations) and `csrc/argmax.cpp` (greedy sampling) are built
+over a GGUF file's Q4_0 / Q4_1 / Q8_0 blocks), `csrc/gguf_int_linear.cpp` (the same with 8- or
+16-bit activations) and `csrc/argmax.cpp` (greedy sampling) are built
 with the machine's own compiler (`-march=native`) by torch's cpp_extension and cached by torch
 (`~/.cache/torch_extensions`, or `TORCH_EXTENSIONS_DIR`): ~2 min on 2 cores, once per CPU kind
 and source version. Only `csrc/bindings.cpp` includes the whole of `torch/extension.h`; the
@@ -15,7 +15,7 @@ name carries a digest of the CPU's feature flags, so a cache shared between mach
 home) never hands one CPU code compiled for another's instructions. Callers fall back to pure
 PyTorch when no compiler is available; `bf16_linear` exists only where the compiler targets
 AVX-512 BF16 (`bf16_linear_available()`), `gguf_linear` where it targets AVX2, FMA and F16C
-(`gguf_linear_available()`, and `gguf_int8_linear_available()` likewise).
+(`gguf_linear_available()`, and `gguf_int_linear_available()` likewise).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ _SOURCES = (
     "argmax.cpp",
     "bf16_linear.cpp",
     "gguf_linear.cpp",
-    "gguf_int8_linear.cpp",
+    "gguf_int_linear.cpp",
     "bindings.cpp",
 )
 _extension: ModuleType | None = None

@@ -37,7 +37,7 @@ class FusedDecoderLayers:
         if len(rows) > 1:
             raise ValueError(f"projections must share one small-batch row limit, got {rows}")
         self.small_batch_rows = rows.pop() if rows else 0
-        self.int8_activations = any(getattr(m, "int8_activations", False) for m in projections)
+        self.activation_bits = max(getattr(m, "activation_bits", 0) for m in projections)
         self.weights = [
             w
             for layer in layers
@@ -76,6 +76,6 @@ class FusedDecoderLayers:
             decode is not None and decode.all_rows,
             prefill and prefill.chunks, prefill and prefill.block_tables,
             num_heads, num_kv_heads, head_dim, self.eps, head_dim**-0.5, self.window, self.packed,
-            self.int8_activations,
+            self.activation_bits,
         )  # fmt: skip
         return hidden, residual

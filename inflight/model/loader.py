@@ -19,6 +19,7 @@ from safetensors import SafetensorError, safe_open
 from tqdm.auto import tqdm
 
 from inflight.attention import make_backend
+from inflight.config import ACTIVATION_BITS
 from inflight.errors import ModelLoadError
 from inflight.model import packed_linear
 from inflight.model.arch import LlamaArchConfig
@@ -64,7 +65,7 @@ class LoadedModel:
     model: LlamaModel
     arch: LlamaArchConfig
     path: Path
-    int8_activations: bool = False  # as asked of `load_model` (an engine reusing it must agree)
+    quantized_activations: str = "auto"  # as asked of `load_model` (a reusing engine must agree)
 
 
 def load_hf_arch_config(path: Path) -> LlamaArchConfig:
@@ -127,11 +128,11 @@ def load_model(
     device: torch.device,
     block_size: int,
     attention_backend: str = "auto",
-    int8_activations: bool = False,
+    quantized_activations: str = "auto",
 ) -> LoadedModel:
     """Builds the model and fills its weights; every failure is a ModelLoadError naming the file.
-    `int8_activations`: decode batches through the GGUF kernel round x to 8 bits (where it
-    applies: float32 GGUF Q4_0 / Q4_1 / Q8_0 weights on an AVX2 CPU)."""
+    `quantized_activations` (int16, int8; auto = int16): linears over GGUF blocks round x to
+    that many bits (where it applies: float32 GGUF Q4_0 / Q4_1 / Q8_0 weights on an AVX2 CPU)."""
     index = read_gguf_index(path) if is_gguf(path) else None
     arch = index.arch if index else load_hf_arch_config(path)
     attn = make_backend(attention_backend, block_size, arch.sliding_window, device)
@@ -176,17 +177,22 @@ def load_model(
     if can_pack(dtype, device):
         small_rows = packed_linear.SMALL_BATCH_ROWS if kernels else 0
         pack_linears(
-            model, small_rows, gguf_blocks_by_module(model, blocks or {}), int8_activations
+            model,
+            small_rows,
+            gguf_blocks_by_module(model, blocks or {}),
+            ACTIVATION_BITS[quantized_activations],
         )
         # Once per loaded model (engines may share it): decode batch sizes up to 64 that oneDNN
         # serves (none where the bf16 kernel does); larger ones cost more to warm than their
         # first use does.
         warm_up(model, range(1, 65))
-    if int8_activations and not any(getattr(m, "int8_activations", False) for m in model.modules()):
+    quantized = any(getattr(m, "activation_bits", 0) for m in model.modules())
+    if quantized_activations in ("int16", "int8") and not quantized:
         logger.warning(
-            "int8_activations has no effect here: it needs a GGUF file's Q4_0, Q4_1 or Q8_0 "
-            "weights in float32 and inflight's CPU kernels on an AVX2 CPU"
+            "quantized_activations has no effect here: it needs a GGUF file's Q4_0, Q4_1 or "
+            "Q8_0 weights in float32 and inflight's CPU kernels on an AVX2 CPU"
         )
     if attn.cpu_kernels:
         model.fused_layers = FusedDecoderLayers(model.layers, attn)
-    return LoadedModel(model=model.eval(), arch=arch, path=path, int8_activations=int8_activations)
+    return LoadedModel(model=model.eval(), arch=arch, path=path,
+                       quantized_activations=quantized_activations)  # fmt: skip

@@ -19,12 +19,15 @@ A float32 weight dequantized from a GGUF file's Q4_0, Q4_1 or Q8_0 blocks keeps 
 and batches of up to `GGUF_SMALL_BATCH_ROWS` rows multiply straight from them
 (`kernels/csrc/gguf_linear.cpp`, AVX2): the same weights in 0.16-0.27 of the bytes, which is what
 a decode step's time is made of (about half the linears' time at one row). With
-`int8_activations` those batches are rounded to 8 bits per block of 32 and multiplied in integers
-(llama.cpp's way; ~1.6x faster at one row, not exact: docs/benchmarks.md has the token agreement).
+`quantized_activations` (int16, int8), batches of every size are instead rounded to 16 or 8 bits
+per block of 32 and multiplied in integers over the blocks regrouped eight columns at a time
+(`kernels/csrc/gguf_int_linear.cpp`; int8 is llama.cpp's way): not exact, and docs/benchmarks.md
+has how far each moves greedy output.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections import Counter
@@ -47,9 +50,11 @@ SMALL_BATCH_ROWS = 64
 # beats oneDNN's float32 up to 8 rows and loses at 16, where converting the quants (once per 8
 # rows) costs more than the bytes it saves.
 GGUF_SMALL_BATCH_ROWS = 8
-# With 8-bit activations (`gguf_int8_linear`) every batch goes to the GGUF kernel: its integer
-# dot products beat oneDNN's float32 at every size measured, 1.4x at 512 rows and 4-9x at one.
-GGUF_INT8_SMALL_BATCH_ROWS = 2**31 - 1
+# Batches of at most this many rows go to `gguf_int_linear` with quantized activations, by bits:
+# with 8-bit x its integer dot products beat oneDNN's float32 at every size measured (1.4x at 512
+# rows, 4-9x at one row), so every batch goes there; with 16-bit x it is ~3x faster at one row
+# and level with oneDNN at 16.
+GGUF_INT_SMALL_BATCH_ROWS = {8: 2**31 - 1, 16: 16}
 # A warm-up call slower than this is mostly multiply, which outweighs the ~1 ms build it saves.
 WARM_UP_MAX_CALL_S = 0.005
 
@@ -70,13 +75,13 @@ def gguf_kernel_applies(dtype: torch.dtype) -> bool:
 
 # A GGUF block's bytes before its quants, by block size: fp16 d (Q4_0, Q8_0), d and m (Q4_1).
 _BLOCK_HEADER_BYTES = {18: 2, 20: 4, 34: 2}
-_GROUP = 8  # columns that gguf_int8_linear computes together, one per float32 lane
+_GROUP = 8  # columns that gguf_int_linear computes together, one per float32 lane
 
 
-def regroup_for_int8(blocks: torch.Tensor) -> torch.Tensor:
-    """A weight's GGUF blocks [N, K / 32, block bytes] in `gguf_int8_linear`'s layout, eight
+def regroup_blocks(blocks: torch.Tensor) -> torch.Tensor:
+    """A weight's GGUF blocks [N, K / 32, block bytes] in `gguf_int_linear`'s layout, eight
     columns at a time: [ceil(N / 8), K / 32, 8 fp16 d | 8 fp16 m (Q4_1) | quants], the quants in
-    chunks of 4 bytes from each of the 8 columns in turn (csrc/gguf_int8_linear.cpp says why).
+    chunks of 4 bytes from each of the 8 columns in turn (csrc/gguf_int_linear.cpp says why).
     The same bytes reordered; columns past N are zero blocks."""
     n, num_blocks, block_bytes = blocks.shape
     header = _BLOCK_HEADER_BYTES[block_bytes]
@@ -92,7 +97,8 @@ def regroup_for_int8(blocks: torch.Tensor) -> torch.Tensor:
 class PackedLinear(nn.Module):
     """`nn.Linear`'s forward over weights packed once: oneDNN's layout, plus a small-batch
     kernel's (`small_weight`) for batches of at most `small_batch_rows` rows when one applies:
-    GGUF blocks given for a float32 weight (`gguf_linear`, with 8-bit activations if asked), or
+    GGUF blocks given for a float32 weight (`gguf_linear`, or `gguf_int_linear` when
+    `activation_bits` asks for quantized activations: 8 or 16), or
     inflight's bf16 layout for a bf16 weight (`bf16_linear`, up to the `small_batch_rows` asked
     for)."""
 
@@ -101,7 +107,7 @@ class PackedLinear(nn.Module):
         linear: nn.Linear,
         small_batch_rows: int = 0,
         gguf_blocks: torch.Tensor | None = None,
-        int8_activations: bool = False,
+        activation_bits: int = 0,
     ) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
@@ -111,7 +117,7 @@ class PackedLinear(nn.Module):
         self.register_buffer("bias", bias)
         self.small_batch_rows = 0
         self.small_kernel = ""
-        self.int8_activations = False  # only the GGUF kernel has an integer path
+        self.activation_bits = 0  # only the GGUF kernel has integer paths
         self.register_buffer("small_weight", None)
         if small_batch_rows <= 0:
             return
@@ -123,11 +129,13 @@ class PackedLinear(nn.Module):
                     f"GGUF blocks {tuple(gguf_blocks.shape)} do not fit a "
                     f"[{self.out_features}, {self.in_features}] weight"
                 )
-            if int8_activations:
-                self.small_weight = regroup_for_int8(gguf_blocks)
-                self.small_batch_rows = GGUF_INT8_SMALL_BATCH_ROWS
-                self.small_kernel, self._small_linear = "gguf-int8", ext.gguf_int8_linear
-                self.int8_activations = True
+            if activation_bits:
+                self.small_weight = regroup_blocks(gguf_blocks)
+                self.small_batch_rows = GGUF_INT_SMALL_BATCH_ROWS[activation_bits]
+                self.small_kernel = f"gguf-int{activation_bits}"
+                self.activation_bits = activation_bits
+                self._small_linear = functools.partial(ext.gguf_int_linear,
+                                                       activation_bits=activation_bits)  # fmt: skip
             else:
                 self.small_weight = gguf_blocks
                 self.small_batch_rows = GGUF_SMALL_BATCH_ROWS
@@ -154,11 +162,11 @@ def pack_linears(
     model: nn.Module,
     small_batch_rows: int = 0,
     gguf_blocks: dict[str, torch.Tensor] | None = None,
-    int8_activations: bool = False,
+    activation_bits: int = 0,
 ) -> int:
     """Replaces every `nn.Linear` under `model` with a `PackedLinear`; returns how many.
     `gguf_blocks` maps module names to their weights' GGUF blocks, where they have them;
-    `int8_activations` asks their kernel to round small batches to 8 bits.
+    `activation_bits` (8 or 16) asks their kernel to round x to that many bits.
 
     A tied LM head gets its own packed copy; the embedding keeps the plain weight it indexes.
     """
@@ -169,7 +177,7 @@ def pack_linears(
         parent_name, _, leaf = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         packed.append(
-            PackedLinear(linear, small_batch_rows, gguf_blocks.get(name), int8_activations)
+            PackedLinear(linear, small_batch_rows, gguf_blocks.get(name), activation_bits)
         )
         setattr(parent, leaf, packed[-1])
     kernels = Counter(

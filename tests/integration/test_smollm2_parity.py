@@ -1,6 +1,8 @@
 """The real default model against transformers loading the same GGUF: greedy, float32, token for
 token, with 16 mixed-length prompts in one batch, with every prompt chunked, under preemption,
-and four at a time (every decode step small enough to multiply from the GGUF blocks).
+and four at a time (every decode step small enough to multiply from the GGUF blocks). On an AVX2
+CPU the default rounds activations to 16 bits for small batches (`quantized_activations` auto);
+the exact float32 path is checked too.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ ENGINE_SETTINGS = {
     # 36 blocks of 16 = 576 tokens for ~1,700 tokens of demand: preemption is certain.
     "preemption": {"num_kv_blocks": 36, "max_num_batched_tokens": 512},
     "four_at_a_time": {"max_num_seqs": 4},
+    "four_at_a_time_exact": {"max_num_seqs": 4, "quantized_activations": "off"},
 }
 
 
@@ -45,7 +48,9 @@ def test_smollm2_greedy_parity(default_model, smollm_prompts, expected, setting)
         assert out.outputs[0].token_ids == want, f"prompt {i} diverged"
     if setting == "preemption":
         assert llm.core.scheduler.num_preemptions > 0
-    if setting == "four_at_a_time" and load_extension().gguf_linear_available():
-        assert llm.core.loaded.model.fused_layers.small_batch_rows >= 4
+    if setting.startswith("four_at_a_time") and load_extension().gguf_linear_available():
+        fused = llm.core.loaded.model.fused_layers
+        assert fused.small_batch_rows >= 4
+        assert fused.activation_bits == (0 if setting.endswith("exact") else 16)
     pool = llm.core.kv_cache_manager.pool
     assert pool.num_free_blocks == pool.num_blocks

@@ -63,18 +63,19 @@ def _assert_fused_matches_the_loop(llm: LLM) -> None:
 
 
 @pytest.mark.skipif(not load_extension().gguf_linear_available(), reason="no AVX2 GGUF kernel")
-@pytest.mark.parametrize("int8", [False, True], ids=["exact", "int8_activations"])
+@pytest.mark.parametrize("activations", ["off", "int16", "int8"])
 def test_fused_layers_match_the_python_loop_over_gguf_blocks(tmp_path, tiny_llama, monkeypatch,
-                                                             int8):  # fmt: skip
+                                                             activations):  # fmt: skip
     # steps of at most 4 rows multiply from the Q4_1 blocks, larger ones through oneDNN
     monkeypatch.setattr(packed_linear, "GGUF_SMALL_BATCH_ROWS", 4)
-    monkeypatch.setattr(packed_linear, "GGUF_INT8_SMALL_BATCH_ROWS", 4)
+    monkeypatch.setattr(packed_linear, "GGUF_INT_SMALL_BATCH_ROWS", {8: 4, 16: 4})
     path = write_tiny_gguf(tiny_llama, tmp_path / "tiny.gguf", GGMLQuantizationType.Q4_1)
     llm = LLM(str(path), dtype="float32", attention_backend="cpu", device="cpu",
               prefill_chunk_size=8, max_num_batched_tokens=64,
-              enable_prefix_caching=False, int8_activations=int8)  # fmt: skip
+              enable_prefix_caching=False, quantized_activations=activations)  # fmt: skip
     fused = llm.core.loaded.model.fused_layers
-    assert fused.small_batch_rows == 4 and fused.int8_activations == int8
+    assert fused.small_batch_rows == 4
+    assert fused.activation_bits == {"off": 0, "int16": 16, "int8": 8}[activations]
     assert all(w is not None and w.dtype == torch.uint8 for w in fused.small_weights)
     _assert_fused_matches_the_loop(llm)
 
@@ -105,7 +106,7 @@ def test_bad_inputs_are_refused_before_any_write(tiny_llama):
             [v for _, v in caches],
             torch.tensor(slots), None, None, None, False, None, None,
             num_heads, num_kv_heads, head_dim, fused.eps, 1.0, 0, fused.packed,
-            fused.int8_activations,
+            fused.activation_bits,
         )  # fmt: skip
 
     with pytest.raises(RuntimeError, match="six weights"):

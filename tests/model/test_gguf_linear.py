@@ -167,7 +167,8 @@ def test_fused_projections_take_blocks_only_when_all_parts_share_one_format(tiny
 @pytest.mark.parametrize("qtype", (Q.Q4_1, Q.Q8_0), ids=lambda q: q.name)
 def test_a_float32_gguf_model_multiplies_small_batches_from_its_blocks(tmp_path, tiny_llama, qtype):
     path = write_tiny_gguf(tiny_llama, tmp_path / f"tiny-{qtype.name}.gguf", qtype)
-    llm = LLM(str(path), dtype="float32", attention_backend="cpu", device="cpu")
+    llm = LLM(str(path), dtype="float32", attention_backend="cpu", device="cpu",
+              quantized_activations="off")  # fmt: skip
     model = llm.core.loaded.model
     linears = [m for m in model.modules() if isinstance(m, PackedLinear)]
     assert len(linears) == 4 * model.cfg.num_layers + 1
@@ -180,5 +181,7 @@ def test_a_float32_gguf_model_multiplies_small_batches_from_its_blocks(tmp_path,
     for kwargs in ({"dtype": "bfloat16"}, {"dtype": "float32", "attention_backend": "torch"}):
         if kwargs["dtype"] == "bfloat16" and not can_pack(torch.bfloat16, torch.device("cpu")):
             continue
-        other = LLM(str(path), device="cpu", **kwargs).core.loaded.model
+        other = LLM(
+            str(path), device="cpu", quantized_activations="off", **kwargs
+        ).core.loaded.model
         assert all(getattr(m, "small_kernel", "") != "gguf" for m in other.modules())

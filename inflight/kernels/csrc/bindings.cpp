@@ -24,10 +24,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gguf_linear_available", &gguf_linear_available, no_gil(),
         "whether this machine compiled gguf_linear (AVX2, FMA and F16C)");
   m.def("gguf_linear", &gguf_linear, no_gil(), "x @ W.T (+ bias) over W's GGUF Q4_0 / Q4_1 / Q8_0 blocks");
-  m.def("gguf_int8_linear_available", &gguf_int8_linear_available, no_gil(),
-        "whether this machine compiled gguf_int8_linear (AVX2, FMA and F16C)");
-  m.def("gguf_int8_linear", &gguf_int8_linear, no_gil(),
-        "x @ W.T (+ bias), x rounded to 8 bits per block of 32, over W's regrouped GGUF blocks");
+  m.def("gguf_int_linear_available", &gguf_int_linear_available, no_gil(),
+        "whether this machine compiled gguf_int_linear (AVX2, FMA and F16C)");
+  m.def("gguf_int_linear", &gguf_int_linear, no_gil(),
+        "x @ W.T (+ bias), x rounded to 8 or 16 bits per block of 32, over W's regrouped GGUF "
+        "blocks",
+        py::arg("x"), py::arg("packed"), py::arg("bias"), py::arg("out_features"),
+        py::arg("activation_bits"));
   m.def("first_argmax", &first_argmax, no_gil(), "index of each row's first maximum (NaN is maximal)");
   m.def("llama_decoder_layers", &llama_decoder_layers, no_gil(),
         "every decoder layer of a Llama-family model; returns [hidden, residual]");

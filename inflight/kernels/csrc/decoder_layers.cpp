@@ -8,7 +8,7 @@
 // Python glue between ~20 ops per layer cost as much as the attention itself (~3 ms a step).
 //
 // Linears are plain weights (`at::linear`) or `PackedLinear`'s: inflight's bf16 or GGUF-block
-// kernel (exact, or with 8-bit activations) for at most `small_rows` rows when the layer has
+// kernel (exact, or with 8- or 16-bit activations) for at most `small_rows` rows when the layer has
 // its weight, else oneDNN
 // (`mkldnn::_linear_pointwise`, called through the dispatcher), exactly as `PackedLinear.forward`
 // chooses.
@@ -36,7 +36,7 @@ struct Linear {
 struct LinearChoice {
   bool packed;            // oneDNN-packed weights (else plain ones, through at::linear)
   int64_t small_rows;     // batches up to this many rows go to the small-batch kernel
-  bool int8_activations;  // GGUF blocks are regrouped for gguf_int8_linear
+  int64_t activation_bits;  // 8 or 16: GGUF blocks regrouped for gguf_int_linear; else 0
 };
 
 at::Tensor linear(const at::Tensor& x, const Linear& l, const LinearChoice& how) {
@@ -44,8 +44,8 @@ at::Tensor linear(const at::Tensor& x, const Linear& l, const LinearChoice& how)
   if (l.small.has_value() && x.size(0) <= how.small_rows) {
     if (l.small->scalar_type() == at::kByte) {
       const int64_t N = l.weight.size(0);
-      return how.int8_activations ? gguf_int8_linear(x, *l.small, l.bias, N)
-                                  : gguf_linear(x, *l.small, l.bias, N);
+      return how.activation_bits ? gguf_int_linear(x, *l.small, l.bias, N, how.activation_bits)
+                                 : gguf_linear(x, *l.small, l.bias, N);
     }
     return bf16_linear(x, *l.small, l.bias, l.weight.size(0));
   }
@@ -73,8 +73,8 @@ std::vector<at::Tensor> llama_decoder_layers(
     const OptTensor& decode_tables, const OptTensor& decode_lens, bool decode_all_rows,
     const OptTensor& prefill_chunks, const OptTensor& prefill_tables, int64_t num_heads,
     int64_t num_kv_heads, int64_t head_dim, double eps, double scale, int64_t window,
-    bool packed, bool int8_activations) {
-  const LinearChoice how{packed, small_rows, int8_activations};
+    bool packed, int64_t activation_bits) {
+  const LinearChoice how{packed, small_rows, activation_bits};
   const size_t L = k_caches.size();
   TORCH_CHECK(weights.size() == L * kWeightsPerLayer &&
                   small_weights.size() == L * kSmallPerLayer && qkv_biases.size() == L &&

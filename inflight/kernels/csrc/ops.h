@@ -46,11 +46,12 @@ bool gguf_linear_available();
 at::Tensor gguf_linear(const at::Tensor& x, const at::Tensor& blocks,
                        const c10::optional<at::Tensor>& bias, int64_t out_features);
 
-// gguf_int8_linear.cpp: the same with x rounded to 8 bits per block of 32 and integer dot
+// gguf_int_linear.cpp: the same with x rounded to 8 or 16 bits per block of 32 and integer dot
 // products, over blocks regrouped 8 columns at a time (inflight/model/packed_linear.py)
-bool gguf_int8_linear_available();
-at::Tensor gguf_int8_linear(const at::Tensor& x, const at::Tensor& packed,
-                            const c10::optional<at::Tensor>& bias, int64_t out_features);
+bool gguf_int_linear_available();
+at::Tensor gguf_int_linear(const at::Tensor& x, const at::Tensor& packed,
+                           const c10::optional<at::Tensor>& bias, int64_t out_features,
+                           int64_t activation_bits);
 
 // argmax.cpp: greedy sampling, the first maximum of each row as torch.max picks it
 at::Tensor first_argmax(const at::Tensor& x);
@@ -69,4 +70,4 @@ std::vector<at::Tensor> llama_decoder_layers(
     const c10::optional<at::Tensor>& prefill_chunks,
     const c10::optional<at::Tensor>& prefill_tables, int64_t num_heads, int64_t num_kv_heads,
     int64_t head_dim, double eps, double scale, int64_t window, bool packed,
-    bool int8_activations);
+    int64_t activation_bits);

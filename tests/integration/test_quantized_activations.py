@@ -1,6 +1,7 @@
-"""`int8_activations` on the real model stays close to the exact path on the parity prompts
-(`inflight bench agreement` measures the same over 64 tokens; docs/benchmarks.md has those
-figures, and the speed)."""
+"""8-bit activations on the real model stay close to the exact path on the parity prompts:
+their first tokens agree (`inflight bench agreement` measures the same over 64 tokens, for 16
+bits too; docs/benchmarks.md has those figures). 16 bits, the default on an AVX2 CPU, is held to
+transformers' tokens by the SmolLM2 parity test."""
 
 from __future__ import annotations
 
@@ -15,20 +16,19 @@ from inflight.workload.parity import parity_prompts
 
 pytestmark = pytest.mark.skipif(
     not (
-        load_extension().gguf_int8_linear_available()
+        load_extension().gguf_int_linear_available()
         and can_pack(torch.float32, torch.device("cpu"))
     ),
     reason="no AVX2, FMA and F16C on this CPU",
 )
 
 
-def test_int8_activations_keep_the_first_tokens_of_the_exact_path(default_model):
-    exact = LLM(str(default_model), dtype="float32")
+def test_int8_activations_keep_the_exact_paths_first_tokens(default_model):
+    exact = LLM(str(default_model), dtype="float32", quantized_activations="off")
     prompts = parity_prompts(exact.tokenizer)
     want = greedy(exact, prompts, 8)
     del exact
-    fast = LLM(str(default_model), dtype="float32", int8_activations=True)
-    got = greedy(fast, prompts, 8)
-    result = agreement(want, got)
+    int8 = LLM(str(default_model), dtype="float32", quantized_activations="int8")
+    result = agreement(want, greedy(int8, prompts, 8))
     assert result["first_token_agrees"] >= len(prompts) - 1, result
     assert result["share_before_first_difference"] >= 0.6, result

@@ -1,0 +1,319 @@
+// float32 linear layers with the activations rounded to 8 or 16 bits, over a GGUF file's Q4_0,
+// Q4_1 or Q8_0 blocks regrouped eight output columns at a time (AVX2 + FMA + F16C): the
+// `quantized_activations` knob's path; gguf_linear.cpp is the exact one.
+//
+// x is rounded per block of 32 (scale dx = max|x| / 127 or / 32767, round half to even; 8 bits
+// is llama.cpp's Q8_0 rounding of activations), and each block's dot product is integer. The
+// result is the exact product of the dequantized weights with the rounded x, up to float32
+// summation: Q4_1's offset m meets dx * (the sum of the rounded block), Q4_0's -8 is taken off in
+// integers. Rounding x is the only approximation, at most dx / 2 per element: 8 bits move
+// greedy output within a few dozen tokens, 16 bits rarely (docs/benchmarks.md).
+//
+// Why regroup: with one column per dot product, every block ends in a horizontal sum and pays
+// its scale conversions alone, ~20 instructions per 32 weights, so one row is compute-bound well
+// below the memory bandwidth. Here eight columns share each instruction, one per 32-bit lane:
+// a 32-byte register holds four consecutive quants of each of 8 columns, multiplied by four of
+// x's values broadcast to every lane, and each lane accumulates its column's block dot product;
+// the 8 scales convert in one instruction and the outputs store as a vector. About 5
+// instructions per 32 weights with 8-bit x (`vpmaddubsw`: bytes times bytes), about 10 with
+// 16-bit x (`vpmaddwd`: the quants widened to 16 bits first).
+//
+// The regrouped layout (`regroup_blocks` in model/packed_linear.py, from the file's
+// [N, K / 32, block bytes] blocks): [ceil(N / 8) groups][K / 32 blocks][8 x fp16 d][8 x fp16 m,
+// Q4_1 only][quants], where the quants are chunks of 32 bytes, chunk j holding bytes 4j..4j+3
+// of each of the 8 columns' block in turn. A 4-bit block's byte i holds element i (low nibble)
+// and element i + 16 (high), so chunk j's low nibbles are elements 4j..4j+3 and its high ones
+// 16+4j..16+4j+3; Q8_0's chunk j is elements 4j..4j+3. The same bytes as the file's, reordered;
+// columns past N are zero.
+//
+// Overflow: with 8-bit x, `vpmaddubsw` pairs of nibbles (0-15) times bytes (-127..127) reach
+// 3,810, and eight of them add up in 16 bits to at most 30,480; Q8_0's pairs (magnitudes up to
+// 128, signs moved onto x) reach 32,512, so they widen to 32 bits at once. With 16-bit x every
+// product is 32-bit: 32 of them stay below 2^27.
+//
+// Every output is a fixed sequence of operations per row, whatever the batch and its tiling.
+#include "ops.h"
+
+#include <ATen/ops/empty.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+
+namespace {
+
+constexpr int64_t kBlock = 32;  // weights per block, in all three formats
+constexpr int64_t kLanes = 8;   // columns per group, one float32 lane each
+enum class Format { kQ4_0, kQ4_1, kQ8_0 };
+
+// bytes of one group's block: 8 scales, 8 offsets (Q4_1), the quants
+constexpr int64_t group_block_bytes(Format f) {
+  return f == Format::kQ4_0 ? 144 : f == Format::kQ4_1 ? 160 : 272;
+}
+constexpr int64_t quants_at(Format f) { return f == Format::kQ4_1 ? 32 : 16; }
+
+// x's rows rounded per block of 32 to A (int8_t or int16_t): the integer values, each block's
+// scale, the integer sum of its rounded values (Q4_0's correction) and dx times that sum (Q4_1's
+// offset term).
+template <class A>
+struct RoundedRows {
+  std::vector<A> q;          // [M, K]
+  std::vector<float> scale;  // [M, K / 32]
+  std::vector<int32_t> isum;
+  std::vector<float> sum;
+};
+
+inline float lane_max(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+}
+
+inline int32_t lane_sum(__m256i v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+  return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1)));
+}
+
+template <class A>
+RoundedRows<A> round_rows(const float* x, int64_t M, int64_t K) {
+  constexpr float kMax = std::is_same_v<A, int8_t> ? 127.0f : 32767.0f;
+  const int64_t n = M * K / kBlock;
+  RoundedRows<A> r{std::vector<A>(M * K), std::vector<float>(n), std::vector<int32_t>(n),
+                   std::vector<float>(n)};
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  for (int64_t i = 0; i < n; ++i) {
+    const float* xb = x + i * kBlock;
+    __m256 v[4];
+    __m256 amax = _mm256_setzero_ps();
+    for (int j = 0; j < 4; ++j) {
+      v[j] = _mm256_loadu_ps(xb + 8 * j);
+      amax = _mm256_max_ps(amax, _mm256_and_ps(v[j], abs_mask));
+    }
+    const float d = lane_max(amax) / kMax;
+    const __m256 inv = _mm256_set1_ps(d > 0.0f ? 1.0f / d : 0.0f);
+    __m256i q[4];
+    for (int j = 0; j < 4; ++j) q[j] = _mm256_cvtps_epi32(_mm256_mul_ps(v[j], inv));  // to even
+    const __m256i total = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+    // packs interleave the two 128-bit halves; the permutes put the values back in order
+    const __m256i lo = _mm256_packs_epi32(q[0], q[1]), hi = _mm256_packs_epi32(q[2], q[3]);
+    auto* out = reinterpret_cast<__m256i*>(r.q.data() + i * kBlock);
+    if constexpr (std::is_same_v<A, int8_t>) {
+      const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+      _mm256_storeu_si256(out, _mm256_permutevar8x32_epi32(_mm256_packs_epi16(lo, hi), order));
+    } else {
+      _mm256_storeu_si256(out, _mm256_permute4x64_epi64(lo, 0xD8));
+      _mm256_storeu_si256(out + 1, _mm256_permute4x64_epi64(hi, 0xD8));
+    }
+    r.scale[i] = d;
+    r.isum[i] = lane_sum(total);
+    r.sum[i] = d * static_cast<float>(r.isum[i]);
+  }
+  return r;
+}
+
+template <class A>
+struct Problem {
+  const RoundedRows<A>* x;
+  const uint8_t* w;   // [groups, K / 32, group block bytes]
+  const float* bias;  // [N] or null
+  float* y;           // [M, N]
+  int64_t K, N;
+};
+
+inline __m256i load_chunk(const uint8_t* p) {
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+}
+
+// 4 consecutive values of x in every 32-bit (int8) or 64-bit (int16) lane
+inline __m256i broadcast4(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, sizeof v);
+  return _mm256_set1_epi32(v);
+}
+inline __m256i broadcast4(const int16_t* p) {
+  int64_t v;
+  std::memcpy(&v, p, sizeof v);
+  return _mm256_set1_epi64x(v);
+}
+
+// One block's dot products with 8-bit x, one column per 32-bit lane.
+template <Format F>
+inline __m256i block_dot(const uint8_t* quants, const int8_t* xb) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  if constexpr (F == Format::kQ8_0) {
+    __m256i dot = _mm256_setzero_si256();
+    for (int j = 0; j < 8; ++j) {
+      const __m256i w = load_chunk(quants + 32 * j);
+      const __m256i pairs =
+          _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(broadcast4(xb + 4 * j), w));
+      dot = _mm256_add_epi32(dot, _mm256_madd_epi16(pairs, ones));
+    }
+    return dot;
+  } else {
+    const __m256i nibble = _mm256_set1_epi8(0x0F);
+    __m256i pairs = _mm256_setzero_si256();
+    for (int j = 0; j < 4; ++j) {
+      const __m256i raw = load_chunk(quants + 32 * j);
+      const __m256i low = _mm256_and_si256(raw, nibble);
+      const __m256i high = _mm256_and_si256(_mm256_srli_epi16(raw, 4), nibble);
+      pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(low, broadcast4(xb + 4 * j)));
+      pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(high, broadcast4(xb + 16 + 4 * j)));
+    }
+    return _mm256_madd_epi16(pairs, ones);
+  }
+}
+
+// One block's dot products with 16-bit x. `vpmaddwd` multiplies 16-bit pairs, so each column's
+// 4 quants of a chunk widen to two 32-bit lanes: unpacklo holds columns 0, 1 | 4, 5 (two lanes
+// each), unpackhi columns 2, 3 | 6, 7, and one horizontal add per block puts them back in
+// column order.
+template <Format F>
+inline __m256i block_dot(const uint8_t* quants, const int16_t* xb) {
+  const __m256i zero = _mm256_setzero_si256();
+  __m256i lo = zero, hi = zero;
+  auto add = [&](__m256i wide_lo, __m256i wide_hi, __m256i x) {
+    lo = _mm256_add_epi32(lo, _mm256_madd_epi16(wide_lo, x));
+    hi = _mm256_add_epi32(hi, _mm256_madd_epi16(wide_hi, x));
+  };
+  if constexpr (F == Format::kQ8_0) {
+    for (int j = 0; j < 8; ++j) {  // signed bytes into the high half, shifted down with sign
+      const __m256i w = load_chunk(quants + 32 * j);
+      add(_mm256_srai_epi16(_mm256_unpacklo_epi8(zero, w), 8),
+          _mm256_srai_epi16(_mm256_unpackhi_epi8(zero, w), 8), broadcast4(xb + 4 * j));
+    }
+  } else {
+    const __m256i nibble = _mm256_set1_epi8(0x0F);
+    for (int j = 0; j < 4; ++j) {
+      const __m256i raw = load_chunk(quants + 32 * j);
+      const __m256i low = _mm256_and_si256(raw, nibble);
+      const __m256i high = _mm256_and_si256(_mm256_srli_epi16(raw, 4), nibble);
+      add(_mm256_unpacklo_epi8(low, zero), _mm256_unpackhi_epi8(low, zero), broadcast4(xb + 4 * j));
+      add(_mm256_unpacklo_epi8(high, zero), _mm256_unpackhi_epi8(high, zero),
+          broadcast4(xb + 16 + 4 * j));
+    }
+  }
+  return _mm256_hadd_epi32(lo, hi);
+}
+
+// Rows m0..m0+MR-1 of the 8 columns of group g.
+template <Format F, class A, int MR>
+void tile(const Problem<A>& p, int64_t m0, int64_t g) {
+  constexpr int64_t kBytes = group_block_bytes(F);
+  const int64_t blocks = p.K / kBlock;
+  const uint8_t* wg = p.w + g * blocks * kBytes;
+  __m256 acc[MR];
+  for (int r = 0; r < MR; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* block = wg + b * kBytes;
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block)));
+    for (int r = 0; r < MR; ++r) {
+      const int64_t rb = (m0 + r) * blocks + b;  // this row's block of x
+      __m256i dot = block_dot<F>(block + quants_at(F), p.x->q.data() + rb * kBlock);
+      if constexpr (F == Format::kQ4_0) {  // quants are q - 8
+        dot = _mm256_sub_epi32(dot, _mm256_set1_epi32(8 * p.x->isum[rb]));
+      }
+      const __m256 scale = _mm256_mul_ps(d, _mm256_set1_ps(p.x->scale[rb]));
+      acc[r] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(dot), acc[r]);
+      if constexpr (F == Format::kQ4_1) {
+        const __m256 m =
+            _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 16)));
+        acc[r] = _mm256_fmadd_ps(m, _mm256_set1_ps(p.x->sum[rb]), acc[r]);
+      }
+    }
+  }
+  const int64_t n0 = g * kLanes, columns = std::min(kLanes, p.N - n0);
+  for (int r = 0; r < MR; ++r) {
+    alignas(32) float out[kLanes];
+    _mm256_store_ps(out, acc[r]);
+    float* y = p.y + (m0 + r) * p.N + n0;
+    for (int64_t c = 0; c < columns; ++c) y[c] = p.bias ? out[c] + p.bias[n0 + c] : out[c];
+  }
+}
+
+constexpr int kMaxRows = 4;  // rows per tile: their accumulators beside the quants in 16 ymm
+
+template <Format F, class A>
+void run(const Problem<A>& p, int64_t M) {
+  using TileFn = void (*)(const Problem<A>&, int64_t, int64_t);
+  static constexpr TileFn kTiles[kMaxRows] = {&tile<F, A, 1>, &tile<F, A, 2>, &tile<F, A, 3>,
+                                              &tile<F, A, 4>};
+  const int64_t groups = (p.N + kLanes - 1) / kLanes;
+  // Threads split the column groups; a group's blocks stay in L1 for every row tile.
+  at::parallel_for(0, groups, 4, [&](int64_t g_begin, int64_t g_end) {
+    for (int64_t g = g_begin; g < g_end; ++g) {
+      for (int64_t m0 = 0; m0 < M; m0 += kMaxRows) {
+        kTiles[std::min<int64_t>(kMaxRows, M - m0) - 1](p, m0, g);
+      }
+    }
+  });
+}
+
+template <class A>
+void round_and_run(const float* x, int64_t M, int64_t K, const uint8_t* w, const float* bias,
+                   float* y, int64_t N, int64_t group_bytes) {
+  const RoundedRows<A> rounded = round_rows<A>(x, M, K);
+  const Problem<A> p{&rounded, w, bias, y, K, N};
+  if (group_bytes == group_block_bytes(Format::kQ4_0)) {
+    run<Format::kQ4_0>(p, M);
+  } else if (group_bytes == group_block_bytes(Format::kQ4_1)) {
+    run<Format::kQ4_1>(p, M);
+  } else {
+    run<Format::kQ8_0>(p, M);
+  }
+}
+
+}  // namespace
+
+bool gguf_int_linear_available() { return true; }
+
+at::Tensor gguf_int_linear(const at::Tensor& x_in, const at::Tensor& packed,
+                           const c10::optional<at::Tensor>& bias, int64_t out_features,
+                           int64_t activation_bits) {
+  TORCH_CHECK(activation_bits == 8 || activation_bits == 16,
+              "activation_bits must be 8 or 16, got ", activation_bits);
+  TORCH_CHECK(packed.dim() == 3 && packed.scalar_type() == at::kByte && packed.is_contiguous(),
+              "packed: uint8 [ceil(out_features / 8), in_features / 32, group block bytes]");
+  const int64_t groups = packed.size(0), K = packed.size(1) * kBlock, bytes = packed.size(2);
+  TORCH_CHECK(bytes == group_block_bytes(Format::kQ4_0) ||
+                  bytes == group_block_bytes(Format::kQ4_1) ||
+                  bytes == group_block_bytes(Format::kQ8_0),
+              "group blocks of ", bytes, " bytes: not Q4_0 (144), Q4_1 (160) or Q8_0 (272)");
+  TORCH_CHECK(out_features > 0 && (out_features + kLanes - 1) / kLanes == groups,
+              "out_features ", out_features, " does not match the packing's ", groups,
+              " groups of 8");
+  TORCH_CHECK(x_in.dim() == 2 && x_in.size(1) == K && x_in.scalar_type() == at::kFloat,
+              "x: [rows, ", K, "] float32");
+  TORCH_CHECK(!bias.has_value() || (bias->dim() == 1 && bias->size(0) == out_features),
+              "bias: [", out_features, "]");
+  const at::Tensor x = x_in.contiguous();
+  const at::Tensor bias_f32 = bias.has_value() ? bias->to(at::kFloat).contiguous() : at::Tensor();
+  const int64_t M = x.size(0);
+  auto y = at::empty({M, out_features}, x.options());
+  if (M == 0) return y;
+  const float* bias_p = bias_f32.defined() ? bias_f32.data_ptr<float>() : nullptr;
+  if (activation_bits == 8) {
+    round_and_run<int8_t>(x.data_ptr<float>(), M, K, packed.data_ptr<uint8_t>(), bias_p,
+                          y.data_ptr<float>(), out_features, bytes);
+  } else {
+    round_and_run<int16_t>(x.data_ptr<float>(), M, K, packed.data_ptr<uint8_t>(), bias_p,
+                           y.data_ptr<float>(), out_features, bytes);
+  }
+  return y;
+}
+
+#else  // the compiler does not target AVX2, FMA and F16C: callers keep the exact paths
+
+bool gguf_int_linear_available() { return false; }
+
+at::Tensor gguf_int_linear(const at::Tensor&, const at::Tensor&,
+                           const c10::optional<at::Tensor>&, int64_t, int64_t) {
+  TORCH_CHECK(false, "gguf_int_linear needs AVX2, FMA and F16C");
+}
+
+#endif

@@ -1,0 +1,192 @@
+"""The quantized-activation GGUF kernel (`kernels/csrc/gguf_int_linear.cpp`) and the
+`quantized_activations` knob: with 8- and 16-bit x the kernel computes exactly the dequantized
+weights times x rounded per block of 32 (float64 reference, float32 summation error only), rows
+independent of their batch, every row tile and a partial last group of columns, bad inputs
+refused; the knob regroups every GGUF weight of a float32 model and sends it the batch sizes
+where it beats oneDNN."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType
+from torch import nn
+
+from inflight import LLM, SamplingParams
+from inflight.errors import ConfigError
+from inflight.kernels import load_extension
+from inflight.model.gguf_loader import KERNEL_BLOCK_TYPES
+from inflight.model.packed_linear import (
+    GGUF_INT_SMALL_BATCH_ROWS,
+    PackedLinear,
+    can_pack,
+    regroup_blocks,
+)
+from tests.gguf_files import write_tiny_gguf
+from tests.model.test_gguf_linear import quantized
+
+Q = GGMLQuantizationType
+ext = load_extension()
+pytestmark = pytest.mark.skipif(
+    not (ext.gguf_int_linear_available() and can_pack(torch.float32, torch.device("cpu"))),
+    reason="no AVX2, FMA and F16C on this CPU",
+)
+BITS = [8, 16]
+
+
+def rounded(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """x rounded as the kernel does: per block of 32, scale max|x| / (2^(bits-1) - 1) in
+    float32, x times its float32 inverse rounded half to even; as the float64 values d * q."""
+    top = np.float32(2 ** (bits - 1) - 1)
+    blocks = x.numpy().reshape(x.shape[0], -1, 32)
+    d = np.abs(blocks).max(axis=2, keepdims=True) / top
+    inv = np.where(d > 0, np.float32(1) / np.where(d > 0, d, 1), 0).astype(np.float32)
+    q = np.rint(blocks * inv)
+    assert np.abs(q).max() <= top
+    return torch.from_numpy((d.astype(np.float64) * q).reshape(x.shape))
+
+
+def assert_exact_over_rounded_x(got, x, weight, bits, bias=None) -> None:
+    x_hat = rounded(x, bits)
+    exact = x_hat @ weight.double().T + (0 if bias is None else bias.double())
+    magnitude = x_hat.abs() @ weight.double().abs().T
+    assert got.dtype == torch.float32 and got.shape == exact.shape
+    assert bool(((got.double() - exact).abs() <= magnitude * x.shape[1] * 2.0**-24).all())
+
+
+# SmolLM2's projections, widths ending on a partial group of 8 columns, and tiny ones
+SHAPES = [(960, 576), (576, 1536), (103, 64), (3, 32)]
+ROWS = [1, 2, 3, 4, 5, 8, 19]  # every tile height (1-4), and past one tile
+
+
+@pytest.mark.parametrize("bits", BITS)
+@pytest.mark.parametrize("qtype", KERNEL_BLOCK_TYPES, ids=lambda q: q.name)
+@pytest.mark.parametrize(("n", "k"), SHAPES)
+def test_kernel_is_the_exact_product_with_x_rounded_per_block(qtype, n, k, bits):
+    blocks, weight = quantized(n, k, qtype, seed=n)
+    packed = regroup_blocks(blocks)
+    assert packed.shape == ((n + 7) // 8, k // 32, 8 * blocks.shape[2])
+    bias = torch.randn(n)
+    for rows in ROWS:
+        x = torch.randn(rows, k) * torch.rand(rows, k // 32).repeat_interleave(32, dim=1)
+        x[0, :32] = 0.0  # an all-zero block: scale 0
+        got = ext.gguf_int_linear(x, packed, None, n, bits)
+        assert_exact_over_rounded_x(got, x, weight, bits)
+        got = ext.gguf_int_linear(x, packed, bias, n, bits)
+        assert_exact_over_rounded_x(got, x, weight, bits, bias)
+
+
+@pytest.mark.parametrize("bits", BITS)
+@pytest.mark.parametrize("qtype", KERNEL_BLOCK_TYPES, ids=lambda q: q.name)
+def test_rows_do_not_depend_on_their_batch(qtype, bits):
+    blocks, _ = quantized(103, 576, qtype)
+    packed = regroup_blocks(blocks)
+    x = torch.randn(19, 576)
+    batched = ext.gguf_int_linear(x, packed, None, 103, bits)
+    for r in (0, 3, 4, 18):
+        alone = ext.gguf_int_linear(x[r : r + 1], packed, None, 103, bits)
+        assert torch.equal(alone[0], batched[r])
+    assert torch.equal(ext.gguf_int_linear(x[5:11], packed, None, 103, bits), batched[5:11])
+
+
+def test_sixteen_bits_are_far_closer_to_the_exact_product_than_eight():
+    blocks, weight = quantized(576, 1536, Q.Q4_1)
+    packed = regroup_blocks(blocks)
+    x = torch.randn(4, 1536)
+    exact = x.double() @ weight.double().T
+    error = {bits: ((ext.gguf_int_linear(x, packed, None, 576, bits).double() - exact).norm()
+                    / exact.norm()).item() for bits in BITS}  # fmt: skip
+    assert error[8] < 1e-2 and error[16] < error[8] / 100
+
+
+def test_regrouping_moves_bytes_and_nothing_else():
+    blocks, _ = quantized(13, 64, Q.Q4_1)  # 2 groups of 8 columns, the last 3 zero
+    packed = regroup_blocks(blocks)
+    zeros = torch.zeros(3 * 2 * 20, dtype=torch.uint8)
+    assert torch.equal(packed.reshape(-1).sort().values,
+                       torch.cat([blocks.reshape(-1), zeros]).sort().values)  # fmt: skip
+    # group 0, block 1: 8 fp16 scales, 8 offsets, then chunk j = bytes 4j..4j+3 of each column
+    g = packed[0, 1]
+    assert torch.equal(g[:16].view(8, 2), blocks[:8, 1, 0:2])
+    assert torch.equal(g[16:32].view(8, 2), blocks[:8, 1, 2:4])
+    assert torch.equal(g[32:].view(4, 8, 4), blocks[:8, 1, 4:].reshape(8, 4, 4).transpose(0, 1))
+    assert not packed[1, :, :16].view(2, 8, 2)[:, 5:].any()  # columns 13-15: zero scales
+
+
+def test_bad_inputs_are_refused():
+    blocks, _ = quantized(64, 64, Q.Q4_1)
+    packed = regroup_blocks(blocks)
+    x = torch.randn(2, 64)
+
+    def run(x=x, packed=packed, bias=None, n=64, bits=8):
+        return ext.gguf_int_linear(x, packed, bias, n, bits)
+
+    assert run(x[:0]).shape == (0, 64)
+    assert torch.equal(run(x.T.contiguous().T), run(x))
+    with pytest.raises(RuntimeError, match=r"not Q4_0 \(144\), Q4_1 \(160\) or Q8_0 \(272\)"):
+        run(packed=blocks)  # the file's layout, not the regrouped one
+    with pytest.raises(RuntimeError, match="does not match the packing's 8 groups"):
+        run(n=65)
+    with pytest.raises(RuntimeError, match=r"x: \[rows, 64\] float32"):
+        run(x.to(torch.bfloat16))
+    with pytest.raises(RuntimeError, match=r"bias: \[64\]"):
+        run(bias=torch.randn(63))
+    with pytest.raises(RuntimeError, match="activation_bits must be 8 or 16, got 4"):
+        run(bits=4)
+    for bits in BITS:
+        nan = x.clone()
+        nan[0, 3] = float("nan")
+        out = run(nan, bits=bits)  # no crash; the poisoned row only
+        assert torch.isfinite(out[1]).all()
+
+
+@pytest.mark.parametrize("bits", BITS)
+def test_packed_linear_sends_batches_to_the_integer_kernel_up_to_its_limit(bits):
+    blocks, weight = quantized(96, 64, Q.Q4_1)
+    linear = nn.Linear(64, 96)
+    linear.weight.data.copy_(weight)
+    packed = PackedLinear(linear, small_batch_rows=64, gguf_blocks=blocks, activation_bits=bits)
+    assert packed.small_kernel == f"gguf-int{bits}"
+    limit = GGUF_INT_SMALL_BATCH_ROWS[bits]
+    assert packed.small_batch_rows == limit
+    with torch.inference_mode():
+        for rows in (1, 9, 16, 17, 300):
+            x = torch.randn(rows, 64)
+            if rows <= limit:
+                want = ext.gguf_int_linear(x, regroup_blocks(blocks), linear.bias, 96, bits)
+            else:
+                want = torch.ops.mkldnn._linear_pointwise(x, packed.weight, packed.bias, "none",
+                                                          [], "")  # fmt: skip
+            assert torch.equal(packed(x), want)
+    exact = PackedLinear(linear, small_batch_rows=64, gguf_blocks=blocks)
+    assert exact.small_kernel == "gguf" and not exact.activation_bits
+
+
+def test_the_knob_regroups_a_float32_gguf_model_and_reuse_must_agree(tmp_path, tiny_llama, caplog):
+    path = write_tiny_gguf(tiny_llama, tmp_path / "tiny-q4_1.gguf", Q.Q4_1)
+    llm = LLM(str(path), dtype="float32", device="cpu", quantized_activations="int16")
+    model = llm.core.loaded.model
+    linears = [m for m in model.modules() if isinstance(m, PackedLinear)]
+    assert {m.small_kernel for m in linears} == {"gguf-int16"}
+    assert model.fused_layers.activation_bits == 16
+    assert model.fused_layers.small_batch_rows == GGUF_INT_SMALL_BATCH_ROWS[16]
+    exact = LLM(str(path), dtype="float32", device="cpu", quantized_activations="off")
+    prompt = [[5, 9, 11, 3, 17, 2, 8]]
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    out = llm.generate(prompt, params, use_tqdm=False)[0].outputs[0].token_ids
+    assert len(out) == 6  # a tiny random model's tokens: their values are the kernel tests' job
+    with pytest.raises(ConfigError, match="loaded with quantized_activations='int16'"):
+        LLM(loaded_model=llm.core.loaded, dtype="float32", device="cpu")  # asks for auto
+    with pytest.raises(ConfigError, match="loaded with quantized_activations='off'"):
+        LLM(loaded_model=exact.core.loaded, dtype="float32", device="cpu",
+            quantized_activations="int8")  # fmt: skip
+    with pytest.raises(ConfigError, match="quantized_activations must be auto, off, int16 or int8"):
+        LLM(str(path), quantized_activations="int4")
+    # the reference backend brings no CPU kernels: the knob says it has no effect
+    with caplog.at_level(logging.WARNING, logger="inflight.model.loader"):
+        LLM(str(path), dtype="float32", device="cpu", attention_backend="torch",
+            quantized_activations="int8")  # fmt: skip
+    assert "quantized_activations has no effect" in caplog.text
