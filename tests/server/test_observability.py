@@ -106,8 +106,10 @@ def test_every_board_query_returns_data_from_a_real_prometheus(tiny_llama, tmp_p
             deadline = time.monotonic() + 60
             while True:
                 try:
-                    up = httpx.get(f"{api}/query", params={"query": "up"}).json()
-                    if up["data"]["result"] and up["data"]["result"][0]["value"][1] == "1":
+                    response = httpx.get(f"{api}/query", params={"query": "up"})
+                    # while its storage opens, Prometheus answers 503 "Service Unavailable"
+                    up = response.json() if response.status_code == 200 else None
+                    if up and up["data"]["result"] and up["data"]["result"][0]["value"][1] == "1":
                         break
                 except httpx.HTTPError:
                     pass
