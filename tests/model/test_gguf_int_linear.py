@@ -52,7 +52,8 @@ def rounded(x: torch.Tensor, bits: int) -> torch.Tensor:
 def assert_exact_over_rounded_x(got, x, weight, bits, bias=None) -> None:
     x_hat = rounded(x, bits)
     exact = x_hat @ weight.double().T + (0 if bias is None else bias.double())
-    magnitude = x_hat.abs() @ weight.double().abs().T
+    # the bias is added in float32 too: its rounding scales with the bias, not with the product
+    magnitude = x_hat.abs() @ weight.double().abs().T + (0 if bias is None else bias.abs())
     assert got.dtype == torch.float32 and got.shape == exact.shape
     assert bool(((got.double() - exact).abs() <= magnitude * x.shape[1] * 2.0**-24).all())
 
@@ -137,10 +138,13 @@ def test_bad_inputs_are_refused():
     with pytest.raises(RuntimeError, match="activation_bits must be 8 or 16, got 4"):
         run(bits=4)
     for bits in BITS:
-        nan = x.clone()
-        nan[0, 3] = float("nan")
-        out = run(nan, bits=bits)  # no crash; the poisoned row only
-        assert torch.isfinite(out[1]).all()
+        for poison in (float("nan"), float("inf"), 1e-40):  # 1e-40: a denormal block's only value
+            bad = x.clone()
+            bad[0, :32] = 0.0
+            bad[0, 3] = poison
+            out = run(bad, bits=bits)  # no crash; the poisoned row only
+            assert torch.equal(out[1], run(x, bits=bits)[1])
+            assert torch.isfinite(out[0]).all() == (poison == 1e-40)
 
 
 @pytest.mark.parametrize("bits", BITS)

@@ -32,6 +32,7 @@
 // product is 32-bit: 32 of them stay below 2^27.
 //
 // Every output is a fixed sequence of operations per row, whatever the batch and its tiling.
+#include "gguf_blocks.h"
 #include "ops.h"
 
 #include <ATen/ops/empty.h>
@@ -39,6 +40,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <type_traits>
 #include <vector>
 
@@ -47,15 +49,11 @@
 
 namespace {
 
-constexpr int64_t kBlock = 32;  // weights per block, in all three formats
-constexpr int64_t kLanes = 8;   // columns per group, one float32 lane each
-enum class Format { kQ4_0, kQ4_1, kQ8_0 };
+constexpr int64_t kLanes = 8;  // columns per group, one float32 lane each
 
 // bytes of one group's block: 8 scales, 8 offsets (Q4_1), the quants
-constexpr int64_t group_block_bytes(Format f) {
-  return f == Format::kQ4_0 ? 144 : f == Format::kQ4_1 ? 160 : 272;
-}
-constexpr int64_t quants_at(Format f) { return f == Format::kQ4_1 ? 32 : 16; }
+constexpr int64_t group_block_bytes(Format f) { return kLanes * block_bytes(f); }
+constexpr int64_t quants_at(Format f) { return kLanes * header_bytes(f); }
 
 // x's rows rounded per block of 32 to A (int8_t or int16_t): the integer values, each block's
 // scale, the integer sum of its rounded values (Q4_0's correction) and dx times that sum (Q4_1's
@@ -90,12 +88,17 @@ RoundedRows<A> round_rows(const float* x, int64_t M, int64_t K) {
   for (int64_t i = 0; i < n; ++i) {
     const float* xb = x + i * kBlock;
     __m256 v[4];
-    __m256 amax = _mm256_setzero_ps();
+    __m256 amax = _mm256_setzero_ps(), nan = _mm256_setzero_ps();
     for (int j = 0; j < 4; ++j) {
       v[j] = _mm256_loadu_ps(xb + 8 * j);
       amax = _mm256_max_ps(amax, _mm256_and_ps(v[j], abs_mask));
+      nan = _mm256_or_ps(nan, _mm256_cmp_ps(v[j], v[j], _CMP_UNORD_Q));
     }
-    const float d = lane_max(amax) / kMax;
+    float d = lane_max(amax) / kMax;
+    // a denormal scale has no finite inverse: such a block (|x| < 1e-36) rounds to zero
+    if (d > 0.0f && 1.0f / d == std::numeric_limits<float>::infinity()) d = 0.0f;
+    // max drops NaN; a NaN scale carries it into the outputs, as float32 arithmetic would
+    if (_mm256_movemask_ps(nan)) d = std::numeric_limits<float>::quiet_NaN();
     const __m256 inv = _mm256_set1_ps(d > 0.0f ? 1.0f / d : 0.0f);
     __m256i q[4];
     for (int j = 0; j < 4; ++j) q[j] = _mm256_cvtps_epi32(_mm256_mul_ps(v[j], inv));  // to even
@@ -256,16 +259,10 @@ void run(const Problem<A>& p, int64_t M) {
 
 template <class A>
 void round_and_run(const float* x, int64_t M, int64_t K, const uint8_t* w, const float* bias,
-                   float* y, int64_t N, int64_t group_bytes) {
+                   float* y, int64_t N, Format format) {
   const RoundedRows<A> rounded = round_rows<A>(x, M, K);
   const Problem<A> p{&rounded, w, bias, y, K, N};
-  if (group_bytes == group_block_bytes(Format::kQ4_0)) {
-    run<Format::kQ4_0>(p, M);
-  } else if (group_bytes == group_block_bytes(Format::kQ4_1)) {
-    run<Format::kQ4_1>(p, M);
-  } else {
-    run<Format::kQ8_0>(p, M);
-  }
+  with_format(format, [&](auto f) { run<f.value>(p, M); });
 }
 
 }  // namespace
@@ -280,10 +277,10 @@ at::Tensor gguf_int_linear(const at::Tensor& x_in, const at::Tensor& packed,
   TORCH_CHECK(packed.dim() == 3 && packed.scalar_type() == at::kByte && packed.is_contiguous(),
               "packed: uint8 [ceil(out_features / 8), in_features / 32, group block bytes]");
   const int64_t groups = packed.size(0), K = packed.size(1) * kBlock, bytes = packed.size(2);
-  TORCH_CHECK(bytes == group_block_bytes(Format::kQ4_0) ||
-                  bytes == group_block_bytes(Format::kQ4_1) ||
-                  bytes == group_block_bytes(Format::kQ8_0),
-              "group blocks of ", bytes, " bytes: not Q4_0 (144), Q4_1 (160) or Q8_0 (272)");
+  const std::optional<Format> format =
+      bytes % kLanes ? std::nullopt : format_of(bytes / kLanes);
+  TORCH_CHECK(format, "group blocks of ", bytes,
+              " bytes: not Q4_0 (144), Q4_1 (160) or Q8_0 (272)");
   TORCH_CHECK(out_features > 0 && (out_features + kLanes - 1) / kLanes == groups,
               "out_features ", out_features, " does not match the packing's ", groups,
               " groups of 8");
@@ -299,10 +296,10 @@ at::Tensor gguf_int_linear(const at::Tensor& x_in, const at::Tensor& packed,
   const float* bias_p = bias_f32.defined() ? bias_f32.data_ptr<float>() : nullptr;
   if (activation_bits == 8) {
     round_and_run<int8_t>(x.data_ptr<float>(), M, K, packed.data_ptr<uint8_t>(), bias_p,
-                          y.data_ptr<float>(), out_features, bytes);
+                          y.data_ptr<float>(), out_features, *format);
   } else {
     round_and_run<int16_t>(x.data_ptr<float>(), M, K, packed.data_ptr<uint8_t>(), bias_p,
-                           y.data_ptr<float>(), out_features, bytes);
+                           y.data_ptr<float>(), out_features, *format);
   }
   return y;
 }

@@ -17,6 +17,7 @@
 // Every output is a fixed sequence of float32 operations: one accumulator of 8 lanes fed in k
 // order, summed across lanes in a fixed order, then the offsets, then the bias. So a row's
 // result never depends on the other rows of the batch, nor on how the batch is tiled.
+#include "gguf_blocks.h"
 #include "ops.h"
 
 #include <ATen/ops/empty.h>
@@ -32,13 +33,6 @@
 #include <immintrin.h>
 
 namespace {
-
-constexpr int64_t kBlock = 32;  // weights per block, in all three formats
-enum class Format { kQ4_0, kQ4_1, kQ8_0 };
-
-constexpr int64_t block_bytes(Format f) {
-  return f == Format::kQ4_0 ? 18 : f == Format::kQ4_1 ? 20 : 34;
-}
 
 inline float half_at(const uint8_t* p) {
   uint16_t h;
@@ -181,9 +175,8 @@ at::Tensor gguf_linear(const at::Tensor& x_in, const at::Tensor& blocks,
   TORCH_CHECK(blocks.dim() == 3 && blocks.scalar_type() == at::kByte && blocks.is_contiguous(),
               "blocks: uint8 [out_features, in_features / 32, block bytes]");
   const int64_t N = blocks.size(0), K = blocks.size(1) * kBlock, bytes = blocks.size(2);
-  TORCH_CHECK(bytes == block_bytes(Format::kQ4_0) || bytes == block_bytes(Format::kQ4_1) ||
-                  bytes == block_bytes(Format::kQ8_0),
-              "blocks of ", bytes, " bytes: not Q4_0 (18), Q4_1 (20) or Q8_0 (34)");
+  const std::optional<Format> format = format_of(bytes);
+  TORCH_CHECK(format, "blocks of ", bytes, " bytes: not Q4_0 (18), Q4_1 (20) or Q8_0 (34)");
   TORCH_CHECK(out_features == N, "out_features ", out_features, " does not match the blocks' ",
               N);
   TORCH_CHECK(x_in.dim() == 2 && x_in.size(1) == K && x_in.scalar_type() == at::kFloat,
@@ -197,7 +190,7 @@ at::Tensor gguf_linear(const at::Tensor& x_in, const at::Tensor& blocks,
   const float* xp = x.data_ptr<float>();
   const int64_t blocks_per_row = blocks.size(1);
   std::vector<float> x_sums;
-  if (bytes == block_bytes(Format::kQ4_1)) {
+  if (format == Format::kQ4_1) {
     x_sums.resize(M * blocks_per_row);
     for (int64_t i = 0; i < M * blocks_per_row; ++i) {
       float sum = 0.0f;
@@ -208,13 +201,7 @@ at::Tensor gguf_linear(const at::Tensor& x_in, const at::Tensor& blocks,
   const Problem p{xp, x_sums.data(), blocks.data_ptr<uint8_t>(),
                   bias_f32.defined() ? bias_f32.data_ptr<float>() : nullptr, y.data_ptr<float>(),
                   K, N, blocks_per_row * bytes};
-  if (bytes == block_bytes(Format::kQ4_0)) {
-    run<Format::kQ4_0>(p, M);
-  } else if (bytes == block_bytes(Format::kQ4_1)) {
-    run<Format::kQ4_1>(p, M);
-  } else {
-    run<Format::kQ8_0>(p, M);
-  }
+  with_format(*format, [&](auto f) { run<f.value>(p, M); });
   return y;
 }
 
