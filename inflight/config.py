@@ -86,7 +86,7 @@ class ModelConfig:
         )
         _require(self.device in ("auto", "cpu", "cuda"), f"unknown device {self.device!r}")
         _require(
-            self.quantized_activations in ACTIVATION_BITS,
+            self.quantized_activations in tuple(ACTIVATION_BITS),  # any value, hashable or not
             "quantized_activations must be auto, off, int16 or int8, got "
             f"{self.quantized_activations!r}",
         )

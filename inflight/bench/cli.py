@@ -19,6 +19,7 @@ from inflight.bench.structured import (
     order_constraint,
     write_structured_report,
 )
+from inflight.config import ModelConfig
 from inflight.engine.profiling import OVERHEAD_PHASES, breakdown
 from inflight.errors import ConfigError, InflightError
 from inflight.model.loader import is_gguf
@@ -317,7 +318,7 @@ def run_local(args: argparse.Namespace, knobs: dict[str, Any], out: Path) -> dic
         reset_peak_rss()  # each run's own peak (the first one's includes loading the model)
         base_mode = mode.removesuffix(CONSTRAINED)
         mode_knobs = {**knobs, **COMPARE_MODES.get(base_mode, {})}
-        activations = mode_knobs.get("quantized_activations", "auto")
+        activations = mode_knobs.get("quantized_activations", ModelConfig.quantized_activations)
         if loaded is not None and loaded.quantized_activations != activations:
             loaded = None  # weights packed for another kind of activations
         llm = LLM(loaded_model=loaded, **mode_knobs)

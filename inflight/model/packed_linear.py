@@ -52,9 +52,9 @@ SMALL_BATCH_ROWS = 64
 # rows) costs more than the bytes it saves.
 GGUF_SMALL_BATCH_ROWS = 8
 # Batches of at most this many rows go to `gguf_int_linear` with quantized activations, by bits:
-# with 8-bit x its integer dot products beat oneDNN's float32 at every size measured (1.4x at 512
-# rows, 4-9x at one row), so every batch goes there; with 16-bit x it is ~3x faster at one row
-# and level with oneDNN at 16.
+# with 8-bit x its integer dot products beat oneDNN's float32 at every size measured on an AVX2
+# Zen 3 (1.4x at 512 rows, 4-9x at one row), so every batch goes there; with 16-bit x it is ~3x
+# faster at one row and level with oneDNN at 16.
 GGUF_INT_SMALL_BATCH_ROWS = {8: 2**31 - 1, 16: 16}
 # A warm-up call slower than this is mostly multiply, which outweighs the ~1 ms build it saves.
 WARM_UP_MAX_CALL_S = 0.005
