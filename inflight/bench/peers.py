@@ -16,12 +16,14 @@ import torch
 from tqdm.auto import tqdm
 
 from inflight.bench.offline import peak_rss_mb, reset_peak_rss
+from inflight.config import SchedulerConfig
 from inflight.model.loader import is_gguf
 from inflight.workload.requests import WorkloadRequest, require_simultaneous
 from inflight.workload.results import RequestRecord, RunResult
 
 PEERS = ("hf-static", "hf-continuous", "vllm", "llamacpp", "llamacpp-gguf", "llama-server",
          "inflight-serve")  # fmt: skip
+HF_PAGE_TOKENS = 256  # tokens per block of transformers' paged cache (its default)
 _DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
 
 
@@ -76,10 +78,12 @@ def run_hf_continuous(
     device: str = "cpu",
     progress: bool = True,
 ) -> RunResult:
-    """transformers sizes its own batch and KV cache; it gets the whole workload at once. A
-    request it fails (it logs the error and returns what it has, e.g. nothing after running out
-    of GPU memory) fails the run: a short result must never be reported as a fast one."""
-    from transformers import GenerationConfig
+    """transformers gets the whole workload at once, and a KV cache of the blocks it needs to
+    hold all of it (sized by itself, it takes most of the free memory and spends seconds of
+    the measured run allocating it) and inflight's default step budget. A request it fails (it
+    logs the error and returns what it has, e.g. nothing after running out of GPU memory) fails
+    the run: a short result must never be reported as a fast one."""
+    from transformers import ContinuousBatchingConfig, GenerationConfig
 
     require_simultaneous(workload, "hf-continuous")
     reset_peak_rss()
@@ -89,7 +93,15 @@ def run_hf_continuous(
         eos_token_id=-1,  # an id no token has: ignore EOS, as the inflight runs do
         pad_token_id=0,
     )  # fmt: skip
-    manager = model.init_continuous_batching(generation_config=config)
+    page = HF_PAGE_TOKENS
+    cache = ContinuousBatchingConfig(
+        page_size=page,
+        num_blocks=sum(-(-(len(r.prompt_token_ids) + r.max_tokens) // page) for r in workload),
+        max_batch_tokens=SchedulerConfig.max_num_batched_tokens,
+    )
+    manager = model.init_continuous_batching(
+        generation_config=config, continuous_batching_config=cache
+    )
     start = time.perf_counter()
     manager.start()
     records = []

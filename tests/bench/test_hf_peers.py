@@ -35,15 +35,22 @@ class FakeManager:
 
 
 def run_with(monkeypatch, manager):
-    model = SimpleNamespace(init_continuous_batching=lambda generation_config: manager)
+    def init_continuous_batching(generation_config, continuous_batching_config):
+        manager.cache = continuous_batching_config
+        return manager
+
+    model = SimpleNamespace(init_continuous_batching=init_continuous_batching)
     monkeypatch.setattr(peers, "load_hf_model", lambda path, dtype, device: model)
     workload = [WorkloadRequest([1, 2, 3], 4, 0.0), WorkloadRequest([4, 5], 6, 0.0)]
     return peers.run_hf_continuous(None, workload, "float32", progress=False)
 
 
 def test_complete_results_are_recorded(monkeypatch):
-    run = run_with(monkeypatch, FakeManager(lambda n: [7] * n))
+    manager = FakeManager(lambda n: [7] * n)
+    run = run_with(monkeypatch, manager)
     assert [r.output_tokens for r in run.requests] == [4, 6]
+    # a block of 256 tokens each holds a whole request: the cache holds both, no more
+    assert manager.cache.num_blocks == 2 and manager.cache.page_size == 256
 
 
 @pytest.mark.parametrize(
