@@ -24,3 +24,11 @@ def smollm_prompts(default_model) -> list[list[int]]:
     from inflight.tokenizer import load_tokenizer
 
     return parity_prompts(load_tokenizer(default_model))
+
+
+@pytest.fixture(scope="session")
+def hf_default_model(default_model):
+    """transformers' own model from the default GGUF, float32 (~20 s to load: shared)."""
+    from inflight.bench.peers import load_hf_model
+
+    return load_hf_model(default_model, "float32")

@@ -6,16 +6,26 @@ from __future__ import annotations
 import pytest
 
 from inflight import LLM, SamplingParams
+from inflight.bench import peers
 from inflight.bench.vllm_peer import export_hf_folder
 
 pytestmark = pytest.mark.slow
 
 
-def test_exported_folder_generates_like_the_gguf(default_model, tmp_path, monkeypatch):
+def test_exported_folder_generates_like_the_gguf(default_model, hf_default_model, tmp_path,
+                                                 monkeypatch):  # fmt: skip
     monkeypatch.setenv("INFLIGHT_CACHE", str(tmp_path))
+    loads = []
+
+    def load_hf_model(path, dtype):  # the session's copy of what this would load again
+        loads.append((path, dtype))
+        return hf_default_model
+
+    monkeypatch.setattr(peers, "load_hf_model", load_hf_model)
     folder = export_hf_folder(default_model, "float32")
     assert (folder / "config.json").is_file() and list(folder.glob("*.safetensors"))
     assert export_hf_folder(default_model, "float32") == folder  # cached
+    assert loads == [(default_model, "float32")]
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     prompts = ["The capital of France is", "def fibonacci(n):"]
     # the folder has no GGUF blocks, so it runs the exact float32 path: compare like with like

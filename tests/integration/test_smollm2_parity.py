@@ -8,7 +8,6 @@ the exact float32 path is checked too.
 from __future__ import annotations
 
 import pytest
-import torch
 
 from inflight import LLM, SamplingParams
 from inflight.kernels import load_extension
@@ -29,13 +28,8 @@ ENGINE_SETTINGS = {
 
 
 @pytest.fixture(scope="module")
-def expected(default_model, smollm_prompts):
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(
-        default_model.parent, gguf_file=default_model.name, dtype=torch.float32
-    ).eval()
-    return hf_greedy(model, smollm_prompts, MAX_TOKENS)
+def expected(hf_default_model, smollm_prompts):
+    return hf_greedy(hf_default_model, smollm_prompts, MAX_TOKENS)
 
 
 @pytest.mark.parametrize("setting", list(ENGINE_SETTINGS))
