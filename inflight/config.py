@@ -177,6 +177,14 @@ class SchedulerConfig:
             "the step time its drafts add"
         },
     )
+    speculative_model: str | None = field(
+        default=None,
+        metadata={
+            "help": "a small model sharing the target's tokenizer (HF folder or GGUF file) that "
+            "writes the num_speculative_tokens drafts instead of n-gram lookup; its KV cache "
+            "shares the pool's blocks and the KV memory budget"
+        },
+    )
     # Resolved by the engine once the model is loaded; not a user knob.
     max_model_len: int = field(default=0, metadata={"knob": False})
 
@@ -202,6 +210,14 @@ class SchedulerConfig:
         _require(
             0 <= self.num_speculative_tokens <= 64,
             f"num_speculative_tokens must be in [0, 64], got {self.num_speculative_tokens}",
+        )
+        _require(
+            self.speculative_model is None or isinstance(self.speculative_model, str),
+            f"speculative_model must be a path, got {self.speculative_model!r}",
+        )
+        _require(
+            self.speculative_model is None or self.num_speculative_tokens >= 1,
+            "speculative_model drafts num_speculative_tokens tokens: set it to 1 or more",
         )
         _require(
             self.prediction_horizon >= 1,

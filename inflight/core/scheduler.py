@@ -50,8 +50,11 @@ class Scheduler:
         self.config = config
         self.kv = kv_cache_manager
         self.admission = make_admission(kv_cache_manager, config)
+        by_model = config.speculative_model is not None
         self.speculation = (
-            Speculation(config.num_speculative_tokens) if config.num_speculative_tokens else None
+            Speculation(config.num_speculative_tokens, by_model)
+            if config.num_speculative_tokens
+            else None
         )
         self.clock = clock
         self.requests: dict[str, Request] = {}

@@ -1,11 +1,15 @@
-"""Speculative decoding, the core's side: n-gram prompt lookup proposes draft tokens, and an
-online cost model decides, request by request and step by step, whether drafting pays.
+"""Speculative decoding, the core's side: n-gram prompt lookup proposes draft tokens (or a
+draft model will, in the runner), and an online cost model decides, request by request and step
+by step, whether drafting pays.
 
-Drafts come from the request's own tokens, no draft model: the longest suffix of
-`NGRAM_MAX`..`NGRAM_MIN` tokens that occurred before, and the tokens that followed its latest
-earlier occurrence. They are verified in the same forward pass as everyone else's tokens (more
-query tokens of the request in the flat batch): the runner keeps the longest prefix the target
-model agrees with (greedy: the same tokens; sampled: rejection sampling, which keeps the target
+Drafts come from the request's own tokens: the longest suffix of `NGRAM_MAX`..`NGRAM_MIN`
+tokens that occurred before, and the tokens that followed its latest earlier occurrence. With a
+`speculative_model`, the scheduler only makes room (`MODEL_DRAFT` placeholders, their KV slots
+allocated) and the runner's drafter writes the tokens just before the forward pass.
+
+Drafts are verified in the same forward pass as everyone else's tokens (more query tokens of
+the request in the flat batch): the runner keeps the longest prefix the target model agrees
+with (greedy: the same tokens; sampled: rejection sampling, which keeps the target
 distribution) and adds one token of its own; the scheduler gives the rejected drafts' KV slots
 back.
 
@@ -15,7 +19,8 @@ engine's step records); drafting `d` tokens for one request gains its acceptance
 seconds: `c * d * B / T` tokens. So a request drafts while `a > c * B / T`. On a CPU decoding
 one stream, `T` is mostly reading the weights and `c` is small: drafting pays at low acceptance.
 In a full batch, `B` is large and `c` is most of `T / B`: it pays only where lookup is nearly
-always right. A request without history counts as accepting half its drafts.
+always right. A request without history counts as accepting half its drafts. A draft model's
+own passes add to the step time the fit sees, roughly in proportion to the drafts.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ NGRAM_MAX = 4  # longest suffix looked up
 NGRAM_MIN = 2  # shortest: a single repeated token predicts little
 PRIOR_DRAFTED, PRIOR_ACCEPTED = 4, 2  # a newcomer's acceptance rate: 1/2 until it has its own
 DECAY = 0.95  # weight of older steps in the cost fit (~20 steps)
+MODEL_DRAFT = -1  # a draft slot the runner's draft model fills in before the forward pass
 
 
 @dataclass(slots=True)
@@ -78,8 +84,9 @@ class StepCostFit:
 
 
 class Speculation:
-    def __init__(self, num_speculative_tokens: int) -> None:
+    def __init__(self, num_speculative_tokens: int, by_model: bool = False) -> None:
         self.k = num_speculative_tokens
+        self.by_model = by_model  # a draft model writes the drafts (`runner/drafter.py`)
         self.cost = StepCostFit()
         self._states: dict[str, _RequestState] = {}
         self.num_drafted = 0  # draft tokens scheduled
@@ -106,9 +113,10 @@ class Speculation:
             return []
         state = self._states.get(request.request_id)
         if state is None:
-            state = self._states[request.request_id] = _RequestState(
-                tokens=list(request.prompt_token_ids)
-            )
+            tokens = [] if self.by_model else list(request.prompt_token_ids)
+            state = self._states[request.request_id] = _RequestState(tokens=tokens)
+        if self.by_model:  # slots for the drafts; the runner's drafter writes them
+            return self._if_it_pays(state, [MODEL_DRAFT] * limit)
         tokens = state.tokens
         tokens += request.output_token_ids[len(tokens) - request.num_prompt_tokens :]
         end = len(tokens)
@@ -119,11 +127,13 @@ class Speculation:
         for n in range(min(NGRAM_MAX, end), NGRAM_MIN - 1, -1):
             start = state.index.get(tuple(tokens[end - n :]))
             if start is not None:
-                draft = tokens[start : start + limit]
-                if state.accepted / state.drafted > self.cost.break_even_rate():
-                    return draft
-                self.num_declined += 1
-                return []
+                return self._if_it_pays(state, tokens[start : start + limit])
+        return []
+
+    def _if_it_pays(self, state: _RequestState, draft: list[int]) -> list[int]:
+        if state.accepted / state.drafted > self.cost.break_even_rate():
+            return draft
+        self.num_declined += 1
         return []
 
     def on_verified(self, request_id: str, drafted: int, accepted: int) -> None:

@@ -25,6 +25,7 @@ from inflight.model.loader import LoadedModel, load_model, resolve_model_path
 from inflight.platform import resolve_device, resolve_dtype
 from inflight.request import FinishReason, Request
 from inflight.runner.cuda_graphs import DecodeGraphs, supports_graphs
+from inflight.runner.drafter import Drafter
 from inflight.runner.kv_cache import KVCache, kv_bytes_per_token
 from inflight.runner.model_runner import WARM_UP_CHUNK, ModelRunner
 
@@ -62,20 +63,26 @@ class EngineCore:
                 f"{config.model.quantized_activations!r}"
             )
         arch = loaded.arch
+        sched_cfg = config.scheduler
+        draft = None
+        if sched_cfg.speculative_model is not None:
+            draft = self._load_drafter(sched_cfg.speculative_model, loaded, dtype, device, config)
 
         requested_len = config.model.max_model_len
-        sched_cfg = config.scheduler
+        # the drafter's KV shares the pool's blocks: a block costs both models' bytes
         bytes_per_token = kv_bytes_per_token(arch, dtype)
+        max_positions = arch.max_position_embeddings
+        if draft is not None:
+            bytes_per_token += kv_bytes_per_token(draft.arch, dtype)
+            max_positions = min(max_positions, draft.arch.max_position_embeddings)
         num_blocks = config.cache.num_kv_blocks or num_blocks_for_budget(
             bytes_per_token,
             block_size,
             config.cache.kv_cache_memory_bytes,
             sched_cfg.max_num_seqs,
-            requested_len or arch.max_position_embeddings,
+            requested_len or max_positions,
         )
-        max_model_len = resolve_max_model_len(
-            requested_len, arch.max_position_embeddings, num_blocks, block_size
-        )
+        max_model_len = resolve_max_model_len(requested_len, max_positions, num_blocks, block_size)
         num_cpu_blocks = 0
         if sched_cfg.preemption_mode == "swap":
             num_cpu_blocks = config.cache.swap_space_bytes // (bytes_per_token * block_size)
@@ -102,8 +109,14 @@ class EngineCore:
                 loaded.model, self.kv_cache, sched_cfg.max_num_seqs, max_model_len, device
             )
             graphs.capture_all()
+        drafter = None
+        if draft is not None:
+            draft_attn = draft.model.layers[0].attn
+            draft_kv = KVCache(draft.arch, draft_attn, num_blocks, dtype, device,
+                               scratch_block=True)  # fmt: skip
+            drafter = Drafter(draft.model, draft_kv, draft_attn, device)
         self.runner = ModelRunner(
-            loaded.model, self.kv_cache, attn, device, config.model.seed, graphs
+            loaded.model, self.kv_cache, attn, device, config.model.seed, graphs, drafter
         )
         self.runner.warm_up(warm_up_tokens(sched_cfg.max_num_batched_tokens, max_model_len,
                                            device, attn.interpreted, block_size))  # fmt: skip
@@ -118,6 +131,22 @@ class EngineCore:
             max_model_len,
         )
         assert cdiv(max_model_len, block_size) <= num_blocks
+
+    @staticmethod
+    def _load_drafter(
+        model: str, target: LoadedModel, dtype: torch.dtype, device: torch.device,
+        config: EngineConfig,
+    ) -> LoadedModel:  # fmt: skip
+        """The draft model, loaded like the target; its tokens must mean the target's."""
+        cfg = config.model
+        draft = load_model(resolve_model_path(model), dtype, device, config.cache.kv_block_size,
+                           cfg.attention_backend, cfg.quantized_activations)  # fmt: skip
+        if draft.arch.vocab_size != target.arch.vocab_size:
+            raise ConfigError(
+                f"speculative_model {model} has a vocabulary of {draft.arch.vocab_size} tokens, "
+                f"the model {target.arch.vocab_size}: a draft model must share its tokenizer"
+            )
+        return draft
 
     def enable_profiling(self) -> PhaseTimer:
         """Times every phase of every step from now on (`inflight bench offline --profile`)."""

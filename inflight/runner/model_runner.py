@@ -1,22 +1,10 @@
-"""ModelRunner: SchedulerOutput -> one flat forward pass -> one sampled token per sampling request.
-
-Per step it builds, on the CPU and then in one copy each to the device:
-
-    input_ids        [T]    every scheduled token of every request, concatenated
-    positions        [T]    each token's position in its sequence
-    slot_mapping     [T]    block_table[pos // block_size] * block_size + pos % block_size
-    query_start_loc  [R+1]  where each request's tokens start in the flat row
-    seq_lens         [R]    tokens in the KV cache after this step, per request
-    block_tables     [R, max_blocks]
-    logits_indices   [S]    flat index of the last token of each request that samples
-"""
+"""ModelRunner: SchedulerOutput -> one flat forward pass (`step_inputs.py`) -> one sampled token
+per sampling request, after the drafts it carries are verified."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -26,26 +14,16 @@ from inflight.engine.profiling import NO_TIMER, Timer
 from inflight.kernels import load_extension
 from inflight.model.llama import LlamaModel
 from inflight.runner.cuda_graphs import DecodeGraphs
+from inflight.runner.drafter import Drafter
 from inflight.runner.kv_cache import KVCache
 from inflight.runner.sampler import Sampler
+from inflight.runner.step_inputs import StepInputs, build_step_inputs
 from inflight.sampling_params import SamplingParams
 from inflight.structured import GrammarMasks
 
 WARM_UP_CHUNK = 512  # tokens per prompt chunk of the start-up warm-up
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class StepInputs:
-    input_ids: torch.Tensor
-    positions: torch.Tensor
-    slot_mapping: torch.Tensor
-    query_start_loc: list[int]
-    seq_lens: list[int]
-    block_tables: torch.Tensor
-    logits_indices: torch.Tensor
-    attn_metadata: Any  # the backend's own
 
 
 class ModelRunner:
@@ -57,8 +35,10 @@ class ModelRunner:
         device: torch.device,
         seed: int = 0,
         decode_graphs: DecodeGraphs | None = None,
+        drafter: Drafter | None = None,
     ) -> None:
         self.model = model
+        self.drafter = drafter  # writes the drafts of draft-model speculation
         self.decode_graphs = decode_graphs
         self.kv_cache = kv_cache
         self.attn_backend = attn_backend
@@ -100,68 +80,23 @@ class ModelRunner:
         inputs = self.prepare_inputs(SchedulerOutput(scheduled))
         logits = self.model(inputs.input_ids, inputs.positions, self.kv_cache.layers,
                             inputs.attn_metadata, inputs.logits_indices)  # fmt: skip
+        if self.drafter is not None:
+            self.drafter.warm_up(scheduled)
         self.sampler.sample(logits, scheduled)
         self.sampler.drop([s.request_id for s in scheduled])
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
     def prepare_inputs(self, out: SchedulerOutput) -> StepInputs:
-        block_size = self.block_size
-        input_ids: list[int] = []
-        start_pos: list[int] = []
-        query_start_loc = [0]
-        logits_indices: list[int] = []
-        for s in out.scheduled:
-            input_ids.extend(s.token_ids)
-            start_pos.append(s.start_pos)
-            query_start_loc.append(query_start_loc[-1] + s.num_tokens)
-            if s.sample:  # the last token's logits, and each draft's before it
-                end = query_start_loc[-1]
-                logits_indices.extend(range(end - 1 - len(s.draft_token_ids), end))
-
-        num_reqs = len(out.scheduled)
-        q_lens = torch.tensor([s.num_tokens for s in out.scheduled])
-        starts = torch.tensor(start_pos)
-        seq_lens = (starts + q_lens).tolist()
-        max_blocks = max(len(s.block_table) for s in out.scheduled)
-        # one tensor from padded lists: a tensor per row cost ~6 us each (1.5 ms at 256 rows)
-        block_tables = torch.tensor(
-            [s.block_table + [0] * (max_blocks - len(s.block_table)) for s in out.scheduled],
-            dtype=torch.long,
-        )
-
-        # positions: for each request, start_pos .. start_pos + q_len - 1
-        req_of_token = torch.repeat_interleave(torch.arange(num_reqs), q_lens)  # [T]
-        token_offset = (
-            torch.arange(len(input_ids)) - torch.tensor(query_start_loc[:-1])[req_of_token]
-        )
-        positions = starts[req_of_token] + token_offset  # [T]
-        slot_mapping = (
-            block_tables[req_of_token, positions // block_size] * block_size
-            + positions % block_size
-        )  # [T]
-
-        dev = self.device
-        slot_mapping = slot_mapping.to(dev)
-        meta = self.attn_backend.build_metadata(
-            query_start_loc, start_pos, block_tables, slot_mapping, dev
-        )
-        return StepInputs(
-            input_ids=torch.tensor(input_ids, device=dev),
-            positions=positions.to(dev),
-            slot_mapping=slot_mapping,
-            query_start_loc=query_start_loc,
-            seq_lens=seq_lens,
-            block_tables=block_tables,
-            logits_indices=torch.tensor(logits_indices, dtype=torch.long, device=dev),
-            attn_metadata=meta,
-        )
+        return build_step_inputs(out.scheduled, self.block_size, self.attn_backend, self.device)
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
         # NOTE: a preempted request keeps its seeded generator, so recompute does not replay noise.
         self.sampler.drop(out.finished_request_ids)
         self.grammar_masks.drop(out.finished_request_ids)
+        if self.drafter is not None:
+            self.drafter.drop(out.finished_request_ids + out.preempted_request_ids)
         self.kv_cache.swap(out.swap_out, out.swap_in)
         if not out.scheduled:
             return ModelRunnerOutput()
@@ -191,6 +126,9 @@ class ModelRunner:
         if self.fault_hook is not None:
             for s in scheduled:
                 self.fault_hook(s)
+        if self.drafter is not None:
+            with self.timer.phase("draft"):
+                scheduled = self.drafter.fill(scheduled)
         sampling = [s for s in scheduled if s.sample]
         # rows of the requests that sample plainly (speculating ones are verified apart; they
         # are never constrained)
@@ -247,6 +185,8 @@ class ModelRunner:
                 if s.draft_token_ids:
                     *kept, token_id = self.sampler.verify(logits[row : row + num_rows], s)
                     result.accepted_draft_ids[s.request_id] = kept
+                    if self.drafter is not None:
+                        self.drafter.commit(s, len(kept))
                     result.sampled_token_ids[s.request_id] = token_id
                 else:
                     plain_rows.append(row)

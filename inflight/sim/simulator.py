@@ -118,7 +118,8 @@ _SHORT_DTYPE = {"torch.bfloat16": "bf16", "torch.float16": "fp16", "torch.float3
 # Knobs of the engine's model and device, not of its core; and speculation, whose acceptance
 # depends on the model's tokens, which a simulation does not have.
 ENGINE_ONLY_KNOBS = ("model", "dtype", "device", "seed", "attention_backend", "enforce_eager",
-                     "num_speculative_tokens", "quantized_activations")  # fmt: skip
+                     "num_speculative_tokens", "speculative_model",
+                     "quantized_activations")  # fmt: skip
 
 
 def setup_like_engine(hardware: HardwareProfile, core, knobs: dict) -> SimSetup:
