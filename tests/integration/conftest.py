@@ -32,3 +32,23 @@ def hf_default_model(default_model):
     from inflight.bench.peers import load_hf_model
 
     return load_hf_model(default_model, "float32")
+
+
+@pytest.fixture(scope="session")
+def loaded_float32(default_model):
+    """`kind -> the default model loaded in float32 with quantized_activations=kind` (blocks of
+    16 tokens), each loaded once: float32 engines share it through `LLM(loaded_model=...)`
+    instead of loading it again (~4 s each)."""
+    import torch
+
+    from inflight.model.loader import load_model
+
+    cache = {}
+
+    def get(kind: str = "auto"):
+        if kind not in cache:
+            cache[kind] = load_model(default_model, torch.float32, torch.device("cpu"), 16,
+                                     quantized_activations=kind)  # fmt: skip
+        return cache[kind]
+
+    return get

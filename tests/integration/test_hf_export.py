@@ -12,8 +12,8 @@ from inflight.bench.vllm_peer import export_hf_folder
 pytestmark = pytest.mark.slow
 
 
-def test_exported_folder_generates_like_the_gguf(default_model, hf_default_model, tmp_path,
-                                                 monkeypatch):  # fmt: skip
+def test_exported_folder_generates_like_the_gguf(default_model, hf_default_model, loaded_float32,
+                                                 tmp_path, monkeypatch):  # fmt: skip
     monkeypatch.setenv("INFLIGHT_CACHE", str(tmp_path))
     loads = []
 
@@ -29,7 +29,8 @@ def test_exported_folder_generates_like_the_gguf(default_model, hf_default_model
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     prompts = ["The capital of France is", "def fibonacci(n):"]
     # the folder has no GGUF blocks, so it runs the exact float32 path: compare like with like
-    gguf = LLM(str(default_model), dtype="float32", quantized_activations="off")
+    gguf = LLM(str(default_model), dtype="float32", quantized_activations="off",
+               loaded_model=loaded_float32("off"))  # fmt: skip
     from_gguf = gguf.generate(prompts, params)
     from_folder = LLM(str(folder), dtype="float32").generate(prompts, params)
     assert [o.outputs[0].token_ids for o in from_folder] == [

@@ -23,8 +23,9 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def test_int8_activations_keep_the_exact_paths_first_tokens(default_model):
-    exact = LLM(str(default_model), dtype="float32", quantized_activations="off")
+def test_int8_activations_keep_the_exact_paths_first_tokens(default_model, loaded_float32):
+    exact = LLM(str(default_model), dtype="float32", quantized_activations="off",
+                loaded_model=loaded_float32("off"))  # fmt: skip
     prompts = parity_prompts(exact.tokenizer)
     want = greedy(exact, prompts, 8)
     del exact

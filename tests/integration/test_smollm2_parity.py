@@ -33,9 +33,11 @@ def expected(hf_default_model, smollm_prompts):
 
 
 @pytest.mark.parametrize("setting", list(ENGINE_SETTINGS))
-def test_smollm2_greedy_parity(default_model, smollm_prompts, expected, setting):
+def test_smollm2_greedy_parity(smollm_prompts, expected, loaded_float32, setting):
     assert max(len(p) for p in smollm_prompts) > 256 and min(len(p) for p in smollm_prompts) < 10
-    llm = LLM(dtype="float32", **ENGINE_SETTINGS[setting])
+    knobs = ENGINE_SETTINGS[setting]
+    loaded = loaded_float32(knobs.get("quantized_activations", "auto"))
+    llm = LLM(dtype="float32", loaded_model=loaded, **knobs)
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in MAX_TOKENS]
     outputs = llm.generate(smollm_prompts, params, use_tqdm=False)
     for i, (out, want) in enumerate(zip(outputs, expected, strict=True)):

@@ -119,6 +119,16 @@ KERNEL_CASES = [
     (torch.bfloat16, 2e-2, 8, 64),
     (torch.float16, 5e-3, 16, 64),
 ]
+# Under Triton's interpreter (seconds a case) only what changes the Triton kernels' tiling: the
+# float32 shape with and without a window, heads of 128 in blocks of 32, blocks of 8 with a
+# window; the dtype itself is a parameter of theirs (every case runs where there is a GPU).
+INTERPRETED_CASES = {(torch.float32, 16, 64, None), (torch.float32, 16, 64, 37),
+                     (torch.bfloat16, 32, 128, None), (torch.bfloat16, 8, 64, 37)}  # fmt: skip
+
+
+def skip_beyond_interpreted_cases(kernel: str, dtype, bs: int, d: int, window) -> None:
+    if kernel == "triton" and (dtype, bs, d, window) not in INTERPRETED_CASES:
+        pytest.skip("Triton's interpreter: INTERPRETED_CASES cover its kernels' tiling")
 
 
 @pytest.mark.parametrize(
@@ -131,6 +141,7 @@ def test_kernel_matches_reference_on_model_shapes(kernel, dtype, tol, bs, d, win
     """SmolLM2's head grouping (9 query heads over 3 KV heads): each decode kernel (fp32
     accumulation; Triton's under its interpreter here) against the reference (bf16 matmuls in
     bf16 runs; "triton-cuda": compiled for the GPU, which CI does not have)."""
+    skip_beyond_interpreted_cases(kernel, dtype, bs, d, window)
     # Triton's interpreter runs each program in Python: 16 requests there (contexts 7..299,
     # inside and beyond the window, one to three partitions), 40 elsewhere
     num_reqs = 16 if kernel == "triton" else 40
@@ -169,6 +180,7 @@ def test_prefill_kernel_matches_reference_on_model_shapes(kernel, dtype, tol, bs
     """Prompt chunks (fresh and continuations, 2..90 tokens: more than one tile of the Triton
     kernel's 64 queries) on SmolLM2's head grouping, the queries a strided view into a fused QKV
     tensor as in the model."""
+    skip_beyond_interpreted_cases(kernel, dtype, bs, d, window)
     gen = torch.Generator().manual_seed(2)
     num_blocks, kvh, h = 200 * 16 // bs, 3, 9
     k_cache = torch.randn(num_blocks, bs, kvh, d, generator=gen).to(dtype)

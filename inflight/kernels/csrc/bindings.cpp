@@ -1,6 +1,6 @@
 #include "ops.h"
 
-#include <torch/extension.h>
+#include <torch/python.h>  // the pybind11 casters of tensors, not the whole C++ frontend
 
 // Every kernel runs without the GIL: a step is milliseconds to seconds of C++, and the
 // server's event loop (health checks, new requests, streaming) must run meanwhile. Arguments are
