@@ -100,8 +100,10 @@ class ModelRunnerOutput:
     grammar_complete: set[str] = field(default_factory=set)
     # speculating requests: the drafts kept, which come before their sampled token
     accepted_draft_ids: dict[str, list[int]] = field(default_factory=dict)
+    drafter_seconds: float = 0.0  # the draft model's passes this step (what drafting costs)
 
     def merge(self, other: ModelRunnerOutput) -> None:
+        self.drafter_seconds += other.drafter_seconds
         self.sampled_token_ids.update(other.sampled_token_ids)
         self.accepted_draft_ids.update(other.accepted_draft_ids)
         self.logprobs.update(other.logprobs)

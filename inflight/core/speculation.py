@@ -14,13 +14,15 @@ distribution) and adds one token of its own; the scheduler gives the rejected dr
 back.
 
 Whether drafting pays. A step's time grows by `c` seconds per query token (fitted online to the
-engine's step records); drafting `d` tokens for one request gains its acceptance rate `a` times
-`d` tokens and costs `c * d` seconds of the whole batch, which makes `B` tokens every `T`
-seconds: `c * d * B / T` tokens. So a request drafts while `a > c * B / T`. On a CPU decoding
-one stream, `T` is mostly reading the weights and `c` is small: drafting pays at low acceptance.
-In a full batch, `B` is large and `c` is most of `T / B`: it pays only where lookup is nearly
-always right. A request without history counts as accepting half its drafts. A draft model's
-own passes add to the step time the fit sees, roughly in proportion to the drafts.
+engine's step records), plus, with a draft model, its passes' time per draft `c'`; drafting `d`
+tokens for one request gains its acceptance rate `a` times `d` tokens and costs `(c + c') * d`
+seconds of the whole batch, which without drafts makes `B` tokens every `T0` seconds (the mean
+step time less what its `D` drafts cost): `(c + c') * d * B / T0` tokens. So a request drafts
+while `a > (c + c') * B / T0`. On a CPU decoding one stream, `T0` is mostly reading the weights
+and `c` is small: drafting pays at low acceptance. In a full batch, `B` is large and `c` is most
+of `T0 / B`: it pays only where lookup is nearly always right. A draft model as costly as the
+target never pays (`c'` alone is about `T0 / B`). A request without history counts as accepting
+half its drafts.
 """
 
 from __future__ import annotations
@@ -47,24 +49,33 @@ class _RequestState:
 
 
 class StepCostFit:
-    """Exponentially weighted least squares of step time on query tokens, and the mean step
-    time and batch size: what `Speculation` weighs drafts with."""
+    """Exponentially weighted least squares of step time on query tokens; the mean step time,
+    batch size and drafts per step; and a draft model's seconds per draft token: what
+    `Speculation` weighs drafts with."""
 
     def __init__(self) -> None:
         self.n = self.sx = self.sy = self.sxx = self.sxy = 0.0
-        self.mean_seconds = self.mean_seqs = 0.0
+        self.mean_seconds = self.mean_seqs = self.mean_drafts = 0.0
+        self.drafter_seconds_per_token = 0.0  # 0 without a draft model
 
-    def observe(self, num_tokens: int, num_seqs: int, seconds: float) -> None:
+    def observe(self, num_tokens: int, num_seqs: int, seconds: float, num_drafts: int = 0) -> None:
         if not num_seqs:
             return
         x, y = float(num_tokens), seconds
         self.n = DECAY * self.n + 1.0
         self.sx, self.sy = DECAY * self.sx + x, DECAY * self.sy + y
         self.sxx, self.sxy = DECAY * self.sxx + x * x, DECAY * self.sxy + x * y
-        w = 1 - DECAY
         first = self.mean_seconds == 0.0
-        self.mean_seconds = seconds if first else (1 - w) * self.mean_seconds + w * seconds
-        self.mean_seqs = num_seqs if first else (1 - w) * self.mean_seqs + w * num_seqs
+        self.mean_seconds = _ewma(self.mean_seconds, seconds, first)
+        self.mean_seqs = _ewma(self.mean_seqs, num_seqs, first)
+        self.mean_drafts = _ewma(self.mean_drafts, num_drafts, first)
+
+    def observe_drafter(self, seconds: float, num_drafts: int) -> None:
+        """A step's draft-model passes, which wrote `num_drafts` drafts in all."""
+        if num_drafts:
+            per_token = seconds / num_drafts
+            first = self.drafter_seconds_per_token == 0.0
+            self.drafter_seconds_per_token = _ewma(self.drafter_seconds_per_token, per_token, first)
 
     @property
     def seconds_per_token(self) -> float | None:
@@ -76,11 +87,20 @@ class StepCostFit:
         return max(0.0, cov / var)
 
     def break_even_rate(self) -> float:
-        """The acceptance rate above which a draft token pays (0 until a slope is fitted)."""
-        slope = self.seconds_per_token
-        if slope is None or self.mean_seconds <= 0:
+        """The acceptance rate above which a draft token pays: its cost (the query token, and
+        the draft model's share of its passes) over the batch's time per token without drafts
+        (0 while nothing is fitted; infinite where the estimates leave no such time)."""
+        per_draft = (self.seconds_per_token or 0.0) + self.drafter_seconds_per_token
+        if per_draft == 0.0 or self.mean_seconds <= 0:
             return 0.0
-        return slope * self.mean_seqs / self.mean_seconds
+        plain_seconds = self.mean_seconds - per_draft * self.mean_drafts
+        if plain_seconds <= 0:
+            return float("inf")
+        return per_draft * self.mean_seqs / plain_seconds
+
+
+def _ewma(mean: float, value: float, first: bool) -> float:
+    return value if first else DECAY * mean + (1 - DECAY) * value
 
 
 class Speculation:

@@ -4,6 +4,7 @@ per sampling request, after the drafts it carries are verified."""
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 
 import torch
@@ -126,9 +127,12 @@ class ModelRunner:
         if self.fault_hook is not None:
             for s in scheduled:
                 self.fault_hook(s)
+        drafter_seconds = 0.0
         if self.drafter is not None:
             with self.timer.phase("draft"):
+                start = time.perf_counter()
                 scheduled = self.drafter.fill(scheduled)
+                drafter_seconds = time.perf_counter() - start
         sampling = [s for s in scheduled if s.sample]
         # rows of the requests that sample plainly (speculating ones are verified apart; they
         # are never constrained)
@@ -147,7 +151,7 @@ class ModelRunner:
                     bitmask = masks.result()
         if not sampling:
             return ModelRunnerOutput()
-        result = ModelRunnerOutput()
+        result = ModelRunnerOutput(drafter_seconds=drafter_seconds)
         if len(plain) < len(sampling):
             logits, sampling = self._verify_drafts(logits, sampling, result)
             if not sampling:

@@ -8,11 +8,22 @@ from __future__ import annotations
 import pytest
 
 from inflight import LLM, SamplingParams
+from inflight.core.speculation import StepCostFit
 from inflight.errors import ConfigError
 from tests.conftest import build_tiny_model
 from tests.engine.test_speculative import generate, repetitive_prompts
 
 BASE = {"dtype": "float32", "max_num_seqs": 6, "enable_prefix_caching": True}
+
+
+@pytest.fixture(autouse=True)
+def always_draft(monkeypatch):
+    """These tests are about the drafts' tokens and KV, so every step drafts: on tiny models a
+    drafter pass costs about what a step does, and the cost rule (its own test in
+    test_speculative.py) would turn drafting off."""
+    monkeypatch.setattr(StepCostFit, "break_even_rate", lambda self: 0.0)
+
+
 BINDING = {"num_kv_blocks": 40, "kv_block_size": 4}  # a pool that binds: preemption
 
 

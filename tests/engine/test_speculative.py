@@ -12,7 +12,7 @@ import torch
 
 from inflight import LLM, SamplingParams
 from inflight.core.outputs import ModelRunnerOutput, ScheduledRequest
-from inflight.core.speculation import Speculation, StepCostFit
+from inflight.core.speculation import MODEL_DRAFT, Speculation, StepCostFit
 from inflight.runner.sampler import Sampler
 from tests.core.helpers import make_request, make_scheduler
 
@@ -135,6 +135,38 @@ def test_drafting_stops_where_the_step_time_it_adds_outweighs_acceptance():
     assert spec.propose(r, 4) == [3, 1, 2]
     spec.on_verified("a", drafted=40, accepted=2)  # 4 of 44 with the prior: 9%
     assert spec.propose(r, 4) == [] and spec.num_declined == 1
+
+
+def test_a_draft_model_drafts_only_while_its_passes_cost_less_than_acceptance_saves():
+    """4 sequences, 10 ms a plain step, 1 ms a query token; each drafts 4 tokens a step, all
+    kept. A drafter pass as costly as a plain step (10 ms, 4 passes for 16 drafts) costs more
+    per draft than a plain step's time per sequence: it never pays, however many are kept. A
+    pass of 1 ms pays."""
+
+    def fitted(pass_seconds: float) -> StepCostFit:
+        fit = StepCostFit()
+        for step in range(30):
+            drafts = 16 if step % 2 else 0  # steps with and without drafts: a slope to fit
+            drafter = 4 * pass_seconds if drafts else 0.0
+            fit.observe(4 + drafts, 4, 0.010 + 0.001 * drafts + drafter, drafts)
+            fit.observe_drafter(drafter, drafts)
+        return fit
+
+    costly, cheap = fitted(0.010), fitted(0.001)
+    assert costly.drafter_seconds_per_token == pytest.approx(0.0025)
+    assert costly.seconds_per_token == pytest.approx(0.001 + 0.0025)  # the step time's slope
+    # (1 + 2.5 + 2.5) ms a draft against ~2.5 ms a token without drafts: > 1, never pays
+    assert costly.break_even_rate() > 1.5
+    assert 0.3 < cheap.break_even_rate() < 0.9
+    for fit, pays in ((costly, False), (cheap, True)):
+        spec = Speculation(4, by_model=True)
+        spec.cost = fit
+        r = make_request("a", prompt_len=3, max_tokens=50)
+        spec.propose(r, 4)  # the request's first: acceptance 1/2 assumed
+        spec.on_verified("a", drafted=400, accepted=400)
+        declined = spec.num_declined
+        assert (spec.propose(r, 4) == [MODEL_DRAFT] * 4) is pays
+        assert spec.num_declined - declined == (0 if pays else 1)
 
 
 def test_a_stop_string_ends_the_tokens_where_one_at_a_time_would(tiny_llama):
