@@ -39,7 +39,8 @@ COMPARE_MODES = {
     "continuous": {"batching": "continuous"},
     "static": {"batching": "static"},
     "static-padded": {"batching": "static", "enable_prefix_caching": False},
-    # n-gram speculation on top of continuous batching (the other modes keep the knobs' value)
+    # speculation on top of continuous batching, n-gram or `--speculative-model`'s (the other
+    # modes keep the knobs' number of draft tokens)
     "speculative": {"batching": "continuous", "num_speculative_tokens": 4},
     # activations in float32 or rounded to 16 or 8 bits (each a model of its own: loaded again)
     "exact": {"batching": "continuous", "quantized_activations": "off"},
@@ -318,6 +319,8 @@ def run_local(args: argparse.Namespace, knobs: dict[str, Any], out: Path) -> dic
         reset_peak_rss()  # each run's own peak (the first one's includes loading the model)
         base_mode = mode.removesuffix(CONSTRAINED)
         mode_knobs = {**knobs, **COMPARE_MODES.get(base_mode, {})}
+        if not mode_knobs.get("num_speculative_tokens"):  # a draft model drafts in no other mode
+            mode_knobs.pop("speculative_model", None)
         activations = mode_knobs.get("quantized_activations", ModelConfig.quantized_activations)
         if loaded is not None and loaded.quantized_activations != activations:
             loaded = None  # weights packed for another kind of activations

@@ -57,6 +57,20 @@ def test_compare_with_peers(tiny_llama, tmp_path):
     assert "inflight-continuous / inflight-static" in report["ratios"]
 
 
+def test_compare_with_a_draft_model(tiny_llama, tmp_path):
+    """`--speculative-model` drafts in the speculative mode only (the plain run has no drafts
+    for it to write)."""
+    out = tmp_path / "draft"
+    code = main(["bench", "compare", str(tiny_llama), "--workload", "edit", "--num-requests", "4",
+                 "--modes", "continuous,speculative", "--speculative-model", str(tiny_llama),
+                 "--out", str(out), *TINY])  # fmt: skip
+    assert code == 0
+    runs = {r["name"]: r for r in read(out)["runs"]}
+    plain, spec = runs["inflight-continuous"], runs["inflight-speculative"]
+    assert plain["output_tokens"] == spec["output_tokens"]
+    assert plain["spec_draft_tokens"] == 0 < spec["spec_draft_tokens"]
+
+
 def test_compare_refuses_unknown_modes_and_padding_out_of_order(tiny_llama, tmp_path, caplog):
     base = ["bench", "compare", str(tiny_llama), "--workload", "longtail", "--num-requests", "4",
             "--out", str(tmp_path / "x"), *TINY]  # fmt: skip
