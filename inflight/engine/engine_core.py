@@ -69,8 +69,9 @@ class EngineCore:
             draft = self._load_drafter(sched_cfg.speculative_model, loaded, dtype, device, config)
 
         requested_len = config.model.max_model_len
-        # the drafter's KV shares the pool's blocks: a block costs both models' bytes
-        bytes_per_token = kv_bytes_per_token(arch, dtype)
+        # the drafter's KV shares the pool's blocks: a block costs both models' bytes (swap
+        # space holds only the target's: a drafter's KV is recomputed after preemption)
+        target_bytes_per_token = bytes_per_token = kv_bytes_per_token(arch, dtype)
         max_positions = arch.max_position_embeddings
         if draft is not None:
             bytes_per_token += kv_bytes_per_token(draft.arch, dtype)
@@ -85,7 +86,7 @@ class EngineCore:
         max_model_len = resolve_max_model_len(requested_len, max_positions, num_blocks, block_size)
         num_cpu_blocks = 0
         if sched_cfg.preemption_mode == "swap":
-            num_cpu_blocks = config.cache.swap_space_bytes // (bytes_per_token * block_size)
+            num_cpu_blocks = config.cache.swap_space_bytes // (target_bytes_per_token * block_size)
         sched_cfg = dataclasses.replace(sched_cfg, max_model_len=max_model_len)
         self.config = dataclasses.replace(config, scheduler=sched_cfg)
 

@@ -10,6 +10,7 @@ import pytest
 from inflight import LLM, SamplingParams
 from inflight.core.speculation import StepCostFit
 from inflight.errors import ConfigError
+from inflight.runner.kv_cache import kv_bytes_per_token
 from tests.conftest import build_tiny_model
 from tests.engine.test_speculative import generate, repetitive_prompts
 
@@ -50,6 +51,11 @@ def test_greedy_tokens_are_unchanged_by_a_draft_model(tiny_model_factory, knobs)
     if knobs:
         assert spec.core.scheduler.num_preemptions > 0, "the pool was meant to bind"
     assert spec.core.kv_cache_manager.pool.num_used_blocks == 0
+    if knobs.get("preemption_mode") == "swap":  # swap space holds the target's KV alone
+        core = spec.core
+        per_block = kv_bytes_per_token(core.arch, core.dtype) * BINDING["kv_block_size"]
+        swap_bytes = core.config.cache.swap_space_bytes
+        assert core.kv_cache.cpu_layers[0][0].shape[0] == swap_bytes // per_block
 
 
 @pytest.mark.parametrize("knobs", [{}, BINDING])
