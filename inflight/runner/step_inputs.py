@@ -71,16 +71,17 @@ def build_step_inputs(
         block_tables[req_of_token, positions // block_size] * block_size + positions % block_size
     )  # [T]
 
-    dev = device
-    slot_mapping = slot_mapping.to(dev)
-    meta = attn_backend.build_metadata(query_start_loc, start_pos, block_tables, slot_mapping, dev)
+    slot_mapping = slot_mapping.to(device)
+    meta = attn_backend.build_metadata(
+        query_start_loc, start_pos, block_tables, slot_mapping, device
+    )
     return StepInputs(
-        input_ids=torch.tensor(input_ids, device=dev),
-        positions=positions.to(dev),
+        input_ids=torch.tensor(input_ids, device=device),
+        positions=positions.to(device),
         slot_mapping=slot_mapping,
         query_start_loc=query_start_loc,
         seq_lens=seq_lens,
         block_tables=block_tables,
-        logits_indices=torch.tensor(logits_indices, dtype=torch.long, device=dev),
+        logits_indices=torch.tensor(logits_indices, dtype=torch.long, device=device),
         attn_metadata=meta,
     )
