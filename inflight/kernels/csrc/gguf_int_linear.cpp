@@ -34,6 +34,7 @@
 // Every output is a fixed sequence of operations per row, whatever the batch and its tiling.
 #include "gguf_blocks.h"
 #include "ops.h"
+#include "vec_math.h"
 
 #include <ATen/ops/empty.h>
 #include <ATen/Parallel.h>
@@ -66,12 +67,6 @@ struct RoundedRows {
   std::vector<float> sum;
 };
 
-inline float lane_max(__m256 v) {
-  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-  return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
-}
-
 inline int32_t lane_sum(__m256i v) {
   __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
   s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
@@ -94,7 +89,7 @@ RoundedRows<A> round_rows(const float* x, int64_t M, int64_t K) {
       amax = _mm256_max_ps(amax, _mm256_and_ps(v[j], abs_mask));
       nan = _mm256_or_ps(nan, _mm256_cmp_ps(v[j], v[j], _CMP_UNORD_Q));
     }
-    float d = lane_max(amax) / kMax;
+    float d = lane_max8(amax) / kMax;
     // a denormal scale has no finite inverse: such a block (|x| < 1e-36) rounds to zero
     if (d > 0.0f && 1.0f / d == std::numeric_limits<float>::infinity()) d = 0.0f;
     // max drops NaN; a NaN scale carries it into the outputs, as float32 arithmetic would

@@ -13,6 +13,7 @@
 // Work items are (chunk, KV head, tile of 16 query tokens): the G query heads of one KV head
 // share every key tile they read. Items run longest first under dynamic scheduling (causal
 // tiles late in a prompt read more keys).
+#include "attention_avx2.h"
 #include "kv_layout.h"
 #include "ops.h"
 #include "vec_math.h"
@@ -279,6 +280,119 @@ void prefill_item_avx512(const Item& it, const scalar_t* q, int64_t q_stride,
 }
 #endif
 
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+// The AVX2 item: the AVX-512 one's plan in 8-float vectors (`attention_avx2.h`). Scores of RB
+// rows build up in registers; values are weighted into two rows at a time. A tile of 16 keys
+// that is one aligned slice of a block is read in place: its keys split into even and odd dims
+// by shuffles, its values used where they lie.
+template <typename scalar_t, int DV, int RB>
+void prefill_item_avx2(const Item& it, const scalar_t* q, int64_t q_stride,
+                       const scalar_t* k_cache, const scalar_t* v_cache, const int64_t* table,
+                       const KVLayout& lay, int64_t G, int64_t first_pos, float scale,
+                       int64_t window, scalar_t* out, int64_t out_stride, Scratch& s) {
+  static_assert(DV % 4 == 0 && RB % 2 == 0, "values go 2 rows x 4 vectors at a time");
+  constexpr int64_t D = DV * 8;
+  const int64_t rows = it.num_tokens * G;
+  const int64_t padded = (rows + RB - 1) / RB * RB;  // rows past `rows` are never stored
+  const int64_t BS = lay.block_size;
+  s.q.assign(padded * D, 0.f);
+  s.acc.assign(padded * D, 0.f);
+  s.max.assign(padded, -3.0e38f);
+  s.sum.assign(padded, 0.f);
+  s.kt.resize(D * KT);
+  s.v.resize(KT * D);
+  for (int64_t r = 0; r < rows; ++r) {
+    const scalar_t* src = q + (it.first_token + r / G) * q_stride + (it.kv_head * G + r % G) * D;
+    for (int j = 0; j < DV; ++j)
+      _mm256_storeu_ps(s.q.data() + r * D + j * 8,
+                       _mm256_mul_ps(load8(src + j * 8), _mm256_set1_ps(scale)));
+  }
+  const int64_t first_q = first_pos + it.first_token;
+  const int64_t last_q = first_q + it.num_tokens - 1;
+  // from a tile boundary, so that tiles stay aligned slices of blocks (the mask drops the keys
+  // before the window)
+  const int64_t lo = window > 0 ? std::max<int64_t>(0, first_q - window + 1) / KT * KT : 0;
+  const __m256i lanes_lo = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  const __m256i lanes_hi = _mm256_add_epi32(lanes_lo, _mm256_set1_epi32(8));
+  alignas(32) float p[RB][KT];
+
+  for (int64_t k0 = lo; k0 <= last_q; k0 += KT) {
+    const int64_t n = std::min(KT, last_q + 1 - k0);
+    const int64_t k0_offset = k0 % BS;
+    // K transposed [D][KT], and V [KT][D] in place or copied. Lanes past n hold zeros, or for
+    // a tile read in place whatever the block holds there: they are masked out of every score.
+    const scalar_t* values_in_place = nullptr;
+    if (BS % KT == 0 && k0_offset % KT == 0) {
+      const int64_t run = lay.run(table[k0 / BS], it.kv_head);
+      attention_avx2::key_tile(k_cache + run + k0_offset * 2, BS, D, s.kt.data());
+      values_in_place = v_cache + run + lay.value_in_run(k0_offset);
+    } else {
+      for (int64_t t = 0; t < KT; ++t) {
+        const int64_t pos = k0 + t;
+        const int64_t run = t < n ? lay.run(table[pos / BS], it.kv_head) : 0;
+        for (int64_t d = 0; d < D; ++d) {
+          s.kt[d * KT + t] =
+              t < n ? static_cast<float>(k_cache[run + lay.key_in_run(pos % BS, d)]) : 0.f;
+          s.v[t * D + d] =
+              t < n ? static_cast<float>(v_cache[run + lay.value_in_run(pos % BS) + d]) : 0.f;
+        }
+      }
+    }
+    for (int64_t r0 = 0; r0 < padded; r0 += RB) {
+      // keys k0 + from .. k0 + hi that each row may see, as lane masks
+      __m256 mask[RB][2];
+      bool any = false;
+      for (int b = 0; b < RB; ++b) {
+        const int64_t qpos = first_q + std::min(r0 + b, rows - 1) / G;
+        const int64_t hi = std::min<int64_t>(n - 1, qpos - k0);  // causal
+        const int64_t from = window > 0 ? std::max<int64_t>(0, qpos - window + 1 - k0) : 0;
+        const __m256i above = _mm256_set1_epi32(static_cast<int32_t>(from - 1));
+        const __m256i below = _mm256_set1_epi32(static_cast<int32_t>(hi + 1));
+        mask[b][0] = _mm256_castsi256_ps(_mm256_and_si256(_mm256_cmpgt_epi32(lanes_lo, above),
+                                                          _mm256_cmpgt_epi32(below, lanes_lo)));
+        mask[b][1] = _mm256_castsi256_ps(_mm256_and_si256(_mm256_cmpgt_epi32(lanes_hi, above),
+                                                          _mm256_cmpgt_epi32(below, lanes_hi)));
+        any |= hi >= from;
+      }
+      if (!any) continue;
+      __m256 score[RB][2];
+      attention_avx2::scores<D, RB>(s.q.data() + r0 * D, s.kt.data(), score);
+      float correction[RB];
+      for (int b = 0; b < RB; ++b) {
+        const int64_t r = r0 + b;
+        const __m256 floor = _mm256_set1_ps(-3.0e38f);  // below every score; no inf - inf
+        const float tile_max =
+            lane_max8(_mm256_max_ps(_mm256_blendv_ps(floor, score[b][0], mask[b][0]),
+                                     _mm256_blendv_ps(floor, score[b][1], mask[b][1])));
+        const float new_max = std::max(s.max[r], tile_max);
+        correction[b] = exp_poly(s.max[r] - new_max);
+        const __m256 m = _mm256_set1_ps(new_max);
+        const __m256 p_lo = _mm256_and_ps(mask[b][0], exp256(_mm256_sub_ps(score[b][0], m)));
+        const __m256 p_hi = _mm256_and_ps(mask[b][1], exp256(_mm256_sub_ps(score[b][1], m)));
+        _mm256_store_ps(p[b], p_lo);
+        _mm256_store_ps(p[b] + 8, p_hi);
+        s.max[r] = new_max;
+        s.sum[r] = s.sum[r] * correction[b] + lane_sum8(_mm256_add_ps(p_lo, p_hi));
+      }
+      for (int b = 0; b < RB; b += 2) {
+        const float* const rows_p[2] = {p[b], p[b + 1]};
+        const float keep[2] = {correction[b], correction[b + 1]};
+        float* const rows_acc[2] = {s.acc.data() + (r0 + b) * D, s.acc.data() + (r0 + b + 1) * D};
+        if (values_in_place)
+          attention_avx2::add_values<D, 2>(rows_p, keep, values_in_place, n, rows_acc);
+        else
+          attention_avx2::add_values<D, 2>(rows_p, keep, s.v.data(), n, rows_acc);
+      }
+    }
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    scalar_t* dst = out + (it.first_token + r / G) * out_stride + (it.kv_head * G + r % G) * D;
+    const float inv = 1.f / s.sum[r];
+    for (int64_t d = 0; d < D; ++d) dst[d] = static_cast<scalar_t>(s.acc[r * D + d] * inv);
+  }
+}
+#endif
+
 template <typename scalar_t, int kD>
 void prefill(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
              const int64_t* chunks, int64_t C, const int64_t* tables, int64_t MB,
@@ -320,6 +434,14 @@ void prefill(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v
         prefill_item_avx512<scalar_t, DV, RB>(it, q_rows, q.stride(0), kp, vp, table, lay, G,
                                               cached, scale, window, out_rows, out.stride(0),
                                               scratch);
+        continue;
+      }
+#elif defined(__AVX2__) && defined(__FMA__)
+      if constexpr ((kD == 64 || kD == 128) && (std::is_same_v<scalar_t, float> ||
+                                                std::is_same_v<scalar_t, c10::BFloat16>)) {
+        prefill_item_avx2<scalar_t, kD / 8, 4>(it, q_rows, q.stride(0), kp, vp, table, lay, G,
+                                               cached, scale, window, out_rows, out.stride(0),
+                                               scratch);
         continue;
       }
 #endif

@@ -1,0 +1,78 @@
+// AVX2 building blocks shared by the decode and prefill attention kernels, in 8-float vectors
+// and 16 registers: a tile of 16 keys read out of the cache's pairs-of-dims layout
+// (`kv_layout.h`), the scores of a few query rows against it, and the values weighted into a
+// few rows' accumulators.
+#pragma once
+#if defined(__AVX2__) && defined(__FMA__)
+#include "vec_math.h"
+
+#include <cstdint>
+
+namespace attention_avx2 {
+
+constexpr int64_t kTile = 16;  // keys per tile: two vectors of scores per query row
+
+// Keys of 16 consecutive positions of one block, from `key_rows` (row i: dims 2i and 2i+1 of
+// the block's BS positions, the first of the 16 at column 0) into `kt` [D][16] fp32.
+template <typename scalar_t>
+inline void key_tile(const scalar_t* key_rows, int64_t BS, int64_t D, float* kt) {
+  for (int64_t i = 0; i < D / 2; ++i)
+    for (int64_t half = 0; half < 2; ++half) {  // positions 8 * half .. 8 * half + 7
+      const scalar_t* row = key_rows + i * BS * 2 + half * 16;
+      const __m256 a = load8(row), b = load8(row + 8);  // (d0, d1) of 4 positions each
+      // shuffle_ps leaves 128-bit lanes in the order [0 1 4 5 | 2 3 6 7]; the permute fixes it
+      const __m256 even = _mm256_castpd_ps(
+          _mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0x88)), 0xD8));
+      const __m256 odd = _mm256_castpd_ps(
+          _mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0xDD)), 0xD8));
+      _mm256_storeu_ps(kt + 2 * i * kTile + half * 8, even);
+      _mm256_storeu_ps(kt + (2 * i + 1) * kTile + half * 8, odd);
+    }
+}
+
+// Scores of RB query rows (`q` [RB][D], scaled) against a key tile (`kt` [D][16]). Not inlined:
+// inlined into its callers, GCC kept the accumulators on the stack, a store per multiply-add.
+template <int64_t D, int RB>
+__attribute__((noinline)) void scores(const float* __restrict q, const float* __restrict kt,
+                                      __m256 (&out)[RB][2]) {
+  __m256 acc[RB][2];
+  for (int b = 0; b < RB; ++b) acc[b][0] = acc[b][1] = _mm256_setzero_ps();
+  for (int64_t d = 0; d < D; ++d) {
+    const __m256 k_lo = _mm256_loadu_ps(kt + d * kTile);
+    const __m256 k_hi = _mm256_loadu_ps(kt + d * kTile + 8);
+    for (int b = 0; b < RB; ++b) {
+      const __m256 qd = _mm256_broadcast_ss(q + b * D + d);
+      acc[b][0] = _mm256_fmadd_ps(qd, k_lo, acc[b][0]);
+      acc[b][1] = _mm256_fmadd_ps(qd, k_hi, acc[b][1]);
+    }
+  }
+  for (int b = 0; b < RB; ++b) out[b][0] = acc[b][0], out[b][1] = acc[b][1];
+}
+
+// acc[r] = acc[r] * keep[r] + sum over t < n of p[r][t] * v[t], for NR (1 or 2) rows; `v` is n
+// rows of D values. 32 dims at a time: 4 value vectors serve both rows' 8 accumulators. Not
+// inlined, for the same reason.
+template <int64_t D, int NR, typename value_t>
+__attribute__((noinline)) void add_values(const float* const (&p)[NR], const float (&keep)[NR],
+                                          const value_t* v, int64_t n, float* const (&acc)[NR]) {
+  static_assert(D % 32 == 0, "32 dims at a time");
+  for (int64_t j0 = 0; j0 < D; j0 += 32) {
+    __m256 a[NR][4];
+    for (int r = 0; r < NR; ++r)
+      for (int j = 0; j < 4; ++j)
+        a[r][j] = _mm256_mul_ps(_mm256_loadu_ps(acc[r] + j0 + j * 8), _mm256_set1_ps(keep[r]));
+    for (int64_t t = 0; t < n; ++t) {
+      __m256 vt[4];
+      for (int j = 0; j < 4; ++j) vt[j] = load8(v + t * D + j0 + j * 8);
+      for (int r = 0; r < NR; ++r) {
+        const __m256 pt = _mm256_broadcast_ss(p[r] + t);
+        for (int j = 0; j < 4; ++j) a[r][j] = _mm256_fmadd_ps(pt, vt[j], a[r][j]);
+      }
+    }
+    for (int r = 0; r < NR; ++r)
+      for (int j = 0; j < 4; ++j) _mm256_storeu_ps(acc[r] + j0 + j * 8, a[r][j]);
+  }
+}
+
+}  // namespace attention_avx2
+#endif
