@@ -125,6 +125,11 @@ def add_bench_parser(sub: Any, add_engine_flags: Callable[[argparse.ArgumentPars
         "quantized_activations off, int16 and int8)",
     )  # fmt: skip
     compare.add_argument(
+        "--repeats", type=int, default=1,
+        help="rounds: every mode and peer once per round, runs named '#k'; the report gives "
+        "each run's median and range and its ratio to the first run within each round",
+    )  # fmt: skip
+    compare.add_argument(
         "--peers",
         default="",
         help=f"comma-separated peers to run too: {', '.join(peer_runs.PEERS)}",
@@ -313,87 +318,98 @@ def run_local(args: argparse.Namespace, knobs: dict[str, Any], out: Path) -> dic
         raise ConfigError(f"--constrained-fraction must be in [0, 1], got {fraction}")
     if fraction:
         modes = [modes[0], modes[0] + CONSTRAINED]
+    repeats = getattr(args, "repeats", 1)
+    if repeats < 1:
+        raise ConfigError(f"--repeats must be at least 1, got {repeats}")
+    peers = [p for p in getattr(args, "peers", "").split(",") if p]
     runs: list[RunResult] = []
     loaded = None
-    for mode in modes:
-        reset_peak_rss()  # each run's own peak (the first one's includes loading the model)
-        base_mode = mode.removesuffix(CONSTRAINED)
-        mode_knobs = {**knobs, **COMPARE_MODES.get(base_mode, {})}
-        if not mode_knobs.get("num_speculative_tokens"):  # a draft model drafts in no other mode
-            mode_knobs.pop("speculative_model", None)
-        activations = mode_knobs.get("quantized_activations", ModelConfig.quantized_activations)
-        if loaded is not None and loaded.quantized_activations != activations:
-            loaded = None  # weights packed for another kind of activations
-        llm = LLM(loaded_model=loaded, **mode_knobs)
-        loaded = llm.core.loaded
-        workload = load_workload(args, llm.tokenizer)
-        dtype = str(llm.core.dtype).removeprefix("torch.")
-        device = llm.core.device.type
-        timer = llm.core.enable_profiling() if getattr(args, "profile", False) else None
-        with_json = mode != base_mode
+    for repeat in range(repeats):
+        suffix = f" #{repeat + 1}" if repeats > 1 else ""
+        for mode in modes:
+            reset_peak_rss()  # each run's own peak (the first one's includes loading the model)
+            base_mode = mode.removesuffix(CONSTRAINED)
+            mode_knobs = {**knobs, **COMPARE_MODES.get(base_mode, {})}
+            if not mode_knobs.get("num_speculative_tokens"):  # a draft model drafts only there
+                mode_knobs.pop("speculative_model", None)
+            activations = mode_knobs.get("quantized_activations", ModelConfig.quantized_activations)
+            if loaded is not None and loaded.quantized_activations != activations:
+                loaded = None  # weights packed for another kind of activations
+            llm = LLM(loaded_model=loaded, **mode_knobs)
+            loaded = llm.core.loaded
+            workload = load_workload(args, llm.tokenizer)
+            dtype = str(llm.core.dtype).removeprefix("torch.")
+            device = llm.core.device.type
+            timer = llm.core.enable_profiling() if getattr(args, "profile", False) else None
+            with_json = mode != base_mode
 
-        def constraint(i: int, with_json: bool = with_json) -> StructuredOutputs | None:
-            return order_constraint() if with_json and is_constrained(i, fraction) else None
+            def constraint(i: int, with_json: bool = with_json) -> StructuredOutputs | None:
+                return order_constraint() if with_json and is_constrained(i, fraction) else None
 
-        padded = mode == "static-padded"
-        runs.append(
-            run_offline(llm, workload, f"inflight-{mode}", padded=padded, constrained=constraint)
-        )
-        if timer is not None:
-            write_profile(out, timer.steps, llm.config.scheduler.max_num_seqs)
-        meta = {
-            "model": str(loaded.path), "dtype": dtype, "workload": args.workload,
-            "device": describe_device(llm.core.device),
-            "requests": len(workload), "arrival": args.arrival,
-            "max_num_seqs": llm.config.scheduler.max_num_seqs,
-            "max_num_batched_tokens": llm.config.scheduler.max_num_batched_tokens,
-        }  # fmt: skip
-        report = write_report(out, title, runs, meta)
-        if with_json:
-            result = compare(runs[0], runs[1], meta["max_num_seqs"],
-                             llm.input_processor.grammars.stats)  # fmt: skip
-            print(write_structured_report(out, result, runs[0], runs[1], fraction, meta["device"]))
-        del llm
-        gc.collect()
-    for peer in [p for p in getattr(args, "peers", "").split(",") if p]:
-        try:
-            if peer == "hf-static":
-                runs.append(peer_runs.run_hf_static(loaded.path, workload, dtype,
-                                                    meta["max_num_seqs"], device))  # fmt: skip
-            elif peer == "hf-continuous":
-                runs.append(peer_runs.run_hf_continuous(loaded.path, workload, dtype, device))
-            elif peer == "vllm":
-                if args.vllm_python is None:
-                    raise ValueError("--peers vllm needs --vllm-python (vLLM's own venv)")
-                from inflight.bench.vllm_peer import run_vllm
-
-                runs.append(run_vllm(args.vllm_python, loaded.path, workload, dtype,
-                                     meta["max_num_seqs"]))  # fmt: skip
-            elif peer in ("llamacpp", "llamacpp-gguf"):
-                if args.llamacpp_python is None:
-                    raise ValueError(f"--peers {peer} needs --llamacpp-python (its own venv)")
-                from inflight.bench.llamacpp_peer import run_llamacpp
-
-                runs.append(run_llamacpp(args.llamacpp_python, loaded.path, workload, dtype,
-                                         as_shipped=peer == "llamacpp-gguf"))  # fmt: skip
-            elif peer == "llama-server":
-                if args.llama_server is None:
-                    raise ValueError("--peers llama-server needs --llama-server (its binary)")
-                if not is_gguf(loaded.path):
-                    raise ValueError("llama-server runs a GGUF file; the model is not one")
-                from inflight.bench.server_peers import run_llama_server
-
-                runs.append(run_llama_server(args.llama_server, loaded.path, workload,
-                                             meta["max_num_seqs"]))  # fmt: skip
-            elif peer == "inflight-serve":
-                from inflight.bench.server_peers import run_inflight_server
-
-                runs.append(run_inflight_server(loaded.path, workload, knobs))
-            else:
-                raise ValueError(f"unknown peer {peer!r}; known: {', '.join(peer_runs.PEERS)}")
-        except Exception as e:  # a peer failing must not lose the other results
-            logger.exception("peer %s failed", peer)
-            runs.append(RunResult(peer, 0.0, [], error=f"{type(e).__name__}: {e}"))
-        report = write_report(out, title, runs, meta)
-        gc.collect()
+            padded = mode == "static-padded"
+            runs.append(run_offline(llm, workload, f"inflight-{mode}{suffix}", padded=padded,
+                                    constrained=constraint))  # fmt: skip
+            if timer is not None:
+                write_profile(out, timer.steps, llm.config.scheduler.max_num_seqs)
+            meta = {
+                "model": str(loaded.path), "dtype": dtype, "workload": args.workload,
+                "device": describe_device(llm.core.device),
+                "requests": len(workload), "arrival": args.arrival,
+                "max_num_seqs": llm.config.scheduler.max_num_seqs,
+                "max_num_batched_tokens": llm.config.scheduler.max_num_batched_tokens,
+            }  # fmt: skip
+            report = write_report(out, title, runs, meta)
+            if with_json:
+                result = compare(runs[-2], runs[-1], meta["max_num_seqs"],
+                                 llm.input_processor.grammars.stats)  # fmt: skip
+                print(write_structured_report(out, result, runs[-2], runs[-1], fraction,
+                                              meta["device"]))  # fmt: skip
+            del llm
+            gc.collect()
+        for peer in peers:
+            try:
+                result = run_peer(args, peer, loaded.path, workload, dtype, device, knobs,
+                                  meta["max_num_seqs"])  # fmt: skip
+            except Exception as e:  # a peer failing must not lose the other results
+                logger.exception("peer %s failed", peer)
+                result = RunResult(peer, 0.0, [], error=f"{type(e).__name__}: {e}")
+            result.name += suffix
+            runs.append(result)
+            report = write_report(out, title, runs, meta)
+            gc.collect()
     return report
+
+
+def run_peer(args: argparse.Namespace, peer: str, model: Path, workload: list, dtype: str,
+             device: str, knobs: dict[str, Any], max_num_seqs: int) -> RunResult:  # fmt: skip
+    """One run of a peer engine on the workload inflight just ran."""
+    if peer == "hf-static":
+        return peer_runs.run_hf_static(model, workload, dtype, max_num_seqs, device)
+    if peer == "hf-continuous":
+        return peer_runs.run_hf_continuous(model, workload, dtype, device)
+    if peer == "vllm":
+        if args.vllm_python is None:
+            raise ValueError("--peers vllm needs --vllm-python (vLLM's own venv)")
+        from inflight.bench.vllm_peer import run_vllm
+
+        return run_vllm(args.vllm_python, model, workload, dtype, max_num_seqs)
+    if peer in ("llamacpp", "llamacpp-gguf"):
+        if args.llamacpp_python is None:
+            raise ValueError(f"--peers {peer} needs --llamacpp-python (its own venv)")
+        from inflight.bench.llamacpp_peer import run_llamacpp
+
+        return run_llamacpp(args.llamacpp_python, model, workload, dtype,
+                            as_shipped=peer == "llamacpp-gguf")  # fmt: skip
+    if peer == "llama-server":
+        if args.llama_server is None:
+            raise ValueError("--peers llama-server needs --llama-server (its binary)")
+        if not is_gguf(model):
+            raise ValueError("llama-server runs a GGUF file; the model is not one")
+        from inflight.bench.server_peers import run_llama_server
+
+        return run_llama_server(args.llama_server, model, workload, max_num_seqs)
+    if peer == "inflight-serve":
+        from inflight.bench.server_peers import run_inflight_server
+
+        return run_inflight_server(model, workload, knobs)
+    raise ValueError(f"unknown peer {peer!r}; known: {', '.join(peer_runs.PEERS)}")

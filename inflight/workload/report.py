@@ -7,6 +7,7 @@ per step, KV usage, queue depth) of every inflight run: static batching's idle s
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -23,12 +24,15 @@ def write_report(out_dir: Path, title: str, runs: list[RunResult], meta: dict[st
     out_dir.mkdir(parents=True, exist_ok=True)
     summaries = [summarize(r) for r in runs]
     ok = [s for s in summaries if "error" not in s]
+    repeats = repeat_stats(ok)
     ratios = {}
-    if ok and ok[0]["output_tok_per_s"]:  # every run against the first (the reference)
+    if ok and ok[0]["output_tok_per_s"] and not repeats:  # every run against the first
         base_name, base = ok[0]["name"], ok[0]["output_tok_per_s"]
         ratios = {f"{base_name} / {s['name']}": round(base / s["output_tok_per_s"], 2)
                   for s in ok[1:] if s["output_tok_per_s"]}  # fmt: skip
     report = {"title": title, "meta": meta, "runs": summaries, "ratios": ratios}
+    if repeats:
+        report["repeats"] = repeats
     (out_dir / "results.json").write_text(json.dumps(report, indent=2) + "\n")
     (out_dir / "summary.md").write_text(markdown(report))
     plot_throughput(out_dir / "throughput.png", ok)
@@ -37,6 +41,41 @@ def write_report(out_dir: Path, title: str, runs: list[RunResult], meta: dict[st
     if timelines:
         plot_timeline(out_dir / "timeline.png", timelines)
     return report
+
+
+def split_round(name: str) -> tuple[str, int | None]:
+    """'inflight-continuous #2' -> ('inflight-continuous', 2); a name without a round -> None."""
+    match = re.fullmatch(r"(.*) #(\d+)", name)
+    return (match[1], int(match[2])) if match else (name, None)
+
+
+def repeat_stats(summaries: list[dict]) -> list[dict]:
+    """Runs repeated in rounds (names ending ' #k'): each one's median output tok/s and range,
+    and its ratio to the first run, taken within each round (runs of one round are minutes
+    apart, so the ratio shares their drift) and summed up as median and range. Empty when
+    nothing was repeated."""
+    by_run: dict[str, dict[int, float]] = {}
+    for s in summaries:
+        name, round_ = split_round(s["name"])
+        if round_ is not None and s["output_tok_per_s"]:
+            by_run.setdefault(name, {})[round_] = s["output_tok_per_s"]
+    if not any(len(rounds) > 1 for rounds in by_run.values()):
+        return []
+    base = next(iter(by_run.values()))
+    stats = []
+    for name, rounds in by_run.items():
+        values = list(rounds.values())
+        row = {"name": name, "rounds": len(values), "median": float(np.median(values)),
+               "min": min(values), "max": max(values)}  # fmt: skip
+        ratios = [base[k] / v for k, v in rounds.items() if k in base]
+        if rounds is not base and ratios:
+            row["ratio_of_first"] = {
+                "median": round(float(np.median(ratios)), 3),
+                "min": round(min(ratios), 3),
+                "max": round(max(ratios), 3),
+            }
+        stats.append(row)
+    return stats
 
 
 def _fmt(p: dict[str, float], key: str) -> str:
@@ -65,6 +104,17 @@ def markdown(report: dict) -> str:
     if report["ratios"]:
         lines += ["", "Ratios of output tokens/s, measured in this one run:", ""]
         lines += [f"- {k}: **{v}x**" for k, v in report["ratios"].items()]
+    if report.get("repeats"):
+        first = report["repeats"][0]["name"]
+        lines += ["", f"Over the rounds (each run once per round; ratio: {first}'s output tok/s "
+                  "over the run's, within each round):", "",
+                  "| run | rounds | output tok/s median (min - max) | ratio median (min - max) |",
+                  "|---|---|---|---|"]  # fmt: skip
+        for r in report["repeats"]:
+            q = r.get("ratio_of_first")
+            ratio = f"**{q['median']}x** ({q['min']} - {q['max']})" if q else "-"
+            lines.append(f"| {r['name']} | {r['rounds']} | {r['median']:.2f} "
+                         f"({r['min']:.2f} - {r['max']:.2f}) | {ratio} |")  # fmt: skip
     return "\n".join(lines) + "\n"
 
 

@@ -57,6 +57,19 @@ def test_compare_with_peers(tiny_llama, tmp_path):
     assert "inflight-continuous / inflight-static" in report["ratios"]
 
 
+def test_compare_repeats_every_run_in_rounds(tiny_llama, tmp_path):
+    out = tmp_path / "rounds"
+    code = main(["bench", "compare", str(tiny_llama), "--workload", "longtail", "--num-requests",
+                 "4", "--repeats", "2", "--modes", "continuous", "--out", str(out),
+                 *TINY])  # fmt: skip
+    assert code == 0
+    report = read(out)
+    assert [r["name"] for r in report["runs"]] == ["inflight-continuous #1",
+                                                   "inflight-continuous #2"]  # fmt: skip
+    assert [(r["name"], r["rounds"]) for r in report["repeats"]] == [("inflight-continuous", 2)]
+    assert "Over the rounds" in (out / "summary.md").read_text()
+
+
 def test_compare_with_a_draft_model(tiny_llama, tmp_path):
     """`--speculative-model` drafts in the speculative mode only (the plain run has no drafts
     for it to write)."""

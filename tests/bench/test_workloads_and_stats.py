@@ -106,3 +106,19 @@ def test_summary_on_a_hand_made_run():
     assert s["kv_usage_time_weighted"] == 0.5
     assert s["computed_per_needed_token"] == round(31 / 34, 3)  # 14 + 20 needed, 30 + 1 run
     assert s["tpot_s"]["mean"] == pytest.approx(0.1)  # (0.5 - 0.1) / 4; the 1-token one has none
+
+
+def test_repeated_runs_are_summed_up_per_run_with_ratios_taken_within_rounds():
+    from inflight.workload.report import markdown, repeat_stats
+
+    tok_s = {"a #1": 100.0, "b #1": 50.0, "a #2": 80.0, "b #2": 50.0, "a #3": 90.0, "b #3": 45.0}
+    stats = repeat_stats([{"name": n, "output_tok_per_s": v} for n, v in tok_s.items()])
+    assert stats[0] == {"name": "a", "rounds": 3, "median": 90.0, "min": 80.0, "max": 100.0}
+    # round by round: 100/50, 80/50, 90/45 -> 2.0, 1.6, 2.0 (not the ratio of the medians, 1.8)
+    assert stats[1]["median"] == 50.0
+    assert stats[1]["ratio_of_first"] == {"median": 2.0, "min": 1.6, "max": 2.0}
+    report = {"title": "t", "meta": {}, "runs": [], "ratios": {}, "repeats": stats}
+    assert "| b | 3 | 50.00 (45.00 - 50.00) | **2.0x** (1.6 - 2.0) |" in markdown(report)
+    # runs without rounds, or each once, are not repeats
+    assert repeat_stats([{"name": "a", "output_tok_per_s": 1.0}]) == []
+    assert repeat_stats([{"name": "a #1", "output_tok_per_s": 1.0}]) == []
