@@ -1,7 +1,8 @@
 """inflight's C++ CPU kernels, compiled together into one torch extension on first use.
 
 `csrc/paged_attention.cpp` and `csrc/prefill_attention.cpp` (decode and prefill attention over
-the paged KV cache, laid out as `csrc/kv_layout.h` says and written by `csrc/kv_cache.cpp`),
+the paged KV cache, laid out as `csrc/kv_layout.h` says and written by `csrc/kv_cache.cpp`; an
+AVX-512 path, an AVX2 one built from `csrc/attention_avx2.h`, and a generic loop for the rest),
 `csrc/layer_ops.cpp` (fused RMSNorm, residual add + RMSNorm, SiLU-and-mul, RoPE),
 `csrc/decoder_layers.cpp` (every decoder layer driven from C++), `csrc/bf16_linear.cpp`
 (bfloat16 linears for decode-sized batches), `csrc/gguf_linear.cpp` (float32 linears for them,
