@@ -126,8 +126,9 @@ def add_bench_parser(sub: Any, add_engine_flags: Callable[[argparse.ArgumentPars
     )  # fmt: skip
     compare.add_argument(
         "--repeats", type=int, default=1,
-        help="rounds: every mode and peer once per round, runs named '#k'; the report gives "
-        "each run's median and range and its ratio to the first run within each round",
+        help="rounds: every mode and peer once per round (every other round in reverse "
+        "order), runs named '#k'; the report gives each run's median and range and its ratio "
+        "to the first run within each round",
     )  # fmt: skip
     compare.add_argument(
         "--peers",
@@ -326,7 +327,10 @@ def run_local(args: argparse.Namespace, knobs: dict[str, Any], out: Path) -> dic
     loaded = None
     for repeat in range(repeats):
         suffix = f" #{repeat + 1}" if repeats > 1 else ""
-        for mode in modes:
+        # every other round in reverse: a round's first run measured 5-10% slower than the
+        # same run later in the round, whichever mode it was
+        reverse = repeat % 2 == 1
+        for mode in modes[::-1] if reverse else modes:
             reset_peak_rss()  # each run's own peak (the first one's includes loading the model)
             base_mode = mode.removesuffix(CONSTRAINED)
             mode_knobs = {**knobs, **COMPARE_MODES.get(base_mode, {})}
@@ -366,7 +370,7 @@ def run_local(args: argparse.Namespace, knobs: dict[str, Any], out: Path) -> dic
                                               meta["device"]))  # fmt: skip
             del llm
             gc.collect()
-        for peer in peers:
+        for peer in peers[::-1] if reverse else peers:
             try:
                 result = run_peer(args, peer, loaded.path, workload, dtype, device, knobs,
                                   meta["max_num_seqs"])  # fmt: skip

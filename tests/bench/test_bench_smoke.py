@@ -58,15 +58,20 @@ def test_compare_with_peers(tiny_llama, tmp_path):
 
 
 def test_compare_repeats_every_run_in_rounds(tiny_llama, tmp_path):
+    """Every other round runs in reverse (so that no run is always a round's first), and the
+    ratios are still taken against the first mode named."""
     out = tmp_path / "rounds"
     code = main(["bench", "compare", str(tiny_llama), "--workload", "longtail", "--num-requests",
-                 "4", "--repeats", "2", "--modes", "continuous", "--out", str(out),
+                 "4", "--repeats", "2", "--modes", "continuous,static", "--out", str(out),
                  *TINY])  # fmt: skip
     assert code == 0
     report = read(out)
-    assert [r["name"] for r in report["runs"]] == ["inflight-continuous #1",
-                                                   "inflight-continuous #2"]  # fmt: skip
-    assert [(r["name"], r["rounds"]) for r in report["repeats"]] == [("inflight-continuous", 2)]
+    assert [r["name"] for r in report["runs"]] == [
+        "inflight-continuous #1", "inflight-static #1", "inflight-static #2",
+        "inflight-continuous #2"]  # fmt: skip
+    assert [(r["name"], r["rounds"]) for r in report["repeats"]] == [
+        ("inflight-continuous", 2), ("inflight-static", 2)]  # fmt: skip
+    assert "ratio_of_first" in report["repeats"][1] and report["ratios"] == {}
     assert "Over the rounds" in (out / "summary.md").read_text()
 
 

@@ -39,24 +39,32 @@ struct Scratch {
   std::vector<int32_t> q_pairs;  // bf16 queries as pairs of dims, for vdpbf16ps scores
 };
 
-template <typename scalar_t, int kD>
-void prefill_item(const Item& it, const scalar_t* q, int64_t q_stride, const scalar_t* k_cache,
-                  const scalar_t* v_cache, const int64_t* table, const KVLayout& lay,
-                  int64_t G, int64_t D_runtime, int64_t first_pos, float scale, int64_t window,
-                  scalar_t* out, int64_t out_stride, Scratch& s) {
-  const int64_t D = kD > 0 ? kD : D_runtime;
-  const int64_t rows = it.num_tokens * G;  // row r: token r / G, query head r % G
-  const int64_t BS = lay.block_size;
-  s.q.resize(rows * D);
-  s.acc.assign(rows * D, 0.f);
-  s.max.assign(rows, -std::numeric_limits<float>::infinity());
-  s.sum.assign(rows, 0.f);
+// Resets the scratch for an item of `rows` query rows (row r: token r / G, query head r % G),
+// `padded` of them with rows past `rows` zero, and copies its queries in, scaled, as fp32.
+template <typename scalar_t>
+void start_item(const Item& it, const scalar_t* q, int64_t q_stride, int64_t G, int64_t D,
+                float scale, int64_t rows, int64_t padded, Scratch& s) {
+  s.q.assign(padded * D, 0.f);
+  s.acc.assign(padded * D, 0.f);
+  s.max.assign(padded, -3.0e38f);  // below every score, and no inf - inf
+  s.sum.assign(padded, 0.f);
   s.kt.resize(D * KT);
   s.v.resize(KT * D);
   for (int64_t r = 0; r < rows; ++r) {
     const scalar_t* src = q + (it.first_token + r / G) * q_stride + (it.kv_head * G + r % G) * D;
     for (int64_t d = 0; d < D; ++d) s.q[r * D + d] = static_cast<float>(src[d]) * scale;
   }
+}
+
+template <typename scalar_t, int kD>
+void prefill_item(const Item& it, const scalar_t* q, int64_t q_stride, const scalar_t* k_cache,
+                  const scalar_t* v_cache, const int64_t* table, const KVLayout& lay,
+                  int64_t G, int64_t D_runtime, int64_t first_pos, float scale, int64_t window,
+                  scalar_t* out, int64_t out_stride, Scratch& s) {
+  const int64_t D = kD > 0 ? kD : D_runtime;
+  const int64_t rows = it.num_tokens * G;
+  const int64_t BS = lay.block_size;
+  start_item(it, q, q_stride, G, D, scale, rows, rows, s);
   const int64_t first_q = first_pos + it.first_token;  // positions of the item's query tokens
   const int64_t last_q = first_q + it.num_tokens - 1;
   const int64_t lo = window > 0 ? std::max<int64_t>(0, first_q - window + 1) : 0;
@@ -138,18 +146,7 @@ void prefill_item_avx512(const Item& it, const scalar_t* q, int64_t q_stride,
   const int64_t rows = it.num_tokens * G;
   const int64_t padded = (rows + RB - 1) / RB * RB;  // rows past `rows` are never stored
   const int64_t BS = lay.block_size;
-  s.q.assign(padded * D, 0.f);
-  s.acc.assign(padded * D, 0.f);
-  s.max.assign(padded, -3.0e38f);
-  s.sum.assign(padded, 0.f);
-  s.kt.resize(D * KT);
-  s.v.resize(KT * D);
-  for (int64_t r = 0; r < rows; ++r) {
-    const scalar_t* src = q + (it.first_token + r / G) * q_stride + (it.kv_head * G + r % G) * D;
-    for (int j = 0; j < DV; ++j)
-      _mm512_storeu_ps(s.q.data() + r * D + j * 16,
-                       _mm512_mul_ps(load16(src + j * 16), _mm512_set1_ps(scale)));
-  }
+  start_item(it, q, q_stride, G, D, scale, rows, padded, s);
 #ifdef __AVX512BF16__
   constexpr bool kPairScores = std::is_same_v<scalar_t, c10::BFloat16>;
   if constexpr (kPairScores) {  // padded rows repeat the last real one (never stored)
@@ -295,18 +292,7 @@ void prefill_item_avx2(const Item& it, const scalar_t* q, int64_t q_stride,
   const int64_t rows = it.num_tokens * G;
   const int64_t padded = (rows + RB - 1) / RB * RB;  // rows past `rows` are never stored
   const int64_t BS = lay.block_size;
-  s.q.assign(padded * D, 0.f);
-  s.acc.assign(padded * D, 0.f);
-  s.max.assign(padded, -3.0e38f);
-  s.sum.assign(padded, 0.f);
-  s.kt.resize(D * KT);
-  s.v.resize(KT * D);
-  for (int64_t r = 0; r < rows; ++r) {
-    const scalar_t* src = q + (it.first_token + r / G) * q_stride + (it.kv_head * G + r % G) * D;
-    for (int j = 0; j < DV; ++j)
-      _mm256_storeu_ps(s.q.data() + r * D + j * 8,
-                       _mm256_mul_ps(load8(src + j * 8), _mm256_set1_ps(scale)));
-  }
+  start_item(it, q, q_stride, G, D, scale, rows, padded, s);
   const int64_t first_q = first_pos + it.first_token;
   const int64_t last_q = first_q + it.num_tokens - 1;
   // from a tile boundary, so that tiles stay aligned slices of blocks (the mask drops the keys
@@ -360,7 +346,7 @@ void prefill_item_avx2(const Item& it, const scalar_t* q, int64_t q_stride,
       float correction[RB];
       for (int b = 0; b < RB; ++b) {
         const int64_t r = r0 + b;
-        const __m256 floor = _mm256_set1_ps(-3.0e38f);  // below every score; no inf - inf
+        const __m256 floor = _mm256_set1_ps(-3.0e38f);  // below every score
         const float tile_max =
             lane_max8(_mm256_max_ps(_mm256_blendv_ps(floor, score[b][0], mask[b][0]),
                                      _mm256_blendv_ps(floor, score[b][1], mask[b][1])));

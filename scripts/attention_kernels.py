@@ -1,0 +1,74 @@
+"""Times the CPU attention kernels on SmolLM2's shapes (9 query heads over 3 KV heads, 64 dims,
+blocks of 16 tokens), one layer per call: prompt chunks in GFLOP/s (causal multiply-adds
+counted once) and decodes in GB/s of K/V read. The best of 7 rounds of 20 calls each, since a
+shared machine's speed drifts between rounds.
+
+    .venv/bin/python scripts/attention_kernels.py
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from inflight.attention.cpu_kernel import CpuKernelBackend
+
+H, KVH, D, BS = 9, 3, 64, 16
+backend = CpuKernelBackend(BS)
+
+
+def best_seconds(call, rounds: int = 7, calls: int = 20) -> float:
+    call()
+    times = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(calls):
+            call()
+        times.append((time.perf_counter() - start) / calls)
+    return min(times)
+
+
+def caches(num_blocks: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    k_shape, v_shape = backend.cache_shapes(num_blocks, KVH, D)
+    return torch.randn(k_shape).to(dtype), torch.randn(v_shape).to(dtype)
+
+
+def prefill(new: list[int], cached: list[int], dtype: torch.dtype = torch.float32) -> str:
+    blocks = [-(-(c + n) // BS) for n, c in zip(new, cached, strict=True)]
+    k, v = caches(sum(blocks) + 1, dtype)
+    tables = torch.zeros(len(new), max(blocks), dtype=torch.long)
+    chunks, row, block = [], 0, 1
+    for i, (n, c) in enumerate(zip(new, cached, strict=True)):
+        tables[i, : blocks[i]] = torch.arange(block, block + blocks[i])
+        block += blocks[i]
+        chunks.append([row, n, c])
+        row += n
+    q = torch.randn(row, (H + 2 * KVH) * D).to(dtype)[:, : H * D].view(row, H, D)
+    out = torch.empty(row, H, D, dtype=dtype)
+    args = (q, k, v, torch.tensor(chunks), tables, out, D**-0.5, 0)
+    seconds = best_seconds(lambda: backend._ext.paged_prefill_attention(*args))
+    flops = sum(4 * H * D * (c * n + n * (n + 1) / 2) for n, c in zip(new, cached, strict=True))
+    return f"{seconds * 1e3:8.2f} ms  {flops / seconds / 1e9:6.1f} GFLOP/s"
+
+
+def decode(requests: int, context: int, dtype: torch.dtype = torch.float32) -> str:
+    blocks = -(-context // BS)
+    k, v = caches(requests * blocks + 1, dtype)
+    tables = (torch.randperm(requests * blocks) + 1).view(requests, blocks)
+    lens = torch.full((requests,), context, dtype=torch.long)
+    q = torch.randn(requests, H, D).to(dtype)
+    seconds = best_seconds(
+        lambda: backend._ext.paged_decode_attention(q, k, v, tables, lens, D**-0.5, 0)
+    )
+    gb = requests * context * KVH * D * 2 * k.element_size() / 1e9
+    return f"{seconds * 1e3:8.2f} ms  {gb / seconds:6.1f} GB/s"
+
+
+if __name__ == "__main__":
+    print("prefill, 8 prompts of 256 tokens    ", prefill([256] * 8, [0] * 8))
+    print("prefill, 4 prompts of 512 tokens    ", prefill([512] * 4, [0] * 4))
+    print("prefill, 2,048 tokens after 1,024   ", prefill([2048], [1024]))
+    print("decode, 64 requests of 400 tokens   ", decode(64, 400))
+    print("decode, 16 requests of 1,500 tokens ", decode(16, 1500))
+    print("decode, 64 x 400, bfloat16 cache    ", decode(64, 400, torch.bfloat16))
