@@ -79,6 +79,11 @@ class SchedulerOutput:
     num_waiting: int = 0
     kv_usage: float = 0.0
 
+    @property
+    def num_draft_tokens(self) -> int:
+        """Draft tokens verified this step (what drafting adds to it)."""
+        return sum(len(s.draft_token_ids) for s in self.scheduled)
+
 
 @dataclass(slots=True)
 class Logprobs:

@@ -174,9 +174,8 @@ class Scheduler:
             int.__sub__, self._event_counts(), self._events_before
         )
         if self.speculation is not None:
-            num_drafts = sum(len(s.draft_token_ids) for s in out.scheduled)
             self.speculation.cost.observe(out.num_batched_tokens, len(out.scheduled), duration_s,
-                                          num_drafts)  # fmt: skip
+                                          out.num_draft_tokens)  # fmt: skip
         return StepStats(
             t=self.clock(),
             duration_s=duration_s,
@@ -322,8 +321,9 @@ class Scheduler:
         outputs: list[EngineCoreOutput] = []
         now = self.clock()
         if runner_output.drafter_seconds and self.speculation is not None:
-            num_drafts = sum(len(s.draft_token_ids) for s in scheduler_output.scheduled)
-            self.speculation.cost.observe_drafter(runner_output.drafter_seconds, num_drafts)
+            self.speculation.cost.observe_drafter(
+                runner_output.drafter_seconds, scheduler_output.num_draft_tokens
+            )
         for s in scheduler_output.scheduled:
             request = self.requests[s.request_id]
             error = runner_output.failed.get(s.request_id)

@@ -96,6 +96,8 @@ def test_compare_refuses_unknown_modes_and_padding_out_of_order(tiny_llama, tmp_
     assert "--modes takes some of continuous, static, static-padded" in caplog.text
     assert main([*base, "--modes", "static-padded", "--scheduling-policy", "sjf"]) == 2
     assert "padded batches need static batching under the fcfs policy" in caplog.text
+    assert main([*base, "--repeats", "0"]) == 2
+    assert "--repeats must be at least 1, got 0" in caplog.text
 
 
 def test_serve_sweep(tiny_llama, tmp_path):

@@ -56,6 +56,40 @@ void start_item(const Item& it, const scalar_t* q, int64_t q_stride, int64_t G, 
   }
 }
 
+// Keys k0 .. k0 + n - 1 of the item's head, gathered position by position into s.kt [D][KT]
+// (transposed) and s.v [KT][D] as fp32, zero past n: for tiles that are not one aligned slice of
+// a block, or dtypes and shapes without a vector path.
+template <typename scalar_t>
+void gather_tile(const Item& it, const scalar_t* k_cache, const scalar_t* v_cache,
+                 const int64_t* table, const KVLayout& lay, int64_t D, int64_t k0, int64_t n,
+                 Scratch& s) {
+  const int64_t BS = lay.block_size;
+  for (int64_t t = 0; t < KT; ++t) {
+    if (t < n) {
+      const int64_t pos = k0 + t;
+      const int64_t run = lay.run(table[pos / BS], it.kv_head), offset = pos % BS;
+      for (int64_t d = 0; d < D; ++d) {
+        s.kt[d * KT + t] = static_cast<float>(k_cache[run + lay.key_in_run(offset, d)]);
+        s.v[t * D + d] = static_cast<float>(v_cache[run + lay.value_in_run(offset) + d]);
+      }
+    } else {
+      for (int64_t d = 0; d < D; ++d) s.kt[d * KT + t] = s.v[t * D + d] = 0.f;
+    }
+  }
+}
+
+// The item's outputs: each row's accumulator over its softmax denominator (> 0: every query
+// sees at least its own key).
+template <typename scalar_t>
+void finish_item(const Item& it, scalar_t* out, int64_t out_stride, int64_t G, int64_t D,
+                 int64_t rows, const Scratch& s) {
+  for (int64_t r = 0; r < rows; ++r) {
+    scalar_t* dst = out + (it.first_token + r / G) * out_stride + (it.kv_head * G + r % G) * D;
+    const float inv = 1.f / s.sum[r];
+    for (int64_t d = 0; d < D; ++d) dst[d] = static_cast<scalar_t>(s.acc[r * D + d] * inv);
+  }
+}
+
 template <typename scalar_t, int kD>
 void prefill_item(const Item& it, const scalar_t* q, int64_t q_stride, const scalar_t* k_cache,
                   const scalar_t* v_cache, const int64_t* table, const KVLayout& lay,
@@ -63,7 +97,6 @@ void prefill_item(const Item& it, const scalar_t* q, int64_t q_stride, const sca
                   scalar_t* out, int64_t out_stride, Scratch& s) {
   const int64_t D = kD > 0 ? kD : D_runtime;
   const int64_t rows = it.num_tokens * G;
-  const int64_t BS = lay.block_size;
   start_item(it, q, q_stride, G, D, scale, rows, rows, s);
   const int64_t first_q = first_pos + it.first_token;  // positions of the item's query tokens
   const int64_t last_q = first_q + it.num_tokens - 1;
@@ -71,18 +104,7 @@ void prefill_item(const Item& it, const scalar_t* q, int64_t q_stride, const sca
 
   for (int64_t k0 = lo; k0 <= last_q; k0 += KT) {
     const int64_t n = std::min(KT, last_q + 1 - k0);
-    for (int64_t t = 0; t < KT; ++t) {  // K transposed [D][KT] and V [KT][D], zero past n
-      if (t < n) {
-        const int64_t pos = k0 + t;
-        const int64_t run = lay.run(table[pos / BS], it.kv_head), offset = pos % BS;
-        for (int64_t d = 0; d < D; ++d) {
-          s.kt[d * KT + t] = static_cast<float>(k_cache[run + lay.key_in_run(offset, d)]);
-          s.v[t * D + d] = static_cast<float>(v_cache[run + lay.value_in_run(offset) + d]);
-        }
-      } else {
-        for (int64_t d = 0; d < D; ++d) s.kt[d * KT + t] = s.v[t * D + d] = 0.f;
-      }
-    }
+    gather_tile(it, k_cache, v_cache, table, lay, D, k0, n, s);
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t qpos = first_q + r / G;
       if (k0 > qpos || (window > 0 && k0 + n - 1 <= qpos - window)) continue;  // all masked
@@ -122,11 +144,7 @@ void prefill_item(const Item& it, const scalar_t* q, int64_t q_stride, const sca
       }
     }
   }
-  for (int64_t r = 0; r < rows; ++r) {
-    scalar_t* dst = out + (it.first_token + r / G) * out_stride + (it.kv_head * G + r % G) * D;
-    const float inv = 1.f / s.sum[r];  // > 0: every query sees at least its own key
-    for (int64_t d = 0; d < D; ++d) dst[d] = static_cast<scalar_t>(s.acc[r * D + d] * inv);
-  }
+  finish_item(it, out, out_stride, G, D, rows, s);
 }
 
 #ifdef __AVX512F__
@@ -269,11 +287,7 @@ void prefill_item_avx512(const Item& it, const scalar_t* q, int64_t q_stride,
           _mm512_storeu_ps(s.acc.data() + (r0 + b) * D + j * 16, acc[b][j]);
     }
   }
-  for (int64_t r = 0; r < rows; ++r) {
-    scalar_t* dst = out + (it.first_token + r / G) * out_stride + (it.kv_head * G + r % G) * D;
-    const float inv = 1.f / s.sum[r];
-    for (int64_t d = 0; d < D; ++d) dst[d] = static_cast<scalar_t>(s.acc[r * D + d] * inv);
-  }
+  finish_item(it, out, out_stride, G, D, rows, s);
 }
 #endif
 
@@ -313,16 +327,7 @@ void prefill_item_avx2(const Item& it, const scalar_t* q, int64_t q_stride,
       attention_avx2::key_tile(k_cache + run + k0_offset * 2, BS, D, s.kt.data());
       values_in_place = v_cache + run + lay.value_in_run(k0_offset);
     } else {
-      for (int64_t t = 0; t < KT; ++t) {
-        const int64_t pos = k0 + t;
-        const int64_t run = t < n ? lay.run(table[pos / BS], it.kv_head) : 0;
-        for (int64_t d = 0; d < D; ++d) {
-          s.kt[d * KT + t] =
-              t < n ? static_cast<float>(k_cache[run + lay.key_in_run(pos % BS, d)]) : 0.f;
-          s.v[t * D + d] =
-              t < n ? static_cast<float>(v_cache[run + lay.value_in_run(pos % BS) + d]) : 0.f;
-        }
-      }
+      gather_tile(it, k_cache, v_cache, table, lay, D, k0, n, s);
     }
     for (int64_t r0 = 0; r0 < padded; r0 += RB) {
       // keys k0 + from .. k0 + hi that each row may see, as lane masks
@@ -331,7 +336,9 @@ void prefill_item_avx2(const Item& it, const scalar_t* q, int64_t q_stride,
       for (int b = 0; b < RB; ++b) {
         const int64_t qpos = first_q + std::min(r0 + b, rows - 1) / G;
         const int64_t hi = std::min<int64_t>(n - 1, qpos - k0);  // causal
-        const int64_t from = window > 0 ? std::max<int64_t>(0, qpos - window + 1 - k0) : 0;
+        // at most KT (no lane) before the 32-bit compare, however long the context
+        const int64_t from =
+            window > 0 ? std::clamp<int64_t>(qpos - window + 1 - k0, 0, KT) : 0;
         const __m256i above = _mm256_set1_epi32(static_cast<int32_t>(from - 1));
         const __m256i below = _mm256_set1_epi32(static_cast<int32_t>(hi + 1));
         mask[b][0] = _mm256_castsi256_ps(_mm256_and_si256(_mm256_cmpgt_epi32(lanes_lo, above),
@@ -371,11 +378,7 @@ void prefill_item_avx2(const Item& it, const scalar_t* q, int64_t q_stride,
       }
     }
   }
-  for (int64_t r = 0; r < rows; ++r) {
-    scalar_t* dst = out + (it.first_token + r / G) * out_stride + (it.kv_head * G + r % G) * D;
-    const float inv = 1.f / s.sum[r];
-    for (int64_t d = 0; d < D; ++d) dst[d] = static_cast<scalar_t>(s.acc[r * D + d] * inv);
-  }
+  finish_item(it, out, out_stride, G, D, rows, s);
 }
 #endif
 
