@@ -9,9 +9,10 @@ AVX-512 path, an AVX2 one built from `csrc/attention_avx2.h`, and a generic loop
 over a GGUF file's Q4_0 / Q4_1 / Q8_0 blocks), `csrc/gguf_int_linear.cpp` (the same with 8- or
 16-bit activations) and `csrc/argmax.cpp` (greedy sampling) are built
 with the machine's own compiler (`-march=native`) by torch's cpp_extension and cached by torch
-(`~/.cache/torch_extensions`, or `TORCH_EXTENSIONS_DIR`): ~2 min on 2 cores, once per CPU kind
-and source version. Only `csrc/bindings.cpp` includes the whole of `torch/extension.h`; the
-kernels include ATen's Tensor and the operators they call, which halved that build. The build's
+(`~/.cache/torch_extensions`, or `TORCH_EXTENSIONS_DIR`): ~1 min on 2 cores, once per CPU kind
+and source version. No file includes `torch/extension.h` (the whole C++ frontend, and most of
+that minute again): the kernels include ATen's Tensor and the operators they call, and
+`csrc/bindings.cpp` pybind11 with torch's tensor casters. The build's
 name carries a digest of the CPU's feature flags, so a cache shared between machines (a network
 home) never hands one CPU code compiled for another's instructions. Callers fall back to pure
 PyTorch when no compiler is available; `bf16_linear` exists only where the compiler targets
@@ -52,7 +53,7 @@ def load_extension() -> ModuleType:
         from torch.utils.cpp_extension import load
 
         csrc = Path(__file__).parent / "csrc"
-        logger.info("loading the CPU kernels (the first use on a CPU kind compiles them, ~2 min)")
+        logger.info("loading the CPU kernels (the first use on a CPU kind compiles them, ~1 min)")
         _extension = load(
             name=f"inflight_cpu_kernels_{_cpu_digest()}",
             sources=[str(csrc / name) for name in _SOURCES],

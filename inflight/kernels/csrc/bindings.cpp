@@ -1,6 +1,8 @@
 #include "ops.h"
 
-#include <torch/python.h>  // the pybind11 casters of tensors, not the whole C++ frontend
+// The pybind11 casters of tensors alone: torch/python.h would add the C++ frontend and every
+// operator, twice this file's build.
+#include <torch/csrc/utils/pybind.h>
 
 // Every kernel runs without the GIL: a step is milliseconds to seconds of C++, and the
 // server's event loop (health checks, new requests, streaming) must run meanwhile. Arguments are

@@ -1,8 +1,8 @@
 // The CPU kernels of inflight, compiled together into one extension (see inflight/kernels).
 //
-// Only ATen's Tensor and the operators each file calls are included (`ATen/ops/*.h`): the whole
-// of `torch/extension.h` (pybind11, autograd, every operator) is left to bindings.cpp, which
-// more than halves the build that a new machine waits for.
+// Only ATen's Tensor and the operators each file calls are included (`ATen/ops/*.h`), never the
+// whole of `torch/extension.h` (pybind11, autograd, every operator): that header alone takes
+// longer to compile than all of this project's kernels, and a new machine waits for the build.
 #pragma once
 #include <ATen/Dispatch.h>
 #include <ATen/core/Tensor.h>
