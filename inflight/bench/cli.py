@@ -327,7 +327,7 @@ def run_local(args: argparse.Namespace, knobs: dict[str, Any], out: Path) -> dic
     loaded = None
     for repeat in range(repeats):
         suffix = f" #{repeat + 1}" if repeats > 1 else ""
-        # every other round in reverse: this machine drifts by 5-15% within a sitting, and
+        # every other round in reverse: a shared machine's speed drifts within a sitting, and
         # a fixed order would hand the drift to the same mode every round
         reverse = repeat % 2 == 1
         for mode in modes[::-1] if reverse else modes:
