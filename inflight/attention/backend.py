@@ -38,8 +38,11 @@ class AttentionBackend(Protocol):
         block_tables: torch.Tensor,
         slot_mapping: torch.Tensor,
         device: torch.device,
+        decodes: list[bool] | None = None,
     ) -> Any:
-        """Index tensors shared by every layer of one step (CPU lists in, device tensors out)."""
+        """Index tensors shared by every layer of one step (CPU lists in, device tensors out).
+        `decodes[r]`: request r's query is its newest token and the drafts after it (default:
+        the one-token queries); see `prompt_and_decode_rows`."""
         ...
 
     def decode_metadata(
@@ -87,7 +90,11 @@ def write_token_major(
     v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, value)
 
 
-def prompt_and_decode_rows(query_start_loc: list[int]) -> tuple[list[int], list[int]]:
-    """The step's requests with a prompt chunk (several query tokens) and with a decode (one)."""
-    q_lens = [b - a for a, b in pairwise(query_start_loc)]
-    return [r for r, n in enumerate(q_lens) if n > 1], [r for r, n in enumerate(q_lens) if n == 1]
+def prompt_and_decode_rows(
+    query_start_loc: list[int], decodes: list[bool] | None = None
+) -> tuple[list[int], list[int]]:
+    """The step's requests with a prompt chunk and with a decode: by default a decode is one
+    query token; `decodes` also names those verifying drafts (their newest token, then drafts)."""
+    if decodes is None:
+        decodes = [b - a == 1 for a, b in pairwise(query_start_loc)]
+    return [r for r, d in enumerate(decodes) if not d], [r for r, d in enumerate(decodes) if d]

@@ -24,9 +24,12 @@ from inflight.attention.backend import (
 
 @dataclass
 class DecodeBatch:
-    """Every decode of the step, for the kernel: no grouping, no masks."""
+    """Every decode of the step, for the kernel: no grouping, no masks. A request verifying
+    drafts gives one row per query token, each over the cache up to its own position: so each
+    token rounds exactly as it would decoded alone (the prefill kernel's online softmax sums in
+    another order), and greedy speculation keeps plain decoding's tokens in bf16 too."""
 
-    rows: torch.Tensor  # [R] flat token index of each decode (its only query token)
+    rows: torch.Tensor  # [R] flat token index of each decoded token
     block_tables: torch.Tensor  # [R, MB] int64
     seq_lens: torch.Tensor  # [R] int64
     all_rows: bool = False  # every token of the step is a decode (rows == 0..T-1)
@@ -75,16 +78,19 @@ class PagedKernelBackend:
         block_tables: torch.Tensor,
         slot_mapping: torch.Tensor,
         device: torch.device,
+        decodes: list[bool] | None = None,
     ) -> KernelMetadata:
-        prefill_rows, decode_rows = prompt_and_decode_rows(query_start_loc)
+        prefill_rows, decode_rows = prompt_and_decode_rows(query_start_loc, decodes)
         meta = KernelMetadata(slot_mapping=slot_mapping)
         if decode_rows:
-            index = torch.tensor(decode_rows)
+            # (request, i): its i-th query token, at position start_pos + i
+            tokens = [(r, i) for r in decode_rows
+                      for i in range(query_start_loc[r + 1] - query_start_loc[r])]  # fmt: skip
             meta.decode_batch = DecodeBatch(
-                rows=torch.tensor([query_start_loc[r] for r in decode_rows]).to(device),
-                block_tables=block_tables[index].to(device),
-                seq_lens=torch.tensor([start_pos[r] + 1 for r in decode_rows]).to(device),
-                all_rows=len(decode_rows) == query_start_loc[-1],
+                rows=torch.tensor([query_start_loc[r] + i for r, i in tokens]).to(device),
+                block_tables=block_tables[torch.tensor([r for r, _ in tokens])].to(device),
+                seq_lens=torch.tensor([start_pos[r] + i + 1 for r, i in tokens]).to(device),
+                all_rows=len(tokens) == query_start_loc[-1],
             )
         if prefill_rows:
             chunks = [

@@ -72,8 +72,10 @@ def build_step_inputs(
     )  # [T]
 
     slot_mapping = slot_mapping.to(device)
+    # a request's newest token with the drafts after it: it attends as decodes (`DecodeBatch`)
+    decodes = [s.num_tokens == 1 + len(s.draft_token_ids) for s in scheduled]
     meta = attn_backend.build_metadata(
-        query_start_loc, start_pos, block_tables, slot_mapping, device
+        query_start_loc, start_pos, block_tables, slot_mapping, device, decodes
     )
     return StepInputs(
         input_ids=torch.tensor(input_ids, device=device),

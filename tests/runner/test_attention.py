@@ -216,6 +216,45 @@ def test_prefill_kernel_matches_reference_on_model_shapes(kernel, dtype, tol, bs
     torch.testing.assert_close(outs[1].float(), outs[0].float(), atol=tol, rtol=tol)
 
 
+@pytest.mark.parametrize(
+    "kernel",
+    ["cpu", pytest.param("triton", marks=INTERPRETED), pytest.param("triton-cuda", marks=GPU)],
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_verified_drafts_attend_bit_for_bit_as_lone_decodes(kernel, dtype):
+    """A request's newest token and its 4 drafts, beside a prompt chunk: each of its 5 rows
+    equals that token decoded alone, bit for bit (what keeps greedy speculation's tokens those
+    of plain decoding), while the prompt chunk still goes to the prefill kernel."""
+    if kernel == "triton" and dtype == torch.bfloat16:
+        pytest.skip("Triton's interpreter: one dtype covers the routing")
+    gen = torch.Generator().manual_seed(4)
+    bs, kvh, h, d, num_blocks = 16, 3, 9, 64, 40
+    device = torch.device("cuda" if kernel == "triton-cuda" else "cpu")
+    backend = CpuKernelBackend(bs) if kernel == "cpu" else TritonBackend(bs)
+    k_cache, v_cache = (torch.randn(s, generator=gen).to(dtype).to(device)
+                        for s in backend.cache_shapes(num_blocks, kvh, d))  # fmt: skip
+    tables = torch.randperm(num_blocks, generator=gen).view(2, 20)
+    cached = [100, 30]  # the decoding request, then a prompt chunk of 20 tokens
+    new = [5, 20]
+    q = torch.randn(sum(new), h, d, generator=gen).to(dtype).to(device)
+    key, value = (torch.randn(sum(new), kvh, d, generator=gen).to(dtype).to(device)
+                  for _ in range(2))  # fmt: skip
+    slots = [int(tables[r, p // bs]) * bs + p % bs
+             for r in range(2) for p in range(cached[r], cached[r] + new[r])]  # fmt: skip
+
+    def step(query_start_loc, start_pos, table_rows, rows, decodes):
+        meta = backend.build_metadata(query_start_loc, start_pos, tables[table_rows],
+                                      torch.tensor([slots[i] for i in rows], device=device),
+                                      device, decodes)  # fmt: skip
+        return meta, backend.forward(q[rows], key[rows], value[rows], k_cache, v_cache, meta)
+
+    meta, together = step([0, 5, 25], cached, [0, 1], list(range(25)), [True, False])
+    assert len(meta.decode_batch.rows) == 5 and meta.prefill_batch.chunks.tolist() == [[5, 20, 30]]
+    for i in range(5):  # the same token as a plain decode, its drafts not yet in the cache
+        _, alone = step([0, 1], [cached[0] + i], [0], [i], None)
+        assert torch.equal(together[i], alone[0]), f"row {i}"
+
+
 def test_prefill_kernel_rejects_chunks_outside_its_inputs():
     backend = CpuKernelBackend(16)
     q = torch.randn(10, 4, 8)
