@@ -46,6 +46,9 @@ COMPARE_MODES = {
     "exact": {"batching": "continuous", "quantized_activations": "off"},
     "int16": {"batching": "continuous", "quantized_activations": "int16"},
     "int8": {"batching": "continuous", "quantized_activations": "int8"},
+    # float32 where the default is bf16 (an AVX-512 BF16 CPU): there the GGUF's blocks and
+    # 16-bit activations apply, as on an AVX2 CPU
+    "float32": {"batching": "continuous", "dtype": "float32"},
 }
 
 
@@ -122,7 +125,7 @@ def add_bench_parser(sub: Any, add_engine_flags: Callable[[argparse.ArgumentPars
         "member ends), static-padded (static, and every member decodes until the batch's "
         "longest is done, as transformers `generate` does), speculative (continuous with "
         "4 n-gram draft tokens), and exact, int16 and int8 (continuous with "
-        "quantized_activations off, int16 and int8)",
+        "quantized_activations off, int16 and int8), float32 (continuous in float32)",
     )  # fmt: skip
     compare.add_argument(
         "--repeats", type=int, default=1,
@@ -324,7 +327,7 @@ def run_local(args: argparse.Namespace, knobs: dict[str, Any], out: Path) -> dic
         raise ConfigError(f"--repeats must be at least 1, got {repeats}")
     peers = [p for p in getattr(args, "peers", "").split(",") if p]
     runs: list[RunResult] = []
-    loaded = None
+    loaded, loaded_dtype = None, None
     for repeat in range(repeats):
         suffix = f" #{repeat + 1}" if repeats > 1 else ""
         # every other round in reverse: a shared machine's speed drifts within a sitting, and
@@ -337,12 +340,19 @@ def run_local(args: argparse.Namespace, knobs: dict[str, Any], out: Path) -> dic
             if not mode_knobs.get("num_speculative_tokens"):  # a draft model drafts only there
                 mode_knobs.pop("speculative_model", None)
             activations = mode_knobs.get("quantized_activations", ModelConfig.quantized_activations)
-            if loaded is not None and loaded.quantized_activations != activations:
-                loaded = None  # weights packed for another kind of activations
+            dtype_knob = mode_knobs.get("dtype", ModelConfig.dtype)
+            if loaded is not None and (loaded.quantized_activations, loaded_dtype) != (
+                activations,
+                dtype_knob,
+            ):
+                loaded = None  # weights in another dtype, or packed for other activations
+            loaded_dtype = dtype_knob
             llm = LLM(loaded_model=loaded, **mode_knobs)
             loaded = llm.core.loaded
             workload = load_workload(args, llm.tokenizer)
             dtype = str(llm.core.dtype).removeprefix("torch.")
+            if mode == modes[0]:  # peers compute in the first mode's dtype (the default's)
+                peer_dtype = dtype
             device = llm.core.device.type
             timer = llm.core.enable_profiling() if getattr(args, "profile", False) else None
             with_json = mode != base_mode
@@ -356,7 +366,7 @@ def run_local(args: argparse.Namespace, knobs: dict[str, Any], out: Path) -> dic
             if timer is not None:
                 write_profile(out, timer.steps, llm.config.scheduler.max_num_seqs)
             meta = {
-                "model": str(loaded.path), "dtype": dtype, "workload": args.workload,
+                "model": str(loaded.path), "dtype": peer_dtype, "workload": args.workload,
                 "device": describe_device(llm.core.device),
                 "requests": len(workload), "arrival": args.arrival,
                 "max_num_seqs": llm.config.scheduler.max_num_seqs,
@@ -372,7 +382,7 @@ def run_local(args: argparse.Namespace, knobs: dict[str, Any], out: Path) -> dic
             gc.collect()
         for peer in peers[::-1] if reverse else peers:
             try:
-                result = run_peer(args, peer, loaded.path, workload, dtype, device, knobs,
+                result = run_peer(args, peer, loaded.path, workload, peer_dtype, device, knobs,
                                   meta["max_num_seqs"])  # fmt: skip
             except Exception as e:  # a peer failing must not lose the other results
                 logger.exception("peer %s failed", peer)

@@ -67,6 +67,10 @@ class LoadedModel:
     path: Path
     quantized_activations: str = "auto"  # as asked of `load_model` (a reusing engine must agree)
 
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.embed_tokens.weight.dtype
+
 
 def load_hf_arch_config(path: Path) -> LlamaArchConfig:
     config_file = path / "config.json"

@@ -89,6 +89,32 @@ def test_compare_with_a_draft_model(tiny_llama, tmp_path):
     assert plain["spec_draft_tokens"] == 0 < spec["spec_draft_tokens"]
 
 
+def test_compare_runs_the_float32_mode_on_its_own_weights(tiny_llama, tmp_path, monkeypatch):
+    """`float32` loads the model again in float32 where the default is bf16, and the peers and
+    the report keep the first mode's dtype."""
+    import inflight.engine.engine_core as engine_core
+
+    loads = []
+    real_load = engine_core.load_model
+
+    def recording_load(path, dtype, *args):
+        loads.append(dtype)
+        return real_load(path, dtype, *args)
+
+    monkeypatch.setattr(engine_core, "load_model", recording_load)
+    out = tmp_path / "float32"
+    code = main(["bench", "compare", str(tiny_llama), "--workload", "longtail", "--num-requests",
+                 "4", "--repeats", "2", "--modes", "continuous,float32", "--out", str(out),
+                 *TINY, "--dtype", "bfloat16"])  # fmt: skip
+    assert code == 0
+    assert [str(d) for d in loads] == ["torch.bfloat16", "torch.float32", "torch.bfloat16"]
+    report = read(out)
+    assert report["meta"]["dtype"] == "bfloat16"
+    runs = {r["name"]: r for r in report["runs"]}
+    assert runs["inflight-float32 #1"]["output_tokens"] == runs["inflight-continuous #1"][
+        "output_tokens"]  # fmt: skip
+
+
 def test_compare_refuses_unknown_modes_and_padding_out_of_order(tiny_llama, tmp_path, caplog):
     base = ["bench", "compare", str(tiny_llama), "--workload", "longtail", "--num-requests", "4",
             "--out", str(tmp_path / "x"), *TINY]  # fmt: skip
