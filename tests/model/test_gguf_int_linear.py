@@ -187,7 +187,7 @@ def test_the_knob_regroups_a_float32_gguf_model_and_reuse_must_agree(tmp_path, t
     with pytest.raises(ConfigError, match="loaded with quantized_activations='off'"):
         LLM(loaded_model=exact.core.loaded, dtype="float32", device="cpu",
             quantized_activations="int8")  # fmt: skip
-    with pytest.raises(ConfigError, match="holds torch.float32 weights, this engine computes in"):
+    with pytest.raises(ConfigError, match=r"holds torch\.float32 weights, this engine computes in"):
         LLM(loaded_model=exact.core.loaded, dtype="bfloat16", device="cpu",
             quantized_activations="off")  # fmt: skip
     with pytest.raises(ConfigError, match="quantized_activations must be auto, off, int16 or int8"):
