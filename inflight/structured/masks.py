@@ -48,8 +48,14 @@ class GrammarMasks:
             self.matchers.pop(request_id, None)
 
     def start_fill(self, rows: list[ScheduledRequest]) -> Future[torch.Tensor]:
-        """Fills one mask row per request in `rows` (all constrained) on the worker thread."""
-        return self._pool.submit(self._fill, rows)
+        """Fills one mask row per request in `rows` (all constrained) on the worker thread.
+        The mask is allocated here, on the engine's thread: a fill of 64 rows is large enough
+        for PyTorch to run it as an OpenMP region, and one on the worker would start a second
+        OpenMP thread pool, which slows every region of the engine's (see async_engine)."""
+        import xgrammar as xgr
+
+        bitmask = xgr.allocate_token_bitmask(len(rows), rows[0].grammar.tokenizer_info.vocab_size)
+        return self._pool.submit(self._fill, rows, bitmask)
 
     def _matcher(self, s: ScheduledRequest) -> xgr.GrammarMatcher:
         matcher = self.matchers.get(s.request_id)
@@ -62,11 +68,7 @@ class GrammarMasks:
             self.matchers[s.request_id] = matcher
         return matcher
 
-    def _fill(self, rows: list[ScheduledRequest]) -> torch.Tensor:
-        import xgrammar as xgr
-
-        vocab_size = rows[0].grammar.tokenizer_info.vocab_size
-        bitmask = xgr.allocate_token_bitmask(len(rows), vocab_size)
+    def _fill(self, rows: list[ScheduledRequest], bitmask: torch.Tensor) -> torch.Tensor:
         for i, s in enumerate(rows):
             self._matcher(s).fill_next_token_bitmask(bitmask, i)
         return bitmask
