@@ -32,6 +32,11 @@
 // product is 32-bit: 32 of them stay below 2^27.
 //
 // Every output is a fixed sequence of operations per row, whatever the batch and its tiling.
+//
+// Where the CPU has AVX-512 VNNI (with VL, for these 256-bit registers), one instruction does a
+// multiply-and-add step's work: `vpdpbusd` (bytes times bytes, four products summed into each
+// 32-bit lane) and `vpdpwssd` (16-bit pairs into 32 bits). The integer sums are the same exact
+// values either way (nothing saturates, per the bounds above), so are the outputs, bit for bit.
 #include "gguf_blocks.h"
 #include "ops.h"
 #include "vec_math.h"
@@ -124,6 +129,30 @@ struct Problem {
   int64_t K, N;
 };
 
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+constexpr bool kVnni = true;
+#else
+constexpr bool kVnni = false;
+#endif
+
+// acc + the four products of u's bytes (unsigned) and s's (signed) in each 32-bit lane
+inline __m256i add_byte_dots(__m256i acc, __m256i u, __m256i s) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpbusd_epi32(acc, u, s);
+#else
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
+#endif
+}
+
+// acc + the two products of a's and b's 16-bit values in each 32-bit lane
+inline __m256i add_pair_dots(__m256i acc, __m256i a, __m256i b) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpwssd_epi32(acc, a, b);
+#else
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b));
+#endif
+}
+
 inline __m256i load_chunk(const uint8_t* p) {
   return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
 }
@@ -143,17 +172,24 @@ inline __m256i broadcast4(const int16_t* p) {
 // One block's dot products with 8-bit x, one column per 32-bit lane.
 template <Format F>
 inline __m256i block_dot(const uint8_t* quants, const int8_t* xb) {
-  const __m256i ones = _mm256_set1_epi16(1);
   if constexpr (F == Format::kQ8_0) {
     __m256i dot = _mm256_setzero_si256();
     for (int j = 0; j < 8; ++j) {
       const __m256i w = load_chunk(quants + 32 * j);
-      const __m256i pairs =
-          _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(broadcast4(xb + 4 * j), w));
-      dot = _mm256_add_epi32(dot, _mm256_madd_epi16(pairs, ones));
+      dot = add_byte_dots(dot, _mm256_sign_epi8(w, w), _mm256_sign_epi8(broadcast4(xb + 4 * j), w));
     }
     return dot;
-  } else {
+  } else if constexpr (kVnni) {  // straight into 32 bits, low and high nibbles in two chains
+    const __m256i nibble = _mm256_set1_epi8(0x0F);
+    __m256i low = _mm256_setzero_si256(), high = low;
+    for (int j = 0; j < 4; ++j) {
+      const __m256i raw = load_chunk(quants + 32 * j);
+      low = add_byte_dots(low, _mm256_and_si256(raw, nibble), broadcast4(xb + 4 * j));
+      high = add_byte_dots(high, _mm256_and_si256(_mm256_srli_epi16(raw, 4), nibble),
+                           broadcast4(xb + 16 + 4 * j));
+    }
+    return _mm256_add_epi32(low, high);
+  } else {  // pairs summed in 16 bits first (up to 30,480, per the bounds above)
     const __m256i nibble = _mm256_set1_epi8(0x0F);
     __m256i pairs = _mm256_setzero_si256();
     for (int j = 0; j < 4; ++j) {
@@ -163,7 +199,7 @@ inline __m256i block_dot(const uint8_t* quants, const int8_t* xb) {
       pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(low, broadcast4(xb + 4 * j)));
       pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(high, broadcast4(xb + 16 + 4 * j)));
     }
-    return _mm256_madd_epi16(pairs, ones);
+    return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
   }
 }
 
@@ -174,10 +210,13 @@ inline __m256i block_dot(const uint8_t* quants, const int8_t* xb) {
 template <Format F>
 inline __m256i block_dot(const uint8_t* quants, const int16_t* xb) {
   const __m256i zero = _mm256_setzero_si256();
-  __m256i lo = zero, hi = zero;
+  // two chains per half (even and odd steps): a VNNI step waits for the one before it
+  __m256i lo[2] = {zero, zero}, hi[2] = {zero, zero};
+  int step = 0;
   auto add = [&](__m256i wide_lo, __m256i wide_hi, __m256i x) {
-    lo = _mm256_add_epi32(lo, _mm256_madd_epi16(wide_lo, x));
-    hi = _mm256_add_epi32(hi, _mm256_madd_epi16(wide_hi, x));
+    lo[step] = add_pair_dots(lo[step], wide_lo, x);
+    hi[step] = add_pair_dots(hi[step], wide_hi, x);
+    step ^= 1;
   };
   if constexpr (F == Format::kQ8_0) {
     for (int j = 0; j < 8; ++j) {  // signed bytes into the high half, shifted down with sign
@@ -196,7 +235,7 @@ inline __m256i block_dot(const uint8_t* quants, const int16_t* xb) {
           broadcast4(xb + 16 + 4 * j));
     }
   }
-  return _mm256_hadd_epi32(lo, hi);
+  return _mm256_hadd_epi32(_mm256_add_epi32(lo[0], lo[1]), _mm256_add_epi32(hi[0], hi[1]));
 }
 
 // Rows m0..m0+MR-1 of the 8 columns of group g.
