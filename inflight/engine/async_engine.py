@@ -30,6 +30,7 @@ import logging
 import queue
 import threading
 import time
+import weakref
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -101,12 +102,16 @@ class _EngineThread:
 
     def _serve(self) -> None:
         while (call := self._calls.get()) is not None:
-            future, fn = call
-            if future.set_running_or_notify_cancel():
-                try:
-                    future.set_result(fn())
-                except BaseException as e:
-                    future.set_exception(e)
+            self._run(*call)
+            del call  # holds the engine (fn's closure) while this thread waits
+
+    @staticmethod
+    def _run(future: Future[Any], fn: Callable[[], Any]) -> None:
+        if future.set_running_or_notify_cancel():
+            try:
+                future.set_result(fn())
+            except BaseException as e:
+                future.set_exception(e)
 
 
 class AsyncLLM(FrontEnd):
@@ -124,6 +129,8 @@ class AsyncLLM(FrontEnd):
         except BaseException:
             self._engine_thread.stop()
             raise
+        # an engine dropped without shutdown ends its thread, and with it its OpenMP pool
+        weakref.finalize(self, self._engine_thread.stop)
         self.max_queued_requests = max_queued_requests
         self.request_timeout = request_timeout
         self.metrics = EngineMetrics(self.knobs())

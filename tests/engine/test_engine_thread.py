@@ -5,6 +5,7 @@ libgomp puts its workers to sleep between regions (`engine/async_engine.py` says
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
 
 import pytest
@@ -52,3 +53,13 @@ def test_a_core_that_fails_to_build_raises_in_the_caller_and_stops_its_thread(ti
     for t in leftover:
         t.join(5)
     assert not [t for t in leftover if t.is_alive()]
+
+
+def test_an_engine_dropped_without_shutdown_ends_its_thread(tiny_llama):
+    engine = AsyncLLM(str(tiny_llama), dtype="float32", max_model_len=128, num_kv_blocks=64)
+    thread = engine._engine_thread.thread
+    assert thread.is_alive()
+    del engine
+    gc.collect()
+    thread.join(5)
+    assert not thread.is_alive()
