@@ -23,7 +23,7 @@ from inflight.config import ModelConfig
 from inflight.engine.profiling import OVERHEAD_PHASES, breakdown
 from inflight.errors import ConfigError, InflightError
 from inflight.model.loader import is_gguf
-from inflight.platform import describe_device
+from inflight.platform import describe_device, resolve_device, resolve_dtype
 from inflight.sampling_params import StructuredOutputs
 from inflight.workload.flags import add_workload_flags
 from inflight.workload.requests import NAMED, WorkloadRequest, load_jsonl, named
@@ -327,7 +327,7 @@ def run_local(args: argparse.Namespace, knobs: dict[str, Any], out: Path) -> dic
         raise ConfigError(f"--repeats must be at least 1, got {repeats}")
     peers = [p for p in getattr(args, "peers", "").split(",") if p]
     runs: list[RunResult] = []
-    loaded, loaded_dtype = None, None
+    loaded = None
     for repeat in range(repeats):
         suffix = f" #{repeat + 1}" if repeats > 1 else ""
         # every other round in reverse: a shared machine's speed drifts within a sitting, and
@@ -339,14 +339,15 @@ def run_local(args: argparse.Namespace, knobs: dict[str, Any], out: Path) -> dic
             mode_knobs = {**knobs, **COMPARE_MODES.get(base_mode, {})}
             if not mode_knobs.get("num_speculative_tokens"):  # a draft model drafts only there
                 mode_knobs.pop("speculative_model", None)
-            activations = mode_knobs.get("quantized_activations", ModelConfig.quantized_activations)
-            dtype_knob = mode_knobs.get("dtype", ModelConfig.dtype)
-            if loaded is not None and (loaded.quantized_activations, loaded_dtype) != (
-                activations,
-                dtype_knob,
-            ):
-                loaded = None  # weights in another dtype, or packed for other activations
-            loaded_dtype = dtype_knob
+            if loaded is not None:
+                wanted = resolve_dtype(
+                    mode_knobs.get("dtype", ModelConfig.dtype),
+                    resolve_device(mode_knobs.get("device", ModelConfig.device)),
+                )
+                activations = mode_knobs.get("quantized_activations",
+                                             ModelConfig.quantized_activations)  # fmt: skip
+                if loaded.mismatch(wanted, activations):
+                    loaded = None  # weights in another dtype, or packed for other activations
             llm = LLM(loaded_model=loaded, **mode_knobs)
             loaded = llm.core.loaded
             workload = load_workload(args, llm.tokenizer)

@@ -56,15 +56,8 @@ class EngineCore:
             path = resolve_model_path(config.model.model)
             loaded = load_model(path, dtype, device, block_size, config.model.attention_backend,
                                 config.model.quantized_activations)  # fmt: skip
-        elif loaded.dtype != dtype:
-            raise ConfigError(f"the model to reuse holds {loaded.dtype} weights, this engine "
-                              f"computes in {dtype}")  # fmt: skip
-        elif loaded.quantized_activations != config.model.quantized_activations:
-            raise ConfigError(
-                f"the model to reuse was loaded with quantized_activations="
-                f"{loaded.quantized_activations!r}, this engine asks for "
-                f"{config.model.quantized_activations!r}"
-            )
+        elif why := loaded.mismatch(dtype, config.model.quantized_activations):
+            raise ConfigError(why)
         arch = loaded.arch
         sched_cfg = config.scheduler
         draft = None

@@ -71,6 +71,17 @@ class LoadedModel:
     def dtype(self) -> torch.dtype:
         return self.model.embed_tokens.weight.dtype
 
+    def mismatch(self, dtype: torch.dtype, quantized_activations: str) -> str | None:
+        """Why an engine computing in `dtype` with `quantized_activations` cannot reuse these
+        weights (they are cast and packed for one of each), or None when it can."""
+        if self.dtype != dtype:
+            return f"the model to reuse holds {self.dtype} weights, this engine computes in {dtype}"
+        if self.quantized_activations != quantized_activations:
+            return (f"the model to reuse was loaded with quantized_activations="
+                    f"{self.quantized_activations!r}, this engine asks for "
+                    f"{quantized_activations!r}")  # fmt: skip
+        return None
+
 
 def load_hf_arch_config(path: Path) -> LlamaArchConfig:
     config_file = path / "config.json"
