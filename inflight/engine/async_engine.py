@@ -32,6 +32,7 @@ import threading
 import time
 import weakref
 from collections.abc import AsyncIterator, Callable
+from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -177,8 +178,8 @@ class AsyncLLM(FrontEnd):
         if self._running is None:
             return
         self._inbox.put(None)
-        self._engine_thread.stop()
-        await asyncio.to_thread(self._engine_thread.thread.join, 10)
+        # the loop ends; the thread stays for a later start() and ends with the engine
+        await asyncio.to_thread(futures.wait, [self._running], 10)
         self._running = None
         self._tokenizer_pool.shutdown(wait=False, cancel_futures=True)
 

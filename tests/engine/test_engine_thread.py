@@ -63,3 +63,18 @@ def test_an_engine_dropped_without_shutdown_ends_its_thread(tiny_llama):
     gc.collect()
     thread.join(5)
     assert not thread.is_alive()
+
+
+def test_an_engine_shut_down_starts_again(tiny_llama):
+    engine = AsyncLLM(str(tiny_llama), dtype="float32", max_model_len=128, num_kv_blocks=64)
+    params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+
+    async def serve_once() -> int:
+        await engine.start()
+        outputs = [out async for out in engine.generate([3, 7, 11], params)]
+        await engine.shutdown()
+        return len(outputs[-1].outputs[0].token_ids)
+
+    assert asyncio.run(serve_once()) == 3
+    assert not engine.is_alive
+    assert asyncio.run(serve_once()) == 3
