@@ -37,6 +37,9 @@ class FusedDecoderLayers:
         if len(rows) > 1:
             raise ValueError(f"projections must share one small-batch row limit, got {rows}")
         self.small_batch_rows = rows.pop() if rows else 0
+        # bf16 layers' GGUF blocks for the decode rows (see PackedLinear), or none at all
+        decode = [getattr(m, "decode_weight", None) for m in projections]
+        self.decode_weights = decode if any(w is not None for w in decode) else []
         self.activation_bits = max(getattr(m, "activation_bits", 0) for m in projections)
         self.weights = [
             w
@@ -69,7 +72,8 @@ class FusedDecoderLayers:
         decode, prefill = meta.decode_batch, meta.prefill_batch
         num_heads, num_kv_heads, head_dim = self.shape
         hidden, residual = self.run(
-            hidden, None, cos, sin, self.weights, self.small_weights, self.small_batch_rows,
+            hidden, None, cos, sin, self.weights, self.small_weights, self.decode_weights,
+            self.small_batch_rows,
             self.qkv_biases,
             [k for k, _ in kv_caches], [v for _, v in kv_caches], meta.slot_mapping,
             decode and decode.rows, decode and decode.block_tables, decode and decode.seq_lens,

@@ -20,6 +20,16 @@ from torch import nn
 from inflight.attention import AttentionBackend
 from inflight.model.arch import LlamaArchConfig
 from inflight.model.layer_ops import TorchLayerOps
+from inflight.model.packed_linear import Decodes, apply_linear
+
+
+def decode_rows(meta: Any) -> Decodes:
+    """Which of the step's rows are decodes, by the attention metadata of the paged kernels
+    (the only backends whose linears tell decodes apart)."""
+    batch = getattr(meta, "decode_batch", None)
+    if batch is None:
+        return False
+    return True if batch.all_rows else batch.rows
 
 
 def rope_inv_freq(cfg: LlamaArchConfig) -> torch.Tensor:
@@ -84,13 +94,14 @@ class DecoderLayer(nn.Module):
         """Returns (this layer's MLP output, the residual stream it is to be added to): each
         residual add is fused into the RMSNorm that follows it, the last into the model's."""
         t, ops = hidden.shape[0], self.ops
+        decodes = decode_rows(meta)
         norm = self.input_layernorm
         if residual is None:
             residual = hidden
             x = ops.rms_norm(hidden, norm.weight, norm.eps)
         else:
             x = ops.add_rms_norm(hidden, residual, norm.weight, norm.eps)
-        qkv = self.qkv_proj(x)
+        qkv = apply_linear(self.qkv_proj, x, decodes)
         ops.rope_(qkv, cos, sin, self.num_heads + self.num_kv_heads, self.head_dim)  # q and k
         q, k, v = qkv.split(self.split, dim=-1)
         attn = self.attn.forward(
@@ -102,8 +113,10 @@ class DecoderLayer(nn.Module):
             meta,
         )  # [T, H, D]
         norm = self.post_attention_layernorm
-        x = ops.add_rms_norm(self.o_proj(attn.reshape(t, -1)), residual, norm.weight, norm.eps)
-        return self.down_proj(ops.silu_and_mul(self.gate_up_proj(x))), residual
+        x = apply_linear(self.o_proj, attn.reshape(t, -1), decodes)
+        x = ops.add_rms_norm(x, residual, norm.weight, norm.eps)
+        x = ops.silu_and_mul(apply_linear(self.gate_up_proj, x, decodes))
+        return apply_linear(self.down_proj, x, decodes), residual
 
 
 class LlamaModel(nn.Module):
@@ -154,8 +167,12 @@ class LlamaModel(nn.Module):
                 hidden, residual = layer(hidden, residual, cos, sin, kv_cache, meta)
         hidden, w, eps = hidden[logits_indices], self.norm.weight, self.norm.eps
         if residual is None:
-            return self.lm_head(self.ops.rms_norm(hidden, w, eps))
-        return self.lm_head(self.ops.add_rms_norm(hidden, residual[logits_indices], w, eps))
+            hidden = self.ops.rms_norm(hidden, w, eps)
+        else:
+            hidden = self.ops.add_rms_norm(hidden, residual[logits_indices], w, eps)
+        # one row per sampling request: every row as a decode, so that a token's logits never
+        # depend on whether its request is still in its prompt beside it
+        return apply_linear(self.lm_head, hidden, True)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copies HF-named tensors in, fusing q/k/v and gate/up; every parameter must be set."""

@@ -147,7 +147,8 @@ def load_model(
 ) -> LoadedModel:
     """Builds the model and fills its weights; every failure is a ModelLoadError naming the file.
     `quantized_activations` (int16, int8; auto = int16): linears over GGUF blocks round x to
-    that many bits (where it applies: float32 GGUF Q4_0 / Q4_1 / Q8_0 weights on an AVX2 CPU)."""
+    that many bits (where it applies: float32 GGUF Q4_0 / Q4_1 / Q8_0 weights on an AVX2 CPU,
+    bf16 ones with 16 bits on an AVX-512 VNNI CPU)."""
     index = read_gguf_index(path) if is_gguf(path) else None
     arch = index.arch if index else load_hf_arch_config(path)
     attn = make_backend(attention_backend, block_size, arch.sliding_window, device)
@@ -166,8 +167,9 @@ def load_model(
     model.finish_init()
     # inflight's small-batch kernels come with the other CPU kernels
     kernels = attn.cpu_kernels and can_pack(dtype, device)
-    # float32 decode batches can multiply from the file's own blocks (see packed_linear)
-    keep_blocks = index is not None and kernels and gguf_kernel_applies(dtype)
+    # decode batches can multiply from the file's own blocks (see packed_linear)
+    bits = ACTIVATION_BITS[quantized_activations]
+    keep_blocks = index is not None and kernels and gguf_kernel_applies(dtype, bits)
     blocks: dict[str, torch.Tensor] | None = {} if keep_blocks else None
     if index is not None:
         weights = iter_gguf_weights(index, arch, path, blocks)
@@ -195,17 +197,21 @@ def load_model(
             model,
             small_rows,
             gguf_blocks_by_module(model, blocks or {}),
-            ACTIVATION_BITS[quantized_activations],
+            bits,
         )
         # Once per loaded model (engines may share it): decode batch sizes up to 64 that oneDNN
         # serves (none where the bf16 kernel does); larger ones cost more to warm than their
         # first use does.
         warm_up(model, range(1, 65))
-    quantized = any(getattr(m, "activation_bits", 0) for m in model.modules())
+    quantized = any(
+        getattr(m, "activation_bits", 0) or getattr(m, "decode_weight", None) is not None
+        for m in model.modules()
+    )
     if quantized_activations in ("int16", "int8") and not quantized:
         logger.warning(
             "quantized_activations has no effect here: it needs a GGUF file's Q4_0, Q4_1 or "
-            "Q8_0 weights in float32 and inflight's CPU kernels on an AVX2 CPU"
+            "Q8_0 weights and inflight's CPU kernels: in float32 on an AVX2 CPU, or with 16 "
+            "bits in bf16 on an AVX-512 VNNI one"
         )
     if attn.cpu_kernels:
         model.fused_layers = FusedDecoderLayers(model.layers, attn)

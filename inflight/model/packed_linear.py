@@ -24,6 +24,14 @@ rounded to 16 or 8 bits per block of 32 and multiplied in integers over the bloc
 eight columns at a time (`kernels/csrc/gguf_int_linear.cpp`; int8 is llama.cpp's way), up to
 `GGUF_INT_SMALL_BATCH_ROWS` rows: not exact, and docs/benchmarks.md has how far each moves greedy
 output.
+
+Where 16-bit x has the 16-column layout (AVX-512 VNNI: `vpdpwssd` on 64-byte registers), a
+weight with blocks keeps that regrouping as its `decode_weight`, in float32 and in bf16: the
+step's decode rows, however many, multiply from the blocks, and its prompt rows through the
+dtype's own path. A decode step reads the blocks (0.28 of bf16's bytes) and is 2-3x faster at
+1-4 rows, about level at 16-64; prompts, compute-bound, stay where they are faster and exact. And
+because which path a row takes depends on what the row is, not on its batch, a draft verified
+beside others rounds exactly as the token decoded alone would.
 """
 
 from __future__ import annotations
@@ -54,7 +62,8 @@ GGUF_SMALL_BATCH_ROWS = 8
 # Batches of at most this many rows go to `gguf_int_linear` with quantized activations, by bits:
 # with 8-bit x its integer dot products beat oneDNN's float32 at every size measured on an AVX2
 # Zen 3 (1.4x at 512 rows, 4-9x at one row), so every batch goes there; with 16-bit x it is ~3x
-# faster at one row and level with oneDNN at 16.
+# faster at one row and level with oneDNN at 16 (where the 16-column layout serves decode rows
+# instead, see above).
 GGUF_INT_SMALL_BATCH_ROWS = {8: 2**31 - 1, 16: 16}
 # A warm-up call slower than this is mostly multiply, which outweighs the ~1 ms build it saves.
 WARM_UP_MAX_CALL_S = 0.005
@@ -68,10 +77,23 @@ def can_pack(dtype: torch.dtype, device: torch.device) -> bool:
     )
 
 
-def gguf_kernel_applies(dtype: torch.dtype) -> bool:
-    """Whether weights of `dtype` can multiply small batches from GGUF blocks on this CPU (the
-    loader keeps blocks only then)."""
-    return dtype == torch.float32 and load_extension().gguf_linear_available()
+def gguf_kernel_applies(dtype: torch.dtype, activation_bits: int = 0) -> bool:
+    """Whether weights of `dtype` multiply from GGUF blocks on this CPU, with x rounded to
+    `activation_bits` (0: exact) (the loader keeps blocks only then): float32 small batches,
+    exactly or in integers, and float32 or bf16 decode rows with 16-bit x over the 16-column
+    layout."""
+    ext = load_extension()
+    if dtype == torch.float32:
+        return ext.gguf_linear_available()
+    return dtype == torch.bfloat16 and decode_rows_from_blocks(activation_bits)
+
+
+def decode_rows_from_blocks(activation_bits: int) -> bool:
+    """Whether decode rows multiply from GGUF blocks with x of that many bits here: 16 bits where
+    they have the 16-column layout (AVX-512 VNNI)."""
+    ext = load_extension()
+    return (activation_bits == 16 and ext.gguf_int_linear_available()
+            and ext.gguf_int_linear_columns(16) == 16)  # fmt: skip
 
 
 # A GGUF block's bytes before its quants, by block size: fp16 d (Q4_0, Q8_0), d and m (Q4_1).
@@ -79,20 +101,53 @@ _BLOCK_HEADER_BYTES = {18: 2, 20: 4, 34: 2}
 _GROUP = 8  # columns that gguf_int_linear computes together, one per float32 lane
 
 
-def regroup_blocks(blocks: torch.Tensor) -> torch.Tensor:
-    """A weight's GGUF blocks [N, K / 32, block bytes] in `gguf_int_linear`'s layout, eight
-    columns at a time: [ceil(N / 8), K / 32, 8 fp16 d | 8 fp16 m (Q4_1) | quants], the quants in
-    chunks of 4 bytes from each of the 8 columns in turn (csrc/gguf_int_linear.cpp says why).
-    The same bytes reordered; columns past N are zero blocks."""
+def regroup_blocks(blocks: torch.Tensor, columns: int = _GROUP) -> torch.Tensor:
+    """A weight's GGUF blocks [N, K / 32, block bytes] in `gguf_int_linear`'s layout, `columns`
+    (8 or 16: `gguf_int_linear_columns`) columns at a time: [ceil(N / columns), K / 32,
+    columns fp16 d | columns fp16 m (Q4_1) | quants]. The same bytes reordered (csrc/
+    gguf_int_linear.cpp says why and how); columns past N are zero blocks."""
     n, num_blocks, block_bytes = blocks.shape
     header = _BLOCK_HEADER_BYTES[block_bytes]
-    if n % _GROUP:
-        blocks = torch.cat([blocks, blocks.new_zeros(-n % _GROUP, num_blocks, block_bytes)])
-    groups = blocks.view(-1, _GROUP, num_blocks, block_bytes).transpose(1, 2)  # [G, B, 8, bytes]
+    if n % columns:
+        blocks = torch.cat([blocks, blocks.new_zeros(-n % columns, num_blocks, block_bytes)])
+    # [G, B, columns, bytes]
+    groups = blocks.view(-1, columns, num_blocks, block_bytes).transpose(1, 2)
     lead = groups.shape[:2]
-    scales = [groups[..., i : i + 2].reshape(*lead, 2 * _GROUP) for i in range(0, header, 2)]
-    chunks = groups[..., header:].reshape(*lead, _GROUP, -1, 4).transpose(2, 3)
-    return torch.cat([*scales, chunks.reshape(*lead, -1)], dim=-1).contiguous()
+    scales = [groups[..., i : i + 2].reshape(*lead, 2 * columns) for i in range(0, header, 2)]
+    quants = groups[..., header:]
+    if columns == _GROUP:  # chunks of 4 bytes from each column in turn
+        chunks = quants.reshape(*lead, _GROUP, -1, 4).transpose(2, 3).reshape(*lead, -1)
+    else:
+        chunks = _wide_quants(quants)
+    return torch.cat([*scales, chunks], dim=-1).contiguous()
+
+
+@functools.cache
+def _wide_order(four_bit: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """For each byte of a 16-column block in the wide layout: its column and the k of its value
+    (of its low nibble, for 4 bits; the high nibble holds k + 4)."""
+    chunks = 4 if four_bit else 8
+    q, lane, i = torch.meshgrid(torch.arange(chunks), torch.arange(4), torch.arange(16),
+                                indexing="ij")  # fmt: skip
+    column = 4 * lane + (i % 8) // 2
+    k = (8 if four_bit else 4) * q + 2 * (i // 8) + i % 2
+    return column.flatten(), k.flatten()
+
+
+def _wide_quants(quants: torch.Tensor) -> torch.Tensor:
+    """[G, B, 16 columns, quant bytes] -> [G, B, the wide layout's quant bytes]."""
+    four_bit = quants.shape[-1] == 16
+    # a 4-bit block's byte i holds element i (low nibble) and element i + 16 (high)
+    values = torch.cat([quants & 15, quants >> 4], dim=-1) if four_bit else quants
+    column, k = _wide_order(four_bit)
+    if not four_bit:
+        return values[..., column, k]
+    return values[..., column, k] | (values[..., column, k + 4] << 4)
+
+
+Decodes = torch.Tensor | bool
+"""Which rows of a batch are decodes (a request's newest token or its drafts): their flat
+indices, True for all rows, False for none."""
 
 
 class PackedLinear(nn.Module):
@@ -101,7 +156,11 @@ class PackedLinear(nn.Module):
     GGUF blocks given for a float32 weight (`gguf_linear`, or `gguf_int_linear` when
     `activation_bits` asks for quantized activations: 8 or 16), or
     inflight's bf16 layout for a bf16 weight (`bf16_linear`, up to the `small_batch_rows` asked
-    for)."""
+    for).
+
+    With GGUF blocks and 16-bit activations where they have the 16-column layout (AVX-512 VNNI),
+    a weight also keeps them as `decode_weight`, for the decode rows the caller names (see the
+    module's docstring); `activation_bits` is its small-batch kernel's (0 then: exact)."""
 
     def __init__(
         self,
@@ -120,34 +179,59 @@ class PackedLinear(nn.Module):
         self.small_kernel = ""
         self.activation_bits = 0  # only the GGUF kernel has integer paths
         self.register_buffer("small_weight", None)
+        self.register_buffer("decode_weight", None)
         if small_batch_rows <= 0:
             return
         ext = load_extension()
-        bf16_pairs = weight.dtype == torch.bfloat16 and self.in_features % 2 == 0
-        if gguf_blocks is not None and gguf_kernel_applies(weight.dtype):
-            if tuple(gguf_blocks.shape[:2]) != (self.out_features, self.in_features // 32):
-                raise ValueError(
-                    f"GGUF blocks {tuple(gguf_blocks.shape)} do not fit a "
-                    f"[{self.out_features}, {self.in_features}] weight"
-                )
-            if activation_bits:
+        if gguf_blocks is not None and tuple(gguf_blocks.shape[:2]) != (
+            self.out_features, self.in_features // 32
+        ):  # fmt: skip
+            raise ValueError(
+                f"GGUF blocks {tuple(gguf_blocks.shape)} do not fit a "
+                f"[{self.out_features}, {self.in_features}] weight"
+            )
+        blocks = gguf_blocks is not None and gguf_kernel_applies(weight.dtype, activation_bits)
+        if blocks and decode_rows_from_blocks(activation_bits):
+            self.decode_weight = regroup_blocks(gguf_blocks, 16)
+        if blocks and weight.dtype == torch.float32:
+            if activation_bits and self.decode_weight is None:
                 self.small_weight = regroup_blocks(gguf_blocks)
                 self.small_batch_rows = GGUF_INT_SMALL_BATCH_ROWS[activation_bits]
                 self.small_kernel = f"gguf-int{activation_bits}"
                 self.activation_bits = activation_bits
                 self._small_linear = functools.partial(ext.gguf_int_linear,
                                                        activation_bits=activation_bits)  # fmt: skip
-            else:
+            else:  # exact, or exact for the prompt rows beside the decode rows' blocks
                 self.small_weight = gguf_blocks
                 self.small_batch_rows = GGUF_SMALL_BATCH_ROWS
                 self.small_kernel, self._small_linear = "gguf", ext.gguf_linear
         # inflight's bf16 kernel reads k in pairs
-        elif bf16_pairs and ext.bf16_linear_available():
+        elif weight.dtype == torch.bfloat16 and self.in_features % 2 == 0 and (
+            ext.bf16_linear_available()
+        ):  # fmt: skip
             self.small_weight = ext.pack_bf16_linear(weight)
             self.small_batch_rows = small_batch_rows
             self.small_kernel, self._small_linear = "bf16", ext.bf16_linear
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, decodes: Decodes = False) -> torch.Tensor:
+        """`decodes`: which rows of x are decodes, where the caller knows (they matter only
+        with a `decode_weight`)."""
+        if self.decode_weight is None or x.dim() != 2 or decodes is False:
+            return self._dense(x)
+        if decodes is True or decodes.numel() == x.shape[0]:  # every row, in order
+            return self._decode(x)
+        out = x.new_empty(x.shape[0], self.out_features)
+        prompts = torch.ones(x.shape[0], dtype=torch.bool)
+        prompts[decodes] = False
+        out[decodes] = self._decode(x[decodes])
+        out[prompts] = self._dense(x[prompts])
+        return out
+
+    def _decode(self, x: torch.Tensor) -> torch.Tensor:
+        ext = load_extension()
+        return ext.gguf_int_linear(x, self.decode_weight, self.bias, self.out_features, 16)
+
+    def _dense(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() == 2 and 0 < x.shape[0] <= self.small_batch_rows:
             return self._small_linear(x, self.small_weight, self.bias, self.out_features)
         return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
@@ -156,7 +240,14 @@ class PackedLinear(nn.Module):
         small = ""
         if self.small_kernel:
             small = f", {self.small_kernel} kernel up to {self.small_batch_rows} rows"
+        if self.decode_weight is not None:
+            small += ", decode rows through its GGUF blocks (16-bit x)"
         return f"in_features={self.in_features}, out_features={self.out_features}, packed{small}"
+
+
+def apply_linear(linear: nn.Module, x: torch.Tensor, decodes: Decodes) -> torch.Tensor:
+    """`linear(x)`, telling a `PackedLinear` which rows of x are decodes."""
+    return linear(x, decodes) if isinstance(linear, PackedLinear) else linear(x)
 
 
 def pack_linears(
@@ -184,6 +275,7 @@ def pack_linears(
     kernels = Counter(
         f"{m.small_kernel} kernel (<= {m.small_batch_rows} rows)" for m in packed if m.small_kernel
     )
+    kernels.update("decode rows through gguf-int16" for m in packed if m.decode_weight is not None)
     logger.info(
         "packed %d linear layers for oneDNN; small batches: %s",
         len(packed),

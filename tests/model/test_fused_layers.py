@@ -75,8 +75,32 @@ def test_fused_layers_match_the_python_loop_over_gguf_blocks(tmp_path, tiny_llam
               enable_prefix_caching=False, quantized_activations=activations)  # fmt: skip
     fused = llm.core.loaded.model.fused_layers
     assert fused.small_batch_rows == 4
-    assert fused.activation_bits == {"off": 0, "int16": 16, "int8": 8}[activations]
+    bits = {"off": 0, "int16": 16, "int8": 8}[activations]
+    # with the 16-column layout, 16-bit x serves the decode rows and small batches stay exact
+    decode_rows = packed_linear.decode_rows_from_blocks(bits)
+    assert fused.activation_bits == (0 if decode_rows else bits)
     assert all(w is not None and w.dtype == torch.uint8 for w in fused.small_weights)
+    assert len(fused.decode_weights) == (len(fused.small_weights) if decode_rows else 0)
+    _assert_fused_matches_the_loop(llm)
+
+
+@pytest.mark.skipif(not (packed_linear.decode_rows_from_blocks(16)
+                         and load_extension().bf16_linear_available()),
+                    reason="no 16-column integer layout (AVX-512 VNNI) or bf16 kernel")  # fmt: skip
+def test_fused_layers_match_the_python_loop_with_decode_rows_over_gguf_blocks(
+    tmp_path, tiny_llama, monkeypatch
+):
+    # a bf16 model's decode rows multiply from the blocks, its prompt rows in bf16: steps mixing
+    # both, all decodes, and prompt rows past the bf16 kernel's limit (oneDNN)
+    monkeypatch.setattr(packed_linear, "SMALL_BATCH_ROWS", 4)
+    path = write_tiny_gguf(tiny_llama, tmp_path / "tiny.gguf", GGMLQuantizationType.Q4_1)
+    llm = LLM(str(path), dtype="bfloat16", attention_backend="cpu", device="cpu",
+              prefill_chunk_size=8, max_num_batched_tokens=64,
+              enable_prefix_caching=False)  # fmt: skip
+    fused = llm.core.loaded.model.fused_layers
+    assert fused.small_batch_rows == 4
+    assert all(w is not None and w.dtype == torch.bfloat16 for w in fused.small_weights)
+    assert all(w is not None and w.dtype == torch.uint8 for w in fused.decode_weights)
     _assert_fused_matches_the_loop(llm)
 
 
@@ -99,10 +123,11 @@ def test_bad_inputs_are_refused_before_any_write(tiny_llama):
     hidden = torch.randn(2, num_heads * head_dim)
     cos = sin = torch.ones(2, head_dim // 2)
 
-    def run(weights=fused.weights, small=fused.small_weights, slots=(0, 1), k_caches=None):
+    def run(weights=fused.weights, small=fused.small_weights, slots=(0, 1), k_caches=None,
+            decode=()):  # fmt: skip
         k_caches = k_caches if k_caches is not None else [k for k, _ in caches]
         return fused.run(
-            hidden, None, cos, sin, weights, small, 0, fused.qkv_biases, k_caches,
+            hidden, None, cos, sin, weights, small, list(decode), 0, fused.qkv_biases, k_caches,
             [v for _, v in caches],
             torch.tensor(slots), None, None, None, False, None, None,
             num_heads, num_kv_heads, head_dim, fused.eps, 1.0, 0, fused.packed,
@@ -113,6 +138,8 @@ def test_bad_inputs_are_refused_before_any_write(tiny_llama):
         run(weights=fused.weights[:-1])
     with pytest.raises(RuntimeError, match="four optional small-batch packings"):
         run(small=fused.small_weights[:-1])
+    with pytest.raises(RuntimeError, match="or four optional ones per layer"):
+        run(decode=[None])
     values = caches[0][1]  # [NB, KVH, BS, D]
     num_slots = values.shape[0] * values.shape[2]
     values[0, :, 0] = 7.0

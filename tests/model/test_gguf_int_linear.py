@@ -21,8 +21,10 @@ from inflight.kernels import load_extension
 from inflight.model.gguf_loader import KERNEL_BLOCK_TYPES
 from inflight.model.packed_linear import (
     GGUF_INT_SMALL_BATCH_ROWS,
+    GGUF_SMALL_BATCH_ROWS,
     PackedLinear,
     can_pack,
+    decode_rows_from_blocks,
     regroup_blocks,
 )
 from tests.gguf_files import write_tiny_gguf
@@ -60,7 +62,13 @@ def assert_exact_over_rounded_x(got, x, weight, bits, bias=None) -> None:
 
 # SmolLM2's projections, widths ending on a partial group of 8 columns, and tiny ones
 SHAPES = [(960, 576), (576, 1536), (103, 64), (3, 32)]
-ROWS = [1, 2, 3, 4, 5, 8, 19]  # every tile height (1-4), and past one tile
+# every tile height (1-4 for 8 columns, 1-8 for 16), past one tile, and past a 64-row panel
+ROWS = [1, 2, 3, 4, 5, 8, 19, 70]
+
+
+def regroup(blocks: torch.Tensor, bits: int) -> torch.Tensor:
+    """Blocks in the layout the kernel reads x of `bits` bits over on this CPU."""
+    return regroup_blocks(blocks, ext.gguf_int_linear_columns(bits))
 
 
 @pytest.mark.parametrize("bits", BITS)
@@ -68,8 +76,9 @@ ROWS = [1, 2, 3, 4, 5, 8, 19]  # every tile height (1-4), and past one tile
 @pytest.mark.parametrize(("n", "k"), SHAPES)
 def test_kernel_is_the_exact_product_with_x_rounded_per_block(qtype, n, k, bits):
     blocks, weight = quantized(n, k, qtype, seed=n)
-    packed = regroup_blocks(blocks)
-    assert packed.shape == ((n + 7) // 8, k // 32, 8 * blocks.shape[2])
+    packed = regroup(blocks, bits)
+    columns = ext.gguf_int_linear_columns(bits)
+    assert packed.shape == (-(-n // columns), k // 32, columns * blocks.shape[2])
     bias = torch.randn(n)
     for rows in ROWS:
         x = torch.randn(rows, k) * torch.rand(rows, k // 32).repeat_interleave(32, dim=1)
@@ -84,10 +93,10 @@ def test_kernel_is_the_exact_product_with_x_rounded_per_block(qtype, n, k, bits)
 @pytest.mark.parametrize("qtype", KERNEL_BLOCK_TYPES, ids=lambda q: q.name)
 def test_rows_do_not_depend_on_their_batch(qtype, bits):
     blocks, _ = quantized(103, 576, qtype)
-    packed = regroup_blocks(blocks)
-    x = torch.randn(19, 576)
+    packed = regroup(blocks, bits)
+    x = torch.randn(70, 576)
     batched = ext.gguf_int_linear(x, packed, None, 103, bits)
-    for r in (0, 3, 4, 18):
+    for r in (0, 3, 4, 18, 65, 69):
         alone = ext.gguf_int_linear(x[r : r + 1], packed, None, 103, bits)
         assert torch.equal(alone[0], batched[r])
     assert torch.equal(ext.gguf_int_linear(x[5:11], packed, None, 103, bits), batched[5:11])
@@ -95,10 +104,10 @@ def test_rows_do_not_depend_on_their_batch(qtype, bits):
 
 def test_sixteen_bits_are_far_closer_to_the_exact_product_than_eight():
     blocks, weight = quantized(576, 1536, Q.Q4_1)
-    packed = regroup_blocks(blocks)
     x = torch.randn(4, 1536)
     exact = x.double() @ weight.double().T
-    error = {bits: ((ext.gguf_int_linear(x, packed, None, 576, bits).double() - exact).norm()
+    error = {bits: ((ext.gguf_int_linear(x, regroup(blocks, bits), None, 576, bits).double()
+                     - exact).norm()
                     / exact.norm()).item() for bits in BITS}  # fmt: skip
     assert error[8] < 1e-2 and error[16] < error[8] / 100
 
@@ -131,8 +140,11 @@ def test_bad_inputs_are_refused():
         run(packed=blocks)  # the file's layout, not the regrouped one
     with pytest.raises(RuntimeError, match="does not match the packing's 8 groups"):
         run(n=65)
-    with pytest.raises(RuntimeError, match=r"x: \[rows, 64\] float32"):
-        run(x.to(torch.bfloat16))
+    with pytest.raises(RuntimeError, match=r"x: \[rows, 64\] float32 or bfloat16"):
+        run(x.to(torch.float16))
+    # a bf16 engine's x: widened exactly, y rounded to bf16 once
+    x_bf16 = x.to(torch.bfloat16)
+    assert torch.equal(run(x_bf16), run(x_bf16.float()).to(torch.bfloat16))
     with pytest.raises(RuntimeError, match=r"bias: \[64\]"):
         run(bias=torch.randn(63))
     with pytest.raises(RuntimeError, match="activation_bits must be 8 or 16, got 4"):
@@ -142,9 +154,14 @@ def test_bad_inputs_are_refused():
             bad = x.clone()
             bad[0, :32] = 0.0
             bad[0, 3] = poison
-            out = run(bad, bits=bits)  # no crash; the poisoned row only
-            assert torch.equal(out[1], run(x, bits=bits)[1])
+            layout = regroup(blocks, bits)
+            out = run(bad, layout, bits=bits)  # no crash; the poisoned row only
+            assert torch.equal(out[1], run(x, layout, bits=bits)[1])
             assert torch.isfinite(out[0]).all() == (poison == 1e-40)
+
+
+def onednn(packed: PackedLinear, x: torch.Tensor) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x, packed.weight, packed.bias, "none", [], "")
 
 
 @pytest.mark.parametrize("bits", BITS)
@@ -153,20 +170,55 @@ def test_packed_linear_sends_batches_to_the_integer_kernel_up_to_its_limit(bits)
     linear = nn.Linear(64, 96)
     linear.weight.data.copy_(weight)
     packed = PackedLinear(linear, small_batch_rows=64, gguf_blocks=blocks, activation_bits=bits)
-    assert packed.small_kernel == f"gguf-int{bits}"
+    if decode_rows_from_blocks(bits):
+        pytest.skip("16-bit x serves decode rows here (the next test)")
+    assert packed.small_kernel == f"gguf-int{bits}" and packed.decode_weight is None
     limit = GGUF_INT_SMALL_BATCH_ROWS[bits]
     assert packed.small_batch_rows == limit
     with torch.inference_mode():
         for rows in (1, 9, 16, 17, 300):
             x = torch.randn(rows, 64)
             if rows <= limit:
-                want = ext.gguf_int_linear(x, regroup_blocks(blocks), linear.bias, 96, bits)
+                want = ext.gguf_int_linear(x, regroup(blocks, bits), linear.bias, 96, bits)
             else:
-                want = torch.ops.mkldnn._linear_pointwise(x, packed.weight, packed.bias, "none",
-                                                          [], "")  # fmt: skip
+                want = onednn(packed, x)
             assert torch.equal(packed(x), want)
+            assert torch.equal(packed(x, True), want)  # decode rows: no path of their own
     exact = PackedLinear(linear, small_batch_rows=64, gguf_blocks=blocks)
     assert exact.small_kernel == "gguf" and not exact.activation_bits
+
+
+@pytest.mark.skipif(not decode_rows_from_blocks(16), reason="no 16-column layout (AVX-512 VNNI)")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_packed_linear_sends_decode_rows_to_the_blocks_and_prompt_rows_to_its_dtype(dtype):
+    if not can_pack(dtype, torch.device("cpu")):
+        pytest.skip(f"no oneDNN {dtype}")
+    blocks, weight = quantized(96, 64, Q.Q4_1)
+    linear = nn.Linear(64, 96).to(dtype)
+    linear.weight.data.copy_(weight)
+    packed = PackedLinear(linear, small_batch_rows=64, gguf_blocks=blocks, activation_bits=16)
+    assert packed.decode_weight is not None and not packed.activation_bits
+    assert packed.small_kernel == ("gguf" if dtype == torch.float32 else "bf16")
+    wide = regroup(blocks, 16)
+
+    def through_blocks(x):
+        return ext.gguf_int_linear(x, wide, packed.bias, 96, 16)
+
+    with torch.inference_mode():
+        for rows in (1, 9, 70, 300):
+            x = torch.randn(rows, 64, dtype=dtype)
+            assert torch.equal(packed(x, True), through_blocks(x))
+            assert torch.equal(packed(x), packed._dense(x))  # no decode rows named
+            if dtype == torch.float32 and rows > GGUF_SMALL_BATCH_ROWS:
+                assert torch.equal(packed(x), onednn(packed, x))
+            decodes = torch.tensor([0, rows - 1]) if rows > 1 else torch.tensor([0])
+            mixed = packed(x, decodes)
+            assert torch.equal(mixed[decodes], through_blocks(x[decodes]))
+            prompts = torch.ones(rows, dtype=torch.bool)
+            prompts[decodes] = False
+            assert torch.equal(mixed[prompts], packed._dense(x[prompts]))
+            # a decode row's values do not depend on the rows beside it
+            assert torch.equal(mixed[0], through_blocks(x[:1])[0])
 
 
 def test_the_knob_regroups_a_float32_gguf_model_and_reuse_must_agree(tmp_path, tiny_llama, caplog):
@@ -174,9 +226,13 @@ def test_the_knob_regroups_a_float32_gguf_model_and_reuse_must_agree(tmp_path, t
     llm = LLM(str(path), dtype="float32", device="cpu", quantized_activations="int16")
     model = llm.core.loaded.model
     linears = [m for m in model.modules() if isinstance(m, PackedLinear)]
-    assert {m.small_kernel for m in linears} == {"gguf-int16"}
-    assert model.fused_layers.activation_bits == 16
-    assert model.fused_layers.small_batch_rows == GGUF_INT_SMALL_BATCH_ROWS[16]
+    if decode_rows_from_blocks(16):  # the decode rows take the blocks, the rest stays exact
+        assert {m.small_kernel for m in linears} == {"gguf"}
+        assert all(m.decode_weight is not None for m in linears)
+    else:
+        assert {m.small_kernel for m in linears} == {"gguf-int16"}
+        assert model.fused_layers.activation_bits == 16
+        assert model.fused_layers.small_batch_rows == GGUF_INT_SMALL_BATCH_ROWS[16]
     exact = LLM(str(path), dtype="float32", device="cpu", quantized_activations="off")
     prompt = [[5, 9, 11, 3, 17, 2, 8]]
     params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)

@@ -11,12 +11,14 @@
 // kernel (exact, or with 8- or 16-bit activations) for at most `small_rows` rows when the layer has
 // its weight, else oneDNN
 // (`mkldnn::_linear_pointwise`, called through the dispatcher), exactly as `PackedLinear.forward`
-// chooses.
+// chooses; and where a bf16 layer has a decode weight (its GGUF blocks for 16-bit x), the
+// step's decode rows go through that instead.
 #include "kv_layout.h"
 #include "ops.h"
 
 #include <ATen/ops/empty.h>
 #include <ATen/ops/linear.h>
+#include <ATen/ops/ones.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 
 #include <string_view>
@@ -29,7 +31,14 @@ struct Linear {
   const at::Tensor& weight;  // plain, or oneDNN-packed (logical shape [N, K] either way)
   const OptTensor& small;    // the same weight for a small-batch kernel: bf16_linear's packing
                              // (bf16) or its GGUF blocks for gguf_linear (uint8), if any
+  const OptTensor& decode;   // its GGUF blocks for the decode rows (16-bit x), if any
   const OptTensor& bias;
+};
+
+// Which rows of the step are decodes, for the linears that have a decode weight.
+struct DecodeSplit {
+  bool any = false, all = false;
+  at::Tensor decode_rows, prompt_rows;  // both ascending, when some rows are each
 };
 
 // Which kernels a layer's linears use, as `PackedLinear.forward` picks them.
@@ -39,7 +48,7 @@ struct LinearChoice {
   int64_t activation_bits;  // 8 or 16: GGUF blocks regrouped for gguf_int_linear; else 0
 };
 
-at::Tensor linear(const at::Tensor& x, const Linear& l, const LinearChoice& how) {
+at::Tensor dense_linear(const at::Tensor& x, const Linear& l, const LinearChoice& how) {
   if (!how.packed) return at::linear(x, l.weight, l.bias);
   if (l.small.has_value() && x.size(0) <= how.small_rows) {
     if (l.small->scalar_type() == at::kByte) {
@@ -58,6 +67,18 @@ at::Tensor linear(const at::Tensor& x, const Linear& l, const LinearChoice& how)
                  std::string_view(""));
 }
 
+at::Tensor linear(const at::Tensor& x, const Linear& l, const LinearChoice& how,
+                  const DecodeSplit& split) {
+  if (!l.decode.has_value() || !split.any) return dense_linear(x, l, how);
+  const int64_t N = l.weight.size(0);
+  if (split.all) return gguf_int_linear(x, *l.decode, l.bias, N, 16);
+  auto y = at::empty({x.size(0), N}, x.options());
+  y.index_copy_(0, split.decode_rows,
+                gguf_int_linear(x.index_select(0, split.decode_rows), *l.decode, l.bias, N, 16));
+  y.index_copy_(0, split.prompt_rows, dense_linear(x.index_select(0, split.prompt_rows), l, how));
+  return y;
+}
+
 constexpr size_t kWeightsPerLayer = 6;  // input norm, qkv, o, post-attention norm, gate-up, down
 constexpr size_t kSmallPerLayer = 4;    // small-batch kernel weights (or none): qkv, o, gate-up, down
 const OptTensor kNone;
@@ -67,7 +88,7 @@ const OptTensor kNone;
 std::vector<at::Tensor> llama_decoder_layers(
     at::Tensor hidden, OptTensor residual, const at::Tensor& cos, const at::Tensor& sin,
     const std::vector<at::Tensor>& weights, const std::vector<OptTensor>& small_weights,
-    int64_t small_rows, const std::vector<OptTensor>& qkv_biases,
+    const std::vector<OptTensor>& decode_weights, int64_t small_rows, const std::vector<OptTensor>& qkv_biases,
     const std::vector<at::Tensor>& k_caches, const std::vector<at::Tensor>& v_caches,
     const at::Tensor& slot_mapping, const OptTensor& decode_rows,
     const OptTensor& decode_tables, const OptTensor& decode_lens, bool decode_all_rows,
@@ -81,6 +102,8 @@ std::vector<at::Tensor> llama_decoder_layers(
                   v_caches.size() == L,
               "six weights, four optional small-batch packings, one optional qkv bias and two "
               "caches per layer");
+  TORCH_CHECK(decode_weights.empty() || decode_weights.size() == L * kSmallPerLayer,
+              "no decode weights, or four optional ones per layer");
   TORCH_CHECK(decode_rows.has_value() == decode_tables.has_value() &&
                   decode_rows.has_value() == decode_lens.has_value() &&
                   prefill_chunks.has_value() == prefill_tables.has_value(),
@@ -104,10 +127,24 @@ std::vector<at::Tensor> llama_decoder_layers(
   for (int64_t t = 0; t < T; ++t) {
     TORCH_CHECK(slots[t] >= 0 && slots[t] < num_slots, "slot ", slots[t], " out of range");
   }
+  DecodeSplit split;
+  if (!decode_weights.empty() && decode_rows.has_value()) {
+    split.any = true;
+    split.all = decode_all_rows;
+    if (!split.all) {
+      split.decode_rows = std::get<0>(decode_rows->sort());
+      auto prompt = at::ones({T}, slot_mapping.options().dtype(at::kBool));
+      prompt.index_fill_(0, split.decode_rows, false);
+      split.prompt_rows = prompt.nonzero().view({-1});
+    }
+  }
+  std::vector<OptTensor> no_decode(L * kSmallPerLayer);
+  const std::vector<OptTensor>& decode = decode_weights.empty() ? no_decode : decode_weights;
   at::Tensor res = residual.has_value() ? *residual : at::Tensor();
   for (size_t l = 0; l < L; ++l) {
     const at::Tensor* w = &weights[l * kWeightsPerLayer];
     const OptTensor* small = &small_weights[l * kSmallPerLayer];
+    const OptTensor* dec = &decode[l * kSmallPerLayer];
     at::Tensor x;
     if (!res.defined()) {
       res = hidden;
@@ -115,7 +152,7 @@ std::vector<at::Tensor> llama_decoder_layers(
     } else {
       x = add_rms_norm(hidden, res, w[0], eps);
     }
-    at::Tensor qkv = linear(x, {w[1], small[0], qkv_biases[l]}, how);
+    at::Tensor qkv = linear(x, {w[1], small[0], dec[0], qkv_biases[l]}, how, split);
     rope_(qkv, cos, sin, num_heads + num_kv_heads, head_dim);
     auto q = qkv.narrow(1, 0, q_size).view({T, num_heads, head_dim});
     auto k = qkv.narrow(1, q_size, kv_size).view({T, num_kv_heads, head_dim});
@@ -141,10 +178,10 @@ std::vector<at::Tensor> llama_decoder_layers(
                                 window);
       }
     }
-    x = add_rms_norm(linear(attn.view({T, q_size}), {w[2], small[1], kNone}, how), res, w[3],
-                     eps);
-    hidden = linear(silu_and_mul(linear(x, {w[4], small[2], kNone}, how)),
-                    {w[5], small[3], kNone}, how);
+    x = add_rms_norm(linear(attn.view({T, q_size}), {w[2], small[1], dec[1], kNone}, how, split),
+                     res, w[3], eps);
+    hidden = linear(silu_and_mul(linear(x, {w[4], small[2], dec[2], kNone}, how, split)),
+                    {w[5], small[3], dec[3], kNone}, how, split);
   }
   return {hidden, res};
 }

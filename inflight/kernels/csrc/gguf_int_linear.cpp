@@ -45,7 +45,9 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <array>
 #include <cstring>
+#include <utility>
 #include <limits>
 #include <type_traits>
 #include <vector>
@@ -78,45 +80,60 @@ inline int32_t lane_sum(__m256i v) {
   return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1)));
 }
 
+// One block of x (32 floats) rounded to A: the integers into `out`; returns the scale and sets
+// `isum` to the integers' sum.
+template <class A>
+inline float round_block(const float* xb, A* out, int32_t& isum) {
+  constexpr float kMax = std::is_same_v<A, int8_t> ? 127.0f : 32767.0f;
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  __m256 v[4];
+  __m256 amax = _mm256_setzero_ps(), nan = _mm256_setzero_ps();
+  for (int j = 0; j < 4; ++j) {
+    v[j] = _mm256_loadu_ps(xb + 8 * j);
+    amax = _mm256_max_ps(amax, _mm256_and_ps(v[j], abs_mask));
+    nan = _mm256_or_ps(nan, _mm256_cmp_ps(v[j], v[j], _CMP_UNORD_Q));
+  }
+  float d = lane_max8(amax) / kMax;
+  // a denormal scale has no finite inverse: such a block (|x| < 1e-36) rounds to zero
+  if (d > 0.0f && 1.0f / d == std::numeric_limits<float>::infinity()) d = 0.0f;
+  // max drops NaN; a NaN scale carries it into the outputs, as float32 arithmetic would
+  if (_mm256_movemask_ps(nan)) d = std::numeric_limits<float>::quiet_NaN();
+  const __m256 inv = _mm256_set1_ps(d > 0.0f ? 1.0f / d : 0.0f);
+  __m256i q[4];
+  for (int j = 0; j < 4; ++j) q[j] = _mm256_cvtps_epi32(_mm256_mul_ps(v[j], inv));  // to even
+  isum = lane_sum(_mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3])));
+  // packs interleave the two 128-bit halves; the permutes put the values back in order
+  const __m256i lo = _mm256_packs_epi32(q[0], q[1]), hi = _mm256_packs_epi32(q[2], q[3]);
+  auto* dst = reinterpret_cast<__m256i*>(out);
+  if constexpr (std::is_same_v<A, int8_t>) {
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    _mm256_storeu_si256(dst, _mm256_permutevar8x32_epi32(_mm256_packs_epi16(lo, hi), order));
+  } else {
+    _mm256_storeu_si256(dst, _mm256_permute4x64_epi64(lo, 0xD8));
+    _mm256_storeu_si256(dst + 1, _mm256_permute4x64_epi64(hi, 0xD8));
+  }
+  return d;
+}
+
+// A block of x as float32: itself, or bf16 widened (exactly) into `buf`.
+inline const float* block_as_float(const float* xb, float*) { return xb; }
+inline const float* block_as_float(const c10::BFloat16* xb, float* buf) {
+  for (int j = 0; j < kBlock; ++j) buf[j] = static_cast<float>(xb[j]);
+  return buf;
+}
+
 template <class A>
 RoundedRows<A> round_rows(const float* x, int64_t M, int64_t K) {
-  constexpr float kMax = std::is_same_v<A, int8_t> ? 127.0f : 32767.0f;
   const int64_t n = M * K / kBlock;
   RoundedRows<A> r{std::vector<A>(M * K), std::vector<float>(n), std::vector<int32_t>(n),
                    std::vector<float>(n)};
-  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
-  for (int64_t i = 0; i < n; ++i) {
-    const float* xb = x + i * kBlock;
-    __m256 v[4];
-    __m256 amax = _mm256_setzero_ps(), nan = _mm256_setzero_ps();
-    for (int j = 0; j < 4; ++j) {
-      v[j] = _mm256_loadu_ps(xb + 8 * j);
-      amax = _mm256_max_ps(amax, _mm256_and_ps(v[j], abs_mask));
-      nan = _mm256_or_ps(nan, _mm256_cmp_ps(v[j], v[j], _CMP_UNORD_Q));
+  // blocks round independently: a prompt's rows are split between the threads
+  at::parallel_for(0, n, 256, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      r.scale[i] = round_block(x + i * kBlock, r.q.data() + i * kBlock, r.isum[i]);
+      r.sum[i] = r.scale[i] * static_cast<float>(r.isum[i]);
     }
-    float d = lane_max8(amax) / kMax;
-    // a denormal scale has no finite inverse: such a block (|x| < 1e-36) rounds to zero
-    if (d > 0.0f && 1.0f / d == std::numeric_limits<float>::infinity()) d = 0.0f;
-    // max drops NaN; a NaN scale carries it into the outputs, as float32 arithmetic would
-    if (_mm256_movemask_ps(nan)) d = std::numeric_limits<float>::quiet_NaN();
-    const __m256 inv = _mm256_set1_ps(d > 0.0f ? 1.0f / d : 0.0f);
-    __m256i q[4];
-    for (int j = 0; j < 4; ++j) q[j] = _mm256_cvtps_epi32(_mm256_mul_ps(v[j], inv));  // to even
-    const __m256i total = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
-    // packs interleave the two 128-bit halves; the permutes put the values back in order
-    const __m256i lo = _mm256_packs_epi32(q[0], q[1]), hi = _mm256_packs_epi32(q[2], q[3]);
-    auto* out = reinterpret_cast<__m256i*>(r.q.data() + i * kBlock);
-    if constexpr (std::is_same_v<A, int8_t>) {
-      const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-      _mm256_storeu_si256(out, _mm256_permutevar8x32_epi32(_mm256_packs_epi16(lo, hi), order));
-    } else {
-      _mm256_storeu_si256(out, _mm256_permute4x64_epi64(lo, 0xD8));
-      _mm256_storeu_si256(out + 1, _mm256_permute4x64_epi64(hi, 0xD8));
-    }
-    r.scale[i] = d;
-    r.isum[i] = lane_sum(total);
-    r.sum[i] = d * static_cast<float>(r.isum[i]);
-  }
+  });
   return r;
 }
 
@@ -291,6 +308,201 @@ void run(const Problem<A>& p, int64_t M) {
   });
 }
 
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+// 16-bit x on AVX-512 VNNI: sixteen columns at a time, one per 32-bit lane of a 64-byte
+// register, in a layout of their own (`regroup_blocks(..., columns=16)`): per block, 16 fp16 d,
+// 16 fp16 m (Q4_1), then the quants in 64-byte chunks laid out so that unpacking a chunk's bytes
+// to 16 bits within each 128-bit lane (`vpunpck[lh]bw`) yields, lane c, column c's k pair. Each
+// `vpdpwssd` then multiplies a k pair of 16 columns by x's pair broadcast from memory: 32
+// multiply-adds for one instruction, where the 8-column layout above spends a broadcast and a
+// horizontal add on half as many; that is what makes batches of dozens to hundreds of rows
+// compute-bound at the vector units' rate rather than at the shuffles'.
+// Chunk q of a 4-bit block: byte i of 128-bit lane L is column 4L + (i % 8) / 2; its low nibble
+// is k = 8q + 2 (i / 8) + i % 2 and its high nibble that k + 4. Q8_0's chunk q: byte i of lane L
+// is column 4L + (i % 8) / 2 at k = 4q + 2 (i / 8) + i % 2.
+// x is rounded as above, then stored tile-major (a tile's rows side by side for each k pair and
+// block), so that one pointer and constant offsets reach every row of a tile.
+// The per-block sums are the same integers as the 8-column kernel's and the float operations the
+// same per column, so the outputs are bit for bit the same too.
+constexpr int64_t kWideLanes = 16;
+constexpr int kWideRows = 8;        // rows per tile: 8 int and 8 float accumulators + 4 quants
+constexpr int64_t kWidePanel = 64;  // rows per pass over a thread's columns (x's stay in L2)
+
+constexpr int64_t wide_block_bytes(Format f) { return kWideLanes * block_bytes(f); }
+
+// x rounded to 16 bits per block of 32, tile-major: [tiles][K / 2 pairs][8 rows] and
+// [tiles][K / 32 blocks][8 rows]; rows past M are zero and never read.
+struct TiledRows {
+  std::vector<int32_t> pairs;  // two 16-bit values of one row
+  std::vector<float> scale, sum;
+  std::vector<int32_t> isum;
+};
+
+template <class In>
+TiledRows round_rows_tiled(const In* x, int64_t M, int64_t K) {
+  const int64_t blocks = K / kBlock, tiles = (M + kWideRows - 1) / kWideRows;
+  const int64_t n = tiles * blocks * kWideRows;
+  TiledRows t{std::vector<int32_t>(n * kBlock / 2), std::vector<float>(n),
+              std::vector<float>(n), std::vector<int32_t>(n)};
+  at::parallel_for(0, M * blocks, 256, [&](int64_t begin, int64_t end) {
+    alignas(32) float buf[kBlock];
+    alignas(32) int16_t q[kBlock];
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t m = i / blocks, b = i % blocks;
+      const int64_t tile = m / kWideRows, r = m % kWideRows;
+      const int64_t at = (tile * blocks + b) * kWideRows + r;
+      int32_t isum;
+      const float d = round_block(block_as_float(x + i * kBlock, buf), q, isum);
+      t.scale[at] = d;
+      t.isum[at] = isum;
+      t.sum[at] = d * static_cast<float>(isum);
+      int32_t* dst = t.pairs.data() + ((tile * blocks + b) * kBlock / 2) * kWideRows + r;
+      for (int p = 0; p < kBlock / 2; ++p) std::memcpy(dst + p * kWideRows, q + 2 * p, 4);
+    }
+  });
+  return t;
+}
+
+template <class Out>
+struct WideProblem {
+  const TiledRows* x;
+  const uint8_t* w;   // [groups of 16, K / 32, wide block bytes]
+  const float* bias;  // [N] or null
+  Out* y;             // [M, N]
+  int64_t K, N;
+};
+
+// 16 float32 outputs (the first `mask` lanes) to float32 or bf16 storage.
+inline void store16(float* y, __mmask16 mask, __m512 v) { _mm512_mask_storeu_ps(y, mask, v); }
+#ifdef __AVX512BF16__
+inline void store16(c10::BFloat16* y, __mmask16 mask, __m512 v) {
+  _mm256_mask_storeu_epi16(y, mask, (__m256i)_mm512_cvtneps_pbh(v));
+}
+#endif
+
+// Rows 8 tile .. 8 tile + MR - 1 of the 16 columns of group g.
+template <Format F, class Out, int MR>
+void wide_tile(const WideProblem<Out>& p, int64_t tile, int64_t g) {
+  constexpr int64_t kBytes = wide_block_bytes(F);
+  // independent chains of `vpdpwssd` per row, so that few rows still fill the pipeline
+  constexpr int kChains = MR == 1 ? 4 : (MR == 2 ? 2 : 1);
+  const int64_t blocks = p.K / kBlock;
+  const uint8_t* wg = p.w + g * blocks * kBytes;
+  const int32_t* xp = p.x->pairs.data() + tile * blocks * (kBlock / 2) * kWideRows;
+  const int64_t row_blocks = tile * blocks * kWideRows;  // this tile's scales and sums
+  const float* scales = p.x->scale.data() + row_blocks;
+  const float* sums = p.x->sum.data() + row_blocks;
+  const int32_t* isums = p.x->isum.data() + row_blocks;
+  const __m512i nibble = _mm512_set1_epi8(0x0F), zero = _mm512_setzero_si512();
+  __m512 acc[MR];
+  for (int r = 0; r < MR; ++r) acc[r] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* block = wg + b * kBytes;
+    const uint8_t* quants = block + kWideLanes * header_bytes(F);
+    const int32_t* xb = xp + b * (kBlock / 2) * kWideRows;
+    __m512i dot[MR][kChains];
+    for (int r = 0; r < MR; ++r)
+      for (int c = 0; c < kChains; ++c) dot[r][c] = zero;
+    // four k pairs of the 16 columns at a time (w[i]: pair `first + i`), every row in turn
+    auto four_pairs = [&](const __m512i (&w)[4], int first) __attribute__((always_inline)) {
+#pragma GCC unroll 8
+      for (int r = 0; r < MR; ++r) {
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; ++i) {
+          __m512i& acc_ri = dot[r][i % kChains];
+          acc_ri = _mm512_dpwssd_epi32(acc_ri, w[i],
+                                       _mm512_set1_epi32(xb[(first + i) * kWideRows + r]));
+        }
+      }
+    };
+    if constexpr (F == Format::kQ8_0) {  // signed bytes into the high half, shifted down
+#pragma GCC unroll 4
+      for (int q = 0; q < 8; q += 2) {
+        const __m512i raw0 = _mm512_loadu_si512(quants + 64 * q);
+        const __m512i raw1 = _mm512_loadu_si512(quants + 64 * q + 64);
+        const __m512i w[4] = {_mm512_srai_epi16(_mm512_unpacklo_epi8(zero, raw0), 8),
+                              _mm512_srai_epi16(_mm512_unpackhi_epi8(zero, raw0), 8),
+                              _mm512_srai_epi16(_mm512_unpacklo_epi8(zero, raw1), 8),
+                              _mm512_srai_epi16(_mm512_unpackhi_epi8(zero, raw1), 8)};
+        four_pairs(w, 2 * q);
+      }
+    } else {
+#pragma GCC unroll 4
+      for (int q = 0; q < 4; ++q) {
+        const __m512i raw = _mm512_loadu_si512(quants + 64 * q);
+        const __m512i low = _mm512_and_si512(raw, nibble);
+        const __m512i high = _mm512_and_si512(_mm512_srli_epi16(raw, 4), nibble);
+        const __m512i w[4] = {_mm512_unpacklo_epi8(low, zero), _mm512_unpackhi_epi8(low, zero),
+                              _mm512_unpacklo_epi8(high, zero), _mm512_unpackhi_epi8(high, zero)};
+        four_pairs(w, 4 * q);
+      }
+    }
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block)));
+    const int64_t rb = b * kWideRows;  // this block's row scalars
+    for (int r = 0; r < MR; ++r) {
+      __m512i sum = dot[r][0];
+      for (int c = 1; c < kChains; ++c) sum = _mm512_add_epi32(sum, dot[r][c]);
+      if constexpr (F == Format::kQ4_0) {  // quants are q - 8
+        sum = _mm512_sub_epi32(sum, _mm512_set1_epi32(8 * isums[rb + r]));
+      }
+      const __m512 scale = _mm512_mul_ps(d, _mm512_set1_ps(scales[rb + r]));
+      acc[r] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(sum), acc[r]);
+      if constexpr (F == Format::kQ4_1) {
+        const __m512 m = _mm512_cvtph_ps(
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 2 * kWideLanes)));
+        acc[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(sums[rb + r]), acc[r]);
+      }
+    }
+  }
+  const int64_t n0 = g * kWideLanes, columns = std::min(kWideLanes, p.N - n0);
+  const __mmask16 mask = static_cast<__mmask16>((1u << columns) - 1);
+  for (int r = 0; r < MR; ++r) {
+    __m512 out = acc[r];
+    if (p.bias) out = _mm512_add_ps(out, _mm512_maskz_loadu_ps(mask, p.bias + n0));
+    store16(p.y + (tile * kWideRows + r) * p.N + n0, mask, out);
+  }
+}
+
+template <Format F, class Out, int... R>
+constexpr auto wide_tiles(std::integer_sequence<int, R...>) {
+  using TileFn = void (*)(const WideProblem<Out>&, int64_t, int64_t);
+  return std::array<TileFn, sizeof...(R)>{&wide_tile<F, Out, R + 1>...};
+}
+
+template <Format F, class Out>
+void run_wide(const WideProblem<Out>& p, int64_t M) {
+  static constexpr auto kTiles =
+      wide_tiles<F, Out>(std::make_integer_sequence<int, kWideRows>());
+  const int64_t groups = (p.N + kWideLanes - 1) / kWideLanes;
+  // Threads split the column groups; a group's blocks stay in L1 for every row tile of a panel.
+  at::parallel_for(0, groups, 1, [&](int64_t g_begin, int64_t g_end) {
+    for (int64_t panel = 0; panel < M; panel += kWidePanel) {
+      const int64_t panel_end = std::min(M, panel + kWidePanel);
+      for (int64_t g = g_begin; g < g_end; ++g) {
+        for (int64_t m0 = panel; m0 < panel_end; m0 += kWideRows) {
+          kTiles[std::min<int64_t>(kWideRows, panel_end - m0) - 1](p, m0 / kWideRows, g);
+        }
+      }
+    }
+  });
+}
+
+// y = x W^T (+ bias) for x of In and y of Out storage (float or bf16).
+template <class In, class Out>
+void round_and_run_wide(const In* x, int64_t M, int64_t K, const uint8_t* w, const float* bias,
+                        Out* y, int64_t N, Format format) {
+  const TiledRows rounded = round_rows_tiled(x, M, K);
+  const WideProblem<Out> p{&rounded, w, bias, y, K, N};
+  with_format(format, [&](auto f) { run_wide<f.value>(p, M); });
+}
+constexpr bool kWide16 = true;
+#else
+constexpr bool kWide16 = false;
+#endif
+
+// Columns per group of the layout that `bits`-bit x multiplies over on this build.
+constexpr int64_t columns_for(int64_t bits) { return kWide16 && bits == 16 ? 16 : kLanes; }
+
 template <class A>
 void round_and_run(const float* x, int64_t M, int64_t K, const uint8_t* w, const float* bias,
                    float* y, int64_t N, Format format) {
@@ -303,44 +515,74 @@ void round_and_run(const float* x, int64_t M, int64_t K, const uint8_t* w, const
 
 bool gguf_int_linear_available() { return true; }
 
+int64_t gguf_int_linear_columns(int64_t activation_bits) { return columns_for(activation_bits); }
+
 at::Tensor gguf_int_linear(const at::Tensor& x_in, const at::Tensor& packed,
                            const c10::optional<at::Tensor>& bias, int64_t out_features,
                            int64_t activation_bits) {
   TORCH_CHECK(activation_bits == 8 || activation_bits == 16,
               "activation_bits must be 8 or 16, got ", activation_bits);
+  const int64_t lanes = columns_for(activation_bits);
   TORCH_CHECK(packed.dim() == 3 && packed.scalar_type() == at::kByte && packed.is_contiguous(),
-              "packed: uint8 [ceil(out_features / 8), in_features / 32, group block bytes]");
+              "packed: uint8 [ceil(out_features / ", lanes,
+              "), in_features / 32, group block bytes]");
   const int64_t groups = packed.size(0), K = packed.size(1) * kBlock, bytes = packed.size(2);
-  const std::optional<Format> format =
-      bytes % kLanes ? std::nullopt : format_of(bytes / kLanes);
-  TORCH_CHECK(format, "group blocks of ", bytes,
-              " bytes: not Q4_0 (144), Q4_1 (160) or Q8_0 (272)");
-  TORCH_CHECK(out_features > 0 && (out_features + kLanes - 1) / kLanes == groups,
+  const std::optional<Format> format = bytes % lanes ? std::nullopt : format_of(bytes / lanes);
+  TORCH_CHECK(format, "group blocks of ", bytes, " bytes: not Q4_0 (", lanes * 18, "), Q4_1 (",
+              lanes * 20, ") or Q8_0 (", lanes * 34, ")");
+  TORCH_CHECK(out_features > 0 && (out_features + lanes - 1) / lanes == groups,
               "out_features ", out_features, " does not match the packing's ", groups,
-              " groups of 8");
-  TORCH_CHECK(x_in.dim() == 2 && x_in.size(1) == K && x_in.scalar_type() == at::kFloat,
-              "x: [rows, ", K, "] float32");
+              " groups of ", lanes);
+  TORCH_CHECK(x_in.dim() == 2 && x_in.size(1) == K &&
+                  (x_in.scalar_type() == at::kFloat || x_in.scalar_type() == at::kBFloat16),
+              "x: [rows, ", K, "] float32 or bfloat16");
   TORCH_CHECK(!bias.has_value() || (bias->dim() == 1 && bias->size(0) == out_features),
               "bias: [", out_features, "]");
-  const at::Tensor x = x_in.contiguous();
   const at::Tensor bias_f32 = bias.has_value() ? bias->to(at::kFloat).contiguous() : at::Tensor();
-  const int64_t M = x.size(0);
-  auto y = at::empty({M, out_features}, x.options());
-  if (M == 0) return y;
   const float* bias_p = bias_f32.defined() ? bias_f32.data_ptr<float>() : nullptr;
-  if (activation_bits == 8) {
-    round_and_run<int8_t>(x.data_ptr<float>(), M, K, packed.data_ptr<uint8_t>(), bias_p,
-                          y.data_ptr<float>(), out_features, *format);
-  } else {
-    round_and_run<int16_t>(x.data_ptr<float>(), M, K, packed.data_ptr<uint8_t>(), bias_p,
-                           y.data_ptr<float>(), out_features, *format);
+  const int64_t M = x_in.size(0);
+  const uint8_t* w = packed.data_ptr<uint8_t>();
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+  if (activation_bits == 16) {  // x read and y written in their own dtype
+    const at::Tensor x = x_in.contiguous();
+    auto y = at::empty({M, out_features}, x.options());
+    if (M == 0) return y;
+    if (x.scalar_type() == at::kFloat) {
+      round_and_run_wide(x.data_ptr<float>(), M, K, w, bias_p, y.data_ptr<float>(),
+                         out_features, *format);
+      return y;
+    }
+#ifdef __AVX512BF16__
+    round_and_run_wide(x.data_ptr<c10::BFloat16>(), M, K, w, bias_p,
+                       y.data_ptr<c10::BFloat16>(), out_features, *format);
+    return y;
+#else
+    auto y_f32 = at::empty({M, out_features}, x.options().dtype(at::kFloat));
+    round_and_run_wide(x.data_ptr<c10::BFloat16>(), M, K, w, bias_p, y_f32.data_ptr<float>(),
+                       out_features, *format);
+    return y_f32.to(at::kBFloat16);
+#endif
   }
-  return y;
+#endif
+  // bf16 x widens exactly to float32, and y rounds back once at the end
+  const at::Tensor x = x_in.to(at::kFloat).contiguous();
+  auto y = at::empty({M, out_features}, x.options());
+  if (M == 0) return y.to(x_in.scalar_type());
+  if (activation_bits == 8) {
+    round_and_run<int8_t>(x.data_ptr<float>(), M, K, w, bias_p, y.data_ptr<float>(),
+                          out_features, *format);
+  } else {
+    round_and_run<int16_t>(x.data_ptr<float>(), M, K, w, bias_p, y.data_ptr<float>(),
+                           out_features, *format);
+  }
+  return y.to(x_in.scalar_type());
 }
 
 #else  // the compiler does not target AVX2, FMA and F16C: callers keep the exact paths
 
 bool gguf_int_linear_available() { return false; }
+
+int64_t gguf_int_linear_columns(int64_t) { return 8; }
 
 at::Tensor gguf_int_linear(const at::Tensor&, const at::Tensor&,
                            const c10::optional<at::Tensor>&, int64_t, int64_t) {

@@ -49,6 +49,8 @@ at::Tensor gguf_linear(const at::Tensor& x, const at::Tensor& blocks,
 // gguf_int_linear.cpp: the same with x rounded to 8 or 16 bits per block of 32 and integer dot
 // products, over blocks regrouped 8 columns at a time (inflight/model/packed_linear.py)
 bool gguf_int_linear_available();
+// columns per group of the layout gguf_int_linear reads x of that many bits over (8 or 16)
+int64_t gguf_int_linear_columns(int64_t activation_bits);
 at::Tensor gguf_int_linear(const at::Tensor& x, const at::Tensor& packed,
                            const c10::optional<at::Tensor>& bias, int64_t out_features,
                            int64_t activation_bits);
@@ -61,7 +63,8 @@ at::Tensor first_argmax(const at::Tensor& x);
 std::vector<at::Tensor> llama_decoder_layers(
     at::Tensor hidden, c10::optional<at::Tensor> residual, const at::Tensor& cos,
     const at::Tensor& sin, const std::vector<at::Tensor>& weights,
-    const std::vector<c10::optional<at::Tensor>>& small_weights, int64_t small_rows,
+    const std::vector<c10::optional<at::Tensor>>& small_weights,
+    const std::vector<c10::optional<at::Tensor>>& decode_weights, int64_t small_rows,
     const std::vector<c10::optional<at::Tensor>>& qkv_biases,
     const std::vector<at::Tensor>& k_caches, const std::vector<at::Tensor>& v_caches,
     const at::Tensor& slot_mapping, const c10::optional<at::Tensor>& decode_rows,
