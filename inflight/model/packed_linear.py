@@ -220,11 +220,14 @@ class PackedLinear(nn.Module):
             return self._dense(x)
         if decodes is True or decodes.numel() == x.shape[0]:  # every row, in order
             return self._decode(x)
-        out = x.new_empty(x.shape[0], self.out_features)
         prompts = torch.ones(x.shape[0], dtype=torch.bool)
         prompts[decodes] = False
+        if int(prompts.sum()) <= self.small_batch_rows:  # the prompt rows as their own batch
+            out = x.new_empty(x.shape[0], self.out_features)
+            out[prompts] = self._dense(x[prompts])
+        else:  # oneDNN over the whole step (cheaper than copying out its prompt rows' results)
+            out = self._dense(x)
         out[decodes] = self._decode(x[decodes])
-        out[prompts] = self._dense(x[prompts])
         return out
 
     def _decode(self, x: torch.Tensor) -> torch.Tensor:

@@ -117,8 +117,15 @@ at::Tensor pack_bf16_linear(const at::Tensor& weight) {
   return padded.view({blocks, kBlockCols, K / 2, 2}).transpose(1, 2).contiguous();
 }
 
-at::Tensor bf16_linear(const at::Tensor& x_in, const at::Tensor& packed,
-                          const c10::optional<at::Tensor>& bias, int64_t out_features) {
+at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed,
+                       const c10::optional<at::Tensor>& bias, int64_t out_features) {
+  auto y = at::empty({x.dim() == 2 ? x.size(0) : 0, out_features}, x.options());
+  bf16_linear_into(x, packed, bias, out_features, y);
+  return y;
+}
+
+void bf16_linear_into(const at::Tensor& x_in, const at::Tensor& packed,
+                      const c10::optional<at::Tensor>& bias, int64_t out_features, at::Tensor& y) {
   TORCH_CHECK(packed.dim() == 4 && packed.size(2) == kBlockCols && packed.size(3) == 2 &&
                   packed.scalar_type() == at::kBFloat16 && packed.is_contiguous(),
               "packed: a weight from pack_bf16_linear");
@@ -132,8 +139,10 @@ at::Tensor bf16_linear(const at::Tensor& x_in, const at::Tensor& packed,
   const at::Tensor bias_f32 =
       bias.has_value() ? bias->to(at::kFloat).contiguous() : at::Tensor();
   const int64_t M = x.size(0);
-  auto y = at::empty({M, N}, x.options());
-  if (M == 0) return y;
+  TORCH_CHECK(y.dim() == 2 && y.size(0) == M && y.size(1) == N &&
+                  y.scalar_type() == at::kBFloat16 && y.is_contiguous(),
+              "y: [rows, out_features] bfloat16, contiguous");
+  if (M == 0) return;
   const auto* xp = reinterpret_cast<const uint16_t*>(x.data_ptr());
   const auto* wp = reinterpret_cast<const uint16_t*>(packed.data_ptr());
   auto* yp = reinterpret_cast<uint16_t*>(y.data_ptr());
@@ -171,7 +180,6 @@ at::Tensor bf16_linear(const at::Tensor& x_in, const at::Tensor& packed,
       }
     }
   });
-  return y;
 }
 
 #else  // no AVX-512 BF16 on the machine that compiled this: callers keep oneDNN's linears
@@ -184,6 +192,11 @@ at::Tensor pack_bf16_linear(const at::Tensor&) {
 
 at::Tensor bf16_linear(const at::Tensor&, const at::Tensor&,
                           const c10::optional<at::Tensor>&, int64_t) {
+  TORCH_CHECK(false, "bf16_linear needs AVX-512 BF16");
+}
+
+void bf16_linear_into(const at::Tensor&, const at::Tensor&, const c10::optional<at::Tensor>&,
+                      int64_t, at::Tensor&) {
   TORCH_CHECK(false, "bf16_linear needs AVX-512 BF16");
 }
 

@@ -38,6 +38,7 @@ struct Linear {
 // Which rows of the step are decodes, for the linears that have a decode weight.
 struct DecodeSplit {
   bool any = false, all = false;
+  int64_t leading = 0;  // the decodes are rows 0..leading-1 (the usual order: running first)
   at::Tensor decode_rows, prompt_rows;  // both ascending, when some rows are each
 };
 
@@ -67,12 +68,46 @@ at::Tensor dense_linear(const at::Tensor& x, const Linear& l, const LinearChoice
                  std::string_view(""));
 }
 
+// dense_linear into y (rows of a larger output): inflight's bf16 kernel writes there itself
+void dense_linear_into(const at::Tensor& x, const Linear& l, const LinearChoice& how,
+                       at::Tensor& y) {
+  if (l.small->scalar_type() == at::kBFloat16) {
+    bf16_linear_into(x, *l.small, l.bias, l.weight.size(0), y);
+    return;
+  }
+  y.copy_(dense_linear(x, l, how));
+}
+
+// A step with a decode weight: its decode rows through the blocks (16-bit x), its prompt rows
+// through the dense path, as `PackedLinear.forward` does. Prompt rows few enough for the
+// small-batch kernel go there as a batch of their own; more go through oneDNN with the whole
+// step, whose decode rows' results are then replaced (oneDNN cannot write into rows of y, and
+// copying its prompt rows' outputs would cost more than computing the decode rows twice).
 at::Tensor linear(const at::Tensor& x, const Linear& l, const LinearChoice& how,
                   const DecodeSplit& split) {
   if (!l.decode.has_value() || !split.any) return dense_linear(x, l, how);
-  const int64_t N = l.weight.size(0);
+  const int64_t N = l.weight.size(0), T = x.size(0);
   if (split.all) return gguf_int_linear(x, *l.decode, l.bias, N, 16);
-  auto y = at::empty({x.size(0), N}, x.options());
+  const int64_t D = split.decode_rows.size(0), P = T - D;
+  if (!(how.packed && l.small.has_value() && P <= how.small_rows)) {
+    auto y = dense_linear(x, l, how);
+    if (split.leading) {
+      auto decoded = y.narrow(0, 0, D);
+      gguf_int_linear_into(x.narrow(0, 0, D), *l.decode, l.bias, N, 16, decoded);
+    } else {
+      y.index_copy_(0, split.decode_rows,
+                    gguf_int_linear(x.index_select(0, split.decode_rows), *l.decode, l.bias, N,
+                                    16));
+    }
+    return y;
+  }
+  auto y = at::empty({T, N}, x.options());
+  if (split.leading) {  // contiguous slices: no gathers, the kernels write in place
+    auto decoded = y.narrow(0, 0, D), prompted = y.narrow(0, D, P);
+    gguf_int_linear_into(x.narrow(0, 0, D), *l.decode, l.bias, N, 16, decoded);
+    dense_linear_into(x.narrow(0, D, P), l, how, prompted);
+    return y;
+  }
   y.index_copy_(0, split.decode_rows,
                 gguf_int_linear(x.index_select(0, split.decode_rows), *l.decode, l.bias, N, 16));
   y.index_copy_(0, split.prompt_rows, dense_linear(x.index_select(0, split.prompt_rows), l, how));
@@ -133,6 +168,8 @@ std::vector<at::Tensor> llama_decoder_layers(
     split.all = decode_all_rows;
     if (!split.all) {
       split.decode_rows = std::get<0>(decode_rows->sort());
+      const int64_t D = split.decode_rows.size(0);
+      if (D > 0 && split.decode_rows[D - 1].item<int64_t>() == D - 1) split.leading = D;
       auto prompt = at::ones({T}, slot_mapping.options().dtype(at::kBool));
       prompt.index_fill_(0, split.decode_rows, false);
       split.prompt_rows = prompt.nonzero().view({-1});

@@ -517,9 +517,17 @@ bool gguf_int_linear_available() { return true; }
 
 int64_t gguf_int_linear_columns(int64_t activation_bits) { return columns_for(activation_bits); }
 
-at::Tensor gguf_int_linear(const at::Tensor& x_in, const at::Tensor& packed,
+at::Tensor gguf_int_linear(const at::Tensor& x, const at::Tensor& packed,
                            const c10::optional<at::Tensor>& bias, int64_t out_features,
                            int64_t activation_bits) {
+  auto y = at::empty({x.dim() == 2 ? x.size(0) : 0, out_features}, x.options());
+  gguf_int_linear_into(x, packed, bias, out_features, activation_bits, y);
+  return y;
+}
+
+void gguf_int_linear_into(const at::Tensor& x_in, const at::Tensor& packed,
+                          const c10::optional<at::Tensor>& bias, int64_t out_features,
+                          int64_t activation_bits, at::Tensor& y) {
   TORCH_CHECK(activation_bits == 8 || activation_bits == 16,
               "activation_bits must be 8 or 16, got ", activation_bits);
   const int64_t lanes = columns_for(activation_bits);
@@ -541,41 +549,42 @@ at::Tensor gguf_int_linear(const at::Tensor& x_in, const at::Tensor& packed,
   const at::Tensor bias_f32 = bias.has_value() ? bias->to(at::kFloat).contiguous() : at::Tensor();
   const float* bias_p = bias_f32.defined() ? bias_f32.data_ptr<float>() : nullptr;
   const int64_t M = x_in.size(0);
+  TORCH_CHECK(y.dim() == 2 && y.size(0) == M && y.size(1) == out_features &&
+                  y.scalar_type() == x_in.scalar_type() && y.is_contiguous(),
+              "y: [rows, out_features] in x's dtype, contiguous");
+  if (M == 0) return;
   const uint8_t* w = packed.data_ptr<uint8_t>();
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
   if (activation_bits == 16) {  // x read and y written in their own dtype
     const at::Tensor x = x_in.contiguous();
-    auto y = at::empty({M, out_features}, x.options());
-    if (M == 0) return y;
     if (x.scalar_type() == at::kFloat) {
       round_and_run_wide(x.data_ptr<float>(), M, K, w, bias_p, y.data_ptr<float>(),
                          out_features, *format);
-      return y;
+      return;
     }
 #ifdef __AVX512BF16__
     round_and_run_wide(x.data_ptr<c10::BFloat16>(), M, K, w, bias_p,
                        y.data_ptr<c10::BFloat16>(), out_features, *format);
-    return y;
 #else
     auto y_f32 = at::empty({M, out_features}, x.options().dtype(at::kFloat));
     round_and_run_wide(x.data_ptr<c10::BFloat16>(), M, K, w, bias_p, y_f32.data_ptr<float>(),
                        out_features, *format);
-    return y_f32.to(at::kBFloat16);
+    y.copy_(y_f32);
 #endif
+    return;
   }
 #endif
   // bf16 x widens exactly to float32, and y rounds back once at the end
   const at::Tensor x = x_in.to(at::kFloat).contiguous();
-  auto y = at::empty({M, out_features}, x.options());
-  if (M == 0) return y.to(x_in.scalar_type());
+  auto y_f32 = x_in.scalar_type() == at::kFloat ? y : at::empty({M, out_features}, x.options());
   if (activation_bits == 8) {
-    round_and_run<int8_t>(x.data_ptr<float>(), M, K, w, bias_p, y.data_ptr<float>(),
+    round_and_run<int8_t>(x.data_ptr<float>(), M, K, w, bias_p, y_f32.data_ptr<float>(),
                           out_features, *format);
   } else {
-    round_and_run<int16_t>(x.data_ptr<float>(), M, K, w, bias_p, y.data_ptr<float>(),
+    round_and_run<int16_t>(x.data_ptr<float>(), M, K, w, bias_p, y_f32.data_ptr<float>(),
                            out_features, *format);
   }
-  return y.to(x_in.scalar_type());
+  if (!y_f32.is_same(y)) y.copy_(y_f32);
 }
 
 #else  // the compiler does not target AVX2, FMA and F16C: callers keep the exact paths
@@ -586,6 +595,11 @@ int64_t gguf_int_linear_columns(int64_t) { return 8; }
 
 at::Tensor gguf_int_linear(const at::Tensor&, const at::Tensor&,
                            const c10::optional<at::Tensor>&, int64_t, int64_t) {
+  TORCH_CHECK(false, "gguf_int_linear needs AVX2, FMA and F16C");
+}
+
+void gguf_int_linear_into(const at::Tensor&, const at::Tensor&, const c10::optional<at::Tensor>&,
+                          int64_t, int64_t, at::Tensor&) {
   TORCH_CHECK(false, "gguf_int_linear needs AVX2, FMA and F16C");
 }
 

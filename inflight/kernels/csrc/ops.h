@@ -37,6 +37,9 @@ void rope_(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
 // bf16_linear.cpp: bfloat16 linear layers for decode-sized batches (AVX-512 BF16 machines only)
 bool bf16_linear_available();
 at::Tensor pack_bf16_linear(const at::Tensor& weight);
+// `_into`: the same into y, rows of out_features in x's dtype (a slice of a larger output)
+void bf16_linear_into(const at::Tensor& x, const at::Tensor& packed,
+                      const c10::optional<at::Tensor>& bias, int64_t out_features, at::Tensor& y);
 at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed,
                           const c10::optional<at::Tensor>& bias, int64_t out_features);
 
@@ -51,6 +54,9 @@ at::Tensor gguf_linear(const at::Tensor& x, const at::Tensor& blocks,
 bool gguf_int_linear_available();
 // columns per group of the layout gguf_int_linear reads x of that many bits over (8 or 16)
 int64_t gguf_int_linear_columns(int64_t activation_bits);
+void gguf_int_linear_into(const at::Tensor& x, const at::Tensor& packed,
+                          const c10::optional<at::Tensor>& bias, int64_t out_features,
+                          int64_t activation_bits, at::Tensor& y);
 at::Tensor gguf_int_linear(const at::Tensor& x, const at::Tensor& packed,
                            const c10::optional<at::Tensor>& bias, int64_t out_features,
                            int64_t activation_bits);
