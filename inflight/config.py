@@ -61,12 +61,13 @@ class ModelConfig:
         metadata={
             "help": "int16 or int8: round activations to 16 or 8 bits per block of 32 and "
             "multiply them with the weights in integers (int8 is what llama.cpp does); off: "
-            "the dtype's own path throughout (the exact one); auto: int16 where it applies. "
-            "Applies to a GGUF file's Q4_0, Q4_1 and Q8_0 weights: small float32 batches on "
-            "AVX2 CPUs, and on AVX-512 VNNI ones (int16) every decode row, in float32 or bf16, "
-            "while prompts stay exact. int16 decodes ~2x faster than off with the same greedy "
-            "tokens on the parity prompts, int8 a little faster again but its tokens drift "
-            "(docs/benchmarks.md)"
+            "the dtype's own path throughout (the exact one); auto: int16, except off for a "
+            "bf16 engine of more than 8 seats (max_num_seqs) on an AVX-512 VNNI CPU, where "
+            "bf16 computes busy steps faster. Applies to a GGUF file's Q4_0, Q4_1 and Q8_0 "
+            "weights: small float32 batches on AVX2 CPUs, and on AVX-512 VNNI ones (int16) "
+            "every decode row, in float32 or bf16, while prompts stay exact. int16 decodes a "
+            "few sequences ~2x faster than off with the same greedy tokens on the parity "
+            "prompts, int8 a little faster again but its tokens drift (docs/benchmarks.md)"
         },
     )
     enforce_eager: bool = field(

@@ -19,10 +19,10 @@ from inflight.bench.structured import (
     order_constraint,
     write_structured_report,
 )
-from inflight.config import ModelConfig
+from inflight.config import ModelConfig, SchedulerConfig
 from inflight.engine.profiling import OVERHEAD_PHASES, breakdown
 from inflight.errors import ConfigError, InflightError
-from inflight.model.loader import is_gguf
+from inflight.model.loader import is_gguf, resolve_quantized_activations
 from inflight.platform import describe_device, resolve_device, resolve_dtype
 from inflight.sampling_params import StructuredOutputs
 from inflight.workload.flags import add_workload_flags
@@ -344,8 +344,11 @@ def run_local(args: argparse.Namespace, knobs: dict[str, Any], out: Path) -> dic
                     mode_knobs.get("dtype", ModelConfig.dtype),
                     resolve_device(mode_knobs.get("device", ModelConfig.device)),
                 )
-                activations = mode_knobs.get("quantized_activations",
-                                             ModelConfig.quantized_activations)  # fmt: skip
+                activations = resolve_quantized_activations(
+                    mode_knobs.get("quantized_activations", ModelConfig.quantized_activations),
+                    wanted,
+                    mode_knobs.get("max_num_seqs", SchedulerConfig.max_num_seqs),
+                )
                 if loaded.mismatch(wanted, activations):
                     loaded = None  # weights in another dtype, or packed for other activations
             llm = LLM(loaded_model=loaded, **mode_knobs)

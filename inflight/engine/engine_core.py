@@ -21,7 +21,12 @@ from inflight.core.sizing import cdiv, num_blocks_for_budget, resolve_max_model_
 from inflight.engine.profiling import NO_TIMER, PhaseTimer, Timer
 from inflight.errors import ConfigError, ModelFailedError
 from inflight.metrics.stats import StepStats
-from inflight.model.loader import LoadedModel, load_model, resolve_model_path
+from inflight.model.loader import (
+    LoadedModel,
+    load_model,
+    resolve_model_path,
+    resolve_quantized_activations,
+)
 from inflight.platform import resolve_device, resolve_dtype
 from inflight.request import FinishReason, Request
 from inflight.runner.cuda_graphs import DecodeGraphs, supports_graphs
@@ -52,11 +57,14 @@ class EngineCore:
         device = resolve_device(config.model.device)
         dtype = resolve_dtype(config.model.dtype, device)
         block_size = config.cache.kv_block_size
+        activations = resolve_quantized_activations(
+            config.model.quantized_activations, dtype, config.scheduler.max_num_seqs
+        )
         if loaded is None:
             path = resolve_model_path(config.model.model)
             loaded = load_model(path, dtype, device, block_size, config.model.attention_backend,
-                                config.model.quantized_activations)  # fmt: skip
-        elif why := loaded.mismatch(dtype, config.model.quantized_activations):
+                                activations)  # fmt: skip
+        elif why := loaded.mismatch(dtype, activations):
             raise ConfigError(why)
         arch = loaded.arch
         sched_cfg = config.scheduler
@@ -137,7 +145,7 @@ class EngineCore:
         """The draft model, loaded like the target; its tokens must mean the target's."""
         cfg = config.model
         draft = load_model(resolve_model_path(model), dtype, device, config.cache.kv_block_size,
-                           cfg.attention_backend, cfg.quantized_activations)  # fmt: skip
+                           cfg.attention_backend, target.quantized_activations)  # fmt: skip
         if draft.arch.vocab_size != target.arch.vocab_size:
             raise ConfigError(
                 f"speculative_model {model} has a vocabulary of {draft.arch.vocab_size} tokens, "

@@ -27,7 +27,13 @@ from inflight.model.fused_layers import FusedDecoderLayers
 from inflight.model.gguf_loader import iter_gguf_weights, read_gguf_index
 from inflight.model.layer_ops import CpuLayerOps, TorchLayerOps
 from inflight.model.llama import LlamaModel
-from inflight.model.packed_linear import can_pack, gguf_kernel_applies, pack_linears, warm_up
+from inflight.model.packed_linear import (
+    can_pack,
+    decode_rows_from_blocks,
+    gguf_kernel_applies,
+    pack_linears,
+    warm_up,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +71,7 @@ class LoadedModel:
     model: LlamaModel
     arch: LlamaArchConfig
     path: Path
-    quantized_activations: str = "auto"  # as asked of `load_model` (a reusing engine must agree)
+    quantized_activations: str = "int16"  # as `load_model` applied it (a reusing engine must agree)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -81,6 +87,26 @@ class LoadedModel:
                     f"{self.quantized_activations!r}, this engine asks for "
                     f"{quantized_activations!r}")  # fmt: skip
         return None
+
+
+# The most sequences a bf16 engine may run at once for `auto` to send its decode rows to the GGUF
+# blocks: up to about 8 decode rows a step reads the weights and the blocks' fewer bytes win
+# (0.49x the step time at one row, 0.94x at 8); from about 10 rows it computes, and bf16's dot
+# products, which need no per-block scaling, are 5-13% faster (docs/benchmarks.md).
+BF16_DECODE_ROWS_MAX_SEQS = 8
+
+
+def resolve_quantized_activations(asked: str, dtype: torch.dtype, max_num_seqs: int) -> str:
+    """The `quantized_activations` an engine loads its model with: `auto` is int16, except for
+    a bf16 engine of more than `BF16_DECODE_ROWS_MAX_SEQS` seats on a CPU where int16 would
+    send its decode rows to the blocks (there it is off). In float32 those rows are faster from
+    the blocks at every size (twice a float32 FMA's multiply-adds per instruction)."""
+    if asked != "auto":
+        return asked
+    wide = decode_rows_from_blocks(ACTIVATION_BITS["int16"])
+    if dtype == torch.bfloat16 and wide and max_num_seqs > BF16_DECODE_ROWS_MAX_SEQS:
+        return "off"
+    return "int16"
 
 
 def load_hf_arch_config(path: Path) -> LlamaArchConfig:
@@ -146,9 +172,12 @@ def load_model(
     quantized_activations: str = "auto",
 ) -> LoadedModel:
     """Builds the model and fills its weights; every failure is a ModelLoadError naming the file.
-    `quantized_activations` (int16, int8; auto = int16): linears over GGUF blocks round x to
-    that many bits (where it applies: float32 GGUF Q4_0 / Q4_1 / Q8_0 weights on an AVX2 CPU,
-    bf16 ones with 16 bits on an AVX-512 VNNI CPU)."""
+    `quantized_activations` (int16, int8; auto = int16, what the model records): linears over
+    GGUF blocks round x to that many bits (where it applies: float32 GGUF Q4_0 / Q4_1 / Q8_0
+    weights on an AVX2 CPU, bf16 ones with 16 bits on an AVX-512 VNNI CPU). An engine resolves
+    auto by its seats first (`resolve_quantized_activations`)."""
+    if quantized_activations == "auto":
+        quantized_activations = "int16"
     index = read_gguf_index(path) if is_gguf(path) else None
     arch = index.arch if index else load_hf_arch_config(path)
     attn = make_backend(attention_backend, block_size, arch.sliding_window, device)

@@ -95,11 +95,12 @@ def test_fused_layers_match_the_python_loop_with_decode_rows_over_gguf_blocks(
     monkeypatch.setattr(packed_linear, "SMALL_BATCH_ROWS", 4)
     path = write_tiny_gguf(tiny_llama, tmp_path / "tiny.gguf", GGMLQuantizationType.Q4_1)
     llm = LLM(str(path), dtype="bfloat16", attention_backend="cpu", device="cpu",
-              prefill_chunk_size=8, max_num_batched_tokens=64,
-              enable_prefix_caching=False)  # fmt: skip
+              prefill_chunk_size=8, max_num_batched_tokens=64, enable_prefix_caching=False,
+              quantized_activations="int16")  # fmt: skip
     fused = llm.core.loaded.model.fused_layers
     assert fused.small_batch_rows == 4
     assert all(w is not None and w.dtype == torch.bfloat16 for w in fused.small_weights)
+    assert fused.decode_weights
     assert all(w is not None and w.dtype == torch.uint8 for w in fused.decode_weights)
     _assert_fused_matches_the_loop(llm)
 

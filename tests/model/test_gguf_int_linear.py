@@ -19,6 +19,7 @@ from inflight import LLM, SamplingParams
 from inflight.errors import ConfigError
 from inflight.kernels import load_extension
 from inflight.model.gguf_loader import KERNEL_BLOCK_TYPES
+from inflight.model.loader import BF16_DECODE_ROWS_MAX_SEQS, resolve_quantized_activations
 from inflight.model.packed_linear import (
     GGUF_INT_SMALL_BATCH_ROWS,
     GGUF_SMALL_BATCH_ROWS,
@@ -238,8 +239,10 @@ def test_the_knob_regroups_a_float32_gguf_model_and_reuse_must_agree(tmp_path, t
     params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
     out = llm.generate(prompt, params, use_tqdm=False)[0].outputs[0].token_ids
     assert len(out) == 6  # a tiny random model's tokens: their values are the kernel tests' job
+    LLM(loaded_model=llm.core.loaded, dtype="float32", device="cpu")  # auto: int16 in float32
     with pytest.raises(ConfigError, match="loaded with quantized_activations='int16'"):
-        LLM(loaded_model=llm.core.loaded, dtype="float32", device="cpu")  # asks for auto
+        LLM(loaded_model=llm.core.loaded, dtype="float32", device="cpu",
+            quantized_activations="off")  # fmt: skip
     with pytest.raises(ConfigError, match="loaded with quantized_activations='off'"):
         LLM(loaded_model=exact.core.loaded, dtype="float32", device="cpu",
             quantized_activations="int8")  # fmt: skip
@@ -253,3 +256,22 @@ def test_the_knob_regroups_a_float32_gguf_model_and_reuse_must_agree(tmp_path, t
         LLM(str(path), dtype="float32", device="cpu", attention_backend="torch",
             quantized_activations="int8")  # fmt: skip
     assert "quantized_activations has no effect" in caplog.text
+
+
+def test_auto_sends_bf16_decode_rows_to_the_blocks_only_for_a_few_seats(tmp_path, tiny_llama):
+    """Up to BF16_DECODE_ROWS_MAX_SEQS sequences a bf16 step reads its weights and the blocks
+    win; past them it computes, and bf16 wins. float32 takes the blocks at any size."""
+    wide = decode_rows_from_blocks(16)
+    bf16, fp32, few = torch.bfloat16, torch.float32, BF16_DECODE_ROWS_MAX_SEQS
+    assert resolve_quantized_activations("auto", bf16, few) == "int16"
+    assert resolve_quantized_activations("auto", bf16, few + 1) == ("off" if wide else "int16")
+    assert resolve_quantized_activations("auto", fp32, 256) == "int16"
+    for asked in ("off", "int16", "int8"):
+        assert resolve_quantized_activations(asked, bf16, 256) == asked
+    if not (wide and can_pack(bf16, torch.device("cpu"))):
+        return
+    path = write_tiny_gguf(tiny_llama, tmp_path / "tiny-q4_1.gguf", Q.Q4_1)
+    for seats, decode_rows in ((few, True), (64, False)):
+        llm = LLM(str(path), dtype="bfloat16", device="cpu", max_num_seqs=seats)
+        assert bool(llm.core.loaded.model.fused_layers.decode_weights) == decode_rows
+        assert llm.core.loaded.quantized_activations == ("int16" if decode_rows else "off")
