@@ -54,25 +54,38 @@ def agreement(reference: list[list[int]], candidate: list[list[int]]) -> dict[st
 KINDS = ("int16", "int8")
 
 
-def run_agreement(knobs: dict[str, Any], out: Path, max_tokens: int = 64) -> str:
+def run_agreement(
+    knobs: dict[str, Any], out: Path, max_tokens: int = 64, reference_dtype: str | None = None
+) -> str:
     """Runs the exact engine, then each kind of quantized activations, on the same knobs
-    otherwise; writes agreement.json and agreement.md, and returns the latter."""
+    otherwise; writes agreement.json and agreement.md, and returns the latter. With
+    `reference_dtype` (float32, say) the reference is the exact path in that dtype instead, and
+    the engine's own exact path is compared with it too: a bf16 engine's rounding moves tokens
+    as well, so only that comparison says which path is closer to the model."""
+    reference = "off" if reference_dtype is None else f"off in {reference_dtype}"
+    plan = [(reference, {**knobs, "quantized_activations": "off"})]
+    if reference_dtype is not None:
+        plan[0][1]["dtype"] = reference_dtype
+        plan.append(("off", {**knobs, "quantized_activations": "off"}))
+    plan += [(kind, {**knobs, "quantized_activations": kind}) for kind in KINDS]
     runs: dict[str, list[list[int]]] = {}
-    for kind in ("off", *KINDS):
-        llm = LLM(**{**knobs, "quantized_activations": kind})
+    for label, run_knobs in plan:
+        llm = LLM(**run_knobs)
         prompts = parity_prompts(llm.tokenizer)
-        logger.info("greedy, %d prompts, quantized_activations=%s", len(prompts), kind)
-        runs[kind] = greedy(llm, prompts, max_tokens)
-        device, dtype = llm.core.device, llm.core.dtype
+        logger.info("greedy, %d prompts, %s", len(prompts), label)
+        runs[label] = greedy(llm, prompts, max_tokens)
+        if label != reference:
+            device, dtype = llm.core.device, llm.core.dtype
         del llm
-    results = {kind: agreement(runs["off"], runs[kind]) for kind in KINDS}
+    results = {label: agreement(runs[reference], runs[label]) for label in runs
+               if label != reference}  # fmt: skip
     meta = {"max_tokens": max_tokens, "device": describe_device(device),
-            "dtype": str(dtype).removeprefix("torch.")}  # fmt: skip
+            "dtype": str(dtype).removeprefix("torch."), "reference": reference}  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)
     (out / "agreement.json").write_text(json.dumps({**meta, "kinds": results}, indent=2) + "\n")
-    prompts_n = len(runs["off"])
+    prompts_n = len(runs[reference])
     lines = [
-        "# Token agreement: quantized activations against the exact path", "",
+        f"# Token agreement: quantized activations against the exact path ({reference})", "",
         f"{prompts_n} parity prompts, {max_tokens} greedy tokens each, {meta['dtype']} on "
         f"{meta['device']}.", "",
         "| quantized_activations | first token agrees | whole continuation agrees "

@@ -108,6 +108,9 @@ def add_bench_parser(sub: Any, add_engine_flags: Callable[[argparse.ArgumentPars
                                  help="greedy tokens with quantized activations against the "
                                  "exact path, on the parity prompts")  # fmt: skip
     agreement.add_argument("--max-tokens", type=int, default=64, help="greedy tokens per prompt")
+    agreement.add_argument("--reference-dtype", choices=["float32", "bfloat16"], default=None,
+                           help="compare against the exact path in this dtype (and the engine's "
+                           "own exact path too); default: the engine's dtype")  # fmt: skip
     agreement.add_argument("--out", type=Path, default=None)
     add_engine_flags(agreement)
     offline.add_argument(
@@ -263,7 +266,7 @@ def run_bench(args: argparse.Namespace, knobs: dict[str, Any]) -> int:
     elif args.bench_command == "agreement":
         from inflight.bench.agreement import run_agreement
 
-        print(run_agreement(knobs, out, args.max_tokens))
+        print(run_agreement(knobs, out, args.max_tokens, args.reference_dtype))
         logger.info("results in %s", out)
         return 0
     elif args.bench_command == "roofline":
