@@ -1,6 +1,7 @@
-// float32 linear layers with the activations rounded to 8 or 16 bits, over a GGUF file's Q4_0,
-// Q4_1 or Q8_0 blocks regrouped eight output columns at a time (AVX2 + FMA + F16C): the
-// `quantized_activations` knob's path; gguf_linear.cpp is the exact one.
+// Linear layers with the activations rounded to 8 or 16 bits, over a GGUF file's Q4_0, Q4_1 or
+// Q8_0 blocks regrouped eight output columns at a time (AVX2 + FMA + F16C), or, for 16 bits on
+// AVX-512 VNNI, sixteen (further down): the `quantized_activations` knob's path; gguf_linear.cpp
+// is the exact one. x and y are float32, or bf16 (a bf16 engine's decode rows).
 //
 // x is rounded per block of 32 (scale dx = max|x| / 127 or / 32767, round half to even; 8 bits
 // is llama.cpp's Q8_0 rounding of activations), and each block's dot product is integer. The
