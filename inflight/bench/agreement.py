@@ -63,11 +63,10 @@ def run_agreement(
     the engine's own exact path is compared with it too: a bf16 engine's rounding moves tokens
     as well, so only that comparison says which path is closer to the model."""
     reference = "off" if reference_dtype is None else f"off in {reference_dtype}"
-    plan = [(reference, {**knobs, "quantized_activations": "off"})]
-    if reference_dtype is not None:
-        plan[0][1]["dtype"] = reference_dtype
-        plan.append(("off", {**knobs, "quantized_activations": "off"}))
-    plan += [(kind, {**knobs, "quantized_activations": kind}) for kind in KINDS]
+    dtype_knob = {} if reference_dtype is None else {"dtype": reference_dtype}
+    kinds = KINDS if reference_dtype is None else ("off", *KINDS)
+    plan = [(reference, {**knobs, **dtype_knob, "quantized_activations": "off"})]
+    plan += [(kind, {**knobs, "quantized_activations": kind}) for kind in kinds]
     runs: dict[str, list[list[int]]] = {}
     for label, run_knobs in plan:
         llm = LLM(**run_knobs)

@@ -37,7 +37,7 @@ class FusedDecoderLayers:
         if len(rows) > 1:
             raise ValueError(f"projections must share one small-batch row limit, got {rows}")
         self.small_batch_rows = rows.pop() if rows else 0
-        # bf16 layers' GGUF blocks for the decode rows (see PackedLinear), or none at all
+        # the layers' GGUF blocks for the decode rows (see PackedLinear), or none at all
         decode = [getattr(m, "decode_weight", None) for m in projections]
         self.decode_weights = decode if any(w is not None for w in decode) else []
         self.activation_bits = max(getattr(m, "activation_bits", 0) for m in projections)

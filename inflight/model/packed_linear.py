@@ -28,10 +28,11 @@ output.
 Where 16-bit x has the 16-column layout (AVX-512 VNNI: `vpdpwssd` on 64-byte registers), a
 weight with blocks keeps that regrouping as its `decode_weight`, in float32 and in bf16: the
 step's decode rows, however many, multiply from the blocks, and its prompt rows through the
-dtype's own path. A decode step reads the blocks (0.28 of bf16's bytes) and is 2-3x faster at
-1-4 rows, about level at 16-64; prompts, compute-bound, stay where they are faster and exact. And
-because which path a row takes depends on what the row is, not on its batch, a draft verified
-beside others rounds exactly as the token decoded alone would.
+dtype's own path. A decode step reads the blocks (0.28 of bf16's bytes) and is 1.6-2x faster than
+bf16 at 1-4 rows, about level at 8-24 and 5-13% slower at 32-64 (so `auto` keeps bf16 engines of
+many seats off it: model/loader.py); prompts, compute-bound, stay where they are faster and
+exact. And because which path a row takes depends on what the row is, not on its batch, a draft
+verified beside others rounds exactly as the token decoded alone would.
 """
 
 from __future__ import annotations
