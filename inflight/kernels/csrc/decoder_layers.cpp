@@ -11,8 +11,8 @@
 // kernel (exact, or with 8- or 16-bit activations) for at most `small_rows` rows when the layer has
 // its weight, else oneDNN
 // (`mkldnn::_linear_pointwise`, called through the dispatcher), exactly as `PackedLinear.forward`
-// chooses; and where a bf16 layer has a decode weight (its GGUF blocks for 16-bit x), the
-// step's decode rows go through that instead.
+// chooses; and where a layer has a decode weight (its GGUF blocks for 16-bit x), the step's
+// decode rows go through that instead.
 #include "kv_layout.h"
 #include "ops.h"
 
@@ -123,7 +123,8 @@ const OptTensor kNone;
 std::vector<at::Tensor> llama_decoder_layers(
     at::Tensor hidden, OptTensor residual, const at::Tensor& cos, const at::Tensor& sin,
     const std::vector<at::Tensor>& weights, const std::vector<OptTensor>& small_weights,
-    const std::vector<OptTensor>& decode_weights, int64_t small_rows, const std::vector<OptTensor>& qkv_biases,
+    const std::vector<OptTensor>& decode_weights, int64_t small_rows,
+    const std::vector<OptTensor>& qkv_biases,
     const std::vector<at::Tensor>& k_caches, const std::vector<at::Tensor>& v_caches,
     const at::Tensor& slot_mapping, const OptTensor& decode_rows,
     const OptTensor& decode_tables, const OptTensor& decode_lens, bool decode_all_rows,
