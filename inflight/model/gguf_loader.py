@@ -211,35 +211,43 @@ def iter_gguf_weights(
     cfg: LlamaArchConfig,
     path: Path,
     blocks: dict[str, torch.Tensor] | None = None,
+    blocks_only: set[str] = frozenset(),
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """(HF name, float32 tensor) for every tensor; with `blocks`, each matrix stored in one of
     `KERNEL_BLOCK_TYPES` also leaves its raw blocks there (uint8 [rows, blocks per row, block
-    bytes], Q/K rows un-permuted like the values), for the kernel that reads them as they are."""
+    bytes], Q/K rows un-permuted like the values), for the kernel that reads them as they are.
+    Tensors named in `blocks_only` leave their blocks alone: never dequantized, not yielded."""
     for tensor in reader.tensors:
         name = hf_name(tensor.name)
         if name is None:
             raise ModelLoadError(f"{path}: unexpected GGUF tensor {tensor.name!r}")
-        try:
-            array = dequantize(tensor.data, tensor.tensor_type)
-        except NotImplementedError as e:
-            raise ModelLoadError(
-                f"{path}: tensor {tensor.name!r} has unsupported type {tensor.tensor_type.name}"
-            ) from e
         # GGUF lists dims fastest-first; numpy order is the reverse.
         shape = tuple(reversed([int(d) for d in tensor.shape]))
-        array = np.asarray(array, dtype=np.float32).reshape(shape)
+        array = None
+        if name not in blocks_only:
+            try:
+                array = dequantize(tensor.data, tensor.tensor_type)
+            except NotImplementedError as e:
+                raise ModelLoadError(f"{path}: tensor {tensor.name!r} has unsupported type "
+                                     f"{tensor.tensor_type.name}") from e  # fmt: skip
+            array = np.asarray(array, dtype=np.float32).reshape(shape)
         raw = None
         if blocks is not None and tensor.tensor_type in KERNEL_BLOCK_TYPES and len(shape) == 2:
             block_size, block_bytes = GGML_QUANT_SIZES[tensor.tensor_type]
             raw = tensor.data.reshape(shape[0], shape[1] // block_size, block_bytes)
         if cfg.architecture == "llama":
-            if name.endswith("q_proj.weight") or name.endswith("q_proj.bias"):
-                array = unpermute_qk(array, cfg.num_heads)
-                raw = None if raw is None else unpermute_qk(raw, cfg.num_heads)
-            elif name.endswith("k_proj.weight") or name.endswith("k_proj.bias"):
-                array = unpermute_qk(array, cfg.num_kv_heads)
-                raw = None if raw is None else unpermute_qk(raw, cfg.num_kv_heads)
+            projection = name.rpartition(".")[0].rpartition(".")[2]  # q_proj of ...q_proj.bias
+            heads = {"q_proj": cfg.num_heads, "k_proj": cfg.num_kv_heads}.get(projection)
+            if heads is not None:
+                array = None if array is None else unpermute_qk(array, heads)
+                raw = None if raw is None else unpermute_qk(raw, heads)
         if raw is not None:
             blocks[name] = torch.from_numpy(np.array(raw, order="C"))  # a copy off the file
+        if array is None:
+            if raw is None:
+                kind = tensor.tensor_type.name
+                raise ModelLoadError(f"{path}: tensor {tensor.name!r} was to stay as its "
+                                     f"blocks, but its type {kind} has no kernel")  # fmt: skip
+            continue
         # (memory-mapped F32 tensors are read-only views; torch wants writable memory)
         yield name, torch.from_numpy(np.require(array, requirements=["C", "W"]))

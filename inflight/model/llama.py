@@ -140,7 +140,7 @@ class LlamaModel(nn.Module):
 
     def finish_init(self) -> None:
         """(Re)ties embeddings and rebuilds buffers; needed again after `to_empty`."""
-        if self.cfg.tie_word_embeddings:
+        if self.cfg.tie_word_embeddings and self.lm_head.weight is not None:  # else: blocks
             self.lm_head.weight = self.embed_tokens.weight
         self.inv_freq = rope_inv_freq(self.cfg).to(self.embed_tokens.weight.device)
         for p in self.parameters():

@@ -24,10 +24,17 @@ from inflight.errors import ModelLoadError
 from inflight.model import packed_linear
 from inflight.model.arch import LlamaArchConfig
 from inflight.model.fused_layers import FusedDecoderLayers
-from inflight.model.gguf_loader import iter_gguf_weights, read_gguf_index
+from inflight.model.gguf_loader import (
+    KERNEL_BLOCK_TYPES,
+    GGUFIndex,
+    hf_name,
+    iter_gguf_weights,
+    read_gguf_index,
+)
 from inflight.model.layer_ops import CpuLayerOps, TorchLayerOps
 from inflight.model.llama import LlamaModel
 from inflight.model.packed_linear import (
+    blocks_serve_every_batch,
     can_pack,
     decode_rows_from_blocks,
     gguf_kernel_applies,
@@ -163,6 +170,23 @@ def gguf_blocks_by_module(
     return by_module
 
 
+def drop_block_weights(model: LlamaModel, index: GGUFIndex) -> set[str]:
+    """Takes the float weight off every linear of `model` (still on the meta device) whose
+    parts all come as GGUF blocks the kernels read; returns the file's names that therefore
+    need no float tensor (a tied LM head's embedding still needs its own)."""
+    kinds = {hf_name(e["name"]): (e["type"], len(e["shape"])) for e in index.entries}
+    kernel_kinds = {(int(t), 2) for t in KERNEL_BLOCK_TYPES}
+    dropped = []
+    for module, sources in model.linear_sources().items():
+        found = {kinds.get(name) for name in sources}
+        if len(found) == 1 and found <= kernel_kinds:
+            model.get_submodule(module).register_parameter("weight", None)
+            dropped.extend(sources)
+    params = {name for name, _ in model.named_parameters()}
+    skip = {name for name in dropped if name.removeprefix("model.") not in params}
+    return skip
+
+
 def load_model(
     path: Path,
     dtype: torch.dtype,
@@ -192,16 +216,19 @@ def load_model(
         ops = checked_layer_ops(device, dtype)
     with torch.device("meta"):
         model = LlamaModel(arch, attn, ops)
-    model = model.to_empty(device=device).to(dtype)
-    model.finish_init()
     # inflight's small-batch kernels come with the other CPU kernels
     kernels = attn.cpu_kernels and can_pack(dtype, device)
     # decode batches can multiply from the file's own blocks (see packed_linear)
     bits = ACTIVATION_BITS[quantized_activations]
     keep_blocks = index is not None and kernels and gguf_kernel_applies(dtype, bits)
     blocks: dict[str, torch.Tensor] | None = {} if keep_blocks else None
+    # linears whose blocks take every batch never get a float weight (nor a dequantized tensor)
+    blocks_only = keep_blocks and blocks_serve_every_batch(dtype, bits)
+    skip = drop_block_weights(model, index) if blocks_only else set()
+    model = model.to_empty(device=device).to(dtype)
+    model.finish_init()
     if index is not None:
-        weights = iter_gguf_weights(index, arch, path, blocks)
+        weights = iter_gguf_weights(index, arch, path, blocks, skip)
     else:
         weights = _iter_safetensors(_safetensors_files(path))
     num_tensors = len(index.entries) if index is not None else None
@@ -222,12 +249,10 @@ def load_model(
     )
     if can_pack(dtype, device):
         small_rows = packed_linear.SMALL_BATCH_ROWS if kernels else 0
-        pack_linears(
-            model,
-            small_rows,
-            gguf_blocks_by_module(model, blocks or {}),
-            bits,
-        )
+        by_module = gguf_blocks_by_module(model, blocks or {})
+        if blocks:
+            blocks.clear()  # the fused parts' own copies go now; pack_linears frees the rest
+        pack_linears(model, small_rows, by_module, bits)
         # Once per loaded model (engines may share it): decode batch sizes up to 64 that oneDNN
         # serves (none where the bf16 kernel does); larger ones cost more to warm than their
         # first use does.

@@ -60,12 +60,17 @@ SMALL_BATCH_ROWS = 64
 # beats oneDNN's float32 up to 8 rows and loses at 16, where converting the quants (once per 8
 # rows) costs more than the bytes it saves.
 GGUF_SMALL_BATCH_ROWS = 8
-# Batches of at most this many rows go to `gguf_int_linear` with quantized activations, by bits:
-# with 8-bit x its integer dot products beat oneDNN's float32 at every size measured on an AVX2
-# Zen 3 (1.4x at 512 rows, 4-9x at one row), so every batch goes there; with 16-bit x it is ~3x
-# faster at one row and level with oneDNN at 16 (where the 16-column layout serves decode rows
-# instead, see above).
-GGUF_INT_SMALL_BATCH_ROWS = {8: 2**31 - 1, 16: 16}
+# A small-batch row limit that every batch is under.
+EVERY_BATCH = 2**31 - 1
+# Batches of at most this many rows go to `gguf_int_linear` with quantized activations, by bits
+# (where the 8-column layout serves them; the 16-column one serves decode rows instead, see
+# above). Every batch: then the weight is kept as its blocks alone, no float copy beside them
+# (a sixth to a quarter of the memory), and a row's value never depends on its batch. With 8-bit
+# x the integer dot products beat oneDNN's float32 at every size measured on an AVX2 Zen 3 (1.4x
+# at 512 rows, 4-9x at one row); with 16-bit x they are 3-5x faster at 1-4 rows, level at 16 and
+# 0.75-0.85x from 64 (`vpmaddwd` does as many multiply-adds per instruction as a float32 FMA,
+# and each block of 32 pays its scales): prompts for memory and invariance.
+GGUF_INT_SMALL_BATCH_ROWS = {8: EVERY_BATCH, 16: EVERY_BATCH}
 # A warm-up call slower than this is mostly multiply, which outweighs the ~1 ms build it saves.
 WARM_UP_MAX_CALL_S = 0.005
 
@@ -87,6 +92,16 @@ def gguf_kernel_applies(dtype: torch.dtype, activation_bits: int = 0) -> bool:
     if dtype == torch.float32:
         return ext.gguf_linear_available()
     return dtype == torch.bfloat16 and decode_rows_from_blocks(activation_bits)
+
+
+def blocks_serve_every_batch(dtype: torch.dtype, activation_bits: int) -> bool:
+    """Whether a weight with GGUF blocks multiplies every batch from them (x rounded to
+    `activation_bits`), so that its float copy is never needed: a float32 engine's quantized
+    activations where the 8-column layout serves them (the loader then never builds that copy)."""
+    return (dtype == torch.float32 and activation_bits in GGUF_INT_SMALL_BATCH_ROWS
+            and GGUF_INT_SMALL_BATCH_ROWS[activation_bits] >= EVERY_BATCH
+            and load_extension().gguf_int_linear_available()
+            and not decode_rows_from_blocks(activation_bits))  # fmt: skip
 
 
 def decode_rows_from_blocks(activation_bits: int) -> bool:
@@ -172,8 +187,28 @@ class PackedLinear(nn.Module):
     ) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        weight = linear.weight.detach()
-        self.register_buffer("weight", torch.ops.mkldnn._reorder_linear_weight(weight, _BATCH_HINT))
+        if gguf_blocks is not None and tuple(gguf_blocks.shape[:2]) != (
+            self.out_features, self.in_features // 32
+        ):  # fmt: skip
+            raise ValueError(
+                f"GGUF blocks {tuple(gguf_blocks.shape)} do not fit a "
+                f"[{self.out_features}, {self.in_features}] weight"
+            )
+        # a float32 weight whose blocks take every batch keeps no float copy: `weight` is then
+        # its shape alone (meta), and the loader may not have built the float weight at all
+        dtype = torch.float32 if linear.weight is None else linear.weight.dtype
+        self.blocks_only = bool(small_batch_rows > 0 and gguf_blocks is not None
+                                and blocks_serve_every_batch(dtype, activation_bits))  # fmt: skip
+        if linear.weight is None and not self.blocks_only:
+            raise ValueError("a linear without its float weight needs GGUF blocks that take "
+                             "every batch")  # fmt: skip
+        if self.blocks_only:
+            weight = torch.empty(self.out_features, self.in_features, dtype=dtype, device="meta")
+            self.register_buffer("weight", weight)
+        else:
+            weight = linear.weight.detach()
+            packed = torch.ops.mkldnn._reorder_linear_weight(weight, _BATCH_HINT)
+            self.register_buffer("weight", packed)
         bias = None if linear.bias is None else linear.bias.detach()
         self.register_buffer("bias", bias)
         self.small_batch_rows = 0
@@ -184,13 +219,6 @@ class PackedLinear(nn.Module):
         if small_batch_rows <= 0:
             return
         ext = load_extension()
-        if gguf_blocks is not None and tuple(gguf_blocks.shape[:2]) != (
-            self.out_features, self.in_features // 32
-        ):  # fmt: skip
-            raise ValueError(
-                f"GGUF blocks {tuple(gguf_blocks.shape)} do not fit a "
-                f"[{self.out_features}, {self.in_features}] weight"
-            )
         blocks = gguf_blocks is not None and gguf_kernel_applies(weight.dtype, activation_bits)
         if blocks and decode_rows_from_blocks(activation_bits):
             self.decode_weight = regroup_blocks(gguf_blocks, 16)
@@ -236,13 +264,15 @@ class PackedLinear(nn.Module):
         return ext.gguf_int_linear(x, self.decode_weight, self.bias, self.out_features, 16)
 
     def _dense(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dim() == 2 and 0 < x.shape[0] <= self.small_batch_rows:
+        if x.dim() == 2 and (0 < x.shape[0] <= self.small_batch_rows or self.blocks_only):
             return self._small_linear(x, self.small_weight, self.bias, self.out_features)
         return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
 
     def extra_repr(self) -> str:
         small = ""
-        if self.small_kernel:
+        if self.blocks_only:
+            small = f", every batch through its GGUF blocks ({self.small_kernel}), no float copy"
+        elif self.small_kernel:
             small = f", {self.small_kernel} kernel up to {self.small_batch_rows} rows"
         if self.decode_weight is not None:
             small += ", decode rows through its GGUF blocks (16-bit x)"
@@ -262,7 +292,8 @@ def pack_linears(
 ) -> int:
     """Replaces every `nn.Linear` under `model` with a `PackedLinear`; returns how many.
     `gguf_blocks` maps module names to their weights' GGUF blocks, where they have them;
-    `activation_bits` (8 or 16) asks their kernel to round x to that many bits.
+    `activation_bits` (8 or 16) asks their kernel to round x to that many bits. Each entry of
+    `gguf_blocks` is taken out as its linear is packed, so that its memory goes with it.
 
     A tied LM head gets its own packed copy; the embedding keeps the plain weight it indexes.
     """
@@ -273,12 +304,14 @@ def pack_linears(
         parent_name, _, leaf = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         packed.append(
-            PackedLinear(linear, small_batch_rows, gguf_blocks.get(name), activation_bits)
+            PackedLinear(linear, small_batch_rows, gguf_blocks.pop(name, None), activation_bits)
         )
         setattr(parent, leaf, packed[-1])
     kernels = Counter(
-        f"{m.small_kernel} kernel (<= {m.small_batch_rows} rows)" for m in packed if m.small_kernel
-    )
+        f"{m.small_kernel} kernel (every batch, no float copy)" if m.blocks_only
+        else f"{m.small_kernel} kernel (<= {m.small_batch_rows} rows)"
+        for m in packed if m.small_kernel
+    )  # fmt: skip
     kernels.update("decode rows through gguf-int16" for m in packed if m.decode_weight is not None)
     logger.info(
         "packed %d linear layers for oneDNN; small batches: %s",

@@ -77,7 +77,9 @@ def test_quantized_tiny_gguf_matches_transformers_loading_the_same_file(
     prompts = random_prompts(reference.config.vocab_size, lengths=(2, 9, 30, 64))
     expected = hf_greedy(reference, prompts, [12] * len(prompts))
 
-    llm = LLM(str(path), dtype="float32")
+    # the exact path: a random model's logits have near-ties (3e-4 apart) that 16-bit activations
+    # may flip; how far those move real models' tokens is the parity and agreement tests' job
+    llm = LLM(str(path), dtype="float32", quantized_activations="off")
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     outputs = llm.generate(prompts, params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outputs] == expected

@@ -293,8 +293,129 @@ void tile(const Problem<A>& p, int64_t m0, int64_t g) {
 
 constexpr int kMaxRows = 4;  // rows per tile: their accumulators beside the quants in 16 ymm
 
+// Batches of many rows with 16-bit x: `tile` above widens a block's quants to 16 bits again for
+// every row tile, and that unpacking, not the multiplies, is most of its work. Here a group's
+// blocks are widened once per panel of rows into a buffer in L1 (16 vectors per block: the same
+// vectors `block_dot` builds, in its order), and every row of the panel multiplies from it.
+// The integer sums are the same exact values and the float operations per block the same, so
+// every output is bit for bit the one `tile` computes: which path a batch takes never changes
+// a row's value.
+constexpr int64_t kWidened = 16;        // vectors per block once widened
+constexpr int64_t kUnpackMinRows = 8;   // from here the widened path is faster (see above)
+constexpr int64_t kUnpackPanel = 64;    // rows per pass over a group (their x stays in L2)
+
+// x's offset within a block for widened vector pair s (low and high unpack of one step)
+template <Format F>
+constexpr int64_t widened_x_offset(int s) {
+  if constexpr (F == Format::kQ8_0) return 4 * s;
+  return (s % 2 ? 16 : 0) + 4 * (s / 2);
+}
+
+// The group's blocks [blocks][16 vectors], widened to 16 bits as `block_dot` does.
+template <Format F>
+void widen_group(const uint8_t* wg, int64_t blocks, __m256i* out) {
+  constexpr int64_t kBytes = group_block_bytes(F);
+  const __m256i zero = _mm256_setzero_si256(), nibble = _mm256_set1_epi8(0x0F);
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* quants = wg + b * kBytes + quants_at(F);
+    __m256i* v = out + b * kWidened;
+    if constexpr (F == Format::kQ8_0) {
+      for (int j = 0; j < 8; ++j) {
+        const __m256i w = load_chunk(quants + 32 * j);
+        v[2 * j] = _mm256_srai_epi16(_mm256_unpacklo_epi8(zero, w), 8);
+        v[2 * j + 1] = _mm256_srai_epi16(_mm256_unpackhi_epi8(zero, w), 8);
+      }
+    } else {
+      for (int j = 0; j < 4; ++j) {
+        const __m256i raw = load_chunk(quants + 32 * j);
+        const __m256i low = _mm256_and_si256(raw, nibble);
+        const __m256i high = _mm256_and_si256(_mm256_srli_epi16(raw, 4), nibble);
+        v[4 * j] = _mm256_unpacklo_epi8(low, zero);
+        v[4 * j + 1] = _mm256_unpackhi_epi8(low, zero);
+        v[4 * j + 2] = _mm256_unpacklo_epi8(high, zero);
+        v[4 * j + 3] = _mm256_unpackhi_epi8(high, zero);
+      }
+    }
+  }
+}
+
+// Rows m0..m0+MR-1 of the 8 columns of group g, from its widened blocks `wv`.
+template <Format F, int MR>
+void widened_tile(const Problem<int16_t>& p, const __m256i* wv, int64_t m0, int64_t g) {
+  constexpr int64_t kBytes = group_block_bytes(F);
+  const int64_t blocks = p.K / kBlock;
+  const uint8_t* wg = p.w + g * blocks * kBytes;
+  const int16_t* xq = p.x->q.data() + m0 * p.K;
+  __m256 acc[MR];
+  for (int r = 0; r < MR; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b) {
+    const __m256i* v = wv + b * kWidened;
+    __m256i lo[MR], hi[MR];
+    // row by row, the widened quants read from L1 as operands: the integer multiplies, not
+    // the loads, are the limit, and holding quants in registers across rows spills
+    for (int r = 0; r < MR; ++r) {
+      const int16_t* xb = xq + r * p.K + b * kBlock;
+      __m256i l = _mm256_setzero_si256(), h = l;
+#pragma GCC unroll 8
+      for (int s = 0; s < 8; ++s) {
+        const __m256i x4 = broadcast4(xb + widened_x_offset<F>(s));
+        l = add_pair_dots(l, _mm256_load_si256(v + 2 * s), x4);
+        h = add_pair_dots(h, _mm256_load_si256(v + 2 * s + 1), x4);
+      }
+      lo[r] = l;
+      hi[r] = h;
+    }
+    const uint8_t* block = wg + b * kBytes;
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block)));
+    for (int r = 0; r < MR; ++r) {
+      const int64_t rb = (m0 + r) * blocks + b;  // this row's block of x
+      __m256i dot = _mm256_hadd_epi32(lo[r], hi[r]);
+      if constexpr (F == Format::kQ4_0) {  // quants are q - 8
+        dot = _mm256_sub_epi32(dot, _mm256_set1_epi32(8 * p.x->isum[rb]));
+      }
+      const __m256 scale = _mm256_mul_ps(d, _mm256_set1_ps(p.x->scale[rb]));
+      acc[r] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(dot), acc[r]);
+      if constexpr (F == Format::kQ4_1) {
+        const __m256 m =
+            _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 16)));
+        acc[r] = _mm256_fmadd_ps(m, _mm256_set1_ps(p.x->sum[rb]), acc[r]);
+      }
+    }
+  }
+  const int64_t n0 = g * kLanes, columns = std::min(kLanes, p.N - n0);
+  for (int r = 0; r < MR; ++r) {
+    alignas(32) float out[kLanes];
+    _mm256_store_ps(out, acc[r]);
+    float* y = p.y + (m0 + r) * p.N + n0;
+    for (int64_t c = 0; c < columns; ++c) y[c] = p.bias ? out[c] + p.bias[n0 + c] : out[c];
+  }
+}
+
+template <Format F>
+void run_widened(const Problem<int16_t>& p, int64_t M) {
+  using TileFn = void (*)(const Problem<int16_t>&, const __m256i*, int64_t, int64_t);
+  static constexpr TileFn kTiles[kMaxRows] = {&widened_tile<F, 1>, &widened_tile<F, 2>,
+                                              &widened_tile<F, 3>, &widened_tile<F, 4>};
+  const int64_t groups = (p.N + kLanes - 1) / kLanes, blocks = p.K / kBlock;
+  at::parallel_for(0, groups, 1, [&](int64_t g_begin, int64_t g_end) {
+    std::vector<__m256i> widened(blocks * kWidened);  // 32-byte aligned (C++17 new)
+    for (int64_t panel = 0; panel < M; panel += kUnpackPanel) {
+      const int64_t panel_end = std::min(M, panel + kUnpackPanel);
+      for (int64_t g = g_begin; g < g_end; ++g) {
+        widen_group<F>(p.w + g * blocks * group_block_bytes(F), blocks, widened.data());
+        for (int64_t m0 = panel; m0 < panel_end; m0 += kMaxRows) {
+          kTiles[std::min<int64_t>(kMaxRows, panel_end - m0) - 1](p, widened.data(), m0, g);
+        }
+      }
+    }
+  });
+}
+
 template <Format F, class A>
 void run(const Problem<A>& p, int64_t M) {
+  if constexpr (std::is_same_v<A, int16_t>) {
+    if (M >= kUnpackMinRows) return run_widened<F>(p, M);
+  }
   using TileFn = void (*)(const Problem<A>&, int64_t, int64_t);
   static constexpr TileFn kTiles[kMaxRows] = {&tile<F, A, 1>, &tile<F, A, 2>, &tile<F, A, 3>,
                                               &tile<F, A, 4>};
