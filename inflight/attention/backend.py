@@ -38,11 +38,11 @@ class AttentionBackend(Protocol):
         block_tables: torch.Tensor,
         slot_mapping: torch.Tensor,
         device: torch.device,
-        decodes: list[bool] | None = None,
+        decodes: list[int] | None = None,
     ) -> Any:
         """Index tensors shared by every layer of one step (CPU lists in, device tensors out).
-        `decodes[r]`: request r's query is its newest token and the drafts after it (default:
-        the one-token queries); see `prompt_and_decode_rows`."""
+        `decodes[r]`: how many of request r's last query tokens attend as decodes, each over the
+        cache up to its own position (default: the one-token queries); see `decode_counts`."""
         ...
 
     def decode_metadata(
@@ -90,11 +90,20 @@ def write_token_major(
     v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, value)
 
 
-def prompt_and_decode_rows(
-    query_start_loc: list[int], decodes: list[bool] | None = None
-) -> tuple[list[int], list[int]]:
-    """The step's requests with a prompt chunk and with a decode: by default a decode is one
-    query token; `decodes` also names those verifying drafts (their newest token, then drafts)."""
+def decode_counts(query_start_loc: list[int], decodes: list[int] | None = None) -> list[int]:
+    """How many of each request's last query tokens are decodes: `decodes` as given (the runner
+    names every token at or past its request's prompt: the newest token, drafts, and outputs
+    recomputed after a preemption), by default the one-token queries."""
     if decodes is None:
-        decodes = [b - a == 1 for a, b in pairwise(query_start_loc)]
-    return [r for r, d in enumerate(decodes) if not d], [r for r, d in enumerate(decodes) if d]
+        return [int(b - a == 1) for a, b in pairwise(query_start_loc)]
+    if len(decodes) != len(query_start_loc) - 1 or any(
+        not 0 <= n <= b - a for n, (a, b) in zip(decodes, pairwise(query_start_loc))
+    ):  # fmt: skip
+        raise ValueError(f"decodes {decodes} do not fit the queries {query_start_loc}")
+    return decodes
+
+
+def prompt_and_decode_rows(query_start_loc: list[int]) -> tuple[list[int], list[int]]:
+    """The step's requests with a prompt chunk and those with a one-token decode."""
+    counts = decode_counts(query_start_loc)
+    return [r for r, n in enumerate(counts) if not n], [r for r, n in enumerate(counts) if n]

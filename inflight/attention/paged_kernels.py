@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from inflight.attention.backend import (
-    prompt_and_decode_rows,
+    decode_counts,
     token_major_shapes,
     write_token_major,
 )
@@ -25,9 +25,10 @@ from inflight.attention.backend import (
 @dataclass
 class DecodeBatch:
     """Every decode of the step, for the kernel: no grouping, no masks. A request verifying
-    drafts gives one row per query token, each over the cache up to its own position: so each
-    token rounds exactly as it would decoded alone (the prefill kernel's online softmax sums in
-    another order), and greedy speculation keeps plain decoding's tokens in bf16 too."""
+    drafts, or recomputing outputs after a preemption, gives one row per such token, each over
+    the cache up to its own position: so each token rounds exactly as it would decoded alone
+    (the prefill kernel's online softmax sums in another order), greedy speculation keeps plain
+    decoding's tokens in bf16 too, and a preempted request its own."""
 
     rows: torch.Tensor  # [R] flat token index of each decoded token
     block_tables: torch.Tensor  # [R, MB] int64
@@ -78,25 +79,25 @@ class PagedKernelBackend:
         block_tables: torch.Tensor,
         slot_mapping: torch.Tensor,
         device: torch.device,
-        decodes: list[bool] | None = None,
+        decodes: list[int] | None = None,
     ) -> KernelMetadata:
-        prefill_rows, decode_rows = prompt_and_decode_rows(query_start_loc, decodes)
+        counts = decode_counts(query_start_loc, decodes)
+        q_lens = [b - a for a, b in zip(query_start_loc, query_start_loc[1:])]
         meta = KernelMetadata(slot_mapping=slot_mapping)
-        if decode_rows:
-            # (request, i): its i-th query token, at position start_pos + i
-            tokens = [(r, i) for r in decode_rows
-                      for i in range(query_start_loc[r + 1] - query_start_loc[r])]  # fmt: skip
+        # (request, i): its i-th query token, at position start_pos + i, one decode row each
+        tokens = [(r, i) for r, n in enumerate(counts) for i in range(q_lens[r] - n, q_lens[r])]
+        if tokens:
             meta.decode_batch = DecodeBatch(
                 rows=torch.tensor([query_start_loc[r] + i for r, i in tokens]).to(device),
                 block_tables=block_tables[torch.tensor([r for r, _ in tokens])].to(device),
                 seq_lens=torch.tensor([start_pos[r] + i + 1 for r, i in tokens]).to(device),
                 all_rows=len(tokens) == query_start_loc[-1],
             )
+        # the tokens before a request's decodes: one prompt chunk
+        prefill_rows = [r for r, n in enumerate(counts) if n < q_lens[r]]
         if prefill_rows:
-            chunks = [
-                (query_start_loc[r], query_start_loc[r + 1] - query_start_loc[r], start_pos[r])
-                for r in prefill_rows
-            ]
+            chunks = [(query_start_loc[r], q_lens[r] - counts[r], start_pos[r])
+                      for r in prefill_rows]  # fmt: skip
             meta.prefill_batch = PrefillBatch(
                 chunks=torch.tensor(chunks, dtype=torch.long).to(device),
                 block_tables=block_tables[torch.tensor(prefill_rows)].to(device),

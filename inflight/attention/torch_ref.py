@@ -134,10 +134,11 @@ class TorchReferenceBackend:
         block_tables: torch.Tensor,
         slot_mapping: torch.Tensor,
         device: torch.device,
-        decodes: list[bool] | None = None,
+        decodes: list[int] | None = None,
     ) -> AttentionMetadata:
-        # Drafts to verify are attended as a prompt chunk: the reference's batched decode groups
-        # round by their padding anyway, so it makes no promise of matching a lone decode.
+        # Drafts to verify (and outputs recomputed after a preemption) are attended as a prompt
+        # chunk: the reference's batched decode groups round by their padding anyway, so it
+        # makes no promise of matching a lone decode.
         prefill_rows, decode_rows = prompt_and_decode_rows(query_start_loc)
         prefills = [
             self._prefill_chunk(

@@ -72,8 +72,11 @@ def build_step_inputs(
     )  # [T]
 
     slot_mapping = slot_mapping.to(device)
-    # a request's newest token with the drafts after it: it attends as decodes (`DecodeBatch`)
-    decodes = [s.num_tokens == 1 + len(s.draft_token_ids) for s in scheduled]
+    # Every token at or past its request's prompt attends as a decode (`DecodeBatch`): the
+    # newest token, the drafts after it, and outputs recomputed after a preemption, which so
+    # get the values they got when first decoded (a prompt chunk's kernel rounds otherwise).
+    decodes = [max(0, s.start_pos + s.num_tokens - max(s.start_pos, len(s.prompt_token_ids)))
+               for s in scheduled]  # fmt: skip
     meta = attn_backend.build_metadata(
         query_start_loc, start_pos, block_tables, slot_mapping, device, decodes
     )

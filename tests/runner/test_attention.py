@@ -248,11 +248,45 @@ def test_verified_drafts_attend_bit_for_bit_as_lone_decodes(kernel, dtype):
                                       device, decodes)  # fmt: skip
         return meta, backend.forward(q[rows], key[rows], value[rows], k_cache, v_cache, meta)
 
-    meta, together = step([0, 5, 25], cached, [0, 1], list(range(25)), [True, False])
+    meta, together = step([0, 5, 25], cached, [0, 1], list(range(25)), [5, 0])
     assert len(meta.decode_batch.rows) == 5 and meta.prefill_batch.chunks.tolist() == [[5, 20, 30]]
     for i in range(5):  # the same token as a plain decode, its drafts not yet in the cache
         _, alone = step([0, 1], [cached[0] + i], [0], [i], None)
         assert torch.equal(together[i], alone[0]), f"row {i}"
+
+
+@pytest.mark.parametrize("kernel", ["cpu", pytest.param("triton", marks=INTERPRETED)])
+def test_a_recomputed_chunk_attends_its_outputs_as_lone_decodes(kernel):
+    """After a preemption a request recomputes its prompt and its outputs in one chunk: the
+    prompt part goes to the prefill kernel, as when it was first computed, and each output row
+    equals that token decoded alone, bit for bit, as it was first computed."""
+    gen = torch.Generator().manual_seed(5)
+    bs, kvh, h, d, num_blocks, prompt, outputs = 16, 3, 9, 64, 8, 37, 6
+    backend = CpuKernelBackend(bs) if kernel == "cpu" else TritonBackend(bs)
+    shapes = backend.cache_shapes(num_blocks, kvh, d)
+    k_cache, v_cache = (torch.randn(s, generator=gen) for s in shapes)
+    table = torch.randperm(num_blocks, generator=gen)[None]
+    n = prompt + outputs
+    q = torch.randn(n, h, d, generator=gen)
+    key, value = (torch.randn(n, kvh, d, generator=gen) for _ in range(2))
+    slots = torch.tensor([int(table[0, p // bs]) * bs + p % bs for p in range(n)])
+
+    def step(first, count, decodes):
+        rows = slice(first, first + count)
+        meta = backend.build_metadata([0, count], [first], table, slots[rows], torch.device("cpu"),
+                                      decodes)  # fmt: skip
+        return meta, backend.forward(q[rows], key[rows], value[rows], k_cache, v_cache, meta)
+
+    meta, recomputed = step(0, n, [outputs])
+    assert len(meta.decode_batch.rows) == outputs
+    assert meta.prefill_batch.chunks.tolist() == [[0, prompt, 0]]
+    _, prompt_alone = step(0, prompt, [0])
+    assert torch.equal(recomputed[:prompt], prompt_alone)
+    for i in range(outputs):
+        _, alone = step(prompt + i, 1, None)
+        assert torch.equal(recomputed[prompt + i], alone[0]), f"output {i}"
+    with pytest.raises(ValueError, match="do not fit the queries"):
+        backend.build_metadata([0, 3], [0], table, slots[:3], torch.device("cpu"), [4])
 
 
 def test_prefill_kernel_rejects_chunks_outside_its_inputs():

@@ -1,0 +1,55 @@
+"""A token's values never depend on its batch or on preemption: each of 32 greedy requests of the
+real default model gets the same tokens and the same log-probabilities, bit for bit, run alone
+as beside the 31 others, all at once or in a KV pool so small that requests are preempted and
+recomputed, their prompts chunked and mixed with decodes. (Tokens alone rarely show a
+difference: it takes a near-tie to flip one. The log-probabilities show any.)
+
+What keeps it: every linear row goes through the GGUF blocks with 16-bit activations whatever
+the step's size (float32 on the 8-column layout, the default there), and every token at or past
+its prompt attends as a decode, recomputed outputs included (runner/step_inputs.py). Before
+either, all 32 requests' log-probabilities moved."""
+
+from __future__ import annotations
+
+import pytest
+
+from inflight import LLM, SamplingParams
+from inflight.model.packed_linear import decode_rows_from_blocks
+
+pytestmark = pytest.mark.integration
+
+SETTINGS = {
+    "all_at_once": {},
+    # 24 blocks of 16 tokens hold one long request and a few short ones
+    "preempted": {"num_kv_blocks": 24, "max_num_batched_tokens": 192},
+}
+
+
+def greedy(llm: LLM, prompts: list[list[int]]) -> list[tuple[list[int], list[float]]]:
+    params = [SamplingParams(temperature=0, max_tokens=16 + 4 * (i % 4), ignore_eos=True,
+                             logprobs=0) for i in range(len(prompts))]  # fmt: skip
+    outputs = [o.outputs[0] for o in llm.generate(prompts, params, use_tqdm=False)]
+    return [(o.token_ids, [lp.logprob for lp in o.logprobs]) for o in outputs]
+
+
+@pytest.fixture(scope="module")
+def alone(smollm_prompts, loaded_float32):
+    prompts = (smollm_prompts * 2)[:32]
+    llm = LLM(dtype="float32", loaded_model=loaded_float32(), max_num_seqs=1)
+    return prompts, greedy(llm, prompts)
+
+
+@pytest.mark.skipif(
+    decode_rows_from_blocks(16),
+    reason="AVX-512 VNNI: prompt rows still change kernels with their count (gguf_linear or "
+    "oneDNN in float32, inflight's bf16 kernel or oneDNN in bf16)",
+)
+@pytest.mark.parametrize("setting", list(SETTINGS))
+def test_greedy_values_do_not_depend_on_the_batch_or_on_preemption(alone, loaded_float32,
+                                                                   setting):  # fmt: skip
+    prompts, want = alone
+    llm = LLM(dtype="float32", loaded_model=loaded_float32(), **SETTINGS[setting])
+    got = greedy(llm, prompts)
+    assert (llm.core.scheduler.num_preemptions > 0) == (setting == "preempted")
+    moved = [i for i, (g, w) in enumerate(zip(got, want, strict=True)) if g != w]
+    assert not moved, f"requests {moved} changed with the batch"
