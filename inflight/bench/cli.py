@@ -76,7 +76,8 @@ def load_workload(args: argparse.Namespace, tokenizer) -> list[WorkloadRequest]:
 def add_bench_parser(sub: Any, add_engine_flags: Callable[[argparse.ArgumentParser], None]) -> None:
     bench = sub.add_parser(
         "bench",
-        help="benchmarks: offline, compare, roofline, serve, soak, fleet, calibrate, agreement",
+        help="benchmarks: offline, compare, roofline, serve, soak, fleet, calibrate, agreement, "
+        "memory",
     )
     modes = bench.add_subparsers(dest="bench_command", required=True)
     fmt = argparse.ArgumentDefaultsHelpFormatter
@@ -187,6 +188,16 @@ def add_bench_parser(sub: Any, add_engine_flags: Callable[[argparse.ArgumentPars
     serve.add_argument("--repeats", type=int, default=1, help="runs of each rate (default: 1)")
     add_workload_flags(serve)
 
+    memory = modes.add_parser(
+        "memory", formatter_class=fmt,
+        help="peak memory of `inflight serve` (and `llama-server`) on one file: weights, KV "
+        "pool, runtime, start-up time",
+    )  # fmt: skip
+    memory.add_argument("--llama-server", type=Path, default=None,
+                        help="llama.cpp's llama-server binary, run on the same file")  # fmt: skip
+    add_workload_flags(memory)
+    add_engine_flags(memory)
+
     soak = modes.add_parser(
         "soak",
         formatter_class=fmt,
@@ -263,6 +274,18 @@ def run_bench(args: argparse.Namespace, knobs: dict[str, Any]) -> int:
                               args.num_requests))  # fmt: skip
         logger.info("results in %s", out)
         return 0
+    elif args.bench_command == "memory":
+        from inflight.bench.memory import run_memory
+        from inflight.model.loader import resolve_model_path
+        from inflight.tokenizer import load_tokenizer
+
+        model = resolve_model_path(knobs.get("model"))
+        workload = load_workload(args, load_tokenizer(model))
+        knobs = {k: v for k, v in knobs.items() if k != "model"}
+        runs = run_memory(model, workload, knobs, args.llama_server, out)
+        logger.info("results in %s", out)
+        print((out / "summary.md").read_text())
+        return 0 if all(r.error is None for r in runs) else 1
     elif args.bench_command == "agreement":
         from inflight.bench.agreement import run_agreement
 

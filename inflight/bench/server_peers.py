@@ -39,12 +39,23 @@ def free_port() -> int:
 
 
 def start_server(
-    cmd: list[str], url: str, ready: Any = lambda response: True, timeout_s: float = 600
+    cmd: list[str],
+    url: str,
+    ready: Any = lambda response: True,
+    timeout_s: float = 600,
+    log: Path | None = None,
+    started: Any = lambda proc: None,
 ) -> subprocess.Popen:
-    """Starts `cmd` in a session of its own and waits until `url/health` answers 200 and
-    `ready(response)` holds."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)  # fmt: skip
+    """Starts `cmd` in a session of its own (its output to `log`, if given; `started(proc)` is
+    called at once) and waits until `url/health` answers 200 and `ready(response)` holds."""
+    output = subprocess.DEVNULL if log is None else log.open("wb")
+    try:
+        proc = subprocess.Popen(cmd, stdout=output, stderr=subprocess.STDOUT,
+                                start_new_session=True)  # fmt: skip
+    finally:
+        if log is not None:
+            output.close()  # the child holds its own descriptor
+    started(proc)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -109,16 +120,23 @@ def run_server(name: str, cmd: list[str], port: int, model: str,
         stop_server(proc)
 
 
+def llama_server_cmd(binary: Path, gguf: Path, workload: list[WorkloadRequest], parallel: int,
+                     port: int) -> list[str]:  # fmt: skip
+    """`llama-server` with `parallel` slots sharing a context of that many times the workload's
+    longest request, continuous batching, every core."""
+    longest = max(len(r.prompt_token_ids) + r.max_tokens for r in workload)
+    threads = str(os.cpu_count() or 1)
+    return [str(binary), "--model", str(gguf), "--host", "127.0.0.1", "--port", str(port),
+            "--parallel", str(parallel), "--ctx-size", str(parallel * longest),
+            "--cont-batching", "--threads", threads, "--threads-batch", threads,
+            "--no-webui"]  # fmt: skip
+
+
 def run_llama_server(
     binary: Path, gguf: Path, workload: list[WorkloadRequest], parallel: int
 ) -> RunResult:
-    longest = max(len(r.prompt_token_ids) + r.max_tokens for r in workload)
-    threads = str(os.cpu_count() or 1)
     port = free_port()
-    cmd = [str(binary), "--model", str(gguf), "--host", "127.0.0.1", "--port", str(port),
-           "--parallel", str(parallel), "--ctx-size", str(parallel * longest),
-           "--cont-batching", "--threads", threads, "--threads-batch", threads,
-           "--no-webui"]  # fmt: skip
+    cmd = llama_server_cmd(binary, gguf, workload, parallel, port)
     return run_server("llama-server", cmd, port, gguf.stem, workload)
 
 

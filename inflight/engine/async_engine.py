@@ -135,6 +135,8 @@ class AsyncLLM(FrontEnd):
         self.max_queued_requests = max_queued_requests
         self.request_timeout = request_timeout
         self.metrics = EngineMetrics(self.knobs())
+        self.metrics.weight_bytes.set(self.core.loaded.weight_bytes)
+        self.metrics.kv_cache_bytes.set(self.core.kv_cache.num_bytes)
         self.feed = LiveFeed()  # the dashboard's data
         self._inbox: queue.Queue[_Add | _Finish | None] = queue.Queue()
         self._streams: dict[str, asyncio.Queue[RequestOutput | BaseException]] = {}

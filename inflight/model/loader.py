@@ -84,6 +84,20 @@ class LoadedModel:
     def dtype(self) -> torch.dtype:
         return self.model.embed_tokens.weight.dtype
 
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes the model's weights hold in memory: parameters and buffers (GGUF blocks, packed
+        copies), each storage once; a weight kept only as its blocks has no float bytes."""
+        storages = {}
+        for t in [*self.model.parameters(), *self.model.buffers()]:
+            if t.device.type == "meta":
+                continue
+            if t.layout == torch.strided:
+                storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            else:  # oneDNN's packing is opaque: about its logical size
+                storages[id(t)] = t.numel() * t.element_size()
+        return sum(storages.values())
+
     def mismatch(self, dtype: torch.dtype, quantized_activations: str) -> str | None:
         """Why an engine computing in `dtype` with `quantized_activations` cannot reuse these
         weights (they are cast and packed for one of each), or None when it can."""

@@ -200,3 +200,32 @@ def test_soak_starts_a_server_and_accounts_for_every_request(tiny_llama, tmp_pat
     assert summary["health_failed"] == 0 and summary["health_polls"] > 0
     assert summary["rss_start_mib"] > 0
     assert (out / "soak.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_memory_splits_a_real_servers_peak(tiny_llama, tmp_path):
+    """`bench memory` starts `inflight serve`, runs a workload through it and splits its peak
+    RSS: the pool exactly as configured, weights as the server reports them."""
+    out = tmp_path / "memory"
+    code = main(["bench", "memory", str(tiny_llama), "--workload", "longtail", "--num-requests",
+                 "4", "--out", str(out), *TINY])  # fmt: skip
+    assert code == 0
+    (run,) = json.loads((out / "memory.json").read_text())["runs"]
+    assert run["server"] == "inflight-serve" and run["error"] is None
+    kv_per_token = 2 * 2 * 2 * 16 * 4  # layers x K,V x kv heads x head dim x float32 bytes
+    assert run["kv_bytes"] == 256 * 16 * kv_per_token
+    assert 0 < run["weight_bytes"] < run["peak_rss_bytes"]
+    assert run["runtime_bytes"] == run["peak_rss_bytes"] - run["weight_bytes"] - run["kv_bytes"]
+    assert run["ready_s"] > 0 and "| inflight-serve |" in (out / "summary.md").read_text()
+    assert (out / "memory.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_memory_reads_llama_servers_kv_size_from_its_log():
+    from inflight.bench.memory import llama_server_kv_bytes, metric
+
+    log = ("llama_kv_cache:        CPU KV buffer size =   120.00 MiB\n"
+           "llama_kv_cache: size =  120.00 MiB (  2048 cells,  30 layers,  1/1 seqs), K (f16): "
+           "60.00 MiB, V (f16):   60.00 MiB\n")  # fmt: skip
+    assert llama_server_kv_bytes(log) == 120 * 2**20  # the total, not the buffer line too
+    assert llama_server_kv_bytes("no cache here") is None
+    text = "# HELP x\ninflight_kv_cache_bytes 4.096e+03\n"
+    assert metric(text, "inflight_kv_cache_bytes") == 4096
