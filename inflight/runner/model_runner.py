@@ -68,16 +68,19 @@ class ModelRunner:
         if scratch is None:
             raise ValueError("warming up needs a KV cache with a scratch block")
 
+        greedy = SamplingParams(temperature=0)  # draws nothing from the shared generator
+
         def chunk(name: str, num_tokens: int) -> ScheduledRequest:
             tokens = [0] * num_tokens
             table = [scratch] * -(-num_tokens // self.block_size)
-            greedy = SamplingParams(temperature=0)  # draws nothing from the shared generator
             return ScheduledRequest(name, tokens, 0, table, True, greedy, tokens, [])
 
         sizes = [WARM_UP_CHUNK] * (num_prompt_tokens // WARM_UP_CHUNK)
         sizes += [num_prompt_tokens % WARM_UP_CHUNK] if num_prompt_tokens % WARM_UP_CHUNK else []
         scheduled = [chunk(f"warm-up {i}", n) for i, n in enumerate(sizes)]
-        scheduled.append(chunk("warm-up decode", 1))  # one query token: a decode
+        # a decode: the token after a one-token prompt
+        decode = ScheduledRequest("warm-up decode", [0], 1, [scratch] * 2, True, greedy, [0], [0])
+        scheduled.append(decode)
         inputs = self.prepare_inputs(SchedulerOutput(scheduled))
         logits = self.model(inputs.input_ids, inputs.positions, self.kv_cache.layers,
                             inputs.attn_metadata, inputs.logits_indices)  # fmt: skip
