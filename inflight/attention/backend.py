@@ -96,8 +96,9 @@ def decode_counts(query_start_loc: list[int], decodes: list[int] | None = None) 
     recomputed after a preemption), by default the one-token queries."""
     if decodes is None:
         return [int(b - a == 1) for a, b in pairwise(query_start_loc)]
-    if len(decodes) != len(query_start_loc) - 1 or any(
-        not 0 <= n <= b - a for n, (a, b) in zip(decodes, pairwise(query_start_loc))
+    q_lens = [b - a for a, b in pairwise(query_start_loc)]
+    if len(decodes) != len(q_lens) or any(
+        not 0 <= n <= q for n, q in zip(decodes, q_lens, strict=True)
     ):  # fmt: skip
         raise ValueError(f"decodes {decodes} do not fit the queries {query_start_loc}")
     return decodes

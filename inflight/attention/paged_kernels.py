@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import pairwise
 
 import torch
 
@@ -82,7 +83,7 @@ class PagedKernelBackend:
         decodes: list[int] | None = None,
     ) -> KernelMetadata:
         counts = decode_counts(query_start_loc, decodes)
-        q_lens = [b - a for a, b in zip(query_start_loc, query_start_loc[1:])]
+        q_lens = [b - a for a, b in pairwise(query_start_loc)]
         meta = KernelMetadata(slot_mapping=slot_mapping)
         # (request, i): its i-th query token, at position start_pos + i, one decode row each
         tokens = [(r, i) for r, n in enumerate(counts) for i in range(q_lens[r] - n, q_lens[r])]

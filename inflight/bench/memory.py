@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import torch
 
 from inflight.bench.external_peer import tree_rss_kib
 from inflight.bench.serve import run_rate
@@ -33,6 +34,8 @@ from inflight.bench.server_peers import (
     start_server,
     stop_server,
 )
+from inflight.model.gguf_loader import read_gguf_index
+from inflight.runner.kv_cache import kv_bytes_per_token
 from inflight.workload.requests import WorkloadRequest
 
 GIB = 2**30
@@ -91,7 +94,8 @@ def metric(text: str, name: str) -> float | None:
 
 
 def measure(name: str, cmd: list[str], port: int, model_name: str, file_bytes: int,
-            workload: list[WorkloadRequest], log: Path) -> MemoryRun:  # fmt: skip
+            workload: list[WorkloadRequest], log: Path,
+            f16_bytes_per_token: int = 0) -> MemoryRun:  # fmt: skip
     """Starts `cmd`, measures its start-up and peak RSS through the workload, stops it."""
     run = MemoryRun(server=name, file_bytes=file_bytes)
     url = f"http://127.0.0.1:{port}"
@@ -120,15 +124,21 @@ def measure(name: str, cmd: list[str], port: int, model_name: str, file_bytes: i
         run.peak_rss_bytes = sampler[0].stop()
     if name == "llama-server":
         run.weight_bytes = file_bytes  # mapped whole
-        run.kv_bytes = llama_server_kv_bytes(log.read_text(errors="replace"))
+        run.kv_bytes = llama_server_kv_bytes(log.read_text(errors="replace"), f16_bytes_per_token)
     return run
 
 
-def llama_server_kv_bytes(log: str) -> int | None:
+def llama_server_kv_bytes(log: str, f16_bytes_per_token: int) -> int | None:
     """The KV cache's size from llama.cpp's start-up log: `llama_kv_cache: size = X MiB` per
-    cache (two where a model mixes sliding-window layers), not its per-buffer lines."""
+    cache (two where a model mixes sliding-window layers) where it logs them, else its slots
+    times their context (`n_slots = S, n_ctx_slot = C`) in its default f16 cache."""
     sizes = re.findall(r"llama_kv_cache: size =\s*([\d.]+) MiB", log)
-    return int(sum(float(s) for s in sizes) * 2**20) if sizes else None
+    if sizes:
+        return int(sum(float(s) for s in sizes) * 2**20)
+    slots = re.search(r"n_slots = (\d+), n_ctx_slot = (\d+)", log)
+    if slots is None:
+        return None
+    return int(slots.group(1)) * int(slots.group(2)) * f16_bytes_per_token
 
 
 def run_memory(model: Path, workload: list[WorkloadRequest], knobs: dict[str, Any],
@@ -148,8 +158,9 @@ def run_memory(model: Path, workload: list[WorkloadRequest], knobs: dict[str, An
         port = free_port()
         parallel = knobs.get("max_num_seqs") or 64
         cmd = llama_server_cmd(llama_server, model, workload, parallel, port)
+        f16_bytes_per_token = kv_bytes_per_token(read_gguf_index(model).arch, torch.float16)
         runs.append(measure("llama-server", cmd, port, model.stem, file_bytes, workload,
-                            out / "llama-server.log"))  # fmt: skip
+                            out / "llama-server.log", f16_bytes_per_token))  # fmt: skip
     write_report(runs, model, out)
     return runs
 

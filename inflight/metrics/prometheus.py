@@ -127,8 +127,9 @@ class EngineMetrics:
             name("requests_rejected"), "Requests refused (queue full) or ended by the request "
             "timeout", ["reason"], registry=r,
         )  # fmt: skip
-        self.weight_bytes = Gauge(name("model_weights_bytes"),
-                                  "Bytes the model's weights hold in memory", registry=r)  # fmt: skip
+        self.weight_bytes = Gauge(
+            name("model_weights_bytes"), "Bytes of the model's weights in memory", registry=r
+        )
         self.kv_cache_bytes = Gauge(name("kv_cache_bytes"), "Bytes of the KV pool", registry=r)
         self.config = Info(name("config"), "Engine knobs in effect", registry=r)
         self.config.info({k: str(v) for k, v in knobs.items()})

@@ -225,7 +225,9 @@ def test_memory_reads_llama_servers_kv_size_from_its_log():
     log = ("llama_kv_cache:        CPU KV buffer size =   120.00 MiB\n"
            "llama_kv_cache: size =  120.00 MiB (  2048 cells,  30 layers,  1/1 seqs), K (f16): "
            "60.00 MiB, V (f16):   60.00 MiB\n")  # fmt: skip
-    assert llama_server_kv_bytes(log) == 120 * 2**20  # the total, not the buffer line too
-    assert llama_server_kv_bytes("no cache here") is None
+    assert llama_server_kv_bytes(log, 7) == 120 * 2**20  # the total, not the buffer line too
+    assert llama_server_kv_bytes("no cache here", 7) is None
+    quiet = "srv    load_model: initializing, n_slots = 16, n_ctx_slot = 512, kv_unified = 'false'"
+    assert llama_server_kv_bytes(quiet, 7) == 16 * 512 * 7  # slots x context, f16 bytes
     text = "# HELP x\ninflight_kv_cache_bytes 4.096e+03\n"
     assert metric(text, "inflight_kv_cache_bytes") == 4096
