@@ -361,6 +361,9 @@ void widened_tile(const Problem<int16_t>& p, const __m256i* wv, int64_t m0, int6
         const __m256i x4 = broadcast4(xb + widened_x_offset<F>(s));
         l = add_pair_dots(l, _mm256_load_si256(v + 2 * s), x4);
         h = add_pair_dots(h, _mm256_load_si256(v + 2 * s + 1), x4);
+        // keeps each step's sum in its register: left free, GCC computes all 16 products
+        // first and spills them to the stack before adding
+        asm("" : "+x"(l), "+x"(h));
       }
       lo[r] = l;
       hi[r] = h;
