@@ -21,8 +21,12 @@ from inflight.core.sizing import cdiv, num_blocks_for_budget, resolve_max_model_
 from inflight.engine.profiling import NO_TIMER, PhaseTimer, Timer
 from inflight.errors import ConfigError, ModelFailedError
 from inflight.metrics.stats import StepStats
+from inflight.model.arch import LlamaArchConfig
 from inflight.model.loader import (
     LoadedModel,
+    arch_config,
+    check_memory_fits,
+    estimated_weight_bytes,
     load_model,
     resolve_model_path,
     resolve_quantized_activations,
@@ -62,6 +66,9 @@ class EngineCore:
         )
         if loaded is None:
             path = resolve_model_path(config.model.model)
+            if device.type == "cpu":  # the weights and the pool share the machine's memory
+                check_memory_fits(path, estimated_weight_bytes(path, dtype, activations),
+                                  self._kv_bytes(config, arch_config(path), dtype))  # fmt: skip
             loaded = load_model(path, dtype, device, block_size, config.model.attention_backend,
                                 activations)  # fmt: skip
         elif why := loaded.mismatch(dtype, activations):
@@ -136,6 +143,19 @@ class EngineCore:
             max_model_len,
         )
         assert cdiv(max_model_len, block_size) <= num_blocks
+
+    @staticmethod
+    def _kv_bytes(config: EngineConfig, arch: LlamaArchConfig, dtype: torch.dtype) -> int:
+        """The target's KV pool as the budget sizes it (`num_kv_blocks`, else the budget capped
+        at what `max_num_seqs` requests of the longest length could use)."""
+        block_size = config.cache.kv_block_size
+        per_token = kv_bytes_per_token(arch, dtype)
+        blocks = config.cache.num_kv_blocks or num_blocks_for_budget(
+            per_token, block_size, config.cache.kv_cache_memory_bytes,
+            config.scheduler.max_num_seqs,
+            config.model.max_model_len or arch.max_position_embeddings,
+        )  # fmt: skip
+        return blocks * block_size * per_token
 
     @staticmethod
     def _load_drafter(

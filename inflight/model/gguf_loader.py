@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cached_property
@@ -54,9 +55,46 @@ _TOP_NAMES = {
 }
 
 
+class _CheckedReader(GGUFReader):
+    """gguf's reader, checking each tensor's header against the file before mapping its data:
+    the reader alone fails on a truncated or inconsistent tensor with a numpy reshape error
+    that names nothing."""
+
+    def _build_tensors(self, start_offs: int, fields: list) -> None:
+        for field in fields:
+            _, name, _, dims, raw_type, offset = field.parts
+            shape = [int(d) for d in dims]
+            check_tensor(bytes(name).decode(errors="replace"), int(raw_type[0]), shape,
+                         int(start_offs + offset[0]), len(self.data))  # fmt: skip
+        super()._build_tensors(start_offs, fields)
+
+
+def check_tensor(name: str, raw_type: int, dims: list[int], data_offset: int,
+                 file_size: int) -> None:  # fmt: skip
+    """Refuses, naming the tensor, a header whose type is unknown, whose rows do not divide
+    into its type's blocks, or whose data would run past the end of the file."""
+    try:
+        kind = GGMLQuantizationType(raw_type)
+        block_size, block_bytes = GGML_QUANT_SIZES[kind]
+    except (ValueError, KeyError):
+        raise ModelLoadError(f"tensor {name!r} has unknown type {raw_type}") from None
+    if not dims or any(d <= 0 for d in dims):
+        raise ModelLoadError(f"tensor {name!r} has shape {dims}")
+    if dims[0] % block_size:
+        raise ModelLoadError(f"tensor {name!r}: rows of {dims[0]} values do not divide into "
+                             f"{kind.name} blocks of {block_size}")  # fmt: skip
+    size = int(np.prod(dims, dtype=object)) // block_size * block_bytes
+    if data_offset + size > file_size:
+        raise ModelLoadError(f"tensor {name!r} ({kind.name}, {dims}) runs past the end of the "
+                             f"file: its {size} bytes at offset {data_offset}, the file has "
+                             f"{file_size}")  # fmt: skip
+
+
 def open_gguf(path: Path) -> GGUFReader:
     try:
-        return GGUFReader(path)
+        return _CheckedReader(path)
+    except ModelLoadError as e:
+        raise ModelLoadError(f"{path}: {e}") from None
     except Exception as e:  # the gguf package raises many kinds on bad bytes
         raise ModelLoadError(f"{path}: not a valid GGUF file ({type(e).__name__}: {e})") from e
 
@@ -182,9 +220,17 @@ def read_gguf_index(path: Path) -> GGUFIndex:
     cached = cache_dir() / "gguf-index" / f"{file_cache_key(path)}-v{INDEX_VERSION}.json"
     try:
         saved = json.loads(cached.read_text())
-        return GGUFIndex(path, _arch_from_json(saved["arch"]), saved["tensors"])
+        index = GGUFIndex(path, _arch_from_json(saved["arch"]), saved["tensors"])
     except (OSError, ValueError, KeyError, TypeError):
         pass  # not indexed yet, or an index from another version: parse the file
+    else:  # (the key covers size and mtime; the check is cheap, and what a reload relies on)
+        size = path.stat().st_size
+        for e in index.entries:
+            try:
+                check_tensor(e["name"], e["type"], e["shape"], e["offset"], size)
+            except ModelLoadError as err:
+                raise ModelLoadError(f"{path}: {err}") from None
+        return index
     reader = open_gguf(path)
     arch = gguf_arch_config(reader, path)
     entries = [{"name": t.name, "type": int(t.tensor_type), "shape": [int(d) for d in t.shape],
@@ -241,8 +287,10 @@ def iter_gguf_weights(
             if heads is not None:
                 array = None if array is None else unpermute_qk(array, heads)
                 raw = None if raw is None else unpermute_qk(raw, heads)
-        if raw is not None:
-            blocks[name] = torch.from_numpy(np.array(raw, order="C"))  # a copy off the file
+        if raw is not None:  # a view of the mapped file where it is contiguous (no copy)
+            with warnings.catch_warnings():  # the mapping is read-only, and so is every reader
+                warnings.filterwarnings("ignore", "The given NumPy array is not writable")
+                blocks[name] = torch.from_numpy(np.ascontiguousarray(raw))
         if array is None:
             if raw is None:
                 kind = tensor.tensor_type.name

@@ -10,11 +10,13 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-from collections.abc import Iterator
+import math
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
+import numpy as np
 import torch
 from safetensors import SafetensorError, safe_open
 from torch import nn
@@ -173,17 +175,37 @@ def _iter_safetensors(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
             raise ModelLoadError(f"{f}: corrupt or unreadable safetensors file ({e})") from e
 
 
-def gguf_blocks_by_module(
-    model: LlamaModel, blocks: dict[str, torch.Tensor]
-) -> dict[str, torch.Tensor]:
+class ModuleBlocks(Mapping[str, torch.Tensor]):
     """Each linear layer's GGUF blocks, where every weight it fuses came as blocks of one format
-    (the blocks of fused parts concatenate along the rows, as the weights do)."""
-    by_module = {}
-    for module, sources in model.linear_sources().items():
-        parts = [blocks.get(name) for name in sources]
-        if all(p is not None for p in parts) and len({p.shape[1:] for p in parts}) == 1:
-            by_module[module] = torch.cat(parts) if len(parts) > 1 else parts[0]
-    return by_module
+    (the blocks of fused parts concatenate along the rows, as the weights do). A layer's are
+    concatenated when read, and `pop` lets its parts go: the fused copies of a model never all
+    exist at once, nor beside all the parts (a large model's load would hold its weights twice)."""
+
+    def __init__(self, model: LlamaModel, blocks: dict[str, torch.Tensor]) -> None:
+        self._blocks = blocks
+        self._sources = {}
+        for module, sources in model.linear_sources().items():
+            parts = [blocks.get(name) for name in sources]
+            if all(p is not None for p in parts) and len({p.shape[1:] for p in parts}) == 1:
+                self._sources[module] = sources
+
+    def __getitem__(self, module: str) -> torch.Tensor:
+        parts = [self._blocks[name] for name in self._sources[module]]
+        return torch.cat(parts) if len(parts) > 1 else parts[0]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._sources)
+
+    def __len__(self) -> int:
+        return len(self._sources)
+
+    def pop(self, module: str, default: torch.Tensor | None = None) -> torch.Tensor | None:
+        if module not in self._sources:
+            return default
+        blocks = self[module]
+        for name in self._sources.pop(module):
+            self._blocks.pop(name, None)
+        return blocks
 
 
 @contextlib.contextmanager
@@ -201,18 +223,101 @@ def skip_weight_init() -> Iterator[None]:
             setattr(nn.init, name, init)
 
 
+def arch_config(path: Path) -> LlamaArchConfig:
+    """The model's architecture from its GGUF metadata or config.json, without its weights."""
+    return read_gguf_index(path).arch if is_gguf(path) else load_hf_arch_config(path)
+
+
+def estimated_weight_bytes(path: Path, dtype: torch.dtype, quantized_activations: str) -> int:
+    """About the bytes `load_model` will hold for the model's weights, from the file's headers
+    alone: GGUF blocks that take every batch as themselves, everything else in `dtype`."""
+    size = torch.empty(0, dtype=dtype).element_size()
+    if not is_gguf(path):
+        numel = 0
+        for f in _safetensors_files(path):
+            try:
+                with safe_open(f, framework="pt") as reader:
+                    names = list(reader.keys())
+                    numel += sum(math.prod(reader.get_slice(n).get_shape()) for n in names)
+            except (SafetensorError, OSError) as e:
+                raise ModelLoadError(f"{f}: corrupt or unreadable safetensors file ({e})") from e
+        return numel * size
+    index = read_gguf_index(path)
+    bits = ACTIVATION_BITS["int16" if quantized_activations == "auto" else quantized_activations]
+    blocks_only = blocks_serve_every_batch(dtype, bits)
+    kernel_types = {int(t) for t in KERNEL_BLOCK_TYPES}
+    total = 0
+    for e in index.entries:
+        numel = math.prod(e["shape"])
+        if blocks_only and e["type"] in kernel_types and len(e["shape"]) == 2:
+            total += math.prod(e["data_shape"]) * np.dtype(e["dtype"]).itemsize
+            if e["name"] == "token_embd.weight":  # the embedding indexes float rows
+                total += numel * size
+        else:
+            total += numel * size
+    return total
+
+
+def available_memory_bytes() -> int | None:
+    """Memory this process may still take: the kernel's MemAvailable, or less where a cgroup
+    limit binds; None where neither can be read."""
+    found = []
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                found.append(int(line.split()[1]) * 1024)
+    except OSError:
+        pass
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if limit != "max":
+            used = int(Path("/sys/fs/cgroup/memory.current").read_text())
+            found.append(int(limit) - used)
+    except (OSError, ValueError):
+        pass
+    return min(found) if found else None
+
+
+def check_memory_fits(path: Path, weight_bytes: int, kv_bytes: int) -> None:
+    """Refuses, before anything is loaded, a model whose weights and KV pool will not fit the
+    memory available, with the numbers (rather than an out-of-memory kill halfway)."""
+    available = available_memory_bytes()
+    if available is None or weight_bytes + kv_bytes <= available:
+        return
+    gib = 2**30
+    raise ModelLoadError(
+        f"{path.name} needs about {weight_bytes / gib:.2f} GiB for its weights and "
+        f"{kv_bytes / gib:.2f} GiB for the KV pool, and {available / gib:.2f} GiB of memory is "
+        "available: lower kv_cache_memory_bytes (--kv-cache-memory-bytes) or num_kv_blocks, or "
+        "serve a smaller model"
+    )
+
+
 def drop_block_weights(model: LlamaModel, index: GGUFIndex) -> set[str]:
     """Takes the float weight off every linear of `model` (still on the meta device) whose
     parts all come as GGUF blocks the kernels read; returns the file's names that therefore
     need no float tensor (a tied LM head's embedding still needs its own)."""
-    kinds = {hf_name(e["name"]): (e["type"], len(e["shape"])) for e in index.entries}
+    entries = {hf_name(e["name"]): e for e in index.entries}
     kernel_kinds = {(int(t), 2) for t in KERNEL_BLOCK_TYPES}
     dropped = []
     for module, sources in model.linear_sources().items():
-        found = {kinds.get(name) for name in sources}
-        if len(found) == 1 and found <= kernel_kinds:
-            model.get_submodule(module).register_parameter("weight", None)
-            dropped.extend(sources)
+        found = {(entries[n]["type"], len(entries[n]["shape"])) if n in entries else None
+                 for n in sources}  # fmt: skip
+        if len(found) != 1 or not found <= kernel_kinds:
+            continue
+        # the shapes the float weights would have been checked against (GGUF lists dims
+        # fastest-first: [in_features, out_features])
+        linear = model.get_submodule(module)
+        rows = sum(entries[n]["shape"][1] for n in sources)
+        if any(entries[n]["shape"][0] != linear.in_features for n in sources) or (
+            rows != linear.out_features
+        ):  # fmt: skip
+            shapes = {entries[n]["name"]: entries[n]["shape"][::-1] for n in sources}
+            raise ModelLoadError(f"{index.path}: tensors {shapes} do not make the "
+                                 f"[{linear.out_features}, {linear.in_features}] weight of "
+                                 f"{module} the config asks for")  # fmt: skip
+        linear.register_parameter("weight", None)
+        dropped.extend(sources)
     params = {name for name, _ in model.named_parameters()}
     skip = {name for name in dropped if name.removeprefix("model.") not in params}
     return skip
@@ -280,10 +385,9 @@ def load_model(
     )
     if can_pack(dtype, device):
         small_rows = packed_linear.SMALL_BATCH_ROWS if kernels else 0
-        by_module = gguf_blocks_by_module(model, blocks or {})
+        pack_linears(model, small_rows, ModuleBlocks(model, blocks or {}), bits)
         if blocks:
-            blocks.clear()  # the fused parts' own copies go now; pack_linears frees the rest
-        pack_linears(model, small_rows, by_module, bits)
+            blocks.clear()  # parts no linear took (with views of the file, its mapping)
         # Once per loaded model (engines may share it): decode batch sizes up to 64 that oneDNN
         # serves (none where the bf16 kernel does); larger ones cost more to warm than their
         # first use does.

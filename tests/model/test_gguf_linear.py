@@ -18,7 +18,7 @@ from inflight.attention import TorchReferenceBackend
 from inflight.kernels import load_extension
 from inflight.model.gguf_loader import KERNEL_BLOCK_TYPES, gguf_arch_config, iter_gguf_weights
 from inflight.model.llama import LlamaModel
-from inflight.model.loader import gguf_blocks_by_module, load_hf_arch_config
+from inflight.model.loader import ModuleBlocks, load_hf_arch_config
 from inflight.model.packed_linear import GGUF_SMALL_BATCH_ROWS, PackedLinear, can_pack
 from tests.gguf_files import write_tiny_gguf
 
@@ -155,13 +155,18 @@ def test_fused_projections_take_blocks_only_when_all_parts_share_one_format(tiny
 
     blocks = {name: torch.full((rows, 2, 20), i, dtype=torch.uint8)
               for i, (name, rows) in enumerate(zip(qkv, (8, 4, 4), strict=True))}  # fmt: skip
-    fused = gguf_blocks_by_module(model, blocks)
+    fused = ModuleBlocks(model, blocks)
     assert list(fused) == ["layers.0.qkv_proj"]
-    assert torch.equal(fused["layers.0.qkv_proj"], torch.cat([blocks[n] for n in qkv]))
+    want = torch.cat([blocks[n] for n in qkv])
+    assert torch.equal(fused["layers.0.qkv_proj"], want)
+    assert torch.equal(fused.pop("layers.0.qkv_proj"), want)  # and its parts go with it
+    assert fused == {} and blocks == {} and fused.pop("layers.0.qkv_proj") is None
+    blocks = {name: torch.full((rows, 2, 20), i, dtype=torch.uint8)
+              for i, (name, rows) in enumerate(zip(qkv, (8, 4, 4), strict=True))}  # fmt: skip
     blocks[qkv[1]] = torch.zeros(4, 1, 34, dtype=torch.uint8)  # k_proj in Q8_0: no fused blocks
-    assert gguf_blocks_by_module(model, blocks) == {}
+    assert ModuleBlocks(model, blocks) == {}
     del blocks[qkv[1]]
-    assert gguf_blocks_by_module(model, blocks) == {}
+    assert ModuleBlocks(model, blocks) == {}
 
 
 @pytest.mark.parametrize("qtype", (Q.Q4_1, Q.Q8_0), ids=lambda q: q.name)
