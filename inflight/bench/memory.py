@@ -35,6 +35,7 @@ from inflight.bench.server_peers import (
     stop_server,
 )
 from inflight.model.gguf_loader import read_gguf_index
+from inflight.model.loader import model_file_bytes
 from inflight.runner.kv_cache import kv_bytes_per_token
 from inflight.workload.requests import WorkloadRequest
 
@@ -145,9 +146,7 @@ def run_memory(model: Path, workload: list[WorkloadRequest], knobs: dict[str, An
                llama_server: Path | None, out: Path) -> list[MemoryRun]:  # fmt: skip
     """inflight serve, then llama-server when given, each alone on the same file."""
     out.mkdir(parents=True, exist_ok=True)
-    file_bytes = model.stat().st_size if model.is_file() else sum(
-        f.stat().st_size for f in model.glob("*.safetensors")
-    )  # fmt: skip
+    file_bytes = model_file_bytes(model)
     runs = []
     port = free_port()
     cmd = [sys.executable, "-m", "inflight", "serve", str(model), "--port", str(port),

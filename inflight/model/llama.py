@@ -145,7 +145,7 @@ class LlamaModel(nn.Module):
         """(Re)ties embeddings and rebuilds buffers; needed again after `to_empty`."""
         if self.cfg.tie_word_embeddings and self.lm_head.weight is not None:  # else: blocks
             self.lm_head.weight = self.embed_tokens.weight
-        self.inv_freq = rope_inv_freq(self.cfg).to(self.embed_tokens.weight.device)
+        self.inv_freq = rope_inv_freq(self.cfg).to(self.norm.weight.device)
         for p in self.parameters():
             p.requires_grad_(False)
 

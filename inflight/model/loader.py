@@ -27,6 +27,7 @@ from inflight.config import ACTIVATION_BITS
 from inflight.errors import ModelLoadError
 from inflight.model import packed_linear
 from inflight.model.arch import LlamaArchConfig
+from inflight.model.block_embedding import BlockEmbedding
 from inflight.model.fused_layers import FusedDecoderLayers
 from inflight.model.gguf_loader import (
     KERNEL_BLOCK_TYPES,
@@ -86,7 +87,7 @@ class LoadedModel:
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.model.embed_tokens.weight.dtype
+        return self.model.norm.weight.dtype
 
     @property
     def weight_bytes(self) -> int:
@@ -190,8 +191,9 @@ class ModuleBlocks(Mapping[str, torch.Tensor]):
                 self._sources[module] = sources
 
     def __getitem__(self, module: str) -> torch.Tensor:
+        """A copy (off the mapped file, which is released once loaded)."""
         parts = [self._blocks[name] for name in self._sources[module]]
-        return torch.cat(parts) if len(parts) > 1 else parts[0]
+        return torch.cat(parts) if len(parts) > 1 else parts[0].clone()
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._sources)
@@ -221,6 +223,13 @@ def skip_weight_init() -> Iterator[None]:
     finally:
         for name, init in saved.items():
             setattr(nn.init, name, init)
+
+
+def model_file_bytes(path: Path) -> int:
+    """A GGUF file's size, or a folder's safetensors'."""
+    if path.is_file():
+        return path.stat().st_size
+    return sum(f.stat().st_size for f in path.glob("*.safetensors"))
 
 
 def arch_config(path: Path) -> LlamaArchConfig:
@@ -295,8 +304,9 @@ def check_memory_fits(path: Path, weight_bytes: int, kv_bytes: int) -> None:
 
 def drop_block_weights(model: LlamaModel, index: GGUFIndex) -> set[str]:
     """Takes the float weight off every linear of `model` (still on the meta device) whose
-    parts all come as GGUF blocks the kernels read; returns the file's names that therefore
-    need no float tensor (a tied LM head's embedding still needs its own)."""
+    parts all come as GGUF blocks the kernels read, and off the embedding when its blocks are of
+    such a format (it is then looked up from them); returns the file's names that therefore
+    need no float tensor."""
     entries = {hf_name(e["name"]): e for e in index.entries}
     kernel_kinds = {(int(t), 2) for t in KERNEL_BLOCK_TYPES}
     dropped = []
@@ -318,6 +328,11 @@ def drop_block_weights(model: LlamaModel, index: GGUFIndex) -> set[str]:
                                  f"{module} the config asks for")  # fmt: skip
         linear.register_parameter("weight", None)
         dropped.extend(sources)
+    embedding = entries.get("model.embed_tokens.weight")
+    if embedding is not None and (embedding["type"], len(embedding["shape"])) in kernel_kinds:
+        # looked up from its blocks too (BlockEmbedding, set once the blocks are read)
+        model.embed_tokens.register_parameter("weight", None)
+        dropped.append("model.embed_tokens.weight")
     params = {name for name, _ in model.named_parameters()}
     skip = {name for name in dropped if name.removeprefix("model.") not in params}
     return skip
@@ -374,15 +389,11 @@ def load_model(
         model.load_weights(weights)
     except (KeyError, ValueError) as e:
         raise ModelLoadError(f"{path}: weights do not match config ({e})") from e
-    logger.info(
-        "loaded %s (%s, %d layers, %.1fM params, %s on %s)",
-        path.name,
-        arch.architecture,
-        arch.num_layers,
-        sum(p.numel() for p in model.parameters()) / 1e6,
-        dtype,
-        device,
-    )
+    logger.info("loaded %s (%s, %d layers, %s on %s)", path.name, arch.architecture,
+                arch.num_layers, dtype, device)  # fmt: skip
+    if model.embed_tokens.weight is None:  # its blocks, taken before a tied LM head's go
+        embedding = blocks["model.embed_tokens.weight"].clone()  # off the mapped file
+        model.embed_tokens = BlockEmbedding(embedding, dtype)
     if can_pack(dtype, device):
         small_rows = packed_linear.SMALL_BATCH_ROWS if kernels else 0
         pack_linears(model, small_rows, ModuleBlocks(model, blocks or {}), bits)
@@ -404,5 +415,8 @@ def load_model(
         )
     if attn.cpu_kernels:
         model.fused_layers = FusedDecoderLayers(model.layers, attn)
-    return LoadedModel(model=model.eval(), arch=arch, path=path,
+    loaded = LoadedModel(model=model.eval(), arch=arch, path=path,
                        quantized_activations=quantized_activations)  # fmt: skip
+    logger.info("weights hold %.2f GiB (the file: %.2f GiB)", loaded.weight_bytes / 2**30,
+                model_file_bytes(path) / 2**30)  # fmt: skip
+    return loaded

@@ -110,3 +110,33 @@ def test_a_second_load_maps_the_tensors_from_the_cached_index(tmp_path, tiny_lla
     monkeypatch.setattr(gguf_loader, "open_gguf", GGUFReader)
     assert read_gguf_index(path).arch == want_arch
     assert json.loads(saved.read_text())["arch"]["num_layers"] == want_arch.num_layers
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q4_1, Q.Q8_0], ids=lambda q: q.name)
+def test_an_embedding_kept_as_blocks_looks_up_gguf_dequantized_rows(tmp_path, tiny_llama, qtype):
+    from inflight.model.block_embedding import BlockEmbedding, dequantize_rows
+    from inflight.model.packed_linear import blocks_serve_every_batch
+
+    rng = np.random.default_rng(3)
+    values = (rng.standard_normal((40, 64)) * rng.uniform(0.01, 3, (40, 1))).astype(np.float32)
+    raw = quantize(values, qtype)
+    want = dequantize(raw, qtype)
+    blocks = torch.from_numpy(raw.reshape(40, 2, -1).copy())
+    assert torch.equal(dequantize_rows(blocks).reshape(40, 64), torch.from_numpy(want))
+    embedding = BlockEmbedding(blocks, torch.float32)
+    ids = torch.tensor([[3, 39], [0, 3]])
+    assert torch.equal(embedding(ids), torch.from_numpy(want)[ids])
+    with pytest.raises(ValueError, match="GGUF blocks of a kernel format"):
+        BlockEmbedding(blocks[..., :-1], torch.float32)
+    if not blocks_serve_every_batch(torch.float32, 16):
+        return
+    # a model whose linears run from their blocks holds no float copy of its vocabulary either
+    path = write_tiny_gguf(tiny_llama, tmp_path / f"tiny-{qtype.name}.gguf", qtype)
+    llm = LLM(str(path), dtype="float32")
+    model = llm.core.loaded.model
+    assert isinstance(model.embed_tokens, BlockEmbedding) and model.lm_head.weight.is_meta
+    exact = LLM(str(path), dtype="float32", quantized_activations="off").core.loaded.model
+    ids = torch.arange(model.cfg.vocab_size)
+    assert torch.equal(model.embed_tokens(ids), exact.embed_tokens(ids))
+    vocab_rows = model.cfg.vocab_size * model.cfg.hidden_size
+    assert all(p.numel() < vocab_rows for p in model.parameters())  # no float copy left
