@@ -21,6 +21,7 @@ from inflight.kernels import load_extension
 from inflight.model.gguf_loader import KERNEL_BLOCK_TYPES
 from inflight.model.loader import BF16_DECODE_ROWS_MAX_SEQS, resolve_quantized_activations
 from inflight.model.packed_linear import (
+    EVERY_BATCH,
     GGUF_INT_SMALL_BATCH_ROWS,
     GGUF_SMALL_BATCH_ROWS,
     PackedLinear,
@@ -166,7 +167,7 @@ def onednn(packed: PackedLinear, x: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("bits", BITS)
-def test_packed_linear_sends_batches_to_the_integer_kernel_up_to_its_limit(bits):
+def test_packed_linear_sends_every_batch_to_the_integer_kernel_and_keeps_no_float_copy(bits):
     blocks, weight = quantized(96, 64, Q.Q4_1)
     linear = nn.Linear(64, 96)
     linear.weight.data.copy_(weight)
@@ -174,19 +175,21 @@ def test_packed_linear_sends_batches_to_the_integer_kernel_up_to_its_limit(bits)
     if decode_rows_from_blocks(bits):
         pytest.skip("16-bit x serves decode rows here (the next test)")
     assert packed.small_kernel == f"gguf-int{bits}" and packed.decode_weight is None
-    limit = GGUF_INT_SMALL_BATCH_ROWS[bits]
-    assert packed.small_batch_rows == limit
+    assert packed.small_batch_rows == GGUF_INT_SMALL_BATCH_ROWS[bits] == EVERY_BATCH
+    assert packed.blocks_only and packed.weight.is_meta  # its shape alone, no float copy
+    assert packed.weight.shape == (96, 64)
     with torch.inference_mode():
-        for rows in (1, 9, 16, 17, 300):
+        for rows in (0, 1, 9, 16, 17, 300):
             x = torch.randn(rows, 64)
-            if rows <= limit:
-                want = ext.gguf_int_linear(x, regroup(blocks, bits), linear.bias, 96, bits)
-            else:
-                want = onednn(packed, x)
+            want = ext.gguf_int_linear(x, regroup(blocks, bits), linear.bias, 96, bits)
             assert torch.equal(packed(x), want)
             assert torch.equal(packed(x, True), want)  # decode rows: no path of their own
     exact = PackedLinear(linear, small_batch_rows=64, gguf_blocks=blocks)
     assert exact.small_kernel == "gguf" and not exact.activation_bits
+    linear.weight = None  # as the loader leaves it: the blocks are needed then
+    assert PackedLinear(linear, 64, gguf_blocks=blocks, activation_bits=bits).blocks_only
+    with pytest.raises(ValueError, match="without its float weight needs GGUF blocks"):
+        PackedLinear(linear, 64, gguf_blocks=blocks)
 
 
 @pytest.mark.skipif(not decode_rows_from_blocks(16), reason="no 16-column layout (AVX-512 VNNI)")
