@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import mmap
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -182,9 +183,25 @@ class IndexedTensor:
     @property
     def data(self) -> np.ndarray:
         dtype = np.dtype(self.data_dtype)
-        size = int(np.prod(self.data_shape)) * dtype.itemsize
-        raw = self.file[self.data_offset : self.data_offset + size]
+        raw = self.file[self.data_offset : self.data_offset + self.nbytes]
         return raw.view(dtype).reshape(self.data_shape)
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.data_shape)) * np.dtype(self.data_dtype).itemsize
+
+    def release(self) -> None:
+        """Drops this tensor's pages from the process's resident memory: they stay in the page
+        cache, and a later read maps them again. A load that reads a file tensor by tensor so
+        holds one tensor of it at a time, not (by its end) all of it beside its copies."""
+        mapping = getattr(self.file, "_mmap", None)  # numpy's memmap keeps its mmap there
+        if mapping is None:
+            return
+        page = mmap.PAGESIZE
+        start = -(-self.data_offset // page) * page
+        end = (self.data_offset + self.nbytes) // page * page
+        if end > start:
+            mapping.madvise(mmap.MADV_DONTNEED, start, end - start)
 
 
 @dataclass
@@ -287,6 +304,8 @@ def iter_gguf_weights(
             if heads is not None:
                 array = None if array is None else unpermute_qk(array, heads)
                 raw = None if raw is None else unpermute_qk(raw, heads)
+        if array is not None:  # read: its pages can go
+            getattr(tensor, "release", lambda: None)()
         if raw is not None:  # a view of the mapped file where it is contiguous (no copy)
             with warnings.catch_warnings():  # the mapping is read-only, and so is every reader
                 warnings.filterwarnings("ignore", "The given NumPy array is not writable")

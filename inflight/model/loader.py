@@ -11,7 +11,7 @@ import contextlib
 import json
 import logging
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -182,8 +182,10 @@ class ModuleBlocks(Mapping[str, torch.Tensor]):
     concatenated when read, and `pop` lets its parts go: the fused copies of a model never all
     exist at once, nor beside all the parts (a large model's load would hold its weights twice)."""
 
-    def __init__(self, model: LlamaModel, blocks: dict[str, torch.Tensor]) -> None:
-        self._blocks = blocks
+    def __init__(self, model: LlamaModel, blocks: dict[str, torch.Tensor],
+                 release: Callable[[str], None] = lambda name: None) -> None:  # fmt: skip
+        """`release(name)`: called once a part's blocks are copied (its file pages may go)."""
+        self._blocks, self._release = blocks, release
         self._sources = {}
         for module, sources in model.linear_sources().items():
             parts = [blocks.get(name) for name in sources]
@@ -207,6 +209,7 @@ class ModuleBlocks(Mapping[str, torch.Tensor]):
         blocks = self[module]
         for name in self._sources.pop(module):
             self._blocks.pop(name, None)
+            self._release(name)
         return blocks
 
 
@@ -391,12 +394,20 @@ def load_model(
         raise ModelLoadError(f"{path}: weights do not match config ({e})") from e
     logger.info("loaded %s (%s, %d layers, %s on %s)", path.name, arch.architecture,
                 arch.num_layers, dtype, device)  # fmt: skip
+    # once a tensor's blocks are copied, its pages of the mapped file leave this process's RSS
+    by_name = {} if index is None else {hf_name(t.name): t for t in index.tensors}
+
+    def release(name: str) -> None:
+        if name in by_name:
+            by_name[name].release()
+
     if model.embed_tokens.weight is None:  # its blocks, taken before a tied LM head's go
         embedding = blocks["model.embed_tokens.weight"].clone()  # off the mapped file
         model.embed_tokens = BlockEmbedding(embedding, dtype)
+        release("model.embed_tokens.weight")
     if can_pack(dtype, device):
         small_rows = packed_linear.SMALL_BATCH_ROWS if kernels else 0
-        pack_linears(model, small_rows, ModuleBlocks(model, blocks or {}), bits)
+        pack_linears(model, small_rows, ModuleBlocks(model, blocks or {}, release), bits)
         if blocks:
             blocks.clear()  # parts no linear took (with views of the file, its mapping)
         # Once per loaded model (engines may share it): decode batch sizes up to 64 that oneDNN
