@@ -26,7 +26,7 @@ SETTINGS = {
 
 
 def greedy(llm: LLM, prompts: list[list[int]]) -> list[tuple[list[int], list[float]]]:
-    params = [SamplingParams(temperature=0, max_tokens=16 + 4 * (i % 4), ignore_eos=True,
+    params = [SamplingParams(temperature=0, max_tokens=6 + 2 * (i % 4), ignore_eos=True,
                              logprobs=0) for i in range(len(prompts))]  # fmt: skip
     outputs = [o.outputs[0] for o in llm.generate(prompts, params, use_tqdm=False)]
     return [(o.token_ids, [lp.logprob for lp in o.logprobs]) for o in outputs]

@@ -256,6 +256,34 @@ inline __m256i block_dot(const uint8_t* quants, const int16_t* xb) {
   return _mm256_hadd_epi32(_mm256_add_epi32(lo[0], lo[1]), _mm256_add_epi32(hi[0], hi[1]));
 }
 
+// A row's block of 8 columns added to its accumulator: the integer dot products `dot` scaled
+// (d: the block's 8 weight scales). Both row paths below call this one sequence of float
+// operations, which is what makes their outputs the same bits.
+template <Format F, class A>
+inline __m256 add_block(__m256 acc, __m256i dot, __m256 d, const uint8_t* block,
+                        const RoundedRows<A>& x, int64_t rb) {
+  if constexpr (F == Format::kQ4_0) {  // quants are q - 8
+    dot = _mm256_sub_epi32(dot, _mm256_set1_epi32(8 * x.isum[rb]));
+  }
+  const __m256 scale = _mm256_mul_ps(d, _mm256_set1_ps(x.scale[rb]));
+  acc = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(dot), acc);
+  if constexpr (F == Format::kQ4_1) {
+    const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 16)));
+    acc = _mm256_fmadd_ps(m, _mm256_set1_ps(x.sum[rb]), acc);
+  }
+  return acc;
+}
+
+// Row m's outputs of group g (the bias added; columns past N dropped).
+template <class A>
+inline void store_row(const Problem<A>& p, int64_t m, int64_t g, __m256 acc) {
+  alignas(32) float out[kLanes];
+  _mm256_store_ps(out, acc);
+  const int64_t n0 = g * kLanes, columns = std::min(kLanes, p.N - n0);
+  float* y = p.y + m * p.N + n0;
+  for (int64_t c = 0; c < columns; ++c) y[c] = p.bias ? out[c] + p.bias[n0 + c] : out[c];
+}
+
 // Rows m0..m0+MR-1 of the 8 columns of group g.
 template <Format F, class A, int MR>
 void tile(const Problem<A>& p, int64_t m0, int64_t g) {
@@ -269,26 +297,11 @@ void tile(const Problem<A>& p, int64_t m0, int64_t g) {
     const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block)));
     for (int r = 0; r < MR; ++r) {
       const int64_t rb = (m0 + r) * blocks + b;  // this row's block of x
-      __m256i dot = block_dot<F>(block + quants_at(F), p.x->q.data() + rb * kBlock);
-      if constexpr (F == Format::kQ4_0) {  // quants are q - 8
-        dot = _mm256_sub_epi32(dot, _mm256_set1_epi32(8 * p.x->isum[rb]));
-      }
-      const __m256 scale = _mm256_mul_ps(d, _mm256_set1_ps(p.x->scale[rb]));
-      acc[r] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(dot), acc[r]);
-      if constexpr (F == Format::kQ4_1) {
-        const __m256 m =
-            _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 16)));
-        acc[r] = _mm256_fmadd_ps(m, _mm256_set1_ps(p.x->sum[rb]), acc[r]);
-      }
+      const __m256i dot = block_dot<F>(block + quants_at(F), p.x->q.data() + rb * kBlock);
+      acc[r] = add_block<F>(acc[r], dot, d, block, *p.x, rb);
     }
   }
-  const int64_t n0 = g * kLanes, columns = std::min(kLanes, p.N - n0);
-  for (int r = 0; r < MR; ++r) {
-    alignas(32) float out[kLanes];
-    _mm256_store_ps(out, acc[r]);
-    float* y = p.y + (m0 + r) * p.N + n0;
-    for (int64_t c = 0; c < columns; ++c) y[c] = p.bias ? out[c] + p.bias[n0 + c] : out[c];
-  }
+  for (int r = 0; r < MR; ++r) store_row(p, m0 + r, g, acc[r]);
 }
 
 constexpr int kMaxRows = 4;  // rows per tile: their accumulators beside the quants in 16 ymm
@@ -372,26 +385,10 @@ void widened_tile(const Problem<int16_t>& p, const __m256i* wv, int64_t m0, int6
     const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block)));
     for (int r = 0; r < MR; ++r) {
       const int64_t rb = (m0 + r) * blocks + b;  // this row's block of x
-      __m256i dot = _mm256_hadd_epi32(lo[r], hi[r]);
-      if constexpr (F == Format::kQ4_0) {  // quants are q - 8
-        dot = _mm256_sub_epi32(dot, _mm256_set1_epi32(8 * p.x->isum[rb]));
-      }
-      const __m256 scale = _mm256_mul_ps(d, _mm256_set1_ps(p.x->scale[rb]));
-      acc[r] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(dot), acc[r]);
-      if constexpr (F == Format::kQ4_1) {
-        const __m256 m =
-            _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 16)));
-        acc[r] = _mm256_fmadd_ps(m, _mm256_set1_ps(p.x->sum[rb]), acc[r]);
-      }
+      acc[r] = add_block<F>(acc[r], _mm256_hadd_epi32(lo[r], hi[r]), d, block, *p.x, rb);
     }
   }
-  const int64_t n0 = g * kLanes, columns = std::min(kLanes, p.N - n0);
-  for (int r = 0; r < MR; ++r) {
-    alignas(32) float out[kLanes];
-    _mm256_store_ps(out, acc[r]);
-    float* y = p.y + (m0 + r) * p.N + n0;
-    for (int64_t c = 0; c < columns; ++c) y[c] = p.bias ? out[c] + p.bias[n0 + c] : out[c];
-  }
+  for (int r = 0; r < MR; ++r) store_row(p, m0 + r, g, acc[r]);
 }
 
 template <Format F>
