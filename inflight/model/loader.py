@@ -262,9 +262,8 @@ def estimated_weight_bytes(path: Path, dtype: torch.dtype, quantized_activations
     for e in index.entries:
         numel = math.prod(e["shape"])
         if blocks_only and e["type"] in kernel_types and len(e["shape"]) == 2:
+            # (the embedding too: looked up from its blocks; a tied LM head regroups them)
             total += math.prod(e["data_shape"]) * np.dtype(e["dtype"]).itemsize
-            if e["name"] == "token_embd.weight":  # the embedding indexes float rows
-                total += numel * size
         else:
             total += numel * size
     return total

@@ -160,6 +160,11 @@ def test_bad_inputs_are_refused():
             out = run(bad, layout, bits=bits)  # no crash; the poisoned row only
             assert torch.equal(out[1], run(x, layout, bits=bits)[1])
             assert torch.isfinite(out[0]).all() == (poison == 1e-40)
+            # a batch past the widened path's threshold: still the poisoned row alone
+            many = torch.cat([bad, torch.randn(10, 64)])
+            out = run(many, layout, bits=bits)
+            assert torch.equal(out[1:], run(many[1:], layout, bits=bits))
+            assert torch.isfinite(out[0]).all() == (poison == 1e-40)
 
 
 def onednn(packed: PackedLinear, x: torch.Tensor) -> torch.Tensor:
