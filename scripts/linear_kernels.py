@@ -18,7 +18,8 @@ from collections.abc import Callable
 import torch
 
 from inflight.kernels import load_extension
-from inflight.model.packed_linear import _BATCH_HINT, can_pack, regroup_blocks
+from inflight.model.gguf_blocks import regroup_blocks
+from inflight.model.packed_linear import _BATCH_HINT, can_pack
 from inflight.platform import describe_device
 
 SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)] * 30  # (out, in) per linear

@@ -97,6 +97,9 @@ def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) ->
         }
         config = LlamaConfig(**common, rope_scaling=rope, tie_word_embeddings=True)
         cls = LlamaForCausalLM
+    elif arch == "llama_wide":  # widths of whole 256-weight super-blocks, for the K-quants
+        wide = {**common, "hidden_size": 256, "intermediate_size": 512}
+        config, cls = LlamaConfig(**wide, rope_theta=10000.0), LlamaForCausalLM
     elif arch == "qwen2":
         config, cls = Qwen2Config(**common, tie_word_embeddings=False), Qwen2ForCausalLM
     elif arch == "mistral":

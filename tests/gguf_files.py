@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -44,8 +45,82 @@ def gguf_name(hf: str) -> str:
     return f"blk.{layer}.{LAYER_TO_GGUF[part]}.{kind}"
 
 
-def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType) -> Path:
-    """Writes the tiny HF Llama in `hf_folder` as a llama.cpp-style GGUF, 2D weights in `qtype`."""
+Q = GGMLQuantizationType
+
+
+def _fp16(values: np.ndarray) -> np.ndarray:
+    return values.astype(np.float16)
+
+
+def quantize_k(values: np.ndarray, qtype: GGMLQuantizationType) -> np.ndarray:
+    """Rows [n, k] (k a multiple of 256) -> Q4_K, Q5_K or Q6_K blocks in ggml's byte layout:
+    a plain min/max quantizer (the `gguf` package writes no K-quants), its values checked
+    against gguf's dequantizer by the tests that use it."""
+    rows = values.astype(np.float32).reshape(-1, 256)
+    n = rows.shape[0]
+    if qtype == Q.Q6_K:
+        halves = rows.reshape(n, 16, 16)
+        scale = np.abs(halves).max(axis=2) / 31.0
+        d = _fp16(scale.max(axis=1) / 127.0)
+        df = d.astype(np.float32)[:, None]
+        sc = np.clip(np.rint(np.divide(scale, df, out=np.zeros_like(scale), where=df > 0)),
+                     0, 127).astype(np.int8)  # fmt: skip
+        step = (df * sc)[..., None]
+        q = np.rint(np.divide(halves, step, out=np.zeros_like(halves), where=step > 0)) + 32
+        q = np.clip(q, 0, 63).astype(np.uint8).reshape(n, 2, 128)
+        ql = (q[:, :, :64] & 15) | ((q[:, :, 64:] & 15) << 4)  # [n, half, 64]
+        high = (q >> 4).reshape(n, 2, 4, 32)
+        qh = high[:, :, 0] | (high[:, :, 1] << 2) | (high[:, :, 2] << 4) | (high[:, :, 3] << 6)
+        return np.concatenate([ql.reshape(n, 128), qh.reshape(n, 64), sc.view(np.uint8),
+                               d.view(np.uint8).reshape(n, 2)], axis=1)  # fmt: skip
+    bits = 4 if qtype == Q.Q4_K else 5
+    subs = rows.reshape(n, 8, 32)
+    low = np.minimum(subs.min(axis=2), 0.0)
+    scale = (subs.max(axis=2) - low) / (2**bits - 1)
+    d, dmin = _fp16(scale.max(axis=1) / 63.0), _fp16(-low.min(axis=1) / 63.0)
+    df, dminf = d.astype(np.float32)[:, None], dmin.astype(np.float32)[:, None]
+    sc = np.clip(np.rint(np.divide(scale, df, out=np.zeros_like(scale), where=df > 0)), 0, 63)
+    m = np.clip(np.rint(np.divide(-low, dminf, out=np.zeros_like(low), where=dminf > 0)), 0, 63)
+    step = (df * sc)[..., None]
+    q = np.rint(np.divide(subs + (dminf * m)[..., None], step, out=np.zeros_like(subs),
+                          where=step > 0))  # fmt: skip
+    q = np.clip(q, 0, 2**bits - 1).astype(np.uint8)
+    sc, m = sc.astype(np.uint8), m.astype(np.uint8)
+    packed = np.concatenate([
+        (sc[:, :4] & 63) | ((sc[:, 4:] >> 4) << 6),
+        (m[:, :4] & 63) | ((m[:, 4:] >> 4) << 6),
+        (sc[:, 4:] & 15) | ((m[:, 4:] & 15) << 4),
+    ], axis=1)  # fmt: skip
+    qs = (q[:, 0::2] & 15) | ((q[:, 1::2] & 15) << 4)  # chunk c: sub-blocks 2c (low), 2c + 1
+    parts = [d.view(np.uint8).reshape(n, 2), dmin.view(np.uint8).reshape(n, 2), packed]
+    if bits == 5:  # bit s of byte i: sub-block s's weight i's 5th bit
+        parts.append(sum((q[:, s] >> 4) << s for s in range(8)).astype(np.uint8))
+    return np.concatenate([*parts, qs.reshape(n, 128)], axis=1)
+
+
+def quantize_any(values: np.ndarray, qtype: GGMLQuantizationType) -> np.ndarray:
+    """`values` in `qtype`'s blocks, [rows, bytes per row]: the `gguf` package's quantizer, or
+    `quantize_k` for the K-quants."""
+    if qtype in (Q.Q4_K, Q.Q5_K, Q.Q6_K):
+        return quantize_k(values, qtype).reshape(values.shape[0], -1)
+    return quantize(values, qtype)
+
+
+def k_quant_mix(name: str) -> GGMLQuantizationType:
+    """A Q4_K_M-like choice per tensor: Q6_K for v, down and the LM head (llama.cpp gives them
+    more bits in some layers), Q4_K for the rest, Q5_0 for the embedding (the kernels' 5-bit
+    format beside the K-quants)."""
+    if name.startswith("token_embd"):
+        return Q.Q5_0
+    if "attn_v" in name or "ffn_down" in name or name.startswith("output."):
+        return Q.Q6_K
+    return Q.Q4_K
+
+
+def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | None,
+                    mix: Callable[[str], GGMLQuantizationType] | None = None) -> Path:  # fmt: skip
+    """Writes the tiny HF Llama in `hf_folder` as a llama.cpp-style GGUF, 2D weights in `qtype`
+    (or each in `mix(its GGUF name)`)."""
     from safetensors.torch import load_file
 
     cfg = json.loads((hf_folder / "config.json").read_text())
@@ -67,7 +142,9 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType) -> 
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     w.add_rope_dimension_count(cfg["hidden_size"] // cfg["num_attention_heads"])
     w.add_vocab_size(cfg["vocab_size"])
-    file_type = "ALL_F32" if qtype == GGMLQuantizationType.F32 else f"MOSTLY_{qtype.name}"
+    file_type = "MOSTLY_Q4_K_M" if qtype is None else (
+        "ALL_F32" if qtype == Q.F32 else f"MOSTLY_{qtype.name}"
+    )  # fmt: skip
     w.add_file_type(int(LlamaFileType[file_type]))  # what llama.cpp's converter writes
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("default")
@@ -85,8 +162,9 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType) -> 
             array = llama_cpp_permute(array, cfg["num_attention_heads"])
         elif name.endswith("k_proj.weight"):
             array = llama_cpp_permute(array, cfg["num_key_value_heads"])
-        if array.ndim == 2 and qtype != GGMLQuantizationType.F32:
-            w.add_tensor(gguf_name(name), quantize(array, qtype), raw_dtype=qtype)
+        kind = mix(gguf_name(name)) if mix else qtype
+        if array.ndim == 2 and kind != Q.F32:
+            w.add_tensor(gguf_name(name), quantize_any(array, kind), raw_dtype=kind)
         else:
             w.add_tensor(gguf_name(name), array)
     w.write_header_to_file()

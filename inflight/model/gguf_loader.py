@@ -19,7 +19,7 @@ import json
 import logging
 import mmap
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -275,10 +275,12 @@ def iter_gguf_weights(
     path: Path,
     blocks: dict[str, torch.Tensor] | None = None,
     blocks_only: set[str] = frozenset(),
+    block_types: Iterable[int] = KERNEL_BLOCK_TYPES,
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """(HF name, float32 tensor) for every tensor; with `blocks`, each matrix stored in one of
-    `KERNEL_BLOCK_TYPES` also leaves its raw blocks there (uint8 [rows, blocks per row, block
-    bytes], Q/K rows un-permuted like the values), for the kernel that reads them as they are.
+    `block_types` (GGML types; by default the exact kernel's) also leaves its raw blocks there
+    (uint8 [rows, blocks per row, block bytes], Q/K rows un-permuted like the values), for the
+    kernels that read them.
     Tensors named in `blocks_only` leave their blocks alone: never dequantized, not yielded."""
     for tensor in reader.tensors:
         name = hf_name(tensor.name)
@@ -295,7 +297,7 @@ def iter_gguf_weights(
                                      f"{tensor.tensor_type.name}") from e  # fmt: skip
             array = np.asarray(array, dtype=np.float32).reshape(shape)
         raw = None
-        if blocks is not None and tensor.tensor_type in KERNEL_BLOCK_TYPES and len(shape) == 2:
+        if blocks is not None and tensor.tensor_type in block_types and len(shape) == 2:
             block_size, block_bytes = GGML_QUANT_SIZES[tensor.tensor_type]
             raw = tensor.data.reshape(shape[0], shape[1] // block_size, block_bytes)
         if cfg.architecture == "llama":

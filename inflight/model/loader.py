@@ -11,13 +11,14 @@ import contextlib
 import json
 import logging
 import math
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
 import numpy as np
 import torch
+from gguf import GGMLQuantizationType
 from safetensors import SafetensorError, safe_open
 from torch import nn
 from tqdm.auto import tqdm
@@ -29,8 +30,8 @@ from inflight.model import packed_linear
 from inflight.model.arch import LlamaArchConfig
 from inflight.model.block_embedding import BlockEmbedding
 from inflight.model.fused_layers import FusedDecoderLayers
+from inflight.model.gguf_blocks import BY_NAME
 from inflight.model.gguf_loader import (
-    KERNEL_BLOCK_TYPES,
     GGUFIndex,
     hf_name,
     iter_gguf_weights,
@@ -39,10 +40,10 @@ from inflight.model.gguf_loader import (
 from inflight.model.layer_ops import CpuLayerOps, TorchLayerOps
 from inflight.model.llama import LlamaModel
 from inflight.model.packed_linear import (
+    block_formats,
     blocks_serve_every_batch,
     can_pack,
     decode_rows_from_blocks,
-    gguf_kernel_applies,
     pack_linears,
     warm_up,
 )
@@ -176,26 +177,38 @@ def _iter_safetensors(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
             raise ModelLoadError(f"{f}: corrupt or unreadable safetensors file ({e})") from e
 
 
-class ModuleBlocks(Mapping[str, torch.Tensor]):
-    """Each linear layer's GGUF blocks, where every weight it fuses came as blocks of one format
-    (the blocks of fused parts concatenate along the rows, as the weights do). A layer's are
-    concatenated when read, and `pop` lets its parts go: the fused copies of a model never all
-    exist at once, nor beside all the parts (a large model's load would hold its weights twice)."""
+class ModuleBlocks(Mapping[str, torch.Tensor | list[torch.Tensor]]):
+    """Each linear layer's GGUF blocks, where every weight it fuses came as blocks: one tensor
+    where they share a format (the blocks of fused parts concatenate along the rows, as the
+    weights do), or with `mixed`, a list of runs of one format each (a Q4_K_M file's Q4_K q and
+    k beside a Q6_K v). A layer's are concatenated when read, and `pop` lets its parts go: the
+    fused copies of a model never all exist at once, nor beside all the parts (a large model's
+    load would hold its weights twice)."""
 
     def __init__(self, model: LlamaModel, blocks: dict[str, torch.Tensor],
-                 release: Callable[[str], None] = lambda name: None) -> None:  # fmt: skip
+                 release: Callable[[str], None] = lambda name: None,
+                 mixed: bool = False) -> None:  # fmt: skip
         """`release(name)`: called once a part's blocks are copied (its file pages may go)."""
         self._blocks, self._release = blocks, release
         self._sources = {}
         for module, sources in model.linear_sources().items():
             parts = [blocks.get(name) for name in sources]
-            if all(p is not None for p in parts) and len({p.shape[1:] for p in parts}) == 1:
+            if all(p is not None for p in parts) and (
+                mixed or len({p.shape[1:] for p in parts}) == 1
+            ):  # fmt: skip
                 self._sources[module] = sources
 
-    def __getitem__(self, module: str) -> torch.Tensor:
+    def __getitem__(self, module: str) -> torch.Tensor | list[torch.Tensor]:
         """A copy (off the mapped file, which is released once loaded)."""
-        parts = [self._blocks[name] for name in self._sources[module]]
-        return torch.cat(parts) if len(parts) > 1 else parts[0].clone()
+        runs: list[list[torch.Tensor]] = []
+        for name in self._sources[module]:
+            part = self._blocks[name]
+            if runs and runs[-1][0].shape[1:] == part.shape[1:]:
+                runs[-1].append(part)
+            else:
+                runs.append([part])
+        copies = [torch.cat(run) if len(run) > 1 else run[0].clone() for run in runs]
+        return copies[0] if len(copies) == 1 else copies
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._sources)
@@ -256,17 +269,28 @@ def estimated_weight_bytes(path: Path, dtype: torch.dtype, quantized_activations
         return numel * size
     index = read_gguf_index(path)
     bits = ACTIVATION_BITS["int16" if quantized_activations == "auto" else quantized_activations]
-    blocks_only = blocks_serve_every_batch(dtype, bits)
-    kernel_types = {int(t) for t in KERNEL_BLOCK_TYPES}
+    kept = _block_types(dtype, bits) if blocks_serve_every_batch(dtype, bits) else {}
     total = 0
     for e in index.entries:
         numel = math.prod(e["shape"])
-        if blocks_only and e["type"] in kernel_types and len(e["shape"]) == 2:
-            # (the embedding too: looked up from its blocks; a tied LM head regroups them)
-            total += math.prod(e["data_shape"]) * np.dtype(e["dtype"]).itemsize
+        fmt = kept.get(e["type"])
+        if fmt is not None and len(e["shape"]) == 2:
+            # the embedding too: looked up from its blocks in the file's layout, and a tied LM
+            # head regroups a copy of them
+            blocks = math.prod(e["data_shape"]) * np.dtype(e["dtype"]).itemsize
+            layout = blocks * fmt.layout_bytes // fmt.file_bytes
+            if hf_name(e["name"]) != "model.embed_tokens.weight":
+                total += layout
+            else:
+                total += blocks + (layout if index.arch.tie_word_embeddings else 0)
         else:
             total += numel * size
     return total
+
+
+def _block_types(dtype: torch.dtype, bits: int) -> dict:
+    """GGML type number -> block format, of the formats whose weights stay as their blocks."""
+    return {int(GGMLQuantizationType[name]): BY_NAME[name] for name in block_formats(dtype, bits)}
 
 
 def available_memory_bytes() -> int | None:
@@ -304,18 +328,18 @@ def check_memory_fits(path: Path, weight_bytes: int, kv_bytes: int) -> None:
     )
 
 
-def drop_block_weights(model: LlamaModel, index: GGUFIndex) -> set[str]:
+def drop_block_weights(model: LlamaModel, index: GGUFIndex, types: Iterable[int]) -> set[str]:
     """Takes the float weight off every linear of `model` (still on the meta device) whose
-    parts all come as GGUF blocks the kernels read, and off the embedding when its blocks are of
-    such a format (it is then looked up from them); returns the file's names that therefore
-    need no float tensor."""
+    parts all come as GGUF blocks of `types` (GGML type numbers the kernels read; a fused
+    linear's parts may differ), and off the embedding when its blocks are (it is then looked up
+    from them); returns the file's names that therefore need no float tensor."""
     entries = {hf_name(e["name"]): e for e in index.entries}
-    kernel_kinds = {(int(t), 2) for t in KERNEL_BLOCK_TYPES}
+    kernel_kinds = {(int(t), 2) for t in types}
     dropped = []
     for module, sources in model.linear_sources().items():
         found = {(entries[n]["type"], len(entries[n]["shape"])) if n in entries else None
                  for n in sources}  # fmt: skip
-        if len(found) != 1 or not found <= kernel_kinds:
+        if not found <= kernel_kinds:
             continue
         # the shapes the float weights would have been checked against (GGUF lists dims
         # fastest-first: [in_features, out_features])
@@ -373,15 +397,15 @@ def load_model(
     kernels = attn.cpu_kernels and can_pack(dtype, device)
     # decode batches can multiply from the file's own blocks (see packed_linear)
     bits = ACTIVATION_BITS[quantized_activations]
-    keep_blocks = index is not None and kernels and gguf_kernel_applies(dtype, bits)
-    blocks: dict[str, torch.Tensor] | None = {} if keep_blocks else None
+    block_types = _block_types(dtype, bits) if index is not None and kernels else {}
+    blocks: dict[str, torch.Tensor] | None = {} if block_types else None
     # linears whose blocks take every batch never get a float weight (nor a dequantized tensor)
-    blocks_only = keep_blocks and blocks_serve_every_batch(dtype, bits)
-    skip = drop_block_weights(model, index) if blocks_only else set()
+    blocks_only = bool(block_types) and blocks_serve_every_batch(dtype, bits)
+    skip = drop_block_weights(model, index, block_types) if blocks_only else set()
     model = model.to_empty(device=device).to(dtype)
     model.finish_init()
     if index is not None:
-        weights = iter_gguf_weights(index, arch, path, blocks, skip)
+        weights = iter_gguf_weights(index, arch, path, blocks, skip, block_types)
     else:
         weights = _iter_safetensors(_safetensors_files(path))
     num_tensors = len(index.entries) if index is not None else None
@@ -406,7 +430,8 @@ def load_model(
         release("model.embed_tokens.weight")
     if can_pack(dtype, device):
         small_rows = packed_linear.SMALL_BATCH_ROWS if kernels else 0
-        pack_linears(model, small_rows, ModuleBlocks(model, blocks or {}, release), bits)
+        by_module = ModuleBlocks(model, blocks or {}, release, mixed=blocks_only)
+        pack_linears(model, small_rows, by_module, bits)
         if blocks:
             blocks.clear()  # parts no linear took (with views of the file, its mapping)
         # Once per loaded model (engines may share it): decode batch sizes up to 64 that oneDNN

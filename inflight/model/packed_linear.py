@@ -47,6 +47,7 @@ import torch
 from torch import nn
 
 from inflight.kernels import load_extension
+from inflight.model.gguf_blocks import BY_NAME, FORMATS, format_of, mixed_packing, regroup_blocks
 
 logger = logging.getLogger(__name__)
 
@@ -104,61 +105,24 @@ def blocks_serve_every_batch(dtype: torch.dtype, activation_bits: int) -> bool:
             and not decode_rows_from_blocks(activation_bits))  # fmt: skip
 
 
+def block_formats(dtype: torch.dtype, activation_bits: int) -> frozenset[str]:
+    """The GGUF block formats (`gguf_blocks.FORMATS` names) whose weights multiply from their
+    blocks here: every format where 16-bit x takes every batch over the 8-column layout, the
+    legacy three (Q4_0, Q4_1, Q8_0) wherever any block kernel applies, none elsewhere."""
+    if not gguf_kernel_applies(dtype, activation_bits):
+        return frozenset()
+    legacy = frozenset(f.name for f in FORMATS.values() if f.legacy)
+    if activation_bits == 16 and blocks_serve_every_batch(dtype, activation_bits):
+        return frozenset(BY_NAME)
+    return legacy
+
+
 def decode_rows_from_blocks(activation_bits: int) -> bool:
     """Whether decode rows multiply from GGUF blocks with x of that many bits here: 16 bits where
     they have the 16-column layout (AVX-512 VNNI)."""
     ext = load_extension()
     return (activation_bits == 16 and ext.gguf_int_linear_available()
             and ext.gguf_int_linear_columns(16) == 16)  # fmt: skip
-
-
-# A GGUF block's bytes before its quants, by block size: fp16 d (Q4_0, Q8_0), d and m (Q4_1).
-_BLOCK_HEADER_BYTES = {18: 2, 20: 4, 34: 2}
-_GROUP = 8  # columns that gguf_int_linear computes together, one per float32 lane
-
-
-def regroup_blocks(blocks: torch.Tensor, columns: int = _GROUP) -> torch.Tensor:
-    """A weight's GGUF blocks [N, K / 32, block bytes] in `gguf_int_linear`'s layout, `columns`
-    (8 or 16: `gguf_int_linear_columns`) columns at a time: [ceil(N / columns), K / 32,
-    columns fp16 d | columns fp16 m (Q4_1) | quants]. The same bytes reordered (csrc/
-    gguf_int_linear.cpp says why and how); columns past N are zero blocks."""
-    n, num_blocks, block_bytes = blocks.shape
-    header = _BLOCK_HEADER_BYTES[block_bytes]
-    if n % columns:
-        blocks = torch.cat([blocks, blocks.new_zeros(-n % columns, num_blocks, block_bytes)])
-    # [G, B, columns, bytes]
-    groups = blocks.view(-1, columns, num_blocks, block_bytes).transpose(1, 2)
-    lead = groups.shape[:2]
-    scales = [groups[..., i : i + 2].reshape(*lead, 2 * columns) for i in range(0, header, 2)]
-    quants = groups[..., header:]
-    if columns == _GROUP:  # chunks of 4 bytes from each column in turn
-        chunks = quants.reshape(*lead, _GROUP, -1, 4).transpose(2, 3).reshape(*lead, -1)
-    else:
-        chunks = _wide_quants(quants)
-    return torch.cat([*scales, chunks], dim=-1).contiguous()
-
-
-@functools.cache
-def _wide_order(four_bit: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """For each byte of a 16-column block in the wide layout: its column and the k of its value
-    (of its low nibble, for 4 bits; the high nibble holds k + 4)."""
-    chunks = 4 if four_bit else 8
-    q, lane, i = torch.meshgrid(torch.arange(chunks), torch.arange(4), torch.arange(16),
-                                indexing="ij")  # fmt: skip
-    column = 4 * lane + (i % 8) // 2
-    k = (8 if four_bit else 4) * q + 2 * (i // 8) + i % 2
-    return column.flatten(), k.flatten()
-
-
-def _wide_quants(quants: torch.Tensor) -> torch.Tensor:
-    """[G, B, 16 columns, quant bytes] -> [G, B, the wide layout's quant bytes]."""
-    four_bit = quants.shape[-1] == 16
-    # a 4-bit block's byte i holds element i (low nibble) and element i + 16 (high)
-    values = torch.cat([quants & 15, quants >> 4], dim=-1) if four_bit else quants
-    column, k = _wide_order(four_bit)
-    if not four_bit:
-        return values[..., column, k]
-    return values[..., column, k] | (values[..., column, k + 4] << 4)
 
 
 Decodes = torch.Tensor | bool
@@ -170,7 +134,9 @@ class PackedLinear(nn.Module):
     """`nn.Linear`'s forward over weights packed once: oneDNN's layout, plus a small-batch
     kernel's (`small_weight`) for batches of at most `small_batch_rows` rows when one applies:
     GGUF blocks given for a float32 weight (`gguf_linear`, or `gguf_int_linear` when
-    `activation_bits` asks for quantized activations: 8 or 16), or
+    `activation_bits` asks for quantized activations: 8 or 16; blocks of a format not in
+    `block_formats` are ignored; a list is a fused weight's parts in column order, one format
+    each, which only `gguf_int_linear`'s mixed packing takes), or
     inflight's bf16 layout for a bf16 weight (`bf16_linear`, up to the `small_batch_rows` asked
     for).
 
@@ -182,23 +148,32 @@ class PackedLinear(nn.Module):
         self,
         linear: nn.Linear,
         small_batch_rows: int = 0,
-        gguf_blocks: torch.Tensor | None = None,
+        gguf_blocks: torch.Tensor | list[torch.Tensor] | None = None,
         activation_bits: int = 0,
     ) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        if gguf_blocks is not None and tuple(gguf_blocks.shape[:2]) != (
-            self.out_features, self.in_features // 32
+        parts = [] if gguf_blocks is None else (
+            list(gguf_blocks) if isinstance(gguf_blocks, (list, tuple)) else [gguf_blocks]
+        )  # fmt: skip
+        if parts and (
+            sum(p.shape[0] for p in parts) != self.out_features
+            or any(p.dim() != 3 or p.shape[1] * format_of(p).weights != self.in_features
+                   for p in parts)
         ):  # fmt: skip
             raise ValueError(
-                f"GGUF blocks {tuple(gguf_blocks.shape)} do not fit a "
+                f"GGUF blocks {', '.join(str(tuple(p.shape)) for p in parts)} do not fit a "
                 f"[{self.out_features}, {self.in_features}] weight"
             )
         # a float32 weight whose blocks take every batch keeps no float copy: `weight` is then
         # its shape alone (meta), and the loader may not have built the float weight at all
         dtype = torch.float32 if linear.weight is None else linear.weight.dtype
-        self.blocks_only = bool(small_batch_rows > 0 and gguf_blocks is not None
-                                and blocks_serve_every_batch(dtype, activation_bits))  # fmt: skip
+        formats = {format_of(p).name for p in parts}
+        usable = bool(small_batch_rows > 0 and parts
+                      and formats <= block_formats(dtype, activation_bits))  # fmt: skip
+        self.blocks_only = usable and blocks_serve_every_batch(dtype, activation_bits)
+        # parts in different formats: only the integer kernel's mixed packing takes them
+        usable = usable and (len(parts) == 1 or self.blocks_only)
         if linear.weight is None and not self.blocks_only:
             raise ValueError("a linear without its float weight needs GGUF blocks that take "
                              "every batch")  # fmt: skip
@@ -219,19 +194,18 @@ class PackedLinear(nn.Module):
         if small_batch_rows <= 0:
             return
         ext = load_extension()
-        blocks = gguf_blocks is not None and gguf_kernel_applies(weight.dtype, activation_bits)
-        if blocks and decode_rows_from_blocks(activation_bits):
-            self.decode_weight = regroup_blocks(gguf_blocks, 16)
-        if blocks and weight.dtype == torch.float32:
+        if usable and decode_rows_from_blocks(activation_bits):
+            self.decode_weight = regroup_blocks(parts[0], 16)
+        if usable and weight.dtype == torch.float32:
             if activation_bits and self.decode_weight is None:
-                self.small_weight = regroup_blocks(gguf_blocks)
+                self.small_weight = _regrouped(parts)
                 self.small_batch_rows = GGUF_INT_SMALL_BATCH_ROWS[activation_bits]
                 self.small_kernel = f"gguf-int{activation_bits}"
                 self.activation_bits = activation_bits
                 self._small_linear = functools.partial(ext.gguf_int_linear,
                                                        activation_bits=activation_bits)  # fmt: skip
             else:  # exact, or exact for the prompt rows beside the decode rows' blocks
-                self.small_weight = gguf_blocks
+                self.small_weight = parts[0]
                 self.small_batch_rows = GGUF_SMALL_BATCH_ROWS
                 self.small_kernel, self._small_linear = "gguf", ext.gguf_linear
         # inflight's bf16 kernel reads k in pairs
@@ -277,6 +251,14 @@ class PackedLinear(nn.Module):
         if self.decode_weight is not None:
             small += ", decode rows through its GGUF blocks (16-bit x)"
         return f"in_features={self.in_features}, out_features={self.out_features}, packed{small}"
+
+
+def _regrouped(parts: list[torch.Tensor]) -> torch.Tensor:
+    """`gguf_int_linear`'s 8-column packing of a weight's blocks: one format's, or a fused
+    weight's parts in different formats as one mixed packing."""
+    if len(parts) == 1:
+        return regroup_blocks(parts[0])
+    return mixed_packing([(regroup_blocks(p), p.shape[0]) for p in parts])
 
 
 def apply_linear(linear: nn.Module, x: torch.Tensor, decodes: Decodes) -> torch.Tensor:

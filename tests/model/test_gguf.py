@@ -114,7 +114,8 @@ def test_a_second_load_maps_the_tensors_from_the_cached_index(tmp_path, tiny_lla
 
 @pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q4_1, Q.Q8_0], ids=lambda q: q.name)
 def test_an_embedding_kept_as_blocks_looks_up_gguf_dequantized_rows(tmp_path, tiny_llama, qtype):
-    from inflight.model.block_embedding import BlockEmbedding, dequantize_rows
+    from inflight.model.block_embedding import BlockEmbedding
+    from inflight.model.gguf_blocks import dequantize as dequantize_rows
     from inflight.model.packed_linear import blocks_serve_every_batch
 
     rng = np.random.default_rng(3)
@@ -126,7 +127,7 @@ def test_an_embedding_kept_as_blocks_looks_up_gguf_dequantized_rows(tmp_path, ti
     embedding = BlockEmbedding(blocks, torch.float32)
     ids = torch.tensor([[3, 39], [0, 3]])
     assert torch.equal(embedding(ids), torch.from_numpy(want)[ids])
-    with pytest.raises(ValueError, match="GGUF blocks of a kernel format"):
+    with pytest.raises(ValueError, match="GGUF blocks of a known format"):
         BlockEmbedding(blocks[..., :-1], torch.float32)
     if not blocks_serve_every_batch(torch.float32, 16):
         return

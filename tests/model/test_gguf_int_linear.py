@@ -18,6 +18,7 @@ from torch import nn
 from inflight import LLM, SamplingParams
 from inflight.errors import ConfigError
 from inflight.kernels import load_extension
+from inflight.model.gguf_blocks import regroup_blocks
 from inflight.model.gguf_loader import KERNEL_BLOCK_TYPES
 from inflight.model.loader import BF16_DECODE_ROWS_MAX_SEQS, resolve_quantized_activations
 from inflight.model.packed_linear import (
@@ -27,7 +28,6 @@ from inflight.model.packed_linear import (
     PackedLinear,
     can_pack,
     decode_rows_from_blocks,
-    regroup_blocks,
 )
 from tests.gguf_files import write_tiny_gguf
 from tests.model.test_gguf_linear import quantized
@@ -138,7 +138,7 @@ def test_bad_inputs_are_refused():
 
     assert run(x[:0]).shape == (0, 64)
     assert torch.equal(run(x.T.contiguous().T), run(x))
-    with pytest.raises(RuntimeError, match=r"not Q4_0 \(144\), Q4_1 \(160\) or Q8_0 \(272\)"):
+    with pytest.raises(RuntimeError, match=r"none of Q4_0 \(144\), Q4_1 \(160\), Q8_0 \(272\)"):
         run(packed=blocks)  # the file's layout, not the regrouped one
     with pytest.raises(RuntimeError, match="does not match the packing's 8 groups"):
         run(n=65)

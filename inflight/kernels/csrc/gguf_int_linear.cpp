@@ -1,14 +1,19 @@
-// Linear layers with the activations rounded to 8 or 16 bits, over a GGUF file's Q4_0, Q4_1 or
-// Q8_0 blocks regrouped eight output columns at a time (AVX2 + FMA + F16C), or, for 16 bits on
-// AVX-512 VNNI, sixteen (further down): the `quantized_activations` knob's path; gguf_linear.cpp
-// is the exact one. x and y are float32, or bf16 (a bf16 engine's decode rows).
+// Linear layers with the activations rounded to 8 or 16 bits, over a GGUF file's blocks
+// regrouped eight output columns at a time (AVX2 + FMA + F16C): Q4_0, Q4_1 and Q8_0 with either,
+// and with 16 bits the 5-bit and K-quant formats too (Q5_0, Q5_1, Q4_K, Q5_K, Q6_K: what Q4_K_M,
+// Q5_K_M and Q6_K files hold); or, for 16 bits on AVX-512 VNNI, the legacy three sixteen columns
+// at a time (further down): the `quantized_activations` knob's path; gguf_linear.cpp is the
+// exact one. x and y are float32, or bf16 (a bf16 engine's decode rows).
 //
 // x is rounded per block of 32 (scale dx = max|x| / 127 or / 32767, round half to even; 8 bits
 // is llama.cpp's Q8_0 rounding of activations), and each block's dot product is integer. The
 // result is the exact product of the dequantized weights with the rounded x, up to float32
-// summation: Q4_1's offset m meets dx * (the sum of the rounded block), Q4_0's -8 is taken off in
-// integers. Rounding x is the only approximation, at most dx / 2 per element: 8 bits move
-// greedy output within a few dozen tokens, 16 bits rarely (docs/benchmarks.md).
+// summation: an offset m (Q4_1, Q5_1; a K-quant's -dmin * min) meets dx * (the sum of the
+// rounded block), a zero point (Q4_0's 8, Q5_0's 16, Q6_K's 32) is taken off in integers, and a
+// K-quant sub-block's scale d * sc is exact in float32. Q6_K's scales change every 16 weights, so
+// its two halves are summed apart and scaled apart. Rounding x is the only approximation, at
+// most dx / 2 per element: 8 bits move greedy output within a few dozen tokens, 16 bits rarely
+// (docs/benchmarks.md).
 //
 // Why regroup: with one column per dot product, every block ends in a horizontal sum and pays
 // its scale conversions alone, ~20 instructions per 32 weights, so one row is compute-bound well
@@ -19,18 +24,19 @@
 // instructions per 32 weights with 8-bit x (`vpmaddubsw`: bytes times bytes), about 10 with
 // 16-bit x (`vpmaddwd`: the quants widened to 16 bits first).
 //
-// The regrouped layout (`regroup_blocks` in model/packed_linear.py, from the file's
-// [N, K / 32, block bytes] blocks): [ceil(N / 8) groups][K / 32 blocks][8 x fp16 d][8 x fp16 m,
-// Q4_1 only][quants], where the quants are chunks of 32 bytes, chunk j holding bytes 4j..4j+3
-// of each of the 8 columns' block in turn. A 4-bit block's byte i holds element i (low nibble)
-// and element i + 16 (high), so chunk j's low nibbles are elements 4j..4j+3 and its high ones
-// 16+4j..16+4j+3; Q8_0's chunk j is elements 4j..4j+3. The same bytes as the file's, reordered;
-// columns past N are zero.
+// The regrouped layout (`regroup_blocks` in model/gguf_blocks.py, from the file's
+// [N, K / 32 or K / 256, block bytes] blocks): [ceil(N / 8) groups][blocks per row][8 columns'
+// header fields side by side][sub-blocks' quants], where a sub-block's quants are chunks of 32
+// bytes, chunk j holding bytes 4j..4j+3 of each of the 8 columns' 16 nibble bytes in turn (then
+// the 5- and 6-bit formats' high bits: `chunk_values`). A nibble byte i holds element i (low
+// nibble) and element i + 16 (high), so chunk j's low nibbles are elements 4j..4j+3 and its high
+// ones 16+4j..16+4j+3; Q8_0's chunk j is elements 4j..4j+3. gguf_blocks.h has each format's
+// header. Columns past N are zero.
 //
 // Overflow: with 8-bit x, `vpmaddubsw` pairs of nibbles (0-15) times bytes (-127..127) reach
 // 3,810, and eight of them add up in 16 bits to at most 30,480; Q8_0's pairs (magnitudes up to
 // 128, signs moved onto x) reach 32,512, so they widen to 32 bits at once. With 16-bit x every
-// product is 32-bit: 32 of them stay below 2^27.
+// product is 32-bit: 32 of them (quants below 64) stay below 2^27.
 //
 // Every output is a fixed sequence of operations per row, whatever the batch and its tiling.
 //
@@ -72,6 +78,7 @@ struct RoundedRows {
   std::vector<A> q;          // [M, K]
   std::vector<float> scale;  // [M, K / 32]
   std::vector<int32_t> isum;
+  std::vector<int32_t> isum_first;  // the sum of each block's first 16 (Q6_K's halves)
   std::vector<float> sum;
 };
 
@@ -82,9 +89,9 @@ inline int32_t lane_sum(__m256i v) {
 }
 
 // One block of x (32 floats) rounded to A: the integers into `out`; returns the scale and sets
-// `isum` to the integers' sum.
+// `isum` to the integers' sum and `first` to that of the first 16.
 template <class A>
-inline float round_block(const float* xb, A* out, int32_t& isum) {
+inline float round_block(const float* xb, A* out, int32_t& isum, int32_t& first) {
   constexpr float kMax = std::is_same_v<A, int8_t> ? 127.0f : 32767.0f;
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
   __m256 v[4];
@@ -102,7 +109,8 @@ inline float round_block(const float* xb, A* out, int32_t& isum) {
   const __m256 inv = _mm256_set1_ps(d > 0.0f ? 1.0f / d : 0.0f);
   __m256i q[4];
   for (int j = 0; j < 4; ++j) q[j] = _mm256_cvtps_epi32(_mm256_mul_ps(v[j], inv));  // to even
-  isum = lane_sum(_mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3])));
+  first = lane_sum(_mm256_add_epi32(q[0], q[1]));
+  isum = first + lane_sum(_mm256_add_epi32(q[2], q[3]));
   // packs interleave the two 128-bit halves; the permutes put the values back in order
   const __m256i lo = _mm256_packs_epi32(q[0], q[1]), hi = _mm256_packs_epi32(q[2], q[3]);
   auto* dst = reinterpret_cast<__m256i*>(out);
@@ -127,11 +135,12 @@ template <class A>
 RoundedRows<A> round_rows(const float* x, int64_t M, int64_t K) {
   const int64_t n = M * K / kBlock;
   RoundedRows<A> r{std::vector<A>(M * K), std::vector<float>(n), std::vector<int32_t>(n),
-                   std::vector<float>(n)};
+                   std::vector<int32_t>(n), std::vector<float>(n)};
   // blocks round independently: a prompt's rows are split between the threads
   at::parallel_for(0, n, 256, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
-      r.scale[i] = round_block(x + i * kBlock, r.q.data() + i * kBlock, r.isum[i]);
+      r.scale[i] = round_block(x + i * kBlock, r.q.data() + i * kBlock, r.isum[i],
+                               r.isum_first[i]);
       r.sum[i] = r.scale[i] * static_cast<float>(r.isum[i]);
     }
   });
@@ -141,10 +150,10 @@ RoundedRows<A> round_rows(const float* x, int64_t M, int64_t K) {
 template <class A>
 struct Problem {
   const RoundedRows<A>* x;
-  const uint8_t* w;   // [groups, K / 32, group block bytes]
+  const uint8_t* w;   // [groups, K / (32 sub-blocks), group block bytes]
   const float* bias;  // [N] or null
-  float* y;           // [M, N]
-  int64_t K, N;
+  float* y;           // [M, ldy]: this weight's N columns of each row
+  int64_t K, N, ldy;
 };
 
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
@@ -187,9 +196,10 @@ inline __m256i broadcast4(const int16_t* p) {
   return _mm256_set1_epi64x(v);
 }
 
-// One block's dot products with 8-bit x, one column per 32-bit lane.
+// One block's dot products with 8-bit x, one column per 32-bit lane (the legacy formats).
 template <Format F>
 inline __m256i block_dot(const uint8_t* quants, const int8_t* xb) {
+  static_assert(is_legacy(F), "8-bit x multiplies Q4_0, Q4_1 and Q8_0 blocks only");
   if constexpr (F == Format::kQ8_0) {
     __m256i dot = _mm256_setzero_si256();
     for (int j = 0; j < 8; ++j) {
@@ -221,14 +231,50 @@ inline __m256i block_dot(const uint8_t* quants, const int8_t* xb) {
   }
 }
 
-// One block's dot products with 16-bit x. `vpmaddwd` multiplies 16-bit pairs, so each column's
-// 4 quants of a chunk widen to two 32-bit lanes: unpacklo holds columns 0, 1 | 4, 5 (two lanes
-// each), unpackhi columns 2, 3 | 6, 7, and one horizontal add per block puts them back in
+// Chunk j (0-3) of a 4-, 5- or 6-bit sub-block's quants, one byte per value: `low` holds
+// elements 4j..4j+3 of each column, `high` elements 16+4j..16+4j+3. The high bits of the
+// 5- and 6-bit formats follow the 128 bytes of nibbles, 8 or 16 bytes per chunk: position p of
+// the chunk (column p / 4, element p % 4 of its four) has 2 bits (its low and high value's 5th
+// bit) at bits 2 (p / 8) of byte p % 8, or 4 bits (low value's two, then high value's) at bits
+// 4 (p / 16) of byte p % 16; one variable shift per 64-bit lane brings each position's bits to
+// the bottom of its byte.
+template <Format F>
+inline void chunk_values(const uint8_t* quants, int j, __m256i& low, __m256i& high) {
+  const __m256i nibble = _mm256_set1_epi8(0x0F);
+  const __m256i raw = load_chunk(quants + 32 * j);
+  low = _mm256_and_si256(raw, nibble);
+  high = _mm256_and_si256(_mm256_srli_epi16(raw, 4), nibble);
+  if constexpr (extra_bits(F) == 1) {
+    int64_t bits;
+    std::memcpy(&bits, quants + 128 + 8 * j, sizeof bits);
+    const __m256i t =
+        _mm256_srlv_epi64(_mm256_set1_epi64x(bits), _mm256_setr_epi64x(0, 2, 4, 6));
+    low = _mm256_or_si256(low, _mm256_slli_epi16(_mm256_and_si256(t, _mm256_set1_epi8(1)), 4));
+    high = _mm256_or_si256(high, _mm256_slli_epi16(_mm256_and_si256(t, _mm256_set1_epi8(2)), 3));
+  } else if constexpr (extra_bits(F) == 2) {
+    const __m128i bits = _mm_loadu_si128(reinterpret_cast<const __m128i*>(quants + 128 + 16 * j));
+    const __m256i t = _mm256_srlv_epi64(_mm256_broadcastsi128_si256(bits),
+                                        _mm256_setr_epi64x(0, 0, 4, 4));
+    low = _mm256_or_si256(low, _mm256_slli_epi16(_mm256_and_si256(t, _mm256_set1_epi8(3)), 4));
+    high = _mm256_or_si256(high, _mm256_slli_epi16(_mm256_and_si256(t, _mm256_set1_epi8(12)), 2));
+  }
+}
+
+// A sub-block's integer dot products, one column per 32-bit lane: `first` holds all 32 values'
+// (Q6_K: its first 16's, and `second` the last 16's, for their own scales).
+struct Dots {
+  __m256i first, second;
+};
+
+// One sub-block's dot products with 16-bit x. `vpmaddwd` multiplies 16-bit pairs, so each
+// column's 4 quants of a chunk widen to two 32-bit lanes: unpacklo holds columns 0, 1 | 4, 5 (two
+// lanes each), unpackhi columns 2, 3 | 6, 7, and one horizontal add per block puts them back in
 // column order.
 template <Format F>
-inline __m256i block_dot(const uint8_t* quants, const int16_t* xb) {
+inline Dots block_dot(const uint8_t* quants, const int16_t* xb) {
   const __m256i zero = _mm256_setzero_si256();
-  // two chains per half (even and odd steps): a VNNI step waits for the one before it
+  // two chains per half (even and odd steps): a VNNI step waits for the one before it. For the
+  // nibble formats the even steps are elements 0-15 and the odd ones 16-31.
   __m256i lo[2] = {zero, zero}, hi[2] = {zero, zero};
   int step = 0;
   auto add = [&](__m256i wide_lo, __m256i wide_hi, __m256i x) {
@@ -243,34 +289,76 @@ inline __m256i block_dot(const uint8_t* quants, const int16_t* xb) {
           _mm256_srai_epi16(_mm256_unpackhi_epi8(zero, w), 8), broadcast4(xb + 4 * j));
     }
   } else {
-    const __m256i nibble = _mm256_set1_epi8(0x0F);
     for (int j = 0; j < 4; ++j) {
-      const __m256i raw = load_chunk(quants + 32 * j);
-      const __m256i low = _mm256_and_si256(raw, nibble);
-      const __m256i high = _mm256_and_si256(_mm256_srli_epi16(raw, 4), nibble);
+      __m256i low, high;
+      chunk_values<F>(quants, j, low, high);
       add(_mm256_unpacklo_epi8(low, zero), _mm256_unpackhi_epi8(low, zero), broadcast4(xb + 4 * j));
       add(_mm256_unpacklo_epi8(high, zero), _mm256_unpackhi_epi8(high, zero),
           broadcast4(xb + 16 + 4 * j));
     }
   }
-  return _mm256_hadd_epi32(_mm256_add_epi32(lo[0], lo[1]), _mm256_add_epi32(hi[0], hi[1]));
+  if constexpr (F == Format::kQ6_K) {
+    return {_mm256_hadd_epi32(lo[0], hi[0]), _mm256_hadd_epi32(lo[1], hi[1])};
+  }
+  return {_mm256_hadd_epi32(_mm256_add_epi32(lo[0], lo[1]), _mm256_add_epi32(hi[0], hi[1])), zero};
+}
+inline Dots as_dots(__m256i dot) { return {dot, _mm256_setzero_si256()}; }
+
+// A sub-block's scales, one lane per column: `d` (Q6_K: its first 16 weights'), `d2` (Q6_K: the
+// last 16's) and `m`, the offset per unit of x's block sum (d q + m formats). A K-quant's d is
+// its super-block's fp16 d times a small integer: exact in float32 (at most 11 + 8 bits), as
+// dmin times a min is.
+struct SubScales {
+  __m256 d, m, d2;
+};
+
+inline __m256 halves_at(const uint8_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+template <bool Signed>
+inline __m256 bytes_at(const uint8_t* p) {
+  const __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  return _mm256_cvtepi32_ps(Signed ? _mm256_cvtepi8_epi32(v) : _mm256_cvtepu8_epi32(v));
 }
 
-// A row's block of 8 columns added to its accumulator: the integer dot products `dot` scaled
-// (d: the block's 8 weight scales). Both row paths below call this one sequence of float
-// operations, which is what makes their outputs the same bits.
+// Sub-block j's scales from its block's header (8 columns' fields side by side).
+template <Format F>
+inline SubScales sub_scales(const uint8_t* block, int j) {
+  const __m256 d = halves_at(block);
+  if constexpr (F == Format::kQ4_K || F == Format::kQ5_K) {
+    // [8 d][8 dmin][8 sub-blocks x 8 u8 scales][8 sub-blocks x 8 u8 mins]
+    const __m256 mins = _mm256_mul_ps(halves_at(block + 16), bytes_at<false>(block + 96 + 8 * j));
+    return {_mm256_mul_ps(d, bytes_at<false>(block + 32 + 8 * j)),
+            _mm256_xor_ps(mins, _mm256_set1_ps(-0.0f)), d};  // the weight is d sc q - dmin m
+  } else if constexpr (F == Format::kQ6_K) {  // [8 d][16 halves x 8 int8 scales]
+    return {_mm256_mul_ps(d, bytes_at<true>(block + 16 + 16 * j)), d,
+            _mm256_mul_ps(d, bytes_at<true>(block + 24 + 16 * j))};
+  } else if constexpr (has_min(F)) {  // [8 d][8 m]
+    return {d, halves_at(block + 16), d};
+  } else {
+    return {d, d, d};
+  }
+}
+
+// A row's sub-block of 8 columns added to its accumulator: the integer dot products scaled.
+// Both row paths below call this one sequence of float operations, which is what makes their
+// outputs the same bits.
 template <Format F, class A>
-inline __m256 add_block(__m256 acc, __m256i dot, __m256 d, const uint8_t* block,
-                        const RoundedRows<A>& x, int64_t rb) {
-  if constexpr (F == Format::kQ4_0) {  // quants are q - 8
-    dot = _mm256_sub_epi32(dot, _mm256_set1_epi32(8 * x.isum[rb]));
+inline __m256 add_block(__m256 acc, Dots dot, const SubScales& s, const RoundedRows<A>& x,
+                        int64_t rb) {
+  const __m256 dx = _mm256_set1_ps(x.scale[rb]);
+  if constexpr (F == Format::kQ6_K) {  // two halves, each with its scale and its zero point
+    const int32_t first = x.isum_first[rb], second = x.isum[rb] - first;
+    const __m256i a = _mm256_sub_epi32(dot.first, _mm256_set1_epi32(zero_point(F) * first));
+    const __m256i b = _mm256_sub_epi32(dot.second, _mm256_set1_epi32(zero_point(F) * second));
+    acc = _mm256_fmadd_ps(_mm256_mul_ps(s.d, dx), _mm256_cvtepi32_ps(a), acc);
+    return _mm256_fmadd_ps(_mm256_mul_ps(s.d2, dx), _mm256_cvtepi32_ps(b), acc);
   }
-  const __m256 scale = _mm256_mul_ps(d, _mm256_set1_ps(x.scale[rb]));
-  acc = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(dot), acc);
-  if constexpr (F == Format::kQ4_1) {
-    const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 16)));
-    acc = _mm256_fmadd_ps(m, _mm256_set1_ps(x.sum[rb]), acc);
+  if constexpr (zero_point(F) != 0) {  // quants are q - zero point
+    dot.first = _mm256_sub_epi32(dot.first, _mm256_set1_epi32(zero_point(F) * x.isum[rb]));
   }
+  acc = _mm256_fmadd_ps(_mm256_mul_ps(s.d, dx), _mm256_cvtepi32_ps(dot.first), acc);
+  if constexpr (has_min(F)) acc = _mm256_fmadd_ps(s.m, _mm256_set1_ps(x.sum[rb]), acc);
   return acc;
 }
 
@@ -280,25 +368,45 @@ inline void store_row(const Problem<A>& p, int64_t m, int64_t g, __m256 acc) {
   alignas(32) float out[kLanes];
   _mm256_store_ps(out, acc);
   const int64_t n0 = g * kLanes, columns = std::min(kLanes, p.N - n0);
-  float* y = p.y + m * p.N + n0;
+  float* y = p.y + m * p.ldy + n0;
   for (int64_t c = 0; c < columns; ++c) y[c] = p.bias ? out[c] + p.bias[n0 + c] : out[c];
+}
+
+// Sub-block b (of 32 weights) of a group's blocks: its block's header and its quants.
+template <Format F>
+struct SubBlock {
+  const uint8_t* block;
+  const uint8_t* quants;
+  int j;  // its index within its block
+};
+template <Format F>
+inline SubBlock<F> sub_block(const uint8_t* wg, int64_t b) {
+  constexpr int64_t kSubs = sub_blocks(F);
+  const uint8_t* block = wg + (b / kSubs) * group_block_bytes(F);
+  const int j = static_cast<int>(b % kSubs);
+  return {block, block + quants_at(F) + j * kLanes * quant_bytes(F), j};
 }
 
 // Rows m0..m0+MR-1 of the 8 columns of group g.
 template <Format F, class A, int MR>
 void tile(const Problem<A>& p, int64_t m0, int64_t g) {
-  constexpr int64_t kBytes = group_block_bytes(F);
   const int64_t blocks = p.K / kBlock;
-  const uint8_t* wg = p.w + g * blocks * kBytes;
+  const uint8_t* wg = p.w + g * (blocks / sub_blocks(F)) * group_block_bytes(F);
   __m256 acc[MR];
   for (int r = 0; r < MR; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t b = 0; b < blocks; ++b) {
-    const uint8_t* block = wg + b * kBytes;
-    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block)));
+    const SubBlock<F> sb = sub_block<F>(wg, b);
+    const SubScales s = sub_scales<F>(sb.block, sb.j);
     for (int r = 0; r < MR; ++r) {
       const int64_t rb = (m0 + r) * blocks + b;  // this row's block of x
-      const __m256i dot = block_dot<F>(block + quants_at(F), p.x->q.data() + rb * kBlock);
-      acc[r] = add_block<F>(acc[r], dot, d, block, *p.x, rb);
+      const A* xb = p.x->q.data() + rb * kBlock;
+      Dots dot;
+      if constexpr (std::is_same_v<A, int8_t>) {
+        dot = as_dots(block_dot<F>(sb.quants, xb));
+      } else {
+        dot = block_dot<F>(sb.quants, xb);
+      }
+      acc[r] = add_block<F>(acc[r], dot, s, *p.x, rb);
     }
   }
   for (int r = 0; r < MR; ++r) store_row(p, m0 + r, g, acc[r]);
@@ -327,10 +435,9 @@ constexpr int64_t widened_x_offset(int s) {
 // The group's blocks [blocks][16 vectors], widened to 16 bits as `block_dot` does.
 template <Format F>
 void widen_group(const uint8_t* wg, int64_t blocks, __m256i* out) {
-  constexpr int64_t kBytes = group_block_bytes(F);
-  const __m256i zero = _mm256_setzero_si256(), nibble = _mm256_set1_epi8(0x0F);
+  const __m256i zero = _mm256_setzero_si256();
   for (int64_t b = 0; b < blocks; ++b) {
-    const uint8_t* quants = wg + b * kBytes + quants_at(F);
+    const uint8_t* quants = sub_block<F>(wg, b).quants;
     __m256i* v = out + b * kWidened;
     if constexpr (F == Format::kQ8_0) {
       for (int j = 0; j < 8; ++j) {
@@ -340,9 +447,8 @@ void widen_group(const uint8_t* wg, int64_t blocks, __m256i* out) {
       }
     } else {
       for (int j = 0; j < 4; ++j) {
-        const __m256i raw = load_chunk(quants + 32 * j);
-        const __m256i low = _mm256_and_si256(raw, nibble);
-        const __m256i high = _mm256_and_si256(_mm256_srli_epi16(raw, 4), nibble);
+        __m256i low, high;
+        chunk_values<F>(quants, j, low, high);
         v[4 * j] = _mm256_unpacklo_epi8(low, zero);
         v[4 * j + 1] = _mm256_unpackhi_epi8(low, zero);
         v[4 * j + 2] = _mm256_unpacklo_epi8(high, zero);
@@ -355,37 +461,43 @@ void widen_group(const uint8_t* wg, int64_t blocks, __m256i* out) {
 // Rows m0..m0+MR-1 of the 8 columns of group g, from its widened blocks `wv`.
 template <Format F, int MR>
 void widened_tile(const Problem<int16_t>& p, const __m256i* wv, int64_t m0, int64_t g) {
-  constexpr int64_t kBytes = group_block_bytes(F);
+  // Q6_K keeps its two halves (the even and the odd steps) apart, for their own scales
+  constexpr int kHalves = F == Format::kQ6_K ? 2 : 1;
   const int64_t blocks = p.K / kBlock;
-  const uint8_t* wg = p.w + g * blocks * kBytes;
+  const uint8_t* wg = p.w + g * (blocks / sub_blocks(F)) * group_block_bytes(F);
   const int16_t* xq = p.x->q.data() + m0 * p.K;
   __m256 acc[MR];
   for (int r = 0; r < MR; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t b = 0; b < blocks; ++b) {
     const __m256i* v = wv + b * kWidened;
-    __m256i lo[MR], hi[MR];
+    Dots dots[MR];
     // row by row, the widened quants read from L1 as operands: the integer multiplies, not
     // the loads, are the limit, and holding quants in registers across rows spills
     for (int r = 0; r < MR; ++r) {
       const int16_t* xb = xq + r * p.K + b * kBlock;
-      __m256i l = _mm256_setzero_si256(), h = l;
+      __m256i l[kHalves], h[kHalves];
+      for (int c = 0; c < kHalves; ++c) l[c] = h[c] = _mm256_setzero_si256();
 #pragma GCC unroll 8
       for (int s = 0; s < 8; ++s) {
         const __m256i x4 = broadcast4(xb + widened_x_offset<F>(s));
-        l = add_pair_dots(l, _mm256_load_si256(v + 2 * s), x4);
-        h = add_pair_dots(h, _mm256_load_si256(v + 2 * s + 1), x4);
+        const int c = s % kHalves;
+        l[c] = add_pair_dots(l[c], _mm256_load_si256(v + 2 * s), x4);
+        h[c] = add_pair_dots(h[c], _mm256_load_si256(v + 2 * s + 1), x4);
         // keeps each step's sum in its register: left free, GCC computes all 16 products
         // first and spills them to the stack before adding
-        asm("" : "+x"(l), "+x"(h));
+        asm("" : "+x"(l[c]), "+x"(h[c]));
       }
-      lo[r] = l;
-      hi[r] = h;
+      if constexpr (kHalves == 2) {
+        dots[r] = {_mm256_hadd_epi32(l[0], h[0]), _mm256_hadd_epi32(l[1], h[1])};
+      } else {
+        dots[r] = as_dots(_mm256_hadd_epi32(l[0], h[0]));
+      }
     }
-    const uint8_t* block = wg + b * kBytes;
-    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block)));
+    const SubBlock<F> sb = sub_block<F>(wg, b);
+    const SubScales s = sub_scales<F>(sb.block, sb.j);
     for (int r = 0; r < MR; ++r) {
       const int64_t rb = (m0 + r) * blocks + b;  // this row's block of x
-      acc[r] = add_block<F>(acc[r], _mm256_hadd_epi32(lo[r], hi[r]), d, block, *p.x, rb);
+      acc[r] = add_block<F>(acc[r], dots[r], s, *p.x, rb);
     }
   }
   for (int r = 0; r < MR; ++r) store_row(p, m0 + r, g, acc[r]);
@@ -397,12 +509,13 @@ void run_widened(const Problem<int16_t>& p, int64_t M) {
   static constexpr TileFn kTiles[kMaxRows] = {&widened_tile<F, 1>, &widened_tile<F, 2>,
                                               &widened_tile<F, 3>, &widened_tile<F, 4>};
   const int64_t groups = (p.N + kLanes - 1) / kLanes, blocks = p.K / kBlock;
+  const int64_t group_bytes = (blocks / sub_blocks(F)) * group_block_bytes(F);
   at::parallel_for(0, groups, 1, [&](int64_t g_begin, int64_t g_end) {
     std::vector<__m256i> widened(blocks * kWidened);  // 32-byte aligned (C++17 new)
     for (int64_t panel = 0; panel < M; panel += kUnpackPanel) {
       const int64_t panel_end = std::min(M, panel + kUnpackPanel);
       for (int64_t g = g_begin; g < g_end; ++g) {
-        widen_group<F>(p.w + g * blocks * group_block_bytes(F), blocks, widened.data());
+        widen_group<F>(p.w + g * group_bytes, blocks, widened.data());
         for (int64_t m0 = panel; m0 < panel_end; m0 += kMaxRows) {
           kTiles[std::min<int64_t>(kMaxRows, panel_end - m0) - 1](p, widened.data(), m0, g);
         }
@@ -473,8 +586,8 @@ TiledRows round_rows_tiled(const In* x, int64_t M, int64_t K) {
       const int64_t m = i / blocks, b = i % blocks;
       const int64_t tile = m / kWideRows, r = m % kWideRows;
       const int64_t at = (tile * blocks + b) * kWideRows + r;
-      int32_t isum;
-      const float d = round_block(block_as_float(x + i * kBlock, buf), q, isum);
+      int32_t isum, first;
+      const float d = round_block(block_as_float(x + i * kBlock, buf), q, isum, first);
       t.scale[at] = d;
       t.isum[at] = isum;
       t.sum[at] = d * static_cast<float>(isum);
@@ -490,8 +603,8 @@ struct WideProblem {
   const TiledRows* x;
   const uint8_t* w;   // [groups of 16, K / 32, wide block bytes]
   const float* bias;  // [N] or null
-  Out* y;             // [M, N]
-  int64_t K, N;
+  Out* y;             // [M, ldy]: this weight's N columns of each row
+  int64_t K, N, ldy;
 };
 
 // 16 float32 outputs (the first `mask` lanes) to float32 or bf16 storage.
@@ -581,7 +694,7 @@ void wide_tile(const WideProblem<Out>& p, int64_t tile, int64_t g) {
   for (int r = 0; r < MR; ++r) {
     __m512 out = acc[r];
     if (p.bias) out = _mm512_add_ps(out, _mm512_maskz_loadu_ps(mask, p.bias + n0));
-    store16(p.y + (tile * kWideRows + r) * p.N + n0, mask, out);
+    store16(p.y + (tile * kWideRows + r) * p.ldy + n0, mask, out);
   }
 }
 
@@ -614,8 +727,8 @@ template <class In, class Out>
 void round_and_run_wide(const In* x, int64_t M, int64_t K, const uint8_t* w, const float* bias,
                         Out* y, int64_t N, Format format) {
   const TiledRows rounded = round_rows_tiled(x, M, K);
-  const WideProblem<Out> p{&rounded, w, bias, y, K, N};
-  with_format(format, [&](auto f) { run_wide<f.value>(p, M); });
+  const WideProblem<Out> p{&rounded, w, bias, y, K, N, N};
+  with_legacy_format(format, [&](auto f) { run_wide<f.value>(p, M); });
 }
 constexpr bool kWide16 = true;
 #else
@@ -625,12 +738,75 @@ constexpr bool kWide16 = false;
 // Columns per group of the layout that `bits`-bit x multiplies over on this build.
 constexpr int64_t columns_for(int64_t bits) { return kWide16 && bits == 16 ? 16 : kLanes; }
 
+// A run of a weight's output columns in one format: its groups' blocks at `w`.
+struct Segment {
+  const uint8_t* w;
+  Format format;
+  int64_t n0, N, K;  // its first column, its columns, and in_features
+};
+
+// The packing's segments: one for a [groups, blocks, group block bytes] tensor; for a fused
+// weight whose parts came in different formats (a Q4_K_M file's q, k and v), the 1-D packing
+// `model/gguf_blocks.py` writes: int64 [segments, then per segment: columns, blocks per row,
+// group block bytes, byte offset], then the segments' blocks.
+std::vector<Segment> segments_of(const at::Tensor& packed, int64_t lanes) {
+  TORCH_CHECK(packed.scalar_type() == at::kByte && packed.is_contiguous() &&
+                  (packed.dim() == 3 || packed.dim() == 1),
+              "packed: uint8 [ceil(out_features / ", lanes,
+              "), in_features / (32 or 256), group block bytes], or a 1-D mixed packing");
+  const uint8_t* base = packed.data_ptr<uint8_t>();
+  auto format_for = [&](int64_t bytes) {
+    const std::optional<Format> f = bytes % lanes ? std::nullopt : format_of(bytes / lanes);
+    TORCH_CHECK(f, "group blocks of ", bytes, " bytes: none of Q4_0 (", lanes * 18, "), Q4_1 (",
+                lanes * 20, "), Q8_0 (", lanes * 34, "), Q5_0 (", lanes * 22, "), Q5_1 (",
+                lanes * 24, "), Q4_K (", lanes * 148, "), Q5_K (", lanes * 180, ") or Q6_K (",
+                lanes * 210, ")");
+    return *f;
+  };
+  if (packed.dim() == 3) {
+    const Format f = format_for(packed.size(2));
+    const int64_t K = packed.size(1) * sub_blocks(f) * kBlock;
+    return {{base, f, 0, packed.size(0) * lanes, K}};
+  }
+  const int64_t total = packed.numel();
+  auto field = [&](int64_t i) {
+    TORCH_CHECK((i + 1) * 8 <= total, "mixed packing: truncated header");
+    int64_t v;
+    std::memcpy(&v, base + 8 * i, sizeof v);
+    return v;
+  };
+  const int64_t count = field(0);
+  TORCH_CHECK(count > 0 && count <= 64, "mixed packing: ", count, " segments");
+  std::vector<Segment> segments;
+  int64_t n0 = 0;
+  for (int64_t s = 0; s < count; ++s) {
+    const int64_t N = field(1 + 4 * s), blocks = field(2 + 4 * s), bytes = field(3 + 4 * s),
+                  offset = field(4 + 4 * s);
+    const Format f = format_for(bytes);
+    const int64_t groups = (N + lanes - 1) / lanes;
+    TORCH_CHECK(N > 0 && N < (int64_t{1} << 31) && blocks > 0 && blocks < (int64_t{1} << 31) &&
+                    offset >= 0 && offset % 64 == 0 &&
+                    offset + groups * blocks * bytes <= total,
+                "mixed packing: segment ", s, " runs past the packing");
+    segments.push_back({base + offset, f, n0, N, blocks * sub_blocks(f) * kBlock});
+    n0 += N;
+  }
+  return segments;
+}
+
+// y = x W^T (+ bias): x rounded once, then each segment's columns.
 template <class A>
-void round_and_run(const float* x, int64_t M, int64_t K, const uint8_t* w, const float* bias,
-                   float* y, int64_t N, Format format) {
+void round_and_run(const float* x, int64_t M, int64_t K, const std::vector<Segment>& segments,
+                   const float* bias, float* y, int64_t ldy) {
   const RoundedRows<A> rounded = round_rows<A>(x, M, K);
-  const Problem<A> p{&rounded, w, bias, y, K, N};
-  with_format(format, [&](auto f) { run<f.value>(p, M); });
+  for (const Segment& s : segments) {
+    const Problem<A> p{&rounded, s.w, bias ? bias + s.n0 : nullptr, y + s.n0, K, s.N, ldy};
+    if constexpr (std::is_same_v<A, int8_t>) {
+      with_legacy_format(s.format, [&](auto f) { run<f.value>(p, M); });
+    } else {
+      with_format(s.format, [&](auto f) { run<f.value>(p, M); });
+    }
+  }
 }
 
 }  // namespace
@@ -653,16 +829,23 @@ void gguf_int_linear_into(const at::Tensor& x_in, const at::Tensor& packed,
   TORCH_CHECK(activation_bits == 8 || activation_bits == 16,
               "activation_bits must be 8 or 16, got ", activation_bits);
   const int64_t lanes = columns_for(activation_bits);
-  TORCH_CHECK(packed.dim() == 3 && packed.scalar_type() == at::kByte && packed.is_contiguous(),
-              "packed: uint8 [ceil(out_features / ", lanes,
-              "), in_features / 32, group block bytes]");
-  const int64_t groups = packed.size(0), K = packed.size(1) * kBlock, bytes = packed.size(2);
-  const std::optional<Format> format = bytes % lanes ? std::nullopt : format_of(bytes / lanes);
-  TORCH_CHECK(format, "group blocks of ", bytes, " bytes: not Q4_0 (", lanes * 18, "), Q4_1 (",
-              lanes * 20, ") or Q8_0 (", lanes * 34, ")");
-  TORCH_CHECK(out_features > 0 && (out_features + lanes - 1) / lanes == groups,
-              "out_features ", out_features, " does not match the packing's ", groups,
-              " groups of ", lanes);
+  std::vector<Segment> segments = segments_of(packed, lanes);
+  const int64_t K = segments[0].K;
+  for (const Segment& s : segments) {
+    TORCH_CHECK(s.K == K, "mixed packing: segments of ", s.K, " and ", K, " in_features");
+    TORCH_CHECK(is_legacy(s.format) || (activation_bits == 16 && lanes == kLanes),
+                "5-bit and K-quant blocks take 16-bit x, in groups of 8 columns");
+  }
+  const int64_t columns = segments.back().n0 + segments.back().N;
+  if (packed.dim() == 3) {  // its last group may end in padding
+    TORCH_CHECK(out_features > 0 && out_features > columns - lanes && out_features <= columns,
+                "out_features ", out_features, " does not match the packing's ",
+                columns / lanes, " groups of ", lanes);
+    segments[0].N = out_features;
+  } else {
+    TORCH_CHECK(out_features == columns, "out_features ", out_features,
+                " does not match the mixed packing's ", columns, " columns");
+  }
   TORCH_CHECK(x_in.dim() == 2 && x_in.size(1) == K &&
                   (x_in.scalar_type() == at::kFloat || x_in.scalar_type() == at::kBFloat16),
               "x: [rows, ", K, "] float32 or bfloat16");
@@ -675,22 +858,24 @@ void gguf_int_linear_into(const at::Tensor& x_in, const at::Tensor& packed,
                   y.scalar_type() == x_in.scalar_type() && y.is_contiguous(),
               "y: [rows, out_features] in x's dtype, contiguous");
   if (M == 0) return;
-  const uint8_t* w = packed.data_ptr<uint8_t>();
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
   if (activation_bits == 16) {  // x read and y written in their own dtype
+    TORCH_CHECK(segments.size() == 1, "the 16-column layout has no mixed packing");
+    const uint8_t* w = segments[0].w;
+    const Format format = segments[0].format;
     const at::Tensor x = x_in.contiguous();
     if (x.scalar_type() == at::kFloat) {
       round_and_run_wide(x.data_ptr<float>(), M, K, w, bias_p, y.data_ptr<float>(),
-                         out_features, *format);
+                         out_features, format);
       return;
     }
 #ifdef __AVX512BF16__
     round_and_run_wide(x.data_ptr<c10::BFloat16>(), M, K, w, bias_p,
-                       y.data_ptr<c10::BFloat16>(), out_features, *format);
+                       y.data_ptr<c10::BFloat16>(), out_features, format);
 #else
     auto y_f32 = at::empty({M, out_features}, x.options().dtype(at::kFloat));
     round_and_run_wide(x.data_ptr<c10::BFloat16>(), M, K, w, bias_p, y_f32.data_ptr<float>(),
-                       out_features, *format);
+                       out_features, format);
     y.copy_(y_f32);
 #endif
     return;
@@ -700,11 +885,11 @@ void gguf_int_linear_into(const at::Tensor& x_in, const at::Tensor& packed,
   const at::Tensor x = x_in.to(at::kFloat).contiguous();
   auto y_f32 = x_in.scalar_type() == at::kFloat ? y : at::empty({M, out_features}, x.options());
   if (activation_bits == 8) {
-    round_and_run<int8_t>(x.data_ptr<float>(), M, K, w, bias_p, y_f32.data_ptr<float>(),
-                          out_features, *format);
+    round_and_run<int8_t>(x.data_ptr<float>(), M, K, segments, bias_p, y_f32.data_ptr<float>(),
+                          out_features);
   } else {
-    round_and_run<int16_t>(x.data_ptr<float>(), M, K, w, bias_p, y_f32.data_ptr<float>(),
-                           out_features, *format);
+    round_and_run<int16_t>(x.data_ptr<float>(), M, K, segments, bias_p, y_f32.data_ptr<float>(),
+                           out_features);
   }
   if (!y_f32.is_same(y)) y.copy_(y_f32);
 }

@@ -176,7 +176,7 @@ at::Tensor gguf_linear(const at::Tensor& x_in, const at::Tensor& blocks,
               "blocks: uint8 [out_features, in_features / 32, block bytes]");
   const int64_t N = blocks.size(0), K = blocks.size(1) * kBlock, bytes = blocks.size(2);
   const std::optional<Format> format = format_of(bytes);
-  TORCH_CHECK(format, "blocks of ", bytes, " bytes: not Q4_0 (18), Q4_1 (20) or Q8_0 (34)");
+  TORCH_CHECK(format && is_legacy(*format), "blocks of ", bytes, " bytes: not Q4_0 (18), Q4_1 (20) or Q8_0 (34)");
   TORCH_CHECK(out_features == N, "out_features ", out_features, " does not match the blocks' ",
               N);
   TORCH_CHECK(x_in.dim() == 2 && x_in.size(1) == K && x_in.scalar_type() == at::kFloat,
@@ -201,7 +201,7 @@ at::Tensor gguf_linear(const at::Tensor& x_in, const at::Tensor& blocks,
   const Problem p{xp, x_sums.data(), blocks.data_ptr<uint8_t>(),
                   bias_f32.defined() ? bias_f32.data_ptr<float>() : nullptr, y.data_ptr<float>(),
                   K, N, blocks_per_row * bytes};
-  with_format(*format, [&](auto f) { run<f.value>(p, M); });
+  with_legacy_format(*format, [&](auto f) { run<f.value>(p, M); });
   return y;
 }
 

@@ -1,0 +1,295 @@
+"""GGUF's block formats as the CPU kernels read them: unpacked to integers, dequantized, and
+regrouped into `kernels/csrc/gguf_int_linear.cpp`'s layout.
+
+A block holds 32 weights (Q4_0, Q4_1, Q8_0, Q5_0, Q5_1) or a 256-weight super-block of eight
+32-weight sub-blocks (Q4_K, Q5_K, Q6_K: what Q4_K_M, Q5_K_M and Q6_K files are made of). Every
+weight is a scale times an unsigned quant, less a zero point or plus an offset:
+
+| format | file bytes | weight |
+|---|---|---|
+| Q4_0, Q5_0 | 18, 22 | d (q - 8), d (q - 16) |
+| Q4_1, Q5_1 | 20, 24 | d q + m |
+| Q8_0 | 34 | d q (q signed) |
+| Q4_K, Q5_K | 144, 176 | (d sc) q - (dmin min), a 6-bit sc and min per sub-block |
+| Q6_K | 210 | (d sc) (q - 32), an int8 sc per 16 weights |
+
+`dequantize` computes those float32 operations in the `gguf` package's order, so its values are
+gguf's bit for bit. The kernel layout keeps the quants' bits and the header's fields as they
+are (6-bit sc and min widened to a byte each: Q4_K's 144 bytes per column become 148, Q5_K's
+176 become 180; the rest keep their size), re-laid so that eight columns share each
+instruction: csrc/gguf_int_linear.cpp and csrc/gguf_blocks.h say how they are read.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+
+GROUP = 8  # columns that gguf_int_linear computes together, one per float32 lane
+
+
+@dataclass(frozen=True)
+class BlockFormat:
+    name: str
+    file_bytes: int  # one block's bytes in the file
+    weights: int  # per block
+    layout_bytes: int  # one block's bytes per column in gguf_int_linear's layout
+    bits: int  # per quant
+
+    @property
+    def legacy(self) -> bool:
+        """Q4_0, Q4_1, Q8_0: the formats every kernel reads (the exact one, 8-bit x, the
+        16-column layout)."""
+        return self.name in ("Q4_0", "Q4_1", "Q8_0")
+
+
+FORMATS = {
+    f.file_bytes: f
+    for f in (
+        BlockFormat("Q4_0", 18, 32, 18, 4),
+        BlockFormat("Q4_1", 20, 32, 20, 4),
+        BlockFormat("Q8_0", 34, 32, 34, 8),
+        BlockFormat("Q5_0", 22, 32, 22, 5),
+        BlockFormat("Q5_1", 24, 32, 24, 5),
+        BlockFormat("Q4_K", 144, 256, 148, 4),
+        BlockFormat("Q5_K", 176, 256, 180, 5),
+        BlockFormat("Q6_K", 210, 256, 210, 6),
+    )
+}
+BY_NAME = {f.name: f for f in FORMATS.values()}
+
+
+def format_of(blocks: torch.Tensor) -> BlockFormat:
+    """The format of uint8 blocks [..., blocks, block bytes], told by their size."""
+    if blocks.dtype != torch.uint8 or blocks.dim() < 2 or blocks.shape[-1] not in FORMATS:
+        raise ValueError(f"GGUF blocks of a known format expected, got {tuple(blocks.shape)} "
+                         f"{blocks.dtype}")  # fmt: skip
+    return FORMATS[blocks.shape[-1]]
+
+
+@dataclass
+class Unpacked:
+    """A tensor's blocks [..., n, bytes] as integers, each field as the file holds it."""
+
+    q: torch.Tensor  # [..., n, weights] the quants: uint8 (Q8_0: int8), in weight order
+    d: torch.Tensor  # [..., n] fp16
+    m: torch.Tensor | None = None  # [..., n] fp16: Q4_1 / Q5_1's m, a K-quant's dmin
+    scales: torch.Tensor | None = None  # [..., n, 8] uint8 (Q4_K, Q5_K); [..., n, 16] int8 (Q6_K)
+    mins: torch.Tensor | None = None  # [..., n, 8] uint8 (Q4_K, Q5_K)
+
+
+def _half(raw: torch.Tensor) -> torch.Tensor:
+    return raw.contiguous().view(torch.float16).squeeze(-1)
+
+
+def _nibbles(qs: torch.Tensor) -> torch.Tensor:
+    """32-weight blocks' 16 bytes: byte i holds weight i (low nibble) and i + 16 (high)."""
+    return torch.cat([qs & 15, qs >> 4], dim=-1)
+
+
+def _bits(packed: torch.Tensor, count: int, width: int) -> torch.Tensor:
+    """The `count` fields of `width` bits in each row of bytes, lowest bits first."""
+    shifts = torch.arange(0, 8, width, dtype=torch.uint8)
+    fields = (packed.unsqueeze(-1) >> shifts) & ((1 << width) - 1)
+    return fields.flatten(-2)[..., :count]
+
+
+def _k_scales(raw: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q4_K / Q5_K's 12 bytes -> 8 6-bit scales and 8 6-bit mins: bytes 0-3 hold scales 0-3
+    (low 6 bits) and the top 2 bits of scales 4-7; 4-7 the same for the mins; 8-11 the low 4
+    bits of scales 4-7 (low nibble) and mins 4-7 (high)."""
+    d, m, md = raw[..., 0:4], raw[..., 4:8], raw[..., 8:12]
+    scales = torch.cat([d & 63, (md & 15) | ((d >> 2) & 48)], dim=-1)
+    mins = torch.cat([m & 63, (md >> 4) | ((m >> 2) & 48)], dim=-1)
+    return scales, mins
+
+
+def unpack(blocks: torch.Tensor) -> Unpacked:
+    """Blocks [..., n, bytes] -> their integer fields (the file's layouts, per ggml)."""
+    fmt, b = format_of(blocks), blocks
+    lead = b.shape[:-1]
+    if fmt.name == "Q8_0":
+        return Unpacked(b[..., 2:].contiguous().view(torch.int8), _half(b[..., 0:2]))
+    if fmt.name in ("Q4_0", "Q4_1"):
+        start = 2 if fmt.name == "Q4_0" else 4
+        m = _half(b[..., 2:4]) if fmt.name == "Q4_1" else None
+        return Unpacked(_nibbles(b[..., start:]), _half(b[..., 0:2]), m)
+    if fmt.name in ("Q5_0", "Q5_1"):  # a uint32 (little-endian) of 5th bits, weight i's at bit i
+        start = 2 if fmt.name == "Q5_0" else 4
+        m = _half(b[..., 2:4]) if fmt.name == "Q5_1" else None
+        high = _bits(b[..., start : start + 4], 32, 1)
+        return Unpacked(_nibbles(b[..., start + 4 :]) | (high << 4), _half(b[..., 0:2]), m)
+    if fmt.name in ("Q4_K", "Q5_K"):
+        scales, mins = _k_scales(b[..., 4:16])
+        qs = b[..., -128:].reshape(*lead, 4, 1, 32)
+        # 32-byte chunk c: low nibbles are sub-block 2c, high ones 2c + 1
+        q = torch.cat([qs & 15, qs >> 4], dim=-2).reshape(*lead, 256)
+        if fmt.name == "Q5_K":  # 32 bytes: bit s of byte i is sub-block s's weight i's 5th bit
+            high = _bits(b[..., 16:48], 256, 1).reshape(*lead, 32, 8).transpose(-1, -2)
+            q = q | (high.reshape(*lead, 256) << 4)
+        return Unpacked(q, _half(b[..., 0:2]), _half(b[..., 2:4]), scales, mins)
+    # Q6_K: 128 bytes of low nibbles, 64 of 2-bit highs, 16 int8 scales, fp16 d. Each half of
+    # 128 weights: nibble byte l (of 64) holds weights l (low) and 64 + l (high); 2-bit byte l
+    # (of 32) holds weights l, 32 + l, 64 + l and 96 + l (bits 0-1, 2-3, 4-5, 6-7).
+    ql = b[..., :128].reshape(*lead, 2, 1, 64)
+    low = torch.cat([ql & 15, ql >> 4], dim=-2).reshape(*lead, 2, 128)
+    high = _bits(b[..., 128:192].reshape(*lead, 2, 32), 128, 2)
+    high = high.reshape(*lead, 2, 32, 4).transpose(-1, -2).reshape(*lead, 2, 128)
+    q = (low | (high << 4)).reshape(*lead, 256)
+    return Unpacked(q, _half(b[..., 208:210]), scales=b[..., 192:208].contiguous().view(torch.int8))
+
+
+def dequantize(blocks: torch.Tensor) -> torch.Tensor:
+    """uint8 blocks [..., n, bytes] -> float32 [..., n * weights]: gguf's values, bit for bit
+    (the same float32 operations in the same order)."""
+    fmt, u = format_of(blocks), unpack(blocks)
+    d = u.d.float().unsqueeze(-1)
+    if fmt.name in ("Q4_0", "Q5_0"):
+        w = d * (u.q.to(torch.int8) - (8 if fmt.name == "Q4_0" else 16)).float()
+    elif fmt.name == "Q8_0":
+        w = d * u.q.float()
+    elif fmt.name in ("Q4_1", "Q5_1"):
+        w = d * u.q.float() + u.m.float().unsqueeze(-1)
+    elif fmt.name == "Q6_K":
+        dl = (d * u.scales.float()).unsqueeze(-1)  # per 16 weights
+        w = dl * (u.q.to(torch.int8) - 32).float().unflatten(-1, (16, 16))
+    else:  # Q4_K, Q5_K
+        dl = (d * u.scales.float()).unsqueeze(-1)
+        dm = (u.m.float().unsqueeze(-1) * u.mins.float()).unsqueeze(-1)
+        w = dl * u.q.float().unflatten(-1, (8, 32)) - dm
+    return w.reshape(*blocks.shape[:-2], -1)
+
+
+# --- gguf_int_linear's layout -------------------------------------------------------------
+
+# rows regrouped at a time: bounds the integer copies a large tensor's regrouping holds
+_ROWS_PER_PASS = 4096
+
+
+def regroup_blocks(blocks: torch.Tensor, columns: int = GROUP) -> torch.Tensor:
+    """A weight's GGUF blocks [N, blocks per row, block bytes] in `gguf_int_linear`'s layout,
+    `columns` (8 or 16: `gguf_int_linear_columns`; 16 for the legacy formats only) columns at a
+    time: [ceil(N / columns), blocks per row, columns x layout bytes]. Columns past N are zero
+    blocks."""
+    fmt = format_of(blocks)
+    n, per_row, _ = blocks.shape
+    if fmt.legacy:
+        return _regroup_legacy(blocks, columns)
+    if columns != GROUP:
+        raise ValueError(f"{fmt.name} blocks have the 8-column layout only")
+    groups = -(-n // GROUP)
+    out = torch.empty(groups, per_row, GROUP * fmt.layout_bytes, dtype=torch.uint8)
+    for start in range(0, n, _ROWS_PER_PASS):  # a multiple of 8: passes align with groups
+        part = blocks[start : start + _ROWS_PER_PASS]
+        if part.shape[0] % GROUP:
+            part = torch.cat([part, part.new_zeros(-part.shape[0] % GROUP, *part.shape[1:])])
+        out[start // GROUP : (start + part.shape[0]) // GROUP] = _regroup(part, fmt)
+    return out
+
+
+def _side_by_side(field: torch.Tensor) -> torch.Tensor:
+    """[N, n, k] per-column bytes -> [N / 8, n, k x 8]: for each of the k, the 8 columns'."""
+    per_row, k = field.shape[1:]
+    return field.view(-1, GROUP, per_row, k).permute(0, 2, 3, 1).reshape(-1, per_row, k * GROUP)
+
+
+def _halves_side_by_side(h: torch.Tensor) -> torch.Tensor:
+    """[N, n] fp16 -> [N / 8, n, 16]: the 8 columns' values, each its 2 bytes."""
+    return h.reshape(-1, GROUP, h.shape[1]).transpose(1, 2).contiguous().view(torch.uint8)
+
+
+def _regroup(blocks: torch.Tensor, fmt: BlockFormat) -> torch.Tensor:
+    """A multiple of 8 rows of a 5-bit or K-quant format in the layout."""
+    u = unpack(blocks)
+    n, per_row = blocks.shape[:2]
+    header = [_halves_side_by_side(u.d)]
+    if u.m is not None:
+        header.append(_halves_side_by_side(u.m))
+    if u.scales is not None:
+        header.append(_side_by_side(u.scales.view(torch.uint8)))
+    if u.mins is not None:
+        header.append(_side_by_side(u.mins))
+    # sub-blocks of 32: 16 nibble bytes per column (byte i: weight i low, i + 16 high), laid as
+    # 4 chunks of 4 bytes from each of the 8 columns in turn
+    q = u.q.view(n // GROUP, GROUP, per_row, -1, 2, 4, 4)  # [G, col, n, sub, half, chunk, t]
+    nibble = q & 15
+    nibbles = nibble[..., 0, :, :] | (nibble[..., 1, :, :] << 4)  # [G, col, n, sub, chunk, t]
+    parts = [nibbles.permute(0, 2, 3, 4, 1, 5)]  # [G, n, sub, chunk, col, t]
+    if fmt.bits > 4:
+        high = (q >> 4).permute(0, 2, 3, 5, 1, 6, 4)  # [G, n, sub, chunk, col, t, half]
+        high = high.reshape(*high.shape[:4], 32, 2)  # position p = 4 col + t
+        if fmt.bits == 5:  # 2 bits per position: byte p % 8, bits 2 (p / 8)
+            f = (high[..., 0] | (high[..., 1] << 1)).view(*high.shape[:4], 4, 8)
+            extra = f[..., 0, :] | (f[..., 1, :] << 2) | (f[..., 2, :] << 4) | (f[..., 3, :] << 6)
+        else:  # 4 bits per position: byte p % 16, bits 4 (p / 16)
+            f = (high[..., 0] | (high[..., 1] << 2)).view(*high.shape[:4], 2, 16)
+            extra = f[..., 0, :] | (f[..., 1, :] << 4)
+        parts = [parts[0].reshape(*parts[0].shape[:4], 32), extra]
+    subs = torch.cat([p.reshape(*p.shape[:3], -1) for p in parts], dim=-1)  # [G, n, sub, bytes]
+    return torch.cat([*header, subs.flatten(-2)], dim=-1)
+
+
+# A legacy block's bytes before its quants, by block size: fp16 d (Q4_0, Q8_0), d and m (Q4_1).
+_LEGACY_HEADER_BYTES = {18: 2, 20: 4, 34: 2}
+
+
+def _regroup_legacy(blocks: torch.Tensor, columns: int) -> torch.Tensor:
+    """Q4_0 / Q4_1 / Q8_0: the same bytes reordered."""
+    n, num_blocks, block_bytes = blocks.shape
+    header = _LEGACY_HEADER_BYTES[block_bytes]
+    if n % columns:
+        blocks = torch.cat([blocks, blocks.new_zeros(-n % columns, num_blocks, block_bytes)])
+    # [G, B, columns, bytes]
+    groups = blocks.view(-1, columns, num_blocks, block_bytes).transpose(1, 2)
+    lead = groups.shape[:2]
+    scales = [groups[..., i : i + 2].reshape(*lead, 2 * columns) for i in range(0, header, 2)]
+    quants = groups[..., header:]
+    if columns == GROUP:  # chunks of 4 bytes from each column in turn
+        chunks = quants.reshape(*lead, GROUP, -1, 4).transpose(2, 3).reshape(*lead, -1)
+    else:
+        chunks = _wide_quants(quants)
+    return torch.cat([*scales, chunks], dim=-1).contiguous()
+
+
+@functools.cache
+def _wide_order(four_bit: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """For each byte of a 16-column block in the wide layout: its column and the k of its value
+    (of its low nibble, for 4 bits; the high nibble holds k + 4)."""
+    chunks = 4 if four_bit else 8
+    q, lane, i = torch.meshgrid(torch.arange(chunks), torch.arange(4), torch.arange(16),
+                                indexing="ij")  # fmt: skip
+    column = 4 * lane + (i % 8) // 2
+    k = (8 if four_bit else 4) * q + 2 * (i // 8) + i % 2
+    return column.flatten(), k.flatten()
+
+
+def _wide_quants(quants: torch.Tensor) -> torch.Tensor:
+    """[G, B, 16 columns, quant bytes] -> [G, B, the wide layout's quant bytes]."""
+    four_bit = quants.shape[-1] == 16
+    # a 4-bit block's byte i holds element i (low nibble) and element i + 16 (high)
+    values = torch.cat([quants & 15, quants >> 4], dim=-1) if four_bit else quants
+    column, k = _wide_order(four_bit)
+    if not four_bit:
+        return values[..., column, k]
+    return values[..., column, k] | (values[..., column, k + 4] << 4)
+
+
+def mixed_packing(parts: list[tuple[torch.Tensor, int]]) -> torch.Tensor:
+    """One packing for a fused weight whose parts came in different formats (a Q4_K_M file's
+    Q4_K q and k beside a Q6_K v): (regrouped blocks, columns) per part, in column order ->
+    uint8 [header | each part's blocks, at offsets aligned to 64 bytes]; the header is int64
+    [parts, then per part: columns, blocks per row, group block bytes, offset]."""
+    header_bytes = 8 * (1 + 4 * len(parts))
+    offset = -(-header_bytes // 64) * 64
+    fields, chunks = [len(parts)], []
+    for blocks, n in parts:
+        fields += [n, blocks.shape[1], blocks.shape[2], offset]
+        pad = -blocks.numel() % 64
+        chunks.append(torch.cat([blocks.reshape(-1), blocks.new_zeros(pad)]))
+        offset += blocks.numel() + pad
+    header = torch.tensor(fields, dtype=torch.int64).view(torch.uint8)
+    lead = torch.zeros(-(-header_bytes // 64) * 64, dtype=torch.uint8)
+    lead[:header_bytes] = header
+    return torch.cat([lead, *chunks])

@@ -1,0 +1,174 @@
+"""GGUF block formats beyond the legacy three (Q5_0, Q5_1, Q4_K, Q5_K, Q6_K): `gguf_blocks`
+dequantizes every format to gguf's values bit for bit; `gguf_int_linear` with 16-bit x is the
+exact product of those weights with x rounded per block of 32, for every format, row count and
+a fused weight's mixed packing, rows independent of their batch; a Q4_K_M-style file loads with
+every linear kept as its blocks and answers as its dequantized twin does."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf.quants import dequantize as gguf_dequantize
+
+from inflight import LLM, SamplingParams
+from inflight.kernels import load_extension
+from inflight.model.block_embedding import BlockEmbedding
+from inflight.model.gguf_blocks import FORMATS, dequantize, mixed_packing, regroup_blocks
+from inflight.model.loader import estimated_weight_bytes
+from inflight.model.packed_linear import PackedLinear, block_formats, blocks_serve_every_batch
+from tests.gguf_files import k_quant_mix, quantize_any, write_tiny_gguf
+from tests.model.test_gguf_int_linear import assert_exact_over_rounded_x
+
+Q = GGMLQuantizationType
+ALL = [Q.Q4_0, Q.Q4_1, Q.Q8_0, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K, Q.Q6_K]
+NEW = [Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K, Q.Q6_K]
+ext = load_extension()
+eight_columns = ext.gguf_int_linear_available() and ext.gguf_int_linear_columns(16) == 8
+needs_kernel = pytest.mark.skipif(not eight_columns,
+                                  reason="no AVX2 8-column layout for 16-bit x here")  # fmt: skip
+
+
+def blocks_of(n: int, k: int, qtype: GGMLQuantizationType, seed: int = 0) -> torch.Tensor:
+    """[n, k / block weights, block bytes] blocks of random weights of varied magnitudes."""
+    rng = np.random.default_rng(seed)
+    values = (rng.standard_normal((n, k)) * rng.uniform(0.01, 2, (n, 1))).astype(np.float32)
+    raw = quantize_any(values, qtype)
+    block_weights, block_bytes = GGML_QUANT_SIZES[qtype]
+    return torch.from_numpy(np.ascontiguousarray(raw)).view(n, k // block_weights, block_bytes)
+
+
+def random_bytes(n: int, k: int, qtype: GGMLQuantizationType, seed: int = 0) -> torch.Tensor:
+    """Blocks of random bytes (every quant and scale bit pattern), finite fp16 scales."""
+    rng = np.random.default_rng(seed)
+    block_weights, block_bytes = GGML_QUANT_SIZES[qtype]
+    raw = rng.integers(0, 256, (n, k // block_weights, block_bytes), dtype=np.uint8)
+    halves = [208] if qtype == Q.Q6_K else ([0, 2] if qtype in (Q.Q4_1, Q.Q5_1, Q.Q4_K, Q.Q5_K)
+                                            else [0])  # fmt: skip
+    for at in halves:
+        scale = (rng.standard_normal(raw.shape[:2]) * 0.01).astype(np.float16)
+        raw[..., at : at + 2] = scale.view(np.uint8).reshape(*raw.shape[:2], 2)
+    return torch.from_numpy(raw)
+
+
+@pytest.mark.parametrize("qtype", ALL, ids=lambda q: q.name)
+def test_dequantize_is_gguf_bit_for_bit(qtype):
+    for blocks in (blocks_of(12, 512, qtype), random_bytes(12, 512, qtype, seed=1)):
+        want = np.asarray(gguf_dequantize(blocks.numpy().reshape(12, -1), qtype), np.float32)
+        got = dequantize(blocks).numpy()
+        assert got.shape == (12, 512)
+        assert np.array_equal(got.view(np.uint32), want.reshape(12, 512).view(np.uint32))
+    fmt = FORMATS[GGML_QUANT_SIZES[qtype][1]]
+    assert regroup_blocks(blocks).shape == (2, blocks.shape[1], 8 * fmt.layout_bytes)
+
+
+@needs_kernel
+@pytest.mark.parametrize("qtype", NEW, ids=lambda q: q.name)
+@pytest.mark.parametrize(("n", "k"), [(103, 512), (8, 256), (19, 768)])
+def test_kernel_is_the_exact_product_with_x_rounded_per_block(qtype, n, k):
+    for blocks in (blocks_of(n, k, qtype, seed=n), random_bytes(n, k, qtype, seed=k)):
+        weight = dequantize(blocks)
+        packed = regroup_blocks(blocks)
+        bias = torch.randn(n)
+        for rows in (1, 2, 3, 4, 5, 8, 19, 70):  # every tile height, the widened path, panels
+            x = torch.randn(rows, k) * torch.rand(rows, k // 32).repeat_interleave(32, dim=1)
+            x[0, :32] = 0.0
+            assert_exact_over_rounded_x(ext.gguf_int_linear(x, packed, None, n, 16), x, weight, 16)
+            got = ext.gguf_int_linear(x, packed, bias, n, 16)
+            assert_exact_over_rounded_x(got, x, weight, 16, bias)
+
+
+@needs_kernel
+@pytest.mark.parametrize("qtype", NEW, ids=lambda q: q.name)
+def test_rows_do_not_depend_on_their_batch(qtype):
+    packed = regroup_blocks(random_bytes(61, 512, qtype))
+    x = torch.randn(70, 512)
+    batched = ext.gguf_int_linear(x, packed, None, 61, 16)
+    for r in (0, 3, 4, 18, 65, 69):
+        assert torch.equal(ext.gguf_int_linear(x[r : r + 1], packed, None, 61, 16)[0], batched[r])
+    assert torch.equal(ext.gguf_int_linear(x[5:11], packed, None, 61, 16), batched[5:11])
+
+
+@needs_kernel
+def test_a_mixed_packing_is_its_segments_side_by_side():
+    parts = [random_bytes(24, 512, Q.Q4_K), random_bytes(13, 512, Q.Q6_K, 1),
+             random_bytes(16, 512, Q.Q8_0, 2)]  # fmt: skip
+    packed = mixed_packing([(regroup_blocks(p), p.shape[0]) for p in parts])
+    bias = torch.randn(53)
+    for rows in (1, 9, 33):
+        x = torch.randn(rows, 512)
+        alone, at = [], 0
+        for p in parts:
+            n = p.shape[0]
+            alone.append(ext.gguf_int_linear(x, regroup_blocks(p), bias[at : at + n], n, 16))
+            at += n
+        assert torch.equal(ext.gguf_int_linear(x, packed, bias, 53, 16), torch.cat(alone, 1))
+    x = torch.randn(2, 512)
+    with pytest.raises(RuntimeError, match="does not match the mixed packing's 53 columns"):
+        ext.gguf_int_linear(x, packed, None, 54, 16)
+    with pytest.raises(RuntimeError, match="runs past the packing"):
+        ext.gguf_int_linear(x, packed[:-64], None, 53, 16)
+    with pytest.raises(RuntimeError, match="truncated header"):
+        ext.gguf_int_linear(x, packed[:8], None, 53, 16)
+    with pytest.raises(RuntimeError, match="take 16-bit x"):
+        ext.gguf_int_linear(x, packed, None, 53, 8)
+    with pytest.raises(RuntimeError, match=r"none of Q4_0 \(144\).*Q6_K \(1680\)"):
+        ext.gguf_int_linear(x, parts[1], None, 13, 16)  # the file's layout, not the kernel's
+
+
+@needs_kernel
+def test_packed_linear_takes_a_fused_weight_in_mixed_formats():
+    q, v = random_bytes(16, 256, Q.Q4_K), random_bytes(8, 256, Q.Q6_K, 1)
+    linear = torch.nn.Linear(256, 24, bias=False)
+    linear.weight = None
+    packed = PackedLinear(linear, 64, [q, v], activation_bits=16)
+    assert packed.blocks_only and packed.small_weight.dim() == 1
+    x = torch.randn(5, 256)
+    weight = torch.cat([dequantize(q), dequantize(v)])
+    with torch.inference_mode():
+        assert_exact_over_rounded_x(packed(x), x, weight, 16)
+    with pytest.raises(ValueError, match="do not fit a"):
+        PackedLinear(linear, 64, [q, q], activation_bits=16)
+    # 8-bit x reads the legacy formats only: no blocks to take, and no float weight either
+    assert block_formats(torch.float32, 8) == {"Q4_0", "Q4_1", "Q8_0"}
+    with pytest.raises(ValueError, match="without its float weight"):
+        PackedLinear(linear, 64, [q, v], activation_bits=8)
+
+
+@pytest.fixture(scope="module")
+def k_mix_file(tiny_model_factory, tmp_path_factory):
+    folder = tiny_model_factory("llama_wide")
+    return write_tiny_gguf(folder, tmp_path_factory.mktemp("kmix") / "tiny-q4_k_m.gguf", None,
+                           mix=k_quant_mix)  # fmt: skip
+
+
+@pytest.mark.skipif(
+    not (eight_columns and blocks_serve_every_batch(torch.float32, 16)),
+    reason="K-quant blocks take every batch only on the AVX2 8-column path",
+)
+def test_a_k_quant_file_keeps_every_weight_as_blocks_and_answers_as_its_dequantized_twin(
+    k_mix_file,
+):
+    llm = LLM(str(k_mix_file), dtype="float32", device="cpu")
+    model = llm.core.loaded.model
+    linears = [m for m in model.modules() if isinstance(m, PackedLinear)]
+    assert linears and all(m.blocks_only and m.weight.is_meta for m in linears)
+    # q and k in Q4_K beside a Q6_K v: one mixed packing
+    assert {m.small_weight.dim() for m in linears} == {1, 3}
+    assert model.layers[0].qkv_proj.small_weight.dim() == 1
+    assert isinstance(model.embed_tokens, BlockEmbedding)
+    assert model.embed_tokens.format.name == "Q5_0"
+    loaded = llm.core.loaded.weight_bytes
+    estimate = estimated_weight_bytes(k_mix_file, torch.float32, "auto")
+    assert abs(estimate - loaded) <= 0.05 * loaded
+    exact = LLM(str(k_mix_file), dtype="float32", device="cpu", quantized_activations="off")
+    assert not any(getattr(m, "blocks_only", False) for m in exact.core.loaded.model.modules())
+    prompts = [[5, 9, 11, 3, 17, 2, 8], [40, 41, 42], list(range(60, 100))]
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=0)
+    ours = llm.generate(prompts, params, use_tqdm=False)
+    twin = exact.generate(prompts, params, use_tqdm=False)
+    for a, b in zip(ours, twin, strict=True):
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids
+        for la, lb in zip(a.outputs[0].logprobs, b.outputs[0].logprobs, strict=True):
+            assert la.logprob == pytest.approx(lb.logprob, abs=5e-3)
