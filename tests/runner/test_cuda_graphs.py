@@ -17,7 +17,6 @@ from inflight import LLM, SamplingParams
 from inflight.engine import engine_core
 from inflight.engine.engine_core import warm_up_tokens
 from inflight.runner.cuda_graphs import DecodeGraphs, graph_batch_sizes
-from inflight.runner.model_runner import WARM_UP_CHUNK
 
 GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 # Small blocks and a pool that binds: block 0 belongs to some request at most steps, so a
@@ -121,11 +120,10 @@ def test_warm_up_writes_only_the_scratch_block(tiny_llama):
 
 def test_warm_up_size_per_device():
     cpu, gpu = torch.device("cpu"), torch.device("cuda")
-    assert warm_up_tokens(2048, 8192, gpu, False, 16) == 2048, "a GPU's: the step budget"
-    assert warm_up_tokens(2048, 1000, gpu, False, 16) == 1000, "within one request's length"
-    assert warm_up_tokens(2048, 8192, cpu, False, 16) == WARM_UP_CHUNK, "a CPU's: one chunk"
-    assert warm_up_tokens(300, 8192, cpu, False, 16) == 300
-    assert warm_up_tokens(2048, 8192, cpu, True, 16) == 16, "the interpreter's: one block"
+    assert warm_up_tokens(2048, 8192, gpu, 16) == 2048, "a GPU's: the step budget"
+    assert warm_up_tokens(2048, 1000, gpu, 16) == 1000, "within one request's length"
+    assert warm_up_tokens(2048, 8192, cpu, 16) == 16, "a CPU's: one block"
+    assert warm_up_tokens(8, 8192, cpu, 16) == 8
 
 
 @GPU
