@@ -1,8 +1,8 @@
 """GGUF file -> LlamaArchConfig and Hugging Face-named float32 tensors.
 
 Dequantization is the `gguf` package's (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q6_K and more);
-matrices in Q4_0, Q4_1 or Q8_0 can also hand over their raw blocks, for the CPU kernel that
-multiplies decode batches from them (`model/packed_linear.py`).
+matrices in a block format the CPU kernels read (`model/gguf_blocks.py`) can also hand over their
+raw blocks, for the kernels that multiply from them (`model/packed_linear.py`).
 llama.cpp's converter permutes the rows of Q and K weights of `llama`-architecture models into
 an interleaved RoPE layout; `unpermute_qk` undoes that so the weights match HF's half-rotation.
 

@@ -374,8 +374,9 @@ def load_model(
 ) -> LoadedModel:
     """Builds the model and fills its weights; every failure is a ModelLoadError naming the file.
     `quantized_activations` (int16, int8; auto = int16, what the model records): linears over
-    GGUF blocks round x to that many bits (where it applies: float32 GGUF Q4_0 / Q4_1 / Q8_0
-    weights on an AVX2 CPU, bf16 ones with 16 bits on an AVX-512 VNNI CPU). An engine resolves
+    GGUF blocks round x to that many bits (where it applies: float32 GGUF weights on an AVX2
+    CPU, `block_formats` says which formats; bf16 Q4_0 / Q4_1 / Q8_0 ones with 16 bits on an
+    AVX-512 VNNI CPU). An engine resolves
     auto by its seats first (`resolve_quantized_activations`)."""
     if quantized_activations == "auto":
         quantized_activations = "int16"
@@ -444,9 +445,9 @@ def load_model(
     )
     if quantized_activations in ("int16", "int8") and not quantized:
         logger.warning(
-            "quantized_activations has no effect here: it needs a GGUF file's Q4_0, Q4_1 or "
-            "Q8_0 weights and inflight's CPU kernels: in float32 on an AVX2 CPU, or with 16 "
-            "bits in bf16 on an AVX-512 VNNI one"
+            "quantized_activations has no effect here: it needs a GGUF file's block-quantized "
+            "weights and inflight's CPU kernels: in float32 on an AVX2 CPU, or with 16 bits "
+            "in bf16 on an AVX-512 VNNI one (Q4_0, Q4_1 or Q8_0 there)"
         )
     if attn.cpu_kernels:
         model.fused_layers = FusedDecoderLayers(model.layers, attn)

@@ -23,7 +23,8 @@ a decode step's time is made of (about half the linears' time at one row). With
 rounded to 16 or 8 bits per block of 32 and multiplied in integers over the blocks regrouped
 eight columns at a time (`kernels/csrc/gguf_int_linear.cpp`; int8 is llama.cpp's way), up to
 `GGUF_INT_SMALL_BATCH_ROWS` rows: not exact, and docs/benchmarks.md has how far each moves greedy
-output.
+output. With 16 bits the 5-bit and K-quant formats (Q5_0, Q5_1, Q4_K, Q5_K, Q6_K) take that
+path too (`block_formats`); elsewhere they are dequantized to float like any other type.
 
 Where 16-bit x has the 16-column layout (AVX-512 VNNI: `vpdpwssd` on 64-byte registers), a
 weight with blocks keeps that regrouping as its `decode_weight`, in float32 and in bf16: the
