@@ -108,14 +108,13 @@ def blocks_serve_every_batch(dtype: torch.dtype, activation_bits: int) -> bool:
 
 def block_formats(dtype: torch.dtype, activation_bits: int) -> frozenset[str]:
     """The GGUF block formats (`gguf_blocks.FORMATS` names) whose weights multiply from their
-    blocks here: every format where 16-bit x takes every batch over the 8-column layout, the
+    blocks here: every format where quantized x takes every batch over the 8-column layout, the
     legacy three (Q4_0, Q4_1, Q8_0) wherever any block kernel applies, none elsewhere."""
     if not gguf_kernel_applies(dtype, activation_bits):
         return frozenset()
-    legacy = frozenset(f.name for f in FORMATS.values() if f.legacy)
-    if activation_bits == 16 and blocks_serve_every_batch(dtype, activation_bits):
+    if blocks_serve_every_batch(dtype, activation_bits):
         return frozenset(BY_NAME)
-    return legacy
+    return frozenset(f.name for f in FORMATS.values() if f.legacy)
 
 
 def decode_rows_from_blocks(activation_bits: int) -> bool:

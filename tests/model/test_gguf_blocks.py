@@ -15,7 +15,7 @@ from gguf.quants import dequantize as gguf_dequantize
 from inflight import LLM, SamplingParams
 from inflight.kernels import load_extension
 from inflight.model.block_embedding import BlockEmbedding
-from inflight.model.gguf_blocks import FORMATS, dequantize, mixed_packing, regroup_blocks
+from inflight.model.gguf_blocks import BY_NAME, FORMATS, dequantize, mixed_packing, regroup_blocks
 from inflight.model.loader import estimated_weight_bytes
 from inflight.model.packed_linear import PackedLinear, block_formats, blocks_serve_every_batch
 from tests.gguf_files import k_quant_mix, quantize_any, write_tiny_gguf
@@ -64,9 +64,10 @@ def test_dequantize_is_gguf_bit_for_bit(qtype):
 
 
 @needs_kernel
+@pytest.mark.parametrize("bits", [8, 16])
 @pytest.mark.parametrize("qtype", NEW, ids=lambda q: q.name)
 @pytest.mark.parametrize(("n", "k"), [(103, 512), (8, 256), (19, 768)])
-def test_kernel_is_the_exact_product_with_x_rounded_per_block(qtype, n, k):
+def test_kernel_is_the_exact_product_with_x_rounded_per_block(qtype, n, k, bits):
     for blocks in (blocks_of(n, k, qtype, seed=n), random_bytes(n, k, qtype, seed=k)):
         weight = dequantize(blocks)
         packed = regroup_blocks(blocks)
@@ -74,20 +75,23 @@ def test_kernel_is_the_exact_product_with_x_rounded_per_block(qtype, n, k):
         for rows in (1, 2, 3, 4, 5, 8, 19, 70):  # every tile height, the widened path, panels
             x = torch.randn(rows, k) * torch.rand(rows, k // 32).repeat_interleave(32, dim=1)
             x[0, :32] = 0.0
-            assert_exact_over_rounded_x(ext.gguf_int_linear(x, packed, None, n, 16), x, weight, 16)
-            got = ext.gguf_int_linear(x, packed, bias, n, 16)
-            assert_exact_over_rounded_x(got, x, weight, 16, bias)
+            got = ext.gguf_int_linear(x, packed, None, n, bits)
+            assert_exact_over_rounded_x(got, x, weight, bits)
+            got = ext.gguf_int_linear(x, packed, bias, n, bits)
+            assert_exact_over_rounded_x(got, x, weight, bits, bias)
 
 
 @needs_kernel
+@pytest.mark.parametrize("bits", [8, 16])
 @pytest.mark.parametrize("qtype", NEW, ids=lambda q: q.name)
-def test_rows_do_not_depend_on_their_batch(qtype):
+def test_rows_do_not_depend_on_their_batch(qtype, bits):
     packed = regroup_blocks(random_bytes(61, 512, qtype))
     x = torch.randn(70, 512)
-    batched = ext.gguf_int_linear(x, packed, None, 61, 16)
+    batched = ext.gguf_int_linear(x, packed, None, 61, bits)
     for r in (0, 3, 4, 18, 65, 69):
-        assert torch.equal(ext.gguf_int_linear(x[r : r + 1], packed, None, 61, 16)[0], batched[r])
-    assert torch.equal(ext.gguf_int_linear(x[5:11], packed, None, 61, 16), batched[5:11])
+        alone = ext.gguf_int_linear(x[r : r + 1], packed, None, 61, bits)
+        assert torch.equal(alone[0], batched[r])
+    assert torch.equal(ext.gguf_int_linear(x[5:11], packed, None, 61, bits), batched[5:11])
 
 
 @needs_kernel
@@ -96,14 +100,14 @@ def test_a_mixed_packing_is_its_segments_side_by_side():
              random_bytes(16, 512, Q.Q8_0, 2)]  # fmt: skip
     packed = mixed_packing([(regroup_blocks(p), p.shape[0]) for p in parts])
     bias = torch.randn(53)
-    for rows in (1, 9, 33):
+    for rows, bits in ((1, 16), (9, 16), (33, 16), (5, 8)):
         x = torch.randn(rows, 512)
         alone, at = [], 0
         for p in parts:
             n = p.shape[0]
-            alone.append(ext.gguf_int_linear(x, regroup_blocks(p), bias[at : at + n], n, 16))
+            alone.append(ext.gguf_int_linear(x, regroup_blocks(p), bias[at : at + n], n, bits))
             at += n
-        assert torch.equal(ext.gguf_int_linear(x, packed, bias, 53, 16), torch.cat(alone, 1))
+        assert torch.equal(ext.gguf_int_linear(x, packed, bias, 53, bits), torch.cat(alone, 1))
     x = torch.randn(2, 512)
     with pytest.raises(RuntimeError, match="does not match the mixed packing's 53 columns"):
         ext.gguf_int_linear(x, packed, None, 54, 16)
@@ -111,8 +115,6 @@ def test_a_mixed_packing_is_its_segments_side_by_side():
         ext.gguf_int_linear(x, packed[:-64], None, 53, 16)
     with pytest.raises(RuntimeError, match="truncated header"):
         ext.gguf_int_linear(x, packed[:8], None, 53, 16)
-    with pytest.raises(RuntimeError, match="take 16-bit x"):
-        ext.gguf_int_linear(x, packed, None, 53, 8)
     with pytest.raises(RuntimeError, match=r"none of Q4_0 \(144\).*Q6_K \(1680\)"):
         ext.gguf_int_linear(x, parts[1], None, 13, 16)  # the file's layout, not the kernel's
 
@@ -130,10 +132,12 @@ def test_packed_linear_takes_a_fused_weight_in_mixed_formats():
         assert_exact_over_rounded_x(packed(x), x, weight, 16)
     with pytest.raises(ValueError, match="do not fit a"):
         PackedLinear(linear, 64, [q, q], activation_bits=16)
-    # 8-bit x reads the legacy formats only: no blocks to take, and no float weight either
-    assert block_formats(torch.float32, 8) == {"Q4_0", "Q4_1", "Q8_0"}
+    assert block_formats(torch.float32, 8) == set(BY_NAME)
+    assert PackedLinear(linear, 64, [q, v], activation_bits=8).blocks_only
+    # the exact kernel reads the legacy formats only: no blocks to take, no float weight either
+    assert block_formats(torch.float32, 0) == {"Q4_0", "Q4_1", "Q8_0"}
     with pytest.raises(ValueError, match="without its float weight"):
-        PackedLinear(linear, 64, [q, v], activation_bits=8)
+        PackedLinear(linear, 64, [q, v])
 
 
 @pytest.fixture(scope="module")

@@ -1,9 +1,9 @@
 // Linear layers with the activations rounded to 8 or 16 bits, over a GGUF file's blocks
-// regrouped eight output columns at a time (AVX2 + FMA + F16C): Q4_0, Q4_1 and Q8_0 with either,
-// and with 16 bits the 5-bit and K-quant formats too (Q5_0, Q5_1, Q4_K, Q5_K, Q6_K: what Q4_K_M,
-// Q5_K_M and Q6_K files hold); or, for 16 bits on AVX-512 VNNI, the legacy three sixteen columns
-// at a time (further down): the `quantized_activations` knob's path; gguf_linear.cpp is the
-// exact one. x and y are float32, or bf16 (a bf16 engine's decode rows).
+// regrouped eight output columns at a time (AVX2 + FMA + F16C): Q4_0, Q4_1, Q8_0 and the 5-bit
+// and K-quant formats (Q5_0, Q5_1, Q4_K, Q5_K, Q6_K: what Q4_K_M, Q5_K_M and Q6_K files hold);
+// or, for 16 bits on AVX-512 VNNI, the legacy three sixteen columns at a time (further down):
+// the `quantized_activations` knob's path; gguf_linear.cpp is the exact one. x and y are
+// float32, or bf16 (a bf16 engine's decode rows).
 //
 // x is rounded per block of 32 (scale dx = max|x| / 127 or / 32767, round half to even; 8 bits
 // is llama.cpp's Q8_0 rounding of activations), and each block's dot product is integer. The
@@ -34,9 +34,10 @@
 // header. Columns past N are zero.
 //
 // Overflow: with 8-bit x, `vpmaddubsw` pairs of nibbles (0-15) times bytes (-127..127) reach
-// 3,810, and eight of them add up in 16 bits to at most 30,480; Q8_0's pairs (magnitudes up to
-// 128, signs moved onto x) reach 32,512, so they widen to 32 bits at once. With 16-bit x every
-// product is 32-bit: 32 of them (quants below 64) stay below 2^27.
+// 3,810, and eight of them add up in 16 bits to at most 30,480 (5-bit values: 7,874, four of
+// them; 6-bit: 16,002, two); Q8_0's pairs (magnitudes up to 128, signs moved onto x) reach
+// 32,512, so they widen to 32 bits at once. With 16-bit x every product is 32-bit: 32 of them
+// (quants below 64) stay below 2^27.
 //
 // Every output is a fixed sequence of operations per row, whatever the batch and its tiling.
 //
@@ -196,41 +197,6 @@ inline __m256i broadcast4(const int16_t* p) {
   return _mm256_set1_epi64x(v);
 }
 
-// One block's dot products with 8-bit x, one column per 32-bit lane (the legacy formats).
-template <Format F>
-inline __m256i block_dot(const uint8_t* quants, const int8_t* xb) {
-  static_assert(is_legacy(F), "8-bit x multiplies Q4_0, Q4_1 and Q8_0 blocks only");
-  if constexpr (F == Format::kQ8_0) {
-    __m256i dot = _mm256_setzero_si256();
-    for (int j = 0; j < 8; ++j) {
-      const __m256i w = load_chunk(quants + 32 * j);
-      dot = add_byte_dots(dot, _mm256_sign_epi8(w, w), _mm256_sign_epi8(broadcast4(xb + 4 * j), w));
-    }
-    return dot;
-  } else if constexpr (kVnni) {  // straight into 32 bits, low and high nibbles in two chains
-    const __m256i nibble = _mm256_set1_epi8(0x0F);
-    __m256i low = _mm256_setzero_si256(), high = low;
-    for (int j = 0; j < 4; ++j) {
-      const __m256i raw = load_chunk(quants + 32 * j);
-      low = add_byte_dots(low, _mm256_and_si256(raw, nibble), broadcast4(xb + 4 * j));
-      high = add_byte_dots(high, _mm256_and_si256(_mm256_srli_epi16(raw, 4), nibble),
-                           broadcast4(xb + 16 + 4 * j));
-    }
-    return _mm256_add_epi32(low, high);
-  } else {  // pairs summed in 16 bits first (up to 30,480, per the bounds above)
-    const __m256i nibble = _mm256_set1_epi8(0x0F);
-    __m256i pairs = _mm256_setzero_si256();
-    for (int j = 0; j < 4; ++j) {
-      const __m256i raw = load_chunk(quants + 32 * j);
-      const __m256i low = _mm256_and_si256(raw, nibble);
-      const __m256i high = _mm256_and_si256(_mm256_srli_epi16(raw, 4), nibble);
-      pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(low, broadcast4(xb + 4 * j)));
-      pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(high, broadcast4(xb + 16 + 4 * j)));
-    }
-    return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
-  }
-}
-
 // Chunk j (0-3) of a 4-, 5- or 6-bit sub-block's quants, one byte per value: `low` holds
 // elements 4j..4j+3 of each column, `high` elements 16+4j..16+4j+3. The high bits of the
 // 5- and 6-bit formats follow the 128 bytes of nibbles, 8 or 16 bytes per chunk: position p of
@@ -265,6 +231,54 @@ inline void chunk_values(const uint8_t* quants, int j, __m256i& low, __m256i& hi
 struct Dots {
   __m256i first, second;
 };
+
+// One sub-block's dot products with 8-bit x, one column per 32-bit lane.
+template <Format F>
+inline Dots block_dot(const uint8_t* quants, const int8_t* xb) {
+  const __m256i zero = _mm256_setzero_si256();
+  if constexpr (F == Format::kQ8_0) {
+    __m256i dot = zero;
+    for (int j = 0; j < 8; ++j) {
+      const __m256i w = load_chunk(quants + 32 * j);
+      dot = add_byte_dots(dot, _mm256_sign_epi8(w, w), _mm256_sign_epi8(broadcast4(xb + 4 * j), w));
+    }
+    return {dot, zero};
+  } else if constexpr (kVnni) {  // straight into 32 bits, low and high values in two chains
+    __m256i low = zero, high = zero;
+    for (int j = 0; j < 4; ++j) {
+      __m256i lv, hv;
+      chunk_values<F>(quants, j, lv, hv);
+      low = add_byte_dots(low, lv, broadcast4(xb + 4 * j));
+      high = add_byte_dots(high, hv, broadcast4(xb + 16 + 4 * j));
+    }
+    if constexpr (F == Format::kQ6_K) return {low, high};
+    return {_mm256_add_epi32(low, high), zero};
+  } else {
+    // `vpmaddubsw` pairs, summed in 16 bits while that cannot overflow: a pair of quants below
+    // 16, 32 or 64 times bytes up to 127 reaches 3,810, 7,874 or 16,002, so 8, 4 or 2 of them
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i pairs[2] = {zero, zero}, sums[2] = {zero, zero};  // elements 0-15, 16-31
+    for (int j = 0; j < 4; ++j) {
+      __m256i lv, hv;
+      chunk_values<F>(quants, j, lv, hv);
+      pairs[0] = _mm256_add_epi16(pairs[0], _mm256_maddubs_epi16(lv, broadcast4(xb + 4 * j)));
+      pairs[1] =
+          _mm256_add_epi16(pairs[1], _mm256_maddubs_epi16(hv, broadcast4(xb + 16 + 4 * j)));
+      if (extra_bits(F) == 2 && j % 2 == 1) {
+        for (int h = 0; h < 2; ++h) {
+          sums[h] = _mm256_add_epi32(sums[h], _mm256_madd_epi16(pairs[h], ones));
+          pairs[h] = zero;
+        }
+      }
+    }
+    if constexpr (F == Format::kQ6_K) return {sums[0], sums[1]};
+    if constexpr (extra_bits(F) == 0) {  // 8 pairs of nibbles: at most 30,480
+      return {_mm256_madd_epi16(_mm256_add_epi16(pairs[0], pairs[1]), ones), zero};
+    }
+    return {_mm256_add_epi32(_mm256_madd_epi16(pairs[0], ones), _mm256_madd_epi16(pairs[1], ones)),
+            zero};
+  }
+}
 
 // One sub-block's dot products with 16-bit x. `vpmaddwd` multiplies 16-bit pairs, so each
 // column's 4 quants of a chunk widen to two 32-bit lanes: unpacklo holds columns 0, 1 | 4, 5 (two
@@ -400,13 +414,7 @@ void tile(const Problem<A>& p, int64_t m0, int64_t g) {
     for (int r = 0; r < MR; ++r) {
       const int64_t rb = (m0 + r) * blocks + b;  // this row's block of x
       const A* xb = p.x->q.data() + rb * kBlock;
-      Dots dot;
-      if constexpr (std::is_same_v<A, int8_t>) {
-        dot = as_dots(block_dot<F>(sb.quants, xb));
-      } else {
-        dot = block_dot<F>(sb.quants, xb);
-      }
-      acc[r] = add_block<F>(acc[r], dot, s, *p.x, rb);
+      acc[r] = add_block<F>(acc[r], block_dot<F>(sb.quants, xb), s, *p.x, rb);
     }
   }
   for (int r = 0; r < MR; ++r) store_row(p, m0 + r, g, acc[r]);
@@ -422,7 +430,7 @@ constexpr int kMaxRows = 4;  // rows per tile: their accumulators beside the qua
 // every output is bit for bit the one `tile` computes: which path a batch takes never changes
 // a row's value.
 constexpr int64_t kWidened = 16;        // vectors per block once widened
-constexpr int64_t kUnpackMinRows = 8;   // from here the widened path is faster (see above)
+constexpr int64_t kUnpackMinRows = 3;   // from here the widened path is faster (AVX2 Zen 3)
 constexpr int64_t kUnpackPanel = 64;    // rows per pass over a group (their x stays in L2)
 
 // x's offset within a block for widened vector pair s (low and high unpack of one step)
@@ -801,11 +809,7 @@ void round_and_run(const float* x, int64_t M, int64_t K, const std::vector<Segme
   const RoundedRows<A> rounded = round_rows<A>(x, M, K);
   for (const Segment& s : segments) {
     const Problem<A> p{&rounded, s.w, bias ? bias + s.n0 : nullptr, y + s.n0, K, s.N, ldy};
-    if constexpr (std::is_same_v<A, int8_t>) {
-      with_legacy_format(s.format, [&](auto f) { run<f.value>(p, M); });
-    } else {
-      with_format(s.format, [&](auto f) { run<f.value>(p, M); });
-    }
+    with_format(s.format, [&](auto f) { run<f.value>(p, M); });
   }
 }
 
@@ -833,8 +837,8 @@ void gguf_int_linear_into(const at::Tensor& x_in, const at::Tensor& packed,
   const int64_t K = segments[0].K;
   for (const Segment& s : segments) {
     TORCH_CHECK(s.K == K, "mixed packing: segments of ", s.K, " and ", K, " in_features");
-    TORCH_CHECK(is_legacy(s.format) || (activation_bits == 16 && lanes == kLanes),
-                "5-bit and K-quant blocks take 16-bit x, in groups of 8 columns");
+    TORCH_CHECK(is_legacy(s.format) || lanes == kLanes,
+                "5-bit and K-quant blocks are laid in groups of 8 columns only");
   }
   const int64_t columns = segments.back().n0 + segments.back().N;
   if (packed.dim() == 3) {  // its last group may end in padding
