@@ -41,9 +41,7 @@ from inflight.runner.model_runner import ModelRunner
 logger = logging.getLogger(__name__)
 
 
-def warm_up_tokens(
-    budget: int, max_model_len: int, device: torch.device, block_size: int
-) -> int:
+def warm_up_tokens(budget: int, max_model_len: int, device: torch.device, block_size: int) -> int:
     """Prompt tokens of the start-up warm-up. A GPU's is a full step budget: kernels and
     libraries set up per shape there, and the largest shapes come first. A CPU's first-use costs
     do not grow with the step's size, while its compute does: one block (a 512-token chunk cost

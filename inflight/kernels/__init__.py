@@ -7,10 +7,10 @@ AVX-512 path, an AVX2 one built from `csrc/attention_avx2.h`, and a generic loop
 `csrc/decoder_layers.cpp` (every decoder layer driven from C++), `csrc/bf16_linear.cpp`
 (bfloat16 linears for decode-sized batches), `csrc/gguf_linear.cpp` (float32 linears for them,
 over a GGUF file's Q4_0 / Q4_1 / Q8_0 blocks), `csrc/gguf_int_linear.cpp` (the same with 8- or
-16-bit activations, and 16-bit ones over the 5-bit and K-quant formats too) and
-`csrc/argmax.cpp` (greedy sampling) are built with the machine's own compiler (`-march=native`)
-by torch's cpp_extension and cached by torch (`~/.cache/torch_extensions`, or
-`TORCH_EXTENSIONS_DIR`): ~1 min on 2 cores, once per CPU kind
+16-bit activations, over the 5-bit and K-quant formats too, laid out by
+`csrc/gguf_regroup.cpp`) and `csrc/argmax.cpp` (greedy sampling) are built with the machine's
+own compiler (`-march=native`) by torch's cpp_extension and cached by torch
+(`~/.cache/torch_extensions`, or `TORCH_EXTENSIONS_DIR`): ~1 min on 2 cores, once per CPU kind
 and source version. No file includes `torch/extension.h` (the whole C++ frontend, and most of
 that minute again): the kernels include ATen's Tensor and the operators they call, and
 `csrc/bindings.cpp` pybind11 with torch's tensor casters. The build's
@@ -42,6 +42,7 @@ _SOURCES = (
     "bf16_linear.cpp",
     "gguf_linear.cpp",
     "gguf_int_linear.cpp",
+    "gguf_regroup.cpp",
     "bindings.cpp",
 )
 _extension: ModuleType | None = None

@@ -14,10 +14,12 @@ weight is a scale times an unsigned quant, less a zero point or plus an offset:
 | Q6_K | 210 | (d sc) (q - 32), an int8 sc per 16 weights |
 
 `dequantize` computes those float32 operations in the `gguf` package's order, so its values are
-gguf's bit for bit. The kernel layout keeps the quants' bits and the header's fields as they
-are (6-bit sc and min widened to a byte each: Q4_K's 144 bytes per column become 148, Q5_K's
-176 become 180; the rest keep their size), re-laid so that eight columns share each
-instruction: csrc/gguf_int_linear.cpp and csrc/gguf_blocks.h say how they are read.
+gguf's bit for bit (the embedding's lookups, and the reference the kernels are tested against).
+The kernel layout keeps the quants' bits and the header's fields as they are (6-bit sc and min
+widened to a byte each: Q4_K's 144 bytes per column become 148, Q5_K's 176 become 180; the rest
+keep their size), re-laid so that eight columns share each instruction: csrc/gguf_regroup.cpp
+writes it for the 5-bit and K-quant formats, and csrc/gguf_int_linear.cpp and csrc/gguf_blocks.h
+say how it is read.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ import functools
 from dataclasses import dataclass
 
 import torch
+
+from inflight.kernels import load_extension
 
 GROUP = 8  # columns that gguf_int_linear computes together, one per float32 lane
 
@@ -164,71 +168,19 @@ def dequantize(blocks: torch.Tensor) -> torch.Tensor:
 
 # --- gguf_int_linear's layout -------------------------------------------------------------
 
-# rows regrouped at a time: bounds the integer copies a large tensor's regrouping holds
-_ROWS_PER_PASS = 4096
-
 
 def regroup_blocks(blocks: torch.Tensor, columns: int = GROUP) -> torch.Tensor:
     """A weight's GGUF blocks [N, blocks per row, block bytes] in `gguf_int_linear`'s layout,
     `columns` (8 or 16: `gguf_int_linear_columns`; 16 for the legacy formats only) columns at a
     time: [ceil(N / columns), blocks per row, columns x layout bytes]. Columns past N are zero
-    blocks."""
+    blocks. The 5-bit and K-quant formats are re-laid by `csrc/gguf_regroup.cpp`, which says
+    where each bit goes; the legacy ones here, their bytes reordered."""
     fmt = format_of(blocks)
-    n, per_row, _ = blocks.shape
     if fmt.legacy:
         return _regroup_legacy(blocks, columns)
     if columns != GROUP:
         raise ValueError(f"{fmt.name} blocks have the 8-column layout only")
-    groups = -(-n // GROUP)
-    out = torch.empty(groups, per_row, GROUP * fmt.layout_bytes, dtype=torch.uint8)
-    for start in range(0, n, _ROWS_PER_PASS):  # a multiple of 8: passes align with groups
-        part = blocks[start : start + _ROWS_PER_PASS]
-        if part.shape[0] % GROUP:
-            part = torch.cat([part, part.new_zeros(-part.shape[0] % GROUP, *part.shape[1:])])
-        out[start // GROUP : (start + part.shape[0]) // GROUP] = _regroup(part, fmt)
-    return out
-
-
-def _side_by_side(field: torch.Tensor) -> torch.Tensor:
-    """[N, n, k] per-column bytes -> [N / 8, n, k x 8]: for each of the k, the 8 columns'."""
-    per_row, k = field.shape[1:]
-    return field.view(-1, GROUP, per_row, k).permute(0, 2, 3, 1).reshape(-1, per_row, k * GROUP)
-
-
-def _halves_side_by_side(h: torch.Tensor) -> torch.Tensor:
-    """[N, n] fp16 -> [N / 8, n, 16]: the 8 columns' values, each its 2 bytes."""
-    return h.reshape(-1, GROUP, h.shape[1]).transpose(1, 2).contiguous().view(torch.uint8)
-
-
-def _regroup(blocks: torch.Tensor, fmt: BlockFormat) -> torch.Tensor:
-    """A multiple of 8 rows of a 5-bit or K-quant format in the layout."""
-    u = unpack(blocks)
-    n, per_row = blocks.shape[:2]
-    header = [_halves_side_by_side(u.d)]
-    if u.m is not None:
-        header.append(_halves_side_by_side(u.m))
-    if u.scales is not None:
-        header.append(_side_by_side(u.scales.view(torch.uint8)))
-    if u.mins is not None:
-        header.append(_side_by_side(u.mins))
-    # sub-blocks of 32: 16 nibble bytes per column (byte i: weight i low, i + 16 high), laid as
-    # 4 chunks of 4 bytes from each of the 8 columns in turn
-    q = u.q.view(n // GROUP, GROUP, per_row, -1, 2, 4, 4)  # [G, col, n, sub, half, chunk, t]
-    nibble = q & 15
-    nibbles = nibble[..., 0, :, :] | (nibble[..., 1, :, :] << 4)  # [G, col, n, sub, chunk, t]
-    parts = [nibbles.permute(0, 2, 3, 4, 1, 5)]  # [G, n, sub, chunk, col, t]
-    if fmt.bits > 4:
-        high = (q >> 4).permute(0, 2, 3, 5, 1, 6, 4)  # [G, n, sub, chunk, col, t, half]
-        high = high.reshape(*high.shape[:4], 32, 2)  # position p = 4 col + t
-        if fmt.bits == 5:  # 2 bits per position: byte p % 8, bits 2 (p / 8)
-            f = (high[..., 0] | (high[..., 1] << 1)).view(*high.shape[:4], 4, 8)
-            extra = f[..., 0, :] | (f[..., 1, :] << 2) | (f[..., 2, :] << 4) | (f[..., 3, :] << 6)
-        else:  # 4 bits per position: byte p % 16, bits 4 (p / 16)
-            f = (high[..., 0] | (high[..., 1] << 2)).view(*high.shape[:4], 2, 16)
-            extra = f[..., 0, :] | (f[..., 1, :] << 4)
-        parts = [parts[0].reshape(*parts[0].shape[:4], 32), extra]
-    subs = torch.cat([p.reshape(*p.shape[:3], -1) for p in parts], dim=-1)  # [G, n, sub, bytes]
-    return torch.cat([*header, subs.flatten(-2)], dim=-1)
+    return load_extension().gguf_regroup_blocks(blocks.contiguous())
 
 
 # A legacy block's bytes before its quants, by block size: fp16 d (Q4_0, Q8_0), d and m (Q4_1).

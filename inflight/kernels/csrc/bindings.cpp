@@ -35,6 +35,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "blocks",
         py::arg("x"), py::arg("packed"), py::arg("bias"), py::arg("out_features"),
         py::arg("activation_bits"));
+  m.def("gguf_regroup_blocks", &gguf_regroup_blocks, no_gil(),
+        "a weight's 5-bit or K-quant GGUF blocks in gguf_int_linear's 8-column layout");
   m.def("first_argmax", &first_argmax, no_gil(), "index of each row's first maximum (NaN is maximal)");
   m.def("llama_decoder_layers", &llama_decoder_layers, no_gil(),
         "every decoder layer of a Llama-family model; returns [hidden, residual]");

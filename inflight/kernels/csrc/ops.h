@@ -50,7 +50,8 @@ at::Tensor gguf_linear(const at::Tensor& x, const at::Tensor& blocks,
                        const c10::optional<at::Tensor>& bias, int64_t out_features);
 
 // gguf_int_linear.cpp: the same with x rounded to 8 or 16 bits per block of 32 and integer dot
-// products, over blocks regrouped 8 columns at a time (inflight/model/packed_linear.py)
+// products, over blocks regrouped 8 columns at a time (inflight/model/gguf_blocks.py; the 5-bit
+// and K-quant formats by gguf_regroup.cpp)
 bool gguf_int_linear_available();
 // columns per group of the layout gguf_int_linear reads x of that many bits over (8 or 16)
 int64_t gguf_int_linear_columns(int64_t activation_bits);
@@ -60,6 +61,10 @@ void gguf_int_linear_into(const at::Tensor& x, const at::Tensor& packed,
 at::Tensor gguf_int_linear(const at::Tensor& x, const at::Tensor& packed,
                            const c10::optional<at::Tensor>& bias, int64_t out_features,
                            int64_t activation_bits);
+
+// gguf_regroup.cpp: a weight's Q5_0 / Q5_1 / Q4_K / Q5_K / Q6_K blocks in gguf_int_linear's
+// 8-column layout
+at::Tensor gguf_regroup_blocks(const at::Tensor& blocks);
 
 // argmax.cpp: greedy sampling, the first maximum of each row as torch.max picks it
 at::Tensor first_argmax(const at::Tensor& x);
