@@ -16,7 +16,7 @@ pytestmark = pytest.mark.slow
 def test_calibrate_end_to_end(tmp_path):
     out = tmp_path / "calibration"
     code = main(["bench", "calibrate", "--fit-workload", "mixed64",
-                 "--check-workload", "longtail", "--num-requests", "6",
+                 "--check-workload", "longtail", "--num-requests", "4",
                  "--max-num-seqs", "4", "--out", str(out)])  # fmt: skip
     assert code == 0
     profile = HardwareProfile.load(out / "cpu-profile.json")
