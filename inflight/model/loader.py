@@ -30,7 +30,7 @@ from inflight.model import packed_linear
 from inflight.model.arch import LlamaArchConfig
 from inflight.model.block_embedding import BlockEmbedding
 from inflight.model.fused_layers import FusedDecoderLayers
-from inflight.model.gguf_blocks import BY_NAME
+from inflight.model.gguf_blocks import BY_NAME, BlockFormat
 from inflight.model.gguf_loader import (
     GGUFIndex,
     hf_name,
@@ -288,7 +288,7 @@ def estimated_weight_bytes(path: Path, dtype: torch.dtype, quantized_activations
     return total
 
 
-def _block_types(dtype: torch.dtype, bits: int) -> dict:
+def _block_types(dtype: torch.dtype, bits: int) -> dict[int, BlockFormat]:
     """GGML type number -> block format, of the formats whose weights stay as their blocks."""
     return {int(GGMLQuantizationType[name]): BY_NAME[name] for name in block_formats(dtype, bits)}
 
