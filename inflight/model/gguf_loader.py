@@ -32,6 +32,7 @@ from gguf.quants import dequantize
 
 from inflight.errors import ModelLoadError
 from inflight.model.arch import LlamaArchConfig
+from inflight.model.gguf_blocks import FORMATS
 from inflight.tokenizer import cache_dir, file_cache_key
 
 logger = logging.getLogger(__name__)
@@ -261,12 +262,8 @@ def read_gguf_index(path: Path) -> GGUFIndex:
     return GGUFIndex(path, arch, entries)
 
 
-# The block formats `kernels/csrc/gguf_linear.cpp` multiplies from directly.
-KERNEL_BLOCK_TYPES = (
-    GGMLQuantizationType.Q4_0,
-    GGMLQuantizationType.Q4_1,
-    GGMLQuantizationType.Q8_0,
-)
+# The block formats `kernels/csrc/gguf_linear.cpp` multiplies from directly (the legacy ones).
+KERNEL_BLOCK_TYPES = tuple(GGMLQuantizationType[f.name] for f in FORMATS.values() if f.legacy)
 
 
 def iter_gguf_weights(

@@ -19,7 +19,10 @@ from inflight.model.gguf_blocks import BY_NAME, FORMATS, dequantize, mixed_packi
 from inflight.model.loader import estimated_weight_bytes
 from inflight.model.packed_linear import PackedLinear, block_formats, blocks_serve_every_batch
 from tests.gguf_files import k_quant_mix, quantize_any, write_tiny_gguf
-from tests.model.test_gguf_int_linear import assert_exact_over_rounded_x
+from tests.model.test_gguf_int_linear import (
+    assert_exact_over_rounded_x,
+    assert_rows_do_not_depend_on_their_batch,
+)
 
 Q = GGMLQuantizationType
 ALL = [Q.Q4_0, Q.Q4_1, Q.Q8_0, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K, Q.Q6_K]
@@ -86,12 +89,7 @@ def test_kernel_is_the_exact_product_with_x_rounded_per_block(qtype, n, k, bits)
 @pytest.mark.parametrize("qtype", NEW, ids=lambda q: q.name)
 def test_rows_do_not_depend_on_their_batch(qtype, bits):
     packed = regroup_blocks(random_bytes(61, 512, qtype))
-    x = torch.randn(70, 512)
-    batched = ext.gguf_int_linear(x, packed, None, 61, bits)
-    for r in (0, 3, 4, 18, 65, 69):
-        alone = ext.gguf_int_linear(x[r : r + 1], packed, None, 61, bits)
-        assert torch.equal(alone[0], batched[r])
-    assert torch.equal(ext.gguf_int_linear(x[5:11], packed, None, 61, bits), batched[5:11])
+    assert_rows_do_not_depend_on_their_batch(packed, 61, 512, bits)
 
 
 @needs_kernel

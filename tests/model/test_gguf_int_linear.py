@@ -95,13 +95,18 @@ def test_kernel_is_the_exact_product_with_x_rounded_per_block(qtype, n, k, bits)
 @pytest.mark.parametrize("qtype", KERNEL_BLOCK_TYPES, ids=lambda q: q.name)
 def test_rows_do_not_depend_on_their_batch(qtype, bits):
     blocks, _ = quantized(103, 576, qtype)
-    packed = regroup(blocks, bits)
-    x = torch.randn(70, 576)
-    batched = ext.gguf_int_linear(x, packed, None, 103, bits)
+    assert_rows_do_not_depend_on_their_batch(regroup(blocks, bits), 103, 576, bits)
+
+
+def assert_rows_do_not_depend_on_their_batch(packed, n: int, k: int, bits: int) -> None:
+    """Rows of a 70-row batch (every tile height, the widened path, past a panel) give the same
+    bits alone and in slices."""
+    x = torch.randn(70, k)
+    batched = ext.gguf_int_linear(x, packed, None, n, bits)
     for r in (0, 3, 4, 18, 65, 69):
-        alone = ext.gguf_int_linear(x[r : r + 1], packed, None, 103, bits)
+        alone = ext.gguf_int_linear(x[r : r + 1], packed, None, n, bits)
         assert torch.equal(alone[0], batched[r])
-    assert torch.equal(ext.gguf_int_linear(x[5:11], packed, None, 103, bits), batched[5:11])
+    assert torch.equal(ext.gguf_int_linear(x[5:11], packed, None, n, bits), batched[5:11])
 
 
 def test_sixteen_bits_are_far_closer_to_the_exact_product_than_eight():
