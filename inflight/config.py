@@ -22,6 +22,7 @@ PreemptionMode = Literal["recompute", "swap"]
 KVAdmission = Literal["on-demand", "reserve"]
 AttentionBackend = Literal["auto", "torch", "cpu", "triton"]
 QuantizedActivations = Literal["auto", "off", "int16", "int8"]
+KVCacheDtype = Literal["auto", "bf16", "fp8", "int8"]
 # bits of each kind of quantized activations (off: float, the exact path; auto: int16 where the
 # kernel applies, since its greedy output matched the exact path's on every parity prompt)
 ACTIVATION_BITS = {"auto": 16, "off": 0, "int16": 16, "int8": 8}
@@ -115,6 +116,16 @@ class CacheConfig:
     enable_prefix_caching: bool = field(
         default=True, metadata={"help": "reuse the KV of full blocks shared by earlier requests"}
     )
+    kv_cache_dtype: KVCacheDtype = field(
+        default="auto",
+        metadata={
+            "help": "what the KV cache stores: auto (the model's dtype), bf16, or 8 bits per "
+            "value with a float32 scale per position and head (int8, or fp8: float8 e4m3); a "
+            "float32 engine's cache holds 2x (bf16) or ~3.8x (8-bit, head_dim 64) the tokens "
+            "in the same memory, at some cost in agreement with the exact path "
+            "(docs/benchmarks.md)"
+        },
+    )
 
     def __post_init__(self) -> None:
         _require(self.kv_block_size >= 1, f"kv_block_size must be >= 1, got {self.kv_block_size}")
@@ -129,6 +140,10 @@ class CacheConfig:
         _require(
             self.num_kv_blocks is None or self.num_kv_blocks >= 1,
             f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}",
+        )
+        _require(
+            self.kv_cache_dtype in ("auto", "bf16", "fp8", "int8"),
+            f"kv_cache_dtype must be auto, bf16, fp8 or int8, got {self.kv_cache_dtype!r}",
         )
 
 

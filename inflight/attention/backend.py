@@ -26,9 +26,10 @@ class AttentionBackend(Protocol):
     interpreted: bool  # its kernels run under an interpreter here: warm-ups stay tiny
 
     def cache_shapes(
-        self, num_blocks: int, num_kv_heads: int, head_dim: int
+        self, num_blocks: int, num_kv_heads: int, head_dim: int, scaled: bool = False
     ) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        """Shapes of one layer's key and value caches; block `b` is index `b` of dim 0."""
+        """Shapes of one layer's key and value caches; block `b` is index `b` of dim 0.
+        `scaled`: an 8-bit cache, room for a float32 scale per (position, head) included."""
         ...
 
     def build_metadata(
@@ -68,26 +69,64 @@ class AttentionBackend(Protocol):
         ...
 
 
+SCALED_DTYPES = (torch.int8, torch.float8_e4m3fn)
+SCALE_BYTES = 4  # a float32 scale per (position, head) of an 8-bit cache, keys and values apart
+_SCALED_MAX = {torch.int8: 127.0, torch.float8_e4m3fn: 448.0}
+
+
+def is_scaled(dtype: torch.dtype) -> bool:
+    """An 8-bit cache: each row of D keys or values is stored with its scale."""
+    return dtype in SCALED_DTYPES
+
+
+def quantize_rows(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """[..., D] rows as [..., D + 4] bytes: each row scaled so that its largest |x| is the 8-bit
+    type's largest value (127, or 448 for float8 e4m3), rounded to nearest even, then the scale
+    in float32 (0 for a row of zeros). The C++ kernels' write rounds the same way."""
+    x = x.float()
+    scale = x.abs().amax(-1, keepdim=True) / _SCALED_MAX[dtype]
+    y = torch.where(scale > 0, x / scale, 0.0)
+    stored = y.round().clamp(-127, 127).to(dtype) if dtype == torch.int8 else y.to(dtype)
+    return torch.cat([stored.view(torch.uint8), scale.view(torch.uint8)], dim=-1)
+
+
+def dequantize_rows(rows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """`quantize_rows`' bytes [..., D + 4] back to float32 [..., D]."""
+    raw = rows.view(torch.uint8)
+    scale = raw[..., -SCALE_BYTES:].contiguous().view(torch.float32)
+    return raw[..., :-SCALE_BYTES].view(dtype).float() * scale
+
+
 def token_major_shapes(
-    num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int
+    num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, scaled: bool = False
 ) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """Keys and values both [num_blocks, block_size, KVH, D]: the reference's and Triton's
-    layout."""
-    shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    """Keys and values both [num_blocks, block_size, KVH, D] (the reference's and Triton's
+    layout), each row followed by its 4 scale bytes in an 8-bit cache."""
+    shape = (num_blocks, block_size, num_kv_heads, head_dim + (SCALE_BYTES if scaled else 0))
     return shape, shape
 
 
 def write_token_major(
-    k_cache: torch.Tensor,  # [NB, BS, KVH, D]
+    k_cache: torch.Tensor,  # [NB, BS, KVH, D (+ 4)]
     v_cache: torch.Tensor,
     key: torch.Tensor,  # [T, KVH, D]
     value: torch.Tensor,
     slot_mapping: torch.Tensor,  # [T] block * block_size + offset
 ) -> None:
-    """The cache write of the token-major layout (the reference's and Triton's)."""
-    num_kv_heads, head_dim = key.shape[1], key.shape[2]
-    k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, key)
-    v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, value)
+    """The cache write of the token-major layout (the reference's and Triton's), converted to
+    the cache's dtype."""
+    num_kv_heads, row = k_cache.shape[2], k_cache.shape[3]
+    for cache, rows in ((k_cache, key), (v_cache, value)):
+        if is_scaled(cache.dtype):
+            cache, rows = cache.view(torch.uint8), quantize_rows(rows, cache.dtype)
+        cache.view(-1, num_kv_heads, row).index_copy_(0, slot_mapping, rows.to(cache.dtype))
+
+
+def read_token_major(rows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Gathered cache rows [..., D (+ 4)] as values of `dtype` (the queries')."""
+    if is_scaled(rows.dtype):
+        return dequantize_rows(rows, rows.dtype).to(dtype)
+    return rows.to(dtype)
 
 
 def decode_counts(query_start_loc: list[int], decodes: list[int] | None = None) -> list[int]:

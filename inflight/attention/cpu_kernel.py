@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from inflight.attention.backend import SCALE_BYTES
 from inflight.attention.paged_kernels import PagedKernelBackend
 from inflight.kernels import load_extension
 
@@ -34,19 +35,16 @@ class CpuKernelBackend(PagedKernelBackend):
         )
 
     def cache_shapes(
-        self, num_blocks: int, num_kv_heads: int, head_dim: int
+        self, num_blocks: int, num_kv_heads: int, head_dim: int, scaled: bool = False
     ) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """Keys [NB, KVH, D/2, BS, 2] (each block's keys transposed, in pairs of dims), values
-        [NB, KVH, BS, D]: every (block, head) one contiguous run (`csrc/kv_layout.h` says why)."""
+        [NB, KVH, BS, D]: every (block, head) one contiguous run (`csrc/kv_layout.h` says why).
+        An 8-bit cache's scales take two more rows of keys and 4 more bytes per value row."""
         if head_dim % 2:
             raise ValueError(f"the CPU attention kernels need an even head_dim, got {head_dim}")
-        block_size = self.block_size
-        return (num_blocks, num_kv_heads, head_dim // 2, block_size, 2), (
-            num_blocks,
-            num_kv_heads,
-            block_size,
-            head_dim,
-        )
+        block_size, extra = self.block_size, SCALE_BYTES if scaled else 0
+        keys = (num_blocks, num_kv_heads, (head_dim + extra) // 2, block_size, 2)
+        return keys, (num_blocks, num_kv_heads, block_size, head_dim + extra)
 
     def write_cache(self, k_cache, v_cache, key, value, slot_mapping) -> None:
         self._ext.write_kv_cache(k_cache, v_cache, key, value, slot_mapping)

@@ -65,10 +65,10 @@ class PagedKernelBackend:
         self.sliding_window = sliding_window
 
     def cache_shapes(
-        self, num_blocks: int, num_kv_heads: int, head_dim: int
+        self, num_blocks: int, num_kv_heads: int, head_dim: int, scaled: bool = False
     ) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """Token-major, unless a subclass lays blocks out for its kernels."""
-        return token_major_shapes(num_blocks, self.block_size, num_kv_heads, head_dim)
+        return token_major_shapes(num_blocks, self.block_size, num_kv_heads, head_dim, scaled)
 
     def write_cache(self, k_cache, v_cache, key, value, slot_mapping) -> None:
         write_token_major(k_cache, v_cache, key, value, slot_mapping)

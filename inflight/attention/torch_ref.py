@@ -24,7 +24,11 @@ import torch
 import torch.nn.functional as F
 
 from inflight.attention.backend import (
+    dequantize_rows,
+    is_scaled,
     prompt_and_decode_rows,
+    quantize_rows,
+    read_token_major,
     token_major_shapes,
     write_token_major,
 )
@@ -101,6 +105,15 @@ MAX_DECODE_GROUPS = 4
 MIN_DECODE_GROUP = 8  # smaller groups cost more in per-op overhead than padding saves
 
 
+def _as_stored(rows: torch.Tensor, cache_dtype: torch.dtype) -> torch.Tensor:
+    """Keys or values [T, KVH, D] as a cache of `cache_dtype` gives them back."""
+    if cache_dtype == rows.dtype:
+        return rows
+    if is_scaled(cache_dtype):
+        return dequantize_rows(quantize_rows(rows, cache_dtype), cache_dtype).to(rows.dtype)
+    return rows.to(cache_dtype).to(rows.dtype)
+
+
 def split_by_length(rows: list[int], seq_lens: list[int]) -> list[list[int]]:
     """Rows sorted by context length, cut into up to MAX_DECODE_GROUPS groups of equal size."""
     if not rows:
@@ -122,10 +135,10 @@ class TorchReferenceBackend:
         self.sliding_window = sliding_window
 
     def cache_shapes(
-        self, num_blocks: int, num_kv_heads: int, head_dim: int
+        self, num_blocks: int, num_kv_heads: int, head_dim: int, scaled: bool = False
     ) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """Token-major: blocks gathered whole, as rows of a 2-D view."""
-        return token_major_shapes(num_blocks, self.block_size, num_kv_heads, head_dim)
+        return token_major_shapes(num_blocks, self.block_size, num_kv_heads, head_dim, scaled)
 
     def build_metadata(
         self,
@@ -201,12 +214,13 @@ class TorchReferenceBackend:
             rows = g.token_index[:, 0]
             out[rows] = self._decode(query[rows], k_cache, v_cache, g)
         for chunk in meta.prefills:
-            if chunk.block_table is None:
-                k, v = key[chunk.tokens], value[chunk.tokens]
+            if chunk.block_table is None:  # as the cache holds them (rounded to its dtype)
+                k = _as_stored(key[chunk.tokens], k_cache.dtype)
+                v = _as_stored(value[chunk.tokens], v_cache.dtype)
             else:
                 table = chunk.block_table[None]
-                k = _gather(k_cache, table)[0, : chunk.seq_len]
-                v = _gather(v_cache, table)[0, : chunk.seq_len]
+                k = read_token_major(_gather(k_cache, table)[0, : chunk.seq_len], query.dtype)
+                v = read_token_major(_gather(v_cache, table)[0, : chunk.seq_len], query.dtype)
             o = F.scaled_dot_product_attention(
                 query[chunk.tokens].transpose(0, 1)[None],  # [1, H, Q, D]
                 k.transpose(0, 1)[None],  # [1, KVH, L, D]
@@ -232,8 +246,9 @@ class TorchReferenceBackend:
         num_reqs, num_heads, head_dim = q.shape
         num_kv_heads = k_cache.shape[2]
         group_size = num_heads // num_kv_heads
-        k = _gather(k_cache, g.block_tables).flatten(2)  # [R, L, KVH * D]
-        v = _gather(v_cache, g.block_tables).flatten(2)
+        # [R, L, KVH * D]
+        k = read_token_major(_gather(k_cache, g.block_tables), q.dtype).flatten(2)
+        v = read_token_major(_gather(v_cache, g.block_tables), q.dtype).flatten(2)
         q_spread = q.new_zeros(num_reqs, num_heads, num_kv_heads, head_dim)
         kv_of_head = torch.arange(num_heads, device=q.device) // group_size
         q_spread[:, torch.arange(num_heads), kv_of_head] = q

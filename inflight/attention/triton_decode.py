@@ -21,8 +21,9 @@ import logging
 
 import torch
 
+from inflight.attention.backend import SCALE_BYTES, is_scaled
 from inflight.attention.paged_kernels import PagedKernelBackend
-from inflight.attention.triton_prefill import paged_prefill_attention
+from inflight.attention.triton_prefill import load_kv_rows, paged_prefill_attention
 from inflight.attention.triton_runtime import runs_here, tl, triton
 
 logger = logging.getLogger(__name__)
@@ -53,7 +54,7 @@ def _window_start(seq_len, window):
 @triton.jit(do_not_specialize=["window", "max_blocks", "num_partitions"])
 def _partition_kernel(
     q_ptr,  # [R, H, D]
-    k_cache_ptr,  # [NB, BS, KVH, D]
+    k_cache_ptr,  # [NB, BS, KVH, D (+ 4 scale bytes: SCALED)]
     v_cache_ptr,
     block_tables_ptr,  # [R, MB] int
     seq_lens_ptr,  # [R] int
@@ -72,6 +73,7 @@ def _partition_kernel(
     DIM_PAD: tl.constexpr,
     TOKENS: tl.constexpr,
     PARTITION: tl.constexpr,
+    SCALED: tl.constexpr,  # an 8-bit cache (`load_kv_rows`)
 ):
     r = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -95,7 +97,8 @@ def _partition_kernel(
         running_max = tl.full((GROUP_PAD,), -1.0e30, tl.float32)  # finite: no inf - inf
         running_sum = tl.zeros((GROUP_PAD,), tl.float32)
         acc = tl.zeros((GROUP_PAD, DIM_PAD), tl.float32)
-        kv_stride = num_kv_heads * head_dim  # between positions of a block
+        row_len = head_dim + 4 * SCALED  # a position's elements for one head
+        kv_stride = num_kv_heads * row_len  # between positions of a block
         start = tl.maximum(lo, (first // TOKENS) * TOKENS)
         for n0 in range(start, hi, TOKENS):
             n = n0 + tl.arange(0, TOKENS)
@@ -103,10 +106,9 @@ def _partition_kernel(
             block = tl.load(
                 block_tables_ptr + r * max_blocks + n // block_size, mask=live, other=0
             ).to(tl.int64)
-            row = (block * block_size + n % block_size) * kv_stride + kv_head * head_dim
-            kv_mask = live[:, None] & d_ok[None, :]
-            k = tl.load(k_cache_ptr + row[:, None] + d[None, :], mask=kv_mask, other=0.0)
-            v = tl.load(v_cache_ptr + row[:, None] + d[None, :], mask=kv_mask, other=0.0)
+            row = (block * block_size + n % block_size) * kv_stride + kv_head * row_len
+            k = load_kv_rows(k_cache_ptr, row, d, live, head_dim, SCALED)
+            v = load_kv_rows(v_cache_ptr, row, d, live, head_dim, SCALED)
             # [GROUP_PAD, TOKENS]: every head of the group against every position
             scores = tl.sum(q[:, None, :] * k.to(tl.float32)[None, :, :], axis=2) * scale
             scores = tl.where(live[None, :], scores, float("-inf"))
@@ -176,7 +178,7 @@ def check_block_size(block_size: int) -> None:
 
 def paged_decode_attention(
     q: torch.Tensor,  # [R, H, D]
-    k_cache: torch.Tensor,  # [NB, BS, KVH, D]
+    k_cache: torch.Tensor,  # [NB, BS, KVH, D (+ 4 in an 8-bit cache)]
     v_cache: torch.Tensor,
     block_tables: torch.Tensor,  # [R, MB]
     seq_lens: torch.Tensor,  # [R], each >= 1 and <= MB * BS
@@ -187,7 +189,8 @@ def paged_decode_attention(
     [max(0, seq_len - window), seq_len) (all of them when `window` is 0)."""
     num_reqs, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, cache_dim = k_cache.shape
-    if cache_dim != head_dim or num_heads % num_kv_heads:
+    scaled = is_scaled(k_cache.dtype)
+    if cache_dim != head_dim + (SCALE_BYTES if scaled else 0) or num_heads % num_kv_heads:
         raise ValueError(
             f"query heads {num_heads}x{head_dim} do not fit KV heads {num_kv_heads}x{cache_dim}"
         )
@@ -210,7 +213,7 @@ def paged_decode_attention(
         part_max, part_sum, part_acc, scale, window, max_blocks, num_partitions,
         num_kv_heads=num_kv_heads, group=group, head_dim=head_dim, block_size=block_size,
         GROUP_PAD=triton.next_power_of_2(group), DIM_PAD=dim_pad, TOKENS=tokens,
-        PARTITION=partition,
+        PARTITION=partition, SCALED=scaled,
     )  # fmt: skip
     _merge_kernel[(num_reqs, num_heads)](
         part_max, part_sum, part_acc, seq_lens, out, window, num_partitions,

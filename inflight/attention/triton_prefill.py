@@ -17,10 +17,37 @@ from __future__ import annotations
 
 import torch
 
+from inflight.attention.backend import is_scaled
 from inflight.attention.triton_runtime import tl, triton
 
 BLOCK_M = 64  # queries per program
 BLOCK_N = 64  # positions per loop iteration
+
+
+@triton.jit
+def load_kv_rows(
+    cache_ptr,
+    slot,  # [N] first element of each position's row for the head
+    d,  # [DIM_PAD]
+    row_ok,  # [N]
+    head_dim: tl.constexpr,
+    SCALED: tl.constexpr,  # an 8-bit cache: each row's float32 scale in the 4 bytes after it
+):
+    """Rows of keys or values from the token-major cache: as stored, or for an 8-bit cache
+    widened to float32 and scaled (int8 or float8 e4m3, as the cache tensor's dtype says)."""
+    x = tl.load(
+        cache_ptr + slot[:, None] + d[None, :],
+        mask=row_ok[:, None] & (d < head_dim)[None, :],
+        other=0.0,
+    )
+    if SCALED:
+        b = tl.arange(0, 4)
+        raw = tl.load(cache_ptr + slot[:, None] + head_dim + b[None, :], mask=row_ok[:, None],
+                      other=0.0)  # fmt: skip
+        raw = raw.to(tl.uint8, bitcast=True).to(tl.uint32)
+        scale = tl.sum(raw << (8 * b)[None, :].to(tl.uint32), axis=1).to(tl.float32, bitcast=True)
+        x = x.to(tl.float32) * scale[:, None]
+    return x
 
 
 # Lengths vary from step to step: specializing on their values (Triton's default for integers)
@@ -28,7 +55,7 @@ BLOCK_N = 64  # positions per loop iteration
 @triton.jit(do_not_specialize=["window", "max_blocks", "q_row_stride"])
 def _prefill_kernel(
     q_ptr,  # [T, H, D], rows `q_row_stride` apart, heads `head_dim` apart
-    k_cache_ptr,  # [NB, BS, KVH, D]
+    k_cache_ptr,  # [NB, BS, KVH, D (+ 4 scale bytes: SCALED)]
     v_cache_ptr,
     out_ptr,  # [T, H, D] contiguous
     chunks_ptr,  # [C, 3]: first flat row, query tokens, tokens cached before
@@ -46,6 +73,7 @@ def _prefill_kernel(
     BLOCK_N: tl.constexpr,
     PRECISION: tl.constexpr,  # of the matrix products: "ieee" for float32 inputs (no TF32)
     UPCAST: tl.constexpr,  # float32 products: the interpreter's products of 16-bit floats fail
+    SCALED: tl.constexpr,  # an 8-bit cache (`load_kv_rows`)
 ):
     c = tl.program_id(0)
     m0 = tl.program_id(1) * BLOCK_M
@@ -73,20 +101,18 @@ def _prefill_kernel(
         running_max = tl.full((BLOCK_M,), -1.0e30, tl.float32)  # finite: no inf - inf
         running_sum = tl.zeros((BLOCK_M,), tl.float32)
         acc = tl.zeros((BLOCK_M, DIM_PAD), tl.float32)
-        kv_stride = num_kv_heads * head_dim  # between positions of a block
+        row = head_dim + 4 * SCALED  # a position's elements for one head
+        kv_stride = num_kv_heads * row  # between positions of a block
         for n0 in range((start // BLOCK_N) * BLOCK_N, end, BLOCK_N):
             n = n0 + tl.arange(0, BLOCK_N)
             n_ok = n < end
             block = tl.load(
                 block_tables_ptr + c * max_blocks + n // block_size, mask=n_ok, other=0
             ).to(tl.int64)
-            slot = (block * block_size + n % block_size) * kv_stride + kv_head * head_dim
-            kv_mask = n_ok[:, None] & d_ok[None, :]
-            k = tl.load(k_cache_ptr + slot[:, None] + d[None, :], mask=kv_mask, other=0.0)
-            v = tl.load(v_cache_ptr + slot[:, None] + d[None, :], mask=kv_mask, other=0.0)
-            if UPCAST:
-                k = k.to(tl.float32)
-                v = v.to(tl.float32)
+            slot = (block * block_size + n % block_size) * kv_stride + kv_head * row
+            # in the queries' dtype, whatever the cache holds
+            k = load_kv_rows(k_cache_ptr, slot, d, n_ok, head_dim, SCALED).to(q.dtype)
+            v = load_kv_rows(v_cache_ptr, slot, d, n_ok, head_dim, SCALED).to(q.dtype)
             scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale  # [M, N]
             seen = (n[None, :] <= pos[:, None]) & n_ok[None, :]
             seen &= (window == 0) | (n[None, :] > pos[:, None] - window)
@@ -108,7 +134,7 @@ def _prefill_kernel(
 
 def paged_prefill_attention(
     query: torch.Tensor,  # [T, H, D], the last dim contiguous
-    k_cache: torch.Tensor,  # [NB, BS, KVH, D], the chunks' new keys already written
+    k_cache: torch.Tensor,  # [NB, BS, KVH, D (+ 4)], the chunks' new keys already written
     v_cache: torch.Tensor,
     chunks: torch.Tensor,  # [C, 3]: first flat row, query tokens, tokens cached before
     block_tables: torch.Tensor,  # [C, MB], covering each chunk's cached + new positions
@@ -135,4 +161,5 @@ def paged_prefill_attention(
         num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
         block_size=block_size, DIM_PAD=max(16, triton.next_power_of_2(head_dim)),
         BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, PRECISION=precision, UPCAST=interpreted,
+        SCALED=is_scaled(k_cache.dtype),
     )  # fmt: skip

@@ -1,5 +1,6 @@
-"""`inflight bench agreement`: how far `quantized_activations` (int16, int8) moves greedy output
-from the exact path, on the parity prompts.
+"""`inflight bench agreement`: how far `quantized_activations` (int16, int8), or with
+`kv_cache_dtypes` a KV cache in bf16 or 8 bits, moves greedy output from the exact path, on the
+parity prompts.
 
 Both engines decode every prompt greedily for the same number of tokens (EOS ignored, so every
 continuation is as long); the report counts prompts whose first token agrees, prompts whose whole
@@ -55,47 +56,62 @@ KINDS = ("int16", "int8")
 
 
 def run_agreement(
-    knobs: dict[str, Any], out: Path, max_tokens: int = 64, reference_dtype: str | None = None
-) -> str:
+    knobs: dict[str, Any], out: Path, max_tokens: int = 64, reference_dtype: str | None = None,
+    kv_cache_dtypes: tuple[str, ...] = (),
+) -> str:  # fmt: skip
     """Runs the exact engine, then each kind of quantized activations, on the same knobs
     otherwise; writes agreement.json and agreement.md, and returns the latter. With
     `reference_dtype` (float32, say) the reference is the exact path in that dtype instead, and
     the engine's own exact path is compared with it too: a bf16 engine's rounding moves tokens
-    as well, so only that comparison says which path is closer to the model."""
-    reference = "off" if reference_dtype is None else f"off in {reference_dtype}"
-    dtype_knob = {} if reference_dtype is None else {"dtype": reference_dtype}
-    kinds = KINDS if reference_dtype is None else ("off", *KINDS)
-    plan = [(reference, {**knobs, **dtype_knob, "quantized_activations": "off"})]
-    plan += [(kind, {**knobs, "quantized_activations": kind}) for kind in kinds]
+    as well, so only that comparison says which path is closer to the model. With
+    `kv_cache_dtypes` the runs differ in the KV cache's dtype alone (the reference: `auto`, the
+    model's), and the report adds the tokens of KV each GiB holds."""
+    if kv_cache_dtypes:
+        reference, column = "auto", "kv_cache_dtype"
+        plan = [(kind, {**knobs, "kv_cache_dtype": kind}) for kind in ("auto", *kv_cache_dtypes)]
+    else:
+        reference = "off" if reference_dtype is None else f"off in {reference_dtype}"
+        column = "quantized_activations"
+        dtype_knob = {} if reference_dtype is None else {"dtype": reference_dtype}
+        kinds = KINDS if reference_dtype is None else ("off", *KINDS)
+        plan = [(reference, {**knobs, **dtype_knob, "quantized_activations": "off"})]
+        plan += [(kind, {**knobs, "quantized_activations": kind}) for kind in kinds]
     runs: dict[str, list[list[int]]] = {}
+    tokens_per_gib: dict[str, int] = {}
     for label, run_knobs in plan:
         llm = LLM(**run_knobs)
         prompts = parity_prompts(llm.tokenizer)
         logger.info("greedy, %d prompts, %s", len(prompts), label)
         runs[label] = greedy(llm, prompts, max_tokens)
+        cache = llm.core.kv_cache
+        tokens_per_gib[label] = 2**30 * cache.num_blocks * cache.block_size // cache.num_bytes
         if label != reference:
             device, dtype = llm.core.device, llm.core.dtype
         del llm
-    results = {label: agreement(runs[reference], runs[label]) for label in runs
-               if label != reference}  # fmt: skip
+    results = {label: {**agreement(runs[reference], runs[label]),
+                       "kv_tokens_per_gib": tokens_per_gib[label]}
+               for label in runs if label != reference}  # fmt: skip
     meta = {"max_tokens": max_tokens, "device": describe_device(device),
-            "dtype": str(dtype).removeprefix("torch."), "reference": reference}  # fmt: skip
+            "dtype": str(dtype).removeprefix("torch."), "reference": reference,
+            "reference_kv_tokens_per_gib": tokens_per_gib[reference]}  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)
     (out / "agreement.json").write_text(json.dumps({**meta, "kinds": results}, indent=2) + "\n")
     prompts_n = len(runs[reference])
+    what = "KV cache dtypes" if kv_cache_dtypes else "quantized activations"
     lines = [
-        f"# Token agreement: quantized activations against the exact path ({reference})", "",
+        f"# Token agreement: {what} against the exact path ({column} {reference})", "",
         f"{prompts_n} parity prompts, {max_tokens} greedy tokens each, {meta['dtype']} on "
-        f"{meta['device']}.", "",
-        "| quantized_activations | first token agrees | whole continuation agrees "
-        "| tokens before the first difference |",
-        "|---|---|---|---|",
+        f"{meta['device']}; the reference's KV cache holds "
+        f"{tokens_per_gib[reference]:,} tokens per GiB.", "",
+        f"| {column} | first token agrees | whole continuation agrees "
+        "| tokens before the first difference | KV tokens per GiB |",
+        "|---|---|---|---|---|",
     ]  # fmt: skip
     for kind, r in results.items():
         lines.append(
             f"| {kind} | {r['first_token_agrees']} / {r['prompts']} | {r['all_tokens_agree']} / "
             f"{r['prompts']} | {r['tokens_before_first_difference']} / {r['tokens']} "
-            f"({r['share_before_first_difference']:.1%}) |"
+            f"({r['share_before_first_difference']:.1%}) | {r['kv_tokens_per_gib']:,} |"
         )
     lines += ["", "Tokens before the first difference, per prompt:"]
     lines += [f"- {kind}: {r['per_prompt']}" for kind, r in results.items()]

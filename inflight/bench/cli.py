@@ -106,12 +106,17 @@ def add_bench_parser(sub: Any, add_engine_flags: Callable[[argparse.ArgumentPars
     calibrate.add_argument("--out", type=Path, default=None)
     add_engine_flags(calibrate)
     agreement = modes.add_parser("agreement", formatter_class=fmt,
-                                 help="greedy tokens with quantized activations against the "
-                                 "exact path, on the parity prompts")  # fmt: skip
+                                 help="greedy tokens with quantized activations (or KV "
+                                 "cache dtypes) against the exact path, on the parity "
+                                 "prompts")  # fmt: skip
     agreement.add_argument("--max-tokens", type=int, default=64, help="greedy tokens per prompt")
     agreement.add_argument("--reference-dtype", choices=["float32", "bfloat16"], default=None,
                            help="compare against the exact path in this dtype (and the engine's "
                            "own exact path too); default: the engine's dtype")  # fmt: skip
+    agreement.add_argument("--kv-cache-dtypes", default="",
+                           help="compare these KV cache dtypes (comma-separated: bf16, fp8, "
+                           "int8) with the model's own instead of the quantized "
+                           "activations")  # fmt: skip
     agreement.add_argument("--out", type=Path, default=None)
     add_engine_flags(agreement)
     offline.add_argument(
@@ -289,7 +294,8 @@ def run_bench(args: argparse.Namespace, knobs: dict[str, Any]) -> int:
     elif args.bench_command == "agreement":
         from inflight.bench.agreement import run_agreement
 
-        print(run_agreement(knobs, out, args.max_tokens, args.reference_dtype))
+        kv_dtypes = tuple(k for k in args.kv_cache_dtypes.split(",") if k)
+        print(run_agreement(knobs, out, args.max_tokens, args.reference_dtype, kv_dtypes))
         logger.info("results in %s", out)
         return 0
     elif args.bench_command == "roofline":

@@ -35,7 +35,7 @@ from inflight.platform import resolve_device, resolve_dtype
 from inflight.request import FinishReason, Request
 from inflight.runner.cuda_graphs import DecodeGraphs, supports_graphs
 from inflight.runner.drafter import Drafter
-from inflight.runner.kv_cache import KVCache, kv_bytes_per_token
+from inflight.runner.kv_cache import KVCache, kv_bytes_per_token, resolve_kv_cache_dtype
 from inflight.runner.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
@@ -56,6 +56,7 @@ class EngineCore:
     def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None) -> None:
         device = resolve_device(config.model.device)
         dtype = resolve_dtype(config.model.dtype, device)
+        kv_dtype = resolve_kv_cache_dtype(config.cache.kv_cache_dtype, dtype)
         block_size = config.cache.kv_block_size
         activations = resolve_quantized_activations(
             config.model.quantized_activations, dtype, config.scheduler.max_num_seqs
@@ -64,7 +65,7 @@ class EngineCore:
             path = resolve_model_path(config.model.model)
             if device.type == "cpu":  # the weights and the pool share the machine's memory
                 check_memory_fits(path, estimated_weight_bytes(path, dtype, activations),
-                                  self._kv_bytes(config, arch_config(path), dtype))  # fmt: skip
+                                  self._kv_bytes(config, arch_config(path), kv_dtype))  # fmt: skip
             loaded = load_model(path, dtype, device, block_size, config.model.attention_backend,
                                 activations)  # fmt: skip
         elif why := loaded.mismatch(dtype, activations):
@@ -78,10 +79,10 @@ class EngineCore:
         requested_len = config.model.max_model_len
         # the drafter's KV shares the pool's blocks: a block costs both models' bytes (swap
         # space holds only the target's: a drafter's KV is recomputed after preemption)
-        target_bytes_per_token = bytes_per_token = kv_bytes_per_token(arch, dtype)
+        target_bytes_per_token = bytes_per_token = kv_bytes_per_token(arch, kv_dtype)
         max_positions = arch.max_position_embeddings
         if draft is not None:
-            bytes_per_token += kv_bytes_per_token(draft.arch, dtype)
+            bytes_per_token += kv_bytes_per_token(draft.arch, kv_dtype)
             max_positions = min(max_positions, draft.arch.max_position_embeddings)
         num_blocks = config.cache.num_kv_blocks or num_blocks_for_budget(
             bytes_per_token,
@@ -105,7 +106,7 @@ class EngineCore:
         use_graphs = supports_graphs(attn, device) and not config.model.enforce_eager
         # the scratch block: the start-up warm-up's, and padding rows' of decode graphs
         self.kv_cache = KVCache(
-            arch, attn, num_blocks, dtype, device, num_cpu_blocks, scratch_block=True
+            arch, attn, num_blocks, kv_dtype, device, num_cpu_blocks, scratch_block=True
         )
         self.kv_cache_manager = KVCacheManager(
             num_blocks, block_size, config.cache.enable_prefix_caching, num_cpu_blocks
@@ -120,7 +121,7 @@ class EngineCore:
         drafter = None
         if draft is not None:
             draft_attn = draft.model.layers[0].attn
-            draft_kv = KVCache(draft.arch, draft_attn, num_blocks, dtype, device,
+            draft_kv = KVCache(draft.arch, draft_attn, num_blocks, kv_dtype, device,
                                scratch_block=True)  # fmt: skip
             drafter = Drafter(draft.model, draft_kv, draft_attn, device)
         self.runner = ModelRunner(
@@ -135,7 +136,7 @@ class EngineCore:
             num_blocks,
             block_size,
             self.kv_cache.num_bytes / 2**20,
-            dtype,
+            str(kv_dtype).removeprefix("torch."),
             max_model_len,
         )
         assert cdiv(max_model_len, block_size) <= num_blocks

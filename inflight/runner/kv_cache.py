@@ -1,20 +1,42 @@
 """Per-layer paged K/V tensors, laid out as the attention backend asks (`cache_shapes`; how many
-blocks: `core/sizing.py`). Block `b` is index `b` of dim 0 in every layout. With `scratch_block`
-one block more is allocated, past the pool's: the start-up warm-up and CUDA graphs' padding rows
-write there (engines always ask for it)."""
+blocks: `core/sizing.py`), in the model's dtype or the one `kv_cache_dtype` names. Block `b` is
+index `b` of dim 0 in every layout. With `scratch_block` one block more is allocated, past the
+pool's: the start-up warm-up and CUDA graphs' padding rows write there (engines always ask for
+it)."""
 
 from __future__ import annotations
 
 import torch
 
 from inflight.attention import AttentionBackend
+from inflight.attention.backend import SCALE_BYTES, is_scaled
+from inflight.errors import ConfigError
 from inflight.model.arch import LlamaArchConfig
 from inflight.runner.huge_pages import zeros_on_huge_pages
 
+# `kv_cache_dtype` names: bf16 halves a float32 engine's cache, the 8-bit ones (a float32 scale
+# per position and head beside each row of keys or values) quarter it
+KV_CACHE_DTYPES = {"bf16": torch.bfloat16, "fp8": torch.float8_e4m3fn, "int8": torch.int8}
+
+
+def resolve_kv_cache_dtype(asked: str, model_dtype: torch.dtype) -> torch.dtype:
+    """The cache's element type: the model's own for `auto`; another only under a float32 or
+    bfloat16 model (the kernels read float16 caches with float16 queries alone)."""
+    if asked == "auto":
+        return model_dtype
+    dtype = KV_CACHE_DTYPES[asked]
+    if dtype != model_dtype and model_dtype not in (torch.float32, torch.bfloat16):
+        raise ConfigError(
+            f"kv_cache_dtype {asked} needs a float32 or bfloat16 model, not {model_dtype}"
+        )
+    return dtype
+
 
 def kv_bytes_per_token(arch: LlamaArchConfig, dtype: torch.dtype) -> int:
-    element = torch.empty((), dtype=dtype).element_size()
-    return 2 * arch.num_layers * arch.num_kv_heads * arch.head_dim * element
+    """Key and value bytes of one token in every layer, scales included."""
+    row = arch.head_dim * torch.empty((), dtype=dtype).element_size()
+    row += SCALE_BYTES if is_scaled(dtype) else 0
+    return 2 * arch.num_layers * arch.num_kv_heads * row
 
 
 class KVCache:
@@ -30,7 +52,9 @@ class KVCache:
     ) -> None:
         block_size = attn.block_size
         allocated = num_blocks + scratch_block
-        k_shape, v_shape = attn.cache_shapes(allocated, arch.num_kv_heads, arch.head_dim)
+        k_shape, v_shape = attn.cache_shapes(
+            allocated, arch.num_kv_heads, arch.head_dim, scaled=is_scaled(dtype)
+        )
         self.num_blocks = num_blocks  # the pool's; the scratch block is not among them
         self.scratch_block: int | None = num_blocks if scratch_block else None
         self.block_size = block_size

@@ -4,6 +4,7 @@
 // few rows' accumulators.
 #pragma once
 #if defined(__AVX2__) && defined(__FMA__)
+#include "kv_quant.h"
 #include "vec_math.h"
 
 #include <cstdint>
@@ -50,11 +51,12 @@ __attribute__((noinline)) void scores(const float* __restrict q, const float* __
 }
 
 // acc[r] = acc[r] * keep[r] + sum over t < n of p[r][t] * v[t], for NR (1 or 2) rows; `v` is n
-// rows of D values. 32 dims at a time: 4 value vectors serve both rows' 8 accumulators. Not
+// rows of D values, `row` elements apart. 32 dims at a time: 4 value vectors serve both rows' 8 accumulators. Not
 // inlined, for the same reason.
 template <int64_t D, int NR, typename value_t>
 __attribute__((noinline)) void add_values(const float* const (&p)[NR], const float (&keep)[NR],
-                                          const value_t* v, int64_t n, float* const (&acc)[NR]) {
+                                          const value_t* v, int64_t row, int64_t n,
+                                          float* const (&acc)[NR]) {
   static_assert(D % 32 == 0, "32 dims at a time");
   for (int64_t j0 = 0; j0 < D; j0 += 32) {
     __m256 a[NR][4];
@@ -63,7 +65,7 @@ __attribute__((noinline)) void add_values(const float* const (&p)[NR], const flo
         a[r][j] = _mm256_mul_ps(_mm256_loadu_ps(acc[r] + j0 + j * 8), _mm256_set1_ps(keep[r]));
     for (int64_t t = 0; t < n; ++t) {
       __m256 vt[4];
-      for (int j = 0; j < 4; ++j) vt[j] = load8(v + t * D + j0 + j * 8);
+      for (int j = 0; j < 4; ++j) vt[j] = load8(v + t * row + j0 + j * 8);
       for (int r = 0; r < NR; ++r) {
         const __m256 pt = _mm256_broadcast_ss(p[r] + t);
         for (int j = 0; j < 4; ++j) a[r][j] = _mm256_fmadd_ps(pt, vt[j], a[r][j]);

@@ -154,8 +154,9 @@ std::vector<at::Tensor> llama_decoder_layers(
     const KVLayout lay = kv_layout(k_caches[l], v_caches[l]);
     TORCH_CHECK(k_caches[l].sizes() == k_caches[0].sizes() &&
                     v_caches[l].sizes() == v_caches[0].sizes() && lay.kv_heads == num_kv_heads &&
-                    lay.head_dim == head_dim && k_caches[l].scalar_type() == hidden.scalar_type(),
-                "every layer's caches must have the model's heads and dtype, all alike");
+                    lay.head_dim == head_dim &&
+                    k_caches[l].scalar_type() == k_caches[0].scalar_type(),
+                "every layer's caches must have the model's heads, all alike");
   }
   // every layer's caches alike (checked above): one layout serves all
   const KVLayout layout = L ? kv_layout(k_caches[0], v_caches[0]) : KVLayout{1, 0, 0};

@@ -10,31 +10,65 @@
 // Either way a (block, head) pair is one contiguous run of BS * D elements (2 KB for 16 bf16
 // positions of 64 dims): attention streams whole runs instead of one head's 128-byte slices
 // strided by the other heads' (the token-major layout ran at ~40% of the memory bandwidth).
+//
+// 8-bit caches (int8, or float8 e4m3) carry a float32 scale per (position, head) for keys and
+// for values, inside the same runs, so that a block stays one index of dim 0 (swap, prefix
+// sharing and CUDA graphs copy blocks without knowing of scales):
+//
+//   keys    [NB, KVH, D/2 + 2, BS, 2]   the D/2 rows above, then the BS key scales (4 bytes each)
+//   values  [NB, KVH, BS, D + 4]        each position's D values, then its scale
+//
+// A stored element times its scale is the value written (`kv_quant.h`).
 #pragma once
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <cstring>
 
 struct KVLayout {
   int64_t block_size, kv_heads, head_dim;
+  bool scaled = false;  // an 8-bit cache: scales follow the keys and each value row
 
-  // First element of (block, head)'s run, in either cache.
+  int64_t value_row() const { return head_dim + (scaled ? 4 : 0); }
+  // First element of (block, head)'s run, in either cache (one element is one byte when scaled).
   int64_t run(int64_t block, int64_t head) const {
-    return (block * kv_heads + head) * block_size * head_dim;
+    return (block * kv_heads + head) * block_size * value_row();
   }
   // Dim d of the key at `offset` in the block, from the start of its run.
   int64_t key_in_run(int64_t offset, int64_t d) const {
     return (d / 2) * block_size * 2 + offset * 2 + d % 2;
   }
   // The value row at `offset` in the block, from the start of its run.
-  int64_t value_in_run(int64_t offset) const { return offset * head_dim; }
+  int64_t value_in_run(int64_t offset) const { return offset * value_row(); }
   int64_t num_slots(int64_t num_blocks) const { return num_blocks * block_size; }
+
+  // Scales of a scaled cache's run (`run_start`: its first element): the key of each position,
+  // and the value at `offset`. 1 for the other caches.
+  template <typename T>
+  float key_scale(const T* run_start, int64_t offset) const {
+    if (!scaled) return 1.f;
+    float s;
+    std::memcpy(&s, reinterpret_cast<const char*>(run_start + head_dim * block_size) + 4 * offset,
+                sizeof s);
+    return s;
+  }
+  template <typename T>
+  float value_scale(const T* run_start, int64_t offset) const {
+    if (!scaled) return 1.f;
+    float s;
+    std::memcpy(&s, run_start + value_in_run(offset) + head_dim, sizeof s);
+    return s;
+  }
 };
+
+// int8 and float8 caches: scaled, as above.
+bool is_scaled_cache(at::ScalarType dtype);
 
 // The layout of a layer's two caches, after checking their shapes, dtype and contiguity.
 KVLayout kv_layout(const at::Tensor& k_cache, const at::Tensor& v_cache);
 
-// Writes key/value [T, KVH, D] (rows may be strided) at slots[t] = block * BS + offset. The
-// caller has checked the slots against the cache size.
+// Writes key/value [T, KVH, D] (rows may be strided) at slots[t] = block * BS + offset,
+// converted to the cache's type where it differs. The caller has checked the slots against the
+// cache size.
 void write_kv(const at::Tensor& k_cache, const at::Tensor& v_cache, const KVLayout& layout,
               const at::Tensor& key, const at::Tensor& value, const int64_t* slots);

@@ -22,6 +22,7 @@
 // buffers; line by line, a few runs ahead, cut decode attention time by about a fifth.)
 #include "attention_avx2.h"
 #include "kv_layout.h"
+#include "kv_quant.h"
 #include "ops.h"
 #include "vec_math.h"
 
@@ -203,10 +204,11 @@ ItemFn pick_bf16(int64_t D, int64_t G, int64_t BS) {
 #endif
 
 // Any dtype and shape: each block's keys widened into an fp32 tile [D][BS] that stays in L1, so
-// the inner loop runs over the block's positions, contiguous, without horizontal sums.
-template <typename scalar_t>
-void decode_item_generic(const scalar_t* q, const scalar_t* k_cache, const scalar_t* v_cache,
-                         const Item& it, int64_t G, float scale, float* scores, scalar_t* out,
+// the inner loop runs over the block's positions, contiguous, without horizontal sums. Scales of
+// an 8-bit cache multiply whole scores (keys) and probabilities (values).
+template <typename q_t, typename cache_t>
+void decode_item_generic(const q_t* q, const cache_t* k_cache, const cache_t* v_cache,
+                         const Item& it, int64_t G, float scale, float* scores, q_t* out,
                          std::vector<float>& qf, std::vector<float>& tile,
                          std::vector<float>& acc) {
   const KVLayout& lay = *it.layout;
@@ -217,9 +219,9 @@ void decode_item_generic(const scalar_t* q, const scalar_t* k_cache, const scala
   acc.assign(G * D, 0.f);
   for (int64_t i = 0; i < G * D; ++i) qf[i] = static_cast<float>(q[i]) * scale;
   for (int64_t b = b0; b < b1; ++b) {
-    const scalar_t* k = k_cache + lay.run(it.table[b], it.head);
+    const cache_t* k = k_cache + lay.run(it.table[b], it.head);
     for (int64_t d = 0; d < D; ++d)
-      for (int64_t t = 0; t < BS; ++t) tile[d * BS + t] = static_cast<float>(k[lay.key_in_run(t, d)]);
+      for (int64_t t = 0; t < BS; ++t) tile[d * BS + t] = widen(k[lay.key_in_run(t, d)]);
     for (int64_t g = 0; g < G; ++g) {
       float* __restrict sg = scores + g * row + b * BS - base;
       const float* __restrict qg = qf.data() + g * D;
@@ -229,23 +231,26 @@ void decode_item_generic(const scalar_t* q, const scalar_t* k_cache, const scala
 #pragma omp simd
         for (int64_t t = 0; t < BS; ++t) sg[t] = std::fma(qg[d], kd[t], sg[t]);
       }
+      if constexpr (kScaledCache<cache_t>)
+        for (int64_t t = 0; t < BS; ++t) sg[t] *= lay.key_scale(k, t);
     }
   }
   softmax_rows(scores, G, row, it.first - base, it.len - base);
   for (int64_t b = b0; b < b1; ++b) {  // acc[g, :] += p[g, pos] * v[pos, :]
-    const scalar_t* v = v_cache + lay.run(it.table[b], it.head);
+    const cache_t* v = v_cache + lay.run(it.table[b], it.head);
     const int64_t t0 = std::max(it.first, b * BS) - b * BS, t1 = std::min(it.len, (b + 1) * BS) - b * BS;
     for (int64_t t = t0; t < t1; ++t) {
-      const scalar_t* __restrict vt = v + lay.value_in_run(t);
+      const cache_t* __restrict vt = v + lay.value_in_run(t);
+      const float v_scale = lay.value_scale(v, t);
       for (int64_t g = 0; g < G; ++g) {
-        const float p = scores[g * row + b * BS + t - base];
+        const float p = scores[g * row + b * BS + t - base] * v_scale;
         float* __restrict ag = acc.data() + g * D;
 #pragma omp simd
-        for (int64_t d = 0; d < D; ++d) ag[d] = std::fma(p, static_cast<float>(vt[d]), ag[d]);
+        for (int64_t d = 0; d < D; ++d) ag[d] = std::fma(p, widen(vt[d]), ag[d]);
       }
     }
   }
-  for (int64_t i = 0; i < G * D; ++i) out[i] = static_cast<scalar_t>(acc[i]);
+  for (int64_t i = 0; i < G * D; ++i) out[i] = static_cast<q_t>(acc[i]);
 }
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -253,10 +258,11 @@ void decode_item_generic(const scalar_t* q, const scalar_t* k_cache, const scala
 // positions of a block become a key tile (`attention_avx2.h`) scored against up to 4 query
 // heads at once (the heads padded with zeros to a multiple of 4); values are weighted into two
 // heads at a time, a block at a time, their accumulators in registers across its positions.
+// An 8-bit cache's key scales multiply each tile's scores, its value scales the probabilities.
 // (Prefetching the runs ahead, as the bf16 kernel does, measured no faster here.)
-template <typename scalar_t, int64_t D>
-void decode_item_avx2(const scalar_t* q, const scalar_t* k_cache, const scalar_t* v_cache,
-                      const Item& it, int64_t G, float scale, float* scores, scalar_t* out,
+template <typename q_t, typename cache_t, int64_t D>
+void decode_item_avx2(const q_t* q, const cache_t* k_cache, const cache_t* v_cache,
+                      const Item& it, int64_t G, float scale, float* scores, q_t* out,
                       std::vector<float>& qf, std::vector<float>& tile, std::vector<float>& acc) {
   using attention_avx2::kTile;
   const KVLayout& lay = *it.layout;
@@ -270,13 +276,19 @@ void decode_item_avx2(const scalar_t* q, const scalar_t* k_cache, const scalar_t
     const int64_t run = lay.run(it.table[b], it.head);
     for (int64_t c = 0; c < BS; c += kTile) {
       attention_avx2::key_tile(k_cache + run + c * 2, BS, D, tile.data());
+      __m256 key_scale[2] = {_mm256_set1_ps(1.f), _mm256_set1_ps(1.f)};
+      if constexpr (kScaledCache<cache_t>) {
+        const auto* scales = reinterpret_cast<const float*>(k_cache + run + D * BS) + c;
+        key_scale[0] = _mm256_loadu_ps(scales);
+        key_scale[1] = _mm256_loadu_ps(scales + 8);
+      }
       for (int64_t g0 = 0; g0 < G; g0 += 4) {
         __m256 tile_scores[4][2];
         attention_avx2::scores<D, 4>(qf.data() + g0 * D, tile.data(), tile_scores);
         for (int64_t g = g0; g < std::min(G, g0 + 4); ++g) {
           float* dst = scores + g * row + b * BS + c - base;
-          _mm256_storeu_ps(dst, tile_scores[g - g0][0]);
-          _mm256_storeu_ps(dst + 8, tile_scores[g - g0][1]);
+          _mm256_storeu_ps(dst, _mm256_mul_ps(tile_scores[g - g0][0], key_scale[0]));
+          _mm256_storeu_ps(dst + 8, _mm256_mul_ps(tile_scores[g - g0][1], key_scale[1]));
         }
       }
     }
@@ -285,23 +297,33 @@ void decode_item_avx2(const scalar_t* q, const scalar_t* k_cache, const scalar_t
   for (int64_t b = b0; b < b1; ++b) {  // acc[g, :] += p[g, pos] * v[pos, :]
     const int64_t t0 = std::max(it.first, b * BS) - b * BS;
     const int64_t t1 = std::min(it.len, (b + 1) * BS) - b * BS;
-    const scalar_t* v = v_cache + lay.run(it.table[b], it.head) + lay.value_in_run(t0);
-    const float* p = scores + b * BS + t0 - base;  // head g's at p + g * row
+    const cache_t* run = v_cache + lay.run(it.table[b], it.head);
+    const cache_t* v = run + lay.value_in_run(t0);
+    float* p = scores + b * BS + t0 - base;  // head g's at p + g * row
+    if constexpr (kScaledCache<cache_t>) {  // the probabilities are not needed unscaled again
+      for (int64_t t = t0; t < t1; ++t) {
+        const float v_scale = lay.value_scale(run, t);
+        for (int64_t g = 0; g < G; ++g) p[g * row + t - t0] *= v_scale;
+      }
+    }
+    const int64_t value_row = lay.value_row();
     int64_t g = 0;
     for (; g + 1 < G; g += 2)
-      attention_avx2::add_values<D, 2>({p + g * row, p + (g + 1) * row}, {1.f, 1.f}, v, t1 - t0,
+      attention_avx2::add_values<D, 2>({p + g * row, p + (g + 1) * row}, {1.f, 1.f}, v,
+                                       value_row, t1 - t0,
                                        {acc.data() + g * D, acc.data() + (g + 1) * D});
     if (g < G)
-      attention_avx2::add_values<D, 1>({p + g * row}, {1.f}, v, t1 - t0, {acc.data() + g * D});
+      attention_avx2::add_values<D, 1>({p + g * row}, {1.f}, v, value_row, t1 - t0,
+                                       {acc.data() + g * D});
   }
-  for (int64_t i = 0; i < G * D; ++i) out[i] = static_cast<scalar_t>(acc[i]);
+  for (int64_t i = 0; i < G * D; ++i) out[i] = static_cast<q_t>(acc[i]);
 }
 #endif
 
-template <typename scalar_t>
-void decode(const scalar_t* q, const scalar_t* k_cache, const scalar_t* v_cache,
+template <typename q_t, typename cache_t>
+void decode(const q_t* q, const cache_t* k_cache, const cache_t* v_cache,
             const KVLayout& lay, const int64_t* block_tables, const int64_t* seq_lens,
-            scalar_t* out, int64_t R, int64_t H, int64_t MB, float scale, int64_t window) {
+            q_t* out, int64_t R, int64_t H, int64_t MB, float scale, int64_t window) {
   const int64_t KVH = lay.kv_heads, D = lay.head_dim, BS = lay.block_size;
   const int64_t G = H / KVH;  // query heads per KV head
   // Longest requests first, handed out one at a time: an item costs its context length, and
@@ -330,7 +352,7 @@ void decode(const scalar_t* q, const scalar_t* k_cache, const scalar_t* v_cache,
       const int64_t offset = (order[i] / KVH * H + it.head * G) * D;  // the item's G query heads
       bool done = false;
 #ifdef __AVX512BF16__
-      if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
+      if constexpr (std::is_same_v<q_t, bf16> && std::is_same_v<cache_t, bf16>) {
         if (ItemFn fn = pick_bf16(D, G, BS)) {
           fn(q + offset, k_cache, v_cache, it, next ? &*next : nullptr, scale, scores.data(),
              out + offset);
@@ -339,9 +361,9 @@ void decode(const scalar_t* q, const scalar_t* k_cache, const scalar_t* v_cache,
       }
 #endif
 #if defined(__AVX2__) && defined(__FMA__)
-      if constexpr (std::is_same_v<scalar_t, float> || std::is_same_v<scalar_t, c10::BFloat16>) {
+      if constexpr (!std::is_same_v<cache_t, c10::Half>) {
         if (!done && BS % attention_avx2::kTile == 0 && (D == 64 || D == 128)) {
-          (D == 64 ? decode_item_avx2<scalar_t, 64> : decode_item_avx2<scalar_t, 128>)(
+          (D == 64 ? decode_item_avx2<q_t, cache_t, 64> : decode_item_avx2<q_t, cache_t, 128>)(
               q + offset, k_cache, v_cache, it, G, scale, scores.data(), out + offset, qf, tile,
               acc);
           done = true;
@@ -366,7 +388,6 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
                                      int64_t window) {
   const KVLayout lay = kv_layout(k_cache, v_cache);
   TORCH_CHECK(q.dim() == 3 && q.is_contiguous(), "q must be contiguous [R, H, D]");
-  TORCH_CHECK(q.scalar_type() == k_cache.scalar_type(), "q and caches must share a dtype");
   TORCH_CHECK(block_tables.scalar_type() == at::kLong && seq_lens.scalar_type() == at::kLong,
               "block_tables and seq_lens must be int64");
   const int64_t R = q.size(0), H = q.size(1);
@@ -381,10 +402,14 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
     TORCH_CHECK(lp[r] >= 1 && lp[r] <= MB * lay.block_size, "request ", r, " has ", lp[r],
                 " tokens: outside its block table");
   auto out = at::empty_like(q);
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "paged_decode", [&] {
-    decode<scalar_t>(q.data_ptr<scalar_t>(), k_cache.data_ptr<scalar_t>(),
-                     v_cache.data_ptr<scalar_t>(), lay, tables.data_ptr<int64_t>(), lp,
-                     out.data_ptr<scalar_t>(), R, H, MB, static_cast<float>(scale), window);
+  dispatch_query_and_cache(q.scalar_type(), k_cache.scalar_type(), "paged_decode", [&](auto q_tag,
+                                                                                     auto c_tag) {
+    using q_t = decltype(q_tag);
+    using cache_t = decltype(c_tag);
+    decode<q_t, cache_t>(q.data_ptr<q_t>(), static_cast<const cache_t*>(k_cache.data_ptr()),
+                         static_cast<const cache_t*>(v_cache.data_ptr()), lay,
+                         tables.data_ptr<int64_t>(), lp, out.data_ptr<q_t>(), R, H, MB,
+                         static_cast<float>(scale), window);
   });
   return out;
 }

@@ -15,6 +15,7 @@
 // tiles late in a prompt read more keys).
 #include "attention_avx2.h"
 #include "kv_layout.h"
+#include "kv_quant.h"
 #include "ops.h"
 #include "vec_math.h"
 
@@ -57,10 +58,10 @@ void start_item(const Item& it, const scalar_t* q, int64_t q_stride, int64_t G, 
 }
 
 // Keys k0 .. k0 + n - 1 of the item's head, gathered position by position into s.kt [D][KT]
-// (transposed) and s.v [KT][D] as fp32, zero past n: for tiles that are not one aligned slice of
-// a block, or dtypes and shapes without a vector path.
-template <typename scalar_t>
-void gather_tile(const Item& it, const scalar_t* k_cache, const scalar_t* v_cache,
+// (transposed) and s.v [KT][D] as fp32 (an 8-bit cache's scales applied), zero past n: for
+// tiles that are not one aligned slice of a block, or dtypes and shapes without a vector path.
+template <typename cache_t>
+void gather_tile(const Item& it, const cache_t* k_cache, const cache_t* v_cache,
                  const int64_t* table, const KVLayout& lay, int64_t D, int64_t k0, int64_t n,
                  Scratch& s) {
   const int64_t BS = lay.block_size;
@@ -68,9 +69,11 @@ void gather_tile(const Item& it, const scalar_t* k_cache, const scalar_t* v_cach
     if (t < n) {
       const int64_t pos = k0 + t;
       const int64_t run = lay.run(table[pos / BS], it.kv_head), offset = pos % BS;
+      const float k_scale = lay.key_scale(k_cache + run, offset);
+      const float v_scale = lay.value_scale(v_cache + run, offset);
       for (int64_t d = 0; d < D; ++d) {
-        s.kt[d * KT + t] = static_cast<float>(k_cache[run + lay.key_in_run(offset, d)]);
-        s.v[t * D + d] = static_cast<float>(v_cache[run + lay.value_in_run(offset) + d]);
+        s.kt[d * KT + t] = widen(k_cache[run + lay.key_in_run(offset, d)]) * k_scale;
+        s.v[t * D + d] = widen(v_cache[run + lay.value_in_run(offset) + d]) * v_scale;
       }
     } else {
       for (int64_t d = 0; d < D; ++d) s.kt[d * KT + t] = s.v[t * D + d] = 0.f;
@@ -90,11 +93,11 @@ void finish_item(const Item& it, scalar_t* out, int64_t out_stride, int64_t G, i
   }
 }
 
-template <typename scalar_t, int kD>
-void prefill_item(const Item& it, const scalar_t* q, int64_t q_stride, const scalar_t* k_cache,
-                  const scalar_t* v_cache, const int64_t* table, const KVLayout& lay,
+template <typename q_t, typename cache_t, int kD>
+void prefill_item(const Item& it, const q_t* q, int64_t q_stride, const cache_t* k_cache,
+                  const cache_t* v_cache, const int64_t* table, const KVLayout& lay,
                   int64_t G, int64_t D_runtime, int64_t first_pos, float scale, int64_t window,
-                  scalar_t* out, int64_t out_stride, Scratch& s) {
+                  q_t* out, int64_t out_stride, Scratch& s) {
   const int64_t D = kD > 0 ? kD : D_runtime;
   const int64_t rows = it.num_tokens * G;
   start_item(it, q, q_stride, G, D, scale, rows, rows, s);
@@ -291,16 +294,18 @@ void prefill_item_avx512(const Item& it, const scalar_t* q, int64_t q_stride,
 }
 #endif
 
-#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+#if defined(__AVX2__) && defined(__FMA__)
 // The AVX2 item: the AVX-512 one's plan in 8-float vectors (`attention_avx2.h`). Scores of RB
 // rows build up in registers; values are weighted into two rows at a time. A tile of 16 keys
 // that is one aligned slice of a block is read in place: its keys split into even and odd dims
-// by shuffles, its values used where they lie.
-template <typename scalar_t, int DV, int RB>
-void prefill_item_avx2(const Item& it, const scalar_t* q, int64_t q_stride,
-                       const scalar_t* k_cache, const scalar_t* v_cache, const int64_t* table,
-                       const KVLayout& lay, int64_t G, int64_t first_pos, float scale,
-                       int64_t window, scalar_t* out, int64_t out_stride, Scratch& s) {
+// by shuffles, its values used where they lie (an 8-bit cache's key scales multiply the scores,
+// its value scales the probabilities). On AVX-512 machines it serves the caches the AVX-512
+// item does not read (another dtype than the queries', 8-bit).
+template <typename q_t, typename cache_t, int DV, int RB>
+void prefill_item_avx2(const Item& it, const q_t* q, int64_t q_stride, const cache_t* k_cache,
+                       const cache_t* v_cache, const int64_t* table, const KVLayout& lay,
+                       int64_t G, int64_t first_pos, float scale, int64_t window, q_t* out,
+                       int64_t out_stride, Scratch& s) {
   static_assert(DV % 4 == 0 && RB % 2 == 0, "values go 2 rows x 4 vectors at a time");
   constexpr int64_t D = DV * 8;
   const int64_t rows = it.num_tokens * G;
@@ -321,11 +326,22 @@ void prefill_item_avx2(const Item& it, const scalar_t* q, int64_t q_stride,
     const int64_t k0_offset = k0 % BS;
     // K transposed [D][KT], and V [KT][D] in place or copied. Lanes past n hold zeros, or for
     // a tile read in place whatever the block holds there: they are masked out of every score.
-    const scalar_t* values_in_place = nullptr;
+    const cache_t* values_in_place = nullptr;
+    __m256 key_scale[2] = {_mm256_set1_ps(1.f), _mm256_set1_ps(1.f)};
+    __m256 value_scale[2] = {key_scale[0], key_scale[0]};
     if (BS % KT == 0 && k0_offset % KT == 0) {
       const int64_t run = lay.run(table[k0 / BS], it.kv_head);
       attention_avx2::key_tile(k_cache + run + k0_offset * 2, BS, D, s.kt.data());
       values_in_place = v_cache + run + lay.value_in_run(k0_offset);
+      if constexpr (kScaledCache<cache_t>) {
+        alignas(32) float vs[KT];
+        for (int64_t t = 0; t < KT; ++t) vs[t] = lay.value_scale(v_cache + run, k0_offset + t);
+        const auto* ks = reinterpret_cast<const float*>(k_cache + run + D * BS) + k0_offset;
+        key_scale[0] = _mm256_loadu_ps(ks);
+        key_scale[1] = _mm256_loadu_ps(ks + 8);
+        value_scale[0] = _mm256_load_ps(vs);
+        value_scale[1] = _mm256_load_ps(vs + 8);
+      }
     } else {
       gather_tile(it, k_cache, v_cache, table, lay, D, k0, n, s);
     }
@@ -350,6 +366,9 @@ void prefill_item_avx2(const Item& it, const scalar_t* q, int64_t q_stride,
       if (!any) continue;
       __m256 score[RB][2];
       attention_avx2::scores<D, RB>(s.q.data() + r0 * D, s.kt.data(), score);
+      if constexpr (kScaledCache<cache_t>)
+        for (int b = 0; b < RB; ++b)
+          for (int h = 0; h < 2; ++h) score[b][h] = _mm256_mul_ps(score[b][h], key_scale[h]);
       float correction[RB];
       for (int b = 0; b < RB; ++b) {
         const int64_t r = r0 + b;
@@ -362,19 +381,20 @@ void prefill_item_avx2(const Item& it, const scalar_t* q, int64_t q_stride,
         const __m256 m = _mm256_set1_ps(new_max);
         const __m256 p_lo = _mm256_and_ps(mask[b][0], exp256(_mm256_sub_ps(score[b][0], m)));
         const __m256 p_hi = _mm256_and_ps(mask[b][1], exp256(_mm256_sub_ps(score[b][1], m)));
-        _mm256_store_ps(p[b], p_lo);
-        _mm256_store_ps(p[b] + 8, p_hi);
         s.max[r] = new_max;
         s.sum[r] = s.sum[r] * correction[b] + lane_sum8(_mm256_add_ps(p_lo, p_hi));
+        _mm256_store_ps(p[b], _mm256_mul_ps(p_lo, value_scale[0]));  // weights of stored values
+        _mm256_store_ps(p[b] + 8, _mm256_mul_ps(p_hi, value_scale[1]));
       }
       for (int b = 0; b < RB; b += 2) {
         const float* const rows_p[2] = {p[b], p[b + 1]};
         const float keep[2] = {correction[b], correction[b + 1]};
         float* const rows_acc[2] = {s.acc.data() + (r0 + b) * D, s.acc.data() + (r0 + b + 1) * D};
         if (values_in_place)
-          attention_avx2::add_values<D, 2>(rows_p, keep, values_in_place, n, rows_acc);
+          attention_avx2::add_values<D, 2>(rows_p, keep, values_in_place, lay.value_row(), n,
+                                           rows_acc);
         else
-          attention_avx2::add_values<D, 2>(rows_p, keep, s.v.data(), n, rows_acc);
+          attention_avx2::add_values<D, 2>(rows_p, keep, s.v.data(), D, n, rows_acc);
       }
     }
   }
@@ -382,7 +402,7 @@ void prefill_item_avx2(const Item& it, const scalar_t* q, int64_t q_stride,
 }
 #endif
 
-template <typename scalar_t, int kD>
+template <typename q_t, typename cache_t, int kD>
 void prefill(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
              const int64_t* chunks, int64_t C, const int64_t* tables, int64_t MB,
              at::Tensor& out, float scale, int64_t window) {
@@ -400,10 +420,10 @@ void prefill(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v
   }
   std::sort(items.begin(), items.end(),
             [](const Item& a, const Item& b) { return a.cost > b.cost; });
-  const scalar_t* qp = q.data_ptr<scalar_t>();
-  const scalar_t* kp = k_cache.data_ptr<scalar_t>();
-  const scalar_t* vp = v_cache.data_ptr<scalar_t>();
-  scalar_t* op = out.data_ptr<scalar_t>();
+  const q_t* qp = q.data_ptr<q_t>();
+  const auto* kp = static_cast<const cache_t*>(k_cache.data_ptr());
+  const auto* vp = static_cast<const cache_t*>(v_cache.data_ptr());
+  q_t* op = out.data_ptr<q_t>();
   const int64_t num_items = static_cast<int64_t>(items.size());
 #pragma omp parallel
   {
@@ -412,29 +432,28 @@ void prefill(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v
     for (int64_t w = 0; w < num_items; ++w) {
       const Item& it = items[w];
       const int64_t first_row = chunks[it.chunk * 3];
-      const scalar_t* q_rows = qp + first_row * q.stride(0);
-      scalar_t* out_rows = op + first_row * out.stride(0);
+      const q_t* q_rows = qp + first_row * q.stride(0);
+      q_t* out_rows = op + first_row * out.stride(0);
       const int64_t* table = tables + it.chunk * MB;
       const int64_t cached = chunks[it.chunk * 3 + 2];
 #ifdef __AVX512F__
-      if constexpr ((kD == 64 || kD == 128) && (std::is_same_v<scalar_t, float> ||
-                                                std::is_same_v<scalar_t, c10::BFloat16>)) {
+      if constexpr ((kD == 64 || kD == 128) && std::is_same_v<q_t, cache_t> &&
+                    (std::is_same_v<q_t, float> || std::is_same_v<q_t, c10::BFloat16>)) {
         constexpr int DV = kD / 16, RB = kD == 64 ? 4 : 2;  // RB rows x DV vectors in registers
-        prefill_item_avx512<scalar_t, DV, RB>(it, q_rows, q.stride(0), kp, vp, table, lay, G,
-                                              cached, scale, window, out_rows, out.stride(0),
-                                              scratch);
-        continue;
-      }
-#elif defined(__AVX2__) && defined(__FMA__)
-      if constexpr ((kD == 64 || kD == 128) && (std::is_same_v<scalar_t, float> ||
-                                                std::is_same_v<scalar_t, c10::BFloat16>)) {
-        prefill_item_avx2<scalar_t, kD / 8, 4>(it, q_rows, q.stride(0), kp, vp, table, lay, G,
-                                               cached, scale, window, out_rows, out.stride(0),
-                                               scratch);
+        prefill_item_avx512<q_t, DV, RB>(it, q_rows, q.stride(0), kp, vp, table, lay, G, cached,
+                                         scale, window, out_rows, out.stride(0), scratch);
         continue;
       }
 #endif
-      prefill_item<scalar_t, kD>(it, q_rows, q.stride(0), kp, vp, table, lay, G, D, cached,
+#if defined(__AVX2__) && defined(__FMA__)
+      if constexpr ((kD == 64 || kD == 128) && !std::is_same_v<q_t, c10::Half>) {
+        prefill_item_avx2<q_t, cache_t, kD / 8, 4>(it, q_rows, q.stride(0), kp, vp, table, lay,
+                                                   G, cached, scale, window, out_rows,
+                                                   out.stride(0), scratch);
+        continue;
+      }
+#endif
+      prefill_item<q_t, cache_t, kD>(it, q_rows, q.stride(0), kp, vp, table, lay, G, D, cached,
                                  scale, window, out_rows, out.stride(0), scratch);
     }
   }
@@ -450,10 +469,7 @@ at::Tensor paged_prefill_attention(const at::Tensor& q, const at::Tensor& k_cach
               "q must be [T, H, D] with contiguous heads (rows may be strided)");
   const KVLayout lay = kv_layout(k_cache, v_cache);
   TORCH_CHECK(out.sizes() == q.sizes() && out.is_contiguous(), "out must be contiguous like q");
-  TORCH_CHECK(q.scalar_type() == k_cache.scalar_type() &&
-                  q.scalar_type() == v_cache.scalar_type() &&
-                  q.scalar_type() == out.scalar_type(),
-              "q, caches and out must share a dtype");
+  TORCH_CHECK(q.scalar_type() == out.scalar_type(), "q and out must share a dtype");
   TORCH_CHECK(chunks.dim() == 2 && chunks.size(1) == 3 && chunks.scalar_type() == at::kLong &&
                   block_tables.dim() == 2 && block_tables.scalar_type() == at::kLong &&
                   block_tables.size(0) == chunks.size(0),
@@ -469,17 +485,18 @@ at::Tensor paged_prefill_attention(const at::Tensor& q, const at::Tensor& k_cach
                     cp[i * 3 + 2] >= 0 &&
                     cp[i * 3 + 2] + cp[i * 3 + 1] <= MB * lay.block_size,
                 "chunk ", i, " lies outside the query rows or its block table");
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "paged_prefill", [&] {
+  dispatch_query_and_cache(q.scalar_type(), k_cache.scalar_type(), "paged_prefill",
+                           [&](auto q_tag, auto c_tag) {
+    using q_t = decltype(q_tag);
+    using cache_t = decltype(c_tag);
     const float s = static_cast<float>(scale);
+    const int64_t* tp = tables.data_ptr<int64_t>();
     if (q.size(2) == 64)
-      prefill<scalar_t, 64>(q, k_cache, v_cache, cp, C, tables.data_ptr<int64_t>(), MB, out, s,
-                            window);
+      prefill<q_t, cache_t, 64>(q, k_cache, v_cache, cp, C, tp, MB, out, s, window);
     else if (q.size(2) == 128)
-      prefill<scalar_t, 128>(q, k_cache, v_cache, cp, C, tables.data_ptr<int64_t>(), MB, out, s,
-                             window);
+      prefill<q_t, cache_t, 128>(q, k_cache, v_cache, cp, C, tp, MB, out, s, window);
     else
-      prefill<scalar_t, 0>(q, k_cache, v_cache, cp, C, tables.data_ptr<int64_t>(), MB, out, s,
-                           window);
+      prefill<q_t, cache_t, 0>(q, k_cache, v_cache, cp, C, tp, MB, out, s, window);
   });
   return out;
 }

@@ -1,0 +1,122 @@
+// The element types a paged KV cache may hold besides the model's own dtype, and how they
+// become float32: bfloat16 (the bits shifted up), and the 8-bit ones (int8 and float8 e4m3),
+// stored with a float32 scale per (position, head) as `kv_layout.h` lays out. The attention
+// kernels widen a cache element to float32 here and apply the scale to a whole score or
+// probability, never per element.
+#pragma once
+#include <c10/util/BFloat16.h>
+#include <c10/core/ScalarType.h>
+#include <c10/util/Exception.h>
+#include <c10/util/Float8_e4m3fn.h>
+#include <c10/util/Half.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+using fp8 = c10::Float8_e4m3fn;
+
+// The 8-bit caches: a scale per (position, head) comes with every key and value.
+template <typename T>
+constexpr bool kScaledCache = std::is_same_v<T, int8_t> || std::is_same_v<T, fp8>;
+
+// The largest magnitude each 8-bit type stores: a row's largest |x| maps to it.
+template <typename T>
+constexpr float kScaledMax = std::is_same_v<T, int8_t> ? 127.f : 448.f;
+
+// e4m3 bits -> float32, exactly: normals by moving the exponent and mantissa into float32's
+// fields (bias 7 -> 127), subnormals (exponent 0) as mantissa * 2^-9. The same arithmetic as
+// the vector `load8` below, and as c10's conversion.
+inline float fp8_to_float(uint8_t bits) {
+  const uint32_t m = bits & 0x7F;
+  float magnitude;
+  if (m < 8) {
+    magnitude = static_cast<float>(m) * 0x1p-9f;
+  } else {
+    const uint32_t f = (m << 20) + (120u << 23);
+    std::memcpy(&magnitude, &f, sizeof f);
+  }
+  return bits & 0x80 ? -magnitude : magnitude;
+}
+
+template <typename T>
+inline float widen(T x) {
+  if constexpr (std::is_same_v<T, fp8>) {
+    return fp8_to_float(x.x);
+  } else {
+    return static_cast<float>(x);
+  }
+}
+
+// One row of n values into the cache's type: 8-bit rows scaled so that their largest |x| is the
+// type's largest value (the scale is returned; 0 for a row of zeros), others rounded to nearest.
+// The division (not a multiply by the reciprocal) is what the PyTorch reference does too.
+template <typename cache_t, typename src_t>
+inline float quantize_row(const src_t* x, int64_t n, cache_t* out) {
+  if constexpr (kScaledCache<cache_t>) {
+    float amax = 0.f;
+    for (int64_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(static_cast<float>(x[i])));
+    const float scale = amax / kScaledMax<cache_t>;
+    for (int64_t i = 0; i < n; ++i) {
+      const float y = scale > 0.f ? static_cast<float>(x[i]) / scale : 0.f;
+      if constexpr (std::is_same_v<cache_t, int8_t>) {
+        out[i] = static_cast<int8_t>(std::clamp(std::nearbyint(y), -127.f, 127.f));
+      } else {
+        out[i] = fp8(y);
+      }
+    }
+    return scale;
+  } else {
+    for (int64_t i = 0; i < n; ++i) out[i] = static_cast<cache_t>(static_cast<float>(x[i]));
+    return 1.f;
+  }
+}
+
+#if defined(__AVX2__) && defined(__FMA__)
+inline __m256 load8(const int8_t* p) {
+  const __m128i raw = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(raw));
+}
+inline __m256 load8(const fp8* p) {  // fp8_to_float on 8 lanes
+  const __m128i raw = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  const __m256i bits = _mm256_cvtepu8_epi32(raw);
+  const __m256i m = _mm256_and_si256(bits, _mm256_set1_epi32(0x7F));
+  const __m256 normal = _mm256_castsi256_ps(
+      _mm256_add_epi32(_mm256_slli_epi32(m, 20), _mm256_set1_epi32(120 << 23)));
+  const __m256 subnormal = _mm256_mul_ps(_mm256_cvtepi32_ps(m), _mm256_set1_ps(0x1p-9f));
+  const __m256 is_sub = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(8), m));
+  const __m256 magnitude = _mm256_blendv_ps(normal, subnormal, is_sub);
+  const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(bits, _mm256_set1_epi32(0x80)), 24);
+  return _mm256_or_ps(magnitude, _mm256_castsi256_ps(sign));
+}
+#endif
+
+// Calls f(q_t{}, cache_t{}) for the element types of a query and its cache: the cache in the
+// query's own dtype, or (for float32 and bfloat16 queries) in bfloat16, int8 or float8.
+template <typename F>
+void dispatch_query_and_cache(c10::ScalarType q, c10::ScalarType cache, const char* name, F&& f) {
+  auto with_cache = [&](auto q_tag) {
+    using q_t = decltype(q_tag);
+    if (cache == c10::CppTypeToScalarType<q_t>::value) return f(q_t{}, q_t{});
+    if constexpr (std::is_same_v<q_t, float> || std::is_same_v<q_t, c10::BFloat16>) {
+      switch (cache) {
+        case c10::ScalarType::BFloat16: return f(q_t{}, c10::BFloat16{});
+        case c10::ScalarType::Char: return f(q_t{}, int8_t{});
+        case c10::ScalarType::Float8_e4m3fn: return f(q_t{}, fp8{});
+        default: break;
+      }
+    }
+    TORCH_CHECK(false, name, ": no kernel for ", q, " queries over a ", cache, " cache");
+  };
+  switch (q) {
+    case c10::ScalarType::Float: return with_cache(float{});
+    case c10::ScalarType::BFloat16: return with_cache(c10::BFloat16{});
+    case c10::ScalarType::Half: return with_cache(c10::Half{});
+    default: TORCH_CHECK(false, name, ": unsupported query dtype ", q);
+  }
+}

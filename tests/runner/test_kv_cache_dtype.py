@@ -1,0 +1,197 @@
+"""KV caches in another dtype than the model's (`kv_cache_dtype`): bf16, and the 8-bit ones
+(int8, float8 e4m3) with a float32 scale per (position, head).
+
+The reference backend's quantization is the oracle: the C++ write stores the same bytes, every
+kernel (C++; Triton under its interpreter) attends over what the cache holds as the reference
+does, and an engine's greedy tokens still depend on neither the batch nor preemption.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from inflight import LLM, SamplingParams
+from inflight.attention import TorchReferenceBackend
+from inflight.attention.backend import (
+    dequantize_rows,
+    is_scaled,
+    quantize_rows,
+    write_token_major,
+)
+from inflight.attention.cpu_kernel import CpuKernelBackend
+from inflight.attention.triton_decode import TritonBackend
+from inflight.errors import ConfigError
+from inflight.model.arch import LlamaArchConfig
+from inflight.runner.kv_cache import kv_bytes_per_token, resolve_kv_cache_dtype
+from tests.parity import random_prompts
+from tests.runner.test_attention import GPU, INTERPRETED
+
+CACHE_DTYPES = [torch.bfloat16, torch.int8, torch.float8_e4m3fn]
+FP8 = torch.float8_e4m3fn
+CPU = torch.device("cpu")
+
+
+def test_8bit_rows_round_trip_within_their_type_s_step():
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(50, 3, 64, generator=gen) * torch.logspace(-3, 2, 50)[:, None, None]
+    x[0, 0] = 0.0  # a row of zeros: scale 0, zeros back
+    for dtype in (torch.int8, FP8):
+        rows = quantize_rows(x, dtype)
+        assert rows.shape == (50, 3, 68) and rows.dtype == torch.uint8
+        back = dequantize_rows(rows.view(dtype), dtype)
+        assert torch.equal(back[0, 0], torch.zeros(64))
+        amax = x.abs().amax(-1, keepdim=True)
+        if dtype == torch.int8:  # half a step of amax / 127
+            assert ((back - x).abs() <= amax / 127 / 2 * 1.0001).all()
+        else:  # 3 mantissa bits: within 2^-4 relative, or half the smallest subnormal step
+            bound = torch.maximum(x.abs() * 2**-4, amax / 448 * 2**-10)
+            assert ((back - x).abs() <= bound * 1.0001).all()
+        assert torch.equal(rows[..., 64:].contiguous().view(torch.float32), amax / (
+            127.0 if dtype == torch.int8 else 448.0))  # fmt: skip
+
+
+def _kernel_to_token_major_bytes(k_cache, v_cache, d):
+    """The C++ layout of an 8-bit cache as the reference's token-major bytes."""
+    k, v = k_cache.view(torch.uint8), v_cache.view(torch.uint8)
+    nb, kvh, _, bs, _ = k.shape
+    keys = k[:, :, : d // 2].permute(0, 3, 1, 2, 4).reshape(nb, bs, kvh, d)
+    key_scales = k[:, :, d // 2 :].reshape(nb, kvh, bs, 4).permute(0, 2, 1, 3)
+    return torch.cat([keys, key_scales], -1), v.permute(0, 2, 1, 3)
+
+
+@pytest.mark.parametrize("cache_dtype", CACHE_DTYPES, ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_kernel_write_stores_what_the_reference_stores(cache_dtype, dtype):
+    gen = torch.Generator().manual_seed(3)
+    num_blocks, bs, kvh, d = 6, 16, 3, 64
+    slots = torch.randperm(num_blocks * bs, generator=gen)[:40]
+    qkv = torch.randn(40, 4 * kvh * d, generator=gen).to(dtype)  # strided rows, as in the model
+    key = qkv[:, : kvh * d].view(40, kvh, d)
+    value = qkv[:, kvh * d : 2 * kvh * d].view(40, kvh, d)
+    caches = {}
+    kernel = CpuKernelBackend(bs)
+    scaled = is_scaled(cache_dtype)
+    for backend, write in ((TorchReferenceBackend(bs), write_token_major),
+                           (kernel, kernel.write_cache)):  # fmt: skip
+        shapes = backend.cache_shapes(num_blocks, kvh, d, scaled=scaled)
+        k_cache, v_cache = (torch.zeros(s, dtype=cache_dtype) for s in shapes)
+        write(k_cache, v_cache, key, value, slots)
+        caches[backend.name] = (k_cache, v_cache)
+    ref_k, ref_v = caches["torch"]
+    if scaled:
+        got_k, got_v = _kernel_to_token_major_bytes(*caches["cpu"], d)
+        assert torch.equal(got_k, ref_k.view(torch.uint8))
+        assert torch.equal(got_v, ref_v.view(torch.uint8))
+    else:
+        got_k, got_v = caches["cpu"]
+        assert torch.equal(got_k.permute(0, 3, 1, 2, 4).reshape(ref_k.shape), ref_k)
+        assert torch.equal(got_v.permute(0, 2, 1, 3), ref_v)
+
+
+def _mixed_step(backend, dtype, cache_dtype, d, window, device=CPU):
+    """Tokens cached by one prompt step, then a step of prompt chunks (fresh and continued) and
+    decodes over them, every K/V written by the backend itself: its output for the second."""
+    gen = torch.Generator().manual_seed(0)
+    bs, kvh, h, num_blocks = 16, 3, 9, 200
+    shapes = backend.cache_shapes(num_blocks, kvh, d, scaled=is_scaled(cache_dtype))
+    k_cache, v_cache = (torch.zeros(s, dtype=cache_dtype, device=device) for s in shapes)
+    cached = [0, 17, 64, 100, 3, 50, 200, 7]
+    new = [2, 33, 16, 47, 70, 1, 1, 1]
+    total = [c + n for c, n in zip(cached, new, strict=True)]
+    tables = torch.randperm(num_blocks, generator=gen)[: len(new) * 20].view(-1, 20)
+    keys = [torch.randn(t, kvh, d, generator=gen).to(dtype) for t in total]
+    values = [torch.randn(t, kvh, d, generator=gen).to(dtype) for t in total]
+
+    def step(rows, spans):
+        starts = [0]
+        for lo, hi in spans:
+            starts.append(starts[-1] + hi - lo)
+        positions = [(r, p) for r, (lo, hi) in zip(rows, spans, strict=True)
+                     for p in range(lo, hi)]  # fmt: skip
+        slots = [int(tables[r, p // bs]) * bs + p % bs for r, p in positions]
+        meta = backend.build_metadata(starts, [lo for lo, _ in spans], tables[rows],
+                                      torch.tensor(slots, device=device), device)  # fmt: skip
+        q = torch.randn(starts[-1], h, d, generator=gen).to(dtype)
+        k = torch.cat([keys[r][lo:hi] for r, (lo, hi) in zip(rows, spans, strict=True)])
+        v = torch.cat([values[r][lo:hi] for r, (lo, hi) in zip(rows, spans, strict=True)])
+        q, k, v = q.to(device), k.to(device), v.to(device)
+        return backend.forward(q, k, v, k_cache, v_cache, meta).cpu()
+
+    history = [r for r, c in enumerate(cached) if c]
+    step(history, [(0, cached[r]) for r in history])
+    return step(list(range(len(new))), list(zip(cached, total, strict=True)))
+
+
+@pytest.mark.parametrize("window", [None, 37])
+@pytest.mark.parametrize("d", [64, 32], ids=["d64", "d32-generic"])
+@pytest.mark.parametrize("cache_dtype", CACHE_DTYPES, ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_cpu_kernels_attend_over_the_cache_as_the_reference_does(dtype, cache_dtype, d, window):
+    """Decodes and prompt chunks, each kernel path (AVX2 tiles at head_dim 64, the generic loop
+    at 32): the kernels' result equals the reference's over the same cache contents, and an
+    8-bit cache stays near the exact float32 result."""
+    ref = _mixed_step(TorchReferenceBackend(16, window), dtype, cache_dtype, d, window)
+    got = _mixed_step(CpuKernelBackend(16, window), dtype, cache_dtype, d, window)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(got.float(), ref.float(), atol=tol, rtol=tol)
+    exact = _mixed_step(TorchReferenceBackend(16, window), torch.float32, torch.float32, d, window)
+    worst = {torch.bfloat16: 0.03, torch.int8: 0.05, FP8: 0.3}[cache_dtype]
+    assert (got.float() - exact).abs().max() < worst
+
+
+@pytest.mark.parametrize(
+    ("kernel", "dtype", "cache_dtype"),
+    [
+        pytest.param("triton", torch.float32, torch.int8, marks=INTERPRETED),
+        pytest.param("triton", torch.float32, FP8, marks=INTERPRETED),
+        *(pytest.param("triton-cuda", dtype, cache_dtype, marks=GPU)
+          for dtype in (torch.float32, torch.bfloat16) for cache_dtype in CACHE_DTYPES),
+    ],
+)  # fmt: skip
+def test_triton_kernels_attend_over_the_cache_as_the_reference_does(kernel, dtype, cache_dtype):
+    """Under the interpreter (float32 queries, the 8-bit caches: the other pairs change no
+    tiling), and every pair compiled for a GPU where there is one."""
+    device = torch.device("cuda" if kernel == "triton-cuda" else "cpu")
+    ref = _mixed_step(TorchReferenceBackend(16, 37), dtype, cache_dtype, 64, 37, device)
+    got = _mixed_step(TritonBackend(16, 37), dtype, cache_dtype, 64, 37, device)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(got.float(), ref.float(), atol=tol, rtol=tol)
+
+
+def test_bytes_per_token_count_the_scales_and_dtypes_are_checked():
+    arch = LlamaArchConfig("llama", vocab_size=10, hidden_size=576, intermediate_size=1536,
+                           num_layers=30, num_heads=9, num_kv_heads=3, head_dim=64,
+                           rms_norm_eps=1e-5, rope_theta=1e4, max_position_embeddings=64,
+                           tie_word_embeddings=True)  # fmt: skip
+    assert kv_bytes_per_token(arch, torch.float32) == 2 * 30 * 3 * 64 * 4
+    assert kv_bytes_per_token(arch, torch.bfloat16) == 2 * 30 * 3 * 64 * 2
+    assert kv_bytes_per_token(arch, torch.int8) == 2 * 30 * 3 * (64 + 4)
+    assert resolve_kv_cache_dtype("auto", torch.float32) == torch.float32
+    assert resolve_kv_cache_dtype("fp8", torch.bfloat16) == FP8
+    with pytest.raises(ConfigError, match="float32 or bfloat16 model"):
+        resolve_kv_cache_dtype("int8", torch.float16)
+    with pytest.raises(ConfigError, match="kv_cache_dtype must be"):
+        LLM(kv_cache_dtype="int4")
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["int8", "fp8"])
+def test_greedy_tokens_depend_on_neither_batch_nor_preemption(tiny_llama, kv_cache_dtype):
+    """16 prompts together in a pool small enough to force preemptions (recompute and swap)
+    decode the same tokens as each prompt alone, over an 8-bit cache (one byte a value, and a
+    4-byte scale per position and head)."""
+    prompts = random_prompts(vocab_size=200)
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    alone = LLM(str(tiny_llama), dtype="float32", kv_cache_dtype=kv_cache_dtype, max_num_seqs=1)
+    want = [o.outputs[0].token_ids for o in alone.generate(prompts, params, use_tqdm=False)]
+    arch, cache = alone.core.arch, alone.core.kv_cache
+    assert cache.layers[0][0].dtype == {"int8": torch.int8, "fp8": FP8}[kv_cache_dtype]
+    per_token = 2 * arch.num_layers * arch.num_kv_heads * (arch.head_dim + 4)
+    assert cache.num_bytes == per_token * cache.block_size * cache.num_blocks
+    for mode in ("recompute", "swap"):
+        llm = LLM(str(tiny_llama), dtype="float32", kv_cache_dtype=kv_cache_dtype,
+                  kv_block_size=4, num_kv_blocks=40, max_num_batched_tokens=96,
+                  preemption_mode=mode)  # fmt: skip
+        got = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+        assert llm.core.scheduler.num_preemptions > 0, "the pool was meant to force preemption"
+        assert got == want, mode
