@@ -9,6 +9,8 @@
 #   longtail  `inflight bench offline --workload longtail`, 320 requests, 256 seats, profiled
 #   roofline  `inflight bench roofline` on a 1B Llama
 #   compare   `inflight bench compare --workload mixed64` with the transformers peers, both models
+#   kv        the KV cache dtypes: their Triton kernel tests, then mixed64 with each (auto, int8,
+#             fp8)
 # Logs and results go to $OUT, which comes back. All stages: about 8 minutes on an H100.
 set -uo pipefail
 stages=${*:-tests cold mixed decode longtail roofline}
@@ -52,6 +54,16 @@ for stage in $stages; do
     timeout 100 $bench roofline /tmp/models/llama1b --workload mixed64 \
       --out /tmp/res/llama1b-roofline > "$OUT/llama1b-roofline.log" 2>&1
     grep -E "fraction|inflight-cont" "$OUT/llama1b-roofline.log" ;;
+  kv)
+    timeout 240 python3 -m pytest -q -p no:cacheprovider tests/runner/test_kv_cache_dtype.py \
+      tests/runner/test_attention.py tests/runner/test_cuda_graphs.py -k "cuda or graphs" \
+      > "$OUT/kv-pytest.log" 2>&1
+    echo "pytest rc=$?"; tail -3 "$OUT/kv-pytest.log"
+    for kv in auto int8 fp8; do
+      timeout 100 $bench offline /tmp/models/smol --workload mixed64 --kv-cache-dtype $kv \
+        --out /tmp/res/smol-mixed64-kv-$kv > "$OUT/smol-mixed64-kv-$kv.log" 2>&1
+      echo "mixed64 kv $kv"; grep "inflight-cont" "$OUT/smol-mixed64-kv-$kv.log"
+    done ;;
   compare)
     for model in smol llama1b; do
       timeout 220 $bench compare /tmp/models/$model --workload mixed64 \

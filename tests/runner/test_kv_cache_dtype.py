@@ -179,19 +179,19 @@ def test_bytes_per_token_count_the_scales_and_dtypes_are_checked():
 def test_greedy_tokens_depend_on_neither_batch_nor_preemption(tiny_llama, kv_cache_dtype):
     """16 prompts together in a pool small enough to force preemptions (recompute and swap)
     decode the same tokens as each prompt alone, over an 8-bit cache (one byte a value, and a
-    4-byte scale per position and head)."""
+    4-byte scale per position and head). On the CPU, whose kernels promise it."""
     prompts = random_prompts(vocab_size=200)
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
-    alone = LLM(str(tiny_llama), dtype="float32", kv_cache_dtype=kv_cache_dtype, max_num_seqs=1)
+    knobs = {"dtype": "float32", "device": "cpu", "kv_cache_dtype": kv_cache_dtype}
+    alone = LLM(str(tiny_llama), **knobs, max_num_seqs=1)
     want = [o.outputs[0].token_ids for o in alone.generate(prompts, params, use_tqdm=False)]
     arch, cache = alone.core.arch, alone.core.kv_cache
     assert cache.layers[0][0].dtype == {"int8": torch.int8, "fp8": FP8}[kv_cache_dtype]
     per_token = 2 * arch.num_layers * arch.num_kv_heads * (arch.head_dim + 4)
     assert cache.num_bytes == per_token * cache.block_size * cache.num_blocks
     for mode in ("recompute", "swap"):
-        llm = LLM(str(tiny_llama), dtype="float32", kv_cache_dtype=kv_cache_dtype,
-                  kv_block_size=4, num_kv_blocks=40, max_num_batched_tokens=96,
-                  preemption_mode=mode)  # fmt: skip
+        llm = LLM(str(tiny_llama), **knobs, kv_block_size=4, num_kv_blocks=40,
+                  max_num_batched_tokens=96, preemption_mode=mode)  # fmt: skip
         got = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
         assert llm.core.scheduler.num_preemptions > 0, "the pool was meant to force preemption"
         assert got == want, mode
