@@ -23,7 +23,8 @@ import torch
 
 from inflight.attention.backend import SCALE_BYTES, is_scaled
 from inflight.attention.paged_kernels import PagedKernelBackend
-from inflight.attention.triton_prefill import load_kv_rows, paged_prefill_attention
+from inflight.attention.triton_kv_rows import load_kv_rows, write_scaled_rows
+from inflight.attention.triton_prefill import paged_prefill_attention
 from inflight.attention.triton_runtime import runs_here, tl, triton
 
 logger = logging.getLogger(__name__)
@@ -243,3 +244,9 @@ class TritonBackend(PagedKernelBackend):
         self.interpreted = not torch.cuda.is_available()
         if self.interpreted:
             logger.warning("no GPU: the Triton attention kernels run under Triton's interpreter")
+
+    def write_cache(self, k_cache, v_cache, key, value, slot_mapping) -> None:
+        if is_scaled(k_cache.dtype):
+            write_scaled_rows(k_cache, v_cache, key, value, slot_mapping)
+        else:
+            super().write_cache(k_cache, v_cache, key, value, slot_mapping)

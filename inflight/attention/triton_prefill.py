@@ -18,36 +18,11 @@ from __future__ import annotations
 import torch
 
 from inflight.attention.backend import is_scaled
+from inflight.attention.triton_kv_rows import load_kv_rows
 from inflight.attention.triton_runtime import tl, triton
 
 BLOCK_M = 64  # queries per program
 BLOCK_N = 64  # positions per loop iteration
-
-
-@triton.jit
-def load_kv_rows(
-    cache_ptr,
-    slot,  # [N] first element of each position's row for the head
-    d,  # [DIM_PAD]
-    row_ok,  # [N]
-    head_dim: tl.constexpr,
-    SCALED: tl.constexpr,  # an 8-bit cache: each row's float32 scale in the 4 bytes after it
-):
-    """Rows of keys or values from the token-major cache: as stored, or for an 8-bit cache
-    widened to float32 and scaled (int8 or float8 e4m3, as the cache tensor's dtype says)."""
-    x = tl.load(
-        cache_ptr + slot[:, None] + d[None, :],
-        mask=row_ok[:, None] & (d < head_dim)[None, :],
-        other=0.0,
-    )
-    if SCALED:
-        b = tl.arange(0, 4)
-        raw = tl.load(cache_ptr + slot[:, None] + head_dim + b[None, :], mask=row_ok[:, None],
-                      other=0.0)  # fmt: skip
-        raw = raw.to(tl.uint8, bitcast=True).to(tl.uint32)
-        scale = tl.sum(raw << (8 * b)[None, :].to(tl.uint32), axis=1).to(tl.float32, bitcast=True)
-        x = x.to(tl.float32) * scale[:, None]
-    return x
 
 
 # Lengths vary from step to step: specializing on their values (Triton's default for integers)

@@ -49,6 +49,10 @@ COMPARE_MODES = {
     # float32 where the default is bf16 (an AVX-512 BF16 CPU): there the GGUF's blocks and
     # 16-bit activations apply, as on an AVX2 CPU
     "float32": {"batching": "continuous", "dtype": "float32"},
+    # the KV cache in another dtype than the model's (the same model, a pool of other blocks)
+    "kv-bf16": {"batching": "continuous", "kv_cache_dtype": "bf16"},
+    "kv-int8": {"batching": "continuous", "kv_cache_dtype": "int8"},
+    "kv-fp8": {"batching": "continuous", "kv_cache_dtype": "fp8"},
 }
 
 
@@ -134,7 +138,8 @@ def add_bench_parser(sub: Any, add_engine_flags: Callable[[argparse.ArgumentPars
         "member ends), static-padded (static, and every member decodes until the batch's "
         "longest is done, as transformers `generate` does), speculative (continuous with "
         "4 n-gram draft tokens), and exact, int16 and int8 (continuous with "
-        "quantized_activations off, int16 and int8), float32 (continuous in float32)",
+        "quantized_activations off, int16 and int8), float32 (continuous in float32), "
+        "kv-bf16, kv-int8 and kv-fp8 (continuous with that kv_cache_dtype)",
     )  # fmt: skip
     compare.add_argument(
         "--repeats", type=int, default=1,

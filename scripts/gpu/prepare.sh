@@ -14,7 +14,8 @@ for d in /.whl/ /.gpu/; do grep -qx "$d" .git/info/exclude 2>/dev/null || echo "
   --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
   --platform manylinux2014_x86_64 -d .whl \
   fastapi starlette pydantic pydantic_core annotated-types typing-inspection uvicorn gguf \
-  openai jiter sniffio typing_extensions distro opentelemetry-api httpcore2 httpx2 truststore
+  openai jiter sniffio typing_extensions distro opentelemetry-api httpcore2 httpx2 truststore \
+  jsonschema jsonschema-specifications referencing rpds-py
 .venv/bin/python - <<'PY'
 from pathlib import Path
 

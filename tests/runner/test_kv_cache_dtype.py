@@ -89,6 +89,35 @@ def test_kernel_write_stores_what_the_reference_stores(cache_dtype, dtype):
         assert torch.equal(got_v.permute(0, 2, 1, 3), ref_v)
 
 
+@pytest.mark.parametrize(
+    ("kernel", "cache_dtype"),
+    [
+        *(pytest.param("triton", c, marks=INTERPRETED) for c in (torch.int8, FP8)),
+        *(pytest.param("triton-cuda", c, marks=GPU) for c in (torch.int8, FP8)),
+    ],
+)  # fmt: skip
+def test_triton_write_stores_what_the_reference_stores(kernel, cache_dtype):
+    """The Triton backend's one-launch write of an 8-bit cache: the reference's bytes exactly
+    (rows of small and large magnitudes, a row of zeros, keys a strided view)."""
+    device = torch.device("cuda" if kernel == "triton-cuda" else "cpu")
+    gen = torch.Generator().manual_seed(5)
+    num_blocks, bs, kvh, d = 6, 16, 3, 64
+    slots = torch.randperm(num_blocks * bs, generator=gen)[:40].to(device)
+    qkv = torch.randn(40, 4 * kvh * d, generator=gen) * torch.logspace(-4, 3, 40)[:, None]
+    qkv[7] = 0.0
+    qkv = qkv.to(device)
+    key = qkv[:, : kvh * d].view(40, kvh, d)
+    value = qkv[:, kvh * d : 2 * kvh * d].view(40, kvh, d)
+    triton = TritonBackend(bs)
+    caches = []
+    for write in (write_token_major, triton.write_cache):
+        shapes = triton.cache_shapes(num_blocks, kvh, d, scaled=True)
+        k_cache, v_cache = (torch.zeros(s, dtype=cache_dtype, device=device) for s in shapes)
+        write(k_cache, v_cache, key, value, slots)
+        caches.append((k_cache.view(torch.uint8), v_cache.view(torch.uint8)))
+    assert torch.equal(caches[0][0], caches[1][0]) and torch.equal(caches[0][1], caches[1][1])
+
+
 def _mixed_step(backend, dtype, cache_dtype, d, window, device=CPU):
     """Tokens cached by one prompt step, then a step of prompt chunks (fresh and continued) and
     decodes over them, every K/V written by the backend itself: its output for the second."""
