@@ -84,7 +84,10 @@ def quantize_rows(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     type's largest value (127, or 448 for float8 e4m3), rounded to nearest even, then the scale
     in float32 (0 for a row of zeros). The C++ kernels' write rounds the same way."""
     x = x.float()
-    scale = x.abs().amax(-1, keepdim=True) / _SCALED_MAX[dtype]
+    amax = x.abs().amax(-1, keepdim=True)
+    # NOTE: a tensor divisor: PyTorch's CUDA division by a Python number multiplies by its
+    # reciprocal, which rounds differently from the division every kernel does
+    scale = amax / torch.full_like(amax, _SCALED_MAX[dtype])
     y = torch.where(scale > 0, x / scale, 0.0)
     stored = y.round().clamp(-127, 127).to(dtype) if dtype == torch.int8 else y.to(dtype)
     return torch.cat([stored.view(torch.uint8), scale.view(torch.uint8)], dim=-1)

@@ -13,7 +13,7 @@ from inflight.attention.triton_runtime import tl, triton
 
 # 1.5 * 2^23: adding it and taking it away again rounds a float32 of magnitude < 2^22 to an
 # integer, ties to even (the rounding mode of IEEE addition)
-_ROUND = 12582912.0
+_ROUND = tl.constexpr(12582912.0)
 
 
 @triton.jit

@@ -20,7 +20,7 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 OUT=${OUT:-/tmp/out}
 mkdir -p /tmp/models /tmp/res "$OUT"
 nvidia-smi -L
-python3 scripts/gpu/random_models.py /tmp/models 2>&1 | grep parameters
+python3 scripts/gpu/random_models.py /tmp/models ${MODELS:-} 2>&1 | grep parameters  # MODELS: all, or some
 bench="python3 -m inflight bench"
 for stage in $stages; do
   echo "== $stage"

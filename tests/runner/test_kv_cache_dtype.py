@@ -118,15 +118,20 @@ def test_triton_write_stores_what_the_reference_stores(kernel, cache_dtype):
     assert torch.equal(caches[0][0], caches[1][0]) and torch.equal(caches[0][1], caches[1][1])
 
 
-def _mixed_step(backend, dtype, cache_dtype, d, window, device=CPU):
+# (tokens cached, new tokens) per request: fresh and continued prompt chunks, decodes; windows
+# of 37 leave some inside, some beyond. SMALL: what Triton's interpreter can run in seconds.
+SHAPES = ([0, 17, 64, 100, 3, 50, 200, 7], [2, 33, 16, 47, 70, 1, 1, 1])
+SMALL = ([0, 20, 3, 50], [2, 30, 1, 1])
+
+
+def _mixed_step(backend, dtype, cache_dtype, d, window, device=CPU, shapes=SHAPES):
     """Tokens cached by one prompt step, then a step of prompt chunks (fresh and continued) and
     decodes over them, every K/V written by the backend itself: its output for the second."""
     gen = torch.Generator().manual_seed(0)
     bs, kvh, h, num_blocks = 16, 3, 9, 200
-    shapes = backend.cache_shapes(num_blocks, kvh, d, scaled=is_scaled(cache_dtype))
-    k_cache, v_cache = (torch.zeros(s, dtype=cache_dtype, device=device) for s in shapes)
-    cached = [0, 17, 64, 100, 3, 50, 200, 7]
-    new = [2, 33, 16, 47, 70, 1, 1, 1]
+    cache_shapes = backend.cache_shapes(num_blocks, kvh, d, scaled=is_scaled(cache_dtype))
+    k_cache, v_cache = (torch.zeros(s, dtype=cache_dtype, device=device) for s in cache_shapes)
+    cached, new = shapes
     total = [c + n for c, n in zip(cached, new, strict=True)]
     tables = torch.randperm(num_blocks, generator=gen)[: len(new) * 20].view(-1, 20)
     keys = [torch.randn(t, kvh, d, generator=gen).to(dtype) for t in total]
@@ -182,8 +187,9 @@ def test_triton_kernels_attend_over_the_cache_as_the_reference_does(kernel, dtyp
     """Under the interpreter (float32 queries, the 8-bit caches: the other pairs change no
     tiling), and every pair compiled for a GPU where there is one."""
     device = torch.device("cuda" if kernel == "triton-cuda" else "cpu")
-    ref = _mixed_step(TorchReferenceBackend(16, 37), dtype, cache_dtype, 64, 37, device)
-    got = _mixed_step(TritonBackend(16, 37), dtype, cache_dtype, 64, 37, device)
+    shapes = SMALL if kernel == "triton" else SHAPES
+    ref = _mixed_step(TorchReferenceBackend(16, 37), dtype, cache_dtype, 64, 37, device, shapes)
+    got = _mixed_step(TritonBackend(16, 37), dtype, cache_dtype, 64, 37, device, shapes)
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(got.float(), ref.float(), atol=tol, rtol=tol)
 
