@@ -57,7 +57,9 @@ def build_tokenizer(folder: Path):
     return fast
 
 
-TINY_ARCHS = ("llama", "llama3_rope", "qwen2", "mistral")
+TINY_ARCHS = ("llama", "llama3_rope", "qwen2", "qwen3", "mistral")
+# the families whose layers the C++ layer loop runs (Qwen3's q/k norms run in Python)
+FUSED_ARCHS = tuple(a for a in TINY_ARCHS if a != "qwen3")
 
 
 def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) -> Path:
@@ -68,6 +70,8 @@ def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) ->
         MistralForCausalLM,
         Qwen2Config,
         Qwen2ForCausalLM,
+        Qwen3Config,
+        Qwen3ForCausalLM,
     )
 
     common = dict(
@@ -102,6 +106,10 @@ def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) ->
         config, cls = LlamaConfig(**wide, rope_theta=10000.0), LlamaForCausalLM
     elif arch == "qwen2":
         config, cls = Qwen2Config(**common, tie_word_embeddings=False), Qwen2ForCausalLM
+    elif arch == "qwen3":  # heads of 128 as in every Qwen3 (4 x 128 > hidden 64), which is also
+        # what transformers assumes for a qwen3 GGUF
+        config = Qwen3Config(**common, head_dim=128, tie_word_embeddings=True)
+        cls = Qwen3ForCausalLM
     elif arch == "mistral":
         config, cls = MistralConfig(**common, sliding_window=24), MistralForCausalLM
     else:

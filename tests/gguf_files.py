@@ -20,6 +20,8 @@ LAYER_TO_GGUF = {
     "self_attn.q_proj": "attn_q",
     "self_attn.k_proj": "attn_k",
     "self_attn.v_proj": "attn_v",
+    "self_attn.q_norm": "attn_q_norm",
+    "self_attn.k_norm": "attn_k_norm",
     "self_attn.o_proj": "attn_output",
     "post_attention_layernorm": "ffn_norm",
     "mlp.gate_proj": "ffn_gate",
@@ -119,8 +121,8 @@ def k_quant_mix(name: str) -> GGMLQuantizationType:
 
 def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | None,
                     mix: Callable[[str], GGMLQuantizationType] | None = None) -> Path:  # fmt: skip
-    """Writes the tiny HF Llama in `hf_folder` as a llama.cpp-style GGUF, 2D weights in `qtype`
-    (or each in `mix(its GGUF name)`)."""
+    """Writes the tiny HF model in `hf_folder` (Llama or Qwen3) as a llama.cpp-style GGUF, 2D
+    weights in `qtype` (or each in `mix(its GGUF name)`)."""
     from safetensors.torch import load_file
 
     cfg = json.loads((hf_folder / "config.json").read_text())
@@ -131,7 +133,9 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
         vocab[t["id"]] = (t["content"], t["id"])
     merges = [m if isinstance(m, str) else " ".join(m) for m in tok["model"]["merges"]]
 
-    w = GGUFWriter(out, "llama")
+    arch = {"LlamaForCausalLM": "llama", "Qwen3ForCausalLM": "qwen3"}[cfg["architectures"][0]]
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    w = GGUFWriter(out, arch)
     w.add_block_count(cfg["num_hidden_layers"])
     w.add_context_length(cfg["max_position_embeddings"])
     w.add_embedding_length(cfg["hidden_size"])
@@ -140,7 +144,9 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
     w.add_head_count_kv(cfg["num_key_value_heads"])
     w.add_rope_freq_base(10000.0)
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
-    w.add_rope_dimension_count(cfg["hidden_size"] // cfg["num_attention_heads"])
+    w.add_rope_dimension_count(head_dim)
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
     w.add_vocab_size(cfg["vocab_size"])
     file_type = "MOSTLY_Q4_K_M" if qtype is None else (
         "ALL_F32" if qtype == Q.F32 else f"MOSTLY_{qtype.name}"
@@ -158,9 +164,9 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
 
     for name, tensor in load_file(hf_folder / "model.safetensors").items():
         array = tensor.float().numpy()
-        if name.endswith("q_proj.weight"):
+        if arch == "llama" and name.endswith("q_proj.weight"):  # only llama's rows are permuted
             array = llama_cpp_permute(array, cfg["num_attention_heads"])
-        elif name.endswith("k_proj.weight"):
+        elif arch == "llama" and name.endswith("k_proj.weight"):
             array = llama_cpp_permute(array, cfg["num_key_value_heads"])
         kind = mix(gguf_name(name)) if mix else qtype
         if array.ndim == 2 and kind != Q.F32:

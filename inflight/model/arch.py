@@ -1,8 +1,8 @@
 """LlamaArchConfig: the shape of a Llama-family model, from HF config.json or GGUF metadata.
 
-Covers Llama (with llama3 / linear RoPE scaling), Mistral (sliding window), Qwen2 (q/k/v bias)
-and SmolLM2. Both transformers 4 (`rope_theta` + `rope_scaling`) and transformers 5
-(`rope_parameters`) spellings of RoPE settings are read.
+Covers Llama (with llama3 / linear RoPE scaling), Mistral (sliding window), Qwen2 (q/k/v bias),
+Qwen3 (q/k norms) and SmolLM2. Both transformers 4 (`rope_theta` + `rope_scaling`) and
+transformers 5 (`rope_parameters`) spellings of RoPE settings are read.
 """
 
 from __future__ import annotations
@@ -14,12 +14,13 @@ SUPPORTED_ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
     "MistralForCausalLM": "mistral",
     "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
 }
 
 
 @dataclass(frozen=True)
 class LlamaArchConfig:
-    architecture: str  # "llama" | "mistral" | "qwen2"
+    architecture: str  # "llama" | "mistral" | "qwen2" | "qwen3" (model/registry.py)
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -33,6 +34,7 @@ class LlamaArchConfig:
     tie_word_embeddings: bool
     qkv_bias: bool = False
     sliding_window: int | None = None
+    qk_norm: bool = False  # an RMSNorm over each query and key head before RoPE (Qwen3)
     rope_scaling: tuple[tuple[str, Any], ...] | None = None  # frozen dict items
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
@@ -65,9 +67,9 @@ class LlamaArchConfig:
         rope["rope_type"] = rope_type
         rope.pop("type", None)
         window = config.get("sliding_window") if arch != "llama" else None
-        if arch == "qwen2":
+        if arch in ("qwen2", "qwen3"):
             if config.get("use_sliding_window", False):
-                raise ValueError("Qwen2 per-layer sliding window attention is not supported")
+                raise ValueError("Qwen per-layer sliding window attention is not supported")
             window = None
         eos = config.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
@@ -86,6 +88,7 @@ class LlamaArchConfig:
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
             qkv_bias=arch == "qwen2" or bool(config.get("attention_bias", False)),
             sliding_window=window,
+            qk_norm=arch == "qwen3",
             rope_scaling=None if rope_type == "default" else tuple(sorted(rope.items())),
             bos_token_id=config.get("bos_token_id"),
             eos_token_ids=eos_ids,

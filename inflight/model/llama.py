@@ -104,7 +104,7 @@ class DecoderLayer(nn.Module):
             x = ops.rms_norm(hidden, norm.weight, norm.eps)
         else:
             x = ops.add_rms_norm(hidden, residual, norm.weight, norm.eps)
-        qkv = apply_linear(self.qkv_proj, x, decodes)
+        qkv = self.normalize_qk(apply_linear(self.qkv_proj, x, decodes))
         ops.rope_(qkv, cos, sin, self.num_heads + self.num_kv_heads, self.head_dim)  # q and k
         q, k, v = qkv.split(self.split, dim=-1)
         attn = self.attn.forward(
@@ -121,8 +121,15 @@ class DecoderLayer(nn.Module):
         x = ops.silu_and_mul(apply_linear(self.gate_up_proj, x, decodes))
         return apply_linear(self.down_proj, x, decodes), residual
 
+    def normalize_qk(self, qkv: torch.Tensor) -> torch.Tensor:
+        """The fused q/k/v projection before RoPE: as it is here; a family that normalizes its
+        query and key heads does it in its override."""
+        return qkv
+
 
 class LlamaModel(nn.Module):
+    layer_class: ClassVar[type[DecoderLayer]] = DecoderLayer
+
     def __init__(
         self, cfg: LlamaArchConfig, attn: AttentionBackend, ops: TorchLayerOps | None = None
     ) -> None:
@@ -131,7 +138,7 @@ class LlamaModel(nn.Module):
         self.ops = ops or TorchLayerOps()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(
-            DecoderLayer(cfg, attn, self.ops) for _ in range(cfg.num_layers)
+            self.layer_class(cfg, attn, self.ops) for _ in range(cfg.num_layers)
         )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)

@@ -47,6 +47,7 @@ from inflight.model.packed_linear import (
     pack_linears,
     warm_up,
 )
+from inflight.model.registry import model_class
 
 logger = logging.getLogger(__name__)
 
@@ -393,7 +394,7 @@ def load_model(
 
         ops = checked_layer_ops(device, dtype)
     with torch.device("meta"), skip_weight_init():
-        model = LlamaModel(arch, attn, ops)
+        model = model_class(arch)(arch, attn, ops)
     # inflight's small-batch kernels come with the other CPU kernels
     kernels = attn.cpu_kernels and can_pack(dtype, device)
     # decode batches can multiply from the file's own blocks (see packed_linear)
@@ -449,7 +450,7 @@ def load_model(
             "weights and inflight's CPU kernels: in float32 on an AVX2 CPU, or with 16 bits "
             "in bf16 on an AVX-512 VNNI one (Q4_0, Q4_1 or Q8_0 there)"
         )
-    if attn.cpu_kernels:
+    if attn.cpu_kernels and not arch.qk_norm:  # the C++ loop has no q/k norms
         model.fused_layers = FusedDecoderLayers(model.layers, attn)
     loaded = LoadedModel(model=model.eval(), arch=arch, path=path,
                        quantized_activations=quantized_activations)  # fmt: skip

@@ -88,6 +88,31 @@ def test_quantized_tiny_gguf_matches_transformers_loading_the_same_file(
     assert llm.tokenizer.decode(llm.tokenizer(text).input_ids) == text
 
 
+@pytest.mark.parametrize("qtype", (Q.F32, Q.Q8_0), ids=lambda q: q.name)
+def test_a_qwen3_gguf_generates_as_transformers_loading_the_same_file(
+    tmp_path, tiny_model_factory, qtype
+):
+    """Qwen3's GGUF (`qwen3` architecture: per-head q/k norms, rows not permuted) against
+    transformers loading that file, and the same tokens as from the HF folder it came from."""
+    from transformers import AutoModelForCausalLM
+
+    folder = tiny_model_factory("qwen3")
+    path = write_tiny_gguf(folder, tmp_path / f"tiny-qwen3-{qtype.name}.gguf", qtype)
+    reference = AutoModelForCausalLM.from_pretrained(
+        path.parent, gguf_file=path.name, dtype=torch.float32
+    ).eval()
+    prompts = random_prompts(reference.config.vocab_size, lengths=(2, 9, 30, 64))
+    expected = hf_greedy(reference, prompts, [12] * len(prompts))
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    llm = LLM(str(path), dtype="float32", quantized_activations="off")
+    assert llm.core.arch.architecture == "qwen3" and llm.core.arch.qk_norm
+    got = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    assert got == expected
+    if qtype == Q.F32:  # the very weights of the folder
+        from_folder = LLM(str(folder), dtype="float32").generate(prompts, params, use_tqdm=False)
+        assert [o.outputs[0].token_ids for o in from_folder] == expected
+
+
 def test_a_second_load_maps_the_tensors_from_the_cached_index(tmp_path, tiny_llama, monkeypatch):
     monkeypatch.setenv("INFLIGHT_CACHE", str(tmp_path / "cache"))
     path = write_tiny_gguf(tiny_llama, tmp_path / "tiny.gguf", Q.Q4_1)

@@ -1,0 +1,33 @@
+"""Qwen3: the Llama decoder with an RMSNorm over each query and key head, between the q/k/v
+projection and RoPE (no q/k/v bias). HF names `self_attn.q_norm` / `k_norm`, GGUF
+`attn_q_norm` / `attn_k_norm`. The C++ layer loop does not run these norms: a Qwen3 model runs
+the Python loop (`loader.py` leaves `fused_layers` unset)."""
+
+from __future__ import annotations
+
+import torch
+
+from inflight.attention import AttentionBackend
+from inflight.model.arch import LlamaArchConfig
+from inflight.model.layer_ops import TorchLayerOps
+from inflight.model.llama import DecoderLayer, LlamaModel, RMSNorm
+
+
+class Qwen3DecoderLayer(DecoderLayer):
+    def __init__(self, cfg: LlamaArchConfig, attn: AttentionBackend, ops: TorchLayerOps) -> None:
+        super().__init__(cfg, attn, ops)
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+
+    def normalize_qk(self, qkv: torch.Tensor) -> torch.Tensor:
+        t, d = qkv.shape[0], self.head_dim
+        q_size, kv_size, _ = self.split
+        for start, size, norm in ((0, q_size, self.q_norm), (q_size, kv_size, self.k_norm)):
+            heads = qkv[:, start : start + size].reshape(-1, d)  # [T * heads, D]
+            normed = self.ops.rms_norm(heads, norm.weight, norm.eps)
+            qkv[:, start : start + size] = normed.view(t, size)
+        return qkv
+
+
+class Qwen3Model(LlamaModel):
+    layer_class = Qwen3DecoderLayer

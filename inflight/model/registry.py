@@ -1,0 +1,21 @@
+"""The model class of each architecture (`LlamaArchConfig.architecture`): the Llama decoder
+serves Llama, Mistral and Qwen2 (their differences are config fields), a family with layers of
+its own has a module that subclasses it. Adding a family: its module, its line here and in
+`arch.SUPPORTED_ARCHITECTURES` (and `gguf_loader` for its GGUF names), a parity test."""
+
+from __future__ import annotations
+
+from inflight.model.arch import LlamaArchConfig
+from inflight.model.llama import LlamaModel
+from inflight.model.qwen3 import Qwen3Model
+
+MODEL_CLASSES: dict[str, type[LlamaModel]] = {
+    "llama": LlamaModel,
+    "mistral": LlamaModel,
+    "qwen2": LlamaModel,
+    "qwen3": Qwen3Model,
+}
+
+
+def model_class(arch: LlamaArchConfig) -> type[LlamaModel]:
+    return MODEL_CLASSES[arch.architecture]
