@@ -58,8 +58,6 @@ def build_tokenizer(folder: Path):
 
 
 TINY_ARCHS = ("llama", "llama3_rope", "qwen2", "qwen3", "mistral")
-# the families whose layers the C++ layer loop runs (Qwen3's q/k norms run in Python)
-FUSED_ARCHS = tuple(a for a in TINY_ARCHS if a != "qwen3")
 
 
 def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) -> Path:

@@ -34,7 +34,6 @@ class LlamaArchConfig:
     tie_word_embeddings: bool
     qkv_bias: bool = False
     sliding_window: int | None = None
-    qk_norm: bool = False  # an RMSNorm over each query and key head before RoPE (Qwen3)
     rope_scaling: tuple[tuple[str, Any], ...] | None = None  # frozen dict items
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
@@ -88,7 +87,6 @@ class LlamaArchConfig:
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
             qkv_bias=arch == "qwen2" or bool(config.get("attention_bias", False)),
             sliding_window=window,
-            qk_norm=arch == "qwen3",
             rope_scaling=None if rope_type == "default" else tuple(sorted(rope.items())),
             bos_token_id=config.get("bos_token_id"),
             eos_token_ids=eos_ids,

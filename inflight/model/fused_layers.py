@@ -54,6 +54,13 @@ class FusedDecoderLayers:
             )
         ]
         self.qkv_biases = [layer.qkv_proj.bias for layer in layers]
+        # a family's per-head query and key norms (Qwen3's), in layer order, or none
+        self.qk_norms = [
+            norm.weight
+            for layer in layers
+            if hasattr(layer, "q_norm")
+            for norm in (layer.q_norm, layer.k_norm)
+        ]
         first = layers[0]
         self.shape = (first.num_heads, first.num_kv_heads, first.head_dim)
         self.eps = first.input_layernorm.eps
@@ -74,7 +81,7 @@ class FusedDecoderLayers:
         hidden, residual = self.run(
             hidden, None, cos, sin, self.weights, self.small_weights, self.decode_weights,
             self.small_batch_rows,
-            self.qkv_biases,
+            self.qkv_biases, self.qk_norms,
             [k for k, _ in kv_caches], [v for _, v in kv_caches], meta.slot_mapping,
             decode and decode.rows, decode and decode.block_tables, decode and decode.seq_lens,
             decode is not None and decode.all_rows,

@@ -15,7 +15,7 @@ from inflight.kernels import load_extension
 from inflight.model import loader, packed_linear
 from inflight.model.fused_layers import FusedDecoderLayers
 from inflight.model.packed_linear import can_pack
-from tests.conftest import FUSED_ARCHS
+from tests.conftest import TINY_ARCHS
 from tests.gguf_files import write_tiny_gguf
 from tests.parity import mixed_max_tokens, random_prompts
 
@@ -30,7 +30,7 @@ def _run(llm: LLM, prompts, max_tokens):
 
 @pytest.mark.parametrize(("dtype", "plain"), [("float32", False), ("bfloat16", False),
                                               ("float32", True)])  # fmt: skip
-@pytest.mark.parametrize("arch", FUSED_ARCHS)
+@pytest.mark.parametrize("arch", TINY_ARCHS)
 def test_fused_layers_match_the_python_loop_bit_for_bit(
     tiny_model_factory, arch, dtype, plain, monkeypatch
 ):

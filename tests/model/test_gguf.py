@@ -105,7 +105,10 @@ def test_a_qwen3_gguf_generates_as_transformers_loading_the_same_file(
     expected = hf_greedy(reference, prompts, [12] * len(prompts))
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     llm = LLM(str(path), dtype="float32", quantized_activations="off")
-    assert llm.core.arch.architecture == "qwen3" and llm.core.arch.qk_norm
+    # the C++ layer loop runs its q and k norms: one of each per layer, over a head's 128 dims
+    qk_norms = llm.core.loaded.model.fused_layers.qk_norms
+    assert llm.core.arch.architecture == "qwen3" and len(qk_norms) == 2 * llm.core.arch.num_layers
+    assert all(w.shape == (128,) for w in qk_norms)
     got = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
     assert got == expected
     if qtype == Q.F32:  # the very weights of the folder

@@ -2,7 +2,8 @@
 //
 // The same sequence of operations as `DecoderLayer.forward` in inflight/model/llama.py (the
 // reference, and what this is tested against, bit for bit): RMSNorm (the residual add fused in),
-// fused QKV projection, RoPE in place, K/V written to the paged cache, decode and prefill
+// fused QKV projection, each query and key head RMS-normalized where the family does it
+// (Qwen3), RoPE in place, K/V written to the paged cache, decode and prefill
 // attention kernels, output projection, RMSNorm, gate-up projection, SiLU-and-mul, down
 // projection. Only the driving loop moves from Python to C++: at a few tokens per step the
 // Python glue between ~20 ops per layer cost as much as the attention itself (~3 ms a step).
@@ -124,7 +125,7 @@ std::vector<at::Tensor> llama_decoder_layers(
     at::Tensor hidden, OptTensor residual, const at::Tensor& cos, const at::Tensor& sin,
     const std::vector<at::Tensor>& weights, const std::vector<OptTensor>& small_weights,
     const std::vector<OptTensor>& decode_weights, int64_t small_rows,
-    const std::vector<OptTensor>& qkv_biases,
+    const std::vector<OptTensor>& qkv_biases, const std::vector<at::Tensor>& qk_norms,
     const std::vector<at::Tensor>& k_caches, const std::vector<at::Tensor>& v_caches,
     const at::Tensor& slot_mapping, const OptTensor& decode_rows,
     const OptTensor& decode_tables, const OptTensor& decode_lens, bool decode_all_rows,
@@ -138,6 +139,8 @@ std::vector<at::Tensor> llama_decoder_layers(
                   v_caches.size() == L,
               "six weights, four optional small-batch packings, one optional qkv bias and two "
               "caches per layer");
+  TORCH_CHECK(qk_norms.empty() || qk_norms.size() == 2 * L,
+              "no q/k norms, or a query and a key norm weight per layer");
   TORCH_CHECK(decode_weights.empty() || decode_weights.size() == L * kSmallPerLayer,
               "no decode weights, or four optional ones per layer");
   TORCH_CHECK(decode_rows.has_value() == decode_tables.has_value() &&
@@ -192,6 +195,13 @@ std::vector<at::Tensor> llama_decoder_layers(
       x = add_rms_norm(hidden, res, w[0], eps);
     }
     at::Tensor qkv = linear(x, {w[1], small[0], dec[0], qkv_biases[l]}, how, split);
+    if (!qk_norms.empty()) {  // each query and key head RMS-normalized (Qwen3's q_norm, k_norm)
+      for (int64_t part = 0; part < 2; ++part) {
+        auto heads = qkv.narrow(1, part ? q_size : 0, part ? kv_size : q_size);
+        heads.copy_(rms_norm(heads.reshape({-1, head_dim}), qk_norms[2 * l + part], eps)
+                        .view(heads.sizes()));
+      }
+    }
     rope_(qkv, cos, sin, num_heads + num_kv_heads, head_dim);
     auto q = qkv.narrow(1, 0, q_size).view({T, num_heads, head_dim});
     auto k = qkv.narrow(1, q_size, kv_size).view({T, num_kv_heads, head_dim});

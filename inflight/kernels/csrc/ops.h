@@ -77,7 +77,7 @@ std::vector<at::Tensor> llama_decoder_layers(
     const std::vector<c10::optional<at::Tensor>>& small_weights,
     const std::vector<c10::optional<at::Tensor>>& decode_weights, int64_t small_rows,
     const std::vector<c10::optional<at::Tensor>>& qkv_biases,
-    const std::vector<at::Tensor>& k_caches, const std::vector<at::Tensor>& v_caches,
+    const std::vector<at::Tensor>& qk_norms, const std::vector<at::Tensor>& k_caches, const std::vector<at::Tensor>& v_caches,
     const at::Tensor& slot_mapping, const c10::optional<at::Tensor>& decode_rows,
     const c10::optional<at::Tensor>& decode_tables,
     const c10::optional<at::Tensor>& decode_lens, bool decode_all_rows,
