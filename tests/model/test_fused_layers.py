@@ -125,11 +125,11 @@ def test_bad_inputs_are_refused_before_any_write(tiny_llama):
     cos = sin = torch.ones(2, head_dim // 2)
 
     def run(weights=fused.weights, small=fused.small_weights, slots=(0, 1), k_caches=None,
-            decode=()):  # fmt: skip
+            decode=(), qk_norms=()):  # fmt: skip
         k_caches = k_caches if k_caches is not None else [k for k, _ in caches]
         return fused.run(
-            hidden, None, cos, sin, weights, small, list(decode), 0, fused.qkv_biases, k_caches,
-            [v for _, v in caches],
+            hidden, None, cos, sin, weights, small, list(decode), 0, fused.qkv_biases,
+            list(qk_norms), k_caches, [v for _, v in caches],
             torch.tensor(slots), None, None, None, False, None, None,
             num_heads, num_kv_heads, head_dim, fused.eps, 1.0, 0, fused.packed,
             fused.activation_bits,
@@ -141,6 +141,8 @@ def test_bad_inputs_are_refused_before_any_write(tiny_llama):
         run(small=fused.small_weights[:-1])
     with pytest.raises(RuntimeError, match="or four optional ones per layer"):
         run(decode=[None])
+    with pytest.raises(RuntimeError, match="a query and a key norm weight per layer"):
+        run(qk_norms=[torch.ones(head_dim)])
     values = caches[0][1]  # [NB, KVH, BS, D]
     num_slots = values.shape[0] * values.shape[2]
     values[0, :, 0] = 7.0
