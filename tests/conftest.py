@@ -57,7 +57,7 @@ def build_tokenizer(folder: Path):
     return fast
 
 
-TINY_ARCHS = ("llama", "llama3_rope", "qwen2", "qwen3", "mistral")
+TINY_ARCHS = ("llama", "llama3_rope", "qwen2", "qwen3", "phi3", "mistral")
 
 
 def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) -> Path:
@@ -66,6 +66,8 @@ def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) ->
         LlamaForCausalLM,
         MistralConfig,
         MistralForCausalLM,
+        Phi3Config,
+        Phi3ForCausalLM,
         Qwen2Config,
         Qwen2ForCausalLM,
         Qwen3Config,
@@ -108,6 +110,8 @@ def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) ->
         # what transformers assumes for a qwen3 GGUF
         config = Qwen3Config(**common, head_dim=128, tie_word_embeddings=True)
         cls = Qwen3ForCausalLM
+    elif arch == "phi3":  # fused q/k/v and gate/up in the checkpoint, a sliding window
+        config, cls = Phi3Config(**common, sliding_window=24), Phi3ForCausalLM
     elif arch == "mistral":
         config, cls = MistralConfig(**common, sliding_window=24), MistralForCausalLM
     else:

@@ -20,6 +20,8 @@ LAYER_TO_GGUF = {
     "self_attn.q_proj": "attn_q",
     "self_attn.k_proj": "attn_k",
     "self_attn.v_proj": "attn_v",
+    "self_attn.qkv_proj": "attn_qkv",
+    "mlp.gate_up_proj": "ffn_up",
     "self_attn.q_norm": "attn_q_norm",
     "self_attn.k_norm": "attn_k_norm",
     "self_attn.o_proj": "attn_output",
@@ -121,7 +123,7 @@ def k_quant_mix(name: str) -> GGMLQuantizationType:
 
 def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | None,
                     mix: Callable[[str], GGMLQuantizationType] | None = None) -> Path:  # fmt: skip
-    """Writes the tiny HF model in `hf_folder` (Llama or Qwen3) as a llama.cpp-style GGUF, 2D
+    """Writes the tiny HF model in `hf_folder` (Llama, Qwen3, Phi-3) as a llama.cpp-style GGUF, 2D
     weights in `qtype` (or each in `mix(its GGUF name)`)."""
     from safetensors.torch import load_file
 
@@ -133,7 +135,8 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
         vocab[t["id"]] = (t["content"], t["id"])
     merges = [m if isinstance(m, str) else " ".join(m) for m in tok["model"]["merges"]]
 
-    arch = {"LlamaForCausalLM": "llama", "Qwen3ForCausalLM": "qwen3"}[cfg["architectures"][0]]
+    arch = {"LlamaForCausalLM": "llama", "Qwen3ForCausalLM": "qwen3",
+            "Phi3ForCausalLM": "phi3"}[cfg["architectures"][0]]  # fmt: skip
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
     w = GGUFWriter(out, arch)
     w.add_block_count(cfg["num_hidden_layers"])
@@ -148,6 +151,8 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
     w.add_key_length(head_dim)
     w.add_value_length(head_dim)
     w.add_vocab_size(cfg["vocab_size"])
+    if cfg.get("sliding_window"):
+        w.add_sliding_window(cfg["sliding_window"])
     file_type = "MOSTLY_Q4_K_M" if qtype is None else (
         "ALL_F32" if qtype == Q.F32 else f"MOSTLY_{qtype.name}"
     )  # fmt: skip

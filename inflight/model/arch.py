@@ -1,8 +1,9 @@
 """LlamaArchConfig: the shape of a Llama-family model, from HF config.json or GGUF metadata.
 
 Covers Llama (with llama3 / linear RoPE scaling), Mistral (sliding window), Qwen2 (q/k/v bias),
-Qwen3 (q/k norms) and SmolLM2. Both transformers 4 (`rope_theta` + `rope_scaling`) and
-transformers 5 (`rope_parameters`) spellings of RoPE settings are read.
+Qwen3 (q/k norms), Phi-3 / Phi-4 (fused projections in the checkpoint) and SmolLM2. Both
+transformers 4 (`rope_theta` + `rope_scaling`) and transformers 5 (`rope_parameters`) spellings
+of RoPE settings are read.
 """
 
 from __future__ import annotations
@@ -15,12 +16,13 @@ SUPPORTED_ARCHITECTURES = {
     "MistralForCausalLM": "mistral",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
+    "Phi3ForCausalLM": "phi3",
 }
 
 
 @dataclass(frozen=True)
 class LlamaArchConfig:
-    architecture: str  # "llama" | "mistral" | "qwen2" | "qwen3" (model/registry.py)
+    architecture: str  # "llama" | "mistral" | "qwen2" | "qwen3" | "phi3" (model/registry.py)
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -65,6 +67,9 @@ class LlamaArchConfig:
             raise ValueError(f"unsupported rope_type {rope_type!r}")
         rope["rope_type"] = rope_type
         rope.pop("type", None)
+        rotary = rope.pop("partial_rotary_factor", config.get("partial_rotary_factor", 1.0))
+        if rotary != 1.0:
+            raise ValueError(f"partial rotary embeddings are not supported (factor {rotary})")
         window = config.get("sliding_window") if arch != "llama" else None
         if arch in ("qwen2", "qwen3"):
             if config.get("use_sliding_window", False):

@@ -37,7 +37,7 @@ from inflight.tokenizer import cache_dir, file_cache_key
 
 logger = logging.getLogger(__name__)
 
-SUPPORTED_GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3")
+SUPPORTED_GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "phi3")
 
 _LAYER_NAMES = {
     "attn_norm": "input_layernorm",
@@ -51,6 +51,10 @@ _LAYER_NAMES = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+}
+# where an architecture's tensor means something else than Llama's (phi3's ffn_up is gate + up)
+_ARCH_LAYER_NAMES = {
+    "phi3": {**_LAYER_NAMES, "attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},
 }
 _TOP_NAMES = {
     "token_embd": "model.embed_tokens",
@@ -130,6 +134,7 @@ def gguf_arch_config(reader: GGUFReader, path: Path) -> LlamaArchConfig:
     hidden = int(meta("embedding_length"))
     num_heads = int(meta("attention.head_count"))
     tokens = field_value(reader, "tokenizer.ggml.tokens") or []
+    window = field_value(reader, f"{arch}.attention.sliding_window")  # phi3's, where set
     eos = field_value(reader, "tokenizer.ggml.eos_token_id")
     return LlamaArchConfig(
         architecture=arch,
@@ -145,6 +150,7 @@ def gguf_arch_config(reader: GGUFReader, path: Path) -> LlamaArchConfig:
         max_position_embeddings=int(meta("context_length", 2048)),
         tie_word_embeddings="output.weight" not in names,
         qkv_bias="blk.0.attn_q.bias" in names,
+        sliding_window=int(window) if window else None,
         bos_token_id=field_value(reader, "tokenizer.ggml.bos_token_id"),
         eos_token_ids=() if eos is None else (int(eos),),
     )
@@ -160,11 +166,12 @@ def unpermute_qk(weight: np.ndarray, num_heads: int) -> np.ndarray:
     )
 
 
-def hf_name(gguf_name: str) -> str | None:
+def hf_name(gguf_name: str, architecture: str = "llama") -> str | None:
+    """The HF name of a GGUF tensor of that architecture, or None for one we do not know."""
     base, _, kind = gguf_name.rpartition(".")
     if base.startswith("blk."):
         _, layer, part = base.split(".", 2)
-        mapped = _LAYER_NAMES.get(part)
+        mapped = _ARCH_LAYER_NAMES.get(architecture, _LAYER_NAMES).get(part)
         return None if mapped is None else f"model.layers.{layer}.{mapped}.{kind}"
     mapped = _TOP_NAMES.get(base)
     return None if mapped is None else f"{mapped}.{kind}"
@@ -282,7 +289,7 @@ def iter_gguf_weights(
     kernels that read them.
     Tensors named in `blocks_only` leave their blocks alone: never dequantized, not yielded."""
     for tensor in reader.tensors:
-        name = hf_name(tensor.name)
+        name = hf_name(tensor.name, cfg.architecture)
         if name is None:
             raise ModelLoadError(f"{path}: unexpected GGUF tensor {tensor.name!r}")
         # GGUF lists dims fastest-first; numpy order is the reverse.

@@ -280,7 +280,7 @@ def estimated_weight_bytes(path: Path, dtype: torch.dtype, quantized_activations
             # head regroups a copy of them
             blocks = math.prod(e["data_shape"]) * np.dtype(e["dtype"]).itemsize
             layout = blocks * fmt.layout_bytes // fmt.file_bytes
-            if hf_name(e["name"]) != "model.embed_tokens.weight":
+            if hf_name(e["name"], index.arch.architecture) != "model.embed_tokens.weight":
                 total += layout
             else:
                 total += blocks + (layout if index.arch.tie_word_embeddings else 0)
@@ -334,7 +334,7 @@ def drop_block_weights(model: LlamaModel, index: GGUFIndex, types: Iterable[int]
     parts all come as GGUF blocks of `types` (GGML type numbers the kernels read; a fused
     linear's parts may differ), and off the embedding when its blocks are (it is then looked up
     from them); returns the file's names that therefore need no float tensor."""
-    entries = {hf_name(e["name"]): e for e in index.entries}
+    entries = {hf_name(e["name"], index.arch.architecture): e for e in index.entries}
     kernel_kinds = {(int(t), 2) for t in types}
     dropped = []
     for module, sources in model.linear_sources().items():
@@ -420,7 +420,9 @@ def load_model(
     logger.info("loaded %s (%s, %d layers, %s on %s)", path.name, arch.architecture,
                 arch.num_layers, dtype, device)  # fmt: skip
     # once a tensor's blocks are copied, its pages of the mapped file leave this process's RSS
-    by_name = {} if index is None else {hf_name(t.name): t for t in index.tensors}
+    by_name = (
+        {} if index is None else {hf_name(t.name, arch.architecture): t for t in index.tensors}
+    )
 
     def release(name: str) -> None:
         if name in by_name:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from inflight.model.arch import LlamaArchConfig
 from inflight.model.llama import LlamaModel
+from inflight.model.phi3 import Phi3Model
 from inflight.model.qwen3 import Qwen3Model
 
 MODEL_CLASSES: dict[str, type[LlamaModel]] = {
@@ -14,6 +15,7 @@ MODEL_CLASSES: dict[str, type[LlamaModel]] = {
     "mistral": LlamaModel,
     "qwen2": LlamaModel,
     "qwen3": Qwen3Model,
+    "phi3": Phi3Model,
 }
 
 

@@ -89,26 +89,34 @@ def test_quantized_tiny_gguf_matches_transformers_loading_the_same_file(
 
 
 @pytest.mark.parametrize("qtype", (Q.F32, Q.Q8_0), ids=lambda q: q.name)
-def test_a_qwen3_gguf_generates_as_transformers_loading_the_same_file(
-    tmp_path, tiny_model_factory, qtype
+@pytest.mark.parametrize("arch", ["qwen3", "phi3"])
+def test_other_families_ggufs_generate_as_transformers_loading_the_same_file(
+    tmp_path, tiny_model_factory, arch, qtype
 ):
-    """Qwen3's GGUF (`qwen3` architecture: per-head q/k norms, rows not permuted) against
-    transformers loading that file, and the same tokens as from the HF folder it came from."""
+    """Qwen3's GGUF (per-head q/k norms, rows not permuted) and Phi-3's (fused attn_qkv, ffn_up
+    holding gate and up, a sliding window) against transformers loading that file, and the same
+    tokens as from the HF folder it came from."""
     from transformers import AutoModelForCausalLM
 
-    folder = tiny_model_factory("qwen3")
-    path = write_tiny_gguf(folder, tmp_path / f"tiny-qwen3-{qtype.name}.gguf", qtype)
+    folder = tiny_model_factory(arch)
+    path = write_tiny_gguf(folder, tmp_path / f"tiny-{arch}-{qtype.name}.gguf", qtype)
     reference = AutoModelForCausalLM.from_pretrained(
         path.parent, gguf_file=path.name, dtype=torch.float32
     ).eval()
+    if arch == "phi3":  # transformers' GGUF reader drops phi3.attention.sliding_window; the
+        # model (and llama.cpp) attend within it, as the HF folder's config says
+        reference.config.sliding_window = 24
     prompts = random_prompts(reference.config.vocab_size, lengths=(2, 9, 30, 64))
     expected = hf_greedy(reference, prompts, [12] * len(prompts))
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     llm = LLM(str(path), dtype="float32", quantized_activations="off")
-    # the C++ layer loop runs its q and k norms: one of each per layer, over a head's 128 dims
-    qk_norms = llm.core.loaded.model.fused_layers.qk_norms
-    assert llm.core.arch.architecture == "qwen3" and len(qk_norms) == 2 * llm.core.arch.num_layers
-    assert all(w.shape == (128,) for w in qk_norms)
+    assert llm.core.arch.architecture == arch
+    if arch == "qwen3":  # the C++ layer loop runs its q and k norms, one of each per layer
+        qk_norms = llm.core.loaded.model.fused_layers.qk_norms
+        assert len(qk_norms) == 2 * llm.core.arch.num_layers
+        assert all(w.shape == (128,) for w in qk_norms)
+    else:
+        assert llm.core.arch.sliding_window == 24
     got = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
     assert got == expected
     if qtype == Q.F32:  # the very weights of the folder

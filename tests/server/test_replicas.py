@@ -186,13 +186,18 @@ def test_prefix_aware_routing_gets_more_prefix_hits_than_round_robin(fleet):
 def test_a_killed_replica_ends_its_streams_with_an_error_and_the_fleet_serves_on(fleet):
     url = fleet("round-robin")  # (as the test before left it) 3 streams on each engine
     results: list[str] = []
+    streaming = [threading.Event() for _ in range(6)]
 
     def stream(i: int) -> None:
         # as long as the tiny model allows: still streaming when the replica is killed
         body = {"prompt": f"stream {i}", "max_tokens": 500, "ignore_eos": True,
                 "temperature": 0, "stream": True}  # fmt: skip
+        events = []
         with httpx.stream("POST", url + "/v1/completions", json=body, timeout=120) as r:
-            events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    events.append(line[6:])
+                    streaming[i].set()
         assert events[-1] == "[DONE]"
         last = json.loads(events[-2])
         results.append("error" if "error" in last else last["choices"][0]["finish_reason"])
@@ -200,7 +205,9 @@ def test_a_killed_replica_ends_its_streams_with_an_error_and_the_fleet_serves_on
     threads = [threading.Thread(target=stream, args=(i,)) for i in range(6)]
     for t in threads:
         t.start()
-    time.sleep(0.5)  # streaming by now, spread over both engines by the router
+    # every stream has its first token, so the router has placed it (over both engines; on a
+    # busy machine that can take longer than any fixed wait)
+    assert all(e.wait(timeout=60) for e in streaming)
     (victim, *_) = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
                     if "EngineReplica" in a["name"]]  # fmt: skip
     killed_at = time.monotonic()
