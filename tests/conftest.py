@@ -19,6 +19,14 @@ if not torch.cuda.is_available():
     # library (transformers' generate does) imports Triton.
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# Test workers (pytest-xdist) share the cores: each takes its share of threads, and so do the
+# servers it starts, rather than every OpenMP pool spinning on all cores at once.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    _THREADS = max(1, (os.cpu_count() or 1) // _WORKERS)
+    os.environ.setdefault("OMP_NUM_THREADS", str(_THREADS))
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
