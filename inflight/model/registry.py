@@ -1,7 +1,7 @@
 """The model class of each architecture (`LlamaArchConfig.architecture`): the Llama decoder
-serves Llama, Mistral and Qwen2 (their differences are config fields), a family with layers of
-its own has a module that subclasses it. Adding a family: its module, its line here and in
-`arch.SUPPORTED_ARCHITECTURES` (and `gguf_loader` for its GGUF names), a parity test."""
+serves Llama, Mistral and Qwen2 (their differences are config fields); a family with layers or
+checkpoint weights of its own has a module that subclasses it. How a family is added:
+docs/architecture.md, "Adding a model family"."""
 
 from __future__ import annotations
 
