@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from inflight.attention import TorchReferenceBackend, make_backend
-from inflight.attention.backend import write_token_major
 from inflight.attention.cpu_kernel import CpuKernelBackend, to_kernel_layout
 from inflight.attention.triton_decode import MIN_PARTITION, TritonBackend
 from inflight.errors import ConfigError
@@ -300,33 +299,6 @@ def test_prefill_kernel_rejects_chunks_outside_its_inputs():
     with pytest.raises(RuntimeError, match="outside"):  # 30 cached + 8 new > 2 blocks of 16
         backend.prefill_kernel(q, k_cache, v_cache, torch.tensor([[0, 8, 30]]), tables,
                                torch.empty_like(q), 1.0, 0, 8)  # fmt: skip
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_kernel_cache_writes_match_the_reference_layout(dtype):
-    """Tokens written at scattered slots by each backend: the kernel's caches hold exactly what
-    the reference's hold, moved as `to_kernel_layout` says (every block, head, position, dim)."""
-    gen = torch.Generator().manual_seed(3)
-    num_blocks, bs, kvh, d = 6, 16, 3, 8
-    slots = torch.randperm(num_blocks * bs, generator=gen)[:40]
-    qkv = torch.randn(40, 4 * kvh * d, generator=gen).to(dtype)  # strided rows, as in the model
-    key = qkv[:, : kvh * d].view(40, kvh, d)
-    value = qkv[:, kvh * d : 2 * kvh * d].view(40, kvh, d)
-    caches = {}
-    kernel = CpuKernelBackend(bs)
-    for backend, write in ((TorchReferenceBackend(bs), write_token_major),
-                           (kernel, kernel.write_cache)):  # fmt: skip
-        k_shape, v_shape = backend.cache_shapes(num_blocks, kvh, d)
-        k_cache, v_cache = torch.zeros(k_shape, dtype=dtype), torch.zeros(v_shape, dtype=dtype)
-        write(k_cache, v_cache, key, value, slots)
-        caches[backend.name] = (k_cache, v_cache)
-    want_k, want_v = to_kernel_layout(*caches["torch"])
-    assert torch.equal(caches["cpu"][0], want_k) and torch.equal(caches["cpu"][1], want_v)
-    # the layout itself, for the first token: keys [NB, KVH, D/2, BS, 2], values [NB, KVH, BS, D]
-    block, offset = divmod(int(slots[0]), bs)
-    keys, values = caches["cpu"]
-    assert torch.equal(keys[block, :, :, offset].reshape(kvh, d), key[0])
-    assert torch.equal(values[block, :, offset], value[0])
 
 
 def test_kernels_refuse_caches_and_slots_they_cannot_index():

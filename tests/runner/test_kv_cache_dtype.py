@@ -19,7 +19,7 @@ from inflight.attention.backend import (
     quantize_rows,
     write_token_major,
 )
-from inflight.attention.cpu_kernel import CpuKernelBackend
+from inflight.attention.cpu_kernel import CpuKernelBackend, to_kernel_layout
 from inflight.attention.triton_decode import TritonBackend
 from inflight.errors import ConfigError
 from inflight.model.arch import LlamaArchConfig
@@ -60,9 +60,12 @@ def _kernel_to_token_major_bytes(k_cache, v_cache, d):
     return torch.cat([keys, key_scales], -1), v.permute(0, 2, 1, 3)
 
 
-@pytest.mark.parametrize("cache_dtype", CACHE_DTYPES, ids=str)
+@pytest.mark.parametrize("cache_dtype", [None, *CACHE_DTYPES], ids=str)  # None: the model's
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_kernel_write_stores_what_the_reference_stores(cache_dtype, dtype):
+    """Tokens written at scattered slots by each backend: the C++ layout holds exactly the
+    reference's values (or 8-bit bytes and scales), moved as `kv_layout.h` says."""
+    cache_dtype = cache_dtype or dtype
     gen = torch.Generator().manual_seed(3)
     num_blocks, bs, kvh, d = 6, 16, 3, 64
     slots = torch.randperm(num_blocks * bs, generator=gen)[:40]
@@ -83,10 +86,14 @@ def test_kernel_write_stores_what_the_reference_stores(cache_dtype, dtype):
         got_k, got_v = _kernel_to_token_major_bytes(*caches["cpu"], d)
         assert torch.equal(got_k, ref_k.view(torch.uint8))
         assert torch.equal(got_v, ref_v.view(torch.uint8))
-    else:
-        got_k, got_v = caches["cpu"]
-        assert torch.equal(got_k.permute(0, 3, 1, 2, 4).reshape(ref_k.shape), ref_k)
-        assert torch.equal(got_v.permute(0, 2, 1, 3), ref_v)
+        return
+    want_k, want_v = to_kernel_layout(ref_k, ref_v)
+    assert torch.equal(caches["cpu"][0], want_k) and torch.equal(caches["cpu"][1], want_v)
+    if cache_dtype == dtype:  # the layout itself, for the first token: keys [NB, KVH, D/2, BS, 2]
+        block, offset = divmod(int(slots[0]), bs)
+        keys, values = caches["cpu"]
+        assert torch.equal(keys[block, :, :, offset].reshape(kvh, d), key[0])
+        assert torch.equal(values[block, :, offset], value[0])
 
 
 @pytest.mark.parametrize(
