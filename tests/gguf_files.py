@@ -121,10 +121,29 @@ def k_quant_mix(name: str) -> GGMLQuantizationType:
     return Q.Q4_K
 
 
+def llama3_rope_factors(head_dim: int, base: float, rope: dict) -> np.ndarray:
+    """llama3 RoPE scaling as one divisor per frequency (written from llama.cpp's converter's
+    documented behaviour): 1 for short wavelengths, `factor` for long ones, smoothed between."""
+    factor = rope["factor"]
+    low, high = rope["low_freq_factor"], rope["high_freq_factor"]
+    old_len = rope["original_max_position_embeddings"]
+    factors = []
+    for i in range(0, head_dim, 2):
+        wavelen = 2 * np.pi * base ** (i / head_dim)
+        if wavelen < old_len / high:
+            factors.append(1.0)
+        elif wavelen > old_len / low:
+            factors.append(factor)
+        else:
+            smooth = (old_len / wavelen - low) / (high - low)
+            factors.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(factors, dtype=np.float32)
+
+
 def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | None,
                     mix: Callable[[str], GGMLQuantizationType] | None = None) -> Path:  # fmt: skip
-    """Writes the tiny HF model in `hf_folder` (Llama, Qwen3, Phi-3) as a llama.cpp-style GGUF, 2D
-    weights in `qtype` (or each in `mix(its GGUF name)`)."""
+    """Writes the tiny HF model in `hf_folder` (Llama, llama3 RoPE included, Qwen3, Phi-3) as a
+    llama.cpp-style GGUF, 2D weights in `qtype` (or each in `mix(its GGUF name)`)."""
     from safetensors.torch import load_file
 
     cfg = json.loads((hf_folder / "config.json").read_text())
@@ -145,7 +164,9 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
     w.add_feed_forward_length(cfg["intermediate_size"])
     w.add_head_count(cfg["num_attention_heads"])
     w.add_head_count_kv(cfg["num_key_value_heads"])
-    w.add_rope_freq_base(10000.0)
+    rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    base = float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+    w.add_rope_freq_base(base)
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     w.add_rope_dimension_count(head_dim)
     w.add_key_length(head_dim)
@@ -167,6 +188,8 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
     w.add_pad_token_id(0)
     w.add_chat_template("{% for m in messages %}{{ m['content'] }}{% endfor %}")
 
+    if rope.get("rope_type") == "llama3":  # as llama.cpp's converter stores it
+        w.add_tensor("rope_freqs.weight", llama3_rope_factors(head_dim, base, rope))
     for name, tensor in load_file(hf_folder / "model.safetensors").items():
         array = tensor.float().numpy()
         if arch == "llama" and name.endswith("q_proj.weight"):  # only llama's rows are permuted

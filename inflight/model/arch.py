@@ -37,6 +37,9 @@ class LlamaArchConfig:
     qkv_bias: bool = False
     sliding_window: int | None = None
     rope_scaling: tuple[tuple[str, Any], ...] | None = None  # frozen dict items
+    # a GGUF's `rope_freqs`: each frequency divided by its factor (llama3 scaling, as llama.cpp
+    # stores it), in place of `rope_scaling`
+    rope_freq_factors: tuple[float, ...] | None = None
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
 

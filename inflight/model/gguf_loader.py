@@ -38,6 +38,7 @@ from inflight.tokenizer import cache_dir, file_cache_key
 logger = logging.getLogger(__name__)
 
 SUPPORTED_GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "phi3")
+ROPE_FREQS = "rope_freqs.weight"  # per-frequency divisors of a llama3-scaled RoPE
 
 _LAYER_NAMES = {
     "attn_norm": "input_layernorm",
@@ -120,10 +121,13 @@ def gguf_arch_config(reader: GGUFReader, path: Path) -> LlamaArchConfig:
             f"supported: {', '.join(SUPPORTED_GGUF_ARCHITECTURES)}"
         )
     names = {t.name for t in reader.tensors}
-    if "rope_freqs.weight" in names:
-        raise ModelLoadError(
-            f"{path}: GGUF rope frequency factors (llama3 RoPE) are not supported yet"
-        )
+    factors = None
+    for tensor in reader.tensors:
+        if tensor.name == ROPE_FREQS:  # llama3 RoPE scaling, as one factor per frequency
+            if tensor.tensor_type != GGMLQuantizationType.F32:
+                raise ModelLoadError(f"{path}: {ROPE_FREQS} must be F32, not "
+                                     f"{tensor.tensor_type.name}")  # fmt: skip
+            factors = tuple(float(f) for f in np.asarray(tensor.data, dtype=np.float32).ravel())
 
     def meta(key: str, default: Any = None) -> Any:
         value = field_value(reader, f"{arch}.{key}", default)
@@ -150,6 +154,7 @@ def gguf_arch_config(reader: GGUFReader, path: Path) -> LlamaArchConfig:
         max_position_embeddings=int(meta("context_length", 2048)),
         tie_word_embeddings="output.weight" not in names,
         qkv_bias="blk.0.attn_q.bias" in names,
+        rope_freq_factors=factors,
         sliding_window=int(window) if window else None,
         bos_token_id=field_value(reader, "tokenizer.ggml.bos_token_id"),
         eos_token_ids=() if eos is None else (int(eos),),
@@ -231,7 +236,7 @@ class GGUFIndex:
 
 
 # Bumped whenever what `gguf_arch_config` reads changes, so no stale index outlives it.
-INDEX_VERSION = 1
+INDEX_VERSION = 2
 
 
 def _arch_from_json(saved: dict[str, Any]) -> LlamaArchConfig:
@@ -239,7 +244,16 @@ def _arch_from_json(saved: dict[str, Any]) -> LlamaArchConfig:
     rope = saved.get("rope_scaling")
     rope_scaling = tuple(map(tuple, rope)) if rope else None
     eos = tuple(saved["eos_token_ids"])
-    return LlamaArchConfig(**{**saved, "eos_token_ids": eos, "rope_scaling": rope_scaling})
+    factors = saved.get("rope_freq_factors")
+    factors = tuple(factors) if factors else None
+    return LlamaArchConfig(
+        **{
+            **saved,
+            "eos_token_ids": eos,
+            "rope_scaling": rope_scaling,
+            "rope_freq_factors": factors,
+        }
+    )
 
 
 def read_gguf_index(path: Path) -> GGUFIndex:
@@ -289,6 +303,8 @@ def iter_gguf_weights(
     kernels that read them.
     Tensors named in `blocks_only` leave their blocks alone: never dequantized, not yielded."""
     for tensor in reader.tensors:
+        if tensor.name == ROPE_FREQS:  # read into the config (`gguf_arch_config`)
+            continue
         name = hf_name(tensor.name, cfg.architecture)
         if name is None:
             raise ModelLoadError(f"{path}: unexpected GGUF tensor {tensor.name!r}")

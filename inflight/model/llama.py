@@ -54,6 +54,8 @@ def rope_inv_freq(cfg: LlamaArchConfig) -> torch.Tensor:
         smoothed = (1 - smooth) * scaled / factor + smooth * scaled
         medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
         inv_freq = torch.where(medium, smoothed, scaled)
+    if cfg.rope_freq_factors is not None:
+        inv_freq = inv_freq / torch.tensor(cfg.rope_freq_factors, dtype=torch.float32, device="cpu")
     return inv_freq
 
 

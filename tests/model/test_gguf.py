@@ -124,6 +124,26 @@ def test_other_families_ggufs_generate_as_transformers_loading_the_same_file(
         assert [o.outputs[0].token_ids for o in from_folder] == expected
 
 
+def test_a_llama3_rope_gguf_generates_as_its_hf_folder(tmp_path, tiny_model_factory):
+    """A Llama 3.x GGUF carries its RoPE scaling as `rope_freqs` (a divisor per frequency), not
+    as config: the same tokens as the HF folder, which the parity tests hold to transformers;
+    and again from the cached index (the factors survive its JSON)."""
+    folder = tiny_model_factory("llama3_rope")
+    path = write_tiny_gguf(folder, tmp_path / "tiny-llama3.gguf", Q.F32)
+    prompts = random_prompts(400, lengths=(2, 9, 30, 64, 100))  # past the 64 "original" positions
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    want = [
+        o.outputs[0].token_ids
+        for o in LLM(str(folder), dtype="float32").generate(prompts, params, use_tqdm=False)
+    ]
+    for _ in range(2):  # read, then cached
+        llm = LLM(str(path), dtype="float32", quantized_activations="off")
+        assert llm.core.arch.rope_freq_factors is not None
+        assert llm.core.arch.rope_scaling is None  # the factors stand for it
+        got = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+        assert got == want
+
+
 def test_a_second_load_maps_the_tensors_from_the_cached_index(tmp_path, tiny_llama, monkeypatch):
     monkeypatch.setenv("INFLIGHT_CACHE", str(tmp_path / "cache"))
     path = write_tiny_gguf(tiny_llama, tmp_path / "tiny.gguf", Q.Q4_1)
