@@ -93,11 +93,20 @@ def quantize_rows(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.cat([stored.view(torch.uint8), scale.view(torch.uint8)], dim=-1)
 
 
-def dequantize_rows(rows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """`quantize_rows`' bytes [..., D + 4] back to float32 [..., D]."""
+def dequantize_rows(rows: torch.Tensor) -> torch.Tensor:
+    """An 8-bit cache's rows [..., D + 4] (`quantize_rows`' bytes, in the cache's dtype) back to
+    float32 [..., D]."""
     raw = rows.view(torch.uint8)
     scale = raw[..., -SCALE_BYTES:].contiguous().view(torch.float32)
-    return raw[..., :-SCALE_BYTES].view(dtype).float() * scale
+    return raw[..., :-SCALE_BYTES].view(rows.dtype).float() * scale
+
+
+def to_cache_rows(rows: torch.Tensor, cache_dtype: torch.dtype) -> torch.Tensor:
+    """Keys or values [..., D] as a cache of `cache_dtype` stores them ([..., D + 4] when
+    8-bit); `read_token_major` reads them back."""
+    if is_scaled(cache_dtype):
+        return quantize_rows(rows, cache_dtype).view(cache_dtype)
+    return rows.to(cache_dtype)
 
 
 def token_major_shapes(
@@ -120,15 +129,16 @@ def write_token_major(
     the cache's dtype."""
     num_kv_heads, row = k_cache.shape[2], k_cache.shape[3]
     for cache, rows in ((k_cache, key), (v_cache, value)):
-        if is_scaled(cache.dtype):
-            cache, rows = cache.view(torch.uint8), quantize_rows(rows, cache.dtype)
-        cache.view(-1, num_kv_heads, row).index_copy_(0, slot_mapping, rows.to(cache.dtype))
+        stored = to_cache_rows(rows, cache.dtype)
+        if is_scaled(cache.dtype):  # as bytes: index_copy_ has no float8 kernel
+            cache, stored = cache.view(torch.uint8), stored.view(torch.uint8)
+        cache.view(-1, num_kv_heads, row).index_copy_(0, slot_mapping, stored)
 
 
 def read_token_major(rows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Gathered cache rows [..., D (+ 4)] as values of `dtype` (the queries')."""
     if is_scaled(rows.dtype):
-        return dequantize_rows(rows, rows.dtype).to(dtype)
+        return dequantize_rows(rows).to(dtype)
     return rows.to(dtype)
 
 

@@ -24,11 +24,9 @@ import torch
 import torch.nn.functional as F
 
 from inflight.attention.backend import (
-    dequantize_rows,
-    is_scaled,
     prompt_and_decode_rows,
-    quantize_rows,
     read_token_major,
+    to_cache_rows,
     token_major_shapes,
     write_token_major,
 )
@@ -103,15 +101,6 @@ def _gather(cache: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor:
 
 MAX_DECODE_GROUPS = 4
 MIN_DECODE_GROUP = 8  # smaller groups cost more in per-op overhead than padding saves
-
-
-def _as_stored(rows: torch.Tensor, cache_dtype: torch.dtype) -> torch.Tensor:
-    """Keys or values [T, KVH, D] as a cache of `cache_dtype` gives them back."""
-    if cache_dtype == rows.dtype:
-        return rows
-    if is_scaled(cache_dtype):
-        return dequantize_rows(quantize_rows(rows, cache_dtype), cache_dtype).to(rows.dtype)
-    return rows.to(cache_dtype).to(rows.dtype)
 
 
 def split_by_length(rows: list[int], seq_lens: list[int]) -> list[list[int]]:
@@ -215,8 +204,8 @@ class TorchReferenceBackend:
             out[rows] = self._decode(query[rows], k_cache, v_cache, g)
         for chunk in meta.prefills:
             if chunk.block_table is None:  # as the cache holds them (rounded to its dtype)
-                k = _as_stored(key[chunk.tokens], k_cache.dtype)
-                v = _as_stored(value[chunk.tokens], v_cache.dtype)
+                k = read_token_major(to_cache_rows(key[chunk.tokens], k_cache.dtype), query.dtype)
+                v = read_token_major(to_cache_rows(value[chunk.tokens], v_cache.dtype), query.dtype)
             else:
                 table = chunk.block_table[None]
                 k = read_token_major(_gather(k_cache, table)[0, : chunk.seq_len], query.dtype)

@@ -171,7 +171,7 @@ def unpermute_qk(weight: np.ndarray, num_heads: int) -> np.ndarray:
     )
 
 
-def hf_name(gguf_name: str, architecture: str = "llama") -> str | None:
+def hf_name(gguf_name: str, architecture: str) -> str | None:
     """The HF name of a GGUF tensor of that architecture, or None for one we do not know."""
     base, _, kind = gguf_name.rpartition(".")
     if base.startswith("blk."):

@@ -46,7 +46,7 @@ void convert_rows(cache_t* k_cache, cache_t* v_cache, const KVLayout& lay, const
       cache_t* vrow = v_cache + lay.run(block, h) + lay.value_in_run(offset);
       const float v_scale = quantize_row(value + t * value_stride + h * D, D, vrow);
       if constexpr (kScaledCache<cache_t>) {
-        std::memcpy(reinterpret_cast<char*>(krun + D * BS) + 4 * offset, &k_scale, 4);
+        std::memcpy(lay.key_scales(krun) + offset, &k_scale, sizeof k_scale);
         std::memcpy(vrow + D, &v_scale, 4);
       }
     }

@@ -24,6 +24,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 struct KVLayout {
   int64_t block_size, kv_heads, head_dim;
@@ -42,14 +43,18 @@ struct KVLayout {
   int64_t value_in_run(int64_t offset) const { return offset * value_row(); }
   int64_t num_slots(int64_t num_blocks) const { return num_blocks * block_size; }
 
-  // Scales of a scaled cache's run (`run_start`: its first element): the key of each position,
-  // and the value at `offset`. 1 for the other caches.
+  // Scales of a scaled cache's run (`run_start`: its first element): the keys' BS scales (for
+  // vector loads), the key and the value at `offset` (1 for the other caches).
+  template <typename T>
+  auto* key_scales(T* run_start) const {  // const float* for a const run, float* to write
+    using Scale = std::conditional_t<std::is_const_v<T>, const float, float>;
+    return reinterpret_cast<Scale*>(run_start + head_dim * block_size);
+  }
   template <typename T>
   float key_scale(const T* run_start, int64_t offset) const {
     if (!scaled) return 1.f;
     float s;
-    std::memcpy(&s, reinterpret_cast<const char*>(run_start + head_dim * block_size) + 4 * offset,
-                sizeof s);
+    std::memcpy(&s, key_scales(run_start) + offset, sizeof s);
     return s;
   }
   template <typename T>

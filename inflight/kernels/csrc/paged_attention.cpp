@@ -278,7 +278,7 @@ void decode_item_avx2(const q_t* q, const cache_t* k_cache, const cache_t* v_cac
       attention_avx2::key_tile(k_cache + run + c * 2, BS, D, tile.data());
       __m256 key_scale[2] = {_mm256_set1_ps(1.f), _mm256_set1_ps(1.f)};
       if constexpr (kScaledCache<cache_t>) {
-        const auto* scales = reinterpret_cast<const float*>(k_cache + run + D * BS) + c;
+        const float* scales = lay.key_scales(k_cache + run) + c;
         key_scale[0] = _mm256_loadu_ps(scales);
         key_scale[1] = _mm256_loadu_ps(scales + 8);
       }

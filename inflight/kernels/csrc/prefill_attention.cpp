@@ -336,7 +336,7 @@ void prefill_item_avx2(const Item& it, const q_t* q, int64_t q_stride, const cac
       if constexpr (kScaledCache<cache_t>) {
         alignas(32) float vs[KT];
         for (int64_t t = 0; t < KT; ++t) vs[t] = lay.value_scale(v_cache + run, k0_offset + t);
-        const auto* ks = reinterpret_cast<const float*>(k_cache + run + D * BS) + k0_offset;
+        const float* ks = lay.key_scales(k_cache + run) + k0_offset;
         key_scale[0] = _mm256_loadu_ps(ks);
         key_scale[1] = _mm256_loadu_ps(ks + 8);
         value_scale[0] = _mm256_load_ps(vs);
