@@ -65,11 +65,13 @@ def build_tokenizer(folder: Path):
     return fast
 
 
-TINY_ARCHS = ("llama", "llama3_rope", "qwen2", "qwen3", "phi3", "mistral")
+TINY_ARCHS = ("llama", "llama3_rope", "qwen2", "qwen3", "phi3", "mistral", "gemma3")
 
 
 def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) -> Path:
     from transformers import (
+        Gemma3ForCausalLM,
+        Gemma3TextConfig,
         LlamaConfig,
         LlamaForCausalLM,
         MistralConfig,
@@ -122,10 +124,23 @@ def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) ->
         config, cls = Phi3Config(**common, sliding_window=24), Phi3ForCausalLM
     elif arch == "mistral":
         config, cls = MistralConfig(**common, sliding_window=24), MistralForCausalLM
+    elif arch == "gemma3":  # five windowed layers and a global one (Gemma 3's pattern, which
+        # its GGUF files imply), each kind with its RoPE base; a score scale not head_dim's
+        rope = {"full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}  # fmt: skip
+        config = Gemma3TextConfig(**{**common, "num_hidden_layers": 6}, head_dim=32,
+                                  query_pre_attn_scalar=24, sliding_window=24,
+                                  rope_parameters=rope)  # fmt: skip
+        cls = Gemma3ForCausalLM
     else:
         raise ValueError(arch)
     torch.manual_seed(seed)
     model = cls(config).eval()
+    if arch == "gemma3":  # its norms start at w = 0 (a scale of 1 + w): make the offset matter
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if name.endswith("norm.weight"):
+                    param.uniform_(-0.5, 0.5)
     model.save_pretrained(folder, safe_serialization=True)
     return folder
 

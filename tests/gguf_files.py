@@ -30,6 +30,13 @@ LAYER_TO_GGUF = {
     "mlp.up_proj": "ffn_up",
     "mlp.down_proj": "ffn_down",
 }
+# Gemma 3 names its four norms apart (Llama's post_attention_layernorm is its pre-MLP norm)
+GEMMA3_LAYER_TO_GGUF = {
+    **LAYER_TO_GGUF,
+    "post_attention_layernorm": "post_attention_norm",
+    "pre_feedforward_layernorm": "ffn_norm",
+    "post_feedforward_layernorm": "post_ffw_norm",
+}
 
 
 def llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
@@ -41,12 +48,13 @@ def llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
     )
 
 
-def gguf_name(hf: str) -> str:
+def gguf_name(hf: str, arch: str = "llama") -> str:
     if hf in HF_TO_GGUF:
         return HF_TO_GGUF[hf]
     _, _, layer, rest = hf.split(".", 3)
     part, kind = rest.rsplit(".", 1)
-    return f"blk.{layer}.{LAYER_TO_GGUF[part]}.{kind}"
+    names = GEMMA3_LAYER_TO_GGUF if arch == "gemma3" else LAYER_TO_GGUF
+    return f"blk.{layer}.{names[part]}.{kind}"
 
 
 Q = GGMLQuantizationType
@@ -141,9 +149,13 @@ def llama3_rope_factors(head_dim: int, base: float, rope: dict) -> np.ndarray:
 
 
 def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | None,
-                    mix: Callable[[str], GGMLQuantizationType] | None = None) -> Path:  # fmt: skip
-    """Writes the tiny HF model in `hf_folder` (Llama, llama3 RoPE included, Qwen3, Phi-3) as a
-    llama.cpp-style GGUF, 2D weights in `qtype` (or each in `mix(its GGUF name)`)."""
+                    mix: Callable[[str], GGMLQuantizationType] | None = None,
+                    metadata: Callable[[GGUFWriter], None] | None = None) -> Path:  # fmt: skip
+    """Writes the tiny HF model in `hf_folder` (Llama, llama3 RoPE included, Qwen3, Phi-3,
+    Gemma 3) as a llama.cpp-style GGUF, 2D weights in `qtype` (or each in `mix(its GGUF name)`);
+    `metadata(writer)` adds fields of its own.
+    Gemma 3's global layers are implied (every sixth), and its windowed layers' RoPE base (10k)
+    too, as llama.cpp has them."""
     from safetensors.torch import load_file
 
     cfg = json.loads((hf_folder / "config.json").read_text())
@@ -154,8 +166,8 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
         vocab[t["id"]] = (t["content"], t["id"])
     merges = [m if isinstance(m, str) else " ".join(m) for m in tok["model"]["merges"]]
 
-    arch = {"LlamaForCausalLM": "llama", "Qwen3ForCausalLM": "qwen3",
-            "Phi3ForCausalLM": "phi3"}[cfg["architectures"][0]]  # fmt: skip
+    arch = {"LlamaForCausalLM": "llama", "Qwen3ForCausalLM": "qwen3", "Phi3ForCausalLM": "phi3",
+            "Gemma3ForCausalLM": "gemma3"}[cfg["architectures"][0]]  # fmt: skip
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
     w = GGUFWriter(out, arch)
     w.add_block_count(cfg["num_hidden_layers"])
@@ -165,6 +177,7 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
     w.add_head_count(cfg["num_attention_heads"])
     w.add_head_count_kv(cfg["num_key_value_heads"])
     rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    rope = rope.get("full_attention", rope)  # Gemma 3's global layers'
     base = float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0)))
     w.add_rope_freq_base(base)
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
@@ -187,6 +200,8 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
     w.add_eos_token_id(2)
     w.add_pad_token_id(0)
     w.add_chat_template("{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    if metadata is not None:
+        metadata(w)
 
     if rope.get("rope_type") == "llama3":  # as llama.cpp's converter stores it
         w.add_tensor("rope_freqs.weight", llama3_rope_factors(head_dim, base, rope))
@@ -196,11 +211,14 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
             array = llama_cpp_permute(array, cfg["num_attention_heads"])
         elif arch == "llama" and name.endswith("k_proj.weight"):
             array = llama_cpp_permute(array, cfg["num_key_value_heads"])
-        kind = mix(gguf_name(name)) if mix else qtype
+        elif arch == "gemma3" and name.endswith("norm.weight"):  # stored as the 1 + w applied
+            array = array + 1
+        file_name = gguf_name(name, arch)
+        kind = mix(file_name) if mix else qtype
         if array.ndim == 2 and kind != Q.F32:
-            w.add_tensor(gguf_name(name), quantize_any(array, kind), raw_dtype=kind)
+            w.add_tensor(file_name, quantize_any(array, kind), raw_dtype=kind)
         else:
-            w.add_tensor(gguf_name(name), array)
+            w.add_tensor(file_name, array)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

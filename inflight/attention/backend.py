@@ -19,7 +19,6 @@ import torch
 class AttentionBackend(Protocol):
     name: str
     block_size: int
-    sliding_window: int | None
     cpu_kernels: bool  # the C++ kernel build comes with it (a CPU): the loader fuses and packs
     triton_kernels: bool  # Triton's layer ops come with it (a GPU, or the interpreter in tests)
     graph_capturable: bool  # decodes read lengths from tensors: one CUDA graph serves any lengths
@@ -64,8 +63,12 @@ class AttentionBackend(Protocol):
         k_cache: torch.Tensor,  # laid out as `cache_shapes` says
         v_cache: torch.Tensor,
         meta: Any,
+        window: int | None = None,
+        scale: float | None = None,
     ) -> torch.Tensor:
-        """Writes the new keys and values to the cache, then attends: [T, H, D]."""
+        """Writes the new keys and values to the cache, then attends: [T, H, D]. A layer's own:
+        `window`, each query sees only its last `window` positions (None: all of them);
+        `scale`, of the scores (None: head_dim ** -0.5)."""
         ...
 
 

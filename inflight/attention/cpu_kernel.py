@@ -22,8 +22,8 @@ class CpuKernelBackend(PagedKernelBackend):
     cpu_kernels = True
     graph_capturable = False  # no CUDA graphs on a CPU
 
-    def __init__(self, block_size: int, sliding_window: int | None = None) -> None:
-        super().__init__(block_size, sliding_window)
+    def __init__(self, block_size: int) -> None:
+        super().__init__(block_size)
         self._ext = load_extension()
         self.decode_kernel = self._ext.paged_decode_attention
 

@@ -60,9 +60,8 @@ class PagedKernelBackend:
     decode_kernel: Callable[..., torch.Tensor]
     prefill_kernel: Callable[..., None]
 
-    def __init__(self, block_size: int, sliding_window: int | None = None) -> None:
+    def __init__(self, block_size: int) -> None:
         self.block_size = block_size
-        self.sliding_window = sliding_window
 
     def cache_shapes(
         self, num_blocks: int, num_kv_heads: int, head_dim: int, scaled: bool = False
@@ -116,10 +115,14 @@ class PagedKernelBackend:
         batch = DecodeBatch(rows=rows, block_tables=block_tables, seq_lens=seq_lens, all_rows=True)
         return KernelMetadata(slot_mapping=slot_mapping, decode_batch=batch)
 
-    def forward(self, query, key, value, k_cache, v_cache, meta: KernelMetadata) -> torch.Tensor:
+    def forward(
+        self, query, key, value, k_cache, v_cache, meta: KernelMetadata,
+        window: int | None = None, scale: float | None = None,
+    ) -> torch.Tensor:  # fmt: skip
         self.write_cache(k_cache, v_cache, key, value, meta.slot_mapping)
         out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
-        scale, window = query.shape[-1] ** -0.5, self.sliding_window or 0
+        scale = query.shape[-1] ** -0.5 if scale is None else scale
+        window = window or 0
         if (batch := meta.decode_batch) is not None:
             out[batch.rows] = self.decode_kernel(
                 query[batch.rows], k_cache, v_cache, batch.block_tables, batch.seq_lens,

@@ -18,7 +18,7 @@ Index tensors are built once per step in `build_metadata`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -37,7 +37,20 @@ class AttentionGroup:
     token_index: torch.Tensor  # [R, Q] flat token index of each (padded) query row
     query_valid: torch.Tensor  # [R, Q] bool, False for padding rows
     block_tables: torch.Tensor  # [R, MB] blocks to gather (block 0 pads short tables)
-    mask: torch.Tensor  # [R, 1, Q, MB * block_size] bool, True where the query may attend
+    query_pos: torch.Tensor  # [R, Q] each query's position (padding rows at 0)
+    num_keys: int  # MB * block_size
+    masks: dict[int | None, torch.Tensor] = field(default_factory=dict)  # by window: `mask`
+
+    def mask(self, window: int | None) -> torch.Tensor:
+        """[R, 1, Q, MB * block_size] bool, True where the query may attend: causal, and
+        within its last `window` positions where given (made once per step and window)."""
+        if window not in self.masks:
+            key_pos = torch.arange(self.num_keys, device=self.query_pos.device)
+            mask = key_pos[None, None, :] <= self.query_pos[:, :, None]  # [R, Q, L]
+            if window is not None:
+                mask &= key_pos[None, None, :] > self.query_pos[:, :, None] - window
+            self.masks[window] = mask.unsqueeze(1)
+        return self.masks[window]
 
 
 @dataclass
@@ -45,7 +58,23 @@ class PrefillChunk:
     tokens: slice  # its query rows in the flat batch
     block_table: torch.Tensor | None  # [MB] blocks holding earlier tokens; None: nothing cached
     seq_len: int  # keys to attend: cached + new
-    mask: torch.Tensor | None  # [Q, seq_len] bool where not plainly causal (window, continuation)
+    device: torch.device
+    masks: dict[int | None, torch.Tensor | None] = field(default_factory=dict)  # by window
+
+    def mask(self, window: int | None) -> torch.Tensor | None:
+        """[Q, seq_len] bool where not plainly causal (a window, a continuation), else None."""
+        if window not in self.masks:
+            cached = self.seq_len - (self.tokens.stop - self.tokens.start)
+            mask = None
+            if cached or window is not None:
+                query_pos = torch.arange(cached, self.seq_len)[:, None]
+                key_pos = torch.arange(self.seq_len)[None, :]
+                mask = key_pos <= query_pos  # causal, aligned to the chunk's real positions
+                if window is not None:
+                    mask &= key_pos > query_pos - window
+                mask = mask.to(self.device)
+            self.masks[window] = mask
+        return self.masks[window]
 
 
 @dataclass
@@ -61,7 +90,6 @@ def _build_group(
     start_pos: list[int],
     block_tables: torch.Tensor,
     block_size: int,
-    sliding_window: int | None,
     device: torch.device,
 ) -> AttentionGroup:
     q_lens = torch.tensor([query_start_loc[r + 1] - query_start_loc[r] for r in rows])
@@ -77,15 +105,12 @@ def _build_group(
     # Padding rows pretend to be at position 0 so they see one real key and never make NaNs.
     query_pos = torch.where(query_valid, first_pos[:, None] + q_offsets[None, :], 0)
 
-    key_pos = torch.arange(num_blocks * block_size)  # [L]
-    mask = key_pos[None, None, :] <= query_pos[:, :, None]  # [R, Q, L] causal, within seq_len
-    if sliding_window is not None:
-        mask &= key_pos[None, None, :] > query_pos[:, :, None] - sliding_window
     return AttentionGroup(
         token_index=token_index.to(device),
         query_valid=query_valid.to(device),
         block_tables=block_tables[torch.tensor(rows), :num_blocks].to(device),
-        mask=mask.unsqueeze(1).to(device),
+        query_pos=query_pos.to(device),
+        num_keys=num_blocks * block_size,
     )
 
 
@@ -119,9 +144,8 @@ class TorchReferenceBackend:
     name = "torch"
     cpu_kernels = triton_kernels = graph_capturable = interpreted = False
 
-    def __init__(self, block_size: int, sliding_window: int | None = None) -> None:
+    def __init__(self, block_size: int) -> None:
         self.block_size = block_size
-        self.sliding_window = sliding_window
 
     def cache_shapes(
         self, num_blocks: int, num_kv_heads: int, head_dim: int, scaled: bool = False
@@ -161,7 +185,6 @@ class TorchReferenceBackend:
                 start_pos,
                 block_tables,
                 self.block_size,
-                self.sliding_window,
                 device,
             )
             for g in split_by_length(decode_rows, seq_lens)
@@ -175,18 +198,10 @@ class TorchReferenceBackend:
         self, start: int, q_len: int, cached: int, block_table: torch.Tensor, device: torch.device
     ) -> PrefillChunk:
         seq_len = cached + q_len
-        mask = None
-        if cached or self.sliding_window is not None:
-            query_pos = torch.arange(cached, seq_len)[:, None]
-            key_pos = torch.arange(seq_len)[None, :]
-            mask = key_pos <= query_pos  # causal, aligned to the chunk's real positions
-            if self.sliding_window is not None:
-                mask &= key_pos > query_pos - self.sliding_window
-            mask = mask.to(device)
         table = None
         if cached:
             table = block_table[: -(-seq_len // self.block_size)].to(device)
-        return PrefillChunk(slice(start, start + q_len), table, seq_len, mask)
+        return PrefillChunk(slice(start, start + q_len), table, seq_len, device)
 
     def forward(
         self,
@@ -196,12 +211,15 @@ class TorchReferenceBackend:
         k_cache: torch.Tensor,  # laid out as `cache_shapes` says
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
+        window: int | None = None,
+        scale: float | None = None,
     ) -> torch.Tensor:
         write_token_major(k_cache, v_cache, key, value, meta.slot_mapping)
         out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
         for g in meta.decode:
             rows = g.token_index[:, 0]
-            out[rows] = self._decode(query[rows], k_cache, v_cache, g)
+            out[rows] = self._decode(query[rows], k_cache, v_cache, g.block_tables,
+                                     g.mask(window), scale)  # fmt: skip
         for chunk in meta.prefills:
             if chunk.block_table is None:  # as the cache holds them (rounded to its dtype)
                 k = read_token_major(to_cache_rows(key[chunk.tokens], k_cache.dtype), query.dtype)
@@ -214,8 +232,9 @@ class TorchReferenceBackend:
                 query[chunk.tokens].transpose(0, 1)[None],  # [1, H, Q, D]
                 k.transpose(0, 1)[None],  # [1, KVH, L, D]
                 v.transpose(0, 1)[None],
-                attn_mask=chunk.mask,
-                is_causal=chunk.mask is None,
+                attn_mask=chunk.mask(window),
+                is_causal=chunk.mask(window) is None,
+                scale=scale,
                 enable_gqa=True,
             )
             out[chunk.tokens] = o[0].transpose(0, 1)
@@ -223,7 +242,12 @@ class TorchReferenceBackend:
 
     @staticmethod
     def _decode(
-        q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, g: AttentionGroup
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        block_tables: torch.Tensor,
+        mask: torch.Tensor,
+        scale: float | None,
     ) -> torch.Tensor:
         """One query per request, as two batched matmuls over all KV heads at once.
 
@@ -236,14 +260,16 @@ class TorchReferenceBackend:
         num_kv_heads = k_cache.shape[2]
         group_size = num_heads // num_kv_heads
         # [R, L, KVH * D]
-        k = read_token_major(_gather(k_cache, g.block_tables), q.dtype).flatten(2)
-        v = read_token_major(_gather(v_cache, g.block_tables), q.dtype).flatten(2)
+        k = read_token_major(_gather(k_cache, block_tables), q.dtype).flatten(2)
+        v = read_token_major(_gather(v_cache, block_tables), q.dtype).flatten(2)
         q_spread = q.new_zeros(num_reqs, num_heads, num_kv_heads, head_dim)
         kv_of_head = torch.arange(num_heads, device=q.device) // group_size
         q_spread[:, torch.arange(num_heads), kv_of_head] = q
         scores = torch.bmm(q_spread.flatten(2), k.transpose(1, 2))  # [R, H, L]
         scores = (
-            scores.float().mul_(head_dim**-0.5).masked_fill_(~g.mask[:, :, 0, :], float("-inf"))
+            scores.float()
+            .mul_(head_dim**-0.5 if scale is None else scale)
+            .masked_fill_(~mask[:, :, 0, :], float("-inf"))
         )
         probs = torch.softmax(scores, dim=-1).to(v.dtype)
         out = torch.bmm(probs, v).view(num_reqs, num_heads, num_kv_heads, head_dim)

@@ -233,8 +233,8 @@ class TritonBackend(PagedKernelBackend):
     decode_kernel = staticmethod(paged_decode_attention)
     prefill_kernel = staticmethod(paged_prefill_attention)
 
-    def __init__(self, block_size: int, sliding_window: int | None = None) -> None:
-        super().__init__(block_size, sliding_window)
+    def __init__(self, block_size: int) -> None:
+        super().__init__(block_size)
         if not runs_here():
             raise RuntimeError(
                 "no GPU, and Triton was imported before its interpreter was turned on: set "

@@ -1,9 +1,10 @@
 """LlamaArchConfig: the shape of a Llama-family model, from HF config.json or GGUF metadata.
 
 Covers Llama (with llama3 / linear RoPE scaling), Mistral (sliding window), Qwen2 (q/k/v bias),
-Qwen3 (q/k norms), Phi-3 / Phi-4 (fused projections in the checkpoint) and SmolLM2. Both
-transformers 4 (`rope_theta` + `rope_scaling`) and transformers 5 (`rope_parameters`) spellings
-of RoPE settings are read.
+Qwen3 (q/k norms), Phi-3 / Phi-4 (fused projections in the checkpoint), Gemma 3 text (windowed
+and global layers, each kind with its own RoPE) and SmolLM2. Both transformers 4 (`rope_theta` +
+`rope_scaling`) and transformers 5 (`rope_parameters`, per layer kind where layers differ)
+spellings of RoPE settings are read.
 """
 
 from __future__ import annotations
@@ -17,12 +18,14 @@ SUPPORTED_ARCHITECTURES = {
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
     "Phi3ForCausalLM": "phi3",
+    "Gemma3ForCausalLM": "gemma3",
 }
+GEMMA3_SLIDING_WINDOW_PATTERN = 6  # every sixth layer global, where a config does not list them
 
 
 @dataclass(frozen=True)
 class LlamaArchConfig:
-    architecture: str  # "llama" | "mistral" | "qwen2" | "qwen3" | "phi3" (model/registry.py)
+    architecture: str  # a key of model/registry.py's MODEL_CLASSES
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -40,12 +43,28 @@ class LlamaArchConfig:
     # a GGUF's `rope_freqs`: each frequency divided by its factor (llama3 scaling, as llama.cpp
     # stores it), in place of `rope_scaling`
     rope_freq_factors: tuple[float, ...] | None = None
+    # layers that see every position although the model has a `sliding_window` (Gemma 3's every
+    # sixth); () where all layers share the window
+    full_attention_layers: tuple[int, ...] = ()
+    # the RoPE base of the windowed layers where it is not the global layers' (Gemma 3's 10k);
+    # `rope_scaling` and `rope_freq_factors` apply to the global layers only
+    local_rope_theta: float | None = None
+    query_pre_attn_scalar: float | None = None  # scores scaled by its -1/2 power, not head_dim's
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
 
     @property
     def rope_scaling_dict(self) -> dict[str, Any]:
         return dict(self.rope_scaling or ())
+
+    def layer_window(self, layer: int) -> int | None:
+        """How many positions back a query of this layer sees (None: all of them)."""
+        return None if layer in self.full_attention_layers else self.sliding_window
+
+    @property
+    def attention_scale(self) -> float | None:
+        """The scores' scale where the family sets its own (None: head_dim ** -0.5)."""
+        return None if self.query_pre_attn_scalar is None else self.query_pre_attn_scalar**-0.5
 
     @classmethod
     def from_hf_config(cls, config: dict[str, Any]) -> LlamaArchConfig:
@@ -61,23 +80,20 @@ class LlamaArchConfig:
             )
         num_heads = config["num_attention_heads"]
         hidden = config["hidden_size"]
-        rope = dict(config.get("rope_parameters") or {})
-        rope_theta = rope.pop("rope_theta", None) or config.get("rope_theta", 10000.0)
-        if not rope:
-            rope = dict(config.get("rope_scaling") or {})
-        rope_type = rope.get("rope_type", rope.get("type", "default"))
-        if rope_type not in ("default", "llama3", "linear"):
-            raise ValueError(f"unsupported rope_type {rope_type!r}")
-        rope["rope_type"] = rope_type
-        rope.pop("type", None)
-        rotary = rope.pop("partial_rotary_factor", config.get("partial_rotary_factor", 1.0))
-        if rotary != 1.0:
-            raise ValueError(f"partial rotary embeddings are not supported (factor {rotary})")
+        params = dict(config.get("rope_parameters") or {})
+        local_params = params.pop("sliding_attention", None)  # per layer kind (Gemma 3)
+        params = params.pop("full_attention", params)
+        rope_theta, rope, rope_type = _rope_settings(params, config, config.get("rope_theta"))
         window = config.get("sliding_window") if arch != "llama" else None
         if arch in ("qwen2", "qwen3"):
             if config.get("use_sliding_window", False):
                 raise ValueError("Qwen per-layer sliding window attention is not supported")
             window = None
+        full_layers: tuple[int, ...] = ()
+        local_theta = query_scalar = None
+        if arch == "gemma3":
+            full_layers, local_theta = _gemma3_layers(config, local_params)
+            query_scalar = float(config.get("query_pre_attn_scalar", 256))
         eos = config.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
         return cls(
@@ -96,6 +112,56 @@ class LlamaArchConfig:
             qkv_bias=arch == "qwen2" or bool(config.get("attention_bias", False)),
             sliding_window=window,
             rope_scaling=None if rope_type == "default" else tuple(sorted(rope.items())),
+            full_attention_layers=full_layers,
+            local_rope_theta=local_theta,
+            query_pre_attn_scalar=query_scalar,
             bos_token_id=config.get("bos_token_id"),
             eos_token_ids=eos_ids,
         )
+
+
+def _rope_settings(
+    params: dict[str, Any], config: dict[str, Any], theta: float | None
+) -> tuple[float, dict[str, Any], str]:
+    """(base, scaling settings, scaling type) from one set of transformers 5 `rope_parameters`,
+    or from transformers 4's `rope_theta` (`theta`) and `rope_scaling` when it is empty."""
+    rope = dict(params)
+    rope_theta = rope.pop("rope_theta", None) or theta or 10000.0
+    if not rope:
+        rope = dict(config.get("rope_scaling") or {})
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type not in ("default", "llama3", "linear"):
+        raise ValueError(f"unsupported rope_type {rope_type!r}")
+    rope["rope_type"] = rope_type
+    rope.pop("type", None)
+    rotary = rope.pop("partial_rotary_factor", config.get("partial_rotary_factor", 1.0))
+    if rotary != 1.0:
+        raise ValueError(f"partial rotary embeddings are not supported (factor {rotary})")
+    return float(rope_theta), rope, rope_type
+
+
+def _gemma3_layers(
+    config: dict[str, Any], local_params: dict[str, Any] | None
+) -> tuple[tuple[int, ...], float]:
+    """Gemma 3's global layers (`layer_types`, or every `sliding_window_pattern`-th) and the RoPE
+    base of its windowed ones; refuses what its layers do not compute (soft-capping, other
+    activations)."""
+    for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+        if config.get(key) is not None:
+            raise ValueError(f"{key} is not supported")
+    activation = config.get("hidden_activation") or "gelu_pytorch_tanh"
+    if activation != "gelu_pytorch_tanh":
+        raise ValueError(f"unsupported hidden_activation {activation!r}")
+    n = config["num_hidden_layers"]
+    types = config.get("layer_types")
+    if types is None:
+        pattern = config.get("sliding_window_pattern", GEMMA3_SLIDING_WINDOW_PATTERN)
+        types = ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention"
+                 for i in range(n)]  # fmt: skip
+    if len(types) != n or not set(types) <= {"full_attention", "sliding_attention"}:
+        raise ValueError(f"layer_types must name {n} full_attention / sliding_attention layers")
+    local = dict(local_params or {})
+    if local.get("rope_type", "default") != "default":
+        raise ValueError("RoPE scaling of the sliding-window layers is not supported")
+    local_theta = local.get("rope_theta") or config.get("rope_local_base_freq", 10000.0)
+    return tuple(i for i, t in enumerate(types) if t == "full_attention"), float(local_theta)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import torch
 
-from inflight.attention.cpu_kernel import CpuKernelBackend
 from inflight.attention.paged_kernels import KernelMetadata
 from inflight.kernels import load_extension
 from inflight.model.packed_linear import PackedLinear
@@ -22,7 +21,7 @@ _PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 class FusedDecoderLayers:
     """Holds flat lists of every layer's weights (taken after packing: build it last)."""
 
-    def __init__(self, layers: torch.nn.ModuleList, backend: CpuKernelBackend) -> None:
+    def __init__(self, layers: torch.nn.ModuleList) -> None:
         projections = [getattr(layer, p) for layer in layers for p in _PROJECTIONS]
         kinds = {type(m) for m in projections}
         if len(kinds) != 1:
@@ -64,7 +63,10 @@ class FusedDecoderLayers:
         first = layers[0]
         self.shape = (first.num_heads, first.num_kv_heads, first.head_dim)
         self.eps = first.input_layernorm.eps
-        self.window = backend.sliding_window or 0
+        windows = {layer.window for layer in layers}
+        if len(windows) > 1 or any(layer.local_rope or layer.scale for layer in layers):
+            raise ValueError("the C++ layer loop runs layers of one window, RoPE and scale")
+        self.window = windows.pop() or 0
         self.run = load_extension().llama_decoder_layers
 
     def __call__(

@@ -31,13 +31,13 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader
 from gguf.quants import dequantize
 
 from inflight.errors import ModelLoadError
-from inflight.model.arch import LlamaArchConfig
+from inflight.model.arch import GEMMA3_SLIDING_WINDOW_PATTERN, LlamaArchConfig
 from inflight.model.gguf_blocks import FORMATS
 from inflight.tokenizer import cache_dir, file_cache_key
 
 logger = logging.getLogger(__name__)
 
-SUPPORTED_GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "phi3")
+SUPPORTED_GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "phi3", "gemma3")
 ROPE_FREQS = "rope_freqs.weight"  # per-frequency divisors of a llama3-scaled RoPE
 
 _LAYER_NAMES = {
@@ -56,7 +56,17 @@ _LAYER_NAMES = {
 # where an architecture's tensor means something else than Llama's (phi3's ffn_up is gate + up)
 _ARCH_LAYER_NAMES = {
     "phi3": {**_LAYER_NAMES, "attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},
+    "gemma3": {
+        **_LAYER_NAMES,
+        "post_attention_norm": "post_attention_layernorm",
+        "ffn_norm": "pre_feedforward_layernorm",
+        "post_ffw_norm": "post_feedforward_layernorm",
+    },
 }
+# What llama.cpp assumes for Gemma 3 where the file does not say: the windowed layers' RoPE base
+# (`rope.freq_base_swa`), and the 27B's (62 layers) score scale of hidden / heads, not head_dim
+GEMMA3_LOCAL_ROPE_THETA = 10000.0
+GEMMA3_27B_LAYERS = 62
 _TOP_NAMES = {
     "token_embd": "model.embed_tokens",
     "output_norm": "model.norm",
@@ -137,28 +147,64 @@ def gguf_arch_config(reader: GGUFReader, path: Path) -> LlamaArchConfig:
 
     hidden = int(meta("embedding_length"))
     num_heads = int(meta("attention.head_count"))
+    num_layers = int(meta("block_count"))
+    head_dim = int(meta("attention.key_length", hidden // num_heads))
     tokens = field_value(reader, "tokenizer.ggml.tokens") or []
-    window = field_value(reader, f"{arch}.attention.sliding_window")  # phi3's, where set
+    window = field_value(reader, f"{arch}.attention.sliding_window")  # phi3's, gemma3's
     eos = field_value(reader, "tokenizer.ggml.eos_token_id")
+    full_layers: tuple[int, ...] = ()
+    local_theta = query_scalar = None
+    if arch == "gemma3":
+        if field_value(reader, f"{arch}.final_logit_softcapping"):
+            raise ModelLoadError(f"{path}: final logit soft-capping is not supported")
+        full_layers = _gemma3_full_layers(reader, arch, num_layers)
+        local_theta = float(meta("rope.freq_base_swa", GEMMA3_LOCAL_ROPE_THETA))
+        query_scalar = float(hidden // num_heads if num_layers == GEMMA3_27B_LAYERS else head_dim)
     return LlamaArchConfig(
         architecture=arch,
         vocab_size=int(meta("vocab_size", len(tokens) or None)),
         hidden_size=hidden,
         intermediate_size=int(meta("feed_forward_length")),
-        num_layers=int(meta("block_count")),
+        num_layers=num_layers,
         num_heads=num_heads,
         num_kv_heads=int(meta("attention.head_count_kv", num_heads)),
-        head_dim=int(meta("attention.key_length", hidden // num_heads)),
+        head_dim=head_dim,
         rms_norm_eps=float(meta("attention.layer_norm_rms_epsilon", 1e-5)),
         rope_theta=float(meta("rope.freq_base", 10000.0)),
         max_position_embeddings=int(meta("context_length", 2048)),
         tie_word_embeddings="output.weight" not in names,
         qkv_bias="blk.0.attn_q.bias" in names,
+        rope_scaling=_rope_scaling(reader, arch, path),
         rope_freq_factors=factors,
         sliding_window=int(window) if window else None,
+        full_attention_layers=full_layers,
+        local_rope_theta=local_theta,
+        query_pre_attn_scalar=query_scalar,
         bos_token_id=field_value(reader, "tokenizer.ggml.bos_token_id"),
         eos_token_ids=() if eos is None else (int(eos),),
     )
+
+
+def _gemma3_full_layers(reader: GGUFReader, arch: str, num_layers: int) -> tuple[int, ...]:
+    """The global layers: as `attention.sliding_window_pattern` lists them (a flag per layer,
+    true where windowed) or spaces them (every n-th; 0: none), else every sixth."""
+    pattern = field_value(reader, f"{arch}.attention.sliding_window_pattern",
+                          GEMMA3_SLIDING_WINDOW_PATTERN)  # fmt: skip
+    if isinstance(pattern, list):
+        return tuple(i for i, windowed in enumerate(pattern[:num_layers]) if not windowed)
+    n = int(pattern)
+    return tuple(i for i in range(num_layers) if n and (i + 1) % n == 0)
+
+
+def _rope_scaling(reader: GGUFReader, arch: str, path: Path) -> tuple[tuple[str, Any], ...] | None:
+    """`{arch}.rope.scaling.*` as `LlamaArchConfig.rope_scaling`: linear, or none."""
+    kind = field_value(reader, f"{arch}.rope.scaling.type", "none")
+    if kind == "none":
+        return None
+    factor = field_value(reader, f"{arch}.rope.scaling.factor")
+    if kind != "linear" or factor is None:
+        raise ModelLoadError(f"{path}: unsupported RoPE scaling {kind!r} (factor {factor})")
+    return (("factor", float(factor)), ("rope_type", "linear"))
 
 
 def unpermute_qk(weight: np.ndarray, num_heads: int) -> np.ndarray:
@@ -236,7 +282,7 @@ class GGUFIndex:
 
 
 # Bumped whenever what `gguf_arch_config` reads changes, so no stale index outlives it.
-INDEX_VERSION = 2
+INDEX_VERSION = 3
 
 
 def _arch_from_json(saved: dict[str, Any]) -> LlamaArchConfig:
@@ -252,6 +298,7 @@ def _arch_from_json(saved: dict[str, Any]) -> LlamaArchConfig:
             "eos_token_ids": eos,
             "rope_scaling": rope_scaling,
             "rope_freq_factors": factors,
+            "full_attention_layers": tuple(saved.get("full_attention_layers", ())),
         }
     )
 
@@ -322,6 +369,8 @@ def iter_gguf_weights(
         if blocks is not None and tensor.tensor_type in block_types and len(shape) == 2:
             block_size, block_bytes = GGML_QUANT_SIZES[tensor.tensor_type]
             raw = tensor.data.reshape(shape[0], shape[1] // block_size, block_bytes)
+        if cfg.architecture == "gemma3" and name.endswith("norm.weight") and array is not None:
+            array = array - 1  # the file holds the 1 + w each norm multiplies by; HF's w
         if cfg.architecture == "llama":
             projection = name.rpartition(".")[0].rpartition(".")[2]  # q_proj of ...q_proj.bias
             heads = {"q_proj": cfg.num_heads, "k_proj": cfg.num_kv_heads}.get(projection)

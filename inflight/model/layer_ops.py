@@ -1,5 +1,6 @@
 """The element-wise parts of a decoder layer: RMSNorm (with the residual add fused in), RoPE and
-SiLU-and-mul, as one interface with two implementations.
+SiLU-and-mul, as one interface with two implementations (tanh-GELU-and-mul, Gemma's, is
+PyTorch's in both).
 
 `TorchLayerOps` is Hugging Face's op sequence in PyTorch (any device) and the oracle;
 `CpuLayerOps` runs the fused C++ kernels of `inflight.kernels`, which round where PyTorch rounds:
@@ -36,6 +37,11 @@ class TorchLayerOps:
         """[T, 2I] rows laid out [gate | up] -> silu(gate) * up, [T, I]."""
         gate, up = gate_up.chunk(2, dim=-1)
         return F.silu(gate) * up
+
+    def gelu_tanh_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """[T, 2I] rows laid out [gate | up] -> gelu(gate) (tanh approximation) * up, [T, I]."""
+        gate, up = gate_up.chunk(2, dim=-1)
+        return F.gelu(gate, approximate="tanh") * up
 
     def rope_(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_heads: int, head_dim: int

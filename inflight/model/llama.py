@@ -32,13 +32,17 @@ def decode_rows(meta: Any) -> Decodes:
     return True if batch.all_rows else batch.rows
 
 
-def rope_inv_freq(cfg: LlamaArchConfig) -> torch.Tensor:
-    """Inverse frequencies [head_dim / 2], with llama3 or linear scaling applied."""
+def rope_inv_freq(cfg: LlamaArchConfig, local: bool = False) -> torch.Tensor:
+    """Inverse frequencies [head_dim / 2], with llama3 or linear scaling applied; `local`: those
+    of the sliding-window layers where their base differs (`local_rope_theta`, never scaled)."""
     d = cfg.head_dim
     # NOTE: float32 throughout, exactly as transformers computes it, for token-level parity.
     # on the CPU even while the model is built on the meta device (whose versions of these ops
     # import torch._dynamo, ~2 s of start-up); the device's copy is made once loaded
     exponents = torch.arange(0, d, 2, dtype=torch.int64, device="cpu").float() / d
+    if local:
+        assert cfg.local_rope_theta is not None
+        return 1.0 / (cfg.local_rope_theta**exponents)
     inv_freq = 1.0 / (cfg.rope_theta**exponents)
     scaling = cfg.rope_scaling_dict
     kind = scaling.get("rope_type", "default")
@@ -59,6 +63,14 @@ def rope_inv_freq(cfg: LlamaArchConfig) -> torch.Tensor:
     return inv_freq
 
 
+def _rotation(
+    positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin [T, D/2] in `dtype` of each position's angles."""
+    freqs = positions.float()[:, None] * inv_freq[None, :]
+    return freqs.cos().to(dtype), freqs.sin().to(dtype)
+
+
 class RMSNorm(nn.Module):
     """Holds the weight and eps; the arithmetic is the layer ops' (`rms_norm`, `add_rms_norm`)."""
 
@@ -69,13 +81,19 @@ class RMSNorm(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: LlamaArchConfig, attn: AttentionBackend, ops: TorchLayerOps) -> None:
+    def __init__(
+        self, cfg: LlamaArchConfig, attn: AttentionBackend, ops: TorchLayerOps, index: int
+    ) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = (
             cfg.num_heads,
             cfg.num_kv_heads,
             cfg.head_dim,
         )
+        self.window = cfg.layer_window(index)  # None: attends to every earlier position
+        self.scale = cfg.attention_scale  # None: head_dim ** -0.5
+        # rotated by the sliding-window layers' own RoPE (the model's `local_inv_freq`)
+        self.local_rope = cfg.local_rope_theta is not None and self.window is not None
         q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
         self.split = (q_size, kv_size, kv_size)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
@@ -116,6 +134,8 @@ class DecoderLayer(nn.Module):
             kv_cache[0],
             kv_cache[1],
             meta,
+            self.window,
+            self.scale,
         )  # [T, H, D]
         norm = self.post_attention_layernorm
         x = apply_linear(self.o_proj, attn.reshape(t, -1), decodes)
@@ -131,6 +151,8 @@ class DecoderLayer(nn.Module):
 
 class LlamaModel(nn.Module):
     layer_class: ClassVar[type[DecoderLayer]] = DecoderLayer
+    # the C++ layer loop (model/fused_layers.py) computes this family's layers
+    fusable: ClassVar[bool] = True
 
     def __init__(
         self, cfg: LlamaArchConfig, attn: AttentionBackend, ops: TorchLayerOps | None = None
@@ -140,11 +162,12 @@ class LlamaModel(nn.Module):
         self.ops = ops or TorchLayerOps()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(
-            self.layer_class(cfg, attn, self.ops) for _ in range(cfg.num_layers)
+            self.layer_class(cfg, attn, self.ops, i) for i in range(cfg.num_layers)
         )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
+        self.local_inv_freq: torch.Tensor | None = None  # set in finish_init where it differs
         # The same layers as one C++ call (model/fused_layers.py), set by the loader when the
         # C++ kernels are in use; None runs the Python loop below.
         self.fused_layers: Callable | None = None
@@ -154,7 +177,10 @@ class LlamaModel(nn.Module):
         """(Re)ties embeddings and rebuilds buffers; needed again after `to_empty`."""
         if self.cfg.tie_word_embeddings and self.lm_head.weight is not None:  # else: blocks
             self.lm_head.weight = self.embed_tokens.weight
-        self.inv_freq = rope_inv_freq(self.cfg).to(self.norm.weight.device)
+        device = self.norm.weight.device
+        self.inv_freq = rope_inv_freq(self.cfg).to(device)
+        if self.cfg.local_rope_theta is not None:
+            self.local_inv_freq = rope_inv_freq(self.cfg, local=True).to(device)
         for p in self.parameters():
             p.requires_grad_(False)
 
@@ -168,15 +194,18 @@ class LlamaModel(nn.Module):
     ) -> torch.Tensor:
         """Returns logits [S, vocab] in the model's dtype for the tokens at `logits_indices`
         (the sampler converts to float32 only when it needs more than an argmax)."""
-        hidden = self.embed_tokens(input_ids)
-        freqs = positions.float()[:, None] * self.inv_freq[None, :]  # [T, D/2]
-        cos, sin = freqs.cos().to(hidden.dtype), freqs.sin().to(hidden.dtype)
+        hidden = self.embed(input_ids)
+        cos, sin = _rotation(positions, self.inv_freq, hidden.dtype)
+        local = (cos, sin)
+        if self.local_inv_freq is not None:
+            local = _rotation(positions, self.local_inv_freq, hidden.dtype)
         residual = None
         if self.fused_layers is not None:
             hidden, residual = self.fused_layers(hidden, cos, sin, kv_caches, meta)
         else:
             for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-                hidden, residual = layer(hidden, residual, cos, sin, kv_cache, meta)
+                rotation = local if layer.local_rope else (cos, sin)
+                hidden, residual = layer(hidden, residual, *rotation, kv_cache, meta)
         hidden, w, eps = hidden[logits_indices], self.norm.weight, self.norm.eps
         if residual is None:
             hidden = self.ops.rms_norm(hidden, w, eps)
@@ -185,6 +214,10 @@ class LlamaModel(nn.Module):
         # one row per sampling request: every row as a decode, so that a token's logits never
         # depend on whether its request is still in its prompt beside it
         return apply_linear(self.lm_head, hidden, True)
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """[T] token ids -> [T, hidden], the first layer's input."""
+        return self.embed_tokens(input_ids)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copies HF-named tensors in, fusing q/k/v and gate/up; every parameter must be set."""

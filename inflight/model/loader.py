@@ -383,7 +383,7 @@ def load_model(
         quantized_activations = "int16"
     index = read_gguf_index(path) if is_gguf(path) else None
     arch = index.arch if index else load_hf_arch_config(path)
-    attn = make_backend(attention_backend, block_size, arch.sliding_window, device)
+    attn = make_backend(attention_backend, block_size, device)
     # The fused layer ops come with their attention backend: the CPU kernels are one build, and
     # the Triton ones are checked on the device first (Triton is imported only for them).
     ops: TorchLayerOps = TorchLayerOps()
@@ -452,8 +452,8 @@ def load_model(
             "weights and inflight's CPU kernels: in float32 on an AVX2 CPU, or with 16 bits "
             "in bf16 on an AVX-512 VNNI one (Q4_0, Q4_1 or Q8_0 there)"
         )
-    if attn.cpu_kernels:
-        model.fused_layers = FusedDecoderLayers(model.layers, attn)
+    if attn.cpu_kernels and model.fusable:
+        model.fused_layers = FusedDecoderLayers(model.layers)
     loaded = LoadedModel(model=model.eval(), arch=arch, path=path,
                        quantized_activations=quantized_activations)  # fmt: skip
     logger.info("weights hold %.2f GiB (the file: %.2f GiB)", loaded.weight_bytes / 2**30,

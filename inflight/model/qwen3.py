@@ -14,8 +14,10 @@ from inflight.model.llama import DecoderLayer, LlamaModel, RMSNorm
 
 
 class Qwen3DecoderLayer(DecoderLayer):
-    def __init__(self, cfg: LlamaArchConfig, attn: AttentionBackend, ops: TorchLayerOps) -> None:
-        super().__init__(cfg, attn, ops)
+    def __init__(
+        self, cfg: LlamaArchConfig, attn: AttentionBackend, ops: TorchLayerOps, index: int
+    ) -> None:
+        super().__init__(cfg, attn, ops, index)
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
 

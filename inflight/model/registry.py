@@ -6,6 +6,7 @@ docs/architecture.md, "Adding a model family"."""
 from __future__ import annotations
 
 from inflight.model.arch import LlamaArchConfig
+from inflight.model.gemma3 import Gemma3Model
 from inflight.model.llama import LlamaModel
 from inflight.model.phi3 import Phi3Model
 from inflight.model.qwen3 import Qwen3Model
@@ -16,6 +17,7 @@ MODEL_CLASSES: dict[str, type[LlamaModel]] = {
     "qwen2": LlamaModel,
     "qwen3": Qwen3Model,
     "phi3": Phi3Model,
+    "gemma3": Gemma3Model,
 }
 
 

@@ -36,8 +36,11 @@ CHAT_PROMPTS = [
 
 def parity_prompts(tokenizer: Any) -> list[list[int]]:
     """The 16 prompts as token ids: the raw ones as they are, the chat ones through the model's
-    chat template with the assistant's turn opened."""
+    chat template with the assistant's turn opened (as raw text for a model without one: a
+    base model's)."""
     prompts = [tokenizer(p).input_ids for p in RAW_PROMPTS]
+    if not tokenizer.chat_template:
+        return prompts + [tokenizer(q).input_ids for q in CHAT_PROMPTS]
     for question in CHAT_PROMPTS:
         text = tokenizer.apply_chat_template(
             [{"role": "user", "content": question}], tokenize=False, add_generation_prompt=True

@@ -89,13 +89,14 @@ def test_quantized_tiny_gguf_matches_transformers_loading_the_same_file(
 
 
 @pytest.mark.parametrize("qtype", (Q.F32, Q.Q8_0), ids=lambda q: q.name)
-@pytest.mark.parametrize("arch", ["qwen3", "phi3"])
+@pytest.mark.parametrize("arch", ["qwen3", "phi3", "gemma3"])
 def test_other_families_ggufs_generate_as_transformers_loading_the_same_file(
     tmp_path, tiny_model_factory, arch, qtype
 ):
-    """Qwen3's GGUF (per-head q/k norms, rows not permuted) and Phi-3's (fused attn_qkv, ffn_up
-    holding gate and up, a sliding window) against transformers loading that file, and the same
-    tokens as from the HF folder it came from."""
+    """Qwen3's GGUF (per-head q/k norms, rows not permuted), Phi-3's (fused attn_qkv, ffn_up
+    holding gate and up, a sliding window) and Gemma 3's (norms stored as 1 + w, four a layer,
+    every sixth layer global) against transformers loading that file, and the same tokens as
+    from the HF folder it came from where the file says all the folder does."""
     from transformers import AutoModelForCausalLM
 
     folder = tiny_model_factory(arch)
@@ -106,20 +107,29 @@ def test_other_families_ggufs_generate_as_transformers_loading_the_same_file(
     if arch == "phi3":  # transformers' GGUF reader drops phi3.attention.sliding_window; the
         # model (and llama.cpp) attend within it, as the HF folder's config says
         reference.config.sliding_window = 24
+    if arch == "gemma3":  # a Gemma 3 GGUF holds no query_pre_attn_scalar: llama.cpp scales by
+        # head_dim (but on the 27B), transformers assumes 256 (every real size's head_dim)
+        for layer in reference.model.layers:
+            layer.self_attn.scaling = reference.config.head_dim**-0.5
     prompts = random_prompts(reference.config.vocab_size, lengths=(2, 9, 30, 64))
     expected = hf_greedy(reference, prompts, [12] * len(prompts))
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     llm = LLM(str(path), dtype="float32", quantized_activations="off")
-    assert llm.core.arch.architecture == arch
+    arch_config = llm.core.arch
+    assert arch_config.architecture == arch
     if arch == "qwen3":  # the C++ layer loop runs its q and k norms, one of each per layer
         qk_norms = llm.core.loaded.model.fused_layers.qk_norms
-        assert len(qk_norms) == 2 * llm.core.arch.num_layers
+        assert len(qk_norms) == 2 * arch_config.num_layers
         assert all(w.shape == (128,) for w in qk_norms)
     else:
-        assert llm.core.arch.sliding_window == 24
+        assert arch_config.sliding_window == 24
+    if arch == "gemma3":
+        assert arch_config.full_attention_layers == (5,)
+        assert (arch_config.local_rope_theta, arch_config.query_pre_attn_scalar) == (1e4, 32)
     got = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
     assert got == expected
-    if qtype == Q.F32:  # the very weights of the folder
+    if qtype == Q.F32 and arch != "gemma3":  # the very weights of the folder (the tiny
+        # Gemma's score scale is not its head_dim's, which its GGUF cannot say)
         from_folder = LLM(str(folder), dtype="float32").generate(prompts, params, use_tqdm=False)
         assert [o.outputs[0].token_ids for o in from_folder] == expected
 

@@ -136,7 +136,7 @@ def test_the_loader_keeps_each_matrix_blocks_unpermuted_like_its_values(tmp_path
 
 def meta_model(folder) -> LlamaModel:
     with torch.device("meta"):
-        return LlamaModel(load_hf_arch_config(folder), TorchReferenceBackend(16, None))
+        return LlamaModel(load_hf_arch_config(folder), TorchReferenceBackend(16))
 
 
 def test_fused_projections_take_blocks_only_when_all_parts_share_one_format(tiny_model_factory):

@@ -121,7 +121,7 @@ def test_block_tensors_that_do_not_make_the_configs_weight_are_named(tmp_path, t
     entry = next(e for e in index.entries if e["name"] == "blk.1.attn_k.weight")
     entry["shape"] = [entry["shape"][0], entry["shape"][1] * 2]  # twice the config's K rows
     with torch.device("meta"):
-        model = LlamaModel(index.arch, make_backend("torch", 16, None, torch.device("cpu")))
+        model = LlamaModel(index.arch, make_backend("torch", 16, torch.device("cpu")))
     with pytest.raises(ModelLoadError, match=r"tensors .*'blk\.1\.attn_k\.weight'.* do not "
                        r"make the \[\d+, 64\] weight of layers\.1\.qkv_proj"):  # fmt: skip
         drop_block_weights(model, index, [GGMLQuantizationType.Q4_1])

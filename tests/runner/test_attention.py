@@ -20,11 +20,11 @@ GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU
 INTERPRETED = pytest.mark.skipif(torch.cuda.is_available(), reason="Triton compiles for the GPU")
 
 
-def dense_attention(q, k, v, positions, window=None):
+def dense_attention(q, k, v, positions, window=None, scale=None):
     """q [Q, H, D] at `positions`, k/v [L, KVH, D] for positions 0..L-1."""
     k = k.repeat_interleave(H // KVH, dim=1)
     v = v.repeat_interleave(H // KVH, dim=1)
-    scores = torch.einsum("qhd,lhd->hql", q, k) / D**0.5
+    scores = torch.einsum("qhd,lhd->hql", q, k) * (D**-0.5 if scale is None else scale)
     key_pos = torch.arange(k.shape[0])
     mask = key_pos[None, :] <= positions[:, None]
     if window is not None:
@@ -41,8 +41,10 @@ def dense_attention(q, k, v, positions, window=None):
         pytest.param(TritonBackend, marks=INTERPRETED, id="TritonBackend"),
     ],
 )
-@pytest.mark.parametrize("window", [None, 5])
-def test_mixed_batch_matches_dense_attention(backend_cls, window):
+@pytest.mark.parametrize(("window", "scale"), [(None, None), (5, None), (5, 0.2)])
+def test_mixed_batch_matches_dense_attention(backend_cls, window, scale):
+    """Each layer's own window and score scale (Gemma 3's windowed layers, its
+    query_pre_attn_scalar) go in with its forward."""
     torch.manual_seed(0)
     # (cached tokens, new tokens): decodes of many lengths (several decode groups), and prefill
     # chunks (continuations too; longer than one 16-token tile of queries and of keys)
@@ -76,7 +78,7 @@ def test_mixed_batch_matches_dense_attention(backend_cls, window):
     max_blocks = max(len(t) for t in tables)
     block_tables = torch.tensor([t + [0] * (max_blocks - len(t)) for t in tables])
 
-    backend = backend_cls(BS, window)
+    backend = backend_cls(BS)
     if backend_cls is CpuKernelBackend:
         k_cache, v_cache = to_kernel_layout(k_cache, v_cache)
     meta = backend.build_metadata(
@@ -87,11 +89,12 @@ def test_mixed_batch_matches_dense_attention(backend_cls, window):
     else:  # one kernel call for all decodes, one for all 4 prompt chunks
         assert len(meta.decode_batch.rows) == 22
         assert meta.prefill_batch.chunks.shape == (4, 3)
-    out = backend.forward(torch.cat(qs), torch.cat(ks), torch.cat(vs), k_cache, v_cache, meta)
+    q, k, v = torch.cat(qs), torch.cat(ks), torch.cat(vs)
+    out = backend.forward(q, k, v, k_cache, v_cache, meta, window, scale)
 
     for i, (cached, new) in enumerate(shapes):
         positions = torch.arange(cached, cached + new)
-        want = dense_attention(qs[i], full_k[i], full_v[i], positions, window)
+        want = dense_attention(qs[i], full_k[i], full_v[i], positions, window, scale)
         got = out[query_start_loc[i] : query_start_loc[i + 1]]
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
@@ -160,12 +163,12 @@ def test_kernel_matches_reference_on_model_shapes(kernel, dtype, tol, bs, d, win
     key, value = flat_k[slots].clone(), flat_v[slots].clone()
     outs = []
     if kernel == "cpu":
-        fast = (CpuKernelBackend(bs, window), to_kernel_layout(k_cache, v_cache))
+        fast = (CpuKernelBackend(bs), to_kernel_layout(k_cache, v_cache))
     else:
-        fast = (TritonBackend(bs, window), (k_cache.clone(), v_cache.clone()))
-    for backend, caches in ((TorchReferenceBackend(bs, window), (k_cache, v_cache)), fast):
+        fast = (TritonBackend(bs), (k_cache.clone(), v_cache.clone()))
+    for backend, caches in ((TorchReferenceBackend(bs), (k_cache, v_cache)), fast):
         meta = backend.build_metadata(query_start_loc, start_pos, tables, slots, device)
-        outs.append(backend.forward(q, key, value, *caches, meta))
+        outs.append(backend.forward(q, key, value, *caches, meta, window))
     torch.testing.assert_close(outs[1].float(), outs[0].float(), atol=tol, rtol=tol)
 
 
@@ -203,15 +206,15 @@ def test_prefill_kernel_matches_reference_on_model_shapes(kernel, dtype, tol, bs
     device = torch.device("cuda" if kernel == "triton-cuda" else "cpu")
     q, key, value, k_cache, v_cache = (t.to(device) for t in (q, key, value, k_cache, v_cache))
     if kernel == "cpu":
-        fast = (CpuKernelBackend(bs, window), to_kernel_layout(k_cache, v_cache))
+        fast = (CpuKernelBackend(bs), to_kernel_layout(k_cache, v_cache))
     else:
-        fast = (TritonBackend(bs, window), (k_cache.clone(), v_cache.clone()))
+        fast = (TritonBackend(bs), (k_cache.clone(), v_cache.clone()))
     outs = []
-    for backend, caches in ((TorchReferenceBackend(bs, window), (k_cache, v_cache)), fast):
+    for backend, caches in ((TorchReferenceBackend(bs), (k_cache, v_cache)), fast):
         meta = backend.build_metadata(
             query_start_loc, cached, tables, torch.tensor(slots, device=device), device
         )
-        outs.append(backend.forward(q, key, value, *caches, meta))
+        outs.append(backend.forward(q, key, value, *caches, meta, window))
     torch.testing.assert_close(outs[1].float(), outs[0].float(), atol=tol, rtol=tol)
 
 
@@ -321,17 +324,17 @@ def test_kernels_refuse_caches_and_slots_they_cannot_index():
 
 def test_make_backend_choices():
     cpu = torch.device("cpu")
-    assert type(make_backend("torch", 16, None, cpu)) is TorchReferenceBackend
-    assert type(make_backend("auto", 16, None, cpu)) is CpuKernelBackend
+    assert type(make_backend("torch", 16, cpu)) is TorchReferenceBackend
+    assert type(make_backend("auto", 16, cpu)) is CpuKernelBackend
     gpu = torch.device("meta")  # stands for a CUDA device: only the choice is tested
-    assert type(make_backend("auto", 16, None, gpu)) is TritonBackend
+    assert type(make_backend("auto", 16, gpu)) is TritonBackend
     # a block size the Triton kernel cannot tile: auto falls back, asking for it outright fails
-    assert type(make_backend("auto", 12, None, gpu)) is TorchReferenceBackend
+    assert type(make_backend("auto", 12, gpu)) is TorchReferenceBackend
     with pytest.raises(ValueError, match="power-of-two block_size"):
-        make_backend("triton", 12, None, gpu)
+        make_backend("triton", 12, gpu)
     # the C++ kernels read host memory: named for a GPU model, a clear error (not a crash)
     with pytest.raises(ConfigError, match=r"cpu attention backend .* reads host memory"):
-        make_backend("cpu", 16, None, gpu)
+        make_backend("cpu", 16, gpu)
 
 
 def test_triton_backend_refuses_a_cpu_process_without_its_interpreter():

@@ -157,7 +157,7 @@ def _mixed_step(backend, dtype, cache_dtype, d, window, device=CPU, shapes=SHAPE
         k = torch.cat([keys[r][lo:hi] for r, (lo, hi) in zip(rows, spans, strict=True)])
         v = torch.cat([values[r][lo:hi] for r, (lo, hi) in zip(rows, spans, strict=True)])
         q, k, v = q.to(device), k.to(device), v.to(device)
-        return backend.forward(q, k, v, k_cache, v_cache, meta).cpu()
+        return backend.forward(q, k, v, k_cache, v_cache, meta, window).cpu()
 
     history = [r for r, c in enumerate(cached) if c]
     step(history, [(0, cached[r]) for r in history])
@@ -172,11 +172,11 @@ def test_cpu_kernels_attend_over_the_cache_as_the_reference_does(dtype, cache_dt
     """Decodes and prompt chunks, each kernel path (AVX2 tiles at head_dim 64, the generic loop
     at 32): the kernels' result equals the reference's over the same cache contents, and an
     8-bit cache stays near the exact float32 result."""
-    ref = _mixed_step(TorchReferenceBackend(16, window), dtype, cache_dtype, d, window)
-    got = _mixed_step(CpuKernelBackend(16, window), dtype, cache_dtype, d, window)
+    ref = _mixed_step(TorchReferenceBackend(16), dtype, cache_dtype, d, window)
+    got = _mixed_step(CpuKernelBackend(16), dtype, cache_dtype, d, window)
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(got.float(), ref.float(), atol=tol, rtol=tol)
-    exact = _mixed_step(TorchReferenceBackend(16, window), torch.float32, torch.float32, d, window)
+    exact = _mixed_step(TorchReferenceBackend(16), torch.float32, torch.float32, d, window)
     worst = {torch.bfloat16: 0.03, torch.int8: 0.05, FP8: 0.3}[cache_dtype]
     assert (got.float() - exact).abs().max() < worst
 
@@ -195,8 +195,8 @@ def test_triton_kernels_attend_over_the_cache_as_the_reference_does(kernel, dtyp
     tiling), and every pair compiled for a GPU where there is one."""
     device = torch.device("cuda" if kernel == "triton-cuda" else "cpu")
     shapes = SMALL if kernel == "triton" else SHAPES
-    ref = _mixed_step(TorchReferenceBackend(16, 37), dtype, cache_dtype, 64, 37, device, shapes)
-    got = _mixed_step(TritonBackend(16, 37), dtype, cache_dtype, 64, 37, device, shapes)
+    ref = _mixed_step(TorchReferenceBackend(16), dtype, cache_dtype, 64, 37, device, shapes)
+    got = _mixed_step(TritonBackend(16), dtype, cache_dtype, 64, 37, device, shapes)
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(got.float(), ref.float(), atol=tol, rtol=tol)
 

@@ -1,0 +1,110 @@
+"""How a family's layers are configured from each spelling of its config: Gemma 3's windowed and
+global layers, their RoPE bases and score scale, from transformers 4 and 5 config.json files and
+from the GGUF metadata llama.cpp writes or leaves out; what is not built is refused."""
+
+from __future__ import annotations
+
+import pytest
+from gguf import GGMLQuantizationType
+
+from inflight.errors import ModelLoadError
+from inflight.model.arch import LlamaArchConfig
+from inflight.model.gguf_loader import gguf_arch_config, open_gguf
+from tests.gguf_files import write_tiny_gguf
+
+GEMMA3 = {
+    "architectures": ["Gemma3ForCausalLM"],
+    "vocab_size": 100,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 12,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 1,
+    "head_dim": 32,
+    "sliding_window": 512,
+    "query_pre_attn_scalar": 24,
+}
+
+
+def test_gemma3_from_a_transformers_4_config():
+    """`rope_theta` and `rope_scaling` for the global layers, `rope_local_base_freq` for the
+    windowed ones, every `sliding_window_pattern`-th layer global."""
+    config = {**GEMMA3, "rope_theta": 1e6, "rope_local_base_freq": 5e3,
+              "rope_scaling": {"rope_type": "linear", "factor": 8.0},
+              "sliding_window_pattern": 6}  # fmt: skip
+    arch = LlamaArchConfig.from_hf_config(config)
+    assert arch.full_attention_layers == (5, 11)
+    assert [arch.layer_window(i) for i in (0, 4, 5, 6, 11)] == [512, 512, None, 512, None]
+    assert (arch.rope_theta, arch.local_rope_theta) == (1e6, 5e3)
+    assert arch.rope_scaling_dict == {"rope_type": "linear", "factor": 8.0}
+    assert arch.attention_scale == 24**-0.5
+
+
+def test_gemma3_from_a_transformers_5_config():
+    """`rope_parameters` per layer kind, `layer_types` listing each layer."""
+    types = ["sliding_attention", "full_attention"] * 6
+    config = {**GEMMA3, "layer_types": types, "rope_parameters": {
+        "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 2e6},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+    }}  # fmt: skip
+    arch = LlamaArchConfig.from_hf_config(config)
+    assert arch.full_attention_layers == (1, 3, 5, 7, 9, 11)
+    assert (arch.rope_theta, arch.local_rope_theta) == (2e6, 1e4)
+    assert arch.rope_scaling_dict == {"rope_type": "linear", "factor": 4.0}
+
+
+@pytest.mark.parametrize(
+    ("extra", "why"),
+    [
+        ({"final_logit_softcapping": 30.0}, "final_logit_softcapping"),
+        ({"attn_logit_softcapping": 50.0}, "attn_logit_softcapping"),
+        ({"hidden_activation": "silu"}, "hidden_activation"),
+        ({"layer_types": ["full_attention"] * 3}, "layer_types"),
+        ({"rope_parameters": {"full_attention": {"rope_theta": 1e6},
+                              "sliding_attention": {"rope_type": "linear", "factor": 2.0}}},
+         "sliding-window layers"),
+    ],
+)  # fmt: skip
+def test_gemma3_variants_not_built_are_refused_with_the_reason(extra, why):
+    with pytest.raises(ValueError, match=why):
+        LlamaArchConfig.from_hf_config({**GEMMA3, **extra})
+
+
+@pytest.mark.parametrize(
+    ("fields", "full_layers", "local_theta"),
+    [
+        ({}, (5,), 1e4),  # what llama.cpp assumes: every sixth global, a base of 10k
+        ({"pattern": [True, False, True, True, False, True]}, (1, 4), 1e4),
+        ({"pattern": 3, "freq_base_swa": 5e4}, (2, 5), 5e4),
+        ({"pattern": 0}, (), 1e4),  # every layer windowed
+    ],
+)
+def test_gemma3_gguf_metadata_places_the_global_layers(
+    tmp_path, tiny_model_factory, fields, full_layers, local_theta
+):
+    def metadata(writer):
+        key = "gemma3.attention.sliding_window_pattern"
+        pattern = fields.get("pattern")
+        if isinstance(pattern, list):
+            writer.add_array(key, pattern)
+        elif pattern is not None:
+            writer.add_uint32(key, pattern)
+        if "freq_base_swa" in fields:
+            writer.add_float32("gemma3.rope.freq_base_swa", fields["freq_base_swa"])
+
+    path = write_tiny_gguf(tiny_model_factory("gemma3"), tmp_path / "tiny.gguf",
+                           GGMLQuantizationType.F32, metadata=metadata)  # fmt: skip
+    arch = gguf_arch_config(open_gguf(path), path)
+    assert arch.full_attention_layers == full_layers
+    assert arch.local_rope_theta == local_theta
+    assert arch.query_pre_attn_scalar == arch.head_dim  # llama.cpp's, but on the 27B
+
+
+def test_a_gemma3_gguf_with_soft_capping_is_refused(tmp_path, tiny_model_factory):
+    def metadata(writer):
+        writer.add_float32("gemma3.final_logit_softcapping", 30.0)
+
+    path = write_tiny_gguf(tiny_model_factory("gemma3"), tmp_path / "tiny.gguf",
+                           GGMLQuantizationType.F32, metadata=metadata)  # fmt: skip
+    with pytest.raises(ModelLoadError, match="soft-capping"):
+        gguf_arch_config(open_gguf(path), path)
