@@ -6,10 +6,11 @@ raw blocks, for the kernels that multiply from them (`model/packed_linear.py`).
 llama.cpp's converter permutes the rows of Q and K weights of `llama`-architecture models into
 an interleaved RoPE layout; `unpermute_qk` undoes that so the weights match HF's half-rotation.
 
-`GGUFReader` parses every metadata field, the whole vocabulary included: 3-10 s for SmolLM2.
-What loading needs (the architecture and where each tensor lies) is small, so `read_gguf_index`
-keeps it beside the converted tokenizer, keyed by the file's path, size and modification time,
-and later loads of the same file map the tensors without parsing it again.
+What loading needs (the architecture and where each tensor lies) comes from the file's header
+(`gguf_header`, a fraction of a second where gguf's reader takes 15-25 s for a large vocabulary)
+and is small, so `read_gguf_index` keeps it beside the converted tokenizer, keyed by the file's
+path, size and modification time, and later loads of the same file map the tensors without
+reading the header again.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from gguf.quants import dequantize
 from inflight.errors import ModelLoadError
 from inflight.model.arch import GEMMA3_SLIDING_WINDOW_PATTERN, LlamaArchConfig
 from inflight.model.gguf_blocks import FORMATS
+from inflight.model.gguf_header import GGUFHeader, read_gguf_header
 from inflight.tokenizer import cache_dir, file_cache_key
 
 logger = logging.getLogger(__name__)
@@ -74,20 +76,6 @@ _TOP_NAMES = {
 }
 
 
-class _CheckedReader(GGUFReader):
-    """gguf's reader, checking each tensor's header against the file before mapping its data:
-    the reader alone fails on a truncated or inconsistent tensor with a numpy reshape error
-    that names nothing."""
-
-    def _build_tensors(self, start_offs: int, fields: list) -> None:
-        for field in fields:
-            _, name, _, dims, raw_type, offset = field.parts
-            shape = [int(d) for d in dims]
-            check_tensor(bytes(name).decode(errors="replace"), int(raw_type[0]), shape,
-                         int(start_offs + offset[0]), len(self.data))  # fmt: skip
-        super()._build_tensors(start_offs, fields)
-
-
 def check_tensor(name: str, raw_type: int, dims: list[int], data_offset: int,
                  file_size: int) -> None:  # fmt: skip
     """Refuses, naming the tensor, a header whose type is unknown, whose rows do not divide
@@ -109,38 +97,31 @@ def check_tensor(name: str, raw_type: int, dims: list[int], data_offset: int,
                              f"{file_size}")  # fmt: skip
 
 
-def open_gguf(path: Path) -> GGUFReader:
-    try:
-        return _CheckedReader(path)
-    except ModelLoadError as e:
-        raise ModelLoadError(f"{path}: {e}") from None
-    except Exception as e:  # the gguf package raises many kinds on bad bytes
-        raise ModelLoadError(f"{path}: not a valid GGUF file ({type(e).__name__}: {e})") from e
+def field_value(header: GGUFHeader, key: str, default: Any = None) -> Any:
+    value = header.fields.get(key)
+    return default if value is None else value
 
 
-def field_value(reader: GGUFReader, key: str, default: Any = None) -> Any:
-    field = reader.fields.get(key)
-    return default if field is None else field.contents()
-
-
-def gguf_arch_config(reader: GGUFReader, path: Path) -> LlamaArchConfig:
-    arch = field_value(reader, "general.architecture")
+def gguf_arch_config(header: GGUFHeader, path: Path) -> LlamaArchConfig:
+    arch = field_value(header, "general.architecture")
     if arch not in SUPPORTED_GGUF_ARCHITECTURES:
         raise ModelLoadError(
             f"{path}: unsupported GGUF architecture {arch!r}; "
             f"supported: {', '.join(SUPPORTED_GGUF_ARCHITECTURES)}"
         )
-    names = {t.name for t in reader.tensors}
+    names = {t.name for t in header.tensors}
     factors = None
-    for tensor in reader.tensors:
+    for tensor in header.tensors:
         if tensor.name == ROPE_FREQS:  # llama3 RoPE scaling, as one factor per frequency
-            if tensor.tensor_type != GGMLQuantizationType.F32:
-                raise ModelLoadError(f"{path}: {ROPE_FREQS} must be F32, not "
-                                     f"{tensor.tensor_type.name}")  # fmt: skip
-            factors = tuple(float(f) for f in np.asarray(tensor.data, dtype=np.float32).ravel())
+            if tensor.type != GGMLQuantizationType.F32:
+                kind = GGMLQuantizationType(tensor.type).name
+                raise ModelLoadError(f"{path}: {ROPE_FREQS} must be F32, not {kind}")
+            count = int(np.prod(tensor.shape))
+            values = np.fromfile(path, np.float32, count=count, offset=tensor.offset)
+            factors = tuple(float(f) for f in values)
 
     def meta(key: str, default: Any = None) -> Any:
-        value = field_value(reader, f"{arch}.{key}", default)
+        value = field_value(header, f"{arch}.{key}", default)
         if value is None:
             raise ModelLoadError(f"{path}: GGUF metadata lacks {arch}.{key}")
         return value
@@ -149,15 +130,15 @@ def gguf_arch_config(reader: GGUFReader, path: Path) -> LlamaArchConfig:
     num_heads = int(meta("attention.head_count"))
     num_layers = int(meta("block_count"))
     head_dim = int(meta("attention.key_length", hidden // num_heads))
-    tokens = field_value(reader, "tokenizer.ggml.tokens") or []
-    window = field_value(reader, f"{arch}.attention.sliding_window")  # phi3's, gemma3's
-    eos = field_value(reader, "tokenizer.ggml.eos_token_id")
+    tokens = field_value(header, "tokenizer.ggml.tokens") or []
+    window = field_value(header, f"{arch}.attention.sliding_window")  # phi3's, gemma3's
+    eos = field_value(header, "tokenizer.ggml.eos_token_id")
     full_layers: tuple[int, ...] = ()
     local_theta = query_scalar = None
     if arch == "gemma3":
-        if field_value(reader, f"{arch}.final_logit_softcapping"):
+        if field_value(header, f"{arch}.final_logit_softcapping"):
             raise ModelLoadError(f"{path}: final logit soft-capping is not supported")
-        full_layers = _gemma3_full_layers(reader, arch, num_layers)
+        full_layers = _gemma3_full_layers(header, arch, num_layers)
         local_theta = float(meta("rope.freq_base_swa", GEMMA3_LOCAL_ROPE_THETA))
         query_scalar = float(hidden // num_heads if num_layers == GEMMA3_27B_LAYERS else head_dim)
     return LlamaArchConfig(
@@ -174,21 +155,21 @@ def gguf_arch_config(reader: GGUFReader, path: Path) -> LlamaArchConfig:
         max_position_embeddings=int(meta("context_length", 2048)),
         tie_word_embeddings="output.weight" not in names,
         qkv_bias="blk.0.attn_q.bias" in names,
-        rope_scaling=_rope_scaling(reader, arch, path),
+        rope_scaling=_rope_scaling(header, arch, path),
         rope_freq_factors=factors,
         sliding_window=int(window) if window else None,
         full_attention_layers=full_layers,
         local_rope_theta=local_theta,
         query_pre_attn_scalar=query_scalar,
-        bos_token_id=field_value(reader, "tokenizer.ggml.bos_token_id"),
+        bos_token_id=field_value(header, "tokenizer.ggml.bos_token_id"),
         eos_token_ids=() if eos is None else (int(eos),),
     )
 
 
-def _gemma3_full_layers(reader: GGUFReader, arch: str, num_layers: int) -> tuple[int, ...]:
+def _gemma3_full_layers(header: GGUFHeader, arch: str, num_layers: int) -> tuple[int, ...]:
     """The global layers: as `attention.sliding_window_pattern` lists them (a flag per layer,
     true where windowed) or spaces them (every n-th; 0: none), else every sixth."""
-    pattern = field_value(reader, f"{arch}.attention.sliding_window_pattern",
+    pattern = field_value(header, f"{arch}.attention.sliding_window_pattern",
                           GEMMA3_SLIDING_WINDOW_PATTERN)  # fmt: skip
     if isinstance(pattern, list):
         return tuple(i for i, windowed in enumerate(pattern[:num_layers]) if not windowed)
@@ -196,12 +177,12 @@ def _gemma3_full_layers(reader: GGUFReader, arch: str, num_layers: int) -> tuple
     return tuple(i for i in range(num_layers) if n and (i + 1) % n == 0)
 
 
-def _rope_scaling(reader: GGUFReader, arch: str, path: Path) -> tuple[tuple[str, Any], ...] | None:
+def _rope_scaling(header: GGUFHeader, arch: str, path: Path) -> tuple[tuple[str, Any], ...] | None:
     """`{arch}.rope.scaling.*` as `LlamaArchConfig.rope_scaling`: linear, or none."""
-    kind = field_value(reader, f"{arch}.rope.scaling.type", "none")
+    kind = field_value(header, f"{arch}.rope.scaling.type", "none")
     if kind == "none":
         return None
-    factor = field_value(reader, f"{arch}.rope.scaling.factor")
+    factor = field_value(header, f"{arch}.rope.scaling.factor")
     if kind != "linear" or factor is None:
         raise ModelLoadError(f"{path}: unsupported RoPE scaling {kind!r} (factor {factor})")
     return (("factor", float(factor)), ("rope_type", "linear"))
@@ -319,11 +300,18 @@ def read_gguf_index(path: Path) -> GGUFIndex:
             except ModelLoadError as err:
                 raise ModelLoadError(f"{path}: {err}") from None
         return index
-    reader = open_gguf(path)
-    arch = gguf_arch_config(reader, path)
-    entries = [{"name": t.name, "type": int(t.tensor_type), "shape": [int(d) for d in t.shape],
-                "offset": int(t.data_offset), "dtype": t.data.dtype.str,
-                "data_shape": list(t.data.shape)} for t in reader.tensors]  # fmt: skip
+    header = read_gguf_header(path)
+    size = path.stat().st_size
+    entries = []
+    for t in header.tensors:
+        try:
+            check_tensor(t.name, t.type, list(t.shape), t.offset, size)
+        except ModelLoadError as err:
+            raise ModelLoadError(f"{path}: {err}") from None
+        dtype, data_shape = t.data_layout()
+        entries.append({"name": t.name, "type": t.type, "shape": list(t.shape), "offset": t.offset,
+                        "dtype": dtype, "data_shape": list(data_shape)})  # fmt: skip
+    arch = gguf_arch_config(header, path)
     try:
         cached.parent.mkdir(parents=True, exist_ok=True)
         cached.write_text(json.dumps({"arch": dataclasses.asdict(arch), "tensors": entries}))

@@ -10,6 +10,7 @@ import torch
 from gguf import GGMLQuantizationType, GGUFReader, LlamaFileType
 
 from inflight.bench.llamacpp_peer import convert_gguf, run_llamacpp
+from inflight.model.gguf_header import read_gguf_header
 from inflight.model.gguf_loader import gguf_arch_config, iter_gguf_weights
 from inflight.workload.requests import WorkloadRequest
 from tests.model.test_gguf import write_tiny_gguf
@@ -17,7 +18,7 @@ from tests.model.test_gguf import write_tiny_gguf
 
 def _weights(path: Path) -> dict[str, torch.Tensor]:
     reader = GGUFReader(path)
-    return dict(iter_gguf_weights(reader, gguf_arch_config(reader, path), path))
+    return dict(iter_gguf_weights(reader, gguf_arch_config(read_gguf_header(path), path), path))
 
 
 @pytest.mark.parametrize(("dtype", "torch_dtype"), [("float32", torch.float32),

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from inflight import LLM, SamplingParams
+from inflight.model.gguf_header import read_gguf_header
 from inflight.model.loader import load_model
 from inflight.workload.parity import PARAGRAPH, RAW_PROMPTS
 from tests.parity import hf_greedy
@@ -35,8 +36,6 @@ def gemma3_file() -> Path:
 def test_gemma3_270m_greedy_parity_with_transformers(gemma3_file):
     import torch
 
-    from inflight.bench.peers import load_hf_model
-
     # loaded once: the file's tokenizer (262k pieces) takes a while to convert the first time
     loaded = {kind: load_model(gemma3_file, torch.float32, torch.device("cpu"), 16,
                                quantized_activations=kind) for kind in ("auto", "off")}  # fmt: skip
@@ -47,7 +46,7 @@ def test_gemma3_270m_greedy_parity_with_transformers(gemma3_file):
     texts = [*RAW_PROMPTS[:4], PARAGRAPH * 14 + "The key benefit is"]
     prompts = [llm.tokenizer(t).input_ids for t in texts]
     assert min(map(len, prompts)) < 10 and max(map(len, prompts)) > WINDOW + 64
-    expected = hf_greedy(load_hf_model(gemma3_file, "float32"), prompts, [MAX_TOKENS] * 5)
+    expected = hf_greedy(_transformers_model(gemma3_file), prompts, [MAX_TOKENS] * 5)
     params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
     exact = LLM(dtype="float32", loaded_model=loaded["off"], quantized_activations="off")
     for engine in (llm, exact):
@@ -58,3 +57,39 @@ def test_gemma3_270m_greedy_parity_with_transformers(gemma3_file):
         assert pool.num_free_blocks == pool.num_blocks
     # the tokenizer from the file's metadata: a SentencePiece vocabulary, round-tripping text
     assert llm.tokenizer.decode(prompts[0], skip_special_tokens=True) == texts[0]
+
+
+def _transformers_model(path: Path):
+    """transformers' Gemma 3 with the file's weights (its GGUF reading: dequantization, names,
+    norms), its config made here from the file's fields as transformers' GGUF reader makes it:
+    that reader parses the 262k-piece vocabulary once for the config and once for the weights
+    (~20 s each on 2 cores), and only the second is needed."""
+    import torch
+    from transformers import AutoModelForCausalLM, Gemma3TextConfig
+
+    fields = read_gguf_header(path).fields
+
+    def meta(key: str):
+        return fields[f"gemma3.{key}"]
+
+    config = Gemma3TextConfig(
+        vocab_size=len(fields["tokenizer.ggml.tokens"]),
+        hidden_size=meta("embedding_length"),
+        intermediate_size=meta("feed_forward_length"),
+        num_hidden_layers=meta("block_count"),
+        num_attention_heads=meta("attention.head_count"),
+        num_key_value_heads=meta("attention.head_count_kv"),
+        head_dim=meta("attention.key_length"),
+        rms_norm_eps=meta("attention.layer_norm_rms_epsilon"),
+        max_position_embeddings=meta("context_length"),
+        sliding_window=meta("attention.sliding_window"),
+        rope_parameters={"full_attention": {"rope_type": "default",
+                                            "rope_theta": meta("rope.freq_base")},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}},
+        bos_token_id=fields["tokenizer.ggml.bos_token_id"],
+        eos_token_id=fields["tokenizer.ggml.eos_token_id"],
+        pad_token_id=fields["tokenizer.ggml.padding_token_id"],
+    )  # fmt: skip
+    return AutoModelForCausalLM.from_pretrained(
+        path.parent, gguf_file=path.name, config=config, dtype=torch.float32
+    ).eval()

@@ -9,7 +9,8 @@ from gguf import GGMLQuantizationType
 
 from inflight.errors import ModelLoadError
 from inflight.model.arch import LlamaArchConfig
-from inflight.model.gguf_loader import gguf_arch_config, open_gguf
+from inflight.model.gguf_header import read_gguf_header
+from inflight.model.gguf_loader import gguf_arch_config
 from tests.gguf_files import write_tiny_gguf
 
 GEMMA3 = {
@@ -94,7 +95,7 @@ def test_gemma3_gguf_metadata_places_the_global_layers(
 
     path = write_tiny_gguf(tiny_model_factory("gemma3"), tmp_path / "tiny.gguf",
                            GGMLQuantizationType.F32, metadata=metadata)  # fmt: skip
-    arch = gguf_arch_config(open_gguf(path), path)
+    arch = gguf_arch_config(read_gguf_header(path), path)
     assert arch.full_attention_layers == full_layers
     assert arch.local_rope_theta == local_theta
     assert arch.query_pre_attn_scalar == arch.head_dim  # llama.cpp's, but on the 27B
@@ -107,4 +108,4 @@ def test_a_gemma3_gguf_with_soft_capping_is_refused(tmp_path, tiny_model_factory
     path = write_tiny_gguf(tiny_model_factory("gemma3"), tmp_path / "tiny.gguf",
                            GGMLQuantizationType.F32, metadata=metadata)  # fmt: skip
     with pytest.raises(ModelLoadError, match="soft-capping"):
-        gguf_arch_config(open_gguf(path), path)
+        gguf_arch_config(read_gguf_header(path), path)

@@ -15,6 +15,7 @@ from gguf.quants import dequantize, quantize
 from inflight import LLM, SamplingParams
 from inflight.model import gguf_loader
 from inflight.model.arch import LlamaArchConfig
+from inflight.model.gguf_header import read_gguf_header
 from inflight.model.gguf_loader import (
     gguf_arch_config,
     iter_gguf_weights,
@@ -158,12 +159,12 @@ def test_a_second_load_maps_the_tensors_from_the_cached_index(tmp_path, tiny_lla
     monkeypatch.setenv("INFLIGHT_CACHE", str(tmp_path / "cache"))
     path = write_tiny_gguf(tiny_llama, tmp_path / "tiny.gguf", Q.Q4_1)
     reader = GGUFReader(path)
-    want_arch = gguf_arch_config(reader, path)
+    want_arch = gguf_arch_config(read_gguf_header(path), path)
     want = dict(iter_gguf_weights(reader, want_arch, path))
 
     first = read_gguf_index(path)  # parses the file and writes the index
     (saved,) = (tmp_path / "cache" / "gguf-index").iterdir()
-    monkeypatch.setattr(gguf_loader, "open_gguf", lambda p: pytest.fail("parsed again"))
+    monkeypatch.setattr(gguf_loader, "read_gguf_header", lambda p: pytest.fail("parsed again"))
     second = read_gguf_index(path)
     for index in (first, second):
         assert index.arch == want_arch
@@ -173,7 +174,7 @@ def test_a_second_load_maps_the_tensors_from_the_cached_index(tmp_path, tiny_lla
             assert torch.equal(got[name], tensor), name
 
     saved.write_text("{not json")  # a damaged index is parsed again, not trusted
-    monkeypatch.setattr(gguf_loader, "open_gguf", GGUFReader)
+    monkeypatch.setattr(gguf_loader, "read_gguf_header", read_gguf_header)
     assert read_gguf_index(path).arch == want_arch
     assert json.loads(saved.read_text())["arch"]["num_layers"] == want_arch.num_layers
 

@@ -16,6 +16,7 @@ from torch import nn
 from inflight import LLM
 from inflight.attention import TorchReferenceBackend
 from inflight.kernels import load_extension
+from inflight.model.gguf_header import read_gguf_header
 from inflight.model.gguf_loader import KERNEL_BLOCK_TYPES, gguf_arch_config, iter_gguf_weights
 from inflight.model.llama import LlamaModel
 from inflight.model.loader import ModuleBlocks, load_hf_arch_config
@@ -124,7 +125,7 @@ def test_packed_linear_uses_the_blocks_for_small_batches_and_onednn_above():
 def test_the_loader_keeps_each_matrix_blocks_unpermuted_like_its_values(tmp_path, tiny_llama):
     path = write_tiny_gguf(tiny_llama, tmp_path / "tiny.gguf", Q.Q4_1)
     reader = GGUFReader(path)
-    arch = gguf_arch_config(reader, path)
+    arch = gguf_arch_config(read_gguf_header(path), path)
     blocks: dict[str, torch.Tensor] = {}
     weights = dict(iter_gguf_weights(reader, arch, path, blocks))
     matrices = {name for name, w in weights.items() if w.dim() == 2}

@@ -1,0 +1,41 @@
+"""The tokenizer built from a GGUF file's metadata against transformers' `AutoTokenizer` on the
+same file: the same ids for the parity texts (with and without special tokens), the same text
+back, the same special tokens and chat template; and a second load reads the cached copy."""
+
+from __future__ import annotations
+
+import pytest
+from transformers import AutoTokenizer
+
+from inflight.model.loader import default_model_path
+from inflight.tokenizer import cache_dir, file_cache_key, load_tokenizer
+from inflight.workload.parity import CHAT_PROMPTS, PARAGRAPH, RAW_PROMPTS
+
+TEXTS = [*RAW_PROMPTS, *CHAT_PROMPTS, PARAGRAPH * 2, "  two  spaces\n\n\ttab", "日本語 🎉 ü",
+         "<|im_start|>user\nhi<|im_end|>", ""]  # fmt: skip
+
+
+@pytest.mark.integration
+def test_the_gguf_tokenizer_encodes_and_decodes_as_autotokenizer(tmp_path, monkeypatch):
+    monkeypatch.setenv("INFLIGHT_CACHE", str(tmp_path))
+    path = default_model_path()
+    ours = load_tokenizer(path)
+    reference = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    for text in TEXTS:
+        for special in (True, False):
+            ids = reference(text, add_special_tokens=special).input_ids
+            assert ours(text, add_special_tokens=special).input_ids == ids, text
+            for skip in (True, False):
+                assert ours.decode(ids, skip_special_tokens=skip) == reference.decode(
+                    ids, skip_special_tokens=skip
+                )
+    assert ours.all_special_ids == reference.all_special_ids
+    assert (ours.bos_token_id, ours.eos_token_id) == (reference.bos_token_id,
+                                                      reference.eos_token_id)  # fmt: skip
+    messages = [{"role": "user", "content": CHAT_PROMPTS[0]}]
+    assert ours.apply_chat_template(messages, tokenize=False) == reference.apply_chat_template(
+        messages, tokenize=False
+    )
+    assert (cache_dir() / "tokenizers" / file_cache_key(path) / "tokenizer_config.json").is_file()
+    again = load_tokenizer(path)
+    assert [again(t).input_ids for t in TEXTS] == [ours(t).input_ids for t in TEXTS]
