@@ -47,7 +47,7 @@ class FusedDecoderLayers:
                 layer.input_layernorm.weight,
                 layer.qkv_proj.weight,
                 layer.o_proj.weight,
-                layer.post_attention_layernorm.weight,
+                layer.mlp_norm.weight,
                 layer.gate_up_proj.weight,
                 layer.down_proj.weight,
             )
@@ -62,11 +62,15 @@ class FusedDecoderLayers:
         ]
         first = layers[0]
         self.shape = (first.num_heads, first.num_kv_heads, first.head_dim)
+        # a model's layers share their class and config: its activation and its score scale
+        self.gelu = first.gelu
+        self.scale = first.head_dim**-0.5 if first.scale is None else first.scale
         self.eps = first.input_layernorm.eps
-        windows = {layer.window for layer in layers}
-        if len(windows) > 1 or any(layer.local_rope or layer.scale for layer in layers):
-            raise ValueError("the C++ layer loop runs layers of one window, RoPE and scale")
-        self.window = windows.pop() or 0
+        # a family's norms of the attention's and the MLP's outputs (Gemma 3's), or none
+        self.output_norms = [
+            norm.weight for layer in layers if layer.output_norms for norm in layer.output_norms
+        ]
+        self.windows = [layer.window or 0 for layer in layers]  # 0: none
         self.run = load_extension().llama_decoder_layers
 
     def __call__(
@@ -74,21 +78,24 @@ class FusedDecoderLayers:
         hidden: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
+        local_rope: tuple[torch.Tensor, torch.Tensor] | None,
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
         meta: KernelMetadata,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(last layer's MLP output, residual stream), as the Python loop returns them."""
+        """(last layer's MLP output, residual stream), as the Python loop returns them;
+        `local_rope`: the windowed layers' cos and sin where their RoPE is their own."""
         decode, prefill = meta.decode_batch, meta.prefill_batch
         num_heads, num_kv_heads, head_dim = self.shape
+        local_cos, local_sin = local_rope or (None, None)
         hidden, residual = self.run(
-            hidden, None, cos, sin, self.weights, self.small_weights, self.decode_weights,
-            self.small_batch_rows,
-            self.qkv_biases, self.qk_norms,
+            hidden, None, cos, sin, local_cos, local_sin, self.weights, self.small_weights,
+            self.decode_weights, self.small_batch_rows,
+            self.qkv_biases, self.qk_norms, self.output_norms,
             [k for k, _ in kv_caches], [v for _, v in kv_caches], meta.slot_mapping,
             decode and decode.rows, decode and decode.block_tables, decode and decode.seq_lens,
             decode is not None and decode.all_rows,
             prefill and prefill.chunks, prefill and prefill.block_tables,
-            num_heads, num_kv_heads, head_dim, self.eps, head_dim**-0.5, self.window, self.packed,
-            self.activation_bits,
+            num_heads, num_kv_heads, head_dim, self.eps, self.scale, self.windows, self.gelu,
+            self.packed, self.activation_bits,
         )  # fmt: skip
         return hidden, residual

@@ -81,6 +81,8 @@ class RMSNorm(nn.Module):
 
 
 class DecoderLayer(nn.Module):
+    gelu: ClassVar[bool] = False  # the MLP's gate: tanh-GELU (Gemma's) rather than SiLU
+
     def __init__(
         self, cfg: LlamaArchConfig, attn: AttentionBackend, ops: TorchLayerOps, index: int
     ) -> None:
@@ -137,11 +139,29 @@ class DecoderLayer(nn.Module):
             self.window,
             self.scale,
         )  # [T, H, D]
-        norm = self.post_attention_layernorm
         x = apply_linear(self.o_proj, attn.reshape(t, -1), decodes)
+        after_attention, after_mlp = self.output_norms or (None, None)
+        if after_attention is not None:
+            x = ops.rms_norm(x, after_attention.weight, after_attention.eps)
+        norm = self.mlp_norm
         x = ops.add_rms_norm(x, residual, norm.weight, norm.eps)
-        x = ops.silu_and_mul(apply_linear(self.gate_up_proj, x, decodes))
-        return apply_linear(self.down_proj, x, decodes), residual
+        gate_up = apply_linear(self.gate_up_proj, x, decodes)
+        x = ops.gelu_tanh_and_mul(gate_up) if self.gelu else ops.silu_and_mul(gate_up)
+        x = apply_linear(self.down_proj, x, decodes)
+        if after_mlp is not None:
+            x = ops.rms_norm(x, after_mlp.weight, after_mlp.eps)
+        return x, residual
+
+    @property
+    def mlp_norm(self) -> RMSNorm:
+        """The RMSNorm before the MLP (Llama's checkpoints name it post_attention_layernorm)."""
+        return self.post_attention_layernorm
+
+    @property
+    def output_norms(self) -> tuple[RMSNorm, RMSNorm] | None:
+        """RMSNorms of the attention's and the MLP's outputs, before each joins the residual
+        stream, where the family has them (Gemma); None."""
+        return None
 
     def normalize_qk(self, qkv: torch.Tensor) -> torch.Tensor:
         """The fused q/k/v projection before RoPE: as it is here; a family that normalizes its
@@ -151,8 +171,6 @@ class DecoderLayer(nn.Module):
 
 class LlamaModel(nn.Module):
     layer_class: ClassVar[type[DecoderLayer]] = DecoderLayer
-    # the C++ layer loop (model/fused_layers.py) computes this family's layers
-    fusable: ClassVar[bool] = True
 
     def __init__(
         self, cfg: LlamaArchConfig, attn: AttentionBackend, ops: TorchLayerOps | None = None
@@ -201,7 +219,8 @@ class LlamaModel(nn.Module):
             local = _rotation(positions, self.local_inv_freq, hidden.dtype)
         residual = None
         if self.fused_layers is not None:
-            hidden, residual = self.fused_layers(hidden, cos, sin, kv_caches, meta)
+            local_rope = None if self.local_inv_freq is None else local
+            hidden, residual = self.fused_layers(hidden, cos, sin, local_rope, kv_caches, meta)
         else:
             for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
                 rotation = local if layer.local_rope else (cos, sin)

@@ -3,9 +3,10 @@
 // The same sequence of operations as `DecoderLayer.forward` in inflight/model/llama.py (the
 // reference, and what this is tested against, bit for bit): RMSNorm (the residual add fused in),
 // fused QKV projection, each query and key head RMS-normalized where the family does it
-// (Qwen3), RoPE in place, K/V written to the paged cache, decode and prefill
-// attention kernels, output projection, RMSNorm, gate-up projection, SiLU-and-mul, down
-// projection. Only the driving loop moves from Python to C++: at a few tokens per step the
+// (Qwen3, Gemma 3), RoPE in place (a windowed layer's own tables where the family has them),
+// K/V written to the paged cache, decode and prefill attention kernels within the layer's
+// window, output projection (RMSNorm'd where the family norms outputs: Gemma 3), RMSNorm,
+// gate-up projection, SiLU- or tanh-GELU-and-mul, down projection (RMSNorm'd likewise). Only the driving loop moves from Python to C++: at a few tokens per step the
 // Python glue between ~20 ops per layer cost as much as the attention itself (~3 ms a step).
 //
 // Linears are plain weights (`at::linear`) or `PackedLinear`'s: inflight's bf16 or GGUF-block
@@ -18,6 +19,8 @@
 #include "ops.h"
 
 #include <ATen/ops/empty.h>
+#include <ATen/ops/gelu.h>
+#include <ATen/ops/mul.h>
 #include <ATen/ops/linear.h>
 #include <ATen/ops/ones.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -115,7 +118,13 @@ at::Tensor linear(const at::Tensor& x, const Linear& l, const LinearChoice& how,
   return y;
 }
 
-constexpr size_t kWeightsPerLayer = 6;  // input norm, qkv, o, post-attention norm, gate-up, down
+// tanh-GELU(gate) * up for rows [gate | up]: PyTorch's own ops, as the Python layer calls them
+at::Tensor gelu_tanh_and_mul(const at::Tensor& gate_up) {
+  auto parts = gate_up.chunk(2, -1);
+  return at::mul(at::gelu(parts[0], "tanh"), parts[1]);
+}
+
+constexpr size_t kWeightsPerLayer = 6;  // input norm, qkv, o, pre-MLP norm, gate-up, down
 constexpr size_t kSmallPerLayer = 4;    // small-batch kernel weights (or none): qkv, o, gate-up, down
 const OptTensor kNone;
 
@@ -123,15 +132,16 @@ const OptTensor kNone;
 
 std::vector<at::Tensor> llama_decoder_layers(
     at::Tensor hidden, OptTensor residual, const at::Tensor& cos, const at::Tensor& sin,
+    const OptTensor& local_cos, const OptTensor& local_sin,
     const std::vector<at::Tensor>& weights, const std::vector<OptTensor>& small_weights,
     const std::vector<OptTensor>& decode_weights, int64_t small_rows,
     const std::vector<OptTensor>& qkv_biases, const std::vector<at::Tensor>& qk_norms,
-    const std::vector<at::Tensor>& k_caches, const std::vector<at::Tensor>& v_caches,
+    const std::vector<at::Tensor>& output_norms, const std::vector<at::Tensor>& k_caches, const std::vector<at::Tensor>& v_caches,
     const at::Tensor& slot_mapping, const OptTensor& decode_rows,
     const OptTensor& decode_tables, const OptTensor& decode_lens, bool decode_all_rows,
     const OptTensor& prefill_chunks, const OptTensor& prefill_tables, int64_t num_heads,
-    int64_t num_kv_heads, int64_t head_dim, double eps, double scale, int64_t window,
-    bool packed, int64_t activation_bits) {
+    int64_t num_kv_heads, int64_t head_dim, double eps, double scale,
+    const std::vector<int64_t>& windows, bool gelu, bool packed, int64_t activation_bits) {
   const LinearChoice how{packed, small_rows, activation_bits};
   const size_t L = k_caches.size();
   TORCH_CHECK(weights.size() == L * kWeightsPerLayer &&
@@ -141,6 +151,11 @@ std::vector<at::Tensor> llama_decoder_layers(
               "caches per layer");
   TORCH_CHECK(qk_norms.empty() || qk_norms.size() == 2 * L,
               "no q/k norms, or a query and a key norm weight per layer");
+  TORCH_CHECK(output_norms.empty() || output_norms.size() == 2 * L,
+              "no output norms, or one after attention and one after the MLP per layer");
+  TORCH_CHECK(windows.size() == L, "one window per layer (0: none)");
+  TORCH_CHECK(local_cos.has_value() == local_sin.has_value(),
+              "the windowed layers' RoPE tables come as a pair or not at all");
   TORCH_CHECK(decode_weights.empty() || decode_weights.size() == L * kSmallPerLayer,
               "no decode weights, or four optional ones per layer");
   TORCH_CHECK(decode_rows.has_value() == decode_tables.has_value() &&
@@ -202,7 +217,10 @@ std::vector<at::Tensor> llama_decoder_layers(
                         .view(heads.sizes()));
       }
     }
-    rope_(qkv, cos, sin, num_heads + num_kv_heads, head_dim);
+    const int64_t window = windows[l];
+    const bool local = local_cos.has_value() && window > 0;  // as `DecoderLayer.local_rope`
+    rope_(qkv, local ? *local_cos : cos, local ? *local_sin : sin, num_heads + num_kv_heads,
+          head_dim);
     auto q = qkv.narrow(1, 0, q_size).view({T, num_heads, head_dim});
     auto k = qkv.narrow(1, q_size, kv_size).view({T, num_kv_heads, head_dim});
     auto v = qkv.narrow(1, q_size + kv_size, kv_size).view({T, num_kv_heads, head_dim});
@@ -227,10 +245,13 @@ std::vector<at::Tensor> llama_decoder_layers(
                                 window);
       }
     }
-    x = add_rms_norm(linear(attn.view({T, q_size}), {w[2], small[1], dec[1], kNone}, how, split),
-                     res, w[3], eps);
-    hidden = linear(silu_and_mul(linear(x, {w[4], small[2], dec[2], kNone}, how, split)),
+    at::Tensor out = linear(attn.view({T, q_size}), {w[2], small[1], dec[1], kNone}, how, split);
+    if (!output_norms.empty()) out = rms_norm(out, output_norms[2 * l], eps);
+    x = add_rms_norm(out, res, w[3], eps);
+    at::Tensor gate_up = linear(x, {w[4], small[2], dec[2], kNone}, how, split);
+    hidden = linear(gelu ? gelu_tanh_and_mul(gate_up) : silu_and_mul(gate_up),
                     {w[5], small[3], dec[3], kNone}, how, split);
+    if (!output_norms.empty()) hidden = rms_norm(hidden, output_norms[2 * l + 1], eps);
   }
   return {hidden, res};
 }

@@ -73,15 +73,17 @@ at::Tensor first_argmax(const at::Tensor& x);
 // `DecoderLayer.forward` loop, moved to C++); returns {hidden, residual}
 std::vector<at::Tensor> llama_decoder_layers(
     at::Tensor hidden, c10::optional<at::Tensor> residual, const at::Tensor& cos,
-    const at::Tensor& sin, const std::vector<at::Tensor>& weights,
+    const at::Tensor& sin, const c10::optional<at::Tensor>& local_cos,
+    const c10::optional<at::Tensor>& local_sin, const std::vector<at::Tensor>& weights,
     const std::vector<c10::optional<at::Tensor>>& small_weights,
     const std::vector<c10::optional<at::Tensor>>& decode_weights, int64_t small_rows,
     const std::vector<c10::optional<at::Tensor>>& qkv_biases,
-    const std::vector<at::Tensor>& qk_norms, const std::vector<at::Tensor>& k_caches, const std::vector<at::Tensor>& v_caches,
+    const std::vector<at::Tensor>& qk_norms, const std::vector<at::Tensor>& output_norms,
+    const std::vector<at::Tensor>& k_caches, const std::vector<at::Tensor>& v_caches,
     const at::Tensor& slot_mapping, const c10::optional<at::Tensor>& decode_rows,
     const c10::optional<at::Tensor>& decode_tables,
     const c10::optional<at::Tensor>& decode_lens, bool decode_all_rows,
     const c10::optional<at::Tensor>& prefill_chunks,
     const c10::optional<at::Tensor>& prefill_tables, int64_t num_heads, int64_t num_kv_heads,
-    int64_t head_dim, double eps, double scale, int64_t window, bool packed,
-    int64_t activation_bits);
+    int64_t head_dim, double eps, double scale, const std::vector<int64_t>& windows, bool gelu,
+    bool packed, int64_t activation_bits);
