@@ -205,6 +205,23 @@ def _regroup_legacy(blocks: torch.Tensor, columns: int) -> torch.Tensor:
     return torch.cat([*scales, chunks], dim=-1).contiguous()
 
 
+def regrouped_rows(layout: torch.Tensor, rows: torch.Tensor, block_bytes: int) -> torch.Tensor:
+    """Rows [R] of a legacy format's 8-column layout (`regroup_blocks(blocks)`) as the file's
+    blocks [R, blocks per row, block_bytes]: `_regroup_legacy`'s byte order undone for them, so
+    that a tied embedding looks its rows up in its LM head's layout rather than in a copy."""
+    header = _LEGACY_HEADER_BYTES[block_bytes]
+    picked = layout[rows // GROUP]  # [R, B, 8 x block bytes]
+    r, b = picked.shape[:2]
+    column = (rows % GROUP).view(r, 1, 1, 1)
+    fields = []  # each 2-byte header field: 8 columns' in turn
+    for start in range(0, header * GROUP, 2 * GROUP):
+        field = picked[..., start : start + 2 * GROUP].view(r, b, GROUP, 2)
+        fields.append(field.gather(2, column.expand(r, b, 1, 2)).view(r, b, 2))
+    quants = picked[..., header * GROUP :].view(r, b, -1, GROUP, 4)  # 4-byte chunks, by column
+    chunks = quants.gather(3, column.view(r, 1, 1, 1, 1).expand(r, b, quants.shape[2], 1, 4))
+    return torch.cat([*fields, chunks.view(r, b, -1)], dim=-1)
+
+
 @functools.cache
 def _wide_order(four_bit: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """For each byte of a 16-column block in the wide layout: its column and the k of its value

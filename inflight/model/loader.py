@@ -30,7 +30,7 @@ from inflight.model import packed_linear
 from inflight.model.arch import LlamaArchConfig
 from inflight.model.block_embedding import BlockEmbedding
 from inflight.model.fused_layers import FusedDecoderLayers
-from inflight.model.gguf_blocks import BY_NAME, BlockFormat
+from inflight.model.gguf_blocks import BY_NAME, GROUP, BlockFormat, format_of
 from inflight.model.gguf_loader import (
     GGUFIndex,
     hf_name,
@@ -276,14 +276,16 @@ def estimated_weight_bytes(path: Path, dtype: torch.dtype, quantized_activations
         numel = math.prod(e["shape"])
         fmt = kept.get(e["type"])
         if fmt is not None and len(e["shape"]) == 2:
-            # the embedding too: looked up from its blocks in the file's layout, and a tied LM
-            # head regroups a copy of them
+            # the embedding too: looked up from its blocks (in the file's layout, or in a tied LM
+            # head's, which regroups a copy of them)
             blocks = math.prod(e["data_shape"]) * np.dtype(e["dtype"]).itemsize
             layout = blocks * fmt.layout_bytes // fmt.file_bytes
             if hf_name(e["name"], index.arch.architecture) != "model.embed_tokens.weight":
                 total += layout
+            elif index.arch.tie_word_embeddings:  # the head's layout; a legacy format's serves
+                total += layout + (0 if fmt.legacy else blocks)  # the lookups too
             else:
-                total += blocks + (layout if index.arch.tie_word_embeddings else 0)
+                total += blocks
         else:
             total += numel * size
     return total
@@ -327,6 +329,23 @@ def check_memory_fits(path: Path, weight_bytes: int, kv_bytes: int) -> None:
         "available: lower kv_cache_memory_bytes (--kv-cache-memory-bytes) or num_kv_blocks, or "
         "serve a smaller model"
     )
+
+
+def _block_embedding(model: LlamaModel, blocks: torch.Tensor, dtype: torch.dtype) -> BlockEmbedding:
+    """The embedding over its GGUF blocks: in a tied LM head's 8-column layout where the head
+    has one of a legacy format (the vocabulary held once), else in a copy of the file's."""
+    fmt, head = format_of(blocks), model.lm_head
+    layout = getattr(head, "small_weight", None)
+    shared = (
+        model.cfg.tie_word_embeddings
+        and fmt.legacy
+        and getattr(head, "small_kernel", "").startswith("gguf-int")
+        and layout is not None
+        and layout.shape == (-(-blocks.shape[0] // GROUP), blocks.shape[1], GROUP * fmt.file_bytes)
+    )
+    if shared:
+        return BlockEmbedding.over_layout(layout, fmt, blocks.shape[0], dtype)
+    return BlockEmbedding(blocks.clone(), dtype)  # off the mapped file
 
 
 def drop_block_weights(model: LlamaModel, index: GGUFIndex, types: Iterable[int]) -> set[str]:
@@ -428,10 +447,8 @@ def load_model(
         if name in by_name:
             by_name[name].release()
 
-    if model.embed_tokens.weight is None:  # its blocks, taken before a tied LM head's go
-        embedding = blocks["model.embed_tokens.weight"].clone()  # off the mapped file
-        model.embed_tokens = BlockEmbedding(embedding, dtype)
-        release("model.embed_tokens.weight")
+    # looked up from its blocks (a view of the mapped file until the embedding is made, below)
+    embedding = blocks["model.embed_tokens.weight"] if model.embed_tokens.weight is None else None
     if can_pack(dtype, device):
         small_rows = packed_linear.SMALL_BATCH_ROWS if kernels else 0
         by_module = ModuleBlocks(model, blocks or {}, release, mixed=blocks_only)
@@ -442,6 +459,9 @@ def load_model(
         # serves (none where the bf16 kernel does); larger ones cost more to warm than their
         # first use does.
         warm_up(model, range(1, 65))
+    if embedding is not None:
+        model.embed_tokens = _block_embedding(model, embedding, dtype)
+        release("model.embed_tokens.weight")
     quantized = any(
         getattr(m, "activation_bits", 0) or getattr(m, "decode_weight", None) is not None
         for m in model.modules()

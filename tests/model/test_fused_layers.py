@@ -126,13 +126,14 @@ def test_bad_inputs_are_refused_before_any_write(tiny_llama):
     cos = sin = torch.ones(2, head_dim // 2)
 
     def run(weights=fused.weights, small=fused.small_weights, slots=(0, 1), k_caches=None,
-            decode=(), qk_norms=()):  # fmt: skip
+            decode=(), qk_norms=(), output_norms=(), windows=None, local=(None, None)):  # fmt: skip
         k_caches = k_caches if k_caches is not None else [k for k, _ in caches]
+        windows = fused.windows if windows is None else windows
         return fused.run(
-            hidden, None, cos, sin, weights, small, list(decode), 0, fused.qkv_biases,
-            list(qk_norms), k_caches, [v for _, v in caches],
+            hidden, None, cos, sin, *local, weights, small, list(decode), 0, fused.qkv_biases,
+            list(qk_norms), list(output_norms), k_caches, [v for _, v in caches],
             torch.tensor(slots), None, None, None, False, None, None,
-            num_heads, num_kv_heads, head_dim, fused.eps, 1.0, 0, fused.packed,
+            num_heads, num_kv_heads, head_dim, fused.eps, 1.0, windows, False, fused.packed,
             fused.activation_bits,
         )  # fmt: skip
 
@@ -144,6 +145,12 @@ def test_bad_inputs_are_refused_before_any_write(tiny_llama):
         run(decode=[None])
     with pytest.raises(RuntimeError, match="a query and a key norm weight per layer"):
         run(qk_norms=[torch.ones(head_dim)])
+    with pytest.raises(RuntimeError, match="one after attention and one after the MLP"):
+        run(output_norms=[torch.ones(num_heads * head_dim)])
+    with pytest.raises(RuntimeError, match="one window per layer"):
+        run(windows=[0])
+    with pytest.raises(RuntimeError, match="RoPE tables come as a pair"):
+        run(local=(cos, None))
     values = caches[0][1]  # [NB, KVH, BS, D]
     num_slots = values.shape[0] * values.shape[2]
     values[0, :, 0] = 7.0

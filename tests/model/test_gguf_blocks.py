@@ -15,7 +15,14 @@ from gguf.quants import dequantize as gguf_dequantize
 from inflight import LLM, SamplingParams
 from inflight.kernels import load_extension
 from inflight.model.block_embedding import BlockEmbedding
-from inflight.model.gguf_blocks import BY_NAME, FORMATS, dequantize, mixed_packing, regroup_blocks
+from inflight.model.gguf_blocks import (
+    BY_NAME,
+    FORMATS,
+    dequantize,
+    mixed_packing,
+    regroup_blocks,
+    regrouped_rows,
+)
 from inflight.model.loader import estimated_weight_bytes
 from inflight.model.packed_linear import PackedLinear, block_formats, blocks_serve_every_batch
 from tests.gguf_files import k_quant_mix, quantize_any, write_tiny_gguf
@@ -174,3 +181,39 @@ def test_a_k_quant_file_keeps_every_weight_as_blocks_and_answers_as_its_dequanti
         assert a.outputs[0].token_ids == b.outputs[0].token_ids
         for la, lb in zip(a.outputs[0].logprobs, b.outputs[0].logprobs, strict=True):
             assert la.logprob == pytest.approx(lb.logprob, abs=5e-3)
+
+
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q8_0"])
+def test_a_tied_embedding_looks_its_rows_up_in_the_lm_heads_layout(name):
+    """The legacy formats' 8-column layout, undone row by row, gives back the file's blocks
+    (43 rows: the last group padded), so the embedding needs no copy of its own."""
+    gen = torch.Generator().manual_seed(5)
+    fmt = BY_NAME[name]
+    blocks = torch.randint(0, 256, (43, 3, fmt.file_bytes), dtype=torch.uint8, generator=gen)
+    blocks[..., :2] = torch.tensor([0, 60], dtype=torch.uint8)  # finite fp16 scales (d = 2.0)
+    layout = regroup_blocks(blocks)
+    ids = torch.tensor([[0, 7, 8, 42], [41, 13, 13, 1]])
+    assert torch.equal(regrouped_rows(layout, ids.flatten(), fmt.file_bytes),
+                       blocks[ids.flatten()])  # fmt: skip
+    shared = BlockEmbedding.over_layout(layout, fmt, 43, torch.float32)
+    assert torch.equal(shared(ids), BlockEmbedding(blocks, torch.float32)(ids))
+    with pytest.raises(ValueError, match="not the 8-column layout of 50 rows"):
+        BlockEmbedding.over_layout(layout, fmt, 50, torch.float32)
+
+
+@pytest.mark.skipif(not blocks_serve_every_batch(torch.float32, 16),
+                    reason="the 8-column layout takes every batch only on AVX2")  # fmt: skip
+def test_a_tied_q8_0_model_holds_its_vocabulary_once(tmp_path, tiny_model_factory):
+    path = write_tiny_gguf(tiny_model_factory("qwen3"), tmp_path / "tied.gguf",
+                           GGMLQuantizationType.Q8_0)  # fmt: skip
+    llm = LLM(str(path), dtype="float32", device="cpu")
+    model = llm.core.loaded.model
+    assert model.cfg.tie_word_embeddings and model.embed_tokens.regrouped
+    assert model.embed_tokens.blocks.data_ptr() == model.lm_head.small_weight.data_ptr()
+    loaded = llm.core.loaded.weight_bytes
+    assert abs(estimated_weight_bytes(path, torch.float32, "auto") - loaded) <= 0.05 * loaded
+    exact = LLM(str(path), dtype="float32", device="cpu", quantized_activations="off")
+    # the exact path dequantizes the embedding at load: the same values
+    assert not getattr(exact.core.loaded.model.embed_tokens, "regrouped", False)
+    ids = torch.tensor([0, 5, 399, 17])
+    assert torch.equal(model.embed_tokens(ids), exact.core.loaded.model.embed_tokens(ids))
