@@ -79,7 +79,10 @@ def test_overload_gets_429s_while_health_answers(tiny_llama):
         responses, health_times = asyncio.run(burst())
         statuses = [r.status_code for r in responses]
         assert set(statuses) <= {200, 429}, set(statuses)
-        assert statuses.count(429) > 0 and statuses.count(200) >= 16
+        # the queue bound counts sequences (n=2 is two) and waiting ones until the engine
+        # admits them: a loaded machine whose engine has not stepped yet admits 16 sequences,
+        # as few as 8 requests
+        assert statuses.count(429) > 0 and statuses.count(200) >= 8
         assert all(r.headers["retry-after"] == "1" for r in responses if r.status_code == 429)
         # Client and server share one process (and its GIL) here, and other test files run
         # beside it, so only a hang is caught; `inflight bench soak` measures /health from
