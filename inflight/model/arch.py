@@ -62,6 +62,13 @@ class LlamaArchConfig:
         return None if layer in self.full_attention_layers else self.sliding_window
 
     @property
+    def windowed_fraction(self) -> float:
+        """The fraction of layers that attend within `sliding_window` (0 without one)."""
+        if self.sliding_window is None:
+            return 0.0
+        return 1 - len(self.full_attention_layers) / self.num_layers
+
+    @property
     def attention_scale(self) -> float | None:
         """The scores' scale where the family sets its own (None: head_dim ** -0.5)."""
         return None if self.query_pre_attn_scalar is None else self.query_pre_attn_scalar**-0.5

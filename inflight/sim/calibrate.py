@@ -23,7 +23,7 @@ import logging
 
 import numpy as np
 
-from inflight.sim.cost_model import StepWork, step_amounts, step_work
+from inflight.sim.cost_model import StepWork, model_step_work, step_amounts
 from inflight.sim.hardware import HardwareProfile
 from inflight.sim.model_profile import ModelProfile
 from inflight.sim.simulator import SimSetup, Simulation
@@ -44,8 +44,7 @@ def schedule_works(setup: SimSetup, workload: list[WorkloadRequest]) -> list[Ste
     sim = Simulation(setup)
     sim.record_schedules = True
     sim.run(workload, "schedule")
-    window = setup.model.arch.sliding_window
-    return [step_work(out, window) for out in sim.schedules]
+    return [model_step_work(out, setup.model.arch) for out in sim.schedules]
 
 
 def nonnegative_lstsq(x: np.ndarray, y: np.ndarray) -> np.ndarray:

@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from inflight.core.outputs import SchedulerOutput
+from inflight.model.arch import LlamaArchConfig
 from inflight.sim.hardware import HardwareProfile
 from inflight.sim.model_profile import ModelProfile
 
@@ -28,8 +29,10 @@ class StepWork:
     num_tokens: int = 0
     num_seqs: int = 0
     num_sampled: int = 0
-    kv_read_tokens: int = 0  # context tokens whose K/V are read (once per sequence)
-    attention_pairs: int = 0  # (query, key) pairs attended
+    # context tokens whose K/V are read (once per sequence), and (query, key) pairs attended:
+    # per layer, averaged over the layers (fractional where windowed and global layers mix)
+    kv_read_tokens: float = 0
+    attention_pairs: float = 0
     swapped_blocks: int = 0
 
 
@@ -41,7 +44,11 @@ class StepCost:
     flops: float
 
 
-def step_work(out: SchedulerOutput, sliding_window: int | None = None) -> StepWork:
+def step_work(
+    out: SchedulerOutput, sliding_window: int | None = None, windowed: float = 1.0
+) -> StepWork:
+    """`windowed`: the fraction of layers that attend within `sliding_window` (Gemma 3's five
+    in six; the rest see every position)."""
     work = StepWork(swapped_blocks=len(out.swap_out) + len(out.swap_in))
     for s in out.scheduled:
         n, start = s.num_tokens, s.start_pos
@@ -52,11 +59,21 @@ def step_work(out: SchedulerOutput, sliding_window: int | None = None) -> StepWo
         pairs = start * n + n * (n + 1) // 2
         context = start + n
         if sliding_window is not None and context > sliding_window:
-            pairs = min(pairs, n * sliding_window)
-            context = min(context, sliding_window + n - 1)
+            capped_pairs = min(pairs, n * sliding_window)
+            capped_context = min(context, sliding_window + n - 1)
+            if windowed == 1.0:  # every layer: whole numbers, as they were
+                pairs, context = capped_pairs, capped_context
+            else:
+                pairs += windowed * (capped_pairs - pairs)
+                context += windowed * (capped_context - context)
         work.attention_pairs += pairs
         work.kv_read_tokens += context
     return work
+
+
+def model_step_work(out: SchedulerOutput, arch: LlamaArchConfig) -> StepWork:
+    """`step_work` with the model's window over the layers it applies to."""
+    return step_work(out, arch.sliding_window, arch.windowed_fraction)
 
 
 def step_amounts(model: ModelProfile, work: StepWork) -> tuple[float, float, float]:
@@ -95,4 +112,4 @@ class CostModel:
         return StepCost(seconds, weight_bytes, kv_bytes, flops)
 
     def step_cost(self, out: SchedulerOutput) -> StepCost:
-        return self.cost(step_work(out, self.model.arch.sliding_window))
+        return self.cost(model_step_work(out, self.model.arch))

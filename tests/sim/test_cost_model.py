@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from inflight.core.outputs import ScheduledRequest, SchedulerOutput
 from inflight.sampling_params import SamplingParams
-from inflight.sim.cost_model import CostModel, StepWork, step_work
+from inflight.sim.cost_model import CostModel, StepWork, model_step_work, step_work
 from inflight.sim.hardware import PROFILES
 from inflight.sim.model_profile import load_model_profile
 from tests.sim.helpers import toy_hardware, toy_model
@@ -63,6 +65,17 @@ def test_sliding_window_caps_attention():
     work = step_work(SchedulerOutput(scheduled=[scheduled(100, 1), scheduled(100, 4)]), 8)
     assert work.attention_pairs == 8 + 4 * 8
     assert work.kv_read_tokens == 8 + (8 + 3)
+
+
+def test_a_window_over_some_layers_caps_their_share():
+    """Gemma 3: five windowed layers in six; a decode at 100 attends 101 keys in the global
+    layer and 8 in the others."""
+    arch = dataclasses.replace(toy_model(8).arch, num_layers=6, full_attention_layers=(5,))
+    assert arch.windowed_fraction == pytest.approx(5 / 6)
+    work = model_step_work(SchedulerOutput(scheduled=[scheduled(100, 1)]), arch)
+    assert work.attention_pairs == pytest.approx((5 * 8 + 101) / 6)
+    assert work.kv_read_tokens == pytest.approx((5 * 8 + 101) / 6)
+    assert toy_model().arch.windowed_fraction == 0.0
 
 
 def test_step_time_roofline_and_serial():
