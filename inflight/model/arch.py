@@ -19,6 +19,7 @@ SUPPORTED_ARCHITECTURES = {
     "Qwen3ForCausalLM": "qwen3",
     "Phi3ForCausalLM": "phi3",
     "Gemma3ForCausalLM": "gemma3",
+    "Gemma3ForConditionalGeneration": "gemma3",  # its language model (`_gemma3_text_config`)
 }
 GEMMA3_SLIDING_WINDOW_PATTERN = 6  # every sixth layer global, where a config does not list them
 
@@ -77,6 +78,8 @@ class LlamaArchConfig:
     def from_hf_config(cls, config: dict[str, Any]) -> LlamaArchConfig:
         """Raises KeyError / ValueError on an unsupported or incomplete config (loader wraps)."""
         archs = config.get("architectures") or []
+        if "Gemma3ForConditionalGeneration" in archs:
+            config = _gemma3_text_config(config)
         arch = next(
             (SUPPORTED_ARCHITECTURES[a] for a in archs if a in SUPPORTED_ARCHITECTURES), None
         )
@@ -172,3 +175,16 @@ def _gemma3_layers(
         raise ValueError("RoPE scaling of the sliding-window layers is not supported")
     local_theta = local.get("rope_theta") or config.get("rope_local_base_freq", 10000.0)
     return tuple(i for i, t in enumerate(types) if t == "full_attention"), float(local_theta)
+
+
+def _gemma3_text_config(config: dict[str, Any]) -> dict[str, Any]:
+    """A Gemma 3 image-and-text folder's language model: its `text_config`, filled in with
+    transformers' defaults (published configs name only what differs from them), and the
+    token ids and tying, which the outer config holds."""
+    from transformers import Gemma3TextConfig
+
+    text = Gemma3TextConfig(**config.get("text_config", {})).to_dict()
+    for key in ("bos_token_id", "eos_token_id", "tie_word_embeddings"):
+        if config.get(key) is not None:
+            text[key] = config[key]
+    return {**text, "architectures": ["Gemma3ForCausalLM"]}

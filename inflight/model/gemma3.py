@@ -1,4 +1,5 @@
-"""Gemma 3 text (`Gemma3ForCausalLM`; GGUF `gemma3`): the Qwen3 layer (per-head q/k RMSNorm)
+"""Gemma 3 text (`Gemma3ForCausalLM`, or the language model of a `Gemma3ForConditionalGeneration`
+folder; GGUF `gemma3`): the Qwen3 layer (per-head q/k RMSNorm)
 with Gemma's own parts:
 
 - every RMSNorm multiplies by `1 + w` (checkpoints hold w; `load_weights` adds the 1, in float32
@@ -56,7 +57,25 @@ class Gemma3Model(Qwen3Model):
         return hidden * float(torch.tensor(self.cfg.hidden_size**0.5).to(hidden.dtype))
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        super().load_weights(_offset_norms(weights))
+        super().load_weights(_offset_norms(_language_model(weights)))
+
+
+# an image-and-text folder's parts that are not its language model
+_VISION_PARTS = ("vision_tower.", "multi_modal_projector.")
+
+
+def _language_model(
+    weights: Iterable[tuple[str, torch.Tensor]],
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """The weights under the names of `Gemma3ForCausalLM`: an image-and-text folder's
+    `language_model.` ones with that prefix taken off, its vision parts left out."""
+    for name, tensor in weights:
+        if name.removeprefix("model.").startswith(_VISION_PARTS):
+            continue
+        yield (
+            name.removeprefix("language_model.").replace("model.language_model.", "model."),
+            tensor,
+        )
 
 
 def _offset_norms(

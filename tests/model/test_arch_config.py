@@ -109,3 +109,67 @@ def test_a_gemma3_gguf_with_soft_capping_is_refused(tmp_path, tiny_model_factory
                            GGMLQuantizationType.F32, metadata=metadata)  # fmt: skip
     with pytest.raises(ModelLoadError, match="soft-capping"):
         gguf_arch_config(read_gguf_header(path), path)
+
+
+def test_a_published_gemma3_image_and_text_config_is_read_for_its_language_model():
+    """Gemma 3 4B's config.json names only what differs from transformers' defaults; its token
+    ids and tying are in the outer config."""
+    config = {
+        "architectures": ["Gemma3ForConditionalGeneration"],
+        "eos_token_id": [1, 106],
+        "text_config": {"hidden_size": 2560, "intermediate_size": 10240,
+                        "model_type": "gemma3_text", "num_hidden_layers": 34,
+                        "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+                        "sliding_window": 1024},
+        "vision_config": {"hidden_size": 1152},
+    }  # fmt: skip
+    arch = LlamaArchConfig.from_hf_config(config)
+    assert (arch.architecture, arch.num_layers, arch.hidden_size) == ("gemma3", 34, 2560)
+    assert (arch.num_heads, arch.num_kv_heads, arch.head_dim) == (8, 4, 256)  # the defaults
+    assert arch.full_attention_layers == (5, 11, 17, 23, 29)
+    assert arch.rope_scaling_dict == {"rope_type": "linear", "factor": 8.0}
+    assert (arch.rope_theta, arch.local_rope_theta, arch.query_pre_attn_scalar) == (1e6, 1e4, 256)
+    assert arch.eos_token_ids == (1, 106) and arch.tie_word_embeddings
+
+
+def test_a_gemma3_image_and_text_folder_generates_as_transformers(tmp_path, tokenizer_dir):
+    """Its language model's weights (`language_model.model.*`) run; the vision tower and the
+    projector are left out; text-only prompts give transformers' tokens."""
+    import torch
+    from transformers import (
+        AutoTokenizer,
+        Gemma3Config,
+        Gemma3ForConditionalGeneration,
+        Gemma3TextConfig,
+        SiglipVisionConfig,
+    )
+
+    from inflight import LLM, SamplingParams
+    from tests.parity import hf_greedy, random_prompts
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    tokenizer.save_pretrained(tmp_path)
+    vocab = len(tokenizer)
+    text = Gemma3TextConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128,
+                            num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2,
+                            head_dim=32, query_pre_attn_scalar=24, sliding_window=24,
+                            max_position_embeddings=512, initializer_range=0.2)  # fmt: skip
+    vision = SiglipVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                num_attention_heads=2, image_size=28, patch_size=14)  # fmt: skip
+    config = Gemma3Config(text_config=text.to_dict(), vision_config=vision.to_dict(),
+                          mm_tokens_per_image=4, image_token_index=vocab - 1,
+                          boi_token_index=vocab - 3, eoi_token_index=vocab - 2)  # fmt: skip
+    torch.manual_seed(0)
+    reference = Gemma3ForConditionalGeneration(config).eval()
+    with torch.no_grad():  # norms of w != 0, so that the 1 + w offset matters
+        for name, param in reference.named_parameters():
+            if name.endswith("norm.weight"):
+                param.uniform_(-0.5, 0.5)
+    reference.save_pretrained(tmp_path)
+    prompts = random_prompts(vocab - 4, lengths=(3, 17, 40))
+    expected = hf_greedy(reference, prompts, [8] * len(prompts))
+    llm = LLM(str(tmp_path), dtype="float32")
+    assert llm.core.arch.architecture == "gemma3"
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    got = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    assert got == expected
