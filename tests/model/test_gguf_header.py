@@ -4,8 +4,14 @@ is not GGUF or whose header is cut short is refused naming it."""
 
 from __future__ import annotations
 
+import contextlib
+import tempfile
+from pathlib import Path
+
 import pytest
 from gguf import GGMLQuantizationType, GGUFReader
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from inflight.errors import ModelLoadError
 from inflight.model.gguf_header import read_gguf_header
@@ -61,3 +67,41 @@ def test_a_file_that_is_not_gguf_or_cut_short_is_refused(tmp_path, tiny_llama):
     empty.write_bytes(b"")
     with pytest.raises(ModelLoadError, match="not a valid GGUF file"):
         read_gguf_header(empty)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_a_damaged_header_is_refused_or_read_never_crashes(tmp_path_factory, data):
+    """Bytes of a real header overwritten at random (counts near 2**64, lengths past the end,
+    unknown types): a ModelLoadError or a header, in bounded time; no other exception."""
+    whole = _HEADER_SAMPLE.read_bytes()[:4096]
+    damaged = bytearray(whole)
+    for _ in range(data.draw(st.integers(1, 8))):
+        at = data.draw(st.integers(0, len(damaged) - 8))
+        value = data.draw(st.sampled_from([0, 1, 2**31, 2**32 - 1, 2**63, 2**64 - 1]))
+        damaged[at : at + 8] = value.to_bytes(8, "little")
+    path = tmp_path_factory.mktemp("damaged") / "d.gguf"
+    path.write_bytes(bytes(damaged))
+    with contextlib.suppress(ModelLoadError):
+        read_gguf_header(path)
+
+
+def _sample_header() -> Path:
+    """A small real GGUF written once for the property test (its first 4 KiB: the header)."""
+    import numpy as np
+    from gguf import GGUFWriter
+
+    path = Path(tempfile.mkdtemp()) / "sample.gguf"
+    writer = GGUFWriter(path, "llama")
+    writer.add_block_count(2)
+    writer.add_token_list([f"t{i}" for i in range(200)])
+    writer.add_array("test.floats", [0.5, 1.5])
+    writer.add_tensor("token_embd.weight", np.zeros((8, 32), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+_HEADER_SAMPLE = _sample_header()
