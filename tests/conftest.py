@@ -65,7 +65,7 @@ def build_tokenizer(folder: Path):
     return fast
 
 
-TINY_ARCHS = ("llama", "llama3_rope", "qwen2", "qwen3", "phi3", "mistral", "gemma3")
+TINY_ARCHS = ("llama", "llama3_rope", "qwen2", "qwen3", "qwen3_moe", "phi3", "mistral", "gemma3")
 
 
 def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) -> Path:
@@ -82,6 +82,8 @@ def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) ->
         Qwen2ForCausalLM,
         Qwen3Config,
         Qwen3ForCausalLM,
+        Qwen3MoeConfig,
+        Qwen3MoeForCausalLM,
     )
 
     common = dict(
@@ -120,6 +122,12 @@ def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) ->
         # what transformers assumes for a qwen3 GGUF
         config = Qwen3Config(**common, head_dim=128, tie_word_embeddings=True)
         cls = Qwen3ForCausalLM
+    elif arch == "qwen3_moe":  # 2 of 4 experts a token (renormalized) in layer 0, a dense
+        # MLP in layer 1
+        config = Qwen3MoeConfig(**common, num_experts=4, num_experts_per_tok=2,
+                                moe_intermediate_size=32, norm_topk_prob=True,
+                                mlp_only_layers=[1])  # fmt: skip
+        cls = Qwen3MoeForCausalLM
     elif arch == "phi3":  # fused q/k/v and gate/up in the checkpoint, a sliding window
         config, cls = Phi3Config(**common, sliding_window=24), Phi3ForCausalLM
     elif arch == "mistral":

@@ -17,6 +17,7 @@ SUPPORTED_ARCHITECTURES = {
     "MistralForCausalLM": "mistral",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
+    "Qwen3MoeForCausalLM": "qwen3_moe",
     "Phi3ForCausalLM": "phi3",
     "Gemma3ForCausalLM": "gemma3",
     "Gemma3ForConditionalGeneration": "gemma3",  # its language model (`_gemma3_text_config`)
@@ -51,6 +52,14 @@ class LlamaArchConfig:
     # `rope_scaling` and `rope_freq_factors` apply to the global layers only
     local_rope_theta: float | None = None
     query_pre_attn_scalar: float | None = None  # scores scaled by its -1/2 power, not head_dim's
+    # mixture of experts (Qwen3-MoE): each token's MLP is its `experts_per_token` best of
+    # `num_experts` SiLU MLPs of `expert_intermediate_size`, weighted by the router's softmax
+    # (renormalized over those chosen with `norm_topk_prob`); `dense_layers` keep one MLP
+    num_experts: int = 0
+    experts_per_token: int = 0
+    expert_intermediate_size: int = 0
+    norm_topk_prob: bool = False
+    dense_layers: tuple[int, ...] = ()
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
 
@@ -95,7 +104,7 @@ class LlamaArchConfig:
         params = params.pop("full_attention", params)
         rope_theta, rope, rope_type = _rope_settings(params, config, config.get("rope_theta"))
         window = config.get("sliding_window") if arch != "llama" else None
-        if arch in ("qwen2", "qwen3"):
+        if arch in ("qwen2", "qwen3", "qwen3_moe"):
             if config.get("use_sliding_window", False):
                 raise ValueError("Qwen per-layer sliding window attention is not supported")
             window = None
@@ -104,6 +113,7 @@ class LlamaArchConfig:
         if arch == "gemma3":
             full_layers, local_theta = _gemma3_layers(config, local_params)
             query_scalar = float(config.get("query_pre_attn_scalar", 256))
+        experts = _experts(config) if arch == "qwen3_moe" else {}
         eos = config.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
         return cls(
@@ -125,6 +135,7 @@ class LlamaArchConfig:
             full_attention_layers=full_layers,
             local_rope_theta=local_theta,
             query_pre_attn_scalar=query_scalar,
+            **experts,
             bos_token_id=config.get("bos_token_id"),
             eos_token_ids=eos_ids,
         )
@@ -188,3 +199,23 @@ def _gemma3_text_config(config: dict[str, Any]) -> dict[str, Any]:
         if config.get(key) is not None:
             text[key] = config[key]
     return {**text, "architectures": ["Gemma3ForCausalLM"]}
+
+
+def _experts(config: dict[str, Any]) -> dict[str, Any]:
+    """Qwen3-MoE's expert fields: every `decoder_sparse_step`-th layer routes through experts,
+    but those in `mlp_only_layers`."""
+    n, step = config["num_hidden_layers"], config.get("decoder_sparse_step", 1)
+    dense_only = set(config.get("mlp_only_layers") or ())
+    # published configs say num_experts; transformers 5 writes num_local_experts
+    num_experts = config.get("num_experts") or config["num_local_experts"]
+    k = config["num_experts_per_tok"]
+    if not 0 < k <= num_experts:
+        raise ValueError(f"num_experts_per_tok {k} must be in 1..num_experts ({num_experts})")
+    return {
+        "num_experts": num_experts,
+        "experts_per_token": k,
+        "expert_intermediate_size": config["moe_intermediate_size"],
+        "norm_topk_prob": bool(config.get("norm_topk_prob", False)),
+        "dense_layers": tuple(i for i in range(n)
+                              if i in dense_only or step <= 0 or (i + 1) % step),
+    }  # fmt: skip

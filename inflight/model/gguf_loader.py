@@ -280,6 +280,7 @@ def _arch_from_json(saved: dict[str, Any]) -> LlamaArchConfig:
             "rope_scaling": rope_scaling,
             "rope_freq_factors": factors,
             "full_attention_layers": tuple(saved.get("full_attention_layers", ())),
+            "dense_layers": tuple(saved.get("dense_layers", ())),
         }
     )
 

@@ -144,13 +144,17 @@ class DecoderLayer(nn.Module):
         if after_attention is not None:
             x = ops.rms_norm(x, after_attention.weight, after_attention.eps)
         norm = self.mlp_norm
-        x = ops.add_rms_norm(x, residual, norm.weight, norm.eps)
-        gate_up = apply_linear(self.gate_up_proj, x, decodes)
-        x = ops.gelu_tanh_and_mul(gate_up) if self.gelu else ops.silu_and_mul(gate_up)
-        x = apply_linear(self.down_proj, x, decodes)
+        x = self.mlp(ops.add_rms_norm(x, residual, norm.weight, norm.eps), decodes)
         if after_mlp is not None:
             x = ops.rms_norm(x, after_mlp.weight, after_mlp.eps)
         return x, residual
+
+    def mlp(self, x: torch.Tensor, decodes: Decodes) -> torch.Tensor:
+        """The gated MLP: SiLU (or tanh-GELU) of the gate times up, projected down; a family
+        with experts routes each token through its own (`qwen3_moe.py`)."""
+        gate_up = apply_linear(self.gate_up_proj, x, decodes)
+        x = self.ops.gelu_tanh_and_mul(gate_up) if self.gelu else self.ops.silu_and_mul(gate_up)
+        return apply_linear(self.down_proj, x, decodes)
 
     @property
     def mlp_norm(self) -> RMSNorm:
@@ -171,6 +175,8 @@ class DecoderLayer(nn.Module):
 
 class LlamaModel(nn.Module):
     layer_class: ClassVar[type[DecoderLayer]] = DecoderLayer
+    # the C++ layer loop (model/fused_layers.py) computes this family's layers
+    fusable: ClassVar[bool] = True
 
     def __init__(
         self, cfg: LlamaArchConfig, attn: AttentionBackend, ops: TorchLayerOps | None = None

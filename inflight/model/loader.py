@@ -472,7 +472,7 @@ def load_model(
             "weights and inflight's CPU kernels: in float32 on an AVX2 CPU, or with 16 bits "
             "in bf16 on an AVX-512 VNNI one (Q4_0, Q4_1 or Q8_0 there)"
         )
-    if attn.cpu_kernels:
+    if attn.cpu_kernels and model.fusable:
         model.fused_layers = FusedDecoderLayers(model.layers)
     loaded = LoadedModel(model=model.eval(), arch=arch, path=path,
                        quantized_activations=quantized_activations)  # fmt: skip

@@ -10,12 +10,14 @@ from inflight.model.gemma3 import Gemma3Model
 from inflight.model.llama import LlamaModel
 from inflight.model.phi3 import Phi3Model
 from inflight.model.qwen3 import Qwen3Model
+from inflight.model.qwen3_moe import Qwen3MoeModel
 
 MODEL_CLASSES: dict[str, type[LlamaModel]] = {
     "llama": LlamaModel,
     "mistral": LlamaModel,
     "qwen2": LlamaModel,
     "qwen3": Qwen3Model,
+    "qwen3_moe": Qwen3MoeModel,
     "phi3": Phi3Model,
     "gemma3": Gemma3Model,
 }

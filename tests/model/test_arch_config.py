@@ -173,3 +173,19 @@ def test_a_gemma3_image_and_text_folder_generates_as_transformers(tmp_path, toke
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     got = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
     assert got == expected
+
+
+def test_qwen3_moe_experts_from_either_spelling_and_bad_routing_refused():
+    config = {"architectures": ["Qwen3MoeForCausalLM"], "vocab_size": 100, "hidden_size": 64,
+              "intermediate_size": 128, "num_hidden_layers": 6, "num_attention_heads": 4,
+              "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+              "decoder_sparse_step": 2, "mlp_only_layers": [3], "norm_topk_prob": True}  # fmt: skip
+    arch = LlamaArchConfig.from_hf_config(config)
+    assert (arch.architecture, arch.num_experts, arch.experts_per_token) == ("qwen3_moe", 8, 2)
+    assert arch.dense_layers == (0, 2, 3, 4)  # every second layer routes, but layer 3
+    assert arch.expert_intermediate_size == 32 and arch.norm_topk_prob
+    renamed = {**config, "num_local_experts": 8}  # how transformers 5 writes it
+    del renamed["num_experts"]
+    assert LlamaArchConfig.from_hf_config(renamed) == arch
+    with pytest.raises(ValueError, match=r"num_experts_per_tok 9 must be in 1\.\.num_experts"):
+        LlamaArchConfig.from_hf_config({**config, "num_experts_per_tok": 9})

@@ -44,6 +44,9 @@ def test_fused_layers_match_the_python_loop_bit_for_bit(
               enable_prefix_caching=False)  # fmt: skip
     model = llm.core.loaded.model
     fused = model.fused_layers
+    if arch == "qwen3_moe":  # routing to experts runs in Python
+        assert fused is None and not model.fusable
+        return
     assert isinstance(fused, FusedDecoderLayers)
     assert fused.packed == (not plain and can_pack(getattr(torch, dtype), torch.device("cpu")))
     kernel = fused.packed and dtype == "bfloat16" and load_extension().bf16_linear_available()

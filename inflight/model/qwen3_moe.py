@@ -1,0 +1,101 @@
+"""Qwen3-MoE (`Qwen3MoeForCausalLM`, HF folders): the Qwen3 layer whose MLP is a mixture of
+experts in every sparse layer. A router (`gate`) scores each token's experts, its softmax in
+float32 keeps the `experts_per_token` best (renormalized with `norm_topk_prob`), and each chosen
+expert, a SiLU-gated MLP, adds its output times that weight. Experts run one after another over
+the rows routed to them and add into the output in expert order, as transformers does, so a
+token's sum never depends on which other tokens share its step.
+
+Each expert's gate and up projections are fused into one weight at load (transformers keeps
+them as one [2I, H] slice per expert too). The fused C++ layer loop does not route experts:
+these layers run in Python (`fusable = False`). GGUF `qwen3moe` files are not read yet.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from inflight.attention import AttentionBackend
+from inflight.model.arch import LlamaArchConfig
+from inflight.model.layer_ops import TorchLayerOps
+from inflight.model.packed_linear import Decodes, apply_linear
+from inflight.model.qwen3 import Qwen3DecoderLayer, Qwen3Model
+
+
+class Expert(nn.Module):
+    def __init__(self, hidden: int, intermediate: int) -> None:
+        super().__init__()
+        self.gate_up_proj = nn.Linear(hidden, 2 * intermediate, bias=False)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+
+
+class Qwen3MoeDecoderLayer(Qwen3DecoderLayer):
+    def __init__(
+        self, cfg: LlamaArchConfig, attn: AttentionBackend, ops: TorchLayerOps, index: int
+    ) -> None:
+        super().__init__(cfg, attn, ops, index)
+        self.sparse = index not in cfg.dense_layers
+        if not self.sparse:
+            return
+        del self.gate_up_proj, self.down_proj  # the experts' instead
+        self.top_k, self.norm_topk_prob = cfg.experts_per_token, cfg.norm_topk_prob
+        self.gate = nn.Linear(cfg.hidden_size, cfg.num_experts, bias=False)  # the router
+        self.experts = nn.ModuleList(
+            Expert(cfg.hidden_size, cfg.expert_intermediate_size) for _ in range(cfg.num_experts)
+        )
+
+    def mlp(self, x: torch.Tensor, decodes: Decodes) -> torch.Tensor:
+        if not self.sparse:
+            return super().mlp(x, decodes)
+        logits = apply_linear(self.gate, x, decodes)  # [T, E]
+        probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
+        weights, chosen = torch.topk(probs, self.top_k, dim=-1)  # [T, k]
+        if self.norm_topk_prob:
+            weights /= weights.sum(dim=-1, keepdim=True)
+        weights = weights.to(logits.dtype)
+        out = torch.zeros_like(x)
+        # [E, k, T]: which (rank, token) pairs chose each expert
+        routed = F.one_hot(chosen, num_classes=len(self.experts)).permute(2, 1, 0)
+        for e in routed.sum(dim=(1, 2)).nonzero().flatten().tolist():
+            rank, rows = torch.where(routed[e])
+            expert = self.experts[e]
+            # rows are a subset of the step's: none of them is told apart as a decode
+            h = self.ops.silu_and_mul(apply_linear(expert.gate_up_proj, x[rows], False))
+            h = apply_linear(expert.down_proj, h, False) * weights[rows, rank, None]
+            out.index_add_(0, rows, h)
+        return out
+
+
+class Qwen3MoeModel(Qwen3Model):
+    layer_class = Qwen3MoeDecoderLayer
+    fusable = False
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        super().load_weights(_fused_experts(weights))
+
+
+_EXPERT_PART = re.compile(r"(.*\.mlp\.experts\.\d+)\.(gate|up)_proj\.weight")
+
+
+def _fused_experts(
+    weights: Iterable[tuple[str, torch.Tensor]],
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Each expert's gate and up weights as one `gate_up_proj` (gate rows first), the router
+    and the rest under the layer: `mlp.` is dropped from their names as from Llama's."""
+    pending: dict[str, dict[str, torch.Tensor]] = {}
+    for name, tensor in weights:
+        match = _EXPERT_PART.fullmatch(name)
+        if match is None:
+            yield name, tensor
+            continue
+        parts = pending.setdefault(match[1], {})
+        parts[match[2]] = tensor
+        if len(parts) == 2:
+            del pending[match[1]]
+            yield f"{match[1]}.gate_up_proj.weight", torch.cat([parts["gate"], parts["up"]])
+    if pending:
+        raise KeyError(f"experts with a gate or an up weight alone: {sorted(pending)}")
