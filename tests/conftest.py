@@ -65,7 +65,8 @@ def build_tokenizer(folder: Path):
     return fast
 
 
-TINY_ARCHS = ("llama", "llama3_rope", "qwen2", "qwen3", "qwen3_moe", "phi3", "mistral", "gemma3")
+TINY_ARCHS = ("llama", "llama3_rope", "qwen2", "qwen3", "qwen3_moe", "mixtral", "phi3", "mistral",
+              "gemma3")  # fmt: skip
 
 
 def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) -> Path:
@@ -76,6 +77,8 @@ def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) ->
         LlamaForCausalLM,
         MistralConfig,
         MistralForCausalLM,
+        MixtralConfig,
+        MixtralForCausalLM,
         Phi3Config,
         Phi3ForCausalLM,
         Qwen2Config,
@@ -128,6 +131,10 @@ def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) ->
                                 moe_intermediate_size=32, norm_topk_prob=True,
                                 mlp_only_layers=[1])  # fmt: skip
         cls = Qwen3MoeForCausalLM
+    elif arch == "mixtral":  # 2 of 4 experts a token in every layer, a sliding window
+        config = MixtralConfig(**{**common, "intermediate_size": 32}, num_local_experts=4,
+                               num_experts_per_tok=2, sliding_window=24)  # fmt: skip
+        cls = MixtralForCausalLM
     elif arch == "phi3":  # fused q/k/v and gate/up in the checkpoint, a sliding window
         config, cls = Phi3Config(**common, sliding_window=24), Phi3ForCausalLM
     elif arch == "mistral":

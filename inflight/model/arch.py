@@ -1,10 +1,10 @@
 """LlamaArchConfig: the shape of a Llama-family model, from HF config.json or GGUF metadata.
 
 Covers Llama (with llama3 / linear RoPE scaling), Mistral (sliding window), Qwen2 (q/k/v bias),
-Qwen3 (q/k norms), Phi-3 / Phi-4 (fused projections in the checkpoint), Gemma 3 text (windowed
-and global layers, each kind with its own RoPE) and SmolLM2. Both transformers 4 (`rope_theta` +
-`rope_scaling`) and transformers 5 (`rope_parameters`, per layer kind where layers differ)
-spellings of RoPE settings are read.
+Qwen3 (q/k norms), Qwen3-MoE and Mixtral (experts), Phi-3 / Phi-4 (fused projections in the
+checkpoint), Gemma 3 text (windowed and global layers, each kind with its own RoPE) and SmolLM2.
+Both transformers 4 (`rope_theta` + `rope_scaling`) and transformers 5 (`rope_parameters`, per
+layer kind where layers differ) spellings of RoPE settings are read.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ SUPPORTED_ARCHITECTURES = {
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
     "Qwen3MoeForCausalLM": "qwen3_moe",
+    "MixtralForCausalLM": "mixtral",
     "Phi3ForCausalLM": "phi3",
     "Gemma3ForCausalLM": "gemma3",
     "Gemma3ForConditionalGeneration": "gemma3",  # its language model (`_gemma3_text_config`)
@@ -113,7 +114,7 @@ class LlamaArchConfig:
         if arch == "gemma3":
             full_layers, local_theta = _gemma3_layers(config, local_params)
             query_scalar = float(config.get("query_pre_attn_scalar", 256))
-        experts = _experts(config) if arch == "qwen3_moe" else {}
+        experts = _experts(config, arch) if arch in ("qwen3_moe", "mixtral") else {}
         eos = config.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
         return cls(
@@ -201,9 +202,14 @@ def _gemma3_text_config(config: dict[str, Any]) -> dict[str, Any]:
     return {**text, "architectures": ["Gemma3ForCausalLM"]}
 
 
-def _experts(config: dict[str, Any]) -> dict[str, Any]:
-    """Qwen3-MoE's expert fields: every `decoder_sparse_step`-th layer routes through experts,
-    but those in `mlp_only_layers`."""
+def _experts(config: dict[str, Any], arch: str) -> dict[str, Any]:
+    """The expert fields: Mixtral's every layer routes through experts of `intermediate_size`,
+    renormalizing the chosen; Qwen3-MoE's every `decoder_sparse_step`-th layer but those in
+    `mlp_only_layers`, experts of `moe_intermediate_size`."""
+    if arch == "mixtral":
+        config = {**config, "moe_intermediate_size": config["intermediate_size"],
+                  "norm_topk_prob": True, "decoder_sparse_step": 1,
+                  "mlp_only_layers": []}  # fmt: skip
     n, step = config["num_hidden_layers"], config.get("decoder_sparse_step", 1)
     dense_only = set(config.get("mlp_only_layers") or ())
     # published configs say num_experts; transformers 5 writes num_local_experts

@@ -151,7 +151,7 @@ class DecoderLayer(nn.Module):
 
     def mlp(self, x: torch.Tensor, decodes: Decodes) -> torch.Tensor:
         """The gated MLP: SiLU (or tanh-GELU) of the gate times up, projected down; a family
-        with experts routes each token through its own (`qwen3_moe.py`)."""
+        with experts routes each token through its own (`moe.py`)."""
         gate_up = apply_linear(self.gate_up_proj, x, decodes)
         x = self.ops.gelu_tanh_and_mul(gate_up) if self.gelu else self.ops.silu_and_mul(gate_up)
         return apply_linear(self.down_proj, x, decodes)

@@ -8,9 +8,9 @@ from __future__ import annotations
 from inflight.model.arch import LlamaArchConfig
 from inflight.model.gemma3 import Gemma3Model
 from inflight.model.llama import LlamaModel
+from inflight.model.moe import MixtralModel, Qwen3MoeModel
 from inflight.model.phi3 import Phi3Model
 from inflight.model.qwen3 import Qwen3Model
-from inflight.model.qwen3_moe import Qwen3MoeModel
 
 MODEL_CLASSES: dict[str, type[LlamaModel]] = {
     "llama": LlamaModel,
@@ -18,6 +18,7 @@ MODEL_CLASSES: dict[str, type[LlamaModel]] = {
     "qwen2": LlamaModel,
     "qwen3": Qwen3Model,
     "qwen3_moe": Qwen3MoeModel,
+    "mixtral": MixtralModel,
     "phi3": Phi3Model,
     "gemma3": Gemma3Model,
 }

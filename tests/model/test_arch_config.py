@@ -189,3 +189,14 @@ def test_qwen3_moe_experts_from_either_spelling_and_bad_routing_refused():
     assert LlamaArchConfig.from_hf_config(renamed) == arch
     with pytest.raises(ValueError, match=r"num_experts_per_tok 9 must be in 1\.\.num_experts"):
         LlamaArchConfig.from_hf_config({**config, "num_experts_per_tok": 9})
+
+
+def test_mixtral_routes_every_layer_through_experts_of_its_intermediate_size():
+    arch = LlamaArchConfig.from_hf_config({
+        "architectures": ["MixtralForCausalLM"], "vocab_size": 100, "hidden_size": 64,
+        "intermediate_size": 48, "num_hidden_layers": 3, "num_attention_heads": 4,
+        "num_local_experts": 8, "num_experts_per_tok": 2, "sliding_window": 4096,
+    })  # fmt: skip
+    assert (arch.architecture, arch.num_experts, arch.expert_intermediate_size) == (
+        "mixtral", 8, 48)  # fmt: skip
+    assert arch.dense_layers == () and arch.norm_topk_prob and arch.sliding_window == 4096

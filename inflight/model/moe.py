@@ -1,19 +1,22 @@
-"""Qwen3-MoE (`Qwen3MoeForCausalLM`, HF folders): the Qwen3 layer whose MLP is a mixture of
-experts in every sparse layer. A router (`gate`) scores each token's experts, its softmax in
-float32 keeps the `experts_per_token` best (renormalized with `norm_topk_prob`), and each chosen
-expert, a SiLU-gated MLP, adds its output times that weight. Experts run one after another over
-the rows routed to them and add into the output in expert order, as transformers does, so a
-token's sum never depends on which other tokens share its step.
+"""Mixture-of-experts families, from HF folders: Qwen3-MoE (`Qwen3MoeForCausalLM`, the Qwen3
+layer) and Mixtral (`MixtralForCausalLM`, the Llama layer), whose MLP is a set of experts in
+every sparse layer. A router (`gate`) scores each token's experts; its softmax in float32 keeps
+the `experts_per_token` best (renormalized with `norm_topk_prob`, always for Mixtral), and each
+chosen expert, a SiLU-gated MLP, adds its output times that weight. Experts run one after
+another over the rows routed to them and add into the output in expert order, as transformers
+does, so a token's sum never depends on which other tokens share its step.
 
 Each expert's gate and up projections are fused into one weight at load (transformers keeps
-them as one [2I, H] slice per expert too). The fused C++ layer loop does not route experts:
-these layers run in Python (`fusable = False`). GGUF `qwen3moe` files are not read yet.
+them as one [2I, H] slice per expert too); Mixtral's `block_sparse_moe.experts.*.w1/w3/w2` are
+read as gate/up/down. The fused C++ layer loop does not route experts: these layers run in
+Python (`fusable = False`). GGUF `qwen3moe` / MoE `llama` files are not read yet.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Iterator
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -22,6 +25,7 @@ from torch import nn
 from inflight.attention import AttentionBackend
 from inflight.model.arch import LlamaArchConfig
 from inflight.model.layer_ops import TorchLayerOps
+from inflight.model.llama import DecoderLayer, LlamaModel
 from inflight.model.packed_linear import Decodes, apply_linear
 from inflight.model.qwen3 import Qwen3DecoderLayer, Qwen3Model
 
@@ -33,7 +37,13 @@ class Expert(nn.Module):
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
 
 
-class Qwen3MoeDecoderLayer(Qwen3DecoderLayer):
+class MoEDecoderLayer(DecoderLayer):
+    """Mixtral's layer: Llama's, with experts for its MLP in its sparse layers."""
+
+    # the router's weights cast to the model's dtype before they scale the experts (Qwen3-MoE)
+    # or kept in float32 (Mixtral): transformers' order of roundings, each family's own
+    cast_router_weights: ClassVar[bool] = False
+
     def __init__(
         self, cfg: LlamaArchConfig, attn: AttentionBackend, ops: TorchLayerOps, index: int
     ) -> None:
@@ -56,7 +66,8 @@ class Qwen3MoeDecoderLayer(Qwen3DecoderLayer):
         weights, chosen = torch.topk(probs, self.top_k, dim=-1)  # [T, k]
         if self.norm_topk_prob:
             weights /= weights.sum(dim=-1, keepdim=True)
-        weights = weights.to(logits.dtype)
+        if self.cast_router_weights:
+            weights = weights.to(logits.dtype)
         out = torch.zeros_like(x)
         # [E, k, T]: which (rank, token) pairs chose each expert
         routed = F.one_hot(chosen, num_classes=len(self.experts)).permute(2, 1, 0)
@@ -66,8 +77,22 @@ class Qwen3MoeDecoderLayer(Qwen3DecoderLayer):
             # rows are a subset of the step's: none of them is told apart as a decode
             h = self.ops.silu_and_mul(apply_linear(expert.gate_up_proj, x[rows], False))
             h = apply_linear(expert.down_proj, h, False) * weights[rows, rank, None]
-            out.index_add_(0, rows, h)
+            out.index_add_(0, rows, h.to(out.dtype))
         return out
+
+
+class Qwen3MoeDecoderLayer(MoEDecoderLayer, Qwen3DecoderLayer):
+    """Qwen3's layer (q/k norms) with experts."""
+
+    cast_router_weights = True
+
+
+class MixtralModel(LlamaModel):
+    layer_class = MoEDecoderLayer
+    fusable = False
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        super().load_weights(_fused_experts(weights))
 
 
 class Qwen3MoeModel(Qwen3Model):
@@ -78,16 +103,24 @@ class Qwen3MoeModel(Qwen3Model):
         super().load_weights(_fused_experts(weights))
 
 
+_MIXTRAL_NAMES = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
+_MIXTRAL_EXPERT = re.compile(r"(.*\.)block_sparse_moe\.(experts\.\d+)\.(w[123])\.weight")
 _EXPERT_PART = re.compile(r"(.*\.mlp\.experts\.\d+)\.(gate|up)_proj\.weight")
 
 
 def _fused_experts(
     weights: Iterable[tuple[str, torch.Tensor]],
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """Each expert's gate and up weights as one `gate_up_proj` (gate rows first), the router
-    and the rest under the layer: `mlp.` is dropped from their names as from Llama's."""
+    """Each expert's gate and up weights as one `gate_up_proj` (gate rows first), under
+    Qwen3-MoE's names (`mlp.gate`, `mlp.experts.E.*`), which the Llama loader maps onto the
+    layer as it maps `mlp.*`."""
     pending: dict[str, dict[str, torch.Tensor]] = {}
     for name, tensor in weights:
+        mixtral = _MIXTRAL_EXPERT.fullmatch(name)
+        if mixtral is not None:
+            prefix, expert, part = mixtral.groups()
+            name = f"{prefix}mlp.{expert}.{_MIXTRAL_NAMES[part]}.weight"
+        name = name.replace(".block_sparse_moe.gate.", ".mlp.gate.")
         match = _EXPERT_PART.fullmatch(name)
         if match is None:
             yield name, tensor
