@@ -17,17 +17,23 @@ from inflight.model.gguf_blocks import GROUP, BlockFormat, dequantize, format_of
 class BlockEmbedding(nn.Module):
     """`nn.Embedding`'s lookup over GGUF blocks [vocab, hidden / block weights, block bytes]."""
 
-    def __init__(self, blocks: torch.Tensor, dtype: torch.dtype) -> None:
+    def __init__(
+        self,
+        blocks: torch.Tensor,
+        dtype: torch.dtype,
+        regrouped: tuple[BlockFormat, int] | None = None,
+    ) -> None:
+        """`regrouped`: (format, vocabulary) where `blocks` is their 8-column layout
+        (`over_layout`)."""
         super().__init__()
         if blocks.dim() != 3:
             raise ValueError(f"GGUF blocks [vocab, blocks, bytes] expected, got "
                              f"{tuple(blocks.shape)}")  # fmt: skip
-        self.format = format_of(blocks)
+        self.regrouped = regrouped is not None
+        self.format, self.num_embeddings = regrouped or (format_of(blocks), blocks.shape[0])
         self.register_buffer("blocks", blocks)
         self.dtype = dtype
-        self.num_embeddings = blocks.shape[0]
         self.embedding_dim = blocks.shape[1] * self.format.weights
-        self.regrouped = False  # `blocks` is the 8-column layout (`over_layout`)
 
     @classmethod
     def over_layout(
@@ -40,13 +46,7 @@ class BlockEmbedding(nn.Module):
         ):  # fmt: skip
             raise ValueError(f"{tuple(layout.shape)} is not the 8-column layout of {vocab} rows "
                              f"of {fmt.name} blocks")  # fmt: skip
-        embedding = cls.__new__(cls)
-        nn.Module.__init__(embedding)
-        embedding.format, embedding.dtype, embedding.regrouped = fmt, dtype, True
-        embedding.register_buffer("blocks", layout)
-        embedding.num_embeddings = vocab
-        embedding.embedding_dim = layout.shape[1] * fmt.weights
-        return embedding
+        return cls(layout, dtype, regrouped=(fmt, vocab))
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         if self.regrouped:

@@ -78,15 +78,15 @@ class FusedDecoderLayers:
         hidden: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        local_rope: tuple[torch.Tensor, torch.Tensor] | None,
+        local: tuple[torch.Tensor, torch.Tensor] | None,
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
         meta: KernelMetadata,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(last layer's MLP output, residual stream), as the Python loop returns them;
-        `local_rope`: the windowed layers' cos and sin where their RoPE is their own."""
+        `local`: the windowed layers' cos and sin where their RoPE is their own."""
         decode, prefill = meta.decode_batch, meta.prefill_batch
         num_heads, num_kv_heads, head_dim = self.shape
-        local_cos, local_sin = local_rope or (None, None)
+        local_cos, local_sin = local or (None, None)
         hidden, residual = self.run(
             hidden, None, cos, sin, local_cos, local_sin, self.weights, self.small_weights,
             self.decode_weights, self.small_batch_rows,

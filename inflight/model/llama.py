@@ -71,6 +71,16 @@ def _rotation(
     return freqs.cos().to(dtype), freqs.sin().to(dtype)
 
 
+def gated_mlp(
+    mlp: nn.Module, x: torch.Tensor, decodes: Decodes, ops: TorchLayerOps, gelu: bool = False
+) -> torch.Tensor:
+    """SiLU (or tanh-GELU) of the gate times up, projected down: `mlp`'s `gate_up_proj` (rows
+    [gate | up]) and `down_proj`, a layer's or an expert's."""
+    gate_up = apply_linear(mlp.gate_up_proj, x, decodes)
+    x = ops.gelu_tanh_and_mul(gate_up) if gelu else ops.silu_and_mul(gate_up)
+    return apply_linear(mlp.down_proj, x, decodes)
+
+
 class RMSNorm(nn.Module):
     """Holds the weight and eps; the arithmetic is the layer ops' (`rms_norm`, `add_rms_norm`)."""
 
@@ -150,11 +160,9 @@ class DecoderLayer(nn.Module):
         return x, residual
 
     def mlp(self, x: torch.Tensor, decodes: Decodes) -> torch.Tensor:
-        """The gated MLP: SiLU (or tanh-GELU) of the gate times up, projected down; a family
-        with experts routes each token through its own (`moe.py`)."""
-        gate_up = apply_linear(self.gate_up_proj, x, decodes)
-        x = self.ops.gelu_tanh_and_mul(gate_up) if self.gelu else self.ops.silu_and_mul(gate_up)
-        return apply_linear(self.down_proj, x, decodes)
+        """The layer's gated MLP; a family with experts routes each token through its own
+        (`moe.py`)."""
+        return gated_mlp(self, x, decodes, self.ops, self.gelu)
 
     @property
     def mlp_norm(self) -> RMSNorm:
@@ -220,13 +228,12 @@ class LlamaModel(nn.Module):
         (the sampler converts to float32 only when it needs more than an argmax)."""
         hidden = self.embed(input_ids)
         cos, sin = _rotation(positions, self.inv_freq, hidden.dtype)
-        local = (cos, sin)
+        local = None  # the windowed layers' own rotation, where their base differs
         if self.local_inv_freq is not None:
             local = _rotation(positions, self.local_inv_freq, hidden.dtype)
         residual = None
         if self.fused_layers is not None:
-            local_rope = None if self.local_inv_freq is None else local
-            hidden, residual = self.fused_layers(hidden, cos, sin, local_rope, kv_caches, meta)
+            hidden, residual = self.fused_layers(hidden, cos, sin, local, kv_caches, meta)
         else:
             for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
                 rotation = local if layer.local_rope else (cos, sin)

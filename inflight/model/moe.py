@@ -25,7 +25,7 @@ from torch import nn
 from inflight.attention import AttentionBackend
 from inflight.model.arch import LlamaArchConfig
 from inflight.model.layer_ops import TorchLayerOps
-from inflight.model.llama import DecoderLayer, LlamaModel
+from inflight.model.llama import DecoderLayer, LlamaModel, gated_mlp
 from inflight.model.packed_linear import Decodes, apply_linear
 from inflight.model.qwen3 import Qwen3DecoderLayer, Qwen3Model
 
@@ -73,10 +73,8 @@ class MoEDecoderLayer(DecoderLayer):
         routed = F.one_hot(chosen, num_classes=len(self.experts)).permute(2, 1, 0)
         for e in routed.sum(dim=(1, 2)).nonzero().flatten().tolist():
             rank, rows = torch.where(routed[e])
-            expert = self.experts[e]
             # rows are a subset of the step's: none of them is told apart as a decode
-            h = self.ops.silu_and_mul(apply_linear(expert.gate_up_proj, x[rows], False))
-            h = apply_linear(expert.down_proj, h, False) * weights[rows, rank, None]
+            h = gated_mlp(self.experts[e], x[rows], False, self.ops) * weights[rows, rank, None]
             out.index_add_(0, rows, h.to(out.dtype))
         return out
 
