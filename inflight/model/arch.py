@@ -9,6 +9,7 @@ layer kind where layers differ) spellings of RoPE settings are read.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +24,7 @@ SUPPORTED_ARCHITECTURES = {
     "Gemma3ForCausalLM": "gemma3",
     "Gemma3ForConditionalGeneration": "gemma3",  # its language model (`_gemma3_text_config`)
 }
+MAX_LAYERS = 1024  # far beyond any model's; a config asking more is broken or hostile
 GEMMA3_SLIDING_WINDOW_PATTERN = 6  # every sixth layer global, where a config does not list them
 
 
@@ -63,6 +65,25 @@ class LlamaArchConfig:
     dense_layers: tuple[int, ...] = ()
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        """Refuses shapes no model has (ValueError, which the loaders report with the file):
+        a hostile or broken config must not hang building 2**64 layers or divide by zero."""
+        sizes = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
+                 "num_kv_heads", "head_dim")  # fmt: skip
+        for name in sizes:
+            value = getattr(self, name)
+            if not isinstance(value, int) or not 0 < value < 2**31:
+                raise ValueError(f"{name} must be a positive integer below 2**31, not {value!r}")
+        if self.num_layers > MAX_LAYERS:
+            raise ValueError(f"{self.num_layers} layers: more than {MAX_LAYERS}")
+        if self.sliding_window is not None and self.sliding_window <= 0:
+            raise ValueError(f"sliding_window must be positive, not {self.sliding_window}")
+        scalar = self.query_pre_attn_scalar
+        if scalar is not None and not (math.isfinite(scalar) and scalar > 0):
+            raise ValueError(f"query_pre_attn_scalar must be positive, not {scalar}")
+        if self.num_experts and not 0 < self.experts_per_token <= self.num_experts:
+            raise ValueError(f"{self.experts_per_token} experts a token of {self.num_experts}")
 
     @property
     def rope_scaling_dict(self) -> dict[str, Any]:
@@ -178,6 +199,8 @@ def _gemma3_layers(
     types = config.get("layer_types")
     if types is None:
         pattern = config.get("sliding_window_pattern", GEMMA3_SLIDING_WINDOW_PATTERN)
+        if not isinstance(pattern, int) or not 0 < pattern <= MAX_LAYERS or n > MAX_LAYERS:
+            raise ValueError(f"sliding_window_pattern {pattern!r} over {n!r} layers")
         types = ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention"
                  for i in range(n)]  # fmt: skip
     if len(types) != n or not set(types) <= {"full_attention", "sliding_attention"}:
@@ -211,6 +234,8 @@ def _experts(config: dict[str, Any], arch: str) -> dict[str, Any]:
                   "norm_topk_prob": True, "decoder_sparse_step": 1,
                   "mlp_only_layers": []}  # fmt: skip
     n, step = config["num_hidden_layers"], config.get("decoder_sparse_step", 1)
+    if not isinstance(n, int) or n > MAX_LAYERS:
+        raise ValueError(f"{n!r} layers: more than {MAX_LAYERS}")
     dense_only = set(config.get("mlp_only_layers") or ())
     # published configs say num_experts; transformers 5 writes num_local_experts
     num_experts = config.get("num_experts") or config["num_local_experts"]

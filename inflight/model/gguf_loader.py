@@ -32,7 +32,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader
 from gguf.quants import dequantize
 
 from inflight.errors import ModelLoadError
-from inflight.model.arch import GEMMA3_SLIDING_WINDOW_PATTERN, LlamaArchConfig
+from inflight.model.arch import GEMMA3_SLIDING_WINDOW_PATTERN, MAX_LAYERS, LlamaArchConfig
 from inflight.model.gguf_blocks import FORMATS
 from inflight.model.gguf_header import GGUFHeader, read_gguf_header
 from inflight.tokenizer import cache_dir, file_cache_key
@@ -174,7 +174,9 @@ def _gemma3_full_layers(header: GGUFHeader, arch: str, num_layers: int) -> tuple
     if isinstance(pattern, list):
         return tuple(i for i, windowed in enumerate(pattern[:num_layers]) if not windowed)
     n = int(pattern)
-    return tuple(i for i in range(num_layers) if n and (i + 1) % n == 0)
+    if num_layers > MAX_LAYERS:  # refused with the config; not counted out first
+        return ()
+    return tuple(i for i in range(num_layers) if n > 0 and (i + 1) % n == 0)
 
 
 def _rope_scaling(header: GGUFHeader, arch: str, path: Path) -> tuple[tuple[str, Any], ...] | None:
@@ -312,7 +314,10 @@ def read_gguf_index(path: Path) -> GGUFIndex:
         dtype, data_shape = t.data_layout()
         entries.append({"name": t.name, "type": t.type, "shape": list(t.shape), "offset": t.offset,
                         "dtype": dtype, "data_shape": list(data_shape)})  # fmt: skip
-    arch = gguf_arch_config(header, path)
+    try:
+        arch = gguf_arch_config(header, path)
+    except (ValueError, TypeError) as e:  # a field of the wrong kind, or a shape refused
+        raise ModelLoadError(f"{path}: {e}") from None
     try:
         cached.parent.mkdir(parents=True, exist_ok=True)
         cached.write_text(json.dumps({"arch": dataclasses.asdict(arch), "tensors": entries}))

@@ -200,3 +200,29 @@ def test_mixtral_routes_every_layer_through_experts_of_its_intermediate_size():
     assert (arch.architecture, arch.num_experts, arch.expert_intermediate_size) == (
         "mixtral", 8, 48)  # fmt: skip
     assert arch.dense_layers == () and arch.norm_topk_prob and arch.sliding_window == 4096
+
+
+@pytest.mark.parametrize(
+    ("extra", "why"),
+    [
+        ({"num_hidden_layers": 2**64}, "layers"),
+        ({"hidden_size": 2**63}, "hidden_size must be a positive integer below 2"),
+        ({"num_attention_heads": 0}, "num_heads must be a positive integer"),
+        ({"sliding_window": -5}, "sliding_window must be positive"),
+        ({"sliding_window_pattern": 0}, "sliding_window_pattern 0"),
+        ({"query_pre_attn_scalar": 0}, "query_pre_attn_scalar must be positive"),
+        ({"query_pre_attn_scalar": float("nan")}, "query_pre_attn_scalar must be positive"),
+    ],
+)
+def test_shapes_no_model_has_are_refused_not_built(extra, why):
+    """A hostile config must not hang building 2**64 layers or divide by zero."""
+    with pytest.raises(ValueError, match=why):
+        LlamaArchConfig.from_hf_config({**GEMMA3, **extra})
+
+
+def test_a_moe_config_of_2_to_the_64_layers_is_refused():
+    config = {"architectures": ["MixtralForCausalLM"], "vocab_size": 100, "hidden_size": 64,
+              "intermediate_size": 48, "num_hidden_layers": 2**64, "num_attention_heads": 4,
+              "num_local_experts": 8, "num_experts_per_tok": 2}  # fmt: skip
+    with pytest.raises(ValueError, match="layers: more than"):
+        LlamaArchConfig.from_hf_config(config)
