@@ -17,6 +17,7 @@ from inflight import LLM, SamplingParams
 from inflight.model.gguf_header import read_gguf_header
 from inflight.model.packed_linear import blocks_serve_every_batch
 from inflight.workload.parity import PARAGRAPH, RAW_PROMPTS
+from tests.gguf_files import write_weights_only_copy
 from tests.parity import hf_greedy
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -64,9 +65,7 @@ def _transformers_model(path: Path, folder: Path):
     parses every field, 262k vocabulary entries at ~20 s a pass on 2 cores, and the weights
     need none of them. Its config is made here from the file's fields, as transformers' GGUF
     reader makes it."""
-    import numpy as np
     import torch
-    from gguf import GGMLQuantizationType, GGUFWriter
     from transformers import AutoModelForCausalLM, Gemma3TextConfig
 
     header = read_gguf_header(path)
@@ -93,19 +92,7 @@ def _transformers_model(path: Path, folder: Path):
         eos_token_id=fields["tokenizer.ggml.eos_token_id"],
         pad_token_id=fields["tokenizer.ggml.padding_token_id"],
     )  # fmt: skip
-    weights_only = folder / "weights.gguf"
-    writer = GGUFWriter(weights_only, fields["general.architecture"])
-    mapped = np.memmap(path, dtype=np.uint8, mode="r")
-    for tensor in header.tensors:  # the same bytes, block for block
-        dtype, shape = tensor.data_layout()
-        size = int(np.prod(shape)) * np.dtype(dtype).itemsize
-        data = mapped[tensor.offset : tensor.offset + size].view(dtype).reshape(shape)
-        writer.add_tensor(tensor.name, data, raw_shape=shape,
-                          raw_dtype=GGMLQuantizationType(tensor.type))  # fmt: skip
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    weights_only = write_weights_only_copy(path, folder / "weights.gguf")
     return AutoModelForCausalLM.from_pretrained(
         folder, gguf_file=weights_only.name, config=config, dtype=torch.float32
     ).eval()
