@@ -131,6 +131,10 @@ def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) ->
                                 moe_intermediate_size=32, norm_topk_prob=True,
                                 mlp_only_layers=[1])  # fmt: skip
         cls = Qwen3MoeForCausalLM
+    elif arch == "qwen3_moe_sparse":  # experts in every layer, as llama.cpp's qwen3moe has them
+        config = Qwen3MoeConfig(**common, num_experts=4, num_experts_per_tok=2,
+                                moe_intermediate_size=32, norm_topk_prob=True)  # fmt: skip
+        cls = Qwen3MoeForCausalLM
     elif arch == "mixtral":  # 2 of 4 experts a token in every layer, a sliding window
         config = MixtralConfig(**{**common, "intermediate_size": 32}, num_local_experts=4,
                                num_experts_per_tok=2, sliding_window=24)  # fmt: skip

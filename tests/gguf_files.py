@@ -53,6 +53,10 @@ def gguf_name(hf: str, arch: str = "llama") -> str:
         return HF_TO_GGUF[hf]
     _, _, layer, rest = hf.split(".", 3)
     part, kind = rest.rsplit(".", 1)
+    if part.startswith("mlp.experts."):  # a stack of experts' weights
+        return f"blk.{layer}.ffn_{part.rpartition('.')[2].removesuffix('_proj')}_exps.{kind}"
+    if part == "mlp.gate":  # their router
+        return f"blk.{layer}.ffn_gate_inp.{kind}"
     names = GEMMA3_LAYER_TO_GGUF if arch == "gemma3" else LAYER_TO_GGUF
     return f"blk.{layer}.{names[part]}.{kind}"
 
@@ -167,7 +171,8 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
     merges = [m if isinstance(m, str) else " ".join(m) for m in tok["model"]["merges"]]
 
     arch = {"LlamaForCausalLM": "llama", "Qwen3ForCausalLM": "qwen3", "Phi3ForCausalLM": "phi3",
-            "Gemma3ForCausalLM": "gemma3"}[cfg["architectures"][0]]  # fmt: skip
+            "Gemma3ForCausalLM": "gemma3", "Qwen3MoeForCausalLM": "qwen3moe",
+            "MixtralForCausalLM": "llama"}[cfg["architectures"][0]]  # fmt: skip
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
     w = GGUFWriter(out, arch)
     w.add_block_count(cfg["num_hidden_layers"])
@@ -185,8 +190,14 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
     w.add_key_length(head_dim)
     w.add_value_length(head_dim)
     w.add_vocab_size(cfg["vocab_size"])
-    if cfg.get("sliding_window"):
+    if cfg.get("sliding_window") and arch != "llama":  # (a llama file cannot say it: Mixtral)
         w.add_sliding_window(cfg["sliding_window"])
+    experts = cfg.get("num_experts") or cfg.get("num_local_experts")
+    if experts:
+        w.add_expert_count(experts)
+        w.add_expert_used_count(cfg["num_experts_per_tok"])
+        if "moe_intermediate_size" in cfg:
+            w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
     file_type = "MOSTLY_Q4_K_M" if qtype is None else (
         "ALL_F32" if qtype == Q.F32 else f"MOSTLY_{qtype.name}"
     )  # fmt: skip
@@ -205,7 +216,7 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
 
     if rope.get("rope_type") == "llama3":  # as llama.cpp's converter stores it
         w.add_tensor("rope_freqs.weight", llama3_rope_factors(head_dim, base, rope))
-    for name, tensor in load_file(hf_folder / "model.safetensors").items():
+    for name, tensor in _stacked_experts(load_file(hf_folder / "model.safetensors")).items():
         array = tensor.float().numpy()
         if arch == "llama" and name.endswith("q_proj.weight"):  # only llama's rows are permuted
             array = llama_cpp_permute(array, cfg["num_attention_heads"])
@@ -215,7 +226,8 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
             array = array + 1
         file_name = gguf_name(name, arch)
         kind = mix(file_name) if mix else qtype
-        if array.ndim == 2 and kind != Q.F32:
+        if array.ndim >= 2 and kind != Q.F32 and "ffn_gate_inp" not in file_name:  # routers
+            # stay F32, as llama.cpp's quantizer leaves them
             w.add_tensor(file_name, quantize_any(array, kind), raw_dtype=kind)
         else:
             w.add_tensor(file_name, array)
@@ -223,6 +235,32 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+    return out
+
+
+def _stacked_experts(weights: dict) -> dict:
+    """The checkpoint with each layer's experts stacked as llama.cpp stores them: one
+    [experts, rows, columns] tensor per projection, `mlp.experts.gate_proj.weight` (Mixtral's
+    w1/w3/w2 as gate/up/down), the router as `mlp.gate.weight`."""
+    import re
+
+    import torch
+
+    names = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
+    pattern = re.compile(r"(model\.layers\.\d+)\.(?:mlp|block_sparse_moe)\.experts\.(\d+)\."
+                         r"(\w+)\.weight")  # fmt: skip
+    stacks: dict[str, dict[int, object]] = {}
+    out = {}
+    for name, tensor in weights.items():
+        match = pattern.fullmatch(name)
+        if match is None:
+            out[name.replace(".block_sparse_moe.gate.", ".mlp.gate.")] = tensor
+            continue
+        layer, expert, part = match.groups()
+        key = f"{layer}.mlp.experts.{names.get(part, part)}.weight"
+        stacks.setdefault(key, {})[int(expert)] = tensor
+    for key, experts in stacks.items():
+        out[key] = torch.stack([experts[e] for e in sorted(experts)])
     return out
 
 

@@ -34,12 +34,15 @@ from gguf.quants import dequantize
 from inflight.errors import ModelLoadError
 from inflight.model.arch import GEMMA3_SLIDING_WINDOW_PATTERN, MAX_LAYERS, LlamaArchConfig
 from inflight.model.gguf_blocks import FORMATS
-from inflight.model.gguf_header import GGUFHeader, read_gguf_header
+from inflight.model.gguf_header import GGUFHeader, TensorInfo, read_gguf_header
 from inflight.tokenizer import cache_dir, file_cache_key
 
 logger = logging.getLogger(__name__)
 
-SUPPORTED_GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "phi3", "gemma3")
+SUPPORTED_GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "phi3", "gemma3")
+# a GGUF architecture -> the registry's, where the names differ (a `llama` file with experts is
+# Mixtral: `gguf_arch_config`)
+_REGISTRY_NAMES = {"qwen3moe": "qwen3_moe"}
 ROPE_FREQS = "rope_freqs.weight"  # per-frequency divisors of a llama3-scaled RoPE
 
 _LAYER_NAMES = {
@@ -54,7 +57,12 @@ _LAYER_NAMES = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+    "ffn_gate_inp": "mlp.gate",  # a mixture of experts' router
 }
+# A mixture of experts' stacked weights ([experts, rows, columns] in numpy order), which the
+# index lists as one tensor per expert, `blk.N.ffn_gate_exps.E`: HF's `mlp.experts.E.gate_proj`
+_EXPERT_STACKS = {"ffn_gate_exps": "gate_proj", "ffn_up_exps": "up_proj",
+                  "ffn_down_exps": "down_proj"}  # fmt: skip
 # where an architecture's tensor means something else than Llama's (phi3's ffn_up is gate + up)
 _ARCH_LAYER_NAMES = {
     "phi3": {**_LAYER_NAMES, "attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},
@@ -135,6 +143,22 @@ def gguf_arch_config(header: GGUFHeader, path: Path) -> LlamaArchConfig:
     eos = field_value(header, "tokenizer.ggml.eos_token_id")
     full_layers: tuple[int, ...] = ()
     local_theta = query_scalar = None
+    experts = int(meta("expert_count", 0))
+    moe: dict[str, Any] = {}
+    if experts:
+        if arch not in ("llama", "qwen3moe"):
+            raise ModelLoadError(f"{path}: a {arch} file with experts is not supported")
+        ffn = int(meta("expert_feed_forward_length", meta("feed_forward_length")))
+        # a layer without a router keeps one MLP (what the file holds says which)
+        layers = range(min(num_layers, MAX_LAYERS + 1))  # (more are refused with the config)
+        dense = tuple(i for i in layers if f"blk.{i}.ffn_gate_inp.weight" not in names)
+        # llama.cpp renormalizes the chosen experts' weights of both, as both families do
+        moe = dict(num_experts=experts, experts_per_token=int(meta("expert_used_count")),
+                   expert_intermediate_size=ffn, dense_layers=dense,
+                   norm_topk_prob=True)  # fmt: skip
+    elif arch == "qwen3moe":
+        raise ModelLoadError(f"{path}: GGUF metadata lacks qwen3moe.expert_count")
+    registry_name = "mixtral" if arch == "llama" and experts else _REGISTRY_NAMES.get(arch, arch)
     if arch == "gemma3":
         if field_value(header, f"{arch}.final_logit_softcapping"):
             raise ModelLoadError(f"{path}: final logit soft-capping is not supported")
@@ -142,7 +166,7 @@ def gguf_arch_config(header: GGUFHeader, path: Path) -> LlamaArchConfig:
         local_theta = float(meta("rope.freq_base_swa", GEMMA3_LOCAL_ROPE_THETA))
         query_scalar = float(hidden // num_heads if num_layers == GEMMA3_27B_LAYERS else head_dim)
     return LlamaArchConfig(
-        architecture=arch,
+        architecture=registry_name,
         vocab_size=int(meta("vocab_size", len(tokens) or None)),
         hidden_size=hidden,
         intermediate_size=int(meta("feed_forward_length")),
@@ -163,6 +187,7 @@ def gguf_arch_config(header: GGUFHeader, path: Path) -> LlamaArchConfig:
         query_pre_attn_scalar=query_scalar,
         bos_token_id=field_value(header, "tokenizer.ggml.bos_token_id"),
         eos_token_ids=() if eos is None else (int(eos),),
+        **moe,
     )
 
 
@@ -205,6 +230,9 @@ def hf_name(gguf_name: str, architecture: str) -> str | None:
     base, _, kind = gguf_name.rpartition(".")
     if base.startswith("blk."):
         _, layer, part = base.split(".", 2)
+        stack, _, expert = part.partition(".")
+        if stack in _EXPERT_STACKS and expert.isdigit():
+            return f"model.layers.{layer}.mlp.experts.{expert}.{_EXPERT_STACKS[stack]}.{kind}"
         mapped = _ARCH_LAYER_NAMES.get(architecture, _LAYER_NAMES).get(part)
         return None if mapped is None else f"model.layers.{layer}.{mapped}.{kind}"
     mapped = _TOP_NAMES.get(base)
@@ -265,7 +293,7 @@ class GGUFIndex:
 
 
 # Bumped whenever what `gguf_arch_config` reads changes, so no stale index outlives it.
-INDEX_VERSION = 3
+INDEX_VERSION = 4
 
 
 def _arch_from_json(saved: dict[str, Any]) -> LlamaArchConfig:
@@ -285,6 +313,24 @@ def _arch_from_json(saved: dict[str, Any]) -> LlamaArchConfig:
             "dense_layers": tuple(saved.get("dense_layers", ())),
         }
     )
+
+
+def _index_entries(tensor: TensorInfo) -> list[dict[str, Any]]:
+    """The index's entries of one tensor: itself, or, for a stack of experts' weights, one 2-D
+    tensor per expert (`blk.N.ffn_gate_exps.E.weight`), each a contiguous slice of the stack."""
+    dtype, data_shape = tensor.data_layout()
+    entry = {"name": tensor.name, "type": tensor.type, "shape": list(tensor.shape),
+             "offset": tensor.offset, "dtype": dtype, "data_shape": list(data_shape)}  # fmt: skip
+    base, _, kind = tensor.name.rpartition(".")
+    if base.rpartition(".")[2] not in _EXPERT_STACKS or len(tensor.shape) != 3:
+        return [entry]
+    experts, rows = data_shape[0], data_shape[1:]
+    expert_bytes = int(np.prod(rows)) * np.dtype(dtype).itemsize
+    return [
+        {**entry, "name": f"{base}.{e}.{kind}", "shape": list(tensor.shape[:2]),
+         "offset": tensor.offset + e * expert_bytes, "data_shape": list(rows)}
+        for e in range(experts)
+    ]  # fmt: skip
 
 
 def read_gguf_index(path: Path) -> GGUFIndex:
@@ -311,9 +357,7 @@ def read_gguf_index(path: Path) -> GGUFIndex:
             check_tensor(t.name, t.type, list(t.shape), t.offset, size)
         except ModelLoadError as err:
             raise ModelLoadError(f"{path}: {err}") from None
-        dtype, data_shape = t.data_layout()
-        entries.append({"name": t.name, "type": t.type, "shape": list(t.shape), "offset": t.offset,
-                        "dtype": dtype, "data_shape": list(data_shape)})  # fmt: skip
+        entries.extend(_index_entries(t))
     try:
         arch = gguf_arch_config(header, path)
     except (ValueError, TypeError) as e:  # a field of the wrong kind, or a shape refused
@@ -365,7 +409,7 @@ def iter_gguf_weights(
             raw = tensor.data.reshape(shape[0], shape[1] // block_size, block_bytes)
         if cfg.architecture == "gemma3" and name.endswith("norm.weight") and array is not None:
             array = array - 1  # the file holds the 1 + w each norm multiplies by; HF's w
-        if cfg.architecture == "llama":
+        if cfg.architecture in ("llama", "mixtral"):  # llama.cpp's `llama` rows are permuted
             projection = name.rpartition(".")[0].rpartition(".")[2]  # q_proj of ...q_proj.bias
             heads = {"q_proj": cfg.num_heads, "k_proj": cfg.num_kv_heads}.get(projection)
             if heads is not None:

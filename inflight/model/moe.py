@@ -8,8 +8,11 @@ does, so a token's sum never depends on which other tokens share its step.
 
 Each expert's gate and up projections are fused into one weight at load (transformers keeps
 them as one [2I, H] slice per expert too); Mixtral's `block_sparse_moe.experts.*.w1/w3/w2` are
-read as gate/up/down. The fused C++ layer loop does not route experts: these layers run in
-Python (`fusable = False`). GGUF `qwen3moe` / MoE `llama` files are not read yet.
+read as gate/up/down. From a GGUF file (`qwen3moe`, or `llama` with experts: Mixtral), each
+layer's stacked expert weights arrive one expert at a time (the index slices them), and where
+they are blocks the kernels read, each expert's linears multiply from its blocks as any layer's
+do. The fused C++ layer loop does not route experts: these layers run in Python
+(`fusable = False`).
 """
 
 from __future__ import annotations
@@ -85,20 +88,39 @@ class Qwen3MoeDecoderLayer(MoEDecoderLayer, Qwen3DecoderLayer):
     cast_router_weights = True
 
 
-class MixtralModel(LlamaModel):
+class _MoEModel(LlamaModel):
+    """What a model with experts loads differently: each expert's gate and up fused, and the
+    sparse layers' linears (router, experts) in place of an MLP's."""
+
+    fusable = False
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        super().load_weights(_fused_experts(weights))
+
+    def linear_sources(self) -> dict[str, list[str]]:
+        sources = super().linear_sources()
+        for i, layer in enumerate(self.layers):
+            if not layer.sparse:
+                continue
+            mlp = f"model.layers.{i}.mlp"
+            del sources[f"layers.{i}.gate_up_proj"], sources[f"layers.{i}.down_proj"]
+            sources[f"layers.{i}.gate"] = [f"{mlp}.gate.weight"]
+            for e in range(len(layer.experts)):
+                expert = f"{mlp}.experts.{e}"
+                sources[f"layers.{i}.experts.{e}.gate_up_proj"] = [
+                    f"{expert}.gate_proj.weight",
+                    f"{expert}.up_proj.weight",
+                ]
+                sources[f"layers.{i}.experts.{e}.down_proj"] = [f"{expert}.down_proj.weight"]
+        return sources
+
+
+class MixtralModel(_MoEModel):
     layer_class = MoEDecoderLayer
-    fusable = False
-
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        super().load_weights(_fused_experts(weights))
 
 
-class Qwen3MoeModel(Qwen3Model):
+class Qwen3MoeModel(_MoEModel, Qwen3Model):
     layer_class = Qwen3MoeDecoderLayer
-    fusable = False
-
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        super().load_weights(_fused_experts(weights))
 
 
 _MIXTRAL_NAMES = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}

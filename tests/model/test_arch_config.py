@@ -111,6 +111,35 @@ def test_a_gemma3_gguf_with_soft_capping_is_refused(tmp_path, tiny_model_factory
         gguf_arch_config(read_gguf_header(path), path)
 
 
+def test_gguf_experts_are_read_where_llama_cpp_defines_them_and_refused_elsewhere(
+    tmp_path, tiny_model_factory
+):
+    """A qwen3moe file says its experts' count and width; a layer without a router is dense;
+    a family llama.cpp gives no experts (here phi3) with an expert count is refused, as is a
+    qwen3moe file without one."""
+    path = write_tiny_gguf(tiny_model_factory("qwen3_moe"), tmp_path / "moe.gguf",
+                           GGMLQuantizationType.F32)  # fmt: skip
+    arch = gguf_arch_config(read_gguf_header(path), path)
+    assert (arch.architecture, arch.num_experts, arch.experts_per_token) == ("qwen3_moe", 4, 2)
+    assert (arch.expert_intermediate_size, arch.intermediate_size) == (32, 128)
+    assert arch.dense_layers == (1,) and arch.norm_topk_prob  # the tiny one's mlp_only_layers
+
+    def experts(writer):
+        writer.add_uint32("phi3.expert_count", 4)
+
+    path = write_tiny_gguf(tiny_model_factory("phi3"), tmp_path / "phi3.gguf",
+                           GGMLQuantizationType.F32, metadata=experts)  # fmt: skip
+    with pytest.raises(ModelLoadError, match="a phi3 file with experts is not supported"):
+        gguf_arch_config(read_gguf_header(path), path)
+    path = write_tiny_gguf(tiny_model_factory("qwen3"), tmp_path / "qwen3.gguf",
+                           GGMLQuantizationType.F32)  # fmt: skip
+    header = read_gguf_header(path)
+    header.fields["general.architecture"] = "qwen3moe"
+    header.fields.update({k.replace("qwen3.", "qwen3moe."): v for k, v in header.fields.items()})
+    with pytest.raises(ModelLoadError, match=r"lacks qwen3moe\.expert_count"):
+        gguf_arch_config(header, path)
+
+
 def test_a_published_gemma3_image_and_text_config_is_read_for_its_language_model():
     """Gemma 3 4B's config.json names only what differs from transformers' defaults; its token
     ids and tying are in the outer config."""

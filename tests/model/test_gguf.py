@@ -135,6 +135,76 @@ def test_other_families_ggufs_generate_as_transformers_loading_the_same_file(
         assert [o.outputs[0].token_ids for o in from_folder] == expected
 
 
+def _greedy(llm: LLM, prompts: list[list[int]], n: int = 12) -> list[list[int]]:
+    params = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
+    return [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+
+
+def _experts_from_blocks(llm: LLM) -> bool:
+    """Whether every expert's linears multiply from the file's blocks, with no float copy."""
+    from inflight.model.packed_linear import PackedLinear
+
+    experts = [m for layer in llm.core.loaded.model.layers for m in layer.experts.modules()
+               if isinstance(m, PackedLinear)]  # fmt: skip
+    return bool(experts) and all(m.blocks_only for m in experts)
+
+
+@pytest.mark.parametrize("qtype", (Q.F32, Q.Q8_0), ids=lambda q: q.name)
+def test_a_qwen3_moe_gguf_generates_as_transformers_loading_the_same_file(
+    tmp_path, tiny_model_factory, qtype
+):
+    """llama.cpp stores a layer's experts as one stacked tensor per projection
+    (`ffn_gate_exps` ...) and their router as `ffn_gate_inp`: the index reads one expert at a
+    time, whose linears multiply from its blocks where the kernels read them. The same greedy
+    tokens as transformers' load of the file, exact and (the default) over the blocks."""
+    from transformers import AutoModelForCausalLM
+
+    from inflight.model.packed_linear import blocks_serve_every_batch
+
+    path = write_tiny_gguf(tiny_model_factory("qwen3_moe_sparse"), tmp_path / "moe.gguf", qtype)
+    # transformers' GGUF reader leaves out qwen3moe.expert_feed_forward_length (its experts
+    # would be the default 768 wide): said here as the file says it
+    reference = AutoModelForCausalLM.from_pretrained(
+        path.parent, gguf_file=path.name, dtype=torch.float32, moe_intermediate_size=32
+    ).eval()
+    prompts = random_prompts(reference.config.vocab_size, lengths=(2, 9, 30, 64))
+    expected = hf_greedy(reference, prompts, [12] * len(prompts))
+    for knob in ("off", "auto"):
+        llm = LLM(str(path), dtype="float32", quantized_activations=knob)
+        arch = llm.core.arch
+        assert (arch.architecture, arch.num_experts, arch.experts_per_token) == ("qwen3_moe", 4, 2)
+        assert (arch.expert_intermediate_size, arch.dense_layers, arch.norm_topk_prob) == (
+            32, (), True
+        )  # fmt: skip
+        assert _greedy(llm, prompts) == expected
+        blocks = knob == "auto" and qtype != Q.F32 and blocks_serve_every_batch(torch.float32, 16)
+        assert _experts_from_blocks(llm) == blocks
+
+
+def test_a_mixtral_gguf_generates_as_its_hf_folder(tmp_path, tiny_model_factory):
+    """Mixtral's GGUF is a `llama` file with experts (Q/K rows permuted as llama's are): in F32
+    the same greedy tokens as transformers on the HF folder it came from (without the folder's
+    sliding window, which a llama file cannot say); in Q8_0 the same over the blocks as exact."""
+    from transformers import AutoModelForCausalLM
+
+    folder = tiny_model_factory("mixtral")
+    reference = AutoModelForCausalLM.from_pretrained(
+        folder, dtype=torch.float32, sliding_window=None
+    ).eval()
+    prompts = random_prompts(reference.config.vocab_size, lengths=(2, 9, 30, 64))
+    expected = hf_greedy(reference, prompts, [12] * len(prompts))
+    path = write_tiny_gguf(folder, tmp_path / "mixtral-f32.gguf", Q.F32)
+    llm = LLM(str(path), dtype="float32", quantized_activations="off")
+    arch = llm.core.arch
+    assert (arch.architecture, arch.num_experts, arch.experts_per_token) == ("mixtral", 4, 2)
+    assert (arch.expert_intermediate_size, arch.sliding_window) == (32, None)
+    assert _greedy(llm, prompts) == expected
+    path = write_tiny_gguf(folder, tmp_path / "mixtral-q8_0.gguf", Q.Q8_0)
+    exact = _greedy(LLM(str(path), dtype="float32", quantized_activations="off"), prompts)
+    llm = LLM(str(path), dtype="float32")
+    assert _greedy(llm, prompts) == exact
+
+
 def test_a_llama3_rope_gguf_generates_as_its_hf_folder(tmp_path, tiny_model_factory):
     """A Llama 3.x GGUF carries its RoPE scaling as `rope_freqs` (a divisor per frequency), not
     as config: the same tokens as the HF folder, which the parity tests hold to transformers;
