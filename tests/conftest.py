@@ -141,6 +141,14 @@ def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) ->
         cls = MixtralForCausalLM
     elif arch == "phi3":  # fused q/k/v and gate/up in the checkpoint, a sliding window
         config, cls = Phi3Config(**common, sliding_window=24), Phi3ForCausalLM
+    elif arch == "phi4_mini":  # Phi-4-mini's RoPE: the first 3/4 of each head rotate, with
+        # LongRoPE factors past an original context of 64 positions
+        rope = {"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.75,
+                "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5],
+                "long_factor": [1.0, 2.0, 4.0, 8.0, 16.0, 32.0],
+                "original_max_position_embeddings": 64}  # fmt: skip
+        config = Phi3Config(**common, rope_parameters=rope, original_max_position_embeddings=64)
+        cls = Phi3ForCausalLM
     elif arch == "mistral":
         config, cls = MistralConfig(**common, sliding_window=24), MistralForCausalLM
     elif arch == "gemma3":  # five windowed layers and a global one (Gemma 3's pattern, which

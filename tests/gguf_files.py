@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from pathlib import Path
 
@@ -186,7 +187,8 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
     base = float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0)))
     w.add_rope_freq_base(base)
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
-    w.add_rope_dimension_count(head_dim)
+    rotary = rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))
+    w.add_rope_dimension_count(int(head_dim * rotary))
     w.add_key_length(head_dim)
     w.add_value_length(head_dim)
     w.add_vocab_size(cfg["vocab_size"])
@@ -216,6 +218,13 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
 
     if rope.get("rope_type") == "llama3":  # as llama.cpp's converter stores it
         w.add_tensor("rope_freqs.weight", llama3_rope_factors(head_dim, base, rope))
+    if rope.get("rope_type") == "longrope":  # (the attention factor as its converter computes it)
+        original = rope["original_max_position_embeddings"]
+        scale = cfg["max_position_embeddings"] / original
+        w.add_rope_scaling_orig_ctx_len(original)
+        w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(original)))
+        w.add_tensor("rope_factors_long.weight", np.array(rope["long_factor"], np.float32))
+        w.add_tensor("rope_factors_short.weight", np.array(rope["short_factor"], np.float32))
     for name, tensor in _stacked_experts(load_file(hf_folder / "model.safetensors")).items():
         array = tensor.float().numpy()
         if arch == "llama" and name.endswith("q_proj.weight"):  # only llama's rows are permuted

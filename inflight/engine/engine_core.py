@@ -97,6 +97,9 @@ class EngineCore:
             num_cpu_blocks = config.cache.swap_space_bytes // (target_bytes_per_token * block_size)
         sched_cfg = dataclasses.replace(sched_cfg, max_model_len=max_model_len)
         self.config = dataclasses.replace(config, scheduler=sched_cfg)
+        for model in (loaded, draft):  # LongRoPE's side, before any graph reads the rotation
+            if model is not None:
+                model.model.fit_rope_to(max_model_len)
 
         self.loaded = loaded
         self.arch = arch

@@ -2,9 +2,10 @@
 
 Covers Llama (with llama3 / linear RoPE scaling), Mistral (sliding window), Qwen2 (q/k/v bias),
 Qwen3 (q/k norms), Qwen3-MoE and Mixtral (experts), Phi-3 / Phi-4 (fused projections in the
-checkpoint), Gemma 3 text (windowed and global layers, each kind with its own RoPE) and SmolLM2.
-Both transformers 4 (`rope_theta` + `rope_scaling`) and transformers 5 (`rope_parameters`, per
-layer kind where layers differ) spellings of RoPE settings are read.
+checkpoint, LongRoPE, Phi-4-mini's partial rotary embeddings), Gemma 3 text (windowed and global
+layers, each kind with its own RoPE) and SmolLM2. Both transformers 4 (`rope_theta` +
+`rope_scaling`) and transformers 5 (`rope_parameters`, per layer kind where layers differ)
+spellings of RoPE settings are read.
 """
 
 from __future__ import annotations
@@ -46,8 +47,12 @@ class LlamaArchConfig:
     sliding_window: int | None = None
     rope_scaling: tuple[tuple[str, Any], ...] | None = None  # frozen dict items
     # a GGUF's `rope_freqs`: each frequency divided by its factor (llama3 scaling, as llama.cpp
-    # stores it), in place of `rope_scaling`
+    # stores it), in place of `rope_scaling`; with LongRoPE (`rope_scaling` type `longrope`),
+    # its short factors, and `rope_long_factors` its long ones (`LlamaModel.fit_rope_to`)
     rope_freq_factors: tuple[float, ...] | None = None
+    rope_long_factors: tuple[float, ...] | None = None
+    # how many of each head's dimensions RoPE rotates, the first ones (0: all; Phi-4-mini's 3/4)
+    rotary_dim: int = 0
     # layers that see every position although the model has a `sliding_window` (Gemma 3's every
     # sixth); () where all layers share the window
     full_attention_layers: tuple[int, ...] = ()
@@ -84,6 +89,30 @@ class LlamaArchConfig:
             raise ValueError(f"query_pre_attn_scalar must be positive, not {scalar}")
         if self.num_experts and not 0 < self.experts_per_token <= self.num_experts:
             raise ValueError(f"{self.experts_per_token} experts a token of {self.num_experts}")
+        if not 0 <= self.rotary_dim <= self.head_dim or self.rotary_dim % 2:
+            raise ValueError(f"rotary_dim {self.rotary_dim} of heads of {self.head_dim}: it "
+                             "must be even and at most head_dim")  # fmt: skip
+        frequencies = self.rope_dim // 2
+        for factors in (self.rope_freq_factors, self.rope_long_factors):
+            if factors is not None and (
+                len(factors) != frequencies or not all(math.isfinite(f) and f > 0 for f in factors)
+            ):  # fmt: skip
+                raise ValueError(f"RoPE factors must be {frequencies} positive numbers, "
+                                 f"got {len(factors)}")  # fmt: skip
+        if self.rope_scaling_dict.get("rope_type") == "longrope" and (
+            self.rope_freq_factors is None or self.rope_long_factors is None
+        ):  # fmt: skip
+            raise ValueError("longrope scaling needs its short and its long factors")
+
+    @property
+    def rope_dim(self) -> int:
+        """The dimensions of each head that RoPE rotates."""
+        return self.rotary_dim or self.head_dim
+
+    @property
+    def rope_attention_factor(self) -> float:
+        """What LongRoPE multiplies cos and sin by (1 otherwise)."""
+        return float(self.rope_scaling_dict.get("attention_factor", 1.0))
 
     @property
     def rope_scaling_dict(self) -> dict[str, Any]:
@@ -125,6 +154,11 @@ class LlamaArchConfig:
         local_params = params.pop("sliding_attention", None)  # per layer kind (Gemma 3)
         params = params.pop("full_attention", params)
         rope_theta, rope, rope_type = _rope_settings(params, config, config.get("rope_theta"))
+        rotary = float(rope.pop("partial_rotary_factor", config.get("partial_rotary_factor", 1.0)))
+        head_dim = config.get("head_dim") or hidden // num_heads
+        short = long = None
+        if rope_type == "longrope":
+            rope, short, long = _longrope(rope, config)
         window = config.get("sliding_window") if arch != "llama" else None
         if arch in ("qwen2", "qwen3", "qwen3_moe"):
             if config.get("use_sliding_window", False):
@@ -146,7 +180,7 @@ class LlamaArchConfig:
             num_layers=config["num_hidden_layers"],
             num_heads=num_heads,
             num_kv_heads=config.get("num_key_value_heads") or num_heads,
-            head_dim=config.get("head_dim") or hidden // num_heads,
+            head_dim=head_dim,
             rms_norm_eps=config.get("rms_norm_eps", 1e-6),
             rope_theta=float(rope_theta),
             max_position_embeddings=config.get("max_position_embeddings", 2048),
@@ -154,6 +188,9 @@ class LlamaArchConfig:
             qkv_bias=arch == "qwen2" or bool(config.get("attention_bias", False)),
             sliding_window=window,
             rope_scaling=None if rope_type == "default" else tuple(sorted(rope.items())),
+            rope_freq_factors=short,
+            rope_long_factors=long,
+            rotary_dim=0 if rotary == 1.0 else int(head_dim * rotary),
             full_attention_layers=full_layers,
             local_rope_theta=local_theta,
             query_pre_attn_scalar=query_scalar,
@@ -173,14 +210,33 @@ def _rope_settings(
     if not rope:
         rope = dict(config.get("rope_scaling") or {})
     rope_type = rope.get("rope_type", rope.get("type", "default"))
-    if rope_type not in ("default", "llama3", "linear"):
+    if rope_type == "su":  # LongRoPE's name in the first Phi-3 128k configs
+        rope_type = "longrope"
+    if rope_type not in ("default", "llama3", "linear", "longrope"):
         raise ValueError(f"unsupported rope_type {rope_type!r}")
     rope["rope_type"] = rope_type
     rope.pop("type", None)
-    rotary = rope.pop("partial_rotary_factor", config.get("partial_rotary_factor", 1.0))
-    if rotary != 1.0:
-        raise ValueError(f"partial rotary embeddings are not supported (factor {rotary})")
     return float(rope_theta), rope, rope_type
+
+
+def _longrope(
+    rope: dict[str, Any], config: dict[str, Any]
+) -> tuple[dict[str, Any], tuple[float, ...], tuple[float, ...]]:
+    """LongRoPE's settings (as transformers reads them): its short and long factors apart, and
+    the original context and the attention factor (cos and sin are multiplied by it: by default
+    sqrt(1 + ln(factor) / ln(original)), factor = max positions / original) in the scaling."""
+    original = rope.get("original_max_position_embeddings") or config[
+        "original_max_position_embeddings"
+    ]  # fmt: skip
+    factor = rope.get("factor") or config["max_position_embeddings"] / original
+    attention = rope.get("attention_factor")
+    if attention is None:
+        attention = 1.0 if factor <= 1 else math.sqrt(1 + math.log(factor) / math.log(original))
+    short = tuple(float(f) for f in rope.pop("short_factor"))
+    long = tuple(float(f) for f in rope.pop("long_factor"))
+    scaling = {"rope_type": "longrope", "original_max_position_embeddings": int(original),
+               "attention_factor": float(attention)}  # fmt: skip
+    return scaling, short, long
 
 
 def _gemma3_layers(

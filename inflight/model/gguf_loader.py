@@ -44,6 +44,9 @@ SUPPORTED_GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "phi3", "
 # Mixtral: `gguf_arch_config`)
 _REGISTRY_NAMES = {"qwen3moe": "qwen3_moe"}
 ROPE_FREQS = "rope_freqs.weight"  # per-frequency divisors of a llama3-scaled RoPE
+# LongRoPE's factors (Phi-3 and Phi-4-mini 128k), as llama.cpp's converter stores them
+ROPE_FACTORS_LONG, ROPE_FACTORS_SHORT = "rope_factors_long.weight", "rope_factors_short.weight"
+_ROPE_FACTOR_TENSORS = (ROPE_FREQS, ROPE_FACTORS_LONG, ROPE_FACTORS_SHORT)
 
 _LAYER_NAMES = {
     "attn_norm": "input_layernorm",
@@ -118,15 +121,15 @@ def gguf_arch_config(header: GGUFHeader, path: Path) -> LlamaArchConfig:
             f"supported: {', '.join(SUPPORTED_GGUF_ARCHITECTURES)}"
         )
     names = {t.name for t in header.tensors}
-    factors = None
+    factors: dict[str, tuple[float, ...]] = {}  # RoPE's, one per frequency
     for tensor in header.tensors:
-        if tensor.name == ROPE_FREQS:  # llama3 RoPE scaling, as one factor per frequency
+        if tensor.name in _ROPE_FACTOR_TENSORS:
             if tensor.type != GGMLQuantizationType.F32:
                 kind = GGMLQuantizationType(tensor.type).name
-                raise ModelLoadError(f"{path}: {ROPE_FREQS} must be F32, not {kind}")
+                raise ModelLoadError(f"{path}: {tensor.name} must be F32, not {kind}")
             count = int(np.prod(tensor.shape))
             values = np.fromfile(path, np.float32, count=count, offset=tensor.offset)
-            factors = tuple(float(f) for f in values)
+            factors[tensor.name] = tuple(float(f) for f in values)
 
     def meta(key: str, default: Any = None) -> Any:
         value = field_value(header, f"{arch}.{key}", default)
@@ -159,6 +162,16 @@ def gguf_arch_config(header: GGUFHeader, path: Path) -> LlamaArchConfig:
     elif arch == "qwen3moe":
         raise ModelLoadError(f"{path}: GGUF metadata lacks qwen3moe.expert_count")
     registry_name = "mixtral" if arch == "llama" and experts else _REGISTRY_NAMES.get(arch, arch)
+    rope_scaling = _rope_scaling(header, arch, path)
+    freq_factors, long_factors = factors.get(ROPE_FREQS), None
+    if ROPE_FACTORS_LONG in factors or ROPE_FACTORS_SHORT in factors:  # LongRoPE
+        freq_factors = factors.get(ROPE_FACTORS_SHORT)
+        long_factors = factors.get(ROPE_FACTORS_LONG)
+        rope_scaling = (("attention_factor", float(meta("rope.scaling.attn_factor", 1.0))),
+                        ("original_max_position_embeddings",
+                         int(meta("rope.scaling.original_context_length"))),
+                        ("rope_type", "longrope"))  # fmt: skip
+    rotary = int(meta("rope.dimension_count", head_dim))
     if arch == "gemma3":
         if field_value(header, f"{arch}.final_logit_softcapping"):
             raise ModelLoadError(f"{path}: final logit soft-capping is not supported")
@@ -179,8 +192,10 @@ def gguf_arch_config(header: GGUFHeader, path: Path) -> LlamaArchConfig:
         max_position_embeddings=int(meta("context_length", 2048)),
         tie_word_embeddings="output.weight" not in names,
         qkv_bias="blk.0.attn_q.bias" in names,
-        rope_scaling=_rope_scaling(header, arch, path),
-        rope_freq_factors=factors,
+        rope_scaling=rope_scaling,
+        rope_freq_factors=freq_factors,
+        rope_long_factors=long_factors,
+        rotary_dim=0 if rotary == head_dim else rotary,
         sliding_window=int(window) if window else None,
         full_attention_layers=full_layers,
         local_rope_theta=local_theta,
@@ -293,7 +308,7 @@ class GGUFIndex:
 
 
 # Bumped whenever what `gguf_arch_config` reads changes, so no stale index outlives it.
-INDEX_VERSION = 4
+INDEX_VERSION = 5
 
 
 def _arch_from_json(saved: dict[str, Any]) -> LlamaArchConfig:
@@ -301,14 +316,14 @@ def _arch_from_json(saved: dict[str, Any]) -> LlamaArchConfig:
     rope = saved.get("rope_scaling")
     rope_scaling = tuple(map(tuple, rope)) if rope else None
     eos = tuple(saved["eos_token_ids"])
-    factors = saved.get("rope_freq_factors")
-    factors = tuple(factors) if factors else None
+    factors, long = saved.get("rope_freq_factors"), saved.get("rope_long_factors")
     return LlamaArchConfig(
         **{
             **saved,
             "eos_token_ids": eos,
             "rope_scaling": rope_scaling,
-            "rope_freq_factors": factors,
+            "rope_freq_factors": tuple(factors) if factors else None,
+            "rope_long_factors": tuple(long) if long else None,
             "full_attention_layers": tuple(saved.get("full_attention_layers", ())),
             "dense_layers": tuple(saved.get("dense_layers", ())),
         }
@@ -388,7 +403,7 @@ def iter_gguf_weights(
     kernels that read them.
     Tensors named in `blocks_only` leave their blocks alone: never dequantized, not yielded."""
     for tensor in reader.tensors:
-        if tensor.name == ROPE_FREQS:  # read into the config (`gguf_arch_config`)
+        if tensor.name in _ROPE_FACTOR_TENSORS:  # read into the config (`gguf_arch_config`)
             continue
         name = hf_name(tensor.name, cfg.architecture)
         if name is None:

@@ -47,11 +47,13 @@ class TorchLayerOps:
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_heads: int, head_dim: int
     ) -> None:
         """Rotates, in place, the first `num_heads` heads of each row of x [T, >= heads * D]
-        (HF's rotate-half layout); cos/sin [T, D/2] in x's dtype."""
+        (HF's rotate-half layout); cos/sin [T, R/2] in x's dtype: the first R <= D dimensions
+        of each head rotate (R < D: partial rotary embeddings), the rest pass through."""
         heads = x[:, : num_heads * head_dim].view(x.shape[0], num_heads, head_dim)
-        x1, x2 = heads.chunk(2, dim=-1)
+        rotated = heads[..., : 2 * cos.shape[-1]]
+        x1, x2 = rotated.chunk(2, dim=-1)
         cos, sin = cos[:, None, :], sin[:, None, :]
-        heads.copy_(torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1))
+        rotated.copy_(torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1))
 
 
 class CpuLayerOps(TorchLayerOps):

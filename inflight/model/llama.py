@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from inflight.attention import AttentionBackend
+from inflight.errors import ConfigError
 from inflight.model.arch import LlamaArchConfig
 from inflight.model.layer_ops import TorchLayerOps
 from inflight.model.packed_linear import Decodes, apply_linear
@@ -32,10 +33,11 @@ def decode_rows(meta: Any) -> Decodes:
     return True if batch.all_rows else batch.rows
 
 
-def rope_inv_freq(cfg: LlamaArchConfig, local: bool = False) -> torch.Tensor:
-    """Inverse frequencies [head_dim / 2], with llama3 or linear scaling applied; `local`: those
-    of the sliding-window layers where their base differs (`local_rope_theta`, never scaled)."""
-    d = cfg.head_dim
+def rope_inv_freq(cfg: LlamaArchConfig, local: bool = False, long: bool = False) -> torch.Tensor:
+    """Inverse frequencies [rope_dim / 2], with llama3, linear or LongRoPE scaling applied (its
+    long factors with `long`); `local`: those of the sliding-window layers where their base
+    differs (`local_rope_theta`, never scaled)."""
+    d = cfg.rope_dim
     # NOTE: float32 throughout, exactly as transformers computes it, for token-level parity.
     # on the CPU even while the model is built on the meta device (whose versions of these ops
     # import torch._dynamo, ~2 s of start-up); the device's copy is made once loaded
@@ -43,9 +45,13 @@ def rope_inv_freq(cfg: LlamaArchConfig, local: bool = False) -> torch.Tensor:
     if local:
         assert cfg.local_rope_theta is not None
         return 1.0 / (cfg.local_rope_theta**exponents)
-    inv_freq = 1.0 / (cfg.rope_theta**exponents)
     scaling = cfg.rope_scaling_dict
     kind = scaling.get("rope_type", "default")
+    if kind == "longrope":  # (transformers' order of operations, for its roundings)
+        factors = cfg.rope_long_factors if long else cfg.rope_freq_factors
+        divisors = torch.tensor(factors, dtype=torch.float32, device="cpu")
+        return 1.0 / (divisors * cfg.rope_theta**exponents)
+    inv_freq = 1.0 / (cfg.rope_theta**exponents)
     if kind == "linear":
         inv_freq = inv_freq / scaling["factor"]
     elif kind == "llama3":
@@ -64,11 +70,15 @@ def rope_inv_freq(cfg: LlamaArchConfig, local: bool = False) -> torch.Tensor:
 
 
 def _rotation(
-    positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype
+    positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype, scale: float = 1.0
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin [T, D/2] in `dtype` of each position's angles."""
+    """cos and sin [T, rope_dim / 2] in `dtype` of each position's angles, times `scale`
+    (LongRoPE's attention factor) in float32 first, as transformers rounds them."""
     freqs = positions.float()[:, None] * inv_freq[None, :]
-    return freqs.cos().to(dtype), freqs.sin().to(dtype)
+    cos, sin = freqs.cos(), freqs.sin()
+    if scale != 1.0:
+        cos, sin = cos * scale, sin * scale
+    return cos.to(dtype), sin.to(dtype)
 
 
 def gated_mlp(
@@ -200,6 +210,7 @@ class LlamaModel(nn.Module):
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
         self.local_inv_freq: torch.Tensor | None = None  # set in finish_init where it differs
+        self.long_rope: bool | None = None  # LongRoPE's side, once an engine fixed it
         # The same layers as one C++ call (model/fused_layers.py), set by the loader when the
         # C++ kernels are in use; None runs the Python loop below.
         self.fused_layers: Callable | None = None
@@ -210,11 +221,29 @@ class LlamaModel(nn.Module):
         if self.cfg.tie_word_embeddings and self.lm_head.weight is not None:  # else: blocks
             self.lm_head.weight = self.embed_tokens.weight
         device = self.norm.weight.device
-        self.inv_freq = rope_inv_freq(self.cfg).to(device)
+        self.inv_freq = rope_inv_freq(self.cfg, long=self.long_rope is True).to(device)
         if self.cfg.local_rope_theta is not None:
             self.local_inv_freq = rope_inv_freq(self.cfg, local=True).to(device)
         for p in self.parameters():
             p.requires_grad_(False)
+
+    def fit_rope_to(self, max_model_len: int) -> None:
+        """LongRoPE's long factors where sequences may run past the original context, its short
+        ones otherwise: llama.cpp's choice by context size, which rotates every position of
+        every sequence one way, whatever its batch (transformers switches a whole sequence to
+        the long factors once it passes the original context; vLLM a whole batch). Engines
+        sharing the loaded model must agree (ConfigError otherwise)."""
+        original = self.cfg.rope_scaling_dict.get("original_max_position_embeddings")
+        if self.cfg.rope_long_factors is None or original is None:
+            return
+        long = max_model_len > original
+        if self.long_rope is not None and self.long_rope != long:
+            raise ConfigError(f"this loaded model rotates with LongRoPE's "
+                              f"{'long' if self.long_rope else 'short'} factors, fixed by an "
+                              f"engine beside this one; max_model_len {max_model_len} needs the "
+                              f"other ones (the original context is {original})")  # fmt: skip
+        self.long_rope = long
+        self.inv_freq.copy_(rope_inv_freq(self.cfg, long=long))  # in place: graphs read it
 
     def forward(
         self,
@@ -227,7 +256,7 @@ class LlamaModel(nn.Module):
         """Returns logits [S, vocab] in the model's dtype for the tokens at `logits_indices`
         (the sampler converts to float32 only when it needs more than an argmax)."""
         hidden = self.embed(input_ids)
-        cos, sin = _rotation(positions, self.inv_freq, hidden.dtype)
+        cos, sin = _rotation(positions, self.inv_freq, hidden.dtype, self.cfg.rope_attention_factor)
         local = None  # the windowed layers' own rotation, where their base differs
         if self.local_inv_freq is not None:
             local = _rotation(positions, self.local_inv_freq, hidden.dtype)

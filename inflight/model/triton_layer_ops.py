@@ -74,15 +74,16 @@ def _silu_and_mul_kernel(gate_up_ptr, out_ptr, size, BLOCK: tl.constexpr):
 @triton.jit
 def _rope_kernel(
     x_ptr, x_stride, cos_ptr, sin_ptr, num_heads,
-    HALF: tl.constexpr, HALF_PAD: tl.constexpr, HEADS_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr, HALF: tl.constexpr, HALF_PAD: tl.constexpr, HEADS_PAD: tl.constexpr,
 ):  # fmt: skip
-    """Rotates every head of one token in place (rotate-half layout); one program per token."""
+    """Rotates the first 2 HALF dimensions of every head of one token in place (rotate-half
+    layout); one program per token."""
     token = tl.program_id(0)
     h = tl.arange(0, HEADS_PAD)[:, None]
     d = tl.arange(0, HALF_PAD)[None, :]
     ok = (h < num_heads) & (d < HALF)
     dtype = x_ptr.dtype.element_ty
-    first_half = x_ptr + token * x_stride + h * 2 * HALF + d  # [heads, half]
+    first_half = x_ptr + token * x_stride + h * HEAD_DIM + d  # [heads, half]
     x1 = tl.load(first_half, mask=ok).to(tl.float32)
     x2 = tl.load(first_half + HALF, mask=ok).to(tl.float32)
     cos = tl.load(cos_ptr + token * HALF + d, mask=d < HALF).to(tl.float32)
@@ -138,15 +139,17 @@ class TritonLayerOps(TorchLayerOps):
     ) -> None:
         if x.stride(1) != 1:
             raise ValueError("rope_ rotates rows in place: their elements must be contiguous")
-        half = head_dim // 2
-        if cos.shape != (x.shape[0], half) or sin.shape != cos.shape:
-            raise ValueError(f"cos/sin {tuple(cos.shape)} for {x.shape[0]} rows of {half}")
+        half = cos.shape[-1]  # of the rotated dimensions (fewer than head_dim: partial)
+        shapes_agree = cos.shape == (x.shape[0], half) and sin.shape == cos.shape
+        if not shapes_agree or not 0 < 2 * half <= head_dim:
+            raise ValueError(f"cos/sin {tuple(cos.shape)} for {x.shape[0]} rows of heads of "
+                             f"{head_dim}")  # fmt: skip
         if x.shape[1] < num_heads * head_dim:
             raise ValueError(f"rows of {x.shape[1]} hold fewer than {num_heads} heads")
         if x.shape[0]:
             _rope_kernel[(x.shape[0],)](
                 x, x.stride(0), cos.contiguous(), sin.contiguous(), num_heads,
-                HALF=half, HALF_PAD=triton.next_power_of_2(half),
+                HEAD_DIM=head_dim, HALF=half, HALF_PAD=triton.next_power_of_2(half),
                 HEADS_PAD=triton.next_power_of_2(num_heads),
             )  # fmt: skip
 

@@ -73,12 +73,13 @@ def test_silu_and_mul(fused, dtype):
         assert (out == want).float().mean() > 0.99
 
 
+@pytest.mark.parametrize("rope_dim", [64, 48])  # every dimension; the first 3/4 (Phi-4-mini's)
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_rope_in_place_matches_reference_exactly(fused, dtype):
+def test_rope_in_place_matches_reference_exactly(fused, dtype, rope_dim):
     torch.manual_seed(2)
     num_tokens, heads, kv_heads, head_dim = 9, 9, 3, 64
     qkv = torch.randn(num_tokens, (heads + 2 * kv_heads) * head_dim, dtype=dtype)
-    inv_freq = 1.0 / (10000 ** (torch.arange(0, head_dim, 2).float() / head_dim))
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, rope_dim, 2).float() / rope_dim))
     freqs = torch.randint(0, 4000, (num_tokens,)).float()[:, None] * inv_freq[None]
     cos, sin = freqs.cos().to(dtype), freqs.sin().to(dtype)
     got, want = qkv.clone(), qkv.clone()
@@ -87,7 +88,13 @@ def test_rope_in_place_matches_reference_exactly(fused, dtype):
     assert torch.equal(got, want)
     rotated = (heads + kv_heads) * head_dim
     assert torch.equal(got[:, rotated:], qkv[:, rotated:]), "values must not be rotated"
-    assert not torch.equal(got[:, :rotated], qkv[:, :rotated])
+    by_head = got[:, :rotated].view(num_tokens, heads + kv_heads, head_dim)
+    before = qkv[:, :rotated].view(num_tokens, heads + kv_heads, head_dim)
+    assert torch.equal(by_head[..., rope_dim:], before[..., rope_dim:]), "past R: passed through"
+    # transformers' rotation (Phi-3's `apply_rotary_pos_emb`: the first R dims rotate)
+    x1, x2 = before[..., : rope_dim // 2], before[..., rope_dim // 2 : rope_dim]
+    c, s = cos[:, None], sin[:, None]
+    assert torch.equal(by_head[..., :rope_dim], torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), -1))
 
 
 @INTERPRETED
@@ -107,8 +114,10 @@ def test_bad_inputs_raise_instead_of_reading_out_of_bounds():
         FUSED.add_rms_norm(x, torch.randn(4, 9), torch.ones(8), 1e-5)
     with pytest.raises(RuntimeError, match="gate_up"):
         FUSED.silu_and_mul(torch.randn(4, 7))
+    with pytest.raises(RuntimeError, match="cos"):  # rotating more than a head holds
+        FUSED.rope_(x, torch.randn(4, 5), torch.randn(4, 5), 1, 8)
     with pytest.raises(RuntimeError, match="cos"):
-        FUSED.rope_(x, torch.randn(4, 3), torch.randn(4, 3), 1, 8)
+        FUSED.rope_(x, torch.randn(4, 3), torch.randn(4, 2), 1, 8)
 
 
 CPU = torch.device("cpu")

@@ -114,8 +114,7 @@ void silu_and_mul_rows(const T* in, int64_t stride, T* op, int64_t T_, int64_t I
 
 template <typename T>
 void rope_rows(T* xp, int64_t stride, const T* cp, const T* sp, int64_t T_, int64_t num_heads,
-               int64_t head_dim) {
-  const int64_t half = head_dim / 2;
+               int64_t head_dim, int64_t half) {
   at::parallel_for(0, T_, grain(num_heads * head_dim), [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       const T* __restrict c = cp + t * half;
@@ -185,13 +184,16 @@ void rope_(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
   TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1 && num_heads * head_dim <= x.size(1),
               "x must be [T, >= num_heads * head_dim] with contiguous rows");
   const int64_t T = x.size(0);
+  // cos and sin [T, R / 2]: the first R <= head_dim dimensions of each head rotate (R < head_dim:
+  // partial rotary embeddings), the rest pass through
   TORCH_CHECK(cos.sizes() == sin.sizes() && cos.dim() == 2 && cos.size(0) == T &&
-                  cos.size(1) == head_dim / 2 && cos.is_contiguous() && sin.is_contiguous(),
-              "cos and sin must be contiguous [T, head_dim / 2]");
+                  cos.size(1) >= 1 && 2 * cos.size(1) <= head_dim && cos.is_contiguous() &&
+                  sin.is_contiguous(),
+              "cos and sin must be contiguous [T, R / 2], R <= head_dim");
   TORCH_CHECK(cos.scalar_type() == x.scalar_type() && sin.scalar_type() == x.scalar_type(),
               "cos, sin and x must share a dtype");
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "rope_", [&] {
     rope_rows(x.data_ptr<scalar_t>(), x.stride(0), cos.data_ptr<scalar_t>(),
-              sin.data_ptr<scalar_t>(), T, num_heads, head_dim);
+              sin.data_ptr<scalar_t>(), T, num_heads, head_dim, cos.size(1));
   });
 }
