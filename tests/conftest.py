@@ -66,13 +66,15 @@ def build_tokenizer(folder: Path):
 
 
 TINY_ARCHS = ("llama", "llama3_rope", "qwen2", "qwen3", "qwen3_moe", "mixtral", "phi3", "mistral",
-              "gemma3")  # fmt: skip
+              "gemma3", "granite")  # fmt: skip
 
 
 def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) -> Path:
     from transformers import (
         Gemma3ForCausalLM,
         Gemma3TextConfig,
+        GraniteConfig,
+        GraniteForCausalLM,
         LlamaConfig,
         LlamaForCausalLM,
         MistralConfig,
@@ -149,6 +151,11 @@ def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) ->
                 "original_max_position_embeddings": 64}  # fmt: skip
         config = Phi3Config(**common, rope_parameters=rope, original_max_position_embeddings=64)
         cls = Phi3ForCausalLM
+    elif arch == "granite":  # its four multipliers, none of them 1
+        config = GraniteConfig(**common, embedding_multiplier=12.0, residual_multiplier=0.22,
+                               attention_multiplier=0.0078125, logits_scaling=8.0,
+                               tie_word_embeddings=True)  # fmt: skip
+        cls = GraniteForCausalLM
     elif arch == "mistral":
         config, cls = MistralConfig(**common, sliding_window=24), MistralForCausalLM
     elif arch == "gemma3":  # five windowed layers and a global one (Gemma 3's pattern, which

@@ -173,7 +173,8 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
 
     arch = {"LlamaForCausalLM": "llama", "Qwen3ForCausalLM": "qwen3", "Phi3ForCausalLM": "phi3",
             "Gemma3ForCausalLM": "gemma3", "Qwen3MoeForCausalLM": "qwen3moe",
-            "MixtralForCausalLM": "llama"}[cfg["architectures"][0]]  # fmt: skip
+            "MixtralForCausalLM": "llama",
+            "GraniteForCausalLM": "granite"}[cfg["architectures"][0]]  # fmt: skip
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
     w = GGUFWriter(out, arch)
     w.add_block_count(cfg["num_hidden_layers"])
@@ -194,6 +195,11 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
     w.add_vocab_size(cfg["vocab_size"])
     if cfg.get("sliding_window") and arch != "llama":  # (a llama file cannot say it: Mixtral)
         w.add_sliding_window(cfg["sliding_window"])
+    if arch == "granite":  # its multipliers, under llama.cpp's names
+        w.add_embedding_scale(cfg["embedding_multiplier"])
+        w.add_residual_scale(cfg["residual_multiplier"])
+        w.add_attention_scale(cfg["attention_multiplier"])
+        w.add_logit_scale(cfg["logits_scaling"])
     experts = cfg.get("num_experts") or cfg.get("num_local_experts")
     if experts:
         w.add_expert_count(experts)
@@ -227,9 +233,10 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
         w.add_tensor("rope_factors_short.weight", np.array(rope["short_factor"], np.float32))
     for name, tensor in _stacked_experts(load_file(hf_folder / "model.safetensors")).items():
         array = tensor.float().numpy()
-        if arch == "llama" and name.endswith("q_proj.weight"):  # only llama's rows are permuted
+        permuted = arch in ("llama", "granite")  # (llama.cpp's converter permutes only these)
+        if permuted and name.endswith("q_proj.weight"):
             array = llama_cpp_permute(array, cfg["num_attention_heads"])
-        elif arch == "llama" and name.endswith("k_proj.weight"):
+        elif permuted and name.endswith("k_proj.weight"):
             array = llama_cpp_permute(array, cfg["num_key_value_heads"])
         elif arch == "gemma3" and name.endswith("norm.weight"):  # stored as the 1 + w applied
             array = array + 1

@@ -22,6 +22,7 @@ SUPPORTED_ARCHITECTURES = {
     "Qwen3MoeForCausalLM": "qwen3_moe",
     "MixtralForCausalLM": "mixtral",
     "Phi3ForCausalLM": "phi3",
+    "GraniteForCausalLM": "granite",
     "Gemma3ForCausalLM": "gemma3",
     "Gemma3ForConditionalGeneration": "gemma3",  # its language model (`_gemma3_text_config`)
 }
@@ -60,6 +61,13 @@ class LlamaArchConfig:
     # `rope_scaling` and `rope_freq_factors` apply to the global layers only
     local_rope_theta: float | None = None
     query_pre_attn_scalar: float | None = None  # scores scaled by its -1/2 power, not head_dim's
+    # Granite's multipliers: of the embeddings, of attention's and the MLP's outputs before each
+    # joins the residual stream, of the scores (in place of head_dim ** -0.5), and a divisor of
+    # the logits; 1 (None) for every other family
+    embedding_multiplier: float = 1.0
+    residual_multiplier: float = 1.0
+    attention_multiplier: float | None = None
+    logits_scaling: float = 1.0
     # mixture of experts (Qwen3-MoE): each token's MLP is its `experts_per_token` best of
     # `num_experts` SiLU MLPs of `expert_intermediate_size`, weighted by the router's softmax
     # (renormalized over those chosen with `norm_topk_prob`); `dense_layers` keep one MLP
@@ -87,6 +95,11 @@ class LlamaArchConfig:
         scalar = self.query_pre_attn_scalar
         if scalar is not None and not (math.isfinite(scalar) and scalar > 0):
             raise ValueError(f"query_pre_attn_scalar must be positive, not {scalar}")
+        for name in ("embedding_multiplier", "residual_multiplier", "attention_multiplier",
+                     "logits_scaling"):  # fmt: skip
+            value = getattr(self, name)
+            if value is not None and not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be positive, not {value}")
         if self.num_experts and not 0 < self.experts_per_token <= self.num_experts:
             raise ValueError(f"{self.experts_per_token} experts a token of {self.num_experts}")
         if not 0 <= self.rotary_dim <= self.head_dim or self.rotary_dim % 2:
@@ -132,6 +145,8 @@ class LlamaArchConfig:
     @property
     def attention_scale(self) -> float | None:
         """The scores' scale where the family sets its own (None: head_dim ** -0.5)."""
+        if self.attention_multiplier is not None:
+            return self.attention_multiplier
         return None if self.query_pre_attn_scalar is None else self.query_pre_attn_scalar**-0.5
 
     @classmethod
@@ -170,6 +185,11 @@ class LlamaArchConfig:
             full_layers, local_theta = _gemma3_layers(config, local_params)
             query_scalar = float(config.get("query_pre_attn_scalar", 256))
         experts = _experts(config, arch) if arch in ("qwen3_moe", "mixtral") else {}
+        multipliers = {}
+        if arch == "granite":
+            multipliers = {key: float(config.get(key, 1.0)) for key in (
+                "embedding_multiplier", "residual_multiplier", "attention_multiplier",
+                "logits_scaling")}  # fmt: skip
         eos = config.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
         return cls(
@@ -195,6 +215,7 @@ class LlamaArchConfig:
             local_rope_theta=local_theta,
             query_pre_attn_scalar=query_scalar,
             **experts,
+            **multipliers,
             bos_token_id=config.get("bos_token_id"),
             eos_token_ids=eos_ids,
         )

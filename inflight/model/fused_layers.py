@@ -65,6 +65,7 @@ class FusedDecoderLayers:
         # a model's layers share their class and config: its activation and its score scale
         self.gelu = first.gelu
         self.scale = first.head_dim**-0.5 if first.scale is None else first.scale
+        self.residual_scale = first.residual_scale
         self.eps = first.input_layernorm.eps
         # a family's norms of the attention's and the MLP's outputs (Gemma 3's), or none
         self.output_norms = [
@@ -96,6 +97,6 @@ class FusedDecoderLayers:
             decode is not None and decode.all_rows,
             prefill and prefill.chunks, prefill and prefill.block_tables,
             num_heads, num_kv_heads, head_dim, self.eps, self.scale, self.windows, self.gelu,
-            self.packed, self.activation_bits,
+            self.packed, self.activation_bits, self.residual_scale,
         )  # fmt: skip
         return hidden, residual

@@ -39,7 +39,7 @@ from inflight.tokenizer import cache_dir, file_cache_key
 
 logger = logging.getLogger(__name__)
 
-SUPPORTED_GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "phi3", "gemma3")
+SUPPORTED_GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "phi3", "gemma3", "granite")
 # a GGUF architecture -> the registry's, where the names differ (a `llama` file with experts is
 # Mixtral: `gguf_arch_config`)
 _REGISTRY_NAMES = {"qwen3moe": "qwen3_moe"}
@@ -172,6 +172,11 @@ def gguf_arch_config(header: GGUFHeader, path: Path) -> LlamaArchConfig:
                          int(meta("rope.scaling.original_context_length"))),
                         ("rope_type", "longrope"))  # fmt: skip
     rotary = int(meta("rope.dimension_count", head_dim))
+    # Granite's multipliers, under llama.cpp's names (absent elsewhere: 1)
+    multipliers = {"embedding_multiplier": float(meta("embedding_scale", 1.0)),
+                   "residual_multiplier": float(meta("residual_scale", 1.0)),
+                   "logits_scaling": float(meta("logit_scale", 1.0))}  # fmt: skip
+    attention_multiplier = field_value(header, f"{arch}.attention.scale")
     if arch == "gemma3":
         if field_value(header, f"{arch}.final_logit_softcapping"):
             raise ModelLoadError(f"{path}: final logit soft-capping is not supported")
@@ -203,6 +208,8 @@ def gguf_arch_config(header: GGUFHeader, path: Path) -> LlamaArchConfig:
         bos_token_id=field_value(header, "tokenizer.ggml.bos_token_id"),
         eos_token_ids=() if eos is None else (int(eos),),
         **moe,
+        **multipliers,
+        attention_multiplier=None if attention_multiplier is None else float(attention_multiplier),
     )
 
 
@@ -308,7 +315,7 @@ class GGUFIndex:
 
 
 # Bumped whenever what `gguf_arch_config` reads changes, so no stale index outlives it.
-INDEX_VERSION = 5
+INDEX_VERSION = 6
 
 
 def _arch_from_json(saved: dict[str, Any]) -> LlamaArchConfig:
@@ -424,7 +431,7 @@ def iter_gguf_weights(
             raw = tensor.data.reshape(shape[0], shape[1] // block_size, block_bytes)
         if cfg.architecture == "gemma3" and name.endswith("norm.weight") and array is not None:
             array = array - 1  # the file holds the 1 + w each norm multiplies by; HF's w
-        if cfg.architecture in ("llama", "mixtral"):  # llama.cpp's `llama` rows are permuted
+        if cfg.architecture in ("llama", "mixtral", "granite"):  # llama.cpp permutes their rows
             projection = name.rpartition(".")[0].rpartition(".")[2]  # q_proj of ...q_proj.bias
             heads = {"q_proj": cfg.num_heads, "k_proj": cfg.num_kv_heads}.get(projection)
             if heads is not None:

@@ -114,6 +114,9 @@ class DecoderLayer(nn.Module):
         )
         self.window = cfg.layer_window(index)  # None: attends to every earlier position
         self.scale = cfg.attention_scale  # None: head_dim ** -0.5
+        # what attention's and the MLP's outputs are multiplied by before each joins the
+        # residual stream (Granite's residual_multiplier; 1 elsewhere)
+        self.residual_scale = cfg.residual_multiplier
         # rotated by the sliding-window layers' own RoPE (the model's `local_inv_freq`)
         self.local_rope = cfg.local_rope_theta is not None and self.window is not None
         q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
@@ -163,10 +166,14 @@ class DecoderLayer(nn.Module):
         after_attention, after_mlp = self.output_norms or (None, None)
         if after_attention is not None:
             x = ops.rms_norm(x, after_attention.weight, after_attention.eps)
+        if self.residual_scale != 1.0:
+            x = x * self.residual_scale
         norm = self.mlp_norm
         x = self.mlp(ops.add_rms_norm(x, residual, norm.weight, norm.eps), decodes)
         if after_mlp is not None:
             x = ops.rms_norm(x, after_mlp.weight, after_mlp.eps)
+        if self.residual_scale != 1.0:
+            x = x * self.residual_scale
         return x, residual
 
     def mlp(self, x: torch.Tensor, decodes: Decodes) -> torch.Tensor:
@@ -274,11 +281,17 @@ class LlamaModel(nn.Module):
             hidden = self.ops.add_rms_norm(hidden, residual[logits_indices], w, eps)
         # one row per sampling request: every row as a decode, so that a token's logits never
         # depend on whether its request is still in its prompt beside it
-        return apply_linear(self.lm_head, hidden, True)
+        logits = apply_linear(self.lm_head, hidden, True)
+        if self.cfg.logits_scaling != 1.0:  # Granite's
+            logits = logits / self.cfg.logits_scaling
+        return logits
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """[T] token ids -> [T, hidden], the first layer's input."""
-        return self.embed_tokens(input_ids)
+        """[T] token ids -> [T, hidden], the first layer's input (Granite's multiplied)."""
+        hidden = self.embed_tokens(input_ids)
+        if self.cfg.embedding_multiplier != 1.0:
+            hidden = hidden * self.cfg.embedding_multiplier
+        return hidden
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copies HF-named tensors in, fusing q/k/v and gate/up; every parameter must be set."""

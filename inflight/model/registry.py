@@ -1,6 +1,6 @@
 """The model class of each architecture (`LlamaArchConfig.architecture`): the Llama decoder
-serves Llama, Mistral and Qwen2 (their differences are config fields); a family with layers or
-checkpoint weights of its own has a module that subclasses it. How a family is added:
+serves Llama, Mistral, Qwen2 and Granite (their differences are config fields); a family with
+layers or checkpoint weights of its own has a module that subclasses it. How a family is added:
 docs/architecture.md, "Adding a model family"."""
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ MODEL_CLASSES: dict[str, type[LlamaModel]] = {
     "llama": LlamaModel,
     "mistral": LlamaModel,
     "qwen2": LlamaModel,
+    "granite": LlamaModel,
     "qwen3": Qwen3Model,
     "qwen3_moe": Qwen3MoeModel,
     "mixtral": MixtralModel,

@@ -141,7 +141,8 @@ std::vector<at::Tensor> llama_decoder_layers(
     const OptTensor& decode_tables, const OptTensor& decode_lens, bool decode_all_rows,
     const OptTensor& prefill_chunks, const OptTensor& prefill_tables, int64_t num_heads,
     int64_t num_kv_heads, int64_t head_dim, double eps, double scale,
-    const std::vector<int64_t>& windows, bool gelu, bool packed, int64_t activation_bits) {
+    const std::vector<int64_t>& windows, bool gelu, bool packed, int64_t activation_bits,
+    double residual_scale) {
   const LinearChoice how{packed, small_rows, activation_bits};
   const size_t L = k_caches.size();
   TORCH_CHECK(weights.size() == L * kWeightsPerLayer &&
@@ -247,11 +248,13 @@ std::vector<at::Tensor> llama_decoder_layers(
     }
     at::Tensor out = linear(attn.view({T, q_size}), {w[2], small[1], dec[1], kNone}, how, split);
     if (!output_norms.empty()) out = rms_norm(out, output_norms[2 * l], eps);
+    if (residual_scale != 1.0) out = at::mul(out, residual_scale);  // Granite's residual_multiplier
     x = add_rms_norm(out, res, w[3], eps);
     at::Tensor gate_up = linear(x, {w[4], small[2], dec[2], kNone}, how, split);
     hidden = linear(gelu ? gelu_tanh_and_mul(gate_up) : silu_and_mul(gate_up),
                     {w[5], small[3], dec[3], kNone}, how, split);
     if (!output_norms.empty()) hidden = rms_norm(hidden, output_norms[2 * l + 1], eps);
+    if (residual_scale != 1.0) hidden = at::mul(hidden, residual_scale);
   }
   return {hidden, res};
 }
