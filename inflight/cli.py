@@ -133,6 +133,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="the model id clients send (default: the model file/folder name)",
     )
     serve.add_argument(
+        "--tool-call-parser",
+        default="auto",
+        choices=["auto", "hermes", "llama3_json", "mistral", "pythonic"],
+        help="the format the model writes tool calls in (tool_choice auto); auto: the one its "
+        "chat template asks for (default: auto)",
+    )
+    serve.add_argument(
+        "--reasoning-parser",
+        default="auto",
+        choices=["auto", "think", "none"],
+        help="think: a <think> block returned as reasoning_content apart from content; auto: "
+        "where the chat template has one (default: auto)",
+    )
+    serve.add_argument(
         "--max-queued-requests",
         type=int,
         default=None,
@@ -211,7 +225,8 @@ def run_serve(args: argparse.Namespace) -> int:
         host=args.host, port=args.port, api_key=args.api_key,
         served_model_name=args.served_model_name, max_body_bytes=args.max_body_bytes,
         allowed_hosts=args.allowed_hosts, read_timeout=args.read_timeout,
-        shutdown_timeout=args.shutdown_timeout,
+        shutdown_timeout=args.shutdown_timeout, tool_call_parser=args.tool_call_parser,
+        reasoning_parser=args.reasoning_parser,
     )  # fmt: skip
     if args.replicas < 1:
         logger.error("--replicas must be >= 1, got %d", args.replicas)

@@ -25,22 +25,37 @@ from inflight.tokenizer import load_tokenizer
 Message = dict[str, Any]
 
 
+# what the renderer itself passes a chat template: not for `template_kwargs` to replace
+RESERVED_TEMPLATE_KWARGS = frozenset({
+    "messages", "conversation", "tools", "documents", "chat_template", "add_generation_prompt",
+    "continue_final_message", "tokenize", "padding", "truncation", "max_length",
+    "return_tensors", "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs",
+})  # fmt: skip
+
+
 def render_chat(
     tokenizer: PreTrainedTokenizerBase,
     messages: list[Message],
     tools: list[dict[str, Any]] | None = None,
+    template_kwargs: dict[str, Any] | None = None,
 ) -> str:
     """The prompt text of a conversation; `tools` (OpenAI's shape) go to templates that
-    render them."""
+    render them; `template_kwargs` are variables of the template's own (Qwen3's
+    `enable_thinking`)."""
     if not tokenizer.chat_template:
         raise InvalidRequestError("this model has no chat template", param="messages")
+    template_kwargs = dict(template_kwargs or {})
+    reserved = sorted(RESERVED_TEMPLATE_KWARGS.intersection(template_kwargs))
+    if reserved:
+        raise InvalidRequestError(f"chat_template_kwargs cannot set {', '.join(reserved)}",
+                                  param="chat_template_kwargs")  # fmt: skip
     for i, message in enumerate(messages):
         for key, value in message.items():
             if isinstance(value, str):
                 check_text(value, f"messages.{i}.{key}")
     try:
         return tokenizer.apply_chat_template(
-            messages, tools=tools, tokenize=False, add_generation_prompt=True
+            messages, tools=tools, tokenize=False, add_generation_prompt=True, **template_kwargs
         )
     except Exception as e:  # jinja errors for malformed messages
         raise InvalidRequestError(f"cannot render the chat template: {e}", "messages") from e
@@ -94,6 +109,9 @@ class FrontEnd:
         return scheduler.num_running + scheduler.num_waiting
 
     def render_chat(
-        self, messages: list[Message], tools: list[dict[str, Any]] | None = None
+        self,
+        messages: list[Message],
+        tools: list[dict[str, Any]] | None = None,
+        template_kwargs: dict[str, Any] | None = None,
     ) -> str:
-        return render_chat(self.tokenizer, messages, tools)
+        return render_chat(self.tokenizer, messages, tools, template_kwargs)

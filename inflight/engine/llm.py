@@ -51,12 +51,16 @@ class LLM(FrontEnd):
         messages: list[Message] | list[list[Message]],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
+        chat_template_kwargs: dict[str, Any] | None = None,
     ) -> list[RequestOutput]:
-        """Renders each conversation through the model's chat template, then generates."""
+        """Renders each conversation through the model's chat template (with its own variables
+        from `chat_template_kwargs`, such as Qwen3's `enable_thinking`), then generates."""
         one = bool(messages) and isinstance(messages[0], dict)
         conversations = cast(list[list[Message]], [messages] if one else messages)
-        prompts: list[tuple[PromptInput, bool]] = [(self.render_chat(c), False)
-                                                   for c in conversations]  # fmt: skip
+        prompts: list[tuple[PromptInput, bool]] = [
+            (self.render_chat(c, template_kwargs=chat_template_kwargs), False)
+            for c in conversations
+        ]
         return self._run(prompts, sampling_params, use_tqdm)
 
     def _run(

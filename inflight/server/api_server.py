@@ -29,6 +29,7 @@ from inflight.engine.async_engine import AsyncLLM, EngineDeadError
 from inflight.errors import InflightError, InvalidRequestError
 from inflight.metrics.doctor import History
 from inflight.server import protocol as p
+from inflight.server import reasoning, tool_parsers
 from inflight.server.dashboard import Broadcaster, page_html
 from inflight.server.errors import error_status
 from inflight.server.middleware import (
@@ -58,6 +59,17 @@ class ServerConfig:
     read_timeout: float = 10.0
     # seconds in-flight requests get to finish after SIGTERM before they are aborted
     shutdown_timeout: float = 30.0
+    # the format of `auto` tool calls (`tool_parsers.PARSERS`); auto: the chat template's
+    tool_call_parser: str = "auto"
+    # think: a think block returned as reasoning_content; auto: where the template has one
+    reasoning_parser: str = "auto"
+
+    def __post_init__(self) -> None:
+        for name, known in (("tool_call_parser", tool_parsers.PARSERS),
+                            ("reasoning_parser", reasoning.REASONING_PARSERS)):  # fmt: skip
+            value = getattr(self, name)
+            if value != "auto" and value not in known:
+                raise ValueError(f"unknown {name} {value!r}; known: auto, {', '.join(known)}")
 
 
 SHOWN_KNOBS = (
@@ -118,7 +130,7 @@ def build_app(engine: AsyncLLM, config: ServerConfig) -> FastAPI:
     path = engine.model_path
     model_name = config.served_model_name or (path.stem if path.is_file() else path.name)
     completions = CompletionServing(engine, model_name)
-    chat = ChatServing(engine, model_name)
+    chat = ChatServing(engine, model_name, config.tool_call_parser, config.reasoning_parser)
 
     history = History(seconds=60)
     broadcaster = Broadcaster(engine, history)
@@ -236,7 +248,7 @@ def build_app(engine: AsyncLLM, config: ServerConfig) -> FastAPI:
     async def tokenize(req: p.TokenizeRequest) -> p.TokenizeResponse:
         completions.check_model(req.model)
         if req.messages is not None:
-            tokens = await engine.run_tokenizer(chat.render, req.messages)
+            tokens, _ = await engine.run_tokenizer(chat.render, req.messages)
         elif req.prompt is not None:
             tokens = await engine.run_tokenizer(engine.tokenize, req.prompt, req.add_special_tokens)
         else:

@@ -192,6 +192,8 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: int | None = Field(default=None, ge=1, le=MAX_INT64)
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    # variables of the model's chat template (Qwen3's enable_thinking), as vLLM takes them
+    chat_template_kwargs: dict[str, Any] | None = None
 
 
 class UsageInfo(BaseModel):
@@ -249,6 +251,8 @@ class ChatLogprobs(BaseModel):
 class ChatResponseMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
+    # the model's thinking (`server/reasoning.py`), as vLLM returns it; absent for other models
+    reasoning_content: str | None = None
     tool_calls: list[ToolCall] | None = None
 
 
@@ -284,6 +288,7 @@ class DeltaToolCall(BaseModel):
 class DeltaMessage(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    reasoning_content: str | None = None
     tool_calls: list[DeltaToolCall] | None = None
 
 

@@ -304,8 +304,13 @@ class RemoteEngine:
     def replicas_up(self) -> int:
         return self._up
 
-    def render_chat(self, messages: list[dict[str, Any]], tools: list[dict] | None = None) -> str:
-        return render_chat(self.tokenizer, messages, tools)
+    def render_chat(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict] | None = None,
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> str:
+        return render_chat(self.tokenizer, messages, tools, template_kwargs)
 
     async def run_tokenizer(self, fn: Callable[..., Any], *args: Any) -> Any:
         loop = asyncio.get_running_loop()

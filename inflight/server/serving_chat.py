@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
 from inflight.core.outputs import Logprobs
 from inflight.errors import InvalidRequestError
+from inflight.model.loader import arch_config
 from inflight.server import protocol as p
+from inflight.server import reasoning, tool_parsers
 from inflight.server import tool_calls as tc
 from inflight.server.serving import (
     DeltaTracker,
@@ -17,6 +22,8 @@ from inflight.server.serving import (
     merge_streams,
     usage_of,
 )
+
+logger = logging.getLogger(__name__)
 
 
 def template_message(m: p.ChatMessage) -> dict[str, Any]:
@@ -39,11 +46,52 @@ def template_message(m: p.ChatMessage) -> dict[str, Any]:
 
 
 class ChatServing(OpenAIServing):
-    def render(self, messages: list[p.ChatMessage], tools: list[p.Tool] | None = None) -> list[int]:
-        """Prompt token ids of a conversation; `tools` for templates that render them."""
+    def __init__(
+        self,
+        engine,
+        served_model_name: str,
+        tool_call_parser: str = "auto",
+        reasoning_parser: str = "auto",
+    ) -> None:
+        """`tool_call_parser`: the format the model writes `auto` tool calls in
+        (`tool_parsers`); `reasoning_parser`: `think` to return a think block as
+        `reasoning_content`; `auto`, either: what the model's chat template says, looked up at
+        the first request (a gateway knows its tokenizer once a replica reports)."""
+        super().__init__(engine, served_model_name)
+        self._asked = {"tool": tool_call_parser, "reasoning": reasoning_parser}
+
+    @functools.cached_property
+    def tool_parser(self) -> str:
+        name = self._asked["tool"]
+        if name == "auto":
+            architecture = arch_config(self.engine.model_path).architecture
+            name = tool_parsers.choose(self.engine.tokenizer.chat_template, architecture)
+            logger.info("tool calls (tool_choice auto) parsed as %s", name)
+        return name
+
+    @functools.cached_property
+    def reasoning_parser(self) -> str:
+        name = self._asked["reasoning"]
+        if name == "auto":
+            name = reasoning.choose(self.engine.tokenizer.chat_template)
+            if name != "none":
+                logger.info("think blocks returned as reasoning_content")
+        return name
+
+    def render(
+        self,
+        messages: list[p.ChatMessage],
+        tools: list[p.Tool] | None = None,
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> tuple[list[int], bool]:
+        """(prompt token ids of a conversation, whether the prompt opens a think block);
+        `tools` for templates that render them, `template_kwargs` their own variables."""
         tool_dicts = [t.model_dump(exclude_none=True) for t in tools] if tools else None
-        text = self.engine.render_chat([template_message(m) for m in messages], tool_dicts)
-        return self.tokenizer(text, add_special_tokens=False).input_ids
+        text = self.engine.render_chat(
+            [template_message(m) for m in messages], tool_dicts, template_kwargs
+        )
+        ids = self.tokenizer(text, add_special_tokens=False).input_ids
+        return ids, reasoning.prompt_opens_thinking(text)
 
     async def _start(self, req: p.ChatCompletionRequest):
         self.check_model(req.model)
@@ -52,13 +100,18 @@ class ChatServing(OpenAIServing):
         mode = tc.resolve_tool_choice(req)
         constraint = tc.tool_constraint(req, mode)
         tools = req.tools if mode != "none" else None
-        prompt_ids = await self.engine.run_tokenizer(self.render, req.messages, tools)
+        prompt_ids, opened = await self.engine.run_tokenizer(
+            self.render, req.messages, tools, req.chat_template_kwargs
+        )
         max_tokens = req.max_completion_tokens or req.max_tokens
         if max_tokens is None:  # OpenAI's default: as much as the context leaves
             max_tokens = max(1, self.engine.max_model_len - len(prompt_ids))
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
         params = self.sampling_params(req, max_tokens, logprobs, constraint)
-        return await self.start([prompt_ids], params, req), mode
+        if mode == "auto" and self.tool_parser in tool_parsers.KEEPS_SPECIAL_TOKENS:
+            params = dataclasses.replace(params, skip_special_tokens=False)  # its markers
+        thinking = self.reasoning_parser == "think"
+        return await self.start([prompt_ids], params, req), mode, (thinking, opened)
 
     @staticmethod
     def _function_name(req: p.ChatCompletionRequest) -> str | None:
@@ -83,17 +136,25 @@ class ChatServing(OpenAIServing):
         return p.ChatLogprobs(content=content)
 
     async def create(self, req: p.ChatCompletionRequest) -> p.ChatCompletionResponse:
-        streams, mode = await self._start(req)
+        streams, mode, (thinking, opened) = await self._start(req)
         (out,) = await final_outputs(streams)
         choices = []
         for c in out.outputs:
-            content, calls = c.text, []
+            thought, content = None, c.text
+            if thinking:
+                thought, content = reasoning.split_reasoning(c.text, opened, final=True)
+            calls: list[p.ToolCall] = []
             if mode != "none" and (c.finish_reason != "length" or mode == "auto"):
-                content, calls = tc.parse_tool_calls(mode, c.text, self._function_name(req))
+                content, calls = tc.parse_tool_calls(
+                    mode, content, self._function_name(req), self.tool_parser
+                )
+            message = p.ChatResponseMessage(
+                content=content, reasoning_content=thought or None, tool_calls=calls or None
+            )
             choices.append(
                 p.ChatChoice(
                     index=c.index,
-                    message=p.ChatResponseMessage(content=content, tool_calls=calls or None),
+                    message=message,
                     logprobs=self._logprobs(c.logprobs),
                     finish_reason=tc.finish_reason(mode, len(calls), c.finish_reason),
                     stop_reason=c.stop_reason,
@@ -105,14 +166,15 @@ class ChatServing(OpenAIServing):
 
     async def stream(self, req: p.ChatCompletionRequest) -> AsyncIterator[dict[str, Any]]:
         """Starts the request now (errors raise before any byte is sent), streams later."""
-        streams, mode = await self._start(req)
-        return self._chunks(req, streams, mode)
+        streams, mode, thinking = await self._start(req)
+        return self._chunks(req, streams, mode, thinking)
 
     async def _chunks(
-        self, req: p.ChatCompletionRequest, streams, mode: str
+        self, req: p.ChatCompletionRequest, streams, mode: str, thinking: tuple[bool, bool]
     ) -> AsyncIterator[dict[str, Any]]:
         rid, tracker, final = p.new_id("chatcmpl"), DeltaTracker(), None
         calls: dict[int, tc.ToolCallStream] = {}
+        thoughts: dict[int, reasoning.ReasoningStream] = {}
 
         def chunk(choice: p.ChatStreamChoice) -> dict[str, Any]:
             return p.ChatCompletionChunk(
@@ -127,19 +189,25 @@ class ChatServing(OpenAIServing):
                             index=index, delta=p.DeltaMessage(role="assistant", content="")
                         )
                     )
-                finish_reason, tool_deltas = c.finish_reason, None
+                finish_reason, tool_deltas, thought = c.finish_reason, None, ""
+                done, content = c.finish_reason is not None, c.text
+                if thinking[0]:
+                    split = thoughts.setdefault(index, reasoning.ReasoningStream(thinking[1]))
+                    thought, text, content = split.feed(c.text, done)
                 if mode != "none":
                     stream = calls.setdefault(
-                        index, tc.ToolCallStream(mode, self._function_name(req))
+                        index, tc.ToolCallStream(mode, self._function_name(req), self.tool_parser)
                     )
-                    text, tool_deltas = stream.feed(c.text, c.finish_reason is not None)
+                    text, tool_deltas = stream.feed(content, done)
                     finish_reason = tc.finish_reason(mode, stream.num_calls, finish_reason)
-                if text or tool_deltas or logprobs or finish_reason:
+                if text or thought or tool_deltas or logprobs or finish_reason:
                     yield chunk(
                         p.ChatStreamChoice(
                             index=index,
                             delta=p.DeltaMessage(
-                                content=text or None, tool_calls=tool_deltas or None
+                                content=text or None,
+                                reasoning_content=thought or None,
+                                tool_calls=tool_deltas or None,
                             ),
                             logprobs=self._logprobs(logprobs) if c.logprobs is not None else None,
                             finish_reason=finish_reason,

@@ -7,32 +7,24 @@ turn generated text into OpenAI `tool_calls`, whole or streamed.
 - a named function: the output is constrained to that function's parameter schema and is its
   arguments. Streamed as OpenAI streams it: a first delta with the call's id and name, then the
   arguments text as it is generated. Finishes with "stop", as OpenAI's forced calls do.
-- `auto`: unconstrained; the tools are rendered by the model's chat template, and Hermes-style
-  blocks `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` in the output (the format of
-  Hermes, Qwen 2.5 and 3, SmolLM3 templates) become calls; the rest is the message's content.
-  Templates that call tools another way get their calls as plain content.
+- `auto`: unconstrained; the tools are rendered by the model's chat template, and the calls the
+  model writes in its family's format (`tool_parsers`: Hermes blocks, Llama 3's JSON, Mistral's
+  markers, Python calls; chosen from the template or by `--tool-call-parser`) become calls; the
+  rest is the message's content.
 - `none`: tools are not rendered; plain text.
 """
 
 from __future__ import annotations
 
 import json
-import re
-import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
 from inflight.errors import InvalidRequestError
 from inflight.sampling_params import StructuredOutputs
 from inflight.server import protocol as p
+from inflight.server.tool_parsers import PARSERS, as_call, make_call, new_call_id
 from inflight.structured.compiler import check_json_schema
-
-TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
-_HERMES_BLOCK = re.compile(re.escape(TOOL_CALL_OPEN) + r"(.*?)" + re.escape(TOOL_CALL_CLOSE), re.S)
-
-
-def new_call_id() -> str:
-    return f"call_{uuid.uuid4().hex[:24]}"
 
 
 def resolve_tool_choice(req: p.ChatCompletionRequest) -> str:
@@ -78,19 +70,6 @@ def tool_constraint(req: p.ChatCompletionRequest, mode: str) -> StructuredOutput
     return None
 
 
-def _call(name: str, arguments: Any) -> p.ToolCall:
-    text = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
-    return p.ToolCall(id=new_call_id(), function=p.FunctionCall(name=name, arguments=text))
-
-
-def _as_call(item: Any) -> p.ToolCall | None:
-    """`{"name": str, "arguments": {...}}` (or "parameters", as some templates write) -> a call."""
-    if not isinstance(item, dict) or not isinstance(item.get("name"), str):
-        return None
-    arguments = item.get("arguments", item.get("parameters", {}))
-    return _call(item["name"], arguments)
-
-
 def _array_items(text: str) -> list[Any]:
     """The complete items of a JSON array whose text may still be growing."""
     decoder, items = json.JSONDecoder(), []
@@ -110,47 +89,22 @@ def _array_items(text: str) -> list[Any]:
         items.append(item)
 
 
-def _hermes_split(text: str, final: bool) -> tuple[str, list[p.ToolCall], int]:
-    """(content, calls, characters consumed) of Hermes-style output. Unless `final`, stops
-    before an unclosed `<tool_call>` block or a trailing partial `<tool_call>` tag."""
-    content, calls, pos = [], [], 0
-    for match in _HERMES_BLOCK.finditer(text):
-        content.append(text[pos : match.start()])
-        try:
-            call = _as_call(json.loads(match.group(1)))
-        except ValueError:
-            call = None
-        if call is None:
-            content.append(match.group(0))  # not a call after all: keep it as text
-        else:
-            calls.append(call)
-        pos = match.end()
-    rest = text[pos:]
-    if not final:
-        cut = rest.find(TOOL_CALL_OPEN)
-        if cut < 0:  # hold back a tail that could be the start of the tag
-            cut = next((i for i in range(max(0, len(rest) - len(TOOL_CALL_OPEN) + 1), len(rest))
-                        if TOOL_CALL_OPEN.startswith(rest[i:])), len(rest))  # fmt: skip
-        rest = rest[:cut]
-    content.append(rest)
-    return "".join(content), calls, pos + len(rest)
-
-
 def parse_tool_calls(
-    mode: str, text: str, function_name: str | None
+    mode: str, text: str, function_name: str | None, parser: str = "hermes"
 ) -> tuple[str | None, list[p.ToolCall]]:
-    """Whole output -> (content, tool calls) for a non-streamed response."""
+    """Whole output -> (content, tool calls) for a non-streamed response; `parser` names the
+    format of `auto` calls (`tool_parsers.PARSERS`)."""
     if mode == "named":
-        return None, [_call(function_name, text)]  # type: ignore[arg-type]
+        return None, [make_call(function_name, text)]  # type: ignore[arg-type]
     if mode == "required":
         try:
             items = json.loads(text)
         except ValueError:
             return text, []  # cut short (max_tokens): the text as it is
-        calls = [c for c in map(_as_call, items) if c is not None]
+        calls = [c for c in map(as_call, items) if c is not None]
         return (None, calls) if calls else (text, [])
     if mode == "auto":
-        content, calls, _ = _hermes_split(text, final=True)
+        content, calls, _ = PARSERS[parser](text, True)
         if not calls:
             return text, []
         return content.strip() or None, calls
@@ -170,6 +124,7 @@ class ToolCallStream:
 
     mode: str
     function_name: str | None = None
+    parser: str = "hermes"  # the format of `auto` calls
     _sent_chars: int = 0  # of content (auto) or arguments (named)
     _num_calls: int = 0
     _call_id: str = field(default_factory=new_call_id)
@@ -191,10 +146,10 @@ class ToolCallStream:
                 return "", []
             return "", [p.DeltaToolCall(index=0, function=p.DeltaFunctionCall(arguments=new))]
         if self.mode == "required":
-            calls = [c for c in map(_as_call, _array_items(text)) if c is not None]
+            calls = [c for c in map(as_call, _array_items(text)) if c is not None]
             return "", self._new_calls(calls)
         # auto
-        content, calls, _ = _hermes_split(text, final=finished)
+        content, calls, _ = PARSERS[self.parser](text, finished)
         new_content = content[self._sent_chars :]
         self._sent_chars = len(content)
         return new_content, self._new_calls(calls)

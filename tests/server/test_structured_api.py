@@ -12,6 +12,7 @@ import pytest
 from inflight.engine.async_engine import AsyncLLM
 from inflight.server import protocol as p
 from inflight.server import tool_calls as tc
+from inflight.server import tool_parsers
 from tests.server.live import LiveServer
 
 WEATHER = {"type": "function", "function": {
@@ -150,11 +151,11 @@ def test_array_items_are_returned_only_once_complete():
 
 def test_hermes_blocks_split_from_content_and_partial_tags_held_back():
     text = 'Sure. <tool_call>{"name": "f", "arguments": {"a": 1}}</tool_call> Done <tool'
-    content, calls, _ = tc._hermes_split(text, final=False)
+    content, calls, _ = tool_parsers.hermes(text, final=False)
     assert content == "Sure.  Done " and [c.function.name for c in calls] == ["f"]
     assert json.loads(calls[0].function.arguments) == {"a": 1}
-    assert tc._hermes_split(text, final=True)[0] == "Sure.  Done <tool"
-    content, calls, _ = tc._hermes_split("a <tool_call>not json</tool_call>", final=True)
+    assert tool_parsers.hermes(text, final=True)[0] == "Sure.  Done <tool"
+    content, calls, _ = tool_parsers.hermes("a <tool_call>not json</tool_call>", final=True)
     assert content == "a <tool_call>not json</tool_call>" and not calls
     assert tc.parse_tool_calls("auto", "no calls here", None) == ("no calls here", [])
 

@@ -1,0 +1,72 @@
+"""A model's thinking apart from its answer: models that reason in a `<think>...</think>` block
+(Qwen3, DeepSeek-R1's distillations, SmolLM3) have it returned as `reasoning_content` beside
+`content`, as vLLM's reasoning parsers return it (OpenAI's clients keep the extra field).
+
+The block may open in the output (Qwen3) or at the end of the prompt (templates that force
+thinking, DeepSeek-R1's): `opened` says the output starts inside it. An output that is not in a
+block is all content (Qwen3 with `enable_thinking: false`, whose template closes an empty block
+in the prompt). Streamed, the split is recomputed over the whole text so far, holding back what
+may still be the start of a tag, so each part only ever grows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+REASONING_PARSERS = ("think", "none")
+
+
+def choose(chat_template: str | dict[str, str] | None) -> str:
+    """`think` where the model's chat template knows the block, else `none`."""
+    if isinstance(chat_template, dict):
+        chat_template = "\n".join(chat_template.values())
+    return "think" if THINK_CLOSE in (chat_template or "") else "none"
+
+
+def prompt_opens_thinking(prompt: str) -> bool:
+    """Whether the rendered prompt ends inside a think block (its output starts there)."""
+    return prompt.rstrip().endswith(THINK_OPEN)
+
+
+def _partial_tag_at(text: str, tag: str) -> int:
+    """Where a suffix of `text` that may still grow into `tag` starts (len(text) if none)."""
+    start = max(0, len(text) - len(tag) + 1)
+    return next((i for i in range(start, len(text)) if tag.startswith(text[i:])), len(text))
+
+
+def split_reasoning(text: str, opened: bool, final: bool) -> tuple[str, str]:
+    """(reasoning, content) of the output so far."""
+    body = text
+    if not opened:
+        stripped = text.lstrip()
+        if stripped.startswith(THINK_OPEN):
+            body = stripped[len(THINK_OPEN) :]
+        elif not final and THINK_OPEN.startswith(stripped):  # (empty, or the tag half written)
+            return "", ""
+        else:
+            return "", text  # no block: an answer
+    end = body.find(THINK_CLOSE)
+    if end >= 0:
+        return body[:end], body[end + len(THINK_CLOSE) :].lstrip()
+    if final:  # cut off while thinking
+        return body, ""
+    return body[: _partial_tag_at(body, THINK_CLOSE)], ""
+
+
+@dataclass
+class ReasoningStream:
+    """One choice's streamed split: fed the cumulative text, returns what is new of each part,
+    and the content so far (what tool-call parsing reads)."""
+
+    opened: bool
+    _reasoning_sent: int = 0
+    _content_sent: int = 0
+
+    def feed(self, text: str, final: bool) -> tuple[str, str, str]:
+        """(new reasoning, new content, all content so far)."""
+        reasoning, content = split_reasoning(text, self.opened, final)
+        new_reasoning = reasoning[self._reasoning_sent :]
+        new_content = content[self._content_sent :]
+        self._reasoning_sent, self._content_sent = len(reasoning), len(content)
+        return new_reasoning, new_content, content
