@@ -66,11 +66,13 @@ def build_tokenizer(folder: Path):
 
 
 TINY_ARCHS = ("llama", "llama3_rope", "qwen2", "qwen3", "qwen3_moe", "mixtral", "phi3", "mistral",
-              "gemma3", "granite")  # fmt: skip
+              "gemma2", "gemma3", "granite")  # fmt: skip
 
 
 def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) -> Path:
     from transformers import (
+        Gemma2Config,
+        Gemma2ForCausalLM,
         Gemma3ForCausalLM,
         Gemma3TextConfig,
         GraniteConfig,
@@ -158,6 +160,12 @@ def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) ->
         cls = GraniteForCausalLM
     elif arch == "mistral":
         config, cls = MistralConfig(**common, sliding_window=24), MistralForCausalLM
+    elif arch == "gemma2":  # every other layer windowed, and soft caps far below the tiny
+        # model's scores and logits, so that both change what it computes
+        config = Gemma2Config(**{**common, "num_hidden_layers": 4}, head_dim=32,
+                              query_pre_attn_scalar=24, sliding_window=24,
+                              attn_logit_softcapping=2.0, final_logit_softcapping=3.0)  # fmt: skip
+        cls = Gemma2ForCausalLM
     elif arch == "gemma3":  # five windowed layers and a global one (Gemma 3's pattern, which
         # its GGUF files imply), each kind with its RoPE base; a score scale not head_dim's
         rope = {"full_attention": {"rope_type": "default", "rope_theta": 1e6},
@@ -170,7 +178,7 @@ def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) ->
         raise ValueError(arch)
     torch.manual_seed(seed)
     model = cls(config).eval()
-    if arch == "gemma3":  # its norms start at w = 0 (a scale of 1 + w): make the offset matter
+    if arch in ("gemma2", "gemma3"):  # norms start at w = 0 (a scale of 1 + w): make it matter
         with torch.no_grad():
             for name, param in model.named_parameters():
                 if name.endswith("norm.weight"):

@@ -58,7 +58,7 @@ def gguf_name(hf: str, arch: str = "llama") -> str:
         return f"blk.{layer}.ffn_{part.rpartition('.')[2].removesuffix('_proj')}_exps.{kind}"
     if part == "mlp.gate":  # their router
         return f"blk.{layer}.ffn_gate_inp.{kind}"
-    names = GEMMA3_LAYER_TO_GGUF if arch == "gemma3" else LAYER_TO_GGUF
+    names = GEMMA3_LAYER_TO_GGUF if arch in ("gemma2", "gemma3") else LAYER_TO_GGUF
     return f"blk.{layer}.{names[part]}.{kind}"
 
 
@@ -172,7 +172,8 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
     merges = [m if isinstance(m, str) else " ".join(m) for m in tok["model"]["merges"]]
 
     arch = {"LlamaForCausalLM": "llama", "Qwen3ForCausalLM": "qwen3", "Phi3ForCausalLM": "phi3",
-            "Gemma3ForCausalLM": "gemma3", "Qwen3MoeForCausalLM": "qwen3moe",
+            "Gemma2ForCausalLM": "gemma2", "Gemma3ForCausalLM": "gemma3",
+            "Qwen3MoeForCausalLM": "qwen3moe",
             "MixtralForCausalLM": "llama",
             "GraniteForCausalLM": "granite"}[cfg["architectures"][0]]  # fmt: skip
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
@@ -195,6 +196,9 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
     w.add_vocab_size(cfg["vocab_size"])
     if cfg.get("sliding_window") and arch != "llama":  # (a llama file cannot say it: Mixtral)
         w.add_sliding_window(cfg["sliding_window"])
+    for key in ("attn_logit_softcapping", "final_logit_softcapping"):  # Gemma 2's
+        if cfg.get(key) is not None:
+            w.add_float32(f"{arch}.{key}", cfg[key])
     if arch == "granite":  # its multipliers, under llama.cpp's names
         w.add_embedding_scale(cfg["embedding_multiplier"])
         w.add_residual_scale(cfg["residual_multiplier"])
@@ -238,7 +242,8 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
             array = llama_cpp_permute(array, cfg["num_attention_heads"])
         elif permuted and name.endswith("k_proj.weight"):
             array = llama_cpp_permute(array, cfg["num_key_value_heads"])
-        elif arch == "gemma3" and name.endswith("norm.weight"):  # stored as the 1 + w applied
+        elif arch in ("gemma2", "gemma3") and name.endswith("norm.weight"):  # stored as the
+            # 1 + w applied
             array = array + 1
         file_name = gguf_name(name, arch)
         kind = mix(file_name) if mix else qtype

@@ -28,10 +28,11 @@ class CpuKernelBackend(PagedKernelBackend):
         self.decode_kernel = self._ext.paged_decode_attention
 
     def prefill_kernel(
-        self, query, k_cache, v_cache, chunks, block_tables, out, scale, window, max_query_len
-    ) -> None:
+        self, query, k_cache, v_cache, chunks, block_tables, out, scale, window, softcap,
+        max_query_len,
+    ) -> None:  # fmt: skip
         self._ext.paged_prefill_attention(
-            query, k_cache, v_cache, chunks, block_tables, out, scale, window
+            query, k_cache, v_cache, chunks, block_tables, out, scale, window, softcap
         )
 
     def cache_shapes(

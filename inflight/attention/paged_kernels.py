@@ -117,20 +117,20 @@ class PagedKernelBackend:
 
     def forward(
         self, query, key, value, k_cache, v_cache, meta: KernelMetadata,
-        window: int | None = None, scale: float | None = None,
+        window: int | None = None, scale: float | None = None, softcap: float | None = None,
     ) -> torch.Tensor:  # fmt: skip
         self.write_cache(k_cache, v_cache, key, value, meta.slot_mapping)
         out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
         scale = query.shape[-1] ** -0.5 if scale is None else scale
-        window = window or 0
+        window, softcap = window or 0, softcap or 0.0
         if (batch := meta.decode_batch) is not None:
             out[batch.rows] = self.decode_kernel(
                 query[batch.rows], k_cache, v_cache, batch.block_tables, batch.seq_lens,
-                scale, window,
+                scale, window, softcap,
             )  # fmt: skip
         if (chunks := meta.prefill_batch) is not None:
             self.prefill_kernel(
                 query, k_cache, v_cache, chunks.chunks, chunks.block_tables, out, scale, window,
-                chunks.max_query_len,
+                softcap, chunks.max_query_len,
             )  # fmt: skip
         return out

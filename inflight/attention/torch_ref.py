@@ -213,13 +213,14 @@ class TorchReferenceBackend:
         meta: AttentionMetadata,
         window: int | None = None,
         scale: float | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:
         write_token_major(k_cache, v_cache, key, value, meta.slot_mapping)
         out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
         for g in meta.decode:
             rows = g.token_index[:, 0]
             out[rows] = self._decode(query[rows], k_cache, v_cache, g.block_tables,
-                                     g.mask(window), scale)  # fmt: skip
+                                     g.mask(window), scale, softcap)  # fmt: skip
         for chunk in meta.prefills:
             if chunk.block_table is None:  # as the cache holds them (rounded to its dtype)
                 k = read_token_major(to_cache_rows(key[chunk.tokens], k_cache.dtype), query.dtype)
@@ -228,15 +229,15 @@ class TorchReferenceBackend:
                 table = chunk.block_table[None]
                 k = read_token_major(_gather(k_cache, table)[0, : chunk.seq_len], query.dtype)
                 v = read_token_major(_gather(v_cache, table)[0, : chunk.seq_len], query.dtype)
-            o = F.scaled_dot_product_attention(
-                query[chunk.tokens].transpose(0, 1)[None],  # [1, H, Q, D]
-                k.transpose(0, 1)[None],  # [1, KVH, L, D]
-                v.transpose(0, 1)[None],
-                attn_mask=chunk.mask(window),
-                is_causal=chunk.mask(window) is None,
-                scale=scale,
-                enable_gqa=True,
-            )
+            q = query[chunk.tokens].transpose(0, 1)[None]  # [1, H, Q, D]
+            k, v = k.transpose(0, 1)[None], v.transpose(0, 1)[None]  # [1, KVH, L, D]
+            if softcap:  # scores SDPA cannot reach: computed out
+                o = _soft_capped_attention(q, k, v, chunk.mask(window), scale, softcap)
+            else:
+                o = F.scaled_dot_product_attention(
+                    q, k, v, attn_mask=chunk.mask(window), is_causal=chunk.mask(window) is None,
+                    scale=scale, enable_gqa=True,
+                )  # fmt: skip
             out[chunk.tokens] = o[0].transpose(0, 1)
         return out
 
@@ -248,6 +249,7 @@ class TorchReferenceBackend:
         block_tables: torch.Tensor,
         mask: torch.Tensor,
         scale: float | None,
+        softcap: float | None = None,
     ) -> torch.Tensor:
         """One query per request, as two batched matmuls over all KV heads at once.
 
@@ -266,11 +268,32 @@ class TorchReferenceBackend:
         kv_of_head = torch.arange(num_heads, device=q.device) // group_size
         q_spread[:, torch.arange(num_heads), kv_of_head] = q
         scores = torch.bmm(q_spread.flatten(2), k.transpose(1, 2))  # [R, H, L]
-        scores = (
-            scores.float()
-            .mul_(head_dim**-0.5 if scale is None else scale)
-            .masked_fill_(~mask[:, :, 0, :], float("-inf"))
-        )
+        scores = scores.float().mul_(head_dim**-0.5 if scale is None else scale)
+        if softcap:
+            scores = torch.tanh(scores / softcap) * softcap
+        scores = scores.masked_fill_(~mask[:, :, 0, :], float("-inf"))
         probs = torch.softmax(scores, dim=-1).to(v.dtype)
         out = torch.bmm(probs, v).view(num_reqs, num_heads, num_kv_heads, head_dim)
         return out[:, torch.arange(num_heads), kv_of_head]  # [R, H, D]
+
+
+def _soft_capped_attention(
+    q: torch.Tensor,  # [1, H, Q, D]
+    k: torch.Tensor,  # [1, KVH, L, D]
+    v: torch.Tensor,
+    mask: torch.Tensor | None,  # [1, 1, Q, L] bool, True where seen; None: causal
+    scale: float | None,
+    softcap: float,
+) -> torch.Tensor:
+    """Attention with each scaled score s made softcap * tanh(s / softcap) before the softmax
+    (Gemma 2's), in float32, as transformers' eager attention computes it."""
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    scores = (q.float() @ k.float().transpose(-1, -2)) * (q.shape[-1] ** -0.5 if scale is None
+                                                          else scale)  # fmt: skip
+    scores = torch.tanh(scores / softcap) * softcap
+    if mask is None:
+        num_q, num_k = scores.shape[-2:]
+        mask = torch.ones(num_q, num_k, dtype=torch.bool, device=q.device).tril(num_k - num_q)
+    scores = scores.masked_fill(~mask, float("-inf"))
+    return (scores.softmax(-1).to(v.dtype) @ v).to(q.dtype)

@@ -24,7 +24,7 @@ import torch
 from inflight.attention.backend import SCALE_BYTES, is_scaled
 from inflight.attention.paged_kernels import PagedKernelBackend
 from inflight.attention.triton_kv_rows import load_kv_rows, write_scaled_rows
-from inflight.attention.triton_prefill import paged_prefill_attention
+from inflight.attention.triton_prefill import paged_prefill_attention, soft_capped
 from inflight.attention.triton_runtime import runs_here, tl, triton
 
 logger = logging.getLogger(__name__)
@@ -52,7 +52,7 @@ def _window_start(seq_len, window):
 
 # Lengths and widths vary from step to step: specializing on their values (Triton's default for
 # integers) would compile a new variant, seconds each, in the middle of serving.
-@triton.jit(do_not_specialize=["window", "max_blocks", "num_partitions"])
+@triton.jit(do_not_specialize=["window", "softcap", "max_blocks", "num_partitions"])
 def _partition_kernel(
     q_ptr,  # [R, H, D]
     k_cache_ptr,  # [NB, BS, KVH, D (+ 4 scale bytes: SCALED)]
@@ -64,6 +64,7 @@ def _partition_kernel(
     acc_ptr,  # [R, H, P, D] float32: sum of exp(score - max) * value
     scale,
     window,  # 0: none
+    softcap,  # 0: none (SOFTCAP)
     max_blocks,
     num_partitions,
     num_kv_heads: tl.constexpr,
@@ -75,6 +76,7 @@ def _partition_kernel(
     TOKENS: tl.constexpr,
     PARTITION: tl.constexpr,
     SCALED: tl.constexpr,  # an 8-bit cache (`load_kv_rows`)
+    SOFTCAP: tl.constexpr,
 ):
     r = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -112,6 +114,8 @@ def _partition_kernel(
             v = load_kv_rows(v_cache_ptr, row, d, live, head_dim, SCALED)
             # [GROUP_PAD, TOKENS]: every head of the group against every position
             scores = tl.sum(q[:, None, :] * k.to(tl.float32)[None, :, :], axis=2) * scale
+            if SOFTCAP:
+                scores = soft_capped(scores, softcap)
             scores = tl.where(live[None, :], scores, float("-inf"))
             new_max = tl.maximum(running_max, tl.max(scores, axis=1))
             rescale = tl.exp(running_max - new_max)
@@ -185,9 +189,11 @@ def paged_decode_attention(
     seq_lens: torch.Tensor,  # [R], each >= 1 and <= MB * BS
     scale: float,
     window: int = 0,
+    softcap: float = 0.0,
 ) -> torch.Tensor:
     """softmax(q k^T * scale) v for one query per request over its cached positions
-    [max(0, seq_len - window), seq_len) (all of them when `window` is 0)."""
+    [max(0, seq_len - window), seq_len) (all of them when `window` is 0; scores soft-capped
+    where `softcap` is not 0)."""
     num_reqs, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, cache_dim = k_cache.shape
     scaled = is_scaled(k_cache.dtype)
@@ -211,10 +217,10 @@ def paged_decode_attention(
     dim_pad = triton.next_power_of_2(head_dim)
     _partition_kernel[(num_reqs, num_kv_heads, num_partitions)](
         q.contiguous(), k_cache, v_cache, block_tables.contiguous(), seq_lens,
-        part_max, part_sum, part_acc, scale, window, max_blocks, num_partitions,
+        part_max, part_sum, part_acc, scale, window, float(softcap), max_blocks, num_partitions,
         num_kv_heads=num_kv_heads, group=group, head_dim=head_dim, block_size=block_size,
         GROUP_PAD=triton.next_power_of_2(group), DIM_PAD=dim_pad, TOKENS=tokens,
-        PARTITION=partition, SCALED=scaled,
+        PARTITION=partition, SCALED=scaled, SOFTCAP=softcap > 0,
     )  # fmt: skip
     _merge_kernel[(num_reqs, num_heads)](
         part_max, part_sum, part_acc, seq_lens, out, window, num_partitions,

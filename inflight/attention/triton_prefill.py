@@ -25,9 +25,17 @@ BLOCK_M = 64  # queries per program
 BLOCK_N = 64  # positions per loop iteration
 
 
+@triton.jit
+def soft_capped(scores, softcap):
+    """softcap * tanh(scores / softcap) (Gemma 2's), tanh as 1 - 2 / (exp(2x) + 1): exact at
+    both ends (exp's overflow to inf gives 1), and Triton has no tanh of its own everywhere."""
+    x = scores / softcap
+    return softcap * (1.0 - 2.0 / (tl.exp(2.0 * x) + 1.0))
+
+
 # Lengths vary from step to step: specializing on their values (Triton's default for integers)
 # would compile a new variant, seconds each, in the middle of serving.
-@triton.jit(do_not_specialize=["window", "max_blocks", "q_row_stride"])
+@triton.jit(do_not_specialize=["window", "softcap", "max_blocks", "q_row_stride"])
 def _prefill_kernel(
     q_ptr,  # [T, H, D], rows `q_row_stride` apart, heads `head_dim` apart
     k_cache_ptr,  # [NB, BS, KVH, D (+ 4 scale bytes: SCALED)]
@@ -37,6 +45,7 @@ def _prefill_kernel(
     block_tables_ptr,  # [C, MB]
     scale,
     window,  # 0: none
+    softcap,  # 0: none (SOFTCAP)
     max_blocks,
     q_row_stride,
     num_heads: tl.constexpr,
@@ -49,6 +58,7 @@ def _prefill_kernel(
     PRECISION: tl.constexpr,  # of the matrix products: "ieee" for float32 inputs (no TF32)
     UPCAST: tl.constexpr,  # float32 products: the interpreter's products of 16-bit floats fail
     SCALED: tl.constexpr,  # an 8-bit cache (`load_kv_rows`)
+    SOFTCAP: tl.constexpr,
 ):
     c = tl.program_id(0)
     m0 = tl.program_id(1) * BLOCK_M
@@ -89,6 +99,8 @@ def _prefill_kernel(
             k = load_kv_rows(k_cache_ptr, slot, d, n_ok, head_dim, SCALED).to(q.dtype)
             v = load_kv_rows(v_cache_ptr, slot, d, n_ok, head_dim, SCALED).to(q.dtype)
             scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale  # [M, N]
+            if SOFTCAP:
+                scores = soft_capped(scores, softcap)
             seen = (n[None, :] <= pos[:, None]) & n_ok[None, :]
             seen &= (window == 0) | (n[None, :] > pos[:, None] - window)
             scores = tl.where(seen, scores, float("-inf"))
@@ -116,10 +128,12 @@ def paged_prefill_attention(
     out: torch.Tensor,  # [T, H, D] contiguous: the chunks' rows are written
     scale: float,
     window: int,  # 0: none
+    softcap: float,  # 0: none
     max_query_len: int,  # the longest chunk's query tokens (sizes the grid)
 ) -> None:
     """Causal softmax(q k^T * scale) v for each chunk's queries over its positions (within
-    `window` of each query when it is not 0), as the C++ prompt kernel computes it."""
+    `window` of each query when it is not 0; scores soft-capped where `softcap` is not 0), as
+    the C++ prompt kernel computes it."""
     num_heads, head_dim = query.shape[1], query.shape[2]
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     if query.stride(2) != 1 or query.stride(1) != head_dim or not out.is_contiguous():
@@ -132,9 +146,9 @@ def paged_prefill_attention(
     grid = (num_chunks, triton.cdiv(max_query_len, BLOCK_M), num_heads)
     _prefill_kernel[grid](
         query, k_cache, v_cache, out, chunks.contiguous(), block_tables.contiguous(),
-        scale, window, block_tables.shape[1], query.stride(0),
+        scale, window, float(softcap), block_tables.shape[1], query.stride(0),
         num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
         block_size=block_size, DIM_PAD=max(16, triton.next_power_of_2(head_dim)),
         BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, PRECISION=precision, UPCAST=interpreted,
-        SCALED=is_scaled(k_cache.dtype),
+        SCALED=is_scaled(k_cache.dtype), SOFTCAP=softcap > 0,
     )  # fmt: skip

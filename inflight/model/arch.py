@@ -23,11 +23,14 @@ SUPPORTED_ARCHITECTURES = {
     "MixtralForCausalLM": "mixtral",
     "Phi3ForCausalLM": "phi3",
     "GraniteForCausalLM": "granite",
+    "Gemma2ForCausalLM": "gemma2",
     "Gemma3ForCausalLM": "gemma3",
     "Gemma3ForConditionalGeneration": "gemma3",  # its language model (`_gemma3_text_config`)
 }
 MAX_LAYERS = 1024  # far beyond any model's; a config asking more is broken or hostile
-GEMMA3_SLIDING_WINDOW_PATTERN = 6  # every sixth layer global, where a config does not list them
+# every n-th layer global, where a config does not list them: Gemma 3's sixth, Gemma 2's second
+GEMMA3_SLIDING_WINDOW_PATTERN = 6
+GEMMA2_SLIDING_WINDOW_PATTERN = 2
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,9 @@ class LlamaArchConfig:
     residual_multiplier: float = 1.0
     attention_multiplier: float | None = None
     logits_scaling: float = 1.0
+    # Gemma 2's soft caps: each scaled attention score s, and each logit, becomes c tanh(s / c)
+    attn_logit_softcapping: float | None = None
+    final_logit_softcapping: float | None = None
     # mixture of experts (Qwen3-MoE): each token's MLP is its `experts_per_token` best of
     # `num_experts` SiLU MLPs of `expert_intermediate_size`, weighted by the router's softmax
     # (renormalized over those chosen with `norm_topk_prob`); `dense_layers` keep one MLP
@@ -96,7 +102,8 @@ class LlamaArchConfig:
         if scalar is not None and not (math.isfinite(scalar) and scalar > 0):
             raise ValueError(f"query_pre_attn_scalar must be positive, not {scalar}")
         for name in ("embedding_multiplier", "residual_multiplier", "attention_multiplier",
-                     "logits_scaling"):  # fmt: skip
+                     "logits_scaling", "attn_logit_softcapping",
+                     "final_logit_softcapping"):  # fmt: skip
             value = getattr(self, name)
             if value is not None and not (math.isfinite(value) and value > 0):
                 raise ValueError(f"{name} must be positive, not {value}")
@@ -181,9 +188,12 @@ class LlamaArchConfig:
             window = None
         full_layers: tuple[int, ...] = ()
         local_theta = query_scalar = None
-        if arch == "gemma3":
-            full_layers, local_theta = _gemma3_layers(config, local_params)
+        softcaps: dict[str, float | None] = {}
+        if arch in ("gemma2", "gemma3"):
+            full_layers, local_theta = _gemma_layers(config, local_params, arch)
             query_scalar = float(config.get("query_pre_attn_scalar", 256))
+            for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+                softcaps[key] = None if config.get(key) is None else float(config[key])
         experts = _experts(config, arch) if arch in ("qwen3_moe", "mixtral") else {}
         multipliers = {}
         if arch == "granite":
@@ -216,6 +226,7 @@ class LlamaArchConfig:
             query_pre_attn_scalar=query_scalar,
             **experts,
             **multipliers,
+            **softcaps,
             bos_token_id=config.get("bos_token_id"),
             eos_token_ids=eos_ids,
         )
@@ -260,33 +271,35 @@ def _longrope(
     return scaling, short, long
 
 
-def _gemma3_layers(
-    config: dict[str, Any], local_params: dict[str, Any] | None
-) -> tuple[tuple[int, ...], float]:
+def _gemma_layers(
+    config: dict[str, Any], local_params: dict[str, Any] | None, arch: str
+) -> tuple[tuple[int, ...], float | None]:
     """Gemma 3's global layers (`layer_types`, or every `sliding_window_pattern`-th) and the RoPE
     base of its windowed ones; refuses what its layers do not compute (soft-capping, other
     activations)."""
-    for key in ("attn_logit_softcapping", "final_logit_softcapping"):
-        if config.get(key) is not None:
-            raise ValueError(f"{key} is not supported")
     activation = config.get("hidden_activation") or "gelu_pytorch_tanh"
     if activation != "gelu_pytorch_tanh":
         raise ValueError(f"unsupported hidden_activation {activation!r}")
     n = config["num_hidden_layers"]
     types = config.get("layer_types")
     if types is None:
-        pattern = config.get("sliding_window_pattern", GEMMA3_SLIDING_WINDOW_PATTERN)
+        gemma2 = arch == "gemma2"
+        default = GEMMA2_SLIDING_WINDOW_PATTERN if gemma2 else GEMMA3_SLIDING_WINDOW_PATTERN
+        pattern = config.get("sliding_window_pattern", default)
         if not isinstance(pattern, int) or not 0 < pattern <= MAX_LAYERS or n > MAX_LAYERS:
             raise ValueError(f"sliding_window_pattern {pattern!r} over {n!r} layers")
         types = ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention"
                  for i in range(n)]  # fmt: skip
     if len(types) != n or not set(types) <= {"full_attention", "sliding_attention"}:
         raise ValueError(f"layer_types must name {n} full_attention / sliding_attention layers")
+    full = tuple(i for i, t in enumerate(types) if t == "full_attention")
+    if arch == "gemma2":  # one RoPE for every layer
+        return full, None
     local = dict(local_params or {})
     if local.get("rope_type", "default") != "default":
         raise ValueError("RoPE scaling of the sliding-window layers is not supported")
     local_theta = local.get("rope_theta") or config.get("rope_local_base_freq", 10000.0)
-    return tuple(i for i, t in enumerate(types) if t == "full_attention"), float(local_theta)
+    return full, float(local_theta)
 
 
 def _gemma3_text_config(config: dict[str, Any]) -> dict[str, Any]:

@@ -66,6 +66,7 @@ class FusedDecoderLayers:
         self.gelu = first.gelu
         self.scale = first.head_dim**-0.5 if first.scale is None else first.scale
         self.residual_scale = first.residual_scale
+        self.softcap = first.softcap or 0.0  # of the scores; 0: none
         self.eps = first.input_layernorm.eps
         # a family's norms of the attention's and the MLP's outputs (Gemma 3's), or none
         self.output_norms = [
@@ -97,6 +98,6 @@ class FusedDecoderLayers:
             decode is not None and decode.all_rows,
             prefill and prefill.chunks, prefill and prefill.block_tables,
             num_heads, num_kv_heads, head_dim, self.eps, self.scale, self.windows, self.gelu,
-            self.packed, self.activation_bits, self.residual_scale,
+            self.packed, self.activation_bits, self.residual_scale, self.softcap,
         )  # fmt: skip
         return hidden, residual

@@ -32,14 +32,20 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader
 from gguf.quants import dequantize
 
 from inflight.errors import ModelLoadError
-from inflight.model.arch import GEMMA3_SLIDING_WINDOW_PATTERN, MAX_LAYERS, LlamaArchConfig
+from inflight.model.arch import (
+    GEMMA2_SLIDING_WINDOW_PATTERN,
+    GEMMA3_SLIDING_WINDOW_PATTERN,
+    MAX_LAYERS,
+    LlamaArchConfig,
+)
 from inflight.model.gguf_blocks import FORMATS
 from inflight.model.gguf_header import GGUFHeader, TensorInfo, read_gguf_header
 from inflight.tokenizer import cache_dir, file_cache_key
 
 logger = logging.getLogger(__name__)
 
-SUPPORTED_GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "phi3", "gemma3", "granite")
+SUPPORTED_GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "phi3", "gemma2", "gemma3",
+                                "granite")  # fmt: skip
 # a GGUF architecture -> the registry's, where the names differ (a `llama` file with experts is
 # Mixtral: `gguf_arch_config`)
 _REGISTRY_NAMES = {"qwen3moe": "qwen3_moe"}
@@ -66,20 +72,24 @@ _LAYER_NAMES = {
 # index lists as one tensor per expert, `blk.N.ffn_gate_exps.E`: HF's `mlp.experts.E.gate_proj`
 _EXPERT_STACKS = {"ffn_gate_exps": "gate_proj", "ffn_up_exps": "up_proj",
                   "ffn_down_exps": "down_proj"}  # fmt: skip
+# Gemma names its four norms apart (Llama's ffn_norm is its pre-MLP norm)
+_GEMMA_LAYER_NAMES = {
+    **_LAYER_NAMES,
+    "post_attention_norm": "post_attention_layernorm",
+    "ffn_norm": "pre_feedforward_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+}
 # where an architecture's tensor means something else than Llama's (phi3's ffn_up is gate + up)
 _ARCH_LAYER_NAMES = {
     "phi3": {**_LAYER_NAMES, "attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},
-    "gemma3": {
-        **_LAYER_NAMES,
-        "post_attention_norm": "post_attention_layernorm",
-        "ffn_norm": "pre_feedforward_layernorm",
-        "post_ffw_norm": "post_feedforward_layernorm",
-    },
+    "gemma2": _GEMMA_LAYER_NAMES,
+    "gemma3": _GEMMA_LAYER_NAMES,
 }
-# What llama.cpp assumes for Gemma 3 where the file does not say: the windowed layers' RoPE base
-# (`rope.freq_base_swa`), and the 27B's (62 layers) score scale of hidden / heads, not head_dim
+# What llama.cpp assumes for Gemma where the file does not say: Gemma 3's windowed layers' RoPE
+# base (`rope.freq_base_swa`), and the 27Bs' (Gemma 3's 62 layers, Gemma 2's 46) score scale of
+# hidden / heads, not head_dim
 GEMMA3_LOCAL_ROPE_THETA = 10000.0
-GEMMA3_27B_LAYERS = 62
+GEMMA3_27B_LAYERS, GEMMA2_27B_LAYERS = 62, 46
 _TOP_NAMES = {
     "token_embd": "model.embed_tokens",
     "output_norm": "model.norm",
@@ -177,12 +187,16 @@ def gguf_arch_config(header: GGUFHeader, path: Path) -> LlamaArchConfig:
                    "residual_multiplier": float(meta("residual_scale", 1.0)),
                    "logits_scaling": float(meta("logit_scale", 1.0))}  # fmt: skip
     attention_multiplier = field_value(header, f"{arch}.attention.scale")
-    if arch == "gemma3":
-        if field_value(header, f"{arch}.final_logit_softcapping"):
-            raise ModelLoadError(f"{path}: final logit soft-capping is not supported")
-        full_layers = _gemma3_full_layers(header, arch, num_layers)
-        local_theta = float(meta("rope.freq_base_swa", GEMMA3_LOCAL_ROPE_THETA))
-        query_scalar = float(hidden // num_heads if num_layers == GEMMA3_27B_LAYERS else head_dim)
+    softcaps: dict[str, float | None] = {}
+    if arch in ("gemma2", "gemma3"):
+        full_layers = _gemma_full_layers(header, arch, num_layers)
+        if arch == "gemma3":
+            local_theta = float(meta("rope.freq_base_swa", GEMMA3_LOCAL_ROPE_THETA))
+        wide = num_layers == (GEMMA3_27B_LAYERS if arch == "gemma3" else GEMMA2_27B_LAYERS)
+        query_scalar = float(hidden // num_heads if wide else head_dim)
+        for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+            value = field_value(header, f"{arch}.{key}")
+            softcaps[key] = float(value) if value else None
     return LlamaArchConfig(
         architecture=registry_name,
         vocab_size=int(meta("vocab_size", len(tokens) or None)),
@@ -209,15 +223,17 @@ def gguf_arch_config(header: GGUFHeader, path: Path) -> LlamaArchConfig:
         eos_token_ids=() if eos is None else (int(eos),),
         **moe,
         **multipliers,
+        **softcaps,
         attention_multiplier=None if attention_multiplier is None else float(attention_multiplier),
     )
 
 
-def _gemma3_full_layers(header: GGUFHeader, arch: str, num_layers: int) -> tuple[int, ...]:
+def _gemma_full_layers(header: GGUFHeader, arch: str, num_layers: int) -> tuple[int, ...]:
     """The global layers: as `attention.sliding_window_pattern` lists them (a flag per layer,
-    true where windowed) or spaces them (every n-th; 0: none), else every sixth."""
-    pattern = field_value(header, f"{arch}.attention.sliding_window_pattern",
-                          GEMMA3_SLIDING_WINDOW_PATTERN)  # fmt: skip
+    true where windowed) or spaces them (every n-th; 0: none), else every sixth (Gemma 3) or
+    every other one (Gemma 2, as llama.cpp fixes it)."""
+    default = GEMMA2_SLIDING_WINDOW_PATTERN if arch == "gemma2" else GEMMA3_SLIDING_WINDOW_PATTERN
+    pattern = field_value(header, f"{arch}.attention.sliding_window_pattern", default)
     if isinstance(pattern, list):
         return tuple(i for i, windowed in enumerate(pattern[:num_layers]) if not windowed)
     n = int(pattern)
@@ -315,7 +331,7 @@ class GGUFIndex:
 
 
 # Bumped whenever what `gguf_arch_config` reads changes, so no stale index outlives it.
-INDEX_VERSION = 6
+INDEX_VERSION = 7
 
 
 def _arch_from_json(saved: dict[str, Any]) -> LlamaArchConfig:
@@ -429,7 +445,8 @@ def iter_gguf_weights(
         if blocks is not None and tensor.tensor_type in block_types and len(shape) == 2:
             block_size, block_bytes = GGML_QUANT_SIZES[tensor.tensor_type]
             raw = tensor.data.reshape(shape[0], shape[1] // block_size, block_bytes)
-        if cfg.architecture == "gemma3" and name.endswith("norm.weight") and array is not None:
+        gemma = cfg.architecture in ("gemma2", "gemma3")
+        if gemma and name.endswith("norm.weight") and array is not None:
             array = array - 1  # the file holds the 1 + w each norm multiplies by; HF's w
         if cfg.architecture in ("llama", "mixtral", "granite"):  # llama.cpp permutes their rows
             projection = name.rpartition(".")[0].rpartition(".")[2]  # q_proj of ...q_proj.bias

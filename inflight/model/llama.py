@@ -114,6 +114,7 @@ class DecoderLayer(nn.Module):
         )
         self.window = cfg.layer_window(index)  # None: attends to every earlier position
         self.scale = cfg.attention_scale  # None: head_dim ** -0.5
+        self.softcap = cfg.attn_logit_softcapping  # of the scores (Gemma 2's); None: none
         # what attention's and the MLP's outputs are multiplied by before each joins the
         # residual stream (Granite's residual_multiplier; 1 elsewhere)
         self.residual_scale = cfg.residual_multiplier
@@ -161,6 +162,7 @@ class DecoderLayer(nn.Module):
             meta,
             self.window,
             self.scale,
+            self.softcap,
         )  # [T, H, D]
         x = apply_linear(self.o_proj, attn.reshape(t, -1), decodes)
         after_attention, after_mlp = self.output_norms or (None, None)
@@ -284,6 +286,8 @@ class LlamaModel(nn.Module):
         logits = apply_linear(self.lm_head, hidden, True)
         if self.cfg.logits_scaling != 1.0:  # Granite's
             logits = logits / self.cfg.logits_scaling
+        if (cap := self.cfg.final_logit_softcapping) is not None:  # Gemma 2's
+            logits = torch.tanh(logits / cap) * cap
         return logits
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:

@@ -474,6 +474,9 @@ def load_model(
         )
     if attn.cpu_kernels and model.fusable:
         model.fused_layers = FusedDecoderLayers(model.layers)
+    elif attn.cpu_kernels:
+        logger.info("%s layers run in Python: the fused C++ layer loop does not compute them "
+                    "(their experts)", arch.architecture)  # fmt: skip
     loaded = LoadedModel(model=model.eval(), arch=arch, path=path,
                        quantized_activations=quantized_activations)  # fmt: skip
     logger.info("weights hold %.2f GiB (the file: %.2f GiB)", loaded.weight_bytes / 2**30,

@@ -6,7 +6,7 @@ docs/architecture.md, "Adding a model family"."""
 from __future__ import annotations
 
 from inflight.model.arch import LlamaArchConfig
-from inflight.model.gemma3 import Gemma3Model
+from inflight.model.gemma import Gemma2Model, Gemma3Model
 from inflight.model.llama import LlamaModel
 from inflight.model.moe import MixtralModel, Qwen3MoeModel
 from inflight.model.phi3 import Phi3Model
@@ -21,6 +21,7 @@ MODEL_CLASSES: dict[str, type[LlamaModel]] = {
     "qwen3_moe": Qwen3MoeModel,
     "mixtral": MixtralModel,
     "phi3": Phi3Model,
+    "gemma2": Gemma2Model,
     "gemma3": Gemma3Model,
 }
 

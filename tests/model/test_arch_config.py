@@ -57,8 +57,8 @@ def test_gemma3_from_a_transformers_5_config():
 @pytest.mark.parametrize(
     ("extra", "why"),
     [
-        ({"final_logit_softcapping": 30.0}, "final_logit_softcapping"),
-        ({"attn_logit_softcapping": 50.0}, "attn_logit_softcapping"),
+        ({"final_logit_softcapping": 0.0}, "final_logit_softcapping must be positive"),
+        ({"attn_logit_softcapping": float("nan")}, "attn_logit_softcapping must be positive"),
         ({"hidden_activation": "silu"}, "hidden_activation"),
         ({"layer_types": ["full_attention"] * 3}, "layer_types"),
         ({"rope_parameters": {"full_attention": {"rope_theta": 1e6},
@@ -101,14 +101,22 @@ def test_gemma3_gguf_metadata_places_the_global_layers(
     assert arch.query_pre_attn_scalar == arch.head_dim  # llama.cpp's, but on the 27B
 
 
-def test_a_gemma3_gguf_with_soft_capping_is_refused(tmp_path, tiny_model_factory):
-    def metadata(writer):
-        writer.add_float32("gemma3.final_logit_softcapping", 30.0)
-
-    path = write_tiny_gguf(tiny_model_factory("gemma3"), tmp_path / "tiny.gguf",
-                           GGMLQuantizationType.F32, metadata=metadata)  # fmt: skip
-    with pytest.raises(ModelLoadError, match="soft-capping"):
-        gguf_arch_config(read_gguf_header(path), path)
+def test_gemma_soft_caps_are_read_from_configs_and_gguf_files(tmp_path, tiny_model_factory):
+    """Gemma 2's caps of scores and logits (Gemma 3 configs carry them too, as null), from
+    config.json and from the GGUF fields llama.cpp writes; its every other layer global."""
+    arch = LlamaArchConfig.from_hf_config(
+        {**GEMMA3, "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0}
+    )
+    assert (arch.attn_logit_softcapping, arch.final_logit_softcapping) == (50.0, 30.0)
+    assert LlamaArchConfig.from_hf_config(GEMMA3).final_logit_softcapping is None
+    path = write_tiny_gguf(tiny_model_factory("gemma2"), tmp_path / "tiny.gguf",
+                           GGMLQuantizationType.F32)  # fmt: skip
+    arch = gguf_arch_config(read_gguf_header(path), path)
+    assert (arch.architecture, arch.attn_logit_softcapping, arch.final_logit_softcapping) == (
+        "gemma2", 2.0, 3.0
+    )  # fmt: skip
+    assert (arch.full_attention_layers, arch.local_rope_theta) == ((1, 3), None)
+    assert arch.query_pre_attn_scalar == arch.head_dim  # llama.cpp's, but on the 27B
 
 
 def test_gguf_experts_are_read_where_llama_cpp_defines_them_and_refused_elsewhere(

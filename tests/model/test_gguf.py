@@ -90,20 +90,26 @@ def test_quantized_tiny_gguf_matches_transformers_loading_the_same_file(
 
 
 @pytest.mark.parametrize("qtype", (Q.F32, Q.Q8_0), ids=lambda q: q.name)
-@pytest.mark.parametrize("arch", ["qwen3", "phi3", "gemma3"])
+@pytest.mark.parametrize("arch", ["qwen3", "phi3", "gemma2", "gemma3"])
 def test_other_families_ggufs_generate_as_transformers_loading_the_same_file(
     tmp_path, tiny_model_factory, arch, qtype
 ):
     """Qwen3's GGUF (per-head q/k norms, rows not permuted), Phi-3's (fused attn_qkv, ffn_up
-    holding gate and up, a sliding window) and Gemma 3's (norms stored as 1 + w, four a layer,
-    every sixth layer global) against transformers loading that file, and the same tokens as
-    from the HF folder it came from where the file says all the folder does."""
+    holding gate and up, a sliding window), Gemma 2's (soft caps, every other layer global)
+    and Gemma 3's (norms stored as 1 + w, four a layer, every sixth layer global) against
+    transformers loading that file, and the same tokens as from the HF folder it came from
+    where the file says all the folder does."""
     from transformers import AutoModelForCausalLM
 
     folder = tiny_model_factory(arch)
     path = write_tiny_gguf(folder, tmp_path / f"tiny-{arch}-{qtype.name}.gguf", qtype)
+    said = {}
+    if arch == "gemma2":  # transformers' GGUF reader leaves out Gemma 2's soft caps (taking
+        # its defaults, 50 and 30) and assumes a score scale of 256: said as the file says them
+        said = {"attn_logit_softcapping": 2.0, "final_logit_softcapping": 3.0,
+                "query_pre_attn_scalar": 32}  # fmt: skip
     reference = AutoModelForCausalLM.from_pretrained(
-        path.parent, gguf_file=path.name, dtype=torch.float32
+        path.parent, gguf_file=path.name, dtype=torch.float32, **said
     ).eval()
     if arch == "phi3":  # transformers' GGUF reader drops phi3.attention.sliding_window; the
         # model (and llama.cpp) attend within it, as the HF folder's config says
@@ -129,8 +135,8 @@ def test_other_families_ggufs_generate_as_transformers_loading_the_same_file(
         assert (arch_config.local_rope_theta, arch_config.query_pre_attn_scalar) == (1e4, 32)
     got = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
     assert got == expected
-    if qtype == Q.F32 and arch != "gemma3":  # the very weights of the folder (the tiny
-        # Gemma's score scale is not its head_dim's, which its GGUF cannot say)
+    if qtype == Q.F32 and not arch.startswith("gemma"):  # the very weights of the folder (the
+        # tiny Gemmas' score scale is not their head_dim's, which their GGUF cannot say)
         from_folder = LLM(str(folder), dtype="float32").generate(prompts, params, use_tqdm=False)
         assert [o.outputs[0].token_ids for o in from_folder] == expected
 

@@ -1,13 +1,12 @@
 """Granite (`GraniteForCausalLM`, GGUF `granite`): the Llama decoder with four multipliers (of
 the embeddings, of attention's and the MLP's outputs before the residual add, of the scores,
 and a divisor of the logits). The tiny Granite of `TINY_ARCHS` is held to transformers' greedy
-tokens in every setting; greedy argmax cannot see the logits' divisor, so the logprobs are
-held to transformers' here, and the GGUF to the folder."""
+tokens in every setting (its logprobs in `test_logprobs_parity.py`, as greedy argmax cannot
+see the logits' divisor), and the GGUF to the folder."""
 
 from __future__ import annotations
 
 import pytest
-import torch
 from gguf import GGMLQuantizationType
 
 from inflight import LLM, SamplingParams
@@ -38,30 +37,6 @@ def test_a_published_granite_config_is_read():
     )  # fmt: skip
     with pytest.raises(ValueError, match="logits_scaling must be positive"):
         LlamaArchConfig.from_hf_config({**config, "logits_scaling": 0.0})
-
-
-@pytest.mark.parametrize("attention_backend", ["auto", "torch"])
-def test_granite_logprobs_are_transformers(tiny_model_factory, attention_backend):
-    """The first token's logprob after each prompt, against transformers' log-softmax of its
-    logits (divided by logits_scaling there too): a logits divisor left out moves them by
-    far more than float32 error."""
-    from transformers import AutoModelForCausalLM
-
-    folder = tiny_model_factory("granite")
-    reference = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    prompts = random_prompts(reference.config.vocab_size, lengths=(2, 9, 30))
-    want = []
-    with torch.inference_mode():
-        for prompt in prompts:
-            logits = reference(torch.tensor([prompt])).logits[0, -1]
-            logprobs = torch.log_softmax(logits.double(), dim=-1)
-            want.append((int(logprobs.argmax()), float(logprobs.max())))
-    llm = LLM(str(folder), dtype="float32", attention_backend=attention_backend)
-    got = _first_step_logprobs(llm, prompts)
-    assert [t for t, _ in got] == [t for t, _ in want]
-    for (_, ours), (_, theirs) in zip(got, want, strict=True):
-        assert ours == pytest.approx(theirs, abs=1e-4)
-    assert max(-lp for _, lp in want) > 0.1  # (the divisor's effect is far from zero)
 
 
 def test_a_granite_gguf_generates_as_its_hf_folder(tmp_path, tiny_model_factory):

@@ -20,11 +20,13 @@ GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU
 INTERPRETED = pytest.mark.skipif(torch.cuda.is_available(), reason="Triton compiles for the GPU")
 
 
-def dense_attention(q, k, v, positions, window=None, scale=None):
+def dense_attention(q, k, v, positions, window=None, scale=None, softcap=None):
     """q [Q, H, D] at `positions`, k/v [L, KVH, D] for positions 0..L-1."""
     k = k.repeat_interleave(H // KVH, dim=1)
     v = v.repeat_interleave(H // KVH, dim=1)
     scores = torch.einsum("qhd,lhd->hql", q, k) * (D**-0.5 if scale is None else scale)
+    if softcap is not None:  # Gemma 2's, as transformers computes it
+        scores = torch.tanh(scores / softcap) * softcap
     key_pos = torch.arange(k.shape[0])
     mask = key_pos[None, :] <= positions[:, None]
     if window is not None:
@@ -41,10 +43,14 @@ def dense_attention(q, k, v, positions, window=None, scale=None):
         pytest.param(TritonBackend, marks=INTERPRETED, id="TritonBackend"),
     ],
 )
-@pytest.mark.parametrize(("window", "scale"), [(None, None), (5, None), (5, 0.2)])
-def test_mixed_batch_matches_dense_attention(backend_cls, window, scale):
-    """Each layer's own window and score scale (Gemma 3's windowed layers, its
-    query_pre_attn_scalar) go in with its forward."""
+@pytest.mark.parametrize(
+    ("window", "scale", "softcap"), [(None, None, None), (5, None, None), (5, 0.2, None),
+                                     (None, 0.5, 1.5), (5, 0.5, 1.5)]
+)  # fmt: skip
+def test_mixed_batch_matches_dense_attention(backend_cls, window, scale, softcap):
+    """Each layer's own window, score scale and soft cap (Gemma 3's windowed layers, its
+    query_pre_attn_scalar; Gemma 2's cap of scores at 1.5 here, far below these scores, so
+    that capping changes every row) go in with its forward."""
     torch.manual_seed(0)
     # (cached tokens, new tokens): decodes of many lengths (several decode groups), and prefill
     # chunks (continuations too; longer than one 16-token tile of queries and of keys)
@@ -90,11 +96,11 @@ def test_mixed_batch_matches_dense_attention(backend_cls, window, scale):
         assert len(meta.decode_batch.rows) == 22
         assert meta.prefill_batch.chunks.shape == (4, 3)
     q, k, v = torch.cat(qs), torch.cat(ks), torch.cat(vs)
-    out = backend.forward(q, k, v, k_cache, v_cache, meta, window, scale)
+    out = backend.forward(q, k, v, k_cache, v_cache, meta, window, scale, softcap)
 
     for i, (cached, new) in enumerate(shapes):
         positions = torch.arange(cached, cached + new)
-        want = dense_attention(qs[i], full_k[i], full_v[i], positions, window, scale)
+        want = dense_attention(qs[i], full_k[i], full_v[i], positions, window, scale, softcap)
         got = out[query_start_loc[i] : query_start_loc[i + 1]]
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
@@ -298,10 +304,10 @@ def test_prefill_kernel_rejects_chunks_outside_its_inputs():
     tables = torch.zeros(1, 2, dtype=torch.long)
     with pytest.raises(RuntimeError, match="outside"):
         backend.prefill_kernel(q, k_cache, v_cache, torch.tensor([[5, 8, 0]]), tables,
-                               torch.empty_like(q), 1.0, 0, 8)  # fmt: skip
+                               torch.empty_like(q), 1.0, 0, 0.0, 8)  # fmt: skip
     with pytest.raises(RuntimeError, match="outside"):  # 30 cached + 8 new > 2 blocks of 16
         backend.prefill_kernel(q, k_cache, v_cache, torch.tensor([[0, 8, 30]]), tables,
-                               torch.empty_like(q), 1.0, 0, 8)  # fmt: skip
+                               torch.empty_like(q), 1.0, 0, 0.0, 8)  # fmt: skip
 
 
 def test_kernels_refuse_caches_and_slots_they_cannot_index():
@@ -317,7 +323,7 @@ def test_kernels_refuse_caches_and_slots_they_cannot_index():
         backend.write_cache(k_cache, v_cache[:, :1].contiguous(), rows, rows, torch.tensor([0, 1]))
     q, tables = torch.randn(1, 4, 8), torch.zeros(1, 2, dtype=torch.long)
     with pytest.raises(RuntimeError, match="outside its block table"):  # 33 tokens > 2 blocks
-        backend.decode_kernel(q, k_cache, v_cache, tables, torch.tensor([33]), 1.0, 0)
+        backend.decode_kernel(q, k_cache, v_cache, tables, torch.tensor([33]), 1.0, 0, 0.0)
     with pytest.raises(ValueError, match="even head_dim"):
         backend.cache_shapes(4, 2, 7)
 

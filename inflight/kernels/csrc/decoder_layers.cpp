@@ -142,7 +142,7 @@ std::vector<at::Tensor> llama_decoder_layers(
     const OptTensor& prefill_chunks, const OptTensor& prefill_tables, int64_t num_heads,
     int64_t num_kv_heads, int64_t head_dim, double eps, double scale,
     const std::vector<int64_t>& windows, bool gelu, bool packed, int64_t activation_bits,
-    double residual_scale) {
+    double residual_scale, double softcap) {
   const LinearChoice how{packed, small_rows, activation_bits};
   const size_t L = k_caches.size();
   TORCH_CHECK(weights.size() == L * kWeightsPerLayer &&
@@ -233,17 +233,18 @@ std::vector<at::Tensor> llama_decoder_layers(
     if (decode_rows.has_value() && decode_all_rows) {
       // every token is a decode, in order: no gather of queries, no scatter of outputs
       attn = paged_decode_attention(q.contiguous(), kc, vc, *decode_tables, *decode_lens, scale,
-                                    window);
+                                    window, softcap);
     } else {
       attn = at::empty({T, num_heads, head_dim}, qkv.options());
       if (decode_rows.has_value()) {
         attn.index_copy_(0, *decode_rows,
                          paged_decode_attention(q.index_select(0, *decode_rows), kc, vc,
-                                                *decode_tables, *decode_lens, scale, window));
+                                                *decode_tables, *decode_lens, scale, window,
+                                                softcap));
       }
       if (prefill_chunks.has_value()) {
         paged_prefill_attention(q, kc, vc, *prefill_chunks, *prefill_tables, attn, scale,
-                                window);
+                                window, softcap);
       }
     }
     at::Tensor out = linear(attn.view({T, q_size}), {w[2], small[1], dec[1], kNone}, how, split);

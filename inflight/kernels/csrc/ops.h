@@ -14,7 +14,8 @@
 at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache,
                                      const at::Tensor& v_cache,
                                      const at::Tensor& block_tables,
-                                     const at::Tensor& seq_lens, double scale, int64_t window);
+                                     const at::Tensor& seq_lens, double scale, int64_t window,
+                                     double softcap);
 
 // kv_cache.cpp: key/value [T, KVH, D] written at their slots in the kernels' layout (kv_layout.h)
 void write_kv_cache(at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& key,
@@ -24,7 +25,7 @@ void write_kv_cache(at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& 
 at::Tensor paged_prefill_attention(const at::Tensor& q, const at::Tensor& k_cache,
                                       const at::Tensor& v_cache, const at::Tensor& chunks,
                                       const at::Tensor& block_tables, at::Tensor& out,
-                                      double scale, int64_t window);
+                                      double scale, int64_t window, double softcap);
 
 // layer_ops.cpp: fused element-wise parts of a decoder layer, rounding as PyTorch's unfused ops do
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
@@ -86,4 +87,4 @@ std::vector<at::Tensor> llama_decoder_layers(
     const c10::optional<at::Tensor>& prefill_chunks,
     const c10::optional<at::Tensor>& prefill_tables, int64_t num_heads, int64_t num_kv_heads,
     int64_t head_dim, double eps, double scale, const std::vector<int64_t>& windows, bool gelu,
-    bool packed, int64_t activation_bits, double residual_scale);
+    bool packed, int64_t activation_bits, double residual_scale, double softcap);

@@ -8,7 +8,9 @@
 //   seq_lens     [R] int64            tokens in the cache per request (the query's own included)
 //   out          [R, H, D]            softmax(q k^T * scale) v over positions [first, seq_len)
 //
-// with first = seq_len - window when a sliding window is set (window > 0), else 0.
+// with first = seq_len - window when a sliding window is set (window > 0), else 0. With a
+// soft cap c > 0 (Gemma 2's), each score s becomes c tanh(s / c) before the softmax; only the
+// generic item computes it (a family that has it takes the plain path).
 //
 // A (request, KV head) item walks its blocks twice, keys then values, reading each block's run
 // (2 KB) whole. Scores are kept for whole blocks: slot i of a head's row is position base + i,
@@ -88,10 +90,14 @@ const char* run_in_read_order(const T* k_cache, const T* v_cache, const Item& it
   return reinterpret_cast<const char*>(p);
 }
 
-// Each head's scores [lo, hi) of its row become probabilities, in place.
-inline void softmax_rows(float* scores, int64_t G, int64_t row, int64_t lo, int64_t hi) {
+// Each head's scores [lo, hi) of its row become probabilities, in place (soft-capped first
+// where `softcap` > 0).
+inline void softmax_rows(float* scores, int64_t G, int64_t row, int64_t lo, int64_t hi,
+                         float softcap = 0.f) {
   for (int64_t g = 0; g < G; ++g) {
     float* s = scores + g * row + lo;
+    if (softcap > 0.f)
+      for (int64_t i = 0; i < hi - lo; ++i) s[i] = softcap * std::tanh(s[i] / softcap);
     const float inv = 1.f / exp_and_sum(s, hi - lo, max_of(s, hi - lo));  // its own position
 #pragma omp simd
     for (int64_t i = 0; i < hi - lo; ++i) s[i] *= inv;
@@ -208,8 +214,8 @@ ItemFn pick_bf16(int64_t D, int64_t G, int64_t BS) {
 // an 8-bit cache multiply whole scores (keys) and probabilities (values).
 template <typename q_t, typename cache_t>
 void decode_item_generic(const q_t* q, const cache_t* k_cache, const cache_t* v_cache,
-                         const Item& it, int64_t G, float scale, float* scores, q_t* out,
-                         std::vector<float>& qf, std::vector<float>& tile,
+                         const Item& it, int64_t G, float scale, float softcap, float* scores,
+                         q_t* out, std::vector<float>& qf, std::vector<float>& tile,
                          std::vector<float>& acc) {
   const KVLayout& lay = *it.layout;
   const int64_t BS = lay.block_size, D = lay.head_dim;
@@ -235,7 +241,7 @@ void decode_item_generic(const q_t* q, const cache_t* k_cache, const cache_t* v_
         for (int64_t t = 0; t < BS; ++t) sg[t] *= lay.key_scale(k, t);
     }
   }
-  softmax_rows(scores, G, row, it.first - base, it.len - base);
+  softmax_rows(scores, G, row, it.first - base, it.len - base, softcap);
   for (int64_t b = b0; b < b1; ++b) {  // acc[g, :] += p[g, pos] * v[pos, :]
     const cache_t* v = v_cache + lay.run(it.table[b], it.head);
     const int64_t t0 = std::max(it.first, b * BS) - b * BS, t1 = std::min(it.len, (b + 1) * BS) - b * BS;
@@ -323,7 +329,8 @@ void decode_item_avx2(const q_t* q, const cache_t* k_cache, const cache_t* v_cac
 template <typename q_t, typename cache_t>
 void decode(const q_t* q, const cache_t* k_cache, const cache_t* v_cache,
             const KVLayout& lay, const int64_t* block_tables, const int64_t* seq_lens,
-            q_t* out, int64_t R, int64_t H, int64_t MB, float scale, int64_t window) {
+            q_t* out, int64_t R, int64_t H, int64_t MB, float scale, int64_t window,
+            float softcap) {
   const int64_t KVH = lay.kv_heads, D = lay.head_dim, BS = lay.block_size;
   const int64_t G = H / KVH;  // query heads per KV head
   // Longest requests first, handed out one at a time: an item costs its context length, and
@@ -350,10 +357,11 @@ void decode(const q_t* q, const cache_t* k_cache, const cache_t* v_cache,
           i_next < num_items ? std::optional<Item>(item(i_next)) : std::nullopt;
       scores.resize(G * it.num_blocks() * BS);
       const int64_t offset = (order[i] / KVH * H + it.head * G) * D;  // the item's G query heads
+      const bool fast = softcap <= 0.f;  // (only the generic item soft-caps)
       bool done = false;
 #ifdef __AVX512BF16__
       if constexpr (std::is_same_v<q_t, bf16> && std::is_same_v<cache_t, bf16>) {
-        if (ItemFn fn = pick_bf16(D, G, BS)) {
+        if (ItemFn fn = fast ? pick_bf16(D, G, BS) : nullptr) {
           fn(q + offset, k_cache, v_cache, it, next ? &*next : nullptr, scale, scores.data(),
              out + offset);
           done = true;
@@ -362,7 +370,7 @@ void decode(const q_t* q, const cache_t* k_cache, const cache_t* v_cache,
 #endif
 #if defined(__AVX2__) && defined(__FMA__)
       if constexpr (!std::is_same_v<cache_t, c10::Half>) {
-        if (!done && BS % attention_avx2::kTile == 0 && (D == 64 || D == 128)) {
+        if (fast && !done && BS % attention_avx2::kTile == 0 && (D == 64 || D == 128)) {
           (D == 64 ? decode_item_avx2<q_t, cache_t, 64> : decode_item_avx2<q_t, cache_t, 128>)(
               q + offset, k_cache, v_cache, it, G, scale, scores.data(), out + offset, qf, tile,
               acc);
@@ -371,7 +379,7 @@ void decode(const q_t* q, const cache_t* k_cache, const cache_t* v_cache,
       }
 #endif
       if (!done) {
-        decode_item_generic(q + offset, k_cache, v_cache, it, G, scale, scores.data(),
+        decode_item_generic(q + offset, k_cache, v_cache, it, G, scale, softcap, scores.data(),
                             out + offset, qf, tile, acc);
       }
       i = i_next;
@@ -385,7 +393,7 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
                                      const at::Tensor& v_cache,
                                      const at::Tensor& block_tables,
                                      const at::Tensor& seq_lens, double scale,
-                                     int64_t window) {
+                                     int64_t window, double softcap) {
   const KVLayout lay = kv_layout(k_cache, v_cache);
   TORCH_CHECK(q.dim() == 3 && q.is_contiguous(), "q must be contiguous [R, H, D]");
   TORCH_CHECK(block_tables.scalar_type() == at::kLong && seq_lens.scalar_type() == at::kLong,
@@ -409,7 +417,7 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
     decode<q_t, cache_t>(q.data_ptr<q_t>(), static_cast<const cache_t*>(k_cache.data_ptr()),
                          static_cast<const cache_t*>(v_cache.data_ptr()), lay,
                          tables.data_ptr<int64_t>(), lp, out.data_ptr<q_t>(), R, H, MB,
-                         static_cast<float>(scale), window);
+                         static_cast<float>(scale), window, static_cast<float>(softcap));
   });
   return out;
 }

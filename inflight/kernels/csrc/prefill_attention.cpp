@@ -11,7 +11,8 @@
 //   out          [T, H, D]           written for the chunks' rows only
 //
 // Work items are (chunk, KV head, tile of 16 query tokens): the G query heads of one KV head
-// share every key tile they read. Items run longest first under dynamic scheduling (causal
+// share every key tile they read. With a soft cap c > 0 (Gemma 2's), each score s becomes
+// c tanh(s / c) before the softmax; only the generic item computes it. Items run longest first under dynamic scheduling (causal
 // tiles late in a prompt read more keys).
 #include "attention_avx2.h"
 #include "kv_layout.h"
@@ -97,7 +98,7 @@ template <typename q_t, typename cache_t, int kD>
 void prefill_item(const Item& it, const q_t* q, int64_t q_stride, const cache_t* k_cache,
                   const cache_t* v_cache, const int64_t* table, const KVLayout& lay,
                   int64_t G, int64_t D_runtime, int64_t first_pos, float scale, int64_t window,
-                  q_t* out, int64_t out_stride, Scratch& s) {
+                  float softcap, q_t* out, int64_t out_stride, Scratch& s) {
   const int64_t D = kD > 0 ? kD : D_runtime;
   const int64_t rows = it.num_tokens * G;
   start_item(it, q, q_stride, G, D, scale, rows, rows, s);
@@ -119,6 +120,8 @@ void prefill_item(const Item& it, const q_t* q, int64_t q_stride, const cache_t*
 #pragma omp simd
         for (int64_t t = 0; t < KT; ++t) score[t] = std::fma(qd, kd[t], score[t]);
       }
+      if (softcap > 0.f)
+        for (int64_t t = 0; t < KT; ++t) score[t] = softcap * std::tanh(score[t] / softcap);
       float tile_max = -std::numeric_limits<float>::infinity();
       bool valid[KT];
       for (int64_t t = 0; t < KT; ++t) {
@@ -405,7 +408,7 @@ void prefill_item_avx2(const Item& it, const q_t* q, int64_t q_stride, const cac
 template <typename q_t, typename cache_t, int kD>
 void prefill(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
              const int64_t* chunks, int64_t C, const int64_t* tables, int64_t MB,
-             at::Tensor& out, float scale, int64_t window) {
+             at::Tensor& out, float scale, int64_t window, float softcap) {
   const KVLayout lay = kv_layout(k_cache, v_cache);
   const int64_t H = q.size(1), D = q.size(2), KVH = lay.kv_heads;
   const int64_t G = H / KVH;
@@ -436,25 +439,30 @@ void prefill(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v
       q_t* out_rows = op + first_row * out.stride(0);
       const int64_t* table = tables + it.chunk * MB;
       const int64_t cached = chunks[it.chunk * 3 + 2];
+      const bool fast = softcap <= 0.f;  // (only the generic item soft-caps)
 #ifdef __AVX512F__
       if constexpr ((kD == 64 || kD == 128) && std::is_same_v<q_t, cache_t> &&
                     (std::is_same_v<q_t, float> || std::is_same_v<q_t, c10::BFloat16>)) {
+        if (fast) {
         constexpr int DV = kD / 16, RB = kD == 64 ? 4 : 2;  // RB rows x DV vectors in registers
         prefill_item_avx512<q_t, DV, RB>(it, q_rows, q.stride(0), kp, vp, table, lay, G, cached,
                                          scale, window, out_rows, out.stride(0), scratch);
-        continue;
+          continue;
+        }
       }
 #endif
 #if defined(__AVX2__) && defined(__FMA__)
       if constexpr ((kD == 64 || kD == 128) && !std::is_same_v<q_t, c10::Half>) {
-        prefill_item_avx2<q_t, cache_t, kD / 8, 4>(it, q_rows, q.stride(0), kp, vp, table, lay,
-                                                   G, cached, scale, window, out_rows,
-                                                   out.stride(0), scratch);
-        continue;
+        if (fast) {
+          prefill_item_avx2<q_t, cache_t, kD / 8, 4>(it, q_rows, q.stride(0), kp, vp, table,
+                                                     lay, G, cached, scale, window, out_rows,
+                                                     out.stride(0), scratch);
+          continue;
+        }
       }
 #endif
       prefill_item<q_t, cache_t, kD>(it, q_rows, q.stride(0), kp, vp, table, lay, G, D, cached,
-                                 scale, window, out_rows, out.stride(0), scratch);
+                                     scale, window, softcap, out_rows, out.stride(0), scratch);
     }
   }
 }
@@ -464,7 +472,7 @@ void prefill(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v
 at::Tensor paged_prefill_attention(const at::Tensor& q, const at::Tensor& k_cache,
                                       const at::Tensor& v_cache, const at::Tensor& chunks,
                                       const at::Tensor& block_tables, at::Tensor& out,
-                                      double scale, int64_t window) {
+                                      double scale, int64_t window, double softcap) {
   TORCH_CHECK(q.dim() == 3 && q.stride(2) == 1 && q.stride(1) == q.size(2),
               "q must be [T, H, D] with contiguous heads (rows may be strided)");
   const KVLayout lay = kv_layout(k_cache, v_cache);
@@ -489,14 +497,14 @@ at::Tensor paged_prefill_attention(const at::Tensor& q, const at::Tensor& k_cach
                            [&](auto q_tag, auto c_tag) {
     using q_t = decltype(q_tag);
     using cache_t = decltype(c_tag);
-    const float s = static_cast<float>(scale);
+    const float s = static_cast<float>(scale), cap = static_cast<float>(softcap);
     const int64_t* tp = tables.data_ptr<int64_t>();
     if (q.size(2) == 64)
-      prefill<q_t, cache_t, 64>(q, k_cache, v_cache, cp, C, tp, MB, out, s, window);
+      prefill<q_t, cache_t, 64>(q, k_cache, v_cache, cp, C, tp, MB, out, s, window, cap);
     else if (q.size(2) == 128)
-      prefill<q_t, cache_t, 128>(q, k_cache, v_cache, cp, C, tp, MB, out, s, window);
+      prefill<q_t, cache_t, 128>(q, k_cache, v_cache, cp, C, tp, MB, out, s, window, cap);
     else
-      prefill<q_t, cache_t, 0>(q, k_cache, v_cache, cp, C, tp, MB, out, s, window);
+      prefill<q_t, cache_t, 0>(q, k_cache, v_cache, cp, C, tp, MB, out, s, window, cap);
   });
   return out;
 }

@@ -1,6 +1,6 @@
-"""Gemma 3 text (`Gemma3ForCausalLM`, or the language model of a `Gemma3ForConditionalGeneration`
-folder; GGUF `gemma3`): the Qwen3 layer (per-head q/k RMSNorm)
-with Gemma's own parts:
+"""Gemma 2 (`Gemma2ForCausalLM`, GGUF `gemma2`) and Gemma 3 text (`Gemma3ForCausalLM`, or the
+language model of a `Gemma3ForConditionalGeneration` folder; GGUF `gemma3`): the Llama layer
+(Gemma 3's with Qwen3's per-head q/k RMSNorm) with Gemma's own parts:
 
 - every RMSNorm multiplies by `1 + w` (checkpoints hold w; `load_weights` adds the 1, in float32
   as transformers does, so the layer ops stay the plain RMSNorm);
@@ -9,27 +9,30 @@ with Gemma's own parts:
 - a tanh-GELU gated MLP;
 - embeddings scaled by sqrt(hidden_size) (rounded to the model's dtype first, as transformers
   does), the tied LM head reading them unscaled;
-- windowed layers with their own RoPE base, every sixth layer global, and the scores scaled by
-  `query_pre_attn_scalar ** -0.5`: config fields (`arch.py`) the Llama layer already honours.
+- windowed and global layers (Gemma 2's every other one global, Gemma 3's every sixth, with
+  their own RoPE base), the scores scaled by `query_pre_attn_scalar ** -0.5`, and Gemma 2's
+  soft caps of attention scores and of logits: config fields (`arch.py`) the Llama layer and
+  the attention backends honour.
 
 Each of these is a hook of the Llama layer (`gelu`, `mlp_norm`, `output_norms`) that the C++
-layer loop runs too. Soft-capping (Gemma 2) is refused by `arch.py`.
+layer loop runs too.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from typing import ClassVar
 
 import torch
 
 from inflight.attention import AttentionBackend
 from inflight.model.arch import LlamaArchConfig
 from inflight.model.layer_ops import TorchLayerOps
-from inflight.model.llama import RMSNorm
+from inflight.model.llama import DecoderLayer, LlamaModel, RMSNorm
 from inflight.model.qwen3 import Qwen3DecoderLayer, Qwen3Model
 
 
-class Gemma3DecoderLayer(Qwen3DecoderLayer):
+class Gemma2DecoderLayer(DecoderLayer):
     gelu = True
 
     def __init__(
@@ -48,8 +51,12 @@ class Gemma3DecoderLayer(Qwen3DecoderLayer):
         return self.post_attention_layernorm, self.post_feedforward_layernorm
 
 
-class Gemma3Model(Qwen3Model):
-    layer_class = Gemma3DecoderLayer
+class Gemma3DecoderLayer(Gemma2DecoderLayer, Qwen3DecoderLayer):
+    """Gemma 2's layer with Qwen3's per-head q/k norms."""
+
+
+class Gemma2Model(LlamaModel):
+    layer_class: ClassVar[type[DecoderLayer]] = Gemma2DecoderLayer
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         hidden = self.embed_tokens(input_ids)
@@ -58,6 +65,10 @@ class Gemma3Model(Qwen3Model):
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         super().load_weights(_offset_norms(_language_model(weights)))
+
+
+class Gemma3Model(Gemma2Model, Qwen3Model):
+    layer_class = Gemma3DecoderLayer
 
 
 # an image-and-text folder's parts that are not its language model
