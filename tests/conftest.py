@@ -217,6 +217,13 @@ def tiny_llama(tiny_model_factory) -> Path:
     return tiny_model_factory("llama")
 
 
+def pytest_collection_modifyitems(config, items):
+    """Files with slow tests first: pytest-xdist hands out whole files (`--dist loadfile`) in
+    collection order, and a slow file started last leaves the other workers idle at the end."""
+    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow_files)  # stable: the rest keep their order
+
+
 def pytest_addoption(parser):
     parser.addoption(
         "--full", action="store_true", default=False,

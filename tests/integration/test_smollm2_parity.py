@@ -14,7 +14,7 @@ from inflight.kernels import load_extension
 from inflight.model.packed_linear import decode_rows_from_blocks
 from tests.parity import hf_greedy
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 MAX_TOKENS = [24, 16, 32, 12, 20, 24, 16, 28, 20, 16, 32, 24, 20, 16, 12, 24]
 

@@ -88,6 +88,7 @@ def client(server):
     return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
 
 
+@pytest.mark.slow
 def test_32_concurrent_parse_with_a_nested_schema(server):
     client = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
 

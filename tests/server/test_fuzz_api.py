@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import httpx
+import pytest
 
 from inflight.engine.async_engine import AsyncLLM
 from tests.server.live import LiveServer
@@ -24,6 +25,7 @@ CHECKS = (
 )
 
 
+@pytest.mark.slow
 def test_schemathesis_finds_nothing(tiny_llama, request, tmp_path):
     total = 10_000 if request.config.getoption("--full") else 1_000
     engine = AsyncLLM(str(tiny_llama), dtype="float32", max_model_len=64, num_kv_blocks=64,
