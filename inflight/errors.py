@@ -31,3 +31,25 @@ class ModelLoadError(InflightError):
 
 class ModelFailedError(InflightError):
     """The model cannot run a step at all (not one request's fault); the engine stops."""
+
+
+# What a running engine answers a request it cannot serve (the HTTP layer maps each to a status)
+class EngineDeadError(InflightError):
+    """The engine loop has failed; no request can be served."""
+
+
+class QueueFullError(InflightError):
+    """The waiting queue is at `max_queued_requests`; try again later."""
+
+
+class RequestTimeoutError(InflightError):
+    """A request ran past the server's request timeout and was aborted."""
+
+
+class ShuttingDownError(EngineDeadError):
+    """The server is shutting down: new requests are refused, and requests still running when
+    the shutdown timeout ends are aborted with this."""
+
+
+class RequestFailedError(InflightError):
+    """The engine failed on this request alone and ended it; the others carry on."""

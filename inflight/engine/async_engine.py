@@ -40,7 +40,14 @@ from typing import Any
 from inflight.core.outputs import EngineCoreOutput
 from inflight.engine.frontend import FrontEnd
 from inflight.engine.processor import ParentRequest, PromptInput
-from inflight.errors import InflightError, InvalidRequestError
+from inflight.errors import (
+    EngineDeadError,
+    InvalidRequestError,
+    QueueFullError,
+    RequestFailedError,
+    RequestTimeoutError,
+    ShuttingDownError,
+)
 from inflight.metrics.live import FinishedSample, LiveFeed
 from inflight.metrics.prometheus import EngineMetrics
 from inflight.outputs import RequestOutput
@@ -48,27 +55,6 @@ from inflight.request import FinishReason, Request, RequestStatus
 from inflight.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
-
-
-class EngineDeadError(InflightError):
-    """The engine loop has failed; no request can be served."""
-
-
-class QueueFullError(InflightError):
-    """The waiting queue is at `max_queued_requests`; try again later."""
-
-
-class RequestTimeoutError(InflightError):
-    """A request ran past the server's request timeout and was aborted."""
-
-
-class ShuttingDownError(EngineDeadError):
-    """The server is shutting down: new requests are refused, and requests still running when
-    the shutdown timeout ends are aborted with this."""
-
-
-class RequestFailedError(InflightError):
-    """The engine failed on this request alone and ended it; the others carry on."""
 
 
 @dataclass

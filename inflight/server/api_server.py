@@ -25,8 +25,8 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from inflight import __version__
-from inflight.engine.async_engine import AsyncLLM, EngineDeadError
-from inflight.errors import InflightError, InvalidRequestError
+from inflight.engine.async_engine import AsyncLLM
+from inflight.errors import EngineDeadError, InflightError, InvalidRequestError
 from inflight.metrics.doctor import History
 from inflight.server import protocol as p
 from inflight.server import reasoning, tool_parsers

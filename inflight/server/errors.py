@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from inflight.engine.async_engine import (
+from inflight.errors import (
     EngineDeadError,
+    InvalidRequestError,
     QueueFullError,
     RequestFailedError,
     RequestTimeoutError,
 )
-from inflight.errors import InvalidRequestError
 
 
 class ModelNotFoundError(InvalidRequestError):

@@ -35,10 +35,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from ray import serve
 from ray.serve.config import RequestRouterConfig
 
-from inflight.engine.async_engine import AsyncLLM, EngineDeadError
+from inflight.engine.async_engine import AsyncLLM
 from inflight.engine.frontend import render_chat
 from inflight.engine.processor import InputProcessor, ParentRequest, PromptInput
-from inflight.errors import InflightError
+from inflight.errors import EngineDeadError, InflightError
 from inflight.metrics.live import LiveFeed
 from inflight.outputs import RequestOutput
 from inflight.request import Request
