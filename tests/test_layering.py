@@ -1,8 +1,8 @@
 """The package's layers, read from its imports (function-level ones included): no import circle;
 the core stays tensor- and front-end-free, with the step record (`metrics.stats`) its only
-import from above; metrics sit below the engine; the simulator shares workloads and run results
-with `inflight bench` without importing it; routing and structured outputs are plug-ins that
-the core does not know."""
+import from above; metrics and the model runner sit below the engine; the simulator shares
+workloads and run results with `inflight bench` without importing it; routing and structured
+outputs are plug-ins that the core does not know."""
 
 from __future__ import annotations
 
@@ -48,6 +48,7 @@ def imports_of(part: str) -> set[str]:
         ("core", {"model", "runner", "engine", "server", "bench", "sim", "attention", "kernels",
                   "structured", "routing", "workload"}),
         ("metrics", {"core", "engine", "server", "bench", "sim", "runner", "model"}),
+        ("runner", {"engine", "server", "bench", "sim"}),
         ("routing", {"engine", "server", "bench", "sim", "runner", "model", "metrics"}),
         ("structured", {"engine", "server", "bench", "sim", "model"}),
         ("sim", {"bench", "engine", "server", "runner"}),

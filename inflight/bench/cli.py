@@ -20,8 +20,8 @@ from inflight.bench.structured import (
     write_structured_report,
 )
 from inflight.config import ModelConfig, SchedulerConfig
-from inflight.engine.profiling import OVERHEAD_PHASES, breakdown
 from inflight.errors import ConfigError, InflightError
+from inflight.metrics.profiling import OVERHEAD_PHASES, breakdown
 from inflight.model.loader import is_gguf, resolve_quantized_activations
 from inflight.platform import describe_device, resolve_device, resolve_dtype
 from inflight.sampling_params import StructuredOutputs

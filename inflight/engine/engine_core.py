@@ -18,8 +18,8 @@ from inflight.core.kv_cache_manager import KVCacheManager
 from inflight.core.outputs import EngineCoreOutput, SchedulerOutput
 from inflight.core.scheduler import Scheduler
 from inflight.core.sizing import cdiv, num_blocks_for_budget, resolve_max_model_len
-from inflight.engine.profiling import NO_TIMER, PhaseTimer, Timer
 from inflight.errors import ConfigError, ModelFailedError
+from inflight.metrics.profiling import NO_TIMER, PhaseTimer, Timer
 from inflight.metrics.stats import StepStats
 from inflight.model.arch import LlamaArchConfig
 from inflight.model.loader import (

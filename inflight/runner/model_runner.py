@@ -11,8 +11,8 @@ import torch
 
 from inflight.attention import AttentionBackend
 from inflight.core.outputs import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
-from inflight.engine.profiling import NO_TIMER, Timer
 from inflight.kernels import load_extension
+from inflight.metrics.profiling import NO_TIMER, Timer
 from inflight.model.llama import LlamaModel
 from inflight.runner.cuda_graphs import DecodeGraphs
 from inflight.runner.drafter import Drafter

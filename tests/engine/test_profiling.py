@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from inflight.engine.profiling import NO_TIMER, PhaseTimer, breakdown
+from inflight.metrics.profiling import NO_TIMER, PhaseTimer, breakdown
 from inflight.metrics.stats import StepStats
 
 
