@@ -3,7 +3,7 @@
 `TorchReferenceBackend` (`torch_ref.py`) is pure PyTorch and is the oracle every faster backend
 is tested against; `paged_kernels.PagedKernelBackend` is the plumbing of backends whose kernels
 read the cache in place: `cpu_kernel.CpuKernelBackend` (C++ kernels) and
-`triton_decode.TritonBackend` (Triton, for CUDA GPUs; imported on demand). `selector.make_backend`
+`triton_backend.TritonBackend` (Triton, for CUDA GPUs; imported on demand). `selector.make_backend`
 chooses.
 """
 

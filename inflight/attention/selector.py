@@ -31,7 +31,7 @@ def make_backend(name: str, block_size: int, device: torch.device) -> AttentionB
         strict = True
     try:
         if name == "triton":  # Triton is imported only for it
-            from inflight.attention.triton_decode import TritonBackend
+            from inflight.attention.triton_backend import TritonBackend
 
             return TritonBackend(block_size)
         from inflight.attention.cpu_kernel import CpuKernelBackend

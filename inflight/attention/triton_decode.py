@@ -11,23 +11,19 @@ the partitions' partial results. Partitions past a request's context (or before 
 window) exit at once, so the grid can be sized from the block tables' width alone: the same
 launch serves any lengths, which CUDA graphs need.
 
-`TritonBackend` pairs these with the prompt kernel of `triton_prefill.py`. Without a GPU the
-kernels run under Triton's interpreter (`triton_runtime.py`), which is how CI tests them.
+`triton_backend.TritonBackend` pairs these with the prompt kernel of `triton_prefill.py`.
+Without a GPU the kernels run under Triton's interpreter (`triton_runtime.py`), which is how
+CI tests them.
 """
 
 from __future__ import annotations
 
-import logging
-
 import torch
 
 from inflight.attention.backend import SCALE_BYTES, is_scaled
-from inflight.attention.paged_kernels import PagedKernelBackend
-from inflight.attention.triton_kv_rows import load_kv_rows, write_scaled_rows
-from inflight.attention.triton_prefill import paged_prefill_attention, soft_capped
-from inflight.attention.triton_runtime import runs_here, tl, triton
-
-logger = logging.getLogger(__name__)
+from inflight.attention.triton_kv_rows import load_kv_rows
+from inflight.attention.triton_prefill import soft_capped
+from inflight.attention.triton_runtime import tl, triton
 
 # Positions scored per loop iteration (at least one block): bounds the [group, positions, dim]
 # products a program holds at once.
@@ -228,31 +224,3 @@ def paged_decode_attention(
         PARTS_PAD=MAX_PARTITIONS, DIM_PAD=dim_pad,
     )  # fmt: skip
     return out
-
-
-class TritonBackend(PagedKernelBackend):
-    """The reference backend's cache layout, with decodes and prompt chunks computed by Triton
-    kernels that read it in place (one launch per layer for each)."""
-
-    name = "triton"
-    triton_kernels = True
-    decode_kernel = staticmethod(paged_decode_attention)
-    prefill_kernel = staticmethod(paged_prefill_attention)
-
-    def __init__(self, block_size: int) -> None:
-        super().__init__(block_size)
-        if not runs_here():
-            raise RuntimeError(
-                "no GPU, and Triton was imported before its interpreter was turned on: set "
-                "TRITON_INTERPRET=1 before the process starts to run the Triton kernel on a CPU"
-            )
-        check_block_size(block_size)
-        self.interpreted = not torch.cuda.is_available()
-        if self.interpreted:
-            logger.warning("no GPU: the Triton attention kernels run under Triton's interpreter")
-
-    def write_cache(self, k_cache, v_cache, key, value, slot_mapping) -> None:
-        if is_scaled(k_cache.dtype):
-            write_scaled_rows(k_cache, v_cache, key, value, slot_mapping)
-        else:
-            super().write_cache(k_cache, v_cache, key, value, slot_mapping)

@@ -11,7 +11,8 @@ import torch
 
 from inflight.attention import TorchReferenceBackend, make_backend
 from inflight.attention.cpu_kernel import CpuKernelBackend, to_kernel_layout
-from inflight.attention.triton_decode import MIN_PARTITION, TritonBackend
+from inflight.attention.triton_backend import TritonBackend
+from inflight.attention.triton_decode import MIN_PARTITION
 from inflight.errors import ConfigError
 
 H, KVH, D, BS = 4, 2, 8, 4
@@ -348,7 +349,7 @@ def test_triton_backend_refuses_a_cpu_process_without_its_interpreter():
     failure deep inside the first decode."""
     code = (
         "import triton\n"
-        "from inflight.attention.triton_decode import TritonBackend\n"
+        "from inflight.attention.triton_backend import TritonBackend\n"
         "try:\n"
         "    TritonBackend(16)\n"
         "except RuntimeError as e:\n"

@@ -20,7 +20,7 @@ from inflight.attention.backend import (
     write_token_major,
 )
 from inflight.attention.cpu_kernel import CpuKernelBackend, to_kernel_layout
-from inflight.attention.triton_decode import TritonBackend
+from inflight.attention.triton_backend import TritonBackend
 from inflight.errors import ConfigError
 from inflight.model.arch import LlamaArchConfig
 from inflight.runner.kv_cache import kv_bytes_per_token, resolve_kv_cache_dtype
