@@ -383,7 +383,7 @@ class AsyncLLM(FrontEnd):
         parent, children = processed
         stream: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
         self._streams[parent.request_id] = stream
-        self.output_processor.add_request(parent, children)
+        self.output_processor.register(parent, children)
         self._num_unfinished += len(children)
         self._inbox.put(_Add(children))
         return self._outputs(parent.request_id, [c.request_id for c in children], stream)

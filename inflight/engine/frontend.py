@@ -103,8 +103,8 @@ class FrontEnd:
         return self.input_processor.eos_token_ids
 
     @property
-    def load(self) -> int:
-        """Unfinished sequences in the core (running and waiting), for routers."""
+    def num_unfinished_sequences(self) -> int:
+        """Unfinished sequences in the core (running and waiting): a router's measure of load."""
         scheduler = self.core.scheduler
         return scheduler.num_running + scheduler.num_waiting
 

@@ -124,7 +124,7 @@ class LLM(FrontEnd):
         return parent.request_id
 
     def _submit(self, parent: ParentRequest, children: list[Request]) -> None:
-        self.output_processor.add_request(parent, children)
+        self.output_processor.register(parent, children)
         for child in children:
             self.core.add_request(child)
 

@@ -192,7 +192,7 @@ class OutputProcessor:
         self.tokenizer = tokenizer
         self.children: dict[str, _ChildState] = {}
 
-    def add_request(self, parent: ParentRequest, children: list[Request]) -> None:
+    def register(self, parent: ParentRequest, children: list[Request]) -> None:
         for i, child in enumerate(children):
             detok = IncrementalDetokenizer(
                 self.tokenizer, parent.prompt_token_ids, child.sampling_params

@@ -197,7 +197,7 @@ class EngineReplica:
         }
 
     def record_routing_stats(self) -> dict[str, Any]:
-        return {"load": self.engine.load}
+        return {"load": self.engine.num_unfinished_sequences}
 
     async def check_health(self) -> None:
         if self._started and not self.engine.is_alive:

@@ -147,7 +147,8 @@ class _Replica:
         self.scheduler = Scheduler(s.scheduler, self.kv, clock=lambda: self.now)
 
     @property
-    def load(self) -> int:
+    def num_unfinished_sequences(self) -> int:
+        """Sequences in its scheduler and on their way to it: a router's measure of load."""
         return len(self.scheduler.requests) + len(self.inbox)
 
 
@@ -236,7 +237,7 @@ class Simulation:
         if self.router.uses_prefix:
             prefix = prefix_key(request.prompt_token_ids, self.setup.cache.kv_block_size,
                                 request.cache_salt)  # fmt: skip
-        loads = {i: replica.load for i, replica in enumerate(self.replicas)}
+        loads = {i: r.num_unfinished_sequences for i, r in enumerate(self.replicas)}
         return self.replicas[self.router.choose(prefix, loads)]
 
     def _request(self, index: int, r: WorkloadRequest) -> Request:
