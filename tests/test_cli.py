@@ -7,13 +7,22 @@ import pytest
 from inflight.cli import build_parser, main, parse_bytes
 
 
-def test_generate_prints_text(tiny_llama, capsys):
+def test_generate_prints_what_the_engine_generates(tiny_llama, capsys):
+    """Greedy by default: the text printed for each prompt is the offline API's for the same
+    knobs, under a header naming its prompt when there are several."""
+    from inflight import LLM, SamplingParams
+
+    prompts = ["The quick", "Paged attention"]
     code = main(
-        ["generate", str(tiny_llama), "--prompt", "The quick", "--max-tokens", "4",
-         "--dtype", "float32", "--num-kv-blocks", "64", "--ignore-eos"]
+        ["generate", str(tiny_llama), "--prompt", prompts[0], "--prompt", prompts[1],
+         "--max-tokens", "4", "--dtype", "float32", "--num-kv-blocks", "64", "--ignore-eos"]
     )  # fmt: skip
     assert code == 0
-    assert capsys.readouterr().out.strip() != ""
+    llm = LLM(str(tiny_llama), dtype="float32", num_kv_blocks=64)
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    want = [o.outputs[0].text for o in llm.generate(prompts, params, use_tqdm=False)]
+    expected = "".join(f"### {p}\n{text}\n" for p, text in zip(prompts, want, strict=True))
+    assert capsys.readouterr().out == expected
 
 
 def test_bad_knob_values_exit_with_a_message(tiny_llama, caplog):

@@ -78,19 +78,27 @@ def test_preemption_takes_the_newest_and_admits_nobody_that_step():
 
 @pytest.mark.parametrize("prefix_caching", [False, True])
 def test_recompute_resumes_with_prompt_and_earlier_outputs(prefix_caching):
+    """The newest request, preempted when the pool runs dry, comes back with its prompt and the
+    tokens it had sampled, from the first position its still-cached blocks do not cover (the
+    start, without prefix caching)."""
     s = make_scheduler(num_blocks=6, block_size=4, enable_prefix_caching=prefix_caching)
+    s.add_request(make_request("old", prompt_len=6, max_tokens=14))
     req = make_request("r", prompt_len=6, max_tokens=10)
     s.add_request(req)
-    for _ in range(3):
+    preempted = False
+    for _ in range(40):
         out = s.schedule()
+        chunk = next((x for x in out.scheduled if x.request_id == "r"), None)
+        if preempted and chunk is not None:
+            break
+        preempted |= "r" in out.preempted_request_ids
         s.update_from_output(out, fake_model_output(out))
-    s._preempt(s.running.pop())
-    out = s.schedule()
-    (chunk,) = out.scheduled
-    if prefix_caching:  # its 2 full blocks are still cached: only the last token is recomputed
-        assert chunk.start_pos == 8 and chunk.token_ids == [7]
-    else:
-        assert chunk.start_pos == 0 and chunk.token_ids == [*req.prompt_token_ids, 7, 7, 7]
+    assert preempted and chunk is not None and req.num_preemptions == 1
+    everything = [*req.prompt_token_ids, *req.output_token_ids]
+    assert len(req.output_token_ids) > 0  # tokens kept; only the KV is recomputed
+    assert chunk.token_ids == everything[chunk.start_pos :] and chunk.start_pos % 4 == 0
+    if not prefix_caching:
+        assert chunk.start_pos == 0
     assert chunk.sample
 
 

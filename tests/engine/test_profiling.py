@@ -28,8 +28,12 @@ def test_timer_accumulates_per_step_and_the_null_timer_records_nothing():
     timer.end_step(record)
     (step,) = timer.steps
     assert step is record and set(step.phases) == {"schedule"}
+    untimed = StepStats(num_scheduled_seqs=3)
     with NO_TIMER.phase("forward"):
-        NO_TIMER.end_step(StepStats())
+        pass
+    NO_TIMER.end_step(untimed)
+    assert untimed.phases == {} and untimed == StepStats(num_scheduled_seqs=3)
+    assert not getattr(NO_TIMER, "steps", [])  # it keeps no record either
 
 
 def test_the_timer_waits_for_the_device_at_the_end_of_each_phase():
