@@ -17,7 +17,7 @@ from inflight.config import EngineConfig
 from inflight.core.kv_cache_manager import KVCacheManager
 from inflight.core.outputs import EngineCoreOutput, SchedulerOutput
 from inflight.core.scheduler import Scheduler
-from inflight.core.sizing import cdiv, num_blocks_for_budget, resolve_max_model_len
+from inflight.core.sizing import cdiv, num_blocks_for_budget, plan_kv_pool
 from inflight.errors import ConfigError, ModelFailedError
 from inflight.metrics.profiling import NO_TIMER, PhaseTimer, Timer
 from inflight.metrics.stats import StepStats
@@ -84,17 +84,17 @@ class EngineCore:
         if draft is not None:
             bytes_per_token += kv_bytes_per_token(draft.arch, kv_dtype)
             max_positions = min(max_positions, draft.arch.max_position_embeddings)
-        num_blocks = config.cache.num_kv_blocks or num_blocks_for_budget(
-            bytes_per_token,
-            block_size,
-            config.cache.kv_cache_memory_bytes,
-            sched_cfg.max_num_seqs,
-            requested_len or max_positions,
-        )
-        max_model_len = resolve_max_model_len(requested_len, max_positions, num_blocks, block_size)
-        num_cpu_blocks = 0
-        if sched_cfg.preemption_mode == "swap":
-            num_cpu_blocks = config.cache.swap_space_bytes // (target_bytes_per_token * block_size)
+        swap_bytes = config.cache.swap_space_bytes if sched_cfg.preemption_mode == "swap" else 0
+        plan = plan_kv_pool(
+            bytes_per_token=bytes_per_token, block_size=block_size,
+            memory_bytes=config.cache.kv_cache_memory_bytes,
+            num_kv_blocks=config.cache.num_kv_blocks, max_num_seqs=sched_cfg.max_num_seqs,
+            requested_len=requested_len, model_limit=max_positions,
+            swap_space_bytes=swap_bytes, swap_bytes_per_token=target_bytes_per_token,
+        )  # fmt: skip
+        num_blocks, max_model_len, num_cpu_blocks = (
+            plan.num_blocks, plan.max_model_len, plan.num_cpu_blocks
+        )  # fmt: skip
         sched_cfg = dataclasses.replace(sched_cfg, max_model_len=max_model_len)
         self.config = dataclasses.replace(config, scheduler=sched_cfg)
         for model in (loaded, draft):  # LongRoPE's side, before any graph reads the rotation
@@ -151,7 +151,9 @@ class EngineCore:
         block_size = config.cache.kv_block_size
         per_token = kv_bytes_per_token(arch, dtype)
         blocks = config.cache.num_kv_blocks or num_blocks_for_budget(
-            per_token, block_size, config.cache.kv_cache_memory_bytes,
+            per_token,
+            block_size,
+            config.cache.kv_cache_memory_bytes,
             config.scheduler.max_num_seqs,
             config.model.max_model_len or arch.max_position_embeddings,
         )  # fmt: skip

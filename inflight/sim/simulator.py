@@ -25,7 +25,7 @@ from inflight.config import CacheConfig, EngineConfig, SchedulerConfig
 from inflight.core.kv_cache_manager import KVCacheManager
 from inflight.core.outputs import ModelRunnerOutput, SchedulerOutput
 from inflight.core.scheduler import Scheduler
-from inflight.core.sizing import num_blocks_for_budget, resolve_max_model_len
+from inflight.core.sizing import plan_kv_pool
 from inflight.errors import ConfigError
 from inflight.metrics.stats import StepStats, StepTotals
 from inflight.request import Request
@@ -101,16 +101,15 @@ def build_setup(
                 f"activations and runtime, more than {usable / 1e9:.1f} GB "
                 f"({memory_utilization:.0%} of {hardware.name}); no room for a KV cache"
             )
-    num_blocks = cache.num_kv_blocks or num_blocks_for_budget(
-        model.kv_bytes_per_token, block_size, budget, sched.max_num_seqs, requested or limit
-    )
-    max_model_len = resolve_max_model_len(requested, limit, num_blocks, block_size)
-    num_cpu_blocks = 0
-    if sched.preemption_mode == "swap":
-        num_cpu_blocks = cache.swap_space_bytes // (model.kv_bytes_per_token * block_size)
+    plan = plan_kv_pool(
+        bytes_per_token=model.kv_bytes_per_token, block_size=block_size, memory_bytes=budget,
+        num_kv_blocks=cache.num_kv_blocks, max_num_seqs=sched.max_num_seqs,
+        requested_len=requested, model_limit=limit,
+        swap_space_bytes=cache.swap_space_bytes if sched.preemption_mode == "swap" else 0,
+    )  # fmt: skip
     return SimSetup(
-        hardware, model, dataclasses.replace(sched, max_model_len=max_model_len), cache,
-        num_blocks, num_cpu_blocks, replicas,
+        hardware, model, dataclasses.replace(sched, max_model_len=plan.max_model_len), cache,
+        plan.num_blocks, plan.num_cpu_blocks, replicas,
     )  # fmt: skip
 
 
