@@ -16,11 +16,34 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Iterator
+from typing import Protocol
 
 from inflight.request import Request
 
 
+class RequestQueue(Protocol):
+    """What the scheduler needs of its waiting queue; each policy is one implementation."""
+
+    def prepare(self, now: float) -> None:
+        """Orders the queue for a step that starts at `now`."""
+
+    def add(self, request: Request) -> None: ...
+
+    def add_front(self, request: Request) -> None:
+        """Re-queues a preempted request ahead of everyone."""
+
+    def peek(self) -> Request: ...
+
+    def remove(self, request: Request) -> None: ...
+
+    def __len__(self) -> int: ...
+
+    def __iter__(self) -> Iterator[Request]: ...
+
+
 class FCFSQueue:
+    """Arrival order: a deque; new requests join the tail, preempted ones return to the head."""
+
     def __init__(self) -> None:
         self._queue: deque[Request] = deque()
 
@@ -73,7 +96,7 @@ class RankedQueue(FCFSQueue):
         self._queue = deque(sorted(self._queue, key=lambda r: self.rank(r, now)))
 
 
-def make_queue(policy: str, aging_s: float) -> FCFSQueue:
+def make_queue(policy: str, aging_s: float) -> RequestQueue:
     return FCFSQueue() if policy == "fcfs" else RankedQueue(policy, aging_s)
 
 
@@ -97,7 +120,7 @@ class StaticBatchGate:
         self.max_num_seqs = max_num_seqs
         self.members: set[str] = set()
 
-    def admits(self, request: Request, waiting: FCFSQueue) -> bool:
+    def admits(self, request: Request, waiting: RequestQueue) -> bool:
         if not self.members:
             for i, r in enumerate(waiting):
                 if i == self.max_num_seqs:
