@@ -28,6 +28,7 @@ SUPPORTED_ARCHITECTURES = {
     "Gemma3ForConditionalGeneration": "gemma3",  # its language model (`_gemma3_text_config`)
 }
 MAX_LAYERS = 1024  # far beyond any model's; a config asking more is broken or hostile
+MAX_EXPERTS = 4096  # the same for experts a layer (the largest published MoEs have 256)
 # every n-th layer global, where a config does not list them: Gemma 3's sixth, Gemma 2's second
 GEMMA3_SLIDING_WINDOW_PATTERN = 6
 GEMMA2_SLIDING_WINDOW_PATTERN = 2
@@ -109,6 +110,10 @@ class LlamaArchConfig:
                 raise ValueError(f"{name} must be positive, not {value}")
         if self.num_experts and not 0 < self.experts_per_token <= self.num_experts:
             raise ValueError(f"{self.experts_per_token} experts a token of {self.num_experts}")
+        if not 0 <= self.num_experts <= MAX_EXPERTS:
+            raise ValueError(f"{self.num_experts} experts a layer: more than {MAX_EXPERTS}")
+        if self.num_experts and not 0 < self.expert_intermediate_size < 2**31:
+            raise ValueError(f"expert_intermediate_size {self.expert_intermediate_size!r}")
         if not 0 <= self.rotary_dim <= self.head_dim or self.rotary_dim % 2:
             raise ValueError(f"rotary_dim {self.rotary_dim} of heads of {self.head_dim}: it "
                              "must be even and at most head_dim")  # fmt: skip
@@ -119,10 +124,16 @@ class LlamaArchConfig:
             ):  # fmt: skip
                 raise ValueError(f"RoPE factors must be {frequencies} positive numbers, "
                                  f"got {len(factors)}")  # fmt: skip
-        if self.rope_scaling_dict.get("rope_type") == "longrope" and (
-            self.rope_freq_factors is None or self.rope_long_factors is None
-        ):  # fmt: skip
-            raise ValueError("longrope scaling needs its short and its long factors")
+        if self.rope_scaling_dict.get("rope_type") == "longrope":
+            if self.rope_freq_factors is None or self.rope_long_factors is None:
+                raise ValueError("longrope scaling needs its short and its long factors")
+            original = self.rope_scaling_dict.get("original_max_position_embeddings")
+            if not isinstance(original, int) or not 1 < original < 2**31:
+                raise ValueError(f"original_max_position_embeddings {original!r}: a context "
+                                 "length of more than one position")  # fmt: skip
+        attention = self.rope_attention_factor
+        if not (math.isfinite(attention) and attention > 0):
+            raise ValueError(f"the RoPE attention factor must be positive, not {attention}")
 
     @property
     def rope_dim(self) -> int:
@@ -177,6 +188,8 @@ class LlamaArchConfig:
         params = params.pop("full_attention", params)
         rope_theta, rope, rope_type = _rope_settings(params, config, config.get("rope_theta"))
         rotary = float(rope.pop("partial_rotary_factor", config.get("partial_rotary_factor", 1.0)))
+        if not 0 < rotary <= 1:  # (NaN and infinities too)
+            raise ValueError(f"partial_rotary_factor {rotary} must be in (0, 1]")
         head_dim = config.get("head_dim") or hidden // num_heads
         short = long = None
         if rope_type == "longrope":
@@ -260,6 +273,9 @@ def _longrope(
     original = rope.get("original_max_position_embeddings") or config[
         "original_max_position_embeddings"
     ]  # fmt: skip
+    if not isinstance(original, int) or not 1 < original < 2**31:  # (ln(1) divides below)
+        raise ValueError(f"original_max_position_embeddings {original!r}: a context length of "
+                         "more than one position")  # fmt: skip
     factor = rope.get("factor") or config["max_position_embeddings"] / original
     attention = rope.get("attention_factor")
     if attention is None:

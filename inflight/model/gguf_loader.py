@@ -398,7 +398,8 @@ def read_gguf_index(path: Path) -> GGUFIndex:
         entries.extend(_index_entries(t))
     try:
         arch = gguf_arch_config(header, path)
-    except (ValueError, TypeError) as e:  # a field of the wrong kind, or a shape refused
+    except (ValueError, TypeError, ArithmeticError) as e:  # a field of the wrong kind, a shape
+        # refused, or a number no arithmetic takes (inf to int)
         raise ModelLoadError(f"{path}: {e}") from None
     try:
         cached.parent.mkdir(parents=True, exist_ok=True)

@@ -263,3 +263,55 @@ def test_a_moe_config_of_2_to_the_64_layers_is_refused():
               "num_local_experts": 8, "num_experts_per_tok": 2}  # fmt: skip
     with pytest.raises(ValueError, match="layers: more than"):
         LlamaArchConfig.from_hf_config(config)
+
+
+PHI3 = {"architectures": ["Phi3ForCausalLM"], "vocab_size": 100, "hidden_size": 64,
+        "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "max_position_embeddings": 512}  # fmt: skip
+FACTORS = [1.0] * 8
+
+
+def _longrope(**rope):
+    return {**PHI3, "rope_scaling": {"type": "longrope", "short_factor": FACTORS,
+                                     "long_factor": FACTORS, **rope}}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("config", "why"),
+    [
+        ({**PHI3, "partial_rotary_factor": float("inf")}, "partial_rotary_factor inf"),
+        ({**PHI3, "partial_rotary_factor": float("nan")}, "partial_rotary_factor nan"),
+        ({**PHI3, "partial_rotary_factor": 0.0}, "partial_rotary_factor 0.0"),  # not "all"
+        (_longrope(original_max_position_embeddings=1), "more than one position"),  # ln(1): /0
+        (_longrope(original_max_position_embeddings=2**64), "more than one position"),
+        (_longrope(original_max_position_embeddings=64, attention_factor=float("nan")),
+         "attention factor must be positive"),
+        (_longrope(original_max_position_embeddings=64, short_factor=[1.0] * 7), "factors"),
+        ({**PHI3, "architectures": ["MixtralForCausalLM"], "num_local_experts": 2**40,
+          "num_experts_per_tok": 2}, "experts a layer"),  # would build 2**40 experts
+        ({**PHI3, "architectures": ["GraniteForCausalLM"], "logits_scaling": float("inf")},
+         "logits_scaling must be positive"),
+        ({**PHI3, "architectures": ["Gemma2ForCausalLM"], "attn_logit_softcapping": -1.0},
+         "attn_logit_softcapping must be positive"),
+    ],
+)  # fmt: skip
+def test_hostile_rope_expert_and_multiplier_fields_are_refused(config, why):
+    """Infinities, NaN, zero and 2**64 in the newer fields are ValueErrors (a ModelLoadError
+    naming the file at load), never an OverflowError, a division by zero or a hang."""
+    with pytest.raises(ValueError, match=why):
+        LlamaArchConfig.from_hf_config(config)
+
+
+def test_a_gguf_field_no_integer_holds_is_a_load_error(tmp_path, tiny_model_factory):
+    """A count written as the float infinity reaches int(): an OverflowError there is reported
+    as a ModelLoadError naming the file, like any refused field."""
+    from inflight.errors import ModelLoadError
+    from inflight.model.gguf_loader import read_gguf_index
+
+    def experts(writer):
+        writer.add_float32("qwen3.expert_count", float("inf"))
+
+    path = write_tiny_gguf(tiny_model_factory("qwen3"), tmp_path / "inf.gguf",
+                           GGMLQuantizationType.F32, metadata=experts)  # fmt: skip
+    with pytest.raises(ModelLoadError, match=r"inf\.gguf"):
+        read_gguf_index(path)

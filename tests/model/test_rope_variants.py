@@ -58,7 +58,7 @@ def test_published_phi_configs_are_read():
     with pytest.raises(ValueError, match="RoPE factors must be 48"):
         short = {"type": "longrope", "short_factor": factors[:-1], "long_factor": factors}
         LlamaArchConfig.from_hf_config({**phi35_mini, "rope_scaling": short})
-    with pytest.raises(ValueError, match="rotary_dim"):
+    with pytest.raises(ValueError, match=r"partial_rotary_factor 1.5 must be in \(0, 1\]"):
         LlamaArchConfig.from_hf_config({**phi35_mini, "partial_rotary_factor": 1.5})
 
 
