@@ -53,12 +53,27 @@ def render_chat(
         for key, value in message.items():
             if isinstance(value, str):
                 check_text(value, f"messages.{i}.{key}")
+    _check_texts(template_kwargs, "chat_template_kwargs")
     try:
         return tokenizer.apply_chat_template(
             messages, tools=tools, tokenize=False, add_generation_prompt=True, **template_kwargs
         )
     except Exception as e:  # jinja errors for malformed messages
         raise InvalidRequestError(f"cannot render the chat template: {e}", "messages") from e
+
+
+def _check_texts(value: Any, param: str) -> None:
+    """Every string in a JSON value (keys too) is valid Unicode: a template renders them into
+    the prompt text, which the tokenizer must take."""
+    if isinstance(value, str):
+        check_text(value, param)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _check_texts(key, param)
+            _check_texts(item, f"{param}.{key}")
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            _check_texts(item, f"{param}.{i}")
 
 
 class FrontEnd:

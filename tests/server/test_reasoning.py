@@ -127,3 +127,15 @@ def test_reserved_template_variables_are_400s(server, key):
     assert response.status_code == 400
     error = response.json()["error"]
     assert error["param"] == "chat_template_kwargs" and key in error["message"]
+
+
+def test_lone_surrogates_in_template_variables_are_400s(server):
+    """A template may render its variables into the prompt text, which must be valid Unicode
+    (as JSON text: the escape a hostile client writes)."""
+    body = ('{"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,'
+            ' "chat_template_kwargs": {"note": ["ok", "\\ud800"]}}')  # fmt: skip
+    response = httpx.post(server.url + "/v1/chat/completions", content=body, timeout=60,
+                          headers={"content-type": "application/json"})  # fmt: skip
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] == "chat_template_kwargs.note.1"
+    assert chat(server, chat_template_kwargs={"note": ["ok"]}).status_code == 200
