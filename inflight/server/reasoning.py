@@ -13,26 +13,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from inflight.server.tool_parsers import partial_tag_start
+
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 REASONING_PARSERS = ("think", "none")
 
 
-def choose(chat_template: str | dict[str, str] | None) -> str:
-    """`think` where the model's chat template knows the block, else `none`."""
-    if isinstance(chat_template, dict):
-        chat_template = "\n".join(chat_template.values())
-    return "think" if THINK_CLOSE in (chat_template or "") else "none"
+def choose(template: str) -> str:
+    """`think` where the model's chat template (`tool_parsers.template_text`) knows the block,
+    else `none`."""
+    return "think" if THINK_CLOSE in template else "none"
 
 
 def prompt_opens_thinking(prompt: str) -> bool:
     """Whether the rendered prompt ends inside a think block (its output starts there)."""
     return prompt.rstrip().endswith(THINK_OPEN)
-
-
-def _partial_tag_at(text: str, tag: str) -> int:
-    """Where a suffix of `text` that may still grow into `tag` starts (len(text) if none)."""
-    start = max(0, len(text) - len(tag) + 1)
-    return next((i for i in range(start, len(text)) if tag.startswith(text[i:])), len(text))
 
 
 def split_reasoning(text: str, opened: bool, final: bool) -> tuple[str, str]:
@@ -51,7 +46,7 @@ def split_reasoning(text: str, opened: bool, final: bool) -> tuple[str, str]:
         return body[:end], body[end + len(THINK_CLOSE) :].lstrip()
     if final:  # cut off while thinking
         return body, ""
-    return body[: _partial_tag_at(body, THINK_CLOSE)], ""
+    return body[: partial_tag_start(body, THINK_CLOSE)], ""
 
 
 @dataclass

@@ -58,25 +58,30 @@ class ChatServing(OpenAIServing):
         `reasoning_content`; `auto`, either: what the model's chat template says, looked up at
         the first request (a gateway knows its tokenizer once a replica reports)."""
         super().__init__(engine, served_model_name)
-        self._asked = {"tool": tool_call_parser, "reasoning": reasoning_parser}
+        self._tool_call_parser, self._reasoning_parser = tool_call_parser, reasoning_parser
 
     @functools.cached_property
     def tool_parser(self) -> str:
-        name = self._asked["tool"]
+        name = self._tool_call_parser
         if name == "auto":
             architecture = arch_config(self.engine.model_path).architecture
-            name = tool_parsers.choose(self.engine.tokenizer.chat_template, architecture)
+            name = tool_parsers.choose(self._template, architecture)
             logger.info("tool calls (tool_choice auto) parsed as %s", name)
         return name
 
     @functools.cached_property
-    def reasoning_parser(self) -> str:
-        name = self._asked["reasoning"]
+    def thinks(self) -> bool:
+        """Whether a think block is returned as `reasoning_content`."""
+        name = self._reasoning_parser
         if name == "auto":
-            name = reasoning.choose(self.engine.tokenizer.chat_template)
+            name = reasoning.choose(self._template)
             if name != "none":
                 logger.info("think blocks returned as reasoning_content")
-        return name
+        return name == "think"
+
+    @property
+    def _template(self) -> str:
+        return tool_parsers.template_text(self.engine.tokenizer.chat_template)
 
     def render(
         self,
@@ -110,8 +115,7 @@ class ChatServing(OpenAIServing):
         params = self.sampling_params(req, max_tokens, logprobs, constraint)
         if mode == "auto" and self.tool_parser in tool_parsers.KEEPS_SPECIAL_TOKENS:
             params = dataclasses.replace(params, skip_special_tokens=False)  # its markers
-        thinking = self.reasoning_parser == "think"
-        return await self.start([prompt_ids], params, req), mode, (thinking, opened)
+        return await self.start([prompt_ids], params, req), mode, opened
 
     @staticmethod
     def _function_name(req: p.ChatCompletionRequest) -> str | None:
@@ -136,12 +140,12 @@ class ChatServing(OpenAIServing):
         return p.ChatLogprobs(content=content)
 
     async def create(self, req: p.ChatCompletionRequest) -> p.ChatCompletionResponse:
-        streams, mode, (thinking, opened) = await self._start(req)
+        streams, mode, opened = await self._start(req)
         (out,) = await final_outputs(streams)
         choices = []
         for c in out.outputs:
             thought, content = None, c.text
-            if thinking:
+            if self.thinks:
                 thought, content = reasoning.split_reasoning(c.text, opened, final=True)
             calls: list[p.ToolCall] = []
             if mode != "none" and (c.finish_reason != "length" or mode == "auto"):
@@ -166,11 +170,11 @@ class ChatServing(OpenAIServing):
 
     async def stream(self, req: p.ChatCompletionRequest) -> AsyncIterator[dict[str, Any]]:
         """Starts the request now (errors raise before any byte is sent), streams later."""
-        streams, mode, thinking = await self._start(req)
-        return self._chunks(req, streams, mode, thinking)
+        streams, mode, opened = await self._start(req)
+        return self._chunks(req, streams, mode, opened)
 
     async def _chunks(
-        self, req: p.ChatCompletionRequest, streams, mode: str, thinking: tuple[bool, bool]
+        self, req: p.ChatCompletionRequest, streams, mode: str, opened: bool
     ) -> AsyncIterator[dict[str, Any]]:
         rid, tracker, final = p.new_id("chatcmpl"), DeltaTracker(), None
         calls: dict[int, tc.ToolCallStream] = {}
@@ -191,8 +195,8 @@ class ChatServing(OpenAIServing):
                     )
                 finish_reason, tool_deltas, thought = c.finish_reason, None, ""
                 done, content = c.finish_reason is not None, c.text
-                if thinking[0]:
-                    split = thoughts.setdefault(index, reasoning.ReasoningStream(thinking[1]))
+                if self.thinks:
+                    split = thoughts.setdefault(index, reasoning.ReasoningStream(opened))
                     thought, text, content = split.feed(c.text, done)
                 if mode != "none":
                     stream = calls.setdefault(

@@ -54,13 +54,17 @@ def as_call(item: Any) -> p.ToolCall | None:
     return make_call(item["name"], arguments)
 
 
+def partial_tag_start(text: str, tag: str) -> int:
+    """Where a suffix of `text` that may still grow into `tag` starts (its length if none)."""
+    start = max(0, len(text) - len(tag) + 1)
+    return next((i for i in range(start, len(text)) if tag.startswith(text[i:])), len(text))
+
+
 def _held_back(rest: str, marker: str) -> int:
-    """Where text that may still grow into `marker` starts in `rest` (its length if nowhere)."""
+    """Where `marker`, or text that may still grow into it, starts in `rest` (its length if
+    nowhere)."""
     cut = rest.find(marker)
-    if cut >= 0:
-        return cut
-    start = max(0, len(rest) - len(marker) + 1)
-    return next((i for i in range(start, len(rest)) if marker.startswith(rest[i:])), len(rest))
+    return cut if cut >= 0 else partial_tag_start(rest, marker)
 
 
 def hermes(text: str, final: bool) -> tuple[str, list[p.ToolCall], int]:
@@ -194,13 +198,17 @@ PARSERS: dict[str, Split] = {
 KEEPS_SPECIAL_TOKENS = frozenset({"mistral"})
 
 
-def choose(chat_template: str | dict[str, str] | None, architecture: str) -> str:
-    """The format the model's chat template asks for (all of them, where a tokenizer names
-    several): Hermes blocks, Mistral's markers, Llama 3's JSON (its templates ask for
-    `"parameters"`); Gemma 3 is prompted to write Python calls; Hermes where nothing says."""
+def template_text(chat_template: str | dict[str, str] | None) -> str:
+    """A tokenizer's chat template as one text (all of them, where it names several)."""
     if isinstance(chat_template, dict):
-        chat_template = "\n".join(chat_template.values())
-    template = chat_template or ""
+        return "\n".join(chat_template.values())
+    return chat_template or ""
+
+
+def choose(template: str, architecture: str) -> str:
+    """The format a model's chat template (`template_text`) asks for: Hermes blocks, Mistral's
+    markers, Llama 3's JSON (its templates ask for `"parameters"`); Gemma 3 is prompted to
+    write Python calls; Hermes where nothing says."""
     if TOOL_CALL_OPEN in template:
         return "hermes"
     if TOOL_CALLS in template:

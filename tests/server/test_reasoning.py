@@ -16,6 +16,7 @@ from inflight import LLM, SamplingParams
 from inflight.engine.async_engine import AsyncLLM
 from inflight.server import reasoning
 from inflight.server.api_server import ServerConfig
+from inflight.server.tool_parsers import template_text
 from tests.server.live import LiveServer
 
 # Qwen3's template's thinking switch, on the tiny tokenizer's ChatML (`enable_thinking` false
@@ -54,8 +55,8 @@ def test_the_split_whole_and_streamed(text, opened, thought, content):
 
 def test_the_parser_is_chosen_from_the_template():
     assert reasoning.choose(QWEN3_LIKE) == "think"
-    assert reasoning.choose({"default": "x", "thinking": "</think>"}) == "think"
-    assert reasoning.choose("{{ messages }}") == reasoning.choose(None) == "none"
+    assert reasoning.choose(template_text({"default": "x", "thinking": "</think>"})) == "think"
+    assert reasoning.choose("{{ messages }}") == reasoning.choose(template_text(None)) == "none"
     assert reasoning.prompt_opens_thinking("<|im_start|>assistant\n<think>\n")
     assert not reasoning.prompt_opens_thinking("<think>\n\n</think>\n\n")
     with pytest.raises(ValueError, match="unknown reasoning_parser 'deepseek'"):

@@ -102,7 +102,7 @@ def test_hostile_python_is_parsed_never_run():
     ],
 )  # fmt: skip
 def test_the_format_is_chosen_from_the_chat_template(template, architecture, parser):
-    assert tp.choose(template, architecture) == parser
+    assert tp.choose(tp.template_text(template), architecture) == parser
 
 
 def test_the_server_takes_a_named_parser_and_refuses_an_unknown_one():
