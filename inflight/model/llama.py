@@ -220,6 +220,7 @@ class LlamaModel(nn.Module):
         self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
         self.local_inv_freq: torch.Tensor | None = None  # set in finish_init where it differs
         self.long_rope: bool | None = None  # LongRoPE's side, once an engine fixed it
+        self.rope_attention_factor = cfg.rope_attention_factor  # (read once, not every step)
         # The same layers as one C++ call (model/fused_layers.py), set by the loader when the
         # C++ kernels are in use; None runs the Python loop below.
         self.fused_layers: Callable | None = None
@@ -265,7 +266,7 @@ class LlamaModel(nn.Module):
         """Returns logits [S, vocab] in the model's dtype for the tokens at `logits_indices`
         (the sampler converts to float32 only when it needs more than an argmax)."""
         hidden = self.embed(input_ids)
-        cos, sin = _rotation(positions, self.inv_freq, hidden.dtype, self.cfg.rope_attention_factor)
+        cos, sin = _rotation(positions, self.inv_freq, hidden.dtype, self.rope_attention_factor)
         local = None  # the windowed layers' own rotation, where their base differs
         if self.local_inv_freq is not None:
             local = _rotation(positions, self.local_inv_freq, hidden.dtype)
