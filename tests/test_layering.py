@@ -59,11 +59,12 @@ def test_layers(part, forbidden):
     assert imports_of(part) & forbidden == set()
 
 
-def test_the_core_takes_only_the_step_record_from_metrics():
+def test_the_core_takes_only_the_step_records_from_metrics():
+    """The scheduler and its components fill pure records (`metrics.stats`); exporting them is
+    the metrics package's job, which the core never calls."""
     modules = set().union(*(imported_modules(f) for f in (ROOT / "core").rglob("*.py")))
-    assert {m for m in modules if m.startswith("inflight.metrics")} <= {
-        "inflight.metrics.stats", "inflight.metrics.stats.StepStats"
-    }  # fmt: skip
+    from_metrics = {m for m in modules if m.startswith("inflight.metrics")}
+    assert from_metrics and all(m.startswith("inflight.metrics.stats") for m in from_metrics)
 
 
 def module_graph() -> dict[str, set[str]]:

@@ -73,8 +73,8 @@ def run_offline(
             if not core.has_unfinished_requests():
                 time.sleep(max(0.0, pending[0][0].arrival_time - now))
                 continue
-            outputs = llm.step()
-            timeline.append(dataclasses.replace(core.last_step, t=core.last_step.t - clock_start))
+            outputs, stats = llm.step_with_stats()
+            timeline.append(dataclasses.replace(stats, t=stats.t - clock_start))
             for out in outputs:
                 if out.finished:
                     m, asked = out.metrics, asked_by_id[out.request_id]
@@ -98,11 +98,11 @@ def run_offline(
 def event_counts(timeline: list[StepStats]) -> dict[str, int]:
     """A run's admission and prefix-cache events, summed over its steps."""
     return {
-        "predictive_admissions": sum(s.num_predictive_admissions for s in timeline),
-        "prediction_failures": sum(s.num_prediction_failures for s in timeline),
-        "prefix_cache_queries": sum(s.num_prefix_queries for s in timeline),
-        "prefix_cache_hits": sum(s.num_prefix_hits for s in timeline),
-        "spec_draft_tokens": sum(s.num_draft_tokens for s in timeline),
-        "spec_accepted_tokens": sum(s.num_accepted_tokens for s in timeline),
-        "spec_drafts_declined": sum(s.num_drafts_declined for s in timeline),
+        "predictive_admissions": sum(s.admission.predictive_admissions for s in timeline),
+        "prediction_failures": sum(s.admission.prediction_failures for s in timeline),
+        "prefix_cache_queries": sum(s.prefix_cache.queries for s in timeline),
+        "prefix_cache_hits": sum(s.prefix_cache.hits for s in timeline),
+        "spec_draft_tokens": sum(s.speculation.drafted for s in timeline),
+        "spec_accepted_tokens": sum(s.speculation.accepted for s in timeline),
+        "spec_drafts_declined": sum(s.speculation.declined for s in timeline),
     }

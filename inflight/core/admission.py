@@ -26,6 +26,7 @@ from inflight.config import SchedulerConfig
 from inflight.core.kv_cache_manager import KVCacheManager
 from inflight.core.kv_forecast import KVForecast
 from inflight.core.sizing import cdiv
+from inflight.metrics.stats import AdmissionStats
 from inflight.request import Request
 
 
@@ -33,8 +34,7 @@ class Admission(Protocol):
     """The scheduler's questions and notices about blocks, in the order a step asks them."""
 
     kv: KVCacheManager
-    num_predictive_admissions: int
-    num_prediction_failures: int  # requests on probation that were preempted
+    stats: AdmissionStats
 
     def start_step(self, running: list[Request]) -> None:
         """Called before anything is scheduled."""
@@ -72,11 +72,10 @@ class OnDemand:
     """Admits on the blocks of the first chunk; the other hooks are no-ops."""
 
     reserves = False  # whether running requests are owed blocks they have not taken yet
-    num_predictive_admissions = 0
-    num_prediction_failures = 0
 
     def __init__(self, kv: KVCacheManager, config: SchedulerConfig) -> None:
         self.kv = kv
+        self.stats = AdmissionStats()  # stays zero: only predictive admission counts
         self.config = config
         self.forecast = KVForecast(kv, config.max_model_len)
 
@@ -161,8 +160,7 @@ class Predictive:
         self.kv, self.forecast = base.kv, base.forecast
         # ids of requests on probation; the forecast leaves them out of what it is sure of
         self.probation: set[str] = base.forecast.probation
-        self.num_predictive_admissions = 0
-        self.num_prediction_failures = 0  # requests on probation that were preempted
+        self.stats = AdmissionStats()
 
     def fits(self, request: Request, computed_blocks: list[int], running: list[Request]) -> bool:
         return self.base.fits(request, computed_blocks, running)
@@ -201,7 +199,7 @@ class Predictive:
         if not self.kv.allocate_slots(request, num_new, computed_blocks):
             return 0
         self.probation.add(request.request_id)
-        self.num_predictive_admissions += 1
+        self.stats.predictive_admissions += 1
         return num_new
 
     def token_limit(self, request: Request, running: list[Request]) -> int | None:
@@ -222,7 +220,7 @@ class Predictive:
     def on_preempted(self, request: Request) -> None:
         if request.request_id in self.probation:
             self.probation.discard(request.request_id)
-            self.num_prediction_failures += 1
+            self.stats.prediction_failures += 1
 
     def on_sampled(self, request: Request) -> None:
         if not self.base.reserves:  # on demand: its prompt is in, as if admitted for real

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 
 from inflight.core.block_pool import BlockPool
 from inflight.core.sizing import cdiv
+from inflight.metrics.stats import PrefixCacheStats
 from inflight.request import Request
 
 
@@ -51,8 +52,7 @@ class KVCacheManager:
         self.block_tables: dict[str, list[int]] = {}
         self._hashes: dict[str, list[int]] = {}  # request -> hashes of its full blocks
         self._num_published: dict[str, int] = {}  # request -> leading blocks already cached
-        self.num_prefix_queries = 0  # prompt tokens looked up in the prefix cache
-        self.num_prefix_hits = 0  # of those, tokens found cached
+        self.prefix_stats = PrefixCacheStats()
 
     @property
     def usage(self) -> float:
@@ -88,8 +88,8 @@ class KVCacheManager:
 
     def record_lookup(self, num_tokens: int, num_hit_tokens: int) -> None:
         if self.enable_prefix_caching:
-            self.num_prefix_queries += num_tokens
-            self.num_prefix_hits += num_hit_tokens
+            self.prefix_stats.queries += num_tokens
+            self.prefix_stats.hits += num_hit_tokens
 
     def cache_full_blocks(self, request: Request) -> None:
         """Publishes the request's blocks that became full and computed since the last call."""

@@ -33,7 +33,7 @@ from inflight.core.outputs import (
 )
 from inflight.core.policy import StaticBatchGate, make_queue, victim_index
 from inflight.core.speculation import Speculation
-from inflight.metrics.stats import StepStats
+from inflight.metrics.stats import SpeculationStats, StepStats
 from inflight.request import FinishReason, Request, RequestStatus
 
 
@@ -68,7 +68,6 @@ class Scheduler:
         self._swap_in: list[tuple[int, int]] = []
         self.num_preemptions = 0
         self.num_swaps = 0  # preemptions served by swapping rather than recompute
-        self._events_before = self._event_counts()
 
     # ------------------------------------------------------------------ intake
     def add_request(self, request: Request) -> None:
@@ -91,7 +90,6 @@ class Scheduler:
     # ---------------------------------------------------------------- schedule
     def schedule(self) -> SchedulerOutput:
         now = self.clock()
-        self._events_before = self._event_counts()
         self.waiting.prepare(now)
         self.admission.start_step(self.running)
         # Priority preemption happens before anything is scheduled, and does not stop admission:
@@ -160,22 +158,17 @@ class Scheduler:
                 i += 1
         return budget, preempted
 
-    def _event_counts(self) -> tuple[int, ...]:
-        kv, admission, spec = self.kv, self.admission, self.speculation
-        return (kv.num_prefix_queries, kv.num_prefix_hits,
-                admission.num_predictive_admissions, admission.num_prediction_failures,
-                spec.num_drafted if spec else 0, spec.num_accepted if spec else 0,
-                spec.num_declined if spec else 0)  # fmt: skip
-
-    def make_stats(self, out: SchedulerOutput, num_sampled: int, duration_s: float) -> StepStats:
-        """The record of the step `out` scheduled, after its update: gauges as they are now,
-        events since `schedule()` began."""
-        queries, hits, predicted, failed, drafted, accepted, declined = map(
-            int.__sub__, self._event_counts(), self._events_before
-        )
+    def record_step_time(self, out: SchedulerOutput, duration_s: float) -> None:
+        """How long the step `out` scheduled took: speculation's cost fit learns from it
+        (whether a draft pays for the time it adds)."""
         if self.speculation is not None:
             self.speculation.cost.observe(out.num_batched_tokens, len(out.scheduled), duration_s,
                                           out.num_draft_tokens)  # fmt: skip
+
+    def make_stats(self, out: SchedulerOutput, num_sampled: int, duration_s: float) -> StepStats:
+        """The record of the step `out` scheduled, after its update: gauges as they are now,
+        and the events each component counted since the previous record."""
+        spec = self.speculation
         return StepStats(
             t=self.clock(),
             duration_s=duration_s,
@@ -194,13 +187,9 @@ class Scheduler:
             kv_usage=self.kv.usage,
             kv_blocks_used=self.kv.pool.num_used_blocks,
             num_preempted=len(out.preempted_request_ids),
-            num_prefix_queries=queries,
-            num_prefix_hits=hits,
-            num_predictive_admissions=predicted,
-            num_prediction_failures=failed,
-            num_draft_tokens=drafted,
-            num_accepted_tokens=accepted,
-            num_drafts_declined=declined,
+            prefix_cache=self.kv.prefix_stats.take(),
+            admission=self.admission.stats.take(),
+            speculation=spec.stats.take() if spec is not None else SpeculationStats(),
         )
 
     def _victim_index(self, first: int) -> int:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from inflight.metrics.stats import SpeculationStats
 from inflight.request import Request
 
 NGRAM_MAX = 4  # longest suffix looked up
@@ -109,9 +110,7 @@ class Speculation:
         self.by_model = by_model  # a draft model writes the drafts (`runner/drafter.py`)
         self.cost = StepCostFit()
         self._states: dict[str, _RequestState] = {}
-        self.num_drafted = 0  # draft tokens scheduled
-        self.num_accepted = 0  # of those, kept
-        self.num_declined = 0  # proposals not drafted because drafting would not pay
+        self.stats = SpeculationStats()
 
     @staticmethod
     def applies_to(request: Request) -> bool:
@@ -153,7 +152,7 @@ class Speculation:
     def _if_it_pays(self, state: _RequestState, draft: list[int]) -> list[int]:
         if state.accepted / state.drafted > self.cost.break_even_rate():
             return draft
-        self.num_declined += 1
+        self.stats.declined += 1
         return []
 
     def on_verified(self, request_id: str, drafted: int, accepted: int) -> None:
@@ -161,8 +160,8 @@ class Speculation:
         if state is not None and drafted:
             state.drafted += drafted
             state.accepted += accepted
-        self.num_drafted += drafted
-        self.num_accepted += accepted
+        self.stats.drafted += drafted
+        self.stats.accepted += accepted
 
     def on_finished(self, request_id: str) -> None:
         self._states.pop(request_id, None)

@@ -1,18 +1,18 @@
 """AsyncLLM: the asyncio front of the engine, for the HTTP server (the offline `LLM`'s sibling
 on the same `FrontEnd`).
 
-The engine core steps on a thread of its own and never waits on HTTP. That thread also builds
-the core (loads, packs and warms the model): PyTorch's CPU ops run OpenMP parallel regions, and
-a second thread running them would start a second OpenMP thread pool; with more pool threads
-than cores, libgomp stops spinning between regions and puts its workers to sleep, so every
-region pays a wake-up (a one-row decode step on 2 cores measured 15 ms against 9.5 ms with all
-the work on one thread). The asyncio side
-tokenizes and validates (raising before anything is queued), keeps one output queue per request,
-runs the detokenizer and stop strings, and aborts a request in the core the moment its consumer
-goes away (client disconnect, timeout). Messages cross threads in two directions only:
+The engine core steps on a thread of its own (`engine_loop.EngineThread`) and never waits on
+HTTP. That thread also builds the core (loads, packs and warms the model): PyTorch's CPU ops run
+OpenMP parallel regions, and a second thread running them would start a second OpenMP thread
+pool; with more pool threads than cores, libgomp stops spinning between regions and puts its
+workers to sleep, so every region pays a wake-up (docs/benchmarks.md, "One engine thread").
+The asyncio side tokenizes and validates (raising before anything is queued), keeps one output
+queue per request, runs the detokenizer and stop strings, and aborts a request in the core the
+moment its consumer goes away (client disconnect, timeout). Messages cross threads in two
+directions only:
 
-    asyncio --(add / abort / finish, a queue.Queue)--> engine thread
-    engine thread --(step outputs, loop.call_soon_threadsafe)--> asyncio
+    asyncio --(AddRequests / FinishRequests / Wake / Shutdown, the loop's inbox)--> engine thread
+    engine thread --(outputs, loop.call_soon_threadsafe)--> asyncio
 
 A request the step fails on alone ends with RequestFailedError and the others carry on; if the
 model itself fails (or the loop does), the engine is dead: every open stream gets
@@ -27,17 +27,22 @@ import dataclasses
 import functools
 import itertools
 import logging
-import queue
-import threading
 import time
 import weakref
 from collections.abc import AsyncIterator, Callable
 from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any
 
 from inflight.core.outputs import EngineCoreOutput
+from inflight.engine.engine_loop import (
+    AddRequests,
+    EngineLoop,
+    EngineThread,
+    FinishRequests,
+    Shutdown,
+    Wake,
+)
 from inflight.engine.frontend import FrontEnd
 from inflight.engine.processor import ParentRequest, PromptInput
 from inflight.errors import (
@@ -50,55 +55,12 @@ from inflight.errors import (
 )
 from inflight.metrics.live import FinishedSample, LiveFeed
 from inflight.metrics.prometheus import EngineMetrics
+from inflight.metrics.stats import StepStats
 from inflight.outputs import RequestOutput
-from inflight.request import FinishReason, Request, RequestStatus
+from inflight.request import FinishReason, Request
 from inflight.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class _Add:
-    requests: list[Request]
-
-
-@dataclass
-class _Finish:
-    request_ids: list[str]
-    reason: FinishReason
-    stop_reason: str | None = None
-
-
-class _EngineThread:
-    """One daemon thread that runs what it is handed, in order: the core's construction, then
-    its loop (so every PyTorch op of the engine runs on one thread; the module docstring says
-    why). Daemon, so that an engine never started or shut down cannot hold up exit."""
-
-    def __init__(self) -> None:
-        self._calls: queue.Queue[tuple[Future[Any], Callable[[], Any]] | None] = queue.Queue()
-        self.thread = threading.Thread(target=self._serve, name="inflight-engine", daemon=True)
-        self.thread.start()
-
-    def submit(self, fn: Callable[[], Any]) -> Future[Any]:
-        future: Future[Any] = Future()
-        self._calls.put((future, fn))
-        return future
-
-    def stop(self) -> None:
-        self._calls.put(None)
-
-    def _serve(self) -> None:
-        while (call := self._calls.get()) is not None:
-            self._run(*call)
-            del call  # holds the engine (fn's closure) while this thread waits
-
-    @staticmethod
-    def _run(future: Future[Any], fn: Callable[[], Any]) -> None:
-        if future.set_running_or_notify_cancel():
-            try:
-                future.set_result(fn())
-            except BaseException as e:
-                future.set_exception(e)
 
 
 class AsyncLLM(FrontEnd):
@@ -110,7 +72,7 @@ class AsyncLLM(FrontEnd):
         request_timeout: float | None = None,
         **knobs: Any,
     ) -> None:
-        self._engine_thread = _EngineThread()
+        self._engine_thread = EngineThread()
         try:
             self._engine_thread.submit(lambda: FrontEnd.__init__(self, model, **knobs)).result()
         except BaseException:
@@ -124,7 +86,7 @@ class AsyncLLM(FrontEnd):
         self.metrics.weight_bytes.set(self.core.loaded.weight_bytes)
         self.metrics.kv_cache_bytes.set(self.core.kv_cache.num_bytes)
         self.feed = LiveFeed()  # the dashboard's data
-        self._inbox: queue.Queue[_Add | _Finish | None] = queue.Queue()
+        self._engine_loop = EngineLoop(self.core, self)
         self._streams: dict[str, asyncio.Queue[RequestOutput | BaseException]] = {}
         self._last_token_time: dict[str, float] = {}
         self._num_unfinished = 0  # sequences accepted and not yet finished (asyncio side)
@@ -136,7 +98,6 @@ class AsyncLLM(FrontEnd):
         self._running: Future[None] | None = None  # the engine loop, once started
         self.dead_error: BaseException | None = None
         self.draining = False
-        self.num_steps = 0
 
     # ------------------------------------------------------------ lifecycle
     def knobs(self) -> dict[str, Any]:
@@ -159,13 +120,13 @@ class AsyncLLM(FrontEnd):
         if self._running is not None:
             return
         self._loop = asyncio.get_running_loop()
-        self._publish_state()
+        self._publish_state(time.monotonic())
         self._running = self._engine_thread.submit(self._run_engine)
 
     async def shutdown(self) -> None:
         if self._running is None:
             return
-        self._inbox.put(None)
+        self._engine_loop.put(Shutdown())
         # the loop ends; the thread stays for a later start() and ends with the engine
         await asyncio.to_thread(futures.wait, [self._running], 10)
         self._running = None
@@ -192,92 +153,50 @@ class AsyncLLM(FrontEnd):
     def is_alive(self) -> bool:
         return self.dead_error is None and self._running is not None and not self._running.done()
 
+    def clock(self) -> float:
+        """The clock of the feed's timestamps."""
+        return time.monotonic()
+
     # --------------------------------------------------------- engine thread
     def _run_engine(self) -> None:
-        core, loop = self.core, self._loop
-        assert loop is not None, "start() sets the loop before the thread starts"
         try:
-            while True:
-                messages = self._next_messages()
-                if messages is None:
-                    return
-                outputs: list[EngineCoreOutput] = []
-                for m in messages:
-                    outputs.extend(self._apply(m))
-                if core.has_unfinished_requests():
-                    outputs.extend(core.step())
-                    self.num_steps += 1
-                    self.metrics.observe_step(core.last_step)
-                    self.feed.add_step(core.last_step)
-                self._publish_state()
-                if outputs:
-                    loop.call_soon_threadsafe(self._deliver, outputs)
+            self._engine_loop.run()
         except BaseException as e:
             logger.exception("engine loop failed")
             self.dead_error = e
-            loop.call_soon_threadsafe(self._fail_all, e)
+            assert self._loop is not None, "start() sets the loop before the thread starts"
+            self._loop.call_soon_threadsafe(self._fail_all, e)
 
-    def _publish_state(self) -> None:
-        """Sets the state gauges from the core, after a step or after messages alone (an abort
-        on an idle engine), so they never keep the values of the last step."""
-        scheduler, kv = self.core.scheduler, self.core.kv_cache_manager
-        self.metrics.observe_state(
-            num_running=scheduler.num_running,
-            num_waiting=scheduler.num_waiting,
-            num_swapped=len(kv.swapped),
-            kv_usage=kv.usage,
-            kv_blocks_used=kv.pool.num_used_blocks,
-            kv_blocks_total=kv.pool.num_blocks,
-        )
-        self._feed_detail()
+    def idle_wait_s(self) -> float | None:
+        """An idle engine thread still refreshes a watching dashboard's detail."""
+        return 0.25 if self.feed.watchers else None
+
+    def on_iteration(self, outputs: list[EngineCoreOutput], stats: StepStats | None) -> None:
+        """The engine loop's news: step records to the metrics and the feed, the core's state
+        (after a step or after messages alone, an abort on an idle engine, so the gauges never
+        keep the values of the last step), and the outputs to the asyncio side."""
+        if stats is not None:
+            self.metrics.observe_step(stats)
+            self.feed.add_step(stats)
+        self._publish_state(time.monotonic())
+        if outputs:
+            assert self._loop is not None
+            self._loop.call_soon_threadsafe(self._deliver, outputs)
+
+    def _publish_state(self, now: float) -> None:
+        """The gauges, and while a dashboard watches, the block map and request table."""
+        if self.feed.wants_detail(now):
+            snapshot = self.core.snapshot(now)
+            self.metrics.observe_state(snapshot.gauges)
+            self.feed.set_detail(snapshot, now)
+        else:
+            self.metrics.observe_state(self.core.gauges())
 
     def watch(self, delta: int) -> None:
         """A dashboard opened (+1) or closed (-1): the engine thread keeps the block map and the
         request table fresh while any is open, idle or not."""
         self.feed.watchers += delta
-        self._inbox.put(_Finish([], FinishReason.ABORT))  # wakes an idle engine thread
-
-    def _feed_detail(self) -> None:
-        """The block map and the live requests, while a dashboard watches (no prompt text)."""
-        now = time.monotonic()
-        if not self.feed.wants_detail(now):
-            return
-        scheduler, kv = self.core.scheduler, self.core.kv_cache_manager
-        rows = []
-        for r in list(scheduler.requests.values())[:100]:
-            state = "running" if r.status is RequestStatus.RUNNING else (
-                "swapped" if kv.is_swapped(r) else "waiting")  # fmt: skip
-            rows.append([r.request_id, state, r.priority, r.num_prompt_tokens,
-                         r.num_output_tokens, len(kv.get_block_table(r.request_id)),
-                         round(now - r.arrival_time, 1)])  # fmt: skip
-        cpu = kv.cpu_pool
-        swapped = "3" * (cpu.num_used_blocks if cpu is not None else 0)
-        self.feed.set_detail(kv.pool.block_states(), swapped, rows, now)
-
-    def _next_messages(self) -> list[_Add | _Finish] | None:
-        """Everything in the inbox (None: shut down); blocks for the first message only when
-        the core is idle (and then, while a dashboard watches, only until its next refresh is
-        due)."""
-        received: list[_Add | _Finish | None] = []
-        if not self.core.has_unfinished_requests():
-            try:
-                received.append(self._inbox.get(timeout=0.25 if self.feed.watchers else None))
-            except queue.Empty:
-                return []
-        while True:
-            try:
-                received.append(self._inbox.get_nowait())
-            except queue.Empty:
-                break
-        messages = [m for m in received if m is not None]
-        return None if len(messages) < len(received) else messages
-
-    def _apply(self, message: _Add | _Finish) -> list[EngineCoreOutput]:
-        if isinstance(message, _Add):
-            for request in message.requests:
-                self.core.add_request(request)
-            return []
-        return self.core.finish_requests(message.request_ids, message.reason, message.stop_reason)
+        self._engine_loop.put(Wake())
 
     # ------------------------------------------------------------- asyncio side
     def _deliver(self, outputs: list[EngineCoreOutput]) -> None:
@@ -291,7 +210,7 @@ class AsyncLLM(FrontEnd):
                 self._last_token_time.pop(out.request_id, None)
         request_outputs, stopped = self.output_processor.process_outputs(outputs)
         for request_id, stop_string in stopped.items():
-            self._inbox.put(_Finish([request_id], FinishReason.STOP, stop_string))
+            self._engine_loop.put(FinishRequests([request_id], FinishReason.STOP, stop_string))
         for ro in request_outputs:
             # (a finished request leaves the map here too, in case its stream was never read)
             if ro.finished:
@@ -385,7 +304,7 @@ class AsyncLLM(FrontEnd):
         self._streams[parent.request_id] = stream
         self.output_processor.register(parent, children)
         self._num_unfinished += len(children)
-        self._inbox.put(_Add(children))
+        self._engine_loop.put(AddRequests(children))
         return self._outputs(parent.request_id, [c.request_id for c in children], stream)
 
     async def generate(
@@ -432,4 +351,4 @@ class AsyncLLM(FrontEnd):
 
     def abort(self, child_request_ids: list[str]) -> None:
         """Ends requests in the core (their blocks return within one step)."""
-        self._inbox.put(_Finish(child_request_ids, FinishReason.ABORT))
+        self._engine_loop.put(FinishRequests(child_request_ids, FinishReason.ABORT))

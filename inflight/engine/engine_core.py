@@ -1,4 +1,6 @@
-"""EngineCore: owns scheduler, KV cache and model runner; `step()` = schedule -> execute -> update.
+"""EngineCore: owns scheduler, KV cache and model runner; `step()` = schedule -> execute -> update,
+returning the outputs and the step's `StepStats`; `gauges()` and `snapshot()` say what the core
+holds now, for the metrics and the dashboard.
 
 Built from an EngineConfig: loads the model, resolves `max_model_len` and the number of KV
 blocks, and refuses configurations where one request of `max_model_len` tokens could never fit
@@ -8,8 +10,11 @@ in the pool (such a request would be preempted forever).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import time
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -17,10 +22,10 @@ from inflight.config import EngineConfig
 from inflight.core.kv_cache_manager import KVCacheManager
 from inflight.core.outputs import EngineCoreOutput, SchedulerOutput
 from inflight.core.scheduler import Scheduler
-from inflight.core.sizing import cdiv, num_blocks_for_budget, plan_kv_pool
+from inflight.core.sizing import KVPlan, cdiv, num_blocks_for_budget, plan_kv_pool
 from inflight.errors import ConfigError, ModelFailedError
 from inflight.metrics.profiling import NO_TIMER, PhaseTimer, Timer
-from inflight.metrics.stats import StepStats
+from inflight.metrics.stats import CoreGauges, CoreSnapshot, StepStats
 from inflight.model.arch import LlamaArchConfig
 from inflight.model.loader import (
     LoadedModel,
@@ -32,7 +37,7 @@ from inflight.model.loader import (
     resolve_quantized_activations,
 )
 from inflight.platform import resolve_device, resolve_dtype
-from inflight.request import FinishReason, Request
+from inflight.request import FinishReason, Request, RequestStatus
 from inflight.runner.cuda_graphs import DecodeGraphs, supports_graphs
 from inflight.runner.drafter import Drafter
 from inflight.runner.kv_cache import KVCache, kv_bytes_per_token, resolve_kv_cache_dtype
@@ -52,97 +57,111 @@ def warm_up_tokens(budget: int, max_model_len: int, device: torch.device, block_
     return min(budget, max_model_len, block_size)
 
 
+@dataclass(frozen=True, slots=True)
+class StepResult:
+    outputs: list[EngineCoreOutput]  # the requests the step changed
+    stats: StepStats  # the step's record
+
+
 class EngineCore:
     def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None) -> None:
-        device = resolve_device(config.model.device)
-        dtype = resolve_dtype(config.model.dtype, device)
-        kv_dtype = resolve_kv_cache_dtype(config.cache.kv_cache_dtype, dtype)
-        block_size = config.cache.kv_block_size
-        activations = resolve_quantized_activations(
-            config.model.quantized_activations, dtype, config.scheduler.max_num_seqs
-        )
-        if loaded is None:
-            path = resolve_model_path(config.model.model)
-            if device.type == "cpu":  # the weights and the pool share the machine's memory
-                check_memory_fits(path, estimated_weight_bytes(path, dtype, activations),
-                                  self._kv_bytes(config, arch_config(path), kv_dtype))  # fmt: skip
-            loaded = load_model(path, dtype, device, block_size, config.model.attention_backend,
-                                activations)  # fmt: skip
-        elif why := loaded.mismatch(dtype, activations):
-            raise ConfigError(why)
-        arch = loaded.arch
-        sched_cfg = config.scheduler
+        self.device = resolve_device(config.model.device)
+        self.dtype = resolve_dtype(config.model.dtype, self.device)
+        kv_dtype = resolve_kv_cache_dtype(config.cache.kv_cache_dtype, self.dtype)
+        self.loaded = loaded = self._load_target(config, loaded, kv_dtype)
+        self.arch = loaded.arch
         draft = None
-        if sched_cfg.speculative_model is not None:
-            draft = self._load_drafter(sched_cfg.speculative_model, loaded, dtype, device, config)
-
-        requested_len = config.model.max_model_len
-        # the drafter's KV shares the pool's blocks: a block costs both models' bytes (swap
-        # space holds only the target's: a drafter's KV is recomputed after preemption)
-        target_bytes_per_token = bytes_per_token = kv_bytes_per_token(arch, kv_dtype)
-        max_positions = arch.max_position_embeddings
-        if draft is not None:
-            bytes_per_token += kv_bytes_per_token(draft.arch, kv_dtype)
-            max_positions = min(max_positions, draft.arch.max_position_embeddings)
-        swap_bytes = config.cache.swap_space_bytes if sched_cfg.preemption_mode == "swap" else 0
-        plan = plan_kv_pool(
-            bytes_per_token=bytes_per_token, block_size=block_size,
-            memory_bytes=config.cache.kv_cache_memory_bytes,
-            num_kv_blocks=config.cache.num_kv_blocks, max_num_seqs=sched_cfg.max_num_seqs,
-            requested_len=requested_len, model_limit=max_positions,
-            swap_space_bytes=swap_bytes, swap_bytes_per_token=target_bytes_per_token,
-        )  # fmt: skip
-        num_blocks, max_model_len, num_cpu_blocks = (
-            plan.num_blocks, plan.max_model_len, plan.num_cpu_blocks
-        )  # fmt: skip
-        sched_cfg = dataclasses.replace(sched_cfg, max_model_len=max_model_len)
+        if config.scheduler.speculative_model is not None:
+            draft = self._load_drafter(config.scheduler.speculative_model, loaded, config)
+        plan = self._plan_kv_pool(config, loaded, draft, kv_dtype)
+        self.max_model_len = plan.max_model_len
+        sched_cfg = dataclasses.replace(config.scheduler, max_model_len=plan.max_model_len)
         self.config = dataclasses.replace(config, scheduler=sched_cfg)
         for model in (loaded, draft):  # LongRoPE's side, before any graph reads the rotation
             if model is not None:
-                model.model.fit_rope_to(max_model_len)
+                model.model.fit_rope_to(plan.max_model_len)
 
-        self.loaded = loaded
-        self.arch = arch
-        self.device, self.dtype = device, dtype
-        self.max_model_len = max_model_len
+        block_size = config.cache.kv_block_size
         attn = loaded.model.layers[0].attn
-        use_graphs = supports_graphs(attn, device) and not config.model.enforce_eager
         # the scratch block: the start-up warm-up's, and padding rows' of decode graphs
-        self.kv_cache = KVCache(
-            arch, attn, num_blocks, kv_dtype, device, num_cpu_blocks, scratch_block=True
-        )
-        self.kv_cache_manager = KVCacheManager(
-            num_blocks, block_size, config.cache.enable_prefix_caching, num_cpu_blocks
-        )
+        self.kv_cache = KVCache(self.arch, attn, plan.num_blocks, kv_dtype, self.device,
+                                plan.num_cpu_blocks, scratch_block=True)  # fmt: skip
+        self.kv_cache_manager = KVCacheManager(plan.num_blocks, block_size,
+                                               config.cache.enable_prefix_caching,
+                                               plan.num_cpu_blocks)  # fmt: skip
         self.scheduler = Scheduler(sched_cfg, self.kv_cache_manager)
+        self.runner = self._build_runner(config, draft, plan, kv_dtype)
+        self.runner.warm_up(warm_up_tokens(sched_cfg.max_num_batched_tokens, plan.max_model_len,
+                                           self.device, block_size))  # fmt: skip
+        self.timer: Timer = NO_TIMER
+        logger.info("KV cache: %d blocks of %d tokens (%.1f MiB, %s), max_model_len %d",
+                    plan.num_blocks, block_size, self.kv_cache.num_bytes / 2**20,
+                    str(kv_dtype).removeprefix("torch."), plan.max_model_len)  # fmt: skip
+        assert cdiv(plan.max_model_len, block_size) <= plan.num_blocks
+
+    def _load_target(
+        self, config: EngineConfig, loaded: LoadedModel | None, kv_dtype: torch.dtype
+    ) -> LoadedModel:
+        """The model, loaded (after checking that its weights and pool fit the machine's
+        memory), or the one given, if it was loaded as this configuration would load it."""
+        activations = resolve_quantized_activations(
+            config.model.quantized_activations, self.dtype, config.scheduler.max_num_seqs
+        )
+        if loaded is not None:
+            if why := loaded.mismatch(self.dtype, activations):
+                raise ConfigError(why)
+            return loaded
+        path = resolve_model_path(config.model.model)
+        if self.device.type == "cpu":  # the weights and the pool share the machine's memory
+            check_memory_fits(path, estimated_weight_bytes(path, self.dtype, activations),
+                              self._kv_bytes(config, arch_config(path), kv_dtype))  # fmt: skip
+        return load_model(path, self.dtype, self.device, config.cache.kv_block_size,
+                          config.model.attention_backend, activations)  # fmt: skip
+
+    @staticmethod
+    def _plan_kv_pool(
+        config: EngineConfig, target: LoadedModel, draft: LoadedModel | None,
+        kv_dtype: torch.dtype,
+    ) -> KVPlan:  # fmt: skip
+        """The pool's blocks, `max_model_len` and the swap space's blocks. A drafter's KV shares
+        the pool's blocks, so a block costs both models' bytes; swap space holds only the
+        target's (a drafter's KV is recomputed after preemption)."""
+        sched_cfg = config.scheduler
+        target_bytes_per_token = bytes_per_token = kv_bytes_per_token(target.arch, kv_dtype)
+        max_positions = target.arch.max_position_embeddings
+        if draft is not None:
+            bytes_per_token += kv_bytes_per_token(draft.arch, kv_dtype)
+            max_positions = min(max_positions, draft.arch.max_position_embeddings)
+        swapping = sched_cfg.preemption_mode == "swap"
+        return plan_kv_pool(
+            bytes_per_token=bytes_per_token, block_size=config.cache.kv_block_size,
+            memory_bytes=config.cache.kv_cache_memory_bytes,
+            num_kv_blocks=config.cache.num_kv_blocks, max_num_seqs=sched_cfg.max_num_seqs,
+            requested_len=config.model.max_model_len, model_limit=max_positions,
+            swap_space_bytes=config.cache.swap_space_bytes if swapping else 0,
+            swap_bytes_per_token=target_bytes_per_token,
+        )  # fmt: skip
+
+    def _build_runner(
+        self, config: EngineConfig, draft: LoadedModel | None, plan: KVPlan,
+        kv_dtype: torch.dtype,
+    ) -> ModelRunner:  # fmt: skip
+        """The model runner, with decode graphs captured where the device and backend allow,
+        and the drafter (its own KV over the same block ids) when a draft model is set."""
+        model, device = self.loaded.model, self.device
+        attn = model.layers[0].attn
         graphs = None
-        if use_graphs:
-            graphs = DecodeGraphs(
-                loaded.model, self.kv_cache, sched_cfg.max_num_seqs, max_model_len, device
-            )
+        if supports_graphs(attn, device) and not config.model.enforce_eager:
+            graphs = DecodeGraphs(model, self.kv_cache, config.scheduler.max_num_seqs,
+                                  plan.max_model_len, device)  # fmt: skip
             graphs.capture_all()
         drafter = None
         if draft is not None:
             draft_attn = draft.model.layers[0].attn
-            draft_kv = KVCache(draft.arch, draft_attn, num_blocks, kv_dtype, device,
+            draft_kv = KVCache(draft.arch, draft_attn, plan.num_blocks, kv_dtype, device,
                                scratch_block=True)  # fmt: skip
             drafter = Drafter(draft.model, draft_kv, draft_attn, device)
-        self.runner = ModelRunner(
-            loaded.model, self.kv_cache, attn, device, config.model.seed, graphs, drafter
-        )
-        self.runner.warm_up(warm_up_tokens(sched_cfg.max_num_batched_tokens, max_model_len,
-                                           device, block_size))  # fmt: skip
-        self.timer: Timer = NO_TIMER
-        self.last_step = StepStats()  # the latest step's record (all zeros before the first)
-        logger.info(
-            "KV cache: %d blocks of %d tokens (%.1f MiB, %s), max_model_len %d",
-            num_blocks,
-            block_size,
-            self.kv_cache.num_bytes / 2**20,
-            str(kv_dtype).removeprefix("torch."),
-            max_model_len,
-        )
-        assert cdiv(max_model_len, block_size) <= num_blocks
+        return ModelRunner(model, self.kv_cache, attn, device, config.model.seed, graphs, drafter)
 
     @staticmethod
     def _kv_bytes(config: EngineConfig, arch: LlamaArchConfig, dtype: torch.dtype) -> int:
@@ -159,15 +178,11 @@ class EngineCore:
         )  # fmt: skip
         return blocks * block_size * per_token
 
-    @staticmethod
-    def _load_drafter(
-        model: str, target: LoadedModel, dtype: torch.dtype, device: torch.device,
-        config: EngineConfig,
-    ) -> LoadedModel:  # fmt: skip
+    def _load_drafter(self, model: str, target: LoadedModel, config: EngineConfig) -> LoadedModel:
         """The draft model, loaded like the target; its tokens must mean the target's."""
-        cfg = config.model
-        draft = load_model(resolve_model_path(model), dtype, device, config.cache.kv_block_size,
-                           cfg.attention_backend, target.quantized_activations)  # fmt: skip
+        draft = load_model(resolve_model_path(model), self.dtype, self.device,
+                           config.cache.kv_block_size, config.model.attention_backend,
+                           target.quantized_activations)  # fmt: skip
         if draft.arch.vocab_size != target.arch.vocab_size:
             raise ConfigError(
                 f"speculative_model {model} has a vocabulary of {draft.arch.vocab_size} tokens, "
@@ -204,7 +219,8 @@ class EngineCore:
                 f"the model fails on every request ({first}) and on a probe ({e})"
             ) from e
 
-    def step(self) -> list[EngineCoreOutput]:
+    def step(self) -> StepResult:
+        """schedule -> execute -> update, and the step's record."""
         start = time.perf_counter()
         with self.timer.phase("schedule"):
             scheduler_output: SchedulerOutput = self.scheduler.schedule()
@@ -215,7 +231,33 @@ class EngineCore:
             self._probe_model(runner_output.failed)
         with self.timer.phase("update"):
             outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
-        self.last_step = self.scheduler.make_stats(
-            scheduler_output, len(runner_output.sampled_token_ids), time.perf_counter() - start
+        duration_s = time.perf_counter() - start
+        self.scheduler.record_step_time(scheduler_output, duration_s)
+        stats = self.scheduler.make_stats(
+            scheduler_output, len(runner_output.sampled_token_ids), duration_s
         )
-        return outputs
+        return StepResult(outputs, stats)
+
+    def gauges(self) -> CoreGauges:
+        """Sequences and blocks now (after a step, or after an abort between steps)."""
+        scheduler, kv = self.scheduler, self.kv_cache_manager
+        return CoreGauges(
+            num_running=scheduler.num_running, num_waiting=scheduler.num_waiting,
+            num_swapped=len(kv.swapped), kv_usage=kv.usage,
+            kv_blocks_used=kv.pool.num_used_blocks, kv_blocks_total=kv.pool.num_blocks,
+        )  # fmt: skip
+
+    def snapshot(self, now: float, max_requests: int = 100) -> CoreSnapshot:
+        """The gauges, the block map and the first `max_requests` requests (no prompt text):
+        what a dashboard shows of the core."""
+        scheduler, kv = self.scheduler, self.kv_cache_manager
+        rows: list[list[Any]] = []
+        for r in itertools.islice(scheduler.requests.values(), max_requests):
+            state = "running" if r.status is RequestStatus.RUNNING else (
+                "swapped" if kv.is_swapped(r) else "waiting")  # fmt: skip
+            rows.append([r.request_id, state, r.priority, r.num_prompt_tokens,
+                         r.num_output_tokens, len(kv.get_block_table(r.request_id)),
+                         round(now - r.arrival_time, 1)])  # fmt: skip
+        cpu = kv.cpu_pool
+        swap_map = "3" * (cpu.num_used_blocks if cpu is not None else 0)
+        return CoreSnapshot(self.gauges(), kv.pool.block_states(), swap_map, rows)

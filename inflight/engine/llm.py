@@ -15,6 +15,7 @@ from tqdm.auto import tqdm
 from inflight.engine.frontend import FrontEnd, Message
 from inflight.engine.processor import ParentRequest, PromptInput
 from inflight.errors import InvalidRequestError
+from inflight.metrics.stats import StepStats
 from inflight.model.loader import LoadedModel
 from inflight.outputs import RequestOutput
 from inflight.request import FinishReason, Request
@@ -130,10 +131,14 @@ class LLM(FrontEnd):
 
     def step(self) -> list[RequestOutput]:
         """One engine step; returns snapshots of the requests it changed."""
-        core_outputs = self.core.step()
+        return self.step_with_stats()[0]
+
+    def step_with_stats(self) -> tuple[list[RequestOutput], StepStats]:
+        """One engine step: snapshots of the requests it changed, and the step's record."""
+        result = self.core.step()
         with self.core.timer.phase("output"):
-            outputs, stopped = self.output_processor.process_outputs(core_outputs)
+            outputs, stopped = self.output_processor.process_outputs(result.outputs)
             for request_id, stop_string in stopped.items():
                 self.core.finish_requests([request_id], FinishReason.STOP, stop_string)
-        self.core.timer.end_step(self.core.last_step)
-        return outputs
+        self.core.timer.end_step(result.stats)
+        return outputs, result.stats

@@ -14,7 +14,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from inflight.metrics.stats import StepStats
+from inflight.metrics.stats import CoreSnapshot, StepStats
 
 DETAIL_HZ = 4
 
@@ -70,10 +70,9 @@ class LiveFeed:
     def wants_detail(self, now: float) -> bool:
         return self.watchers > 0 and now - self._detail_t >= 1 / DETAIL_HZ
 
-    def set_detail(
-        self, block_map: str, swap_map: str, requests: list[list[Any]], now: float
-    ) -> None:
-        self.block_map, self.swap_map, self.requests = block_map, swap_map, requests
+    def set_detail(self, snapshot: CoreSnapshot, now: float) -> None:
+        self.block_map, self.swap_map = snapshot.block_map, snapshot.swap_map
+        self.requests = snapshot.requests
         self._detail_t = now
 
     def add_finished(self, sample: FinishedSample) -> None:
@@ -100,9 +99,9 @@ class LiveFeed:
         span = min(self.window_s, now - steps[0].t + steps[0].duration_s) if steps else 1.0
         span = max(span, 1e-3)
         latest = steps[-1] if steps else None
-        queries = sum(s.num_prefix_queries for s in steps)
-        hits = sum(s.num_prefix_hits for s in steps)
-        drafted = sum(s.num_draft_tokens for s in steps)
+        queries = sum(s.prefix_cache.queries for s in steps)
+        hits = sum(s.prefix_cache.hits for s in steps)
+        drafted = sum(s.speculation.drafted for s in steps)
 
         def quantiles(attr: str) -> dict[str, float | None]:
             values = [v for f in finished if (v := getattr(f, attr)) is not None]
@@ -125,9 +124,9 @@ class LiveFeed:
             "events": {
                 "preemptions_per_s": sum(s.num_preempted for s in steps) / span,
                 "prefix_hit_rate": hits / queries if queries else None,
-                "draft_acceptance": (sum(s.num_accepted_tokens for s in steps) / drafted
+                "draft_acceptance": (sum(s.speculation.accepted for s in steps) / drafted
                                      if drafted else None),
-                "drafts_declined": sum(s.num_drafts_declined for s in steps),
+                "drafts_declined": sum(s.speculation.declined for s in steps),
                 "rejected": refusals.count("queue_full"),
                 "timeouts": refusals.count("timeout"),
             },

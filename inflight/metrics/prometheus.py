@@ -25,7 +25,7 @@ from prometheus_client import (
     generate_latest,
 )
 
-from inflight.metrics.stats import StepStats
+from inflight.metrics.stats import CoreGauges, StepStats
 from inflight.outputs import RequestOutput
 
 PREFIX = "inflight"
@@ -136,35 +136,27 @@ class EngineMetrics:
         self._avg_seqs: float | None = None
         self._avg_tokens: float | None = None
 
-    def observe_state(
-        self,
-        num_running: int,
-        num_waiting: int,
-        num_swapped: int,
-        kv_usage: float,
-        kv_blocks_used: int,
-        kv_blocks_total: int,
-    ) -> None:
+    def observe_state(self, gauges: CoreGauges) -> None:
         """The engine's state now; called from the engine thread (prometheus-client is
         thread-safe) after every change."""
-        self.running.set(num_running)
-        self.waiting.set(num_waiting)
-        self.swapped.set(num_swapped)
-        self.kv_usage.set(kv_usage)
-        self.kv_blocks_used.set(kv_blocks_used)
-        self.kv_blocks_total.set(kv_blocks_total)
+        self.running.set(gauges.num_running)
+        self.waiting.set(gauges.num_waiting)
+        self.swapped.set(gauges.num_swapped)
+        self.kv_usage.set(gauges.kv_usage)
+        self.kv_blocks_used.set(gauges.kv_blocks_used)
+        self.kv_blocks_total.set(gauges.kv_blocks_total)
 
     def observe_step(self, step: StepStats) -> None:
         """Called from the engine thread after every step."""
         if step.num_preempted:
             self.preemptions.inc(step.num_preempted)
-        self.prefix_queries.inc(step.num_prefix_queries)
-        self.prefix_hits.inc(step.num_prefix_hits)
-        self.predictive_admissions.inc(step.num_predictive_admissions)
-        self.prediction_failures.inc(step.num_prediction_failures)
-        self.spec_drafted.inc(step.num_draft_tokens)
-        self.spec_accepted.inc(step.num_accepted_tokens)
-        self.spec_declined.inc(step.num_drafts_declined)
+        self.prefix_queries.inc(step.prefix_cache.queries)
+        self.prefix_hits.inc(step.prefix_cache.hits)
+        self.predictive_admissions.inc(step.admission.predictive_admissions)
+        self.prediction_failures.inc(step.admission.prediction_failures)
+        self.spec_drafted.inc(step.speculation.drafted)
+        self.spec_accepted.inc(step.speculation.accepted)
+        self.spec_declined.inc(step.speculation.declined)
         if not step.num_scheduled_seqs:
             return
         self.batch_seqs.observe(step.num_scheduled_seqs)

@@ -187,6 +187,7 @@ class Simulation:
         replica.now = replica.step_end
         sampled = {s.request_id: SIMULATED_TOKEN for s in out.scheduled if s.sample}
         outputs = replica.scheduler.update_from_output(out, ModelRunnerOutput(sampled))
+        replica.scheduler.record_step_time(out, replica.now - start)
         step = replica.scheduler.make_stats(out, len(sampled), replica.now - start)
         self.totals.add(step)
         if replica is self.replicas[0]:
@@ -258,18 +259,18 @@ class Simulation:
         predictions = {}
         if self.setup.scheduler.predictive_admission:
             predictions = {
-                "predictive_admissions": sum(a.num_predictive_admissions for a in admissions),
-                "prediction_failures": sum(a.num_prediction_failures for a in admissions),
+                "predictive_admissions": sum(a.stats.predictive_admissions for a in admissions),
+                "prediction_failures": sum(a.stats.prediction_failures for a in admissions),
             }
         kvs = [r.kv for r in self.replicas]
-        queries = sum(kv.num_prefix_queries for kv in kvs)
+        queries = sum(kv.prefix_stats.queries for kv in kvs)
         return predictions | {
             "replicas": self.setup.replicas,
             "router": self.router.name,
             "prefix_routed": self.router.prefix_routed,
             "load_routed": self.router.load_routed,
             "prefix_cache_hit_rate": round(
-                sum(kv.num_prefix_hits for kv in kvs) / max(1, queries), 4
+                sum(kv.prefix_stats.hits for kv in kvs) / max(1, queries), 4
             ),
             "steps_all_replicas": t.num_steps,
             "seat_utilization": round(t.seat_s / (busy * self.setup.scheduler.max_num_seqs), 4),

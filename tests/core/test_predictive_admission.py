@@ -32,13 +32,13 @@ def test_predictive_admission_starts_the_newcomer_early():
     assert "new" not in {x.request_id for x in out_off.scheduled}
     (new,) = [x for x in out_on.scheduled if x.request_id == "new"]
     assert new.num_tokens == 8  # the 2 free blocks now; the 3rd comes from "ending"
-    assert on.admission.num_predictive_admissions == 1
+    assert on.admission.stats.predictive_admissions == 1
     on.update_from_output(out_on, fake_model_output(out_on))
     for _ in range(20):
         if not on.has_unfinished_requests():
             break
         step(on)
-    assert not on.has_unfinished_requests() and on.admission.num_prediction_failures == 0
+    assert not on.has_unfinished_requests() and on.admission.stats.prediction_failures == 0
     assert on.kv.pool.num_used_blocks == 0
 
 
@@ -78,6 +78,6 @@ def test_under_reserve_a_prediction_borrows_the_reservation_of_a_request_about_t
     _, started_off = first_steps_under_reserve(False)
     on, started_on = first_steps_under_reserve(True)
     assert started_off == 5  # "ending" samples its last token at step 4
-    assert started_on == 1 and on.admission.num_predictive_admissions == 1
+    assert started_on == 1 and on.admission.stats.predictive_admissions == 1
     # It took only blocks no ordinary request needed before "ending" gave its own back.
-    assert on.num_preemptions == on.admission.num_prediction_failures == 0
+    assert on.num_preemptions == on.admission.stats.prediction_failures == 0

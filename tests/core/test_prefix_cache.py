@@ -87,7 +87,7 @@ def test_scheduler_skips_cached_tokens_and_counts_hits():
     out = s.schedule()
     (chunk,) = out.scheduled
     assert chunk.start_pos == 20 and chunk.token_ids == [4, 5]
-    assert s.kv.num_prefix_hits == 20 and s.kv.num_prefix_queries == 23 + 22
+    assert s.kv.prefix_stats.hits == 20 and s.kv.prefix_stats.queries == 23 + 22
     s.update_from_output(out, fake_model_output(out))
     run_to_completion(s)
     assert s.kv.pool.num_used_blocks == 0

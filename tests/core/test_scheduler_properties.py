@@ -104,12 +104,12 @@ def test_scheduler_invariants_hold_every_step(workload):
     if knobs["kv_admission"] == "reserve" and knobs["scheduling_policy"] != "priority":
         # Reservations leave no running request short of blocks: the only preemptions are
         # of requests admitted on a prediction that failed.
-        assert s.num_preemptions == s.admission.num_prediction_failures
+        assert s.num_preemptions == s.admission.stats.prediction_failures
     assert set(finished) == set(reqs), "every request must finish"
     for rid, _prompt_len, max_tokens, *_ in specs:
         if finished[rid] is not FinishReason.ABORT:
             assert reqs[rid].num_output_tokens == max_tokens
     assert s.kv.pool.num_free_blocks == num_blocks, "all blocks must be back in the pool"
     if s.speculation is not None:
-        assert s.speculation.num_accepted <= s.speculation.num_drafted
+        assert s.speculation.stats.accepted <= s.speculation.stats.drafted
     assert s.kv.cpu_pool is None or s.kv.cpu_pool.num_used_blocks == 0

@@ -6,6 +6,7 @@ import pytest
 
 from inflight.metrics.doctor import Snapshot, diagnose, histogram_quantile, window
 from inflight.metrics.prometheus import EngineMetrics
+from inflight.metrics.stats import CoreGauges
 
 KNOBS = {"max_num_seqs": "64", "max_num_batched_tokens": "2048", "prefill_chunk_size": "None",
          "kv_cache_memory_bytes": str(2 * 2**30), "enable_prefix_caching": "True",
@@ -128,8 +129,8 @@ def test_histogram_quantile_interpolates_inside_the_bucket():
 def test_the_engine_metrics_names_are_the_ones_the_doctor_reads():
     metrics = EngineMetrics(KNOBS)
     before = Snapshot.parse(0, metrics.render().decode())
-    metrics.observe_state(num_running=3, num_waiting=2, num_swapped=0, kv_usage=0.5,
-                          kv_blocks_used=10, kv_blocks_total=20)  # fmt: skip
+    metrics.observe_state(CoreGauges(num_running=3, num_waiting=2, num_swapped=0, kv_usage=0.5,
+                                     kv_blocks_used=10, kv_blocks_total=20))  # fmt: skip
     metrics.observe_tokens(0.03, 2)
     metrics.rejected.labels(reason="queue_full").inc(4)
     w = window([before, Snapshot.parse(1, metrics.render().decode())])

@@ -47,7 +47,7 @@ def test_greedy_tokens_are_unchanged_by_a_draft_model(tiny_model_factory, knobs)
     spec = LLM(str(target), num_speculative_tokens=3, speculative_model=str(draft), **BASE, **knobs)
     assert generate(spec, prompts, params) == want
     speculation = spec.core.scheduler.speculation
-    assert speculation.num_drafted > 0
+    assert speculation.stats.drafted > 0
     if knobs:
         assert spec.core.scheduler.num_preemptions > 0, "the pool was meant to bind"
     assert spec.core.kv_cache_manager.pool.num_used_blocks == 0
@@ -67,8 +67,8 @@ def test_a_model_drafting_for_itself_has_every_draft_kept(tiny_llama, knobs):
     prompts = repetitive_prompts(llm.vocab_size)
     generate(llm, prompts, greedy_params(len(prompts)))
     speculation = llm.core.scheduler.speculation
-    assert speculation.num_drafted > 50
-    assert speculation.num_accepted == speculation.num_drafted
+    assert speculation.stats.drafted > 50
+    assert speculation.stats.accepted == speculation.stats.drafted
     if knobs:
         assert llm.core.scheduler.num_preemptions > 0
 
@@ -80,7 +80,7 @@ def test_sampled_requests_draft_and_finish(tiny_model_factory):
     outputs = generate(llm, repetitive_prompts(llm.vocab_size, 6), params)
     assert [len(o) for o in outputs] == [16] * 6
     assert all(0 <= t < llm.vocab_size for o in outputs for t in o)
-    assert llm.core.scheduler.speculation.num_drafted > 0
+    assert llm.core.scheduler.speculation.stats.drafted > 0
 
 
 def test_a_draft_model_needs_draft_tokens(tiny_llama):

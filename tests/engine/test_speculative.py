@@ -45,7 +45,7 @@ def test_greedy_tokens_are_those_of_decoding_one_at_a_time(tiny_llama, knobs):
     spec = LLM(str(tiny_llama), num_speculative_tokens=4, **base)
     assert generate(spec, prompts, params) == want
     speculation = spec.core.scheduler.speculation
-    assert speculation.num_drafted > 0, "lookup must be tested (acceptance: the integration test)"
+    assert speculation.stats.drafted > 0, "lookup must be tested (acceptance: the integration test)"
     if knobs:
         assert spec.core.scheduler.num_preemptions > 0, "the pool was meant to bind"
     assert spec.core.kv_cache_manager.pool.num_used_blocks == 0
@@ -94,7 +94,7 @@ def test_rejected_drafts_give_their_blocks_back():
     assert request.num_computed_tokens == 8 == request.num_tokens - 1
     assert len(s.kv.get_block_table("a")) == 2  # the third block held only rejected slots
     assert s.kv.pool.num_used_blocks == 2
-    assert s.speculation.num_drafted == 4 and s.speculation.num_accepted == 1
+    assert s.speculation.stats.drafted == 4 and s.speculation.stats.accepted == 1
 
 
 def test_a_stop_inside_the_kept_drafts_ends_there():
@@ -134,7 +134,7 @@ def test_drafting_stops_where_the_step_time_it_adds_outweighs_acceptance():
     r.prompt_token_ids[:] = [1, 2, 3, 1, 2]
     assert spec.propose(r, 4) == [3, 1, 2]
     spec.on_verified("a", drafted=40, accepted=2)  # 4 of 44 with the prior: 9%
-    assert spec.propose(r, 4) == [] and spec.num_declined == 1
+    assert spec.propose(r, 4) == [] and spec.stats.declined == 1
 
 
 def test_a_draft_model_drafts_only_while_its_passes_cost_less_than_acceptance_saves():
@@ -164,9 +164,9 @@ def test_a_draft_model_drafts_only_while_its_passes_cost_less_than_acceptance_sa
         r = make_request("a", prompt_len=3, max_tokens=50)
         spec.propose(r, 4)  # the request's first: acceptance 1/2 assumed
         spec.on_verified("a", drafted=400, accepted=400)
-        declined = spec.num_declined
+        declined = spec.stats.declined
         assert (spec.propose(r, 4) == [MODEL_DRAFT] * 4) is pays
-        assert spec.num_declined - declined == (0 if pays else 1)
+        assert spec.stats.declined - declined == (0 if pays else 1)
 
 
 def test_a_stop_string_ends_the_tokens_where_one_at_a_time_would(tiny_llama):
@@ -188,12 +188,12 @@ def test_a_stop_string_ends_the_tokens_where_one_at_a_time_would(tiny_llama):
 
 def test_the_dashboard_feed_shows_the_share_of_drafts_kept():
     from inflight.metrics.live import LiveFeed
-    from inflight.metrics.stats import StepStats
+    from inflight.metrics.stats import SpeculationStats, StepStats
 
     feed = LiveFeed()
     assert feed.state(now=1.0)["events"]["draft_acceptance"] is None  # nothing drafted yet
-    feed.add_step(StepStats(t=1.0, duration_s=0.01, num_draft_tokens=8, num_accepted_tokens=6))
-    feed.add_step(StepStats(t=2.0, duration_s=0.01, num_draft_tokens=2, num_accepted_tokens=0,
-                            num_drafts_declined=3))  # fmt: skip
+    first, second = SpeculationStats(drafted=8, accepted=6), SpeculationStats(drafted=2, declined=3)
+    feed.add_step(StepStats(t=1.0, duration_s=0.01, speculation=first))
+    feed.add_step(StepStats(t=2.0, duration_s=0.01, speculation=second))
     events = feed.state(now=2.5)["events"]
     assert events["draft_acceptance"] == 0.6 and events["drafts_declined"] == 3

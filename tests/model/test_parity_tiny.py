@@ -138,9 +138,9 @@ def test_greedy_parity_with_transformers(reference, setting):
     if setting == "preemption_swap":
         assert scheduler.num_swaps == scheduler.num_preemptions
     if setting in ("predictive_admission", "reserve_predictive"):
-        assert scheduler.admission.num_predictive_admissions > 0
+        assert scheduler.admission.stats.predictive_admissions > 0
     if setting == "reserve_predictive":
-        assert scheduler.num_preemptions == scheduler.admission.num_prediction_failures
+        assert scheduler.num_preemptions == scheduler.admission.stats.prediction_failures
     if setting == "preemption_swap_small":
         assert 0 < scheduler.num_swaps < scheduler.num_preemptions
     pool = llm.core.kv_cache_manager.pool

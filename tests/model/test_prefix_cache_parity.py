@@ -28,7 +28,7 @@ def test_shared_prefixes_match_transformers_with_and_without_the_cache(tiny_mode
         assert [o.outputs[0].token_ids for o in second] == expected
         kv = llm.core.kv_cache_manager
         if caching:
-            assert kv.num_prefix_hits > 0.5 * sum(len(p) for p in prompts)
+            assert kv.prefix_stats.hits > 0.5 * sum(len(p) for p in prompts)
         else:
-            assert kv.num_prefix_hits == 0 and kv.pool.num_cached_blocks == 0
+            assert kv.prefix_stats.hits == 0 and kv.pool.num_cached_blocks == 0
         assert kv.pool.num_used_blocks == 0

@@ -80,9 +80,9 @@ def test_predictive_admissions_reach_the_metrics(tiny_llama):
     step = llm.core.step
 
     def step_and_observe():
-        outputs = step()
-        metrics.observe_step(llm.core.last_step)
-        return outputs
+        result = step()
+        metrics.observe_step(result.stats)
+        return result
 
     llm.core.step = step_and_observe
     prompts = [[5 + i] * (12 + 4 * (i % 4)) for i in range(8)]
@@ -91,10 +91,10 @@ def test_predictive_admissions_reach_the_metrics(tiny_llama):
     scheduler = llm.core.scheduler
     assert (
         samples[("inflight_predictive_admissions_total", ())]
-        == (scheduler.admission.num_predictive_admissions)
+        == scheduler.admission.stats.predictive_admissions
         > 0
     )
     assert (
         samples[("inflight_prediction_failures_total", ())]
-        == scheduler.admission.num_prediction_failures
+        == scheduler.admission.stats.prediction_failures
     )
