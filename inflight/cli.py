@@ -232,7 +232,7 @@ def run_serve(args: argparse.Namespace) -> int:
         logger.error("--replicas must be >= 1, got %d", args.replicas)
         return 2
     if args.replicas > 1 or args.ray_address:
-        from inflight.server.replicas import deploy
+        from inflight.server.fleet.deploy import deploy
 
         deploy(knobs, config, args.replicas, args.router, args.ray_address,
                args.max_queued_requests, args.request_timeout)  # fmt: skip

@@ -1,4 +1,5 @@
-"""The core, the engine and the metrics type-check (mypy, configured in pyproject.toml)."""
+"""Every wing but bench, sim and workload type-checks (mypy, configured in pyproject.toml):
+the server against the `EngineClient` protocol that `AsyncLLM` and the gateway implement."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_mypy_is_clean_on_core_engine_and_metrics():
+def test_mypy_is_clean():
     result = subprocess.run(
         [sys.executable, "-m", "mypy", "--no-error-summary"],
         cwd=ROOT, capture_output=True, text=True, timeout=600,

@@ -29,7 +29,7 @@ import itertools
 import logging
 import time
 import weakref
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -293,7 +293,7 @@ class AsyncLLM(FrontEnd):
 
     def submit(
         self, processed: tuple[ParentRequest, list[Request]]
-    ) -> AsyncIterator[RequestOutput]:
+    ) -> AsyncGenerator[RequestOutput, None]:
         """Queues a processed request now and returns its stream of cumulative snapshots.
 
         The stream raises EngineDeadError or RequestTimeoutError; closing it early aborts the
@@ -309,7 +309,7 @@ class AsyncLLM(FrontEnd):
 
     async def generate(
         self, prompt: PromptInput, params: SamplingParams, **kwargs: Any
-    ) -> AsyncIterator[RequestOutput]:
+    ) -> AsyncGenerator[RequestOutput, None]:
         """process + check_capacity + submit, for callers that want one call."""
         processed = self.process(prompt, params, **kwargs)
         self.check_capacity(len(processed[1]))
@@ -318,7 +318,7 @@ class AsyncLLM(FrontEnd):
 
     async def _outputs(
         self, request_id: str, child_ids: list[str], stream: asyncio.Queue
-    ) -> AsyncIterator[RequestOutput]:
+    ) -> AsyncGenerator[RequestOutput, None]:
         deadline = None if self.request_timeout is None else time.monotonic() + self.request_timeout
         finished = False
         try:

@@ -201,14 +201,14 @@ class LlamaArchConfig:
             window = None
         full_layers: tuple[int, ...] = ()
         local_theta = query_scalar = None
-        softcaps: dict[str, float | None] = {}
+        softcaps: dict[str, Any] = {}
         if arch in ("gemma2", "gemma3"):
             full_layers, local_theta = _gemma_layers(config, local_params, arch)
             query_scalar = float(config.get("query_pre_attn_scalar", 256))
             for key in ("attn_logit_softcapping", "final_logit_softcapping"):
                 softcaps[key] = None if config.get(key) is None else float(config[key])
         experts = _experts(config, arch) if arch in ("qwen3_moe", "mixtral") else {}
-        multipliers = {}
+        multipliers: dict[str, Any] = {}
         if arch == "granite":
             multipliers = {key: float(config.get(key, 1.0)) for key in (
                 "embedding_multiplier", "residual_multiplier", "attention_multiplier",

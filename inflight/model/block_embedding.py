@@ -30,6 +30,7 @@ class BlockEmbedding(nn.Module):
             raise ValueError(f"GGUF blocks [vocab, blocks, bytes] expected, got "
                              f"{tuple(blocks.shape)}")  # fmt: skip
         self.regrouped = regrouped is not None
+        self.num_embeddings: int
         self.format, self.num_embeddings = regrouped or (format_of(blocks), blocks.shape[0])
         self.register_buffer("blocks", blocks)
         self.dtype = dtype

@@ -155,11 +155,14 @@ def dequantize(blocks: torch.Tensor) -> torch.Tensor:
     elif fmt.name == "Q8_0":
         w = d * u.q.float()
     elif fmt.name in ("Q4_1", "Q5_1"):
+        assert u.m is not None
         w = d * u.q.float() + u.m.float().unsqueeze(-1)
     elif fmt.name == "Q6_K":
+        assert u.scales is not None
         dl = (d * u.scales.float()).unsqueeze(-1)  # per 16 weights
         w = dl * (u.q.to(torch.int8) - 32).float().unflatten(-1, (16, 16))
     else:  # Q4_K, Q5_K
+        assert u.scales is not None and u.m is not None and u.mins is not None
         dl = (d * u.scales.float()).unsqueeze(-1)
         dm = (u.m.float().unsqueeze(-1) * u.mins.float()).unsqueeze(-1)
         w = dl * u.q.float().unflatten(-1, (8, 32)) - dm

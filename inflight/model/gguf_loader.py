@@ -20,7 +20,7 @@ import json
 import logging
 import mmap
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -183,11 +183,11 @@ def gguf_arch_config(header: GGUFHeader, path: Path) -> LlamaArchConfig:
                         ("rope_type", "longrope"))  # fmt: skip
     rotary = int(meta("rope.dimension_count", head_dim))
     # Granite's multipliers, under llama.cpp's names (absent elsewhere: 1)
-    multipliers = {"embedding_multiplier": float(meta("embedding_scale", 1.0)),
+    multipliers: dict[str, Any] = {"embedding_multiplier": float(meta("embedding_scale", 1.0)),
                    "residual_multiplier": float(meta("residual_scale", 1.0)),
                    "logits_scaling": float(meta("logit_scale", 1.0))}  # fmt: skip
     attention_multiplier = field_value(header, f"{arch}.attention.scale")
-    softcaps: dict[str, float | None] = {}
+    softcaps: dict[str, Any] = {}
     if arch in ("gemma2", "gemma3"):
         full_layers = _gemma_full_layers(header, arch, num_layers)
         if arch == "gemma3":
@@ -418,7 +418,7 @@ def iter_gguf_weights(
     cfg: LlamaArchConfig,
     path: Path,
     blocks: dict[str, torch.Tensor] | None = None,
-    blocks_only: set[str] = frozenset(),
+    blocks_only: Collection[str] = frozenset(),
     block_types: Iterable[int] = KERNEL_BLOCK_TYPES,
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """(HF name, float32 tensor) for every tensor; with `blocks`, each matrix stored in one of
@@ -458,6 +458,7 @@ def iter_gguf_weights(
         if array is not None:  # read: its pages can go
             getattr(tensor, "release", lambda: None)()
         if raw is not None:  # a view of the mapped file where it is contiguous (no copy)
+            assert blocks is not None, "raw blocks are read only for a caller that keeps them"
             with warnings.catch_warnings():  # the mapping is read-only, and so is every reader
                 warnings.filterwarnings("ignore", "The given NumPy array is not writable")
                 blocks[name] = torch.from_numpy(np.ascontiguousarray(raw))

@@ -275,7 +275,7 @@ class LlamaModel(nn.Module):
             hidden, residual = self.fused_layers(hidden, cos, sin, local, kv_caches, meta)
         else:
             for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-                rotation = local if layer.local_rope else (cos, sin)
+                rotation = local if layer.local_rope and local is not None else (cos, sin)
                 hidden, residual = layer(hidden, residual, *rotation, kv_cache, meta)
         hidden, w, eps = hidden[logits_indices], self.norm.weight, self.norm.eps
         if residual is None:

@@ -193,10 +193,8 @@ class ModuleBlocks(Mapping[str, torch.Tensor | list[torch.Tensor]]):
         self._blocks, self._release = blocks, release
         self._sources = {}
         for module, sources in model.linear_sources().items():
-            parts = [blocks.get(name) for name in sources]
-            if all(p is not None for p in parts) and (
-                mixed or len({p.shape[1:] for p in parts}) == 1
-            ):  # fmt: skip
+            parts = [blocks[name] for name in sources if name in blocks]
+            if len(parts) == len(sources) and (mixed or len({p.shape[1:] for p in parts}) == 1):
                 self._sources[module] = sources
 
     def __getitem__(self, module: str) -> torch.Tensor | list[torch.Tensor]:
@@ -217,7 +215,7 @@ class ModuleBlocks(Mapping[str, torch.Tensor | list[torch.Tensor]]):
     def __len__(self) -> int:
         return len(self._sources)
 
-    def pop(self, module: str, default: torch.Tensor | None = None) -> torch.Tensor | None:
+    def pop(self, module: str, default: None = None, /) -> torch.Tensor | list[torch.Tensor] | None:
         if module not in self._sources:
             return default
         blocks = self[module]
@@ -272,15 +270,15 @@ def estimated_weight_bytes(path: Path, dtype: torch.dtype, quantized_activations
     bits = ACTIVATION_BITS["int16" if quantized_activations == "auto" else quantized_activations]
     kept = _block_types(dtype, bits) if blocks_serve_every_batch(dtype, bits) else {}
     total = 0
-    for e in index.entries:
-        numel = math.prod(e["shape"])
-        fmt = kept.get(e["type"])
-        if fmt is not None and len(e["shape"]) == 2:
+    for entry in index.entries:
+        numel = math.prod(entry["shape"])
+        fmt = kept.get(entry["type"])
+        if fmt is not None and len(entry["shape"]) == 2:
             # the embedding too: looked up from its blocks (in the file's layout, or in a tied LM
             # head's, which regroups a copy of them)
-            blocks = math.prod(e["data_shape"]) * np.dtype(e["dtype"]).itemsize
+            blocks = math.prod(entry["data_shape"]) * np.dtype(entry["dtype"]).itemsize
             layout = blocks * fmt.layout_bytes // fmt.file_bytes
-            if hf_name(e["name"], index.arch.architecture) != "model.embed_tokens.weight":
+            if hf_name(entry["name"], index.arch.architecture) != "model.embed_tokens.weight":
                 total += layout
             elif index.arch.tie_word_embeddings:  # the head's layout; a legacy format's serves
                 total += layout + (0 if fmt.legacy else blocks)  # the lookups too
@@ -422,7 +420,10 @@ def load_model(
     blocks: dict[str, torch.Tensor] | None = {} if block_types else None
     # linears whose blocks take every batch never get a float weight (nor a dequantized tensor)
     blocks_only = bool(block_types) and blocks_serve_every_batch(dtype, bits)
-    skip = drop_block_weights(model, index, block_types) if blocks_only else set()
+    skip = set()
+    if blocks_only:
+        assert index is not None, "block types are kept only for a GGUF file"
+        skip = drop_block_weights(model, index, block_types)
     model = model.to_empty(device=device).to(dtype)
     model.finish_init()
     if index is not None:
@@ -448,7 +449,10 @@ def load_model(
             by_name[name].release()
 
     # looked up from its blocks (a view of the mapped file until the embedding is made, below)
-    embedding = blocks["model.embed_tokens.weight"] if model.embed_tokens.weight is None else None
+    embedding = None
+    if model.embed_tokens.weight is None:  # dropped for its blocks (`drop_block_weights`)
+        assert blocks is not None
+        embedding = blocks["model.embed_tokens.weight"]
     if can_pack(dtype, device):
         small_rows = packed_linear.SMALL_BATCH_ROWS if kernels else 0
         by_module = ModuleBlocks(model, blocks or {}, release, mixed=blocks_only)

@@ -43,6 +43,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Iterable
+from typing import Protocol, TypeAlias
 
 import torch
 from torch import nn
@@ -51,6 +52,15 @@ from inflight.kernels import load_extension
 from inflight.model.gguf_blocks import BY_NAME, FORMATS, format_of, mixed_packing, regroup_blocks
 
 logger = logging.getLogger(__name__)
+
+
+class BlockSource(Protocol):
+    """Linears' GGUF blocks by module name, each taken out (`pop`) as its linear is packed."""
+
+    def pop(
+        self, name: str, default: None = None, /
+    ) -> torch.Tensor | list[torch.Tensor] | None: ...
+
 
 # The batch size oneDNN is told to expect; measured insensitive between 1 and 2048 tokens.
 _BATCH_HINT = 64
@@ -125,7 +135,7 @@ def decode_rows_from_blocks(activation_bits: int) -> bool:
             and ext.gguf_int_linear_columns(16) == 16)  # fmt: skip
 
 
-Decodes = torch.Tensor | bool
+Decodes: TypeAlias = "torch.Tensor | bool"
 """Which rows of a batch are decodes (a request's newest token or its drafts): their flat
 indices, True for all rows, False for none."""
 
@@ -269,7 +279,7 @@ def apply_linear(linear: nn.Module, x: torch.Tensor, decodes: Decodes) -> torch.
 def pack_linears(
     model: nn.Module,
     small_batch_rows: int = 0,
-    gguf_blocks: dict[str, torch.Tensor] | None = None,
+    gguf_blocks: BlockSource | None = None,
     activation_bits: int = 0,
 ) -> int:
     """Replaces every `nn.Linear` under `model` with a `PackedLinear`; returns how many.
@@ -280,14 +290,12 @@ def pack_linears(
     A tied LM head gets its own packed copy; the embedding keeps the plain weight it indexes.
     """
     targets = [(name, m) for name, m in model.named_modules() if isinstance(m, nn.Linear)]
-    gguf_blocks = gguf_blocks or {}
     packed = []
     for name, linear in targets:
         parent_name, _, leaf = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        packed.append(
-            PackedLinear(linear, small_batch_rows, gguf_blocks.pop(name, None), activation_bits)
-        )
+        blocks = None if gguf_blocks is None else gguf_blocks.pop(name, None)
+        packed.append(PackedLinear(linear, small_batch_rows, blocks, activation_bits))
         setattr(parent, leaf, packed[-1])
     kernels = Counter(
         f"{m.small_kernel} kernel (every batch, no float copy)" if m.blocks_only
@@ -314,7 +322,7 @@ def warm_up(model: nn.Module, batch_sizes: Iterable[int]) -> None:
     saves: that shape stops there.
 
     Kernels are cached per shape, not per weight, so one layer's projections stand for all."""
-    by_shape = {}
+    by_shape: dict[tuple[int, int, bool], PackedLinear] = {}
     for m in model.modules():
         if isinstance(m, PackedLinear):
             by_shape.setdefault((m.in_features, m.out_features, m.bias is not None), m)

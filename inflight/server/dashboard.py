@@ -12,12 +12,11 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-import time
 from collections.abc import AsyncIterator
 from importlib import resources
 from typing import Any
 
-from inflight.engine.async_engine import AsyncLLM
+from inflight.engine.client import EngineClient, FeedSource, Replicas
 from inflight.metrics.doctor import History
 
 UPDATES_PER_S = 4
@@ -37,7 +36,9 @@ def page_html() -> str:
 
 
 class Broadcaster:
-    def __init__(self, engine: AsyncLLM, history: History) -> None:
+    """One engine's updates, built once for every page that watches it."""
+
+    def __init__(self, engine: FeedSource, history: History) -> None:
         self.engine, self.history = engine, history
         self.version = 0
         self.payload = ""
@@ -53,8 +54,7 @@ class Broadcaster:
                 await self.publish(self.update())
 
     def update(self) -> dict[str, Any]:
-        # a replica's feed runs on that replica's clock
-        feed, now = self.engine.feed, getattr(self.engine, "clock", time.monotonic)()
+        feed, now = self.engine.feed, self.engine.clock()  # a replica's: that replica's clock
         steps = feed.steps_after(self._last_step_t, BELT_STEPS)
         if steps:
             self._last_step_t = steps[-1].t
@@ -86,7 +86,7 @@ class Broadcaster:
         engine.watch(+1)
         try:
             belt = [s.belt_row() for s in engine.feed.steps_after(float("-inf"), BELT_STEPS)]
-            now = getattr(engine, "clock", time.monotonic)()
+            now = engine.clock()
             first = {**hello, "belt": belt, "t": now}
             yield f"event: hello\ndata: {json.dumps(first, separators=(',', ':'))}\n\n"
             seen = self.version
@@ -95,3 +95,34 @@ class Broadcaster:
                 yield payload if payload is not None else ": keep-alive\n\n"
         finally:
             engine.watch(-1)
+
+
+class Dashboards:
+    """The dashboard's broadcasters: the engine's, or behind a gateway one per replica, each
+    started the first time a page asks for its replica."""
+
+    def __init__(self, engine: EngineClient, history: History) -> None:
+        self.engine, self.history = engine, history
+        self.main = Broadcaster(engine, history)
+        self._replicas: dict[str, Broadcaster] = {}
+        self._tasks: list[asyncio.Task] = []
+
+    def start(self) -> None:
+        self._tasks.append(asyncio.create_task(self.main.run()))
+
+    def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+
+    def stream(self, hello: dict[str, Any], replica: str | None) -> AsyncIterator[str]:
+        """A page's events; `replica` picks an engine behind a gateway (the first by default)."""
+        engine = self.engine
+        if not isinstance(engine, Replicas):
+            return self.main.stream(hello)
+        views = engine.replica_views()
+        names = sorted(views)
+        chosen = replica if replica in names else (names[0] if names else "")
+        if chosen not in self._replicas:
+            self._replicas[chosen] = Broadcaster(views.get(chosen) or engine, self.history)
+            self._tasks.append(asyncio.create_task(self._replicas[chosen].run()))
+        return self._replicas[chosen].stream({**hello, "replicas": names, "replica": chosen})

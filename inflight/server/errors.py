@@ -1,6 +1,9 @@
-"""One mapping from exceptions to OpenAI-style errors: HTTP status and `error.type`."""
+"""One mapping from exceptions to OpenAI-style errors (HTTP status and `error.type`), and the
+error statuses each route declares in the OpenAPI document."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from inflight.errors import (
     EngineDeadError,
@@ -9,6 +12,18 @@ from inflight.errors import (
     RequestFailedError,
     RequestTimeoutError,
 )
+from inflight.server import protocol as p
+
+_ERROR_DESCRIPTIONS = {
+    400: "Invalid request: the message names the field (`error.param`)",
+    401: "Missing or invalid API key",
+    404: "Unknown model",
+    408: "Request timed out (the request body stalled, or generation ran past the timeout)",
+    413: "Request body too large",
+    429: "Waiting queue full; retry after `Retry-After` seconds",
+    500: "The engine failed on this request alone (other requests are unaffected)",
+    503: "The engine has failed, or the server is shutting down",
+}
 
 
 class ModelNotFoundError(InvalidRequestError):
@@ -29,3 +44,18 @@ def error_status(e: BaseException) -> tuple[int, str]:
     if isinstance(e, EngineDeadError):
         return 503, "ServiceUnavailableError"
     return 500, "InternalServerError"
+
+
+def documented_errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """A route's error answers for the OpenAPI document: 400, 413 and 503 are every route's."""
+    every = (400, 413, 503, *statuses)
+    return {s: {"model": p.ErrorResponse, "description": _ERROR_DESCRIPTIONS[s]} for s in every}
+
+
+def streamed(model: type) -> dict[int | str, dict[str, Any]]:
+    """200 as JSON, or as server-sent events (`data: {chunk}` lines) when `stream` is true."""
+    event = {"type": "object", "required": ["data"], "properties": {
+        "data": {"type": "string", "description": "a JSON chunk, or [DONE] at the end"},
+        "event": {"type": "string"}}}  # fmt: skip
+    sse = {"schema": event, "description": "one server-sent event per chunk"}
+    return {200: {"model": model, "content": {"text/event-stream": sse}}}

@@ -26,7 +26,7 @@ import uvicorn
 from fastapi import FastAPI
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from inflight.engine.async_engine import AsyncLLM
+from inflight.engine.client import EngineClient
 from inflight.server.api_server import ServerConfig
 
 logger = logging.getLogger(__name__)
@@ -71,7 +71,9 @@ def head_timeout_protocol(timeout: float) -> type[H11Protocol]:
 
 
 class InflightServer(uvicorn.Server):
-    def __init__(self, config: uvicorn.Config, engine: AsyncLLM, shutdown_timeout: float) -> None:
+    def __init__(
+        self, config: uvicorn.Config, engine: EngineClient, shutdown_timeout: float
+    ) -> None:
         super().__init__(config)
         self.engine = engine
         self.shutdown_timeout = shutdown_timeout
@@ -114,7 +116,7 @@ class InflightServer(uvicorn.Server):
         self.should_exit = True
 
 
-def serve(app: FastAPI, engine: AsyncLLM, config: ServerConfig) -> None:
+def serve(app: FastAPI, engine: EngineClient, config: ServerConfig) -> None:
     """Serves until SIGTERM/SIGINT, then drains (see the module docstring) and returns."""
     uv_config = uvicorn.Config(
         app,

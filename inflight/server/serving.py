@@ -9,10 +9,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
-from inflight.engine.async_engine import AsyncLLM
+from inflight.engine.client import EngineClient
 from inflight.errors import InvalidRequestError
 from inflight.outputs import RequestOutput
 from inflight.sampling_params import SamplingParams, StructuredOutputs
@@ -23,7 +23,7 @@ DONE = "data: [DONE]\n\n"
 
 
 class OpenAIServing:
-    def __init__(self, engine: AsyncLLM, served_model_name: str) -> None:
+    def __init__(self, engine: EngineClient, served_model_name: str) -> None:
         self.engine = engine
         self.model_name = served_model_name
 
@@ -74,7 +74,7 @@ class OpenAIServing:
             seed=req.seed,
             max_tokens=max_tokens,
             min_tokens=req.min_tokens,
-            stop=req.stop or [],
+            stop=[req.stop] if isinstance(req.stop, str) else req.stop or [],
             stop_token_ids=req.stop_token_ids or [],
             ignore_eos=req.ignore_eos,
             include_stop_str_in_output=req.include_stop_str_in_output,
@@ -89,7 +89,7 @@ class OpenAIServing:
         params: SamplingParams,
         req: p.SamplingFields,
         add_special_tokens: bool = True,
-    ) -> list[AsyncIterator[RequestOutput]]:
+    ) -> list[AsyncGenerator[RequestOutput, None]]:
         """Validates every prompt and checks capacity for all of them before queueing any, so a
         refusal leaves nothing half-submitted and is an HTTP status, not a broken stream.
         Tokenizing runs on the engine's tokenizer thread, never on the event loop."""
@@ -139,13 +139,13 @@ def requested_constraint(req: p.SamplingFields) -> StructuredOutputs | None:
 
 
 async def merge_streams(
-    streams: list[AsyncIterator[RequestOutput]],
-) -> AsyncIterator[tuple[int, RequestOutput]]:
+    streams: list[AsyncGenerator[RequestOutput, None]],
+) -> AsyncGenerator[tuple[int, RequestOutput], None]:
     """Interleaves request streams, tagging outputs with their stream's index. Closing this
     iterator closes (and so aborts) every stream still open."""
     queue: asyncio.Queue[tuple[int, RequestOutput | BaseException | None]] = asyncio.Queue()
 
-    async def pump(i: int, stream: AsyncIterator[RequestOutput]) -> None:
+    async def pump(i: int, stream: AsyncGenerator[RequestOutput, None]) -> None:
         try:
             async with contextlib.aclosing(stream) as s:
                 async for out in s:
@@ -171,7 +171,7 @@ async def merge_streams(
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-async def final_outputs(streams: list[AsyncIterator[RequestOutput]]) -> list[RequestOutput]:
+async def final_outputs(streams: list[AsyncGenerator[RequestOutput, None]]) -> list[RequestOutput]:
     finals: dict[int, RequestOutput] = {}
     async with contextlib.aclosing(merge_streams(streams)) as merged:
         async for i, out in merged:
@@ -183,7 +183,7 @@ def sse(payload: dict[str, Any]) -> str:
     return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
 
 
-async def sse_stream(chunks: AsyncIterator[dict[str, Any]]) -> AsyncIterator[str]:
+async def sse_stream(chunks: AsyncGenerator[dict[str, Any], None]) -> AsyncIterator[str]:
     """SSE framing: every chunk, an error chunk if the stream breaks, then [DONE]."""
     try:
         async with contextlib.aclosing(chunks) as it:

@@ -6,7 +6,7 @@ import dataclasses
 import functools
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 from inflight.core.outputs import Logprobs
@@ -147,13 +147,14 @@ class ChatServing(OpenAIServing):
             thought, content = None, c.text
             if self.thinks:
                 thought, content = reasoning.split_reasoning(c.text, opened, final=True)
+            shown: str | None = content
             calls: list[p.ToolCall] = []
             if mode != "none" and (c.finish_reason != "length" or mode == "auto"):
-                content, calls = tc.parse_tool_calls(
+                shown, calls = tc.parse_tool_calls(
                     mode, content, self._function_name(req), self.tool_parser
                 )
             message = p.ChatResponseMessage(
-                content=content, reasoning_content=thought or None, tool_calls=calls or None
+                content=shown, reasoning_content=thought or None, tool_calls=calls or None
             )
             choices.append(
                 p.ChatChoice(
@@ -168,14 +169,14 @@ class ChatServing(OpenAIServing):
             id=p.new_id("chatcmpl"), model=self.model_name, choices=choices, usage=usage_of([out])
         )
 
-    async def stream(self, req: p.ChatCompletionRequest) -> AsyncIterator[dict[str, Any]]:
+    async def stream(self, req: p.ChatCompletionRequest) -> AsyncGenerator[dict[str, Any], None]:
         """Starts the request now (errors raise before any byte is sent), streams later."""
         streams, mode, opened = await self._start(req)
         return self._chunks(req, streams, mode, opened)
 
     async def _chunks(
         self, req: p.ChatCompletionRequest, streams, mode: str, opened: bool
-    ) -> AsyncIterator[dict[str, Any]]:
+    ) -> AsyncGenerator[dict[str, Any], None]:
         rid, tracker, final = p.new_id("chatcmpl"), DeltaTracker(), None
         calls: dict[int, tc.ToolCallStream] = {}
         thoughts: dict[int, reasoning.ReasoningStream] = {}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 from inflight.core.outputs import Logprobs
@@ -76,11 +76,13 @@ class CompletionServing(OpenAIServing):
             id=p.new_id("cmpl"), model=self.model_name, choices=choices, usage=usage_of(outputs)
         )
 
-    async def stream(self, req: p.CompletionRequest) -> AsyncIterator[dict[str, Any]]:
+    async def stream(self, req: p.CompletionRequest) -> AsyncGenerator[dict[str, Any], None]:
         """Starts the requests now (errors raise before any byte is sent), streams later."""
         return self._chunks(req, await self._start(req))
 
-    async def _chunks(self, req: p.CompletionRequest, streams) -> AsyncIterator[dict[str, Any]]:
+    async def _chunks(
+        self, req: p.CompletionRequest, streams
+    ) -> AsyncGenerator[dict[str, Any], None]:
         rid, tracker, finals = p.new_id("cmpl"), DeltaTracker(), {}
         async for i, out in merge_streams(streams):
             for index, c, text, logprobs, first in tracker.deltas(out, i * req.n):

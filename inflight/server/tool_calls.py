@@ -51,17 +51,17 @@ def resolve_tool_choice(req: p.ChatCompletionRequest) -> str:
 
 def tool_constraint(req: p.ChatCompletionRequest, mode: str) -> StructuredOutputs | None:
     """The output constraint of `required` and named tool choices (None for the others)."""
-    assert req.tools is not None or mode in ("none", "auto")
+    tools = req.tools or []  # `resolve_tool_choice` gave "none" to a request without tools
     if mode == "named":
         name = req.tool_choice.function.name  # type: ignore[union-attr]
-        params = next(t.function.parameters for t in req.tools if t.function.name == name)
+        params = next(t.function.parameters for t in tools if t.function.name == name)
         return StructuredOutputs(json=params, param="tool_choice")
     if mode == "required":
         items = [
             {"type": "object", "required": ["name", "arguments"],
              "properties": {"name": {"const": t.function.name},
                             "arguments": t.function.parameters}}
-            for t in req.tools  # type: ignore[union-attr]
+            for t in tools
         ]  # fmt: skip
         schema: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"anyOf": items}}
         if not req.parallel_tool_calls:
@@ -72,7 +72,7 @@ def tool_constraint(req: p.ChatCompletionRequest, mode: str) -> StructuredOutput
 
 def _array_items(text: str) -> list[Any]:
     """The complete items of a JSON array whose text may still be growing."""
-    decoder, items = json.JSONDecoder(), []
+    decoder, items = json.JSONDecoder(), list[Any]()
     pos = text.find("[")
     if pos < 0:
         return items

@@ -90,7 +90,8 @@ def hermes(text: str, final: bool) -> tuple[str, list[p.ToolCall], int]:
 def _json_calls(body: str, separators: str) -> tuple[list[p.ToolCall], bool]:
     """The calls of `body`, JSON objects one after another (`separators` between them), and
     whether the body is nothing else (False: some text is not a call, or not complete yet)."""
-    decoder, calls, pos = json.JSONDecoder(), [], 0
+    decoder, pos = json.JSONDecoder(), 0
+    calls: list[p.ToolCall] = []
     while True:
         while pos < len(body) and body[pos] in separators:
             pos += 1

@@ -17,7 +17,7 @@ from ray import serve
 
 from inflight.metrics.doctor import Snapshot
 from inflight.server.api_server import ServerConfig
-from inflight.server.replicas import start_fleet
+from inflight.server.fleet.deploy import start_fleet
 
 pytestmark = pytest.mark.slow
 

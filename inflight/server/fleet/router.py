@@ -2,7 +2,7 @@
 each request's prefix key (a keyword argument of the call) and the replicas' loads.
 
 Ray Serve pickles this module by value into the process that routes: it holds no state of its
-own (counters live in `inflight.server.replicas`, imported where they are counted).
+own (counters live in `hub.py`, imported where they are counted).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ class InflightRouter(RequestRouter):
         prefix = pending_request.kwargs.get("prefix_key", []) if pending_request else []
         before = self.policy.prefix_routed
         chosen = self.policy.choose(prefix, {rid: self._load(r) for rid, r in by_id.items()})
-        from inflight.server.replicas import ROUTED
+        from inflight.server.fleet.hub import ROUTED
 
         ROUTED.labels(routed="prefix" if self.policy.prefix_routed > before else "load").inc()
         return [[by_id[chosen]], [r for rid, r in by_id.items() if rid != chosen]]

@@ -1,0 +1,77 @@
+"""The OpenAI routes: completions, chat completions, models, and the tokenizer's /tokenize and
+/detokenize. Each handler validates through pydantic, then hands the request to its serving
+class; a refusal is a typed exception that the app's handlers turn into OpenAI's error body."""
+
+# No `from __future__ import annotations`: FastAPI reads these signatures again in a Ray Serve
+# gateway, from functions pickled by value whose globals hold only the names their code uses.
+
+from collections.abc import AsyncGenerator
+from typing import Any
+
+from fastapi import APIRouter, Depends
+from fastapi.responses import StreamingResponse
+
+from inflight.engine.client import EngineClient
+from inflight.errors import InvalidRequestError
+from inflight.server import protocol as p
+from inflight.server.auth import Guard
+from inflight.server.errors import documented_errors, streamed
+from inflight.server.serving import sse_stream
+from inflight.server.serving_chat import ChatServing
+from inflight.server.serving_completion import CompletionServing
+
+
+def _streaming(chunks: AsyncGenerator[dict[str, Any], None]) -> StreamingResponse:
+    return StreamingResponse(sse_stream(chunks), media_type="text/event-stream")
+
+
+def openai_router(
+    engine: EngineClient, model_name: str, guard: Guard, tool_call_parser: str,
+    reasoning_parser: str,
+) -> APIRouter:  # fmt: skip
+    completions = CompletionServing(engine, model_name)
+    chat = ChatServing(engine, model_name, tool_call_parser, reasoning_parser)
+    router = APIRouter(dependencies=[Depends(guard)])
+    generation_errors = documented_errors(401, 404, 408, 429, 500)
+
+    @router.post("/v1/completions", response_model=p.CompletionResponse,
+                 responses={**streamed(p.CompletionResponse), **generation_errors})  # fmt: skip
+    async def create_completion(req: p.CompletionRequest) -> Any:
+        if req.stream:
+            return _streaming(await completions.stream(req))
+        return await completions.create(req)
+
+    @router.post("/v1/chat/completions", response_model=p.ChatCompletionResponse,
+                 responses={**streamed(p.ChatCompletionResponse), **generation_errors})  # fmt: skip
+    async def create_chat_completion(req: p.ChatCompletionRequest) -> Any:
+        if req.stream:
+            return _streaming(await chat.stream(req))
+        return await chat.create(req)
+
+    @router.get("/v1/models", responses=documented_errors(401))
+    async def list_models() -> p.ModelList:
+        return p.ModelList(data=[p.ModelCard(id=model_name, max_model_len=engine.max_model_len)])
+
+    @router.post("/tokenize", responses=documented_errors(401, 404))
+    async def tokenize(req: p.TokenizeRequest) -> p.TokenizeResponse:
+        completions.check_model(req.model)
+        if req.messages is not None:
+            tokens, _ = await engine.run_tokenizer(chat.render, req.messages)
+        elif req.prompt is not None:
+            tokens = await engine.run_tokenizer(engine.tokenize, req.prompt, req.add_special_tokens)
+        else:
+            raise InvalidRequestError("prompt or messages is required", "prompt")
+        return p.TokenizeResponse(
+            tokens=tokens, count=len(tokens), max_model_len=engine.max_model_len
+        )
+
+    @router.post("/detokenize", responses=documented_errors(401, 404))
+    async def detokenize(req: p.DetokenizeRequest) -> p.DetokenizeResponse:
+        completions.check_model(req.model)
+        vocab = engine.vocab_size
+        if any(not 0 <= t < vocab for t in req.tokens):
+            raise InvalidRequestError(f"tokens must be in [0, {vocab})", "tokens")
+        text = await engine.run_tokenizer(engine.tokenizer.decode, req.tokens)
+        return p.DetokenizeResponse(prompt=text)
+
+    return router
