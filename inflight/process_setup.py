@@ -2,9 +2,9 @@
 
 tcmalloc, when the machine has it (Debian: `libtcmalloc-minimal4`; `scripts/setup.sh` installs
 it where it can): glibc's malloc hands PyTorch's per-step activations back and forth through the
-kernel; with tcmalloc preloaded a `mixed64` run took 7.6-7.9 s against 8.1-9.1 s, alternating
-runs on a 2-core CPU (vLLM's CPU docs advise the same). A preload must be in place before the
-process starts, so the command re-executes itself once with `LD_PRELOAD` set.
+kernel; with tcmalloc preloaded a serving workload runs faster (docs/benchmarks.md, "Figures
+behind design decisions"; vLLM's CPU docs advise the same). A preload must be in place before
+the process starts, so the command re-executes itself once with `LD_PRELOAD` set.
 `INFLIGHT_ALLOCATOR=system` keeps glibc's malloc.
 
 Measured and not applied (no gain beyond noise here): OpenMP thread binding (`OMP_PROC_BIND`),

@@ -6,8 +6,9 @@ requests' blocks in one indexing op (whole 16-token blocks, not single slots) an
 its longest member; a boolean mask hides padding and the future.
 
 Prefill chunks (many query tokens) are attended one request at a time, because causal SDPA
-skips the masked half of the scores only for a plain causal shape: padding prompts of 20 and
-400 tokens into one masked batch cost ~35x the useful FLOPs. A chunk with nothing cached
+skips the masked half of the scores only for a plain causal shape: padding prompts of very
+different lengths into one masked batch multiplies the work by far more than the batch saves.
+A chunk with nothing cached
 before it attends to its own new keys (no cache read); a continuation gathers its blocks.
 Index tensors are built once per step in `build_metadata`.
 
@@ -118,7 +119,7 @@ def _gather(cache: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor:
     """[num_blocks, BS, KVH, D] cache, [R, MB] tables -> [R, MB * BS, KVH, D].
 
     NOTE: `index_select` on a 2-D view copies whole blocks as rows; advanced indexing
-    (`cache[block_tables]`) is ~15x slower on the CPU for the same copy."""
+    (`cache[block_tables]`) makes the same copy an order of magnitude slower on the CPU."""
     r, mb = block_tables.shape
     rows = cache.view(cache.shape[0], -1).index_select(0, block_tables.flatten())
     return rows.view(r, mb * cache.shape[1], cache.shape[2], cache.shape[3])

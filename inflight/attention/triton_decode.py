@@ -2,8 +2,8 @@
 
 A request's context is cut into partitions of `partition_size(...)` positions, one program per
 (request, KV head, partition), so that a few requests with long contexts still fill the GPU: one
-program per (request, KV head) left most of an H100 idle at 32 requests (96 programs on 132 SMs,
-each walking ~260 positions one dependent load after another: 42 us per layer). A program walks
+program per (request, KV head) leaves most of a large GPU idle at a few dozen requests, each
+program walking its whole context one dependent load after another. A program walks
 its partition `TOKENS` positions at a time, reading keys and values in place from the reference
 backend's token-major cache ([num_blocks, block_size, KVH, D]), scores all query heads of its
 group at once and keeps an online softmax (running max and sum, float32); a second kernel merges

@@ -21,8 +21,8 @@ CONTEXT_TOKENS = 5
 
 def decoder_of(tokenizer: PreTrainedTokenizerBase) -> Callable[..., str]:
     """The fast tokenizer's own (Rust) `decode` where transformers' would return the same text
-    (no clean-up of spaces): its Python wrapper cost ~3x the decoding, twice per token of every
-    running request, every step (~1 ms a step at 256 sequences)."""
+    (no clean-up of spaces): its Python wrapper costs more than the decoding itself, and runs
+    twice per token of every running request, every step."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None or getattr(tokenizer, "clean_up_tokenization_spaces", False):
         return tokenizer.decode

@@ -49,9 +49,8 @@ logger = logging.getLogger(__name__)
 def warm_up_tokens(budget: int, max_model_len: int, device: torch.device, block_size: int) -> int:
     """Prompt tokens of the start-up warm-up. A GPU's is a full step budget: kernels and
     libraries set up per shape there, and the largest shapes come first. A CPU's first-use costs
-    do not grow with the step's size, while its compute does: one block (a 512-token chunk cost
-    1 s on SmolLM2 and 20 s on a 3B model on a 2-core CPU, and made no later step faster:
-    the first generate of 16 new prompts took 2.5-3.2 s after either)."""
+    do not grow with the step's size, while its compute does, and a larger warm-up made no later
+    step faster: one block (docs/benchmarks.md, "Figures behind design decisions")."""
     if device.type != "cpu":
         return min(budget, max_model_len)
     return min(budget, max_model_len, block_size)

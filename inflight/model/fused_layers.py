@@ -1,9 +1,10 @@
 """The decoder layers' forward as one C++ call (`kernels/csrc/decoder_layers.cpp`).
 
 `DecoderLayer.forward` stays the definition; this runs the same op sequence over all layers
-without returning to Python between ops. At a few tokens per step the ~20 Python-level calls per
-layer (module calls, views, cache writes, row gathers) cost ~3 ms a step on SmolLM2, as much
-as all attention. Used only with the C++ kernels (`attention_backend` cpu/auto on a CPU); tested
+without returning to Python between ops. At a few tokens per step the Python-level calls of each
+layer (module calls, views, cache writes, row gathers) cost about as much as all attention on a
+small model (docs/benchmarks.md, "Figures behind design decisions"). Used only with the C++
+kernels (`attention_backend` cpu/auto on a CPU); tested
 bit for bit against the Python loop.
 """
 

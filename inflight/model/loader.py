@@ -118,9 +118,9 @@ class LoadedModel:
 
 
 # The most sequences a bf16 engine may run at once for `auto` to send its decode rows to the GGUF
-# blocks: up to about 8 decode rows a step reads the weights and the blocks' fewer bytes win
-# (0.49x the step time at one row, 0.94x at 8); from about 10 rows it computes, and bf16's dot
-# products, which need no per-block scaling, are 5-13% faster (docs/benchmarks.md).
+# blocks: up to about 8 decode rows a step reads the weights, and the blocks' fewer bytes win;
+# from about 10 rows it computes, and bf16's dot products, which need no per-block scaling, win
+# (docs/benchmarks.md, "Figures behind design decisions").
 BF16_DECODE_ROWS_MAX_SEQS = 8
 
 

@@ -11,9 +11,10 @@ bandwidth (about half of it at 1-16 rows).
 Larger batches (prefill) stay on oneDNN, which uses AMX where the CPU has it.
 
 float32 is packed too: its `F.linear` is MKL's sgemm, which on an AMD CPU without AVX-512 reads a
-skinny batch's weights at 2-4 GB/s (SmolLM2's LM head at 4 rows: 42 ms; oneDNN: 8.4 ms), so a
-float32 engine decoding 8 sequences ran at 38 tok/s, and 84 packed. The sums then differ from
-`F.linear`'s (and transformers') in the last bits; greedy parity with transformers still holds.
+skinny batch's weights at a small fraction of the memory's bandwidth, and packing doubled a
+float32 engine's decode throughput there (docs/benchmarks.md, "Figures behind design
+decisions"). The sums then differ from `F.linear`'s (and transformers') in the last bits;
+greedy parity with transformers still holds.
 
 A float32 weight dequantized from a GGUF file's Q4_0, Q4_1 or Q8_0 blocks keeps those blocks too,
 and batches of up to `GGUF_SMALL_BATCH_ROWS` rows multiply straight from them
@@ -29,9 +30,9 @@ path too (`block_formats`); elsewhere they are dequantized to float like any oth
 Where 16-bit x has the 16-column layout (AVX-512 VNNI: `vpdpwssd` on 64-byte registers), a
 weight with blocks keeps that regrouping as its `decode_weight`, in float32 and in bf16: the
 step's decode rows, however many, multiply from the blocks, and its prompt rows through the
-dtype's own path. A decode step reads the blocks (0.28 of bf16's bytes) and is 1.6-2x faster than
-bf16 at 1-4 rows, about level at 8-24 and 5-13% slower at 32-64 (so `auto` keeps bf16 engines of
-many seats off it: model/loader.py); prompts, compute-bound, stay where they are faster and
+dtype's own path. A decode step reads the blocks (about a quarter of bf16's bytes): faster than
+bf16 at a few rows, level at about 8-24 and slower beyond (so `auto` keeps bf16 engines of many
+seats off it: model/loader.py); prompts, compute-bound, stay where they are faster and
 exact. And because which path a row takes depends on what the row is, not on its batch, a draft
 verified beside others rounds exactly as the token decoded alone would.
 """
@@ -62,10 +63,10 @@ class BlockSource(Protocol):
     ) -> torch.Tensor | list[torch.Tensor] | None: ...
 
 
-# The batch size oneDNN is told to expect; measured insensitive between 1 and 2048 tokens.
+# The batch size oneDNN is told to expect (its speed did not depend on it from 1 to 2048 rows).
 _BATCH_HINT = 64
 # Batches of at most this many rows use inflight's bf16 kernel when it is built: it is faster
-# than oneDNN up to a few hundred rows and level with it at 2048; oneDNN keeps
+# than oneDNN up to a few hundred rows; oneDNN keeps
 # the prefill-sized ones, where AMX (on CPUs that have it) should be far ahead of AVX-512.
 SMALL_BATCH_ROWS = 64
 # Batches of at most this many rows multiply from GGUF blocks when a float32 weight has them: it
@@ -78,12 +79,12 @@ EVERY_BATCH = 2**31 - 1
 # (where the 8-column layout serves them; the 16-column one serves decode rows instead, see
 # above). Every batch: then the weight is kept as its blocks alone, no float copy beside them
 # (a sixth to a quarter of the memory), and a row's value never depends on its batch. With 8-bit
-# x the integer dot products beat oneDNN's float32 at every size measured on an AVX2 Zen 3 (1.4x
-# at 512 rows, 4-9x at one row); with 16-bit x they are 3-5x faster at 1-4 rows, level at 16 and
-# 0.75-0.85x from 64 (`vpmaddwd` does as many multiply-adds per instruction as a float32 FMA,
-# and each block of 32 pays its scales): prompts for memory and invariance.
+# x the integer dot products beat oneDNN's float32 at every batch size; with 16-bit x they win
+# at decode sizes and lose some at prompt sizes (`vpmaddwd` does as many multiply-adds per
+# instruction as a float32 FMA, and each block of 32 pays its scales), a loss taken for the
+# memory and the invariance (docs/benchmarks.md, "Figures behind design decisions").
 GGUF_INT_SMALL_BATCH_ROWS = {8: EVERY_BATCH, 16: EVERY_BATCH}
-# A warm-up call slower than this is mostly multiply, which outweighs the ~1 ms build it saves.
+# A warm-up call slower than this is mostly multiply, which outweighs the build it saves.
 WARM_UP_MAX_CALL_S = 0.005
 
 
@@ -313,9 +314,9 @@ def pack_linears(
 
 def warm_up(model: nn.Module, batch_sizes: Iterable[int]) -> None:
     """Runs every packed weight shape once at each batch size that oneDNN serves, so it builds
-    its kernel for it now: a shape it has not seen costs ~1 ms extra on its first call, which
-    would otherwise land on the first requests' steps (~5 ms per new decode batch size for a
-    Llama layer). inflight's own bf16 kernel has nothing to build.
+    its kernel for it now: a shape it has not seen costs extra on its first call, which would
+    otherwise land on the first requests' steps, once per new decode batch size. inflight's own
+    bf16 kernel has nothing to build.
 
     Once a shape's call takes over `WARM_UP_MAX_CALL_S`, it is mostly multiply, not build (a
     float32 LM head on a small CPU), and warming it at larger sizes would cost more than it

@@ -20,8 +20,8 @@ from inflight.core.outputs import Logprobs, ScheduledRequest
 def first_argmax(x: torch.Tensor) -> torch.Tensor:
     """Index of the first maximum of each row, like `argmax(dim=-1)`.
 
-    NOTE: `max(dim=-1)` returns the same index (both pick the first maximum) and is ~4x faster
-    on the CPU for bfloat16 (6.3 -> 1.6 ms at 64 x 49k).
+    NOTE: `max(dim=-1)` returns the same index (both pick the first maximum) and is several
+    times faster on the CPU for bfloat16.
     """
     return x.max(dim=-1).indices
 
@@ -46,7 +46,8 @@ class Sampler:
         argmax: Callable[[torch.Tensor], torch.Tensor] = first_argmax,
     ) -> None:
         """`argmax` picks greedy tokens: `first_argmax`, or the C++ kernel with the same
-        contract (`inflight.kernels`, ~10x faster on a CPU) when the C++ kernels are in use."""
+        contract (`inflight.kernels`, an order of magnitude faster on a CPU) when the C++
+        kernels are in use."""
         self.device = device
         self.argmax = argmax
         self.generator = torch.Generator(device=device)
@@ -84,7 +85,7 @@ class Sampler:
                and len(r.output_token_ids) >= p.min_tokens
                for r, p in zip(requests, params, strict=True)):  # fmt: skip
             # NOTE: in the model's dtype: converting to float32 first is exact, so it picks the
-            # same token, and at 256 rows x 49k vocab the copy costs ~15 ms.
+            # same token, and the copy of a large batch's logits would cost a step's sampling.
             return self.argmax(logits).tolist(), [None] * num_rows
         want_logprobs = [p.logprobs is not None for p in params]
         # A copy in float32: the edits below are in place, and logprobs want full precision.
