@@ -56,7 +56,7 @@ def test_overload_gets_429s_while_health_answers(tiny_llama):
         async def burst():
             limits = httpx.Limits(max_connections=300)
             async with httpx.AsyncClient(base_url=s.url, timeout=60, limits=limits) as client:
-                health_times: list[float] = []
+                polls: list[tuple[float, float]] = []  # (answered at, seconds taken)
                 done = asyncio.Event()
 
                 async def poll_health():
@@ -64,7 +64,7 @@ def test_overload_gets_429s_while_health_answers(tiny_llama):
                         for path in ("/health", "/metrics"):
                             start = time.perf_counter()
                             r = await client.get(path)
-                            health_times.append(time.perf_counter() - start)
+                            polls.append((time.perf_counter(), time.perf_counter() - start))
                             assert r.status_code == 200
                         await asyncio.sleep(0.05)
 
@@ -72,11 +72,12 @@ def test_overload_gets_429s_while_health_answers(tiny_llama):
                 responses = await asyncio.gather(
                     *(client.post("/v1/completions", json=body(n=1 + i % 2)) for i in range(200))
                 )
+                burst_end = time.perf_counter()
                 done.set()
                 await poller
-                return responses, health_times
+                return responses, polls, burst_end
 
-        responses, health_times = asyncio.run(burst())
+        responses, polls, burst_end = asyncio.run(burst())
         statuses = [r.status_code for r in responses]
         assert set(statuses) <= {200, 429}, set(statuses)
         # the queue bound counts sequences (n=2 is two) and waiting ones until the engine
@@ -84,10 +85,12 @@ def test_overload_gets_429s_while_health_answers(tiny_llama):
         # as few as 8 requests
         assert statuses.count(429) > 0 and statuses.count(200) >= 8
         assert all(r.headers["retry-after"] == "1" for r in responses if r.status_code == 429)
-        # Client and server share one process (and its GIL) here, and other test files run
-        # beside it, so only a hang is caught; `inflight bench soak` measures /health from
-        # outside (docs/reliability.md).
-        assert len(health_times) >= 2 and max(health_times) < 10.0, health_times
+        # Every poll answered, and some while the burst's requests were still running: the
+        # probes never wait for the burst to end. Client and server share one process (and its
+        # GIL) here, and other test files run beside it, so the latency bound only catches a
+        # hang; `inflight bench soak` measures /health from outside (docs/reliability.md).
+        assert any(answered < burst_end for answered, _ in polls), (polls, burst_end)
+        assert max(taken for _, taken in polls) < 10.0, polls
         assert_gauges_idle_within(s, 1.0)
         time.sleep(1.1)  # the doctor's history takes a snapshot a second
         doctor = httpx.get(s.url + "/doctor").json()
