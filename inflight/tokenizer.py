@@ -4,8 +4,9 @@ Building a tokenizer from GGUF metadata takes seconds (transformers converts the
 the converted tokenizer is cached under `$INFLIGHT_CACHE` (default `~/.cache/inflight`), keyed
 by the file's path, size and modification time. It is built as transformers' generic fast
 tokenizer over the converted vocabulary: `AutoTokenizer` builds the same one and then a
-family's class around it, which for Gemma 3's 262k pieces takes 27 s where this takes 4 (the
-same ids and text on the parity prompts; `tests/test_tokenizer.py`).
+family's class around it, which for a large vocabulary (Gemma 3's 262k pieces) takes several
+times as long (docs/benchmarks.md, "Figures behind design decisions"; the same ids and text on
+the parity prompts: `tests/test_tokenizer.py`).
 """
 
 from __future__ import annotations

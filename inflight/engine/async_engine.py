@@ -55,7 +55,7 @@ from inflight.errors import (
 )
 from inflight.metrics.live import FinishedSample, LiveFeed
 from inflight.metrics.prometheus import EngineMetrics
-from inflight.metrics.stats import StepStats
+from inflight.metrics.stats import CoreGauges, StepStats
 from inflight.outputs import RequestOutput
 from inflight.request import FinishReason, Request
 from inflight.sampling_params import SamplingParams
@@ -86,6 +86,9 @@ class AsyncLLM(FrontEnd):
         self.metrics.weight_bytes.set(self.core.loaded.weight_bytes)
         self.metrics.kv_cache_bytes.set(self.core.kv_cache.num_bytes)
         self.feed = LiveFeed()  # the dashboard's data
+        # the core's gauges as the engine thread last published them: what other threads read
+        # of the core (a frozen record, swapped whole)
+        self._gauges: CoreGauges = self.core.gauges()
         self._engine_loop = EngineLoop(self.core, self)
         self._streams: dict[str, asyncio.Queue[RequestOutput | BaseException]] = {}
         self._last_token_time: dict[str, float] = {}
@@ -187,10 +190,16 @@ class AsyncLLM(FrontEnd):
         """The gauges, and while a dashboard watches, the block map and request table."""
         if self.feed.wants_detail(now):
             snapshot = self.core.snapshot(now)
-            self.metrics.observe_state(snapshot.gauges)
             self.feed.set_detail(snapshot, now)
+            self._gauges = snapshot.gauges
         else:
-            self.metrics.observe_state(self.core.gauges())
+            self._gauges = self.core.gauges()
+        self.metrics.observe_state(self._gauges)
+
+    @property
+    def num_unfinished_sequences(self) -> int:
+        """Running and waiting sequences as last published: a router's measure of load."""
+        return self._gauges.num_running + self._gauges.num_waiting
 
     def watch(self, delta: int) -> None:
         """A dashboard opened (+1) or closed (-1): the engine thread keeps the block map and the
@@ -284,7 +293,7 @@ class AsyncLLM(FrontEnd):
                 f"{num_sequences} sequences (prompts x n) exceed the server's queue bound of "
                 f"{self.max_queued_requests}", "n",
             )  # fmt: skip
-        num_waiting = self._num_unfinished - self.core.scheduler.num_running
+        num_waiting = self._num_unfinished - self._gauges.num_running
         if num_waiting + num_sequences > self.max_queued_requests:
             self._count_refusal("queue_full")
             raise QueueFullError(

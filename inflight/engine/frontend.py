@@ -117,12 +117,6 @@ class FrontEnd:
     def eos_token_ids(self) -> frozenset[int]:
         return self.input_processor.eos_token_ids
 
-    @property
-    def num_unfinished_sequences(self) -> int:
-        """Unfinished sequences in the core (running and waiting): a router's measure of load."""
-        scheduler = self.core.scheduler
-        return scheduler.num_running + scheduler.num_waiting
-
     def render_chat(
         self,
         messages: list[Message],

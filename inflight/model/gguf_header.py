@@ -1,12 +1,14 @@
 """A GGUF file's metadata and tensor table, read straight from its header.
 
-gguf's `GGUFReader` makes a numpy view of every element of every field: 15-25 s for a vocabulary
-of 262k tokens (Gemma 3's) on a 2-core machine, paid by every first load of a file. Loading
-needs the metadata as values and where each tensor lies, which `struct` reads in well under a
-second. Layout (little-endian): magic `GGUF`, version, tensor count, field count; each field a
-string key, a value type and its value (arrays: element type, count, elements); each tensor a
-string name, its dims (fastest-varying first), GGML type and offset into the data section, which
-starts at the next multiple of `general.alignment` (32 by default) after the table.
+gguf's `GGUFReader` makes a numpy view of every element of every field, which for a large
+vocabulary (Gemma 3's 262k tokens) takes many seconds, paid by every first load of a file.
+Loading needs the metadata as values and where each tensor lies, which `struct` reads in a
+fraction of that (docs/benchmarks.md, "Figures behind design decisions").
+
+Layout (little-endian): magic `GGUF`, version, tensor count, field count; each field a string
+key, a value type and its value (arrays: element type, count, elements); each tensor a string
+name, its dims (fastest-varying first), GGML type and offset into the data section, which starts
+at the next multiple of `general.alignment` (32 by default) after the table.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ llama.cpp's converter permutes the rows of Q and K weights of `llama`-architectu
 an interleaved RoPE layout; `unpermute_qk` undoes that so the weights match HF's half-rotation.
 
 What loading needs (the architecture and where each tensor lies) comes from the file's header
-(`gguf_header`, a fraction of a second where gguf's reader takes 15-25 s for a large vocabulary)
+(`gguf_header`, much faster than gguf's reader for a large vocabulary)
 and is small, so `read_gguf_index` keeps it beside the converted tokenizer, keyed by the file's
 path, size and modification time, and later loads of the same file map the tensors without
 reading the header again.

@@ -40,7 +40,7 @@ def rope_inv_freq(cfg: LlamaArchConfig, local: bool = False, long: bool = False)
     d = cfg.rope_dim
     # NOTE: float32 throughout, exactly as transformers computes it, for token-level parity.
     # on the CPU even while the model is built on the meta device (whose versions of these ops
-    # import torch._dynamo, ~2 s of start-up); the device's copy is made once loaded
+    # import torch._dynamo, seconds of start-up); the device's copy is made once loaded
     exponents = torch.arange(0, d, 2, dtype=torch.int64, device="cpu").float() / d
     if local:
         assert cfg.local_rope_theta is not None

@@ -228,7 +228,7 @@ class ModuleBlocks(Mapping[str, torch.Tensor | list[torch.Tensor]]):
 @contextlib.contextmanager
 def skip_weight_init() -> Iterator[None]:
     """Modules run their random initialisers even on the meta device, and PyTorch's meta
-    versions of those import torch._dynamo (~2 s of start-up); every weight is loaded anyway."""
+    versions of those import torch._dynamo (seconds of start-up); every weight is loaded anyway."""
     names = ("normal_", "uniform_", "kaiming_uniform_")
     saved = {name: getattr(nn.init, name) for name in names}
     try:

@@ -64,8 +64,8 @@ class Grammars:
         self.stats = CompileStats()
 
     def _get_compiler(self) -> xgr.GrammarCompiler:
-        """Built on first use: importing xgrammar and reading the vocabulary take ~0.34 s (49k
-        tokens) that a server without constrained requests never needs to pay."""
+        """Built on first use: importing xgrammar and reading the vocabulary take time that a
+        server without constrained requests never needs to pay."""
         if self._compiler is None:
             import xgrammar as xgr
 
