@@ -173,6 +173,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--api-key or a non-loopback --host, else loopback names only)",
     )
     serve.add_argument(
+        "--allowed-origins",
+        nargs="+",
+        default=None,
+        metavar="ORIGIN",
+        help="origins whose browsers may call the API (CORS), '*' for any (default: none)",
+    )
+    serve.add_argument(
+        "--allow-unknown-fields",
+        action="store_true",
+        help="accept request fields OpenAI does not define (default: a 400 naming the field)",
+    )
+    serve.add_argument(
         "--read-timeout",
         type=float,
         default=10.0,
@@ -226,7 +238,8 @@ def run_serve(args: argparse.Namespace) -> int:
         served_model_name=args.served_model_name, max_body_bytes=args.max_body_bytes,
         allowed_hosts=args.allowed_hosts, read_timeout=args.read_timeout,
         shutdown_timeout=args.shutdown_timeout, tool_call_parser=args.tool_call_parser,
-        reasoning_parser=args.reasoning_parser,
+        reasoning_parser=args.reasoning_parser, allow_unknown_fields=args.allow_unknown_fields,
+        allowed_origins=args.allowed_origins,
     )  # fmt: skip
     if args.replicas < 1:
         logger.error("--replicas must be >= 1, got %d", args.replicas)

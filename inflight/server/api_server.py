@@ -17,6 +17,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -30,6 +31,7 @@ from inflight.server.errors import error_status
 from inflight.server.middleware import (
     AllowedHosts,
     Draining,
+    RequestId,
     RequestLimits,
     default_allowed_hosts,
     error_response,
@@ -57,6 +59,10 @@ class ServerConfig:
     tool_call_parser: str = "auto"
     # think: a think block returned as reasoning_content; auto: where the template has one
     reasoning_parser: str = "auto"
+    # accept request fields OpenAI does not define (default: a 400 naming the field)
+    allow_unknown_fields: bool = False
+    # origins whose browsers may call the API (CORS); None: no CORS headers
+    allowed_origins: list[str] | None = None
 
     def __post_init__(self) -> None:
         for name, known in (("tool_call_parser", tool_parsers.PARSERS),
@@ -112,17 +118,23 @@ def build_app(engine: EngineClient, config: ServerConfig) -> FastAPI:
         await engine.shutdown()
 
     app = FastAPI(title="inflight", version=__version__, lifespan=lifespan)
-    # the last added runs first: hosts, then draining, then body limits
+    # the last added runs first: request id, CORS, hosts, then draining, then body limits
     app.add_middleware(RequestLimits, max_bytes=config.max_body_bytes,
                        read_timeout=config.read_timeout)  # fmt: skip
     app.add_middleware(Draining, is_draining=lambda: engine.draining)
     hosts = config.allowed_hosts or default_allowed_hosts(config.host, config.api_key)
     app.add_middleware(AllowedHosts, hosts=hosts)
+    if config.allowed_origins:  # browsers' preflights and CORS headers, outside every refusal
+        app.add_middleware(CORSMiddleware, allow_origins=config.allowed_origins,
+                           allow_methods=["*"], allow_headers=["*"],
+                           expose_headers=["x-request-id"])  # fmt: skip
+    app.add_middleware(RequestId)
     add_error_handlers(app)
 
     guard = api_key_guard(config.api_key)
     app.include_router(openai_router(engine, model_name, guard, config.tool_call_parser,
-                                     config.reasoning_parser))  # fmt: skip
+                                     config.reasoning_parser,
+                                     config.allow_unknown_fields))  # fmt: skip
     app.include_router(ops_router(engine, model_name, monitoring, guard,
                                   api_key_or_query_guard(config.api_key)))  # fmt: skip
     app.openapi = lambda: openapi_without_422(app)  # type: ignore[method-assign]

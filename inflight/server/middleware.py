@@ -6,6 +6,8 @@
 - `AllowedHosts`: a Host header outside the allowed names is a 400 (DNS rebinding: a web page
   whose name resolves to 127.0.0.1 must not reach a server that has no API key).
 - `Draining`: once the server is shutting down, every route but /metrics answers 503.
+- `RequestId`: every response carries `x-request-id`, the client's own (when it is a short
+  printable token) or a fresh one, so a client's log line and the server's meet.
 
 Every refusal is OpenAI's error body.
 """
@@ -14,6 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import re
+import uuid
 from collections.abc import Callable, Iterable
 
 from fastapi.responses import JSONResponse
@@ -124,3 +128,30 @@ class Draining:
             refusal = error_response(503, "the server is shutting down", "ServiceUnavailableError")
             return await refusal(scope, receive, send)
         await self.app(scope, receive, send)
+
+
+REQUEST_ID_HEADER = b"x-request-id"
+_REQUEST_ID = re.compile(rb"[A-Za-z0-9._:/+=-]{1,128}")
+
+
+class RequestId:
+    """Sets `x-request-id` on every response: the request's own if it is a plain token of at most
+    128 characters (anything else could smuggle text into logs), else a new one."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        given = dict(scope["headers"]).get(REQUEST_ID_HEADER, b"")
+        request_id = given if _REQUEST_ID.fullmatch(given) else uuid.uuid4().hex.encode()
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = [(k, v) for k, v in message.get("headers", [])
+                           if k.lower() != REQUEST_ID_HEADER]  # fmt: skip
+                message = {**message, "headers": [*headers, (REQUEST_ID_HEADER, request_id)]}
+            await send(message)
+
+        await self.app(scope, receive, send_with_id)

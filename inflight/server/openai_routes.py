@@ -16,6 +16,7 @@ from inflight.errors import InvalidRequestError
 from inflight.server import protocol as p
 from inflight.server.auth import Guard
 from inflight.server.errors import documented_errors, streamed
+from inflight.server.request_fields import check_extra_fields
 from inflight.server.serving import sse_stream
 from inflight.server.serving_chat import ChatServing
 from inflight.server.serving_completion import CompletionServing
@@ -27,7 +28,7 @@ def _streaming(chunks: AsyncGenerator[dict[str, Any], None]) -> StreamingRespons
 
 def openai_router(
     engine: EngineClient, model_name: str, guard: Guard, tool_call_parser: str,
-    reasoning_parser: str,
+    reasoning_parser: str, allow_unknown_fields: bool = False,
 ) -> APIRouter:  # fmt: skip
     completions = CompletionServing(engine, model_name)
     chat = ChatServing(engine, model_name, tool_call_parser, reasoning_parser)
@@ -37,6 +38,7 @@ def openai_router(
     @router.post("/v1/completions", response_model=p.CompletionResponse,
                  responses={**streamed(p.CompletionResponse), **generation_errors})  # fmt: skip
     async def create_completion(req: p.CompletionRequest) -> Any:
+        check_extra_fields(req, allow_unknown_fields)
         if req.stream:
             return _streaming(await completions.stream(req))
         return await completions.create(req)
@@ -44,6 +46,7 @@ def openai_router(
     @router.post("/v1/chat/completions", response_model=p.ChatCompletionResponse,
                  responses={**streamed(p.ChatCompletionResponse), **generation_errors})  # fmt: skip
     async def create_chat_completion(req: p.ChatCompletionRequest) -> Any:
+        check_extra_fields(req, allow_unknown_fields)
         if req.stream:
             return _streaming(await chat.stream(req))
         return await chat.create(req)
@@ -51,6 +54,11 @@ def openai_router(
     @router.get("/v1/models", responses=documented_errors(401))
     async def list_models() -> p.ModelList:
         return p.ModelList(data=[p.ModelCard(id=model_name, max_model_len=engine.max_model_len)])
+
+    @router.get("/v1/models/{model_id:path}", responses=documented_errors(401, 404))
+    async def retrieve_model(model_id: str) -> p.ModelCard:
+        completions.check_model(model_id)
+        return p.ModelCard(id=model_name, max_model_len=engine.max_model_len)
 
     @router.post("/tokenize", responses=documented_errors(401, 404))
     async def tokenize(req: p.TokenizeRequest) -> p.TokenizeResponse:

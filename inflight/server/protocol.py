@@ -12,7 +12,7 @@ import time
 import uuid
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from inflight.sampling_params import (
     MAX_CHOICES,
@@ -194,6 +194,24 @@ class ChatCompletionRequest(SamplingFields):
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     # variables of the model's chat template (Qwen3's enable_thinking), as vLLM takes them
     chat_template_kwargs: dict[str, Any] | None = None
+    # OpenAI's legacy function calling, mapped onto tools and tool_choice
+    functions: Annotated[list[FunctionDefinition], Field(max_length=128)] | None = None
+    function_call: Literal["none", "auto"] | NamedFunction | None = None
+
+    @model_validator(mode="after")
+    def _functions_as_tools(self) -> ChatCompletionRequest:
+        if self.functions is not None:
+            if self.tools is not None:
+                raise ValueError("functions (legacy) and tools cannot both be set")
+            self.tools = [Tool(type="function", function=f) for f in self.functions]
+        if self.function_call is not None:
+            if self.tool_choice is not None:
+                raise ValueError("function_call (legacy) and tool_choice cannot both be set")
+            call = self.function_call
+            self.tool_choice = (
+                call if isinstance(call, str) else NamedToolChoice(type="function", function=call)
+            )
+        return self
 
 
 class UsageInfo(BaseModel):

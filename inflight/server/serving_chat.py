@@ -149,7 +149,7 @@ class ChatServing(OpenAIServing):
                 thought, content = reasoning.split_reasoning(c.text, opened, final=True)
             shown: str | None = content
             calls: list[p.ToolCall] = []
-            if mode != "none" and (c.finish_reason != "length" or mode == "auto"):
+            if mode != "none":  # a call cut by max_tokens is still a call (finish "length")
                 shown, calls = tc.parse_tool_calls(
                     mode, content, self._function_name(req), self.tool_parser
                 )

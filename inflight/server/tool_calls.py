@@ -3,7 +3,9 @@ turn generated text into OpenAI `tool_calls`, whole or streamed.
 
 - `required`: the output is constrained to a JSON array of `{"name": ..., "arguments": {...}}`
   (one item unless `parallel_tool_calls`), each item matching one function's parameter schema,
-  so it works with any model. Streamed one complete call at a time.
+  so it works with any model. Streamed one complete call at a time. That array is this server's
+  wrapper and never reaches a client: an output cut by `max_tokens` ends with the cut call, its
+  arguments as far as they got (finish "length"), whole or streamed alike.
 - a named function: the output is constrained to that function's parameter schema and is its
   arguments. Streamed as OpenAI streams it: a first delta with the call's id and name, then the
   arguments text as it is generated. Finishes with "stop", as OpenAI's forced calls do.
@@ -17,6 +19,7 @@ turn generated text into OpenAI `tool_calls`, whole or streamed.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -70,23 +73,48 @@ def tool_constraint(req: p.ChatCompletionRequest, mode: str) -> StructuredOutput
     return None
 
 
-def _array_items(text: str) -> list[Any]:
-    """The complete items of a JSON array whose text may still be growing."""
+def _array_items(text: str) -> tuple[list[Any], str]:
+    """The complete items of a JSON array whose text may still be growing, and the text after
+    them (an item still being written)."""
     decoder, items = json.JSONDecoder(), list[Any]()
     pos = text.find("[")
     if pos < 0:
-        return items
+        return items, ""
     pos += 1
     while True:
         while pos < len(text) and text[pos] in " \t\r\n,":
             pos += 1
         if pos >= len(text) or text[pos] == "]":
-            return items
+            return items, ""
         try:
-            item, pos = decoder.raw_decode(text, pos)
+            item, end = decoder.raw_decode(text, pos)
         except ValueError:
-            return items  # incomplete: more text to come
+            return items, text[pos:]  # incomplete: more text to come
         items.append(item)
+        pos = end
+
+
+# an item of the `required` array cut after its name: the constraint writes "name" first
+_CUT_ITEM = re.compile(r'\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*(.*)', re.S)
+
+
+def _cut_call(rest: str) -> p.ToolCall | None:
+    """The call an unfinished item holds, its arguments as far as they were written; None
+    when the output was cut before the function's name was whole."""
+    match = _CUT_ITEM.match(rest)
+    if match is None:
+        return None
+    return make_call(json.loads(match.group(1)), match.group(2).rstrip())
+
+
+def _required_calls(text: str, cut: bool) -> list[p.ToolCall]:
+    """The calls of a `required` output; `cut`: the output ended early, so an unfinished
+    item is a call too."""
+    items, rest = _array_items(text)
+    calls = [c for c in map(as_call, items) if c is not None]
+    if cut and (last := _cut_call(rest)) is not None:
+        calls.append(last)
+    return calls
 
 
 def parse_tool_calls(
@@ -96,13 +124,8 @@ def parse_tool_calls(
     format of `auto` calls (`tool_parsers.PARSERS`)."""
     if mode == "named":
         return None, [make_call(function_name, text)]  # type: ignore[arg-type]
-    if mode == "required":
-        try:
-            items = json.loads(text)
-        except ValueError:
-            return text, []  # cut short (max_tokens): the text as it is
-        calls = [c for c in map(as_call, items) if c is not None]
-        return (None, calls) if calls else (text, [])
+    if mode == "required":  # the array is never content, even cut before its first call
+        return None, _required_calls(text, cut=True)
     if mode == "auto":
         content, calls, _ = PARSERS[parser](text, True)
         if not calls:
@@ -146,8 +169,7 @@ class ToolCallStream:
                 return "", []
             return "", [p.DeltaToolCall(index=0, function=p.DeltaFunctionCall(arguments=new))]
         if self.mode == "required":
-            calls = [c for c in map(as_call, _array_items(text)) if c is not None]
-            return "", self._new_calls(calls)
+            return "", self._new_calls(_required_calls(text, cut=finished))
         # auto
         content, calls, _ = PARSERS[self.parser](text, finished)
         new_content = content[self._sent_chars :]

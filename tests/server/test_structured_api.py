@@ -144,9 +144,39 @@ def test_named_tool_call_streams_name_then_arguments(server):
 
 def test_array_items_are_returned_only_once_complete():
     text = '[{"name": "a", "arguments": {"x": [1, "]"]}}, {"name": "b", "argu'
-    assert tc._array_items(text) == [{"name": "a", "arguments": {"x": [1, "]"]}}]
-    assert tc._array_items(text + 'ments": {}}]')[1] == {"name": "b", "arguments": {}}
-    assert tc._array_items("") == [] and tc._array_items("[") == []
+    assert tc._array_items(text) == ([{"name": "a", "arguments": {"x": [1, "]"]}}],
+                                     '{"name": "b", "argu')  # fmt: skip
+    assert tc._array_items(text + 'ments": {}}]')[0][1] == {"name": "b", "arguments": {}}
+    assert tc._array_items("") == ([], "") and tc._array_items("[") == ([], "")
+
+
+CUT = '[{"name": "a", "arguments": {"x": 1}}, {"name": "get_weather", "arguments": {"city": "Pa'
+
+
+@pytest.mark.parametrize(("mode", "text", "expected"), [
+    ("required", CUT, [("a", '{"x": 1}'), ("get_weather", '{"city": "Pa')]),
+    ("required", '[{"name": "get_wea', []),  # cut inside the name: no call, and no wrapper
+    ("named", '{"city": "Pa', [("get_weather", '{"city": "Pa')]),
+])  # fmt: skip
+def test_a_call_cut_by_max_tokens_is_a_call_whole_and_streamed_alike(mode, text, expected):
+    content, whole = tc.parse_tool_calls(mode, text, "get_weather")
+    assert content is None
+    assert [(c.function.name, c.function.arguments) for c in whole] == expected
+    stream, streamed = tc.ToolCallStream(mode, "get_weather"), {}
+    for end in range(1, len(text) + 1):  # one character a step, then the cut
+        for d in stream.feed(text[:end], finished=end == len(text))[1]:
+            name, args = streamed.get(d.index, (None, ""))
+            streamed[d.index] = (name or d.function.name, args + (d.function.arguments or ""))
+    assert [streamed[i] for i in sorted(streamed)] == expected
+
+
+def test_a_named_call_cut_by_max_tokens_comes_back_in_tool_calls(server):
+    r = chat(server, tools=[WEATHER], max_tokens=3, temperature=1.0, seed=1,
+             tool_choice={"type": "function", "function": {"name": "get_weather"}})  # fmt: skip
+    choice = r.json()["choices"][0]
+    assert choice["finish_reason"] == "length" and choice["message"]["content"] is None
+    (call,) = choice["message"]["tool_calls"]
+    assert call["function"]["name"] == "get_weather" and call["function"]["arguments"]
 
 
 def test_hermes_blocks_split_from_content_and_partial_tags_held_back():
