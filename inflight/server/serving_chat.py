@@ -128,7 +128,7 @@ class ChatServing(OpenAIServing):
 
         def item(token_id: int, logprob: float) -> dict[str, Any]:
             text = self.token_text(token_id)
-            return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+            return {"token": text, "logprob": logprob, "bytes": list(self.token_bytes(token_id))}
 
         content = [
             p.ChatTokenLogprob(

@@ -45,6 +45,9 @@ class CompletionServing(OpenAIServing):
         return out.prompt if out.prompt is not None else self.tokenizer.decode(out.prompt_token_ids)
 
     def _logprobs(self, entries: list[Logprobs] | None, offset: int) -> p.CompletionLogprobs | None:
+        """`offset`: where the first entry's token starts in the choice's text (echo included).
+        As OpenAI's, each position's `top_logprobs` holds the sampled token too (up to
+        `logprobs` + 1 entries)."""
         if entries is None:
             return None
         lp = p.CompletionLogprobs()
@@ -52,7 +55,9 @@ class CompletionServing(OpenAIServing):
             text = self.token_text(entry.token_id)
             lp.tokens.append(text)
             lp.token_logprobs.append(entry.logprob)
-            lp.top_logprobs.append({self.token_text(t): v for t, v in entry.top})
+            top = {self.token_text(t): v for t, v in entry.top}
+            top.setdefault(text, entry.logprob)
+            lp.top_logprobs.append(top)
             lp.text_offset.append(offset)
             offset += len(text)
         return lp
@@ -86,9 +91,10 @@ class CompletionServing(OpenAIServing):
         rid, tracker, finals = p.new_id("cmpl"), DeltaTracker(), {}
         async for i, out in merge_streams(streams):
             for index, c, text, logprobs, first in tracker.deltas(out, i * req.n):
-                if first and req.echo:
-                    text = self._prompt_text(out) + text
-                offset = len(c.text) - len(text)
+                echoed = self._prompt_text(out) if req.echo else ""
+                offset = len(echoed) + len(c.text) - len(text)  # of the delta's first token
+                if first:
+                    text = echoed + text
                 choice = p.CompletionChoice(
                     index=index, text=text, logprobs=self._logprobs(logprobs, offset)
                     if c.logprobs is not None else None,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import httpx
@@ -98,3 +99,42 @@ def test_error_after_the_stream_started_is_an_error_chunk_then_done(tiny_llama):
         error = json.loads(events[-2])["error"]
         assert error["code"] == 503 and "boom mid-stream" in error["message"]
         assert any("choices" in json.loads(e) for e in events[:-2])  # it had started
+
+
+def test_logprobs_carry_each_tokens_own_bytes(server):
+    """A token holding the first byte of a CJK character: its bytes are that byte, not the
+    U+FFFD its decoded text shows."""
+    byte_e6 = server.engine.tokenizer.convert_tokens_to_ids("æ")  # byte-level BPE's 0xE6
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
+            "logprobs": True, "top_logprobs": 2, "logit_bias": {str(byte_e6): 100},
+            "ignore_eos": True}  # fmt: skip
+    r = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60)
+    entries = r.json()["choices"][0]["logprobs"]["content"]
+    assert [e["bytes"] for e in entries] == [[0xE6], [0xE6]]
+    assert all(t["bytes"] != [0xEF, 0xBF, 0xBD] for e in entries for t in e["top_logprobs"])
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_completion_logprobs_hold_the_sampled_token_and_offsets_from_the_echo(server, stream):
+    body = {"model": "tiny", "prompt": "The quick", "max_tokens": 6, "logprobs": 1, "echo": True,
+            "temperature": 1.0, "seed": 7, "ignore_eos": True, "stream": stream}  # fmt: skip
+    if stream:
+        chunks = [json.loads(e) for e in sse_events(server, "/v1/completions", body)[:-1]]
+        lps = [c["choices"][0]["logprobs"] for c in chunks if c["choices"][0].get("logprobs")]
+        tokens = [t for lp in lps for t in lp["tokens"]]
+        offsets = [o for lp in lps for o in lp["text_offset"]]
+        tops = [t for lp in lps for t in lp["top_logprobs"]]
+        text = "".join(c["choices"][0]["text"] for c in chunks)
+    else:
+        choice = complete(server, **{k: v for k, v in body.items() if k != "model"})["choices"][0]
+        lp, text = choice["logprobs"], choice["text"]
+        tokens, offsets, tops = lp["tokens"], lp["text_offset"], lp["top_logprobs"]
+    assert text.startswith("The quick") and len(tokens) == 6
+    # each generated token's offset points at its text, past the echoed prompt, up to a token
+    # holding part of a character (its text is U+FFFD until the character's last byte comes)
+    assert offsets[0] == len("The quick") and offsets == sorted(offsets)
+    assert all(o <= len(text) for o in offsets)
+    pairs = zip(offsets, tokens, strict=True)
+    whole = itertools.takewhile(lambda ot: "\ufffd" not in ot[1], pairs)
+    assert all(text[o : o + len(t)] == t for o, t in whole)
+    assert all(t in top and len(top) <= 2 for t, top in zip(tokens, tops, strict=True))
