@@ -1,8 +1,9 @@
 """Typed errors that cross the public API.
 
 Every error a caller can cause is one of these, raised before the request reaches the core, so
-the engine keeps serving everything else. `param` names the offending field (the HTTP layer maps
-it to OpenAI's `error.param`).
+the engine keeps serving everything else. `param` names the offending field and `code` says
+what went wrong in a word a program can branch on (the HTTP layer maps them to OpenAI's
+`error.param` and `error.code`).
 """
 
 from __future__ import annotations
@@ -11,14 +12,17 @@ from __future__ import annotations
 class InflightError(Exception):
     """Base of every error inflight raises on purpose."""
 
+    code: str | None = None  # OpenAI's `error.code` for it, where one fits
+
 
 class InvalidRequestError(InflightError, ValueError):
     """A request (prompt or sampling parameters) that can never be served as given."""
 
-    def __init__(self, message: str, param: str | None = None) -> None:
+    def __init__(self, message: str, param: str | None = None, code: str | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
+        self.code = code
 
 
 class ConfigError(InflightError, ValueError):
@@ -37,19 +41,29 @@ class ModelFailedError(InflightError):
 class EngineDeadError(InflightError):
     """The engine loop has failed; no request can be served."""
 
+    code = "engine_unavailable"
+
 
 class QueueFullError(InflightError):
     """The waiting queue is at `max_queued_requests`; try again later."""
 
+    code = "rate_limit_exceeded"
+
 
 class RequestTimeoutError(InflightError):
     """A request ran past the server's request timeout and was aborted."""
+
+    code = "request_timeout"
 
 
 class ShuttingDownError(EngineDeadError):
     """The server is shutting down: new requests are refused, and requests still running when
     the shutdown timeout ends are aborted with this."""
 
+    code = "shutting_down"
+
 
 class RequestFailedError(InflightError):
     """The engine failed on this request alone and ended it; the others carry on."""
+
+    code = "request_failed"

@@ -93,6 +93,7 @@ class InputProcessor:
                 f"{n_prompt + params.max_tokens} were requested ({n_prompt} in the prompt, "
                 f"{params.max_tokens} for max_tokens); shorten the prompt or lower max_tokens",
                 param="max_tokens" if n_prompt < self.max_model_len else "prompt",
+                code="context_length_exceeded",
             )
 
     def process(

@@ -146,7 +146,7 @@ def add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Unauthorized)
     async def unauthorized(_: Request, __: Exception) -> JSONResponse:
-        return error_response(401, "missing or invalid API key", "AuthenticationError")
+        return error_response(401, "missing or invalid API key", "invalid_api_key")
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, e: RequestValidationError) -> JSONResponse:
@@ -155,26 +155,25 @@ def add_error_handlers(app: FastAPI) -> None:
             detail = first.get("ctx", {}).get("error", "")
             position = first.get("loc", ("body", "?"))[-1]
             message = f"the body is not valid JSON (at character {position}: {detail})"
-            return error_response(400, message, "BadRequestError")
+            return error_response(400, message)
         param, message = validation_message(list(e.errors()))
-        return error_response(400, message, "BadRequestError", param)
+        return error_response(400, message, None, param)
 
     @app.exception_handler(InflightError)
     async def inflight_error(_: Request, e: InflightError) -> JSONResponse:
-        status, type_ = error_status(e)
-        return error_response(status, str(e), type_, getattr(e, "param", None))
+        return error_response(error_status(e), str(e), e.code, getattr(e, "param", None))
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, e: StarletteHTTPException) -> JSONResponse:
-        type_ = "NotFoundError" if e.status_code == 404 else "BadRequestError"
-        response = error_response(e.status_code, str(e.detail), type_)
+        code = "unknown_url" if e.status_code == 404 else None
+        response = error_response(e.status_code, str(e.detail), code)
         response.headers.update(e.headers or {})  # 405's Allow
         return response
 
     @app.exception_handler(Exception)
     async def crash(_: Request, e: Exception) -> JSONResponse:
         logger.exception("unhandled error")
-        return error_response(500, f"internal error: {type(e).__name__}", "InternalServerError")
+        return error_response(500, f"internal error: {type(e).__name__}")
 
 
 def openapi_without_422(app: FastAPI) -> dict[str, Any]:

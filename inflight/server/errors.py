@@ -1,5 +1,5 @@
-"""One mapping from exceptions to OpenAI-style errors (HTTP status and `error.type`), and the
-error statuses each route declares in the OpenAPI document."""
+"""One mapping from exceptions to OpenAI's errors (HTTP status, `error.type`; `error.code` is the
+exception's own), and the error statuses each route declares in the OpenAPI document."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from inflight.errors import (
     EngineDeadError,
     InvalidRequestError,
     QueueFullError,
-    RequestFailedError,
     RequestTimeoutError,
 )
 from inflight.server import protocol as p
@@ -29,21 +28,30 @@ _ERROR_DESCRIPTIONS = {
 class ModelNotFoundError(InvalidRequestError):
     """The request names a model this server does not serve."""
 
+    def __init__(self, message: str, param: str | None = "model") -> None:
+        super().__init__(message, param, code="model_not_found")
 
-def error_status(e: BaseException) -> tuple[int, str]:
+
+# OpenAI's `error.type` by status: the caller's mistakes, rate limits, the server's failures
+ERROR_TYPES = {429: "requests", 500: "server_error", 503: "server_error"}
+
+
+def error_type(status: int) -> str:
+    return ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
+
+
+def error_status(e: BaseException) -> int:
     if isinstance(e, ModelNotFoundError):
-        return 404, "NotFoundError"
+        return 404
     if isinstance(e, InvalidRequestError):
-        return 400, "BadRequestError"
+        return 400
     if isinstance(e, QueueFullError):
-        return 429, "RateLimitError"
+        return 429
     if isinstance(e, RequestTimeoutError):
-        return 408, "TimeoutError"
-    if isinstance(e, RequestFailedError):
-        return 500, "InternalServerError"
+        return 408
     if isinstance(e, EngineDeadError):
-        return 503, "ServiceUnavailableError"
-    return 500, "InternalServerError"
+        return 503
+    return 500
 
 
 def documented_errors(*statuses: int) -> dict[int | str, dict[str, Any]]:

@@ -24,13 +24,18 @@ from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from inflight.server import protocol as p
+from inflight.server.errors import error_type
 
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 
 
-def error_response(status: int, message: str, type_: str, param: str | None = None) -> JSONResponse:
+def error_response(
+    status: int, message: str, code: str | None = None, param: str | None = None
+) -> JSONResponse:
+    """OpenAI's error body, its `type` by status (`errors.error_type`)."""
     headers = {"Retry-After": "1"} if status in (429, 503) else None
-    return JSONResponse(p.error_body(message, type_, status, param), status, headers=headers)
+    body = p.error_body(message, error_type(status), code, param)
+    return JSONResponse(body, status, headers=headers)
 
 
 class RequestLimits:
@@ -41,7 +46,7 @@ class RequestLimits:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         too_large = error_response(
-            413, f"request body exceeds {self.max_bytes} bytes", "BadRequestError"
+            413, f"request body exceeds {self.max_bytes} bytes", "request_too_large"
         )
         declared = dict(scope.get("headers", [])).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
@@ -53,7 +58,7 @@ class RequestLimits:
                 message = await asyncio.wait_for(receive(), self.read_timeout)
             except TimeoutError:
                 timeout = error_response(
-                    408, f"the request body stalled for {self.read_timeout:g} s", "TimeoutError"
+                    408, f"the request body stalled for {self.read_timeout:g} s", "request_timeout"
                 )
                 return await timeout(scope, receive, send)
             if message["type"] == "http.disconnect":
@@ -111,7 +116,7 @@ class AllowedHosts:
             if not self.allows(host):
                 refusal = error_response(
                     400, f"the Host header {host!r} is not allowed (see --allowed-hosts)",
-                    "BadRequestError",
+                    "host_not_allowed",
                 )  # fmt: skip
                 return await refusal(scope, receive, send)
         await self.app(scope, receive, send)
@@ -125,7 +130,7 @@ class Draining:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and self.is_draining() and scope["path"] != "/metrics":
-            refusal = error_response(503, "the server is shutting down", "ServiceUnavailableError")
+            refusal = error_response(503, "the server is shutting down", "shutting_down")
             return await refusal(scope, receive, send)
         await self.app(scope, receive, send)
 

@@ -61,7 +61,7 @@ def ops_router(
     async def health() -> Response:
         if not engine.is_alive:
             error = engine.dead_error or EngineDeadError("the engine is not running")
-            return error_response(503, f"engine is dead: {error}", "ServiceUnavailableError")
+            return error_response(503, f"engine is dead: {error}", "engine_unavailable")
         if isinstance(engine, Replicas):
             return JSONResponse({"replicas_up": engine.replicas_up()})
         return Response(status_code=200)

@@ -364,17 +364,21 @@ class DetokenizeResponse(BaseModel):
 
 
 class ErrorInfo(BaseModel):
+    """OpenAI's error object: `type` by kind (`invalid_request_error`, `requests` for rate
+    limits, `server_error`), `code` a word to branch on or null."""
+
     message: str
     type: str
     param: str | None = None
-    code: int | str | None = None
+    code: str | None = None
 
 
 class ErrorResponse(BaseModel):
     error: ErrorInfo
 
 
-def error_body(message: str, type_: str, status: int, param: str | None = None) -> dict[str, Any]:
+def error_body(message: str, type_: str, code: str | None = None,
+               param: str | None = None) -> dict[str, Any]:  # fmt: skip
     return ErrorResponse(
-        error=ErrorInfo(message=message, type=type_, param=param, code=status)
+        error=ErrorInfo(message=message, type=type_, param=param, code=code)
     ).model_dump()

@@ -14,11 +14,11 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
 from inflight.engine.client import EngineClient
-from inflight.errors import InvalidRequestError
+from inflight.errors import InflightError, InvalidRequestError
 from inflight.outputs import RequestOutput
 from inflight.sampling_params import SamplingParams, StructuredOutputs
 from inflight.server import protocol as p
-from inflight.server.errors import ModelNotFoundError, error_status
+from inflight.server.errors import ModelNotFoundError, error_status, error_type
 from inflight.tokenizer import token_bytes
 
 DONE = "data: [DONE]\n\n"
@@ -197,8 +197,10 @@ async def sse_stream(chunks: AsyncGenerator[dict[str, Any], None]) -> AsyncItera
             async for chunk in it:
                 yield sse(chunk)
     except Exception as e:
-        status, type_ = error_status(e)
-        yield sse(p.error_body(str(e), type_, status, getattr(e, "param", None)))
+        code = e.code if isinstance(e, InflightError) else None
+        yield sse(
+            p.error_body(str(e), error_type(error_status(e)), code, getattr(e, "param", None))
+        )
     yield DONE
 
 

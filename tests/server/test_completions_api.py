@@ -97,7 +97,7 @@ def test_error_after_the_stream_started_is_an_error_chunk_then_done(tiny_llama):
         events = sse_events(s, "/v1/completions", body)
         assert events[-1] == "[DONE]"
         error = json.loads(events[-2])["error"]
-        assert error["code"] == 503 and "boom mid-stream" in error["message"]
+        assert error["code"] == "engine_unavailable" and "boom mid-stream" in error["message"]
         assert any("choices" in json.loads(e) for e in events[:-2])  # it had started
 
 

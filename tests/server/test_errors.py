@@ -28,11 +28,18 @@ def post(server, path, body, **kw):
     return httpx.post(server.url + path, json=body, timeout=60, **kw)
 
 
-def assert_error(response, status, type_, param=None, message=None):
+# OpenAI's error types: the caller's mistakes, rate limits, the server's failures
+TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "invalid_request_error",
+         408: "invalid_request_error", 413: "invalid_request_error", 429: "requests",
+         500: "server_error", 503: "server_error"}  # fmt: skip
+
+
+def assert_error(response, status, code, param=None, message=None):
+    """OpenAI's error object: `type` by status, `code` a word or null, never a number."""
     assert response.status_code == status, response.text
     error = response.json()["error"]
     assert set(error) == {"message", "type", "param", "code"}
-    assert error["type"] == type_ and error["code"] == status
+    assert error["type"] == TYPES[status] and error["code"] == code
     assert error["param"] == param
     if message:
         assert message in error["message"]
@@ -44,33 +51,33 @@ def test_ok_then_errors_then_ok(server):
     assert first.status_code == 200
 
     assert_error(post(server, "/v1/completions", {**body, "temperature": -1}), 400,
-                 "BadRequestError", "temperature")  # fmt: skip
+                 None, "temperature")  # fmt: skip
     assert_error(post(server, "/v1/completions", {**body, "max_tokens": "many"}), 400,
-                 "BadRequestError", "max_tokens")  # fmt: skip
-    assert_error(post(server, "/v1/completions", {"model": MODEL}), 400, "BadRequestError",
+                 None, "max_tokens")  # fmt: skip
+    assert_error(post(server, "/v1/completions", {"model": MODEL}), 400, None,
                  "prompt")  # fmt: skip
     assert_error(post(server, "/v1/completions", {**body, "prompt": ""}), 400,
-                 "BadRequestError", "prompt", "must not be empty")  # fmt: skip
+                 None, "prompt", "must not be empty")  # fmt: skip
     assert_error(post(server, "/v1/completions", {**body, "prompt": [5, 6], "max_tokens": 200}),
                  400,
-                 "BadRequestError", "max_tokens",
+                 "context_length_exceeded", "max_tokens",
                  "maximum context length is 128 tokens, but 202 were requested "
                  "(2 in the prompt, 200 for max_tokens)")  # fmt: skip
     assert_error(post(server, "/v1/completions", {**body, "model": "gpt-9"}), 404,
-                 "NotFoundError", "model", "'gpt-9' does not exist")  # fmt: skip
+                 "model_not_found", "model", "'gpt-9' does not exist")  # fmt: skip
     assert_error(post(server, "/v1/chat/completions", {"model": MODEL, "messages": []}), 400,
-                 "BadRequestError", "messages")  # fmt: skip
+                 None, "messages")  # fmt: skip
     assert_error(post(server, "/v1/chat/completions",
                       {"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
                        "top_logprobs": 2}),
-                 400, "BadRequestError", "top_logprobs")  # fmt: skip
+                 400, None, "top_logprobs")  # fmt: skip
     assert_error(post(server, "/v1/completions", {**body, "prompt": "x" * 5000}), 413,
-                 "BadRequestError", None, "exceeds 4096 bytes")  # fmt: skip
-    assert_error(post(server, "/detokenize", {"tokens": [10**7]}), 400, "BadRequestError",
+                 "request_too_large", None, "exceeds 4096 bytes")  # fmt: skip
+    assert_error(post(server, "/detokenize", {"tokens": [10**7]}), 400, None,
                  "tokens")  # fmt: skip
     not_json = httpx.post(server.url + "/v1/completions", content=b"{nope", timeout=10,
                           headers={"content-type": "application/json"})  # fmt: skip
-    assert_error(not_json, 400, "BadRequestError", None, "not valid JSON (at character 1")
+    assert_error(not_json, 400, None, None, "not valid JSON (at character 1")
 
     again = post(server, "/v1/completions", body)
     assert again.status_code == 200
@@ -89,7 +96,7 @@ def test_api_key_guards_every_v1_and_tokenizer_route(tiny_llama):
         for method, path, body in routes:
             for headers in ({}, {"Authorization": "Bearer wrong"}):
                 r = httpx.request(method, s.url + path, json=body, headers=headers, timeout=30)
-                assert_error(r, 401, "AuthenticationError")
+                assert_error(r, 401, "invalid_api_key")
             ok = httpx.request(method, s.url + path, json=body, timeout=30,
                                headers={"Authorization": "Bearer s3cret"})  # fmt: skip
             assert ok.status_code == 200, (path, ok.text)
@@ -121,18 +128,18 @@ def test_queue_full_is_429_with_retry_after(tiny_llama):
         while engine._num_unfinished < 2:  # the waiter is accepted: the queue holds 1 now
             time.sleep(0.01)
         r = post(s, "/v1/completions", long)
-        assert_error(r, 429, "RateLimitError", None, "waiting queue is full")
+        assert_error(r, 429, "rate_limit_exceeded", None, "waiting queue is full")
         assert r.headers["retry-after"] == "1"
         streamed = post(s, "/v1/completions", {**long, "stream": True})
-        assert_error(streamed, 429, "RateLimitError")  # a status, not a broken stream
+        assert_error(streamed, 429, "rate_limit_exceeded")  # a status, not a broken stream
         release.set()
         first.join()
         waiter.join()
         s.wait_idle()
         # The bound counts sequences (prompts x n), and more than it could ever hold is a 400.
         two = post(s, "/v1/completions", {**long, "prompt": ["a", "b"]})
-        assert_error(two, 400, "BadRequestError", "n", "2 sequences (prompts x n) exceed")
-        assert_error(post(s, "/v1/completions", {**long, "n": 2}), 400, "BadRequestError", "n")
+        assert_error(two, 400, None, "n", "2 sequences (prompts x n) exceed")
+        assert_error(post(s, "/v1/completions", {**long, "n": 2}), 400, None, "n")
         assert post(s, "/v1/completions", long).status_code == 200
 
 
@@ -141,7 +148,7 @@ def test_request_timeout_aborts_and_frees_blocks(tiny_llama):
     with LiveServer(engine, served_model_name=MODEL) as s:
         slow_steps(s.engine, 0.05)
         body = {"model": MODEL, "prompt": "x", "max_tokens": 100, "ignore_eos": True}
-        assert_error(post(s, "/v1/completions", body), 408, "TimeoutError", None,
+        assert_error(post(s, "/v1/completions", body), 408, "request_timeout", None,
                      "exceeded the 0.3 s request timeout")  # fmt: skip
         s.wait_idle()
         assert engine.core.kv_cache_manager.pool.num_used_blocks == 0
@@ -156,8 +163,8 @@ def test_engine_failure_is_503_never_a_hang(tiny_llama):
 
         s.engine.core.step = broken_step
         body = {"model": MODEL, "prompt": "x", "max_tokens": 4}
-        assert_error(post(s, "/v1/completions", body), 503, "ServiceUnavailableError", None,
+        assert_error(post(s, "/v1/completions", body), 503, "engine_unavailable", None,
                      "simulated device failure")  # fmt: skip
         health = httpx.get(s.url + "/health")
-        assert_error(health, 503, "ServiceUnavailableError")
-        assert_error(post(s, "/v1/completions", body), 503, "ServiceUnavailableError")
+        assert_error(health, 503, "engine_unavailable")
+        assert_error(post(s, "/v1/completions", body), 503, "engine_unavailable")

@@ -171,7 +171,7 @@ def test_a_poisoned_request_fails_alone_over_http(tiny_llama):
         failed = responses.pop(5)
         assert failed.status_code == 500
         error = failed.json()["error"]
-        assert error["type"] == "InternalServerError"
+        assert (error["type"], error["code"]) == ("server_error", "request_failed")
         assert "failed in the engine: RuntimeError: poisoned input" in error["message"]
         assert [r.status_code for r in responses] == [200] * 16
         assert [r.json()["choices"][0]["text"] for r in responses] == alone
@@ -235,7 +235,9 @@ def test_sigterm_drains_then_exits_zero(tiny_llama, shutdown_timeout, tmp_path):
         if shutdown_timeout:
             assert last["choices"][0]["finish_reason"] == "length"
         else:
-            assert last["error"]["code"] == 503 and "shut down" in last["error"]["message"]
+            assert (
+                last["error"]["code"] == "shutting_down" and "shut down" in last["error"]["message"]
+            )
         assert process.wait(timeout=30) == 0
     finally:
         if process.poll() is None:

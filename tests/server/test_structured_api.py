@@ -90,7 +90,7 @@ def test_bad_constraints_are_400s_naming_the_field(server, body, param):
     r = chat(server, **body)
     assert r.status_code == 400, r.text
     error = r.json()["error"]
-    assert error["param"] == param and error["type"] == "BadRequestError"
+    assert error["param"] == param and error["type"] == "invalid_request_error"
     server.wait_idle()
     assert not server.engine.core.has_unfinished_requests()
 
