@@ -44,6 +44,11 @@ StopText = Annotated[Text, Field(min_length=1, max_length=MAX_STOP_STRING_CHARS)
 STRICT = ConfigDict(extra="allow", strict=True)
 
 
+def omitted(**kwargs: Any) -> Any:
+    """A response field left out when None: OpenAI's spec has it optional, not nullable."""
+    return Field(default=None, exclude_if=lambda value: value is None, **kwargs)
+
+
 class StreamOptions(BaseModel):
     model_config = STRICT
     include_usage: bool = False
@@ -249,7 +254,7 @@ class CompletionResponse(BaseModel):
     created: int = Field(default_factory=now)
     model: str
     choices: list[CompletionChoice]
-    usage: UsageInfo | None = None
+    usage: UsageInfo | None = omitted()
 
 
 class TopLogprob(BaseModel):
@@ -264,14 +269,16 @@ class ChatTokenLogprob(TopLogprob):
 
 class ChatLogprobs(BaseModel):
     content: list[ChatTokenLogprob] | None = None
+    refusal: list[ChatTokenLogprob] | None = None  # this server never refuses
 
 
 class ChatResponseMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
+    refusal: str | None = None  # this server never refuses
     # the model's thinking (`server/reasoning.py`), as vLLM returns it; absent for other models
-    reasoning_content: str | None = None
-    tool_calls: list[ToolCall] | None = None
+    reasoning_content: str | None = omitted()
+    tool_calls: list[ToolCall] | None = omitted()
 
 
 class ChatChoice(BaseModel):
@@ -292,22 +299,22 @@ class ChatCompletionResponse(BaseModel):
 
 
 class DeltaFunctionCall(BaseModel):
-    name: str | None = None
-    arguments: str | None = None
+    name: str | None = omitted()
+    arguments: str | None = omitted()
 
 
 class DeltaToolCall(BaseModel):
     index: int
-    id: str | None = None
-    type: Literal["function"] | None = None
+    id: str | None = omitted()
+    type: Literal["function"] | None = omitted()
     function: DeltaFunctionCall
 
 
 class DeltaMessage(BaseModel):
-    role: Literal["assistant"] | None = None
-    content: str | None = None
-    reasoning_content: str | None = None
-    tool_calls: list[DeltaToolCall] | None = None
+    role: Literal["assistant"] | None = omitted()
+    content: str | None = omitted()
+    reasoning_content: str | None = omitted()
+    tool_calls: list[DeltaToolCall] | None = omitted()
 
 
 class ChatStreamChoice(BaseModel):
@@ -323,7 +330,7 @@ class ChatCompletionChunk(BaseModel):
     created: int = Field(default_factory=now)
     model: str
     choices: list[ChatStreamChoice]
-    usage: UsageInfo | None = None
+    usage: UsageInfo | None = omitted()
 
 
 class ModelCard(BaseModel):

@@ -184,7 +184,7 @@ class ChatServing(OpenAIServing):
         def chunk(choice: p.ChatStreamChoice) -> dict[str, Any]:
             return p.ChatCompletionChunk(
                 id=rid, model=self.model_name, choices=[choice]
-            ).model_dump(exclude_none=True)
+            ).model_dump()
 
         async for _, out in merge_streams(streams):
             for index, c, text, logprobs, first in tracker.deltas(out, 0):

@@ -102,7 +102,7 @@ class CompletionServing(OpenAIServing):
                 )  # fmt: skip
                 yield p.CompletionResponse(
                     id=rid, model=self.model_name, choices=[choice]
-                ).model_dump(exclude_none=True)
+                ).model_dump()
             if out.finished:
                 finals[i] = out
         if self.wants_usage_chunk(req):

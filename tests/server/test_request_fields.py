@@ -5,6 +5,8 @@ ignorable ones and legacy `functions` accepted; the official client retrieves th
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import openai
 import pytest
@@ -129,3 +131,25 @@ def test_cors_preflight_for_allowed_origins_only(server):
     assert "access-control-allow-origin" not in refused.headers
     answer = post(server, "/v1/completions", COMPLETION, headers={"Origin": "https://app.example"})
     assert answer.headers["access-control-allow-origin"] == "https://app.example"
+
+
+def sse(server, path, body) -> list[dict]:
+    with httpx.stream("POST", server.url + path, json={**body, "stream": True}, timeout=60) as r:
+        lines = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "[DONE]"
+    return [json.loads(line) for line in lines[:-1]]
+
+
+def test_shapes_follow_openais_spec(server):
+    """Nullable fields are present as null, optional ones absent, never null: code generated
+    from the spec reads `finish_reason` on every chunk and iterates `tool_calls` if present."""
+    whole = post(server, "/v1/chat/completions", {**CHAT, "logprobs": True}).json()
+    message, logprobs = whole["choices"][0]["message"], whole["choices"][0]["logprobs"]
+    assert message["refusal"] is None and "tool_calls" not in message
+    assert logprobs["refusal"] is None and len(logprobs["content"]) == 2
+    for chunk in sse(server, "/v1/chat/completions", CHAT):
+        (choice,) = chunk["choices"]
+        assert "finish_reason" in choice and None not in choice["delta"].values()
+    for chunk in sse(server, "/v1/completions", COMPLETION):
+        (choice,) = chunk["choices"]
+        assert {"finish_reason", "logprobs", "text", "index"} <= set(choice)
