@@ -20,6 +20,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from inflight import __version__
@@ -164,16 +165,27 @@ def add_error_handlers(app: FastAPI) -> None:
         return error_response(error_status(e), str(e), e.code, getattr(e, "param", None))
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, e: StarletteHTTPException) -> JSONResponse:
+    async def http_error(request: Request, e: StarletteHTTPException) -> JSONResponse:
         code = "unknown_url" if e.status_code == 404 else None
         response = error_response(e.status_code, str(e.detail), code)
-        response.headers.update(e.headers or {})  # 405's Allow
+        response.headers.update(e.headers or {})
+        if e.status_code == 405:  # Starlette names the first route's methods; a path may have more
+            response.headers["allow"] = ", ".join(allowed_methods(app, request.url.path))
         return response
 
     @app.exception_handler(Exception)
     async def crash(_: Request, e: Exception) -> JSONResponse:
         logger.exception("unhandled error")
         return error_response(500, f"internal error: {type(e).__name__}")
+
+
+def allowed_methods(app: FastAPI, path: str) -> list[str]:
+    """Every method some route serves at `path` (a 405's `Allow`)."""
+    methods: set[str] = set()
+    for route in app.routes:
+        if isinstance(route, APIRoute) and route.path_regex.match(path):
+            methods |= route.methods or set()
+    return sorted(methods)
 
 
 def openapi_without_422(app: FastAPI) -> dict[str, Any]:

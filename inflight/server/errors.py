@@ -16,7 +16,7 @@ from inflight.server import protocol as p
 _ERROR_DESCRIPTIONS = {
     400: "Invalid request: the message names the field (`error.param`)",
     401: "Missing or invalid API key",
-    404: "Unknown model",
+    404: "Unknown model, or a stored response that does not exist for this key",
     408: "Request timed out (the request body stalled, or generation ran past the timeout)",
     413: "Request body too large",
     429: "Waiting queue full; retry after `Retry-After` seconds",
@@ -25,11 +25,22 @@ _ERROR_DESCRIPTIONS = {
 }
 
 
-class ModelNotFoundError(InvalidRequestError):
+class NotFoundError(InvalidRequestError):
+    """The request names something this server does not have (a 404)."""
+
+
+class ModelNotFoundError(NotFoundError):
     """The request names a model this server does not serve."""
 
     def __init__(self, message: str, param: str | None = "model") -> None:
         super().__init__(message, param, code="model_not_found")
+
+
+class ResponseNotFoundError(NotFoundError):
+    """A stored response that does not exist, was evicted, or belongs to another API key."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message, param, code="response_not_found")
 
 
 # OpenAI's `error.type` by status: the caller's mistakes, rate limits, the server's failures
@@ -41,7 +52,7 @@ def error_type(status: int) -> str:
 
 
 def error_status(e: BaseException) -> int:
-    if isinstance(e, ModelNotFoundError):
+    if isinstance(e, NotFoundError):
         return 404
     if isinstance(e, InvalidRequestError):
         return 400

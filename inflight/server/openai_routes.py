@@ -8,7 +8,7 @@ class; a refusal is a typed exception that the app's handlers turn into OpenAI's
 from collections.abc import AsyncGenerator
 from typing import Any
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
 
 from inflight.engine.client import EngineClient
@@ -17,6 +17,8 @@ from inflight.server import protocol as p
 from inflight.server.auth import Guard
 from inflight.server.errors import documented_errors, streamed
 from inflight.server.request_fields import check_extra_fields
+from inflight.server.response_store import ResponseStore, owner_of
+from inflight.server.responses import ResponsesRequest, ResponsesServing
 from inflight.server.serving import sse_stream
 from inflight.server.serving_chat import ChatServing
 from inflight.server.serving_completion import CompletionServing
@@ -32,6 +34,7 @@ def openai_router(
 ) -> APIRouter:  # fmt: skip
     completions = CompletionServing(engine, model_name)
     chat = ChatServing(engine, model_name, tool_call_parser, reasoning_parser)
+    responses = ResponsesServing(chat, ResponseStore())
     router = APIRouter(dependencies=[Depends(guard)])
     generation_errors = documented_errors(401, 404, 408, 429, 500)
 
@@ -50,6 +53,25 @@ def openai_router(
         if req.stream:
             return _streaming(await chat.stream(req))
         return await chat.create(req)
+
+    @router.post("/v1/responses", responses={200: {"content": {"text/event-stream": {}}},
+                                             **generation_errors})  # fmt: skip
+    async def create_response(req: ResponsesRequest, request: Request) -> Any:
+        """OpenAI's Responses API (`server/responses.py`); stored by default, for the key that
+        created it."""
+        check_extra_fields(req, allow_unknown_fields)
+        owner = owner_of(request.headers.get("authorization"))
+        if req.stream:
+            return _streaming(await responses.stream(req, owner))
+        return await responses.create(req, owner)
+
+    @router.get("/v1/responses/{response_id}", responses=documented_errors(401, 404))
+    async def retrieve_response(response_id: str, request: Request) -> Any:
+        return responses.retrieve(owner_of(request.headers.get("authorization")), response_id)
+
+    @router.delete("/v1/responses/{response_id}", responses=documented_errors(401, 404))
+    async def delete_response(response_id: str, request: Request) -> Any:
+        return responses.delete(owner_of(request.headers.get("authorization")), response_id)
 
     @router.get("/v1/models", responses=documented_errors(401))
     async def list_models() -> p.ModelList:

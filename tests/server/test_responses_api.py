@@ -1,0 +1,170 @@
+"""The Responses API through the official client: text and item input, instructions, function
+tools and their outputs, `text.format`, streaming in the spec's event order, continuations from
+a stored response, and the store's bounds and per-key visibility. Every Response and event is
+validated against openai-python's own types (generated from OpenAI's spec)."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import openai
+import pytest
+from openai.types.responses import Response, ResponseStreamEvent
+from pydantic import TypeAdapter
+
+from inflight.engine.async_engine import AsyncLLM
+from inflight.errors import InvalidRequestError
+from inflight.server.response_store import ResponseStore
+from inflight.server.responses import input_messages
+from tests.server.live import LiveServer
+
+MODEL = "tiny"
+KEY = "sk-test"
+WEATHER = {"type": "function", "name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string", "maxLength": 8}},
+    "required": ["city"]}}  # fmt: skip
+EVENTS = TypeAdapter(ResponseStreamEvent)
+
+
+@pytest.fixture(scope="module")
+def server(tiny_llama):
+    engine = AsyncLLM(str(tiny_llama), dtype="float32", max_model_len=256, num_kv_blocks=64)
+    with LiveServer(engine, served_model_name=MODEL, api_key=KEY) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0)
+
+
+def raw(server, body, key=KEY, method="POST", path="/v1/responses") -> httpx.Response:
+    headers = {"authorization": f"Bearer {key}"}
+    return httpx.request(method, server.url + path, json=body, headers=headers, timeout=60)
+
+
+def test_text_input_gives_a_message_and_usage(client):
+    r = client.responses.create(model=MODEL, input="hi", instructions="Be brief.",
+                                max_output_tokens=4, temperature=0)  # fmt: skip
+    Response.model_validate(r.model_dump())
+    assert r.object == "response" and r.id.startswith("resp_") and r.model == MODEL
+    assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
+    (message,) = r.output
+    assert message.type == "message" and message.content[0].type == "output_text"
+    assert r.output_text == message.content[0].text and r.usage.output_tokens == 4
+    assert r.instructions == "Be brief."
+
+
+def test_a_named_function_call_and_its_output_continue_the_conversation(client):
+    first = client.responses.create(model=MODEL, input="weather?", tools=[WEATHER],
+                                    tool_choice={"type": "function", "name": "get_weather"},
+                                    max_output_tokens=40, temperature=0)  # fmt: skip
+    (call,) = [item for item in first.output if item.type == "function_call"]
+    assert call.name == "get_weather" and call.call_id.startswith("call_")
+    second = client.responses.create(
+        model=MODEL,
+        previous_response_id=first.id,
+        max_output_tokens=3,
+        temperature=0,
+        input=[{"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}],
+    )
+    assert second.previous_response_id == first.id and second.output_text
+    # the continuation saw the call and its output: more prompt than the new item alone
+    assert second.usage.input_tokens > first.usage.input_tokens
+
+
+def test_text_format_json_schema_constrains_the_output(client):
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+              "additionalProperties": False}  # fmt: skip
+    r = client.responses.create(
+        model=MODEL,
+        input="answer",
+        max_output_tokens=30,
+        temperature=0,
+        text={"format": {"type": "json_schema", "name": "answer", "schema": schema}},
+    )
+    if r.status == "completed":  # a random model may ramble inside the string until the cap
+        assert set(json.loads(r.output_text)) == {"ok"}
+    assert r.output_text.startswith("{")
+
+
+def test_streamed_events_in_the_spec_order_and_equal_to_the_whole(client):
+    whole = client.responses.create(model=MODEL, input="hi", max_output_tokens=6, temperature=0)
+    with client.responses.stream(model=MODEL, input="hi", max_output_tokens=6,
+                                 temperature=0) as stream:  # fmt: skip
+        events = list(stream)
+    final = events[-1].response  # cut at max_output_tokens: `response.incomplete` ends it
+    for e in events:
+        EVENTS.validate_python(e.model_dump())
+    kinds = [e.type for e in events]
+    assert kinds[:4] == ["response.created", "response.in_progress",
+                         "response.output_item.added", "response.content_part.added"]  # fmt: skip
+    assert kinds[-4:] == ["response.output_text.done", "response.content_part.done",
+                          "response.output_item.done", "response.incomplete"]  # fmt: skip
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert deltas == final.output_text == whole.output_text
+
+
+def test_stored_responses_are_read_and_deleted_by_their_own_key_only(server, client):
+    r = client.responses.create(model=MODEL, input="hi", max_output_tokens=2)
+    assert client.responses.retrieve(r.id).id == r.id
+    other = raw(server, None, key="sk-other", method="GET", path=f"/v1/responses/{r.id}")
+    assert other.status_code == 401  # a key the server does not know
+    client.responses.delete(r.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(r.id)
+    unknown = raw(server, {"model": MODEL, "input": "x", "previous_response_id": "resp_nope"})
+    assert unknown.status_code == 404
+    assert unknown.json()["error"]["param"] == "previous_response_id"
+    unstored = client.responses.create(model=MODEL, input="hi", max_output_tokens=2, store=False)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(unstored.id)
+
+
+@pytest.mark.parametrize(("body", "param"), [
+    ({"input": [{"type": "input_image", "image_url": "x"}]}, "input.0"),
+    ({"input": [{"role": "robot", "content": "x"}]}, "input.0.role"),
+    ({"input": [{"role": "user", "content": [{"type": "input_audio"}]}]}, "input.0.content.0"),
+    ({"input": "x", "tool_choice": {"type": "function", "name": "nope"}, "tools": [WEATHER]},
+     "tool_choice"),
+    ({"input": "x", "temprature": 1}, "temprature"),
+    ({"input": "x", "max_output_tokens": 2**64}, "max_output_tokens"),
+])  # fmt: skip
+def test_bad_responses_requests_are_400s_naming_the_field(server, body, param):
+    r = raw(server, {"model": MODEL, **body})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param
+    assert httpx.get(server.url + "/health").status_code == 200
+
+
+def test_the_store_is_bounded_by_count_bytes_and_owner():
+    store = ResponseStore(max_count=2, max_bytes=10_000)
+    for i in range(3):
+        store.put("a", {"id": f"r{i}"}, [{"role": "user", "content": "x"}])
+    assert len(store) == 2 and store.get("a", "r2")
+    with pytest.raises(InvalidRequestError):
+        store.get("a", "r0")  # evicted, oldest first
+    with pytest.raises(InvalidRequestError):
+        store.get("b", "r2")  # another owner's
+    store.put("a", {"id": "big"}, [{"role": "user", "content": "x" * 6000}])
+    store.put("a", {"id": "big2"}, [{"role": "user", "content": "x" * 6000}])
+    assert len(store) == 1 and store.num_bytes <= 10_000
+    store.put("a", {"id": "huge"}, [{"role": "user", "content": "x" * 20_000}])
+    with pytest.raises(InvalidRequestError):
+        store.get("a", "huge")  # over the whole budget: never kept, and nothing evicted for it
+    assert store.get("a", "big2") and store.num_bytes <= 10_000
+
+
+def test_parallel_function_calls_in_the_input_are_one_assistant_turn():
+    messages = input_messages([
+        {"role": "user", "content": [{"type": "input_text", "text": "two cities"}]},
+        {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+        {"type": "function_call", "call_id": "c2", "name": "f", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "a"},
+        {"type": "function_call_output", "call_id": "c2", "output": {"t": 1}},
+    ])  # fmt: skip
+    assert [m["role"] for m in messages] == ["user", "assistant", "tool", "tool"]
+    assert [c["id"] for c in messages[1]["tool_calls"]] == ["c1", "c2"]
+    assert messages[3]["content"] == '{"t": 1}'
