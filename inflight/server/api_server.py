@@ -20,8 +20,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
-from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from inflight import __version__
 from inflight.engine.client import EngineClient
@@ -170,7 +170,7 @@ def add_error_handlers(app: FastAPI) -> None:
         response = error_response(e.status_code, str(e.detail), code)
         response.headers.update(e.headers or {})
         if e.status_code == 405:  # Starlette names the first route's methods; a path may have more
-            response.headers["allow"] = ", ".join(allowed_methods(app, request.url.path))
+            response.headers["allow"] = ", ".join(allowed_methods(app, request))
         return response
 
     @app.exception_handler(Exception)
@@ -179,13 +179,15 @@ def add_error_handlers(app: FastAPI) -> None:
         return error_response(500, f"internal error: {type(e).__name__}")
 
 
-def allowed_methods(app: FastAPI, path: str) -> list[str]:
-    """Every method some route serves at `path` (a 405's `Allow`)."""
-    methods: set[str] = set()
-    for route in app.routes:
-        if isinstance(route, APIRoute) and route.path_regex.match(path):
-            methods |= route.methods or set()
-    return sorted(methods)
+def allowed_methods(app: FastAPI, request: Request) -> list[str]:
+    """Every method some route serves at the request's path (a 405's `Allow`), found by asking
+    the router, which also holds the routers it included."""
+    allowed = []
+    for method in ("GET", "POST", "PUT", "PATCH", "DELETE"):
+        probe = {**request.scope, "method": method}
+        if any(route.matches(probe)[0] is Match.FULL for route in app.router.routes):
+            allowed.append(method)
+    return allowed
 
 
 def openapi_without_422(app: FastAPI) -> dict[str, Any]:

@@ -31,6 +31,12 @@ UNSUPPORTED = {
     "suffix": "insertion (suffix) is not supported by this server",
     "audio": "audio output is not supported by this server",
     "web_search_options": "web search is not supported by this server",
+    # the Responses API's
+    "background": "background responses are not supported by this server",
+    "conversation": "conversations are not supported by this server (use previous_response_id)",
+    "prompt": "prompt templates are not supported by this server",
+    "max_tool_calls": "max_tool_calls is not supported by this server",
+    "top_logprobs": "logprobs are not supported on /v1/responses by this server",
 }
 
 

@@ -142,6 +142,9 @@ def test_wrong_method_is_405_with_allow(server):
     r = httpx.put(server.url + C, json=OK)
     assert r.status_code == 405 and r.headers["allow"] == "POST"
     assert r.json()["error"]["type"] == "invalid_request_error"
+    # a path with two routes names both (Starlette alone names the first)
+    r = httpx.put(server.url + "/v1/responses/resp_x")
+    assert r.status_code == 405 and r.headers["allow"] == "GET, DELETE"
 
 
 def test_a_foreign_host_header_is_refused_without_a_key(server):

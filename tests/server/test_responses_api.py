@@ -16,7 +16,7 @@ from pydantic import TypeAdapter
 from inflight.engine.async_engine import AsyncLLM
 from inflight.errors import InvalidRequestError
 from inflight.server.response_store import ResponseStore
-from inflight.server.responses import input_messages
+from inflight.server.responses_input import input_messages
 from tests.server.live import LiveServer
 
 MODEL = "tiny"
@@ -107,6 +107,21 @@ def test_streamed_events_in_the_spec_order_and_equal_to_the_whole(client):
     assert deltas == final.output_text == whole.output_text
 
 
+def test_a_streamed_function_call_arrives_as_argument_deltas(client):
+    with client.responses.stream(model=MODEL, input="weather?", tools=[WEATHER],
+                                 tool_choice={"type": "function", "name": "get_weather"},
+                                 max_output_tokens=40, temperature=0) as stream:  # fmt: skip
+        events = list(stream)
+    for e in events:
+        EVENTS.validate_python(e.model_dump())
+    added = [e.item for e in events if e.type == "response.output_item.added"]
+    assert [i.type for i in added] == ["function_call"] and added[0].name == "get_weather"
+    deltas = "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta")
+    (done,) = [e for e in events if e.type == "response.function_call_arguments.done"]
+    (call,) = events[-1].response.output
+    assert deltas == done.arguments == call.arguments and call.call_id == added[0].call_id
+
+
 def test_stored_responses_are_read_and_deleted_by_their_own_key_only(server, client):
     r = client.responses.create(model=MODEL, input="hi", max_output_tokens=2)
     assert client.responses.retrieve(r.id).id == r.id
@@ -130,6 +145,7 @@ def test_stored_responses_are_read_and_deleted_by_their_own_key_only(server, cli
     ({"input": "x", "tool_choice": {"type": "function", "name": "nope"}, "tools": [WEATHER]},
      "tool_choice"),
     ({"input": "x", "temprature": 1}, "temprature"),
+    ({"input": "x", "background": True}, "background"),
     ({"input": "x", "max_output_tokens": 2**64}, "max_output_tokens"),
 ])  # fmt: skip
 def test_bad_responses_requests_are_400s_naming_the_field(server, body, param):

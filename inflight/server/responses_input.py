@@ -1,0 +1,173 @@
+"""The Responses API's request, and how it becomes a chat completion request.
+
+`instructions` become a system message; `input` (a text, or items: messages, earlier
+`function_call`s and their `function_call_output`s) the conversation, after the stored one of
+`previous_response_id`; function `tools`, `tool_choice`, `text.format` (a JSON schema, through
+structured outputs) and `max_output_tokens` map onto their chat fields.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, Field, ValidationError
+
+from inflight.errors import InvalidRequestError
+from inflight.sampling_params import MAX_INT64
+from inflight.server import protocol as p
+
+MAX_INPUT_ITEMS = 4096
+
+
+class FunctionTool(BaseModel):
+    model_config = p.STRICT
+    type: Literal["function"]
+    name: p.FunctionName
+    description: p.Text | None = None
+    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
+    strict: bool | None = None
+
+
+class NamedFunctionChoice(BaseModel):
+    model_config = p.STRICT
+    type: Literal["function"]
+    name: p.FunctionName
+
+
+class TextFormat(BaseModel):
+    model_config = p.STRICT
+    type: Literal["text", "json_object", "json_schema"] = "text"
+    name: p.Text | None = None
+    schema_: dict[str, Any] | None = Field(alias="schema", default=None)
+    description: p.Text | None = None
+    strict: bool | None = None
+
+
+class TextOptions(BaseModel):
+    model_config = p.STRICT
+    format: TextFormat = Field(default_factory=TextFormat)
+
+
+class ResponsesRequest(BaseModel):
+    model_config = p.STRICT
+    model: p.Text | None = None
+    input: p.Text | Annotated[list[dict[str, Any]], Field(max_length=MAX_INPUT_ITEMS)]
+    instructions: p.Text | None = None
+    max_output_tokens: int | None = Field(default=None, ge=1, le=MAX_INT64)
+    temperature: float | None = Field(default=None, ge=0, le=2, allow_inf_nan=False)
+    top_p: float | None = Field(default=None, gt=0, le=1, allow_inf_nan=False)
+    tools: Annotated[list[FunctionTool], Field(max_length=128)] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedFunctionChoice | None = None
+    parallel_tool_calls: bool = True
+    text: TextOptions | None = None
+    stream: bool = False
+    store: bool = True
+    previous_response_id: p.Text | None = None
+    # accepted and not acted on: a reasoning budget, what to include, stream options, truncation
+    reasoning: dict[str, Any] | None = None
+    include: list[p.Text] | None = None
+    stream_options: dict[str, Any] | None = None
+    truncation: Literal["auto", "disabled"] | None = None
+
+
+def _text_of(content: Any, param: str) -> str:
+    """A message's content: a string, or a list of text parts."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise InvalidRequestError("content must be a string or a list of parts", param)
+    texts = []
+    for i, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind not in ("input_text", "output_text", "text") or not isinstance(
+            part.get("text"), str
+        ):
+            raise InvalidRequestError(
+                f"content parts must be text (input_text or output_text), got {kind!r}",
+                f"{param}.{i}",
+            )
+        texts.append(part["text"])
+    return "".join(texts)
+
+
+def input_messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The request's input as chat messages (OpenAI's chat shapes)."""
+    if isinstance(items, str):
+        return [{"role": "user", "content": items}]
+    messages: list[dict[str, Any]] = []
+    for i, item in enumerate(items):
+        param = f"input.{i}"
+        kind = item.get("type", "message")
+        if kind == "message":
+            role = item.get("role")
+            if role not in ("user", "system", "developer", "assistant"):
+                raise InvalidRequestError(f"unknown role {role!r}", f"{param}.role")
+            messages.append(
+                {"role": role, "content": _text_of(item.get("content"), f"{param}.content")}
+            )
+        elif kind == "function_call":
+            call = {
+                "id": item.get("call_id"),
+                "type": "function",
+                "function": {"name": item.get("name"), "arguments": item.get("arguments")},
+            }
+            if messages and messages[-1]["role"] == "assistant" and messages[-1].get("tool_calls"):
+                messages[-1]["tool_calls"].append(call)  # parallel calls: one assistant turn
+            else:
+                messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        elif kind == "function_call_output":
+            output = item.get("output")
+            messages.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": item.get("call_id"),
+                    "content": output if isinstance(output, str) else json.dumps(output),
+                }
+            )
+        elif kind != "reasoning":  # earlier reasoning is not sent back to the model
+            raise InvalidRequestError(f"input items of type {kind!r} are not supported", param)
+    return messages
+
+
+def chat_request(req: ResponsesRequest, history: list[dict[str, Any]]) -> p.ChatCompletionRequest:
+    messages = list(history)
+    if req.instructions is not None:  # instructions are not carried over to continuations
+        messages.insert(0, {"role": "system", "content": req.instructions})
+    messages += input_messages(req.input)
+    body: dict[str, Any] = {
+        "model": req.model,
+        "messages": messages,
+        "max_completion_tokens": req.max_output_tokens,
+        "temperature": req.temperature,
+        "top_p": req.top_p,
+        "parallel_tool_calls": req.parallel_tool_calls,
+    }
+    if req.tools:
+        body["tools"] = [
+            {"type": "function", "function": t.model_dump(exclude={"type"}, exclude_none=True)}
+            for t in req.tools
+        ]
+    if isinstance(req.tool_choice, NamedFunctionChoice):
+        body["tool_choice"] = {"type": "function", "function": {"name": req.tool_choice.name}}
+    elif req.tool_choice is not None:
+        body["tool_choice"] = req.tool_choice
+    fmt = req.text.format if req.text else None
+    if fmt is not None and fmt.type == "json_schema":
+        body["response_format"] = {
+            "type": "json_schema",
+            "json_schema": {
+                "name": fmt.name or "response",
+                "schema": fmt.schema_ or {},
+                "strict": fmt.strict,
+            },
+        }
+    elif fmt is not None and fmt.type == "json_object":
+        body["response_format"] = {"type": "json_object"}
+    try:
+        return p.ChatCompletionRequest.model_validate(body)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(x) for x in first["loc"])
+        param = "input" if where.startswith("messages") else where
+        raise InvalidRequestError(f"{where}: {first['msg']}", param) from None
