@@ -76,7 +76,7 @@ def token_bytes(tokenizer: PreTrainedTokenizerBase) -> Callable[[int], bytes]:
     Byte-level BPE vocabularies spell bytes in their own alphabet; SentencePiece ones with byte
     fallback hold `<0xNN>` tokens and `▁` for a space."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
-    decoder = json.loads(backend.to_str()).get("decoder") or {} if backend is not None else {}
+    decoder = (json.loads(backend.to_str()).get("decoder") or {}) if backend is not None else {}
     kinds = {d.get("type") for d in decoder.get("decoders", [decoder])}
     special = set(tokenizer.all_special_ids)
 

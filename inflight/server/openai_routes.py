@@ -6,7 +6,7 @@ class; a refusal is a typed exception that the app's handlers turn into OpenAI's
 # gateway, from functions pickled by value whose globals hold only the names their code uses.
 
 from collections.abc import AsyncGenerator
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
@@ -28,6 +28,14 @@ def _streaming(chunks: AsyncGenerator[dict[str, Any], None]) -> StreamingRespons
     return StreamingResponse(sse_stream(chunks), media_type="text/event-stream")
 
 
+def request_owner(request: Request) -> str:
+    """Who a stored response belongs to: a digest of the request's credentials."""
+    return owner_of(request.headers.get("authorization"))
+
+
+Owner = Annotated[str, Depends(request_owner)]
+
+
 def openai_router(
     engine: EngineClient, model_name: str, guard: Guard, tool_call_parser: str,
     reasoning_parser: str, allow_unknown_fields: bool = False,
@@ -38,40 +46,37 @@ def openai_router(
     router = APIRouter(dependencies=[Depends(guard)])
     generation_errors = documented_errors(401, 404, 408, 429, 500)
 
+    async def answer(serving: Any, req: Any, *args: Any) -> Any:
+        """A generation route's answer: its fields checked, then whole or as a stream."""
+        check_extra_fields(req, allow_unknown_fields)
+        if req.stream:
+            return _streaming(await serving.stream(req, *args))
+        return await serving.create(req, *args)
+
     @router.post("/v1/completions", response_model=p.CompletionResponse,
                  responses={**streamed(p.CompletionResponse), **generation_errors})  # fmt: skip
     async def create_completion(req: p.CompletionRequest) -> Any:
-        check_extra_fields(req, allow_unknown_fields)
-        if req.stream:
-            return _streaming(await completions.stream(req))
-        return await completions.create(req)
+        return await answer(completions, req)
 
     @router.post("/v1/chat/completions", response_model=p.ChatCompletionResponse,
                  responses={**streamed(p.ChatCompletionResponse), **generation_errors})  # fmt: skip
     async def create_chat_completion(req: p.ChatCompletionRequest) -> Any:
-        check_extra_fields(req, allow_unknown_fields)
-        if req.stream:
-            return _streaming(await chat.stream(req))
-        return await chat.create(req)
+        return await answer(chat, req)
 
     @router.post("/v1/responses", responses={200: {"content": {"text/event-stream": {}}},
                                              **generation_errors})  # fmt: skip
-    async def create_response(req: ResponsesRequest, request: Request) -> Any:
+    async def create_response(req: ResponsesRequest, owner: Owner) -> Any:
         """OpenAI's Responses API (`server/responses.py`); stored by default, for the key that
         created it."""
-        check_extra_fields(req, allow_unknown_fields)
-        owner = owner_of(request.headers.get("authorization"))
-        if req.stream:
-            return _streaming(await responses.stream(req, owner))
-        return await responses.create(req, owner)
+        return await answer(responses, req, owner)
 
     @router.get("/v1/responses/{response_id}", responses=documented_errors(401, 404))
-    async def retrieve_response(response_id: str, request: Request) -> Any:
-        return responses.retrieve(owner_of(request.headers.get("authorization")), response_id)
+    async def retrieve_response(response_id: str, owner: Owner) -> Any:
+        return responses.retrieve(owner, response_id)
 
     @router.delete("/v1/responses/{response_id}", responses=documented_errors(401, 404))
-    async def delete_response(response_id: str, request: Request) -> Any:
-        return responses.delete(owner_of(request.headers.get("authorization")), response_id)
+    async def delete_response(response_id: str, owner: Owner) -> Any:
+        return responses.delete(owner, response_id)
 
     @router.get("/v1/models", responses=documented_errors(401))
     async def list_models() -> p.ModelList:

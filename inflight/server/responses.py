@@ -100,15 +100,14 @@ class ResponsesServing:
         chat = await self.chat.create(chat_req)
         choice = chat.choices[0]
         message = choice.message
+        status = "incomplete" if choice.finish_reason == "length" else "completed"
         output = []
         if message.reasoning_content:
             output.append(reasoning_item(message.reasoning_content))
         if message.content or not message.tool_calls:
-            status = "incomplete" if choice.finish_reason == "length" else "completed"
             output.append(message_item(new_id("msg"), message.content or "", status))
         for call in message.tool_calls or []:
             output.append(call_item(call.id, call.function.name, call.function.arguments))
-        status = "incomplete" if choice.finish_reason == "length" else "completed"
         response = self._response(req, new_id("resp"), int(time.time()), status, output, chat.usage)
         reply = message.model_dump(exclude_none=True, exclude={"reasoning_content", "refusal"})
         self._keep(req, owner, response, _dumped(chat_req.messages), reply)
