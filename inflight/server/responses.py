@@ -8,6 +8,7 @@ events (`response_events.py`), in the order the spec gives.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import AsyncGenerator
 from typing import Any
@@ -142,42 +143,44 @@ class ResponsesServing:
         calls: dict[int, dict[str, Any]] = {}  # tool-call index -> its item
         message_id: str | None = None
         usage = None
-        async for chunk in chunks:
-            if chunk.get("usage"):
-                usage = p.UsageInfo(**chunk["usage"])
-            for choice in chunk["choices"]:
-                delta, finish = choice["delta"], choice.get("finish_reason") or finish
-                thought += delta.get("reasoning_content") or ""
-                if delta.get("content"):
-                    if message_id is None:
-                        message_id = new_id("msg")
-                        for event in events.open_message(message_id):
-                            yield event
-                    text += delta["content"]
-                    yield events.make(
-                        "response.output_text.delta",
-                        item_id=message_id,
-                        output_index=events.index_of(message_id),
-                        content_index=0,
-                        delta=delta["content"],
-                        logprobs=[],
-                    )
-                for call in delta.get("tool_calls") or []:
-                    item = calls.get(call["index"])
-                    if item is None:
-                        item = calls[call["index"]] = call_item(
-                            call["id"], call["function"]["name"], "", "in_progress"
-                        )
-                        yield events.added(item)
-                    piece = call["function"].get("arguments") or ""
-                    item["arguments"] += piece
-                    if piece:
+        # closed as soon as this stream is (a client that left): its requests are aborted now
+        async with contextlib.aclosing(chunks) as chat_chunks:
+            async for chunk in chat_chunks:
+                if chunk.get("usage"):
+                    usage = p.UsageInfo(**chunk["usage"])
+                for choice in chunk["choices"]:
+                    delta, finish = choice["delta"], choice.get("finish_reason") or finish
+                    thought += delta.get("reasoning_content") or ""
+                    if delta.get("content"):
+                        if message_id is None:
+                            message_id = new_id("msg")
+                            for event in events.open_message(message_id):
+                                yield event
+                        text += delta["content"]
                         yield events.make(
-                            "response.function_call_arguments.delta",
-                            item_id=item["id"],
-                            output_index=events.index_of(item["id"]),
-                            delta=piece,
+                            "response.output_text.delta",
+                            item_id=message_id,
+                            output_index=events.index_of(message_id),
+                            content_index=0,
+                            delta=delta["content"],
+                            logprobs=[],
                         )
+                    for call in delta.get("tool_calls") or []:
+                        item = calls.get(call["index"])
+                        if item is None:
+                            item = calls[call["index"]] = call_item(
+                                call["id"], call["function"]["name"], "", "in_progress"
+                            )
+                            yield events.added(item)
+                        piece = call["function"].get("arguments") or ""
+                        item["arguments"] += piece
+                        if piece:
+                            yield events.make(
+                                "response.function_call_arguments.delta",
+                                item_id=item["id"],
+                                output_index=events.index_of(item["id"]),
+                                delta=piece,
+                            )
         status = "incomplete" if finish == "length" else "completed"
         output = []
         if thought:

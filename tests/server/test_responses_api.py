@@ -17,7 +17,7 @@ from inflight.engine.async_engine import AsyncLLM
 from inflight.errors import InvalidRequestError
 from inflight.server.response_store import ResponseStore
 from inflight.server.responses_input import input_messages
-from tests.server.live import LiveServer
+from tests.server.live import LiveServer, slow_steps
 
 MODEL = "tiny"
 KEY = "sk-test"
@@ -184,3 +184,19 @@ def test_parallel_function_calls_in_the_input_are_one_assistant_turn():
     assert [m["role"] for m in messages] == ["user", "assistant", "tool", "tool"]
     assert [c["id"] for c in messages[1]["tool_calls"]] == ["c1", "c2"]
     assert messages[3]["content"] == '{"t": 1}'
+
+
+def test_a_client_that_leaves_a_stream_aborts_its_request(tiny_llama):
+    engine = AsyncLLM(str(tiny_llama), dtype="float32", max_model_len=256, num_kv_blocks=64)
+    with LiveServer(engine, served_model_name=MODEL) as s:
+        slow_steps(engine, 0.05)  # 200 tokens would take 10 s
+        body = {"model": MODEL, "input": "hi", "max_output_tokens": 200, "stream": True}
+        with httpx.stream("POST", s.url + "/v1/responses", json=body, timeout=30) as r:
+            deltas = 0
+            for line in r.iter_lines():
+                deltas += '"response.output_text.delta"' in line
+                if deltas == 3:
+                    break  # and leave
+        s.wait_idle(timeout=5)  # aborted within a step, not run to its 200 tokens
+        pool = engine.core.kv_cache_manager.pool
+        assert pool.num_free_blocks == pool.num_blocks
