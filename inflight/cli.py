@@ -13,10 +13,13 @@ import sys
 import types
 import typing
 from collections.abc import Collection, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from inflight.config import knob_fields
 from inflight.routing import ROUTERS
+
+if TYPE_CHECKING:
+    from inflight.server.api_server import ServerConfig
 
 logger = logging.getLogger("inflight")
 
@@ -188,9 +191,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--read-timeout",
         type=float,
         default=10.0,
-        help="seconds a client may take to send a request's head, or stall its "
-        "body, before the connection is closed or gets 408 (default: 10)",
+        help="seconds a client may take to send a request's head and body together, "
+        "after which it gets 408 and the connection is closed (default: 10)",
     )
+    serve.add_argument("--max-connections", type=int, default=1000,
+                       help="open connections; past it a new one gets 503 and is closed at "
+                            "once (default: 1000)")  # fmt: skip
+    serve.add_argument("--max-header-bytes", type=int, default=32 * 1024,
+                       help="a request's line and header fields in bytes, past which it gets "
+                            "431 (default: 32768)")  # fmt: skip
+    serve.add_argument("--max-headers", type=int, default=100,
+                       help="header fields a request may carry, past which it gets 431 "
+                            "(default: 100)")  # fmt: skip
     serve.add_argument("--shutdown-timeout", type=float, default=30.0,
                        help="on SIGTERM, seconds in-flight requests get to finish before they "
                             "are aborted (default: 30)")  # fmt: skip
@@ -226,21 +238,33 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def run_serve(args: argparse.Namespace) -> int:
-    from inflight import InflightError
-    from inflight.engine.async_engine import AsyncLLM
-    from inflight.server.api_server import ServerConfig, build_app
-    from inflight.server.http_server import serve
+def server_config(args: argparse.Namespace) -> ServerConfig:
+    from inflight.server.api_server import ServerConfig
 
-    knobs = knobs_from_args(args)
-    config = ServerConfig(
+    return ServerConfig(
         host=args.host, port=args.port, api_key=args.api_key,
         served_model_name=args.served_model_name, max_body_bytes=args.max_body_bytes,
         allowed_hosts=args.allowed_hosts, read_timeout=args.read_timeout,
+        max_connections=args.max_connections, max_header_bytes=args.max_header_bytes,
+        max_headers=args.max_headers,
         shutdown_timeout=args.shutdown_timeout, tool_call_parser=args.tool_call_parser,
         reasoning_parser=args.reasoning_parser, allow_unknown_fields=args.allow_unknown_fields,
         allowed_origins=args.allowed_origins,
     )  # fmt: skip
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    from inflight import InflightError
+    from inflight.engine.async_engine import AsyncLLM
+    from inflight.server.api_server import build_app
+    from inflight.server.http_server import serve
+
+    knobs = knobs_from_args(args)
+    try:
+        config = server_config(args)
+    except ValueError as e:
+        logger.error("%s", e)
+        return 2
     if args.replicas < 1:
         logger.error("--replicas must be >= 1, got %d", args.replicas)
         return 2

@@ -1,11 +1,7 @@
-"""uvicorn, plus two things it leaves out: a deadline on each request's head, and a shutdown that
-lets requests finish.
+"""uvicorn, plus what it leaves out: the HTTP edge's limits (`http_edge`: one deadline per
+request, a connection cap, header limits, unambiguous framing) and a shutdown that lets requests
+finish.
 
-- uvicorn times out an idle keep-alive connection only after a response, so a client that
-  connects and sends nothing, or trickles its headers a byte at a time, holds a connection
-  forever. `head_timeout_protocol` closes a connection whose request head is not complete
-  `read_timeout` seconds after it opened or after its last response ended. (A stalled body is
-  `middleware.RequestLimits`' 408.)
 - On SIGTERM or SIGINT, `InflightServer` drains: new requests get 503, requests in flight get
   up to `shutdown_timeout` seconds to finish, the rest are aborted with an error (an error chunk
   for a stream), and the process exits 0. uvicorn alone waits on open streams without bound and
@@ -24,50 +20,12 @@ from types import FrameType
 
 import uvicorn
 from fastapi import FastAPI
-from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from inflight.engine.client import EngineClient
 from inflight.server.api_server import ServerConfig
+from inflight.server.http_edge import EdgeLimits, edge_protocol
 
 logger = logging.getLogger(__name__)
-
-
-def head_timeout_protocol(timeout: float) -> type[H11Protocol]:
-    class HeadTimeoutProtocol(H11Protocol):
-        _head_timer: asyncio.TimerHandle | None = None
-
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            super().connection_made(transport)
-            self._arm()
-
-        def handle_events(self) -> None:
-            cycle = self.cycle
-            super().handle_events()
-            if self.cycle is not cycle:  # a request head arrived
-                self._disarm()
-
-        def on_response_complete(self) -> None:
-            self._arm()  # first: a pipelined request handled inside disarms it again
-            super().on_response_complete()
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            self._disarm()
-            super().connection_lost(exc)
-
-        def _arm(self) -> None:
-            self._disarm()
-            self._head_timer = self.loop.call_later(timeout, self._timed_out)
-
-        def _disarm(self) -> None:
-            if self._head_timer is not None:
-                self._head_timer.cancel()
-                self._head_timer = None
-
-        def _timed_out(self) -> None:
-            if not self.transport.is_closing():
-                self.transport.close()
-
-    return HeadTimeoutProtocol
 
 
 class InflightServer(uvicorn.Server):
@@ -116,15 +74,23 @@ class InflightServer(uvicorn.Server):
         self.should_exit = True
 
 
-def serve(app: FastAPI, engine: EngineClient, config: ServerConfig) -> None:
-    """Serves until SIGTERM/SIGINT, then drains (see the module docstring) and returns."""
-    uv_config = uvicorn.Config(
+def uvicorn_config(app: FastAPI, config: ServerConfig) -> uvicorn.Config:
+    limits = EdgeLimits(read_timeout=config.read_timeout, max_connections=config.max_connections,
+                        max_header_bytes=config.max_header_bytes,
+                        max_headers=config.max_headers)  # fmt: skip
+    return uvicorn.Config(
         app,
         host=config.host,
         port=config.port,
         log_level="warning",
-        http=head_timeout_protocol(config.read_timeout),
+        http=edge_protocol(limits),
+        # h11's own bound on a head that arrives in pieces is left to `http_edge`'s, checked first
+        h11_max_incomplete_event_size=config.max_header_bytes + 1,
         timeout_keep_alive=5,
         timeout_graceful_shutdown=5,  # after the drain, only finished streams remain
     )
-    InflightServer(uv_config, engine, config.shutdown_timeout).run()
+
+
+def serve(app: FastAPI, engine: EngineClient, config: ServerConfig) -> None:
+    """Serves until SIGTERM/SIGINT, then drains (see the module docstring) and returns."""
+    InflightServer(uvicorn_config(app, config), engine, config.shutdown_timeout).run()

@@ -11,7 +11,7 @@ import uvicorn
 
 from inflight.engine.async_engine import AsyncLLM
 from inflight.server.api_server import ServerConfig, build_app
-from inflight.server.http_server import head_timeout_protocol
+from inflight.server.http_server import uvicorn_config
 
 
 class LiveServer:
@@ -22,8 +22,7 @@ class LiveServer:
         self.port = self.sock.getsockname()[1]
         self.config = ServerConfig(host="127.0.0.1", port=self.port, **config)
         self.app = build_app(engine, self.config)
-        http = head_timeout_protocol(self.config.read_timeout)  # as `inflight serve` runs it
-        self.server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning", http=http))
+        self.server = uvicorn.Server(uvicorn_config(self.app, self.config))  # as `serve` runs it
         self.thread = threading.Thread(
             target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True
         )
