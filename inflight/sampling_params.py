@@ -42,16 +42,21 @@ def check_int(value: object, param: str, lo: int, hi: int) -> None:
     _check(lo <= value <= hi, param, f"must be in [{lo}, {hi}], got {value}")  # type: ignore[operator]
 
 
-def check_float(value: object, param: str, lo: float, hi: float, lo_open: bool = False) -> None:
-    """A finite real number in [lo, hi] ((lo, hi] with `lo_open`), never a denormal in float32."""
+def checked_float(value: object, param: str, lo: float, hi: float, lo_open: bool = False) -> float:
+    """A finite real number in [lo, hi] ((lo, hi] with `lo_open`). One that float32 holds only
+    as a denormal is 0 where 0 is allowed (as float32 arithmetic would make it) and refused
+    where the value must be positive: it would divide or compare as 0."""
     _check(isinstance(value, int | float) and not isinstance(value, bool), param,
            f"must be a number, got {type(value).__name__}")  # fmt: skip
     _check(math.isfinite(value), param, f"must be finite, got {value}")  # type: ignore[arg-type]
     above = value > lo if lo_open else value >= lo  # type: ignore[operator]
     interval = f"{'(' if lo_open else '['}{lo:g}, {hi:g}]"
     _check(above and value <= hi, param, f"must be in {interval}, got {value}")  # type: ignore[operator]
-    _check(value == 0 or abs(value) >= FLOAT32_TINY, param,  # type: ignore[arg-type]
+    if value == 0 or abs(value) >= FLOAT32_TINY:  # type: ignore[arg-type]
+        return value  # type: ignore[return-value]
+    _check(lo <= 0 and not lo_open, param,
            f"is too close to 0 ({value} is not a normal float32)")  # fmt: skip
+    return 0.0
 
 
 def unicode_problem(text: str) -> str | None:
@@ -89,7 +94,9 @@ class StructuredOutputs:
         given = [k for k in ("json", "regex", "choice", "grammar") if getattr(self, k) is not None]
         given += ["json_object"] if self.json_object is True else []
         kinds = "json, json_object, regex, choice, grammar"
-        _check(len(given) == 1, self.param, f"must set exactly one of {kinds}; got {given}")
+        if len(given) != 1:  # a rule between fields: the OpenAPI document states it in words
+            raise InvalidRequestError(f"{self.param} must set exactly one of {kinds}; got {given}",
+                                      self.param, "invalid_combination")  # fmt: skip
         _check(isinstance(self.json_object, bool), self.param, "json_object must be a boolean")
         if self.json is not None:
             _check(isinstance(self.json, dict | str), self.param,
@@ -145,21 +152,24 @@ class SamplingParams:
         self.stop = list(self.stop or [])
         self.stop_token_ids = list(self.stop_token_ids or [])
         check_int(self.n, "n", 1, MAX_INT64)
-        check_float(self.temperature, "temperature", 0.0, MAX_TEMPERATURE)
-        check_float(self.top_p, "top_p", 0.0, 1.0, lo_open=True)
+        self.temperature = checked_float(self.temperature, "temperature", 0.0, MAX_TEMPERATURE)
+        self.top_p = checked_float(self.top_p, "top_p", 0.0, 1.0, lo_open=True)
         check_int(self.top_k, "top_k", -1, MAX_INT64)
         if self.top_k == -1:
             self.top_k = 0
-        check_float(self.min_p, "min_p", 0.0, 1.0)
-        check_float(self.presence_penalty, "presence_penalty", -2.0, 2.0)
-        check_float(self.frequency_penalty, "frequency_penalty", -2.0, 2.0)
-        check_float(self.repetition_penalty, "repetition_penalty",
-                    MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY)  # fmt: skip
+        self.min_p = checked_float(self.min_p, "min_p", 0.0, 1.0)
+        self.presence_penalty = checked_float(self.presence_penalty, "presence_penalty", -2.0, 2.0)
+        self.frequency_penalty = checked_float(self.frequency_penalty, "frequency_penalty",
+                                               -2.0, 2.0)  # fmt: skip
+        self.repetition_penalty = checked_float(
+            self.repetition_penalty, "repetition_penalty",
+            MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY,
+        )  # fmt: skip
         check_int(self.max_tokens, "max_tokens", 1, MAX_INT64)
         check_int(self.min_tokens, "min_tokens", 0, self.max_tokens)
         for token_id, bias in (self.logit_bias or {}).items():
             check_int(token_id, "logit_bias", 0, MAX_INT64)
-            check_float(bias, "logit_bias", -100.0, 100.0)
+            self.logit_bias[token_id] = checked_float(bias, "logit_bias", -100.0, 100.0)  # type: ignore[index]
         if self.seed is not None:
             # children of an n > 1 request are seeded seed, seed + 1, ..., seed + n - 1
             check_int(self.seed, "seed", MIN_SEED, MAX_SEED - (self.n - 1))

@@ -59,7 +59,9 @@ def render_chat(
             messages, tools=tools, tokenize=False, add_generation_prompt=True, **template_kwargs
         )
     except Exception as e:  # jinja errors for malformed messages
-        raise InvalidRequestError(f"cannot render the chat template: {e}", "messages") from e
+        raise InvalidRequestError(
+            f"cannot render the chat template: {e}", "messages", "chat_template_error"
+        ) from e
 
 
 def _check_texts(value: Any, param: str) -> None:

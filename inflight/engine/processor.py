@@ -71,20 +71,21 @@ class InputProcessor:
         if bad:
             raise InvalidRequestError(
                 f"prompt has token ids outside the vocabulary [0, {self.vocab_size}): {bad[:5]}",
-                param="prompt",
-            )
+                param="prompt", code="outside_vocabulary",
+            )  # fmt: skip
         for name, ids in (
             ("stop_token_ids", params.stop_token_ids),
             ("logit_bias", list(params.logit_bias or ())),
         ):
             if any(not 0 <= t < self.vocab_size for t in ids):
                 raise InvalidRequestError(
-                    f"{name} has token ids outside the vocabulary [0, {self.vocab_size})", name
-                )
+                    f"{name} has token ids outside the vocabulary [0, {self.vocab_size})", name,
+                    "outside_vocabulary",
+                )  # fmt: skip
         if params.top_k > self.vocab_size:
             raise InvalidRequestError(
                 f"top_k must be -1, 0 (disabled) or at most the vocabulary size "
-                f"{self.vocab_size}, got {params.top_k}", param="top_k",
+                f"{self.vocab_size}, got {params.top_k}", param="top_k", code="outside_vocabulary",
             )  # fmt: skip
         n_prompt = len(prompt_ids)
         if n_prompt + params.max_tokens > self.max_model_len:

@@ -26,6 +26,7 @@ from starlette.routing import Match
 from inflight import __version__
 from inflight.engine.client import EngineClient
 from inflight.errors import InflightError
+from inflight.sampling_params import MAX_INT64, MAX_SEED, MIN_SEED
 from inflight.server import reasoning, tool_parsers
 from inflight.server.auth import Unauthorized, api_key_guard, api_key_or_query_guard
 from inflight.server.errors import error_status
@@ -37,8 +38,9 @@ from inflight.server.middleware import (
     default_allowed_hosts,
     error_response,
 )
-from inflight.server.openai_routes import openai_router
+from inflight.server.openai_routes import GENERATION_REQUESTS, openai_router
 from inflight.server.ops_routes import Monitoring, ops_router
+from inflight.server.request_fields import document_fields
 
 logger = logging.getLogger(__name__)
 
@@ -52,8 +54,13 @@ class ServerConfig:
     max_body_bytes: int = 8 * 2**20
     # Host header names accepted (None: `middleware.default_allowed_hosts`); "*" accepts any
     allowed_hosts: list[str] | None = field(default=None)
-    # seconds a client may take to send a request's head, or stall its body
+    # seconds a client may take to send a request's head and body (`http_edge`)
     read_timeout: float = 10.0
+    # open connections; past it a new one gets 503 and is closed at once
+    max_connections: int = 1000
+    # a request's head (request line and header fields) in bytes, and its header fields: 431
+    max_header_bytes: int = 32 * 1024
+    max_headers: int = 100
     # seconds in-flight requests get to finish after SIGTERM before they are aborted
     shutdown_timeout: float = 30.0
     # the format of `auto` tool calls (`tool_parsers.PARSERS`); auto: the chat template's
@@ -71,6 +78,11 @@ class ServerConfig:
             value = getattr(self, name)
             if value != "auto" and value not in known:
                 raise ValueError(f"unknown {name} {value!r}; known: auto, {', '.join(known)}")
+        if not self.read_timeout > 0:
+            raise ValueError(f"read_timeout must be > 0, got {self.read_timeout}")
+        for name in ("max_connections", "max_header_bytes", "max_headers"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
 
 SHOWN_KNOBS = (
@@ -138,7 +150,7 @@ def build_app(engine: EngineClient, config: ServerConfig) -> FastAPI:
                                      config.allow_unknown_fields))  # fmt: skip
     app.include_router(ops_router(engine, model_name, monitoring, guard,
                                   api_key_or_query_guard(config.api_key)))  # fmt: skip
-    app.openapi = lambda: openapi_without_422(app)  # type: ignore[method-assign]
+    app.openapi = lambda: openapi_document(app, config.allow_unknown_fields)  # type: ignore[method-assign]
     return app
 
 
@@ -190,14 +202,38 @@ def allowed_methods(app: FastAPI, request: Request) -> list[str]:
     return allowed
 
 
-def openapi_without_422(app: FastAPI) -> dict[str, Any]:
-    """FastAPI's document, less the 422 it adds to every route (this server answers 400)."""
+_BOUND_KEYS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+_BIG_BOUNDS = {float(b): b for b in (MAX_INT64, -MAX_INT64 - 1, MIN_SEED, MAX_SEED)}
+
+
+def exact_bounds(node: Any) -> Any:
+    """The document with integer bounds as integers: FastAPI's OpenAPI model stores every bound
+    as a float, which turns 2**63 - 1 into 2**63, so a client or fuzzer reading the document
+    would send a value one past what the server takes."""
+    if isinstance(node, list):
+        return [exact_bounds(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    fixed = {key: exact_bounds(value) for key, value in node.items()}
+    for key in _BOUND_KEYS:
+        value = fixed.get(key)
+        if isinstance(value, float) and value.is_integer():
+            fixed[key] = _BIG_BOUNDS.get(value, int(value)) if abs(value) >= 2**53 else int(value)
+    return fixed
+
+
+def openapi_document(app: FastAPI, allow_unknown_fields: bool = False) -> dict[str, Any]:
+    """FastAPI's document, as strict as the server: less the 422 it adds to every route (this
+    server answers 400), and with the generation requests' accepted extra fields declared."""
     if app.openapi_schema is None:
         schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
         for path in schema.get("paths", {}).values():
             for operation in path.values():
                 operation.get("responses", {}).pop("422", None)
+        components = schema.get("components", {}).get("schemas", {})
         for name in ("HTTPValidationError", "ValidationError"):
-            schema.get("components", {}).get("schemas", {}).pop(name, None)
-        app.openapi_schema = schema
+            components.pop(name, None)
+        for model in GENERATION_REQUESTS:
+            document_fields(components[model.__name__], allow_unknown_fields)
+        app.openapi_schema = exact_bounds(schema)
     return app.openapi_schema

@@ -34,6 +34,8 @@ def request_owner(request: Request) -> str:
 
 
 Owner = Annotated[str, Depends(request_owner)]
+# the request bodies whose fields beyond their own `request_fields` judges
+GENERATION_REQUESTS = (p.CompletionRequest, p.ChatCompletionRequest, ResponsesRequest)
 
 
 def openai_router(
@@ -105,7 +107,8 @@ def openai_router(
         completions.check_model(req.model)
         vocab = engine.vocab_size
         if any(not 0 <= t < vocab for t in req.tokens):
-            raise InvalidRequestError(f"tokens must be in [0, {vocab})", "tokens")
+            raise InvalidRequestError(f"tokens must be in [0, {vocab})", "tokens",
+                                          "outside_vocabulary")  # fmt: skip
         text = await engine.run_tokenizer(engine.tokenizer.decode, req.tokens)
         return p.DetokenizeResponse(prompt=text)
 

@@ -1,9 +1,9 @@
 """Pydantic models of the OpenAI API subset inflight serves, plus vLLM's sampling extras.
 
-Requests accept unknown fields (as vLLM does) so stock clients keep working. Known fields are
-checked strictly, by JSON type (`"stream": "yes"` is not a boolean, `"n": 2.0` not an integer)
-and by range (the ranges of `SamplingParams`, so the OpenAPI document states them), strings as
-valid Unicode; a failure becomes a 400 naming the field.
+Requests keep unknown fields for `request_fields` to judge. Known fields are checked strictly,
+by JSON type (`"stream": "yes"` is not a boolean, `"n": "2"` not an integer; `2.0` is one, as
+JSON Schema has it) and by range (the ranges of `SamplingParams`, so the OpenAPI document
+states them), strings as valid Unicode; a failure becomes a 400 naming the field.
 """
 
 from __future__ import annotations
@@ -12,9 +12,10 @@ import time
 import uuid
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from inflight.sampling_params import (
+    FLOAT32_TINY,
     MAX_CHOICES,
     MAX_GRAMMAR_CHARS,
     MAX_INT64,
@@ -38,8 +39,17 @@ def _valid_unicode(text: str) -> str:
     return text
 
 
+def _integral_float(value: Any) -> Any:
+    """JSON has one number type: `2.0` is the integer 2 (so JSON Schema's `integer` says)."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
 Text = Annotated[str, AfterValidator(_valid_unicode)]
-TokenId = Annotated[int, Field(ge=0, le=MAX_INT64)]
+# a request's integer fields (the validator outermost, or pydantic drops the bounds from the
+# document)
+Int = Annotated[int, BeforeValidator(_integral_float)]
+OptionalInt = Annotated[int | None, BeforeValidator(_integral_float)]
+TokenId = Annotated[int, Field(ge=0, le=MAX_INT64), BeforeValidator(_integral_float)]
 StopText = Annotated[Text, Field(min_length=1, max_length=MAX_STOP_STRING_CHARS)]
 STRICT = ConfigDict(extra="allow", strict=True)
 
@@ -55,7 +65,9 @@ class StreamOptions(BaseModel):
 
 
 GrammarText = Annotated[Text, Field(min_length=1, max_length=MAX_GRAMMAR_CHARS)]
-FunctionName = Annotated[Text, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")]
+# plain `str`: its pattern admits ASCII only, and a validator inside would drop the pattern from
+# the OpenAPI document
+FunctionName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")]
 
 
 class JsonSchemaFormat(BaseModel):
@@ -75,6 +87,9 @@ class ResponseFormat(BaseModel):
     json_schema: JsonSchemaFormat | None = None
 
 
+_SET = {"not": {"type": "null"}}
+
+
 class StructuredOutputsField(BaseModel):
     """vLLM's `structured_outputs`: exactly one constraint."""
 
@@ -92,11 +107,11 @@ class SamplingFields(BaseModel):
     model_config = STRICT
 
     model: Text | None = None
-    n: int = Field(default=1, ge=1, le=MAX_N)
+    n: Int = Field(default=1, ge=1, le=MAX_N)
     temperature: float | None = Field(default=None, ge=0, le=2, allow_inf_nan=False)
-    top_p: float | None = Field(default=None, gt=0, le=1, allow_inf_nan=False)
+    top_p: float | None = Field(default=None, ge=FLOAT32_TINY, le=1, allow_inf_nan=False)
     stop: StopText | Annotated[list[StopText], Field(max_length=MAX_STOP_STRINGS)] | None = None
-    seed: int | None = Field(default=None, ge=MIN_SEED, le=MAX_SEED)
+    seed: OptionalInt = Field(default=None, ge=MIN_SEED, le=MAX_SEED)
     presence_penalty: float = Field(default=0.0, ge=-2, le=2, allow_inf_nan=False)
     frequency_penalty: float = Field(default=0.0, ge=-2, le=2, allow_inf_nan=False)
     logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = None
@@ -104,28 +119,48 @@ class SamplingFields(BaseModel):
     stream_options: StreamOptions | None = None
     user: Text | None = None
     # vLLM-style extras
-    top_k: int | None = Field(default=None, ge=-1, le=MAX_INT64)
+    top_k: OptionalInt = Field(default=None, ge=-1, le=MAX_INT64)
     min_p: float | None = Field(default=None, ge=0, le=1, allow_inf_nan=False)
     repetition_penalty: float | None = Field(
         default=None, ge=MIN_REPETITION_PENALTY, le=MAX_REPETITION_PENALTY, allow_inf_nan=False
     )
     ignore_eos: bool = False
-    min_tokens: int = Field(default=0, ge=0, le=MAX_INT64)
+    min_tokens: Int = Field(default=0, ge=0, le=MAX_INT64)
     stop_token_ids: list[TokenId] | None = Field(default=None, max_length=MAX_STOP_TOKEN_IDS)
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
-    priority: int = Field(default=0, ge=-MAX_INT64 - 1, le=MAX_INT64)
+    priority: Int = Field(default=0, ge=-MAX_INT64 - 1, le=MAX_INT64)
     cache_salt: Text | None = None  # requests with different salts never share cached KV
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputsField | None = None
 
 
+NonEmpty = Field(min_length=1)
+PromptText = Annotated[Text, NonEmpty]
+PromptIds = Annotated[list[TokenId], NonEmpty]
+
+
+def tools_for_tool_choice(*tools: str, choices: tuple[str, ...] = ("tool_choice",)) -> dict:
+    """JSON Schema for "a tool_choice other than none needs a tool" (`tool_calls`)."""
+    unset = {"anyOf": [{"const": "none"}, {"type": "null"}]}
+    return {"anyOf": [
+        *({"required": [name], "properties": {name: {"type": "array", "minItems": 1}}}
+          for name in tools),
+        {"properties": dict.fromkeys(choices, unset)},
+    ]}  # fmt: skip
+
+
 class CompletionRequest(SamplingFields):
-    prompt: Text | list[Text] | list[TokenId] | list[list[TokenId]]
-    max_tokens: int | None = Field(default=16, ge=1, le=MAX_INT64)
+    prompt: (
+        PromptText
+        | Annotated[list[PromptText], NonEmpty]
+        | PromptIds
+        | Annotated[list[PromptIds], NonEmpty]
+    )
+    max_tokens: OptionalInt = Field(default=16, ge=1, le=MAX_INT64)
     echo: bool = False
-    logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
-    best_of: int | None = Field(default=None, ge=1, le=MAX_N)  # only best_of == n is served
+    logprobs: OptionalInt = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    best_of: OptionalInt = Field(default=None, ge=1, le=MAX_N)  # only best_of == n is served
 
 
 class ChatContentPart(BaseModel):
@@ -188,15 +223,24 @@ class NamedToolChoice(BaseModel):
     function: NamedFunction
 
 
+def _not_both(a: str, b: str) -> dict[str, Any]:
+    """JSON Schema for "`a` and `b` are not both set" (null counts as unset)."""
+    return {"not": {"required": [a, b], "properties": {a: _SET, b: _SET}}}
+
+
 class ChatCompletionRequest(SamplingFields):
+    model_config = ConfigDict(**STRICT, json_schema_extra={"allOf": [
+        _not_both("functions", "tools"), _not_both("function_call", "tool_choice"),
+        tools_for_tool_choice("tools", "functions", choices=("tool_choice", "function_call")),
+    ]})  # fmt: skip
     messages: list[ChatMessage] = Field(min_length=1)
     tools: Annotated[list[Tool], Field(max_length=128)] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool = True
-    max_tokens: int | None = Field(default=None, ge=1, le=MAX_INT64)
-    max_completion_tokens: int | None = Field(default=None, ge=1, le=MAX_INT64)
+    max_tokens: OptionalInt = Field(default=None, ge=1, le=MAX_INT64)
+    max_completion_tokens: OptionalInt = Field(default=None, ge=1, le=MAX_INT64)
     logprobs: bool = False
-    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    top_logprobs: OptionalInt = Field(default=None, ge=0, le=MAX_LOGPROBS)
     # variables of the model's chat template (Qwen3's enable_thinking), as vLLM takes them
     chat_template_kwargs: dict[str, Any] | None = None
     # OpenAI's legacy function calling, mapped onto tools and tool_choice
@@ -347,10 +391,13 @@ class ModelList(BaseModel):
 
 
 class TokenizeRequest(BaseModel):
-    model_config = STRICT
+    model_config = ConfigDict(**STRICT, json_schema_extra={"anyOf": [
+        {"required": ["prompt"], "properties": {"prompt": {"type": "string"}}},
+        {"required": ["messages"], "properties": {"messages": {"type": "array"}}},
+    ]})  # fmt: skip
     model: Text | None = None
-    prompt: Text | None = None
-    messages: list[ChatMessage] | None = None
+    prompt: PromptText | None = None
+    messages: Annotated[list[ChatMessage], NonEmpty] | None = None
     add_special_tokens: bool = True
 
 

@@ -11,13 +11,38 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from inflight.errors import InvalidRequestError
-from inflight.sampling_params import MAX_INT64
+from inflight.sampling_params import FLOAT32_TINY, MAX_INT64
 from inflight.server import protocol as p
 
 MAX_INPUT_ITEMS = 4096
+
+
+def _item(kind: str, required: list[str], properties: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "object", "required": ["type", *required],
+            "properties": {"type": {"const": kind}, **properties}}  # fmt: skip
+
+
+_STRING = {"type": "string"}
+_TEXT_PART = {"type": "object", "required": ["type", "text"], "properties": {
+    "type": {"enum": ["input_text", "output_text", "text"]}, "text": _STRING,
+}}  # fmt: skip
+_MESSAGE = {"type": "object", "required": ["role", "content"], "properties": {
+    "type": {"const": "message"},
+    "role": {"enum": ["user", "system", "developer", "assistant"]},
+    "content": {"anyOf": [_STRING, {"type": "array", "items": _TEXT_PART}]},
+}}  # fmt: skip
+# What `input_messages` reads from a list input, for the OpenAPI document (the items are read
+# by hand: they are a union the client tags by `type`, with `message` when it has none)
+INPUT_ITEM_SCHEMA = {"anyOf": [
+    _MESSAGE,
+    _item("function_call", ["call_id", "name", "arguments"],
+          {"call_id": _STRING, "name": _STRING, "arguments": _STRING}),
+    _item("function_call_output", ["call_id", "output"], {"call_id": _STRING}),
+    _item("reasoning", [], {}),
+]}  # fmt: skip
 
 
 class FunctionTool(BaseModel):
@@ -50,13 +75,31 @@ class TextOptions(BaseModel):
 
 
 class ResponsesRequest(BaseModel):
-    model_config = p.STRICT
+    model_config = ConfigDict(**p.STRICT, json_schema_extra=p.tools_for_tool_choice("tools"))
     model: p.Text | None = None
-    input: p.Text | Annotated[list[dict[str, Any]], Field(max_length=MAX_INPUT_ITEMS)]
+    input: (
+        p.Text
+        | Annotated[
+            list[dict[str, Any]],
+            Field(
+                max_length=MAX_INPUT_ITEMS,
+                json_schema_extra={
+                    "items": INPUT_ITEM_SCHEMA,
+                    # a turn to answer: earlier reasoning alone is not one
+                    "contains": {
+                        "not": {
+                            "required": ["type"],
+                            "properties": {"type": {"const": "reasoning"}},
+                        }
+                    },
+                },
+            ),
+        ]
+    )
     instructions: p.Text | None = None
-    max_output_tokens: int | None = Field(default=None, ge=1, le=MAX_INT64)
+    max_output_tokens: p.OptionalInt = Field(default=None, ge=1, le=MAX_INT64)
     temperature: float | None = Field(default=None, ge=0, le=2, allow_inf_nan=False)
-    top_p: float | None = Field(default=None, gt=0, le=1, allow_inf_nan=False)
+    top_p: float | None = Field(default=None, ge=FLOAT32_TINY, le=1, allow_inf_nan=False)
     tools: Annotated[list[FunctionTool], Field(max_length=128)] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedFunctionChoice | None = None
     parallel_tool_calls: bool = True
@@ -135,6 +178,9 @@ def chat_request(req: ResponsesRequest, history: list[dict[str, Any]]) -> p.Chat
     if req.instructions is not None:  # instructions are not carried over to continuations
         messages.insert(0, {"role": "system", "content": req.instructions})
     messages += input_messages(req.input)
+    if not messages:  # a rule the OpenAPI document states in words
+        raise InvalidRequestError("input holds no message to answer (earlier reasoning alone is "
+                                  "not one)", "input", "invalid_combination")  # fmt: skip
     body: dict[str, Any] = {
         "model": req.model,
         "messages": messages,

@@ -34,10 +34,11 @@ class CompletionServing(OpenAIServing):
         if req.best_of is not None and req.best_of != req.n:
             raise InvalidRequestError(
                 f"best_of={req.best_of} is not supported: only best_of equal to n ({req.n})",
-                "best_of",
-            )
+                "best_of", "invalid_combination",
+            )  # fmt: skip
         if req.echo and req.stream and req.n > 1:
-            raise InvalidRequestError("echo with n > 1 is not supported when streaming", "echo")
+            raise InvalidRequestError("echo with n > 1 is not supported when streaming", "echo",
+                                      "invalid_combination")  # fmt: skip
         params = self.sampling_params(req, req.max_tokens or 16, req.logprobs)
         return await self.start(self._prompts(req), params, req)
 

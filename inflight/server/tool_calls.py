@@ -41,13 +41,14 @@ def resolve_tool_choice(req: p.ChatCompletionRequest) -> str:
         check_json_schema(tool.function.parameters, f"tools.{i}.function.parameters")
     names = [t.function.name for t in req.tools]
     if len(set(names)) != len(names):
-        raise InvalidRequestError("tools must have distinct function names", param="tools")
+        raise InvalidRequestError("tools must have distinct function names", "tools",
+                                  "invalid_combination")  # fmt: skip
     if isinstance(choice, p.NamedToolChoice):
         if choice.function.name not in names:
             raise InvalidRequestError(
                 f"tool_choice names {choice.function.name!r}, which is not in tools",
-                param="tool_choice",
-            )
+                "tool_choice", "invalid_combination",
+            )  # fmt: skip
         return "named"
     return choice or "auto"
 

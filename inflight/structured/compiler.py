@@ -106,7 +106,7 @@ class Grammars:
                 return compiler.compile_regex(text)
             return compiler.compile_grammar(text)
         except RuntimeError as e:
-            raise InvalidRequestError(
+            raise _invalid(
                 f"{spec.param}: the {kind} does not compile: {_reason(e)}", spec.param
             ) from None
 
@@ -121,6 +121,12 @@ class Grammars:
         return spec.regex if spec.kind == "regex" else spec.grammar  # type: ignore[return-value]
 
 
+def _invalid(message: str, param: str) -> InvalidRequestError:
+    """A constraint that cannot be compiled: a rule the OpenAPI document can state only in
+    words, hence a code of its own."""
+    return InvalidRequestError(message, param, "invalid_grammar")
+
+
 def _schema_text(schema: dict | str, param: str) -> str:
     """A schema's canonical text (dict key order kept: it is the order properties are written)."""
     parsed: Any = schema
@@ -129,7 +135,7 @@ def _schema_text(schema: dict | str, param: str) -> str:
             parsed = json.loads(schema)
         except (ValueError, RecursionError) as e:
             message = f"{param}: the schema is not valid JSON: {e}"
-            raise InvalidRequestError(message, param) from None
+            raise _invalid(message, param) from None
     check_json_schema(parsed, param)
     return json.dumps(_length_bounds_as_patterns(parsed), ensure_ascii=False)
 
@@ -139,31 +145,29 @@ def check_json_schema(schema: Any, param: str) -> None:
     as text, valid Unicode (JSON may carry lone surrogates, which no encoder accepts), valid
     against its metaschema; cheapest checks first."""
     if not isinstance(schema, dict):
-        raise InvalidRequestError(f"{param}: a JSON schema must be an object", param)
+        raise _invalid(f"{param}: a JSON schema must be an object", param)
     # Checked without recursion first: the checks below recurse and would overflow the stack.
     stack = [(schema, 1)]
     while stack:
         node, depth = stack.pop()
         if depth > MAX_SCHEMA_DEPTH:
-            raise InvalidRequestError(
+            raise _invalid(
                 f"{param}: the schema nests deeper than {MAX_SCHEMA_DEPTH} levels", param
             )
         children = node.values() if isinstance(node, dict) else node
         stack.extend((c, depth + 1) for c in children if isinstance(c, dict | list))
     text = json.dumps(schema, ensure_ascii=False)
     if len(text) > MAX_SCHEMA_CHARS:
-        raise InvalidRequestError(
+        raise _invalid(
             f"{param}: the schema has {len(text)} characters, more than {MAX_SCHEMA_CHARS}", param
         )
     if (problem := unicode_problem(text)) is not None:
-        raise InvalidRequestError(f"{param}: the schema is {problem}", param)
+        raise _invalid(f"{param}: the schema is {problem}", param)
     try:
         jsonschema.validators.validator_for(schema).check_schema(schema)
     except jsonschema.SchemaError as e:
         where = "/".join(str(p) for p in e.path) or "the top level"
-        raise InvalidRequestError(
-            f"{param}: not a valid JSON schema at {where}: {e.message}", param
-        ) from None
+        raise _invalid(f"{param}: not a valid JSON schema at {where}: {e.message}", param) from None
 
 
 def _length_bounds_as_patterns(schema: Any) -> Any:

@@ -57,7 +57,7 @@ def test_ok_then_errors_then_ok(server):
     assert_error(post(server, "/v1/completions", {"model": MODEL}), 400, None,
                  "prompt")  # fmt: skip
     assert_error(post(server, "/v1/completions", {**body, "prompt": ""}), 400,
-                 None, "prompt", "must not be empty")  # fmt: skip
+                 None, "prompt", "at least 1")  # fmt: skip
     assert_error(post(server, "/v1/completions", {**body, "prompt": [5, 6], "max_tokens": 200}),
                  400,
                  "context_length_exceeded", "max_tokens",
