@@ -35,6 +35,12 @@ def _check(ok: bool, param: str, message: str) -> None:
         raise InvalidRequestError(f"{param} {message}", param=param)
 
 
+def _check_combination(ok: bool, param: str, message: str) -> None:
+    """A rule between fields: the OpenAPI document can state it only in words."""
+    if not ok:
+        raise InvalidRequestError(f"{param} {message}", param, "invalid_combination")
+
+
 def check_int(value: object, param: str, lo: int, hi: int) -> None:
     """An int (not a bool) in [lo, hi]."""
     _check(isinstance(value, int) and not isinstance(value, bool), param,
@@ -166,13 +172,18 @@ class SamplingParams:
             MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY,
         )  # fmt: skip
         check_int(self.max_tokens, "max_tokens", 1, MAX_INT64)
-        check_int(self.min_tokens, "min_tokens", 0, self.max_tokens)
+        check_int(self.min_tokens, "min_tokens", 0, MAX_INT64)
+        _check_combination(self.min_tokens <= self.max_tokens, "min_tokens",
+                           f"must not exceed max_tokens ({self.max_tokens}), got "
+                           f"{self.min_tokens}")  # fmt: skip
         for token_id, bias in (self.logit_bias or {}).items():
             check_int(token_id, "logit_bias", 0, MAX_INT64)
             self.logit_bias[token_id] = checked_float(bias, "logit_bias", -100.0, 100.0)  # type: ignore[index]
         if self.seed is not None:
             # children of an n > 1 request are seeded seed, seed + 1, ..., seed + n - 1
-            check_int(self.seed, "seed", MIN_SEED, MAX_SEED - (self.n - 1))
+            check_int(self.seed, "seed", MIN_SEED, MAX_SEED)
+            _check_combination(self.seed + self.n - 1 <= MAX_SEED, "seed",
+                               f"+ n - 1 must be at most {MAX_SEED}, got {self.seed}")  # fmt: skip
         _check(len(self.stop) <= MAX_STOP_STRINGS, "stop",
                f"must hold at most {MAX_STOP_STRINGS} strings, got {len(self.stop)}")  # fmt: skip
         for stop in self.stop:

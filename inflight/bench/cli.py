@@ -80,8 +80,8 @@ def load_workload(args: argparse.Namespace, tokenizer) -> list[WorkloadRequest]:
 def add_bench_parser(sub: Any, add_engine_flags: Callable[[argparse.ArgumentParser], None]) -> None:
     bench = sub.add_parser(
         "bench",
-        help="benchmarks: offline, compare, roofline, serve, soak, fleet, calibrate, agreement, "
-        "memory",
+        help="benchmarks: offline, compare, roofline, serve, soak, slowloris, fleet, calibrate, "
+        "agreement, memory",
     )
     modes = bench.add_subparsers(dest="bench_command", required=True)
     fmt = argparse.ArgumentDefaultsHelpFormatter
@@ -255,6 +255,25 @@ def add_bench_parser(sub: Any, add_engine_flags: Callable[[argparse.ArgumentPars
     )
     add_engine_flags(soak)  # fmt: skip
 
+    slowloris = modes.add_parser(
+        "slowloris", formatter_class=fmt,
+        help="trickling clients against `inflight serve`: how long each is held, what it "
+             "costs, and others' latency meanwhile",
+    )  # fmt: skip
+    slowloris.add_argument("--clients", type=int, default=200,
+                           help="trickling connections (default: 200)")  # fmt: skip
+    slowloris.add_argument("--interval", type=positive, default=1.0,
+                           help="seconds between a client's bytes (default: 1)")  # fmt: skip
+    slowloris.add_argument("--probes", type=int, default=5,
+                           help="completions timed before and during (default: 5)")  # fmt: skip
+    slowloris.add_argument("--url", default=None, help="a running server instead of starting one")
+    slowloris.add_argument("--served-model-name", default=None, help="with --url: its model id")
+    slowloris.add_argument("--server-pid", type=int, default=None,
+                           help="with --url: the server's pid, for its RSS")  # fmt: skip
+    slowloris.add_argument("--out", type=Path, default=None,
+                           help="results folder (default: results/bench-slowloris-*)")  # fmt: skip
+    add_engine_flags(slowloris)
+
 
 def run_bench(args: argparse.Namespace, knobs: dict[str, Any]) -> int:
     out = (
@@ -271,6 +290,13 @@ def run_bench(args: argparse.Namespace, knobs: dict[str, Any]) -> int:
         logger.info("results in %s", out)
         print((out / "summary.md").read_text())
         return 0 if ok(summary) else 1
+    elif args.bench_command == "slowloris":
+        from inflight.bench.edge import run_slowloris
+
+        run_slowloris(args, dict(knobs), out)
+        logger.info("results in %s", out)
+        print((out / "summary.md").read_text())
+        return 0
     elif args.bench_command == "fleet":
         from inflight.bench.fleet import run_fleet
 

@@ -18,7 +18,6 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
@@ -26,7 +25,6 @@ from starlette.routing import Match
 from inflight import __version__
 from inflight.engine.client import EngineClient
 from inflight.errors import InflightError
-from inflight.sampling_params import MAX_INT64, MAX_SEED, MIN_SEED
 from inflight.server import reasoning, tool_parsers
 from inflight.server.auth import Unauthorized, api_key_guard, api_key_or_query_guard
 from inflight.server.errors import error_status
@@ -38,9 +36,9 @@ from inflight.server.middleware import (
     default_allowed_hosts,
     error_response,
 )
-from inflight.server.openai_routes import GENERATION_REQUESTS, openai_router
+from inflight.server.openai_routes import openai_router
+from inflight.server.openapi import openapi_document
 from inflight.server.ops_routes import Monitoring, ops_router
-from inflight.server.request_fields import document_fields
 
 logger = logging.getLogger(__name__)
 
@@ -92,9 +90,16 @@ SHOWN_KNOBS = (
 
 
 def _field_path(loc: tuple) -> list[str]:
-    """A pydantic error location as field names and indices, without "body" and without the
-    names pydantic gives the members of a union ("list[int]", "function-after[...]")."""
-    return [str(x) for x in loc if x != "body" and not (isinstance(x, str) and "[" in x)]
+    """A pydantic error location as field names and indices, without "body", without the
+    names pydantic gives the members of a union ("list[int]", "function-after[...]"), and
+    without a bad dict key (it is the client's text: "[key]" follows it)."""
+    path: list[str] = []
+    for x in loc:
+        if x == "[key]":
+            path.pop()
+        elif x != "body" and not (isinstance(x, str) and "[" in x):
+            path.append(str(x))
+    return path
 
 
 def validation_message(errors: list[dict[str, Any]]) -> tuple[str | None, str]:
@@ -200,40 +205,3 @@ def allowed_methods(app: FastAPI, request: Request) -> list[str]:
         if any(route.matches(probe)[0] is Match.FULL for route in app.router.routes):
             allowed.append(method)
     return allowed
-
-
-_BOUND_KEYS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
-_BIG_BOUNDS = {float(b): b for b in (MAX_INT64, -MAX_INT64 - 1, MIN_SEED, MAX_SEED)}
-
-
-def exact_bounds(node: Any) -> Any:
-    """The document with integer bounds as integers: FastAPI's OpenAPI model stores every bound
-    as a float, which turns 2**63 - 1 into 2**63, so a client or fuzzer reading the document
-    would send a value one past what the server takes."""
-    if isinstance(node, list):
-        return [exact_bounds(item) for item in node]
-    if not isinstance(node, dict):
-        return node
-    fixed = {key: exact_bounds(value) for key, value in node.items()}
-    for key in _BOUND_KEYS:
-        value = fixed.get(key)
-        if isinstance(value, float) and value.is_integer():
-            fixed[key] = _BIG_BOUNDS.get(value, int(value)) if abs(value) >= 2**53 else int(value)
-    return fixed
-
-
-def openapi_document(app: FastAPI, allow_unknown_fields: bool = False) -> dict[str, Any]:
-    """FastAPI's document, as strict as the server: less the 422 it adds to every route (this
-    server answers 400), and with the generation requests' accepted extra fields declared."""
-    if app.openapi_schema is None:
-        schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
-        for path in schema.get("paths", {}).values():
-            for operation in path.values():
-                operation.get("responses", {}).pop("422", None)
-        components = schema.get("components", {}).get("schemas", {})
-        for name in ("HTTPValidationError", "ValidationError"):
-            components.pop(name, None)
-        for model in GENERATION_REQUESTS:
-            document_fields(components[model.__name__], allow_unknown_fields)
-        app.openapi_schema = exact_bounds(schema)
-    return app.openapi_schema

@@ -29,6 +29,7 @@ from inflight.sampling_params import (
     MIN_SEED,
     unicode_problem,
 )
+from inflight.server import schema_rules as rules
 
 MAX_N = 16  # choices per request over HTTP (the queue bound counts each)
 
@@ -59,6 +60,14 @@ def omitted(**kwargs: Any) -> Any:
     return Field(default=None, exclude_if=lambda value: value is None, **kwargs)
 
 
+# token id -> bias; an id as decimal digits below 2**63 (`outside_vocabulary` past the vocabulary)
+LogitBias = Annotated[
+    dict[Annotated[str, Field(pattern=r"^(0|[1-9][0-9]{0,17})$")],
+         Annotated[float, Field(ge=-100, le=100)]],
+    Field(json_schema_extra={"additionalProperties": False}),
+]  # fmt: skip
+
+
 class StreamOptions(BaseModel):
     model_config = STRICT
     include_usage: bool = False
@@ -82,12 +91,11 @@ class JsonSchemaFormat(BaseModel):
 class ResponseFormat(BaseModel):
     """OpenAI's `response_format`: free text, any JSON object, or JSON matching a schema."""
 
-    model_config = STRICT
+    model_config = ConfigDict(**STRICT, json_schema_extra=rules.needs_when(
+        "type", ["text", "json_object"], "json_schema"
+    ))  # fmt: skip
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None
-
-
-_SET = {"not": {"type": "null"}}
 
 
 class StructuredOutputsField(BaseModel):
@@ -114,7 +122,7 @@ class SamplingFields(BaseModel):
     seed: OptionalInt = Field(default=None, ge=MIN_SEED, le=MAX_SEED)
     presence_penalty: float = Field(default=0.0, ge=-2, le=2, allow_inf_nan=False)
     frequency_penalty: float = Field(default=0.0, ge=-2, le=2, allow_inf_nan=False)
-    logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = None
+    logit_bias: LogitBias | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: Text | None = None
@@ -138,16 +146,6 @@ class SamplingFields(BaseModel):
 NonEmpty = Field(min_length=1)
 PromptText = Annotated[Text, NonEmpty]
 PromptIds = Annotated[list[TokenId], NonEmpty]
-
-
-def tools_for_tool_choice(*tools: str, choices: tuple[str, ...] = ("tool_choice",)) -> dict:
-    """JSON Schema for "a tool_choice other than none needs a tool" (`tool_calls`)."""
-    unset = {"anyOf": [{"const": "none"}, {"type": "null"}]}
-    return {"anyOf": [
-        *({"required": [name], "properties": {name: {"type": "array", "minItems": 1}}}
-          for name in tools),
-        {"properties": dict.fromkeys(choices, unset)},
-    ]}  # fmt: skip
 
 
 class CompletionRequest(SamplingFields):
@@ -223,15 +221,11 @@ class NamedToolChoice(BaseModel):
     function: NamedFunction
 
 
-def _not_both(a: str, b: str) -> dict[str, Any]:
-    """JSON Schema for "`a` and `b` are not both set" (null counts as unset)."""
-    return {"not": {"required": [a, b], "properties": {a: _SET, b: _SET}}}
-
-
 class ChatCompletionRequest(SamplingFields):
     model_config = ConfigDict(**STRICT, json_schema_extra={"allOf": [
-        _not_both("functions", "tools"), _not_both("function_call", "tool_choice"),
-        tools_for_tool_choice("tools", "functions", choices=("tool_choice", "function_call")),
+        rules.not_both("functions", "tools"), rules.not_both("function_call", "tool_choice"),
+        rules.tools_for_tool_choice("tools", "functions",
+                                    choices=("tool_choice", "function_call")),
     ]})  # fmt: skip
     messages: list[ChatMessage] = Field(min_length=1)
     tools: Annotated[list[Tool], Field(max_length=128)] | None = None

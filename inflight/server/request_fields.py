@@ -74,16 +74,3 @@ def _check_modalities(value: Any) -> None:
             f"modalities {', '.join(map(repr, others))} are not supported by this server "
             "(text only)", "modalities",
         )  # fmt: skip
-
-
-def document_fields(schema: dict[str, Any], allow_unknown: bool = False) -> None:
-    """Declares in a request model's JSON Schema (in place) the fields `check_extra_fields`
-    accepts beyond the model's own, and, unless `allow_unknown`, that no other is allowed."""
-    properties = schema.setdefault("properties", {})
-    for name in sorted(IGNORED):
-        properties.setdefault(name, {"description": "accepted and ignored"})
-    properties.setdefault("modalities", {
-        "anyOf": [{"type": "array", "items": {"const": "text"}}, {"type": "null"}],
-        "description": "text only",
-    })  # fmt: skip
-    schema["additionalProperties"] = allow_unknown

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from inflight.errors import InvalidRequestError
 from inflight.sampling_params import FLOAT32_TINY, MAX_INT64
 from inflight.server import protocol as p
+from inflight.server import schema_rules as rules
 
 MAX_INPUT_ITEMS = 4096
 
@@ -40,7 +41,7 @@ INPUT_ITEM_SCHEMA = {"anyOf": [
     _MESSAGE,
     _item("function_call", ["call_id", "name", "arguments"],
           {"call_id": _STRING, "name": _STRING, "arguments": _STRING}),
-    _item("function_call_output", ["call_id", "output"], {"call_id": _STRING}),
+    _item("function_call_output", [], {"call_id": {"anyOf": [_STRING, {"type": "null"}]}}),
     _item("reasoning", [], {}),
 ]}  # fmt: skip
 
@@ -74,28 +75,17 @@ class TextOptions(BaseModel):
     format: TextFormat = Field(default_factory=TextFormat)
 
 
+def _input_item_schema(schema: dict[str, Any]) -> None:
+    schema["items"] = INPUT_ITEM_SCHEMA
+
+
+InputItems = Field(min_length=1, max_length=MAX_INPUT_ITEMS, json_schema_extra=_input_item_schema)
+
+
 class ResponsesRequest(BaseModel):
-    model_config = ConfigDict(**p.STRICT, json_schema_extra=p.tools_for_tool_choice("tools"))
+    model_config = ConfigDict(**p.STRICT, json_schema_extra=rules.tools_for_tool_choice("tools"))
     model: p.Text | None = None
-    input: (
-        p.Text
-        | Annotated[
-            list[dict[str, Any]],
-            Field(
-                max_length=MAX_INPUT_ITEMS,
-                json_schema_extra={
-                    "items": INPUT_ITEM_SCHEMA,
-                    # a turn to answer: earlier reasoning alone is not one
-                    "contains": {
-                        "not": {
-                            "required": ["type"],
-                            "properties": {"type": {"const": "reasoning"}},
-                        }
-                    },
-                },
-            ),
-        ]
-    )
+    input: p.Text | Annotated[list[dict[str, Any]], InputItems]
     instructions: p.Text | None = None
     max_output_tokens: p.OptionalInt = Field(default=None, ge=1, le=MAX_INT64)
     temperature: float | None = Field(default=None, ge=0, le=2, allow_inf_nan=False)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -200,6 +201,23 @@ def test_soak_starts_a_server_and_accounts_for_every_request(tiny_llama, tmp_pat
     assert summary["health_failed"] == 0 and summary["health_polls"] > 0
     assert summary["rss_start_mib"] > 0
     assert (out / "soak.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_slowloris_measures_trickling_clients(tiny_llama, tmp_path):
+    """Every trickling client is answered 408 and let go within the read timeout, all of them
+    held at once meanwhile, and the well-behaved client's completions are timed throughout."""
+    engine = AsyncLLM(str(tiny_llama), dtype="float32", max_model_len=128, num_kv_blocks=64)
+    out = tmp_path / "slowloris"
+    with LiveServer(engine, served_model_name="tiny", read_timeout=1.0) as s:
+        code = main(["bench", "slowloris", "--url", s.url, "--served-model-name", "tiny",
+                     "--server-pid", str(os.getpid()), "--clients", "20", "--interval", "0.2",
+                     "--probes", "2", "--out", str(out)])  # fmt: skip
+    assert code == 0
+    summary = json.loads((out / "edge.json").read_text())["summary"]
+    assert summary["answers"] == {"HTTP/1.1 408 Request Timeout": 20}
+    assert summary["held_max_s"] < 4 and summary["peak_open"] == 20
+    assert summary["latency_under_attack_median_s"] > 0 and summary["rss_peak_mib"] > 0
+    assert (out / "edge.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_memory_splits_a_real_servers_peak(tiny_llama, tmp_path):

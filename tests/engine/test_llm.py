@@ -33,7 +33,11 @@ def llm(tiny_llama) -> LLM:
         (lambda: SamplingParams(n=1.5), "n", "must be an integer"),
         (lambda: SamplingParams(seed=2**64), "seed", "must be in"),
         (lambda: SamplingParams(seed=-(2**63) - 1), "seed", "must be in"),
-        (lambda: SamplingParams(seed=2**64 - 1, n=2), "seed", "18446744073709551614"),
+        (
+            lambda: SamplingParams(seed=2**64 - 1, n=2),
+            "seed",
+            "n - 1 must be at most 18446744073709551615",
+        ),
         (lambda: SamplingParams(logprobs=21), "logprobs", r"logprobs must be in \[0, 20\]"),
         (lambda: SamplingParams(stop=[""]), "stop", "stop must not contain empty strings"),
         (lambda: SamplingParams(stop=["\ud800"]), "stop", "lone surrogate"),

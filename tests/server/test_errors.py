@@ -73,7 +73,7 @@ def test_ok_then_errors_then_ok(server):
                  400, None, "top_logprobs")  # fmt: skip
     assert_error(post(server, "/v1/completions", {**body, "prompt": "x" * 5000}), 413,
                  "request_too_large", None, "exceeds 4096 bytes")  # fmt: skip
-    assert_error(post(server, "/detokenize", {"tokens": [10**7]}), 400, None,
+    assert_error(post(server, "/detokenize", {"tokens": [10**7]}), 400, "outside_vocabulary",
                  "tokens")  # fmt: skip
     not_json = httpx.post(server.url + "/v1/completions", content=b"{nope", timeout=10,
                           headers={"content-type": "application/json"})  # fmt: skip
