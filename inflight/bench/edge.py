@@ -54,6 +54,9 @@ class EdgeResult:
             "peak_open": max((n for _, n in self.open_connections), default=0),
             "rss_before_mib": self.rss[0][1] if self.rss else None,
             "rss_peak_mib": max((m for _, m in self.rss), default=None),
+            "rss_added_mib": round(max(m for _, m in self.rss) - self.rss[0][1], 2)
+            if self.rss
+            else None,
             "latency_alone_median_s": median(self.latency_alone_s),
             "latency_under_attack_median_s": median(self.latency_under_attack_s),
         }
@@ -97,7 +100,7 @@ async def attack(url: str, model: str, pid: int | None, clients: int, interval: 
                  probes: int) -> EdgeResult:  # fmt: skip
     result = EdgeResult()
     host, port = httpx.URL(url).host, httpx.URL(url).port or 80
-    start = time.perf_counter()
+    start = 0.0
 
     def sample() -> None:
         now = round(time.perf_counter() - start, 3)
@@ -108,6 +111,7 @@ async def attack(url: str, model: str, pid: int | None, clients: int, interval: 
     async with httpx.AsyncClient() as client:
         for _ in range(probes):
             result.latency_alone_s.append(await completion_latency(client, url, model))
+        start = time.perf_counter()
         sample()
         tasks = [asyncio.ensure_future(trickle(host, port, interval, result))
                  for _ in range(clients)]  # fmt: skip
@@ -169,8 +173,9 @@ def plot_edge(result: EdgeResult, path: Path) -> None:
     left.set_ylabel("trickling connections open", color="tab:red")
     if result.rss:
         right = left.twinx()
-        right.plot(*zip(*result.rss, strict=True), color="tab:blue")
-        right.set_ylabel("server RSS (MiB)", color="tab:blue")
+        base = result.rss[0][1]
+        right.plot([t for t, _ in result.rss], [m - base for _, m in result.rss], color="tab:blue")
+        right.set_ylabel(f"server RSS above its {base:.0f} MiB (MiB)", color="tab:blue")
     left.set_title("slow clients against inflight serve")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
