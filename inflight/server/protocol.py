@@ -226,6 +226,7 @@ class ChatCompletionRequest(SamplingFields):
         rules.not_both("functions", "tools"), rules.not_both("function_call", "tool_choice"),
         rules.tools_for_tool_choice("tools", "functions",
                                     choices=("tool_choice", "function_call")),
+        rules.only_with("top_logprobs", "logprobs", True),
     ]})  # fmt: skip
     messages: list[ChatMessage] = Field(min_length=1)
     tools: Annotated[list[Tool], Field(max_length=128)] | None = None

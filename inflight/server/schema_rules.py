@@ -29,3 +29,11 @@ def needs_when(field: str, values: list[str], needed: str) -> dict[str, Any]:
         {"properties": {field: {"enum": values}}},
         {"required": [needed], "properties": {needed: {"type": "object"}}},
     ]}  # fmt: skip
+
+
+def only_with(field: str, other: str, value: Any) -> dict[str, Any]:
+    """`field` is unset unless `other` is `value`."""
+    return {"anyOf": [
+        {"properties": {field: {"type": "null"}}},
+        {"required": [other], "properties": {other: {"const": value}}},
+    ]}  # fmt: skip

@@ -53,16 +53,10 @@ class OpenAIServing:
         if constraint is not None and requested is not None:
             raise InvalidRequestError(
                 f"{requested.param} cannot be combined with a required or named tool_choice",
-                requested.param,
+                requested.param, "invalid_combination",
             )  # fmt: skip
-        bias = None
-        if req.logit_bias:
-            try:
-                bias = {int(k): v for k, v in req.logit_bias.items()}
-            except ValueError:
-                raise InvalidRequestError(
-                    "logit_bias keys must be token ids", "logit_bias"
-                ) from None
+        # the keys are decimal token ids (`protocol.LogitBias`)
+        bias = {int(k): v for k, v in req.logit_bias.items()} if req.logit_bias else None
         return SamplingParams(
             n=req.n,
             temperature=1.0 if req.temperature is None else req.temperature,
@@ -127,7 +121,7 @@ def requested_constraint(req: p.SamplingFields) -> StructuredOutputs | None:
     if fmt is not None and fmt.type != "text" and extra is not None:
         raise InvalidRequestError(
             "response_format and structured_outputs cannot both constrain the output",
-            "structured_outputs",
+            "structured_outputs", "invalid_combination",
         )  # fmt: skip
     if extra is not None:
         return StructuredOutputs(
