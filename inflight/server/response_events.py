@@ -1,5 +1,6 @@
 """The Responses API's output items, and the events that stream them in the spec's order:
-created, in_progress, then per item added / deltas / done, then completed (or incomplete)."""
+created, in_progress, then per item added / deltas / done, then completed (or incomplete). A
+reasoning item streams as its summary's text (the model's thinking, as it comes)."""
 
 from __future__ import annotations
 
@@ -32,12 +33,12 @@ def call_item(call_id: str, name: str, arguments: str, status: str = "completed"
     }
 
 
-def reasoning_item(text: str) -> dict[str, Any]:
-    return {
-        "id": new_id("rs"),
-        "type": "reasoning",
-        "summary": [{"type": "summary_text", "text": text}],
-    }
+def reasoning_item(item_id: str, text: str) -> dict[str, Any]:
+    return {"id": item_id, "type": "reasoning", "summary": [summary_part(text)]}
+
+
+def summary_part(text: str) -> dict[str, Any]:
+    return {"type": "summary_text", "text": text}
 
 
 class Events:
@@ -94,5 +95,28 @@ class Events:
                 content_index=0,
                 part=part,
             ),
+            self.make("response.output_item.done", output_index=index, item=item),
+        ]
+
+    def open_reasoning(self, item_id: str) -> list[dict[str, Any]]:
+        item = {"id": item_id, "type": "reasoning", "summary": []}
+        added = self.added(item)
+        return [added, self.make("response.reasoning_summary_part.added", item_id=item_id,
+                                 output_index=self._indices[item_id], summary_index=0,
+                                 part=summary_part(""))]  # fmt: skip
+
+    def reasoning_delta(self, item_id: str, delta: str) -> dict[str, Any]:
+        return self.make("response.reasoning_summary_text.delta", item_id=item_id,
+                         output_index=self._indices[item_id], summary_index=0,
+                         delta=delta)  # fmt: skip
+
+    def close_reasoning(self, item: dict[str, Any], cut: bool = False) -> list[dict[str, Any]]:
+        """`cut`: generation stopped while the model was thinking (the part is incomplete)."""
+        index, part = self._indices[item["id"]], item["summary"][0]
+        where = {"item_id": item["id"], "output_index": index, "summary_index": 0}
+        status = {"status": "incomplete"} if cut else {}
+        return [
+            self.make("response.reasoning_summary_text.done", **where, text=part["text"]),
+            self.make("response.reasoning_summary_part.done", **where, part=part, **status),
             self.make("response.output_item.done", output_index=index, item=item),
         ]

@@ -22,6 +22,7 @@ from inflight.server.response_events import (
     message_item,
     new_id,
     reasoning_item,
+    summary_part,
 )
 from inflight.server.response_store import ResponseStore
 from inflight.server.responses_input import (
@@ -104,8 +105,9 @@ class ResponsesServing:
         status = "incomplete" if choice.finish_reason == "length" else "completed"
         output = []
         if message.reasoning_content:
-            output.append(reasoning_item(message.reasoning_content))
-        if message.content or not message.tool_calls:
+            output.append(reasoning_item(new_id("rs"), message.reasoning_content))
+        if message.content or not (message.tool_calls or message.reasoning_content):
+            # an empty message only where there is nothing else to return, as when streamed
             output.append(message_item(new_id("msg"), message.content or "", status))
         for call in message.tool_calls or []:
             output.append(call_item(call.id, call.function.name, call.function.arguments))
@@ -142,6 +144,9 @@ class ResponsesServing:
         text, thought, finish = "", "", None
         calls: dict[int, dict[str, Any]] = {}  # tool-call index -> its item
         message_id: str | None = None
+        reasoning: dict[str, Any] | None = None  # the reasoning item, once the model thinks
+        thinking = False  # its summary is still streaming
+        output: list[dict[str, Any]] = []  # items done, in the order they were added
         usage = None
         # closed as soon as this stream is (a client that left): its requests are aborted now
         async with contextlib.aclosing(chunks) as chat_chunks:
@@ -150,7 +155,18 @@ class ResponsesServing:
                     usage = p.UsageInfo(**chunk["usage"])
                 for choice in chunk["choices"]:
                     delta, finish = choice["delta"], choice.get("finish_reason") or finish
-                    thought += delta.get("reasoning_content") or ""
+                    if piece := delta.get("reasoning_content"):
+                        if reasoning is None:
+                            reasoning, thinking = reasoning_item(new_id("rs"), ""), True
+                            for event in events.open_reasoning(reasoning["id"]):
+                                yield event
+                        thought += piece
+                        yield events.reasoning_delta(reasoning["id"], piece)
+                    answering = delta.get("content") or delta.get("tool_calls")
+                    if thinking and answering and reasoning is not None:
+                        thinking = False  # the answer begins: the thinking is done
+                        for event in self._close_reasoning(events, reasoning, thought, output):
+                            yield event
                     if delta.get("content"):
                         if message_id is None:
                             message_id = new_id("msg")
@@ -182,9 +198,14 @@ class ResponsesServing:
                                 delta=piece,
                             )
         status = "incomplete" if finish == "length" else "completed"
-        output = []
-        if thought:
-            output.append(reasoning_item(thought))
+        if thinking and reasoning is not None:
+            cut = finish == "length"
+            for event in self._close_reasoning(events, reasoning, thought, output, cut):
+                yield event
+        if message_id is None and not calls and reasoning is None:  # nothing came: an empty answer
+            message_id = new_id("msg")
+            for event in events.open_message(message_id):
+                yield event
         if message_id is not None:
             done = message_item(message_id, text, status)
             for event in events.close_message(done):
@@ -202,6 +223,7 @@ class ResponsesServing:
                 "response.output_item.done", output_index=events.index_of(item["id"]), item=item
             )
             output.append(item)
+        output.sort(key=lambda item: events.index_of(item["id"]))
         response = self._response(req, rid, created, status, output, usage)
         reply: dict[str, Any] = {"role": "assistant", "content": text or None}
         if calls:
@@ -215,6 +237,18 @@ class ResponsesServing:
             ]
         self._keep(req, owner, response, _dumped(chat_req.messages), reply)
         yield events.make(f"response.{status}", response=response)
+
+    @staticmethod
+    def _close_reasoning(
+        events: Events,
+        item: dict[str, Any],
+        text: str,
+        output: list[dict[str, Any]],
+        cut: bool = False,
+    ) -> list[dict[str, Any]]:
+        item["summary"] = [summary_part(text)]
+        output.append(item)
+        return events.close_reasoning(item, cut)
 
     def retrieve(self, owner: str, response_id: str) -> dict[str, Any]:
         return self.store.get(owner, response_id).response

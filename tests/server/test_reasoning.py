@@ -140,3 +140,33 @@ def test_lone_surrogates_in_template_variables_are_400s(server):
     assert response.status_code == 400
     assert response.json()["error"]["param"] == "chat_template_kwargs.note.1"
     assert chat(server, chat_template_kwargs={"note": ["ok"]}).status_code == 200
+
+
+def test_a_streamed_response_thinks_in_reasoning_summary_events(thinking_model, tmp_path):
+    """Through the official client, a model whose template always opens the block: cut off at
+    8 tokens, everything is a reasoning summary, streamed equal to the whole, marked incomplete."""
+    import openai
+    from openai.types.responses import ResponseStreamEvent
+    from pydantic import TypeAdapter
+
+    folder = tmp_path / "forced"
+    shutil.copytree(thinking_model, folder)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config["chat_template"] = QWEN3_LIKE.replace("force_thinking is defined and force_thinking",
+                                                 "true")  # fmt: skip
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    engine = AsyncLLM(str(folder), dtype="float32", max_model_len=256, num_kv_blocks=64)
+    with LiveServer(engine, served_model_name="tiny") as s:
+        client = openai.OpenAI(base_url=s.url + "/v1", api_key="none", max_retries=0)
+        body = {"model": "tiny", "input": "hi", "max_output_tokens": 8, "temperature": 0}
+        whole = client.responses.create(**body)
+        with client.responses.stream(**body) as stream:
+            events = [TypeAdapter(ResponseStreamEvent).validate_python(e.model_dump())
+                      for e in stream]  # fmt: skip
+    (item,) = whole.output
+    assert item.type == "reasoning" and item.summary[0].text
+    deltas = "".join(e.delta for e in events if e.type == "response.reasoning_summary_text.delta")
+    (part_done,) = [e for e in events if e.type == "response.reasoning_summary_part.done"]
+    assert deltas == part_done.part.text == item.summary[0].text
+    assert part_done.status == "incomplete" and events[-1].type == "response.incomplete"
+    assert events[-1].response.output[0].summary[0].text == deltas

@@ -5,7 +5,9 @@ validated against openai-python's own types (generated from OpenAI's spec)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+from types import SimpleNamespace
 
 import httpx
 import openai
@@ -15,8 +17,10 @@ from pydantic import TypeAdapter
 
 from inflight.engine.async_engine import AsyncLLM
 from inflight.errors import InvalidRequestError
+from inflight.server import protocol as p
 from inflight.server.response_store import ResponseStore
-from inflight.server.responses_input import input_messages
+from inflight.server.responses import ResponsesServing
+from inflight.server.responses_input import ResponsesRequest, input_messages
 from tests.server.live import LiveServer, slow_steps
 
 MODEL = "tiny"
@@ -200,3 +204,44 @@ def test_a_client_that_leaves_a_stream_aborts_its_request(tiny_llama):
         s.wait_idle(timeout=5)  # aborted within a step, not run to its 200 tokens
         pool = engine.core.kv_cache_manager.pool
         assert pool.num_free_blocks == pool.num_blocks
+
+
+def test_thinking_streams_as_a_reasoning_summary_before_the_answer():
+    """A chat stream that thinks, then answers: the reasoning item opens first, streams its
+    summary and closes when the answer begins; the Response lists the items in that order."""
+
+    async def chat_chunks():
+        script = [
+            ({"reasoning_content": "The user"}, None), ({"reasoning_content": " greets."}, None),
+            ({"content": "Hello"}, None), ({"content": "!"}, "stop"),
+        ]  # fmt: skip
+        for delta, finish in script:
+            yield {"choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+        yield {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 6,
+                                        "total_tokens": 9}}  # fmt: skip
+
+    async def collect():
+        serving = ResponsesServing(SimpleNamespace(model_name=MODEL), ResponseStore())
+        req = ResponsesRequest(input="hi", store=False)
+        chat_req = p.ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}])
+        return [e async for e in serving._events(req, "owner", chat_req, chat_chunks())]
+
+    events = [EVENTS.validate_python(e) for e in asyncio.run(collect())]
+    assert [e.type for e in events] == [
+        "response.created", "response.in_progress",
+        "response.output_item.added", "response.reasoning_summary_part.added",
+        "response.reasoning_summary_text.delta", "response.reasoning_summary_text.delta",
+        "response.reasoning_summary_text.done", "response.reasoning_summary_part.done",
+        "response.output_item.done",
+        "response.output_item.added", "response.content_part.added",
+        "response.output_text.delta", "response.output_text.delta",
+        "response.output_text.done", "response.content_part.done", "response.output_item.done",
+        "response.completed",
+    ]  # fmt: skip
+    assert [e.output_index for e in events if e.type == "response.output_item.added"] == [0, 1]
+    (summary_done,) = [e for e in events if e.type == "response.reasoning_summary_text.done"]
+    assert summary_done.text == "The user greets."
+    response = events[-1].response
+    assert [item.type for item in response.output] == ["reasoning", "message"]
+    assert response.output[0].summary[0].text == "The user greets."
+    assert response.output_text == "Hello!"
