@@ -100,9 +100,8 @@ class StructuredOutputs:
         given = [k for k in ("json", "regex", "choice", "grammar") if getattr(self, k) is not None]
         given += ["json_object"] if self.json_object is True else []
         kinds = "json, json_object, regex, choice, grammar"
-        if len(given) != 1:  # a rule between fields: the OpenAPI document states it in words
-            raise InvalidRequestError(f"{self.param} must set exactly one of {kinds}; got {given}",
-                                      self.param, "invalid_combination")  # fmt: skip
+        _check_combination(len(given) == 1, self.param,
+                           f"must set exactly one of {kinds}; got {given}")  # fmt: skip
         _check(isinstance(self.json_object, bool), self.param, "json_object must be a boolean")
         if self.json is not None:
             _check(isinstance(self.json, dict | str), self.param,
@@ -176,9 +175,12 @@ class SamplingParams:
         _check_combination(self.min_tokens <= self.max_tokens, "min_tokens",
                            f"must not exceed max_tokens ({self.max_tokens}), got "
                            f"{self.min_tokens}")  # fmt: skip
-        for token_id, bias in (self.logit_bias or {}).items():
-            check_int(token_id, "logit_bias", 0, MAX_INT64)
-            self.logit_bias[token_id] = checked_float(bias, "logit_bias", -100.0, 100.0)  # type: ignore[index]
+        if self.logit_bias:  # a copy: the caller's dict is not rewritten
+            biases = {}
+            for token_id, bias in self.logit_bias.items():
+                check_int(token_id, "logit_bias", 0, MAX_INT64)
+                biases[token_id] = checked_float(bias, "logit_bias", -100.0, 100.0)
+            self.logit_bias = biases
         if self.seed is not None:
             # children of an n > 1 request are seeded seed, seed + 1, ..., seed + n - 1
             check_int(self.seed, "seed", MIN_SEED, MAX_SEED)

@@ -18,8 +18,12 @@ def message_item(item_id: str, text: str, status: str) -> dict[str, Any]:
         "type": "message",
         "role": "assistant",
         "status": status,
-        "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}],
+        "content": [output_text(text)],
     }
+
+
+def output_text(text: str) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
 
 def call_item(call_id: str, name: str, arguments: str, status: str = "completed") -> dict[str, Any]:
@@ -65,7 +69,7 @@ class Events:
     def open_message(self, item_id: str) -> list[dict[str, Any]]:
         item = message_item(item_id, "", "in_progress")
         item["content"] = []
-        part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+        part = output_text("")
         return [
             self.added(item),
             self.make(

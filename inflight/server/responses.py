@@ -144,9 +144,8 @@ class ResponsesServing:
         text, thought, finish = "", "", None
         calls: dict[int, dict[str, Any]] = {}  # tool-call index -> its item
         message_id: str | None = None
-        reasoning: dict[str, Any] | None = None  # the reasoning item, once the model thinks
-        thinking = False  # its summary is still streaming
-        output: list[dict[str, Any]] = []  # items done, in the order they were added
+        reasoning: dict[str, Any] | None = None  # the reasoning item while its summary streams
+        output: list[dict[str, Any]] = []  # items done
         usage = None
         # closed as soon as this stream is (a client that left): its requests are aborted now
         async with contextlib.aclosing(chunks) as chat_chunks:
@@ -157,16 +156,16 @@ class ResponsesServing:
                     delta, finish = choice["delta"], choice.get("finish_reason") or finish
                     if piece := delta.get("reasoning_content"):
                         if reasoning is None:
-                            reasoning, thinking = reasoning_item(new_id("rs"), ""), True
+                            reasoning, thought = reasoning_item(new_id("rs"), ""), ""
                             for event in events.open_reasoning(reasoning["id"]):
                                 yield event
                         thought += piece
                         yield events.reasoning_delta(reasoning["id"], piece)
-                    answering = delta.get("content") or delta.get("tool_calls")
-                    if thinking and answering and reasoning is not None:
-                        thinking = False  # the answer begins: the thinking is done
+                    if reasoning is not None and (delta.get("content") or delta.get("tool_calls")):
+                        # the answer begins: the thinking is done
                         for event in self._close_reasoning(events, reasoning, thought, output):
                             yield event
+                        reasoning = None
                     if delta.get("content"):
                         if message_id is None:
                             message_id = new_id("msg")
@@ -198,11 +197,11 @@ class ResponsesServing:
                                 delta=piece,
                             )
         status = "incomplete" if finish == "length" else "completed"
-        if thinking and reasoning is not None:
+        if reasoning is not None:  # cut off (or ended) while thinking
             cut = finish == "length"
             for event in self._close_reasoning(events, reasoning, thought, output, cut):
                 yield event
-        if message_id is None and not calls and reasoning is None:  # nothing came: an empty answer
+        if message_id is None and not calls and not output:  # nothing came: an empty answer
             message_id = new_id("msg")
             for event in events.open_message(message_id):
                 yield event
