@@ -173,3 +173,26 @@ def test_connections_past_the_cap_are_refused_at_once(engine):
                 sock.close()
         time.sleep(0.2)
         assert httpx.get(s.url + "/health").status_code == 200
+
+
+def test_a_stalled_body_gets_408_behind_any_asgi_server():
+    """`RequestLimits` alone (Ray Serve's proxy has no edge): a body that stops arriving."""
+    import asyncio
+
+    from inflight.server.middleware import RequestLimits
+
+    async def app(scope, receive, send):
+        raise AssertionError("the route must not run")
+
+    async def stall():
+        await asyncio.sleep(3600)
+
+    sent = []
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "http", "headers": [(b"content-length", b"10")]}
+    asyncio.run(RequestLimits(app, max_bytes=100, read_timeout=0.1)(scope, stall, send))
+    assert sent[0]["status"] == 408
+    assert json.loads(sent[1]["body"])["error"]["code"] == "request_timeout"
