@@ -150,7 +150,11 @@ class EngineCore:
         model, device = self.loaded.model, self.device
         attn = model.layers[0].attn
         graphs = None
-        if supports_graphs(attn, device) and not config.model.enforce_eager:
+        wants_graphs = supports_graphs(attn, device) and not config.model.enforce_eager
+        if wants_graphs and not model.graph_capturable:
+            logger.info("%s routes experts on the host: decode steps run without CUDA graphs",
+                        type(model).__name__)  # fmt: skip
+        elif wants_graphs:
             graphs = DecodeGraphs(model, self.kv_cache, config.scheduler.max_num_seqs,
                                   plan.max_model_len, device)  # fmt: skip
             graphs.capture_all()

@@ -204,6 +204,8 @@ class LlamaModel(nn.Module):
     layer_class: ClassVar[type[DecoderLayer]] = DecoderLayer
     # the C++ layer loop (model/fused_layers.py) computes this family's layers
     fusable: ClassVar[bool] = True
+    # a forward pass with no host synchronisation, so a CUDA graph can capture its decode steps
+    graph_capturable: ClassVar[bool] = True
 
     def __init__(
         self, cfg: LlamaArchConfig, attn: AttentionBackend, ops: TorchLayerOps | None = None

@@ -12,7 +12,7 @@ read as gate/up/down. From a GGUF file (`qwen3moe`, or `llama` with experts: Mix
 layer's stacked expert weights arrive one expert at a time (the index slices them), and where
 they are blocks the kernels read, each expert's linears multiply from its blocks as any layer's
 do. The fused C++ layer loop does not route experts: these layers run in Python
-(`fusable = False`).
+(`fusable = False`), and on a GPU their decode steps run without CUDA graphs.
 """
 
 from __future__ import annotations
@@ -93,6 +93,9 @@ class _MoEModel(LlamaModel):
     sparse layers' linears (router, experts) in place of an MLP's."""
 
     fusable = False
+    # routing reads which experts were chosen back to the host (`nonzero().tolist()`), which a
+    # CUDA graph cannot capture: decode steps of these models run eagerly
+    graph_capturable = False
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         super().load_weights(_fused_experts(weights))

@@ -2,7 +2,8 @@
 # Run HERE (not on the GPU machine) before a device session: the GPU machine reaches no registry
 # and holds no model, so this puts what it lacks into two git-ignored folders that the device
 # tool carries (`carry: [".whl", ".gpu"]`):
-#   .whl/            wheels of our dependencies missing from its image (Python 3.12)
+#   .whl/            wheels of our dependencies missing from its image (Python 3.12), and of
+#                    the transformers stack at this venv's versions
 #   .gpu/smol-meta/  SmolLM2-135M's tokenizer and config, read from the default model's GGUF
 #                    (its weights, 98 MB, are over the 64 MiB a call carries: the device run
 #                    builds random weights of the same shapes, which time the same)
@@ -16,6 +17,20 @@ for d in /.whl/ /.gpu/; do grep -qx "$d" .git/info/exclude 2>/dev/null || echo "
   fastapi starlette pydantic pydantic_core annotated-types typing-inspection uvicorn gguf \
   openai jiter sniffio typing_extensions distro opentelemetry-api httpcore2 httpx2 truststore \
   jsonschema jsonschema-specifications referencing rpds-py
+# The parity references must be the transformers that CI holds inflight to: the image's own is
+# another version, whose GGUF readers and tokenizers differ. Pinned to this venv's versions.
+pins=$(.venv/bin/python - <<'PY'
+from importlib.metadata import version
+
+names = ["transformers", "tokenizers", "huggingface_hub", "safetensors", "hf_xet", "regex",
+         "accelerate", "typer", "click", "shellingham", "rich", "annotated-doc", "fsspec",
+         "filelock", "pyyaml", "tqdm", "packaging"]
+print(" ".join(f"{n}=={version(n)}" for n in names))
+PY
+)
+.venv/bin/python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+  --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+  --platform manylinux2014_x86_64 -d .whl $pins
 .venv/bin/python - <<'PY'
 from pathlib import Path
 

@@ -3,6 +3,8 @@
 # `bash scripts/gpu/run.sh [STAGE ...]` installs the carried wheels, builds the random-weight
 # models, then runs the stages named (all, in this order, when none is):
 #   tests     the GPU tests (graphs, Triton attention, tiny-model parity)
+#   families  every family's other tests on the GPU: GGUF files, logprobs, RoPE variants, prefix
+#             caching
 #   cold      cold_steps.py, eager and with graphs: what the first prompt steps of a shape cost
 #   mixed     `inflight bench offline --workload mixed64 --profile`, eager then graphs
 #   decode    decode_bench.py: graphs vs eager decode throughput, the decode kernel alone
@@ -30,6 +32,12 @@ for stage in $stages; do
       tests/runner/test_attention.py tests/model/test_parity_tiny.py tests/model/test_layer_ops.py \
       -k "graphs or triton or one_batch" > "$OUT/pytest.log" 2>&1
     echo "pytest rc=$?"; tail -3 "$OUT/pytest.log" ;;
+  families)
+    timeout 180 python3 -m pytest -q -p no:cacheprovider tests/model/test_gguf.py \
+      tests/model/test_logprobs_parity.py tests/model/test_rope_variants.py \
+      tests/model/test_granite.py tests/model/test_prefix_cache_parity.py \
+      > "$OUT/families.log" 2>&1
+    echo "pytest rc=$?"; grep -E "FAILED|ERROR|passed|failed" "$OUT/families.log" | tail -12 ;;
   cold)
     for mode in --enforce-eager ""; do
       timeout 120 python3 scripts/gpu/cold_steps.py /tmp/models/smol $mode 2>&1 \

@@ -82,7 +82,8 @@ def test_phi4_mini_generates_as_transformers_on_both_sides_of_the_original_conte
                   attention_backend=attention_backend)  # fmt: skip
         model = llm.core.loaded.model
         assert model.long_rope == (max_model_len > ORIGINAL)
-        assert (model.fused_layers is not None) == (attention_backend == "auto")
+        on_cpu = llm.core.device.type == "cpu"  # the C++ layer loop is a CPU's
+        assert (model.fused_layers is not None) == (attention_backend == "auto" and on_cpu)
         assert _greedy(llm, prompts) == expected
 
 
