@@ -71,3 +71,6 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool
     metrics: RequestMetrics = field(default_factory=lambda: RequestMetrics(0.0))
+    # where asked for (`SamplingParams.prompt_logprobs`), once the first token is out: an entry
+    # per prompt token, None for the first (nothing before it scores it)
+    prompt_logprobs: list[Logprobs | None] | None = None

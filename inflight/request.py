@@ -10,9 +10,12 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from inflight.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from inflight.core.outputs import Logprobs
 
 
 class RequestStatus(enum.Enum):
@@ -45,6 +48,8 @@ class Request:
     finish_reason: FinishReason | None = None
     stop_reason: int | str | None = None
     num_preemptions: int = 0
+    # scores of prompt tokens 1, 2, ... so far, where its sampling params ask for them
+    prompt_logprobs: list[Logprobs] = field(default_factory=list)
 
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
@@ -66,6 +71,13 @@ class Request:
     def is_decoding(self) -> bool:
         """Past its prompt: one known token left to compute, the one it sampled last."""
         return self.num_tokens - self.num_computed_tokens == 1
+
+    @property
+    def lacks_prompt_logprobs(self) -> bool:
+        """It wants prompt logprobs and has not scored every prompt token yet: its prompt must
+        be computed, not taken from the prefix cache."""
+        wanted = self.sampling_params.prompt_logprobs is not None
+        return wanted and len(self.prompt_logprobs) < self.num_prompt_tokens - 1
 
     @property
     def all_token_ids(self) -> list[int]:

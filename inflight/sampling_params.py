@@ -146,6 +146,8 @@ class SamplingParams:
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False
     logprobs: int | None = None  # number of top alternatives besides the sampled token
+    # the prompt tokens' logprobs too (from the second on), with this many top alternatives
+    prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     structured_outputs: StructuredOutputs | None = None
 
@@ -200,6 +202,8 @@ class SamplingParams:
             check_int(token_id, "stop_token_ids", 0, MAX_INT64)
         if self.logprobs is not None:
             check_int(self.logprobs, "logprobs", 0, MAX_LOGPROBS)
+        if self.prompt_logprobs is not None:
+            check_int(self.prompt_logprobs, "prompt_logprobs", 0, MAX_LOGPROBS)
         if self.structured_outputs is not None:
             _check(isinstance(self.structured_outputs, StructuredOutputs), "structured_outputs",
                    "must be a StructuredOutputs")  # fmt: skip

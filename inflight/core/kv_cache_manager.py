@@ -72,6 +72,8 @@ class KVCacheManager:
         """The longest cached prefix of a request that has computed nothing yet."""
         if not self.enable_prefix_caching or request.num_computed_tokens:
             return []
+        if request.lacks_prompt_logprobs:  # a cached block's logits were never computed here
+            return []
         block_size = self.block_size
         max_blocks = (request.num_tokens - 1) // block_size
         hashes = self.block_hashes(request)

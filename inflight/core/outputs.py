@@ -35,6 +35,15 @@ class ScheduledRequest:
     def num_tokens(self) -> int:
         return len(self.token_ids)
 
+    @property
+    def prompt_logprob_positions(self) -> range:
+        """Positions of this step whose logits score a prompt token (the next position's), for
+        a request that wants prompt logprobs; empty otherwise."""
+        if self.sampling_params.prompt_logprobs is None:
+            return range(0)
+        last_scoring = len(self.prompt_token_ids) - 1  # its logits score the first output
+        return range(self.start_pos, min(self.start_pos + self.num_tokens, last_scoring))
+
     @classmethod
     def of(
         cls, request: Request, num_new: int, block_table: list[int], drafts: list[int] | None = None
@@ -106,9 +115,13 @@ class ModelRunnerOutput:
     # speculating requests: the drafts kept, which come before their sampled token
     accepted_draft_ids: dict[str, list[int]] = field(default_factory=dict)
     drafter_seconds: float = 0.0  # the draft model's passes this step (what drafting costs)
+    # requests that want prompt logprobs: (index of the prompt token the first entry scores,
+    # an entry per prompt token of this step's chunk from there)
+    prompt_logprobs: dict[str, tuple[int, list[Logprobs]]] = field(default_factory=dict)
 
     def merge(self, other: ModelRunnerOutput) -> None:
         self.drafter_seconds += other.drafter_seconds
+        self.prompt_logprobs.update(other.prompt_logprobs)
         self.sampled_token_ids.update(other.sampled_token_ids)
         self.accepted_draft_ids.update(other.accepted_draft_ids)
         self.logprobs.update(other.logprobs)
@@ -123,6 +136,8 @@ class EngineCoreOutput:
     request_id: str
     new_token_ids: list[int]
     new_logprobs: list[Logprobs] = field(default_factory=list)
+    # with its first token, when asked for: the logprob of every prompt token after the first
+    prompt_logprobs: list[Logprobs] | None = None
     finish_reason: FinishReason | None = None
     stop_reason: int | str | None = None
     num_preemptions: int = 0
@@ -137,12 +152,14 @@ class EngineCoreOutput:
 
     @classmethod
     def of(
-        cls, request: Request, new_token_ids: list[int], logprobs: list[Logprobs]
-    ) -> EngineCoreOutput:
+        cls, request: Request, new_token_ids: list[int], logprobs: list[Logprobs],
+        prompt_logprobs: list[Logprobs] | None = None,
+    ) -> EngineCoreOutput:  # fmt: skip
         return cls(
             request_id=request.request_id,
             new_token_ids=new_token_ids,
             new_logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
             finish_reason=request.finish_reason,
             stop_reason=request.stop_reason,
             num_preemptions=request.num_preemptions,

@@ -27,6 +27,7 @@ from inflight.core.admission import make_admission
 from inflight.core.kv_cache_manager import KVCacheManager
 from inflight.core.outputs import (
     EngineCoreOutput,
+    Logprobs,
     ModelRunnerOutput,
     ScheduledRequest,
     SchedulerOutput,
@@ -315,6 +316,9 @@ class Scheduler:
             )
         for s in scheduler_output.scheduled:
             request = self.requests[s.request_id]
+            scored = runner_output.prompt_logprobs.get(s.request_id)
+            if scored is not None:
+                _add_prompt_logprobs(request, *scored)
             error = runner_output.failed.get(s.request_id)
             if error is not None:  # its KV is not cached: the blocks go back as they are
                 self._finish(request, FinishReason.ERROR, error, now)
@@ -328,16 +332,19 @@ class Scheduler:
             new_token_ids, reason, stop_reason = self._append(
                 request, s, runner_output.accepted_draft_ids.get(s.request_id, []), token_id
             )
+            prompt_logprobs = None
             if request.first_token_time is None:
                 request.first_token_time = now
+                if request.sampling_params.prompt_logprobs is not None:
+                    prompt_logprobs = request.prompt_logprobs
             if s.request_id in runner_output.grammar_complete:  # even under ignore_eos
                 reason, stop_reason = FinishReason.STOP, None
             logprobs = runner_output.logprobs.get(s.request_id)
             if reason is not None:
                 self._finish(request, reason, stop_reason, now)
-            outputs.append(
-                EngineCoreOutput.of(request, new_token_ids, [logprobs] if logprobs else [])
-            )
+            outputs.append(EngineCoreOutput.of(
+                request, new_token_ids, [logprobs] if logprobs else [], prompt_logprobs
+            ))  # fmt: skip
         return outputs
 
     def _append(
@@ -397,3 +404,11 @@ class Scheduler:
             self.speculation.on_finished(request.request_id)
         if self.static_gate is not None:
             self.static_gate.on_finished(request.request_id)
+
+
+def _add_prompt_logprobs(request: Request, first_index: int, entries: list[Logprobs]) -> None:
+    """Appends the scores of prompt tokens it lacks: a prompt computed again after a
+    preemption scores its tokens again, and the first scores stand."""
+    known = len(request.prompt_logprobs) + 1  # the first prompt token is never scored
+    if first_index <= known:
+        request.prompt_logprobs.extend(entries[known - first_index :])

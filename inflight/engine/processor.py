@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from transformers import PreTrainedTokenizerBase
 
-from inflight.core.outputs import EngineCoreOutput
+from inflight.core.outputs import EngineCoreOutput, Logprobs
 from inflight.engine.detokenizer import IncrementalDetokenizer
 from inflight.errors import InvalidRequestError
 from inflight.outputs import CompletionOutput, RequestMetrics, RequestOutput
@@ -127,7 +127,9 @@ class InputProcessor:
             child_params = params
             if params.n > 1:
                 seed = None if params.seed is None else params.seed + i
-                child_params = dataclasses.replace(params, n=1, seed=seed)
+                # the prompt is scored once, by the first child (the others may hit the cache)
+                scores = params.prompt_logprobs if i == 0 else None
+                child_params = dataclasses.replace(params, n=1, seed=seed, prompt_logprobs=scores)
             children.append(
                 Request(
                     request_id=child_request_id(request_id, i, params.n),
@@ -158,6 +160,7 @@ class ParentRequest:
     outputs: list[CompletionOutput] = field(default_factory=list)
     metrics: RequestMetrics = field(init=False)
     num_finished: int = 0
+    prompt_logprobs: list[Logprobs | None] | None = None
 
     def __post_init__(self) -> None:
         want_logprobs = self.params.logprobs is not None
@@ -179,6 +182,7 @@ class ParentRequest:
             outputs=[o.copy() for o in self.outputs],
             finished=self.finished,
             metrics=self.metrics.copy(),
+            prompt_logprobs=self.prompt_logprobs,
         )
 
 
@@ -216,6 +220,8 @@ class OutputProcessor:
             if state is None:
                 continue  # already finished here (a stop string) before the core knew
             parent, completion = state.parent, state.parent.outputs[state.index]
+            if out.prompt_logprobs is not None and parent.prompt_logprobs is None:
+                parent.prompt_logprobs = [None, *out.prompt_logprobs]
             stop_string = state.detokenizer.add_tokens(out.new_token_ids)
             consumed = state.detokenizer.num_consumed  # none past a stop string
             completion.token_ids.extend(out.new_token_ids[:consumed])

@@ -97,7 +97,7 @@ class Drafter:
 
     def _run(self, passes: list[ScheduledRequest]) -> list[int]:
         inputs = build_step_inputs(passes, self.kv_cache.block_size, self.attn_backend,
-                                   self.device)  # fmt: skip
+                                   self.device, score_prompts=False)  # fmt: skip
         logits = self.model(inputs.input_ids, inputs.positions, self.kv_cache.layers,
                             inputs.attn_metadata, inputs.logits_indices)  # fmt: skip
         return logits.argmax(dim=-1).tolist()

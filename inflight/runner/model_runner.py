@@ -10,14 +10,19 @@ from collections.abc import Callable
 import torch
 
 from inflight.attention import AttentionBackend
-from inflight.core.outputs import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
+from inflight.core.outputs import (
+    Logprobs,
+    ModelRunnerOutput,
+    ScheduledRequest,
+    SchedulerOutput,
+)
 from inflight.kernels import load_extension
 from inflight.metrics.profiling import NO_TIMER, Timer
 from inflight.model.llama import LlamaModel
 from inflight.runner.cuda_graphs import DecodeGraphs
 from inflight.runner.drafter import Drafter
 from inflight.runner.kv_cache import KVCache
-from inflight.runner.sampler import Sampler
+from inflight.runner.sampler import Sampler, token_logprobs
 from inflight.runner.step_inputs import StepInputs, build_step_inputs
 from inflight.sampling_params import SamplingParams
 from inflight.structured import GrammarMasks
@@ -145,16 +150,21 @@ class ModelRunner:
         if constrained:  # filled beside the forward pass, which releases the GIL
             masks = self.grammar_masks.start_fill([plain[row] for row in constrained])
         try:
-            logits = self._forward(scheduled)
+            logits, prompt_rows = self._forward(scheduled)
         finally:
             # always waited for: the matchers must be idle before anything runs them again
             bitmask = None
             if masks is not None:
                 with self.timer.phase("grammar"):
                     bitmask = masks.result()
-        if not sampling:
-            return ModelRunnerOutput()
         result = ModelRunnerOutput(drafter_seconds=drafter_seconds)
+        if prompt_rows:
+            num_scoring = sum(n for _, _, n in prompt_rows)
+            logits, scoring = logits[:-num_scoring], logits[-num_scoring:]
+            with self.timer.phase("sample"):
+                result.prompt_logprobs = self._prompt_logprobs(scoring, prompt_rows, scheduled)
+        if not sampling:
+            return result
         if len(plain) < len(sampling):
             logits, sampling = self._verify_drafts(logits, sampling, result)
             if not sampling:
@@ -201,24 +211,46 @@ class ModelRunner:
                 row += num_rows
         return logits[plain_rows], plain
 
-    def _forward(self, scheduled: list[ScheduledRequest]) -> torch.Tensor:
-        """Logits [S, V] of the requests in `scheduled` that sample, in their order."""
+    def _forward(
+        self, scheduled: list[ScheduledRequest]
+    ) -> tuple[torch.Tensor, list[tuple[str, int, int]]]:
+        """Logits [S, V] of the requests in `scheduled` that sample, in their order, then the
+        rows that score prompt tokens (`StepInputs.prompt_rows`, returned beside them)."""
         graphs = self.decode_graphs
-        if graphs is not None and graphs.fits(scheduled):
+        if graphs is not None and graphs.fits(scheduled):  # decodes score no prompt
             with self.timer.phase("prepare_inputs"):
                 size = graphs.load(scheduled)
             with self.timer.phase("forward"):
-                return graphs.forward(size, len(scheduled))
+                return graphs.forward(size, len(scheduled)), []
         with self.timer.phase("prepare_inputs"):
             inputs = self.prepare_inputs(SchedulerOutput(scheduled))
         with self.timer.phase("forward"):
-            return self.model(
+            logits = self.model(
                 inputs.input_ids,
                 inputs.positions,
                 self.kv_cache.layers,
                 inputs.attn_metadata,
                 inputs.logits_indices,
             )
+        return logits, inputs.prompt_rows
+
+    @staticmethod
+    def _prompt_logprobs(
+        logits: torch.Tensor, rows: list[tuple[str, int, int]], scheduled: list[ScheduledRequest]
+    ) -> dict[str, tuple[int, list[Logprobs]]]:
+        """Each prompt token's score from the logits of the position before it (the raw
+        distribution, as sampled tokens' logprobs), with the top alternatives asked for."""
+        by_id = {s.request_id: s for s in scheduled}
+        logprobs = torch.log_softmax(logits.to(torch.float32), dim=-1)
+        scored, row = {}, 0
+        for request_id, first, n in rows:
+            s = by_id[request_id]
+            targets = s.prompt_token_ids[first + 1 : first + 1 + n]
+            num_top = s.sampling_params.prompt_logprobs or 0
+            entries = token_logprobs(logprobs[row : row + n], targets, num_top)
+            scored[request_id] = (first + 1, entries)
+            row += n
+        return scored
 
     def probe(self) -> None:
         """One prompt token and one decode on the scratch block: raises if the model itself

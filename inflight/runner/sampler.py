@@ -26,6 +26,23 @@ def first_argmax(x: torch.Tensor) -> torch.Tensor:
     return x.max(dim=-1).indices
 
 
+def token_logprobs(logprobs: torch.Tensor, token_ids: list[int], num_top: int) -> list[Logprobs]:
+    """Each row's entry for its token of `token_ids`, from log-probabilities [R, V] in float32:
+    the token's value, its rank (1 = most likely) and the `num_top` most likely tokens."""
+    ids = torch.tensor(token_ids, device=logprobs.device)[:, None]
+    values = logprobs.gather(1, ids)  # [R, 1]
+    ranks = ((logprobs > values).sum(dim=-1) + 1).tolist()
+    tops: list[list[tuple[int, float]]] = [[] for _ in token_ids]
+    if num_top > 0:
+        top_values, top_ids = logprobs.topk(num_top, dim=-1)
+        tops = [list(zip(i, v, strict=True))
+                for i, v in zip(top_ids.tolist(), top_values.tolist(), strict=True)]  # fmt: skip
+    return [
+        Logprobs(token_id=t, logprob=v, rank=r, top=top)
+        for t, v, r, top in zip(token_ids, values[:, 0].tolist(), ranks, tops, strict=True)
+    ]
+
+
 def inverse_cdf(weights: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
     """For each row of non-negative `weights` [S, V] (any positive sum) and `uniform` [S, 1] in
     [0, 1): the first index whose cumulative weight exceeds uniform * sum. Index i is drawn with
@@ -116,7 +133,8 @@ class Sampler:
         if raw_logprobs is not None:
             for row, p in enumerate(params):
                 if p.logprobs is not None:
-                    logprobs[row] = self._logprobs(raw_logprobs[row], token_list[row], p.logprobs)
+                    scores = raw_logprobs[row : row + 1]
+                    logprobs[row] = token_logprobs(scores, [token_list[row]], p.logprobs)[0]
         return token_list, logprobs
 
     def _apply_penalties(
@@ -243,13 +261,3 @@ class Sampler:
         )
         sorted_probs = sorted_probs.masked_fill(mass_before >= p, 0.0)
         return torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
-
-    @staticmethod
-    def _logprobs(row: torch.Tensor, token_id: int, num_top: int) -> Logprobs:
-        value = row[token_id]
-        rank = int((row > value).sum()) + 1
-        top: list[tuple[int, float]] = []
-        if num_top > 0:
-            top_values, top_ids = row.topk(num_top)
-            top = list(zip(top_ids.tolist(), top_values.tolist(), strict=True))
-        return Logprobs(token_id=token_id, logprob=float(value), rank=rank, top=top)

@@ -6,7 +6,9 @@ slot_mapping     [T]    block_table[pos // block_size] * block_size + pos % bloc
 query_start_loc  [R+1]  where each request's tokens start in the flat row
 seq_lens         [R]    tokens in the KV cache after this step, per request
 block_tables     [R, max_blocks]
-logits_indices   [S]    flat index of the last token of each request that samples
+logits_indices   [S+P]  flat index of the last token of each request that samples (and of
+                        each draft), then of every prompt position that scores a prompt token
+                        for a request that wants prompt logprobs (`prompt_rows` says whose)
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ class StepInputs:
     block_tables: torch.Tensor
     logits_indices: torch.Tensor
     attn_metadata: Any  # the backend's own
+    # after the sampling rows: (request id, its first row's position, number of rows)
+    prompt_rows: list[tuple[str, int, int]]
 
 
 def build_step_inputs(
@@ -37,13 +41,17 @@ def build_step_inputs(
     block_size: int,
     attn_backend: AttentionBackend,
     device: torch.device,
+    score_prompts: bool = True,
 ) -> StepInputs:
     """The flat batch of `scheduled` (the module docstring lists its tensors), for any model
-    whose KV cache has the pool's block layout: the target's, or its drafter's."""
+    whose KV cache has the pool's block layout: the target's, or its drafter's (which scores
+    no prompt: `score_prompts` False)."""
     input_ids: list[int] = []
     start_pos: list[int] = []
     query_start_loc = [0]
     logits_indices: list[int] = []
+    prompt_indices: list[int] = []
+    prompt_rows: list[tuple[str, int, int]] = []
     for s in scheduled:
         input_ids.extend(s.token_ids)
         start_pos.append(s.start_pos)
@@ -51,6 +59,12 @@ def build_step_inputs(
         if s.sample:  # the last token's logits, and each draft's before it
             end = query_start_loc[-1]
             logits_indices.extend(range(end - 1 - len(s.draft_token_ids), end))
+        scoring = s.prompt_logprob_positions if score_prompts else range(0)
+        if scoring:
+            first = query_start_loc[-2] + scoring.start - s.start_pos
+            prompt_indices.extend(range(first, first + len(scoring)))
+            prompt_rows.append((s.request_id, scoring.start, len(scoring)))
+    logits_indices += prompt_indices
 
     num_reqs = len(scheduled)
     q_lens = torch.tensor([s.num_tokens for s in scheduled])
@@ -89,4 +103,5 @@ def build_step_inputs(
         block_tables=block_tables,
         logits_indices=torch.tensor(logits_indices, dtype=torch.long, device=device),
         attn_metadata=meta,
+        prompt_rows=prompt_rows,
     )

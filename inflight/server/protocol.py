@@ -137,6 +137,8 @@ class SamplingFields(BaseModel):
     stop_token_ids: list[TokenId] | None = Field(default=None, max_length=MAX_STOP_TOKEN_IDS)
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    # the prompt tokens' logprobs, with this many alternatives each (vLLM's shape in the answer)
+    prompt_logprobs: OptionalInt = Field(default=None, ge=0, le=MAX_LOGPROBS)
     priority: Int = Field(default=0, ge=-MAX_INT64 - 1, le=MAX_INT64)
     cache_salt: Text | None = None  # requests with different salts never share cached KV
     response_format: ResponseFormat | None = None
@@ -279,12 +281,24 @@ class CompletionLogprobs(BaseModel):
     text_offset: list[int] = Field(default_factory=list)
 
 
+class PromptLogprob(BaseModel):
+    logprob: float
+    rank: int
+    decoded_token: str
+
+
+# vLLM's: per prompt token, null for the first, else {token id: its entry} for the token itself
+# and the top alternatives asked for
+PromptLogprobs = list[dict[str, PromptLogprob] | None]
+
+
 class CompletionChoice(BaseModel):
     index: int
     text: str
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    prompt_logprobs: PromptLogprobs | None = omitted()
 
 
 class CompletionResponse(BaseModel):
@@ -335,6 +349,7 @@ class ChatCompletionResponse(BaseModel):
     model: str
     choices: list[ChatChoice]
     usage: UsageInfo
+    prompt_logprobs: PromptLogprobs | None = omitted()
 
 
 class DeltaFunctionCall(BaseModel):
@@ -370,6 +385,7 @@ class ChatCompletionChunk(BaseModel):
     model: str
     choices: list[ChatStreamChoice]
     usage: UsageInfo | None = omitted()
+    prompt_logprobs: PromptLogprobs | None = omitted()  # on the first chunk, where asked for
 
 
 class ModelCard(BaseModel):

@@ -75,6 +75,7 @@ class OpenAIServing:
             ignore_eos=req.ignore_eos,
             include_stop_str_in_output=req.include_stop_str_in_output,
             logprobs=logprobs,
+            prompt_logprobs=req.prompt_logprobs,
             skip_special_tokens=req.skip_special_tokens,
             structured_outputs=constraint or requested,
         )
@@ -105,6 +106,22 @@ class OpenAIServing:
 
     def token_text(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id])
+
+    def prompt_logprobs(self, req: p.SamplingFields, out: RequestOutput) -> p.PromptLogprobs | None:
+        """vLLM's `prompt_logprobs` of an answer, where the request asked for them."""
+        if req.prompt_logprobs is None or out.prompt_logprobs is None:
+            return None
+        ids = out.prompt_token_ids
+        scored: p.PromptLogprobs = [None]
+        for token_id, entry in zip(ids[1:], out.prompt_logprobs[1:], strict=True):
+            assert entry is not None  # only the first prompt token goes unscored
+            alternatives = [(t, v, rank) for rank, (t, v) in enumerate(entry.top, 1)]
+            scored.append({
+                str(t): p.PromptLogprob(logprob=v, rank=rank, decoded_token=self.token_text(t))
+                for t, v, rank in [*alternatives[: req.prompt_logprobs],
+                                   (token_id, entry.logprob, entry.rank)]
+            })  # fmt: skip
+        return scored
 
     @functools.cached_property
     def token_bytes(self) -> Callable[[int], bytes]:

@@ -166,8 +166,9 @@ class ChatServing(OpenAIServing):
                 )
             )
         return p.ChatCompletionResponse(
-            id=p.new_id("chatcmpl"), model=self.model_name, choices=choices, usage=usage_of([out])
-        )
+            id=p.new_id("chatcmpl"), model=self.model_name, choices=choices, usage=usage_of([out]),
+            prompt_logprobs=self.prompt_logprobs(req, out),
+        )  # fmt: skip
 
     async def stream(self, req: p.ChatCompletionRequest) -> AsyncGenerator[dict[str, Any], None]:
         """Starts the request now (errors raise before any byte is sent), streams later."""
@@ -181,9 +182,11 @@ class ChatServing(OpenAIServing):
         calls: dict[int, tc.ToolCallStream] = {}
         thoughts: dict[int, reasoning.ReasoningStream] = {}
 
-        def chunk(choice: p.ChatStreamChoice) -> dict[str, Any]:
+        def chunk(
+            choice: p.ChatStreamChoice, prompt_logprobs: p.PromptLogprobs | None = None
+        ) -> dict[str, Any]:
             return p.ChatCompletionChunk(
-                id=rid, model=self.model_name, choices=[choice]
+                id=rid, model=self.model_name, choices=[choice], prompt_logprobs=prompt_logprobs
             ).model_dump()
 
         async for _, out in merge_streams(streams):
@@ -192,7 +195,8 @@ class ChatServing(OpenAIServing):
                     yield chunk(
                         p.ChatStreamChoice(
                             index=index, delta=p.DeltaMessage(role="assistant", content="")
-                        )
+                        ),
+                        self.prompt_logprobs(req, out) if index == 0 else None,
                     )
                 finish_reason, tool_deltas, thought = c.finish_reason, None, ""
                 done, content = c.finish_reason is not None, c.text

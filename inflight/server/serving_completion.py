@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncGenerator
 from typing import Any
 
@@ -40,18 +41,47 @@ class CompletionServing(OpenAIServing):
             raise InvalidRequestError("echo with n > 1 is not supported when streaming", "echo",
                                       "invalid_combination")  # fmt: skip
         params = self.sampling_params(req, req.max_tokens or 16, req.logprobs)
+        if req.echo and req.logprobs is not None:  # the echoed prompt is scored as well
+            scored = max(req.logprobs, req.prompt_logprobs or 0)
+            params = dataclasses.replace(params, prompt_logprobs=scored)
         return await self.start(self._prompts(req), params, req)
 
     def _prompt_text(self, out: RequestOutput) -> str:
         return out.prompt if out.prompt is not None else self.tokenizer.decode(out.prompt_token_ids)
 
-    def _logprobs(self, entries: list[Logprobs] | None, offset: int) -> p.CompletionLogprobs | None:
-        """`offset`: where the first entry's token starts in the choice's text (echo included).
-        As OpenAI's, each position's `top_logprobs` holds the sampled token too (up to
-        `logprobs` + 1 entries)."""
+    def _echoed_logprobs(
+        self, req: p.CompletionRequest, out: RequestOutput
+    ) -> p.CompletionLogprobs:
+        """The echoed prompt's part of a choice's logprobs: each prompt token with its score
+        (null for the first, as OpenAI's) and its `logprobs` best alternatives."""
+        lp = p.CompletionLogprobs()
+        if not req.echo or req.logprobs is None or out.prompt_logprobs is None:
+            return lp
+        offset = 0
+        for token_id, entry in zip(out.prompt_token_ids, out.prompt_logprobs, strict=True):
+            text = self.token_text(token_id)
+            lp.tokens.append(text)
+            lp.text_offset.append(offset)
+            offset += len(text)
+            if entry is None:
+                lp.token_logprobs.append(None)
+                lp.top_logprobs.append(None)
+                continue
+            lp.token_logprobs.append(entry.logprob)
+            top = {self.token_text(t): v for t, v in entry.top[: req.logprobs]}
+            top.setdefault(text, entry.logprob)
+            lp.top_logprobs.append(top)
+        return lp
+
+    def _logprobs(
+        self, entries: list[Logprobs] | None, offset: int, lp: p.CompletionLogprobs | None = None
+    ) -> p.CompletionLogprobs | None:
+        """`offset`: where the first entry's token starts in the choice's text (echo included);
+        `lp`: entries to go on from (the echoed prompt's). As OpenAI's, each position's
+        `top_logprobs` holds the sampled token too (up to `logprobs` + 1 entries)."""
         if entries is None:
             return None
-        lp = p.CompletionLogprobs()
+        lp = p.CompletionLogprobs() if lp is None else lp
         for entry in entries:
             text = self.token_text(entry.token_id)
             lp.tokens.append(text)
@@ -69,13 +99,15 @@ class CompletionServing(OpenAIServing):
         for i, out in enumerate(outputs):
             prefix = self._prompt_text(out) if req.echo else ""
             for c in out.outputs:
+                echoed = self._echoed_logprobs(req, out)
                 choices.append(
                     p.CompletionChoice(
                         index=i * req.n + c.index,
                         text=prefix + c.text,
-                        logprobs=self._logprobs(c.logprobs, len(prefix)),
+                        logprobs=self._logprobs(c.logprobs, len(prefix), echoed),
                         finish_reason=c.finish_reason,
                         stop_reason=c.stop_reason,
+                        prompt_logprobs=self.prompt_logprobs(req, out),
                     )
                 )
         return p.CompletionResponse(
@@ -94,12 +126,16 @@ class CompletionServing(OpenAIServing):
             for index, c, text, logprobs, first in tracker.deltas(out, i * req.n):
                 echoed = self._prompt_text(out) if req.echo else ""
                 offset = len(echoed) + len(c.text) - len(text)  # of the delta's first token
+                scored, prompt_logprobs = None, None
                 if first:
                     text = echoed + text
+                    scored = self._echoed_logprobs(req, out)
+                    prompt_logprobs = self.prompt_logprobs(req, out)
                 choice = p.CompletionChoice(
-                    index=index, text=text, logprobs=self._logprobs(logprobs, offset)
+                    index=index, text=text, logprobs=self._logprobs(logprobs, offset, scored)
                     if c.logprobs is not None else None,
                     finish_reason=c.finish_reason, stop_reason=c.stop_reason,
+                    prompt_logprobs=prompt_logprobs,
                 )  # fmt: skip
                 yield p.CompletionResponse(
                     id=rid, model=self.model_name, choices=[choice]

@@ -116,6 +116,8 @@ def test_logprobs_carry_each_tokens_own_bytes(server):
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_completion_logprobs_hold_the_sampled_token_and_offsets_from_the_echo(server, stream):
+    """Echo with logprobs scores the prompt too (lm-eval-harness's log-likelihoods read it):
+    its first token null, as OpenAI's, the rest as vLLM's `prompt_logprobs` give them."""
     body = {"model": "tiny", "prompt": "The quick", "max_tokens": 6, "logprobs": 1, "echo": True,
             "temperature": 1.0, "seed": 7, "ignore_eos": True, "stream": stream}  # fmt: skip
     if stream:
@@ -123,18 +125,47 @@ def test_completion_logprobs_hold_the_sampled_token_and_offsets_from_the_echo(se
         lps = [c["choices"][0]["logprobs"] for c in chunks if c["choices"][0].get("logprobs")]
         tokens = [t for lp in lps for t in lp["tokens"]]
         offsets = [o for lp in lps for o in lp["text_offset"]]
+        values = [v for lp in lps for v in lp["token_logprobs"]]
         tops = [t for lp in lps for t in lp["top_logprobs"]]
         text = "".join(c["choices"][0]["text"] for c in chunks)
     else:
         choice = complete(server, **{k: v for k, v in body.items() if k != "model"})["choices"][0]
         lp, text = choice["logprobs"], choice["text"]
         tokens, offsets, tops = lp["tokens"], lp["text_offset"], lp["top_logprobs"]
-    assert text.startswith("The quick") and len(tokens) == 6
-    # each generated token's offset points at its text, past the echoed prompt, up to a token
-    # holding part of a character (its text is U+FFFD until the character's last byte comes)
-    assert offsets[0] == len("The quick") and offsets == sorted(offsets)
-    assert all(o <= len(text) for o in offsets)
+        values = lp["token_logprobs"]
+    ids = httpx.post(server.url + "/tokenize", json={"prompt": "The quick"}).json()["tokens"]
+    num_prompt = len(ids)
+    assert text.startswith("The quick") and len(tokens) == num_prompt + 6
+    assert "".join(tokens[:num_prompt]) == "The quick"
+    assert values[0] is None and tops[0] is None
+    scored = complete(server, prompt=ids, max_tokens=1, prompt_logprobs=1)["choices"][0]
+    vllm_shape = scored["prompt_logprobs"]
+    assert vllm_shape[0] is None and len(vllm_shape) == num_prompt
+    for value, token_id, entries in zip(values[1:num_prompt], ids[1:], vllm_shape[1:],
+                                        strict=True):  # fmt: skip
+        assert entries[str(token_id)]["logprob"] == pytest.approx(value, abs=1e-5)
+        assert len(entries) <= 2 and all(e["rank"] >= 1 for e in entries.values())
+    # each token's offset points at its text, the generated ones past the echoed prompt, up to
+    # a token holding part of a character (its text is U+FFFD until the character's last byte)
+    assert offsets[0] == 0 and offsets[num_prompt] == len("The quick")
+    assert offsets == sorted(offsets) and all(o <= len(text) for o in offsets)
     pairs = zip(offsets, tokens, strict=True)
     whole = itertools.takewhile(lambda ot: "\ufffd" not in ot[1], pairs)
     assert all(text[o : o + len(t)] == t for o, t in whole)
-    assert all(t in top and len(top) <= 2 for t, top in zip(tokens, tops, strict=True))
+    assert all(t in top and len(top) <= 2 for t, top in zip(tokens[1:], tops[1:], strict=True))
+
+
+def test_chat_prompt_logprobs_come_whole_and_on_the_first_chunk(server):
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "Hi there"}],
+            "max_tokens": 3, "prompt_logprobs": 0}  # fmt: skip
+    r = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60).json()
+    scored = r["prompt_logprobs"]
+    assert len(scored) == r["usage"]["prompt_tokens"] and scored[0] is None
+    assert all(len(entries) == 1 for entries in scored[1:])  # the token itself, no alternatives
+    events = sse_events(server, "/v1/chat/completions", {**body, "stream": True})
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert chunks[0]["prompt_logprobs"] == scored
+    assert all("prompt_logprobs" not in c for c in chunks[1:])
+    plain = httpx.post(server.url + "/v1/chat/completions",
+                       json={**body, "prompt_logprobs": None}, timeout=60).json()  # fmt: skip
+    assert "prompt_logprobs" not in plain
