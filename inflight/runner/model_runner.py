@@ -92,7 +92,6 @@ class ModelRunner:
         if self.drafter is not None:
             self.drafter.warm_up(scheduled)
         self.sampler.sample(logits, scheduled)
-        self.sampler.drop([s.request_id for s in scheduled])
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
@@ -101,8 +100,6 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
-        # NOTE: a preempted request keeps its seeded generator, so recompute does not replay noise.
-        self.sampler.drop(out.finished_request_ids)
         self.grammar_masks.drop(out.finished_request_ids)
         if self.drafter is not None:
             self.drafter.drop(out.finished_request_ids + out.preempted_request_ids)
@@ -114,8 +111,9 @@ class ModelRunner:
     def _run_isolating(self, scheduled: list[ScheduledRequest]) -> ModelRunnerOutput:
         """Runs the batch; if it fails, runs its halves apart, down to single requests, so one
         request whose inputs break the step fails alone and everyone else gets their token.
-        Running a request again rewrites the same KV slots with the same values, and a failed
-        sampling call rewinds the seeded generators, so the tokens are those of one clean run."""
+        Running a request again rewrites the same KV slots with the same values, and a seeded
+        request's draws depend on its output positions alone, so the tokens are those of one
+        clean run."""
         try:
             return self._run(scheduled)
         except Exception as e:

@@ -3,9 +3,11 @@
 Order of operations (as vLLM): logit bias, min_tokens masking and penalties shape the logits;
 greedy rows take the argmax there; the rest are divided by their temperature, filtered by
 min-p, top-k and top-p, and drawn by inverting the cumulative distribution with one uniform
-number per row. A request with a `seed` draws its number from its own generator, so its tokens
-do not depend on what else is in the batch. Logprobs are those of the raw model distribution
-(before any processing), for the sampled token and the top-N.
+number per row. A request with a `seed` draws the number of its k-th output token as a function
+of (seed, k) alone (`seeded_uniform`), so its tokens depend neither on what else is in the batch,
+nor on a retry, nor on whether speculation proposed them: with the same logits, the same tokens.
+Logprobs are those of the raw model distribution (before any processing), for the sampled token
+and the top-N.
 """
 
 from __future__ import annotations
@@ -43,6 +45,23 @@ def token_logprobs(logprobs: torch.Tensor, token_ids: list[int], num_top: int) -
     ]
 
 
+_MASK64 = (1 << 64) - 1
+
+
+def _mix64(z: int) -> int:
+    """SplitMix64's finaliser: a bijection of 64-bit integers that scatters nearby inputs."""
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
+
+
+def seeded_uniform(seed: int, index: int) -> float:
+    """The number in [0, 1) that draws output token `index` of a request seeded `seed`: a pure
+    function of the two (a counter-based generator), never of draws made before it."""
+    stream = _mix64((seed + 0x9E3779B97F4A7C15) & _MASK64)
+    return (_mix64((stream + index * 0x9E3779B97F4A7C15) & _MASK64) >> 11) / 2.0**53
+
+
 def inverse_cdf(weights: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
     """For each row of non-negative `weights` [S, V] (any positive sum) and `uniform` [S, 1] in
     [0, 1): the first index whose cumulative weight exceeds uniform * sum. Index i is drawn with
@@ -67,35 +86,13 @@ class Sampler:
         kernels are in use."""
         self.device = device
         self.argmax = argmax
-        self.generator = torch.Generator(device=device)
+        self.generator = torch.Generator(device=device)  # unseeded requests share it
         self.generator.manual_seed(seed)
-        self.request_generators: dict[str, torch.Generator] = {}
-
-    def drop(self, request_ids: list[str]) -> None:
-        """Forgets per-request state (seeded generators) of requests that left the engine."""
-        for request_id in request_ids:
-            self.request_generators.pop(request_id, None)
 
     def sample(
         self, logits: torch.Tensor, requests: list[ScheduledRequest]
     ) -> tuple[list[int], list[Logprobs | None]]:
-        """logits [S, V], one row per request in `requests` -> token ids, logprobs. A call that
-        raises leaves the seeded generators as they were, so a retry draws the same numbers."""
-        saved = {r.request_id: g.get_state() for r in requests
-                 if (g := self.request_generators.get(r.request_id)) is not None}  # fmt: skip
-        try:
-            return self._sample(logits, requests)
-        except Exception:
-            for r in requests:
-                if r.request_id in saved:
-                    self.request_generators[r.request_id].set_state(saved[r.request_id])
-                else:
-                    self.request_generators.pop(r.request_id, None)
-            raise
-
-    def _sample(
-        self, logits: torch.Tensor, requests: list[ScheduledRequest]
-    ) -> tuple[list[int], list[Logprobs | None]]:
+        """logits [S, V], one row per request in `requests` -> token ids, logprobs."""
         params = [r.sampling_params for r in requests]
         num_rows = logits.shape[0]
         if all(p.is_greedy and p.logprobs is None and not p.logit_bias and not p.uses_penalties
@@ -175,16 +172,14 @@ class Sampler:
         return inverse_cdf(probs, uniform)
 
     def _uniforms(self, request: ScheduledRequest, n: int) -> torch.Tensor:
-        """`n` numbers in [0, 1) from the request's own generator if it has a seed."""
+        """The numbers that draw the request's next `n` output tokens: its seed's (indexed by
+        output position) if it has one, else the shared generator's."""
         seed = request.sampling_params.seed
         if seed is None:
             return torch.rand(n, generator=self.generator, device=self.device)
-        gen = self.request_generators.get(request.request_id)
-        if gen is None:
-            gen = torch.Generator(device=self.device)
-            gen.manual_seed(seed)
-            self.request_generators[request.request_id] = gen
-        return torch.rand(n, generator=gen, device=self.device)
+        first = len(request.output_token_ids)
+        values = [seeded_uniform(seed, first + i) for i in range(n)]
+        return torch.tensor(values, dtype=torch.float32, device=self.device)
 
     def _probs(self, logits: torch.Tensor, params: list) -> torch.Tensor:
         """The distribution each row samples from: temperature, then min-p, top-k, top-p."""
@@ -209,41 +204,24 @@ class Sampler:
         """The request's drafts checked against `logits` [1 + d, V] (the rows of its last
         sampled token and of each draft): the drafts kept, then one token of the model's own.
 
-        Greedy keeps drafts while each is the argmax, so the tokens are those of decoding one at
-        a time. Sampled, draft i is kept with probability p_i(draft i), and at the first
-        rejection the token is drawn from p_i without the draft (the residual of a proposal
-        that was certain of its token): every token follows the target distribution. A call
-        that raises leaves the request's generator as it was."""
-        gen = self.request_generators.get(request.request_id)
-        saved = gen.get_state() if gen is not None else None
-        try:
-            return self._verify(logits, request)
-        except Exception:
-            if saved is not None and gen is not None:
-                gen.set_state(saved)
-            else:
-                self.request_generators.pop(request.request_id, None)
-            raise
-
-    def _verify(self, logits: torch.Tensor, request: ScheduledRequest) -> list[int]:
+        Each position's token is the one decoding one at a time would pick there, with the
+        same number drawn for it (`_uniforms` by output position): greedy, the argmax; sampled,
+        the target distribution inverted at that number. Drafts are kept while each equals
+        its position's token, and the first one that does not is replaced by it. A draft is
+        so kept with probability p_i(draft), as rejection sampling keeps a proposal that was
+        certain of its token, and a seeded request's tokens are those it samples without
+        speculation."""
         drafts, params = request.draft_token_ids, request.sampling_params
         if params.is_greedy:
-            best = self.argmax(logits).tolist()
-            kept = 0
-            while kept < len(drafts) and best[kept] == drafts[kept]:
-                kept += 1
-            return [*drafts[:kept], best[kept]]
-        probs = self._probs(logits.to(torch.float32), [params] * logits.shape[0])
-        accept = self._uniforms(request, len(drafts)).tolist()
-        for i, draft in enumerate(drafts):
-            if accept[i] < float(probs[i, draft]):
-                continue
-            residual = probs[i : i + 1].clone()
-            residual[0, draft] = 0.0
-            token = inverse_cdf(residual, self._uniforms(request, 1)[None])
-            return [*drafts[:i], int(token)]
-        bonus = inverse_cdf(probs[-1:], self._uniforms(request, 1)[None])
-        return [*drafts, int(bonus)]
+            picked = self.argmax(logits).tolist()
+        else:
+            probs = self._probs(logits.to(torch.float32), [params] * logits.shape[0])
+            uniform = self._uniforms(request, logits.shape[0])[:, None]
+            picked = inverse_cdf(probs, uniform).tolist()
+        kept = 0
+        while kept < len(drafts) and picked[kept] == drafts[kept]:
+            kept += 1
+        return [*drafts[:kept], picked[kept]]
 
     def _top_k_top_p(
         self, probs: torch.Tensor, top_k: list[int], top_p: list[float]

@@ -51,6 +51,21 @@ def test_greedy_tokens_are_those_of_decoding_one_at_a_time(tiny_llama, knobs):
     assert spec.core.kv_cache_manager.pool.num_used_blocks == 0
 
 
+def test_seeded_sampled_tokens_are_those_of_sampling_without_speculation(tiny_llama):
+    """Verification samples each position with the number plain decoding draws there, so a
+    seeded request's tokens do not depend on whether (or what) anything was drafted."""
+    base = {"dtype": "float32", "max_num_seqs": 6}
+    plain = LLM(str(tiny_llama), **base)
+    prompts = repetitive_prompts(plain.vocab_size)
+    params = [SamplingParams(temperature=0.2, seed=100 + i, max_tokens=24, ignore_eos=True)
+              for i in range(len(prompts))]  # fmt: skip
+    want = generate(plain, prompts, params)
+    spec = LLM(str(tiny_llama), num_speculative_tokens=4, **base)
+    assert generate(spec, prompts, params) == want
+    stats = spec.core.scheduler.speculation.stats
+    assert stats.accepted > 0 and stats.drafted > stats.accepted  # drafts kept and replaced
+
+
 def test_rejection_sampling_keeps_the_target_distribution():
     """Two drafts against known distributions: the first token follows p0 whatever the draft,
     and the second follows p1 whenever the first draft was kept."""

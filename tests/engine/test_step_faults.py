@@ -12,6 +12,7 @@ import torch
 from inflight import LLM, SamplingParams
 from inflight.core.outputs import ScheduledRequest
 from inflight.errors import ModelFailedError
+from inflight.runner import sampler as sampler_module
 from inflight.runner.sampler import Sampler
 from tests.runner.test_sampler import logits_of, req
 
@@ -63,15 +64,14 @@ def test_a_model_that_fails_on_everything_stops_the_engine(tiny_llama):
         llm.generate(prompts()[:3], GREEDY, use_tqdm=False)
 
 
-def test_a_failed_sampling_call_rewinds_seeded_generators():
-    """A batch retried after a failure draws the numbers a clean run draws."""
+def test_a_sampling_call_retried_after_a_failure_draws_what_a_clean_run_draws(monkeypatch):
+    """Seeded draws are functions of (seed, output position), with no state for a failure
+    to leave half-advanced: the retry samples the tokens of one clean run."""
     logits = logits_of([1.0] * 8, [1.0] * 8)
     batch = [req("a", temperature=1.0, seed=3), req("b", temperature=1.0, seed=4)]
-    clean = Sampler(torch.device("cpu"))
-    expected = [clean.sample(logits, batch)[0] for _ in range(3)]
+    expected = Sampler(torch.device("cpu")).sample(logits, batch)[0]
 
     faulty = Sampler(torch.device("cpu"))
-    faulty.sample(logits, batch)  # the generators exist and have drawn once
     calls = []
 
     def failing_logprobs(*args):
@@ -79,9 +79,9 @@ def test_a_failed_sampling_call_rewinds_seeded_generators():
         raise RuntimeError("late failure")
 
     with_logprobs = [req("a", temperature=1.0, seed=3, logprobs=1), batch[1]]
-    faulty._logprobs = failing_logprobs  # fails after the numbers are drawn
+    monkeypatch.setattr(sampler_module, "token_logprobs", failing_logprobs)  # after the draws
     with pytest.raises(RuntimeError):
         faulty.sample(logits, with_logprobs)
     assert calls
-    del faulty._logprobs
-    assert [faulty.sample(logits, batch)[0] for _ in range(2)] == expected[1:]
+    monkeypatch.undo()
+    assert faulty.sample(logits, with_logprobs)[0] == faulty.sample(logits, batch)[0] == expected

@@ -53,3 +53,56 @@ def test_greedy_values_do_not_depend_on_the_batch_or_on_preemption(alone, loaded
     assert (llm.core.scheduler.num_preemptions > 0) == (setting == "preempted")
     moved = [i for i, (g, w) in enumerate(zip(got, want, strict=True)) if g != w]
     assert not moved, f"requests {moved} changed with the batch"
+
+
+def seeded(llm: LLM, prompts: list[list[int]], logprobs: int | None = 0) -> list[tuple]:
+    """Sampled at temperature 1 with a seed per prompt, twins (equal prompts) sharing theirs;
+    tokens, and their log-probabilities where asked for."""
+    seeds: dict[tuple[int, ...], int] = {}
+    for p in prompts:
+        seeds.setdefault(tuple(p), 1000 + len(seeds))
+    params = [SamplingParams(temperature=1.0, top_p=0.95, seed=seeds[tuple(p)],
+                             max_tokens=12, ignore_eos=True, logprobs=logprobs)
+              for p in prompts]  # fmt: skip
+    outputs = [o.outputs[0] for o in llm.generate(prompts, params, use_tqdm=False)]
+    return [(o.token_ids, [lp.logprob for lp in o.logprobs or []]) for o in outputs]
+
+
+SEEDED_SETTINGS = {
+    "all_at_once": {},
+    "preempted": SETTINGS["preempted"],
+    "speculating": {"num_speculative_tokens": 3},
+}
+
+
+@pytest.fixture(scope="module")
+def seeded_alone(smollm_prompts, loaded_float32):
+    prompts = smollm_prompts[:16]
+    llm = LLM(dtype="float32", loaded_model=loaded_float32(), max_num_seqs=1)
+    return prompts, seeded(llm, prompts)
+
+
+@pytest.mark.skipif(
+    decode_rows_from_blocks(16),
+    reason="AVX-512 VNNI: prompt rows still change kernels with their count",
+)
+@pytest.mark.parametrize("setting", list(SEEDED_SETTINGS))
+def test_seeded_samples_do_not_depend_on_the_batch_a_twin_preemption_or_speculation(
+    seeded_alone, loaded_float32, setting
+):
+    """The same seed gives the same tokens and log-probabilities, bit for bit, alone and in a
+    batch holding each prompt twice (twins sent together), preempted and recomputed, or with
+    n-gram drafts verified on its rows (tokens alone there: a request that wants logprobs is
+    never drafted for)."""
+    prompts, alone = seeded_alone
+    assert len({tuple(tokens) for tokens, _ in alone}) == len(prompts)  # it really samples
+    speculating = setting == "speculating"
+    llm = LLM(dtype="float32", loaded_model=loaded_float32(), **SEEDED_SETTINGS[setting])
+    got = seeded(llm, prompts + prompts, None if speculating else 0)
+    assert (llm.core.scheduler.num_preemptions > 0) == (setting == "preempted")
+    want = [(tokens, [] if speculating else values) for tokens, values in alone + alone]
+    if speculating:
+        stats = llm.core.scheduler.speculation.stats
+        assert stats.accepted > 0 and stats.drafted > stats.accepted  # drafts kept and replaced
+    moved = [i for i, (g, w) in enumerate(zip(got, want, strict=True)) if g != w]
+    assert not moved, f"requests {moved} changed with their company"

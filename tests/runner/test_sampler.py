@@ -7,7 +7,7 @@ import math
 import torch
 
 from inflight.core.outputs import ScheduledRequest
-from inflight.runner.sampler import Sampler, inverse_cdf
+from inflight.runner.sampler import Sampler, inverse_cdf, seeded_uniform
 from inflight.sampling_params import SamplingParams
 
 VOCAB = 8
@@ -83,16 +83,32 @@ def test_temperature_sharpens_and_flattens():
     assert len(set(hot)) == VOCAB
 
 
-def test_seeded_requests_do_not_depend_on_batch_company():
+def test_seeded_requests_do_not_depend_on_batch_company_or_on_earlier_draws():
+    """A seeded request's k-th token is drawn by a number of (seed, k) alone: the same beside
+    other requests, under another id, from another sampler, and asked twice."""
     s1, s2 = Sampler(torch.device("cpu"), seed=0), Sampler(torch.device("cpu"), seed=99)
     row = [1.0] * VOCAB
-    alone = [s1.sample(logits_of(row), [req("x", seed=42)])[0][0] for _ in range(20)]
+    outputs = [(3,) * k for k in range(20)]  # the k-th draw follows k outputs
+    alone = [s1.sample(logits_of(row), [req("x", outputs=o, seed=42)])[0][0] for o in outputs]
+    again = [s1.sample(logits_of(row), [req("y", outputs=o, seed=42)])[0][0] for o in outputs]
     crowded = []
-    for _ in range(20):
-        batch = [req("noise1"), req("x", seed=42), req("noise2", seed=7)]
+    for o in reversed(outputs):
+        batch = [req("noise1"), req("x", outputs=o, seed=42), req("noise2", seed=7)]
         crowded.append(s2.sample(logits_of(row, row, row), batch)[0][1])
-    assert alone == crowded
+    assert alone == again == crowded[::-1]
     assert len(set(alone)) > 3  # it really samples
+    other_seed = [s1.sample(logits_of(row), [req("x", outputs=o, seed=43)])[0][0] for o in outputs]
+    assert other_seed != alone
+
+
+def test_seeded_uniforms_are_uniform_and_apart_between_seeds():
+    values = [seeded_uniform(seed, k) for seed in (0, 1, 2**63 - 1, -5) for k in range(2500)]
+    assert all(0.0 <= v < 1.0 for v in values)
+    counts = [0] * 10
+    for v in values:
+        counts[int(v * 10)] += 1
+    assert all(abs(c - 1000) < 150 for c in counts), counts  # 10k draws in 10 bins
+    assert len(set(values)) == len(values)
 
 
 def test_penalties_follow_their_definitions():
