@@ -53,7 +53,7 @@ class ResponsesServing:
     ) -> dict[str, Any]:
         fmt = req.text.format if req.text else TextFormat()
         choice = req.tool_choice or "auto"
-        return {
+        response = {
             "id": rid,
             "object": "response",
             "created_at": created,
@@ -73,18 +73,18 @@ class ResponsesServing:
             "top_p": req.top_p,
             "text": {"format": fmt.model_dump(by_alias=True, exclude_none=True)},
             "tool_choice": choice.model_dump() if isinstance(choice, BaseModel) else choice,
-            "tools": [t.model_dump(exclude_none=True) for t in req.tools or []],
-            "usage": None
-            if usage is None
-            else {
+            "tools": [t.model_dump() for t in req.tools or []],  # strict: null where unsaid
+            "metadata": {},
+        }
+        if usage is not None:  # absent until it is known: the spec's `usage` is never null
+            response["usage"] = {
                 "input_tokens": usage.prompt_tokens,
                 "output_tokens": usage.completion_tokens,
                 "total_tokens": usage.total_tokens,
                 "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
                 "output_tokens_details": {"reasoning_tokens": 0},
-            },
-            "metadata": {},
-        }
+            }
+        return response
 
     def _keep(
         self,
@@ -216,6 +216,7 @@ class ResponsesServing:
                 "response.function_call_arguments.done",
                 item_id=item["id"],
                 output_index=events.index_of(item["id"]),
+                name=item["name"],
                 arguments=item["arguments"],
             )
             yield events.make(
