@@ -74,3 +74,5 @@ class RequestOutput:
     # where asked for (`SamplingParams.prompt_logprobs`), once the first token is out: an entry
     # per prompt token, None for the first (nothing before it scores it)
     prompt_logprobs: list[Logprobs | None] | None = None
+    # an embedding model's vector of the prompt (pooled and L2-normalized), once it is done
+    embedding: list[float] | None = None

@@ -118,9 +118,12 @@ class ModelRunnerOutput:
     # requests that want prompt logprobs: (index of the prompt token the first entry scores,
     # an entry per prompt token of this step's chunk from there)
     prompt_logprobs: dict[str, tuple[int, list[Logprobs]]] = field(default_factory=dict)
+    # an embedding model's requests whose prompts are done: their pooled, normalized vectors
+    embeddings: dict[str, list[float]] = field(default_factory=dict)
 
     def merge(self, other: ModelRunnerOutput) -> None:
         self.drafter_seconds += other.drafter_seconds
+        self.embeddings.update(other.embeddings)
         self.prompt_logprobs.update(other.prompt_logprobs)
         self.sampled_token_ids.update(other.sampled_token_ids)
         self.accepted_draft_ids.update(other.accepted_draft_ids)
@@ -138,6 +141,7 @@ class EngineCoreOutput:
     new_logprobs: list[Logprobs] = field(default_factory=list)
     # with its first token, when asked for: the logprob of every prompt token after the first
     prompt_logprobs: list[Logprobs] | None = None
+    embedding: list[float] | None = None  # an embedding model's request, once it is done
     finish_reason: FinishReason | None = None
     stop_reason: int | str | None = None
     num_preemptions: int = 0
@@ -153,13 +157,14 @@ class EngineCoreOutput:
     @classmethod
     def of(
         cls, request: Request, new_token_ids: list[int], logprobs: list[Logprobs],
-        prompt_logprobs: list[Logprobs] | None = None,
+        prompt_logprobs: list[Logprobs] | None = None, embedding: list[float] | None = None,
     ) -> EngineCoreOutput:  # fmt: skip
         return cls(
             request_id=request.request_id,
             new_token_ids=new_token_ids,
             new_logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,
+            embedding=embedding,
             finish_reason=request.finish_reason,
             stop_reason=request.stop_reason,
             num_preemptions=request.num_preemptions,

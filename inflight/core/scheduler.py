@@ -324,6 +324,13 @@ class Scheduler:
                 self._finish(request, FinishReason.ERROR, error, now)
                 outputs.append(EngineCoreOutput.of(request, [], []))
                 continue
+            embedding = runner_output.embeddings.get(s.request_id)
+            if embedding is not None:  # an embedding model's request is done with its prompt
+                request.num_computed_tokens += s.num_tokens
+                request.first_token_time = now
+                self._finish(request, FinishReason.STOP, None, now)
+                outputs.append(EngineCoreOutput.of(request, [], [], embedding=embedding))
+                continue
             token_id = runner_output.sampled_token_ids.get(s.request_id)
             if token_id is None:  # mid-prefill: nothing sampled yet
                 request.num_computed_tokens += s.num_tokens

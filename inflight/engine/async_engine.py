@@ -257,11 +257,13 @@ class AsyncLLM(FrontEnd):
         priority: int = 0,
         add_special_tokens: bool = True,
         cache_salt: str | None = None,
+        embed: bool = False,
     ) -> tuple[ParentRequest, list[Request]]:
-        """Tokenizes and validates now; raises InvalidRequestError before anything is queued."""
+        """Tokenizes and validates now; raises InvalidRequestError before anything is queued.
+        `embed`: the prompt's vector is asked for (an embedding model's request)."""
         return self.input_processor.process(
             f"req-{next(self._ids)}", prompt, params, priority=priority,
-            add_special_tokens=add_special_tokens, cache_salt=cache_salt,
+            add_special_tokens=add_special_tokens, cache_salt=cache_salt, embed=embed,
         )  # fmt: skip
 
     async def run_tokenizer(self, fn: Callable[..., Any], *args: Any) -> Any:

@@ -66,6 +66,14 @@ class EngineClient(FeedSource, Protocol):
     def vocab_size(self) -> int: ...
 
     @property
+    def embedding_size(self) -> int | None:
+        """Dimensions of the model's embeddings; None for a generative model."""
+
+    @property
+    def shorter_embeddings(self) -> bool:
+        """Whether a client may ask for fewer dimensions (a Matryoshka-trained model)."""
+
+    @property
     def num_kv_blocks(self) -> int: ...
 
     @property
@@ -109,8 +117,10 @@ class EngineClient(FeedSource, Protocol):
         priority: int = 0,
         add_special_tokens: bool = True,
         cache_salt: str | None = None,
+        embed: bool = False,
     ) -> Processed:
-        """Validates and tokenizes; raises InvalidRequestError before anything is queued."""
+        """Validates and tokenizes; raises InvalidRequestError before anything is queued.
+        `embed`: the prompt's vector is asked for (only an embedding model gives one)."""
 
     def check_capacity(self, num_sequences: int = 1) -> None:
         """Raises (queue full, dead, shutting down) before `submit`, so a refusal is a status."""

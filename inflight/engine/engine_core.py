@@ -85,8 +85,9 @@ class EngineCore:
         # the scratch block: the start-up warm-up's, and padding rows' of decode graphs
         self.kv_cache = KVCache(self.arch, attn, plan.num_blocks, kv_dtype, self.device,
                                 plan.num_cpu_blocks, scratch_block=True)  # fmt: skip
-        self.kv_cache_manager = KVCacheManager(plan.num_blocks, block_size,
-                                               config.cache.enable_prefix_caching,
+        # mean pooling reads every prompt position's hidden state: none may come from the cache
+        caching = config.cache.enable_prefix_caching and self.arch.pooling != "mean"
+        self.kv_cache_manager = KVCacheManager(plan.num_blocks, block_size, caching,
                                                plan.num_cpu_blocks)  # fmt: skip
         self.scheduler = Scheduler(sched_cfg, self.kv_cache_manager)
         self.runner = self._build_runner(config, draft, plan, kv_dtype)

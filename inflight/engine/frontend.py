@@ -91,7 +91,11 @@ class FrontEnd:
         if self.tokenizer.eos_token_id is not None:
             eos.add(self.tokenizer.eos_token_id)
         self.input_processor = InputProcessor(
-            self.tokenizer, self.core.max_model_len, self.core.arch.vocab_size, frozenset(eos)
+            self.tokenizer,
+            self.core.max_model_len,
+            self.core.arch.vocab_size,
+            frozenset(eos),
+            self.core.arch.pooling,
         )
         self.output_processor = OutputProcessor(self.tokenizer)
 
@@ -106,6 +110,14 @@ class FrontEnd:
     @property
     def vocab_size(self) -> int:
         return self.core.arch.vocab_size
+
+    @property
+    def embedding_size(self) -> int | None:
+        return None if self.core.arch.pooling is None else self.core.arch.hidden_size
+
+    @property
+    def shorter_embeddings(self) -> bool:
+        return self.core.arch.matryoshka
 
     @property
     def num_kv_blocks(self) -> int:

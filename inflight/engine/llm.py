@@ -24,6 +24,10 @@ from inflight.sampling_params import SamplingParams
 logger = logging.getLogger(__name__)
 
 
+# what an embedding request runs with: its prompt, then nothing sampled
+EMBEDDING_PARAMS = SamplingParams(max_tokens=1, temperature=0)
+
+
 class LLM(FrontEnd):
     def __init__(
         self, model: str | None = None, *, loaded_model: LoadedModel | None = None, **knobs: Any
@@ -64,12 +68,24 @@ class LLM(FrontEnd):
         ]
         return self._run(prompts, sampling_params, use_tqdm)
 
+    def embed(
+        self, prompts: PromptInput | Sequence[PromptInput], use_tqdm: bool = True
+    ) -> list[RequestOutput]:
+        """An embedding model's vector of every prompt (`RequestOutput.embedding`: pooled as
+        the model pools, L2-normalized); a generative model refuses."""
+        one = isinstance(prompts, str) or (
+            isinstance(prompts, list) and bool(prompts) and isinstance(prompts[0], int)
+        )
+        batch = [cast(PromptInput, prompts)] if one else list(cast(list[PromptInput], prompts))
+        return self._run([(p, True) for p in batch], EMBEDDING_PARAMS, use_tqdm, embed=True)
+
     def _run(
         self,
         prompts: list[tuple[PromptInput, bool]],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None,
         use_tqdm: bool,
         priority: Sequence[int] | None = None,
+        embed: bool = False,
     ) -> list[RequestOutput]:
         if sampling_params is None:
             sampling_params = SamplingParams()
@@ -90,7 +106,12 @@ class LLM(FrontEnd):
         # Validate everything first, so a bad prompt leaves nothing half-submitted.
         processed = [
             self.input_processor.process(
-                str(next(self._ids)), prompt, p, priority=prio, add_special_tokens=special
+                str(next(self._ids)),
+                prompt,
+                p,
+                priority=prio,
+                add_special_tokens=special,
+                embed=embed,
             )
             for (prompt, special), p, prio in zip(prompts, params, priorities, strict=True)
         ]

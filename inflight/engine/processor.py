@@ -32,8 +32,12 @@ class InputProcessor:
         max_model_len: int,
         vocab_size: int,
         eos_token_ids: frozenset[int],
+        pooling: str | None = None,
     ) -> None:
+        """`pooling`: the model's, where it is an embedding model (it then serves only
+        embedding requests, and a generative one only generation)."""
         self.tokenizer = tokenizer
+        self.pooling = pooling
         self.grammars = Grammars(tokenizer, vocab_size, sorted(eos_token_ids))
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
@@ -105,14 +109,27 @@ class InputProcessor:
         priority: int = 0,
         add_special_tokens: bool = True,
         cache_salt: str | None = None,
+        embed: bool = False,
     ) -> tuple[ParentRequest, list[Request]]:
         """Validates and fans out one request; raises InvalidRequestError before any side effect.
+        `embed`: the prompt's vector is asked for, which only an embedding model gives.
 
         `add_special_tokens=False` is for prompts rendered by a chat template, which already
         carry their special tokens.
         """
         if not isinstance(params, SamplingParams):
             raise InvalidRequestError("sampling params must be a SamplingParams", "sampling_params")
+        if embed and self.pooling is None:
+            raise InvalidRequestError(
+                "this model generates text and gives no embeddings (an embedding model pools its "
+                "hidden states: a sentence-transformers folder, a bare decoder such as "
+                "Qwen3Model, or a GGUF file with a pooling_type)", "model", "model_not_supported",
+            )  # fmt: skip
+        if not embed and self.pooling is not None:
+            raise InvalidRequestError(
+                "this is an embedding model: it gives embeddings (/v1/embeddings, LLM.embed), "
+                "not generated text", "model", "model_not_supported",
+            )  # fmt: skip
         check_int(priority, "priority", -MAX_INT64 - 1, MAX_INT64)
         if cache_salt is not None:
             check_text(cache_salt, "cache_salt")
@@ -161,6 +178,7 @@ class ParentRequest:
     metrics: RequestMetrics = field(init=False)
     num_finished: int = 0
     prompt_logprobs: list[Logprobs | None] | None = None
+    embedding: list[float] | None = None
 
     def __post_init__(self) -> None:
         want_logprobs = self.params.logprobs is not None
@@ -183,6 +201,7 @@ class ParentRequest:
             finished=self.finished,
             metrics=self.metrics.copy(),
             prompt_logprobs=self.prompt_logprobs,
+            embedding=self.embedding,
         )
 
 
@@ -222,6 +241,8 @@ class OutputProcessor:
             parent, completion = state.parent, state.parent.outputs[state.index]
             if out.prompt_logprobs is not None and parent.prompt_logprobs is None:
                 parent.prompt_logprobs = [None, *out.prompt_logprobs]
+            if out.embedding is not None:
+                parent.embedding = out.embedding
             stop_string = state.detokenizer.add_tokens(out.new_token_ids)
             consumed = state.detokenizer.num_consumed  # none past a stop string
             completion.token_ids.extend(out.new_token_ids[:consumed])

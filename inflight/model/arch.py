@@ -10,6 +10,7 @@ spellings of RoPE settings are read.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -26,7 +27,16 @@ SUPPORTED_ARCHITECTURES = {
     "Gemma2ForCausalLM": "gemma2",
     "Gemma3ForCausalLM": "gemma3",
     "Gemma3ForConditionalGeneration": "gemma3",  # its language model (`_gemma3_text_config`)
+    # the bare decoders, without an LM head, that embedding models are (Qwen3-Embedding's
+    # weights): they pool the last token's hidden state unless the folder says otherwise
+    "LlamaModel": "llama",
+    "MistralModel": "mistral",
+    "Qwen2Model": "qwen2",
+    "Qwen3Model": "qwen3",
 }
+# how an embedding model pools its hidden states into one vector: the last token's (decoder
+# embedding models: Qwen3-Embedding, e5-mistral, gte-Qwen2) or their mean
+POOLING_MODES = ("last", "mean")
 MAX_LAYERS = 1024  # far beyond any model's; a config asking more is broken or hostile
 MAX_EXPERTS = 4096  # the same for experts a layer (the largest published MoEs have 256)
 # every n-th layer global, where a config does not list them: Gemma 3's sixth, Gemma 2's second
@@ -85,6 +95,11 @@ class LlamaArchConfig:
     dense_layers: tuple[int, ...] = ()
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
+    # an embedding model's pooling (`POOLING_MODES`); None for a generative model
+    pooling: str | None = None
+    # its vectors' leading dimensions are a vector too (Matryoshka training, `is_matryoshka`):
+    # a client may ask for fewer (`dimensions`)
+    matryoshka: bool = False
 
     def __post_init__(self) -> None:
         """Refuses shapes no model has (ValueError, which the loaders report with the file):
@@ -131,6 +146,9 @@ class LlamaArchConfig:
             if not isinstance(original, int) or not 1 < original < 2**31:
                 raise ValueError(f"original_max_position_embeddings {original!r}: a context "
                                  "length of more than one position")  # fmt: skip
+        if self.pooling is not None and self.pooling not in POOLING_MODES:
+            raise ValueError(f"pooling {self.pooling!r}: only {' and '.join(POOLING_MODES)} "
+                             "pooling are supported")  # fmt: skip
         attention = self.rope_attention_factor
         if not (math.isfinite(attention) and attention > 0):
             raise ValueError(f"the RoPE attention factor must be positive, not {attention}")
@@ -242,7 +260,16 @@ class LlamaArchConfig:
             **softcaps,
             bos_token_id=config.get("bos_token_id"),
             eos_token_ids=eos_ids,
-        )
+            matryoshka=bool(config.get("is_matryoshka") or config.get("matryoshka_dimensions")),
+        ).pooled("last" if any(a.endswith("Model") for a in archs) else None)
+
+    def pooled(self, pooling: str | None) -> LlamaArchConfig:
+        """The same model as an embedding model pooling its hidden states `pooling`'s way (None:
+        generative, unchanged). Its LM head is never used: tied to the embeddings, so that a
+        checkpoint without one loads, and one with it skips it."""
+        if pooling is None:
+            return self
+        return dataclasses.replace(self, pooling=pooling, tie_word_embeddings=True)
 
 
 def _rope_settings(

@@ -197,6 +197,7 @@ def gguf_arch_config(header: GGUFHeader, path: Path) -> LlamaArchConfig:
         for key in ("attn_logit_softcapping", "final_logit_softcapping"):
             value = field_value(header, f"{arch}.{key}")
             softcaps[key] = float(value) if value else None
+    pooling = field_value(header, f"{arch}.pooling_type")  # llama.cpp's for embedding models
     return LlamaArchConfig(
         architecture=registry_name,
         vocab_size=int(meta("vocab_size", len(tokens) or None)),
@@ -225,7 +226,11 @@ def gguf_arch_config(header: GGUFHeader, path: Path) -> LlamaArchConfig:
         **multipliers,
         **softcaps,
         attention_multiplier=None if attention_multiplier is None else float(attention_multiplier),
-    )
+    ).pooled(_GGUF_POOLING.get(int(pooling), f"pooling_type {pooling}") if pooling else None)
+
+
+# llama.cpp's `pooling_type` values (0 is none: a generative model; 2, CLS, is not served)
+_GGUF_POOLING = {1: "mean", 3: "last"}
 
 
 def _gemma_full_layers(header: GGUFHeader, arch: str, num_layers: int) -> tuple[int, ...]:

@@ -266,7 +266,8 @@ class LlamaModel(nn.Module):
         logits_indices: torch.Tensor,  # [S]
     ) -> torch.Tensor:
         """Returns logits [S, vocab] in the model's dtype for the tokens at `logits_indices`
-        (the sampler converts to float32 only when it needs more than an argmax)."""
+        (the sampler converts to float32 only when it needs more than an argmax); an embedding
+        model (`cfg.pooling`), its final hidden states there [S, hidden] instead."""
         hidden = self.embed(input_ids)
         cos, sin = _rotation(positions, self.inv_freq, hidden.dtype, self.rope_attention_factor)
         local = None  # the windowed layers' own rotation, where their base differs
@@ -284,6 +285,8 @@ class LlamaModel(nn.Module):
             hidden = self.ops.rms_norm(hidden, w, eps)
         else:
             hidden = self.ops.add_rms_norm(hidden, residual[logits_indices], w, eps)
+        if self.cfg.pooling is not None:  # an embedding model: its final hidden states
+            return hidden
         # one row per sampling request: every row as a decode, so that a token's logits never
         # depend on whether its request is still in its prompt beside it
         logits = apply_linear(self.lm_head, hidden, True)

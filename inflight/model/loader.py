@@ -143,11 +143,35 @@ def load_hf_arch_config(path: Path) -> LlamaArchConfig:
         raise ModelLoadError(f"{config_file}: missing (a model folder needs config.json)")
     try:
         config = json.loads(config_file.read_text())
-        return LlamaArchConfig.from_hf_config(config)
+        arch = LlamaArchConfig.from_hf_config(config)
+        return arch.pooled(sentence_transformers_pooling(path) or arch.pooling)
     except json.JSONDecodeError as e:
         raise ModelLoadError(f"{config_file}: not valid JSON ({e})") from e
-    except (KeyError, ValueError, TypeError) as e:
+    except (KeyError, ValueError, TypeError, OSError) as e:
         raise ModelLoadError(f"{config_file}: {e}") from e
+
+
+# sentence-transformers' pooling flags (its `Pooling` module's config) -> inflight's modes
+_ST_POOLING = {"pooling_mode_lasttoken": "last", "pooling_mode_mean_tokens": "mean",
+               "pooling_mode_cls_token": "cls", "pooling_mode_max_tokens": "max"}  # fmt: skip
+
+
+def sentence_transformers_pooling(folder: Path) -> str | None:
+    """How a sentence-transformers folder pools (its `modules.json` names a `Pooling` module,
+    whose config sets one mode), or None where it has no such module: a generative model.
+    A mode inflight lacks comes back as its name, which the config refuses with the list."""
+    modules_file = folder / "modules.json"
+    if not modules_file.is_file():
+        return None
+    for module in json.loads(modules_file.read_text()):
+        if str(module.get("type", "")).endswith(".Pooling"):
+            settings = json.loads((folder / module.get("path", "") / "config.json").read_text())
+            chosen = [mode for flag, mode in _ST_POOLING.items() if settings.get(flag)]
+            if len(chosen) != 1:
+                raise ValueError(f"{modules_file}: its Pooling module sets {chosen or 'no mode'}; "
+                                 "one mode is needed")  # fmt: skip
+            return chosen[0]
+    return None
 
 
 def _safetensors_files(folder: Path) -> list[Path]:

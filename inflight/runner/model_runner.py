@@ -56,6 +56,8 @@ class ModelRunner:
         else:
             self.sampler = Sampler(device, seed)
         self.grammar_masks = GrammarMasks()
+        # an embedding model's mean pooling: each request's sum of hidden states so far
+        self._pooled_sums: dict[str, torch.Tensor] = {}
         self.timer: Timer = NO_TIMER
         # Test-only: called with every request of a batch before its forward pass, so a test
         # can make one request's processing fail.
@@ -101,6 +103,8 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
         self.grammar_masks.drop(out.finished_request_ids)
+        for request_id in out.finished_request_ids:
+            self._pooled_sums.pop(request_id, None)
         if self.drafter is not None:
             self.drafter.drop(out.finished_request_ids + out.preempted_request_ids)
         self.kv_cache.swap(out.swap_out, out.swap_in)
@@ -133,6 +137,8 @@ class ModelRunner:
         if self.fault_hook is not None:
             for s in scheduled:
                 self.fault_hook(s)
+        if self.model.cfg.pooling is not None:
+            return self._embed(scheduled)
         drafter_seconds = 0.0
         if self.drafter is not None:
             with self.timer.phase("draft"):
@@ -231,6 +237,37 @@ class ModelRunner:
                 inputs.logits_indices,
             )
         return logits, inputs.prompt_rows
+
+    def _embed(self, scheduled: list[ScheduledRequest]) -> ModelRunnerOutput:
+        """An embedding model's step: each request whose prompt is done gets its vector, the
+        last token's final hidden state (`last`) or the mean of all of them (`mean`, summed
+        chunk by chunk), L2-normalized in float32."""
+        mean = self.model.cfg.pooling == "mean"
+        with self.timer.phase("prepare_inputs"):
+            inputs = build_step_inputs(scheduled, self.block_size, self.attn_backend, self.device,
+                                       score_prompts=False, every_row=mean)  # fmt: skip
+        with self.timer.phase("forward"):
+            hidden = self.model(inputs.input_ids, inputs.positions, self.kv_cache.layers,
+                                inputs.attn_metadata, inputs.logits_indices).float()  # fmt: skip
+        result, row = ModelRunnerOutput(), 0
+        for s in scheduled:
+            if mean:
+                chunk = hidden[row : row + s.num_tokens].sum(dim=0)
+                row += s.num_tokens
+                earlier = self._pooled_sums.pop(s.request_id, None)
+                if s.start_pos > 0 and earlier is not None:  # (recomputed from 0: anew)
+                    chunk = chunk + earlier
+                if not s.sample:
+                    self._pooled_sums[s.request_id] = chunk
+                    continue
+                vector = chunk / len(s.prompt_token_ids)
+            elif s.sample:
+                vector, row = hidden[row], row + 1
+            else:
+                continue
+            vector = vector / vector.norm().clamp_min(torch.finfo(torch.float32).tiny)
+            result.embeddings[s.request_id] = vector.tolist()
+        return result
 
     @staticmethod
     def _prompt_logprobs(

@@ -42,10 +42,12 @@ def build_step_inputs(
     attn_backend: AttentionBackend,
     device: torch.device,
     score_prompts: bool = True,
+    every_row: bool = False,
 ) -> StepInputs:
     """The flat batch of `scheduled` (the module docstring lists its tensors), for any model
     whose KV cache has the pool's block layout: the target's, or its drafter's (which scores
-    no prompt: `score_prompts` False)."""
+    no prompt: `score_prompts` False). `every_row`: the outputs of every token, in order (an
+    embedding model that pools them all), in place of the sampling rows."""
     input_ids: list[int] = []
     start_pos: list[int] = []
     query_start_loc = [0]
@@ -56,7 +58,9 @@ def build_step_inputs(
         input_ids.extend(s.token_ids)
         start_pos.append(s.start_pos)
         query_start_loc.append(query_start_loc[-1] + s.num_tokens)
-        if s.sample:  # the last token's logits, and each draft's before it
+        if every_row:
+            logits_indices.extend(range(query_start_loc[-2], query_start_loc[-1]))
+        elif s.sample:  # the last token's logits, and each draft's before it
             end = query_start_loc[-1]
             logits_indices.extend(range(end - 1 - len(s.draft_token_ids), end))
         scoring = s.prompt_logprob_positions if score_prompts else range(0)

@@ -15,6 +15,7 @@ from inflight.engine.client import EngineClient
 from inflight.errors import InvalidRequestError
 from inflight.server import protocol as p
 from inflight.server.auth import Guard
+from inflight.server.embeddings import EmbeddingRequest, EmbeddingResponse, EmbeddingServing
 from inflight.server.errors import documented_errors, streamed
 from inflight.server.request_fields import check_extra_fields
 from inflight.server.response_store import ResponseStore, owner_of
@@ -35,7 +36,8 @@ def request_owner(request: Request) -> str:
 
 Owner = Annotated[str, Depends(request_owner)]
 # the request bodies whose fields beyond their own `request_fields` judges
-GENERATION_REQUESTS = (p.CompletionRequest, p.ChatCompletionRequest, ResponsesRequest)
+CHECKED_REQUESTS = (p.CompletionRequest, p.ChatCompletionRequest, ResponsesRequest,
+                    EmbeddingRequest)  # fmt: skip
 
 
 def openai_router(
@@ -45,6 +47,7 @@ def openai_router(
     completions = CompletionServing(engine, model_name)
     chat = ChatServing(engine, model_name, tool_call_parser, reasoning_parser)
     responses = ResponsesServing(chat, ResponseStore())
+    embeddings = EmbeddingServing(engine, model_name)
     router = APIRouter(dependencies=[Depends(guard)])
     generation_errors = documented_errors(401, 404, 408, 429, 500)
 
@@ -79,6 +82,12 @@ def openai_router(
     @router.delete("/v1/responses/{response_id}", responses=documented_errors(401, 404))
     async def delete_response(response_id: str, owner: Owner) -> Any:
         return responses.delete(owner, response_id)
+
+    @router.post("/v1/embeddings", responses=documented_errors(401, 404, 408, 429, 500))
+    async def create_embeddings(req: EmbeddingRequest) -> EmbeddingResponse:
+        """An embedding model's vectors (`server/embeddings.py`); a generative model's 400."""
+        check_extra_fields(req, allow_unknown_fields)
+        return await embeddings.create(req)
 
     @router.get("/v1/models", responses=documented_errors(401))
     async def list_models() -> p.ModelList:

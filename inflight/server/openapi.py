@@ -10,7 +10,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from inflight.sampling_params import MAX_INT64, MAX_SEED, MIN_SEED
-from inflight.server.openai_routes import GENERATION_REQUESTS
+from inflight.server.openai_routes import CHECKED_REQUESTS
 from inflight.server.request_fields import IGNORED
 
 _BOUND_KEYS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
@@ -44,7 +44,7 @@ def openapi_document(app: FastAPI, allow_unknown_fields: bool = False) -> dict[s
         components = schema.get("components", {}).get("schemas", {})
         for name in ("HTTPValidationError", "ValidationError"):
             components.pop(name, None)
-        for model in GENERATION_REQUESTS:
+        for model in CHECKED_REQUESTS:
             document_fields(components[model.__name__], allow_unknown_fields)
         app.openapi_schema = exact_bounds(schema)
     return app.openapi_schema

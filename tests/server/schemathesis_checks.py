@@ -23,7 +23,7 @@ import schemathesis
 # `error.code`s of the refusals the document states in words only (see the docstring)
 STATED_IN_WORDS = {
     "context_length_exceeded", "outside_vocabulary", "chat_template_error",
-    "invalid_combination", "invalid_grammar",
+    "invalid_combination", "invalid_grammar", "model_not_supported",
 }  # fmt: skip
 
 

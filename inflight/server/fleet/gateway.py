@@ -19,7 +19,7 @@ from transformers import PreTrainedTokenizerBase
 from inflight.engine.client import EngineClient, FeedSource
 from inflight.engine.frontend import render_chat
 from inflight.engine.processor import InputProcessor, ParentRequest, PromptInput
-from inflight.errors import EngineDeadError, InflightError
+from inflight.errors import EngineDeadError, InflightError, InvalidRequestError
 from inflight.metrics.live import LiveFeed
 from inflight.outputs import RequestOutput
 from inflight.request import Request
@@ -147,6 +147,14 @@ class RemoteEngine:
         return self._info["vocab_size"]
 
     @property
+    def embedding_size(self) -> int | None:
+        return None  # the replicas serve generation only (`process` refuses embeddings)
+
+    @property
+    def shorter_embeddings(self) -> bool:
+        return False
+
+    @property
     def num_kv_blocks(self) -> int:
         return self._info["num_kv_blocks"]
 
@@ -175,8 +183,11 @@ class RemoteEngine:
     # ---- requests
     def process(self, prompt: PromptInput, params: SamplingParams, *, priority: int = 0,
                 add_special_tokens: bool = True, cache_salt: str | None = None,
-                ) -> tuple[ParentRequest, list[Request]]:  # fmt: skip
+                embed: bool = False) -> tuple[ParentRequest, list[Request]]:  # fmt: skip
         """Validates here, so a bad request never reaches an engine."""
+        if embed:  # the replicas' deployment streams generations only
+            raise InvalidRequestError("embeddings are not served with --replicas", "model",
+                                      "model_not_supported")  # fmt: skip
         self._ids += 1
         return self._processor.process(  # type: ignore[union-attr]
             f"gw-{self._ids}", prompt, params, priority=priority,
