@@ -156,8 +156,9 @@ def llama3_rope_factors(head_dim: int, base: float, rope: dict) -> np.ndarray:
 def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | None,
                     mix: Callable[[str], GGMLQuantizationType] | None = None,
                     metadata: Callable[[GGUFWriter], None] | None = None) -> Path:  # fmt: skip
-    """Writes the tiny HF model in `hf_folder` (Llama, llama3 RoPE included, Qwen3, Phi-3,
-    Gemma 3) as a llama.cpp-style GGUF, 2D weights in `qtype` (or each in `mix(its GGUF name)`);
+    """Writes the tiny HF model in `hf_folder` (Llama, llama3 RoPE included, Qwen3 and its bare
+    decoder, Phi-3, Gemma 3) as a llama.cpp-style GGUF, 2D weights in `qtype` (or each in
+    `mix(its GGUF name)`);
     `metadata(writer)` adds fields of its own.
     Gemma 3's global layers are implied (every sixth), and its windowed layers' RoPE base (10k)
     too, as llama.cpp has them."""
@@ -175,7 +176,8 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
             "Gemma2ForCausalLM": "gemma2", "Gemma3ForCausalLM": "gemma3",
             "Qwen3MoeForCausalLM": "qwen3moe",
             "MixtralForCausalLM": "llama",
-            "GraniteForCausalLM": "granite"}[cfg["architectures"][0]]  # fmt: skip
+            "GraniteForCausalLM": "granite",
+            "Qwen3Model": "qwen3"}[cfg["architectures"][0]]  # fmt: skip
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
     w = GGUFWriter(out, arch)
     w.add_block_count(cfg["num_hidden_layers"])
@@ -236,6 +238,8 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
         w.add_tensor("rope_factors_long.weight", np.array(rope["long_factor"], np.float32))
         w.add_tensor("rope_factors_short.weight", np.array(rope["short_factor"], np.float32))
     for name, tensor in _stacked_experts(load_file(hf_folder / "model.safetensors")).items():
+        if not name.startswith(("model.", "lm_head.")):  # a bare decoder's (Qwen3Model's)
+            name = f"model.{name}"
         array = tensor.float().numpy()
         permuted = arch in ("llama", "granite")  # (llama.cpp's converter permutes only these)
         if permuted and name.endswith("q_proj.weight"):

@@ -95,6 +95,24 @@ def test_an_embedding_model_generates_nothing_and_a_generative_one_embeds_nothin
         LLM(str(tiny_llama), dtype="float32").embed(["hello"], use_tqdm=False)
 
 
+def test_a_gguf_with_a_pooling_type_embeds_as_its_folder(tmp_path, tokenizer_dir):
+    """llama.cpp's `pooling_type` (3: the last token) makes a GGUF an embedding model; its
+    vectors are those of the folder it was written from (prompts as token ids: one tokenizer)."""
+    from gguf import PoolingType
+
+    from tests.gguf_files import Q, write_tiny_gguf
+
+    folder = write_embedding_model(tmp_path / "folder", tokenizer_dir, "last")
+    path = write_tiny_gguf(folder, tmp_path / "embedder.gguf", Q.F32,
+                           metadata=lambda w: w.add_pooling_type(PoolingType.LAST))  # fmt: skip
+    prompts = random_prompts(400, lengths=(3, 40))
+    want = [o.embedding for o in LLM(str(folder), dtype="float32").embed(prompts, use_tqdm=False)]
+    llm = LLM(str(path), dtype="float32")
+    assert llm.core.arch.pooling == "last"
+    got = [o.embedding for o in llm.embed(prompts, use_tqdm=False)]
+    torch.testing.assert_close(torch.tensor(got), torch.tensor(want), atol=1e-5, rtol=0)
+
+
 def test_pooling_modes_inflight_lacks_are_refused_at_load(tmp_path, tokenizer_dir):
     from inflight.errors import ModelLoadError
 
