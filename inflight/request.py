@@ -10,12 +10,9 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from inflight.sampling_params import SamplingParams
-
-if TYPE_CHECKING:
-    from inflight.core.outputs import Logprobs
 
 
 class RequestStatus(enum.Enum):
@@ -29,6 +26,16 @@ class FinishReason(enum.StrEnum):
     LENGTH = "length"  # max_tokens or max_model_len
     ABORT = "abort"  # cancelled by the caller
     ERROR = "error"  # its step failed on it alone; stop_reason holds the error
+
+
+@dataclass(slots=True)
+class Logprobs:
+    """Log-probabilities at one position: the sampled token's, and the top-N alternatives."""
+
+    token_id: int
+    logprob: float
+    rank: int  # 1 = most likely
+    top: list[tuple[int, float]] = field(default_factory=list)
 
 
 @dataclass(slots=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from inflight.request import FinishReason, Request
+from inflight.request import FinishReason, Logprobs, Request
 from inflight.sampling_params import SamplingParams
 
 
@@ -92,16 +92,6 @@ class SchedulerOutput:
     def num_draft_tokens(self) -> int:
         """Draft tokens verified this step (what drafting adds to it)."""
         return sum(len(s.draft_token_ids) for s in self.scheduled)
-
-
-@dataclass(slots=True)
-class Logprobs:
-    """Log-probabilities at one position: the sampled token's, and the top-N alternatives."""
-
-    token_id: int
-    logprob: float
-    rank: int  # 1 = most likely
-    top: list[tuple[int, float]] = field(default_factory=list)
 
 
 @dataclass(slots=True)

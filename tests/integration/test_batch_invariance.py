@@ -69,8 +69,8 @@ def seeded(llm: LLM, prompts: list[list[int]], logprobs: int | None = 0) -> list
 
 
 SEEDED_SETTINGS = {
-    "all_at_once": {},
     "preempted": SETTINGS["preempted"],
+    # all at once, n-gram drafts verified on the rows of those that draft
     "speculating": {"num_speculative_tokens": 3},
 }
 
@@ -91,9 +91,9 @@ def test_seeded_samples_do_not_depend_on_the_batch_a_twin_preemption_or_speculat
     seeded_alone, loaded_float32, setting
 ):
     """The same seed gives the same tokens and log-probabilities, bit for bit, alone and in a
-    batch holding each prompt twice (twins sent together), preempted and recomputed, or with
-    n-gram drafts verified on its rows (tokens alone there: a request that wants logprobs is
-    never drafted for)."""
+    batch holding each prompt twice (twins sent together): preempted and recomputed, or all at
+    once with n-gram drafts verified on its rows (tokens alone there: a request that wants
+    logprobs is never drafted for)."""
     prompts, alone = seeded_alone
     assert len({tuple(tokens) for tokens, _ in alone}) == len(prompts)  # it really samples
     speculating = setting == "speculating"

@@ -122,3 +122,30 @@ def test_32_concurrent_streams_match_offline_generate(server):
         assert finishes.count("length") == 1 and finishes[-1] == "length"
     server.wait_idle()
     assert server.engine.core.kv_cache_manager.pool.num_used_blocks == 0
+
+
+def test_seeded_twins_sent_together_sample_what_one_samples_alone(client, server):
+    """The same seed at temperature 1 gives the same tokens and logprobs over HTTP whether the
+    request runs alone or beside its twins and strangers, all in flight at once."""
+    messages = [{"role": "user", "content": "Write a short poem about the sea."}]
+    seeded = dict(model=MODEL, messages=messages, max_tokens=16, temperature=1.0, top_p=0.95,
+                  seed=11, logprobs=True)  # fmt: skip
+
+    def summary(r) -> tuple[str, list[float]]:
+        choice = r.choices[0]
+        return choice.message.content, [t.logprob for t in choice.logprobs.content]
+
+    alone = summary(client.chat.completions.create(**seeded))
+
+    async def together():
+        aclient = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
+        twins = [aclient.chat.completions.create(**seeded) for _ in range(3)]
+        strangers = [aclient.chat.completions.create(
+            model=MODEL, max_tokens=24, temperature=1.0, seed=100 + i,
+            messages=[{"role": "user", "content": prompt}],
+        ) for i, prompt in enumerate(CHAT_PROMPTS[:5])]  # fmt: skip
+        return await asyncio.gather(*twins, *strangers)
+
+    answers = asyncio.run(together())
+    assert [summary(r) for r in answers[:3]] == [alone] * 3
+    assert len({r.choices[0].message.content for r in answers[3:]}) > 1
