@@ -17,7 +17,7 @@ GiB = 1024**3
 
 Dtype = Literal["auto", "bfloat16", "float16", "float32"]
 Batching = Literal["continuous", "static"]
-Policy = Literal["fcfs", "priority", "sjf"]
+Policy = Literal["fcfs", "priority", "sjf", "fair"]
 PreemptionMode = Literal["recompute", "swap"]
 KVAdmission = Literal["on-demand", "reserve"]
 AttentionBackend = Literal["auto", "torch", "cpu", "triton"]
@@ -163,7 +163,11 @@ class SchedulerConfig:
     )
     scheduling_policy: Policy = field(
         default="fcfs",
-        metadata={"help": "waiting-queue order: fcfs, priority (lower first) or sjf"},
+        metadata={
+            "help": "waiting-queue order: fcfs, priority (lower first), sjf, or fair "
+            "(the tenant with the least weighted tokens served first, within each "
+            "priority class)"
+        },
     )
     preemption_mode: PreemptionMode = field(
         default="recompute",
@@ -204,6 +208,9 @@ class SchedulerConfig:
             "shares the pool's blocks and the KV memory budget"
         },
     )
+    # `fair` scheduling's tenant weights (tenant, weight); unnamed tenants weigh 1. The server
+    # sets them from its API keys file.
+    tenant_weights: tuple[tuple[str, float], ...] = field(default=(), metadata={"knob": False})
     # Resolved by the engine once the model is loaded; not a user knob.
     max_model_len: int = field(default=0, metadata={"knob": False})
 
@@ -222,8 +229,9 @@ class SchedulerConfig:
             f"batching must be 'continuous' or 'static', got {self.batching!r}",
         )
         _require(
-            self.scheduling_policy in ("fcfs", "priority", "sjf"),
-            f"scheduling_policy must be fcfs, priority or sjf, got {self.scheduling_policy!r}",
+            self.scheduling_policy in ("fcfs", "priority", "sjf", "fair"),
+            "scheduling_policy must be fcfs, priority, sjf or fair, got "
+            f"{self.scheduling_policy!r}",
         )
         _require(self.aging_s > 0, f"aging_s must be > 0, got {self.aging_s}")
         _require(

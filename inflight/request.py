@@ -14,6 +14,8 @@ from typing import Any
 
 from inflight.sampling_params import SamplingParams
 
+DEFAULT_TENANT = "default"  # whom a request belongs to when nobody says
+
 
 class RequestStatus(enum.Enum):
     WAITING = "waiting"
@@ -47,6 +49,7 @@ class Request:
     arrival_time: float = field(default_factory=time.monotonic)
     priority: int = 0
     cache_salt: str | None = None  # requests with different salts never share cached blocks
+    tenant: str = DEFAULT_TENANT  # whose share of the engine it uses (`fair` scheduling)
     grammar: Any = None  # the compiled constraint of its structured output (xgrammar), or None
 
     output_token_ids: list[int] = field(default_factory=list)

@@ -20,10 +20,12 @@ the blocks held by block tables are exactly the pool's references (shared blocks
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable
 
 from inflight.config import SchedulerConfig
 from inflight.core.admission import make_admission
+from inflight.core.fair_share import FairQueue, TenantShares, fair_victim_index
 from inflight.core.kv_cache_manager import KVCacheManager
 from inflight.core.outputs import (
     EngineCoreOutput,
@@ -32,7 +34,7 @@ from inflight.core.outputs import (
     ScheduledRequest,
     SchedulerOutput,
 )
-from inflight.core.policy import StaticBatchGate, make_queue, victim_index
+from inflight.core.policy import RequestQueue, StaticBatchGate, make_queue, victim_index
 from inflight.core.speculation import Speculation
 from inflight.metrics.stats import SpeculationStats, StepStats
 from inflight.request import FinishReason, Request, RequestStatus
@@ -59,7 +61,14 @@ class Scheduler:
         )
         self.clock = clock
         self.requests: dict[str, Request] = {}
-        self.waiting = make_queue(config.scheduling_policy, config.aging_s)
+        # `fair`: the tenants' weighted service, and their requests in the core
+        self.shares: TenantShares | None = None
+        self._tenant_requests: Counter[str] = Counter()
+        if config.scheduling_policy == "fair":
+            self.shares = TenantShares(dict(config.tenant_weights))
+            self.waiting: RequestQueue = FairQueue(self.shares)
+        else:
+            self.waiting = make_queue(config.scheduling_policy, config.aging_s)
         self.running: list[Request] = []
         self.static_gate = (
             StaticBatchGate(config.max_num_seqs) if config.batching == "static" else None
@@ -75,6 +84,9 @@ class Scheduler:
         if request.request_id in self.requests:
             raise ValueError(f"duplicate request id {request.request_id!r}")
         self.requests[request.request_id] = request
+        if self.shares is not None and not self._tenant_requests[request.tenant]:
+            self.shares.on_active(request.tenant, +self._tenant_requests)
+        self._tenant_requests[request.tenant] += 1
         self.waiting.add(request)
 
     def has_unfinished_requests(self) -> bool:
@@ -197,6 +209,8 @@ class Scheduler:
         preferred = self.admission.preferred_victim(self.running, first)
         if preferred is not None:
             return preferred
+        if self.shares is not None:
+            return fair_victim_index(self.running, first, self.shares)
         return victim_index(self.running, first, self.config.scheduling_policy)
 
     def _preempt_for_priority(self, now: float) -> list[str]:
@@ -316,6 +330,8 @@ class Scheduler:
             )
         for s in scheduler_output.scheduled:
             request = self.requests[s.request_id]
+            if self.shares is not None:  # what the step computed for it, failed or not
+                self.shares.on_served(request.tenant, s.num_tokens)
             scored = runner_output.prompt_logprobs.get(s.request_id)
             if scored is not None:
                 _add_prompt_logprobs(request, *scored)
@@ -405,6 +421,7 @@ class Scheduler:
         request.finished_time = now
         self.kv.free(request)
         del self.requests[request.request_id]
+        self._tenant_requests[request.tenant] -= 1
         self._finished_ids.append(request.request_id)
         self.admission.on_finished(request)
         if self.speculation is not None:

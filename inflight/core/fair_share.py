@@ -1,0 +1,83 @@
+"""Fair share between tenants: the Virtual Token Counter (VTC; "Fairness in Serving Large
+Language Models", OSDI'24) inside the scheduler, at the granularity of tokens.
+
+Each tenant's counter is the tokens the engine computed for it (prompt chunks and decodes, as
+they run) divided by its weight. The waiting queue serves the backlogged tenant with the least
+counter first, FIFO within a tenant, and a request's prompt is charged to a provisional copy of
+the counters while one step's queue is ordered, so one step's admissions interleave tenants.
+Priority classes come first: fairness orders tenants within the best class waiting. Preemption
+takes the newest request of the most-served tenant. A tenant that returns from idle starts at
+the least counter of the tenants still active (no credit banked while away), so between any two
+tenants that stay backlogged the counters differ by a bounded amount (about twice the largest
+request's tokens), however much either sends.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Iterable, Mapping
+
+from inflight.core.policy import FCFSQueue
+from inflight.request import Request
+
+
+class TenantShares:
+    """Weights and weighted service (the counters) of every tenant seen."""
+
+    def __init__(self, weights: Mapping[str, float] | None = None) -> None:
+        for tenant, weight in (weights or {}).items():
+            if not (isinstance(weight, int | float) and math.isfinite(weight) and weight > 0):
+                raise ValueError(f"tenant {tenant!r}: weight must be positive, got {weight!r}")
+        self.weights = dict(weights or {})
+        self.counters: dict[str, float] = {}
+        self.served_tokens: dict[str, int] = {}  # unweighted, for metrics
+
+    def weight(self, tenant: str) -> float:
+        return self.weights.get(tenant, 1.0)
+
+    def counter(self, tenant: str) -> float:
+        return self.counters.get(tenant, 0.0)
+
+    def on_served(self, tenant: str, num_tokens: int) -> None:
+        self.counters[tenant] = self.counter(tenant) + num_tokens / self.weight(tenant)
+        self.served_tokens[tenant] = self.served_tokens.get(tenant, 0) + num_tokens
+
+    def on_active(self, tenant: str, active: Iterable[str]) -> None:
+        """`tenant` has work again after none: lifted to the least counter among the `active`
+        tenants (those with work), so time away earns it nothing."""
+        others = [self.counter(t) for t in active if t != tenant]
+        if others:
+            self.counters[tenant] = max(self.counter(tenant), min(others))
+
+
+class FairQueue(FCFSQueue):
+    """The waiting queue under `fair`: ordered by `prepare` (the module docstring says how)."""
+
+    def __init__(self, shares: TenantShares) -> None:
+        super().__init__()
+        self.shares = shares
+
+    def prepare(self, now: float) -> None:
+        groups: dict[tuple[int, str], deque[Request]] = {}
+        for request in self._queue:  # queue order within a group: preempted ones first
+            groups.setdefault((request.priority, request.tenant), deque()).append(request)
+        provisional = {tenant: self.shares.counter(tenant) for _, tenant in groups}
+        order: list[Request] = []
+        while groups:
+            key = min(groups, key=lambda k: (k[0], provisional[k[1]], k[1]))
+            request = groups[key].popleft()
+            order.append(request)
+            tenant = key[1]
+            to_compute = request.num_tokens - request.num_computed_tokens
+            provisional[tenant] += to_compute / self.shares.weight(tenant)
+            if not groups[key]:
+                del groups[key]
+        self._queue = deque(order)
+
+
+def fair_victim_index(running: list[Request], first: int, shares: TenantShares) -> int:
+    """The newest running request (index >= `first`) of the most-served tenant."""
+    return max(range(first, len(running)),
+               key=lambda j: (shares.counter(running[j].tenant), j))  # fmt: skip
+
