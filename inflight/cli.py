@@ -51,7 +51,7 @@ def add_knob_flags(parser: argparse.ArgumentParser, skip: Collection[str] = ()) 
     """Every knob as a flag, except those named in `skip`."""
     group = parser.add_argument_group("engine knobs")
     for owner, field in knob_fields():
-        if field.name in skip:
+        if field.name in skip or not field.metadata.get("flag", True):
             continue
         hint = typing.get_type_hints(owner)[field.name]
         kind, choices = _flag_type(hint)
@@ -206,6 +206,16 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--shutdown-timeout", type=float, default=30.0,
                        help="on SIGTERM, seconds in-flight requests get to finish before they "
                             "are aborted (default: 30)")  # fmt: skip
+    serve.add_argument("--api-keys-file", default=None,
+                       help="API keys, one per line: KEY TENANT [WEIGHT]; each request belongs "
+                            "to its key's tenant, whose weight is its share under "
+                            "--scheduling-policy fair (default weight: 1)")  # fmt: skip
+    serve.add_argument("--tenant-header", action="store_true",
+                       help="trust a request's x-tenant header to name its tenant (where its "
+                            "key names none)")  # fmt: skip
+    serve.add_argument("--tenant-from-user", action="store_true",
+                       help="a request's body field `user` names its tenant (where neither key "
+                            "nor trusted header does)")  # fmt: skip
     serve.add_argument("--replicas", type=int, default=1,
                        help="engine replicas behind one endpoint, on Ray Serve (default: 1, "
                             "one process without Ray)")  # fmt: skip
@@ -249,7 +259,8 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         max_headers=args.max_headers,
         shutdown_timeout=args.shutdown_timeout, tool_call_parser=args.tool_call_parser,
         reasoning_parser=args.reasoning_parser, allow_unknown_fields=args.allow_unknown_fields,
-        allowed_origins=args.allowed_origins,
+        allowed_origins=args.allowed_origins, api_keys_file=args.api_keys_file,
+        tenant_header=args.tenant_header, tenant_from_user=args.tenant_from_user,
     )  # fmt: skip
 
 
@@ -262,9 +273,11 @@ def run_serve(args: argparse.Namespace) -> int:
     knobs = knobs_from_args(args)
     try:
         config = server_config(args)
-    except ValueError as e:
+    except (ValueError, OSError) as e:
         logger.error("%s", e)
         return 2
+    if config.tenancy.weights:  # the keys file's weights are `fair` scheduling's
+        knobs["tenant_weights"] = tuple(config.tenancy.weights.items())
     if args.replicas < 1:
         logger.error("--replicas must be >= 1, got %d", args.replicas)
         return 2

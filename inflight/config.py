@@ -208,9 +208,9 @@ class SchedulerConfig:
             "shares the pool's blocks and the KV memory budget"
         },
     )
-    # `fair` scheduling's tenant weights (tenant, weight); unnamed tenants weigh 1. The server
-    # sets them from its API keys file.
-    tenant_weights: tuple[tuple[str, float], ...] = field(default=(), metadata={"knob": False})
+    # `fair` scheduling's tenant weights (tenant, weight); unnamed tenants weigh 1. A knob of
+    # the Python API; the server sets it from its API keys file (no flag of its own).
+    tenant_weights: tuple[tuple[str, float], ...] = field(default=(), metadata={"flag": False})
     # Resolved by the engine once the model is loaded; not a user knob.
     max_model_len: int = field(default=0, metadata={"knob": False})
 

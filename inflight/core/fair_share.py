@@ -80,4 +80,3 @@ def fair_victim_index(running: list[Request], first: int, shares: TenantShares) 
     """The newest running request (index >= `first`) of the most-served tenant."""
     return max(range(first, len(running)),
                key=lambda j: (shares.counter(running[j].tenant), j))  # fmt: skip
-

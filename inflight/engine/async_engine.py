@@ -57,7 +57,7 @@ from inflight.metrics.live import FinishedSample, LiveFeed
 from inflight.metrics.prometheus import EngineMetrics
 from inflight.metrics.stats import CoreGauges, StepStats
 from inflight.outputs import RequestOutput
-from inflight.request import FinishReason, Request
+from inflight.request import DEFAULT_TENANT, FinishReason, Request
 from inflight.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -258,12 +258,15 @@ class AsyncLLM(FrontEnd):
         add_special_tokens: bool = True,
         cache_salt: str | None = None,
         embed: bool = False,
+        tenant: str = DEFAULT_TENANT,
     ) -> tuple[ParentRequest, list[Request]]:
         """Tokenizes and validates now; raises InvalidRequestError before anything is queued.
-        `embed`: the prompt's vector is asked for (an embedding model's request)."""
+        `embed`: the prompt's vector is asked for (an embedding model's request); `tenant`:
+        whose share it uses under `fair` scheduling."""
         return self.input_processor.process(
             f"req-{next(self._ids)}", prompt, params, priority=priority,
             add_special_tokens=add_special_tokens, cache_salt=cache_salt, embed=embed,
+            tenant=tenant,
         )  # fmt: skip
 
     async def run_tokenizer(self, fn: Callable[..., Any], *args: Any) -> Any:

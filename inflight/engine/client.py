@@ -22,7 +22,7 @@ from transformers import PreTrainedTokenizerBase
 from inflight.engine.processor import ParentRequest, PromptInput
 from inflight.metrics.live import LiveFeed
 from inflight.outputs import RequestOutput
-from inflight.request import Request
+from inflight.request import DEFAULT_TENANT, Request
 from inflight.sampling_params import SamplingParams
 
 Processed = tuple[ParentRequest, list[Request]]
@@ -118,6 +118,7 @@ class EngineClient(FeedSource, Protocol):
         add_special_tokens: bool = True,
         cache_salt: str | None = None,
         embed: bool = False,
+        tenant: str = DEFAULT_TENANT,
     ) -> Processed:
         """Validates and tokenizes; raises InvalidRequestError before anything is queued.
         `embed`: the prompt's vector is asked for (only an embedding model gives one)."""

@@ -18,7 +18,7 @@ from inflight.core.outputs import EngineCoreOutput, Logprobs
 from inflight.engine.detokenizer import IncrementalDetokenizer
 from inflight.errors import InvalidRequestError
 from inflight.outputs import CompletionOutput, RequestMetrics, RequestOutput
-from inflight.request import FinishReason, Request
+from inflight.request import DEFAULT_TENANT, FinishReason, Request
 from inflight.sampling_params import MAX_INT64, SamplingParams, check_int, check_text
 from inflight.structured import Grammars
 
@@ -110,6 +110,7 @@ class InputProcessor:
         add_special_tokens: bool = True,
         cache_salt: str | None = None,
         embed: bool = False,
+        tenant: str = DEFAULT_TENANT,
     ) -> tuple[ParentRequest, list[Request]]:
         """Validates and fans out one request; raises InvalidRequestError before any side effect.
         `embed`: the prompt's vector is asked for, which only an embedding model gives.
@@ -157,6 +158,7 @@ class InputProcessor:
                     priority=priority,
                     cache_salt=cache_salt,
                     grammar=grammar,
+                    tenant=tenant,
                 )
             )
         parent = ParentRequest(request_id, prompt_text, prompt_ids, params, arrival)

@@ -39,6 +39,7 @@ from inflight.server.middleware import (
 from inflight.server.openai_routes import openai_router
 from inflight.server.openapi import openapi_document
 from inflight.server.ops_routes import Monitoring, ops_router
+from inflight.server.tenants import Tenancy, read_api_keys
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +70,11 @@ class ServerConfig:
     allow_unknown_fields: bool = False
     # origins whose browsers may call the API (CORS); None: no CORS headers
     allowed_origins: list[str] | None = None
+    # tenants (`server/tenants.py`): API keys and their tenants, and what clients may say
+    api_keys_file: str | None = None
+    tenant_header: bool = False
+    tenant_from_user: bool = False
+    tenancy: Tenancy = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         for name, known in (("tool_call_parser", tool_parsers.PARSERS),
@@ -76,6 +82,9 @@ class ServerConfig:
             value = getattr(self, name)
             if value != "auto" and value not in known:
                 raise ValueError(f"unknown {name} {value!r}; known: auto, {', '.join(known)}")
+        keys, weights = read_api_keys(self.api_keys_file) if self.api_keys_file else ({}, {})
+        tenancy = Tenancy(keys, weights, self.tenant_header, self.tenant_from_user)
+        object.__setattr__(self, "tenancy", tenancy)  # (frozen: set once, here)
         if not self.read_timeout > 0:
             raise ValueError(f"read_timeout must be > 0, got {self.read_timeout}")
         for name in ("max_connections", "max_header_bytes", "max_headers"):
@@ -149,7 +158,7 @@ def build_app(engine: EngineClient, config: ServerConfig) -> FastAPI:
     app.add_middleware(RequestId)
     add_error_handlers(app)
 
-    guard = api_key_guard(config.api_key)
+    guard = api_key_guard(config.api_key, config.tenancy)
     app.include_router(openai_router(engine, model_name, guard, config.tool_call_parser,
                                      config.reasoning_parser,
                                      config.allow_unknown_fields))  # fmt: skip

@@ -8,6 +8,8 @@ from collections.abc import Awaitable, Callable
 
 from fastapi import Request
 
+from inflight.server.tenants import TENANT_HEADER, Tenancy
+
 
 class Unauthorized(Exception):
     pass
@@ -20,14 +22,23 @@ def _matches(given: str, expected: str) -> bool:
     return hmac.compare_digest(given.encode(), expected.encode())
 
 
-def api_key_guard(api_key: str | None) -> Guard:
-    """`Authorization: Bearer <key>` (no key configured: every request passes)."""
+def api_key_guard(api_key: str | None, tenancy: Tenancy | None = None) -> Guard:
+    """`Authorization: Bearer <key>`, the `api_key` or one of the keys file's (none configured:
+    every request passes); tells `tenancy` what the request says of its tenant."""
+    keys = tenancy.keys if tenancy is not None else {}
 
     async def require_api_key(request: Request) -> None:
-        if api_key is None:
-            return
-        if not _matches(request.headers.get("authorization", ""), f"Bearer {api_key}"):
-            raise Unauthorized
+        given = request.headers.get("authorization", "")
+        key = given.removeprefix("Bearer ") if given.startswith("Bearer ") else None
+        if api_key is not None or keys:
+            known = api_key is not None and _matches(given, f"Bearer {api_key}")
+            # every listed key is compared, so the time taken tells nothing of which matched
+            listed = [k for k in keys if key is not None and _matches(key, k)]
+            if not (known or listed):
+                raise Unauthorized
+            key = listed[0] if listed else None
+        if tenancy is not None:
+            tenancy.on_request(key, request.headers.get(TENANT_HEADER))
 
     return require_api_key
 

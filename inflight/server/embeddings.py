@@ -17,6 +17,7 @@ from inflight.engine.llm import EMBEDDING_PARAMS
 from inflight.errors import InvalidRequestError, RequestFailedError
 from inflight.server import protocol as p
 from inflight.server.serving import OpenAIServing, final_outputs
+from inflight.server.tenants import request_tenant
 
 MAX_INPUTS = 2048  # OpenAI's bound on the inputs of one request
 
@@ -32,6 +33,7 @@ class EmbeddingRequest(BaseModel):
     )
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: p.OptionalInt = Field(default=None, ge=1, le=p.MAX_INT64)
+    user: p.Text | None = None  # a tenant's name under --tenant-from-user; otherwise unread
 
 
 class Embedding(BaseModel):
@@ -92,8 +94,11 @@ class EmbeddingServing(OpenAIServing):
         self.check_model(req.model)
         inputs = self._inputs(req)
 
+        tenant = request_tenant(req.user)
+
         def process_all():
-            return [self.engine.process(x, EMBEDDING_PARAMS, embed=True) for x in inputs]
+            return [self.engine.process(x, EMBEDDING_PARAMS, embed=True, tenant=tenant)
+                    for x in inputs]  # fmt: skip
 
         try:
             processed = await self.engine.run_tokenizer(process_all)

@@ -19,6 +19,7 @@ from inflight.outputs import RequestOutput
 from inflight.sampling_params import SamplingParams, StructuredOutputs
 from inflight.server import protocol as p
 from inflight.server.errors import ModelNotFoundError, error_status, error_type
+from inflight.server.tenants import request_tenant
 from inflight.tokenizer import token_bytes
 
 DONE = "data: [DONE]\n\n"
@@ -91,10 +92,12 @@ class OpenAIServing:
         refusal leaves nothing half-submitted and is an HTTP status, not a broken stream.
         Tokenizing runs on the engine's tokenizer thread, never on the event loop."""
 
+        tenant = request_tenant(req.user)
+
         def process_all():
             return [
                 self.engine.process(x, params, priority=req.priority, cache_salt=req.cache_salt,
-                                    add_special_tokens=add_special_tokens)
+                                    add_special_tokens=add_special_tokens, tenant=tenant)
                 for x in prompts
             ]  # fmt: skip
 

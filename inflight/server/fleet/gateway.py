@@ -22,7 +22,7 @@ from inflight.engine.processor import InputProcessor, ParentRequest, PromptInput
 from inflight.errors import EngineDeadError, InflightError, InvalidRequestError
 from inflight.metrics.live import LiveFeed
 from inflight.outputs import RequestOutput
-from inflight.request import Request
+from inflight.request import DEFAULT_TENANT, Request
 from inflight.routing import prefix_key
 from inflight.sampling_params import SamplingParams
 from inflight.server.fleet.hub import (
@@ -183,8 +183,10 @@ class RemoteEngine:
     # ---- requests
     def process(self, prompt: PromptInput, params: SamplingParams, *, priority: int = 0,
                 add_special_tokens: bool = True, cache_salt: str | None = None,
-                embed: bool = False) -> tuple[ParentRequest, list[Request]]:  # fmt: skip
-        """Validates here, so a bad request never reaches an engine."""
+                embed: bool = False, tenant: str = DEFAULT_TENANT,
+                ) -> tuple[ParentRequest, list[Request]]:  # fmt: skip
+        """Validates here, so a bad request never reaches an engine. (Each replica schedules
+        its own requests: `tenant` is not carried to them.)"""
         if embed:  # the replicas' deployment streams generations only
             raise InvalidRequestError("embeddings are not served with --replicas", "model",
                                       "model_not_supported")  # fmt: skip
