@@ -16,7 +16,7 @@ from tests.parity import hf_greedy
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-MAX_TOKENS = [24, 16, 32, 12, 20, 24, 16, 28, 20, 16, 32, 24, 20, 16, 12, 24]
+MAX_TOKENS = [16, 12, 20, 8, 12, 16, 12, 18, 12, 12, 20, 16, 12, 12, 8, 16]
 
 ENGINE_SETTINGS = {
     "one_batch": {},

@@ -85,9 +85,9 @@ def test_embeddings_are_sentence_transformers_pooling_of_transformers_states(emb
 
 
 def test_an_embedding_model_generates_nothing_and_a_generative_one_embeds_nothing(
-    embedding_model, tiny_llama
+    tmp_path, tokenizer_dir, tiny_llama
 ):
-    _, folder = embedding_model
+    folder = write_embedding_model(tmp_path, tokenizer_dir, "last")
     with pytest.raises(InvalidRequestError, match="embedding model") as refused:
         LLM(str(folder), dtype="float32").generate(["hello"], use_tqdm=False)
     assert refused.value.code == "model_not_supported"

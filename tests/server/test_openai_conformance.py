@@ -41,8 +41,14 @@ def spec() -> dict[str, Any]:
     return {"components": _nullable_as_3_1(document["components"])}
 
 
+_validators: dict[tuple[int, str], Draft202012Validator] = {}
+
+
 def conforms(spec: dict[str, Any], schema: str, body: Any) -> None:
-    validator = Draft202012Validator({"$ref": f"#/components/schemas/{schema}", **spec})
+    key = (id(spec), schema)  # a spec lives as long as its module's fixture or cache
+    if key not in _validators:
+        _validators[key] = Draft202012Validator({"$ref": f"#/components/schemas/{schema}", **spec})
+    validator = _validators[key]
     errors = sorted(validator.iter_errors(body), key=lambda e: list(e.absolute_path))
     assert not errors, "\n".join(
         f"{schema} at {list(e.absolute_path)}: {e.message[:300]}" for e in errors[:5]
@@ -108,7 +114,16 @@ def _or_null(schema: dict[str, Any]) -> dict[str, Any]:
     return {"anyOf": [schema, {"type": "null"}]}
 
 
+_patched: dict[tuple[int, bool], dict[str, Any]] = {}
+
+
 def _completion_schema(spec: dict[str, Any], streamed: bool) -> dict[str, Any]:
+    if (id(spec), streamed) not in _patched:
+        _patched[id(spec), streamed] = _patched_completion_schema(spec, streamed)
+    return _patched[id(spec), streamed]
+
+
+def _patched_completion_schema(spec: dict[str, Any], streamed: bool) -> dict[str, Any]:
     """The legacy completions schema where OpenAI's API answers what the document does not
     foresee, and clients rely on it: with `echo`, the first prompt token's `token_logprobs`
     and `top_logprobs` are null (nothing before it scores it; lm-eval-harness skips it); and
