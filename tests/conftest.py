@@ -217,11 +217,29 @@ def tiny_llama(tiny_model_factory) -> Path:
     return tiny_model_factory("llama")
 
 
+# The longest files, longest first (each a minute or more on a 2-core CPU): started last, one
+# of them holds its worker long after the others are done.
+LONGEST_FILES = (
+    "server/test_replicas.py", "integration/test_smollm2_parity.py", "bench/test_bench_smoke.py",
+    "integration/test_batch_invariance.py", "server/test_load_and_faults.py",
+)  # fmt: skip
+
+
 def pytest_collection_modifyitems(config, items):
-    """Files with slow tests first: pytest-xdist hands out whole files (`--dist loadfile`) in
-    collection order, and a slow file started last leaves the other workers idle at the end."""
+    """The longest files first, then the other files with slow tests, then the rest:
+    pytest-xdist hands out whole files (`--dist loadfile`) in collection order, and a slow file
+    started last leaves the other workers idle at the end."""
     slow_files = {item.path for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: item.path not in slow_files)  # stable: the rest keep their order
+    tests_dir = Path(__file__).parent
+
+    def rank(item) -> tuple[int, int]:
+        name = item.path.relative_to(tests_dir).as_posix() if item.path.is_relative_to(
+            tests_dir) else ""  # fmt: skip
+        if name in LONGEST_FILES:
+            return 0, LONGEST_FILES.index(name)
+        return (1 if item.path in slow_files else 2), 0
+
+    items.sort(key=rank)  # stable: the rest keep their order
 
 
 def pytest_addoption(parser):

@@ -80,8 +80,8 @@ def load_workload(args: argparse.Namespace, tokenizer) -> list[WorkloadRequest]:
 def add_bench_parser(sub: Any, add_engine_flags: Callable[[argparse.ArgumentParser], None]) -> None:
     bench = sub.add_parser(
         "bench",
-        help="benchmarks: offline, compare, roofline, serve, soak, slowloris, fleet, calibrate, "
-        "agreement, memory",
+        help="benchmarks: offline, compare, roofline, serve, soak, slowloris, fairness, fleet, "
+        "calibrate, agreement, memory",
     )
     modes = bench.add_subparsers(dest="bench_command", required=True)
     fmt = argparse.ArgumentDefaultsHelpFormatter
@@ -255,6 +255,22 @@ def add_bench_parser(sub: Any, add_engine_flags: Callable[[argparse.ArgumentPars
     )
     add_engine_flags(soak)  # fmt: skip
 
+    fairness = modes.add_parser(
+        "fairness", formatter_class=fmt,
+        help="a tenant's flood beside another's steady stream: the steady one's TTFT alone, "
+             "under fcfs and under fair",
+    )  # fmt: skip
+    fairness.add_argument("--steady-rate", type=positive, default=0.25,
+                          help="the steady tenant's requests a second")  # fmt: skip
+    fairness.add_argument("--flood-factor", type=positive, default=5.0,
+                          help="the flood's rate, in multiples of the steady one's")  # fmt: skip
+    fairness.add_argument("--duration", type=positive, default=40.0,
+                          help="seconds of arrivals a run")  # fmt: skip
+    fairness.add_argument("--max-tokens", type=int, default=48, help="tokens a request")
+    fairness.add_argument("--arrival-seed", type=int, default=0, help="the arrivals' seed")
+    fairness.add_argument("--out", type=Path, default=None,
+                          help="results folder (default: results/bench-fairness-*)")  # fmt: skip
+    add_engine_flags(fairness)
     slowloris = modes.add_parser(
         "slowloris", formatter_class=fmt,
         help="trickling clients against `inflight serve`: how long each is held, what it "
@@ -290,6 +306,13 @@ def run_bench(args: argparse.Namespace, knobs: dict[str, Any]) -> int:
         logger.info("results in %s", out)
         print((out / "summary.md").read_text())
         return 0 if ok(summary) else 1
+    elif args.bench_command == "fairness":
+        from inflight.bench.fairness import run_fairness
+
+        run_fairness(args, dict(knobs), out)
+        logger.info("results in %s", out)
+        print((out / "summary.md").read_text())
+        return 0
     elif args.bench_command == "slowloris":
         from inflight.bench.edge import run_slowloris
 

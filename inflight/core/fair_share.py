@@ -31,7 +31,8 @@ class TenantShares:
                 raise ValueError(f"tenant {tenant!r}: weight must be positive, got {weight!r}")
         self.weights = dict(weights or {})
         self.counters: dict[str, float] = {}
-        self.served_tokens: dict[str, int] = {}  # unweighted, for metrics
+        self.served_tokens: dict[str, int] = {}  # unweighted, since the start
+        self._step_tokens: dict[str, int] = {}  # unweighted, since the last `take`
 
     def weight(self, tenant: str) -> float:
         return self.weights.get(tenant, 1.0)
@@ -42,6 +43,12 @@ class TenantShares:
     def on_served(self, tenant: str, num_tokens: int) -> None:
         self.counters[tenant] = self.counter(tenant) + num_tokens / self.weight(tenant)
         self.served_tokens[tenant] = self.served_tokens.get(tenant, 0) + num_tokens
+        self._step_tokens[tenant] = self._step_tokens.get(tenant, 0) + num_tokens
+
+    def take(self) -> dict[str, int]:
+        """Tokens computed per tenant since the last call (a step record's)."""
+        taken, self._step_tokens = self._step_tokens, {}
+        return taken
 
     def on_active(self, tenant: str, active: Iterable[str]) -> None:
         """`tenant` has work again after none: lifted to the least counter among the `active`

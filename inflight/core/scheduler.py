@@ -61,11 +61,11 @@ class Scheduler:
         )
         self.clock = clock
         self.requests: dict[str, Request] = {}
-        # `fair`: the tenants' weighted service, and their requests in the core
-        self.shares: TenantShares | None = None
+        # the tenants' weighted service (what `fair` orders by; counted under every policy, for
+        # the metrics), and their requests in the core
+        self.shares = TenantShares(dict(config.tenant_weights))
         self._tenant_requests: Counter[str] = Counter()
         if config.scheduling_policy == "fair":
-            self.shares = TenantShares(dict(config.tenant_weights))
             self.waiting: RequestQueue = FairQueue(self.shares)
         else:
             self.waiting = make_queue(config.scheduling_policy, config.aging_s)
@@ -84,7 +84,7 @@ class Scheduler:
         if request.request_id in self.requests:
             raise ValueError(f"duplicate request id {request.request_id!r}")
         self.requests[request.request_id] = request
-        if self.shares is not None and not self._tenant_requests[request.tenant]:
+        if not self._tenant_requests[request.tenant]:
             self.shares.on_active(request.tenant, +self._tenant_requests)
         self._tenant_requests[request.tenant] += 1
         self.waiting.add(request)
@@ -203,13 +203,14 @@ class Scheduler:
             prefix_cache=self.kv.prefix_stats.take(),
             admission=self.admission.stats.take(),
             speculation=spec.stats.take() if spec is not None else SpeculationStats(),
+            tenant_tokens=self.shares.take(),
         )
 
     def _victim_index(self, first: int) -> int:
         preferred = self.admission.preferred_victim(self.running, first)
         if preferred is not None:
             return preferred
-        if self.shares is not None:
+        if self.config.scheduling_policy == "fair":
             return fair_victim_index(self.running, first, self.shares)
         return victim_index(self.running, first, self.config.scheduling_policy)
 
@@ -330,8 +331,7 @@ class Scheduler:
             )
         for s in scheduler_output.scheduled:
             request = self.requests[s.request_id]
-            if self.shares is not None:  # what the step computed for it, failed or not
-                self.shares.on_served(request.tenant, s.num_tokens)
+            self.shares.on_served(request.tenant, s.num_tokens)  # computed, failed or not
             scored = runner_output.prompt_logprobs.get(s.request_id)
             if scored is not None:
                 _add_prompt_logprobs(request, *scored)

@@ -18,7 +18,7 @@ from inflight.errors import InvalidRequestError
 from inflight.metrics.stats import StepStats
 from inflight.model.loader import LoadedModel
 from inflight.outputs import RequestOutput
-from inflight.request import FinishReason, Request
+from inflight.request import DEFAULT_TENANT, FinishReason, Request
 from inflight.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -136,12 +136,15 @@ class LLM(FrontEnd):
         return done
 
     def add_request(
-        self, prompt: PromptInput, params: SamplingParams, add_special_tokens: bool = True
-    ) -> str:
-        """Queues one request without running the engine (drive it with `step`); returns its id."""
+        self, prompt: PromptInput, params: SamplingParams, add_special_tokens: bool = True,
+        tenant: str = DEFAULT_TENANT,
+    ) -> str:  # fmt: skip
+        """Queues one request without running the engine (drive it with `step`); returns its id.
+        `tenant`: whose share it uses under `scheduling_policy="fair"`."""
         parent, children = self.input_processor.process(
-            str(next(self._ids)), prompt, params, add_special_tokens=add_special_tokens
-        )
+            str(next(self._ids)), prompt, params, add_special_tokens=add_special_tokens,
+            tenant=tenant,
+        )  # fmt: skip
         self._submit(parent, children)
         return parent.request_id
 

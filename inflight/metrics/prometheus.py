@@ -35,6 +35,9 @@ LENGTH_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384
 EMA_WEIGHT = 0.05  # running average over roughly the last 20 steps
 
 
+MAX_TENANT_LABELS = 100  # distinct tenant labels before the rest share "other"
+
+
 class EngineMetrics:
     def __init__(self, knobs: dict[str, Any]) -> None:
         self.registry = CollectorRegistry()
@@ -127,6 +130,11 @@ class EngineMetrics:
             name("requests_rejected"), "Requests refused (queue full) or ended by the request "
             "timeout", ["reason"], registry=r,
         )  # fmt: skip
+        self.tenant_tokens = Counter(
+            name("tenant_tokens"), "Tokens computed for each tenant (prompt and output)",
+            ["tenant"], registry=r,
+        )  # fmt: skip
+        self._tenant_labels: set[str] = set()
         self.weight_bytes = Gauge(
             name("model_weights_bytes"), "Bytes of the model's weights in memory", registry=r
         )
@@ -157,6 +165,8 @@ class EngineMetrics:
         self.spec_drafted.inc(step.speculation.drafted)
         self.spec_accepted.inc(step.speculation.accepted)
         self.spec_declined.inc(step.speculation.declined)
+        for tenant, num_tokens in step.tenant_tokens.items():
+            self.tenant_tokens.labels(tenant=self._tenant_label(tenant)).inc(num_tokens)
         if not step.num_scheduled_seqs:
             return
         self.batch_seqs.observe(step.num_scheduled_seqs)
@@ -166,6 +176,14 @@ class EngineMetrics:
         self._avg_tokens = _ema(self._avg_tokens, step.num_batched_tokens)
         self.batch_seqs_avg.set(self._avg_seqs)
         self.batch_tokens_avg.set(self._avg_tokens)
+
+    def _tenant_label(self, tenant: str) -> str:
+        """The tenant's own label for the first `MAX_TENANT_LABELS` tenants, "other" after:
+        clients may name tenants (`--tenant-from-user`), and each label is a series kept
+        forever."""
+        if tenant not in self._tenant_labels and len(self._tenant_labels) < MAX_TENANT_LABELS:
+            self._tenant_labels.add(tenant)
+        return tenant if tenant in self._tenant_labels else "other"
 
     def observe_tokens(self, gap_s: float, num_tokens: int) -> None:
         """New tokens of one request arrived `gap_s` after its previous ones."""

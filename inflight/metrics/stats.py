@@ -80,6 +80,7 @@ class StepStats:
     prefix_cache: PrefixCacheStats = field(default_factory=PrefixCacheStats)
     admission: AdmissionStats = field(default_factory=AdmissionStats)
     speculation: SpeculationStats = field(default_factory=SpeculationStats)
+    tenant_tokens: dict[str, int] = field(default_factory=dict)  # computed, per tenant
     phases: dict[str, float] = field(default_factory=dict)  # seconds per phase, when profiled
 
     @property

@@ -249,3 +249,21 @@ def test_memory_reads_llama_servers_kv_size_from_its_log():
     assert llama_server_kv_bytes(quiet, 7) == 16 * 512 * 7  # slots x context, f16 bytes
     text = "# HELP x\ninflight_kv_cache_bytes 4.096e+03\n"
     assert metric(text, "inflight_kv_cache_bytes") == 4096
+
+
+def test_fairness_runs_the_steady_tenant_alone_then_beside_a_flood(tiny_llama, tmp_path):
+    """Three runs of one plan: the steady tenant's every request has a TTFT in each, the flood
+    shows only where it was sent, and the engines share the first one's weights."""
+    out = tmp_path / "fairness"
+    code = main(["bench", "fairness", str(tiny_llama), "--steady-rate", "6",
+                 "--flood-factor", "3", "--duration", "1", "--max-tokens", "4",
+                 "--out", str(out), *TINY])  # fmt: skip
+    assert code == 0
+    report = json.loads((out / "fairness.json").read_text())
+    alone, fcfs, fair = report["runs"]
+    assert [r["policy"] for r in report["runs"]] == ["fcfs", "fcfs", "fair"]
+    assert "flood" not in alone["ttft"] and fcfs["ttft"]["flood"]["n"] == fair["ttft"]["flood"]["n"]
+    assert (
+        alone["ttft"]["steady"]["n"] == fcfs["ttft"]["steady"]["n"] == fair["ttft"]["steady"]["n"]
+    )
+    assert (out / "fairness.png").read_bytes()[:4] == b"\x89PNG"
