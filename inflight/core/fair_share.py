@@ -71,8 +71,8 @@ class FairQueue(FCFSQueue):
             groups.setdefault((request.priority, request.tenant), deque()).append(request)
         provisional = {tenant: self.shares.counter(tenant) for _, tenant in groups}
         order: list[Request] = []
-        while groups:
-            key = min(groups, key=lambda k: (k[0], provisional[k[1]], k[1]))
+        while groups:  # equal counters: the tenant whose next request came first
+            key = min(groups, key=lambda k: (k[0], provisional[k[1]], groups[k][0].arrival_time))
             request = groups[key].popleft()
             order.append(request)
             tenant = key[1]
