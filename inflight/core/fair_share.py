@@ -6,7 +6,11 @@ they run) divided by its weight. The waiting queue serves the backlogged tenant 
 counter first, FIFO within a tenant, and a request's prompt is charged to a provisional copy of
 the counters while one step's queue is ordered, so one step's admissions interleave tenants.
 Priority classes come first: fairness orders tenants within the best class waiting. Preemption
-takes the newest request of the most-served tenant. A tenant that returns from idle starts at
+for blocks takes the newest request of the most-served tenant. When every seat is taken and the
+next waiting request's tenant holds less than its share of the seats (by weight, among tenants
+with work, at least one whole seat), the tenant most over its share gives back its newest
+request (`share_victim`): a tenant that comes back to a saturated engine starts at once, not
+after a flood's requests end. A tenant that returns from idle starts at
 the least counter of the tenants still active (no credit banked while away), so between any two
 tenants that stay backlogged the counters differ by a bounded amount (about twice the largest
 request's tokens), however much either sends.
@@ -15,7 +19,7 @@ request's tokens), however much either sends.
 from __future__ import annotations
 
 import math
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Iterable, Mapping
 
 from inflight.core.policy import FCFSQueue
@@ -81,6 +85,33 @@ class FairQueue(FCFSQueue):
             if not groups[key]:
                 del groups[key]
         self._queue = deque(order)
+
+
+def seat_shares(running: list[Request], waiting: Iterable[Request], max_num_seqs: int,
+                shares: TenantShares) -> dict[str, float]:  # fmt: skip
+    """Each tenant with work's share of the seats, by weight."""
+    tenants = {r.tenant for r in running} | {r.tenant for r in waiting}
+    total = sum(shares.weight(t) for t in tenants)
+    return {t: max_num_seqs * shares.weight(t) / total for t in tenants}
+
+
+def share_victim(
+    running: list[Request], waiting: Request, max_num_seqs: int,
+    all_waiting: Iterable[Request], shares: TenantShares,
+) -> int | None:  # fmt: skip
+    """Where `waiting`'s tenant holds fewer seats than a whole seat of its share allows, the
+    index of the newest running request of the tenant holding the most seats beyond its share
+    (rounded up); None where no tenant holds more than its share, or the share is under a seat
+    (three tenants over two seats: preempting would only pass seats around)."""
+    seats = seat_shares(running, all_waiting, max_num_seqs, shares)
+    held = Counter(r.tenant for r in running)
+    if held[waiting.tenant] + 1 > math.floor(seats[waiting.tenant]):
+        return None
+    over = {t: n - math.ceil(seats[t]) for t, n in held.items() if n > math.ceil(seats[t])}
+    if not over:
+        return None
+    tenant = max(over, key=lambda t: (over[t], shares.counter(t)))
+    return max(j for j, r in enumerate(running) if r.tenant == tenant)
 
 
 def fair_victim_index(running: list[Request], first: int, shares: TenantShares) -> int:

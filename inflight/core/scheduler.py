@@ -25,7 +25,7 @@ from collections.abc import Callable
 
 from inflight.config import SchedulerConfig
 from inflight.core.admission import make_admission
-from inflight.core.fair_share import FairQueue, TenantShares, fair_victim_index
+from inflight.core.fair_share import FairQueue, TenantShares, fair_victim_index, share_victim
 from inflight.core.kv_cache_manager import KVCacheManager
 from inflight.core.outputs import (
     EngineCoreOutput,
@@ -107,7 +107,7 @@ class Scheduler:
         self.admission.start_step(self.running)
         # Priority preemption happens before anything is scheduled, and does not stop admission:
         # freeing room for a more important request is its purpose.
-        priority_preempted = self._preempt_for_priority(now)
+        priority_preempted = self._preempt_for_priority(now) + self._preempt_for_share(now)
         scheduled: list[ScheduledRequest] = []
         budget, preempted = self._schedule_running(scheduled)
         if not preempted:  # blocks that ran short for a runner are no room for a newcomer
@@ -239,6 +239,32 @@ class Scheduler:
             preempted.append(victim.request_id)
         if preempted:
             self.waiting.prepare(now)  # victims went to the head; put them in their place
+        return preempted
+
+    def _preempt_for_share(self, now: float) -> list[str]:
+        """Under `fair`: while every seat is taken and the least-served tenant's waiting request
+        belongs to a tenant holding fewer seats than its share (by weight, among tenants with
+        work), preempt the newest request of the tenant most over its share (no better a
+        priority class). Without it a tenant that returns to a saturated engine waits for a
+        flood's requests to end before its first seat."""
+        if (
+            self.config.scheduling_policy != "fair"
+            or self.static_gate is not None
+            or not self.waiting
+            or len(self.running) < self.config.max_num_seqs
+        ):
+            return []
+        head, preempted = self.waiting.peek(), []
+        while len(self.running) >= self.config.max_num_seqs:
+            j = share_victim(self.running, head, self.config.max_num_seqs, self.waiting,
+                             self.shares)  # fmt: skip
+            if j is None or self.running[j].priority < head.priority:
+                break
+            victim = self.running.pop(j)
+            self._preempt(victim)
+            preempted.append(victim.request_id)
+        if preempted:
+            self.waiting.prepare(now)  # the victims went to the head; put them in their place
         return preempted
 
     def _admit_waiting(self, budget: int, scheduled: list[ScheduledRequest], now: float) -> int:
