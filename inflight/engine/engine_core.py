@@ -151,7 +151,9 @@ class EngineCore:
         model, device = self.loaded.model, self.device
         attn = model.layers[0].attn
         graphs = None
-        wants_graphs = supports_graphs(attn, device) and not config.model.enforce_eager
+        # an embedding model never decodes: there is no decode step to capture
+        wants_graphs = (supports_graphs(attn, device) and not config.model.enforce_eager
+                        and self.arch.pooling is None)  # fmt: skip
         if wants_graphs and not model.graph_capturable:
             logger.info("%s routes experts on the host: decode steps run without CUDA graphs",
                         type(model).__name__)  # fmt: skip
