@@ -72,6 +72,7 @@ class Window:
     prefix_queries: float
     prefix_hits: float
     rejected: float
+    tenant_tokens: dict[str, float] = field(default_factory=dict)  # computed, per tenant
 
     def knob(self, name: str, default: float) -> float:
         try:
@@ -142,6 +143,9 @@ def window(history: list[Snapshot]) -> Window:
         prefix_hits=_delta(first, last, "inflight_prefix_cache_hits_total"),
         rejected=sum(v - first.samples.get(("inflight_requests_rejected_total", k), 0.0)
                      for k, v in last.labelled("inflight_requests_rejected_total").items()),
+        tenant_tokens={dict(k)["tenant"]:
+                       v - first.samples.get(("inflight_tenant_tokens_total", k), 0.0)
+                       for k, v in last.labelled("inflight_tenant_tokens_total").items()},
     )  # fmt: skip
 
 
@@ -258,9 +262,32 @@ def queue_full(w: Window) -> Hint | None:
     )  # fmt: skip
 
 
+def one_tenant_dominates(w: Window) -> Hint | None:
+    """Requests queue while one tenant takes most of the tokens and others are served too:
+    arrival order lets a flood starve the rest; fair share orders by service."""
+    if w.knobs.get("scheduling_policy") == "fair" or w.waiting_mean < 1:
+        return None
+    served = {t: n for t, n in w.tenant_tokens.items() if n > 0}
+    total = sum(served.values())
+    if len(served) < 2 or not total:
+        return None
+    top = max(served, key=lambda t: served[t])
+    share = served[top] / total
+    if share < 0.8:
+        return None
+    return Hint(
+        "one_tenant", "warning",
+        f"tenant {top!r} took {share:.0%} of the tokens computed among {len(served)} tenants "
+        f"while {w.waiting_mean:.1f} requests waited on average",
+        "--scheduling-policy fair",
+        {"top_tenant_share": share, "tenants": float(len(served)),
+         "waiting_mean": w.waiting_mean},
+    )  # fmt: skip
+
+
 RULES: tuple[Callable[[Window], Hint | None], ...] = (
     kv_pressure, token_budget_limits_batch, seats_limit_batch, queue_dominates_ttft,
-    prefill_stalls_decodes, prefix_misses, queue_full,
+    prefill_stalls_decodes, prefix_misses, queue_full, one_tenant_dominates,
 )  # fmt: skip
 
 

@@ -16,7 +16,7 @@ ITL_BOUNDS = ("0.005", "0.01", "0.02", "0.05", "0.1", "0.2", "0.5", "+Inf")
 
 def snap(t: float, *, running=0.0, waiting=0.0, kv=0.0, preemptions=0.0, steps=0.0,
          seqs=0.0, tokens=0.0, queue=(0.0, 0.0), ttft=(0.0, 0.0), itl=(0,) * 8,
-         prefix=(0.0, 0.0), rejected=0.0, knobs=KNOBS) -> Snapshot:  # fmt: skip
+         prefix=(0.0, 0.0), rejected=0.0, knobs=KNOBS, tenants=None) -> Snapshot:  # fmt: skip
     """Cumulative values at time t; `queue`/`ttft` are (sum, count), `itl` cumulative bucket
     counts for ITL_BOUNDS, `prefix` (queries, hits)."""
     s: dict = {
@@ -39,6 +39,8 @@ def snap(t: float, *, running=0.0, waiting=0.0, kv=0.0, preemptions=0.0, steps=0
     }
     for bound, count in zip(ITL_BOUNDS, itl, strict=True):
         s[("inflight_inter_token_latency_seconds_bucket", (("le", bound),))] = count
+    for tenant, count in (tenants or {}).items():
+        s[("inflight_tenant_tokens_total", (("tenant", tenant),))] = count
     return Snapshot(t, s)
 
 
@@ -116,6 +118,20 @@ def test_prefix_misses_point_at_cache_salt_and_rejections_are_reported():
     off = {**KNOBS, "enable_prefix_caching": "False"}
     assert "prefix_misses" not in rules([snap(0, knobs=off), snap(10, prefix=(50_000, 0),
                                                                  knobs=off)])  # fmt: skip
+
+
+def test_one_tenant_taking_most_tokens_while_others_wait_names_fair_scheduling():
+    def history(knobs=KNOBS, waiting=3.0, flood=9000.0):
+        return [snap(0, tenants={"flood": 0.0, "steady": 0.0}, knobs=knobs),
+                snap(30, running=4, waiting=waiting, steps=300, seqs=1200, tokens=1500,
+                     tenants={"flood": flood, "steady": 500.0}, knobs=knobs)]  # fmt: skip
+
+    (hint,) = [h for h in diagnose(history()) if h.rule == "one_tenant"]
+    assert hint.flag == "--scheduling-policy fair" and "'flood' took 95%" in hint.message
+    assert "one_tenant" not in rules(history(waiting=0.0))  # nobody waits: no starvation
+    assert "one_tenant" not in rules(history(flood=1500.0))  # 75%: a share, not a flood
+    fair = {**KNOBS, "scheduling_policy": "fair"}
+    assert "one_tenant" not in rules(history(knobs=fair))  # already fair
 
 
 def test_histogram_quantile_interpolates_inside_the_bucket():
