@@ -33,7 +33,8 @@ def fleet(tiny_llama):
     ray.init(num_cpus=2, namespace="inflight-tests", include_dashboard=False,
              log_to_driver=False)  # fmt: skip
     port = free_port()
-    config = ServerConfig(host="127.0.0.1", port=port, served_model_name="tiny")
+    config = ServerConfig(host="127.0.0.1", port=port, served_model_name="tiny",
+                          tenant_header=True)  # fmt: skip
     knobs = {"model": str(tiny_llama), "dtype": "float32", "max_model_len": 512,
              "num_kv_blocks": 256}  # fmt: skip
 
@@ -101,6 +102,16 @@ def test_the_openai_client_works_through_the_replicas(fleet):
     assert len(running) == 2  # every engine's series, labelled by replica
     metrics = httpx.get(url + "/metrics", timeout=10).text
     assert 'inflight_router_decisions_total{routed="load"}' in metrics
+    # the tenant a request names travels with it to the engine that serves it
+    client.completions.create(model="tiny", prompt="for a tenant", max_tokens=3,
+                              extra_headers={"x-tenant": "team-x"})  # fmt: skip
+
+    def team_tokens() -> float:
+        snapshot = Snapshot.parse(time.time(), httpx.get(url + "/metrics", timeout=10).text)
+        return sum(v for labels, v in snapshot.labelled("inflight_tenant_tokens_total").items()
+                   if dict(labels).get("tenant") == "team-x")  # fmt: skip
+
+    wait_for(lambda: team_tokens() > 0, 10)  # (the engines report once a second)
 
 
 def _events(url: str, replica: str | None, until, timeout: float = 30.0) -> list[dict]:

@@ -185,15 +185,15 @@ class RemoteEngine:
                 add_special_tokens: bool = True, cache_salt: str | None = None,
                 embed: bool = False, tenant: str = DEFAULT_TENANT,
                 ) -> tuple[ParentRequest, list[Request]]:  # fmt: skip
-        """Validates here, so a bad request never reaches an engine. (Each replica schedules
-        its own requests: `tenant` is not carried to them.)"""
+        """Validates here, so a bad request never reaches an engine; `tenant` travels with the
+        request to its replica, whose scheduler shares that replica between tenants."""
         if embed:  # the replicas' deployment streams generations only
             raise InvalidRequestError("embeddings are not served with --replicas", "model",
                                       "model_not_supported")  # fmt: skip
         self._ids += 1
         return self._processor.process(  # type: ignore[union-attr]
             f"gw-{self._ids}", prompt, params, priority=priority,
-            add_special_tokens=add_special_tokens, cache_salt=cache_salt,
+            add_special_tokens=add_special_tokens, cache_salt=cache_salt, tenant=tenant,
         )  # fmt: skip
 
     def check_capacity(self, num_sequences: int = 1) -> None:
@@ -210,6 +210,7 @@ class RemoteEngine:
             self.handle.options(stream=True).generate.remote, parent.prompt_token_ids,
             parent.params, priority=children[0].priority, cache_salt=salt,
             prefix_key=prefix_key(parent.prompt_token_ids, self._info["block_size"], salt),
+            tenant=children[0].tenant,
         )  # fmt: skip
         return self._outputs(parent, call)
 
