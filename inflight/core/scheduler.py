@@ -218,28 +218,16 @@ class Scheduler:
         """Under `priority`: while seats or blocks are short for the best waiting request and a
         running one has a strictly worse priority, preempt the worst running one. (Never in
         static batching, which by definition runs its batch to the end.)"""
-        if (
-            self.config.scheduling_policy != "priority"
-            or self.static_gate is not None
-            or not self.waiting
-            or not self.running
-        ):
-            return []
-        head = self.waiting.peek()
-        preempted = []
-        while self.running and (
-            len(self.running) >= self.config.max_num_seqs
-            or self.admission.blocks_short(head, self.running)
-        ):
+        seats = self.config.max_num_seqs
+
+        def short(head: Request) -> bool:
+            return len(self.running) >= seats or self.admission.blocks_short(head, self.running)
+
+        def victim(head: Request) -> int | None:
             j = self._victim_index(0)
-            if self.running[j].priority <= head.priority:
-                break
-            victim = self.running.pop(j)
-            self._preempt(victim)
-            preempted.append(victim.request_id)
-        if preempted:
-            self.waiting.prepare(now)  # victims went to the head; put them in their place
-        return preempted
+            return j if self.running[j].priority > head.priority else None
+
+        return self._preempt_for_head("priority", now, short, victim)
 
     def _preempt_for_share(self, now: float) -> list[str]:
         """Under `fair`: while every seat is taken and the least-served tenant's waiting request
@@ -247,24 +235,35 @@ class Scheduler:
         work), preempt the newest request of the tenant most over its share (no better a
         priority class). Without it a tenant that returns to a saturated engine waits for a
         flood's requests to end before its first seat."""
-        if (
-            self.config.scheduling_policy != "fair"
-            or self.static_gate is not None
-            or not self.waiting
-            or len(self.running) < self.config.max_num_seqs
-        ):
+        seats = self.config.max_num_seqs
+
+        def victim(head: Request) -> int | None:
+            j = share_victim(self.running, head, seats, self.waiting, self.shares)
+            return j if j is not None and self.running[j].priority >= head.priority else None
+
+        return self._preempt_for_head("fair", now, lambda _: len(self.running) >= seats, victim)
+
+    def _preempt_for_head(
+        self, policy: str, now: float, short: Callable[[Request], bool],
+        victim: Callable[[Request], int | None],
+    ) -> list[str]:  # fmt: skip
+        """Under `policy`, before anything is scheduled: while room is `short` for the head of
+        the waiting queue and `victim` names a running request to make it, preempt that one.
+        (Never in static batching, which by definition runs its batch to the end.)"""
+        if self.config.scheduling_policy != policy or self.static_gate is not None:
+            return []
+        if not self.waiting or not self.running:
             return []
         head, preempted = self.waiting.peek(), []
-        while len(self.running) >= self.config.max_num_seqs:
-            j = share_victim(self.running, head, self.config.max_num_seqs, self.waiting,
-                             self.shares)  # fmt: skip
-            if j is None or self.running[j].priority < head.priority:
+        while self.running and short(head):
+            j = victim(head)
+            if j is None:
                 break
-            victim = self.running.pop(j)
-            self._preempt(victim)
-            preempted.append(victim.request_id)
+            request = self.running.pop(j)
+            self._preempt(request)
+            preempted.append(request.request_id)
         if preempted:
-            self.waiting.prepare(now)  # the victims went to the head; put them in their place
+            self.waiting.prepare(now)  # victims went to the head; put them in their place
         return preempted
 
     def _admit_waiting(self, budget: int, scheduled: list[ScheduledRequest], now: float) -> int:
