@@ -276,13 +276,13 @@ class ModelRunner:
         """Each prompt token's score from the logits of the position before it (the raw
         distribution, as sampled tokens' logprobs), with the top alternatives asked for."""
         by_id = {s.request_id: s for s in scheduled}
-        logprobs = torch.log_softmax(logits.to(torch.float32), dim=-1)
         scored, row = {}, 0
-        for request_id, first, n in rows:
+        for request_id, first, n in rows:  # one request's rows at a time: one float32 copy
             s = by_id[request_id]
             targets = s.prompt_token_ids[first + 1 : first + 1 + n]
             num_top = s.sampling_params.prompt_logprobs or 0
-            entries = token_logprobs(logprobs[row : row + n], targets, num_top)
+            logprobs = torch.log_softmax(logits[row : row + n].to(torch.float32), dim=-1)
+            entries = token_logprobs(logprobs, targets, num_top)
             scored[request_id] = (first + 1, entries)
             row += n
         return scored

@@ -16,7 +16,7 @@ from pydantic import BaseModel, Field
 from inflight.engine.llm import EMBEDDING_PARAMS
 from inflight.errors import InvalidRequestError, RequestFailedError
 from inflight.server import protocol as p
-from inflight.server.serving import OpenAIServing, final_outputs
+from inflight.server.serving import OpenAIServing, final_outputs, prompt_list
 from inflight.server.tenants import request_tenant
 
 MAX_INPUTS = 2048  # OpenAI's bound on the inputs of one request
@@ -68,14 +68,6 @@ def encoded(vector: list[float], encoding_format: str) -> list[float] | str:
 
 
 class EmbeddingServing(OpenAIServing):
-    def _inputs(self, req: EmbeddingRequest) -> list[str | list[int]]:
-        given = req.input
-        if isinstance(given, str):
-            return [given]
-        if all(isinstance(x, int) for x in given):
-            return [given]  # type: ignore[list-item]
-        return list(given)  # type: ignore[arg-type]
-
     def _check_dimensions(self, dimensions: int | None) -> None:
         size = self.engine.embedding_size
         if dimensions is None or size is None:
@@ -92,7 +84,7 @@ class EmbeddingServing(OpenAIServing):
     async def create(self, req: EmbeddingRequest) -> EmbeddingResponse:
         """Every input validated (and the model checked to embed) before any is queued."""
         self.check_model(req.model)
-        inputs = self._inputs(req)
+        inputs = prompt_list(req.input)
 
         tenant = request_tenant(req.user)
 

@@ -135,6 +135,18 @@ class OpenAIServing:
         return bool(req.stream_options and req.stream_options.include_usage)
 
 
+def prompt_list(given: str | list[int] | list[str] | list[list[int]]) -> list[str | list[int]]:
+    """A request's prompts (completions' `prompt`, embeddings' `input`) as a list: one text,
+    one list of token ids, or several of either."""
+    if isinstance(given, str):
+        return [given]
+    if not given:
+        raise InvalidRequestError("prompt must not be empty", param="prompt")
+    if all(isinstance(x, int) for x in given):
+        return [given]  # type: ignore[list-item]
+    return list(given)  # type: ignore[arg-type]
+
+
 def requested_constraint(req: p.SamplingFields) -> StructuredOutputs | None:
     """The constraint of `response_format` (OpenAI) or `structured_outputs` (vLLM), if any."""
     fmt, extra = req.response_format, req.structured_outputs

@@ -15,21 +15,12 @@ from inflight.server.serving import (
     OpenAIServing,
     final_outputs,
     merge_streams,
+    prompt_list,
     usage_of,
 )
 
 
 class CompletionServing(OpenAIServing):
-    def _prompts(self, req: p.CompletionRequest) -> list[str | list[int]]:
-        prompt = req.prompt
-        if isinstance(prompt, str):
-            return [prompt]
-        if not prompt:
-            raise InvalidRequestError("prompt must not be empty", param="prompt")
-        if all(isinstance(x, int) for x in prompt):
-            return [prompt]  # type: ignore[list-item]
-        return list(prompt)  # type: ignore[arg-type]
-
     async def _start(self, req: p.CompletionRequest):
         self.check_model(req.model)
         if req.best_of is not None and req.best_of != req.n:
@@ -44,7 +35,7 @@ class CompletionServing(OpenAIServing):
         if req.echo and req.logprobs is not None:  # the echoed prompt is scored as well
             scored = max(req.logprobs, req.prompt_logprobs or 0)
             params = dataclasses.replace(params, prompt_logprobs=scored)
-        return await self.start(self._prompts(req), params, req)
+        return await self.start(prompt_list(req.prompt), params, req)
 
     def _prompt_text(self, out: RequestOutput) -> str:
         return out.prompt if out.prompt is not None else self.tokenizer.decode(out.prompt_token_ids)
@@ -59,18 +50,7 @@ class CompletionServing(OpenAIServing):
             return lp
         offset = 0
         for token_id, entry in zip(out.prompt_token_ids, out.prompt_logprobs, strict=True):
-            text = self.token_text(token_id)
-            lp.tokens.append(text)
-            lp.text_offset.append(offset)
-            offset += len(text)
-            if entry is None:
-                lp.token_logprobs.append(None)
-                lp.top_logprobs.append(None)
-                continue
-            lp.token_logprobs.append(entry.logprob)
-            top = {self.token_text(t): v for t, v in entry.top[: req.logprobs]}
-            top.setdefault(text, entry.logprob)
-            lp.top_logprobs.append(top)
+            offset = self._add_position(lp, token_id, entry, offset, req.logprobs)
         return lp
 
     def _logprobs(
@@ -83,15 +63,27 @@ class CompletionServing(OpenAIServing):
             return None
         lp = p.CompletionLogprobs() if lp is None else lp
         for entry in entries:
-            text = self.token_text(entry.token_id)
-            lp.tokens.append(text)
+            offset = self._add_position(lp, entry.token_id, entry, offset, len(entry.top))
+        return lp
+
+    def _add_position(
+        self, lp: p.CompletionLogprobs, token_id: int, entry: Logprobs | None, offset: int,
+        num_top: int,
+    ) -> int:  # fmt: skip
+        """Appends one token at `offset` with its logprob and its `num_top` best alternatives
+        (its own among them); nulls where nothing scores it. Returns the next token's offset."""
+        text = self.token_text(token_id)
+        lp.tokens.append(text)
+        lp.text_offset.append(offset)
+        if entry is None:
+            lp.token_logprobs.append(None)
+            lp.top_logprobs.append(None)
+        else:
             lp.token_logprobs.append(entry.logprob)
-            top = {self.token_text(t): v for t, v in entry.top}
+            top = {self.token_text(t): v for t, v in entry.top[:num_top]}
             top.setdefault(text, entry.logprob)
             lp.top_logprobs.append(top)
-            lp.text_offset.append(offset)
-            offset += len(text)
-        return lp
+        return offset + len(text)
 
     async def create(self, req: p.CompletionRequest) -> p.CompletionResponse:
         outputs = await final_outputs(await self._start(req))
