@@ -8,16 +8,19 @@ these fields (`KNOBS`), so the three can never disagree. Values that depend on t
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from inflight.errors import ConfigError
+from inflight.request import SLOTarget
 
 GiB = 1024**3
 
 Dtype = Literal["auto", "bfloat16", "float16", "float32"]
 Batching = Literal["continuous", "static"]
-Policy = Literal["fcfs", "priority", "sjf", "fair"]
+Policy = Literal["fcfs", "priority", "sjf", "fair", "edf"]
+SLOAdmission = Literal["refuse", "queue"]
 PreemptionMode = Literal["recompute", "swap"]
 KVAdmission = Literal["on-demand", "reserve"]
 AttentionBackend = Literal["auto", "torch", "cpu", "triton"]
@@ -166,7 +169,7 @@ class SchedulerConfig:
         metadata={
             "help": "waiting-queue order: fcfs, priority (lower first), sjf, or fair "
             "(the tenant with the least weighted tokens served first, within each "
-            "priority class)"
+            "priority class), or edf (earliest deadline first: arrival + TTFT target)"
         },
     )
     preemption_mode: PreemptionMode = field(
@@ -208,6 +211,27 @@ class SchedulerConfig:
             "shares the pool's blocks and the KV memory budget"
         },
     )
+    slo_ttft: float | None = field(
+        default=None,
+        metadata={
+            "help": "TTFT target in seconds for requests that set none; a request predicted to "
+            "miss its target is refused at once (429 with Retry-After; see slo_admission)"
+        },
+    )
+    slo_tpot: float | None = field(
+        default=None,
+        metadata={
+            "help": "TPOT target in seconds (mean time per output token after the first) for "
+            "requests that set none; steps cap their prompt tokens to keep decodes within it"
+        },
+    )
+    slo_admission: SLOAdmission = field(
+        default="refuse",
+        metadata={
+            "help": "refuse (a request predicted to miss its TTFT target is refused at once) or "
+            "queue (queued anyway; targets still order edf and count toward goodput)"
+        },
+    )
     # `fair` scheduling's tenant weights (tenant, weight); unnamed tenants weigh 1. A knob of
     # the Python API; the server sets it from its API keys file (no flag of its own).
     tenant_weights: tuple[tuple[str, float], ...] = field(default=(), metadata={"flag": False})
@@ -229,11 +253,22 @@ class SchedulerConfig:
             f"batching must be 'continuous' or 'static', got {self.batching!r}",
         )
         _require(
-            self.scheduling_policy in ("fcfs", "priority", "sjf", "fair"),
-            "scheduling_policy must be fcfs, priority, sjf or fair, got "
+            self.scheduling_policy in ("fcfs", "priority", "sjf", "fair", "edf"),
+            "scheduling_policy must be fcfs, priority, sjf, fair or edf, got "
             f"{self.scheduling_policy!r}",
         )
         _require(self.aging_s > 0, f"aging_s must be > 0, got {self.aging_s}")
+        for name in ("slo_ttft", "slo_tpot"):
+            value = getattr(self, name)
+            _require(
+                value is None or (isinstance(value, int | float) and not isinstance(value, bool)
+                                  and math.isfinite(value) and value > 0),
+                f"{name} must be a positive finite number of seconds, got {value!r}",
+            )  # fmt: skip
+        _require(
+            self.slo_admission in ("refuse", "queue"),
+            f"slo_admission must be refuse or queue, got {self.slo_admission!r}",
+        )
         _require(
             0 <= self.num_speculative_tokens <= 64,
             f"num_speculative_tokens must be in [0, 64], got {self.num_speculative_tokens}",
@@ -258,6 +293,11 @@ class SchedulerConfig:
             self.preemption_mode in ("recompute", "swap"),
             f"preemption_mode must be recompute or swap, got {self.preemption_mode!r}",
         )
+
+    @property
+    def default_slo(self) -> SLOTarget:
+        """The targets of a request that sets none."""
+        return SLOTarget(self.slo_ttft, self.slo_tpot)
 
     @property
     def chunk_limit(self) -> int:

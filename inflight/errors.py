@@ -50,6 +50,17 @@ class QueueFullError(InflightError):
     code = "rate_limit_exceeded"
 
 
+class SLOUnmetError(QueueFullError):
+    """SLO admission predicts the request would miss its TTFT target: refused at once, with
+    the seconds after which the queue should have room (`Retry-After`)."""
+
+    code = "slo_unmet"
+
+    def __init__(self, message: str, retry_after: int) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
 class RequestTimeoutError(InflightError):
     """A request ran past the server's request timeout and was aborted."""
 

@@ -8,6 +8,7 @@ still need a forward pass. A decode has exactly one such token (the last sampled
 from __future__ import annotations
 
 import enum
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +31,34 @@ class FinishReason(enum.StrEnum):
     ERROR = "error"  # its step failed on it alone; stop_reason holds the error
 
 
+@dataclass(frozen=True, slots=True)
+class SLOTarget:
+    """Latency targets of a request, in seconds (`core/slo.py` uses them); None: no target
+    of that kind."""
+
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+
+    def __post_init__(self) -> None:
+        for name, value in (("ttft_s", self.ttft_s), ("tpot_s", self.tpot_s)):
+            if value is not None and (
+                isinstance(value, bool)
+                or not (isinstance(value, int | float) and math.isfinite(value) and value > 0)
+            ):
+                raise ValueError(f"SLO {name} must be a positive finite number, got {value!r}")
+
+    def __bool__(self) -> bool:
+        return self.ttft_s is not None or self.tpot_s is not None
+
+    def over(self, defaults: SLOTarget) -> SLOTarget:
+        """These targets, each missing one taken from `defaults`."""
+        return SLOTarget(self.ttft_s if self.ttft_s is not None else defaults.ttft_s,
+                         self.tpot_s if self.tpot_s is not None else defaults.tpot_s)  # fmt: skip
+
+
+NO_SLO = SLOTarget()  # a request without latency targets
+
+
 @dataclass(slots=True)
 class Logprobs:
     """Log-probabilities at one position: the sampled token's, and the top-N alternatives."""
@@ -50,6 +79,7 @@ class Request:
     priority: int = 0
     cache_salt: str | None = None  # requests with different salts never share cached blocks
     tenant: str = DEFAULT_TENANT  # whose share of the engine it uses (`fair` scheduling)
+    slo: SLOTarget = NO_SLO  # its latency targets
     grammar: Any = None  # the compiled constraint of its structured output (xgrammar), or None
 
     output_token_ids: list[int] = field(default_factory=list)

@@ -81,7 +81,7 @@ def add_bench_parser(sub: Any, add_engine_flags: Callable[[argparse.ArgumentPars
     bench = sub.add_parser(
         "bench",
         help="benchmarks: offline, compare, roofline, serve, soak, slowloris, fairness, fleet, "
-        "calibrate, agreement, memory",
+        "calibrate, agreement, memory, slo",
     )
     modes = bench.add_subparsers(dest="bench_command", required=True)
     fmt = argparse.ArgumentDefaultsHelpFormatter
@@ -289,6 +289,27 @@ def add_bench_parser(sub: Any, add_engine_flags: Callable[[argparse.ArgumentPars
     slowloris.add_argument("--out", type=Path, default=None,
                            help="results folder (default: results/bench-slowloris-*)")  # fmt: skip
     add_engine_flags(slowloris)
+    slo = modes.add_parser(
+        "slo", formatter_class=fmt,
+        help="goodput past saturation: FCFS against SLO-aware admission over HTTP, and the "
+             "simulator's prediction of both",
+    )  # fmt: skip
+    slo.add_argument("--slo", default="ttft=1.5,tpot=0.15",
+                     help="targets: ttft=SECONDS,tpot=SECONDS")  # fmt: skip
+    slo.add_argument("--load", type=positive, default=1.5,
+                     help="offered rate, in multiples of the measured capacity")  # fmt: skip
+    slo.add_argument("--duration", type=positive, default=60.0, help="seconds of arrivals")
+    slo.add_argument("--workload", default="chat", help="named workload")
+    slo.add_argument("--workload-seed", type=int, default=0)
+    slo.add_argument("--burst-requests", type=int, default=48,
+                     help="requests of the burst that measures capacity")  # fmt: skip
+    slo.add_argument("--policy", choices=("fcfs", "edf"), default="fcfs",
+                     help="queue order of the run with SLO admission")  # fmt: skip
+    slo.add_argument("--no-simulate", dest="simulate", action="store_false",
+                     help="skip the simulator's prediction")  # fmt: skip
+    slo.add_argument("--out", type=Path, default=None,
+                     help="results folder (default: results/bench-slo-*)")  # fmt: skip
+    add_engine_flags(slo)
 
 
 def run_bench(args: argparse.Namespace, knobs: dict[str, Any]) -> int:
@@ -310,6 +331,13 @@ def run_bench(args: argparse.Namespace, knobs: dict[str, Any]) -> int:
         from inflight.bench.fairness import run_fairness
 
         run_fairness(args, dict(knobs), out)
+        logger.info("results in %s", out)
+        print((out / "summary.md").read_text())
+        return 0
+    elif args.bench_command == "slo":
+        from inflight.bench.slo import run_slo_bench
+
+        run_slo_bench(args, dict(knobs), out)
         logger.info("results in %s", out)
         print((out / "summary.md").read_text())
         return 0

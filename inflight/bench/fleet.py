@@ -61,7 +61,7 @@ def measure(args: argparse.Namespace, tokenizer: Any, model: str) -> list[dict]:
                                  args.num_requests, "poisson", args.rate)  # fmt: skip
                 hits0, queries0 = _prefix_counters(url)
                 run = asyncio.run(run_rate(url, model, workload, f"{label}: {workload_name}",
-                                           None, args.slo_ttft, args.slo_tpot))  # fmt: skip
+                                           None, args.goodput_ttft, args.goodput_tpot))  # fmt: skip
                 time.sleep(2.5)  # engines report their counters once a second
                 hits1, queries1 = _prefix_counters(url)
                 s = summarize(run)
@@ -199,8 +199,9 @@ def add_fleet_parser(modes: Any, fmt: Any) -> argparse.ArgumentParser:
     fleet.add_argument("--rate", type=float, default=2.0, help="Poisson requests/s")
     fleet.add_argument("--num-requests", type=int, default=64)
     fleet.add_argument("--workload-seed", type=int, default=0)
-    fleet.add_argument("--slo-ttft", type=float, default=1.0)
-    fleet.add_argument("--slo-tpot", type=float, default=0.2)
+    # goodput's targets (the engine's own --slo-ttft / --slo-tpot would refuse requests)
+    fleet.add_argument("--goodput-ttft", type=float, default=1.0, help="TTFT target, s")
+    fleet.add_argument("--goodput-tpot", type=float, default=0.2, help="TPOT target, s")
     fleet.add_argument("--serve-args", default="", help="extra flags for `inflight serve`")
     fleet.add_argument("--hardware", default="local-cpu",
                        help="the simulator's profile of this machine (local-cpu, or the JSON "

@@ -1,8 +1,11 @@
-"""Waiting-queue orders (fcfs, priority, sjf) and the static-batching admission gate.
+"""Waiting-queue orders (fcfs, priority, sjf, edf) and the static-batching admission gate.
 
 - fcfs: a deque; new requests join the tail, preempted ones return to the head.
 - priority: lower `priority` first (arrival breaks ties), as vLLM.
 - sjf: fewest remaining output tokens (`max_tokens` minus those generated) first.
+- edf: earliest deadline (arrival + TTFT target) first; requests without a target after those
+  with one, in arrival order. A deadline needs no aging: waiting brings it nearer.
+(`fair` is `fair_share.py`'s.)
 
 Aging (priority and sjf), so nothing starves: a request's rank improves by one unit for every
 `aging_s` seconds it has waited. For priority the unit is one priority level; for sjf it is a
@@ -96,8 +99,23 @@ class RankedQueue(FCFSQueue):
         self._queue = deque(sorted(self._queue, key=lambda r: self.rank(r, now)))
 
 
+def deadline(request: Request) -> float:
+    """When a request must have its first token (inf: no TTFT target)."""
+    ttft = request.slo.ttft_s
+    return math.inf if ttft is None else request.arrival_time + ttft
+
+
+class DeadlineQueue(FCFSQueue):
+    """edf order, sorted by `prepare` at the top of every step."""
+
+    def prepare(self, now: float) -> None:
+        self._queue = deque(sorted(self._queue, key=lambda r: (deadline(r), r.arrival_time)))
+
+
 def make_queue(policy: str, aging_s: float) -> RequestQueue:
-    return FCFSQueue() if policy == "fcfs" else RankedQueue(policy, aging_s)
+    if policy == "fcfs":
+        return FCFSQueue()
+    return DeadlineQueue() if policy == "edf" else RankedQueue(policy, aging_s)
 
 
 def victim_index(running: list[Request], first: int, policy: str) -> int:

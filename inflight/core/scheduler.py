@@ -35,7 +35,15 @@ from inflight.core.outputs import (
     SchedulerOutput,
 )
 from inflight.core.policy import RequestQueue, StaticBatchGate, make_queue, victim_index
+from inflight.core.slo import (
+    OutputLengths,
+    QueueState,
+    expected_work,
+    met_target,
+    tpot_token_cap,
+)
 from inflight.core.speculation import Speculation
+from inflight.core.step_cost import StepCostFit
 from inflight.metrics.stats import SpeculationStats, StepStats
 from inflight.request import FinishReason, Request, RequestStatus
 
@@ -53,9 +61,13 @@ class Scheduler:
         self.config = config
         self.kv = kv_cache_manager
         self.admission = make_admission(kv_cache_manager, config)
+        # step time on tokens, fitted to this engine's steps: speculation weighs drafts with it,
+        # SLO admission predicts first tokens with it
+        self.step_cost = StepCostFit()
+        self.output_lengths = OutputLengths()  # what a request is expected to sample
         by_model = config.speculative_model is not None
         self.speculation = (
-            Speculation(config.num_speculative_tokens, by_model)
+            Speculation(config.num_speculative_tokens, by_model, self.step_cost)
             if config.num_speculative_tokens
             else None
         )
@@ -65,6 +77,10 @@ class Scheduler:
         # the metrics), and their requests in the core
         self.shares = TenantShares(dict(config.tenant_weights))
         self._tenant_requests: Counter[str] = Counter()
+        # finished requests that met / missed their SLO, per tenant, since the last step record
+        self._slo_met: Counter[str] = Counter()
+        self._slo_missed: Counter[str] = Counter()
+        self.num_added = 0  # requests taken in since the start (the SLO forecast's count)
         if config.scheduling_policy == "fair":
             self.waiting: RequestQueue = FairQueue(self.shares)
         else:
@@ -84,6 +100,8 @@ class Scheduler:
         if request.request_id in self.requests:
             raise ValueError(f"duplicate request id {request.request_id!r}")
         self.requests[request.request_id] = request
+        self.num_added += 1
+        request.slo = request.slo.over(self.config.default_slo)
         if not self._tenant_requests[request.tenant]:
             self.shares.on_active(request.tenant, +self._tenant_requests)
         self._tenant_requests[request.tenant] += 1
@@ -109,17 +127,16 @@ class Scheduler:
         # freeing room for a more important request is its purpose.
         priority_preempted = self._preempt_for_priority(now) + self._preempt_for_share(now)
         scheduled: list[ScheduledRequest] = []
-        budget, preempted = self._schedule_running(scheduled)
+        budget, preempted = self._schedule_running(scheduled, self._step_budget(now))
         if not preempted:  # blocks that ran short for a runner are no room for a newcomer
             budget = self._admit_waiting(budget, scheduled, now)
-        cfg = self.config
         out = SchedulerOutput(
             scheduled=scheduled,
             preempted_request_ids=priority_preempted + preempted,
             swap_out=self._swap_out,
             swap_in=self._swap_in,
             finished_request_ids=self._finished_ids,
-            num_batched_tokens=cfg.max_num_batched_tokens - budget,
+            num_batched_tokens=sum(s.num_tokens for s in scheduled),
             num_running=len(self.running),
             num_waiting=len(self.waiting),
             kv_usage=self.kv.usage,
@@ -128,10 +145,20 @@ class Scheduler:
         self._check_invariants(out)
         return out
 
-    def _schedule_running(self, scheduled: list[ScheduledRequest]) -> tuple[int, list[str]]:
-        """Schedules running requests in admission order, preempting when blocks run out;
-        returns the budget left and the ids preempted."""
-        cfg, budget, preempted = self.config, self.config.max_num_batched_tokens, []
+    def _step_budget(self, now: float) -> int:
+        """The step's tokens: the budget, capped so that decodes with a TPOT target keep it
+        (`slo.tpot_token_cap`; prompt chunks always get at least one block)."""
+        budget = self.config.max_num_batched_tokens
+        floor = sum(1 for r in self.running if r.is_decoding) + self.kv.block_size
+        cap = tpot_token_cap(self.running, now, self.step_cost.line(), floor)
+        return budget if cap is None else min(budget, cap)
+
+    def _schedule_running(
+        self, scheduled: list[ScheduledRequest], budget: int
+    ) -> tuple[int, list[str]]:
+        """Schedules running requests in admission order within `budget` tokens, preempting
+        when blocks run out; returns the budget left and the ids preempted."""
+        cfg, preempted = self.config, []
         # Budget still owed to decodes not yet visited, so a prefill chunk never starves them.
         pending_decodes = sum(1 for r in self.running if r.is_decoding)
         i = 0
@@ -172,11 +199,22 @@ class Scheduler:
         return budget, preempted
 
     def record_step_time(self, out: SchedulerOutput, duration_s: float) -> None:
-        """How long the step `out` scheduled took: speculation's cost fit learns from it
-        (whether a draft pays for the time it adds)."""
-        if self.speculation is not None:
-            self.speculation.cost.observe(out.num_batched_tokens, len(out.scheduled), duration_s,
-                                          out.num_draft_tokens)  # fmt: skip
+        """How long the step `out` scheduled took: the step-cost fit learns from it."""
+        self.step_cost.observe(out.num_batched_tokens, len(out.scheduled), duration_s,
+                               out.num_draft_tokens)  # fmt: skip
+
+    def queue_state(self) -> QueueState:
+        """The queue as the SLO forecast reads it (`slo.forecast_ttft`)."""
+        cfg, lengths = self.config, self.output_lengths
+        return QueueState(
+            t=self.clock(),
+            running=tuple(expected_work(r, lengths.mean, cfg.max_model_len) for r in self.running),
+            waiting=tuple(expected_work(r, lengths.mean, cfg.max_model_len) for r in self.waiting),
+            line=self.step_cost.line(), max_num_seqs=cfg.max_num_seqs,
+            token_budget=cfg.max_num_batched_tokens, chunk_limit=cfg.chunk_limit,
+            policy=cfg.scheduling_policy, num_added=self.num_added,
+            mean_output=lengths.mean,
+        )  # fmt: skip
 
     def make_stats(self, out: SchedulerOutput, num_sampled: int, duration_s: float) -> StepStats:
         """The record of the step `out` scheduled, after its update: gauges as they are now,
@@ -204,7 +242,15 @@ class Scheduler:
             admission=self.admission.stats.take(),
             speculation=spec.stats.take() if spec is not None else SpeculationStats(),
             tenant_tokens=self.shares.take(),
+            slo_met=self._take(self._slo_met),
+            slo_missed=self._take(self._slo_missed),
         )
+
+    @staticmethod
+    def _take(counts: Counter[str]) -> dict[str, int]:
+        taken = dict(counts)
+        counts.clear()
+        return taken
 
     def _victim_index(self, first: int) -> int:
         preferred = self.admission.preferred_victim(self.running, first)
@@ -444,6 +490,11 @@ class Scheduler:
         request.finish_reason = reason
         request.stop_reason = stop_reason
         request.finished_time = now
+        if reason in (FinishReason.STOP, FinishReason.LENGTH):
+            self.output_lengths.observe(request.num_output_tokens)
+            met = met_target(request)
+            if met is not None:
+                (self._slo_met if met else self._slo_missed)[request.tenant] += 1
         self.kv.free(request)
         del self.requests[request.request_id]
         self._tenant_requests[request.tenant] -= 1

@@ -29,13 +29,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from inflight.core.step_cost import StepCostFit
 from inflight.metrics.stats import SpeculationStats
 from inflight.request import Request
 
 NGRAM_MAX = 4  # longest suffix looked up
 NGRAM_MIN = 2  # shortest: a single repeated token predicts little
 PRIOR_DRAFTED, PRIOR_ACCEPTED = 4, 2  # a newcomer's acceptance rate: 1/2 until it has its own
-DECAY = 0.95  # weight of older steps in the cost fit (~20 steps)
 MODEL_DRAFT = -1  # a draft slot the runner's draft model fills in before the forward pass
 
 
@@ -49,66 +49,14 @@ class _RequestState:
     accepted: int = PRIOR_ACCEPTED
 
 
-class StepCostFit:
-    """Exponentially weighted least squares of step time on query tokens; the mean step time,
-    batch size and drafts per step; and a draft model's seconds per draft token: what
-    `Speculation` weighs drafts with."""
-
-    def __init__(self) -> None:
-        self.n = self.sx = self.sy = self.sxx = self.sxy = 0.0
-        self.mean_seconds = self.mean_seqs = self.mean_drafts = 0.0
-        self.drafter_seconds_per_token = 0.0  # 0 without a draft model
-
-    def observe(self, num_tokens: int, num_seqs: int, seconds: float, num_drafts: int = 0) -> None:
-        if not num_seqs:
-            return
-        x, y = float(num_tokens), seconds
-        self.n = DECAY * self.n + 1.0
-        self.sx, self.sy = DECAY * self.sx + x, DECAY * self.sy + y
-        self.sxx, self.sxy = DECAY * self.sxx + x * x, DECAY * self.sxy + x * y
-        first = self.mean_seconds == 0.0
-        self.mean_seconds = _ewma(self.mean_seconds, seconds, first)
-        self.mean_seqs = _ewma(self.mean_seqs, num_seqs, first)
-        self.mean_drafts = _ewma(self.mean_drafts, num_drafts, first)
-
-    def observe_drafter(self, seconds: float, num_drafts: int) -> None:
-        """A step's draft-model passes, which wrote `num_drafts` drafts in all."""
-        if num_drafts:
-            per_token = seconds / num_drafts
-            first = self.drafter_seconds_per_token == 0.0
-            self.drafter_seconds_per_token = _ewma(self.drafter_seconds_per_token, per_token, first)
-
-    @property
-    def seconds_per_token(self) -> float | None:
-        """The fitted slope, or None while the steps seen vary too little to fit one."""
-        var = self.sxx / max(self.n, 1e-9) - (self.sx / max(self.n, 1e-9)) ** 2
-        if self.n < 4 or var < 1.0:
-            return None
-        cov = self.sxy / self.n - (self.sx / self.n) * (self.sy / self.n)
-        return max(0.0, cov / var)
-
-    def break_even_rate(self) -> float:
-        """The acceptance rate above which a draft token pays: its cost (the query token, and
-        the draft model's share of its passes) over the batch's time per token without drafts
-        (0 while nothing is fitted; infinite where the estimates leave no such time)."""
-        per_draft = (self.seconds_per_token or 0.0) + self.drafter_seconds_per_token
-        if per_draft == 0.0 or self.mean_seconds <= 0:
-            return 0.0
-        plain_seconds = self.mean_seconds - per_draft * self.mean_drafts
-        if plain_seconds <= 0:
-            return float("inf")
-        return per_draft * self.mean_seqs / plain_seconds
-
-
-def _ewma(mean: float, value: float, first: bool) -> float:
-    return value if first else DECAY * mean + (1 - DECAY) * value
-
-
 class Speculation:
-    def __init__(self, num_speculative_tokens: int, by_model: bool = False) -> None:
+    def __init__(
+        self, num_speculative_tokens: int, by_model: bool = False,
+        cost: StepCostFit | None = None,
+    ) -> None:  # fmt: skip
         self.k = num_speculative_tokens
         self.by_model = by_model  # a draft model writes the drafts (`runner/drafter.py`)
-        self.cost = StepCostFit()
+        self.cost = cost if cost is not None else StepCostFit()  # the scheduler's, shared
         self._states: dict[str, _RequestState] = {}
         self.stats = SpeculationStats()
 

@@ -23,6 +23,7 @@ and gives those in flight a deadline (graceful shutdown).
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import functools
 import itertools
@@ -35,6 +36,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from inflight.core.outputs import EngineCoreOutput
+from inflight.core.slo import QueueState, check_slo
 from inflight.engine.engine_loop import (
     AddRequests,
     EngineLoop,
@@ -52,12 +54,13 @@ from inflight.errors import (
     RequestFailedError,
     RequestTimeoutError,
     ShuttingDownError,
+    SLOUnmetError,
 )
 from inflight.metrics.live import FinishedSample, LiveFeed
 from inflight.metrics.prometheus import EngineMetrics
 from inflight.metrics.stats import CoreGauges, StepStats
 from inflight.outputs import RequestOutput
-from inflight.request import DEFAULT_TENANT, FinishReason, Request
+from inflight.request import DEFAULT_TENANT, NO_SLO, FinishReason, Request, SLOTarget
 from inflight.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -89,6 +92,11 @@ class AsyncLLM(FrontEnd):
         # the core's gauges as the engine thread last published them: what other threads read
         # of the core (a frozen record, swapped whole)
         self._gauges: CoreGauges = self.core.gauges()
+        # the queue as SLO admission reads it, published likewise, and the requests submitted
+        # since (with their count since the start, to tell which the state already holds)
+        self._queue_state: QueueState = self.core.scheduler.queue_state()
+        self._unseen: collections.deque[tuple[int, Request]] = collections.deque()
+        self._num_submitted = 0
         self._engine_loop = EngineLoop(self.core, self)
         self._streams: dict[str, asyncio.Queue[RequestOutput | BaseException]] = {}
         self._last_token_time: dict[str, float] = {}
@@ -194,6 +202,7 @@ class AsyncLLM(FrontEnd):
             self._gauges = snapshot.gauges
         else:
             self._gauges = self.core.gauges()
+        self._queue_state = self.core.scheduler.queue_state()
         self.metrics.observe_state(self._gauges)
 
     @property
@@ -259,14 +268,15 @@ class AsyncLLM(FrontEnd):
         cache_salt: str | None = None,
         embed: bool = False,
         tenant: str = DEFAULT_TENANT,
+        slo: SLOTarget = NO_SLO,
     ) -> tuple[ParentRequest, list[Request]]:
         """Tokenizes and validates now; raises InvalidRequestError before anything is queued.
         `embed`: the prompt's vector is asked for (an embedding model's request); `tenant`:
-        whose share it uses under `fair` scheduling."""
+        whose share it uses under `fair` scheduling; `slo`: its latency targets."""
         return self.input_processor.process(
             f"req-{next(self._ids)}", prompt, params, priority=priority,
             add_special_tokens=add_special_tokens, cache_salt=cache_salt, embed=embed,
-            tenant=tenant,
+            tenant=tenant, slo=slo,
         )  # fmt: skip
 
     async def run_tokenizer(self, fn: Callable[..., Any], *args: Any) -> Any:
@@ -305,6 +315,21 @@ class AsyncLLM(FrontEnd):
                 f"the waiting queue is full ({self.max_queued_requests} sequences); retry later"
             )
 
+    def check_slo(self, processed: list[tuple[ParentRequest, list[Request]]]) -> None:
+        """Raises SLOUnmetError when SLO admission predicts that one of these requests (queued
+        in order) would miss its TTFT target: from the queue the engine thread last published
+        and what was submitted since, on this thread, so the refusal never waits for a step."""
+        state = self._queue_state
+        while self._unseen and self._unseen[0][0] < state.num_added:
+            self._unseen.popleft()
+        try:
+            check_slo(state, [c for _, children in processed for c in children],
+                      time.monotonic(), self.config.scheduler,
+                      [r for _, r in self._unseen])  # fmt: skip
+        except SLOUnmetError:
+            self._count_refusal("slo_unmet")
+            raise
+
     def submit(
         self, processed: tuple[ParentRequest, list[Request]]
     ) -> AsyncGenerator[RequestOutput, None]:
@@ -318,6 +343,11 @@ class AsyncLLM(FrontEnd):
         self._streams[parent.request_id] = stream
         self.output_processor.register(parent, children)
         self._num_unfinished += len(children)
+        while self._unseen and self._unseen[0][0] < self._queue_state.num_added:
+            self._unseen.popleft()
+        for child in children:
+            self._unseen.append((self._num_submitted, child))
+            self._num_submitted += 1
         self._engine_loop.put(AddRequests(children))
         return self._outputs(parent.request_id, [c.request_id for c in children], stream)
 
@@ -327,6 +357,7 @@ class AsyncLLM(FrontEnd):
         """process + check_capacity + submit, for callers that want one call."""
         processed = self.process(prompt, params, **kwargs)
         self.check_capacity(len(processed[1]))
+        self.check_slo([processed])
         async for out in self.submit(processed):
             yield out
 

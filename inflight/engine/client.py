@@ -22,7 +22,7 @@ from transformers import PreTrainedTokenizerBase
 from inflight.engine.processor import ParentRequest, PromptInput
 from inflight.metrics.live import LiveFeed
 from inflight.outputs import RequestOutput
-from inflight.request import DEFAULT_TENANT, Request
+from inflight.request import DEFAULT_TENANT, NO_SLO, Request, SLOTarget
 from inflight.sampling_params import SamplingParams
 
 Processed = tuple[ParentRequest, list[Request]]
@@ -119,12 +119,17 @@ class EngineClient(FeedSource, Protocol):
         cache_salt: str | None = None,
         embed: bool = False,
         tenant: str = DEFAULT_TENANT,
+        slo: SLOTarget = NO_SLO,
     ) -> Processed:
         """Validates and tokenizes; raises InvalidRequestError before anything is queued.
         `embed`: the prompt's vector is asked for (only an embedding model gives one)."""
 
     def check_capacity(self, num_sequences: int = 1) -> None:
         """Raises (queue full, dead, shutting down) before `submit`, so a refusal is a status."""
+
+    def check_slo(self, processed: list[Processed]) -> None:
+        """Raises SLOUnmetError when SLO admission refuses one of these requests (before
+        `submit`, so the refusal is a 429)."""
 
     def submit(self, processed: Processed) -> AsyncGenerator[RequestOutput, None]:
         """Queues the request; its stream of cumulative outputs. Closing it early aborts it."""

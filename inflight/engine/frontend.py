@@ -96,6 +96,7 @@ class FrontEnd:
             self.core.arch.vocab_size,
             frozenset(eos),
             self.core.arch.pooling,
+            config.scheduler.default_slo,
         )
         self.output_processor = OutputProcessor(self.tokenizer)
 

@@ -12,13 +12,14 @@ from typing import Any, cast
 
 from tqdm.auto import tqdm
 
+from inflight.core.slo import check_slo
 from inflight.engine.frontend import FrontEnd, Message
 from inflight.engine.processor import ParentRequest, PromptInput
 from inflight.errors import InvalidRequestError
 from inflight.metrics.stats import StepStats
 from inflight.model.loader import LoadedModel
 from inflight.outputs import RequestOutput
-from inflight.request import DEFAULT_TENANT, FinishReason, Request
+from inflight.request import DEFAULT_TENANT, NO_SLO, FinishReason, Request, SLOTarget
 from inflight.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -137,14 +138,18 @@ class LLM(FrontEnd):
 
     def add_request(
         self, prompt: PromptInput, params: SamplingParams, add_special_tokens: bool = True,
-        tenant: str = DEFAULT_TENANT,
+        tenant: str = DEFAULT_TENANT, slo: SLOTarget = NO_SLO,
     ) -> str:  # fmt: skip
         """Queues one request without running the engine (drive it with `step`); returns its id.
-        `tenant`: whose share it uses under `scheduling_policy="fair"`."""
+        `tenant`: whose share it uses under `scheduling_policy="fair"`; `slo`: its latency
+        targets (the engine's `slo_ttft` / `slo_tpot` where it sets none). Raises SLOUnmetError
+        when SLO admission predicts it would miss its TTFT target."""
         parent, children = self.input_processor.process(
             str(next(self._ids)), prompt, params, add_special_tokens=add_special_tokens,
-            tenant=tenant,
+            tenant=tenant, slo=slo,
         )  # fmt: skip
+        scheduler = self.core.scheduler
+        check_slo(scheduler.queue_state(), children, scheduler.clock(), self.config.scheduler)
         self._submit(parent, children)
         return parent.request_id
 

@@ -18,7 +18,7 @@ from inflight.core.outputs import EngineCoreOutput, Logprobs
 from inflight.engine.detokenizer import IncrementalDetokenizer
 from inflight.errors import InvalidRequestError
 from inflight.outputs import CompletionOutput, RequestMetrics, RequestOutput
-from inflight.request import DEFAULT_TENANT, FinishReason, Request
+from inflight.request import DEFAULT_TENANT, NO_SLO, FinishReason, Request, SLOTarget
 from inflight.sampling_params import MAX_INT64, SamplingParams, check_int, check_text
 from inflight.structured import Grammars
 
@@ -33,10 +33,13 @@ class InputProcessor:
         vocab_size: int,
         eos_token_ids: frozenset[int],
         pooling: str | None = None,
+        default_slo: SLOTarget = NO_SLO,
     ) -> None:
         """`pooling`: the model's, where it is an embedding model (it then serves only
-        embedding requests, and a generative one only generation)."""
+        embedding requests, and a generative one only generation). `default_slo`: the targets
+        of a request that sets none (the engine's `slo_ttft`, `slo_tpot`)."""
         self.tokenizer = tokenizer
+        self.default_slo = default_slo
         self.pooling = pooling
         self.grammars = Grammars(tokenizer, vocab_size, sorted(eos_token_ids))
         self.max_model_len = max_model_len
@@ -111,9 +114,11 @@ class InputProcessor:
         cache_salt: str | None = None,
         embed: bool = False,
         tenant: str = DEFAULT_TENANT,
+        slo: SLOTarget = NO_SLO,
     ) -> tuple[ParentRequest, list[Request]]:
         """Validates and fans out one request; raises InvalidRequestError before any side effect.
-        `embed`: the prompt's vector is asked for, which only an embedding model gives.
+        `embed`: the prompt's vector is asked for, which only an embedding model gives. `slo`:
+        its latency targets, each missing one the engine's default.
 
         `add_special_tokens=False` is for prompts rendered by a chat template, which already
         carry their special tokens.
@@ -159,6 +164,7 @@ class InputProcessor:
                     cache_salt=cache_salt,
                     grammar=grammar,
                     tenant=tenant,
+                    slo=slo.over(self.default_slo),
                 )
             )
         parent = ParentRequest(request_id, prompt_text, prompt_ids, params, arrival)

@@ -73,6 +73,8 @@ class Window:
     prefix_hits: float
     rejected: float
     tenant_tokens: dict[str, float] = field(default_factory=dict)  # computed, per tenant
+    slo_met: float = 0.0  # finished within their latency targets
+    slo_missed: float = 0.0  # finished past one
 
     def knob(self, name: str, default: float) -> float:
         try:
@@ -83,6 +85,11 @@ class Window:
 
 def _delta(first: Snapshot, last: Snapshot, name: str) -> float:
     return last.value(name) - first.value(name)
+
+
+def _labelled_delta(first: Snapshot, last: Snapshot, name: str) -> float:
+    """A labelled counter's growth, summed over its labels."""
+    return sum(v - first.samples.get((name, k), 0.0) for k, v in last.labelled(name).items())
 
 
 def _mean_of(first: Snapshot, last: Snapshot, histogram: str) -> float:
@@ -141,8 +148,9 @@ def window(history: list[Snapshot]) -> Window:
         itl_p99=histogram_quantile(0.99, first, last, "inflight_inter_token_latency_seconds"),
         prefix_queries=_delta(first, last, "inflight_prefix_cache_queries_total"),
         prefix_hits=_delta(first, last, "inflight_prefix_cache_hits_total"),
-        rejected=sum(v - first.samples.get(("inflight_requests_rejected_total", k), 0.0)
-                     for k, v in last.labelled("inflight_requests_rejected_total").items()),
+        rejected=_labelled_delta(first, last, "inflight_requests_rejected_total"),
+        slo_met=_labelled_delta(first, last, "inflight_requests_slo_met_total"),
+        slo_missed=_labelled_delta(first, last, "inflight_requests_slo_missed_total"),
         tenant_tokens={dict(k)["tenant"]:
                        v - first.samples.get(("inflight_tenant_tokens_total", k), 0.0)
                        for k, v in last.labelled("inflight_tenant_tokens_total").items()},
@@ -285,9 +293,26 @@ def one_tenant_dominates(w: Window) -> Hint | None:
     )  # fmt: skip
 
 
+def targets_missed(w: Window) -> Hint | None:
+    """Finished requests miss their latency targets: queued anyway, they wait past them
+    (refusing at once what would miss keeps the rest within theirs); refused already, the
+    queue order or the machine is what is left."""
+    judged = w.slo_met + w.slo_missed
+    if judged < 5 or w.slo_missed / judged < 0.2:
+        return None
+    queued = w.knobs.get("slo_admission") == "queue"
+    knob = ("--slo-admission refuse" if queued
+            else "--scheduling-policy edf, or more replicas")  # fmt: skip
+    return Hint(
+        "targets_missed", "warning",
+        f"{w.slo_missed:g} of {judged:g} requests finished past their TTFT or TPOT target",
+        knob, {"slo_missed": w.slo_missed, "slo_met": w.slo_met},
+    )  # fmt: skip
+
+
 RULES: tuple[Callable[[Window], Hint | None], ...] = (
     kv_pressure, token_budget_limits_batch, seats_limit_batch, queue_dominates_ttft,
-    prefill_stalls_decodes, prefix_misses, queue_full, one_tenant_dominates,
+    prefill_stalls_decodes, prefix_misses, queue_full, one_tenant_dominates, targets_missed,
 )  # fmt: skip
 
 

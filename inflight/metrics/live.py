@@ -107,6 +107,17 @@ class LiveFeed:
             values = [v for f in finished if (v := getattr(f, attr)) is not None]
             return {"p50": percentile(values, 0.5), "p99": percentile(values, 0.99)}
 
+        tenants: dict[str, dict[str, float]] = {}
+        for s in steps:
+            for field_name, counts in (("tokens", s.tenant_tokens), ("met", s.slo_met),
+                                       ("missed", s.slo_missed)):  # fmt: skip
+                for tenant, n in counts.items():
+                    row = tenants.setdefault(tenant, {"tokens": 0, "met": 0, "missed": 0})
+                    row[field_name] += n
+        tenant_rows = [[tenant, round(row["tokens"] / span, 1), row["met"], row["missed"],
+                        round(row["met"] / span, 3)]
+                       for tenant, row in sorted(tenants.items())]  # fmt: skip
+
         return {
             "queue": {
                 "running": latest.num_running if latest else 0,
@@ -128,9 +139,12 @@ class LiveFeed:
                                      if drafted else None),
                 "drafts_declined": sum(s.speculation.declined for s in steps),
                 "rejected": refusals.count("queue_full"),
+                "slo_refused": refusals.count("slo_unmet"),
                 "timeouts": refusals.count("timeout"),
             },
             "kv": {"usage": latest.kv_usage if latest else 0.0, "blocks": self.block_map,
                    "swapped": self.swap_map},
             "requests": self.requests,
+            # [tenant, tokens/s, met targets, missed, goodput req/s], by name
+            "tenants": tenant_rows,
         }  # fmt: skip

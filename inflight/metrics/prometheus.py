@@ -127,12 +127,20 @@ class EngineMetrics:
             name("requests_finished"), "Finished requests", ["finish_reason"], registry=r
         )
         self.rejected = Counter(
-            name("requests_rejected"), "Requests refused (queue full) or ended by the request "
-            "timeout", ["reason"], registry=r,
+            name("requests_rejected"), "Requests refused (queue full, slo_unmet) or ended by "
+            "the request timeout", ["reason"], registry=r,
         )  # fmt: skip
         self.tenant_tokens = Counter(
             name("tenant_tokens"), "Tokens computed for each tenant (prompt and output)",
             ["tenant"], registry=r,
+        )  # fmt: skip
+        self.slo_met = Counter(
+            name("requests_slo_met"), "Finished requests within their TTFT and TPOT targets "
+            "(goodput), per tenant", ["tenant"], registry=r,
+        )  # fmt: skip
+        self.slo_missed = Counter(
+            name("requests_slo_missed"), "Finished requests past a TTFT or TPOT target, per "
+            "tenant", ["tenant"], registry=r,
         )  # fmt: skip
         self._tenant_labels: set[str] = set()
         self.weight_bytes = Gauge(
@@ -167,6 +175,9 @@ class EngineMetrics:
         self.spec_declined.inc(step.speculation.declined)
         for tenant, num_tokens in step.tenant_tokens.items():
             self.tenant_tokens.labels(tenant=self._tenant_label(tenant)).inc(num_tokens)
+        for counter, counts in ((self.slo_met, step.slo_met), (self.slo_missed, step.slo_missed)):
+            for tenant, num in counts.items():
+                counter.labels(tenant=self._tenant_label(tenant)).inc(num)
         if not step.num_scheduled_seqs:
             return
         self.batch_seqs.observe(step.num_scheduled_seqs)

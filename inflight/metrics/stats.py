@@ -81,6 +81,9 @@ class StepStats:
     admission: AdmissionStats = field(default_factory=AdmissionStats)
     speculation: SpeculationStats = field(default_factory=SpeculationStats)
     tenant_tokens: dict[str, int] = field(default_factory=dict)  # computed, per tenant
+    # requests that finished this step within / past their latency targets, per tenant
+    slo_met: dict[str, int] = field(default_factory=dict)
+    slo_missed: dict[str, int] = field(default_factory=dict)
     phases: dict[str, float] = field(default_factory=dict)  # seconds per phase, when profiled
 
     @property

@@ -188,7 +188,8 @@ def add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(InflightError)
     async def inflight_error(_: Request, e: InflightError) -> JSONResponse:
-        return error_response(error_status(e), str(e), e.code, getattr(e, "param", None))
+        return error_response(error_status(e), str(e), e.code, getattr(e, "param", None),
+                              getattr(e, "retry_after", 1))  # fmt: skip
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, e: StarletteHTTPException) -> JSONResponse:

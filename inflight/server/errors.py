@@ -19,7 +19,8 @@ _ERROR_DESCRIPTIONS = {
     404: "Unknown model, or a stored response that does not exist for this key",
     408: "Request timed out (the request body stalled, or generation ran past the timeout)",
     413: "Request body too large",
-    429: "Waiting queue full; retry after `Retry-After` seconds",
+    429: "Waiting queue full, or the request would miss its TTFT target (`slo_unmet`); retry "
+    "after `Retry-After` seconds",
     500: "The engine failed on this request alone (other requests are unaffected)",
     503: "The engine has failed, or the server is shutting down",
 }

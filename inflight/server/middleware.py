@@ -30,10 +30,12 @@ LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 
 
 def error_response(
-    status: int, message: str, code: str | None = None, param: str | None = None
-) -> JSONResponse:
-    """OpenAI's error body, its `type` by status (`errors.error_type`)."""
-    headers = {"Retry-After": "1"} if status in (429, 503) else None
+    status: int, message: str, code: str | None = None, param: str | None = None,
+    retry_after: int = 1,
+) -> JSONResponse:  # fmt: skip
+    """OpenAI's error body, its `type` by status (`errors.error_type`); a 429 or 503 says when
+    to retry (`Retry-After`, seconds)."""
+    headers = {"Retry-After": str(retry_after)} if status in (429, 503) else None
     body = p.error_body(message, error_type(status), code, param)
     return JSONResponse(body, status, headers=headers)
 

@@ -50,6 +50,7 @@ Text = Annotated[str, AfterValidator(_valid_unicode)]
 # document)
 Int = Annotated[int, BeforeValidator(_integral_float)]
 OptionalInt = Annotated[int | None, BeforeValidator(_integral_float)]
+MAX_SLO_S = 86_400.0  # a latency target longer than a day is a mistake
 TokenId = Annotated[int, Field(ge=0, le=MAX_INT64), BeforeValidator(_integral_float)]
 StopText = Annotated[Text, Field(min_length=1, max_length=MAX_STOP_STRING_CHARS)]
 STRICT = ConfigDict(extra="allow", strict=True)
@@ -141,6 +142,9 @@ class SamplingFields(BaseModel):
     prompt_logprobs: OptionalInt = Field(default=None, ge=0, le=MAX_LOGPROBS)
     priority: Int = Field(default=0, ge=-MAX_INT64 - 1, le=MAX_INT64)
     cache_salt: Text | None = None  # requests with different salts never share cached KV
+    # latency targets in seconds (the server's --slo-ttft / --slo-tpot where absent)
+    slo_ttft: float | None = Field(default=None, gt=0, le=MAX_SLO_S, allow_inf_nan=False)
+    slo_tpot: float | None = Field(default=None, gt=0, le=MAX_SLO_S, allow_inf_nan=False)
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputsField | None = None
 

@@ -16,6 +16,7 @@ from typing import Any
 from inflight.engine.client import EngineClient
 from inflight.errors import InflightError, InvalidRequestError
 from inflight.outputs import RequestOutput
+from inflight.request import SLOTarget
 from inflight.sampling_params import SamplingParams, StructuredOutputs
 from inflight.server import protocol as p
 from inflight.server.errors import ModelNotFoundError, error_status, error_type
@@ -97,7 +98,8 @@ class OpenAIServing:
         def process_all():
             return [
                 self.engine.process(x, params, priority=req.priority, cache_salt=req.cache_salt,
-                                    add_special_tokens=add_special_tokens, tenant=tenant)
+                                    add_special_tokens=add_special_tokens, tenant=tenant,
+                                    slo=SLOTarget(req.slo_ttft, req.slo_tpot))
                 for x in prompts
             ]  # fmt: skip
 
@@ -105,6 +107,7 @@ class OpenAIServing:
         self.engine.check_capacity(len(prompts) * params.n)
         processed = await self.engine.run_tokenizer(process_all)
         self.engine.check_capacity(sum(len(children) for _, children in processed))
+        self.engine.check_slo(processed)
         return [self.engine.submit(x) for x in processed]
 
     def token_text(self, token_id: int) -> str:

@@ -7,10 +7,11 @@ exactly as `inflight bench` runs them: for the same workload the engine and the 
 the same schedules, step for step.
 
 Events, in time order: an arrival goes to the replica its router names (`inflight.routing`, the
-policy Ray Serve replicas use; by default the one with the fewest unfinished requests) and waits
-there for the next step, as a request reaching the engine during a forward pass does; a step end
-updates the scheduler and starts the next step at once. An arrival at the very instant a step
-ends is seen by the next step.
+policy Ray Serve replicas use; by default the one with the fewest unfinished requests), where
+SLO admission may refuse it (`core/slo.py`, on that replica's queue and its own fitted step
+cost, as the server does), or it waits for the next step, as a request reaching the engine
+during a forward pass does; a step end updates the scheduler and starts the next step at once.
+An arrival at the very instant a step ends is seen by the next step.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from inflight.core.kv_cache_manager import KVCacheManager
 from inflight.core.outputs import ModelRunnerOutput, SchedulerOutput
 from inflight.core.scheduler import Scheduler
 from inflight.core.sizing import plan_kv_pool
-from inflight.errors import ConfigError
+from inflight.core.slo import check_slo
+from inflight.errors import ConfigError, SLOUnmetError
 from inflight.metrics.stats import StepStats, StepTotals
 from inflight.request import Request
 from inflight.routing import make_router, prefix_key
@@ -162,6 +164,7 @@ class Simulation:
         self.timeline: list[StepStats] = []  # replica 0's steps (a fleet's would interleave)
         self.schedules: list[SchedulerOutput] = []  # every step's schedule, when recorded
         self.record_schedules = False
+        self.refused = 0  # arrivals SLO admission turned away
 
     def _start_step(self, replica: _Replica, t: float) -> None:
         replica.now = t
@@ -213,8 +216,13 @@ class Simulation:
                     while next_arrival < len(pending) and (
                         pending[next_arrival].arrival_time == t_arrive
                     ):
-                        replica = self._route(pending[next_arrival])
-                        replica.inbox.append(pending[next_arrival])
+                        request = pending[next_arrival]
+                        replica = self._route(request)
+                        if self._admits(replica, request, t_arrive):
+                            replica.inbox.append(request)
+                        else:
+                            self.refused += 1
+                            bar.update(1)
                         next_arrival += 1
                     for replica in self.replicas:
                         if replica.step_end is None and replica.inbox:
@@ -229,8 +237,17 @@ class Simulation:
         return RunResult(
             name=name, wall_s=sim_end - min(r.arrival_time for r in requests),
             requests=records, timeline=self.timeline, preemptions=self.totals.num_preemptions,
-            extra=self._extra(time.perf_counter() - wall_start),
+            extra=self._extra(time.perf_counter() - wall_start) | {"refused": self.refused},
         )  # fmt: skip
+
+    def _admits(self, replica: _Replica, request: Request, now: float) -> bool:
+        """SLO admission at the replica, as its server would decide it."""
+        scheduler = replica.scheduler
+        try:
+            check_slo(scheduler.queue_state(), [request], now, scheduler.config, replica.inbox)
+        except SLOUnmetError:
+            return False
+        return True
 
     def _route(self, request: Request) -> _Replica:
         prefix = []
@@ -249,7 +266,8 @@ class Simulation:
             )
         params = SamplingParams(temperature=0.0, max_tokens=r.max_tokens, ignore_eos=True)
         return Request(str(index), list(r.prompt_token_ids), params,
-                       arrival_time=r.arrival_time, priority=r.priority)  # fmt: skip
+                       arrival_time=r.arrival_time, priority=r.priority,
+                       slo=self.setup.scheduler.default_slo)  # fmt: skip
 
     def _extra(self, sim_wall_s: float) -> dict:
         t, hw = self.totals, self.setup.hardware

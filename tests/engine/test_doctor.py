@@ -16,7 +16,8 @@ ITL_BOUNDS = ("0.005", "0.01", "0.02", "0.05", "0.1", "0.2", "0.5", "+Inf")
 
 def snap(t: float, *, running=0.0, waiting=0.0, kv=0.0, preemptions=0.0, steps=0.0,
          seqs=0.0, tokens=0.0, queue=(0.0, 0.0), ttft=(0.0, 0.0), itl=(0,) * 8,
-         prefix=(0.0, 0.0), rejected=0.0, knobs=KNOBS, tenants=None) -> Snapshot:  # fmt: skip
+         prefix=(0.0, 0.0), rejected=0.0, knobs=KNOBS, tenants=None,
+         slo=None) -> Snapshot:  # fmt: skip
     """Cumulative values at time t; `queue`/`ttft` are (sum, count), `itl` cumulative bucket
     counts for ITL_BOUNDS, `prefix` (queries, hits)."""
     s: dict = {
@@ -41,6 +42,8 @@ def snap(t: float, *, running=0.0, waiting=0.0, kv=0.0, preemptions=0.0, steps=0
         s[("inflight_inter_token_latency_seconds_bucket", (("le", bound),))] = count
     for tenant, count in (tenants or {}).items():
         s[("inflight_tenant_tokens_total", (("tenant", tenant),))] = count
+    for (kind, tenant), count in (slo or {}).items():  # ("met" | "missed", tenant): count
+        s[(f"inflight_requests_slo_{kind}_total", (("tenant", tenant),))] = count
     return Snapshot(t, s)
 
 
@@ -132,6 +135,28 @@ def test_one_tenant_taking_most_tokens_while_others_wait_names_fair_scheduling()
     assert "one_tenant" not in rules(history(flood=1500.0))  # 75%: a share, not a flood
     fair = {**KNOBS, "scheduling_policy": "fair"}
     assert "one_tenant" not in rules(history(knobs=fair))  # already fair
+
+
+def test_requests_past_their_targets_name_refusing_or_the_queue_order():
+    def history(knobs=KNOBS, missed=8.0):
+        return [
+            snap(0, knobs=knobs, slo={("met", "a"): 0.0, ("missed", "a"): 0.0}),
+            snap(
+                30,
+                steps=300,
+                seqs=1200,
+                tokens=1500,
+                knobs=knobs,
+                slo={("met", "a"): 10.0, ("met", "b"): 2.0, ("missed", "a"): missed},
+            ),
+        ]
+
+    queued = {**KNOBS, "slo_admission": "queue"}
+    (hint,) = [h for h in diagnose(history(queued)) if h.rule == "targets_missed"]
+    assert hint.flag == "--slo-admission refuse" and "8 of 20 requests" in hint.message
+    (hint,) = [h for h in diagnose(history()) if h.rule == "targets_missed"]
+    assert "edf" in hint.flag
+    assert "targets_missed" not in rules(history(missed=2.0))  # 2 of 14: within the norm
 
 
 def test_histogram_quantile_interpolates_inside_the_bucket():

@@ -77,8 +77,12 @@ def load(url: str, seconds: float) -> None:
             end = time.monotonic() + seconds
 
             async def worker(i: int):
+                # the first worker's requests miss a TPOT target, the others meet the server's
+                target = {"slo_tpot": 1e-9} if i == 0 else {}
                 while time.monotonic() < end:
-                    await client.post("/v1/completions", json={**body, "prompt": f"{i} quick"})
+                    await client.post(
+                        "/v1/completions", json={**body, "prompt": f"{i} quick", **target}
+                    )
 
             await asyncio.gather(*(worker(i) for i in range(3)))
 
@@ -88,7 +92,7 @@ def load(url: str, seconds: float) -> None:
 def test_every_board_query_returns_data_from_a_real_prometheus(tiny_llama, tmp_path):
     binary = require("prometheus")
     engine = AsyncLLM(str(tiny_llama), dtype="float32", max_model_len=128, num_kv_blocks=64,
-                      max_num_seqs=4, max_queued_requests=4)  # fmt: skip
+                      max_num_seqs=4, max_queued_requests=4, slo_ttft=60.0)  # fmt: skip
     with LiveServer(engine, served_model_name=MODEL) as server:
         config = yaml.safe_load((ROOT / "deploy" / "prometheus" / "prometheus.yml").read_text())
         config["global"]["scrape_interval"] = "1s"
@@ -206,6 +210,9 @@ def test_dashboard_renders_and_moves_with_the_load(tiny_llama):
                 assert time.monotonic() < deadline, (page, metrics, rows)
                 time.sleep(0.05)
             assert page["running"] == 4 and page["waiting"] == 2 and page["kv-blocks-used"] > 0
+            # the tenants' table: every request here is the default tenant's
+            cells = driver.find_elements("css selector", "#tenants tbody tr td:first-child")
+            assert [c.text for c in cells] == ["default"]
             for t in threads:
                 t.join()
             errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]

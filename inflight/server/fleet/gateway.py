@@ -22,7 +22,7 @@ from inflight.engine.processor import InputProcessor, ParentRequest, PromptInput
 from inflight.errors import EngineDeadError, InflightError, InvalidRequestError
 from inflight.metrics.live import LiveFeed
 from inflight.outputs import RequestOutput
-from inflight.request import DEFAULT_TENANT, Request
+from inflight.request import DEFAULT_TENANT, NO_SLO, Request, SLOTarget
 from inflight.routing import prefix_key
 from inflight.sampling_params import SamplingParams
 from inflight.server.fleet.hub import (
@@ -183,7 +183,7 @@ class RemoteEngine:
     # ---- requests
     def process(self, prompt: PromptInput, params: SamplingParams, *, priority: int = 0,
                 add_special_tokens: bool = True, cache_salt: str | None = None,
-                embed: bool = False, tenant: str = DEFAULT_TENANT,
+                embed: bool = False, tenant: str = DEFAULT_TENANT, slo: SLOTarget = NO_SLO,
                 ) -> tuple[ParentRequest, list[Request]]:  # fmt: skip
         """Validates here, so a bad request never reaches an engine; `tenant` travels with the
         request to its replica, whose scheduler shares that replica between tenants."""
@@ -193,13 +193,17 @@ class RemoteEngine:
         self._ids += 1
         return self._processor.process(  # type: ignore[union-attr]
             f"gw-{self._ids}", prompt, params, priority=priority,
-            add_special_tokens=add_special_tokens, cache_salt=cache_salt, tenant=tenant,
+            add_special_tokens=add_special_tokens, cache_salt=cache_salt, tenant=tenant, slo=slo,
         )  # fmt: skip
 
     def check_capacity(self, num_sequences: int = 1) -> None:
         """Each engine bounds its own queue; the gateway refuses only when none is up."""
         if not self.is_alive:
             raise EngineDeadError("no engine replica is up")
+
+    def check_slo(self, processed: list[tuple[ParentRequest, list[Request]]]) -> None:
+        """SLO admission is each engine's, on its own queue; through replicas nothing is
+        refused for a forecast (the router would need every replica's queue)."""
 
     def submit(
         self, processed: tuple[ParentRequest, list[Request]]
@@ -210,7 +214,7 @@ class RemoteEngine:
             self.handle.options(stream=True).generate.remote, parent.prompt_token_ids,
             parent.params, priority=children[0].priority, cache_salt=salt,
             prefix_key=prefix_key(parent.prompt_token_ids, self._info["block_size"], salt),
-            tenant=children[0].tenant,
+            tenant=children[0].tenant, slo=children[0].slo,
         )  # fmt: skip
         return self._outputs(parent, call)
 

@@ -16,7 +16,7 @@ from ray import serve
 from inflight.engine.async_engine import AsyncLLM
 from inflight.engine.processor import PromptInput
 from inflight.outputs import RequestOutput
-from inflight.request import DEFAULT_TENANT
+from inflight.request import DEFAULT_TENANT, NO_SLO, SLOTarget
 from inflight.sampling_params import SamplingParams
 from inflight.server.fleet.hub import HUB_NAME, REPORT_PERIOD_S, MetricsHub
 
@@ -88,11 +88,12 @@ class EngineReplica:
         cache_salt: str | None = None,
         prefix_key: list[int] | None = None,  # read by the router
         tenant: str = DEFAULT_TENANT,  # whose share it uses under `fair` (in this replica)
+        slo: SLOTarget = NO_SLO,  # its latency targets (goodput counts them)
     ) -> AsyncIterator[RequestOutput]:
         await self._start()
         processed = await self.engine.run_tokenizer(functools.partial(
             self.engine.process, prompt, params, priority=priority, add_special_tokens=False,
-            cache_salt=cache_salt, tenant=tenant,
+            cache_salt=cache_salt, tenant=tenant, slo=slo,
         ))  # fmt: skip
         self.engine.check_capacity(len(processed[1]))
         async for out in self.engine.submit(processed):
