@@ -268,6 +268,8 @@ def add_bench_parser(sub: Any, add_engine_flags: Callable[[argparse.ArgumentPars
                           help="seconds of arrivals a run")  # fmt: skip
     fairness.add_argument("--max-tokens", type=int, default=48, help="tokens a request")
     fairness.add_argument("--arrival-seed", type=int, default=0, help="the arrivals' seed")
+    fairness.add_argument("--slo", default=None,
+                          help="ttft=SECONDS,tpot=SECONDS: each tenant's goodput too")  # fmt: skip
     fairness.add_argument("--out", type=Path, default=None,
                           help="results folder (default: results/bench-fairness-*)")  # fmt: skip
     add_engine_flags(fairness)
@@ -301,8 +303,12 @@ def add_bench_parser(sub: Any, add_engine_flags: Callable[[argparse.ArgumentPars
     slo.add_argument("--duration", type=positive, default=60.0, help="seconds of arrivals")
     slo.add_argument("--workload", default="chat", help="named workload")
     slo.add_argument("--workload-seed", type=int, default=0)
-    slo.add_argument("--burst-requests", type=int, default=48,
-                     help="requests of the burst that measures capacity")  # fmt: skip
+    slo.add_argument(
+        "--burst-requests",
+        type=int,
+        default=128,
+        help="requests of the burst that measures capacity (more than the seats)",
+    )
     slo.add_argument("--policy", choices=("fcfs", "edf"), default="fcfs",
                      help="queue order of the run with SLO admission")  # fmt: skip
     slo.add_argument("--no-simulate", dest="simulate", action="store_false",

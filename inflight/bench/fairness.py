@@ -4,7 +4,8 @@ Two tenants share an engine of equal weights: `steady` sends `--steady-rate` req
 `flood` `--flood-factor` times as many, both Poisson (seeded), for `--duration` seconds, past
 what the engine serves. Three runs on one loaded model: the steady stream alone, then both
 under `fcfs`, then both under `fair`; each request's TTFT comes from the engine's own clock
-(arrival to first token). Results: fairness.json, summary.md and a plot of the steady
+(arrival to first token). With `--slo ttft=S,tpot=S`, each tenant's goodput too (its requests
+within both targets, per second). Results: fairness.json, summary.md and a plot of the steady
 tenant's TTFT percentiles per run.
 """
 
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from inflight import LLM, SamplingParams
+from inflight.bench.slo import parse_targets
 from inflight.model.loader import LoadedModel
 
 logger = logging.getLogger("inflight.bench")
@@ -56,10 +58,13 @@ def arrivals(steady_rate: float, flood_factor: float, duration: float, seed: int
     return sorted(out, key=lambda a: a.t)
 
 
-def run_one(llm: LLM, plan: list[Arrival], max_tokens: int) -> dict[str, Any]:
-    """Feeds the arrivals in real time to the engine; TTFTs per tenant."""
+def run_one(llm: LLM, plan: list[Arrival], max_tokens: int,
+            targets: tuple[float, float] | None = None) -> dict[str, Any]:  # fmt: skip
+    """Feeds the arrivals in real time to the engine; TTFTs per tenant, and with `targets`
+    (TTFT, TPOT) each tenant's goodput."""
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     tenant_of, ttft = {}, {"steady": [], "flood": []}
+    met = {"steady": 0, "flood": 0}
     pending, start, tokens = list(plan), time.monotonic(), 0
     while pending or llm.core.has_unfinished_requests():
         now = time.monotonic() - start
@@ -71,12 +76,19 @@ def run_one(llm: LLM, plan: list[Arrival], max_tokens: int) -> dict[str, Any]:
             continue
         for out in llm.step():
             if out.finished and out.metrics.ttft is not None:
-                ttft[tenant_of[out.request_id]].append(out.metrics.ttft)
-                tokens += len(out.outputs[0].token_ids)
+                tenant, m, n = tenant_of[out.request_id], out.metrics, len(out.outputs[0].token_ids)
+                ttft[tenant].append(m.ttft)
+                tokens += n
+                tpot = (m.e2e_latency - m.ttft) / (n - 1) if m.e2e_latency and n > 1 else None
+                if targets and m.ttft <= targets[0] and (tpot is None or tpot <= targets[1]):
+                    met[tenant] += 1
     elapsed = time.monotonic() - start
-    return {"policy": llm.config.scheduler.scheduling_policy, "elapsed_s": round(elapsed, 2),
-            "output_tok_s": round(tokens / elapsed, 2),
-            "ttft": {t: _percentiles(v) for t, v in ttft.items() if v}}  # fmt: skip
+    result = {"policy": llm.config.scheduler.scheduling_policy, "elapsed_s": round(elapsed, 2),
+              "output_tok_s": round(tokens / elapsed, 2),
+              "ttft": {t: _percentiles(v) for t, v in ttft.items() if v}}  # fmt: skip
+    if targets:
+        result["goodput_req_s"] = {t: round(met[t] / elapsed, 3) for t, v in ttft.items() if v}
+    return result
 
 
 def _percentiles(values: list[float]) -> dict[str, float]:
@@ -93,6 +105,7 @@ def run_fairness(args: Any, knobs: dict[str, Any], out: Path) -> dict[str, Any]:
     """The three runs (the module docstring says which), each engine reusing the first's
     weights."""
     knobs = {k: v for k, v in knobs.items() if k != "scheduling_policy"}
+    targets = parse_targets(args.slo) if args.slo else None
     loaded: LoadedModel | None = None
     runs = []
     for name, policy, with_flood in (("steady alone", "fcfs", False), ("both, fcfs", "fcfs", True),
@@ -103,7 +116,7 @@ def run_fairness(args: Any, knobs: dict[str, Any], out: Path) -> dict[str, Any]:
         logger.info("%s: %d requests over %.0f s", name, len(plan), args.duration)
         llm = LLM(loaded_model=loaded, scheduling_policy=policy, **knobs)
         loaded = llm.core.loaded
-        result = run_one(llm, plan, args.max_tokens)
+        result = run_one(llm, plan, args.max_tokens, targets)
         runs.append({"run": name, **result})
         logger.info("%s: steady TTFT %s", name, result["ttft"]["steady"])
     alone = runs[0]["ttft"]["steady"]["p99"]
@@ -135,6 +148,12 @@ def summary(report: dict[str, Any]) -> str:
             f"{report['steady_p99_vs_alone'][r['run']]}x | "
             f"{flood['p99'] if flood else '-'} s | {r['output_tok_s']} |"
         )
+    if any("goodput_req_s" in r for r in report["runs"]):
+        lines += ["", "Goodput per tenant (requests within both targets per second):", "",
+                  "| run | steady | flood |", "|---|---|---|"]  # fmt: skip
+        for r in report["runs"]:
+            g = r.get("goodput_req_s", {})
+            lines.append(f"| {r['run']} | {g.get('steady', '-')} | {g.get('flood', '-')} |")
     return "\n".join(lines) + "\n"
 
 

@@ -1,16 +1,20 @@
 """`inflight bench slo`: goodput past saturation, FCFS against SLO-aware admission, measured over
 HTTP and predicted by the simulator.
 
-1. A server with no targets (`inflight serve`, FCFS) takes a burst of the workload at once; its
-   capacity is the burst's requests over its makespan, and the offered rate is `--load` times
-   that.
+1. A server with no targets (`inflight serve`, FCFS) takes a burst of the workload at once,
+   more requests than it has seats; its capacity is the requests it completed while some still
+   waited (until the burst's last first token) over that time, and the offered rate is `--load`
+   times that.
 2. The same server, then one with `--slo-ttft` / `--slo-tpot` (SLO admission, `core/slo.py`),
    each take the same Poisson arrivals at that rate for `--duration` seconds, as streaming
    completions. Goodput is the requests that met both targets (TTFT and mean TPOT, measured at
    the client) per second of the run; a refusal (429) is timed from send to answer.
-3. The engine runs the burst offline once more, the simulator's cost model of this CPU is
-   fitted to it (`sim/calibrate.py`), and the simulator runs both configurations on the same
-   arrivals with the same scheduler and admission code: its goodput is set beside the measured.
+3. The engine runs the same arrivals offline (`LLM`, in real time, no targets), a step-cost
+   line is fitted to its steps (`sim/calibrate.fit_line`: seconds on tokens and sequences), and
+   the
+   simulator runs both configurations on those arrivals with the same scheduler and admission
+   code: its goodput is set beside the measured. The FCFS run is the one it was fitted to; the
+   run with SLO admission is a prediction.
 
 Results: slo.json, summary.md and slo.png (goodput measured and simulated, per configuration).
 """
@@ -105,6 +109,21 @@ def _percentile(values: list[float], q: float) -> float | None:
     return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 4) if ordered else None
 
 
+def saturated_rate(burst: list[Outcome]) -> float:
+    """Requests a second the engine completes while requests wait: all were sent at once, so
+    from the first completion to the burst's last first token every seat is busy and the
+    queue holds more; the completions between, over that time."""
+    ends = sorted(o.e2e for o in burst if o.status == 200 and o.e2e is not None)
+    firsts = [o.ttft for o in burst if o.status == 200 and o.ttft is not None]
+    if len(ends) < 2 or not firsts:
+        raise RuntimeError("the capacity burst completed fewer than 2 requests")
+    saturated_until = max(firsts)
+    within = [e for e in ends if e <= saturated_until]
+    if len(within) < 2:  # nobody waited long: the whole burst is the measure
+        return (len(ends) - 1) / (ends[-1] - ends[0])
+    return (len(within) - 1) / (within[-1] - within[0])
+
+
 def summarize_run(name: str, outcomes: list[Outcome], wall: float, ttft: float,
                   tpot: float) -> dict[str, Any]:  # fmt: skip
     served = [o for o in outcomes if o.status == 200]
@@ -134,30 +153,41 @@ def _with_server(knobs: dict[str, Any], model: str | None, fn: Any) -> Any:
         stop_server(proc)
 
 
-def predict(knobs: dict[str, Any], burst: list[WorkloadRequest],
-            runs: dict[str, tuple[dict[str, Any], list[WorkloadRequest]]], ttft: float,
+def predict(knobs: dict[str, Any], workload: list[WorkloadRequest],
+            runs: dict[str, dict[str, Any]], ttft: float,
             tpot: float) -> dict[str, dict[str, Any]]:  # fmt: skip
-    """The simulator's goodput for each run, its cost model fitted to an offline run of the
-    burst on this CPU."""
+    """The simulator's goodput for each run (its knobs), its step cost a line fitted to an
+    offline run of the workload on this CPU."""
     from inflight.bench.offline import run_offline
     from inflight.engine.llm import LLM
-    from inflight.sim.calibrate import fit_profile, schedule_works, step_times
+    from inflight.sim.calibrate import fit_line
     from inflight.sim.hardware import measure_local
     from inflight.sim.simulator import setup_like_engine, simulate
 
     plain = {k: v for k, v in knobs.items() if not k.startswith("slo_")}
     llm = LLM(**plain)
-    fit_run = run_offline(llm, burst, "calibration burst")
+    fit_run = run_offline(llm, workload, "calibration")
     base = setup_like_engine(measure_local(), llm.core, plain)
     del llm
     gc.collect()
-    profile = fit_profile(base.hardware, base.model, schedule_works(base, burst),
-                          step_times(fit_run))  # fmt: skip
-    predicted = {}
-    for name, (run_knobs, workload) in runs.items():
-        scheduler = dataclasses.replace(base.scheduler, **run_knobs)
-        setup = dataclasses.replace(base, hardware=profile, scheduler=scheduler)
-        result = simulate(setup, workload, name)
+    line = fit_line(fit_run.timeline)
+    logger.info("step cost: %.1f ms + %.3f ms/token + %.3f ms/sequence", line.base_s * 1e3,
+                line.per_token_s * 1e3, line.per_seq_s * 1e3)  # fmt: skip
+    fit_met = [
+        r
+        for r in fit_run.requests
+        if r.ttft is not None and r.ttft <= ttft and (r.tpot is None or r.tpot <= tpot)
+    ]
+    predicted: dict[str, dict[str, Any]] = {"offline engine, fcfs (fitted)": {
+        "goodput_req_s": round(len(fit_met) / fit_run.wall_s, 4), "met": len(fit_met),
+        "wall_s": round(fit_run.wall_s, 2),
+        "line_ms": [round(v * 1e3, 4) for v in (line.base_s, line.per_token_s, line.per_seq_s)],
+    }}  # fmt: skip
+    for name, run_knobs in runs.items():
+        setup = dataclasses.replace(
+            base, scheduler=dataclasses.replace(base.scheduler, **run_knobs)
+        )
+        result = simulate(setup, workload, name, cost_model=line)
         met = [r for r in result.requests
                if r.ttft <= ttft and (r.tpot is None or r.tpot <= tpot)]  # fmt: skip
         predicted[name] = {"goodput_req_s": round(len(met) / result.wall_s, 4),
@@ -171,14 +201,14 @@ def run_slo_bench(args: Any, knobs: dict[str, Any], out: Path) -> dict[str, Any]
     from inflight.tokenizer import load_tokenizer
 
     ttft, tpot = parse_targets(args.slo)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per request otherwise
     model = knobs.get("model")
     tokenizer = load_tokenizer(resolve_model_path(model))
     plain = {k: v for k, v in knobs.items() if k not in ("model", "slo_ttft", "slo_tpot")}
     burst = named(args.workload, tokenizer, args.workload_seed, args.burst_requests, "all")
 
     def fcfs_runs(url: str) -> tuple[float, tuple[list[Outcome], float]]:
-        outcomes, wall = asyncio.run(_load(url, burst))
-        capacity = sum(o.status == 200 for o in outcomes) / wall
+        capacity = saturated_rate(asyncio.run(_load(url, burst))[0])
         rate = args.load * capacity
         logger.info("capacity %.3f req/s; offering %.3f req/s for %g s", capacity, rate,
                     args.duration)  # fmt: skip
@@ -194,17 +224,19 @@ def run_slo_bench(args: Any, knobs: dict[str, Any], out: Path) -> dict[str, Any]
                                  lambda url: asyncio.run(_load(url, workload)))  # fmt: skip
     runs = [summarize_run("fcfs, no targets", fcfs, fcfs_wall, ttft, tpot),
             summarize_run(f"{args.policy}, SLO admission", slo, slo_wall, ttft, tpot)]  # fmt: skip
-    predicted = predict(knobs | plain, burst, {
-        runs[0]["run"]: (fcfs_knobs, workload), runs[1]["run"]: (slo_knobs, workload),
+    predicted = predict(knobs | plain, workload, {
+        runs[0]["run"]: fcfs_knobs, runs[1]["run"]: slo_knobs,
     }, ttft, tpot) if args.simulate else {}  # fmt: skip
     for run in runs:
         if run["run"] in predicted:
             run["simulated"] = predicted[run["run"]]
+    fitted = predicted.get("offline engine, fcfs (fitted)")
     rate = len(workload) / args.duration
     report = {"model": str(model or "default"), "workload": args.workload,
               "targets": {"ttft_s": ttft, "tpot_s": tpot}, "capacity_req_s": round(capacity, 4),
               "load": args.load, "offered_req_s": round(rate, 4), "duration_s": args.duration,
               "knobs": {k: str(v) for k, v in plain.items()}, "runs": runs,
+              "offline_fit_run": fitted,
               "goodput_ratio": round(runs[1]["goodput_req_s"]
                                      / max(runs[0]["goodput_req_s"], 1e-9), 2)}  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)
@@ -233,6 +265,12 @@ def summary(report: dict[str, Any]) -> str:
             f"{r['refusal_p99_ms'] or '-'} / {r['refusal_max_ms'] or '-'} |"
         )
     lines += ["", f"Goodput, SLO admission / FCFS: **{report['goodput_ratio']}x**."]
+    fit = report.get("offline_fit_run")
+    if fit:
+        base, per_token, per_seq = fit["line_ms"]
+        lines += ["", f"The simulator's step cost, fitted to the engine run offline on the same "
+                  f"arrivals under FCFS (goodput {fit['goodput_req_s']} req/s there): {base} ms "
+                  f"+ {per_token} ms a token + {per_seq} ms a sequence."]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 

@@ -19,6 +19,7 @@ the blocks held by block tables are exactly the pool's references (shared blocks
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -36,6 +37,7 @@ from inflight.core.outputs import (
 )
 from inflight.core.policy import RequestQueue, StaticBatchGate, make_queue, victim_index
 from inflight.core.slo import (
+    MAX_FORECAST_WAITING,
     OutputLengths,
     QueueState,
     expected_work,
@@ -209,7 +211,8 @@ class Scheduler:
         return QueueState(
             t=self.clock(),
             running=tuple(expected_work(r, lengths.mean, cfg.max_model_len) for r in self.running),
-            waiting=tuple(expected_work(r, lengths.mean, cfg.max_model_len) for r in self.waiting),
+            waiting=tuple(expected_work(r, lengths.mean, cfg.max_model_len)
+                          for r in itertools.islice(self.waiting, MAX_FORECAST_WAITING)),
             line=self.step_cost.line(), max_num_seqs=cfg.max_num_seqs,
             token_budget=cfg.max_num_batched_tokens, chunk_limit=cfg.chunk_limit,
             policy=cfg.scheduling_policy, num_added=self.num_added,

@@ -33,6 +33,9 @@ from inflight.errors import SLOUnmetError
 from inflight.request import Request
 
 MAX_FORECAST_STEPS = 4096  # a forecast looks this many steps ahead at most
+# waiting requests a published queue holds at most (building it costs ~4 us a request, every
+# step); behind more, a forecast counts only these and is a lower bound
+MAX_FORECAST_WAITING = 1024
 PRIOR_MEAN_OUTPUT = 128  # output tokens expected of a request before any has finished
 OUTPUT_DECAY = 0.9  # weight of older requests in the mean output length (~10 requests)
 
@@ -113,6 +116,14 @@ def _insert(queue: list[_Item], item: _Item, policy: str) -> None:
     queue.append(item)
 
 
+def _decodes_only(running: list[_Item], waiting: list[_Item], seats: int, budget: int) -> bool:
+    """Whether the next steps are all alike: decodes only, every one within the budget, and
+    nobody admitted until a seat frees."""
+    return (bool(running) and len(running) <= budget
+            and all(r.prefill == 1 and not r.is_new for r in running)
+            and (not waiting or len(running) >= seats))  # fmt: skip
+
+
 def forecast_ttft(
     state: QueueState, new: Work, now: float, pending: Iterable[Work] = (),
     horizon_s: float = math.inf,
@@ -134,6 +145,16 @@ def forecast_ttft(
             for item in arrivals:
                 _insert(waiting, item, state.policy)
             arrivals = []
+        if not arrivals and _decodes_only(running, waiting, seats, state.token_budget):
+            # every step alike until the first of them finishes: take those steps at once
+            k = min(r.decode for r in running)
+            t += k * (base + per_token * len(running))
+            for r in running:
+                r.decode -= k
+            running = [r for r in running if r.decode > 0]
+            if t - now > horizon_s:
+                return math.inf
+            continue
         budget, tokens = state.token_budget, 0
         step: list[tuple[_Item, int]] = []
         pending_decodes = sum(1 for r in running if r.prefill == 1)

@@ -92,9 +92,14 @@ class AsyncLLM(FrontEnd):
         # the core's gauges as the engine thread last published them: what other threads read
         # of the core (a frozen record, swapped whole)
         self._gauges: CoreGauges = self.core.gauges()
-        # the queue as SLO admission reads it, published likewise, and the requests submitted
-        # since (with their count since the start, to tell which the state already holds)
-        self._queue_state: QueueState = self.core.scheduler.queue_state()
+        # the queue as SLO admission reads it, published likewise once a TTFT target may be
+        # met or missed (a default one, or the first request with its own: building it every
+        # step costs up to a few ms), the requests the core has taken in, and those submitted
+        # since with their count since the start (to tell which the state already holds)
+        scheduler_config = self.config.scheduler
+        self._wants_forecasts = scheduler_config.slo_ttft is not None
+        self._queue_state: QueueState | None = None
+        self._num_added = 0
         self._unseen: collections.deque[tuple[int, Request]] = collections.deque()
         self._num_submitted = 0
         self._engine_loop = EngineLoop(self.core, self)
@@ -202,7 +207,10 @@ class AsyncLLM(FrontEnd):
             self._gauges = snapshot.gauges
         else:
             self._gauges = self.core.gauges()
-        self._queue_state = self.core.scheduler.queue_state()
+        scheduler = self.core.scheduler
+        self._num_added = scheduler.num_added
+        if self._wants_forecasts and self.config.scheduler.slo_admission == "refuse":
+            self._queue_state = scheduler.queue_state()
         self.metrics.observe_state(self._gauges)
 
     @property
@@ -318,13 +326,19 @@ class AsyncLLM(FrontEnd):
     def check_slo(self, processed: list[tuple[ParentRequest, list[Request]]]) -> None:
         """Raises SLOUnmetError when SLO admission predicts that one of these requests (queued
         in order) would miss its TTFT target: from the queue the engine thread last published
-        and what was submitted since, on this thread, so the refusal never waits for a step."""
+        and what was submitted since, on this thread, so the refusal never waits for a step.
+        Until the engine thread has published a queue, everything is admitted."""
+        requests = [c for _, children in processed for c in children]
+        if not self._wants_forecasts and any(r.slo.ttft_s is not None for r in requests):
+            self._wants_forecasts = True  # the engine thread publishes the queue from now on
+            self._engine_loop.put(Wake())
         state = self._queue_state
+        if state is None:
+            return
         while self._unseen and self._unseen[0][0] < state.num_added:
             self._unseen.popleft()
         try:
-            check_slo(state, [c for _, children in processed for c in children],
-                      time.monotonic(), self.config.scheduler,
+            check_slo(state, requests, time.monotonic(), self.config.scheduler,
                       [r for _, r in self._unseen])  # fmt: skip
         except SLOUnmetError:
             self._count_refusal("slo_unmet")
@@ -343,7 +357,7 @@ class AsyncLLM(FrontEnd):
         self._streams[parent.request_id] = stream
         self.output_processor.register(parent, children)
         self._num_unfinished += len(children)
-        while self._unseen and self._unseen[0][0] < self._queue_state.num_added:
+        while self._unseen and self._unseen[0][0] < self._num_added:
             self._unseen.popleft()
         for child in children:
             self._unseen.append((self._num_submitted, child))

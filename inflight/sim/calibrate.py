@@ -20,10 +20,12 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
+from collections.abc import Sequence
 
 import numpy as np
 
-from inflight.sim.cost_model import StepWork, model_step_work, step_amounts
+from inflight.metrics.stats import StepStats
+from inflight.sim.cost_model import LineCost, StepWork, model_step_work, step_amounts
 from inflight.sim.hardware import HardwareProfile
 from inflight.sim.model_profile import ModelProfile
 from inflight.sim.simulator import SimSetup, Simulation
@@ -122,3 +124,19 @@ def compare_runs(measured: RunResult, simulated: RunResult) -> list[dict]:
         rows.append({"metric": label, "measured": m, "simulated": s,
                      "error": (s - m) / m if m else None})  # fmt: skip
     return rows
+
+
+def fit_line(steps: Sequence[StepStats]) -> LineCost:
+    """Least squares (coefficients >= 0) of each step's period on its tokens and sequences. A
+    step followed by work is timed to the next step's end (the whole loop: output processing
+    and intake too); one after which the engine had nothing left, by its own duration (what
+    follows may be idle time)."""
+    rows, periods = [], []
+    for before, step in zip([None, *steps[:-1]], steps, strict=True):
+        busy = before is not None and before.num_running + before.num_waiting > 0
+        periods.append(step.t - before.t if busy and before is not None else step.duration_s)
+        rows.append([1.0, step.num_batched_tokens, step.num_scheduled_seqs])
+    if len(rows) < 3:
+        raise ValueError("a line needs at least 3 steps")
+    base, per_token, per_seq = nonnegative_lstsq(np.array(rows), np.array(periods))
+    return LineCost(float(base), float(per_token), float(per_seq))

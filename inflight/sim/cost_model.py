@@ -113,3 +113,19 @@ class CostModel:
 
     def step_cost(self, out: SchedulerOutput) -> StepCost:
         return self.cost(model_step_work(out, self.model.arch))
+
+
+class LineCost:
+    """A step's seconds as a line in its tokens and sequences, fitted to an engine run's own
+    steps (`fit_line`): the simulator's cost where a run of the same engine on this machine is
+    at hand, with no roofline terms (it counts no bytes or FLOPs)."""
+
+    peak = 1.0  # utilizations read 0: nothing is counted
+
+    def __init__(self, base_s: float, per_token_s: float, per_seq_s: float) -> None:
+        self.base_s, self.per_token_s, self.per_seq_s = base_s, per_token_s, per_seq_s
+
+    def step_cost(self, out: SchedulerOutput) -> StepCost:
+        seconds = (self.base_s + self.per_token_s * out.num_batched_tokens
+                   + self.per_seq_s * len(out.scheduled))  # fmt: skip
+        return StepCost(seconds, 0.0, 0.0, 0.0)

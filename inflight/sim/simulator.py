@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from tqdm.auto import tqdm
 
@@ -154,10 +155,15 @@ class _Replica:
 
 
 class Simulation:
-    def __init__(self, setup: SimSetup, router: str = "least-loaded") -> None:
+    def __init__(
+        self, setup: SimSetup, router: str = "least-loaded", cost_model: Any = None
+    ) -> None:
+        """`cost_model`: what a step costs (`step_cost(out)`; default: the roofline model of
+        the setup's hardware; `LineCost` fitted to a run)."""
         self.setup = setup
         self.router = make_router(router)
-        self.cost_model = CostModel(setup.hardware, setup.model, setup.cache.kv_block_size)
+        self.cost_model = cost_model or CostModel(setup.hardware, setup.model,
+                                                  setup.cache.kv_block_size)  # fmt: skip
         self.replicas = [_Replica(setup) for _ in range(setup.replicas)]
         self.totals = StepTotals()  # every step of every replica
         self.flops = self.bytes = 0.0  # what those steps computed and moved, by the cost model
@@ -266,7 +272,7 @@ class Simulation:
             )
         params = SamplingParams(temperature=0.0, max_tokens=r.max_tokens, ignore_eos=True)
         return Request(str(index), list(r.prompt_token_ids), params,
-                       arrival_time=r.arrival_time, priority=r.priority,
+                       arrival_time=r.arrival_time, priority=r.priority, tenant=r.tenant,
                        slo=self.setup.scheduler.default_slo)  # fmt: skip
 
     def _extra(self, sim_wall_s: float) -> dict:
@@ -314,5 +320,6 @@ def simulate(
     name: str,
     progress: bool = False,
     router: str = "least-loaded",
+    cost_model: Any = None,
 ) -> RunResult:
-    return Simulation(setup, router).run(workload, name, progress)
+    return Simulation(setup, router, cost_model).run(workload, name, progress)

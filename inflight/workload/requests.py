@@ -28,6 +28,8 @@ from types import SimpleNamespace
 
 from transformers import PreTrainedTokenizerBase
 
+from inflight.request import DEFAULT_TENANT
+
 
 @dataclass(frozen=True)
 class WorkloadRequest:
@@ -35,6 +37,7 @@ class WorkloadRequest:
     max_tokens: int
     arrival_time: float = 0.0  # seconds after the start of the run
     priority: int = 0
+    tenant: str = DEFAULT_TENANT  # whose share it uses (`fair` scheduling)
 
 
 # ------------------------------------------------------------------ length laws
@@ -198,7 +201,8 @@ def pad_batches(
 
 # ------------------------------------------------------------------------ JSONL
 def save_jsonl(requests: list[WorkloadRequest], path: Path) -> None:
-    """One request a line: `prompt` (token ids), `max_tokens`, `arrival_time`, `priority`."""
+    """One request a line: `prompt` (token ids), `max_tokens`, `arrival_time`, `priority`,
+    `tenant`."""
     with path.open("w") as f:
         for r in requests:
             row = asdict(r)
@@ -222,6 +226,6 @@ def load_jsonl(
             prompt = tokenizer(prompt, add_special_tokens=False).input_ids
         requests.append(
             WorkloadRequest(prompt, int(row["max_tokens"]), float(row.get("arrival_time", 0.0)),
-                            int(row.get("priority", 0)))
+                            int(row.get("priority", 0)), str(row.get("tenant", DEFAULT_TENANT)))
         )  # fmt: skip
     return requests

@@ -257,7 +257,7 @@ def test_fairness_runs_the_steady_tenant_alone_then_beside_a_flood(tiny_llama, t
     out = tmp_path / "fairness"
     code = main(["bench", "fairness", str(tiny_llama), "--steady-rate", "6",
                  "--flood-factor", "3", "--duration", "1", "--max-tokens", "4",
-                 "--out", str(out), *TINY])  # fmt: skip
+                 "--slo", "ttft=60,tpot=60", "--out", str(out), *TINY])  # fmt: skip
     assert code == 0
     report = json.loads((out / "fairness.json").read_text())
     alone, fcfs, fair = report["runs"]
@@ -266,4 +266,45 @@ def test_fairness_runs_the_steady_tenant_alone_then_beside_a_flood(tiny_llama, t
     assert (
         alone["ttft"]["steady"]["n"] == fcfs["ttft"]["steady"]["n"] == fair["ttft"]["steady"]["n"]
     )
+    # every request meets targets of a minute: goodput is each tenant's completions a second
+    for run in report["runs"]:
+        for tenant, q in run["ttft"].items():
+            expected = q["n"] / run["elapsed_s"]
+            assert run["goodput_req_s"][tenant] == pytest.approx(expected, rel=0.01, abs=2e-3)
+    assert "Goodput per tenant" in (out / "summary.md").read_text()
     assert (out / "fairness.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.slow
+def test_slo_measures_both_servers_and_the_simulator_predicts_them(tiny_llama, tmp_path):
+    """The capacity burst, then the same arrivals through a server without targets and one with
+    SLO admission (a TTFT target nothing meets: refusals), every request accounted for, and the
+    simulator's goodput beside each."""
+    out = tmp_path / "slo"
+    # (`edit`: every prompt and its output fit the tiny model's 512 positions)
+    code = main(["bench", "slo", str(tiny_llama), "--workload", "edit", "--duration", "2",
+                 "--burst-requests", "4", "--slo", "ttft=0.0001,tpot=10", "--out", str(out),
+                 *TINY])  # fmt: skip
+    assert code == 0
+    report = json.loads((out / "slo.json").read_text())
+    fcfs, slo = report["runs"]
+    assert report["offered_req_s"] > 0 and report["capacity_req_s"] > 0
+    for run in (fcfs, slo):
+        assert run["requests"] == run["served"] + run["refused"] + run["errors"] > 0
+        assert run["errors"] == 0 and "goodput_req_s" in run["simulated"]
+    assert fcfs["refused"] == 0 and slo["refused"] > 0
+    assert slo["refusal_max_ms"] > 0 and slo["simulated"]["refused"] > 0
+    assert (out / "slo.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_capacity_is_the_completion_rate_while_requests_wait():
+    from inflight.bench.slo import Outcome, saturated_rate
+
+    # all sent at 0; the last first token at 10 s: completions at 2, 4, 6, 8 s count (3 in 6
+    # s), the one at 12 s does not; a refusal counts for nothing
+    burst = [Outcome(200, ttft=1.0, e2e=e2e, output_tokens=4) for e2e in (2.0, 4.0, 6.0, 8.0)]
+    burst += [Outcome(200, ttft=10.0, e2e=12.0, output_tokens=4), Outcome(429, e2e=0.01)]
+    assert saturated_rate(burst) == pytest.approx(0.5)
+    # nobody waited past the first completion: the whole burst's completions
+    short = [Outcome(200, ttft=0.5, e2e=e2e, output_tokens=4) for e2e in (1.0, 2.0, 5.0)]
+    assert saturated_rate(short) == pytest.approx(0.5)

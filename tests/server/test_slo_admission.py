@@ -85,3 +85,18 @@ def test_bad_targets_are_a_400_naming_the_field(server, field, value):
         r = complete(server, **{field: value})
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == field
+
+
+def test_without_a_default_target_forecasts_start_with_the_first_request_that_sets_one(
+    tiny_llama,
+):
+    """No queue is built for forecasts until a request brings a TTFT target (that one is
+    admitted unforecast); from then on the queue is published and a hopeless target refused."""
+    engine = AsyncLLM(str(tiny_llama), dtype="float32", max_model_len=128, num_kv_blocks=64)
+    with LiveServer(engine, served_model_name="tiny") as s:
+        assert complete(s).status_code == 200
+        s.wait_idle()
+        assert engine._queue_state is None  # nobody asked for a target yet
+        assert complete(s, slo_ttft=1e-9).status_code == 200
+        s.wait_idle()
+        assert complete(s, slo_ttft=1e-9).status_code == 429

@@ -58,3 +58,26 @@ def test_fit_recovers_the_profile_that_generated_the_steps():
 def test_fit_refuses_unpaired_steps():
     with pytest.raises(RuntimeError, match="same way"):
         fit_profile(toy_hardware(), toy_model(), [StepWork()], np.array([1.0, 2.0]))
+
+
+def test_a_step_line_is_fitted_to_a_runs_periods_and_costs_steps_by_it():
+    """Steps timed to the next step's end while work was left (the whole loop), by their own
+    duration after an idle engine; the line through them prices a schedule."""
+    from inflight.core.outputs import SchedulerOutput
+    from inflight.metrics.stats import StepStats
+    from inflight.sim.calibrate import fit_line
+
+    def true_period(tokens: int, seqs: int) -> float:
+        return 0.01 + 0.001 * tokens + 0.002 * seqs
+
+    steps, t = [], 0.0
+    for i, (tokens, seqs) in enumerate([(5, 1), (40, 3), (13, 2), (90, 4), (27, 2), (8, 8)]):
+        idle_after = i == 2  # nothing left after it: an idle gap follows, not counted
+        t += true_period(tokens, seqs) + (5.0 if i == 3 else 0.0)  # the gap before step 3
+        steps.append(StepStats(t=t, duration_s=true_period(tokens, seqs) - 0.0,
+                               num_batched_tokens=tokens, num_scheduled_seqs=seqs,
+                               num_running=0 if idle_after else 1))  # fmt: skip
+    line = fit_line(steps)
+    assert (line.base_s, line.per_token_s, line.per_seq_s) == pytest.approx((0.01, 0.001, 0.002))
+    out = SchedulerOutput(scheduled=[object()] * 3, num_batched_tokens=100)  # type: ignore[list-item]
+    assert line.step_cost(out).seconds == pytest.approx(true_period(100, 3))

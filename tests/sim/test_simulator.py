@@ -94,3 +94,41 @@ def test_request_longer_than_max_model_len_is_refused():
     setup = build_setup(overhead_only(), toy_model(), KNOBS)
     with pytest.raises(ConfigError, match="workload request 0"):
         simulate(setup, [request(250, prompt=10)], "x")
+
+
+def test_the_simulator_shares_the_engine_between_tenants_under_fair():
+    """`bench fairness`'s scene, simulated: a flood past what two seats serve and a steady
+    tenant; under fcfs the steady one waits behind the flood's queue, under fair it starts at
+    once (the same scheduler code the engine runs, with each request's tenant)."""
+    flood = [WorkloadRequest(list(range(9)), 8, 0.1 * i, tenant="flood") for i in range(60)]
+    steady = [WorkloadRequest(list(range(5)), 8, 1.0 + 2.0 * i, tenant="steady")
+              for i in range(5)]  # fmt: skip
+
+    def steady_ttfts(policy: str) -> list[float]:
+        knobs = {**KNOBS, "max_num_seqs": 2, "scheduling_policy": policy}
+        run = simulate(build_setup(overhead_only(0.05), toy_model(), knobs), flood + steady, policy)
+        return [r.ttft for r in run.requests if r.prompt_tokens == 5]
+
+    fcfs, fair = steady_ttfts("fcfs"), steady_ttfts("fair")
+    assert len(fcfs) == len(fair) == 5
+    assert max(fair) <= 0.1 + 1e-9 and min(fcfs[1:]) > 1.0
+
+
+def test_the_simulator_refuses_as_slo_admission_does_and_goodput_rises():
+    """Twice the arrivals two seats serve, with a 1 s TTFT target: refused at arrival (on the
+    replica's own queue and fitted step cost), the admitted meet their target, where FCFS
+    queues everyone past it."""
+    workload = [request(8, arrival=0.05 * i) for i in range(200)]
+
+    def run(**slo):
+        knobs = {**KNOBS, "max_num_seqs": 2, **slo}
+        return simulate(build_setup(overhead_only(0.05), toy_model(), knobs), workload, "x")
+
+    def met(result) -> int:
+        return sum(r.ttft <= 1.0 + 1e-9 for r in result.requests)
+
+    fcfs, slo = run(), run(slo_ttft=1.0)
+    assert fcfs.extra["refused"] == 0 and len(fcfs.requests) == 200
+    assert slo.extra["refused"] > 50 and len(slo.requests) + slo.extra["refused"] == 200
+    assert met(slo) == len(slo.requests)  # the forecast is exact here: one step cost
+    assert met(slo) / slo.wall_s > 2 * met(fcfs) / fcfs.wall_s
