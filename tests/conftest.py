@@ -66,7 +66,7 @@ def build_tokenizer(folder: Path):
 
 
 TINY_ARCHS = ("llama", "llama3_rope", "qwen2", "qwen3", "qwen3_moe", "mixtral", "phi3", "mistral",
-              "gemma2", "gemma3", "granite")  # fmt: skip
+              "gemma2", "gemma3", "granite", "gpt_oss")  # fmt: skip
 
 
 def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) -> Path:
@@ -75,6 +75,8 @@ def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) ->
         Gemma2ForCausalLM,
         Gemma3ForCausalLM,
         Gemma3TextConfig,
+        GptOssConfig,
+        GptOssForCausalLM,
         GraniteConfig,
         GraniteForCausalLM,
         LlamaConfig,
@@ -174,10 +176,32 @@ def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) ->
                                   query_pre_attn_scalar=24, sliding_window=24,
                                   rope_parameters=rope)  # fmt: skip
         cls = Gemma3ForCausalLM
+    elif arch == "gpt_oss":  # 2 of 4 biased experts, a banded and a global layer, sinks, YaRN
+        # past an original context of 64 positions, and a SwiGLU limit the tiny values reach
+        rope = {
+            "rope_type": "yarn",
+            "rope_theta": 150000.0,
+            "factor": 8.0,
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+            "truncate": False,
+            "original_max_position_embeddings": 64,
+        }
+        config = GptOssConfig(**{**common, "intermediate_size": 32}, head_dim=16,
+                              num_local_experts=4, num_experts_per_tok=2, sliding_window=24,
+                              layer_types=["sliding_attention", "full_attention"],
+                              rope_parameters=rope, attention_bias=True,
+                              swiglu_limit=0.5)  # fmt: skip
+        cls = GptOssForCausalLM
     else:
         raise ValueError(arch)
     torch.manual_seed(seed)
     model = cls(config).eval()
+    if arch == "gpt_oss":  # sinks and biases start at 0: make them matter
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if name.endswith(("sinks", "bias")):
+                    param.uniform_(-1.0, 1.0)
     if arch in ("gemma2", "gemma3"):  # norms start at w = 0 (a scale of 1 + w): make it matter
         with torch.no_grad():
             for name, param in model.named_parameters():

@@ -66,11 +66,14 @@ class AttentionBackend(Protocol):
         window: int | None = None,
         scale: float | None = None,
         softcap: float | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Writes the new keys and values to the cache, then attends: [T, H, D]. A layer's own:
         `window`, each query sees only its last `window` positions (None: all of them);
         `scale`, of the scores (None: head_dim ** -0.5); `softcap` c, each scaled score s
-        becomes c tanh(s / c) before the softmax (Gemma 2's; None: none)."""
+        becomes c tanh(s / c) before the softmax (Gemma 2's; None: none); `sinks` [H], a logit
+        per head that joins each softmax's denominator (gpt-oss's; None: none; only the
+        reference takes it)."""
         ...
 
 

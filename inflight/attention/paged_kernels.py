@@ -118,7 +118,10 @@ class PagedKernelBackend:
     def forward(
         self, query, key, value, k_cache, v_cache, meta: KernelMetadata,
         window: int | None = None, scale: float | None = None, softcap: float | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:  # fmt: skip
+        if sinks is not None:  # the loader gives models with sinks the reference
+            raise NotImplementedError("attention sinks run the PyTorch reference attention")
         self.write_cache(k_cache, v_cache, key, value, meta.slot_mapping)
         out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
         scale = query.shape[-1] ** -0.5 if scale is None else scale

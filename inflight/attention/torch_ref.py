@@ -215,13 +215,14 @@ class TorchReferenceBackend:
         window: int | None = None,
         scale: float | None = None,
         softcap: float | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         write_token_major(k_cache, v_cache, key, value, meta.slot_mapping)
         out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
         for g in meta.decode:
             rows = g.token_index[:, 0]
             out[rows] = self._decode(query[rows], k_cache, v_cache, g.block_tables,
-                                     g.mask(window), scale, softcap)  # fmt: skip
+                                     g.mask(window), scale, softcap, sinks)  # fmt: skip
         for chunk in meta.prefills:
             if chunk.block_table is None:  # as the cache holds them (rounded to its dtype)
                 k = read_token_major(to_cache_rows(key[chunk.tokens], k_cache.dtype), query.dtype)
@@ -232,8 +233,8 @@ class TorchReferenceBackend:
                 v = read_token_major(_gather(v_cache, table)[0, : chunk.seq_len], query.dtype)
             q = query[chunk.tokens].transpose(0, 1)[None]  # [1, H, Q, D]
             k, v = k.transpose(0, 1)[None], v.transpose(0, 1)[None]  # [1, KVH, L, D]
-            if softcap:  # scores SDPA cannot reach: computed out
-                o = _soft_capped_attention(q, k, v, chunk.mask(window), scale, softcap)
+            if softcap or sinks is not None:  # scores or a softmax SDPA cannot reach
+                o = _explicit_attention(q, k, v, chunk.mask(window), scale, softcap, sinks)
             else:
                 o = F.scaled_dot_product_attention(
                     q, k, v, attn_mask=chunk.mask(window), is_causal=chunk.mask(window) is None,
@@ -251,6 +252,7 @@ class TorchReferenceBackend:
         mask: torch.Tensor,
         scale: float | None,
         softcap: float | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """One query per request, as two batched matmuls over all KV heads at once.
 
@@ -273,28 +275,44 @@ class TorchReferenceBackend:
         if softcap:
             scores = torch.tanh(scores / softcap) * softcap
         scores = scores.masked_fill_(~mask[:, :, 0, :], float("-inf"))
-        probs = torch.softmax(scores, dim=-1).to(v.dtype)
+        probs = _softmax_with_sinks(scores, sinks).to(v.dtype)
         out = torch.bmm(probs, v).view(num_reqs, num_heads, num_kv_heads, head_dim)
         return out[:, torch.arange(num_heads), kv_of_head]  # [R, H, D]
 
 
-def _soft_capped_attention(
+def _softmax_with_sinks(scores: torch.Tensor, sinks: torch.Tensor | None) -> torch.Tensor:
+    """Softmax over the keys of scores [R, H, (Q,) L] (heads second), each head's sink logit
+    (where given) in its denominator: as transformers' gpt-oss concatenates the sink as one more
+    key and drops its column after (the max subtracted first, with the sink among it)."""
+    if sinks is None:
+        return torch.softmax(scores, dim=-1)
+    head_view = (1, -1, *([1] * (scores.dim() - 2)))
+    sink = sinks.float().view(head_view).expand(*scores.shape[:-1], 1)
+    combined = torch.cat([scores, sink], dim=-1)
+    combined = combined - combined.max(dim=-1, keepdim=True).values
+    return torch.softmax(combined, dim=-1)[..., :-1]
+
+
+def _explicit_attention(
     q: torch.Tensor,  # [1, H, Q, D]
     k: torch.Tensor,  # [1, KVH, L, D]
     v: torch.Tensor,
     mask: torch.Tensor | None,  # [1, 1, Q, L] bool, True where seen; None: causal
     scale: float | None,
-    softcap: float,
+    softcap: float | None,
+    sinks: torch.Tensor | None,
 ) -> torch.Tensor:
-    """Attention with each scaled score s made softcap * tanh(s / softcap) before the softmax
-    (Gemma 2's), in float32, as transformers' eager attention computes it."""
+    """Attention with its scores written out, in float32, as transformers' eager attention
+    computes it: each scaled score s made softcap * tanh(s / softcap) before the softmax
+    (Gemma 2's), and each head's sink in the softmax's denominator (gpt-oss's)."""
     group = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
     scores = (q.float() @ k.float().transpose(-1, -2)) * (q.shape[-1] ** -0.5 if scale is None
                                                           else scale)  # fmt: skip
-    scores = torch.tanh(scores / softcap) * softcap
+    if softcap:
+        scores = torch.tanh(scores / softcap) * softcap
     if mask is None:
         num_q, num_k = scores.shape[-2:]
         mask = torch.ones(num_q, num_k, dtype=torch.bool, device=q.device).tril(num_k - num_q)
     scores = scores.masked_fill(~mask, float("-inf"))
-    return (scores.softmax(-1).to(v.dtype) @ v).to(q.dtype)
+    return (_softmax_with_sinks(scores, sinks).to(v.dtype) @ v).to(q.dtype)

@@ -1,20 +1,21 @@
-"""`inflight bench slo`: goodput past saturation, FCFS against SLO-aware admission, measured over
-HTTP and predicted by the simulator.
+"""`inflight bench slo`: goodput past saturation, without latency targets and with SLO-aware
+admission, measured over HTTP and predicted by the simulator.
 
-1. A server with no targets (`inflight serve`, FCFS) takes a burst of the workload at once,
-   more requests than it has seats; its capacity is the requests it completed while some still
-   waited (until the burst's last first token) over that time, and the offered rate is `--load`
-   times that.
-2. The same server, then one with `--slo-ttft` / `--slo-tpot` (SLO admission, `core/slo.py`),
-   each take the same Poisson arrivals at that rate for `--duration` seconds, as streaming
-   completions. Goodput is the requests that met both targets (TTFT and mean TPOT, measured at
-   the client) per second of the run; a refusal (429) is timed from send to answer.
+1. One server (`inflight serve`, `--policy`'s queue order) takes a burst of the workload at
+   once, more requests than it has seats; its capacity is the requests it completed while some
+   still waited (until the burst's last first token) over that time, and the offered rate is
+   `--load` times that.
+2. It then takes the same Poisson arrivals at that rate for `--duration` seconds twice, as
+   streaming completions: without targets, then with them in every request (`slo_ttft`,
+   `slo_tpot`: SLO admission, `core/slo.py`, as the server's `--slo-ttft` / `--slo-tpot` would
+   set them). Each run's prompts carry a `cache_salt` of their own, so no run reuses another's
+   cached prefixes. Goodput is the requests that met both targets (TTFT and mean TPOT, measured
+   at the client) per second of the run; a refusal (429) is timed from send to answer.
 3. The engine runs the same arrivals offline (`LLM`, in real time, no targets), a step-cost
    line is fitted to its steps (`sim/calibrate.fit_line`: seconds on tokens and sequences), and
-   the
-   simulator runs both configurations on those arrivals with the same scheduler and admission
-   code: its goodput is set beside the measured. The FCFS run is the one it was fitted to; the
-   run with SLO admission is a prediction.
+   the simulator runs both configurations on those arrivals with the same scheduler and
+   admission code: its goodput is set beside the measured. The run without targets is the one
+   it was fitted to; the run with SLO admission is a prediction.
 
 Results: slo.json, summary.md and slo.png (goodput measured and simulated, per configuration).
 """
@@ -71,12 +72,13 @@ def parse_targets(text: str) -> tuple[float, float]:
     return values["ttft"], values["tpot"]
 
 
-async def _send(client: httpx.AsyncClient, url: str, r: WorkloadRequest, start: float) -> Outcome:
+async def _send(client: httpx.AsyncClient, url: str, r: WorkloadRequest, start: float,
+                extra: dict[str, Any]) -> Outcome:  # fmt: skip
     await asyncio.sleep(max(0.0, r.arrival_time - (time.perf_counter() - start)))
     sent = time.perf_counter()
     body = {"model": "bench", "prompt": r.prompt_token_ids, "max_tokens": r.max_tokens,
             "temperature": 0, "ignore_eos": True, "stream": True,
-            "stream_options": {"include_usage": True}}  # fmt: skip
+            "stream_options": {"include_usage": True}, **extra}  # fmt: skip
     ttft, tokens = None, 0
     try:
         async with client.stream("POST", f"{url}/v1/completions", json=body) as resp:
@@ -96,11 +98,13 @@ async def _send(client: httpx.AsyncClient, url: str, r: WorkloadRequest, start: 
     return Outcome(200, ttft, time.perf_counter() - sent, tokens)
 
 
-async def _load(url: str, workload: list[WorkloadRequest]) -> tuple[list[Outcome], float]:
+async def _load(url: str, workload: list[WorkloadRequest],
+                extra: dict[str, Any]) -> tuple[list[Outcome], float]:  # fmt: skip
+    """The workload at its arrival times, each body with `extra`'s fields."""
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     async with httpx.AsyncClient(timeout=None, limits=limits) as client:
         start = time.perf_counter()
-        outcomes = await asyncio.gather(*(_send(client, url, r, start) for r in workload))
+        outcomes = await asyncio.gather(*(_send(client, url, r, start, extra) for r in workload))
         return list(outcomes), time.perf_counter() - start
 
 
@@ -178,7 +182,7 @@ def predict(knobs: dict[str, Any], workload: list[WorkloadRequest],
         for r in fit_run.requests
         if r.ttft is not None and r.ttft <= ttft and (r.tpot is None or r.tpot <= tpot)
     ]
-    predicted: dict[str, dict[str, Any]] = {"offline engine, fcfs (fitted)": {
+    predicted: dict[str, dict[str, Any]] = {"offline engine, no targets (fitted)": {
         "goodput_req_s": round(len(fit_met) / fit_run.wall_s, 4), "met": len(fit_met),
         "wall_s": round(fit_run.wall_s, 2),
         "line_ms": [round(v * 1e3, 4) for v in (line.base_s, line.per_token_s, line.per_seq_s)],
@@ -207,30 +211,34 @@ def run_slo_bench(args: Any, knobs: dict[str, Any], out: Path) -> dict[str, Any]
     plain = {k: v for k, v in knobs.items() if k not in ("model", "slo_ttft", "slo_tpot")}
     burst = named(args.workload, tokenizer, args.workload_seed, args.burst_requests, "all")
 
-    def fcfs_runs(url: str) -> tuple[float, tuple[list[Outcome], float]]:
-        capacity = saturated_rate(asyncio.run(_load(url, burst))[0])
+    def measure(url: str) -> tuple[float, list[WorkloadRequest], list[tuple[list[Outcome], float]]]:
+        capacity = saturated_rate(asyncio.run(_load(url, burst, {"cache_salt": "burst"}))[0])
         rate = args.load * capacity
         logger.info("capacity %.3f req/s; offering %.3f req/s for %g s", capacity, rate,
                     args.duration)  # fmt: skip
-        workload[:] = named(args.workload, tokenizer, args.workload_seed + 1,
-                            max(1, round(rate * args.duration)), "poisson", rate)  # fmt: skip
-        return capacity, asyncio.run(_load(url, workload))
+        workload = named(args.workload, tokenizer, args.workload_seed + 1,
+                         max(1, round(rate * args.duration)), "poisson", rate)  # fmt: skip
+        targets = {"slo_ttft": ttft, "slo_tpot": tpot}
+        return capacity, workload, [
+            asyncio.run(_load(url, workload, {"cache_salt": "plain"})),
+            asyncio.run(_load(url, workload, {"cache_salt": "targets", **targets})),
+        ]  # fmt: skip
 
-    workload: list[WorkloadRequest] = []
-    fcfs_knobs = {"scheduling_policy": "fcfs"}
-    capacity, (fcfs, fcfs_wall) = _with_server(plain | fcfs_knobs, model, fcfs_runs)
-    slo_knobs = {"slo_ttft": ttft, "slo_tpot": tpot, "scheduling_policy": args.policy}
-    slo, slo_wall = _with_server(plain | slo_knobs, model,
-                                 lambda url: asyncio.run(_load(url, workload)))  # fmt: skip
-    runs = [summarize_run("fcfs, no targets", fcfs, fcfs_wall, ttft, tpot),
-            summarize_run(f"{args.policy}, SLO admission", slo, slo_wall, ttft, tpot)]  # fmt: skip
+    policy = {"scheduling_policy": args.policy}
+    capacity, workload, ((plain_run, plain_wall), (slo_run, slo_wall)) = _with_server(
+        plain | policy, model, measure
+    )
+    runs = [summarize_run(f"{args.policy}, no targets", plain_run, plain_wall, ttft, tpot),
+            summarize_run(f"{args.policy}, SLO admission", slo_run, slo_wall, ttft,
+                          tpot)]  # fmt: skip
+    slo_knobs = {"slo_ttft": ttft, "slo_tpot": tpot, **policy}
     predicted = predict(knobs | plain, workload, {
-        runs[0]["run"]: fcfs_knobs, runs[1]["run"]: slo_knobs,
+        runs[0]["run"]: policy, runs[1]["run"]: slo_knobs,
     }, ttft, tpot) if args.simulate else {}  # fmt: skip
     for run in runs:
         if run["run"] in predicted:
             run["simulated"] = predicted[run["run"]]
-    fitted = predicted.get("offline engine, fcfs (fitted)")
+    fitted = predicted.get("offline engine, no targets (fitted)")
     rate = len(workload) / args.duration
     report = {"model": str(model or "default"), "workload": args.workload,
               "targets": {"ttft_s": ttft, "tpot_s": tpot}, "capacity_req_s": round(capacity, 4),
@@ -264,13 +272,13 @@ def summary(report: dict[str, Any]) -> str:
             f"({sim}) | {r['ttft_p50_s']} / {r['ttft_p99_s']} | {r['tpot_p50_s']} | "
             f"{r['refusal_p99_ms'] or '-'} / {r['refusal_max_ms'] or '-'} |"
         )
-    lines += ["", f"Goodput, SLO admission / FCFS: **{report['goodput_ratio']}x**."]
+    lines += ["", f"Goodput, SLO admission / no targets: **{report['goodput_ratio']}x**."]
     fit = report.get("offline_fit_run")
     if fit:
         base, per_token, per_seq = fit["line_ms"]
         lines += ["", f"The simulator's step cost, fitted to the engine run offline on the same "
-                  f"arrivals under FCFS (goodput {fit['goodput_req_s']} req/s there): {base} ms "
-                  f"+ {per_token} ms a token + {per_seq} ms a sequence."]  # fmt: skip
+                  f"arrivals without targets (goodput {fit['goodput_req_s']} req/s there): "
+                  f"{base} ms + {per_token} ms a token + {per_seq} ms a sequence."]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 

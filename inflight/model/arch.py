@@ -3,7 +3,8 @@
 Covers Llama (with llama3 / linear RoPE scaling), Mistral (sliding window), Qwen2 (q/k/v bias),
 Qwen3 (q/k norms), Qwen3-MoE and Mixtral (experts), Phi-3 / Phi-4 (fused projections in the
 checkpoint, LongRoPE, Phi-4-mini's partial rotary embeddings), Gemma 3 text (windowed and global
-layers, each kind with its own RoPE) and SmolLM2. Both transformers 4 (`rope_theta` +
+layers, each kind with its own RoPE), gpt-oss (attention sinks, banded and global layers, YaRN,
+biased experts with a clamped SwiGLU) and SmolLM2. Both transformers 4 (`rope_theta` +
 `rope_scaling`) and transformers 5 (`rope_parameters`, per layer kind where layers differ)
 spellings of RoPE settings are read.
 """
@@ -27,6 +28,7 @@ SUPPORTED_ARCHITECTURES = {
     "Gemma2ForCausalLM": "gemma2",
     "Gemma3ForCausalLM": "gemma3",
     "Gemma3ForConditionalGeneration": "gemma3",  # its language model (`_gemma3_text_config`)
+    "GptOssForCausalLM": "gpt_oss",
     # the bare decoders, without an LM head, that embedding models are (Qwen3-Embedding's
     # weights): they pool the last token's hidden state unless the folder says otherwise
     "LlamaModel": "llama",
@@ -93,6 +95,15 @@ class LlamaArchConfig:
     expert_intermediate_size: int = 0
     norm_topk_prob: bool = False
     dense_layers: tuple[int, ...] = ()
+    # gpt-oss: the router keeps the best logits before its softmax (over those chosen), router
+    # and experts have biases, and each expert's gate is `swiglu_limit`-clamped SwiGLU with
+    # sigmoid slope `swiglu_alpha` (its up half clamped too, plus 1); None: SiLU experts
+    swiglu_limit: float | None = None
+    swiglu_alpha: float = 1.702
+    # gpt-oss's attention: a learned logit per head joins each softmax's denominator (a sink
+    # that takes probability from every key), and the output projection has a bias
+    attention_sinks: bool = False
+    o_bias: bool = False
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     # an embedding model's pooling (`POOLING_MODES`); None for a generative model
@@ -149,6 +160,11 @@ class LlamaArchConfig:
         if self.pooling is not None and self.pooling not in POOLING_MODES:
             raise ValueError(f"pooling {self.pooling!r}: only {' and '.join(POOLING_MODES)} "
                              "pooling are supported")  # fmt: skip
+        if self.swiglu_limit is not None and not (
+            math.isfinite(self.swiglu_limit) and self.swiglu_limit > 0
+            and math.isfinite(self.swiglu_alpha)
+        ):  # fmt: skip
+            raise ValueError(f"swiglu_limit {self.swiglu_limit} must be positive")
         attention = self.rope_attention_factor
         if not (math.isfinite(attention) and attention > 0):
             raise ValueError(f"the RoPE attention factor must be positive, not {attention}")
@@ -160,7 +176,7 @@ class LlamaArchConfig:
 
     @property
     def rope_attention_factor(self) -> float:
-        """What LongRoPE multiplies cos and sin by (1 otherwise)."""
+        """What LongRoPE and YaRN multiply cos and sin by (1 otherwise)."""
         return float(self.rope_scaling_dict.get("attention_factor", 1.0))
 
     @property
@@ -212,6 +228,8 @@ class LlamaArchConfig:
         short = long = None
         if rope_type == "longrope":
             rope, short, long = _longrope(rope, config)
+        elif rope_type == "yarn":
+            rope = _yarn(rope, config)
         window = config.get("sliding_window") if arch != "llama" else None
         if arch in ("qwen2", "qwen3", "qwen3_moe"):
             if config.get("use_sliding_window", False):
@@ -225,7 +243,14 @@ class LlamaArchConfig:
             query_scalar = float(config.get("query_pre_attn_scalar", 256))
             for key in ("attn_logit_softcapping", "final_logit_softcapping"):
                 softcaps[key] = None if config.get(key) is None else float(config[key])
-        experts = _experts(config, arch) if arch in ("qwen3_moe", "mixtral") else {}
+        experts = _experts(config, arch) if arch in ("qwen3_moe", "mixtral", "gpt_oss") else {}
+        sinks: dict[str, Any] = {}
+        if arch == "gpt_oss":
+            full_layers = _layer_types(config)
+            bias = bool(config.get("attention_bias", True))
+            sinks = {"attention_sinks": True, "o_bias": bias,
+                     "swiglu_limit": float(config.get("swiglu_limit", 7.0)),
+                     "swiglu_alpha": float(config.get("swiglu_alpha", 1.702))}  # fmt: skip
         multipliers: dict[str, Any] = {}
         if arch == "granite":
             multipliers = {key: float(config.get(key, 1.0)) for key in (
@@ -256,6 +281,7 @@ class LlamaArchConfig:
             local_rope_theta=local_theta,
             query_pre_attn_scalar=query_scalar,
             **experts,
+            **sinks,
             **multipliers,
             **softcaps,
             bos_token_id=config.get("bos_token_id"),
@@ -284,7 +310,7 @@ def _rope_settings(
     rope_type = rope.get("rope_type", rope.get("type", "default"))
     if rope_type == "su":  # LongRoPE's name in the first Phi-3 128k configs
         rope_type = "longrope"
-    if rope_type not in ("default", "llama3", "linear", "longrope"):
+    if rope_type not in ("default", "llama3", "linear", "longrope", "yarn"):
         raise ValueError(f"unsupported rope_type {rope_type!r}")
     rope["rope_type"] = rope_type
     rope.pop("type", None)
@@ -312,6 +338,49 @@ def _longrope(
     scaling = {"rope_type": "longrope", "original_max_position_embeddings": int(original),
                "attention_factor": float(attention)}  # fmt: skip
     return scaling, short, long
+
+
+def _yarn(rope: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
+    """YaRN's settings as transformers reads them: the scale `factor` (by default the max
+    positions over the original context), `beta_fast` / `beta_slow` (the ramp's rotation
+    bounds), `truncate` (whole dimensions at the ramp's ends), and the attention factor cos and
+    sin are multiplied by (by default 0.1 ln(factor) + 1, or the `mscale` / `mscale_all_dim`
+    ratio of that)."""
+    original = rope.get("original_max_position_embeddings") or config.get(
+        "original_max_position_embeddings", config.get("max_position_embeddings")
+    )
+    if not isinstance(original, int) or not 0 < original < 2**31:
+        raise ValueError(f"original_max_position_embeddings {original!r}")
+    factor = float(rope.get("factor") or config["max_position_embeddings"] / original)
+    if not (math.isfinite(factor) and factor > 0):
+        raise ValueError(f"YaRN factor {factor} must be positive")
+
+    def mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    attention = rope.get("attention_factor")
+    if attention is None:
+        m, m_all = rope.get("mscale"), rope.get("mscale_all_dim")
+        attention = mscale(factor, m) / mscale(factor, m_all) if m and m_all else mscale(factor)
+    return {"rope_type": "yarn", "factor": factor, "original_max_position_embeddings": original,
+            "beta_fast": float(rope.get("beta_fast") or 32), "beta_slow":
+            float(rope.get("beta_slow") or 1), "truncate": bool(rope.get("truncate", True)),
+            "attention_factor": float(attention)}  # fmt: skip
+
+
+def _layer_types(config: dict[str, Any]) -> tuple[int, ...]:
+    """The global layers of a model whose `layer_types` name each layer's attention (gpt-oss's
+    every other); the rest attend within `sliding_window`."""
+    n, types = config["num_hidden_layers"], config.get("layer_types")
+    if types is None:
+        return ()
+    if (
+        not isinstance(n, int)
+        or len(types) != n
+        or not set(types) <= {"full_attention", "sliding_attention"}
+    ):
+        raise ValueError(f"layer_types must name {n} full_attention / sliding_attention layers")
+    return tuple(i for i, t in enumerate(types) if t == "full_attention")
 
 
 def _gemma_layers(
@@ -362,7 +431,7 @@ def _experts(config: dict[str, Any], arch: str) -> dict[str, Any]:
     """The expert fields: Mixtral's every layer routes through experts of `intermediate_size`,
     renormalizing the chosen; Qwen3-MoE's every `decoder_sparse_step`-th layer but those in
     `mlp_only_layers`, experts of `moe_intermediate_size`."""
-    if arch == "mixtral":
+    if arch in ("mixtral", "gpt_oss"):  # (gpt-oss's softmax over the chosen renormalizes)
         config = {**config, "moe_intermediate_size": config["intermediate_size"],
                   "norm_topk_prob": True, "decoder_sparse_step": 1,
                   "mlp_only_layers": []}  # fmt: skip

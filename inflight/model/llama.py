@@ -34,8 +34,8 @@ def decode_rows(meta: Any) -> Decodes:
 
 
 def rope_inv_freq(cfg: LlamaArchConfig, local: bool = False, long: bool = False) -> torch.Tensor:
-    """Inverse frequencies [rope_dim / 2], with llama3, linear or LongRoPE scaling applied (its
-    long factors with `long`); `local`: those of the sliding-window layers where their base
+    """Inverse frequencies [rope_dim / 2], with llama3, linear, YaRN or LongRoPE scaling applied
+    (its long factors with `long`); `local`: those of the sliding-window layers where their base
     differs (`local_rope_theta`, never scaled)."""
     d = cfg.rope_dim
     # NOTE: float32 throughout, exactly as transformers computes it, for token-level parity.
@@ -51,6 +51,8 @@ def rope_inv_freq(cfg: LlamaArchConfig, local: bool = False, long: bool = False)
         factors = cfg.rope_long_factors if long else cfg.rope_freq_factors
         divisors = torch.tensor(factors, dtype=torch.float32, device="cpu")
         return 1.0 / (divisors * cfg.rope_theta**exponents)
+    if kind == "yarn":
+        return _yarn_inv_freq(cfg.rope_theta, d, scaling)
     inv_freq = 1.0 / (cfg.rope_theta**exponents)
     if kind == "linear":
         inv_freq = inv_freq / scaling["factor"]
@@ -67,6 +69,29 @@ def rope_inv_freq(cfg: LlamaArchConfig, local: bool = False, long: bool = False)
     if cfg.rope_freq_factors is not None:
         inv_freq = inv_freq / torch.tensor(cfg.rope_freq_factors, dtype=torch.float32, device="cpu")
     return inv_freq
+
+
+def _yarn_inv_freq(base: float, d: int, scaling: dict[str, Any]) -> torch.Tensor:
+    """YaRN: each frequency between its extrapolated (as trained) and interpolated (divided by
+    `factor`) value, by a linear ramp over the dimensions whose wavelengths fit between
+    `beta_fast` and `beta_slow` rotations of the original context (transformers' arithmetic,
+    for its roundings)."""
+    factor, original = scaling["factor"], scaling["original_max_position_embeddings"]
+
+    def dimension(rotations: float) -> float:
+        return (d * math.log(original / (rotations * 2 * math.pi))) / (2 * math.log(base))
+
+    low, high = dimension(scaling["beta_fast"]), dimension(scaling["beta_slow"])
+    if scaling["truncate"]:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, d - 1)
+    if low == high:
+        high += 0.001  # (no zero width)
+    ramp = (torch.arange(d // 2, dtype=torch.float32, device="cpu") - low) / (high - low)
+    extrapolation = 1 - ramp.clamp(0, 1)
+    pos_freqs = base ** (torch.arange(0, d, 2, device="cpu").to(torch.float) / d)
+    extrapolated, interpolated = 1.0 / pos_freqs, 1.0 / (factor * pos_freqs)
+    return interpolated * (1 - extrapolation) + extrapolated * extrapolation
 
 
 def _rotation(
@@ -124,7 +149,10 @@ class DecoderLayer(nn.Module):
         self.split = (q_size, kv_size, kv_size)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.qkv_proj = nn.Linear(cfg.hidden_size, q_size + 2 * kv_size, bias=cfg.qkv_bias)
-        self.o_proj = nn.Linear(q_size, cfg.hidden_size, bias=False)
+        self.o_proj = nn.Linear(q_size, cfg.hidden_size, bias=cfg.o_bias)
+        # gpt-oss's learned logit per head in each softmax's denominator; None: no sink
+        self.sinks = (nn.Parameter(torch.zeros(cfg.num_heads), requires_grad=False)
+                      if cfg.attention_sinks else None)  # fmt: skip
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
@@ -163,6 +191,7 @@ class DecoderLayer(nn.Module):
             self.window,
             self.scale,
             self.softcap,
+            self.sinks,
         )  # [T, H, D]
         x = apply_linear(self.o_proj, attn.reshape(t, -1), decodes)
         after_attention, after_mlp = self.output_norms or (None, None)

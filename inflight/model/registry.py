@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from inflight.model.arch import LlamaArchConfig
 from inflight.model.gemma import Gemma2Model, Gemma3Model
+from inflight.model.gpt_oss import GptOssModel
 from inflight.model.llama import LlamaModel
 from inflight.model.moe import MixtralModel, Qwen3MoeModel
 from inflight.model.phi3 import Phi3Model
@@ -23,6 +24,7 @@ MODEL_CLASSES: dict[str, type[LlamaModel]] = {
     "phi3": Phi3Model,
     "gemma2": Gemma2Model,
     "gemma3": Gemma3Model,
+    "gpt_oss": GptOssModel,
 }
 
 

@@ -276,23 +276,23 @@ def test_fairness_runs_the_steady_tenant_alone_then_beside_a_flood(tiny_llama, t
 
 
 @pytest.mark.slow
-def test_slo_measures_both_servers_and_the_simulator_predicts_them(tiny_llama, tmp_path):
-    """The capacity burst, then the same arrivals through a server without targets and one with
-    SLO admission (a TTFT target nothing meets: refusals), every request accounted for, and the
+def test_slo_measures_both_runs_and_the_simulator_predicts_them(tiny_llama, tmp_path):
+    """The capacity burst, then the same arrivals through the server without targets and with
+    them (a TTFT target nothing meets: refusals), every request accounted for, and the
     simulator's goodput beside each."""
     out = tmp_path / "slo"
     # (`edit`: every prompt and its output fit the tiny model's 512 positions)
-    code = main(["bench", "slo", str(tiny_llama), "--workload", "edit", "--duration", "2",
+    code = main(["bench", "slo", str(tiny_llama), "--workload", "edit", "--duration", "1",
                  "--burst-requests", "4", "--slo", "ttft=0.0001,tpot=10", "--out", str(out),
                  *TINY])  # fmt: skip
     assert code == 0
     report = json.loads((out / "slo.json").read_text())
-    fcfs, slo = report["runs"]
+    plain, slo = report["runs"]
     assert report["offered_req_s"] > 0 and report["capacity_req_s"] > 0
-    for run in (fcfs, slo):
+    for run in (plain, slo):
         assert run["requests"] == run["served"] + run["refused"] + run["errors"] > 0
         assert run["errors"] == 0 and "goodput_req_s" in run["simulated"]
-    assert fcfs["refused"] == 0 and slo["refused"] > 0
+    assert plain["refused"] == 0 and slo["refused"] > 0
     assert slo["refusal_max_ms"] > 0 and slo["simulated"]["refused"] > 0
     assert (out / "slo.png").read_bytes()[:4] == b"\x89PNG"
 

@@ -202,3 +202,21 @@ def test_bad_targets_are_refused(bad) -> None:
         SLOTarget(ttft_s=bad)
     with pytest.raises(ConfigError, match="slo_tpot"):
         SchedulerConfig(slo_tpot=bad)
+
+
+def test_a_first_token_past_the_forecasts_reach_is_a_miss_whatever_the_target() -> None:
+    """The forecast runs on the server's event loop, so it plays a bounded number of steps: a
+    request behind more prompt steps than that is refused (Retry-After 60), even with a day's
+    target, rather than holding the loop."""
+    from inflight.core.slo import MAX_FORECAST_STEPS, QueueState, Work
+
+    waiting = tuple(Work(2048, 1) for _ in range(MAX_FORECAST_STEPS + 10))  # a step each
+    state = QueueState(t=0.0, running=(), waiting=waiting, line=(0.001, 0.0), max_num_seqs=64,
+                       token_budget=2048, chunk_limit=2048, policy="fcfs", num_added=0,
+                       mean_output=1.0)  # fmt: skip
+    assert forecast_ttft(state, Work(10, 1), 0.0) == math.inf
+    request = make_request("patient", 10, 1)
+    request.slo = SLOTarget(ttft_s=86_400.0)
+    with pytest.raises(SLOUnmetError) as refused:
+        check_slo(state, [request], 0.0, SchedulerConfig(max_model_len=4096))
+    assert refused.value.retry_after == 60

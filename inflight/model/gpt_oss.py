@@ -1,0 +1,89 @@
+"""gpt-oss (`GptOssForCausalLM`), from HF folders: the Llama layer with three differences.
+
+- **Attention**: q/k/v and output projections with biases, every other layer banded to
+  `sliding_window` positions (`layer_types`), YaRN RoPE, and a learned sink logit per head in
+  each softmax's denominator (`DecoderLayer.sinks`; only the PyTorch reference attention takes
+  it, so the loader gives this family that backend).
+- **Router**: a biased linear whose best `experts_per_token` logits are softmaxed among
+  themselves (the others' softmax weight is 0, not renormalized from a softmax over all).
+- **Experts**: biased, each gate a clamped SwiGLU, `(clamp(up, +-limit) + 1) * g * sigmoid(alpha
+  g)` with `g = min(gate, limit)`.
+
+Checkpoints stack the experts: `mlp.experts.gate_up_proj` [E, hidden, 2I] with gate and up
+columns interleaved, `down_proj` [E, I, hidden], each with a bias per expert; they load as one
+`gate_up_proj` linear per expert, gate rows first, as the other expert families' do.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Iterator
+
+import torch
+from torch import nn
+
+from inflight.attention import AttentionBackend
+from inflight.model.arch import LlamaArchConfig
+from inflight.model.layer_ops import TorchLayerOps
+from inflight.model.moe import MoEDecoderLayer, _MoEModel
+from inflight.model.packed_linear import Decodes, apply_linear
+
+
+class GptOssDecoderLayer(MoEDecoderLayer):
+    def __init__(
+        self, cfg: LlamaArchConfig, attn: AttentionBackend, ops: TorchLayerOps, index: int
+    ) -> None:
+        super().__init__(cfg, attn, ops, index)
+        assert cfg.swiglu_limit is not None, "gpt-oss's experts clamp their gates"
+        self.limit, self.alpha = cfg.swiglu_limit, cfg.swiglu_alpha
+        self.gate = nn.Linear(cfg.hidden_size, cfg.num_experts, bias=True)
+        for expert in self.experts:
+            hidden, inter = cfg.hidden_size, cfg.expert_intermediate_size
+            expert.gate_up_proj = nn.Linear(hidden, 2 * inter, bias=True)
+            expert.down_proj = nn.Linear(inter, hidden, bias=True)
+
+    def mlp(self, x: torch.Tensor, decodes: Decodes) -> torch.Tensor:
+        logits = apply_linear(self.gate, x, decodes)  # [T, E]
+        best, chosen = torch.topk(logits, self.top_k, dim=-1)  # [T, k]
+        weights = torch.softmax(best, dim=-1, dtype=best.dtype)
+        out = torch.zeros_like(x)
+        routed = nn.functional.one_hot(chosen, num_classes=len(self.experts)).permute(2, 1, 0)
+        for e in routed.sum(dim=(1, 2)).nonzero().flatten().tolist():
+            rank, rows = torch.where(routed[e])
+            expert = self.experts[e]
+            gate_up = apply_linear(expert.gate_up_proj, x[rows], False)
+            gate, up = gate_up.chunk(2, dim=-1)
+            gate, up = gate.clamp(max=self.limit), up.clamp(-self.limit, self.limit)
+            h = (up + 1) * (gate * torch.sigmoid(gate * self.alpha))
+            h = apply_linear(expert.down_proj, h, False) * weights[rows, rank, None]
+            out.index_add_(0, rows, h.to(out.dtype))
+        return out
+
+
+class GptOssModel(_MoEModel):
+    layer_class = GptOssDecoderLayer
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        super().load_weights(_per_expert(weights))
+
+
+_STACKED = re.compile(r"(.*\.mlp\.experts)\.(gate_up_proj|down_proj)(_bias)?")
+
+
+def _per_expert(weights: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+    """gpt-oss's names and stacked experts as the expert families load them: the router as
+    `mlp.gate`, and each expert's `gate_up_proj` (gate rows, then up rows, de-interleaved and
+    transposed to [out, in]) and `down_proj`, weight and bias."""
+    for name, tensor in weights:
+        name = name.replace(".mlp.router.", ".mlp.gate.")
+        match = _STACKED.fullmatch(name)
+        if match is None:
+            yield name, tensor
+            continue
+        prefix, projection, bias = match.groups()
+        for e, stacked in enumerate(tensor):
+            part = stacked if bias else stacked.t()  # [out] or [out, in]
+            if projection == "gate_up_proj":  # columns interleaved: gate, up, gate, up, ...
+                part = torch.cat([part[0::2], part[1::2]])
+            kind = "bias" if bias else "weight"
+            yield f"{prefix}.{e}.{projection}.{kind}", part.contiguous()
