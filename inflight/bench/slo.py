@@ -140,6 +140,7 @@ def summarize_run(name: str, outcomes: list[Outcome], wall: float, ttft: float,
         "wall_s": round(wall, 2), "goodput_req_s": round(len(met) / wall, 4),
         "ttft_p50_s": _percentile(ttfts, 0.5), "ttft_p99_s": _percentile(ttfts, 0.99),
         "tpot_p50_s": _percentile([o.tpot for o in served if o.tpot is not None], 0.5),
+        "refusal_p50_ms": _percentile([o.e2e * 1e3 for o in refused if o.e2e is not None], 0.5),
         "refusal_p99_ms": _percentile([o.e2e * 1e3 for o in refused if o.e2e is not None], 0.99),
         "refusal_max_ms": _percentile([o.e2e * 1e3 for o in refused if o.e2e is not None], 1.0),
     }  # fmt: skip
@@ -262,7 +263,7 @@ def summary(report: dict[str, Any]) -> str:
         f"{report['duration_s']:g} s; targets TTFT {t['ttft_s']:g} s, TPOT {t['tpot_s']:g} s.",
         "",
         "| run | served | refused | met targets | goodput req/s (simulated) | TTFT p50 / p99 s "
-        "| TPOT p50 s | refusal p99 / max ms |",
+        "| TPOT p50 s | refusal p50 / p99 / max ms |",
         "|---|---|---|---|---|---|---|---|",
     ]  # fmt: skip
     for r in report["runs"]:
@@ -270,7 +271,8 @@ def summary(report: dict[str, Any]) -> str:
         lines.append(
             f"| {r['run']} | {r['served']} | {r['refused']} | {r['met']} | {r['goodput_req_s']} "
             f"({sim}) | {r['ttft_p50_s']} / {r['ttft_p99_s']} | {r['tpot_p50_s']} | "
-            f"{r['refusal_p99_ms'] or '-'} / {r['refusal_max_ms'] or '-'} |"
+            f"{r['refusal_p50_ms'] or '-'} / {r['refusal_p99_ms'] or '-'} / "
+            f"{r['refusal_max_ms'] or '-'} |"
         )
     lines += ["", f"Goodput, SLO admission / no targets: **{report['goodput_ratio']}x**."]
     fit = report.get("offline_fit_run")

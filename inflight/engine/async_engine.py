@@ -328,7 +328,17 @@ class AsyncLLM(FrontEnd):
         in order) would miss its TTFT target: from the queue the engine thread last published
         and what was submitted since, on this thread, so the refusal never waits for a step.
         Until the engine thread has published a queue, everything is admitted."""
-        requests = [c for _, children in processed for c in children]
+        self._check_slo([c for _, children in processed for c in children])
+
+    def check_queue_slo(self, slo: SLOTarget) -> None:
+        """Before tokenizing: raises SLOUnmetError when even a one-token prompt with these
+        targets (the engine's where unset) would miss its TTFT target behind the queue, so that
+        under overload a refusal costs no tokenizing (a longer prompt only comes later)."""
+        probe = Request("slo-probe", [0], SamplingParams(max_tokens=1),
+                        slo=slo.over(self.config.scheduler.default_slo))  # fmt: skip
+        self._check_slo([probe])
+
+    def _check_slo(self, requests: list[Request]) -> None:
         if not self._wants_forecasts and any(r.slo.ttft_s is not None for r in requests):
             self._wants_forecasts = True  # the engine thread publishes the queue from now on
             self._engine_loop.put(Wake())

@@ -131,6 +131,10 @@ class EngineClient(FeedSource, Protocol):
         """Raises SLOUnmetError when SLO admission refuses one of these requests (before
         `submit`, so the refusal is a 429)."""
 
+    def check_queue_slo(self, slo: SLOTarget) -> None:
+        """Raises SLOUnmetError, before tokenizing, when the queue alone would make a request
+        with these targets miss its TTFT one."""
+
     def submit(self, processed: Processed) -> AsyncGenerator[RequestOutput, None]:
         """Queues the request; its stream of cumulative outputs. Closing it early aborts it."""
 

@@ -94,17 +94,19 @@ class OpenAIServing:
         Tokenizing runs on the engine's tokenizer thread, never on the event loop."""
 
         tenant = request_tenant(req.user)
+        slo = SLOTarget(req.slo_ttft, req.slo_tpot)
 
         def process_all():
             return [
                 self.engine.process(x, params, priority=req.priority, cache_salt=req.cache_salt,
                                     add_special_tokens=add_special_tokens, tenant=tenant,
-                                    slo=SLOTarget(req.slo_ttft, req.slo_tpot))
+                                    slo=slo)
                 for x in prompts
             ]  # fmt: skip
 
         # Refused before tokenizing too: under overload, 429s must cost next to nothing.
         self.engine.check_capacity(len(prompts) * params.n)
+        self.engine.check_queue_slo(slo)
         processed = await self.engine.run_tokenizer(process_all)
         self.engine.check_capacity(sum(len(children) for _, children in processed))
         self.engine.check_slo(processed)

@@ -91,12 +91,28 @@ def test_without_a_default_target_forecasts_start_with_the_first_request_that_se
     tiny_llama,
 ):
     """No queue is built for forecasts until a request brings a TTFT target (that one is
-    admitted unforecast); from then on the queue is published and a hopeless target refused."""
+    admitted unforecast unless the queue is published while it is tokenized); from then on the
+    queue is published and a hopeless target refused."""
     engine = AsyncLLM(str(tiny_llama), dtype="float32", max_model_len=128, num_kv_blocks=64)
     with LiveServer(engine, served_model_name="tiny") as s:
         assert complete(s).status_code == 200
         s.wait_idle()
         assert engine._queue_state is None  # nobody asked for a target yet
-        assert complete(s, slo_ttft=1e-9).status_code == 200
+        assert complete(s, slo_ttft=1e-9).status_code in (200, 429)
         s.wait_idle()
+        assert engine._queue_state is not None
         assert complete(s, slo_ttft=1e-9).status_code == 429
+
+
+def test_a_queue_that_alone_misses_the_target_is_refused_before_tokenizing(server, monkeypatch):
+    """Under overload a refusal must cost next to nothing: when even a one-token prompt would
+    miss its target behind the queue, the prompt is never tokenized."""
+    assert complete(server).status_code == 200  # the step cost is fitted
+    server.wait_idle()
+
+    async def never(*args):
+        raise AssertionError("tokenized a request the queue already refused")
+
+    monkeypatch.setattr(server.engine, "run_tokenizer", never)
+    r = complete(server, slo_ttft=1e-9)
+    assert r.status_code == 429 and r.json()["error"]["code"] == "slo_unmet"

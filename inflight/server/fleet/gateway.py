@@ -205,6 +205,9 @@ class RemoteEngine:
         """SLO admission is each engine's, on its own queue; through replicas nothing is
         refused for a forecast (the router would need every replica's queue)."""
 
+    def check_queue_slo(self, slo: SLOTarget) -> None:
+        """As `check_slo`: nothing refused through replicas."""
+
     def submit(
         self, processed: tuple[ParentRequest, list[Request]]
     ) -> AsyncGenerator[RequestOutput, None]:
