@@ -11,11 +11,11 @@ admission, measured over HTTP and predicted by the simulator.
    set them). Each run's prompts carry a `cache_salt` of their own, so no run reuses another's
    cached prefixes. Goodput is the requests that met both targets (TTFT and mean TPOT, measured
    at the client) per second of the run; a refusal (429) is timed from send to answer.
-3. The engine runs the same arrivals offline (`LLM`, in real time, no targets), a step-cost
-   line is fitted to its steps (`sim/calibrate.fit_line`: seconds on tokens and sequences), and
-   the simulator runs both configurations on those arrivals with the same scheduler and
-   admission code: its goodput is set beside the measured. The run without targets is the one
-   it was fitted to; the run with SLO admission is a prediction.
+3. While the burst ran, a dashboard watched the server: its own step records (the belt) give a
+   step-cost line (`sim/calibrate.fit_line`: seconds on tokens and sequences), and the
+   simulator runs both configurations on the Poisson arrivals with the same scheduler and
+   admission code, the server's pool and context: its goodput, a prediction for both runs (it
+   was fitted to neither), is set beside the measured.
 
 Results: slo.json, summary.md and slo.png (goodput measured and simulated, per configuration).
 """
@@ -23,8 +23,6 @@ Results: slo.json, summary.md and slo.png (goodput measured and simulated, per c
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import gc
 import json
 import logging
 import sys
@@ -36,6 +34,7 @@ from typing import Any
 import httpx
 
 from inflight.bench.server_peers import free_port, serve_flags, start_server, stop_server
+from inflight.metrics.stats import StepStats
 from inflight.workload.requests import WorkloadRequest, named
 
 logger = logging.getLogger("inflight.bench")
@@ -158,40 +157,69 @@ def _with_server(knobs: dict[str, Any], model: str | None, fn: Any) -> Any:
         stop_server(proc)
 
 
-def predict(knobs: dict[str, Any], workload: list[WorkloadRequest],
-            runs: dict[str, dict[str, Any]], ttft: float,
-            tpot: float) -> dict[str, dict[str, Any]]:  # fmt: skip
-    """The simulator's goodput for each run (its knobs), its step cost a line fitted to an
-    offline run of the workload on this CPU."""
-    from inflight.bench.offline import run_offline
-    from inflight.engine.llm import LLM
-    from inflight.sim.calibrate import fit_line
-    from inflight.sim.hardware import measure_local
-    from inflight.sim.simulator import setup_like_engine, simulate
+async def _watched(url: str, workload: list[WorkloadRequest], extra: dict[str, Any],
+                   ) -> tuple[list[Outcome], list[list[float]]]:  # fmt: skip
+    """The workload through the server while a dashboard watches it: the outcomes, and the
+    server's own step records meanwhile (its belt rows: t, step ms, prompt tokens, decode
+    tokens, sequences, KV usage)."""
+    rows: list[list[float]] = []
+    done = asyncio.Event()
 
-    plain = {k: v for k, v in knobs.items() if not k.startswith("slo_")}
-    llm = LLM(**plain)
-    fit_run = run_offline(llm, workload, "calibration")
-    base = setup_like_engine(measure_local(), llm.core, plain)
-    del llm
-    gc.collect()
-    line = fit_line(fit_run.timeline)
+    async def watch() -> None:
+        async with httpx.AsyncClient(timeout=None) as client, client.stream(
+            "GET", f"{url}/dashboard/events") as resp:  # fmt: skip
+            async for line in resp.aiter_lines():
+                if line.startswith("data: "):
+                    rows.extend(json.loads(line[6:]).get("steps", []))
+                if done.is_set():
+                    return
+
+    watcher = asyncio.create_task(watch())
+    await asyncio.sleep(0.5)  # connected: every step of the run is on its belt
+    outcomes, _ = await _load(url, workload, extra)
+    await asyncio.sleep(1.0)  # the last steps' update (4 a second)
+    done.set()
+    await asyncio.wait_for(watcher, 10)
+    return outcomes, rows
+
+
+def steps_of(rows: list[list[float]]) -> list[StepStats]:
+    """Belt rows as step records for `fit_line`: a step is busy (timed to the next step's end)
+    where the next one followed within 20 ms of its own duration, and idle otherwise."""
+    steps = []
+    for i, (t, ms, prompt, decode, seqs, _) in enumerate(rows):
+        after = rows[i + 1] if i + 1 < len(rows) else None
+        busy = after is not None and after[0] - t - after[1] / 1e3 < 0.02
+        steps.append(StepStats(t=t, duration_s=ms / 1e3, num_batched_tokens=int(prompt + decode),
+                               num_scheduled_seqs=int(seqs), num_running=int(busy)))  # fmt: skip
+    return steps
+
+
+def predict(knobs: dict[str, Any], workload: list[WorkloadRequest],
+            runs: dict[str, dict[str, Any]], ttft: float, tpot: float,
+            burst_rows: list[list[float]], served: dict[str, str]) -> dict[str, Any]:  # fmt: skip
+    """The simulator's goodput for each run (its knobs), on a step-cost line fitted to the
+    server's own steps during the capacity burst, with the server's pool and context."""
+    from inflight.sim.calibrate import fit_line
+    from inflight.sim.hardware import HardwareProfile
+    from inflight.sim.model_profile import load_model_profile
+    from inflight.sim.simulator import ENGINE_ONLY_KNOBS, build_setup, simulate
+
+    line = fit_line(steps_of(burst_rows))
     logger.info("step cost: %.1f ms + %.3f ms/token + %.3f ms/sequence", line.base_s * 1e3,
                 line.per_token_s * 1e3, line.per_seq_s * 1e3)  # fmt: skip
-    fit_met = [
-        r
-        for r in fit_run.requests
-        if r.ttft is not None and r.ttft <= ttft and (r.tpot is None or r.tpot <= tpot)
-    ]
-    predicted: dict[str, dict[str, Any]] = {"offline engine, no targets (fitted)": {
-        "goodput_req_s": round(len(fit_met) / fit_run.wall_s, 4), "met": len(fit_met),
-        "wall_s": round(fit_run.wall_s, 2),
-        "line_ms": [round(v * 1e3, 4) for v in (line.base_s, line.per_token_s, line.per_seq_s)],
-    }}  # fmt: skip
+    sim_knobs = {k: v for k, v in knobs.items() if k not in ENGINE_ONLY_KNOBS}
+    sim_knobs |= {"num_kv_blocks": int(served["num_kv_blocks"]),
+                  "max_model_len": int(served["max_model_len"])}  # fmt: skip
+    model = load_model_profile(knobs.get("model"), "fp32", "fp32")
+    predicted: dict[str, Any] = {"line_ms": [round(v * 1e3, 4) for v in (
+        line.base_s, line.per_token_s, line.per_seq_s)], "steps": len(burst_rows)}  # fmt: skip
+    # a CPU whose steps cost what the line says (the profile's rates are not read)
+    cpu = HardwareProfile(name="this CPU", memory_bytes=2**40, memory_bw=1.0,
+                          flops={"fp32": 1.0, "bf16": 1.0}, host_link_bw=1.0,
+                          source="the server's own steps", is_cpu=True)  # fmt: skip
     for name, run_knobs in runs.items():
-        setup = dataclasses.replace(
-            base, scheduler=dataclasses.replace(base.scheduler, **run_knobs)
-        )
+        setup = build_setup(cpu, model, sim_knobs | run_knobs)
         result = simulate(setup, workload, name, cost_model=line)
         met = [r for r in result.requests
                if r.ttft <= ttft and (r.tpot is None or r.tpot <= tpot)]  # fmt: skip
@@ -199,6 +227,14 @@ def predict(knobs: dict[str, Any], workload: list[WorkloadRequest],
                            "refused": result.extra["refused"], "met": len(met),
                            "wall_s": round(result.wall_s, 2)}  # fmt: skip
     return predicted
+
+
+def _served_knobs(url: str) -> dict[str, str]:
+    """The knobs the server resolved (its pool, its context), from its /metrics info."""
+    from inflight.metrics.doctor import Snapshot
+
+    snap = Snapshot.parse(time.time(), httpx.get(url + "/metrics", timeout=30).text)
+    return dict(next(iter(snap.labelled("inflight_config_info"))))
 
 
 def run_slo_bench(args: Any, knobs: dict[str, Any], out: Path) -> dict[str, Any]:
@@ -213,7 +249,10 @@ def run_slo_bench(args: Any, knobs: dict[str, Any], out: Path) -> dict[str, Any]
     burst = named(args.workload, tokenizer, args.workload_seed, args.burst_requests, "all")
 
     def measure(url: str) -> tuple[float, list[WorkloadRequest], list[tuple[list[Outcome], float]]]:
-        capacity = saturated_rate(asyncio.run(_load(url, burst, {"cache_salt": "burst"}))[0])
+        outcomes, rows = asyncio.run(_watched(url, burst, {"cache_salt": "burst"}))
+        burst_rows[:] = rows
+        served.update(_served_knobs(url))
+        capacity = saturated_rate(outcomes)
         rate = args.load * capacity
         logger.info("capacity %.3f req/s; offering %.3f req/s for %g s", capacity, rate,
                     args.duration)  # fmt: skip
@@ -225,6 +264,8 @@ def run_slo_bench(args: Any, knobs: dict[str, Any], out: Path) -> dict[str, Any]
             asyncio.run(_load(url, workload, {"cache_salt": "targets", **targets})),
         ]  # fmt: skip
 
+    burst_rows: list[list[float]] = []
+    served: dict[str, str] = {}
     policy = {"scheduling_policy": args.policy}
     capacity, workload, ((plain_run, plain_wall), (slo_run, slo_wall)) = _with_server(
         plain | policy, model, measure
@@ -235,17 +276,17 @@ def run_slo_bench(args: Any, knobs: dict[str, Any], out: Path) -> dict[str, Any]
     slo_knobs = {"slo_ttft": ttft, "slo_tpot": tpot, **policy}
     predicted = predict(knobs | plain, workload, {
         runs[0]["run"]: policy, runs[1]["run"]: slo_knobs,
-    }, ttft, tpot) if args.simulate else {}  # fmt: skip
+    }, ttft, tpot, burst_rows, served) if args.simulate else {}  # fmt: skip
     for run in runs:
         if run["run"] in predicted:
             run["simulated"] = predicted[run["run"]]
-    fitted = predicted.get("offline engine, no targets (fitted)")
+    fitted = {k: predicted[k] for k in ("line_ms", "steps") if k in predicted}
     rate = len(workload) / args.duration
     report = {"model": str(model or "default"), "workload": args.workload,
               "targets": {"ttft_s": ttft, "tpot_s": tpot}, "capacity_req_s": round(capacity, 4),
               "load": args.load, "offered_req_s": round(rate, 4), "duration_s": args.duration,
               "knobs": {k: str(v) for k, v in plain.items()}, "runs": runs,
-              "offline_fit_run": fitted,
+              "step_line": fitted,
               "goodput_ratio": round(runs[1]["goodput_req_s"]
                                      / max(runs[0]["goodput_req_s"], 1e-9), 2)}  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)
@@ -275,12 +316,12 @@ def summary(report: dict[str, Any]) -> str:
             f"{r['refusal_max_ms'] or '-'} |"
         )
     lines += ["", f"Goodput, SLO admission / no targets: **{report['goodput_ratio']}x**."]
-    fit = report.get("offline_fit_run")
+    fit = report.get("step_line")
     if fit:
         base, per_token, per_seq = fit["line_ms"]
-        lines += ["", f"The simulator's step cost, fitted to the engine run offline on the same "
-                  f"arrivals without targets (goodput {fit['goodput_req_s']} req/s there): "
-                  f"{base} ms + {per_token} ms a token + {per_seq} ms a sequence."]  # fmt: skip
+        lines += ["", f"The simulator's step cost, fitted to the server's {fit['steps']} steps "
+                  f"of the capacity burst: {base} ms + {per_token} ms a token + {per_seq} ms a "
+                  "sequence."]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
