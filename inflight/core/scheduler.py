@@ -7,7 +7,9 @@ the newest running request is preempted by recompute (blocks freed, progress res
 at the head) or, in swap mode, by swapping its blocks to CPU memory, and nobody new is admitted
 that step. Otherwise waiting requests are admitted while seats (`max_num_seqs`), budget and
 blocks last. Whether the blocks let a request in is the admission module's answer
-(`admission.py`: on demand, reserve, predictive); the queue order is `policy.py`'s.
+(`admission.py`: on demand, reserve, predictive); the queue order is `policy.py`'s. Where
+running requests have a TPOT target, a step's tokens are capped so their decodes keep it
+(`slo.py`); `queue_state` is the queue as SLO admission's forecasts read it.
 
 A waiting request starts from the longest prefix of its tokens found in the prefix cache. With
 speculation on, a decode may carry draft tokens (`speculation.py`) within the budget that later
