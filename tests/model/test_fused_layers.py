@@ -35,6 +35,8 @@ def _run(llm: LLM, prompts, max_tokens):
 def test_fused_layers_match_the_python_loop_bit_for_bit(
     tiny_model_factory, arch, dtype, plain, monkeypatch
 ):
+    if arch in ("qwen3_moe", "mixtral", "gpt_oss") and (dtype, plain) != ("float32", False):
+        pytest.skip("routed in Python whatever the dtype: the float32 case shows it")
     # steps of at most 4 rows take inflight's bf16 linear kernel, larger ones oneDNN: both paths
     monkeypatch.setattr(packed_linear, "SMALL_BATCH_ROWS", 4)
     if plain:  # what a CPU without oneDNN gets: nn.Linear's weights as they are
