@@ -24,7 +24,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from inflight.config import SchedulerConfig
 from inflight.core.admission import make_admission
@@ -42,8 +42,10 @@ from inflight.core.slo import (
     MAX_FORECAST_WAITING,
     OutputLengths,
     QueueState,
+    check_slo,
     expected_work,
     met_target,
+    needs_forecast,
     tpot_token_cap,
 )
 from inflight.core.speculation import Speculation
@@ -220,6 +222,14 @@ class Scheduler:
             policy=cfg.scheduling_policy, num_added=self.num_added,
             mean_output=lengths.mean,
         )  # fmt: skip
+
+    def check_slo(self, requests: list[Request], now: float,
+                  pending: Iterable[Request] = ()) -> None:  # fmt: skip
+        """SLO admission on this scheduler's own queue (the offline engine, the simulator):
+        raises SLOUnmetError when one of `requests`, arriving at `now` behind `pending`, would
+        miss its TTFT target. The queue is read only where a request has a target to miss."""
+        if needs_forecast(requests, self.config):
+            check_slo(self.queue_state(), requests, now, self.config, pending)
 
     def make_stats(self, out: SchedulerOutput, num_sampled: int, duration_s: float) -> StepStats:
         """The record of the step `out` scheduled, after its update: gauges as they are now,

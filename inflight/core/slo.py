@@ -221,6 +221,12 @@ def refused_forecast(
     return predicted
 
 
+def needs_forecast(requests: Iterable[Request], config: SchedulerConfig) -> bool:
+    """Whether SLO admission could refuse any of `requests`: one has a TTFT target to miss
+    (only then is a queue worth reading)."""
+    return config.slo_admission == "refuse" and any(r.slo.ttft_s is not None for r in requests)
+
+
 def check_slo(
     state: QueueState, requests: Iterable[Request], now: float, config: SchedulerConfig,
     pending: Iterable[Request] = (),

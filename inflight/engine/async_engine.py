@@ -36,7 +36,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from inflight.core.outputs import EngineCoreOutput
-from inflight.core.slo import QueueState, check_slo
+from inflight.core.slo import QueueState, check_slo, needs_forecast
 from inflight.engine.engine_loop import (
     AddRequests,
     EngineLoop,
@@ -339,20 +339,24 @@ class AsyncLLM(FrontEnd):
         self._check_slo([probe])
 
     def _check_slo(self, requests: list[Request]) -> None:
-        if not self._wants_forecasts and any(r.slo.ttft_s is not None for r in requests):
+        if not self._wants_forecasts and needs_forecast(requests, self.config.scheduler):
             self._wants_forecasts = True  # the engine thread publishes the queue from now on
             self._engine_loop.put(Wake())
         state = self._queue_state
         if state is None:
             return
-        while self._unseen and self._unseen[0][0] < state.num_added:
-            self._unseen.popleft()
+        self._forget_unseen(state.num_added)
         try:
             check_slo(state, requests, time.monotonic(), self.config.scheduler,
                       [r for _, r in self._unseen])  # fmt: skip
         except SLOUnmetError:
             self._count_refusal("slo_unmet")
             raise
+
+    def _forget_unseen(self, num_added: int) -> None:
+        """Drops the submitted requests among the first `num_added` the core took in."""
+        while self._unseen and self._unseen[0][0] < num_added:
+            self._unseen.popleft()
 
     def submit(
         self, processed: tuple[ParentRequest, list[Request]]
@@ -367,8 +371,7 @@ class AsyncLLM(FrontEnd):
         self._streams[parent.request_id] = stream
         self.output_processor.register(parent, children)
         self._num_unfinished += len(children)
-        while self._unseen and self._unseen[0][0] < self._num_added:
-            self._unseen.popleft()
+        self._forget_unseen(self._num_added)
         for child in children:
             self._unseen.append((self._num_submitted, child))
             self._num_submitted += 1

@@ -12,7 +12,6 @@ from typing import Any, cast
 
 from tqdm.auto import tqdm
 
-from inflight.core.slo import check_slo
 from inflight.engine.frontend import FrontEnd, Message
 from inflight.engine.processor import ParentRequest, PromptInput
 from inflight.errors import InvalidRequestError
@@ -149,7 +148,7 @@ class LLM(FrontEnd):
             tenant=tenant, slo=slo,
         )  # fmt: skip
         scheduler = self.core.scheduler
-        check_slo(scheduler.queue_state(), children, scheduler.clock(), self.config.scheduler)
+        scheduler.check_slo(children, scheduler.clock())
         self._submit(parent, children)
         return parent.request_id
 

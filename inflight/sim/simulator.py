@@ -28,7 +28,6 @@ from inflight.core.kv_cache_manager import KVCacheManager
 from inflight.core.outputs import ModelRunnerOutput, SchedulerOutput
 from inflight.core.scheduler import Scheduler
 from inflight.core.sizing import plan_kv_pool
-from inflight.core.slo import check_slo
 from inflight.errors import ConfigError, SLOUnmetError
 from inflight.metrics.stats import StepStats, StepTotals
 from inflight.request import Request
@@ -248,9 +247,8 @@ class Simulation:
 
     def _admits(self, replica: _Replica, request: Request, now: float) -> bool:
         """SLO admission at the replica, as its server would decide it."""
-        scheduler = replica.scheduler
         try:
-            check_slo(scheduler.queue_state(), [request], now, scheduler.config, replica.inbox)
+            replica.scheduler.check_slo([request], now, replica.inbox)
         except SLOUnmetError:
             return False
         return True
