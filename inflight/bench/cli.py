@@ -330,30 +330,23 @@ def run_bench(args: argparse.Namespace, knobs: dict[str, Any]) -> int:
         from inflight.bench.soak import ok, run_soak
 
         summary = run_soak(args, dict(knobs), out)["summary"]
-        logger.info("results in %s", out)
-        print((out / "summary.md").read_text())
+        _show_summary(out)
         return 0 if ok(summary) else 1
     elif args.bench_command == "fairness":
         from inflight.bench.fairness import run_fairness
 
         run_fairness(args, dict(knobs), out)
-        logger.info("results in %s", out)
-        print((out / "summary.md").read_text())
-        return 0
+        return _show_summary(out)
     elif args.bench_command == "slo":
         from inflight.bench.slo import run_slo_bench
 
         run_slo_bench(args, dict(knobs), out)
-        logger.info("results in %s", out)
-        print((out / "summary.md").read_text())
-        return 0
+        return _show_summary(out)
     elif args.bench_command == "slowloris":
         from inflight.bench.edge import run_slowloris
 
         run_slowloris(args, dict(knobs), out)
-        logger.info("results in %s", out)
-        print((out / "summary.md").read_text())
-        return 0
+        return _show_summary(out)
     elif args.bench_command == "fleet":
         from inflight.bench.fleet import run_fleet
 
@@ -376,8 +369,7 @@ def run_bench(args: argparse.Namespace, knobs: dict[str, Any]) -> int:
         workload = load_workload(args, load_tokenizer(model))
         knobs = {k: v for k, v in knobs.items() if k != "model"}
         runs = run_memory(model, workload, knobs, args.llama_server, out)
-        logger.info("results in %s", out)
-        print((out / "summary.md").read_text())
+        _show_summary(out)
         return 0 if all(r.error is None for r in runs) else 1
     elif args.bench_command == "agreement":
         from inflight.bench.agreement import run_agreement
@@ -397,9 +389,15 @@ def run_bench(args: argparse.Namespace, knobs: dict[str, Any]) -> int:
         except InflightError as e:
             logger.error("%s", e)
             return 2
+    _show_summary(out)
+    return 0 if all("error" not in r for r in report["runs"]) else 1
+
+
+def _show_summary(out: Path) -> int:
+    """Where the results are, and their summary.md on stdout (exit code 0)."""
     logger.info("results in %s", out)
     print((out / "summary.md").read_text())
-    return 0 if all("error" not in r for r in report["runs"]) else 1
+    return 0
 
 
 def write_profile(out: Path, steps: list, max_num_seqs: int) -> None:

@@ -11,7 +11,6 @@ tenant's TTFT percentiles per run.
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 import statistics
@@ -23,6 +22,7 @@ from typing import Any
 from inflight import LLM, SamplingParams
 from inflight.bench.slo import parse_targets
 from inflight.model.loader import LoadedModel
+from inflight.workload.report import write_mode_report
 
 logger = logging.getLogger("inflight.bench")
 
@@ -127,10 +127,7 @@ def run_fairness(args: Any, knobs: dict[str, Any], out: Path) -> dict[str, Any]:
               "runs": runs,
               "steady_p99_vs_alone": {r["run"]: round(r["ttft"]["steady"]["p99"] / alone, 2)
                                       for r in runs}}  # fmt: skip
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "fairness.json").write_text(json.dumps(report, indent=2) + "\n")
-    (out / "summary.md").write_text(summary(report))
-    plot(report, out / "fairness.png")
+    write_mode_report(out, "fairness", report, summary, plot)
     return report
 
 

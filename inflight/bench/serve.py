@@ -12,7 +12,9 @@ import argparse
 import asyncio
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -20,32 +22,59 @@ from inflight.workload.requests import WorkloadRequest, named
 from inflight.workload.results import RequestRecord, RunResult
 
 
-async def _one(
-    client: httpx.AsyncClient, url: str, model: str, r: WorkloadRequest, start: float
-) -> RequestRecord | None:
+@dataclass(frozen=True)
+class Outcome:
+    """One request as the client saw it."""
+
+    status: int  # HTTP status (0: the connection failed)
+    ttft: float | None = None  # send -> first text, s
+    e2e: float | None = None  # send -> last byte, s
+    output_tokens: int = 0
+    prompt_tokens: int = 0
+
+    @property
+    def record(self) -> RequestRecord:
+        return RequestRecord(self.prompt_tokens, self.output_tokens, self.ttft, self.e2e)
+
+    def met(self, ttft: float, tpot: float) -> bool:
+        return self.status == 200 and self.record.within(ttft, tpot)
+
+
+async def send_completion(client: httpx.AsyncClient, url: str, model: str, r: WorkloadRequest,
+                          start: float, extra: dict[str, Any]) -> Outcome:  # fmt: skip
+    """`r` at its arrival time as a streaming completion (its body with `extra`'s fields): TTFT
+    is the first chunk carrying text; an error chunk mid-stream counts as a 500."""
     await asyncio.sleep(max(0.0, r.arrival_time - (time.perf_counter() - start)))
     sent = time.perf_counter()
     body = {"model": model, "prompt": r.prompt_token_ids, "max_tokens": r.max_tokens,
             "temperature": 0, "ignore_eos": True, "stream": True,
-            "stream_options": {"include_usage": True}}  # fmt: skip
+            "stream_options": {"include_usage": True}, **extra}  # fmt: skip
     ttft, tokens = None, 0
     try:
         async with client.stream("POST", f"{url}/v1/completions", json=body) as resp:
             if resp.status_code != 200:
-                return None
+                await resp.aread()
+                return Outcome(resp.status_code, e2e=time.perf_counter() - sent)
             async for line in resp.aiter_lines():
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue
                 chunk = json.loads(line[6:])
                 if "error" in chunk:
-                    return None
+                    return Outcome(500, e2e=time.perf_counter() - sent)
                 if chunk.get("usage"):
                     tokens = chunk["usage"]["completion_tokens"]
                 elif ttft is None and any(c.get("text") for c in chunk.get("choices", [])):
                     ttft = time.perf_counter() - sent
     except httpx.HTTPError:
-        return None
-    return RequestRecord(len(r.prompt_token_ids), tokens, ttft, time.perf_counter() - sent)
+        return Outcome(0)
+    return Outcome(200, ttft, time.perf_counter() - sent, tokens, len(r.prompt_token_ids))
+
+
+async def _one(
+    client: httpx.AsyncClient, url: str, model: str, r: WorkloadRequest, start: float
+) -> RequestRecord | None:
+    o = await send_completion(client, url, model, r, start, {})
+    return o.record if o.status == 200 else None
 
 
 async def _watch_dashboard(url: str, api_key: str | None, stop: asyncio.Event) -> int:
@@ -94,8 +123,7 @@ async def run_rate(
     stop.set()
     dashboard_bytes = sum(await asyncio.gather(*watchers))
     records = [r for r in results if r is not None]
-    good = [r for r in records if r.ttft is not None and r.ttft <= slo_ttft
-            and (r.tpot is None or r.tpot <= slo_tpot)]  # fmt: skip
+    good = [r for r in records if r.within(slo_ttft, slo_tpot)]
     extra = {"errors": len(results) - len(records), "goodput_req_per_s": round(len(good) / wall, 3),
              "slo": {"ttft_s": slo_ttft, "tpot_s": slo_tpot}, "dashboards": dashboards,
              "dashboard_mb_per_s": round(dashboard_bytes / wall / 1e6, 3)}  # fmt: skip

@@ -27,37 +27,18 @@ import json
 import logging
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from inflight.bench.serve import Outcome, send_completion
 from inflight.bench.server_peers import free_port, serve_flags, start_server, stop_server
 from inflight.metrics.stats import StepStats
+from inflight.workload.report import write_mode_report
 from inflight.workload.requests import WorkloadRequest, named
 
 logger = logging.getLogger("inflight.bench")
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """One request as the client saw it."""
-
-    status: int  # HTTP status (0: the connection failed)
-    ttft: float | None = None  # send -> first text, s
-    e2e: float | None = None  # send -> last byte, s
-    output_tokens: int = 0
-
-    @property
-    def tpot(self) -> float | None:
-        if self.ttft is None or self.e2e is None or self.output_tokens < 2:
-            return None
-        return (self.e2e - self.ttft) / (self.output_tokens - 1)
-
-    def met(self, ttft: float, tpot: float) -> bool:
-        return (self.status == 200 and self.ttft is not None and self.ttft <= ttft
-                and (self.tpot is None or self.tpot <= tpot))  # fmt: skip
 
 
 def parse_targets(text: str) -> tuple[float, float]:
@@ -71,39 +52,15 @@ def parse_targets(text: str) -> tuple[float, float]:
     return values["ttft"], values["tpot"]
 
 
-async def _send(client: httpx.AsyncClient, url: str, r: WorkloadRequest, start: float,
-                extra: dict[str, Any]) -> Outcome:  # fmt: skip
-    await asyncio.sleep(max(0.0, r.arrival_time - (time.perf_counter() - start)))
-    sent = time.perf_counter()
-    body = {"model": "bench", "prompt": r.prompt_token_ids, "max_tokens": r.max_tokens,
-            "temperature": 0, "ignore_eos": True, "stream": True,
-            "stream_options": {"include_usage": True}, **extra}  # fmt: skip
-    ttft, tokens = None, 0
-    try:
-        async with client.stream("POST", f"{url}/v1/completions", json=body) as resp:
-            if resp.status_code != 200:
-                await resp.aread()
-                return Outcome(resp.status_code, e2e=time.perf_counter() - sent)
-            async for line in resp.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                chunk = json.loads(line[6:])
-                if chunk.get("usage"):
-                    tokens = chunk["usage"]["completion_tokens"]
-                elif ttft is None and any(c.get("text") for c in chunk.get("choices", [])):
-                    ttft = time.perf_counter() - sent
-    except httpx.HTTPError:
-        return Outcome(0)
-    return Outcome(200, ttft, time.perf_counter() - sent, tokens)
-
-
 async def _load(url: str, workload: list[WorkloadRequest],
                 extra: dict[str, Any]) -> tuple[list[Outcome], float]:  # fmt: skip
     """The workload at its arrival times, each body with `extra`'s fields."""
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     async with httpx.AsyncClient(timeout=None, limits=limits) as client:
         start = time.perf_counter()
-        outcomes = await asyncio.gather(*(_send(client, url, r, start, extra) for r in workload))
+        outcomes = await asyncio.gather(
+            *(send_completion(client, url, "bench", r, start, extra) for r in workload)
+        )
         return list(outcomes), time.perf_counter() - start
 
 
@@ -138,7 +95,7 @@ def summarize_run(name: str, outcomes: list[Outcome], wall: float, ttft: float,
         "errors": len(outcomes) - len(served) - len(refused), "met": len(met),
         "wall_s": round(wall, 2), "goodput_req_s": round(len(met) / wall, 4),
         "ttft_p50_s": _percentile(ttfts, 0.5), "ttft_p99_s": _percentile(ttfts, 0.99),
-        "tpot_p50_s": _percentile([o.tpot for o in served if o.tpot is not None], 0.5),
+        "tpot_p50_s": _percentile([t for o in served if (t := o.record.tpot) is not None], 0.5),
         "refusal_p50_ms": _percentile([o.e2e * 1e3 for o in refused if o.e2e is not None], 0.5),
         "refusal_p99_ms": _percentile([o.e2e * 1e3 for o in refused if o.e2e is not None], 0.99),
         "refusal_max_ms": _percentile([o.e2e * 1e3 for o in refused if o.e2e is not None], 1.0),
@@ -221,8 +178,7 @@ def predict(knobs: dict[str, Any], workload: list[WorkloadRequest],
     for name, run_knobs in runs.items():
         setup = build_setup(cpu, model, sim_knobs | run_knobs)
         result = simulate(setup, workload, name, cost_model=line)
-        met = [r for r in result.requests
-               if r.ttft <= ttft and (r.tpot is None or r.tpot <= tpot)]  # fmt: skip
+        met = [r for r in result.requests if r.within(ttft, tpot)]
         predicted[name] = {"goodput_req_s": round(len(met) / result.wall_s, 4),
                            "refused": result.extra["refused"], "met": len(met),
                            "wall_s": round(result.wall_s, 2)}  # fmt: skip
@@ -289,10 +245,7 @@ def run_slo_bench(args: Any, knobs: dict[str, Any], out: Path) -> dict[str, Any]
               "step_line": fitted,
               "goodput_ratio": round(runs[1]["goodput_req_s"]
                                      / max(runs[0]["goodput_req_s"], 1e-9), 2)}  # fmt: skip
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "slo.json").write_text(json.dumps(report, indent=2) + "\n")
-    (out / "summary.md").write_text(summary(report))
-    plot(report, out / "slo.png")
+    write_mode_report(out, "slo", report, summary, plot)
     return report
 
 

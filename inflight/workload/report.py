@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,17 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from inflight.workload.results import RunResult, summarize
+
+
+def write_mode_report(out_dir: Path, stem: str, report: dict[str, Any],
+                      markdown_of: Callable[[dict[str, Any]], str],
+                      plot: Callable[[dict[str, Any], Path], None]) -> None:  # fmt: skip
+    """A bench mode's own report: `stem`.json, summary.md (`markdown_of(report)`) and
+    `stem`.png (`plot(report, path)`) in `out_dir`."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / f"{stem}.json").write_text(json.dumps(report, indent=2) + "\n")
+    (out_dir / "summary.md").write_text(markdown_of(report))
+    plot(report, out_dir / f"{stem}.png")
 
 
 def write_report(out_dir: Path, title: str, runs: list[RunResult], meta: dict[str, Any]) -> dict:

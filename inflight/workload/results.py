@@ -23,6 +23,11 @@ class RequestRecord:
             return None
         return (self.e2e - self.ttft) / (self.output_tokens - 1)
 
+    def within(self, ttft: float, tpot: float) -> bool:
+        """Whether it met both latency targets (seconds): goodput's count."""
+        return (self.ttft is not None and self.ttft <= ttft
+                and (self.tpot is None or self.tpot <= tpot))  # fmt: skip
+
 
 @dataclass
 class RunResult:
