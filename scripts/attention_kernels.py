@@ -46,7 +46,7 @@ def prefill(new: list[int], cached: list[int], dtype: torch.dtype = torch.float3
         row += n
     q = torch.randn(row, (H + 2 * KVH) * D).to(dtype)[:, : H * D].view(row, H, D)
     out = torch.empty(row, H, D, dtype=dtype)
-    args = (q, k, v, torch.tensor(chunks), tables, out, D**-0.5, 0, 0.0)
+    args = (q, k, v, torch.tensor(chunks), tables, out, D**-0.5, 0, 0.0, None)
     seconds = best_seconds(lambda: backend._ext.paged_prefill_attention(*args))
     flops = sum(4 * H * D * (c * n + n * (n + 1) / 2) for n, c in zip(new, cached, strict=True))
     return f"{seconds * 1e3:8.2f} ms  {flops / seconds / 1e9:6.1f} GFLOP/s"
@@ -59,7 +59,7 @@ def decode(requests: int, context: int, dtype: torch.dtype = torch.float32) -> s
     lens = torch.full((requests,), context, dtype=torch.long)
     q = torch.randn(requests, H, D).to(dtype)
     seconds = best_seconds(
-        lambda: backend._ext.paged_decode_attention(q, k, v, tables, lens, D**-0.5, 0, 0.0)
+        lambda: backend._ext.paged_decode_attention(q, k, v, tables, lens, D**-0.5, 0, 0.0, None)
     )
     gb = requests * context * KVH * D * 2 * k.element_size() / 1e9
     return f"{seconds * 1e3:8.2f} ms  {gb / seconds:6.1f} GB/s"

@@ -23,6 +23,7 @@ class AttentionBackend(Protocol):
     triton_kernels: bool  # Triton's layer ops come with it (a GPU, or the interpreter in tests)
     graph_capturable: bool  # decodes read lengths from tensors: one CUDA graph serves any lengths
     interpreted: bool  # its kernels run under an interpreter here: warm-ups stay tiny
+    takes_sinks: bool  # `forward` takes gpt-oss's attention sinks (else the loader picks torch)
 
     def cache_shapes(
         self, num_blocks: int, num_kv_heads: int, head_dim: int, scaled: bool = False

@@ -21,18 +21,25 @@ class CpuKernelBackend(PagedKernelBackend):
     name = "cpu"
     cpu_kernels = True
     graph_capturable = False  # no CUDA graphs on a CPU
+    takes_sinks = True
 
     def __init__(self, block_size: int) -> None:
         super().__init__(block_size)
         self._ext = load_extension()
-        self.decode_kernel = self._ext.paged_decode_attention
+
+    def decode_kernel(
+        self, q, k_cache, v_cache, block_tables, seq_lens, scale, window, softcap, sinks=None
+    ) -> torch.Tensor:
+        return self._ext.paged_decode_attention(
+            q, k_cache, v_cache, block_tables, seq_lens, scale, window, softcap, sinks
+        )
 
     def prefill_kernel(
         self, query, k_cache, v_cache, chunks, block_tables, out, scale, window, softcap,
-        max_query_len,
+        max_query_len, sinks=None,
     ) -> None:  # fmt: skip
         self._ext.paged_prefill_attention(
-            query, k_cache, v_cache, chunks, block_tables, out, scale, window, softcap
+            query, k_cache, v_cache, chunks, block_tables, out, scale, window, softcap, sinks
         )
 
     def cache_shapes(

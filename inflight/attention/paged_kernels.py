@@ -4,8 +4,9 @@ gathered copy of the cache, no padding and no masks.
 
 A subclass says which kernels and which cache layout:
 `decode_kernel(q [R, H, D], k_cache, v_cache, block_tables [R, MB], seq_lens [R], scale,
-window) -> [R, H, D]` and `prefill_kernel(query, k_cache, v_cache, chunks [C, 3],
-block_tables [C, MB], out, scale, window, max_query_len)`.
+window, softcap[, sinks]) -> [R, H, D]` and `prefill_kernel(query, k_cache, v_cache,
+chunks [C, 3], block_tables [C, MB], out, scale, window, softcap, max_query_len[, sinks])`;
+`takes_sinks` says whether they take attention sinks (float32 [H]) as their last argument.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ class PagedKernelBackend:
     name: str
     cpu_kernels = triton_kernels = interpreted = False
     graph_capturable = True
+    takes_sinks = False
     decode_kernel: Callable[..., torch.Tensor]
     prefill_kernel: Callable[..., None]
 
@@ -120,8 +122,11 @@ class PagedKernelBackend:
         window: int | None = None, scale: float | None = None, softcap: float | None = None,
         sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:  # fmt: skip
-        if sinks is not None:  # the loader gives models with sinks the reference
-            raise NotImplementedError("attention sinks run the PyTorch reference attention")
+        sink_args: tuple[torch.Tensor, ...] = ()
+        if sinks is not None:
+            if not self.takes_sinks:  # the loader gives such models the reference
+                raise NotImplementedError(f"the {self.name} kernels take no attention sinks")
+            sink_args = (sinks.float(),)
         self.write_cache(k_cache, v_cache, key, value, meta.slot_mapping)
         out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
         scale = query.shape[-1] ** -0.5 if scale is None else scale
@@ -129,11 +134,11 @@ class PagedKernelBackend:
         if (batch := meta.decode_batch) is not None:
             out[batch.rows] = self.decode_kernel(
                 query[batch.rows], k_cache, v_cache, batch.block_tables, batch.seq_lens,
-                scale, window, softcap,
+                scale, window, softcap, *sink_args,
             )  # fmt: skip
         if (chunks := meta.prefill_batch) is not None:
             self.prefill_kernel(
                 query, k_cache, v_cache, chunks.chunks, chunks.block_tables, out, scale, window,
-                softcap, chunks.max_query_len,
+                softcap, chunks.max_query_len, *sink_args,
             )  # fmt: skip
         return out

@@ -144,6 +144,7 @@ class TorchReferenceBackend:
 
     name = "torch"
     cpu_kernels = triton_kernels = graph_capturable = interpreted = False
+    takes_sinks = True
 
     def __init__(self, block_size: int) -> None:
         self.block_size = block_size

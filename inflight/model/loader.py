@@ -424,12 +424,12 @@ def load_model(
         quantized_activations = "int16"
     index = read_gguf_index(path) if is_gguf(path) else None
     arch = index.arch if index else load_hf_arch_config(path)
-    if arch.attention_sinks and attention_backend != "torch":
-        # the C++ and Triton kernels take no sinks: the general path, said once a load
-        logger.info("%s: attention sinks run the PyTorch reference attention (the %s kernels "
-                    "do not take them)", path.name, attention_backend)  # fmt: skip
-        attention_backend = "torch"
     attn = make_backend(attention_backend, block_size, device)
+    if arch.attention_sinks and not attn.takes_sinks:
+        # the Triton kernels take no sinks: the general path, said once a load
+        logger.info("%s: attention sinks run the PyTorch reference attention (the %s kernels "
+                    "do not take them)", path.name, attn.name)  # fmt: skip
+        attn = make_backend("torch", block_size, device)
     # The fused layer ops come with their attention backend: the CPU kernels are one build, and
     # the Triton ones are checked on the device first (Triton is imported only for them).
     ops: TorchLayerOps = TorchLayerOps()

@@ -1,6 +1,7 @@
 """gpt-oss: its YaRN RoPE against transformers' own, its published config read, and its
-attention sinks on the reference attention (the tiny model's greedy parity with transformers
-runs with every family's, in test_parity_tiny)."""
+attention sinks in the C++ kernels (the reference where a backend takes none). The tiny model's
+greedy parity with transformers runs with every family's, in test_parity_tiny; its GGUF file,
+MXFP4 experts included, in test_gguf."""
 
 from __future__ import annotations
 
@@ -70,11 +71,19 @@ def test_yarn_frequencies_and_attention_factor_are_transformers_own(rope):
     assert arch.rope_attention_factor == pytest.approx(want_factor, rel=1e-12)
 
 
-def test_a_model_with_sinks_runs_the_reference_attention(tiny_model_factory, caplog):
-    """The C++ and Triton kernels take no sinks: asked for, the loader says so and gives the
-    reference attention (which the parity test holds to transformers)."""
+def test_sinks_run_the_cpu_kernels_and_a_backend_without_them_gets_the_reference(
+    tiny_model_factory, caplog, monkeypatch
+):
+    """The C++ kernels take sinks (their tests hold them to the reference); a backend that does
+    not (Triton's) is replaced by the reference attention, and the log says so."""
+    from inflight.attention.cpu_kernel import CpuKernelBackend
+
     caplog.set_level(logging.INFO, "inflight.model.loader")
     llm = LLM(str(tiny_model_factory("gpt_oss")), dtype="float32", attention_backend="cpu")
     layer = llm.core.loaded.model.layers[0]
-    assert isinstance(layer.attn, TorchReferenceBackend) and layer.sinks is not None
+    assert isinstance(layer.attn, CpuKernelBackend) and layer.sinks is not None
+    assert "attention sinks run" not in caplog.text
+    monkeypatch.setattr(CpuKernelBackend, "takes_sinks", False)
+    llm = LLM(str(tiny_model_factory("gpt_oss")), dtype="float32", attention_backend="cpu")
+    assert isinstance(llm.core.loaded.model.layers[0].attn, TorchReferenceBackend)
     assert "attention sinks run the PyTorch reference attention" in caplog.text

@@ -93,9 +93,6 @@ SCHEDULING_ARCH = "llama"
 # settings compute nothing else for them, and Llama's runs cover those
 MLP_ONLY_ARCHS = ("qwen3_moe", "mixtral")
 ATTENTION_SETTINGS = {"torch_reference", "torch_reference_chunked", "triton_decode"}
-# Families whose attention is the reference in every setting (gpt-oss's sinks): the reference
-# settings repeat their default ones
-REFERENCE_ATTENTION_ARCHS = ("gpt_oss",)
 
 # Under Triton's interpreter a run takes minutes on a small CPU: only on mistral, whose
 # sliding window (24) leaves some prompts inside it and some beyond, and only the first
@@ -120,8 +117,6 @@ def test_greedy_parity_with_transformers(reference, setting):
     on_gpu = torch.cuda.is_available()  # there the setting runs the experts on the GPU too
     if setting in ATTENTION_SETTINGS and arch in MLP_ONLY_ARCHS and not on_gpu:
         pytest.skip("an attention backend's setting: the Llama-attention families cover it")
-    if setting in ATTENTION_SETTINGS and arch in REFERENCE_ATTENTION_ARCHS:
-        pytest.skip("its attention is the reference in every setting: the default ones cover it")
     interpreted = setting == "triton_decode" and not on_gpu
     if interpreted and arch not in INTERPRETED_ARCHS:
         pytest.skip("Triton's interpreter: mistral covers its attention")

@@ -21,8 +21,9 @@ GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU
 INTERPRETED = pytest.mark.skipif(torch.cuda.is_available(), reason="Triton compiles for the GPU")
 
 
-def dense_attention(q, k, v, positions, window=None, scale=None, softcap=None):
-    """q [Q, H, D] at `positions`, k/v [L, KVH, D] for positions 0..L-1."""
+def dense_attention(q, k, v, positions, window=None, scale=None, softcap=None, sinks=None):
+    """q [Q, H, D] at `positions`, k/v [L, KVH, D] for positions 0..L-1; `sinks` [H]: a logit
+    per head in each softmax's denominator (gpt-oss's, as transformers computes it)."""
     k = k.repeat_interleave(H // KVH, dim=1)
     v = v.repeat_interleave(H // KVH, dim=1)
     scores = torch.einsum("qhd,lhd->hql", q, k) * (D**-0.5 if scale is None else scale)
@@ -33,7 +34,11 @@ def dense_attention(q, k, v, positions, window=None, scale=None, softcap=None):
     if window is not None:
         mask &= key_pos[None, :] > positions[:, None] - window
     scores = scores.masked_fill(~mask[None], float("-inf"))
-    return torch.einsum("hql,lhd->qhd", scores.softmax(-1), v)
+    if sinks is None:
+        return torch.einsum("hql,lhd->qhd", scores.softmax(-1), v)
+    sink = sinks.view(-1, 1, 1).expand(*scores.shape[:-1], 1)
+    probs = torch.cat([scores, sink], dim=-1).softmax(-1)[..., :-1]
+    return torch.einsum("hql,lhd->qhd", probs, v)
 
 
 @pytest.mark.parametrize(
@@ -45,14 +50,18 @@ def dense_attention(q, k, v, positions, window=None, scale=None, softcap=None):
     ],
 )
 @pytest.mark.parametrize(
-    ("window", "scale", "softcap"), [(None, None, None), (5, None, None), (5, 0.2, None),
-                                     (5, 0.5, 1.5)]
+    ("window", "scale", "softcap", "sinks"), [(None, None, None, False), (5, None, None, False),
+                                              (5, 0.2, None, False), (5, 0.5, 1.5, False),
+                                              (None, None, None, True), (5, 0.5, 1.5, True)]
 )  # fmt: skip
-def test_mixed_batch_matches_dense_attention(backend_cls, window, scale, softcap):
-    """Each layer's own window, score scale and soft cap (Gemma 3's windowed layers, its
+def test_mixed_batch_matches_dense_attention(backend_cls, window, scale, softcap, sinks):
+    """Each layer's own window, score scale, soft cap and sinks (Gemma 3's windowed layers, its
     query_pre_attn_scalar; Gemma 2's cap of scores at 1.5 here, far below these scores, so
-    that capping changes every row) go in with its forward."""
+    that capping changes every row; gpt-oss's sink logits) go in with its forward."""
+    if sinks and backend_cls is TritonBackend:
+        pytest.skip("the Triton kernels take no sinks (the loader gives such models torch)")
     torch.manual_seed(0)
+    sink_logits = torch.randn(H) * 2 if sinks else None
     # (cached tokens, new tokens): decodes of many lengths (several decode groups), and prefill
     # chunks (continuations too; longer than one 16-token tile of queries and of keys)
     shapes = [(7, 1), (0, 9), (12, 1), (5, 6), (0, 40), (21, 35)]
@@ -97,11 +106,12 @@ def test_mixed_batch_matches_dense_attention(backend_cls, window, scale, softcap
         assert len(meta.decode_batch.rows) == 22
         assert meta.prefill_batch.chunks.shape == (4, 3)
     q, k, v = torch.cat(qs), torch.cat(ks), torch.cat(vs)
-    out = backend.forward(q, k, v, k_cache, v_cache, meta, window, scale, softcap)
+    out = backend.forward(q, k, v, k_cache, v_cache, meta, window, scale, softcap, sink_logits)
 
     for i, (cached, new) in enumerate(shapes):
         positions = torch.arange(cached, cached + new)
-        want = dense_attention(qs[i], full_k[i], full_v[i], positions, window, scale, softcap)
+        want = dense_attention(qs[i], full_k[i], full_v[i], positions, window, scale, softcap,
+                               sink_logits)  # fmt: skip
         got = out[query_start_loc[i] : query_start_loc[i + 1]]
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
@@ -146,11 +156,14 @@ def skip_beyond_interpreted_cases(kernel: str, dtype, bs: int, d: int, window) -
 )
 @pytest.mark.parametrize(("dtype", "tol", "bs", "d"), KERNEL_CASES)
 @pytest.mark.parametrize("window", [None, 37])
-def test_kernel_matches_reference_on_model_shapes(kernel, dtype, tol, bs, d, window):
+@pytest.mark.parametrize("sinks", [False, True], ids=["", "sinks"])
+def test_kernel_matches_reference_on_model_shapes(kernel, dtype, tol, bs, d, window, sinks):
     """SmolLM2's head grouping (9 query heads over 3 KV heads): each decode kernel (fp32
     accumulation; Triton's under its interpreter here) against the reference (bf16 matmuls in
-    bf16 runs; "triton-cuda": compiled for the GPU, which CI does not have)."""
+    bf16 runs; "triton-cuda": compiled for the GPU, which CI does not have); the C++ kernels
+    with gpt-oss's sinks too."""
     skip_beyond_interpreted_cases(kernel, dtype, bs, d, window)
+    sink_logits = sinks_for(kernel, sinks, 9)
     # Triton's interpreter runs each program in Python: 16 requests there (contexts 7..299,
     # inside and beyond the window, one to three partitions), 40 elsewhere
     num_reqs = 16 if kernel == "triton" else 40
@@ -175,8 +188,17 @@ def test_kernel_matches_reference_on_model_shapes(kernel, dtype, tol, bs, d, win
         fast = (TritonBackend(bs), (k_cache.clone(), v_cache.clone()))
     for backend, caches in ((TorchReferenceBackend(bs), (k_cache, v_cache)), fast):
         meta = backend.build_metadata(query_start_loc, start_pos, tables, slots, device)
-        outs.append(backend.forward(q, key, value, *caches, meta, window))
+        outs.append(backend.forward(q, key, value, *caches, meta, window, sinks=sink_logits))
     torch.testing.assert_close(outs[1].float(), outs[0].float(), atol=tol, rtol=tol)
+
+
+def sinks_for(kernel: str, sinks: bool, heads: int) -> torch.Tensor | None:
+    """Sink logits of the scores' size, or None; only the C++ kernels take them."""
+    if not sinks:
+        return None
+    if kernel != "cpu":
+        pytest.skip("the Triton kernels take no sinks (the loader gives such models torch)")
+    return torch.randn(heads, generator=torch.Generator().manual_seed(7)) * 2
 
 
 @pytest.mark.parametrize(
@@ -185,11 +207,14 @@ def test_kernel_matches_reference_on_model_shapes(kernel, dtype, tol, bs, d, win
 )
 @pytest.mark.parametrize(("dtype", "tol", "bs", "d"), KERNEL_CASES)
 @pytest.mark.parametrize("window", [None, 37])
-def test_prefill_kernel_matches_reference_on_model_shapes(kernel, dtype, tol, bs, d, window):
+@pytest.mark.parametrize("sinks", [False, True], ids=["", "sinks"])
+def test_prefill_kernel_matches_reference_on_model_shapes(kernel, dtype, tol, bs, d, window,
+                                                          sinks):  # fmt: skip
     """Prompt chunks (fresh and continuations, 2..90 tokens: more than one tile of the Triton
     kernel's 64 queries) on SmolLM2's head grouping, the queries a strided view into a fused QKV
-    tensor as in the model."""
+    tensor as in the model; the C++ kernels with gpt-oss's sinks too."""
     skip_beyond_interpreted_cases(kernel, dtype, bs, d, window)
+    sink_logits = sinks_for(kernel, sinks, 9)
     gen = torch.Generator().manual_seed(2)
     num_blocks, kvh, h = 200 * 16 // bs, 3, 9
     k_cache = torch.randn(num_blocks, bs, kvh, d, generator=gen).to(dtype)
@@ -221,7 +246,7 @@ def test_prefill_kernel_matches_reference_on_model_shapes(kernel, dtype, tol, bs
         meta = backend.build_metadata(
             query_start_loc, cached, tables, torch.tensor(slots, device=device), device
         )
-        outs.append(backend.forward(q, key, value, *caches, meta, window))
+        outs.append(backend.forward(q, key, value, *caches, meta, window, sinks=sink_logits))
     torch.testing.assert_close(outs[1].float(), outs[0].float(), atol=tol, rtol=tol)
 
 

@@ -233,18 +233,18 @@ std::vector<at::Tensor> llama_decoder_layers(
     if (decode_rows.has_value() && decode_all_rows) {
       // every token is a decode, in order: no gather of queries, no scatter of outputs
       attn = paged_decode_attention(q.contiguous(), kc, vc, *decode_tables, *decode_lens, scale,
-                                    window, softcap);
+                                    window, softcap, c10::nullopt);
     } else {
       attn = at::empty({T, num_heads, head_dim}, qkv.options());
       if (decode_rows.has_value()) {
         attn.index_copy_(0, *decode_rows,
                          paged_decode_attention(q.index_select(0, *decode_rows), kc, vc,
                                                 *decode_tables, *decode_lens, scale, window,
-                                                softcap));
+                                                softcap, c10::nullopt));
       }
       if (prefill_chunks.has_value()) {
         paged_prefill_attention(q, kc, vc, *prefill_chunks, *prefill_tables, attn, scale,
-                                window, softcap);
+                                window, softcap, c10::nullopt);
       }
     }
     at::Tensor out = linear(attn.view({T, q_size}), {w[2], small[1], dec[1], kNone}, how, split);

@@ -55,6 +55,14 @@ void convert_rows(cache_t* k_cache, cache_t* v_cache, const KVLayout& lay, const
 
 }  // namespace
 
+const float* sink_logits(const c10::optional<at::Tensor>& sinks, int64_t heads) {
+  if (!sinks.has_value()) return nullptr;
+  TORCH_CHECK(sinks->scalar_type() == at::kFloat && sinks->dim() == 1 &&
+                  sinks->size(0) == heads && sinks->is_contiguous(),
+              "sinks: float32 [", heads, "], one logit per query head, contiguous");
+  return sinks->data_ptr<float>();
+}
+
 KVLayout kv_layout(const at::Tensor& k_cache, const at::Tensor& v_cache) {
   TORCH_CHECK(k_cache.dim() == 5 && v_cache.dim() == 4 && k_cache.size(4) == 2,
               "caches must be keys [NB, KVH, D/2, BS, 2] and values [NB, KVH, BS, D]");

@@ -72,6 +72,10 @@ bool is_scaled_cache(at::ScalarType dtype);
 // The layout of a layer's two caches, after checking their shapes, dtype and contiguity.
 KVLayout kv_layout(const at::Tensor& k_cache, const at::Tensor& v_cache);
 
+// The attention kernels' `sinks` argument checked: null, or the data of float32 [H] (one logit
+// per query head, gpt-oss's), contiguous.
+const float* sink_logits(const c10::optional<at::Tensor>& sinks, int64_t heads);
+
 // Writes key/value [T, KVH, D] (rows may be strided) at slots[t] = block * BS + offset,
 // converted to the cache's type where it differs. The caller has checked the slots against the
 // cache size.

@@ -15,7 +15,7 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
                                      const at::Tensor& v_cache,
                                      const at::Tensor& block_tables,
                                      const at::Tensor& seq_lens, double scale, int64_t window,
-                                     double softcap);
+                                     double softcap, const c10::optional<at::Tensor>& sinks);
 
 // kv_cache.cpp: key/value [T, KVH, D] written at their slots in the kernels' layout (kv_layout.h)
 void write_kv_cache(at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& key,
@@ -25,7 +25,8 @@ void write_kv_cache(at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& 
 at::Tensor paged_prefill_attention(const at::Tensor& q, const at::Tensor& k_cache,
                                       const at::Tensor& v_cache, const at::Tensor& chunks,
                                       const at::Tensor& block_tables, at::Tensor& out,
-                                      double scale, int64_t window, double softcap);
+                                      double scale, int64_t window, double softcap,
+                                      const c10::optional<at::Tensor>& sinks);
 
 // layer_ops.cpp: fused element-wise parts of a decoder layer, rounding as PyTorch's unfused ops do
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);

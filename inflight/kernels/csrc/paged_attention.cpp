@@ -10,7 +10,9 @@
 //
 // with first = seq_len - window when a sliding window is set (window > 0), else 0. With a
 // soft cap c > 0 (Gemma 2's), each score s becomes c tanh(s / c) before the softmax; only the
-// generic item computes it (a family that has it takes the plain path).
+// generic item computes it (a family that has it takes the plain path). With `sinks` (gpt-oss's,
+// float32 [H]), each head's sink logit joins its softmax's denominator and nothing else: a
+// position that takes probability from every key.
 //
 // A (request, KV head) item walks its blocks twice, keys then values, reading each block's run
 // (2 KB) whole. Scores are kept for whole blocks: slot i of a head's row is position base + i,
@@ -91,14 +93,17 @@ const char* run_in_read_order(const T* k_cache, const T* v_cache, const Item& it
 }
 
 // Each head's scores [lo, hi) of its row become probabilities, in place (soft-capped first
-// where `softcap` > 0).
+// where `softcap` > 0; with the G heads' `sinks`, each sink's exp in the denominator).
 inline void softmax_rows(float* scores, int64_t G, int64_t row, int64_t lo, int64_t hi,
-                         float softcap = 0.f) {
+                         float softcap, const float* sinks) {
   for (int64_t g = 0; g < G; ++g) {
     float* s = scores + g * row + lo;
     if (softcap > 0.f)
       for (int64_t i = 0; i < hi - lo; ++i) s[i] = softcap * std::tanh(s[i] / softcap);
-    const float inv = 1.f / exp_and_sum(s, hi - lo, max_of(s, hi - lo));  // its own position
+    const float max = sinks ? std::max(max_of(s, hi - lo), sinks[g]) : max_of(s, hi - lo);
+    float sum = exp_and_sum(s, hi - lo, max);  // (its own position: > 0 without a sink)
+    if (sinks) sum += exp_poly(sinks[g] - max);
+    const float inv = 1.f / sum;
 #pragma omp simd
     for (int64_t i = 0; i < hi - lo; ++i) s[i] *= inv;
   }
@@ -113,7 +118,8 @@ using bf16 = c10::BFloat16;
 // zeros (unpacklo/hi), which permutes dims within 128-bit lanes; undone once at the end.
 template <int DZ, int G>
 void decode_item_bf16(const bf16* q, const bf16* k_cache, const bf16* v_cache, const Item& it,
-                      const Item* next, float scale, float* scores, bf16* out) {
+                      const Item* next, float scale, const float* sinks, float* scores,
+                      bf16* out) {
   constexpr int D = 32 * DZ, DV = 2 * DZ;
   const KVLayout& lay = *it.layout;
   const int64_t BS = lay.block_size;
@@ -145,7 +151,7 @@ void decode_item_bf16(const bf16* q, const bf16* k_cache, const bf16* v_cache, c
                          _mm512_mul_ps(_mm512_add_ps(even[g], odd[g]), _mm512_set1_ps(scale)));
     }
   }
-  softmax_rows(scores, G, row, it.first - base, it.len - base);
+  softmax_rows(scores, G, row, it.first - base, it.len - base, 0.f, sinks);
 
   __m512 acc[G][DV];
   for (int g = 0; g < G; ++g)
@@ -183,7 +189,7 @@ void decode_item_bf16(const bf16* q, const bf16* k_cache, const bf16* v_cache, c
 }
 
 using ItemFn = void (*)(const bf16*, const bf16*, const bf16*, const Item&, const Item*, float,
-                       float*, bf16*);
+                       const float*, float*, bf16*);
 
 template <int DZ>
 ItemFn pick_g(int64_t G) {
@@ -214,9 +220,9 @@ ItemFn pick_bf16(int64_t D, int64_t G, int64_t BS) {
 // an 8-bit cache multiply whole scores (keys) and probabilities (values).
 template <typename q_t, typename cache_t>
 void decode_item_generic(const q_t* q, const cache_t* k_cache, const cache_t* v_cache,
-                         const Item& it, int64_t G, float scale, float softcap, float* scores,
-                         q_t* out, std::vector<float>& qf, std::vector<float>& tile,
-                         std::vector<float>& acc) {
+                         const Item& it, int64_t G, float scale, float softcap,
+                         const float* sinks, float* scores, q_t* out, std::vector<float>& qf,
+                         std::vector<float>& tile, std::vector<float>& acc) {
   const KVLayout& lay = *it.layout;
   const int64_t BS = lay.block_size, D = lay.head_dim;
   const int64_t b0 = it.first_block(), b1 = it.end_block(), base = b0 * BS, row = (b1 - b0) * BS;
@@ -241,7 +247,7 @@ void decode_item_generic(const q_t* q, const cache_t* k_cache, const cache_t* v_
         for (int64_t t = 0; t < BS; ++t) sg[t] *= lay.key_scale(k, t);
     }
   }
-  softmax_rows(scores, G, row, it.first - base, it.len - base, softcap);
+  softmax_rows(scores, G, row, it.first - base, it.len - base, softcap, sinks);
   for (int64_t b = b0; b < b1; ++b) {  // acc[g, :] += p[g, pos] * v[pos, :]
     const cache_t* v = v_cache + lay.run(it.table[b], it.head);
     const int64_t t0 = std::max(it.first, b * BS) - b * BS, t1 = std::min(it.len, (b + 1) * BS) - b * BS;
@@ -268,8 +274,9 @@ void decode_item_generic(const q_t* q, const cache_t* k_cache, const cache_t* v_
 // (Prefetching the runs ahead, as the bf16 kernel does, measured no faster here.)
 template <typename q_t, typename cache_t, int64_t D>
 void decode_item_avx2(const q_t* q, const cache_t* k_cache, const cache_t* v_cache,
-                      const Item& it, int64_t G, float scale, float* scores, q_t* out,
-                      std::vector<float>& qf, std::vector<float>& tile, std::vector<float>& acc) {
+                      const Item& it, int64_t G, float scale, const float* sinks,
+                      float* scores, q_t* out, std::vector<float>& qf, std::vector<float>& tile,
+                      std::vector<float>& acc) {
   using attention_avx2::kTile;
   const KVLayout& lay = *it.layout;
   const int64_t BS = lay.block_size;
@@ -299,7 +306,7 @@ void decode_item_avx2(const q_t* q, const cache_t* k_cache, const cache_t* v_cac
       }
     }
   }
-  softmax_rows(scores, G, row, it.first - base, it.len - base);
+  softmax_rows(scores, G, row, it.first - base, it.len - base, 0.f, sinks);
   for (int64_t b = b0; b < b1; ++b) {  // acc[g, :] += p[g, pos] * v[pos, :]
     const int64_t t0 = std::max(it.first, b * BS) - b * BS;
     const int64_t t1 = std::min(it.len, (b + 1) * BS) - b * BS;
@@ -330,7 +337,7 @@ template <typename q_t, typename cache_t>
 void decode(const q_t* q, const cache_t* k_cache, const cache_t* v_cache,
             const KVLayout& lay, const int64_t* block_tables, const int64_t* seq_lens,
             q_t* out, int64_t R, int64_t H, int64_t MB, float scale, int64_t window,
-            float softcap) {
+            float softcap, const float* sinks) {
   const int64_t KVH = lay.kv_heads, D = lay.head_dim, BS = lay.block_size;
   const int64_t G = H / KVH;  // query heads per KV head
   // Longest requests first, handed out one at a time: an item costs its context length, and
@@ -357,13 +364,14 @@ void decode(const q_t* q, const cache_t* k_cache, const cache_t* v_cache,
           i_next < num_items ? std::optional<Item>(item(i_next)) : std::nullopt;
       scores.resize(G * it.num_blocks() * BS);
       const int64_t offset = (order[i] / KVH * H + it.head * G) * D;  // the item's G query heads
+      const float* item_sinks = sinks ? sinks + it.head * G : nullptr;
       const bool fast = softcap <= 0.f;  // (only the generic item soft-caps)
       bool done = false;
 #ifdef __AVX512BF16__
       if constexpr (std::is_same_v<q_t, bf16> && std::is_same_v<cache_t, bf16>) {
         if (ItemFn fn = fast ? pick_bf16(D, G, BS) : nullptr) {
-          fn(q + offset, k_cache, v_cache, it, next ? &*next : nullptr, scale, scores.data(),
-             out + offset);
+          fn(q + offset, k_cache, v_cache, it, next ? &*next : nullptr, scale, item_sinks,
+             scores.data(), out + offset);
           done = true;
         }
       }
@@ -372,15 +380,15 @@ void decode(const q_t* q, const cache_t* k_cache, const cache_t* v_cache,
       if constexpr (!std::is_same_v<cache_t, c10::Half>) {
         if (fast && !done && BS % attention_avx2::kTile == 0 && (D == 64 || D == 128)) {
           (D == 64 ? decode_item_avx2<q_t, cache_t, 64> : decode_item_avx2<q_t, cache_t, 128>)(
-              q + offset, k_cache, v_cache, it, G, scale, scores.data(), out + offset, qf, tile,
-              acc);
+              q + offset, k_cache, v_cache, it, G, scale, item_sinks, scores.data(), out + offset,
+              qf, tile, acc);
           done = true;
         }
       }
 #endif
       if (!done) {
-        decode_item_generic(q + offset, k_cache, v_cache, it, G, scale, softcap, scores.data(),
-                            out + offset, qf, tile, acc);
+        decode_item_generic(q + offset, k_cache, v_cache, it, G, scale, softcap, item_sinks,
+                            scores.data(), out + offset, qf, tile, acc);
       }
       i = i_next;
     }
@@ -393,7 +401,8 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
                                      const at::Tensor& v_cache,
                                      const at::Tensor& block_tables,
                                      const at::Tensor& seq_lens, double scale,
-                                     int64_t window, double softcap) {
+                                     int64_t window, double softcap,
+                                     const c10::optional<at::Tensor>& sinks) {
   const KVLayout lay = kv_layout(k_cache, v_cache);
   TORCH_CHECK(q.dim() == 3 && q.is_contiguous(), "q must be contiguous [R, H, D]");
   TORCH_CHECK(block_tables.scalar_type() == at::kLong && seq_lens.scalar_type() == at::kLong,
@@ -409,6 +418,7 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
   for (int64_t r = 0; r < R; ++r)
     TORCH_CHECK(lp[r] >= 1 && lp[r] <= MB * lay.block_size, "request ", r, " has ", lp[r],
                 " tokens: outside its block table");
+  const float* sink_p = sink_logits(sinks, H);
   auto out = at::empty_like(q);
   dispatch_query_and_cache(q.scalar_type(), k_cache.scalar_type(), "paged_decode", [&](auto q_tag,
                                                                                      auto c_tag) {
@@ -417,7 +427,7 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
     decode<q_t, cache_t>(q.data_ptr<q_t>(), static_cast<const cache_t*>(k_cache.data_ptr()),
                          static_cast<const cache_t*>(v_cache.data_ptr()), lay,
                          tables.data_ptr<int64_t>(), lp, out.data_ptr<q_t>(), R, H, MB,
-                         static_cast<float>(scale), window, static_cast<float>(softcap));
+                         static_cast<float>(scale), window, static_cast<float>(softcap), sink_p);
   });
   return out;
 }

@@ -12,8 +12,10 @@
 //
 // Work items are (chunk, KV head, tile of 16 query tokens): the G query heads of one KV head
 // share every key tile they read. With a soft cap c > 0 (Gemma 2's), each score s becomes
-// c tanh(s / c) before the softmax; only the generic item computes it. Items run longest first under dynamic scheduling (causal
-// tiles late in a prompt read more keys).
+// c tanh(s / c) before the softmax; only the generic item computes it. With `sinks` (gpt-oss's,
+// float32 [H]), each row's online softmax starts from its head's sink logit, as if a key of that
+// score and a zero value came first: every item takes them. Items run longest first under
+// dynamic scheduling (causal tiles late in a prompt read more keys).
 #include "attention_avx2.h"
 #include "kv_layout.h"
 #include "kv_quant.h"
@@ -42,14 +44,22 @@ struct Scratch {
 };
 
 // Resets the scratch for an item of `rows` query rows (row r: token r / G, query head r % G),
-// `padded` of them with rows past `rows` zero, and copies its queries in, scaled, as fp32.
+// `padded` of them with rows past `rows` zero, and copies its queries in, scaled, as fp32. A
+// row's softmax starts empty, or from its head's sink (a running max of the sink's logit and a
+// denominator of its exp, 1).
 template <typename scalar_t>
 void start_item(const Item& it, const scalar_t* q, int64_t q_stride, int64_t G, int64_t D,
-                float scale, int64_t rows, int64_t padded, Scratch& s) {
+                float scale, const float* sinks, int64_t rows, int64_t padded, Scratch& s) {
   s.q.assign(padded * D, 0.f);
   s.acc.assign(padded * D, 0.f);
   s.max.assign(padded, -3.0e38f);  // below every score, and no inf - inf
   s.sum.assign(padded, 0.f);
+  if (sinks) {
+    for (int64_t r = 0; r < rows; ++r) {
+      s.max[r] = sinks[it.kv_head * G + r % G];
+      s.sum[r] = 1.f;
+    }
+  }
   s.kt.resize(D * KT);
   s.v.resize(KT * D);
   for (int64_t r = 0; r < rows; ++r) {
@@ -98,10 +108,10 @@ template <typename q_t, typename cache_t, int kD>
 void prefill_item(const Item& it, const q_t* q, int64_t q_stride, const cache_t* k_cache,
                   const cache_t* v_cache, const int64_t* table, const KVLayout& lay,
                   int64_t G, int64_t D_runtime, int64_t first_pos, float scale, int64_t window,
-                  float softcap, q_t* out, int64_t out_stride, Scratch& s) {
+                  float softcap, const float* sinks, q_t* out, int64_t out_stride, Scratch& s) {
   const int64_t D = kD > 0 ? kD : D_runtime;
   const int64_t rows = it.num_tokens * G;
-  start_item(it, q, q_stride, G, D, scale, rows, rows, s);
+  start_item(it, q, q_stride, G, D, scale, sinks, rows, rows, s);
   const int64_t first_q = first_pos + it.first_token;  // positions of the item's query tokens
   const int64_t last_q = first_q + it.num_tokens - 1;
   const int64_t lo = window > 0 ? std::max<int64_t>(0, first_q - window + 1) : 0;
@@ -165,12 +175,13 @@ template <typename scalar_t, int DV, int RB>
 void prefill_item_avx512(const Item& it, const scalar_t* q, int64_t q_stride,
                          const scalar_t* k_cache, const scalar_t* v_cache, const int64_t* table,
                          const KVLayout& lay, int64_t G, int64_t first_pos, float scale,
-                         int64_t window, scalar_t* out, int64_t out_stride, Scratch& s) {
+                         int64_t window, const float* sinks, scalar_t* out, int64_t out_stride,
+                         Scratch& s) {
   constexpr int64_t D = DV * 16;
   const int64_t rows = it.num_tokens * G;
   const int64_t padded = (rows + RB - 1) / RB * RB;  // rows past `rows` are never stored
   const int64_t BS = lay.block_size;
-  start_item(it, q, q_stride, G, D, scale, rows, padded, s);
+  start_item(it, q, q_stride, G, D, scale, sinks, rows, padded, s);
 #ifdef __AVX512BF16__
   constexpr bool kPairScores = std::is_same_v<scalar_t, c10::BFloat16>;
   if constexpr (kPairScores) {  // padded rows repeat the last real one (never stored)
@@ -307,14 +318,14 @@ void prefill_item_avx512(const Item& it, const scalar_t* q, int64_t q_stride,
 template <typename q_t, typename cache_t, int DV, int RB>
 void prefill_item_avx2(const Item& it, const q_t* q, int64_t q_stride, const cache_t* k_cache,
                        const cache_t* v_cache, const int64_t* table, const KVLayout& lay,
-                       int64_t G, int64_t first_pos, float scale, int64_t window, q_t* out,
-                       int64_t out_stride, Scratch& s) {
+                       int64_t G, int64_t first_pos, float scale, int64_t window,
+                       const float* sinks, q_t* out, int64_t out_stride, Scratch& s) {
   static_assert(DV % 4 == 0 && RB % 2 == 0, "values go 2 rows x 4 vectors at a time");
   constexpr int64_t D = DV * 8;
   const int64_t rows = it.num_tokens * G;
   const int64_t padded = (rows + RB - 1) / RB * RB;  // rows past `rows` are never stored
   const int64_t BS = lay.block_size;
-  start_item(it, q, q_stride, G, D, scale, rows, padded, s);
+  start_item(it, q, q_stride, G, D, scale, sinks, rows, padded, s);
   const int64_t first_q = first_pos + it.first_token;
   const int64_t last_q = first_q + it.num_tokens - 1;
   // from a tile boundary, so that tiles stay aligned slices of blocks (the mask drops the keys
@@ -408,7 +419,7 @@ void prefill_item_avx2(const Item& it, const q_t* q, int64_t q_stride, const cac
 template <typename q_t, typename cache_t, int kD>
 void prefill(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
              const int64_t* chunks, int64_t C, const int64_t* tables, int64_t MB,
-             at::Tensor& out, float scale, int64_t window, float softcap) {
+             at::Tensor& out, float scale, int64_t window, float softcap, const float* sinks) {
   const KVLayout lay = kv_layout(k_cache, v_cache);
   const int64_t H = q.size(1), D = q.size(2), KVH = lay.kv_heads;
   const int64_t G = H / KVH;
@@ -446,7 +457,7 @@ void prefill(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v
         if (fast) {
         constexpr int DV = kD / 16, RB = kD == 64 ? 4 : 2;  // RB rows x DV vectors in registers
         prefill_item_avx512<q_t, DV, RB>(it, q_rows, q.stride(0), kp, vp, table, lay, G, cached,
-                                         scale, window, out_rows, out.stride(0), scratch);
+                                         scale, window, sinks, out_rows, out.stride(0), scratch);
           continue;
         }
       }
@@ -455,14 +466,15 @@ void prefill(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v
       if constexpr ((kD == 64 || kD == 128) && !std::is_same_v<q_t, c10::Half>) {
         if (fast) {
           prefill_item_avx2<q_t, cache_t, kD / 8, 4>(it, q_rows, q.stride(0), kp, vp, table,
-                                                     lay, G, cached, scale, window, out_rows,
-                                                     out.stride(0), scratch);
+                                                     lay, G, cached, scale, window, sinks,
+                                                     out_rows, out.stride(0), scratch);
           continue;
         }
       }
 #endif
       prefill_item<q_t, cache_t, kD>(it, q_rows, q.stride(0), kp, vp, table, lay, G, D, cached,
-                                     scale, window, softcap, out_rows, out.stride(0), scratch);
+                                     scale, window, softcap, sinks, out_rows, out.stride(0),
+                                     scratch);
     }
   }
 }
@@ -472,7 +484,8 @@ void prefill(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v
 at::Tensor paged_prefill_attention(const at::Tensor& q, const at::Tensor& k_cache,
                                       const at::Tensor& v_cache, const at::Tensor& chunks,
                                       const at::Tensor& block_tables, at::Tensor& out,
-                                      double scale, int64_t window, double softcap) {
+                                      double scale, int64_t window, double softcap,
+                                      const c10::optional<at::Tensor>& sinks) {
   TORCH_CHECK(q.dim() == 3 && q.stride(2) == 1 && q.stride(1) == q.size(2),
               "q must be [T, H, D] with contiguous heads (rows may be strided)");
   const KVLayout lay = kv_layout(k_cache, v_cache);
@@ -493,6 +506,7 @@ at::Tensor paged_prefill_attention(const at::Tensor& q, const at::Tensor& k_cach
                     cp[i * 3 + 2] >= 0 &&
                     cp[i * 3 + 2] + cp[i * 3 + 1] <= MB * lay.block_size,
                 "chunk ", i, " lies outside the query rows or its block table");
+  const float* sink_p = sink_logits(sinks, q.size(1));
   dispatch_query_and_cache(q.scalar_type(), k_cache.scalar_type(), "paged_prefill",
                            [&](auto q_tag, auto c_tag) {
     using q_t = decltype(q_tag);
@@ -500,11 +514,14 @@ at::Tensor paged_prefill_attention(const at::Tensor& q, const at::Tensor& k_cach
     const float s = static_cast<float>(scale), cap = static_cast<float>(softcap);
     const int64_t* tp = tables.data_ptr<int64_t>();
     if (q.size(2) == 64)
-      prefill<q_t, cache_t, 64>(q, k_cache, v_cache, cp, C, tp, MB, out, s, window, cap);
+      prefill<q_t, cache_t, 64>(q, k_cache, v_cache, cp, C, tp, MB, out, s, window, cap,
+                                 sink_p);
     else if (q.size(2) == 128)
-      prefill<q_t, cache_t, 128>(q, k_cache, v_cache, cp, C, tp, MB, out, s, window, cap);
+      prefill<q_t, cache_t, 128>(q, k_cache, v_cache, cp, C, tp, MB, out, s, window, cap,
+                                 sink_p);
     else
-      prefill<q_t, cache_t, 0>(q, k_cache, v_cache, cp, C, tp, MB, out, s, window, cap);
+      prefill<q_t, cache_t, 0>(q, k_cache, v_cache, cp, C, tp, MB, out, s, window, cap,
+                                 sink_p);
   });
   return out;
 }
