@@ -1,7 +1,7 @@
 """GGUF's block formats as the CPU kernels read them: unpacked to integers, dequantized, and
 regrouped into `kernels/csrc/gguf_int_linear.cpp`'s layout.
 
-A block holds 32 weights (Q4_0, Q4_1, Q8_0, Q5_0, Q5_1) or a 256-weight super-block of eight
+A block holds 32 weights (Q4_0, Q4_1, Q8_0, Q5_0, Q5_1, MXFP4) or a 256-weight super-block of eight
 32-weight sub-blocks (Q4_K, Q5_K, Q6_K: what Q4_K_M, Q5_K_M and Q6_K files are made of). Every
 weight is a scale times an unsigned quant, less a zero point or plus an offset:
 
@@ -12,6 +12,7 @@ weight is a scale times an unsigned quant, less a zero point or plus an offset:
 | Q8_0 | 34 | d q (q signed) |
 | Q4_K, Q5_K | 144, 176 | (d sc) q - (dmin min), a 6-bit sc and min per sub-block |
 | Q6_K | 210 | (d sc) (q - 32), an int8 sc per 16 weights |
+| MXFP4 | 17 | d v[q], d = 2^(e - 128) from an exponent byte e, v the FP4 values doubled |
 
 `dequantize` computes those float32 operations in the `gguf` package's order, so its values are
 gguf's bit for bit (the embedding's lookups, and the reference the kernels are tested against).
@@ -60,6 +61,7 @@ FORMATS = {
         BlockFormat("Q4_K", 144, 256, 148, 4),
         BlockFormat("Q5_K", 176, 256, 180, 5),
         BlockFormat("Q6_K", 210, 256, 210, 6),
+        BlockFormat("MXFP4", 17, 32, 17, 4),
     )
 }
 BY_NAME = {f.name: f for f in FORMATS.values()}
@@ -77,8 +79,8 @@ def format_of(blocks: torch.Tensor) -> BlockFormat:
 class Unpacked:
     """A tensor's blocks [..., n, bytes] as integers, each field as the file holds it."""
 
-    q: torch.Tensor  # [..., n, weights] the quants: uint8 (Q8_0: int8), in weight order
-    d: torch.Tensor  # [..., n] fp16
+    q: torch.Tensor  # [..., n, weights] the quants: uint8 (Q8_0, MXFP4's values: int8), in order
+    d: torch.Tensor  # [..., n] fp16 (MXFP4: float32)
     m: torch.Tensor | None = None  # [..., n] fp16: Q4_1 / Q5_1's m, a K-quant's dmin
     scales: torch.Tensor | None = None  # [..., n, 8] uint8 (Q4_K, Q5_K); [..., n, 16] int8 (Q6_K)
     mins: torch.Tensor | None = None  # [..., n, 8] uint8 (Q4_K, Q5_K)
@@ -110,12 +112,27 @@ def _k_scales(raw: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return scales, mins
 
 
+# MXFP4's FP4 (E2M1) values by code, doubled to integers (ggml's `kvalues_mxfp4`)
+MXFP4_VALUES = torch.tensor([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12],
+                            dtype=torch.int8)  # fmt: skip
+
+
+def _e8m0_half(e: torch.Tensor) -> torch.Tensor:
+    """An E8M0 exponent byte e -> 2^(e - 128) in float32 (half the block's scale, the values
+    being doubled), exactly: subnormal for e of 0 and 1."""
+    e = e.to(torch.int32)
+    bits = torch.where(e < 2, 0x00200000 << e, (e - 1) << 23)
+    return bits.view(torch.float32)
+
+
 def unpack(blocks: torch.Tensor) -> Unpacked:
     """Blocks [..., n, bytes] -> their integer fields (the file's layouts, per ggml)."""
     fmt, b = format_of(blocks), blocks
     lead = b.shape[:-1]
     if fmt.name == "Q8_0":
         return Unpacked(b[..., 2:].contiguous().view(torch.int8), _half(b[..., 0:2]))
+    if fmt.name == "MXFP4":
+        return Unpacked(MXFP4_VALUES[_nibbles(b[..., 1:]).long()], _e8m0_half(b[..., 0]))
     if fmt.name in ("Q4_0", "Q4_1"):
         start = 2 if fmt.name == "Q4_0" else 4
         m = _half(b[..., 2:4]) if fmt.name == "Q4_1" else None
@@ -152,7 +169,7 @@ def dequantize(blocks: torch.Tensor) -> torch.Tensor:
     d = u.d.float().unsqueeze(-1)
     if fmt.name in ("Q4_0", "Q5_0"):
         w = d * (u.q.to(torch.int8) - (8 if fmt.name == "Q4_0" else 16)).float()
-    elif fmt.name == "Q8_0":
+    elif fmt.name in ("Q8_0", "MXFP4"):
         w = d * u.q.float()
     elif fmt.name in ("Q4_1", "Q5_1"):
         assert u.m is not None

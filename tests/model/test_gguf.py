@@ -272,7 +272,7 @@ def test_an_embedding_kept_as_blocks_looks_up_gguf_dequantized_rows(tmp_path, ti
     ids = torch.tensor([[3, 39], [0, 3]])
     assert torch.equal(embedding(ids), torch.from_numpy(want)[ids])
     with pytest.raises(ValueError, match="GGUF blocks of a known format"):
-        BlockEmbedding(blocks[..., :-1], torch.float32)
+        BlockEmbedding(blocks[..., :15], torch.float32)  # no format is 15 bytes
     if not blocks_serve_every_batch(torch.float32, 16):
         return
     # a model whose linears run from their blocks holds no float copy of its vocabulary either

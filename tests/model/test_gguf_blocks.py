@@ -1,4 +1,4 @@
-"""GGUF block formats beyond the legacy three (Q5_0, Q5_1, Q4_K, Q5_K, Q6_K): `gguf_blocks`
+"""GGUF block formats beyond the legacy three (Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, MXFP4): `gguf_blocks`
 dequantizes every format to gguf's values bit for bit; `gguf_int_linear` with 16-bit x is the
 exact product of those weights with x rounded per block of 32, for every format, row count and
 a fused weight's mixed packing, rows independent of their batch; a Q4_K_M-style file loads with
@@ -32,8 +32,8 @@ from tests.model.test_gguf_int_linear import (
 )
 
 Q = GGMLQuantizationType
-ALL = [Q.Q4_0, Q.Q4_1, Q.Q8_0, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K, Q.Q6_K]
-NEW = [Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K, Q.Q6_K]
+ALL = [Q.Q4_0, Q.Q4_1, Q.Q8_0, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.MXFP4]
+NEW = [Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.MXFP4]
 ext = load_extension()
 eight_columns = ext.gguf_int_linear_available() and ext.gguf_int_linear_columns(16) == 8
 needs_kernel = pytest.mark.skipif(not eight_columns,
@@ -50,10 +50,14 @@ def blocks_of(n: int, k: int, qtype: GGMLQuantizationType, seed: int = 0) -> tor
 
 
 def random_bytes(n: int, k: int, qtype: GGMLQuantizationType, seed: int = 0) -> torch.Tensor:
-    """Blocks of random bytes (every quant and scale bit pattern), finite fp16 scales."""
+    """Blocks of random bytes (every quant and scale bit pattern), finite fp16 scales (MXFP4:
+    exponents of weights between 2^-16 and 2^7)."""
     rng = np.random.default_rng(seed)
     block_weights, block_bytes = GGML_QUANT_SIZES[qtype]
     raw = rng.integers(0, 256, (n, k // block_weights, block_bytes), dtype=np.uint8)
+    if qtype == Q.MXFP4:
+        raw[..., 0] = rng.integers(112, 132, raw.shape[:2], dtype=np.uint8)
+        return torch.from_numpy(raw)
     halves = [208] if qtype == Q.Q6_K else ([0, 2] if qtype in (Q.Q4_1, Q.Q5_1, Q.Q4_K, Q.Q5_K)
                                             else [0])  # fmt: skip
     for at in halves:
@@ -71,6 +75,18 @@ def test_dequantize_is_gguf_bit_for_bit(qtype):
         assert np.array_equal(got.view(np.uint32), want.reshape(12, 512).view(np.uint32))
     fmt = FORMATS[GGML_QUANT_SIZES[qtype][1]]
     assert regroup_blocks(blocks).shape == (2, blocks.shape[1], 8 * fmt.layout_bytes)
+
+
+def test_mxfp4_scales_are_powers_of_two_to_the_subnormals_and_the_largest():
+    """Every exponent byte, 0 and 1 (subnormal scales) and 255 (2^127) among them."""
+    raw = random_bytes(256, 32, Q.MXFP4)
+    raw[:, 0, 0] = torch.arange(256, dtype=torch.uint8)
+    want = np.asarray(gguf_dequantize(raw.numpy().reshape(256, -1), Q.MXFP4), np.float32)
+    got = dequantize(raw).numpy()
+    assert np.array_equal(got.view(np.uint32), want.reshape(256, 32).view(np.uint32))
+    scales = dequantize(torch.tensor([[[e] + [0x11] * 16] for e in (0, 1, 2, 128, 255)],
+                                     dtype=torch.uint8))[:, 0]  # fmt: skip
+    assert scales.tolist() == [2.0**-128, 2.0**-127, 2.0**-126, 1.0, 2.0**127]
 
 
 @needs_kernel

@@ -1,6 +1,7 @@
 // Linear layers with the activations rounded to 8 or 16 bits, over a GGUF file's blocks
-// regrouped eight output columns at a time (AVX2 + FMA + F16C): Q4_0, Q4_1, Q8_0 and the 5-bit
-// and K-quant formats (Q5_0, Q5_1, Q4_K, Q5_K, Q6_K: what Q4_K_M, Q5_K_M and Q6_K files hold);
+// regrouped eight output columns at a time (AVX2 + FMA + F16C): Q4_0, Q4_1, Q8_0, the 5-bit
+// and K-quant formats (Q5_0, Q5_1, Q4_K, Q5_K, Q6_K: what Q4_K_M, Q5_K_M and Q6_K files hold)
+// and MXFP4 (gpt-oss's experts);
 // or, for 16 bits on AVX-512 VNNI, the legacy three sixteen columns at a time (further down):
 // the `quantized_activations` knob's path; gguf_linear.cpp is the exact one. x and y are
 // float32, or bf16 (a bf16 engine's decode rows).
@@ -9,9 +10,10 @@
 // is llama.cpp's Q8_0 rounding of activations), and each block's dot product is integer. The
 // result is the exact product of the dequantized weights with the rounded x, up to float32
 // summation: an offset m (Q4_1, Q5_1; a K-quant's -dmin * min) meets dx * (the sum of the
-// rounded block), a zero point (Q4_0's 8, Q5_0's 16, Q6_K's 32) is taken off in integers, and a
-// K-quant sub-block's scale d * sc is exact in float32. Q6_K's scales change every 16 weights, so
-// its two halves are summed apart and scaled apart. Rounding x is the only approximation, at
+// rounded block), a zero point (Q4_0's 8, Q5_0's 16, Q6_K's 32, MXFP4's 12) is taken off in
+// integers, a K-quant sub-block's scale d * sc is exact in float32, and MXFP4's is a power of
+// two. Q6_K's scales change every 16 weights, so its two halves are summed apart and scaled
+// apart. Rounding x is the only approximation, at
 // most dx / 2 per element: 8 bits move greedy output within a few dozen tokens, 16 bits rarely
 // (docs/benchmarks.md).
 //
@@ -34,8 +36,8 @@
 // header. Columns past N are zero.
 //
 // Overflow: with 8-bit x, `vpmaddubsw` pairs of nibbles (0-15) times bytes (-127..127) reach
-// 3,810, and eight of them add up in 16 bits to at most 30,480 (5-bit values: 7,874, four of
-// them; 6-bit: 16,002, two); Q8_0's pairs (magnitudes up to 128, signs moved onto x) reach
+// 3,810, and eight of them add up in 16 bits to at most 30,480 (5-bit values and MXFP4's 0..24:
+// 7,874, four of them; 6-bit: 16,002, two); Q8_0's pairs (magnitudes up to 128, signs moved onto x) reach
 // 32,512, so they widen to 32 bits at once. With 16-bit x every product is 32-bit: 32 of them
 // (quants below 64) stay below 2^27.
 //
@@ -210,7 +212,13 @@ inline void chunk_values(const uint8_t* quants, int j, __m256i& low, __m256i& hi
   const __m256i raw = load_chunk(quants + 32 * j);
   low = _mm256_and_si256(raw, nibble);
   high = _mm256_and_si256(_mm256_srli_epi16(raw, 4), nibble);
-  if constexpr (extra_bits(F) == 1) {
+  if constexpr (F == Format::kMXFP4) {  // each nibble's FP4 value, doubled, plus 12
+    const __m256i values = _mm256_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6,
+                                            4, 0, 12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9,
+                                            8, 6, 4, 0);
+    low = _mm256_shuffle_epi8(values, low);
+    high = _mm256_shuffle_epi8(values, high);
+  } else if constexpr (extra_bits(F) == 1) {
     int64_t bits;
     std::memcpy(&bits, quants + 128 + 8 * j, sizeof bits);
     const __m256i t =
@@ -256,6 +264,7 @@ inline Dots block_dot(const uint8_t* quants, const int8_t* xb) {
   } else {
     // `vpmaddubsw` pairs, summed in 16 bits while that cannot overflow: a pair of quants below
     // 16, 32 or 64 times bytes up to 127 reaches 3,810, 7,874 or 16,002, so 8, 4 or 2 of them
+    // (MXFP4's values, at most 24, as the 5-bit formats')
     const __m256i ones = _mm256_set1_epi16(1);
     __m256i pairs[2] = {zero, zero}, sums[2] = {zero, zero};  // elements 0-15, 16-31
     for (int j = 0; j < 4; ++j) {
@@ -272,7 +281,7 @@ inline Dots block_dot(const uint8_t* quants, const int8_t* xb) {
       }
     }
     if constexpr (F == Format::kQ6_K) return {sums[0], sums[1]};
-    if constexpr (extra_bits(F) == 0) {  // 8 pairs of nibbles: at most 30,480
+    if constexpr (quant_bound(F) == 16) {  // 8 pairs of nibbles: at most 30,480
       return {_mm256_madd_epi16(_mm256_add_epi16(pairs[0], pairs[1]), ones), zero};
     }
     return {_mm256_add_epi32(_mm256_madd_epi16(pairs[0], ones), _mm256_madd_epi16(pairs[1], ones)),
@@ -352,6 +361,17 @@ inline SubScales sub_scales(const uint8_t* block, int j) {
   } else {
     return {d, d, d};
   }
+}
+// MXFP4: [8 exponent bytes e] -> 2^(e - 128), exactly: (e - 1) << 23 as float32 bits, or for e
+// of 0 and 1 the subnormals 2^-128 and 2^-127 (ggml's `e8m0_to_fp32_half`)
+template <>
+inline SubScales sub_scales<Format::kMXFP4>(const uint8_t* block, int) {
+  const __m256i e = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(block)));
+  const __m256i normal = _mm256_slli_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(1)), 23);
+  const __m256i tiny = _mm256_sllv_epi32(_mm256_set1_epi32(0x00200000), e);
+  const __m256i is_normal = _mm256_cmpgt_epi32(e, _mm256_set1_epi32(1));
+  const __m256 d = _mm256_castsi256_ps(_mm256_blendv_epi8(tiny, normal, is_normal));
+  return {d, d, d};
 }
 
 // A row's sub-block of 8 columns added to its accumulator: the integer dot products scaled.
@@ -767,8 +787,8 @@ std::vector<Segment> segments_of(const at::Tensor& packed, int64_t lanes) {
     const std::optional<Format> f = bytes % lanes ? std::nullopt : format_of(bytes / lanes);
     TORCH_CHECK(f, "group blocks of ", bytes, " bytes: none of Q4_0 (", lanes * 18, "), Q4_1 (",
                 lanes * 20, "), Q8_0 (", lanes * 34, "), Q5_0 (", lanes * 22, "), Q5_1 (",
-                lanes * 24, "), Q4_K (", lanes * 148, "), Q5_K (", lanes * 180, ") or Q6_K (",
-                lanes * 210, ")");
+                lanes * 24, "), Q4_K (", lanes * 148, "), Q5_K (", lanes * 180, "), Q6_K (",
+                lanes * 210, ") or MXFP4 (", lanes * 17, ")");
     return *f;
   };
   if (packed.dim() == 3) {
@@ -838,7 +858,7 @@ void gguf_int_linear_into(const at::Tensor& x_in, const at::Tensor& packed,
   for (const Segment& s : segments) {
     TORCH_CHECK(s.K == K, "mixed packing: segments of ", s.K, " and ", K, " in_features");
     TORCH_CHECK(is_legacy(s.format) || lanes == kLanes,
-                "5-bit and K-quant blocks are laid in groups of 8 columns only");
+                "5-bit, K-quant and MXFP4 blocks are laid in groups of 8 columns only");
   }
   const int64_t columns = segments.back().n0 + segments.back().N;
   if (packed.dim() == 3) {  // its last group may end in padding

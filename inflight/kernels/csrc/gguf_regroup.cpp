@@ -1,6 +1,6 @@
-// A GGUF weight's 5-bit or K-quant blocks (Q5_0, Q5_1, Q4_K, Q5_K, Q6_K), as the file holds them
-// ([N, blocks per row, file block bytes]), re-laid for gguf_int_linear.cpp: eight columns' header
-// fields side by side, then each 32-weight sub-block's nibbles in 32-byte chunks and its high
+// A GGUF weight's 5-bit, K-quant or MXFP4 blocks (Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, MXFP4), as the
+// file holds them ([N, blocks per row, file block bytes]), re-laid for gguf_int_linear.cpp:
+// eight columns' header fields side by side, then each 32-weight sub-block's nibbles in 32-byte chunks and its high
 // bits (gguf_blocks.h and `chunk_values` there say where every bit goes). One pass over the
 // file's bytes, threads splitting the groups of 8 columns: a 3B model's 1.8 GB in about a second,
 // where the same layout built from PyTorch ops took 12 s. The file's layouts are ggml's; the
@@ -55,7 +55,13 @@ inline void k_scales(const uint8_t* s, Decoded& out) {
 
 template <Format F>
 void decode(const uint8_t* src, Decoded& out) {
-  if constexpr (F == Format::kQ5_0) {
+  if constexpr (F == Format::kMXFP4) {  // e, then Q4_0's nibbles (the FP4 codes)
+    out.d = src[0];
+    for (int i = 0; i < 16; ++i) {
+      out.q[i] = src[1 + i] & 15;
+      out.q[i + 16] = src[1 + i] >> 4;
+    }
+  } else if constexpr (F == Format::kQ5_0) {
     out.d = u16_at(src);
     five_bit(src + 2, src + 6, out.q);
   } else if constexpr (F == Format::kQ5_1) {
@@ -103,7 +109,11 @@ inline void put_u16(uint8_t* p, uint16_t v) { std::memcpy(p, &v, sizeof v); }
 // shared between columns and are ORed into).
 template <Format F>
 void place(const Decoded& in, int lane, uint8_t* out) {
-  put_u16(out + 2 * lane, in.d);
+  if constexpr (F == Format::kMXFP4) {
+    out[lane] = static_cast<uint8_t>(in.d);  // [8 e]
+  } else {
+    put_u16(out + 2 * lane, in.d);
+  }
   if constexpr (has_min(F)) put_u16(out + 16 + 2 * lane, in.m);
   if constexpr (F == Format::kQ4_K || F == Format::kQ5_K) {  // [8 d][8 dmin][scales][mins]
     for (int j = 0; j < 8; ++j) {
@@ -139,6 +149,7 @@ constexpr int64_t file_bytes(Format f) {
     case Format::kQ5_1: return 24;
     case Format::kQ4_K: return 144;
     case Format::kQ5_K: return 176;
+    case Format::kMXFP4: return 17;
     default: return 210;  // Q6_K
   }
 }
@@ -167,11 +178,12 @@ at::Tensor gguf_regroup_blocks(const at::Tensor& blocks) {
               "blocks: uint8 [out_features, blocks per row, block bytes], contiguous");
   const int64_t N = blocks.size(0), per_row = blocks.size(1), bytes = blocks.size(2);
   std::optional<Format> format;
-  for (Format f : {Format::kQ5_0, Format::kQ5_1, Format::kQ4_K, Format::kQ5_K, Format::kQ6_K}) {
+  for (Format f : {Format::kQ5_0, Format::kQ5_1, Format::kQ4_K, Format::kQ5_K, Format::kQ6_K,
+                   Format::kMXFP4}) {
     if (bytes == file_bytes(f)) format = f;
   }
   TORCH_CHECK(format, "blocks of ", bytes, " bytes: none of Q5_0 (22), Q5_1 (24), Q4_K (144), "
-              "Q5_K (176) or Q6_K (210)");
+              "Q5_K (176), Q6_K (210) or MXFP4 (17)");
   auto out = at::zeros({(N + kLanes - 1) / kLanes, per_row, kLanes * block_bytes(*format)},
                        blocks.options());
   with_format(*format, [&](auto f) {
