@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-from gguf import GGMLQuantizationType, GGUFWriter, LlamaFileType
+from gguf import GGMLQuantizationType, GGUFWriter, LlamaFileType, RopeScalingType
 from gguf.quants import quantize
 
 HF_TO_GGUF = {
@@ -58,7 +58,11 @@ def gguf_name(hf: str, arch: str = "llama") -> str:
         return f"blk.{layer}.ffn_{part.rpartition('.')[2].removesuffix('_proj')}_exps.{kind}"
     if part == "mlp.gate":  # their router
         return f"blk.{layer}.ffn_gate_inp.{kind}"
+    if part == "self_attn" and kind == "sinks":  # gpt-oss's, a tensor of their own
+        return f"blk.{layer}.attn_sinks.weight"
     names = GEMMA3_LAYER_TO_GGUF if arch in ("gemma2", "gemma3") else LAYER_TO_GGUF
+    if arch == "gpt-oss":  # its pre-MLP norm under Gemma's name
+        names = {**LAYER_TO_GGUF, "post_attention_layernorm": "post_attention_norm"}
     return f"blk.{layer}.{names[part]}.{kind}"
 
 
@@ -176,7 +180,7 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
             "Gemma2ForCausalLM": "gemma2", "Gemma3ForCausalLM": "gemma3",
             "Qwen3MoeForCausalLM": "qwen3moe",
             "MixtralForCausalLM": "llama",
-            "GraniteForCausalLM": "granite",
+            "GraniteForCausalLM": "granite", "GptOssForCausalLM": "gpt-oss",
             "Qwen3Model": "qwen3"}[cfg["architectures"][0]]  # fmt: skip
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
     w = GGUFWriter(out, arch)
@@ -212,6 +216,12 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
         w.add_expert_used_count(cfg["num_experts_per_tok"])
         if "moe_intermediate_size" in cfg:
             w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+        elif arch == "gpt-oss":  # (as its converter writes it)
+            w.add_expert_feed_forward_length(cfg["intermediate_size"])
+    if rope.get("rope_type") == "yarn":  # what llama.cpp's converter writes of YaRN
+        w.add_rope_scaling_type(RopeScalingType.YARN)
+        w.add_rope_scaling_factor(rope["factor"])
+        w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
     file_type = "MOSTLY_Q4_K_M" if qtype is None else (
         "ALL_F32" if qtype == Q.F32 else f"MOSTLY_{qtype.name}"
     )  # fmt: skip
@@ -237,7 +247,10 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
         w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(original)))
         w.add_tensor("rope_factors_long.weight", np.array(rope["long_factor"], np.float32))
         w.add_tensor("rope_factors_short.weight", np.array(rope["short_factor"], np.float32))
-    for name, tensor in _stacked_experts(load_file(hf_folder / "model.safetensors")).items():
+    weights = load_file(hf_folder / "model.safetensors")
+    if arch == "gpt-oss":
+        weights = _gpt_oss_as_llama_cpp(weights)
+    for name, tensor in _stacked_experts(weights).items():
         if not name.startswith(("model.", "lm_head.")):  # a bare decoder's (Qwen3Model's)
             name = f"model.{name}"
         array = tensor.float().numpy()
@@ -251,8 +264,9 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
             array = array + 1
         file_name = gguf_name(name, arch)
         kind = mix(file_name) if mix else qtype
-        if array.ndim >= 2 and kind != Q.F32 and "ffn_gate_inp" not in file_name:  # routers
-            # stay F32, as llama.cpp's quantizer leaves them
+        weight = file_name.endswith(".weight") and "attn_sinks" not in file_name
+        if weight and array.ndim >= 2 and kind != Q.F32 and "ffn_gate_inp" not in file_name:
+            # (routers stay F32, as llama.cpp's quantizer leaves them)
             w.add_tensor(file_name, quantize_any(array, kind), raw_dtype=kind)
         else:
             w.add_tensor(file_name, array)
@@ -260,6 +274,29 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+    return out
+
+
+def _gpt_oss_as_llama_cpp(weights: dict) -> dict:
+    """gpt-oss's checkpoint as llama.cpp's converter lays it out: the stacked `gate_up_proj`
+    ([experts, hidden, 2 x intermediate], gate and up columns interleaved) and its bias split into
+    gate and up stacks of [experts, out, in] weights, `down_proj` transposed likewise, and the
+    router under the other families' name (`mlp.gate`)."""
+    out = {}
+    for name, tensor in weights.items():
+        prefix, _, leaf = name.partition(".mlp.experts.")
+        if leaf in ("gate_up_proj", "gate_up_proj_bias"):
+            bias = leaf.endswith("_bias")
+            stack = tensor if bias else tensor.transpose(1, 2)  # [E, 2I(, H)]
+            kind = "bias" if bias else "weight"
+            out[f"{prefix}.mlp.experts.gate_proj.{kind}"] = stack[:, 0::2].contiguous()
+            out[f"{prefix}.mlp.experts.up_proj.{kind}"] = stack[:, 1::2].contiguous()
+        elif leaf == "down_proj":
+            out[f"{prefix}.mlp.experts.down_proj.weight"] = tensor.transpose(1, 2).contiguous()
+        elif leaf == "down_proj_bias":
+            out[f"{prefix}.mlp.experts.down_proj.bias"] = tensor
+        else:
+            out[name.replace(".mlp.router.", ".mlp.gate.")] = tensor
     return out
 
 

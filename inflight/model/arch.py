@@ -229,7 +229,7 @@ class LlamaArchConfig:
         if rope_type == "longrope":
             rope, short, long = _longrope(rope, config)
         elif rope_type == "yarn":
-            rope = _yarn(rope, config)
+            rope = yarn_settings(rope, config)
         window = config.get("sliding_window") if arch != "llama" else None
         if arch in ("qwen2", "qwen3", "qwen3_moe"):
             if config.get("use_sliding_window", False):
@@ -340,7 +340,7 @@ def _longrope(
     return scaling, short, long
 
 
-def _yarn(rope: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
+def yarn_settings(rope: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
     """YaRN's settings as transformers reads them: the scale `factor` (by default the max
     positions over the original context), `beta_fast` / `beta_slow` (the ramp's rotation
     bounds), `truncate` (whole dimensions at the ramp's ends), and the attention factor cos and

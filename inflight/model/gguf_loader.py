@@ -37,6 +37,7 @@ from inflight.model.arch import (
     GEMMA3_SLIDING_WINDOW_PATTERN,
     MAX_LAYERS,
     LlamaArchConfig,
+    yarn_settings,
 )
 from inflight.model.gguf_blocks import FORMATS
 from inflight.model.gguf_header import GGUFHeader, TensorInfo, read_gguf_header
@@ -45,10 +46,13 @@ from inflight.tokenizer import cache_dir, file_cache_key
 logger = logging.getLogger(__name__)
 
 SUPPORTED_GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "phi3", "gemma2", "gemma3",
-                                "granite")  # fmt: skip
+                                "granite", "gpt-oss")  # fmt: skip
 # a GGUF architecture -> the registry's, where the names differ (a `llama` file with experts is
 # Mixtral: `gguf_arch_config`)
-_REGISTRY_NAMES = {"qwen3moe": "qwen3_moe"}
+_REGISTRY_NAMES = {"qwen3moe": "qwen3_moe", "gpt-oss": "gpt_oss"}
+# gpt-oss's expert gate, which llama.cpp fixes rather than reads: the published models' clamp
+# and sigmoid slope
+GPT_OSS_SWIGLU_LIMIT, GPT_OSS_SWIGLU_ALPHA = 7.0, 1.702
 ROPE_FREQS = "rope_freqs.weight"  # per-frequency divisors of a llama3-scaled RoPE
 # LongRoPE's factors (Phi-3 and Phi-4-mini 128k), as llama.cpp's converter stores them
 ROPE_FACTORS_LONG, ROPE_FACTORS_SHORT = "rope_factors_long.weight", "rope_factors_short.weight"
@@ -84,7 +88,10 @@ _ARCH_LAYER_NAMES = {
     "phi3": {**_LAYER_NAMES, "attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},
     "gemma2": _GEMMA_LAYER_NAMES,
     "gemma3": _GEMMA_LAYER_NAMES,
-}
+    # gpt-oss's pre-MLP norm, and its sink logits (a parameter of their own, not a `.weight`)
+    "gpt_oss": {**_LAYER_NAMES, "post_attention_norm": "post_attention_layernorm",
+                "attn_sinks": "self_attn.sinks"},
+}  # fmt: skip
 # What llama.cpp assumes for Gemma where the file does not say: Gemma 3's windowed layers' RoPE
 # base (`rope.freq_base_swa`), and the 27Bs' (Gemma 3's 62 layers, Gemma 2's 46) score scale of
 # hidden / heads, not head_dim
@@ -159,18 +166,18 @@ def gguf_arch_config(header: GGUFHeader, path: Path) -> LlamaArchConfig:
     experts = int(meta("expert_count", 0))
     moe: dict[str, Any] = {}
     if experts:
-        if arch not in ("llama", "qwen3moe"):
+        if arch not in ("llama", "qwen3moe", "gpt-oss"):
             raise ModelLoadError(f"{path}: a {arch} file with experts is not supported")
         ffn = int(meta("expert_feed_forward_length", meta("feed_forward_length")))
         # a layer without a router keeps one MLP (what the file holds says which)
         layers = range(min(num_layers, MAX_LAYERS + 1))  # (more are refused with the config)
         dense = tuple(i for i in layers if f"blk.{i}.ffn_gate_inp.weight" not in names)
-        # llama.cpp renormalizes the chosen experts' weights of both, as both families do
+        # llama.cpp renormalizes the chosen experts' weights of each, as each family does
         moe = dict(num_experts=experts, experts_per_token=int(meta("expert_used_count")),
                    expert_intermediate_size=ffn, dense_layers=dense,
                    norm_topk_prob=True)  # fmt: skip
-    elif arch == "qwen3moe":
-        raise ModelLoadError(f"{path}: GGUF metadata lacks qwen3moe.expert_count")
+    elif arch in ("qwen3moe", "gpt-oss"):
+        raise ModelLoadError(f"{path}: GGUF metadata lacks {arch}.expert_count")
     registry_name = "mixtral" if arch == "llama" and experts else _REGISTRY_NAMES.get(arch, arch)
     rope_scaling = _rope_scaling(header, arch, path)
     freq_factors, long_factors = factors.get(ROPE_FREQS), None
@@ -188,8 +195,14 @@ def gguf_arch_config(header: GGUFHeader, path: Path) -> LlamaArchConfig:
                    "logits_scaling": float(meta("logit_scale", 1.0))}  # fmt: skip
     attention_multiplier = field_value(header, f"{arch}.attention.scale")
     softcaps: dict[str, Any] = {}
+    sinks: dict[str, Any] = {}
+    if arch in ("gemma2", "gemma3", "gpt-oss"):
+        full_layers = _full_attention_layers(header, arch, num_layers)
+    if arch == "gpt-oss":
+        sinks = dict(attention_sinks=True, o_bias="blk.0.attn_output.bias" in names,
+                     swiglu_limit=GPT_OSS_SWIGLU_LIMIT,
+                     swiglu_alpha=GPT_OSS_SWIGLU_ALPHA)  # fmt: skip
     if arch in ("gemma2", "gemma3"):
-        full_layers = _gemma_full_layers(header, arch, num_layers)
         if arch == "gemma3":
             local_theta = float(meta("rope.freq_base_swa", GEMMA3_LOCAL_ROPE_THETA))
         wide = num_layers == (GEMMA3_27B_LAYERS if arch == "gemma3" else GEMMA2_27B_LAYERS)
@@ -225,6 +238,7 @@ def gguf_arch_config(header: GGUFHeader, path: Path) -> LlamaArchConfig:
         **moe,
         **multipliers,
         **softcaps,
+        **sinks,
         attention_multiplier=None if attention_multiplier is None else float(attention_multiplier),
     ).pooled(_GGUF_POOLING.get(int(pooling), f"pooling_type {pooling}") if pooling else None)
 
@@ -233,11 +247,11 @@ def gguf_arch_config(header: GGUFHeader, path: Path) -> LlamaArchConfig:
 _GGUF_POOLING = {1: "mean", 3: "last"}
 
 
-def _gemma_full_layers(header: GGUFHeader, arch: str, num_layers: int) -> tuple[int, ...]:
+def _full_attention_layers(header: GGUFHeader, arch: str, num_layers: int) -> tuple[int, ...]:
     """The global layers: as `attention.sliding_window_pattern` lists them (a flag per layer,
     true where windowed) or spaces them (every n-th; 0: none), else every sixth (Gemma 3) or
-    every other one (Gemma 2, as llama.cpp fixes it)."""
-    default = GEMMA2_SLIDING_WINDOW_PATTERN if arch == "gemma2" else GEMMA3_SLIDING_WINDOW_PATTERN
+    every other one (Gemma 2 and gpt-oss, as llama.cpp fixes it)."""
+    default = GEMMA3_SLIDING_WINDOW_PATTERN if arch == "gemma3" else GEMMA2_SLIDING_WINDOW_PATTERN
     pattern = field_value(header, f"{arch}.attention.sliding_window_pattern", default)
     if isinstance(pattern, list):
         return tuple(i for i, windowed in enumerate(pattern[:num_layers]) if not windowed)
@@ -248,11 +262,21 @@ def _gemma_full_layers(header: GGUFHeader, arch: str, num_layers: int) -> tuple[
 
 
 def _rope_scaling(header: GGUFHeader, arch: str, path: Path) -> tuple[tuple[str, Any], ...] | None:
-    """`{arch}.rope.scaling.*` as `LlamaArchConfig.rope_scaling`: linear, or none."""
+    """`{arch}.rope.scaling.*` as `LlamaArchConfig.rope_scaling`: linear, YaRN (gpt-oss's), or
+    none. llama.cpp's YaRN rounds the ramp's ends to whole dimensions (transformers'
+    `truncate`) and takes its bounds as 32 and 1 where the file does not say them."""
     kind = field_value(header, f"{arch}.rope.scaling.type", "none")
     if kind == "none":
         return None
     factor = field_value(header, f"{arch}.rope.scaling.factor")
+    if kind == "yarn" and factor is not None:
+        scaling = f"{arch}.rope.scaling"
+        rope = {"factor": float(factor),
+                "original_max_position_embeddings":
+                    field_value(header, f"{scaling}.original_context_length"),
+                "beta_fast": field_value(header, f"{scaling}.yarn_beta_fast"),
+                "beta_slow": field_value(header, f"{scaling}.yarn_beta_slow")}  # fmt: skip
+        return tuple(sorted(yarn_settings(rope, {}).items()))
     if kind != "linear" or factor is None:
         raise ModelLoadError(f"{path}: unsupported RoPE scaling {kind!r} (factor {factor})")
     return (("factor", float(factor)), ("rope_type", "linear"))
@@ -277,7 +301,11 @@ def hf_name(gguf_name: str, architecture: str) -> str | None:
         if stack in _EXPERT_STACKS and expert.isdigit():
             return f"model.layers.{layer}.mlp.experts.{expert}.{_EXPERT_STACKS[stack]}.{kind}"
         mapped = _ARCH_LAYER_NAMES.get(architecture, _LAYER_NAMES).get(part)
-        return None if mapped is None else f"model.layers.{layer}.{mapped}.{kind}"
+        if mapped is None:
+            return None
+        if mapped.endswith(".sinks"):  # a parameter, not a module's weight
+            return f"model.layers.{layer}.{mapped}"
+        return f"model.layers.{layer}.{mapped}.{kind}"
     mapped = _TOP_NAMES.get(base)
     return None if mapped is None else f"{mapped}.{kind}"
 
@@ -336,7 +364,7 @@ class GGUFIndex:
 
 
 # Bumped whenever what `gguf_arch_config` reads changes, so no stale index outlives it.
-INDEX_VERSION = 7
+INDEX_VERSION = 8
 
 
 def _arch_from_json(saved: dict[str, Any]) -> LlamaArchConfig:
@@ -359,18 +387,20 @@ def _arch_from_json(saved: dict[str, Any]) -> LlamaArchConfig:
 
 
 def _index_entries(tensor: TensorInfo) -> list[dict[str, Any]]:
-    """The index's entries of one tensor: itself, or, for a stack of experts' weights, one 2-D
-    tensor per expert (`blk.N.ffn_gate_exps.E.weight`), each a contiguous slice of the stack."""
+    """The index's entries of one tensor: itself, or, for a stack of experts' weights (or
+    biases: gpt-oss's), one 2-D (1-D) tensor per expert (`blk.N.ffn_gate_exps.E.weight`), each a
+    contiguous slice of the stack."""
     dtype, data_shape = tensor.data_layout()
     entry = {"name": tensor.name, "type": tensor.type, "shape": list(tensor.shape),
              "offset": tensor.offset, "dtype": dtype, "data_shape": list(data_shape)}  # fmt: skip
     base, _, kind = tensor.name.rpartition(".")
-    if base.rpartition(".")[2] not in _EXPERT_STACKS or len(tensor.shape) != 3:
+    stacked_dims = 2 if kind == "bias" else 3
+    if base.rpartition(".")[2] not in _EXPERT_STACKS or len(tensor.shape) != stacked_dims:
         return [entry]
     experts, rows = data_shape[0], data_shape[1:]
     expert_bytes = int(np.prod(rows)) * np.dtype(dtype).itemsize
     return [
-        {**entry, "name": f"{base}.{e}.{kind}", "shape": list(tensor.shape[:2]),
+        {**entry, "name": f"{base}.{e}.{kind}", "shape": list(tensor.shape[:-1]),
          "offset": tensor.offset + e * expert_bytes, "data_shape": list(rows)}
         for e in range(experts)
     ]  # fmt: skip

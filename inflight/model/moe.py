@@ -128,15 +128,15 @@ class Qwen3MoeModel(_MoEModel, Qwen3Model):
 
 _MIXTRAL_NAMES = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
 _MIXTRAL_EXPERT = re.compile(r"(.*\.)block_sparse_moe\.(experts\.\d+)\.(w[123])\.weight")
-_EXPERT_PART = re.compile(r"(.*\.mlp\.experts\.\d+)\.(gate|up)_proj\.weight")
+_EXPERT_PART = re.compile(r"(.*\.mlp\.experts\.\d+)\.(gate|up)_proj\.(weight|bias)")
 
 
 def _fused_experts(
     weights: Iterable[tuple[str, torch.Tensor]],
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """Each expert's gate and up weights as one `gate_up_proj` (gate rows first), under
-    Qwen3-MoE's names (`mlp.gate`, `mlp.experts.E.*`), which the Llama loader maps onto the
-    layer as it maps `mlp.*`."""
+    """Each expert's gate and up weights (and biases: gpt-oss's) as one `gate_up_proj` (gate
+    rows first), under Qwen3-MoE's names (`mlp.gate`, `mlp.experts.E.*`), which the Llama loader
+    maps onto the layer as it maps `mlp.*`."""
     pending: dict[str, dict[str, torch.Tensor]] = {}
     for name, tensor in weights:
         mixtral = _MIXTRAL_EXPERT.fullmatch(name)
@@ -148,10 +148,12 @@ def _fused_experts(
         if match is None:
             yield name, tensor
             continue
-        parts = pending.setdefault(match[1], {})
-        parts[match[2]] = tensor
+        expert, part, kind = match.groups()
+        parts = pending.setdefault(f"{expert}.gate_up_proj.{kind}", {})
+        parts[part] = tensor
         if len(parts) == 2:
-            del pending[match[1]]
-            yield f"{match[1]}.gate_up_proj.weight", torch.cat([parts["gate"], parts["up"]])
+            fused = f"{expert}.gate_up_proj.{kind}"
+            del pending[fused]
+            yield fused, torch.cat([parts["gate"], parts["up"]])
     if pending:
         raise KeyError(f"experts with a gate or an up weight alone: {sorted(pending)}")

@@ -212,6 +212,48 @@ def test_a_mixtral_gguf_generates_as_its_hf_folder(tmp_path, tiny_model_factory)
     assert _greedy(llm, prompts) == exact
 
 
+def test_a_gpt_oss_gguf_with_mxfp4_experts_generates_as_its_hf_folder(tmp_path, tiny_model_factory):
+    """gpt-oss as llama.cpp's converter writes it (`gpt-oss`: gate and up stacks split from the
+    interleaved checkpoint, biases stacked beside them, the sinks as `attn_sinks`, YaRN and the
+    window in metadata, every other layer global): in F32 the same greedy tokens as
+    transformers on the HF folder it came from, once the folder says what llama.cpp fixes (the
+    SwiGLU limit of 7, YaRN's whole-dimension ramp); with its experts in MXFP4 (the published
+    file's format) the experts multiply from their blocks, and the same tokens as the exact path
+    over the same file."""
+    import shutil
+
+    from transformers import AutoModelForCausalLM
+
+    from inflight.model.packed_linear import blocks_serve_every_batch
+
+    folder = tmp_path / "hf"
+    shutil.copytree(tiny_model_factory("gpt_oss"), folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["swiglu_limit"] = 7.0
+    config["rope_parameters"]["truncate"] = True
+    (folder / "config.json").write_text(json.dumps(config))
+    reference = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    prompts = random_prompts(reference.config.vocab_size, lengths=(2, 9, 30, 64, 100))
+    expected = hf_greedy(reference, prompts, [12] * len(prompts))
+    path = write_tiny_gguf(folder, tmp_path / "gpt-oss-f32.gguf", Q.F32)
+    llm = LLM(str(path), dtype="float32", quantized_activations="off")
+    arch = llm.core.arch
+    assert (arch.architecture, arch.num_experts, arch.experts_per_token) == ("gpt_oss", 4, 2)
+    assert arch.attention_sinks and arch.qkv_bias and arch.o_bias and arch.swiglu_limit == 7.0
+    assert (arch.sliding_window, arch.full_attention_layers) == (24, (1,))
+    assert arch.rope_scaling_dict["rope_type"] == "yarn" and arch.rope_scaling_dict["truncate"]
+    assert _greedy(llm, prompts) == expected
+
+    def mxfp4_experts(name: str) -> GGMLQuantizationType:
+        return Q.MXFP4 if "_exps" in name else Q.Q8_0
+
+    path = write_tiny_gguf(folder, tmp_path / "gpt-oss-mxfp4.gguf", None, mix=mxfp4_experts)
+    exact = _greedy(LLM(str(path), dtype="float32", quantized_activations="off"), prompts)
+    llm = LLM(str(path), dtype="float32")
+    assert _experts_from_blocks(llm) == blocks_serve_every_batch(torch.float32, 16)
+    assert _greedy(llm, prompts) == exact
+
+
 def test_a_llama3_rope_gguf_generates_as_its_hf_folder(tmp_path, tiny_model_factory):
     """A Llama 3.x GGUF carries its RoPE scaling as `rope_freqs` (a divisor per frequency), not
     as config: the same tokens as the HF folder, which the parity tests hold to transformers;
