@@ -215,6 +215,13 @@ class LlamaArchConfig:
                 f"unsupported architecture {archs or config.get('model_type')!r}; "
                 f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
             )
+        quantization = config.get("quantization_config")
+        if quantization is not None:  # gpt-oss's MXFP4 experts load (`model/mxfp4.py`)
+            method = quantization.get("quant_method") if isinstance(quantization, dict) else None
+            if (method, arch) != ("mxfp4", "gpt_oss"):
+                raise ValueError(f"quantization {method or quantization!r} is not supported: "
+                                 "quantized weights load from GGUF files, or as gpt-oss's "
+                                 "mxfp4 checkpoints")  # fmt: skip
         num_heads = config["num_attention_heads"]
         hidden = config["hidden_size"]
         params = dict(config.get("rope_parameters") or {})

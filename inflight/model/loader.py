@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -39,6 +40,14 @@ from inflight.model.gguf_loader import (
 )
 from inflight.model.layer_ops import CpuLayerOps, TorchLayerOps
 from inflight.model.llama import LlamaModel
+from inflight.model.mxfp4 import (
+    MXFP4_TYPE,
+    block_entries,
+    blocks_bytes,
+    is_mxfp4_checkpoint,
+    iter_mxfp4_weights,
+    stack_part,
+)
 from inflight.model.packed_linear import (
     block_formats,
     blocks_serve_every_batch,
@@ -276,23 +285,37 @@ def arch_config(path: Path) -> LlamaArchConfig:
     return read_gguf_index(path).arch if is_gguf(path) else load_hf_arch_config(path)
 
 
+def _safetensors_shapes(files: list[Path]) -> dict[str, tuple[int, ...]]:
+    """Every tensor's shape, from the files' headers alone."""
+    shapes = {}
+    for f in files:
+        try:
+            with safe_open(f, framework="pt") as reader:
+                for name in reader.keys():  # noqa: SIM118 (safe_open is not a dict)
+                    shapes[name] = tuple(reader.get_slice(name).get_shape())
+        except (SafetensorError, OSError) as e:
+            raise ModelLoadError(f"{f}: corrupt or unreadable safetensors file ({e})") from e
+    return shapes
+
+
 def estimated_weight_bytes(path: Path, dtype: torch.dtype, quantized_activations: str) -> int:
     """About the bytes `load_model` will hold for the model's weights, from the file's headers
-    alone: GGUF blocks that take every batch as themselves, everything else in `dtype`."""
+    alone: GGUF (or MXFP4 checkpoint) blocks that take every batch as themselves, everything
+    else in `dtype`."""
     size = torch.empty(0, dtype=dtype).element_size()
-    if not is_gguf(path):
-        numel = 0
-        for f in _safetensors_files(path):
-            try:
-                with safe_open(f, framework="pt") as reader:
-                    names = list(reader.keys())
-                    numel += sum(math.prod(reader.get_slice(n).get_shape()) for n in names)
-            except (SafetensorError, OSError) as e:
-                raise ModelLoadError(f"{f}: corrupt or unreadable safetensors file ({e})") from e
-        return numel * size
-    index = read_gguf_index(path)
     bits = ACTIVATION_BITS["int16" if quantized_activations == "auto" else quantized_activations]
     kept = _block_types(dtype, bits) if blocks_serve_every_batch(dtype, bits) else {}
+    if not is_gguf(path):
+        mxfp4 = is_mxfp4_checkpoint(path)
+        total = 0
+        for name, shape in _safetensors_shapes(_safetensors_files(path)).items():
+            part = stack_part(name) if mxfp4 else None
+            if part == "blocks":  # two weights a byte: as blocks, or dequantized
+                total += blocks_bytes(shape) if MXFP4_TYPE in kept else 2 * math.prod(shape) * size
+            elif part is None:  # (scales: counted with their blocks)
+                total += math.prod(shape) * size
+        return total
+    index = read_gguf_index(path)
     total = 0
     for entry in index.entries:
         numel = math.prod(entry["shape"])
@@ -370,12 +393,19 @@ def _block_embedding(model: LlamaModel, blocks: torch.Tensor, dtype: torch.dtype
     return BlockEmbedding(blocks.clone(), dtype)  # off the mapped file
 
 
-def drop_block_weights(model: LlamaModel, index: GGUFIndex, types: Iterable[int]) -> set[str]:
+def gguf_entries(index: GGUFIndex) -> dict[str, dict[str, Any]]:
+    """A GGUF index's tensors by HF name."""
+    named = ((hf_name(e["name"], index.arch.architecture), e) for e in index.entries)
+    return {name: e for name, e in named if name is not None}
+
+
+def drop_block_weights(model: LlamaModel, entries: dict[str, dict[str, Any]],
+                       types: Iterable[int], source: Path) -> set[str]:  # fmt: skip
     """Takes the float weight off every linear of `model` (still on the meta device) whose
     parts all come as GGUF blocks of `types` (GGML type numbers the kernels read; a fused
     linear's parts may differ), and off the embedding when its blocks are (it is then looked up
-    from them); returns the file's names that therefore need no float tensor."""
-    entries = {hf_name(e["name"], index.arch.architecture): e for e in index.entries}
+    from them); returns the names that therefore need no float tensor. `entries`: the tensors
+    that come as blocks, by HF name (`gguf_entries`, `mxfp4.block_entries`), from `source`."""
     kernel_kinds = {(int(t), 2) for t in types}
     dropped = []
     for module, sources in model.linear_sources().items():
@@ -391,7 +421,7 @@ def drop_block_weights(model: LlamaModel, index: GGUFIndex, types: Iterable[int]
             rows != linear.out_features
         ):  # fmt: skip
             shapes = {entries[n]["name"]: entries[n]["shape"][::-1] for n in sources}
-            raise ModelLoadError(f"{index.path}: tensors {shapes} do not make the "
+            raise ModelLoadError(f"{source}: tensors {shapes} do not make the "
                                  f"[{linear.out_features}, {linear.in_features}] weight of "
                                  f"{module} the config asks for")  # fmt: skip
         linear.register_parameter("weight", None)
@@ -445,20 +475,26 @@ def load_model(
     kernels = attn.cpu_kernels and can_pack(dtype, device)
     # decode batches can multiply from the file's own blocks (see packed_linear)
     bits = ACTIVATION_BITS[quantized_activations]
-    block_types = _block_types(dtype, bits) if index is not None and kernels else {}
+    # (gpt-oss's MXFP4 experts come as blocks from an HF folder too)
+    mxfp4 = index is None and is_mxfp4_checkpoint(path)
+    block_types = _block_types(dtype, bits) if (index is not None or mxfp4) and kernels else {}
     blocks: dict[str, torch.Tensor] | None = {} if block_types else None
     # linears whose blocks take every batch never get a float weight (nor a dequantized tensor)
     blocks_only = bool(block_types) and blocks_serve_every_batch(dtype, bits)
     skip = set()
     if blocks_only:
-        assert index is not None, "block types are kept only for a GGUF file"
-        skip = drop_block_weights(model, index, block_types)
+        entries = (gguf_entries(index) if index is not None
+                   else block_entries(_safetensors_shapes(_safetensors_files(path))))  # fmt: skip
+        skip = drop_block_weights(model, entries, block_types, path)
     model = model.to_empty(device=device).to(dtype)
     model.finish_init()
     if index is not None:
         weights = iter_gguf_weights(index, arch, path, blocks, skip, block_types)
     else:
         weights = _iter_safetensors(_safetensors_files(path))
+        if mxfp4:
+            kept = blocks if MXFP4_TYPE in block_types else None
+            weights = iter_mxfp4_weights(weights, kept, skip)
     num_tensors = len(index.entries) if index is not None else None
     weights = tqdm(weights, total=num_tensors, desc=f"loading {path.name}", unit="tensor",
                    leave=False, disable=None)  # fmt: skip

@@ -315,3 +315,21 @@ def test_a_gguf_field_no_integer_holds_is_a_load_error(tmp_path, tiny_model_fact
                            GGMLQuantizationType.F32, metadata=experts)  # fmt: skip
     with pytest.raises(ModelLoadError, match=r"inf\.gguf"):
         read_gguf_index(path)
+
+
+@pytest.mark.parametrize(("arch", "quantization"), [
+    ("LlamaForCausalLM", {"quant_method": "awq", "bits": 4}),
+    ("LlamaForCausalLM", {"quant_method": "mxfp4"}),  # gpt-oss's only
+    ("GptOssForCausalLM", {"quant_method": "fp8"}),
+    ("GptOssForCausalLM", "mxfp4"),
+])  # fmt: skip
+def test_quantized_checkpoints_other_than_gpt_oss_mxfp4_are_refused_naming_the_method(
+    arch, quantization
+):
+    from tests.model.test_gpt_oss import GPT_OSS_20B
+
+    config = {**GPT_OSS_20B, "architectures": [arch], "quantization_config": quantization}
+    with pytest.raises(ValueError, match=r"quantization .* is not supported: quantized weights"):
+        LlamaArchConfig.from_hf_config(config)
+    ok = {**GPT_OSS_20B, "quantization_config": {"quant_method": "mxfp4"}}
+    assert LlamaArchConfig.from_hf_config(ok).architecture == "gpt_oss"

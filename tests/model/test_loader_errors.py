@@ -113,7 +113,7 @@ def test_block_tensors_that_do_not_make_the_configs_weight_are_named(tmp_path, t
     from inflight.attention import make_backend
     from inflight.model.gguf_loader import read_gguf_index
     from inflight.model.llama import LlamaModel
-    from inflight.model.loader import drop_block_weights
+    from inflight.model.loader import drop_block_weights, gguf_entries
     from tests.gguf_files import write_tiny_gguf
 
     path = write_tiny_gguf(tiny_llama, tmp_path / "tiny.gguf", GGMLQuantizationType.Q4_1)
@@ -124,7 +124,7 @@ def test_block_tensors_that_do_not_make_the_configs_weight_are_named(tmp_path, t
         model = LlamaModel(index.arch, make_backend("torch", 16, torch.device("cpu")))
     with pytest.raises(ModelLoadError, match=r"tensors .*'blk\.1\.attn_k\.weight'.* do not "
                        r"make the \[\d+, 64\] weight of layers\.1\.qkv_proj"):  # fmt: skip
-        drop_block_weights(model, index, [GGMLQuantizationType.Q4_1])
+        drop_block_weights(model, gguf_entries(index), [GGMLQuantizationType.Q4_1], path)
 
 
 def test_a_model_that_will_not_fit_is_refused_before_loading(tiny_llama, monkeypatch):
