@@ -1,8 +1,14 @@
-"""Writes a GGUF file in the shapes of a real Llama model, with random weights and SmolLM2's
-tokenizer (from the default model's file), for memory and speed benchmarks at sizes no package
-ships. Weights are N(0, 0.02), norms 1: the text is noise, the shapes, bytes and kernels real.
+"""Writes a GGUF file in the shapes of a real Llama model (or gpt-oss-20b), with random weights
+and SmolLM2's tokenizer (from the default model's file), for memory and speed benchmarks at sizes
+no package ships. Weights are N(0, 0.02), norms 1: the text is noise, the shapes, bytes and
+kernels real.
 
     .venv/bin/python scripts/synthetic_gguf.py llama-3.2-3b --type Q4_0 --out /tmp/llama3b-q4_0.gguf
+
+gpt-oss-20b is written as ggml-org's published file is laid out (`gpt-oss`: MXFP4 experts,
+their biases, sinks, YaRN and the window in metadata; `--type Q8_0` for the rest): its expert
+blocks are random bytes (FP4 codes, exponents near 2^-7), and SmolLM2's vocabulary is padded
+with unused tokens to gpt-oss's 201,088, so that the embedding and LM head have their size.
 
 `--type` is any type the `gguf` package quantizes (F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1);
 for the K-quant mixes (Q4_K_M, Q5_K_M, Q6_K) write F16 and convert it with llama.cpp's
@@ -14,11 +20,12 @@ a time and written as they come, so memory stays near one tensor's size whatever
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
 import numpy as np
-from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter, LlamaFileType
+from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter, LlamaFileType, RopeScalingType
 from gguf.quants import quantize
 from tqdm import tqdm
 
@@ -30,6 +37,8 @@ SHAPES = {
     "llama-3.2-3b": (28, 3072, 8192, 24, 8, 500000.0, 131072),
     "llama-3.1-8b": (32, 4096, 14336, 32, 8, 500000.0, 131072),
 }
+# gpt-oss-20b: (layers, hidden, experts, experts a token, heads, kv heads, head dim, vocab)
+GPT_OSS_20B = (24, 2880, 32, 4, 64, 8, 64, 201088)
 TOKENIZER_KEYS = ("tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.tokens",
                   "tokenizer.ggml.token_type", "tokenizer.ggml.merges",
                   "tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id",
@@ -55,51 +64,122 @@ def tensors(layers: int, hidden: int, inter: int, heads: int, kv_heads: int, voc
     yield "output.weight", (vocab, hidden)
 
 
+def gpt_oss_tensors():
+    """(GGUF name, shape in numpy order) of gpt-oss-20b's tensors, llama.cpp's names; expert
+    stacks are 3-D (their biases 2-D)."""
+    layers, hidden, experts, _, heads, kv_heads, head_dim, vocab = GPT_OSS_20B
+    q, kv = heads * head_dim, kv_heads * head_dim
+    yield "token_embd.weight", (vocab, hidden)
+    for i in range(layers):
+        b = f"blk.{i}."
+        yield b + "attn_norm.weight", (hidden,)
+        for name, rows in (("attn_q", q), ("attn_k", kv), ("attn_v", kv)):
+            yield b + f"{name}.weight", (rows, hidden)
+            yield b + f"{name}.bias", (rows,)
+        yield b + "attn_output.weight", (hidden, q)
+        yield b + "attn_output.bias", (hidden,)
+        yield b + "attn_sinks.weight", (heads,)
+        yield b + "post_attention_norm.weight", (hidden,)
+        yield b + "ffn_gate_inp.weight", (experts, hidden)
+        yield b + "ffn_gate_inp.bias", (experts,)
+        for name in ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"):
+            yield b + f"{name}.weight", (experts, hidden, hidden)
+            yield b + f"{name}.bias", (experts, hidden)
+    yield "output_norm.weight", (hidden,)
+    yield "output.weight", (vocab, hidden)
+
+
+def random_mxfp4(rng: np.random.Generator, rows: int, cols: int) -> np.ndarray:
+    """[rows, cols / 32 * 17] MXFP4 blocks of random codes, exponents 2^-9..2^-7 (values up to
+    about 0.05: the scale of N(0, 0.02) weights)."""
+    blocks = rng.integers(0, 256, (rows, cols // 32, 17), dtype=np.uint8)
+    blocks[..., 0] = rng.integers(119, 122, (rows, cols // 32), dtype=np.uint8)
+    return blocks.reshape(rows, -1)
+
+
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("shape", choices=list(SHAPES))
+    parser.add_argument("shape", choices=[*SHAPES, "gpt-oss-20b"])
     parser.add_argument("--type", default="F16", help="F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     qtype = GGMLQuantizationType[args.type]
-    layers, hidden, inter, heads, kv_heads, theta, context = SHAPES[args.shape]
     source = GGUFReader(default_model_path())
-    vocab = len(source.fields["tokenizer.ggml.tokens"].contents())
-
-    w = GGUFWriter(args.out, "llama")
+    gpt_oss = args.shape == "gpt-oss-20b"
+    w = GGUFWriter(args.out, "gpt-oss" if gpt_oss else "llama")
     w.add_name(f"synthetic {args.shape}")
+    if gpt_oss:
+        layers, hidden, experts, used, heads, kv_heads, head_dim, vocab = GPT_OSS_20B
+        w.add_context_length(131072)
+        w.add_feed_forward_length(hidden)
+        w.add_expert_feed_forward_length(hidden)
+        w.add_expert_count(experts)
+        w.add_expert_used_count(used)
+        w.add_sliding_window(128)
+        w.add_rope_freq_base(150000.0)
+        w.add_rope_scaling_type(RopeScalingType.YARN)
+        w.add_rope_scaling_factor(32.0)
+        w.add_rope_scaling_orig_ctx_len(4096)
+        specs = list(gpt_oss_tensors())
+    else:
+        layers, hidden, inter, heads, kv_heads, theta, context = SHAPES[args.shape]
+        head_dim = hidden // heads
+        vocab = len(source.fields["tokenizer.ggml.tokens"].contents())
+        w.add_context_length(context)
+        w.add_feed_forward_length(inter)
+        w.add_rope_freq_base(theta)
+        specs = list(tensors(layers, hidden, inter, heads, kv_heads, vocab))
     w.add_block_count(layers)
-    w.add_context_length(context)
     w.add_embedding_length(hidden)
-    w.add_feed_forward_length(inter)
     w.add_head_count(heads)
     w.add_head_count_kv(kv_heads)
-    w.add_rope_freq_base(theta)
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
     w.add_layer_norm_rms_eps(1e-5)
-    w.add_rope_dimension_count(hidden // heads)
+    w.add_rope_dimension_count(head_dim)
     w.add_vocab_size(vocab)
     w.add_file_type(int(LlamaFileType[f"MOSTLY_{qtype.name}"]))
     for key in TOKENIZER_KEYS:  # SmolLM2's tokenizer, as its GGUF holds it
         field = source.fields.get(key)
-        if field is not None:
-            w.add_key_value(key, field.contents(), field.types[0],
-                            field.types[-1] if len(field.types) > 1 else None)  # fmt: skip
+        if field is None:
+            continue
+        value = field.contents()
+        if key in ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type") and len(value) < vocab:
+            extra = vocab - len(value)  # unused tokens, to the model's vocabulary
+            value = value + ([f"<unused_{i}>" for i in range(extra)]
+                             if key.endswith("tokens") else [4] * extra)  # fmt: skip
+        w.add_key_value(key, value, field.types[0],
+                        field.types[-1] if len(field.types) > 1 else None)  # fmt: skip
     rng = np.random.default_rng(args.seed)
-    specs = list(tensors(layers, hidden, inter, heads, kv_heads, vocab))
+
+    def kind(name: str, shape: tuple[int, ...]) -> GGMLQuantizationType:
+        if "_exps.weight" in name:
+            return GGMLQuantizationType.MXFP4
+        matrix = len(shape) == 2 and name.endswith(".weight") and "ffn_gate_inp" not in name
+        return qtype if matrix else GGMLQuantizationType.F32
+
     for name, shape in specs:  # headers first: the writer streams the data afterwards
-        if len(shape) == 1:
-            w.add_tensor_info(name, shape, np.dtype(np.float32), 4 * shape[0])
-        else:
-            size = quantize(np.zeros((1, shape[1]), np.float32), qtype).nbytes * shape[0]
-            # (a dtype other than uint8: the shape given is then the values', not the bytes')
-            w.add_tensor_info(name, shape, np.dtype(np.float32), size, raw_dtype=qtype)
+        size = 4 * math.prod(shape)
+        if kind(name, shape) == GGMLQuantizationType.MXFP4:
+            size = math.prod(shape) // 32 * 17
+        elif kind(name, shape) != GGMLQuantizationType.F32:
+            size = quantize(np.zeros((1, shape[-1]), np.float32), qtype).nbytes * shape[0]
+        # (a dtype other than uint8: the shape given is then the values', not the bytes')
+        raw = None if kind(name, shape) == GGMLQuantizationType.F32 else kind(name, shape)
+        w.add_tensor_info(name, shape, np.dtype(np.float32), size, raw_dtype=raw)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
-    for _, shape in tqdm(specs, desc=f"writing {args.out.name}", unit="tensor"):
-        if len(shape) == 1:
-            w.write_tensor_data(np.ones(shape, np.float32))
+    for name, shape in tqdm(specs, desc=f"writing {args.out.name}", unit="tensor"):
+        if kind(name, shape) == GGMLQuantizationType.MXFP4:  # a layer's experts: 141 MB
+            w.write_tensor_data(random_mxfp4(rng, shape[0] * shape[1], shape[2]))
+            continue
+        if kind(name, shape) == GGMLQuantizationType.F32:  # norms 1; biases, sinks, routers small
+            norm = name.endswith("norm.weight")
+            values = (np.ones(shape, np.float32) if norm else
+                      rng.standard_normal(shape, dtype=np.float32) * np.float32(0.02))  # fmt: skip
+            w.write_tensor_data(values)
             continue
         rows = []
         for start in range(0, shape[0], 4096):  # a slice at a time: float32 stays small

@@ -23,6 +23,8 @@ class FusedDecoderLayers:
     """Holds flat lists of every layer's weights (taken after packing: build it last)."""
 
     def __init__(self, layers: torch.nn.ModuleList) -> None:
+        if any(layer.sinks is not None for layer in layers):  # (gpt-oss's layers run in Python)
+            raise ValueError("the fused layer loop does not pass attention sinks")
         projections = [getattr(layer, p) for layer in layers for p in _PROJECTIONS]
         kinds = {type(m) for m in projections}
         if len(kinds) != 1:
