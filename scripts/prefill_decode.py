@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import random
 import subprocess
 import sys
 import time
 import urllib.request
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 PROMPT, DECODE = 512, 48
@@ -95,8 +97,10 @@ def main(argv: list[str]) -> None:
         for name, mode in runs if r % 2 == 0 else runs[::-1]:  # a drift favours no one
             if mode is None:
                 got = llama_server_run(args.llama_server, args.model, seed=r)
-            else:
-                got = inflight_run(args.model, mode, seed=r)
+            else:  # in a process of its own, whose memory is all returned before the next run
+                spawn = multiprocessing.get_context("spawn")
+                with ProcessPoolExecutor(1, mp_context=spawn) as pool:
+                    got = pool.submit(inflight_run, args.model, mode, r).result()
             results[name].append(got)
             print(f"round {r + 1} {name}: prefill {got['prefill_tok_s']:.1f} tok/s, "
                   f"decode {got['decode_ms']:.1f} ms/token", flush=True)  # fmt: skip

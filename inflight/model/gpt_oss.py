@@ -25,7 +25,7 @@ from torch import nn
 from inflight.attention import AttentionBackend
 from inflight.model.arch import LlamaArchConfig
 from inflight.model.layer_ops import TorchLayerOps
-from inflight.model.moe import MoEDecoderLayer, _MoEModel
+from inflight.model.moe import MoEDecoderLayer, _MoEModel, expert_linears, route
 from inflight.model.packed_linear import Decodes, apply_linear
 
 
@@ -46,18 +46,13 @@ class GptOssDecoderLayer(MoEDecoderLayer):
         logits = apply_linear(self.gate, x, decodes)  # [T, E]
         best, chosen = torch.topk(logits, self.top_k, dim=-1)  # [T, k]
         weights = torch.softmax(best, dim=-1, dtype=best.dtype)
-        out = torch.zeros_like(x)
-        routed = nn.functional.one_hot(chosen, num_classes=len(self.experts)).permute(2, 1, 0)
-        for e in routed.sum(dim=(1, 2)).nonzero().flatten().tolist():
-            rank, rows = torch.where(routed[e])
-            expert = self.experts[e]
-            gate_up = apply_linear(expert.gate_up_proj, x[rows], False)
-            gate, up = gate_up.chunk(2, dim=-1)
-            gate, up = gate.clamp(max=self.limit), up.clamp(-self.limit, self.limit)
-            h = (up + 1) * (gate * torch.sigmoid(gate * self.alpha))
-            h = apply_linear(expert.down_proj, h, False) * weights[rows, rank, None]
-            out.index_add_(0, rows, h.to(out.dtype))
-        return out
+        pairs, groups = route(chosen, len(self.experts))
+        rows = pairs // self.top_k  # each pair's token
+        gate, up = expert_linears(self.experts, "gate_up_proj", x[rows], groups).chunk(2, dim=-1)
+        gate, up = gate.clamp(max=self.limit), up.clamp(-self.limit, self.limit)
+        h = (up + 1) * (gate * torch.sigmoid(gate * self.alpha))
+        h = expert_linears(self.experts, "down_proj", h, groups) * weights.flatten()[pairs, None]
+        return torch.zeros_like(x).index_add_(0, rows, h.to(x.dtype))
 
 
 class GptOssModel(_MoEModel):

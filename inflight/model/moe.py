@@ -2,9 +2,10 @@
 layer) and Mixtral (`MixtralForCausalLM`, the Llama layer), whose MLP is a set of experts in
 every sparse layer. A router (`gate`) scores each token's experts; its softmax in float32 keeps
 the `experts_per_token` best (renormalized with `norm_topk_prob`, always for Mixtral), and each
-chosen expert, a SiLU-gated MLP, adds its output times that weight. Experts run one after
-another over the rows routed to them and add into the output in expert order, as transformers
-does, so a token's sum never depends on which other tokens share its step.
+chosen expert, a SiLU-gated MLP, adds its output times that weight. A step's (token, expert)
+pairs are grouped by expert (`route`): each expert's linears run once over its rows, the
+activation once over all of them, and the outputs add into each token in expert order, as
+transformers adds them, so a token's sum never depends on which other tokens share its step.
 
 Each expert's gate and up projections are fused into one weight at load (transformers keeps
 them as one [2I, H] slice per expert too); Mixtral's `block_sparse_moe.experts.*.w1/w3/w2` are
@@ -22,13 +23,12 @@ from collections.abc import Iterable, Iterator
 from typing import ClassVar
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from inflight.attention import AttentionBackend
 from inflight.model.arch import LlamaArchConfig
 from inflight.model.layer_ops import TorchLayerOps
-from inflight.model.llama import DecoderLayer, LlamaModel, gated_mlp
+from inflight.model.llama import DecoderLayer, LlamaModel
 from inflight.model.packed_linear import Decodes, apply_linear
 from inflight.model.qwen3 import Qwen3DecoderLayer, Qwen3Model
 
@@ -71,15 +71,38 @@ class MoEDecoderLayer(DecoderLayer):
             weights /= weights.sum(dim=-1, keepdim=True)
         if self.cast_router_weights:
             weights = weights.to(logits.dtype)
-        out = torch.zeros_like(x)
-        # [E, k, T]: which (rank, token) pairs chose each expert
-        routed = F.one_hot(chosen, num_classes=len(self.experts)).permute(2, 1, 0)
-        for e in routed.sum(dim=(1, 2)).nonzero().flatten().tolist():
-            rank, rows = torch.where(routed[e])
-            # rows are a subset of the step's: none of them is told apart as a decode
-            h = gated_mlp(self.experts[e], x[rows], False, self.ops) * weights[rows, rank, None]
-            out.index_add_(0, rows, h.to(out.dtype))
-        return out
+        pairs, groups = route(chosen, len(self.experts))
+        rows = pairs // self.top_k  # each pair's token
+        h = self.ops.silu_and_mul(expert_linears(self.experts, "gate_up_proj", x[rows], groups))
+        h = expert_linears(self.experts, "down_proj", h, groups) * weights.flatten()[pairs, None]
+        return torch.zeros_like(x).index_add_(0, rows, h.to(x.dtype))
+
+
+ExpertRuns = list[tuple[int, int, int]]  # (expert, start, end) of each chosen expert's pairs
+
+
+def route(chosen: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, ExpertRuns]:
+    """A step's (token, rank) pairs grouped by expert: their flat indices `t * k + rank` in expert
+    order (stable: ascending tokens within an expert), and each chosen expert's (expert, start,
+    end) run of them. Adding the pairs' outputs in this order adds each token's in expert order."""
+    flat = chosen.flatten()
+    pairs = torch.argsort(flat, stable=True)
+    groups: ExpertRuns = []
+    start = 0
+    for e, count in enumerate(torch.bincount(flat, minlength=num_experts).tolist()):
+        if count:
+            groups.append((e, start, start + count))
+            start += count
+    return pairs, groups
+
+
+def expert_linears(
+    experts: nn.ModuleList, projection: str, x: torch.Tensor, groups: ExpertRuns
+) -> torch.Tensor:
+    """Each expert's `projection` over its run of rows of `x` (pairs in `route`'s order), in one
+    tensor. The rows are a subset of the step's: none of them is told apart as a decode."""
+    parts = [apply_linear(getattr(experts[e], projection), x[a:b], False) for e, a, b in groups]
+    return torch.cat(parts) if len(parts) > 1 else parts[0]
 
 
 class Qwen3MoeDecoderLayer(MoEDecoderLayer, Qwen3DecoderLayer):
