@@ -8,7 +8,8 @@ kernels real.
 gpt-oss-20b is written as ggml-org's published file is laid out (`gpt-oss`: MXFP4 experts,
 their biases, sinks, YaRN and the window in metadata; `--type Q8_0` for the rest): its expert
 blocks are random bytes (FP4 codes, exponents near 2^-7), and SmolLM2's vocabulary is padded
-with unused tokens to gpt-oss's 201,088, so that the embedding and LM head have their size.
+with unused ordinary tokens to gpt-oss's 201,088 (as its own vocabulary is: not added
+tokens), so that the embedding, the LM head and the tokenizer have their size.
 
 `--type` is any type the `gguf` package quantizes (F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1);
 for the K-quant mixes (Q4_K_M, Q5_K_M, Q6_K) write F16 and convert it with llama.cpp's
@@ -148,7 +149,7 @@ def main(argv: list[str]) -> None:
         if key in ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type") and len(value) < vocab:
             extra = vocab - len(value)  # unused tokens, to the model's vocabulary
             value = value + ([f"<unused_{i}>" for i in range(extra)]
-                             if key.endswith("tokens") else [4] * extra)  # fmt: skip
+                             if key.endswith("tokens") else [1] * extra)  # fmt: skip
         w.add_key_value(key, value, field.types[0],
                         field.types[-1] if len(field.types) > 1 else None)  # fmt: skip
     rng = np.random.default_rng(args.seed)
