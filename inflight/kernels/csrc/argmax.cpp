@@ -4,7 +4,7 @@
 #include "vec_math.h"
 #include "ops.h"
 
-#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_cpu_dispatch.h>
 
 #include <cmath>
 #include <limits>
@@ -81,7 +81,7 @@ at::Tensor first_argmax(const at::Tensor& x) {
   TORCH_CHECK(x.dim() == 2 && x.size(1) > 0 && x.stride(1) == 1 && x.size(1) < (1LL << 31),
               "x must be [S, V] with contiguous rows, 0 < V < 2^31");
   const int64_t S = x.size(0), V = x.size(1), stride = x.stride(0);
-  auto out = at::empty({S}, x.options().dtype(at::kLong));
+  auto out = at::cpu::empty({S}, x.options().dtype(at::kLong));
   int64_t* o = out.data_ptr<int64_t>();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "first_argmax", [&] {
     first_argmax_rows(x.data_ptr<scalar_t>(), S, V, stride, o);

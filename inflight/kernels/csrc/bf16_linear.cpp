@@ -11,8 +11,7 @@
 // bias, then one rounding to bf16: a row's result never depends on the other rows of the batch.
 #include "ops.h"
 
-#include <ATen/ops/empty.h>
-#include <ATen/ops/zeros.h>
+#include <ATen/ops/empty_cpu_dispatch.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -112,14 +111,14 @@ at::Tensor pack_bf16_linear(const at::Tensor& weight) {
   TORCH_CHECK(K % 2 == 0, "in_features must be even (k pairs), got ", K);
   const int64_t blocks = (N + kBlockCols - 1) / kBlockCols;
   // [blocks * 32 columns (zero padded), K/2, 2] -> [blocks, K/2, 32, 2]
-  auto padded = at::zeros({blocks * kBlockCols, K / 2, 2}, weight.options());
+  auto padded = at::cpu::empty({blocks * kBlockCols, K / 2, 2}, weight.options()).zero_();
   padded.narrow(0, 0, N).copy_(weight.reshape({N, K / 2, 2}));
   return padded.view({blocks, kBlockCols, K / 2, 2}).transpose(1, 2).contiguous();
 }
 
 at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed,
                        const c10::optional<at::Tensor>& bias, int64_t out_features) {
-  auto y = at::empty({x.dim() == 2 ? x.size(0) : 0, out_features}, x.options());
+  auto y = at::cpu::empty({x.dim() == 2 ? x.size(0) : 0, out_features}, x.options());
   bf16_linear_into(x, packed, bias, out_features, y);
   return y;
 }

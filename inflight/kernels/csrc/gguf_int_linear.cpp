@@ -51,7 +51,7 @@
 #include "ops.h"
 #include "vec_math.h"
 
-#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_cpu_dispatch.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -842,7 +842,7 @@ int64_t gguf_int_linear_columns(int64_t activation_bits) { return columns_for(ac
 at::Tensor gguf_int_linear(const at::Tensor& x, const at::Tensor& packed,
                            const c10::optional<at::Tensor>& bias, int64_t out_features,
                            int64_t activation_bits) {
-  auto y = at::empty({x.dim() == 2 ? x.size(0) : 0, out_features}, x.options());
+  auto y = at::cpu::empty({x.dim() == 2 ? x.size(0) : 0, out_features}, x.options());
   gguf_int_linear_into(x, packed, bias, out_features, activation_bits, y);
   return y;
 }
@@ -897,7 +897,7 @@ void gguf_int_linear_into(const at::Tensor& x_in, const at::Tensor& packed,
     round_and_run_wide(x.data_ptr<c10::BFloat16>(), M, K, w, bias_p,
                        y.data_ptr<c10::BFloat16>(), out_features, format);
 #else
-    auto y_f32 = at::empty({M, out_features}, x.options().dtype(at::kFloat));
+    auto y_f32 = at::cpu::empty({M, out_features}, x.options().dtype(at::kFloat));
     round_and_run_wide(x.data_ptr<c10::BFloat16>(), M, K, w, bias_p, y_f32.data_ptr<float>(),
                        out_features, format);
     y.copy_(y_f32);
@@ -907,7 +907,7 @@ void gguf_int_linear_into(const at::Tensor& x_in, const at::Tensor& packed,
 #endif
   // bf16 x widens exactly to float32, and y rounds back once at the end
   const at::Tensor x = x_in.to(at::kFloat).contiguous();
-  auto y_f32 = x_in.scalar_type() == at::kFloat ? y : at::empty({M, out_features}, x.options());
+  auto y_f32 = x_in.scalar_type() == at::kFloat ? y : at::cpu::empty({M, out_features}, x.options());
   if (activation_bits == 8) {
     round_and_run<int8_t>(x.data_ptr<float>(), M, K, segments, bias_p, y_f32.data_ptr<float>(),
                           out_features);

@@ -20,7 +20,7 @@
 #include "gguf_blocks.h"
 #include "ops.h"
 
-#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_cpu_dispatch.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -185,7 +185,7 @@ at::Tensor gguf_linear(const at::Tensor& x_in, const at::Tensor& blocks,
   const at::Tensor x = x_in.contiguous();
   const at::Tensor bias_f32 = bias.has_value() ? bias->to(at::kFloat).contiguous() : at::Tensor();
   const int64_t M = x.size(0);
-  auto y = at::empty({M, N}, x.options());
+  auto y = at::cpu::empty({M, N}, x.options());
   if (M == 0 || N == 0) return y;
   const float* xp = x.data_ptr<float>();
   const int64_t blocks_per_row = blocks.size(1);

@@ -9,7 +9,7 @@
 #include "gguf_blocks.h"
 #include "ops.h"
 
-#include <ATen/ops/zeros.h>
+#include <ATen/ops/empty_cpu_dispatch.h>
 #include <ATen/Parallel.h>
 
 #include <cstring>
@@ -184,8 +184,8 @@ at::Tensor gguf_regroup_blocks(const at::Tensor& blocks) {
   }
   TORCH_CHECK(format, "blocks of ", bytes, " bytes: none of Q5_0 (22), Q5_1 (24), Q4_K (144), "
               "Q5_K (176), Q6_K (210) or MXFP4 (17)");
-  auto out = at::zeros({(N + kLanes - 1) / kLanes, per_row, kLanes * block_bytes(*format)},
-                       blocks.options());
+  auto out = at::cpu::empty({(N + kLanes - 1) / kLanes, per_row, kLanes * block_bytes(*format)},
+                            blocks.options()).zero_();
   with_format(*format, [&](auto f) {
     if constexpr (!is_legacy(f.value)) {
       regroup<f.value>(blocks.data_ptr<uint8_t>(), N, per_row, out.data_ptr<uint8_t>());

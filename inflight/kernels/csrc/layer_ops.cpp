@@ -8,7 +8,7 @@
 #include "vec_math.h"
 #include "ops.h"
 
-#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_cpu_dispatch.h>
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
@@ -138,7 +138,7 @@ void rope_rows(T* xp, int64_t stride, const T* cp, const T* sp, int64_t T_, int6
 
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   check_rows(x, weight);
-  auto out = at::empty(x.sizes(), x.options());
+  auto out = at::cpu::empty(x.sizes(), x.options());
   const int64_t T = x.size(0), D = x.size(1), stride = x.stride(0);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "rms_norm", [&] {
     const scalar_t* xp = x.data_ptr<scalar_t>();
@@ -158,7 +158,7 @@ at::Tensor add_rms_norm(const at::Tensor& x, at::Tensor& residual,
   TORCH_CHECK(residual.sizes() == x.sizes() && residual.is_contiguous() &&
                   residual.scalar_type() == x.scalar_type(),
               "residual must be a contiguous tensor shaped and typed like x");
-  auto out = at::empty(x.sizes(), x.options());
+  auto out = at::cpu::empty(x.sizes(), x.options());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "add_rms_norm", [&] {
     add_rms_norm_rows(x.data_ptr<scalar_t>(), x.stride(0), residual.data_ptr<scalar_t>(),
                       weight.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), x.size(0),
@@ -171,7 +171,7 @@ at::Tensor silu_and_mul(const at::Tensor& gate_up) {
   TORCH_CHECK(gate_up.dim() == 2 && gate_up.stride(1) == 1 && gate_up.size(1) % 2 == 0,
               "gate_up must be [T, 2 * I] with contiguous rows");
   const int64_t T = gate_up.size(0), I = gate_up.size(1) / 2;
-  auto out = at::empty({T, I}, gate_up.options());
+  auto out = at::cpu::empty({T, I}, gate_up.options());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, gate_up.scalar_type(), "silu_mul", [&] {
     silu_and_mul_rows(gate_up.data_ptr<scalar_t>(), gate_up.stride(0), out.data_ptr<scalar_t>(),
                       T, I);

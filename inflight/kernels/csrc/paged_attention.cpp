@@ -30,7 +30,7 @@
 #include "ops.h"
 #include "vec_math.h"
 
-#include <ATen/ops/empty_like.h>
+#include <ATen/ops/empty_cpu_dispatch.h>
 
 #include <algorithm>
 #include <atomic>
@@ -419,7 +419,7 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
     TORCH_CHECK(lp[r] >= 1 && lp[r] <= MB * lay.block_size, "request ", r, " has ", lp[r],
                 " tokens: outside its block table");
   const float* sink_p = sink_logits(sinks, H);
-  auto out = at::empty_like(q);
+  auto out = at::cpu::empty(q.sizes(), q.options());
   dispatch_query_and_cache(q.scalar_type(), k_cache.scalar_type(), "paged_decode", [&](auto q_tag,
                                                                                      auto c_tag) {
     using q_t = decltype(q_tag);
