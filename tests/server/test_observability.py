@@ -152,8 +152,11 @@ def chromium():
 
 
 def page_numbers(driver) -> dict[str, float]:
-    ids = ("running", "waiting", "kv-blocks-used")
-    return {i: float(driver.find_element("id", i).text or "nan") for i in ids}
+    ids = ["running", "waiting", "kv-blocks-used"]
+    texts = driver.execute_script(  # in one script, as `tenant_names` says why
+        "return arguments[0].map(id => document.getElementById(id).textContent.trim())", ids
+    )
+    return {i: float(text or "nan") for i, text in zip(ids, texts, strict=True)}
 
 
 def metrics_numbers(url: str) -> dict[str, float]:
@@ -165,6 +168,15 @@ def metrics_numbers(url: str) -> dict[str, float]:
 
 def table_rows(driver) -> int:
     return len(driver.find_elements("css selector", "#requests tbody tr"))
+
+
+def tenant_names(driver) -> list[str]:
+    """The tenants' table's first column, read in one script: the page re-renders the table
+    with every update, so elements found in one call may be gone by the next."""
+    return driver.execute_script(
+        "return Array.from(document.querySelectorAll('#tenants tbody tr td:first-child'),"
+        " cell => cell.textContent.trim())"
+    )
 
 
 def canvas(driver, element_id: str) -> str:
@@ -211,8 +223,7 @@ def test_dashboard_renders_and_moves_with_the_load(tiny_llama):
                 time.sleep(0.05)
             assert page["running"] == 4 and page["waiting"] == 2 and page["kv-blocks-used"] > 0
             # the tenants' table: every request here is the default tenant's
-            cells = driver.find_elements("css selector", "#tenants tbody tr td:first-child")
-            assert [c.text for c in cells] == ["default"]
+            assert tenant_names(driver) == ["default"]
             for t in threads:
                 t.join()
             errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
