@@ -13,7 +13,7 @@ from typing import Any
 
 from inflight.errors import InflightError
 from inflight.routing import ROUTERS
-from inflight.sim.hardware import PROFILES, resolve_hardware
+from inflight.sim.hardware import LINKS, PROFILES, resolve_hardware, resolve_link
 from inflight.sim.model_profile import KV_BYTES, PRESETS, WEIGHT_BYTES, load_model_profile
 from inflight.sim.simulator import ENGINE_ONLY_KNOBS
 from inflight.workload.flags import add_workload_flags
@@ -32,6 +32,11 @@ def _add_target_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--weights", choices=list(WEIGHT_BYTES), default="bf16")
     p.add_argument("--kv-dtype", choices=list(KV_BYTES), default="bf16")
     p.add_argument("--replicas", type=int, default=1)
+    p.add_argument("--tensor-parallel-size", type=int, default=1,
+                   help="devices each replica's model is split over")  # fmt: skip
+    p.add_argument("--link", choices=list(LINKS), default=None,
+                   help="what joins a replica's tensor-parallel ranks (default: nvlink4 "
+                   "between GPUs, eth25 between CPU nodes)")  # fmt: skip
     p.add_argument("--router", choices=ROUTERS, default="least-loaded",
                    help="how a fleet of replicas shares arrivals (inflight.routing)")  # fmt: skip
     p.add_argument("--memory-utilization", type=float, default=0.9,
@@ -95,7 +100,9 @@ def run_simulate(args: argparse.Namespace, knobs: dict[str, Any]) -> int:
                 step_overhead_s=None if args.step_overhead_ms is None
                 else args.step_overhead_ms / 1e3,
             )  # fmt: skip
-            model = load_model_profile(args.model_spec, args.weights, args.kv_dtype)
+            model = load_model_profile(args.model_spec, args.weights, args.kv_dtype,
+                                       args.tensor_parallel_size)  # fmt: skip
+            args.link = resolve_link(args.link or ("eth25" if hardware.is_cpu else "nvlink4"))
             if args.simulate_command == "plan":
                 _plan(args, hardware, model, knobs, out)
             else:
@@ -124,12 +131,13 @@ def _run(args, hardware, model, knobs, out: Path) -> None:
     runs, meta = [], {}
     for mode in modes:
         setup = build_setup(hardware, model, {**knobs, "batching": mode}, args.replicas,
-                            args.memory_utilization)  # fmt: skip
+                            args.memory_utilization, link=args.link)  # fmt: skip
         runs.append(simulate(setup, workload, f"simulated-{mode}", progress=True,
                              router=args.router))  # fmt: skip
         meta = setup.describe() | {
             "workload": args.workload, "requests": len(workload), "arrival": args.arrival,
             "hardware source": hardware.source,
+            **({"link source": args.link.source} if model.tensor_parallel > 1 else {}),
         }  # fmt: skip
     write_report(out, f"inflight simulate: {args.workload} on {hardware.name}", runs, meta)
     print((out / "summary.md").read_text())
@@ -147,7 +155,8 @@ def _plan(args, hardware, model, knobs, out: Path) -> None:
     tokens = tuple(int(x) for x in args.tokens_grid.split(","))
     with tqdm(total=len(seqs) * len(tokens) * args.max_replicas, desc="plan") as bar:
         result = plan(hardware, model, knobs, workload, args.slo_ttft_p99, args.slo_tpot_p99,
-                      args.max_replicas, seqs, tokens, args.memory_utilization, bar)  # fmt: skip
+                      args.max_replicas, seqs, tokens, args.memory_utilization, bar,
+                      args.link)  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)
     (out / "plan.json").write_text(json.dumps(dataclasses.asdict(result), indent=2) + "\n")
     lines = [f"# Plan: {model.name} ({model.weight_dtype}) on {hardware.name}, "

@@ -7,9 +7,17 @@
     step    = overhead + per-sequence overhead * seqs
               + combine(memory / bandwidth, compute / peak)   (max: roofline; sum: serial)
               + swapped blocks / host link bandwidth
+              + all-reduces and the logits' gather (tensor parallelism)
 
 Efficiencies scale bandwidth and peak (1.0 = roofline). Sliding-window models attend to at
 most `window` keys per query.
+
+Under tensor parallelism every count is one rank's (`ModelProfile` says how the model splits),
+and a step adds what its ranks exchange over the `Link`: two all-reduces per layer (after the
+attention's o and after the MLP's down projection) of tokens x hidden activations, each a ring
+costing the link's latency plus 2 (TP - 1) / TP of its bytes over the link's bandwidth, and one
+all-gather of the sampled rows' float32 logits ((TP - 1) / TP of them). Nothing overlaps the
+exchanges with compute, as in an engine that all-reduces between its layers' kernels.
 """
 
 from __future__ import annotations
@@ -18,7 +26,7 @@ from dataclasses import dataclass
 
 from inflight.core.outputs import SchedulerOutput
 from inflight.model.arch import LlamaArchConfig
-from inflight.sim.hardware import HardwareProfile
+from inflight.sim.hardware import HardwareProfile, Link
 from inflight.sim.model_profile import ModelProfile
 
 
@@ -42,6 +50,7 @@ class StepCost:
     weight_bytes: float
     kv_bytes: float
     flops: float
+    link_bytes: float = 0.0  # sent by each rank to the others (tensor parallelism)
 
 
 def step_work(
@@ -77,21 +86,47 @@ def model_step_work(out: SchedulerOutput, arch: LlamaArchConfig) -> StepWork:
 
 
 def step_amounts(model: ModelProfile, work: StepWork) -> tuple[float, float, float]:
-    """What the step moves and computes: (weight bytes, KV bytes, FLOPs)."""
-    weight_bytes = model.weight_bytes_per_step if work.num_tokens else 0.0
+    """What the step moves and computes on one rank: (weight bytes, KV bytes, FLOPs)."""
+    tp = model.tensor_parallel
+    weight_bytes = model.weight_bytes_per_step / tp if work.num_tokens else 0.0
     kv_bytes = float((work.kv_read_tokens + work.num_tokens) * model.kv_bytes_per_token)
     flops = (
         2.0 * model.linear_params * work.num_tokens
         + 2.0 * model.head_params * work.num_sampled
         + float(model.attention_flops_per_pair) * work.attention_pairs
-    )
+    ) / tp
     return weight_bytes, kv_bytes, flops
 
 
+def link_time(model: ModelProfile, work: StepWork, link: Link | None) -> tuple[float, float]:
+    """(seconds, bytes each rank sends) of the step's exchanges among its tensor-parallel ranks:
+    none on one rank."""
+    tp = model.tensor_parallel
+    if tp == 1 or not work.num_tokens:
+        return 0.0, 0.0
+    if link is None:
+        raise ValueError("tensor parallelism needs a link between its ranks")
+    arch = model.arch
+    reduced = work.num_tokens * arch.hidden_size * model.activation_bytes_per_value
+    calls = 2 * arch.num_layers
+    ring = 2 * (tp - 1) / tp * reduced
+    gathered = (tp - 1) / tp * work.num_sampled * arch.vocab_size * 4
+    sent = calls * ring + gathered
+    gathers = 1 if work.num_sampled else 0
+    return (calls + gathers) * link.latency_s + sent / link.bandwidth, sent
+
+
 class CostModel:
-    def __init__(self, hardware: HardwareProfile, model: ModelProfile, block_size: int) -> None:
+    def __init__(
+        self, hardware: HardwareProfile, model: ModelProfile, block_size: int,
+        link: Link | None = None,
+    ) -> None:  # fmt: skip
+        """`link`: what joins the model's tensor-parallel ranks (needed when it has several)."""
+        if model.tensor_parallel > 1 and link is None:
+            raise ValueError("tensor parallelism needs a link between its ranks")
         self.hw = hardware
         self.model = model
+        self.link = link
         self.block_bytes = model.kv_bytes_per_token * block_size
         self.peak = hardware.peak_flops(model.compute_dtype)
 
@@ -103,13 +138,15 @@ class CostModel:
         )
         compute_s = flops / (self.peak * hw.compute_efficiency)
         device_s = max(memory_s, compute_s) if hw.combine == "max" else memory_s + compute_s
+        link_s, link_bytes = link_time(self.model, work, self.link)
         seconds = (
             hw.step_overhead_s
             + hw.seq_overhead_s * work.num_seqs
             + device_s
             + work.swapped_blocks * self.block_bytes / hw.host_link_bw
+            + link_s
         )
-        return StepCost(seconds, weight_bytes, kv_bytes, flops)
+        return StepCost(seconds, weight_bytes, kv_bytes, flops, link_bytes)
 
     def step_cost(self, out: SchedulerOutput) -> StepCost:
         return self.cost(model_step_work(out, self.model.arch))

@@ -75,7 +75,50 @@ PROFILES: dict[str, HardwareProfile] = {
         "l40s", 48 * GB, 864 * GB, {"bf16": 362e12, "fp8": 733e12}, 32 * GB,
         f"{_NVIDIA} (L40S: GDDR6 864 GB/s, BF16 362 TFLOPS, FP8 733 TFLOPS, PCIe Gen4 x16)",
     ),
+    # A node like this project's 2-core CPU VMs, for tensor parallelism across CPU nodes: the
+    # Zen 3 VM's DRAM read rate while decoding from GGUF blocks, and the rate of its 16-bit
+    # activations over 4-bit blocks (the path quantized weights take; "bf16" here stands for
+    # it), both in docs/benchmarks.md. Its step times add memory and compute, as the
+    # calibrated CPU's do.
+    "cpu-node-2c": HardwareProfile(
+        "cpu-node-2c", 24 * 2**30, 18 * GB, {"bf16": 140e9, "fp32": 140e9}, 9 * GB,
+        "a 2-core AMD EPYC (Zen 3) VM of 24 GiB: 18 GB/s DRAM reads, 140 GFLOP/s of int16 "
+        "activations over 4-bit blocks (docs/benchmarks.md)", is_cpu=True, combine="sum",
+    ),
 }  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Link:
+    """What joins the ranks of a tensor-parallel group: each device's bandwidth one way, and the
+    fixed cost of one collective call (launch, synchronisation, the first hop)."""
+
+    name: str
+    bandwidth: float  # bytes/s, per device, one way
+    latency_s: float
+    source: str
+
+
+_ASSUMED = "latency assumed, not measured here"
+LINKS: dict[str, Link] = {
+    "nvlink4": Link("nvlink4", 450 * GB, 8e-6,
+                    f"H100 SXM NVLink 4: 900 GB/s per GPU both ways together; NCCL-class "
+                    f"all-reduce of small messages ({_ASSUMED})"),
+    "pcie5": Link("pcie5", 50 * GB, 20e-6,
+                  f"PCIe Gen5 x16 between GPUs: 64 GB/s raw, ~50 effective ({_ASSUMED})"),
+    "eth100": Link("eth100", 12.5 * GB, 50e-6,
+                   f"100 Gb/s Ethernet between CPU nodes (gloo over TCP; {_ASSUMED})"),
+    "eth25": Link("eth25", 3.125 * GB, 50e-6,
+                  f"25 Gb/s Ethernet between CPU nodes (gloo over TCP; {_ASSUMED})"),
+    "eth10": Link("eth10", 1.25 * GB, 100e-6,
+                  f"10 Gb/s Ethernet between CPU nodes (gloo over TCP; {_ASSUMED})"),
+}  # fmt: skip
+
+
+def resolve_link(name: str) -> Link:
+    if name not in LINKS:
+        raise ValueError(f"unknown link {name!r}: one of {', '.join(LINKS)}")
+    return LINKS[name]
 
 
 def _best_rate(fn, work: float, repeats: int, sync=lambda: None) -> float:

@@ -1,10 +1,16 @@
 """Model profiles: the byte and FLOP counts the cost model needs, from any Llama-family HF
-config.json (or a GGUF file's metadata) and a weight / KV dtype.
+config.json (or a GGUF file's metadata), a weight / KV dtype and a tensor-parallel size.
 
 Linear layers hold (almost) all parameters; their weights are read once per step and cost
 2 FLOPs per parameter per token. The embedding is a lookup (read only for the step's tokens);
 the LM head runs only for tokens that sample. Quantized checkpoints (fp8, int4) keep the
 embedding and LM head in 16 bits, as common recipes do.
+
+Tensor parallelism over `tensor_parallel` devices (Megatron's split, as vLLM does it): q/k/v,
+gate and up by output columns, o and down by input rows, embedding and LM head by vocabulary, so
+each rank holds and reads 1/TP of the weights and does 1/TP of the FLOPs. Each rank caches its
+own KV heads; where TP exceeds the KV heads, each KV head is replicated on TP / kv_heads ranks.
+The per-rank counts below are what one device sees: `kv_bytes_per_token` sizes its pool.
 """
 
 from __future__ import annotations
@@ -21,6 +27,27 @@ WEIGHT_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int4": 0.5 +
 # The matmul dtype each weight dtype runs in (int4 is dequantized to bf16: W4A16).
 COMPUTE_DTYPE = {"fp32": "fp32", "bf16": "bf16", "fp16": "bf16", "fp8": "fp8", "int4": "bf16"}
 KV_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+# Bytes of one activation in an all-reduce, by the matmul dtype (fp8 matmuls output bf16)
+ACTIVATION_BYTES = {"fp32": 4, "bf16": 2, "fp8": 2}
+
+
+def check_tensor_parallel(arch: LlamaArchConfig, size: int) -> None:
+    """Refuses a size that does not split the model evenly, naming the numbers."""
+    if size < 1:
+        raise ValueError(f"tensor_parallel_size must be >= 1, got {size}")
+    kv = arch.num_kv_heads
+    parts = {
+        "attention heads": arch.num_heads,
+        "MLP columns (intermediate_size)": arch.intermediate_size,
+        "vocabulary entries": arch.vocab_size,
+    }
+    for what, count in parts.items():
+        if count % size:
+            raise ValueError(f"tensor_parallel_size {size} does not divide the model's {count} "
+                             f"{what}")  # fmt: skip
+    if kv % size and size % kv:
+        raise ValueError(f"tensor_parallel_size {size} neither divides the model's {kv} KV "
+                         f"heads nor is a multiple of them")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -29,12 +56,14 @@ class ModelProfile:
     arch: LlamaArchConfig
     weight_dtype: str = "bf16"
     kv_dtype: str = "bf16"
+    tensor_parallel: int = 1
 
     def __post_init__(self) -> None:
         if self.weight_dtype not in WEIGHT_BYTES:
             raise ValueError(f"weight dtype must be one of {', '.join(WEIGHT_BYTES)}")
         if self.kv_dtype not in KV_BYTES:
             raise ValueError(f"KV dtype must be one of {', '.join(KV_BYTES)}")
+        check_tensor_parallel(self.arch, self.tensor_parallel)
 
     @property
     def linear_params_per_layer(self) -> int:
@@ -82,9 +111,23 @@ class ModelProfile:
         return self.weight_bytes_per_step + untied
 
     @property
+    def rank_weight_bytes(self) -> float:
+        """Memory one rank's share of the weights occupies."""
+        return self.weight_bytes_total / self.tensor_parallel
+
+    @property
+    def kv_heads_per_rank(self) -> int:
+        return max(1, self.arch.num_kv_heads // self.tensor_parallel)
+
+    @property
     def kv_bytes_per_token(self) -> int:
+        """One token's K and V in every layer, on one rank (its own KV heads)."""
         a = self.arch
-        return 2 * a.num_layers * a.num_kv_heads * a.head_dim * KV_BYTES[self.kv_dtype]
+        return 2 * a.num_layers * self.kv_heads_per_rank * a.head_dim * KV_BYTES[self.kv_dtype]
+
+    @property
+    def activation_bytes_per_value(self) -> int:
+        return ACTIVATION_BYTES[self.compute_dtype]
 
     @property
     def attention_flops_per_pair(self) -> int:
@@ -93,10 +136,11 @@ class ModelProfile:
         return 4 * a.num_layers * a.num_heads * a.head_dim
 
     def activation_bytes(self, max_num_batched_tokens: int, max_num_seqs: int) -> int:
-        """Peak activation memory of one step (rough): the MLP's widest intermediate and a
-        few hidden-sized buffers per token in 16 bits, plus fp32 logits for every sequence."""
+        """Peak activation memory of one step on one rank (rough): its share of the MLP's
+        widest intermediate and a few hidden-sized buffers per token in 16 bits, plus fp32
+        logits for every sequence (gathered whole on every rank)."""
         a = self.arch
-        per_token = (2 * a.intermediate_size + 4 * a.hidden_size) * 2
+        per_token = (2 * a.intermediate_size // self.tensor_parallel + 4 * a.hidden_size) * 2
         return max_num_batched_tokens * per_token + max_num_seqs * a.vocab_size * 4
 
 
@@ -104,7 +148,7 @@ PRESETS = ("llama-3.3-70b", "llama-3.1-8b", "qwen2.5-7b", "smollm2-135m")
 
 
 def load_model_profile(
-    spec: str | None, weight_dtype: str = "bf16", kv_dtype: str = "bf16"
+    spec: str | None, weight_dtype: str = "bf16", kv_dtype: str = "bf16", tensor_parallel: int = 1
 ) -> ModelProfile:
     """`spec`: a preset name (config.json files shipped in `inflight/sim/models`), an HF config
     .json file, a model folder, a GGUF file, or None for the engine's default model."""
@@ -114,11 +158,12 @@ def load_model_profile(
     if spec in PRESETS:
         text = resources.files("inflight.sim").joinpath(f"models/{spec}.json").read_text()
         arch = LlamaArchConfig.from_hf_config(json.loads(text))
-        return ModelProfile(spec, arch, weight_dtype, kv_dtype)
+        return ModelProfile(spec, arch, weight_dtype, kv_dtype, tensor_parallel)
     if spec is not None and spec.endswith(".json"):
         path = Path(spec)
         arch = LlamaArchConfig.from_hf_config(json.loads(path.read_text()))
-        return ModelProfile(path.parent.name or path.stem, arch, weight_dtype, kv_dtype)
+        return ModelProfile(path.parent.name or path.stem, arch, weight_dtype, kv_dtype,
+                            tensor_parallel)  # fmt: skip
     path = resolve_model_path(spec)
     arch = read_gguf_index(path).arch if is_gguf(path) else load_hf_arch_config(path)
-    return ModelProfile(path.stem, arch, weight_dtype, kv_dtype)
+    return ModelProfile(path.stem, arch, weight_dtype, kv_dtype, tensor_parallel)

@@ -12,7 +12,7 @@ import itertools
 from dataclasses import dataclass, field
 
 from inflight.errors import ConfigError
-from inflight.sim.hardware import HardwareProfile
+from inflight.sim.hardware import HardwareProfile, Link
 from inflight.sim.model_profile import ModelProfile
 from inflight.sim.simulator import build_setup, simulate
 from inflight.workload.requests import WorkloadRequest
@@ -47,7 +47,9 @@ def plan(
     tokens_grid: tuple[int, ...] = (2048, 8192),
     memory_utilization: float = 0.9,
     progress=None,
+    link: Link | None = None,
 ) -> PlanResult:
+    """`link`: what joins each replica's tensor-parallel ranks, where the model has several."""
     if slo_ttft_p99 is None and slo_tpot_p99 is None:
         raise ValueError("give a P99 TTFT target, a P99 TPOT target, or both")
     result = PlanResult()
@@ -57,7 +59,8 @@ def plan(
             row = {"replicas": replicas, "max_num_seqs": seqs, "max_num_batched_tokens": tokens}
             setting = {**knobs, "max_num_seqs": seqs, "max_num_batched_tokens": tokens}
             try:
-                setup = build_setup(hardware, model, setting, replicas, memory_utilization)
+                setup = build_setup(hardware, model, setting, replicas, memory_utilization,
+                                    link=link)  # fmt: skip
                 summary = summarize(simulate(setup, workload, "plan"))
             except ConfigError as e:
                 result.rows.append(row | {"error": str(e)})

@@ -34,7 +34,7 @@ from inflight.request import Request
 from inflight.routing import make_router, prefix_key
 from inflight.sampling_params import SamplingParams
 from inflight.sim.cost_model import CostModel
-from inflight.sim.hardware import HardwareProfile
+from inflight.sim.hardware import HardwareProfile, Link
 from inflight.sim.model_profile import ModelProfile
 from inflight.workload.requests import WorkloadRequest
 from inflight.workload.results import RequestRecord, RunResult
@@ -53,6 +53,7 @@ class SimSetup:
     num_kv_blocks: int
     num_cpu_blocks: int
     replicas: int = 1
+    link: Link | None = None  # joins a replica's tensor-parallel ranks (`model.tensor_parallel`)
 
     @property
     def max_model_len(self) -> int:
@@ -62,7 +63,9 @@ class SimSetup:
         return {
             "hardware": self.hardware.name, "model": self.model.name,
             "weights": self.model.weight_dtype, "kv_dtype": self.model.kv_dtype,
-            "replicas": self.replicas, "max_num_seqs": self.scheduler.max_num_seqs,
+            "replicas": self.replicas, "tensor_parallel": self.model.tensor_parallel,
+            **({"link": self.link.name} if self.link and self.model.tensor_parallel > 1 else {}),
+            "max_num_seqs": self.scheduler.max_num_seqs,
             "max_num_batched_tokens": self.scheduler.max_num_batched_tokens,
             "kv_blocks": self.num_kv_blocks, "kv_block_size": self.cache.kv_block_size,
             "kv_tokens": self.num_kv_blocks * self.cache.kv_block_size,
@@ -78,20 +81,36 @@ def build_setup(
     replicas: int = 1,
     memory_utilization: float = 0.9,
     runtime_reserve_bytes: int = 2**30,
+    link: Link | None = None,
 ) -> SimSetup:
     """Sizes the KV pool as the engine would: from `kv_cache_memory_bytes` on a CPU, and on a
     GPU from the memory left, after weights, peak activations and a runtime reserve (CUDA
-    context, graphs), within `memory_utilization` of the device (vLLM's rule)."""
+    context, graphs), within `memory_utilization` of the device (vLLM's rule). Under tensor
+    parallelism (`model.tensor_parallel` ranks joined by `link`) each rank is one device of
+    `hardware` holding its share of the weights and the KV of its own heads, and every rank's
+    pool has the same blocks."""
+    if model.tensor_parallel > 1 and link is None:
+        raise ValueError("tensor parallelism needs a link between its ranks")
     config = EngineConfig.from_knobs(**knobs)
     cache, sched = config.cache, config.scheduler
     block_size = cache.kv_block_size
     limit = model.arch.max_position_embeddings
     requested = config.model.max_model_len
+    tp = model.tensor_parallel
+    ranks = f" on each of {tp} ranks" if tp > 1 else ""
     if hardware.is_cpu:
         budget = cache.kv_cache_memory_bytes
+        needed = model.rank_weight_bytes + budget + runtime_reserve_bytes
+        if needed > hardware.memory_bytes:
+            raise ConfigError(
+                f"{model.name} ({model.weight_dtype}) needs {model.rank_weight_bytes / 1e9:.1f} GB "
+                f"for weights and {budget / 1e9:.1f} GB for the KV pool{ranks}, with the runtime "
+                f"{needed / 1e9:.1f} GB: more than {hardware.name}'s "
+                f"{hardware.memory_bytes / 1e9:.1f} GB"
+            )
     else:
         fixed = (
-            model.weight_bytes_total
+            model.rank_weight_bytes
             + model.activation_bytes(sched.max_num_batched_tokens, sched.max_num_seqs)
             + runtime_reserve_bytes
         )
@@ -100,7 +119,7 @@ def build_setup(
         if budget < model.kv_bytes_per_token * block_size:
             raise ConfigError(
                 f"{model.name} ({model.weight_dtype}) needs {fixed / 1e9:.1f} GB for weights, "
-                f"activations and runtime, more than {usable / 1e9:.1f} GB "
+                f"activations and runtime{ranks}, more than {usable / 1e9:.1f} GB "
                 f"({memory_utilization:.0%} of {hardware.name}); no room for a KV cache"
             )
     plan = plan_kv_pool(
@@ -111,7 +130,7 @@ def build_setup(
     )  # fmt: skip
     return SimSetup(
         hardware, model, dataclasses.replace(sched, max_model_len=plan.max_model_len), cache,
-        plan.num_blocks, plan.num_cpu_blocks, replicas,
+        plan.num_blocks, plan.num_cpu_blocks, replicas, link,
     )  # fmt: skip
 
 
@@ -161,11 +180,13 @@ class Simulation:
         the setup's hardware; `LineCost` fitted to a run)."""
         self.setup = setup
         self.router = make_router(router)
-        self.cost_model = cost_model or CostModel(setup.hardware, setup.model,
-                                                  setup.cache.kv_block_size)  # fmt: skip
+        self.cost_model = cost_model or CostModel(
+            setup.hardware, setup.model, setup.cache.kv_block_size, setup.link
+        )
         self.replicas = [_Replica(setup) for _ in range(setup.replicas)]
         self.totals = StepTotals()  # every step of every replica
         self.flops = self.bytes = 0.0  # what those steps computed and moved, by the cost model
+        self.link_bytes = 0.0  # what one rank sent to the others over those steps
         self.timeline: list[StepStats] = []  # replica 0's steps (a fleet's would interleave)
         self.schedules: list[SchedulerOutput] = []  # every step's schedule, when recorded
         self.record_schedules = False
@@ -186,6 +207,7 @@ class Simulation:
         replica.current, replica.step_end = out, t + cost.seconds
         self.flops += cost.flops
         self.bytes += cost.weight_bytes + cost.kv_bytes
+        self.link_bytes += cost.link_bytes
         if self.record_schedules:
             self.schedules.append(out)
 
@@ -286,20 +308,27 @@ class Simulation:
             }
         kvs = [r.kv for r in self.replicas]
         queries = sum(kv.prefix_stats.queries for kv in kvs)
-        return predictions | {
-            "replicas": self.setup.replicas,
-            "router": self.router.name,
-            "prefix_routed": self.router.prefix_routed,
-            "load_routed": self.router.load_routed,
-            "prefix_cache_hit_rate": round(
-                sum(kv.prefix_stats.hits for kv in kvs) / max(1, queries), 4
-            ),
-            "steps_all_replicas": t.num_steps,
-            "seat_utilization": round(t.seat_s / (busy * self.setup.scheduler.max_num_seqs), 4),
-            "compute_utilization": round(self.flops / (busy * peak), 4),
-            "bandwidth_utilization": round(self.bytes / (busy * hw.memory_bw), 4),
-            "simulator_wall_s": round(sim_wall_s, 3),
-        }
+        parallel = {}
+        if self.setup.model.tensor_parallel > 1:
+            parallel = {"link_gb_sent_per_rank": round(self.link_bytes / 1e9, 3)}
+        return (
+            predictions
+            | parallel
+            | {
+                "replicas": self.setup.replicas,
+                "router": self.router.name,
+                "prefix_routed": self.router.prefix_routed,
+                "load_routed": self.router.load_routed,
+                "prefix_cache_hit_rate": round(
+                    sum(kv.prefix_stats.hits for kv in kvs) / max(1, queries), 4
+                ),
+                "steps_all_replicas": t.num_steps,
+                "seat_utilization": round(t.seat_s / (busy * self.setup.scheduler.max_num_seqs), 4),
+                "compute_utilization": round(self.flops / (busy * peak), 4),
+                "bandwidth_utilization": round(self.bytes / (busy * hw.memory_bw), 4),
+                "simulator_wall_s": round(sim_wall_s, 3),
+            }
+        )
 
 
 def _record(request: Request) -> RequestRecord:
