@@ -241,18 +241,26 @@ def tiny_llama(tiny_model_factory) -> Path:
     return tiny_model_factory("llama")
 
 
-# The longest files, longest first (each a minute or more on a 2-core CPU): started last, one
-# of them holds its worker long after the others are done.
+# The longest files, longest first (20 s to over two minutes each on the 2-core CI machine,
+# measured with `--durations=0`): one of them started last holds its worker long after the
+# others are done.
 LONGEST_FILES = (
-    "server/test_replicas.py", "integration/test_smollm2_parity.py", "bench/test_bench_smoke.py",
+    "bench/test_bench_smoke.py", "server/test_replicas.py", "integration/test_smollm2_parity.py",
     "integration/test_batch_invariance.py", "server/test_load_and_faults.py",
+    "runner/test_attention.py", "model/test_parity_tiny.py",
+    "integration/test_structured_outputs.py", "server/test_fuzz_api.py",
+    "integration/test_calibration.py", "integration/test_hf_export.py",
+    "integration/test_gemma3_parity.py", "server/test_observability.py",
+    "runner/test_kv_cache_dtype.py", "integration/test_openai_server.py", "test_tokenizer.py",
 )  # fmt: skip
 
 
 def pytest_collection_modifyitems(config, items):
     """The longest files first, then the other files with slow tests, then the rest:
-    pytest-xdist hands out whole files (`--dist loadfile`) in collection order, and a slow file
-    started last leaves the other workers idle at the end."""
+    pytest-xdist hands out whole files (`--dist loadfile`) in collection order (with
+    `--no-loadscope-reorder`; by default it sorts them by their number of tests, which sends
+    the few-test heavy files last), and a slow file started last leaves the other workers idle
+    at the end."""
     slow_files = {item.path for item in items if item.get_closest_marker("slow")}
     tests_dir = Path(__file__).parent
 
