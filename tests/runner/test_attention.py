@@ -156,14 +156,14 @@ def skip_beyond_interpreted_cases(kernel: str, dtype, bs: int, d: int, window) -
 )
 @pytest.mark.parametrize(("dtype", "tol", "bs", "d"), KERNEL_CASES)
 @pytest.mark.parametrize("window", [None, 37])
-@pytest.mark.parametrize("sinks", [False, True], ids=["", "sinks"])
-def test_kernel_matches_reference_on_model_shapes(kernel, dtype, tol, bs, d, window, sinks):
+@pytest.mark.parametrize("extra", ["", "sinks", "softcap"])
+def test_kernel_matches_reference_on_model_shapes(kernel, dtype, tol, bs, d, window, extra):
     """SmolLM2's head grouping (9 query heads over 3 KV heads): each decode kernel (fp32
     accumulation; Triton's under its interpreter here) against the reference (bf16 matmuls in
     bf16 runs; "triton-cuda": compiled for the GPU, which CI does not have); the C++ kernels
-    with gpt-oss's sinks too."""
+    with gpt-oss's sinks, and with Gemma 2's soft cap, too."""
     skip_beyond_interpreted_cases(kernel, dtype, bs, d, window)
-    sink_logits = sinks_for(kernel, sinks, 9)
+    sink_logits, softcap = extras_for(kernel, extra, 9)
     # Triton's interpreter runs each program in Python: 16 requests there (contexts 7..299,
     # inside and beyond the window, one to three partitions), 40 elsewhere
     num_reqs = 16 if kernel == "triton" else 40
@@ -188,17 +188,24 @@ def test_kernel_matches_reference_on_model_shapes(kernel, dtype, tol, bs, d, win
         fast = (TritonBackend(bs), (k_cache.clone(), v_cache.clone()))
     for backend, caches in ((TorchReferenceBackend(bs), (k_cache, v_cache)), fast):
         meta = backend.build_metadata(query_start_loc, start_pos, tables, slots, device)
-        outs.append(backend.forward(q, key, value, *caches, meta, window, sinks=sink_logits))
+        outs.append(backend.forward(q, key, value, *caches, meta, window, softcap=softcap,
+                                    sinks=sink_logits))  # fmt: skip
     torch.testing.assert_close(outs[1].float(), outs[0].float(), atol=tol, rtol=tol)
 
 
-def sinks_for(kernel: str, sinks: bool, heads: int) -> torch.Tensor | None:
-    """Sink logits of the scores' size, or None; only the C++ kernels take them."""
-    if not sinks:
-        return None
+def extras_for(kernel: str, extra: str, heads: int) -> tuple[torch.Tensor | None, float | None]:
+    """(sink logits of the scores' size, or None; a soft cap, or None): the C++ kernels take
+    both; the Triton kernels take no sinks, and their cap runs where a GPU is (the interpreter
+    would add minutes; the mixed-batch test caps them on small shapes)."""
+    if extra == "softcap":
+        if kernel == "triton":
+            pytest.skip("Triton's interpreter: the mixed-batch test covers its soft cap")
+        return None, 1.0  # below these scores' spread, so that the cap changes every row
+    if extra != "sinks":
+        return None, None
     if kernel != "cpu":
         pytest.skip("the Triton kernels take no sinks (the loader gives such models torch)")
-    return torch.randn(heads, generator=torch.Generator().manual_seed(7)) * 2
+    return torch.randn(heads, generator=torch.Generator().manual_seed(7)) * 2, None
 
 
 @pytest.mark.parametrize(
@@ -207,14 +214,14 @@ def sinks_for(kernel: str, sinks: bool, heads: int) -> torch.Tensor | None:
 )
 @pytest.mark.parametrize(("dtype", "tol", "bs", "d"), KERNEL_CASES)
 @pytest.mark.parametrize("window", [None, 37])
-@pytest.mark.parametrize("sinks", [False, True], ids=["", "sinks"])
+@pytest.mark.parametrize("extra", ["", "sinks", "softcap"])
 def test_prefill_kernel_matches_reference_on_model_shapes(kernel, dtype, tol, bs, d, window,
-                                                          sinks):  # fmt: skip
+                                                          extra):  # fmt: skip
     """Prompt chunks (fresh and continuations, 2..90 tokens: more than one tile of the Triton
     kernel's 64 queries) on SmolLM2's head grouping, the queries a strided view into a fused QKV
-    tensor as in the model; the C++ kernels with gpt-oss's sinks too."""
+    tensor as in the model; the C++ kernels with gpt-oss's sinks, and Gemma 2's cap, too."""
     skip_beyond_interpreted_cases(kernel, dtype, bs, d, window)
-    sink_logits = sinks_for(kernel, sinks, 9)
+    sink_logits, softcap = extras_for(kernel, extra, 9)
     gen = torch.Generator().manual_seed(2)
     num_blocks, kvh, h = 200 * 16 // bs, 3, 9
     k_cache = torch.randn(num_blocks, bs, kvh, d, generator=gen).to(dtype)
@@ -246,7 +253,8 @@ def test_prefill_kernel_matches_reference_on_model_shapes(kernel, dtype, tol, bs
         meta = backend.build_metadata(
             query_start_loc, cached, tables, torch.tensor(slots, device=device), device
         )
-        outs.append(backend.forward(q, key, value, *caches, meta, window, sinks=sink_logits))
+        outs.append(backend.forward(q, key, value, *caches, meta, window, softcap=softcap,
+                                    sinks=sink_logits))  # fmt: skip
     torch.testing.assert_close(outs[1].float(), outs[0].float(), atol=tol, rtol=tol)
 
 

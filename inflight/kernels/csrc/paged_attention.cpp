@@ -274,7 +274,7 @@ void decode_item_generic(const q_t* q, const cache_t* k_cache, const cache_t* v_
 // (Prefetching the runs ahead, as the bf16 kernel does, measured no faster here.)
 template <typename q_t, typename cache_t, int64_t D>
 void decode_item_avx2(const q_t* q, const cache_t* k_cache, const cache_t* v_cache,
-                      const Item& it, int64_t G, float scale, const float* sinks,
+                      const Item& it, int64_t G, float scale, float softcap, const float* sinks,
                       float* scores, q_t* out, std::vector<float>& qf, std::vector<float>& tile,
                       std::vector<float>& acc) {
   using attention_avx2::kTile;
@@ -306,7 +306,7 @@ void decode_item_avx2(const q_t* q, const cache_t* k_cache, const cache_t* v_cac
       }
     }
   }
-  softmax_rows(scores, G, row, it.first - base, it.len - base, 0.f, sinks);
+  softmax_rows(scores, G, row, it.first - base, it.len - base, softcap, sinks);
   for (int64_t b = b0; b < b1; ++b) {  // acc[g, :] += p[g, pos] * v[pos, :]
     const int64_t t0 = std::max(it.first, b * BS) - b * BS;
     const int64_t t1 = std::min(it.len, (b + 1) * BS) - b * BS;
@@ -365,11 +365,11 @@ void decode(const q_t* q, const cache_t* k_cache, const cache_t* v_cache,
       scores.resize(G * it.num_blocks() * BS);
       const int64_t offset = (order[i] / KVH * H + it.head * G) * D;  // the item's G query heads
       const float* item_sinks = sinks ? sinks + it.head * G : nullptr;
-      const bool fast = softcap <= 0.f;  // (only the generic item soft-caps)
       bool done = false;
 #ifdef __AVX512BF16__
       if constexpr (std::is_same_v<q_t, bf16> && std::is_same_v<cache_t, bf16>) {
-        if (ItemFn fn = fast ? pick_bf16(D, G, BS) : nullptr) {
+        // (its scores never reach memory: the soft cap takes the AVX2 item)
+        if (ItemFn fn = softcap <= 0.f ? pick_bf16(D, G, BS) : nullptr) {
           fn(q + offset, k_cache, v_cache, it, next ? &*next : nullptr, scale, item_sinks,
              scores.data(), out + offset);
           done = true;
@@ -378,10 +378,10 @@ void decode(const q_t* q, const cache_t* k_cache, const cache_t* v_cache,
 #endif
 #if defined(__AVX2__) && defined(__FMA__)
       if constexpr (!std::is_same_v<cache_t, c10::Half>) {
-        if (fast && !done && BS % attention_avx2::kTile == 0 && (D == 64 || D == 128)) {
+        if (!done && BS % attention_avx2::kTile == 0 && (D == 64 || D == 128)) {
           (D == 64 ? decode_item_avx2<q_t, cache_t, 64> : decode_item_avx2<q_t, cache_t, 128>)(
-              q + offset, k_cache, v_cache, it, G, scale, item_sinks, scores.data(), out + offset,
-              qf, tile, acc);
+              q + offset, k_cache, v_cache, it, G, scale, softcap, item_sinks, scores.data(),
+              out + offset, qf, tile, acc);
           done = true;
         }
       }

@@ -319,7 +319,8 @@ template <typename q_t, typename cache_t, int DV, int RB>
 void prefill_item_avx2(const Item& it, const q_t* q, int64_t q_stride, const cache_t* k_cache,
                        const cache_t* v_cache, const int64_t* table, const KVLayout& lay,
                        int64_t G, int64_t first_pos, float scale, int64_t window,
-                       const float* sinks, q_t* out, int64_t out_stride, Scratch& s) {
+                       float softcap, const float* sinks, q_t* out, int64_t out_stride,
+                       Scratch& s) {
   static_assert(DV % 4 == 0 && RB % 2 == 0, "values go 2 rows x 4 vectors at a time");
   constexpr int64_t D = DV * 8;
   const int64_t rows = it.num_tokens * G;
@@ -383,6 +384,9 @@ void prefill_item_avx2(const Item& it, const q_t* q, int64_t q_stride, const cac
       if constexpr (kScaledCache<cache_t>)
         for (int b = 0; b < RB; ++b)
           for (int h = 0; h < 2; ++h) score[b][h] = _mm256_mul_ps(score[b][h], key_scale[h]);
+      if (softcap > 0.f)
+        for (int b = 0; b < RB; ++b)
+          for (int h = 0; h < 2; ++h) score[b][h] = soft_cap(score[b][h], softcap);
       float correction[RB];
       for (int b = 0; b < RB; ++b) {
         const int64_t r = r0 + b;
@@ -450,7 +454,7 @@ void prefill(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v
       q_t* out_rows = op + first_row * out.stride(0);
       const int64_t* table = tables + it.chunk * MB;
       const int64_t cached = chunks[it.chunk * 3 + 2];
-      const bool fast = softcap <= 0.f;  // (only the generic item soft-caps)
+      const bool fast = softcap <= 0.f;  // (the AVX-512 item takes no soft cap)
 #ifdef __AVX512F__
       if constexpr ((kD == 64 || kD == 128) && std::is_same_v<q_t, cache_t> &&
                     (std::is_same_v<q_t, float> || std::is_same_v<q_t, c10::BFloat16>)) {
@@ -464,12 +468,10 @@ void prefill(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v
 #endif
 #if defined(__AVX2__) && defined(__FMA__)
       if constexpr ((kD == 64 || kD == 128) && !std::is_same_v<q_t, c10::Half>) {
-        if (fast) {
-          prefill_item_avx2<q_t, cache_t, kD / 8, 4>(it, q_rows, q.stride(0), kp, vp, table,
-                                                     lay, G, cached, scale, window, sinks,
-                                                     out_rows, out.stride(0), scratch);
-          continue;
-        }
+        prefill_item_avx2<q_t, cache_t, kD / 8, 4>(it, q_rows, q.stride(0), kp, vp, table, lay,
+                                                   G, cached, scale, window, softcap, sinks,
+                                                   out_rows, out.stride(0), scratch);
+        continue;
       }
 #endif
       prefill_item<q_t, cache_t, kD>(it, q_rows, q.stride(0), kp, vp, table, lay, G, D, cached,

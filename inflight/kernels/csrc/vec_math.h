@@ -3,6 +3,7 @@
 #pragma once
 #include <c10/util/BFloat16.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #if defined(__AVX2__) || defined(__AVX512F__)
@@ -91,5 +92,15 @@ inline float lane_sum8(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
   return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+// Gemma 2's soft cap of 8 scores, cap * tanh(score / cap), element by element with the C
+// library's tanh: the same values as the generic loops' (a tanh per score costs about what the
+// score itself does, so only Gemma 2's layers pay it).
+inline __m256 soft_cap(__m256 v, float cap) {
+  alignas(32) float x[8];
+  _mm256_store_ps(x, v);
+  for (float& e : x) e = cap * std::tanh(e / cap);
+  return _mm256_load_ps(x);
 }
 #endif
