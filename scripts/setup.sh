@@ -15,11 +15,12 @@ pip() { .venv/bin/python -m pip --disable-pip-version-check -q "$@"; }
 if ! .venv/bin/python -c "import torch" 2>/dev/null; then
     echo "setup: installing ${INFLIGHT_TORCH_SPEC:-torch==2.13.0}" >&2
     # unquoted on purpose: the spec may carry pip options (--index-url ...). Its bytecode is
-    # compiled on every core instead of pip's one (25 s of pip's 36 s on 2 cores, 13 s so).
+    # compiled on every core instead of pip's one (36 s -> 30 s on 2 cores); a few files of
+    # torch's are for newer Pythons and do not compile, as pip ignores too.
     # shellcheck disable=SC2086
     pip install --no-compile ${INFLIGHT_TORCH_SPEC:-torch==2.13.0}
-    .venv/bin/python -m compileall -q -j 0 "$(.venv/bin/python -c \
-        'import pathlib, torch; print(pathlib.Path(torch.__file__).parent)')" >/dev/null
+    torch_dir=$(.venv/bin/python -c 'import importlib.util as u; print(u.find_spec("torch").submodule_search_locations[0])')
+    .venv/bin/python -m compileall -q -j 0 "$torch_dir" >/dev/null 2>&1 || true
 fi
 # uv installs the ~150 other packages in a third of pip's time (it resolves, downloads and
 # compiles in parallel); it keeps the torch above, which satisfies the project's range. Bytecode
