@@ -61,4 +61,5 @@ if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
             || echo "setup: prometheus/chromium not installed (their tests skip)" >&2
     fi
 fi
-echo "setup: ready ($(.venv/bin/python -c 'import torch; print("torch", torch.__version__)'))" >&2
+# (the version from the package's metadata: importing torch costs seconds)
+echo "setup: ready (torch $(.venv/bin/python -c 'import importlib.metadata as m; print(m.version("torch"))'))" >&2
