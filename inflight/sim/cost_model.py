@@ -98,14 +98,18 @@ def step_amounts(model: ModelProfile, work: StepWork) -> tuple[float, float, flo
     return weight_bytes, kv_bytes, flops
 
 
-def link_time(model: ModelProfile, work: StepWork, link: Link | None) -> tuple[float, float]:
+def require_link(model: ModelProfile, link: Link | None) -> None:
+    """Refuses a model split over several ranks with nothing to join them."""
+    if model.tensor_parallel > 1 and link is None:
+        raise ValueError("tensor parallelism needs a link between its ranks")
+
+
+def link_time(model: ModelProfile, work: StepWork, link: Link) -> tuple[float, float]:
     """(seconds, bytes each rank sends) of the step's exchanges among its tensor-parallel ranks:
     none on one rank."""
     tp = model.tensor_parallel
     if tp == 1 or not work.num_tokens:
         return 0.0, 0.0
-    if link is None:
-        raise ValueError("tensor parallelism needs a link between its ranks")
     arch = model.arch
     reduced = work.num_tokens * arch.hidden_size * model.activation_bytes_per_value
     calls = 2 * arch.num_layers
@@ -122,8 +126,7 @@ class CostModel:
         link: Link | None = None,
     ) -> None:  # fmt: skip
         """`link`: what joins the model's tensor-parallel ranks (needed when it has several)."""
-        if model.tensor_parallel > 1 and link is None:
-            raise ValueError("tensor parallelism needs a link between its ranks")
+        require_link(model, link)
         self.hw = hardware
         self.model = model
         self.link = link
@@ -138,7 +141,7 @@ class CostModel:
         )
         compute_s = flops / (self.peak * hw.compute_efficiency)
         device_s = max(memory_s, compute_s) if hw.combine == "max" else memory_s + compute_s
-        link_s, link_bytes = link_time(self.model, work, self.link)
+        link_s, link_bytes = link_time(self.model, work, self.link) if self.link else (0.0, 0.0)
         seconds = (
             hw.step_overhead_s
             + hw.seq_overhead_s * work.num_seqs

@@ -33,7 +33,7 @@ from inflight.metrics.stats import StepStats, StepTotals
 from inflight.request import Request
 from inflight.routing import make_router, prefix_key
 from inflight.sampling_params import SamplingParams
-from inflight.sim.cost_model import CostModel
+from inflight.sim.cost_model import CostModel, require_link
 from inflight.sim.hardware import HardwareProfile, Link
 from inflight.sim.model_profile import ModelProfile
 from inflight.workload.requests import WorkloadRequest
@@ -89,8 +89,7 @@ def build_setup(
     parallelism (`model.tensor_parallel` ranks joined by `link`) each rank is one device of
     `hardware` holding its share of the weights and the KV of its own heads, and every rank's
     pool has the same blocks."""
-    if model.tensor_parallel > 1 and link is None:
-        raise ValueError("tensor parallelism needs a link between its ranks")
+    require_link(model, link)
     config = EngineConfig.from_knobs(**knobs)
     cache, sched = config.cache, config.scheduler
     block_size = cache.kv_block_size
@@ -308,27 +307,23 @@ class Simulation:
             }
         kvs = [r.kv for r in self.replicas]
         queries = sum(kv.prefix_stats.queries for kv in kvs)
-        parallel = {}
+        extra = predictions | {
+            "replicas": self.setup.replicas,
+            "router": self.router.name,
+            "prefix_routed": self.router.prefix_routed,
+            "load_routed": self.router.load_routed,
+            "prefix_cache_hit_rate": round(
+                sum(kv.prefix_stats.hits for kv in kvs) / max(1, queries), 4
+            ),
+            "steps_all_replicas": t.num_steps,
+            "seat_utilization": round(t.seat_s / (busy * self.setup.scheduler.max_num_seqs), 4),
+            "compute_utilization": round(self.flops / (busy * peak), 4),
+            "bandwidth_utilization": round(self.bytes / (busy * hw.memory_bw), 4),
+            "simulator_wall_s": round(sim_wall_s, 3),
+        }
         if self.setup.model.tensor_parallel > 1:
-            parallel = {"link_gb_sent_per_rank": round(self.link_bytes / 1e9, 3)}
-        return (
-            predictions
-            | parallel
-            | {
-                "replicas": self.setup.replicas,
-                "router": self.router.name,
-                "prefix_routed": self.router.prefix_routed,
-                "load_routed": self.router.load_routed,
-                "prefix_cache_hit_rate": round(
-                    sum(kv.prefix_stats.hits for kv in kvs) / max(1, queries), 4
-                ),
-                "steps_all_replicas": t.num_steps,
-                "seat_utilization": round(t.seat_s / (busy * self.setup.scheduler.max_num_seqs), 4),
-                "compute_utilization": round(self.flops / (busy * peak), 4),
-                "bandwidth_utilization": round(self.bytes / (busy * hw.memory_bw), 4),
-                "simulator_wall_s": round(sim_wall_s, 3),
-            }
-        )
+            extra["link_gb_sent_per_rank"] = round(self.link_bytes / 1e9, 3)
+        return extra
 
 
 def _record(request: Request) -> RequestRecord:
