@@ -239,7 +239,7 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--api-key", default=os.environ.get("INFLIGHT_API_KEY"))
     doctor.add_argument("--json", action="store_true", help="the report as JSON")  # fmt: skip
 
-    from inflight.bench.cli import add_bench_parser
+    from inflight.bench.parser import add_bench_parser
 
     add_bench_parser(sub, add_engine_flags)
     from inflight.sim.cli import add_simulate_parser

@@ -25,7 +25,7 @@ fi
 # uv installs the ~150 other packages in a third of pip's time (it resolves, downloads and
 # compiles in parallel); it keeps the torch above, which satisfies the project's range. Bytecode
 # is compiled here because machines that set PYTHONDONTWRITEBYTECODE never write it later: every
-# process would compile torch, transformers... again (`inflight --help`: 5.7 s, 10.4 s without).
+# process would compile torch, transformers... again (importing them: ~6 s, ~10 s without).
 # pip is the fallback, e.g. where only pip's own index settings reach a registry.
 if pip install uv && .venv/bin/python -m uv pip install -q --compile-bytecode \
     --python .venv/bin/python -e ".[test]"

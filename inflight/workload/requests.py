@@ -25,10 +25,12 @@ from dataclasses import asdict, dataclass, replace
 from importlib import resources
 from pathlib import Path
 from types import SimpleNamespace
-
-from transformers import PreTrainedTokenizerBase
+from typing import TYPE_CHECKING
 
 from inflight.request import DEFAULT_TENANT
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 
 @dataclass(frozen=True)

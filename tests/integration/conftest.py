@@ -29,18 +29,16 @@ def smollm_prompts(default_model) -> list[list[int]]:
 @pytest.fixture(scope="session")
 def hf_default_model(default_model, tmp_path_factory):
     """transformers' own model from the default GGUF, float32, read from a copy of the file
-    without its tokenizer fields (the same tensors and model fields; 12 s to load where the
-    whole file takes 27 s, most of it parsing the vocabulary)."""
+    without its tokenizer fields (the same tensors and model fields; parsing the vocabulary
+    would take longer than the rest of the load)."""
     import torch
-    from transformers import AutoModelForCausalLM
 
+    from inflight.bench.peers import load_hf_gguf
     from tests.gguf_files import write_weights_only_copy
 
     folder = tmp_path_factory.mktemp("hf_default_model")
     write_weights_only_copy(default_model, folder / "weights.gguf")
-    return AutoModelForCausalLM.from_pretrained(
-        folder, gguf_file="weights.gguf", dtype=torch.float32
-    ).eval()
+    return load_hf_gguf(folder, "weights.gguf", dtype=torch.float32).eval()
 
 
 @pytest.fixture(scope="session")

@@ -66,7 +66,9 @@ def _transformers_model(path: Path, folder: Path):
     need none of them. Its config is made here from the file's fields, as transformers' GGUF
     reader makes it."""
     import torch
-    from transformers import AutoModelForCausalLM, Gemma3TextConfig
+    from transformers import Gemma3TextConfig
+
+    from inflight.bench.peers import load_hf_gguf
 
     header = read_gguf_header(path)
     fields = header.fields
@@ -93,6 +95,4 @@ def _transformers_model(path: Path, folder: Path):
         pad_token_id=fields["tokenizer.ggml.padding_token_id"],
     )  # fmt: skip
     weights_only = write_weights_only_copy(path, folder / "weights.gguf")
-    return AutoModelForCausalLM.from_pretrained(
-        folder, gguf_file=weights_only.name, config=config, dtype=torch.float32
-    ).eval()
+    return load_hf_gguf(folder, weights_only.name, config=config, dtype=torch.float32).eval()

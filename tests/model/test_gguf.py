@@ -13,6 +13,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFWriter
 from gguf.quants import dequantize, quantize
 
 from inflight import LLM, SamplingParams
+from inflight.bench.peers import load_hf_gguf
 from inflight.model import gguf_loader
 from inflight.model.arch import LlamaArchConfig
 from inflight.model.gguf_header import read_gguf_header
@@ -69,12 +70,8 @@ def test_every_supported_type_dequantizes_like_the_gguf_package(tmp_path, qtype)
 def test_quantized_tiny_gguf_matches_transformers_loading_the_same_file(
     tmp_path, tiny_llama, qtype
 ):
-    from transformers import AutoModelForCausalLM
-
     path = write_tiny_gguf(tiny_llama, tmp_path / f"tiny-{qtype.name}.gguf", qtype)
-    reference = AutoModelForCausalLM.from_pretrained(
-        path.parent, gguf_file=path.name, dtype=torch.float32
-    ).eval()
+    reference = load_hf_gguf(path.parent, path.name, dtype=torch.float32).eval()
     prompts = random_prompts(reference.config.vocab_size, lengths=(2, 9, 30, 64))
     expected = hf_greedy(reference, prompts, [12] * len(prompts))
 
@@ -99,8 +96,6 @@ def test_other_families_ggufs_generate_as_transformers_loading_the_same_file(
     and Gemma 3's (norms stored as 1 + w, four a layer, every sixth layer global) against
     transformers loading that file, and the same tokens as from the HF folder it came from
     where the file says all the folder does."""
-    from transformers import AutoModelForCausalLM
-
     folder = tiny_model_factory(arch)
     path = write_tiny_gguf(folder, tmp_path / f"tiny-{arch}-{qtype.name}.gguf", qtype)
     said = {}
@@ -108,9 +103,7 @@ def test_other_families_ggufs_generate_as_transformers_loading_the_same_file(
         # its defaults, 50 and 30) and assumes a score scale of 256: said as the file says them
         said = {"attn_logit_softcapping": 2.0, "final_logit_softcapping": 3.0,
                 "query_pre_attn_scalar": 32}  # fmt: skip
-    reference = AutoModelForCausalLM.from_pretrained(
-        path.parent, gguf_file=path.name, dtype=torch.float32, **said
-    ).eval()
+    reference = load_hf_gguf(path.parent, path.name, dtype=torch.float32, **said).eval()
     if arch == "phi3":  # transformers' GGUF reader drops phi3.attention.sliding_window; the
         # model (and llama.cpp) attend within it, as the HF folder's config says
         reference.config.sliding_window = 24
@@ -164,15 +157,13 @@ def test_a_qwen3_moe_gguf_generates_as_transformers_loading_the_same_file(
     (`ffn_gate_exps` ...) and their router as `ffn_gate_inp`: the index reads one expert at a
     time, whose linears multiply from its blocks where the kernels read them. The same greedy
     tokens as transformers' load of the file, exact and (the default) over the blocks."""
-    from transformers import AutoModelForCausalLM
-
     from inflight.model.packed_linear import blocks_serve_every_batch
 
     path = write_tiny_gguf(tiny_model_factory("qwen3_moe_sparse"), tmp_path / "moe.gguf", qtype)
     # transformers' GGUF reader leaves out qwen3moe.expert_feed_forward_length (its experts
     # would be the default 768 wide): said here as the file says it
-    reference = AutoModelForCausalLM.from_pretrained(
-        path.parent, gguf_file=path.name, dtype=torch.float32, moe_intermediate_size=32
+    reference = load_hf_gguf(
+        path.parent, path.name, dtype=torch.float32, moe_intermediate_size=32
     ).eval()
     prompts = random_prompts(reference.config.vocab_size, lengths=(2, 9, 30, 64))
     expected = hf_greedy(reference, prompts, [12] * len(prompts))
