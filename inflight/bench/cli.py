@@ -168,8 +168,9 @@ def write_profile(out: Path, steps: list, max_num_seqs: int) -> None:
 
 
 def run_local(args: argparse.Namespace, knobs: dict[str, Any], out: Path) -> dict:
-    """Inflight in each mode on the same loaded weights, then the peers; the report is rewritten
-    after every run, so a long comparison cut short still leaves its finished runs."""
+    """Inflight in each mode on the same loaded weights, then the peers; results.json and
+    summary.md are rewritten after every run, so a long comparison cut short still leaves its
+    finished runs, and the plots are drawn once, at the end."""
     from inflight.engine.llm import LLM
     from inflight.workload.report import write_report  # matplotlib: only when reporting
 
@@ -240,7 +241,7 @@ def run_local(args: argparse.Namespace, knobs: dict[str, Any], out: Path) -> dic
                 "max_num_seqs": llm.config.scheduler.max_num_seqs,
                 "max_num_batched_tokens": llm.config.scheduler.max_num_batched_tokens,
             }  # fmt: skip
-            report = write_report(out, title, runs, meta)
+            write_report(out, title, runs, meta, plots=False)
             if with_json:
                 result = compare(runs[-2], runs[-1], meta["max_num_seqs"],
                                  llm.input_processor.grammars.stats)  # fmt: skip
@@ -257,9 +258,9 @@ def run_local(args: argparse.Namespace, knobs: dict[str, Any], out: Path) -> dic
                 result = RunResult(peer, 0.0, [], error=f"{type(e).__name__}: {e}")
             result.name += suffix
             runs.append(result)
-            report = write_report(out, title, runs, meta)
+            write_report(out, title, runs, meta, plots=False)
             gc.collect()
-    return report
+    return write_report(out, title, runs, meta)
 
 
 def run_peer(args: argparse.Namespace, peer: str, model: Path, workload: list, dtype: str,

@@ -32,7 +32,11 @@ def write_mode_report(out_dir: Path, stem: str, report: dict[str, Any],
     plot(report, out_dir / f"{stem}.png")
 
 
-def write_report(out_dir: Path, title: str, runs: list[RunResult], meta: dict[str, Any]) -> dict:
+def write_report(
+    out_dir: Path, title: str, runs: list[RunResult], meta: dict[str, Any], plots: bool = True
+) -> dict:
+    """results.json and summary.md, and with `plots` the figures (a second or two each: a
+    report rewritten after every run of a long comparison draws them only at its end)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     summaries = [summarize(r) for r in runs]
     ok = [s for s in summaries if "error" not in s]
@@ -47,6 +51,8 @@ def write_report(out_dir: Path, title: str, runs: list[RunResult], meta: dict[st
         report["repeats"] = repeats
     (out_dir / "results.json").write_text(json.dumps(report, indent=2) + "\n")
     (out_dir / "summary.md").write_text(markdown(report))
+    if not plots:
+        return report
     plot_throughput(out_dir / "throughput.png", ok)
     plot_latency_cdfs(out_dir / "latency_cdf.png", [r for r in runs if not r.error])
     timelines = [r for r in runs if r.timeline]
