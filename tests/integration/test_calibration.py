@@ -17,7 +17,7 @@ def test_calibrate_end_to_end(tmp_path):
     out = tmp_path / "calibration"
     code = main(["bench", "calibrate", "--fit-workload", "mixed64",
                  "--check-workload", "longtail", "--num-requests", "4",
-                 "--max-num-seqs", "4", "--out", str(out)])  # fmt: skip
+                 "--max-num-seqs", "4", "--num-kv-blocks", "256", "--out", str(out)])  # fmt: skip
     assert code == 0
     profile = HardwareProfile.load(out / "cpu-profile.json")
     assert profile.is_cpu and profile.combine == "sum" and profile.memory_bw > 0
