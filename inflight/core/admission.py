@@ -23,9 +23,9 @@ from __future__ import annotations
 from typing import Protocol
 
 from inflight.config import SchedulerConfig
-from inflight.core.kv_cache_manager import KVCacheManager
+from inflight.core.kv_cache_manager import NO_HIT, KVCacheManager, PrefixHit
 from inflight.core.kv_forecast import KVForecast
-from inflight.core.sizing import cdiv
+from inflight.core.kv_groups import NULL_BLOCK
 from inflight.metrics.stats import AdmissionStats
 from inflight.request import Request
 
@@ -49,11 +49,11 @@ class Admission(Protocol):
         """Whether blocks stop the request's admission (prefix hits aside): priority
         preemption frees room for it while this holds."""
 
-    def fits(self, request: Request, computed_blocks: list[int], running: list[Request]) -> bool:
+    def fits(self, request: Request, hit: PrefixHit, running: list[Request]) -> bool:
         """Whether the request may start, beside allocating its first chunk."""
 
     def when_blocked(
-        self, request: Request, computed_blocks: list[int], num_new: int, running: list[Request]
+        self, request: Request, hit: PrefixHit, num_new: int, running: list[Request]
     ) -> int:
         """A last chance for a request that does not fit: tokens it starts with (0: it waits)."""
 
@@ -77,20 +77,20 @@ class OnDemand:
         self.kv = kv
         self.stats = AdmissionStats()  # stays zero: only predictive admission counts
         self.config = config
-        self.forecast = KVForecast(kv, config.max_model_len)
+        self.forecast = KVForecast(kv, config.max_model_len, config.chunk_limit)
 
     def start_step(self, running: list[Request]) -> None: ...
 
-    def fits(self, request: Request, computed_blocks: list[int], running: list[Request]) -> bool:
+    def fits(self, request: Request, hit: PrefixHit, running: list[Request]) -> bool:
         return True  # the first chunk's allocation decides
 
     def blocks_short(self, request: Request, running: list[Request]) -> bool:
         first_chunk = min(request.num_tokens - request.num_computed_tokens,
                           self.config.chunk_limit)  # fmt: skip
-        return self.kv.pool.num_free_blocks < cdiv(first_chunk, self.kv.block_size)
+        return self.kv.pool.num_free_blocks < self.kv.pages_for_span(0, first_chunk)
 
     def when_blocked(
-        self, request: Request, computed_blocks: list[int], num_new: int, running: list[Request]
+        self, request: Request, hit: PrefixHit, num_new: int, running: list[Request]
     ) -> int:
         return 0
 
@@ -107,13 +107,12 @@ class OnDemand:
     def on_finished(self, request: Request) -> None: ...
 
     def covered_by_returns(
-        self, request: Request, computed_blocks: list[int], running: list[Request], horizon: int
+        self, request: Request, hit: PrefixHit, running: list[Request], horizon: int
     ) -> bool:
         """Whether blocks handed back within `horizon` steps cover the whole prompt."""
-        forecast, block_size = self.forecast, self.kv.block_size
-        needed = cdiv(request.num_tokens - len(computed_blocks) * block_size, block_size)
-        needed += self.kv.num_revived(computed_blocks)
-        freed = forecast.net_freed_blocks(running, horizon)
+        prompt_left = request.num_tokens - hit.num_blocks * self.kv.block_size
+        needed = self.kv.pages_needed(request, prompt_left, hit)
+        freed = self.forecast.net_freed_blocks(running, horizon)
         return self.kv.pool.num_free_blocks + freed >= needed
 
     def check(self, running: list[Request]) -> None: ...
@@ -124,26 +123,35 @@ class Reserve(OnDemand):
 
     reserves = True
 
-    def shortfall(
-        self, request: Request, computed_blocks: list[int], running: list[Request]
-    ) -> int:
+    def shortfall(self, request: Request, hit: PrefixHit, running: list[Request]) -> int:
         """Blocks missing for the request's whole length beside what running requests are owed
-        (<= 0: it fits)."""
-        need = self.forecast.final_blocks(request) - len(computed_blocks)
-        need += self.kv.num_revived(computed_blocks)
+        (<= 0: it fits): its longest length's pages, less the hit's pages in full groups that
+        other requests hold (its for life, taken from nobody). A windowed group's page counts
+        as held only by a sole holder (`num_held_for_reservation`: a window gives a shared
+        one back without freeing it): a hit's pages there count as taken from the pool, and
+        one that another request held alone until now is owed to that one again."""
+        blocks, windows = self.kv.pool.blocks, self.kv.group_windows
+        shared = unshared_now = 0
+        for table, window in zip(hit.tables, windows, strict=False):
+            for b in table:
+                if window is None:
+                    shared += blocks[b].ref_count > 0
+                elif b != NULL_BLOCK:
+                    unshared_now += blocks[b].ref_count == 1
+        need = self.forecast.final_blocks(request) - shared + unshared_now
         return need - self.forecast.unreserved_blocks(running)
 
-    def fits(self, request: Request, computed_blocks: list[int], running: list[Request]) -> bool:
-        return self.shortfall(request, computed_blocks, running) <= 0
+    def fits(self, request: Request, hit: PrefixHit, running: list[Request]) -> bool:
+        return self.shortfall(request, hit, running) <= 0
 
     def blocks_short(self, request: Request, running: list[Request]) -> bool:
-        return self.shortfall(request, [], running) > 0
+        return self.shortfall(request, NO_HIT, running) > 0
 
     def covered_by_returns(
-        self, request: Request, computed_blocks: list[int], running: list[Request], horizon: int
+        self, request: Request, hit: PrefixHit, running: list[Request], horizon: int
     ) -> bool:
         """Whether the reservations of requests ending within `horizon` steps cover it."""
-        shortfall = self.shortfall(request, computed_blocks, running)
+        shortfall = self.shortfall(request, hit, running)
         return self.forecast.returned_reservation(running, horizon) >= shortfall
 
     def check(self, running: list[Request]) -> None:
@@ -162,8 +170,8 @@ class Predictive:
         self.probation: set[str] = base.forecast.probation
         self.stats = AdmissionStats()
 
-    def fits(self, request: Request, computed_blocks: list[int], running: list[Request]) -> bool:
-        return self.base.fits(request, computed_blocks, running)
+    def fits(self, request: Request, hit: PrefixHit, running: list[Request]) -> bool:
+        return self.base.fits(request, hit, running)
 
     def blocks_short(self, request: Request, running: list[Request]) -> bool:
         return self.base.blocks_short(request, running)
@@ -183,20 +191,20 @@ class Predictive:
             self.probation.discard(running[0].request_id)
 
     def when_blocked(
-        self, request: Request, computed_blocks: list[int], num_new: int, running: list[Request]
+        self, request: Request, hit: PrefixHit, num_new: int, running: list[Request]
     ) -> int:
         # A request that was preempted (a failed guess, or anything else) waits for real room:
         # guessing again for it could preempt it again and again.
         if request.num_preemptions or not self.base.covered_by_returns(
-            request, computed_blocks, running, self.horizon
+            request, hit, running, self.horizon
         ):
             return 0
         room = self.forecast.lowest_free_blocks(running, self.horizon)
-        room -= self.kv.num_revived(computed_blocks)
+        room -= self.kv.num_revived(hit)
         if room < 1:
             return 0
-        num_new = min(num_new, room * self.kv.block_size)
-        if not self.kv.allocate_slots(request, num_new, computed_blocks):
+        num_new = min(num_new, self.kv.max_new_tokens(request, room, hit))
+        if num_new < 1 or not self.kv.allocate_slots(request, num_new, hit):
             return 0
         self.probation.add(request.request_id)
         self.stats.predictive_admissions += 1
@@ -207,9 +215,8 @@ class Predictive:
         the horizon (it takes only room nobody needs, so it preempts nobody)."""
         if request.request_id not in self.probation:
             return None
-        held = len(self.kv.get_block_table(request.request_id))
         lowest = self.forecast.lowest_free_blocks(running, self.horizon)
-        return (held + lowest) * self.kv.block_size - request.num_computed_tokens
+        return self.kv.max_new_tokens(request, lowest)
 
     def preferred_victim(self, running: list[Request], first: int) -> int | None:
         """The newest request on probation: a failed guess costs the guess, not a runner."""

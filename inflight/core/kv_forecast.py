@@ -11,7 +11,8 @@ Two questions the scheduler asks beyond "is a block free now":
   scheduled every step, one token a step).
 
 Pure arithmetic over the KV manager's block tables: nothing here changes state. Only the
-admission module (`admission.py`) asks it.
+admission module (`admission.py`) asks it. Counts are of the pool's pages (`kv.pages_for`:
+blocks, for a model of one KV group).
 """
 
 from __future__ import annotations
@@ -19,14 +20,15 @@ from __future__ import annotations
 from itertools import accumulate
 
 from inflight.core.kv_cache_manager import KVCacheManager
-from inflight.core.sizing import cdiv
+from inflight.core.sizing import peak_pages
 from inflight.request import Request
 
 
 class KVForecast:
-    def __init__(self, kv: KVCacheManager, max_model_len: int) -> None:
+    def __init__(self, kv: KVCacheManager, max_model_len: int, chunk: int = 1) -> None:
         self.kv = kv
         self.max_model_len = max_model_len
+        self.chunk = chunk  # the most tokens a step computes for a request
         # ids of requests admitted on a prediction: not sure to be scheduled every step
         self.probation: set[str] = set()
 
@@ -35,13 +37,14 @@ class KVForecast:
         return r.tokens_left(self.max_model_len)
 
     def final_blocks(self, r: Request) -> int:
-        """Blocks the request holds at its longest: KV for every token but the last sampled."""
+        """Blocks the request holds at its longest: KV for every token but the last sampled
+        (the most pages it ever holds, where a window's pages overlap a prompt chunk)."""
         final_len = min(r.num_prompt_tokens + r.sampling_params.max_tokens, self.max_model_len)
-        return cdiv(final_len - 1, self.kv.block_size)
+        return peak_pages(final_len - 1, self.kv.block_size, self.kv.group_windows, self.chunk)
 
     def owed_blocks(self, r: Request) -> int:
         """Blocks the request has yet to take to reach its longest length."""
-        return max(0, self.final_blocks(r) - len(self.kv.get_block_table(r.request_id)))
+        return max(0, self.final_blocks(r) - self.kv.num_held_for_reservation(r.request_id))
 
     def ends_within(self, r: Request, horizon: int) -> bool:
         return (
@@ -51,7 +54,7 @@ class KVForecast:
     def _unshared_blocks(self, r: Request) -> int:
         """Blocks the request alone holds: freed when it ends."""
         blocks = self.kv.pool.blocks
-        return sum(1 for b in self.kv.get_block_table(r.request_id) if blocks[b].ref_count == 1)
+        return sum(1 for b in self.kv.held_pages(r.request_id) if blocks[b].ref_count == 1)
 
     # ------------------------------------------------------------ the batch
     def unreserved_blocks(self, running: list[Request]) -> int:
@@ -71,15 +74,13 @@ class KVForecast:
     def net_freed_blocks(self, running: list[Request], horizon: int) -> int:
         """On demand: blocks requests certain to end within `horizon` steps free, minus the
         blocks every decoding request takes meanwhile."""
-        block_size, total = self.kv.block_size, 0
+        total = 0
         for r in running:
             if not r.is_decoding:
                 continue  # mid-prefill: its growth is its prompt, its end is not near
             steps = min(self.tokens_left(r), horizon)
-            total -= max(
-                0,
-                cdiv(r.num_tokens + steps, block_size) - len(self.kv.get_block_table(r.request_id)),
-            )
+            total -= max(0, self.kv.pages_for(r.num_tokens + steps)
+                         - self.kv.num_held(r.request_id))  # fmt: skip
             if self.ends_within(r, horizon):
                 total += self._unshared_blocks(r)
         return total
@@ -91,23 +92,26 @@ class KVForecast:
         after their last token. Requests admitted on a prediction are left out. Exact when no
         block is shared; a block shared now counts as held to the end, though its other
         holders may end first, so with sharing this is a lower bound."""
-        block_size = self.kv.block_size
         gained = [0] * (horizon + 2)  # gained[t]: free blocks gained at step t
         for r in running:
             if r.request_id in self.probation:
                 continue
-            held = len(self.kv.get_block_table(r.request_id))
+            held = self.kv.num_held(r.request_id)
             ends = self.ends_within(r, horizon)
             last_step = self.tokens_left(r) if ends else horizon
-            taken = 0
-            # At step t the request holds cdiv(num_tokens + t - 1, block_size) blocks (at most its
-            # final count): its next block is taken at the first step whose tokens cross into it.
-            for block in range(held, self.final_blocks(r)):
-                step = max(1, block * block_size + 2 - r.num_tokens)
-                if step > last_step:
+            taken, final = 0, self.final_blocks(r)
+            # At step t the request holds pages_for(num_tokens + t - 1) pages, at most its final
+            # count (`cdiv(num_tokens + t - 1, block_size)` blocks with one KV group: a block is
+            # taken at the first step whose tokens cross into it; a windowed group gives one
+            # back as often as it takes one).
+            for step in range(1, last_step + 1):
+                now = min(self.kv.pages_for(r.num_tokens + step - 1), final)
+                if not self.kv.windowed:  # (held past it: drafts' blocks, kept if accepted)
+                    now = max(now, held + taken)
+                if now == held + taken and now >= final:
                     break
-                gained[step] -= 1
-                taken += 1
+                gained[step] -= now - (held + taken)
+                taken = now - held
             if ends:
                 gained[last_step + 1] += taken + self._unshared_blocks(r)
         free = self.kv.pool.num_free_blocks

@@ -30,6 +30,9 @@ class ScheduledRequest:
     # speculative tokens after the request's last sampled one (a decode's `token_ids` end with
     # them): logits come back for every position from the last sampled token on
     draft_token_ids: list[int] = field(default_factory=list)
+    # the tables of the other KV groups (core/kv_groups.py), after `block_table`'s group 0;
+    # empty for a model of one group
+    group_tables: list[list[int]] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -46,8 +49,9 @@ class ScheduledRequest:
 
     @classmethod
     def of(
-        cls, request: Request, num_new: int, block_table: list[int], drafts: list[int] | None = None
-    ) -> ScheduledRequest:
+        cls, request: Request, num_new: int, block_tables: list[list[int]],
+        drafts: list[int] | None = None,
+    ) -> ScheduledRequest:  # fmt: skip
         """The request's next `num_new` tokens from its progress (a recompute may span prompt
         and earlier outputs), then `drafts` to verify."""
         start = request.num_computed_tokens
@@ -63,7 +67,7 @@ class ScheduledRequest:
             request_id=request.request_id,
             token_ids=token_ids + drafts if drafts else token_ids,
             start_pos=start,
-            block_table=block_table,
+            block_table=block_tables[0],
             sample=end == request.num_tokens,
             sampling_params=request.sampling_params,
             prompt_token_ids=request.prompt_token_ids,
@@ -71,6 +75,7 @@ class ScheduledRequest:
             eos_token_ids=request.eos_token_ids,
             grammar=request.grammar,
             draft_token_ids=drafts or [],
+            group_tables=block_tables[1:],
         )
 
 

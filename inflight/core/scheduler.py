@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable
 from inflight.config import SchedulerConfig
 from inflight.core.admission import make_admission
 from inflight.core.fair_share import FairQueue, TenantShares, fair_victim_index, share_victim
-from inflight.core.kv_cache_manager import KVCacheManager
+from inflight.core.kv_cache_manager import NO_HIT, KVCacheManager
 from inflight.core.outputs import (
     EngineCoreOutput,
     Logprobs,
@@ -336,7 +336,7 @@ class Scheduler:
             if self.static_gate is not None and not self.static_gate.admits(request, self.waiting):
                 continue
             if self.kv.is_swapped(request):  # resume from swap space: its KV comes back
-                if not self.admission.fits(request, [], self.running):
+                if not self.admission.fits(request, NO_HIT, self.running):
                     break
                 num_new = min(request.num_tokens - request.num_computed_tokens, budget,
                               self.config.chunk_limit)  # fmt: skip
@@ -345,17 +345,15 @@ class Scheduler:
                     break
                 self._swap_in += copies
             else:
-                computed_blocks = self.kv.get_computed_blocks(request)
-                num_cached = len(computed_blocks) * self.kv.block_size
+                hit = self.kv.get_computed_blocks(request)
+                num_cached = hit.num_blocks * self.kv.block_size
                 remaining = request.num_tokens - request.num_computed_tokens - num_cached
                 num_new = min(remaining, budget, self.config.chunk_limit)
                 if not (
-                    self.admission.fits(request, computed_blocks, self.running)
-                    and self.kv.allocate_slots(request, num_new, computed_blocks)
+                    self.admission.fits(request, hit, self.running)
+                    and self.kv.allocate_slots(request, num_new, hit)
                 ):
-                    num_new = self.admission.when_blocked(
-                        request, computed_blocks, num_new, self.running
-                    )
+                    num_new = self.admission.when_blocked(request, hit, num_new, self.running)
                     if not num_new:
                         break
                 if request.num_computed_tokens == 0:
@@ -373,8 +371,8 @@ class Scheduler:
     def _scheduled(
         self, request: Request, num_new: int, drafts: list[int] | None = None
     ) -> ScheduledRequest:
-        block_table = self.kv.get_block_table(request.request_id)
-        return ScheduledRequest.of(request, num_new, block_table, drafts)
+        return ScheduledRequest.of(request, num_new, self.kv.get_block_tables(request.request_id),
+                                   drafts)  # fmt: skip
 
     def _preempt(self, request: Request) -> None:
         """Swap the KV out to CPU blocks when in swap mode and they suffice; otherwise recompute:
@@ -396,7 +394,7 @@ class Scheduler:
         assert out.num_batched_tokens == sum(s.num_tokens for s in out.scheduled)
         assert out.num_batched_tokens <= cfg.max_num_batched_tokens
         assert len(self.running) <= cfg.max_num_seqs
-        held = sum(len(t) for t in self.kv.block_tables.values())
+        held = sum(self.kv.num_held(request_id) for request_id in self.kv.block_tables)
         pool = self.kv.pool
         assert held == pool.num_refs, (held, pool.num_refs)  # shared blocks count once a holder
         assert pool.num_used_blocks <= held

@@ -20,9 +20,10 @@ import torch
 
 from inflight.config import EngineConfig
 from inflight.core.kv_cache_manager import KVCacheManager
+from inflight.core.kv_groups import KVLayout, plan_kv_layout
 from inflight.core.outputs import EngineCoreOutput, SchedulerOutput
 from inflight.core.scheduler import Scheduler
-from inflight.core.sizing import KVPlan, cdiv, num_blocks_for_budget, plan_kv_pool
+from inflight.core.sizing import KVPlan, num_blocks_for_budget, peak_pages, plan_kv_pool
 from inflight.errors import ConfigError, ModelFailedError
 from inflight.metrics.profiling import NO_TIMER, PhaseTimer, Timer
 from inflight.metrics.stats import CoreGauges, CoreSnapshot, StepStats
@@ -40,7 +41,12 @@ from inflight.platform import resolve_device, resolve_dtype
 from inflight.request import FinishReason, Request, RequestStatus
 from inflight.runner.cuda_graphs import DecodeGraphs, supports_graphs
 from inflight.runner.drafter import Drafter
-from inflight.runner.kv_cache import KVCache, kv_bytes_per_token, resolve_kv_cache_dtype
+from inflight.runner.kv_cache import (
+    KVCache,
+    kv_bytes_per_page_token,
+    kv_bytes_per_token,
+    resolve_kv_cache_dtype,
+)
 from inflight.runner.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
@@ -72,7 +78,8 @@ class EngineCore:
         draft = None
         if config.scheduler.speculative_model is not None:
             draft = self._load_drafter(config.scheduler.speculative_model, loaded, config)
-        plan = self._plan_kv_pool(config, loaded, draft, kv_dtype)
+        self.kv_layout = self._kv_layout(config, loaded, draft)
+        plan = self._plan_kv_pool(config, loaded, draft, kv_dtype, self.kv_layout)
         self.max_model_len = plan.max_model_len
         sched_cfg = dataclasses.replace(config.scheduler, max_model_len=plan.max_model_len)
         self.config = dataclasses.replace(config, scheduler=sched_cfg)
@@ -84,20 +91,25 @@ class EngineCore:
         attn = loaded.model.layers[0].attn
         # the scratch block: the start-up warm-up's, and padding rows' of decode graphs
         self.kv_cache = KVCache(self.arch, attn, plan.num_blocks, kv_dtype, self.device,
-                                plan.num_cpu_blocks, scratch_block=True)  # fmt: skip
+                                plan.num_cpu_blocks, scratch_block=True,
+                                layout=self.kv_layout)  # fmt: skip
         # mean pooling reads every prompt position's hidden state: none may come from the cache
         caching = config.cache.enable_prefix_caching and self.arch.pooling != "mean"
+        group_windows = self.kv_layout.group_windows if self.kv_layout else (None,)
         self.kv_cache_manager = KVCacheManager(plan.num_blocks, block_size, caching,
-                                               plan.num_cpu_blocks)  # fmt: skip
+                                               plan.num_cpu_blocks, group_windows)  # fmt: skip
         self.scheduler = Scheduler(sched_cfg, self.kv_cache_manager)
         self.runner = self._build_runner(config, draft, plan, kv_dtype)
         self.runner.warm_up(warm_up_tokens(sched_cfg.max_num_batched_tokens, plan.max_model_len,
                                            self.device, block_size))  # fmt: skip
         self.timer: Timer = NO_TIMER
-        logger.info("KV cache: %d blocks of %d tokens (%.1f MiB, %s), max_model_len %d",
+        logger.info("KV cache: %d blocks of %d tokens (%.1f MiB, %s), max_model_len %d%s",
                     plan.num_blocks, block_size, self.kv_cache.num_bytes / 2**20,
-                    str(kv_dtype).removeprefix("torch."), plan.max_model_len)  # fmt: skip
-        assert cdiv(plan.max_model_len, block_size) <= plan.num_blocks
+                    str(kv_dtype).removeprefix("torch."), plan.max_model_len,
+                    f", {len(group_windows)} groups of {self.kv_layout.layers_per_page} layers "
+                    f"(windows {group_windows})" if self.kv_layout else "")  # fmt: skip
+        assert peak_pages(plan.max_model_len, block_size, group_windows,
+                          sched_cfg.chunk_limit) <= plan.num_blocks  # fmt: skip
 
     def _load_target(
         self, config: EngineConfig, loaded: LoadedModel | None, kv_dtype: torch.dtype
@@ -118,16 +130,45 @@ class EngineCore:
         return load_model(path, self.dtype, self.device, config.cache.kv_block_size,
                           config.model.attention_backend, activations)  # fmt: skip
 
+    def _kv_layout(
+        self, config: EngineConfig, target: LoadedModel, draft: LoadedModel | None
+    ) -> KVLayout | None:
+        """KV groups (core/kv_groups.py) where some layers attend within a window, so that
+        those layers give back the blocks that leave it; None: one table for every layer. A
+        draft model's KV shares the target's one table, and decode graphs capture one."""
+        windows = [target.arch.layer_window(layer) for layer in range(target.arch.num_layers)]
+        if all(w is None for w in windows):
+            return None
+        attn = target.model.layers[0].attn
+        why = (
+            "a draft model's KV shares one table"
+            if draft is not None
+            else "CUDA graphs capture one table"
+            if self._wants_graphs(config, attn)
+            else None
+        )
+        if why is not None:
+            logger.info("KV: the windowed layers keep every block (%s)", why)
+            return None
+        return plan_kv_layout(windows)
+
+    def _wants_graphs(self, config: EngineConfig, attn: Any) -> bool:
+        # an embedding model never decodes: there is no decode step to capture
+        return (supports_graphs(attn, self.device) and not config.model.enforce_eager
+                and self.arch.pooling is None)  # fmt: skip
+
     @staticmethod
     def _plan_kv_pool(
         config: EngineConfig, target: LoadedModel, draft: LoadedModel | None,
-        kv_dtype: torch.dtype,
+        kv_dtype: torch.dtype, layout: KVLayout | None,
     ) -> KVPlan:  # fmt: skip
         """The pool's blocks, `max_model_len` and the swap space's blocks. A drafter's KV shares
         the pool's blocks, so a block costs both models' bytes; swap space holds only the
-        target's (a drafter's KV is recomputed after preemption)."""
+        target's (a drafter's KV is recomputed after preemption). With KV groups a block is a
+        page of `layout.layers_per_page` layers."""
         sched_cfg = config.scheduler
-        target_bytes_per_token = bytes_per_token = kv_bytes_per_token(target.arch, kv_dtype)
+        bytes_per_token = kv_bytes_per_page_token(target.arch, kv_dtype, layout)
+        target_bytes_per_token = bytes_per_token
         max_positions = target.arch.max_position_embeddings
         if draft is not None:
             bytes_per_token += kv_bytes_per_token(draft.arch, kv_dtype)
@@ -140,6 +181,8 @@ class EngineCore:
             requested_len=config.model.max_model_len, model_limit=max_positions,
             swap_space_bytes=config.cache.swap_space_bytes if swapping else 0,
             swap_bytes_per_token=target_bytes_per_token,
+            group_windows=layout.group_windows if layout else (None,),
+            chunk=sched_cfg.chunk_limit,
         )  # fmt: skip
 
     def _build_runner(
@@ -151,9 +194,7 @@ class EngineCore:
         model, device = self.loaded.model, self.device
         attn = model.layers[0].attn
         graphs = None
-        # an embedding model never decodes: there is no decode step to capture
-        wants_graphs = (supports_graphs(attn, device) and not config.model.enforce_eager
-                        and self.arch.pooling is None)  # fmt: skip
+        wants_graphs = self._wants_graphs(config, attn)
         if wants_graphs and not model.graph_capturable:
             logger.info("%s routes experts on the host: decode steps run without CUDA graphs",
                         type(model).__name__)  # fmt: skip
@@ -167,7 +208,8 @@ class EngineCore:
             draft_kv = KVCache(draft.arch, draft_attn, plan.num_blocks, kv_dtype, device,
                                scratch_block=True)  # fmt: skip
             drafter = Drafter(draft.model, draft_kv, draft_attn, device)
-        return ModelRunner(model, self.kv_cache, attn, device, config.model.seed, graphs, drafter)
+        return ModelRunner(model, self.kv_cache, attn, device, config.model.seed, graphs, drafter,
+                           self.kv_layout)  # fmt: skip
 
     @staticmethod
     def _kv_bytes(config: EngineConfig, arch: LlamaArchConfig, dtype: torch.dtype) -> int:
@@ -262,7 +304,7 @@ class EngineCore:
             state = "running" if r.status is RequestStatus.RUNNING else (
                 "swapped" if kv.is_swapped(r) else "waiting")  # fmt: skip
             rows.append([r.request_id, state, r.priority, r.num_prompt_tokens,
-                         r.num_output_tokens, len(kv.get_block_table(r.request_id)),
+                         r.num_output_tokens, kv.num_held(r.request_id),
                          round(now - r.arrival_time, 1)])  # fmt: skip
         cpu = kv.cpu_pool
         swap_map = "3" * (cpu.num_used_blocks if cpu is not None else 0)

@@ -293,6 +293,7 @@ class LlamaModel(nn.Module):
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
         meta: Any,  # the attention backend's own
         logits_indices: torch.Tensor,  # [S]
+        layer_metas: list[Any] | None = None,  # each layer's, where KV groups differ
     ) -> torch.Tensor:
         """Returns logits [S, vocab] in the model's dtype for the tokens at `logits_indices`
         (the sampler converts to float32 only when it needs more than an argmax); an embedding
@@ -303,12 +304,20 @@ class LlamaModel(nn.Module):
         if self.local_inv_freq is not None:
             local = _rotation(positions, self.local_inv_freq, hidden.dtype)
         residual = None
+        metas = layer_metas or [meta] * len(self.layers)
         if self.fused_layers is not None:
-            hidden, residual = self.fused_layers(hidden, cos, sin, local, kv_caches, meta)
+            # one call per run of layers that share their metadata (all of them, in one group)
+            start = 0
+            for end in range(1, len(metas) + 1):
+                if end == len(metas) or metas[end] is not metas[start]:
+                    hidden, residual = self.fused_layers(
+                        hidden, residual, cos, sin, local, kv_caches, metas[start], start, end
+                    )
+                    start = end
         else:
-            for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+            for layer, kv_cache, layer_meta in zip(self.layers, kv_caches, metas, strict=True):
                 rotation = local if layer.local_rope and local is not None else (cos, sin)
-                hidden, residual = layer(hidden, residual, *rotation, kv_cache, meta)
+                hidden, residual = layer(hidden, residual, *rotation, kv_cache, layer_meta)
         hidden, w, eps = hidden[logits_indices], self.norm.weight, self.norm.eps
         if residual is None:
             hidden = self.ops.rms_norm(hidden, w, eps)

@@ -2,7 +2,10 @@
 blocks: `core/sizing.py`), in the model's dtype or the one `kv_cache_dtype` names. Block `b` is
 index `b` of dim 0 in every layout. With `scratch_block` one block more is allocated, past the
 pool's: the start-up warm-up and CUDA graphs' padding rows write there (engines always ask for
-it)."""
+it), and windowed groups' null blocks name it.
+
+With several KV groups (`core/kv_groups.py`) a block is a page of `layers_per_page` layers:
+there are that many tensors, and each layer uses its slot's, over its group's pages."""
 
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ import torch
 
 from inflight.attention import AttentionBackend
 from inflight.attention.backend import SCALE_BYTES, is_scaled
+from inflight.core.kv_groups import KVLayout
 from inflight.errors import ConfigError
 from inflight.model.arch import LlamaArchConfig
 from inflight.runner.huge_pages import zeros_on_huge_pages
@@ -39,6 +43,14 @@ def kv_bytes_per_token(arch: LlamaArchConfig, dtype: torch.dtype) -> int:
     return 2 * arch.num_layers * arch.num_kv_heads * row
 
 
+def kv_bytes_per_page_token(
+    arch: LlamaArchConfig, dtype: torch.dtype, layout: KVLayout | None = None
+) -> int:
+    """Key and value bytes of one token in one page's layers: every layer's without groups."""
+    layers = layout.layers_per_page if layout is not None else arch.num_layers
+    return kv_bytes_per_token(arch, dtype) // arch.num_layers * layers
+
+
 class KVCache:
     def __init__(
         self,
@@ -49,6 +61,7 @@ class KVCache:
         device: torch.device,
         num_cpu_blocks: int = 0,
         scratch_block: bool = False,
+        layout: KVLayout | None = None,
     ) -> None:
         block_size = attn.block_size
         allocated = num_blocks + scratch_block
@@ -68,18 +81,21 @@ class KVCache:
                 return zeros_on_huge_pages(shape, dtype)
             return torch.zeros(shape, dtype=dtype, device=device)
 
-        self.layers: list[tuple[torch.Tensor, torch.Tensor]] = [
-            (zeros(k_shape), zeros(v_shape)) for _ in range(arch.num_layers)
+        num_slots = layout.layers_per_page if layout is not None else arch.num_layers
+        self.slots: list[tuple[torch.Tensor, torch.Tensor]] = [
+            (zeros(k_shape), zeros(v_shape)) for _ in range(num_slots)
         ]
-        self.num_bytes = kv_bytes_per_token(arch, dtype) * block_size * num_blocks
+        slot_of = layout.layer_slot if layout is not None else range(arch.num_layers)
+        self.layers = [self.slots[slot] for slot in slot_of]  # what each layer reads and writes
+        self.num_bytes = kv_bytes_per_page_token(arch, dtype, layout) * block_size * num_blocks
         # Swap space in host memory (pinned when the device is a GPU, for fast copies).
         pin = device.type == "cuda"
-        self.cpu_layers: list[tuple[torch.Tensor, torch.Tensor]] = [
+        self.cpu_slots: list[tuple[torch.Tensor, torch.Tensor]] = [
             (
                 torch.zeros((num_cpu_blocks, *k_shape[1:]), dtype=dtype, pin_memory=pin),
                 torch.zeros((num_cpu_blocks, *v_shape[1:]), dtype=dtype, pin_memory=pin),
             )
-            for _ in range(arch.num_layers if num_cpu_blocks else 0)
+            for _ in range(num_slots if num_cpu_blocks else 0)
         ]
 
     def swap(self, swap_out: list[tuple[int, int]], swap_in: list[tuple[int, int]]) -> None:
@@ -89,7 +105,7 @@ class KVCache:
                 continue
             src = torch.tensor([a for a, _ in copies])
             dst = torch.tensor([b for _, b in copies])
-            for device_kv, cpu_kv in zip(self.layers, self.cpu_layers, strict=True):
+            for device_kv, cpu_kv in zip(self.slots, self.cpu_slots, strict=True):
                 for dev, host in zip(device_kv, cpu_kv, strict=True):
                     if to_cpu:
                         host[dst] = dev[src.to(dev.device)].to("cpu")

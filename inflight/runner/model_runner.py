@@ -10,6 +10,7 @@ from collections.abc import Callable
 import torch
 
 from inflight.attention import AttentionBackend
+from inflight.core.kv_groups import KVLayout
 from inflight.core.outputs import (
     Logprobs,
     ModelRunnerOutput,
@@ -42,8 +43,13 @@ class ModelRunner:
         seed: int = 0,
         decode_graphs: DecodeGraphs | None = None,
         drafter: Drafter | None = None,
+        kv_layout: KVLayout | None = None,
     ) -> None:
         self.model = model
+        # several KV groups (core/kv_groups.py): each layer's, and what stands for null blocks
+        windowed = kv_layout is not None and any(w is not None for w in kv_layout.group_windows)
+        self.layer_groups = kv_layout.layer_group if kv_layout and kv_layout.num_groups > 1 else ()
+        self.null_block = kv_cache.scratch_block if windowed else None
         self.drafter = drafter  # writes the drafts of draft-model speculation
         self.decode_graphs = decode_graphs
         self.kv_cache = kv_cache
@@ -77,20 +83,25 @@ class ModelRunner:
 
         greedy = SamplingParams(temperature=0)  # draws nothing from the shared generator
 
+        others = max(self.layer_groups, default=0)  # the other KV groups' tables: the same
+
         def chunk(name: str, num_tokens: int) -> ScheduledRequest:
             tokens = [0] * num_tokens
             table = [scratch] * -(-num_tokens // self.block_size)
-            return ScheduledRequest(name, tokens, 0, table, True, greedy, tokens, [])
+            return ScheduledRequest(name, tokens, 0, table, True, greedy, tokens, [],
+                                    group_tables=[table] * others)  # fmt: skip
 
         sizes = [WARM_UP_CHUNK] * (num_prompt_tokens // WARM_UP_CHUNK)
         sizes += [num_prompt_tokens % WARM_UP_CHUNK] if num_prompt_tokens % WARM_UP_CHUNK else []
         scheduled = [chunk(f"warm-up {i}", n) for i, n in enumerate(sizes)]
         # a decode: the token after a one-token prompt
-        decode = ScheduledRequest("warm-up decode", [0], 1, [scratch] * 2, True, greedy, [0], [0])
+        decode = ScheduledRequest("warm-up decode", [0], 1, [scratch] * 2, True, greedy, [0], [0],
+                                  group_tables=[[scratch] * 2] * others)  # fmt: skip
         scheduled.append(decode)
         inputs = self.prepare_inputs(SchedulerOutput(scheduled))
         logits = self.model(inputs.input_ids, inputs.positions, self.kv_cache.layers,
-                            inputs.attn_metadata, inputs.logits_indices)  # fmt: skip
+                            inputs.attn_metadata, inputs.logits_indices,
+                            inputs.layer_metadata)  # fmt: skip
         if self.drafter is not None:
             self.drafter.warm_up(scheduled)
         self.sampler.sample(logits, scheduled)
@@ -98,7 +109,9 @@ class ModelRunner:
             torch.cuda.synchronize(self.device)
 
     def prepare_inputs(self, out: SchedulerOutput) -> StepInputs:
-        return build_step_inputs(out.scheduled, self.block_size, self.attn_backend, self.device)
+        return build_step_inputs(out.scheduled, self.block_size, self.attn_backend, self.device,
+                                 layer_groups=self.layer_groups,
+                                 null_block=self.null_block)  # fmt: skip
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
@@ -235,6 +248,7 @@ class ModelRunner:
                 self.kv_cache.layers,
                 inputs.attn_metadata,
                 inputs.logits_indices,
+                inputs.layer_metadata,
             )
         return logits, inputs.prompt_rows
 
@@ -245,10 +259,13 @@ class ModelRunner:
         mean = self.model.cfg.pooling == "mean"
         with self.timer.phase("prepare_inputs"):
             inputs = build_step_inputs(scheduled, self.block_size, self.attn_backend, self.device,
-                                       score_prompts=False, every_row=mean)  # fmt: skip
+                                       score_prompts=False, every_row=mean,
+                                       layer_groups=self.layer_groups,
+                                       null_block=self.null_block)  # fmt: skip
         with self.timer.phase("forward"):
             hidden = self.model(inputs.input_ids, inputs.positions, self.kv_cache.layers,
-                                inputs.attn_metadata, inputs.logits_indices).float()  # fmt: skip
+                                inputs.attn_metadata, inputs.logits_indices,
+                                inputs.layer_metadata).float()  # fmt: skip
         result, row = ModelRunnerOutput(), 0
         for s in scheduled:
             if mean:

@@ -9,10 +9,15 @@ block_tables     [R, max_blocks]
 logits_indices   [S+P]  flat index of the last token of each request that samples (and of
                         each draft), then of every prompt position that scores a prompt token
                         for a request that wants prompt logprobs (`prompt_rows` says whose)
+
+A model of several KV groups (core/kv_groups.py) gets block tables, slot mappings and the
+backend's metadata for each group, and `layer_metadata` names each layer's; a windowed group's
+null blocks become the scratch block, which its window never reads.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,9 +36,10 @@ class StepInputs:
     seq_lens: list[int]
     block_tables: torch.Tensor
     logits_indices: torch.Tensor
-    attn_metadata: Any  # the backend's own
+    attn_metadata: Any  # the backend's own (group 0's)
     # after the sampling rows: (request id, its first row's position, number of rows)
     prompt_rows: list[tuple[str, int, int]]
+    layer_metadata: list[Any] | None = None  # each layer's group's, with several groups
 
 
 def build_step_inputs(
@@ -43,11 +49,15 @@ def build_step_inputs(
     device: torch.device,
     score_prompts: bool = True,
     every_row: bool = False,
+    layer_groups: Sequence[int] = (),
+    null_block: int | None = None,
 ) -> StepInputs:
     """The flat batch of `scheduled` (the module docstring lists its tensors), for any model
     whose KV cache has the pool's block layout: the target's, or its drafter's (which scores
     no prompt: `score_prompts` False). `every_row`: the outputs of every token, in order (an
-    embedding model that pools them all), in place of the sampling rows."""
+    embedding model that pools them all), in place of the sampling rows. `layer_groups`: each
+    layer's KV group, where there are several; `null_block` stands in for the null blocks of
+    windowed groups."""
     input_ids: list[int] = []
     start_pos: list[int] = []
     query_start_loc = [0]
@@ -75,29 +85,35 @@ def build_step_inputs(
     starts = torch.tensor(start_pos)
     seq_lens = (starts + q_lens).tolist()
     max_blocks = max(len(s.block_table) for s in scheduled)
-    # one tensor from padded lists: a tensor per row costs a Python call each, per step
-    block_tables = torch.tensor(
-        [s.block_table + [0] * (max_blocks - len(s.block_table)) for s in scheduled],
-        dtype=torch.long,
-    )
 
     # positions: for each request, start_pos .. start_pos + q_len - 1
     req_of_token = torch.repeat_interleave(torch.arange(num_reqs), q_lens)  # [T]
     token_offset = torch.arange(len(input_ids)) - torch.tensor(query_start_loc[:-1])[req_of_token]
     positions = starts[req_of_token] + token_offset  # [T]
-    slot_mapping = (
-        block_tables[req_of_token, positions // block_size] * block_size + positions % block_size
-    )  # [T]
-
-    slot_mapping = slot_mapping.to(device)
     # Every token at or past its request's prompt attends as a decode (`DecodeBatch`): the
     # newest token, the drafts after it, and outputs recomputed after a preemption, which so
     # get the values they got when first decoded (a prompt chunk's kernel rounds otherwise).
     decodes = [max(0, s.start_pos + s.num_tokens - max(s.start_pos, len(s.prompt_token_ids)))
                for s in scheduled]  # fmt: skip
-    meta = attn_backend.build_metadata(
-        query_start_loc, start_pos, block_tables, slot_mapping, device, decodes
-    )
+
+    def group_inputs(tables: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor, Any]:
+        if null_block is not None:
+            tables = [[null_block if b < 0 else b for b in t] for t in tables]
+        # one tensor from padded lists: a tensor per row costs a Python call each, per step
+        padded = torch.tensor([t + [0] * (max_blocks - len(t)) for t in tables], dtype=torch.long)
+        slots = padded[req_of_token, positions // block_size] * block_size
+        slots = (slots + positions % block_size).to(device)  # [T]
+        meta = attn_backend.build_metadata(query_start_loc, start_pos, padded, slots, device,
+                                           decodes)  # fmt: skip
+        return padded, slots, meta
+
+    block_tables, slot_mapping, meta = group_inputs([s.block_table for s in scheduled])
+    layer_metadata = None
+    if any(layer_groups):
+        metas = [meta]
+        for g in range(1, max(layer_groups) + 1):
+            metas.append(group_inputs([s.group_tables[g - 1] for s in scheduled])[2])
+        layer_metadata = [metas[g] for g in layer_groups]
     return StepInputs(
         input_ids=torch.tensor(input_ids, device=device),
         positions=positions.to(device),
@@ -108,4 +124,5 @@ def build_step_inputs(
         logits_indices=torch.tensor(logits_indices, dtype=torch.long, device=device),
         attn_metadata=meta,
         prompt_rows=prompt_rows,
+        layer_metadata=layer_metadata,
     )

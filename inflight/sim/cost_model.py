@@ -124,13 +124,15 @@ class CostModel:
     def __init__(
         self, hardware: HardwareProfile, model: ModelProfile, block_size: int,
         link: Link | None = None,
+        page_bytes_per_token: int = 0,
     ) -> None:  # fmt: skip
-        """`link`: what joins the model's tensor-parallel ranks (needed when it has several)."""
+        """`link`: what joins the model's tensor-parallel ranks (needed when it has several);
+        `page_bytes_per_token`: a pool page's, where KV groups make it less than a token's."""
         require_link(model, link)
         self.hw = hardware
         self.model = model
         self.link = link
-        self.block_bytes = model.kv_bytes_per_token * block_size
+        self.block_bytes = (page_bytes_per_token or model.kv_bytes_per_token) * block_size
         self.peak = hardware.peak_flops(model.compute_dtype)
 
     def cost(self, work: StepWork) -> StepCost:

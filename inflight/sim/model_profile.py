@@ -144,7 +144,7 @@ class ModelProfile:
         return max_num_batched_tokens * per_token + max_num_seqs * a.vocab_size * 4
 
 
-PRESETS = ("llama-3.3-70b", "llama-3.1-8b", "qwen2.5-7b", "smollm2-135m")
+PRESETS = ("llama-3.3-70b", "llama-3.1-8b", "qwen2.5-7b", "smollm2-135m", "gemma-3-270m")
 
 
 def load_model_profile(

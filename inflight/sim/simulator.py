@@ -25,6 +25,7 @@ from tqdm.auto import tqdm
 
 from inflight.config import CacheConfig, EngineConfig, SchedulerConfig
 from inflight.core.kv_cache_manager import KVCacheManager
+from inflight.core.kv_groups import plan_kv_layout
 from inflight.core.outputs import ModelRunnerOutput, SchedulerOutput
 from inflight.core.scheduler import Scheduler
 from inflight.core.sizing import plan_kv_pool
@@ -54,6 +55,8 @@ class SimSetup:
     num_cpu_blocks: int
     replicas: int = 1
     link: Link | None = None  # joins a replica's tensor-parallel ranks (`model.tensor_parallel`)
+    group_windows: tuple[int | None, ...] = (None,)  # the KV groups' (core/kv_groups.py)
+    page_bytes_per_token: int = 0  # of a page's layers (0: every layer's, one group)
 
     @property
     def max_model_len(self) -> int:
@@ -82,17 +85,29 @@ def build_setup(
     memory_utilization: float = 0.9,
     runtime_reserve_bytes: int = 2**30,
     link: Link | None = None,
+    group_windows: tuple[int | None, ...] | None = None,
 ) -> SimSetup:
     """Sizes the KV pool as the engine would: from `kv_cache_memory_bytes` on a CPU, and on a
     GPU from the memory left, after weights, peak activations and a runtime reserve (CUDA
     context, graphs), within `memory_utilization` of the device (vLLM's rule). Under tensor
     parallelism (`model.tensor_parallel` ranks joined by `link`) each rank is one device of
     `hardware` holding its share of the weights and the KV of its own heads, and every rank's
-    pool has the same blocks."""
+    pool has the same blocks. A model with windowed layers gets the engine's KV groups on a
+    CPU (on a GPU the engine's CUDA graphs take one table), unless `group_windows` says
+    which."""
     require_link(model, link)
     config = EngineConfig.from_knobs(**knobs)
     cache, sched = config.cache, config.scheduler
     block_size = cache.kv_block_size
+    arch = model.arch
+    windows = [arch.layer_window(layer) for layer in range(arch.num_layers)]
+    layout = plan_kv_layout(windows)
+    if group_windows is None:
+        grouped = hardware.is_cpu and any(w is not None for w in windows)
+        group_windows = layout.group_windows if grouped else (None,)
+    bytes_per_token = model.kv_bytes_per_token
+    if len(group_windows) > 1 or group_windows[0] is not None:
+        bytes_per_token = bytes_per_token // arch.num_layers * layout.layers_per_page
     limit = model.arch.max_position_embeddings
     requested = config.model.max_model_len
     tp = model.tensor_parallel
@@ -115,21 +130,22 @@ def build_setup(
         )
         usable = hardware.memory_bytes * memory_utilization
         budget = int(usable - fixed)
-        if budget < model.kv_bytes_per_token * block_size:
+        if budget < bytes_per_token * block_size:
             raise ConfigError(
                 f"{model.name} ({model.weight_dtype}) needs {fixed / 1e9:.1f} GB for weights, "
                 f"activations and runtime{ranks}, more than {usable / 1e9:.1f} GB "
                 f"({memory_utilization:.0%} of {hardware.name}); no room for a KV cache"
             )
     plan = plan_kv_pool(
-        bytes_per_token=model.kv_bytes_per_token, block_size=block_size, memory_bytes=budget,
+        bytes_per_token=bytes_per_token, block_size=block_size, memory_bytes=budget,
         num_kv_blocks=cache.num_kv_blocks, max_num_seqs=sched.max_num_seqs,
         requested_len=requested, model_limit=limit,
         swap_space_bytes=cache.swap_space_bytes if sched.preemption_mode == "swap" else 0,
+        group_windows=group_windows, chunk=sched.chunk_limit,
     )  # fmt: skip
     return SimSetup(
         hardware, model, dataclasses.replace(sched, max_model_len=plan.max_model_len), cache,
-        plan.num_blocks, plan.num_cpu_blocks, replicas, link,
+        plan.num_blocks, plan.num_cpu_blocks, replicas, link, group_windows, bytes_per_token,
     )  # fmt: skip
 
 
@@ -148,7 +164,8 @@ def setup_like_engine(hardware: HardwareProfile, core, knobs: dict) -> SimSetup:
     model = ModelProfile(core.loaded.path.stem, core.arch, dtype, dtype)
     sim_knobs = {k: v for k, v in knobs.items() if k not in ENGINE_ONLY_KNOBS}
     sim_knobs |= {"num_kv_blocks": core.kv_cache.num_blocks, "max_model_len": core.max_model_len}
-    return build_setup(hardware, model, sim_knobs)
+    return build_setup(hardware, model, sim_knobs,
+                       group_windows=core.kv_cache_manager.group_windows)  # fmt: skip
 
 
 @dataclass
@@ -162,7 +179,8 @@ class _Replica:
     def __post_init__(self) -> None:
         s = self.setup
         self.kv = KVCacheManager(s.num_kv_blocks, s.cache.kv_block_size,
-                                 s.cache.enable_prefix_caching, s.num_cpu_blocks)  # fmt: skip
+                                 s.cache.enable_prefix_caching, s.num_cpu_blocks,
+                                 s.group_windows)  # fmt: skip
         self.scheduler = Scheduler(s.scheduler, self.kv, clock=lambda: self.now)
 
     @property
@@ -180,8 +198,9 @@ class Simulation:
         self.setup = setup
         self.router = make_router(router)
         self.cost_model = cost_model or CostModel(
-            setup.hardware, setup.model, setup.cache.kv_block_size, setup.link
-        )
+            setup.hardware, setup.model, setup.cache.kv_block_size, setup.link,
+            setup.page_bytes_per_token,
+        )  # fmt: skip
         self.replicas = [_Replica(setup) for _ in range(setup.replicas)]
         self.totals = StepTotals()  # every step of every replica
         self.flops = self.bytes = 0.0  # what those steps computed and moved, by the cost model

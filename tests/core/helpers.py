@@ -20,10 +20,12 @@ def make_scheduler(
     enable_prefix_caching: bool = True,
     clock=None,
     num_cpu_blocks: int = 0,
+    group_windows: list[int | None] | None = None,
     **knobs,
 ) -> Scheduler:
     config = SchedulerConfig(max_model_len=max_model_len, **knobs)
-    kv = KVCacheManager(num_blocks, block_size, enable_prefix_caching, num_cpu_blocks)
+    kv = KVCacheManager(num_blocks, block_size, enable_prefix_caching, num_cpu_blocks,
+                        group_windows or [None])  # fmt: skip
     return Scheduler(config, kv) if clock is None else Scheduler(config, kv, clock)
 
 

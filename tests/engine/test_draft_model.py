@@ -55,7 +55,7 @@ def test_greedy_tokens_are_unchanged_by_a_draft_model(tiny_model_factory, knobs)
         core = spec.core
         per_block = kv_bytes_per_token(core.arch, core.dtype) * BINDING["kv_block_size"]
         swap_bytes = core.config.cache.swap_space_bytes
-        assert core.kv_cache.cpu_layers[0][0].shape[0] == swap_bytes // per_block
+        assert core.kv_cache.cpu_slots[0][0].shape[0] == swap_bytes // per_block
 
 
 @pytest.mark.parametrize("knobs", [{}, BINDING])

@@ -66,7 +66,16 @@ ENGINE_SETTINGS = {
     # other admission orders (and priority preemptions), same tokens
     "priority_policy": {"scheduling_policy": "priority", "max_num_seqs": 4},
     "sjf_policy": {"scheduling_policy": "sjf", "max_num_seqs": 4},
-}
+    # windowed layers giving their blocks back while requests are preempted (recomputed or
+    # swapped) or admitted on a prediction: pages of one layer's block, 200 for ~800 wanted
+    "windowed_preemption": {"kv_block_size": 4, "num_kv_blocks": 200,
+                            "max_num_batched_tokens": 96},
+    "windowed_preemption_swap": {"kv_block_size": 4, "num_kv_blocks": 200,
+                                 "max_num_batched_tokens": 96, "preemption_mode": "swap"},
+    "windowed_predictive": {"kv_block_size": 4, "num_kv_blocks": 200,
+                            "max_num_batched_tokens": 96, "predictive_admission": True,
+                            "prediction_horizon": 16},
+}  # fmt: skip
 
 
 @pytest.fixture(scope="module", params=TINY_ARCHS)
@@ -89,6 +98,12 @@ SCHEDULING_ONLY = {
     "reserve_predictive", "one_at_a_time", "static_batches", "priority_policy", "sjf_policy",
 }  # fmt: skip
 SCHEDULING_ARCH = "llama"
+# The same with KV groups: Gemma 3's (one full group beside five windowed ones) and Mistral's
+# (one windowed group)
+WINDOWED_SCHEDULING = {"windowed_preemption", "windowed_preemption_swap", "windowed_predictive"}
+WINDOWED_ARCHS = ("gemma3", "mistral")
+# pages of Mistral's 2 layers: a request holds at most 31 (its window of 24 and a chunk of 96)
+WINDOWED_POOLS = {"mistral": {"num_kv_blocks": 40}}
 # Families that differ from Llama in their MLP alone (experts): the attention backends'
 # settings compute nothing else for them, and Llama's runs cover those
 MLP_ONLY_ARCHS = ("qwen3_moe", "mixtral")
@@ -114,6 +129,8 @@ def test_greedy_parity_with_transformers(reference, setting):
     arch, folder, prompts, max_tokens, expected = reference
     if setting in SCHEDULING_ONLY and arch != SCHEDULING_ARCH:
         pytest.skip(f"a scheduling-only setting: {SCHEDULING_ARCH} covers it")
+    if setting in WINDOWED_SCHEDULING and arch not in WINDOWED_ARCHS:
+        pytest.skip(f"a scheduling setting of KV groups: {', '.join(WINDOWED_ARCHS)} cover it")
     on_gpu = torch.cuda.is_available()  # there the setting runs the experts on the GPU too
     if setting in ATTENTION_SETTINGS and arch in MLP_ONLY_ARCHS and not on_gpu:
         pytest.skip("an attention backend's setting: the Llama-attention families cover it")
@@ -125,7 +142,10 @@ def test_greedy_parity_with_transformers(reference, setting):
         assert min(map(len, prompts)) < 24 < max(map(len, prompts))
         max_tokens = [min(n, INTERPRETED_MAX_TOKENS) for n in max_tokens]
         expected = [want[:n] for want, n in zip(expected, max_tokens, strict=True)]
-    llm = LLM(str(folder), dtype="float32", **ENGINE_SETTINGS[setting])
+    knobs = ENGINE_SETTINGS[setting]
+    if setting in WINDOWED_SCHEDULING:
+        knobs = {**knobs, **WINDOWED_POOLS.get(arch, {})}
+    llm = LLM(str(folder), dtype="float32", **knobs)
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in max_tokens]
     priority = [i % 3 for i in range(len(prompts))]  # only the priority policy looks at it
     outputs = llm.generate(prompts, params, use_tqdm=False, priority=priority)
@@ -134,8 +154,10 @@ def test_greedy_parity_with_transformers(reference, setting):
         assert out.outputs[0].token_ids == want, f"prompt {i} (len {len(prompts[i])}) diverged"
         assert out.outputs[0].finish_reason == "length"
     scheduler = llm.core.scheduler
-    if setting.startswith("preemption"):
+    if setting.startswith(("preemption", "windowed_preemption")):
         assert scheduler.num_preemptions > 0, "the pool was meant to force preemption"
+    if setting in WINDOWED_SCHEDULING:  # the windowed layers gave pages back
+        assert llm.core.kv_cache_manager.num_window_releases > 0
     if setting == "preemption_swap":
         assert scheduler.num_swaps == scheduler.num_preemptions
     if setting in ("predictive_admission", "reserve_predictive"):
