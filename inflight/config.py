@@ -119,6 +119,13 @@ class CacheConfig:
     enable_prefix_caching: bool = field(
         default=True, metadata={"help": "reuse the KV of full blocks shared by earlier requests"}
     )
+    free_window_blocks: bool = field(
+        default=True,
+        metadata={
+            "help": "layers that attend within a window give back the KV blocks it no longer "
+            "reaches (their own block tables; a draft model or CUDA graphs keep one table)"
+        },
+    )
     kv_cache_dtype: KVCacheDtype = field(
         default="auto",
         metadata={

@@ -28,7 +28,7 @@ in blocks of its own.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from inflight.core.block_pool import BlockPool
@@ -121,10 +121,13 @@ class KVCacheManager:
             first -= 1
         return table[first:]
 
+    def _tables(self, request_id: str) -> Iterator[tuple[list[int], int | None]]:
+        """(table, window) of each group of the request (none without tables)."""
+        tables = self.block_tables.get(request_id)
+        return zip(tables or (), self.group_windows if tables else (), strict=True)
+
     def num_held(self, request_id: str) -> int:
-        return sum(len(self._live(table, window)) for table, window in
-                   zip(self.block_tables.get(request_id, ()), self.group_windows, strict=True)
-                   )  # fmt: skip
+        return sum(len(self._live(table, window)) for table, window in self._tables(request_id))
 
     def num_held_for_reservation(self, request_id: str) -> int:
         """Pages the request holds, less its windowed groups' pages that others hold too: a
@@ -132,8 +135,7 @@ class KVCacheManager:
         later (what `Reserve` counts as held; `num_held` with one group)."""
         blocks = self.pool.blocks
         held = 0
-        for table, window in zip(self.block_tables.get(request_id, ()), self.group_windows,
-                                 strict=True):  # fmt: skip
+        for table, window in self._tables(request_id):
             live = self._live(table, window)
             held += len(live) if window is None else sum(blocks[b].ref_count == 1 for b in live)
         return held

@@ -52,6 +52,7 @@ def test_a_windowed_group_holds_only_what_its_window_reaches():
     assert kv.pages_for(21) == 9  # what a decoding request holds with 21 tokens cached
     kv.free(r)
     assert kv.pool.num_used_blocks == 0
+    assert kv.num_held("r") == kv.num_held_for_reservation("r") == 0  # (a waiting request's)
 
 
 def test_pages_needed_counts_what_the_window_gives_back():

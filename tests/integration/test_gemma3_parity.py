@@ -53,8 +53,10 @@ def test_gemma3_270m_greedy_parity_with_transformers(gemma3_file, tmp_path):
     outputs = llm.generate(prompts, params, use_tqdm=False)
     for i, (out, want) in enumerate(zip(outputs, expected, strict=True)):
         assert out.outputs[0].token_ids == want, f"prompt {i} diverged"
-    pool = llm.core.kv_cache_manager.pool
-    assert pool.num_free_blocks == pool.num_blocks
+    kv = llm.core.kv_cache_manager
+    assert kv.group_windows == (None,) + (WINDOW,) * 5  # pages of 3 layers
+    assert kv.num_window_releases > 0  # the long prompt's windowed pages went back mid-request
+    assert kv.pool.num_free_blocks == kv.pool.num_blocks
     # the tokenizer from the file's metadata: a SentencePiece vocabulary, round-tripping text
     assert llm.tokenizer.decode(prompts[0], skip_special_tokens=True) == texts[0]
 
