@@ -17,7 +17,6 @@ from inflight.kernels import load_extension
 from inflight.model.packed_linear import PackedLinear
 
 _PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
-_WEIGHTS = 6  # a layer's entries of `weights`: two norms and four projections
 
 
 class FusedDecoderLayers:
@@ -82,40 +81,40 @@ class FusedDecoderLayers:
     def __call__(
         self,
         hidden: torch.Tensor,
-        residual: torch.Tensor | None,
         cos: torch.Tensor,
         sin: torch.Tensor,
         local: tuple[torch.Tensor, torch.Tensor] | None,
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
         meta: KernelMetadata,
-        start: int = 0,
-        end: int | None = None,
+        layer_metas: list[KernelMetadata] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Layers `start .. end - 1` (all by default) from the previous layer's output and the
-        residual stream (None before the first layer): (last layer's MLP output, residual
-        stream), as the Python loop returns them; `local`: the windowed layers' cos and sin
-        where their RoPE is their own."""
-        end = len(self.windows) if end is None else end
+        """(last layer's MLP output, residual stream), as the Python loop returns them;
+        `local`: the windowed layers' cos and sin where their RoPE is their own; `layer_metas`:
+        each layer's, where KV groups give layers other tables than `meta`'s (group 0's)."""
         decode, prefill = meta.decode_batch, meta.prefill_batch
         num_heads, num_kv_heads, head_dim = self.shape
         local_cos, local_sin = local or (None, None)
-        qk, out = (
-            len(self.qk_norms) // len(self.windows),
-            len(self.output_norms) // len(self.windows),
-        )
+        groups: list[KernelMetadata] = []  # the groups after the first, in order
+        layer_groups: list[int] = []
+        for layer_meta in layer_metas or ():
+            if layer_meta is meta:
+                layer_groups.append(0)
+                continue
+            if not any(layer_meta is g for g in groups):
+                groups.append(layer_meta)
+            layer_groups.append(1 + next(i for i, g in enumerate(groups) if g is layer_meta))
         hidden, residual = self.run(
-            hidden, residual, cos, sin, local_cos, local_sin,
-            self.weights[start * _WEIGHTS : end * _WEIGHTS],
-            self.small_weights[start * 4 : end * 4],
-            self.decode_weights[start * 4 : end * 4], self.small_batch_rows,
-            self.qkv_biases[start:end], self.qk_norms[start * qk : end * qk],
-            self.output_norms[start * out : end * out],
-            [k for k, _ in kv_caches[start:end]], [v for _, v in kv_caches[start:end]],
-            meta.slot_mapping,
+            hidden, None, cos, sin, local_cos, local_sin, self.weights, self.small_weights,
+            self.decode_weights, self.small_batch_rows,
+            self.qkv_biases, self.qk_norms, self.output_norms,
+            [k for k, _ in kv_caches], [v for _, v in kv_caches], meta.slot_mapping,
             decode and decode.rows, decode and decode.block_tables, decode and decode.seq_lens,
             decode is not None and decode.all_rows,
             prefill and prefill.chunks, prefill and prefill.block_tables,
-            num_heads, num_kv_heads, head_dim, self.eps, self.scale, self.windows[start:end],
-            self.gelu, self.packed, self.activation_bits, self.residual_scale, self.softcap,
+            num_heads, num_kv_heads, head_dim, self.eps, self.scale, self.windows, self.gelu,
+            self.packed, self.activation_bits, self.residual_scale, self.softcap,
+            layer_groups, [g.slot_mapping for g in groups],
+            [g.decode_batch.block_tables for g in groups if g.decode_batch is not None],
+            [g.prefill_batch.block_tables for g in groups if g.prefill_batch is not None],
         )  # fmt: skip
         return hidden, residual

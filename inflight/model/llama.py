@@ -306,14 +306,8 @@ class LlamaModel(nn.Module):
         residual = None
         metas = layer_metas or [meta] * len(self.layers)
         if self.fused_layers is not None:
-            # one call per run of layers that share their metadata (all of them, in one group)
-            start = 0
-            for end in range(1, len(metas) + 1):
-                if end == len(metas) or metas[end] is not metas[start]:
-                    hidden, residual = self.fused_layers(
-                        hidden, residual, cos, sin, local, kv_caches, metas[start], start, end
-                    )
-                    start = end
+            hidden, residual = self.fused_layers(hidden, cos, sin, local, kv_caches, meta,
+                                                 layer_metas)  # fmt: skip
         else:
             for layer, kv_cache, layer_meta in zip(self.layers, kv_caches, metas, strict=True):
                 rotation = local if layer.local_rope and local is not None else (cos, sin)

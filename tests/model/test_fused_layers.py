@@ -131,7 +131,8 @@ def test_bad_inputs_are_refused_before_any_write(tiny_llama):
     cos = sin = torch.ones(2, head_dim // 2)
 
     def run(weights=fused.weights, small=fused.small_weights, slots=(0, 1), k_caches=None,
-            decode=(), qk_norms=(), output_norms=(), windows=None, local=(None, None)):  # fmt: skip
+            decode=(), qk_norms=(), output_norms=(), windows=None, local=(None, None),
+            groups=(), group_slots=()):  # fmt: skip
         k_caches = k_caches if k_caches is not None else [k for k, _ in caches]
         windows = fused.windows if windows is None else windows
         return fused.run(
@@ -139,7 +140,8 @@ def test_bad_inputs_are_refused_before_any_write(tiny_llama):
             list(qk_norms), list(output_norms), k_caches, [v for _, v in caches],
             torch.tensor(slots), None, None, None, False, None, None,
             num_heads, num_kv_heads, head_dim, fused.eps, 1.0, windows, False, fused.packed,
-            fused.activation_bits, 1.0, 0.0,
+            fused.activation_bits, 1.0, 0.0, list(groups),
+            [torch.tensor(s) for s in group_slots], [], [],
         )  # fmt: skip
 
     with pytest.raises(RuntimeError, match="six weights"):
@@ -164,5 +166,12 @@ def test_bad_inputs_are_refused_before_any_write(tiny_llama):
     assert bool((values[0, :, 0] == 7.0).all())  # slot 0 was not written
     with pytest.raises(RuntimeError, match="one int64 slot per token"):
         run(slots=(0,))
+    with pytest.raises(RuntimeError, match="one KV group per layer"):
+        run(groups=[0])
+    with pytest.raises(RuntimeError, match="KV group 2 out of range"):
+        run(groups=[0, 2], group_slots=[(0, 1)])
+    with pytest.raises(RuntimeError, match="out of range"):  # a later group's slots too
+        run(groups=[0, 1], group_slots=[(0, num_slots)])
+    assert bool((values[0, :, 0] == 7.0).all())
     with pytest.raises(RuntimeError, match="caches must be contiguous"):
         run(k_caches=[k.to(torch.bfloat16) for k, _ in caches])

@@ -142,7 +142,9 @@ std::vector<at::Tensor> llama_decoder_layers(
     const OptTensor& prefill_chunks, const OptTensor& prefill_tables, int64_t num_heads,
     int64_t num_kv_heads, int64_t head_dim, double eps, double scale,
     const std::vector<int64_t>& windows, bool gelu, bool packed, int64_t activation_bits,
-    double residual_scale, double softcap) {
+    double residual_scale, double softcap, const std::vector<int64_t>& layer_groups,
+    const std::vector<at::Tensor>& group_slots, const std::vector<at::Tensor>& group_decode_tables,
+    const std::vector<at::Tensor>& group_prefill_tables) {
   const LinearChoice how{packed, small_rows, activation_bits};
   const size_t L = k_caches.size();
   TORCH_CHECK(weights.size() == L * kWeightsPerLayer &&
@@ -182,6 +184,28 @@ std::vector<at::Tensor> llama_decoder_layers(
   const int64_t num_slots = L ? layout.num_slots(k_caches[0].size(0)) : 0;
   for (int64_t t = 0; t < T; ++t) {
     TORCH_CHECK(slots[t] >= 0 && slots[t] < num_slots, "slot ", slots[t], " out of range");
+  }
+  // KV groups (core/kv_groups.py): a layer of group g > 0 writes and reads through that group's
+  // slots and tables (`group_*[g - 1]`); group 0's are the arguments above
+  TORCH_CHECK(layer_groups.empty() || layer_groups.size() == L, "one KV group per layer, or none");
+  const size_t G = group_slots.size();
+  TORCH_CHECK((!decode_tables.has_value() || group_decode_tables.size() == G) &&
+                  (!prefill_tables.has_value() || group_prefill_tables.size() == G),
+              "every KV group after the first has its slots and its tables");
+  std::vector<const int64_t*> slots_of{slots};
+  for (size_t g = 0; g < G; ++g) {
+    const at::Tensor& s = group_slots[g];
+    TORCH_CHECK(s.dim() == 1 && s.size(0) == T && s.scalar_type() == at::kLong &&
+                    s.is_contiguous(),
+                "a KV group's slot_mapping: one int64 slot per token");
+    const int64_t* p = s.data_ptr<int64_t>();
+    for (int64_t t = 0; t < T; ++t) {
+      TORCH_CHECK(p[t] >= 0 && p[t] < num_slots, "slot ", p[t], " out of range");
+    }
+    slots_of.push_back(p);
+  }
+  for (const int64_t g : layer_groups) {
+    TORCH_CHECK(g >= 0 && static_cast<size_t>(g) <= G, "KV group ", g, " out of range");
   }
   DecodeSplit split;
   if (!decode_weights.empty() && decode_rows.has_value()) {
@@ -227,23 +251,30 @@ std::vector<at::Tensor> llama_decoder_layers(
     auto v = qkv.narrow(1, q_size + kv_size, kv_size).view({T, num_kv_heads, head_dim});
     const auto& kc = k_caches[l];
     const auto& vc = v_caches[l];
-    write_kv(kc, vc, layout, k, v, slots);
+    const int64_t group = layer_groups.empty() ? 0 : layer_groups[l];
+    const OptTensor decode_tables_l =
+        group == 0 || !decode_tables.has_value() ? decode_tables
+                                                 : OptTensor(group_decode_tables[group - 1]);
+    const OptTensor prefill_tables_l =
+        group == 0 || !prefill_tables.has_value() ? prefill_tables
+                                                  : OptTensor(group_prefill_tables[group - 1]);
+    write_kv(kc, vc, layout, k, v, slots_of[group]);
 
     at::Tensor attn;
     if (decode_rows.has_value() && decode_all_rows) {
       // every token is a decode, in order: no gather of queries, no scatter of outputs
-      attn = paged_decode_attention(q.contiguous(), kc, vc, *decode_tables, *decode_lens, scale,
-                                    window, softcap, c10::nullopt);
+      attn = paged_decode_attention(q.contiguous(), kc, vc, *decode_tables_l, *decode_lens,
+                                    scale, window, softcap, c10::nullopt);
     } else {
       attn = at::empty({T, num_heads, head_dim}, qkv.options());
       if (decode_rows.has_value()) {
         attn.index_copy_(0, *decode_rows,
                          paged_decode_attention(q.index_select(0, *decode_rows), kc, vc,
-                                                *decode_tables, *decode_lens, scale, window,
+                                                *decode_tables_l, *decode_lens, scale, window,
                                                 softcap, c10::nullopt));
       }
       if (prefill_chunks.has_value()) {
-        paged_prefill_attention(q, kc, vc, *prefill_chunks, *prefill_tables, attn, scale,
+        paged_prefill_attention(q, kc, vc, *prefill_chunks, *prefill_tables_l, attn, scale,
                                 window, softcap, c10::nullopt);
       }
     }
