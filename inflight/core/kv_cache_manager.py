@@ -121,6 +121,17 @@ class KVCacheManager:
             first -= 1
         return table[first:]
 
+    @staticmethod
+    def _out_of_window(table: list[int], first: int) -> list[int]:
+        """Indices below `first` of pages a windowed table still holds: they sit just below it,
+        after the null run of earlier steps' releases (found from `first` down, not from 0)."""
+        held = []
+        i = min(first, len(table)) - 1
+        while i >= 0 and table[i] != NULL_BLOCK:
+            held.append(i)
+            i -= 1
+        return held
+
     def _tables(self, request_id: str) -> Iterator[tuple[list[int], int | None]]:
         """(table, window) of each group of the request (none without tables)."""
         tables = self.block_tables.get(request_id)
@@ -141,8 +152,7 @@ class KVCacheManager:
         return held
 
     def held_pages(self, request_id: str) -> list[int]:
-        return [b for table in self.block_tables.get(request_id, ()) for b in table
-                if b != NULL_BLOCK]  # fmt: skip
+        return [b for table, window in self._tables(request_id) for b in self._live(table, window)]
 
     def pages_needed(self, request: Request, num_new: int, hit: PrefixHit = NO_HIT) -> int:
         """Free pages `allocate_slots(request, num_new, hit)` takes: new ones, and cached ones
@@ -154,8 +164,8 @@ class KVCacheManager:
         for g in range(len(self.group_windows)):
             table = tables[g] if tables else []
             needed += max(0, end - len(table))
-            needed -= sum(1 for b in table[: self.first_block(g, start)]
-                          if b != NULL_BLOCK and self.pool.blocks[b].ref_count == 1)  # fmt: skip
+            needed -= sum(1 for i in self._out_of_window(table, self.first_block(g, start))
+                          if self.pool.blocks[table[i]].ref_count == 1)  # fmt: skip
         return needed
 
     def max_new_tokens(self, request: Request, extra_pages: int, hit: PrefixHit = NO_HIT) -> int:
@@ -209,11 +219,12 @@ class KVCacheManager:
 
         n = max_blocks
         groups = range(len(self.group_windows))
+        windowed = [g for g in groups if self.group_windows[g] is not None]
         for g in groups:  # every block from the first, in every full group
             if self.group_windows[g] is None:
                 n = next((i for i in range(n) if lookup(g, i) is None), n)
         # in the windowed groups, the blocks each window reaches from the first new token
-        while n > 0 and any(lookup(g, i) is None for g in groups
+        while n > 0 and any(lookup(g, i) is None for g in windowed
                             for i in range(self.first_block(g, n * block_size), n)):  # fmt: skip
             n -= 1
         if n == 0:
@@ -275,11 +286,10 @@ class KVCacheManager:
 
     def _release_out_of_window(self, tables: list[list[int]], first_query: int) -> None:
         for g, table in enumerate(tables):
-            for i in range(self.first_block(g, first_query)):
-                if table[i] != NULL_BLOCK:
-                    self.pool.free([table[i]])
-                    table[i] = NULL_BLOCK
-                    self.num_window_releases += 1
+            for i in self._out_of_window(table, self.first_block(g, first_query)):
+                self.pool.free([table[i]])
+                table[i] = NULL_BLOCK
+                self.num_window_releases += 1
 
     def trim(self, request: Request) -> None:
         """Frees the blocks past the request's computed tokens: the slots of rejected drafts

@@ -136,7 +136,7 @@ class EngineCore:
         """KV groups (core/kv_groups.py) where some layers attend within a window, so that
         those layers give back the blocks that leave it; None: one table for every layer. A
         draft model's KV shares the target's one table, and decode graphs capture one."""
-        windows = [target.arch.layer_window(layer) for layer in range(target.arch.num_layers)]
+        windows = target.arch.layer_windows
         if all(w is None for w in windows) or not config.cache.free_window_blocks:
             return None
         attn = target.model.layers[0].attn

@@ -188,6 +188,11 @@ class LlamaArchConfig:
         return None if layer in self.full_attention_layers else self.sliding_window
 
     @property
+    def layer_windows(self) -> list[int | None]:
+        """Every layer's `layer_window`, in order."""
+        return [self.layer_window(layer) for layer in range(self.num_layers)]
+
+    @property
     def windowed_fraction(self) -> float:
         """The fraction of layers that attend within `sliding_window` (0 without one)."""
         if self.sliding_window is None:

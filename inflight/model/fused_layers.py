@@ -95,14 +95,12 @@ class FusedDecoderLayers:
         num_heads, num_kv_heads, head_dim = self.shape
         local_cos, local_sin = local or (None, None)
         groups: list[KernelMetadata] = []  # the groups after the first, in order
-        layer_groups: list[int] = []
+        number = {id(meta): 0}
         for layer_meta in layer_metas or ():
-            if layer_meta is meta:
-                layer_groups.append(0)
-                continue
-            if not any(layer_meta is g for g in groups):
+            if id(layer_meta) not in number:
+                number[id(layer_meta)] = len(groups) + 1
                 groups.append(layer_meta)
-            layer_groups.append(1 + next(i for i, g in enumerate(groups) if g is layer_meta))
+        layer_groups = [number[id(layer_meta)] for layer_meta in layer_metas or ()]
         hidden, residual = self.run(
             hidden, None, cos, sin, local_cos, local_sin, self.weights, self.small_weights,
             self.decode_weights, self.small_batch_rows,

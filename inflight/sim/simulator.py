@@ -100,7 +100,7 @@ def build_setup(
     cache, sched = config.cache, config.scheduler
     block_size = cache.kv_block_size
     arch = model.arch
-    windows = [arch.layer_window(layer) for layer in range(arch.num_layers)]
+    windows = arch.layer_windows
     layout = plan_kv_layout(windows)
     if group_windows is None:
         grouped = hardware.is_cpu and any(w is not None for w in windows)
