@@ -29,6 +29,7 @@ KVCacheDtype = Literal["auto", "bf16", "fp8", "int8"]
 # bits of each kind of quantized activations (off: float, the exact path; auto: int16 where the
 # kernel applies, since its greedy output matched the exact path's on every parity prompt)
 ACTIVATION_BITS = {"auto": 16, "off": 0, "int16": 16, "int8": 8}
+MAX_TENSOR_PARALLEL = 1024  # ranks: beyond any machine's; 2**63 must not spawn processes
 
 
 def _require(ok: bool, message: str) -> None:
@@ -75,6 +76,15 @@ class ModelConfig:
             "prompts, int8 a little faster again but its tokens drift (docs/benchmarks.md)"
         },
     )
+    tensor_parallel_size: int = field(
+        default=1,
+        metadata={
+            "help": "ranks the model is split over (its heads, KV heads, MLP columns and "
+            "vocabulary), each a process on this machine with its share of the cores, joined "
+            "by gloo; CPU only; each rank holds its slices as floats, and its own share of "
+            "every KV block (kv_cache_memory_bytes is each rank's)"
+        },
+    )
     enforce_eager: bool = field(
         default=False,
         metadata={
@@ -93,6 +103,13 @@ class ModelConfig:
             f"max_model_len must be >= 1, got {self.max_model_len}",
         )
         _require(self.device in ("auto", "cpu", "cuda"), f"unknown device {self.device!r}")
+        _require(
+            isinstance(self.tensor_parallel_size, int)
+            and not isinstance(self.tensor_parallel_size, bool)
+            and 1 <= self.tensor_parallel_size <= MAX_TENSOR_PARALLEL,
+            f"tensor_parallel_size must be an integer from 1 to {MAX_TENSOR_PARALLEL}, got "
+            f"{self.tensor_parallel_size!r}",
+        )
         _require(
             self.quantized_activations in tuple(ACTIVATION_BITS),  # any value, hashable or not
             "quantized_activations must be auto, off, int16 or int8, got "

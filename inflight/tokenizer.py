@@ -12,10 +12,8 @@ the parity prompts: `tests/test_tokenizer.py`).
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import logging
-import os
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -23,19 +21,9 @@ from pathlib import Path
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from inflight.errors import ModelLoadError
+from inflight.file_cache import cache_dir, file_cache_key
 
 logger = logging.getLogger(__name__)
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("INFLIGHT_CACHE", Path.home() / ".cache" / "inflight"))
-
-
-def file_cache_key(path: Path) -> str:
-    """A key that changes when the file is replaced: its path, size and modification time."""
-    stat = path.stat()
-    raw = f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
-    return hashlib.sha256(raw.encode()).hexdigest()[:16]
 
 
 def load_tokenizer(path: Path) -> PreTrainedTokenizerBase:

@@ -7,8 +7,9 @@ from __future__ import annotations
 import pytest
 from transformers import AutoTokenizer
 
+from inflight.file_cache import cache_dir, file_cache_key
 from inflight.model.loader import default_model_path
-from inflight.tokenizer import cache_dir, file_cache_key, load_tokenizer, token_bytes
+from inflight.tokenizer import load_tokenizer, token_bytes
 from inflight.workload.parity import CHAT_PROMPTS, PARAGRAPH, RAW_PROMPTS
 
 TEXTS = [*RAW_PROMPTS, *CHAT_PROMPTS, PARAGRAPH * 2, "  two  spaces\n\n\ttab", "日本語 🎉 ü",

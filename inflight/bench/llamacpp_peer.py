@@ -14,8 +14,8 @@ import os
 from pathlib import Path
 
 from inflight.bench.external_peer import run_runner
+from inflight.file_cache import cache_dir
 from inflight.model.loader import is_gguf
-from inflight.tokenizer import cache_dir
 from inflight.workload.requests import WorkloadRequest, require_simultaneous
 from inflight.workload.results import RunResult
 

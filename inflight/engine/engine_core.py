@@ -37,6 +37,8 @@ from inflight.model.loader import (
     resolve_model_path,
     resolve_quantized_activations,
 )
+from inflight.parallel.shard import check_engine_split
+from inflight.parallel.workers import KVSetup, RankSpec, RankWorkers, threads_per_rank
 from inflight.platform import resolve_device, resolve_dtype
 from inflight.request import FinishReason, Request, RequestStatus
 from inflight.runner.cuda_graphs import DecodeGraphs, supports_graphs
@@ -73,7 +75,21 @@ class EngineCore:
         self.device = resolve_device(config.model.device)
         self.dtype = resolve_dtype(config.model.dtype, self.device)
         kv_dtype = resolve_kv_cache_dtype(config.cache.kv_cache_dtype, self.dtype)
+        # the other ranks of a model split over several (parallel/), started before loading
+        self.workers = self._start_ranks(config, loaded)
+        try:
+            self._build(config, loaded, kv_dtype)
+        except BaseException:
+            if self.workers is not None:
+                self.workers.close()
+            raise
+
+    def _build(
+        self, config: EngineConfig, loaded: LoadedModel | None, kv_dtype: torch.dtype
+    ) -> None:
         self.loaded = loaded = self._load_target(config, loaded, kv_dtype)
+        if self.workers is not None:  # (they loaded their slices meanwhile)
+            self.workers.connect()
         self.arch = loaded.arch
         draft = None
         if config.scheduler.speculative_model is not None:
@@ -89,8 +105,12 @@ class EngineCore:
 
         block_size = config.cache.kv_block_size
         attn = loaded.model.layers[0].attn
-        # the scratch block: the start-up warm-up's, and padding rows' of decode graphs
-        self.kv_cache = KVCache(self.arch, attn, plan.num_blocks, kv_dtype, self.device,
+        if self.workers is not None:
+            self.workers.setup(KVSetup(plan.num_blocks, plan.num_cpu_blocks, kv_dtype,
+                                       self.kv_layout, plan.max_model_len))  # fmt: skip
+        # the scratch block: the start-up warm-up's, and padding rows' of decode graphs; this
+        # rank's share of the heads where the model is split (`model.cfg`)
+        self.kv_cache = KVCache(loaded.model.cfg, attn, plan.num_blocks, kv_dtype, self.device,
                                 plan.num_cpu_blocks, scratch_block=True,
                                 layout=self.kv_layout)  # fmt: skip
         # mean pooling reads every prompt position's hidden state: none may come from the cache
@@ -119,16 +139,46 @@ class EngineCore:
         activations = resolve_quantized_activations(
             config.model.quantized_activations, self.dtype, config.scheduler.max_num_seqs
         )
+        if self.workers is not None:  # a rank holds its slices as floats
+            activations = "off"
         if loaded is not None:
             if why := loaded.mismatch(self.dtype, activations):
                 raise ConfigError(why)
             return loaded
         path = resolve_model_path(config.model.model)
-        if self.device.type == "cpu":  # the weights and the pool share the machine's memory
+        if self.device.type == "cpu" and self.workers is None:
+            # the weights and the pool share the machine's memory
             check_memory_fits(path, estimated_weight_bytes(path, self.dtype, activations),
                               self._kv_bytes(config, arch_config(path), kv_dtype))  # fmt: skip
         return load_model(path, self.dtype, self.device, config.cache.kv_block_size,
-                          config.model.attention_backend, activations)  # fmt: skip
+                          config.model.attention_backend, activations,
+                          tp=self.workers.group if self.workers else None)  # fmt: skip
+
+    def _start_ranks(self, config: EngineConfig, loaded: LoadedModel | None) -> RankWorkers | None:
+        """Ranks 1..N-1 of a split model, started (each loads its own slice) once the split is
+        known to be even; None for one rank."""
+        size = config.model.tensor_parallel_size
+        if size == 1:
+            return None
+        if loaded is not None:
+            raise ConfigError("tensor_parallel_size > 1 loads each rank's slice of the model: "
+                              "an engine split over ranks cannot reuse a loaded model")  # fmt: skip
+        if self.device.type != "cpu":
+            raise ConfigError(f"tensor_parallel_size {size}: tensor parallelism runs on CPU "
+                              f"ranks (gloo) only, not on {self.device.type}")  # fmt: skip
+        path = resolve_model_path(config.model.model)
+        try:
+            check_engine_split(arch_config(path), size)
+        except ValueError as e:
+            raise ConfigError(f"{path.name}: {e}") from e
+        threads = threads_per_rank(size)
+        torch.set_num_threads(threads)
+        logger.info("tensor parallelism: %d ranks of %d threads each (this process is rank 0); "
+                    "each holds its slices as floats", size, threads)  # fmt: skip
+        # a rank holds its slices as floats (block-quantized weights are dequantized)
+        spec = RankSpec(str(path), self.dtype, str(self.device), config.cache.kv_block_size,
+                        config.model.attention_backend, "off", threads)  # fmt: skip
+        return RankWorkers(spec, size)
 
     def _kv_layout(
         self, config: EngineConfig, target: LoadedModel, draft: LoadedModel | None
@@ -167,7 +217,8 @@ class EngineCore:
         target's (a drafter's KV is recomputed after preemption). With KV groups a block is a
         page of `layout.layers_per_page` layers."""
         sched_cfg = config.scheduler
-        bytes_per_token = kv_bytes_per_page_token(target.arch, kv_dtype, layout)
+        # (a split model's rank holds its share of the heads: `model.cfg`)
+        bytes_per_token = kv_bytes_per_page_token(target.model.cfg, kv_dtype, layout)
         target_bytes_per_token = bytes_per_token
         max_positions = target.arch.max_position_embeddings
         if draft is not None:
@@ -209,7 +260,7 @@ class EngineCore:
                                scratch_block=True)  # fmt: skip
             drafter = Drafter(draft.model, draft_kv, draft_attn, device)
         return ModelRunner(model, self.kv_cache, attn, device, config.model.seed, graphs, drafter,
-                           self.kv_layout)  # fmt: skip
+                           self.kv_layout, self.workers)  # fmt: skip
 
     @staticmethod
     def _kv_bytes(config: EngineConfig, arch: LlamaArchConfig, dtype: torch.dtype) -> int:

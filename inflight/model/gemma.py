@@ -59,7 +59,7 @@ class Gemma2Model(LlamaModel):
     layer_class: ClassVar[type[DecoderLayer]] = Gemma2DecoderLayer
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
-        hidden = self.embed_tokens(input_ids)
+        hidden = self.lookup(input_ids)
         # a Python number of the dtype's value: no host-to-device copy (CUDA graphs capture this)
         return hidden * float(torch.tensor(self.cfg.hidden_size**0.5).to(hidden.dtype))
 

@@ -32,6 +32,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader
 from gguf.quants import dequantize
 
 from inflight.errors import ModelLoadError
+from inflight.file_cache import cache_dir, file_cache_key
 from inflight.model.arch import (
     GEMMA2_SLIDING_WINDOW_PATTERN,
     GEMMA3_SLIDING_WINDOW_PATTERN,
@@ -41,7 +42,6 @@ from inflight.model.arch import (
 )
 from inflight.model.gguf_blocks import FORMATS
 from inflight.model.gguf_header import GGUFHeader, TensorInfo, read_gguf_header
-from inflight.tokenizer import cache_dir, file_cache_key
 
 logger = logging.getLogger(__name__)
 

@@ -22,6 +22,7 @@ from inflight.errors import ConfigError
 from inflight.model.arch import LlamaArchConfig
 from inflight.model.layer_ops import TorchLayerOps
 from inflight.model.packed_linear import Decodes, apply_linear
+from inflight.parallel.group import TPGroup
 
 
 def decode_rows(meta: Any) -> Decodes:
@@ -127,6 +128,8 @@ class RMSNorm(nn.Module):
 
 class DecoderLayer(nn.Module):
     gelu: ClassVar[bool] = False  # the MLP's gate: tanh-GELU (Gemma's) rather than SiLU
+    # the ranks this layer is split over (parallel/): o's and down's outputs are partial sums
+    tp: TPGroup | None = None
 
     def __init__(
         self, cfg: LlamaArchConfig, attn: AttentionBackend, ops: TorchLayerOps, index: int
@@ -194,6 +197,8 @@ class DecoderLayer(nn.Module):
             self.sinks,
         )  # [T, H, D]
         x = apply_linear(self.o_proj, attn.reshape(t, -1), decodes)
+        if self.tp is not None:
+            x = self.tp.all_reduce(x)
         after_attention, after_mlp = self.output_norms or (None, None)
         if after_attention is not None:
             x = ops.rms_norm(x, after_attention.weight, after_attention.eps)
@@ -201,6 +206,8 @@ class DecoderLayer(nn.Module):
             x = x * self.residual_scale
         norm = self.mlp_norm
         x = self.mlp(ops.add_rms_norm(x, residual, norm.weight, norm.eps), decodes)
+        if self.tp is not None:
+            x = self.tp.all_reduce(x)
         if after_mlp is not None:
             x = ops.rms_norm(x, after_mlp.weight, after_mlp.eps)
         if self.residual_scale != 1.0:
@@ -235,6 +242,9 @@ class LlamaModel(nn.Module):
     fusable: ClassVar[bool] = True
     # a forward pass with no host synchronisation, so a CUDA graph can capture its decode steps
     graph_capturable: ClassVar[bool] = True
+    # the ranks the model is split over (parallel/): this one holds a slice of every
+    # vocabulary row, head and MLP column (`cfg` is its share's shape)
+    tp: TPGroup | None = None
 
     def __init__(
         self, cfg: LlamaArchConfig, attn: AttentionBackend, ops: TorchLayerOps | None = None
@@ -326,14 +336,27 @@ class LlamaModel(nn.Module):
             logits = logits / self.cfg.logits_scaling
         if (cap := self.cfg.final_logit_softcapping) is not None:  # Gemma 2's
             logits = torch.tanh(logits / cap) * cap
+        if self.tp is not None:  # each rank's vocabulary slice, side by side on rank 0
+            gathered = self.tp.gather_columns(logits)
+            return logits[:, :0] if gathered is None else gathered
         return logits
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """[T] token ids -> [T, hidden], the first layer's input (Granite's multiplied)."""
-        hidden = self.embed_tokens(input_ids)
+        hidden = self.lookup(input_ids)
         if self.cfg.embedding_multiplier != 1.0:
             hidden = hidden * self.cfg.embedding_multiplier
         return hidden
+
+    def lookup(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The embedding rows of `input_ids`; split over ranks, each looks up the ids of its
+        vocabulary slice (zeros for the others) and the rows are summed."""
+        if self.tp is None:
+            return self.embed_tokens(input_ids)
+        local = input_ids - self.tp.rank * self.cfg.vocab_size
+        outside = (local < 0) | (local >= self.cfg.vocab_size)
+        hidden = self.embed_tokens(local.masked_fill(outside, 0))
+        return self.tp.all_reduce(hidden.masked_fill(outside[:, None], 0))
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copies HF-named tensors in, fusing q/k/v and gate/up; every parameter must be set."""

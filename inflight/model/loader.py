@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 
 from inflight.attention import make_backend
 from inflight.config import ACTIVATION_BITS
-from inflight.errors import ModelLoadError
+from inflight.errors import ConfigError, ModelLoadError
 from inflight.model import packed_linear
 from inflight.model.arch import LlamaArchConfig
 from inflight.model.block_embedding import BlockEmbedding
@@ -57,6 +57,8 @@ from inflight.model.packed_linear import (
     warm_up,
 )
 from inflight.model.registry import model_class
+from inflight.parallel.group import TPGroup
+from inflight.parallel.shard import Shard, check_engine_split, shard_arch, shard_weights
 
 logger = logging.getLogger(__name__)
 
@@ -436,6 +438,17 @@ def drop_block_weights(model: LlamaModel, entries: dict[str, dict[str, Any]],
     return skip
 
 
+def _shard(arch: LlamaArchConfig, tp: TPGroup | None, path: Path) -> Shard | None:
+    """This rank's share of the model, refused (ConfigError) where it does not split."""
+    if tp is None:
+        return None
+    try:
+        check_engine_split(arch, tp.size)
+    except ValueError as e:
+        raise ConfigError(f"{path.name}: {e}") from e
+    return Shard(arch, tp.rank, tp.size)
+
+
 def load_model(
     path: Path,
     dtype: torch.dtype,
@@ -443,8 +456,11 @@ def load_model(
     block_size: int,
     attention_backend: str = "auto",
     quantized_activations: str = "auto",
+    tp: TPGroup | None = None,
 ) -> LoadedModel:
     """Builds the model and fills its weights; every failure is a ModelLoadError naming the file.
+    `tp`: this process is one rank of a tensor-parallel group and holds its slice of every
+    weight (`parallel/shard.py`), as floats.
     `quantized_activations` (int16, int8; auto = int16, what the model records): linears over
     GGUF blocks round x to that many bits (where it applies: float32 GGUF weights on an AVX2
     CPU, `block_formats` says which formats; bf16 Q4_0 / Q4_1 / Q8_0 ones with 16 bits on an
@@ -454,6 +470,7 @@ def load_model(
         quantized_activations = "int16"
     index = read_gguf_index(path) if is_gguf(path) else None
     arch = index.arch if index else load_hf_arch_config(path)
+    shard = _shard(arch, tp, path)
     attn = make_backend(attention_backend, block_size, device)
     if arch.attention_sinks and not attn.takes_sinks:
         # the Triton kernels take no sinks: the general path, said once a load
@@ -469,10 +486,11 @@ def load_model(
         from inflight.model.triton_layer_ops import checked_layer_ops
 
         ops = checked_layer_ops(device, dtype)
+    rank_arch = arch if shard is None else shard_arch(shard)
     with torch.device("meta"), skip_weight_init():
-        model = model_class(arch)(arch, attn, ops)
-    # inflight's small-batch kernels come with the other CPU kernels
-    kernels = attn.cpu_kernels and can_pack(dtype, device)
+        model = model_class(arch)(rank_arch, attn, ops)
+    # inflight's small-batch kernels come with the other CPU kernels (a rank's slices are floats)
+    kernels = attn.cpu_kernels and can_pack(dtype, device) and shard is None
     # decode batches can multiply from the file's own blocks (see packed_linear)
     bits = ACTIVATION_BITS[quantized_activations]
     # (gpt-oss's MXFP4 experts come as blocks from an HF folder too)
@@ -495,6 +513,8 @@ def load_model(
         if mxfp4:
             kept = blocks if MXFP4_TYPE in block_types else None
             weights = iter_mxfp4_weights(weights, kept, skip)
+    if shard is not None:
+        weights = shard_weights(shard, weights)
     num_tensors = len(index.entries) if index is not None else None
     weights = tqdm(weights, total=num_tensors, desc=f"loading {path.name}", unit="tensor",
                    leave=False, disable=None)  # fmt: skip
@@ -541,7 +561,16 @@ def load_model(
             "weights and inflight's CPU kernels: in float32 on an AVX2 CPU, or with 16 bits "
             "in bf16 on an AVX-512 VNNI one (Q4_0, Q4_1 or Q8_0 there)"
         )
-    if attn.cpu_kernels and model.fusable:
+    if tp is not None:
+        model.tp = tp
+        for layer in model.layers:
+            layer.tp = tp
+        logger.info("rank %d of %d: %d of %d heads, %d of %d KV heads, %d of %d MLP columns, "
+                    "vocabulary %d of %d; layers in Python (the C++ loop has no all-reduce)",
+                    tp.rank, tp.size, rank_arch.num_heads, arch.num_heads, rank_arch.num_kv_heads,
+                    arch.num_kv_heads, rank_arch.intermediate_size, arch.intermediate_size,
+                    rank_arch.vocab_size, arch.vocab_size)  # fmt: skip
+    elif attn.cpu_kernels and model.fusable:
         model.fused_layers = FusedDecoderLayers(model.layers)
     elif attn.cpu_kernels:
         logger.info("%s layers run in Python: the fused C++ layer loop does not compute them "

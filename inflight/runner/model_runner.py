@@ -17,14 +17,16 @@ from inflight.core.outputs import (
     ScheduledRequest,
     SchedulerOutput,
 )
+from inflight.errors import ModelFailedError
 from inflight.kernels import load_extension
 from inflight.metrics.profiling import NO_TIMER, Timer
 from inflight.model.llama import LlamaModel
+from inflight.parallel.workers import RankWorkers
 from inflight.runner.cuda_graphs import DecodeGraphs
 from inflight.runner.drafter import Drafter
 from inflight.runner.kv_cache import KVCache
 from inflight.runner.sampler import Sampler, token_logprobs
-from inflight.runner.step_inputs import StepInputs, build_step_inputs
+from inflight.runner.step_inputs import StepInputs, build_step_inputs, kv_group_args
 from inflight.sampling_params import SamplingParams
 from inflight.structured import GrammarMasks
 
@@ -44,12 +46,12 @@ class ModelRunner:
         decode_graphs: DecodeGraphs | None = None,
         drafter: Drafter | None = None,
         kv_layout: KVLayout | None = None,
+        workers: RankWorkers | None = None,
     ) -> None:
         self.model = model
+        self.workers = workers  # the other tensor-parallel ranks, where the model is split
         # several KV groups (core/kv_groups.py): each layer's, and what stands for null blocks
-        windowed = kv_layout is not None and any(w is not None for w in kv_layout.group_windows)
-        self.layer_groups = kv_layout.layer_group if kv_layout and kv_layout.num_groups > 1 else ()
-        self.null_block = kv_cache.scratch_block if windowed else None
+        self.layer_groups, self.null_block = kv_group_args(kv_layout, kv_cache)
         self.drafter = drafter  # writes the drafts of draft-model speculation
         self.decode_graphs = decode_graphs
         self.kv_cache = kv_cache
@@ -98,7 +100,7 @@ class ModelRunner:
         decode = ScheduledRequest("warm-up decode", [0], 1, [scratch] * 2, True, greedy, [0], [0],
                                   group_tables=[[scratch] * 2] * others)  # fmt: skip
         scheduled.append(decode)
-        inputs = self.prepare_inputs(SchedulerOutput(scheduled))
+        inputs = self.step_inputs(scheduled)
         logits = self.model(inputs.input_ids, inputs.positions, self.kv_cache.layers,
                             inputs.attn_metadata, inputs.logits_indices,
                             inputs.layer_metadata)  # fmt: skip
@@ -108,10 +110,19 @@ class ModelRunner:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def prepare_inputs(self, out: SchedulerOutput) -> StepInputs:
-        return build_step_inputs(out.scheduled, self.block_size, self.attn_backend, self.device,
-                                 layer_groups=self.layer_groups,
-                                 null_block=self.null_block)  # fmt: skip
+    def step_inputs(
+        self, scheduled: list[ScheduledRequest], score_prompts: bool = True, every_row: bool = False
+    ) -> StepInputs:
+        """The forward pass's inputs (`build_step_inputs`); the other tensor-parallel ranks
+        are handed the step once this rank's are built (so a step that cannot be built runs
+        nowhere), and run it beside this one."""
+        inputs = build_step_inputs(scheduled, self.block_size, self.attn_backend, self.device,
+                                   score_prompts=score_prompts, every_row=every_row,
+                                   layer_groups=self.layer_groups,
+                                   null_block=self.null_block)  # fmt: skip
+        if self.workers is not None:
+            self.workers.forward(scheduled, score_prompts=score_prompts, every_row=every_row)
+        return inputs
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
@@ -121,6 +132,8 @@ class ModelRunner:
         if self.drafter is not None:
             self.drafter.drop(out.finished_request_ids + out.preempted_request_ids)
         self.kv_cache.swap(out.swap_out, out.swap_in)
+        if self.workers is not None and (out.swap_out or out.swap_in):
+            self.workers.swap(out.swap_out, out.swap_in)
         if not out.scheduled:
             return ModelRunnerOutput()
         return self._run_isolating(out.scheduled)
@@ -133,6 +146,8 @@ class ModelRunner:
         clean run."""
         try:
             return self._run(scheduled)
+        except ModelFailedError:  # (a tensor-parallel rank is gone): no request's fault
+            raise
         except Exception as e:
             if len(scheduled) == 1:
                 request_id = scheduled[0].request_id
@@ -240,7 +255,7 @@ class ModelRunner:
             with self.timer.phase("forward"):
                 return graphs.forward(size, len(scheduled)), []
         with self.timer.phase("prepare_inputs"):
-            inputs = self.prepare_inputs(SchedulerOutput(scheduled))
+            inputs = self.step_inputs(scheduled)
         with self.timer.phase("forward"):
             logits = self.model(
                 inputs.input_ids,
@@ -258,10 +273,7 @@ class ModelRunner:
         chunk by chunk), L2-normalized in float32."""
         mean = self.model.cfg.pooling == "mean"
         with self.timer.phase("prepare_inputs"):
-            inputs = build_step_inputs(scheduled, self.block_size, self.attn_backend, self.device,
-                                       score_prompts=False, every_row=mean,
-                                       layer_groups=self.layer_groups,
-                                       null_block=self.null_block)  # fmt: skip
+            inputs = self.step_inputs(scheduled, score_prompts=False, every_row=mean)
         with self.timer.phase("forward"):
             hidden = self.model(inputs.input_ids, inputs.positions, self.kv_cache.layers,
                                 inputs.attn_metadata, inputs.logits_indices,

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from inflight.attention import AttentionBackend
+from inflight.core.kv_groups import KVLayout
 from inflight.core.outputs import ScheduledRequest
 
 
@@ -40,6 +41,14 @@ class StepInputs:
     # after the sampling rows: (request id, its first row's position, number of rows)
     prompt_rows: list[tuple[str, int, int]]
     layer_metadata: list[Any] | None = None  # each layer's group's, with several groups
+
+
+def kv_group_args(layout: KVLayout | None, kv_cache: Any) -> tuple[Sequence[int], int | None]:
+    """`build_step_inputs`' `layer_groups` and `null_block` for a pool of `layout`: each
+    layer's group where there are several, and the scratch block for windowed groups' nulls."""
+    windowed = layout is not None and any(w is not None for w in layout.group_windows)
+    layer_groups = layout.layer_group if layout and layout.num_groups > 1 else ()
+    return layer_groups, kv_cache.scratch_block if windowed else None
 
 
 def build_step_inputs(

@@ -21,6 +21,7 @@ from importlib import resources
 from pathlib import Path
 
 from inflight.model.arch import LlamaArchConfig
+from inflight.parallel.shard import check_tensor_parallel
 
 # Bytes per weight; int4 carries one fp16 scale per group of 128 weights.
 WEIGHT_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int4": 0.5 + 2 / 128}
@@ -29,25 +30,6 @@ COMPUTE_DTYPE = {"fp32": "fp32", "bf16": "bf16", "fp16": "bf16", "fp8": "fp8", "
 KV_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 # Bytes of one activation in an all-reduce, by the matmul dtype (fp8 matmuls output bf16)
 ACTIVATION_BYTES = {"fp32": 4, "bf16": 2, "fp8": 2}
-
-
-def check_tensor_parallel(arch: LlamaArchConfig, size: int) -> None:
-    """Refuses a size that does not split the model evenly, naming the numbers."""
-    if size < 1:
-        raise ValueError(f"tensor_parallel_size must be >= 1, got {size}")
-    kv = arch.num_kv_heads
-    parts = {
-        "attention heads": arch.num_heads,
-        "MLP columns (intermediate_size)": arch.intermediate_size,
-        "vocabulary entries": arch.vocab_size,
-    }
-    for what, count in parts.items():
-        if count % size:
-            raise ValueError(f"tensor_parallel_size {size} does not divide the model's {count} "
-                             f"{what}")  # fmt: skip
-    if kv % size and size % kv:
-        raise ValueError(f"tensor_parallel_size {size} neither divides the model's {kv} KV "
-                         f"heads nor is a multiple of them")  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -154,7 +154,9 @@ _SHORT_DTYPE = {"torch.bfloat16": "bf16", "torch.float16": "fp16", "torch.float3
 # depends on the model's tokens, which a simulation does not have.
 ENGINE_ONLY_KNOBS = ("model", "dtype", "device", "seed", "attention_backend", "enforce_eager",
                      "num_speculative_tokens", "speculative_model",
-                     "quantized_activations")  # fmt: skip
+                     "quantized_activations",
+                     # (the simulator's own flag: devices, not processes of this machine)
+                     "tensor_parallel_size")  # fmt: skip
 
 
 def setup_like_engine(hardware: HardwareProfile, core, knobs: dict) -> SimSetup:

@@ -1,0 +1,6 @@
+"""Tensor parallelism: one model split over ranks (Megatron's split, as vLLM does it).
+
+`shard.py` says which slice of every weight a rank holds; `group.py` is the ranks' collectives
+(gloo); `workers.py` starts ranks 1..N-1 as processes and hands them each step, while rank 0
+runs the engine: scheduler, sampling and its own slice of the model.
+"""

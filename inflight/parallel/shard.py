@@ -1,0 +1,142 @@
+"""Which slice of each weight a tensor-parallel rank holds.
+
+Column-parallel (split by output rows): q/k/v by heads, gate/up by MLP columns, the embedding
+and the LM head by vocabulary entries. Row-parallel (split by input columns, the ranks' outputs
+summed by an all-reduce): o and down. A rank's model is the family's own class built for its
+share (`shard_arch`: heads, KV heads, MLP columns and vocabulary divided), so attention, the KV
+cache and every layer op run unchanged on it. Where the ranks outnumber the KV heads, each KV
+head is held by `size / num_kv_heads` ranks, the ones whose query heads read it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+import torch
+
+from inflight.model.arch import LlamaArchConfig
+
+
+def check_tensor_parallel(arch: LlamaArchConfig, size: int) -> None:
+    """Refuses a size that does not split the model evenly, naming the numbers (ValueError)."""
+    if isinstance(size, bool) or not isinstance(size, int):
+        raise ValueError(f"tensor_parallel_size must be an integer, got {size!r}")
+    if size < 1:
+        raise ValueError(f"tensor_parallel_size must be >= 1, got {size}")
+    kv = arch.num_kv_heads
+    parts = {
+        "attention heads": arch.num_heads,
+        "MLP columns (intermediate_size)": arch.intermediate_size,
+        "vocabulary entries": arch.vocab_size,
+    }
+    for what, count in parts.items():
+        if count % size:
+            raise ValueError(f"tensor_parallel_size {size} does not divide the model's {count} "
+                             f"{what}")  # fmt: skip
+    if kv % size and size % kv:
+        raise ValueError(f"tensor_parallel_size {size} neither divides the model's {kv} KV "
+                         f"heads nor is a multiple of them")  # fmt: skip
+
+
+def check_engine_split(arch: LlamaArchConfig, size: int) -> None:
+    """`check_tensor_parallel`, and what the engine does not split yet (ValueError)."""
+    check_tensor_parallel(arch, size)
+    if arch.num_experts and size > 1:
+        raise ValueError(f"tensor parallelism does not split experts yet ({arch.architecture} "
+                         f"has {arch.num_experts} a layer)")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Shard:
+    """Rank `rank` of `size`, over a model of `arch` (the whole model's shape)."""
+
+    arch: LlamaArchConfig
+    rank: int
+    size: int
+
+    @property
+    def heads(self) -> range:
+        n = self.arch.num_heads // self.size
+        return range(self.rank * n, (self.rank + 1) * n)
+
+    @property
+    def kv_heads(self) -> range:
+        kv = self.arch.num_kv_heads
+        if kv >= self.size:
+            n = kv // self.size
+            return range(self.rank * n, (self.rank + 1) * n)
+        first = self.rank * kv // self.size  # the one KV head its query heads read
+        return range(first, first + 1)
+
+    @property
+    def vocab(self) -> range:
+        n = self.arch.vocab_size // self.size
+        return range(self.rank * n, (self.rank + 1) * n)
+
+    @property
+    def columns(self) -> range:
+        """This rank's MLP columns."""
+        n = self.arch.intermediate_size // self.size
+        return range(self.rank * n, (self.rank + 1) * n)
+
+
+def shard_arch(shard: Shard) -> LlamaArchConfig:
+    """The shape of one rank's model: heads, KV heads, MLP columns and vocabulary its share."""
+    a = shard.arch
+    return dataclasses.replace(
+        a, num_heads=len(shard.heads), num_kv_heads=len(shard.kv_heads),
+        intermediate_size=len(shard.columns), vocab_size=len(shard.vocab),
+    )  # fmt: skip
+
+
+def _rows(tensor: torch.Tensor, units: range, unit: int) -> torch.Tensor:
+    """Rows `units` of `tensor`, `unit` rows each (a head's head_dim, 1 for a column)."""
+    return tensor[units.start * unit : units.stop * unit]
+
+
+def _parts(tensor: torch.Tensor, sizes: list[int]) -> list[torch.Tensor]:
+    return list(tensor.split(sizes, dim=0))
+
+
+def shard_tensor(shard: Shard, name: str, tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's slice of the HF-named weight `tensor` (a view; replicated ones as they are)."""
+    a, d = shard.arch, shard.arch.head_dim
+    leaf = name.rsplit(".", 2)
+    module, kind = (leaf[-2], leaf[-1]) if len(leaf) >= 2 else ("", name)
+    q, kv = a.num_heads * d, a.num_kv_heads * d
+    if module == "q_proj":
+        return _rows(tensor, shard.heads, d)
+    if module in ("k_proj", "v_proj"):
+        return _rows(tensor, shard.kv_heads, d)
+    if module == "qkv_proj":  # Phi-3's fused rows: q, then k, then v
+        pq, pk, pv = _parts(tensor, [q, kv, kv])
+        return torch.cat([_rows(pq, shard.heads, d), _rows(pk, shard.kv_heads, d),
+                          _rows(pv, shard.kv_heads, d)])  # fmt: skip
+    if module in ("gate_proj", "up_proj"):
+        return _rows(tensor, shard.columns, 1)
+    if module == "gate_up_proj":  # Phi-3's fused rows: gate, then up
+        gate, up = _parts(tensor, [a.intermediate_size] * 2)
+        return torch.cat([_rows(gate, shard.columns, 1), _rows(up, shard.columns, 1)])
+    if module == "o_proj" and kind == "weight":
+        return tensor[:, shard.heads.start * d : shard.heads.stop * d]
+    if module == "o_proj":  # its bias joins the sum once
+        return tensor if shard.rank == 0 else torch.zeros_like(tensor)
+    if module == "down_proj":
+        return tensor[:, shard.columns.start : shard.columns.stop]
+    if module in ("embed_tokens", "lm_head"):
+        return _rows(tensor, shard.vocab, 1)
+    if name.endswith("self_attn.sinks"):
+        return tensor[shard.heads.start : shard.heads.stop]
+    return tensor
+
+
+def shard_weights(
+    shard: Shard, weights: Iterable[tuple[str, torch.Tensor]]
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """The weight stream of a loader with each tensor cut to this rank's slice (copied, so the
+    whole tensor's memory goes once it is read)."""
+    for name, tensor in weights:
+        part = shard_tensor(shard, name, tensor)
+        yield name, (part.clone() if part is not tensor else tensor)

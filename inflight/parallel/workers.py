@@ -1,0 +1,257 @@
+"""Ranks 1..N-1 of a tensor-parallel engine, as processes on this machine.
+
+Rank 0 is the engine: it schedules, samples and runs its own slice of the model. Before each of
+its forward passes it hands the step's scheduled requests to every other rank over a pipe (the
+pipe, not a collective, so that an idle engine waits on nothing that times out), and each rank
+builds the same step inputs and runs its slice; their all-reduces meet inside the layers, and
+the LM head's slices are gathered on rank 0 (`model/llama.py`). Swaps go the same way, so every
+rank's share of a block moves with it. A rank that fails exits; rank 0's next collective or
+message then fails with ModelFailedError naming it, and the engine stops.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import time
+import weakref
+from dataclasses import dataclass
+from multiprocessing import AuthenticationError
+from multiprocessing.connection import Client, Connection, answer_challenge, deliver_challenge
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from inflight.core.kv_groups import KVLayout
+from inflight.core.outputs import ScheduledRequest
+from inflight.errors import ModelFailedError
+from inflight.parallel.group import TPGroup
+
+logger = logging.getLogger(__name__)
+
+HOST = "127.0.0.1"
+START_TIMEOUT_S = 120.0  # for a rank's process to start (imports) and report
+
+
+@dataclass(frozen=True)
+class RankSpec:
+    """What every rank loads and how: the same for all of them."""
+
+    path: str
+    dtype: torch.dtype
+    device: str
+    block_size: int
+    attention_backend: str
+    quantized_activations: str
+    threads: int  # each rank's compute threads
+
+
+@dataclass(frozen=True)
+class KVSetup:
+    """Rank 0's KV plan, which every rank's share of the pool follows block for block."""
+
+    num_blocks: int
+    num_cpu_blocks: int
+    kv_dtype: torch.dtype
+    layout: KVLayout | None
+    max_model_len: int  # (LongRoPE's factors are chosen by it)
+
+
+def threads_per_rank(size: int) -> int:
+    """The machine's cores shared out between the ranks, one at least."""
+    return max(1, (os.cpu_count() or 1) // size)
+
+
+class RankWorkers:
+    """Rank 0's side: starts the other ranks, connects the group, hands them the steps.
+
+    Each rank is `python -m inflight.parallel.workers`, not a multiprocessing child: a spawned
+    child would run the caller's script again (an unguarded `LLM(...)` at its top level). It
+    dials back to rank 0 on a local socket that answers only with this engine's key."""
+
+    def __init__(self, spec: RankSpec, size: int) -> None:
+        """Starts the ranks' processes; `connect` joins them once this rank has loaded its
+        slice (they import and load meanwhile)."""
+        self.size, self._spec = size, spec
+        self.group = TPGroup(0, size, HOST, 0)
+        self._authkey = secrets.token_bytes(32)
+        self._server = socket.create_server((HOST, 0))
+        self._server.settimeout(1.0)
+        env = {**os.environ, "INFLIGHT_TP_AUTHKEY": self._authkey.hex()}
+        command = [sys.executable, "-m", "inflight.parallel.workers"]
+        ports = [str(self._server.getsockname()[1]), str(self.group.port)]
+        self._procs = [subprocess.Popen([*command, str(rank), str(size), *ports], env=env)
+                       for rank in range(1, size)]  # fmt: skip
+        self._conns: list[Connection | None] = [None] * (size - 1)
+        self._finalizer = weakref.finalize(self, _stop, self._conns, self._procs, self._server)
+        self.group.explain_failure = self.dead_rank
+
+    def connect(self) -> None:
+        """Waits for every rank to dial back, hands each the spec, and joins the group."""
+        try:
+            self._accept(self._server, self._authkey, self._spec)
+        finally:
+            self._server.close()
+        self.group.connect()
+
+    def _accept(self, server: socket.socket, authkey: bytes, spec: RankSpec) -> None:
+        """Each rank's connection, by the rank it names, each handed the spec."""
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not all(self._conns):
+            if why := self.dead_rank():
+                raise ModelFailedError(f"tensor-parallel {why} while starting")
+            if time.monotonic() > deadline:
+                raise ModelFailedError(f"tensor-parallel ranks did not start within "
+                                       f"{START_TIMEOUT_S:g} s")  # fmt: skip
+            try:
+                sock, _ = server.accept()
+            except TimeoutError:
+                continue
+            sock.setblocking(True)
+            conn = Connection(sock.detach())
+            try:
+                deliver_challenge(conn, authkey)
+                answer_challenge(conn, authkey)
+                rank = conn.recv()
+            except (OSError, EOFError, AuthenticationError):
+                conn.close()  # not one of ours
+                continue
+            self._conns[rank - 1] = conn
+            conn.send(spec)
+
+    def dead_rank(self) -> str | None:
+        """Which rank's process has ended, and how, if one has."""
+        for rank, proc in enumerate(self._procs, start=1):
+            if proc.poll() is not None:
+                return f"rank {rank} (pid {proc.pid}) exited with code {proc.returncode}"
+        return None
+
+    def setup(self, kv: KVSetup) -> None:
+        """Each rank builds its share of the pool, once its weights are in."""
+        self._send(("setup", kv))
+        for rank in range(1, self.size):
+            self._receive(rank, "ready")
+
+    def forward(self, scheduled: list[ScheduledRequest], **build: Any) -> None:
+        """Every other rank runs this step's forward pass (`build_step_inputs`'s options)."""
+        # the grammar is rank 0's business (it masks the logits); matchers do not pickle
+        plain = [dataclasses.replace(s, grammar=None) if s.grammar is not None else s
+                 for s in scheduled]  # fmt: skip
+        self._send(("forward", plain, build))
+
+    def swap(self, swap_out: Any, swap_in: Any) -> None:
+        self._send(("swap", swap_out, swap_in))
+
+    def close(self) -> None:
+        self._finalizer()
+
+    def _send(self, message: tuple) -> None:
+        for conn in self._conns:
+            try:
+                assert conn is not None
+                conn.send(message)
+            except OSError as e:  # (BrokenPipeError among them)
+                raise ModelFailedError(f"tensor-parallel {self.dead_rank() or e}") from e
+
+    def _receive(self, rank: int, expected: str) -> None:
+        """Waits for rank `rank`'s `expected` report, watching that its process lives."""
+        conn = self._conns[rank - 1]
+        assert conn is not None
+        while not conn.poll(1.0):
+            if why := self.dead_rank():
+                raise ModelFailedError(f"tensor-parallel {why}")
+        try:
+            kind, *detail = conn.recv()
+        except EOFError as e:
+            raise ModelFailedError(f"tensor-parallel rank {rank} closed its connection") from e
+        if kind == "error":
+            raise ModelFailedError(f"tensor-parallel rank {rank}: {detail[0]}")
+        assert kind == expected, (kind, expected)
+
+
+def _stop(
+    conns: list[Connection | None], procs: list[subprocess.Popen], server: socket.socket
+) -> None:
+    server.close()
+    for conn in conns:
+        if conn is not None:
+            with contextlib.suppress(OSError):
+                conn.send(("stop",))
+    for proc in procs:
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    for conn in conns:
+        if conn is not None:
+            conn.close()
+
+
+def worker_main(rank: int, size: int, address_port: int, group_port: int) -> None:
+    """A rank other than 0: dials rank 0, loads its slice, builds its share of the pool, then
+    runs the steps rank 0 hands it until told to stop or rank 0 is gone."""
+    log_format = f"%(asctime)s rank {rank} %(levelname)s %(name)s: %(message)s"
+    logging.basicConfig(level=logging.INFO, format=log_format)
+    authkey = bytes.fromhex(os.environ.pop("INFLIGHT_TP_AUTHKEY"))
+    conn = Client((HOST, address_port), authkey=authkey)
+    conn.send(rank)
+    spec: RankSpec = conn.recv()
+    torch.set_num_threads(spec.threads)
+    group = TPGroup(rank, size, HOST, group_port)
+    group.connect()
+    try:
+        rank_loop(spec, group, conn)
+    except (EOFError, KeyboardInterrupt):  # the engine is gone, or stopping with its Ctrl-C
+        pass
+    except Exception as e:
+        logger.exception("rank %d failed", rank)
+        with contextlib.suppress(OSError):
+            conn.send(("error", f"{type(e).__name__}: {e}"))
+        raise SystemExit(1) from e
+
+
+def rank_loop(spec: RankSpec, group: TPGroup, conn: Connection) -> None:
+    from inflight.attention import AttentionBackend
+    from inflight.model.loader import load_model
+    from inflight.runner.kv_cache import KVCache
+    from inflight.runner.step_inputs import build_step_inputs, kv_group_args
+
+    device = torch.device(spec.device)
+    loaded = load_model(Path(spec.path), spec.dtype, device,
+                        spec.block_size, spec.attention_backend, spec.quantized_activations,
+                        tp=group)  # fmt: skip
+    model = loaded.model
+    kind, kv = conn.recv()
+    assert kind == "setup"
+    model.fit_rope_to(kv.max_model_len)
+    attn: AttentionBackend = model.layers[0].attn
+    cache = KVCache(model.cfg, attn, kv.num_blocks, kv.kv_dtype, device, kv.num_cpu_blocks,
+                    scratch_block=True, layout=kv.layout)  # fmt: skip
+    layer_groups, null_block = kv_group_args(kv.layout, cache)
+    conn.send(("ready",))
+    while True:
+        kind, *args = conn.recv()
+        if kind == "stop":
+            return
+        if kind == "swap":
+            cache.swap(*args)
+        elif kind == "forward":
+            scheduled, build = args
+            inputs = build_step_inputs(scheduled, spec.block_size, attn, device,
+                                       layer_groups=layer_groups, null_block=null_block,
+                                       **build)  # fmt: skip
+            with torch.inference_mode():
+                model(inputs.input_ids, inputs.positions, cache.layers, inputs.attn_metadata,
+                      inputs.logits_indices, inputs.layer_metadata)  # fmt: skip
+
+
+if __name__ == "__main__":
+    worker_main(*(int(a) for a in sys.argv[1:5]))

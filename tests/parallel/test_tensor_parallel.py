@@ -1,0 +1,152 @@
+"""Tensor parallelism on CPU ranks (gloo): a model split over two processes gives
+transformers' greedy tokens, as one rank does, for every dense family, with prefix hits,
+chunked prompts and preemption (recomputed and swapped) in the run; sizes that do not split a
+model are refused before any rank starts; a rank that dies stops the engine with its name."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from inflight import LLM, SamplingParams
+from inflight.errors import ConfigError
+from inflight.model.arch import LlamaArchConfig
+from inflight.parallel.shard import Shard, shard_arch, shard_tensor
+from tests.parity import hf_greedy, mixed_max_tokens, random_prompts
+from tests.server.live import LiveServer
+from tests.server.test_errors import assert_error, engine_for
+
+# the families with one MLP a layer (the experts' split is not built), each once: Mistral and
+# Llama 3's RoPE are Llama configs, Phi-4-mini a Phi-3 one, split by the same names
+DENSE_ARCHS = ("llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3", "granite")
+# Small blocks and pool: preemption happens; small chunks: every long prompt is chunked; 4
+# seats: the prompts that share a prefix wait for the ones whose blocks they hit; a context
+# within the tiny Phi-4-mini's original one, where transformers rotates with its short factors
+SPLIT = {"tensor_parallel_size": 2, "kv_block_size": 4, "max_num_batched_tokens": 64,
+         "prefill_chunk_size": 16, "max_num_seqs": 4, "max_model_len": 64}  # fmt: skip
+POOL_BLOCKS = 24  # per KV group (pages): a fraction of what 4 sequences of 64 tokens would hold
+KV_GROUPS = {"gemma2": 2, "gemma3": 6}  # their windowed and global layers' tables
+
+
+def prompts_with_shared_prefixes(vocab_size: int) -> list[list[int]]:
+    """8 prompts, the last 4 sharing the first 16 tokens of the first 4 (prefix-cache hits)."""
+    base = random_prompts(vocab_size, lengths=(12, 20, 28, 36), seed=3)
+    return base + [p[:16] + p[::-1][: len(p) - 16] for p in base]
+
+
+@pytest.mark.parametrize("arch", DENSE_ARCHS)
+def test_two_ranks_give_transformers_greedy_tokens(tiny_model_factory, arch):
+    folder = tiny_model_factory(arch)
+    hf = AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.float32).eval()
+    prompts = prompts_with_shared_prefixes(hf.config.vocab_size)
+    max_tokens = mixed_max_tokens(len(prompts))
+    expected = hf_greedy(hf, prompts, max_tokens)
+    preemption = "swap" if arch == "llama" else "recompute"
+    llm = LLM(str(folder), dtype="float32", preemption_mode=preemption,
+              num_kv_blocks=POOL_BLOCKS * KV_GROUPS.get(arch, 1), **SPLIT)  # fmt: skip
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in max_tokens]
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outputs] == expected
+    assert llm.core.scheduler.num_preemptions > 0
+    assert llm.core.kv_cache_manager.prefix_stats.hits > 0
+    kv = llm.core.kv_cache_manager
+    assert kv.pool.num_used_blocks == 0 and not kv.swapped
+    llm.core.workers.close()
+
+
+def test_default_model_over_three_ranks_matches_one(tmp_path):
+    """SmolLM2's 9 heads and 3 KV heads split three ways; each rank holds floats, so the one
+    rank runs the exact path too."""
+    prompts = ["The capital of France is", "def fibonacci(n):"]
+    params = SamplingParams(temperature=0, max_tokens=16)
+    one = LLM(quantized_activations="off", kv_cache_memory_bytes=64 << 20)
+    expected = [o.outputs[0].token_ids for o in one.generate(prompts, params, use_tqdm=False)]
+    del one
+    split = LLM(tensor_parallel_size=3, kv_cache_memory_bytes=64 << 20)
+    got = [o.outputs[0].token_ids for o in split.generate(prompts, params, use_tqdm=False)]
+    split.core.workers.close()
+    assert got == expected
+
+
+@pytest.mark.parametrize(
+    ("size", "message"),
+    [
+        (3, "tensor_parallel_size 3 does not divide the model's 4 attention heads"),
+        (8, "tensor_parallel_size 8 does not divide the model's 4 attention heads"),
+        (0, "tensor_parallel_size must be an integer from 1 to 1024, got 0"),
+        (2**63, "tensor_parallel_size must be an integer from 1 to 1024"),
+        (True, "tensor_parallel_size must be an integer from 1 to 1024, got True"),
+        (2.0, "tensor_parallel_size must be an integer from 1 to 1024, got 2.0"),
+    ],
+)
+def test_sizes_that_do_not_split_are_refused_before_any_rank_starts(tiny_llama, size, message,
+                                                                    monkeypatch):  # fmt: skip
+    def no_ranks(*args, **kwargs):
+        raise AssertionError("a rank was started")
+
+    monkeypatch.setattr("inflight.engine.engine_core.RankWorkers", no_ranks)
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
+        LLM(str(tiny_llama), tensor_parallel_size=size)
+
+
+def test_experts_are_not_split(tiny_model_factory, monkeypatch):
+    monkeypatch.setattr("inflight.engine.engine_core.RankWorkers", None)
+    with pytest.raises(ConfigError, match="does not split experts yet"):
+        LLM(str(tiny_model_factory("qwen3_moe")), tensor_parallel_size=2)
+
+
+def test_health_says_the_engine_is_down_when_a_rank_dies(tiny_llama):
+    with LiveServer(engine_for(tiny_llama, tensor_parallel_size=2), served_model_name="t") as s:
+        assert httpx.get(s.url + "/health").status_code == 200
+        rank = s.engine.core.workers._procs[0]
+        rank.kill()
+        rank.wait()
+        body = {"model": "t", "prompt": "x", "max_tokens": 4}
+        response = httpx.post(s.url + "/v1/completions", json=body, timeout=60)
+        assert_error(response, 503, "engine_unavailable", None, "rank 1 (pid")
+        assert "exited with code -9" in response.json()["error"]["message"]
+        assert_error(httpx.get(s.url + "/health"), 503, "engine_unavailable")
+
+
+def test_slices_cover_every_weight_once():
+    """Column-parallel slices of q/k/v (fused or not) and gate/up tile the rows exactly, o and
+    down tile the columns, and o's bias is counted once."""
+    arch = LlamaArchConfig(architecture="llama", vocab_size=12, hidden_size=8,
+                           intermediate_size=6, num_layers=1, num_heads=4, num_kv_heads=2,
+                           head_dim=2, rms_norm_eps=1e-5, rope_theta=1e4,
+                           max_position_embeddings=64, tie_word_embeddings=False)  # fmt: skip
+    q = torch.arange(8 * 8.0).view(8, 8)
+    kv = torch.arange(4 * 8.0).view(4, 8) + 100
+    qkv = torch.cat([q, kv, kv + 100])
+    gate_up = torch.arange(12 * 8.0).view(12, 8)
+    shards = [Shard(arch, r, 2) for r in range(2)]
+    layer = "model.layers.0"
+    got = {r: {n: shard_tensor(s, f"{layer}.{n}", t) for n, t in
+               {"self_attn.q_proj.weight": q, "self_attn.k_proj.weight": kv,
+                "self_attn.qkv_proj.weight": qkv, "mlp.gate_up_proj.weight": gate_up,
+                "self_attn.o_proj.weight": q, "self_attn.o_proj.bias": torch.ones(8),
+                "mlp.down_proj.weight": gate_up[:8, :6]}.items()}
+           for r, s in enumerate(shards)}  # fmt: skip
+    assert torch.equal(torch.cat([got[0]["self_attn.q_proj.weight"],
+                                  got[1]["self_attn.q_proj.weight"]]), q)  # fmt: skip
+    assert torch.equal(got[1]["self_attn.k_proj.weight"], kv[2:])
+    assert torch.equal(got[1]["self_attn.qkv_proj.weight"],
+                       torch.cat([q[4:], kv[2:], kv[2:] + 100]))  # fmt: skip
+    assert torch.equal(got[1]["mlp.gate_up_proj.weight"], torch.cat([gate_up[3:6], gate_up[9:]]))
+    assert torch.equal(got[1]["self_attn.o_proj.weight"], q[:, 4:])
+    assert torch.equal(got[0]["self_attn.o_proj.bias"] + got[1]["self_attn.o_proj.bias"],
+                       torch.ones(8))  # fmt: skip
+    assert torch.equal(got[0]["mlp.down_proj.weight"], gate_up[:8, :3])
+    assert shard_arch(shards[0]).num_heads == 2 and shard_arch(shards[0]).vocab_size == 6
+
+
+def test_more_ranks_than_kv_heads_share_them():
+    arch = LlamaArchConfig(architecture="llama", vocab_size=8, hidden_size=8,
+                           intermediate_size=8, num_layers=1, num_heads=4, num_kv_heads=2,
+                           head_dim=2, rms_norm_eps=1e-5, rope_theta=1e4,
+                           max_position_embeddings=64, tie_word_embeddings=False)  # fmt: skip
+    # ranks 0-1 read KV head 0 with query heads 0 and 1; ranks 2-3 KV head 1
+    assert [list(Shard(arch, r, 4).kv_heads) for r in range(4)] == [[0], [0], [1], [1]]
+    assert [list(Shard(arch, r, 4).heads) for r in range(4)] == [[0], [1], [2], [3]]
