@@ -62,6 +62,7 @@ def run_offline(
     bar = tqdm(total=len(workload), desc=name, unit="req", disable=not progress)
     start = time.perf_counter()
     clock_start = core.scheduler.clock()
+    collective_start = core.workers.group.collective_seconds if core.workers else 0.0
     with bar:
         while pending or core.has_unfinished_requests():
             now = time.perf_counter() - start
@@ -91,8 +92,23 @@ def run_offline(
         timeline=timeline,
         preemptions=sum(s.num_preempted for s in timeline),
         peak_rss_mb=peak_rss_mb(),
-        extra=event_counts(timeline),
-    )
+        extra={**event_counts(timeline), **_tensor_parallel_figures(llm, timeline,
+                                                                   collective_start)},
+    )  # fmt: skip
+
+
+def _tensor_parallel_figures(llm: LLM, timeline: list[StepStats], collective_start: float) -> dict:
+    """For a model split over ranks: rank 0's milliseconds a step in collectives (all-reduces
+    and the logits' gather, waits for the other ranks included) and the other ranks' peak
+    memory; nothing for one rank."""
+    workers = llm.core.workers
+    if workers is None or not timeline:
+        return {}
+    seconds = workers.group.collective_seconds - collective_start
+    return {
+        "tp_collective_ms_per_step": round(1000 * seconds / len(timeline), 2),
+        "tp_rank_peak_rss_mb": [round(b / 2**20) for b in workers.peak_rss_bytes()],
+    }
 
 
 def event_counts(timeline: list[StepStats]) -> dict[str, int]:

@@ -139,8 +139,6 @@ class EngineCore:
         activations = resolve_quantized_activations(
             config.model.quantized_activations, self.dtype, config.scheduler.max_num_seqs
         )
-        if self.workers is not None:  # a rank holds its slices as floats
-            activations = "off"
         if loaded is not None:
             if why := loaded.mismatch(self.dtype, activations):
                 raise ConfigError(why)
@@ -173,11 +171,13 @@ class EngineCore:
             raise ConfigError(f"{path.name}: {e}") from e
         threads = threads_per_rank(size)
         torch.set_num_threads(threads)
-        logger.info("tensor parallelism: %d ranks of %d threads each (this process is rank 0); "
-                    "each holds its slices as floats", size, threads)  # fmt: skip
-        # a rank holds its slices as floats (block-quantized weights are dequantized)
+        logger.info("tensor parallelism: %d ranks of %d threads each (this process is rank 0)",
+                    size, threads)  # fmt: skip
+        activations = resolve_quantized_activations(
+            config.model.quantized_activations, self.dtype, config.scheduler.max_num_seqs
+        )
         spec = RankSpec(str(path), self.dtype, str(self.device), config.cache.kv_block_size,
-                        config.model.attention_backend, "off", threads)  # fmt: skip
+                        config.model.attention_backend, activations, threads)  # fmt: skip
         return RankWorkers(spec, size)
 
     def _kv_layout(

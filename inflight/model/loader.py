@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from gguf import GGMLQuantizationType
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from safetensors import SafetensorError, safe_open
 from torch import nn
 from tqdm.auto import tqdm
@@ -58,7 +58,15 @@ from inflight.model.packed_linear import (
 )
 from inflight.model.registry import model_class
 from inflight.parallel.group import TPGroup
-from inflight.parallel.shard import Shard, check_engine_split, shard_arch, shard_weights
+from inflight.parallel.shard import (
+    Shard,
+    check_engine_split,
+    input_columns,
+    shard_arch,
+    shard_blocks,
+    shard_tensor,
+    shard_weights,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -438,6 +446,25 @@ def drop_block_weights(model: LlamaModel, entries: dict[str, dict[str, Any]],
     return skip
 
 
+def shard_entries(shard: Shard, entries: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """GGUF entries (`gguf_entries`) as one rank's slices: each matrix's shape its slice's,
+    and the row-parallel ones whose input columns do not fall on block boundaries left out
+    (they load as floats, cut like any other)."""
+    local = {}
+    for name, entry in entries.items():
+        shape = entry["shape"]  # fastest-first: [in_features, out_features]
+        if len(shape) != 2:
+            local[name] = entry
+            continue
+        width = GGML_QUANT_SIZES[GGMLQuantizationType(entry["type"])][0]
+        columns = input_columns(shard, name)
+        if columns is not None and (columns.start % width or columns.stop % width):
+            continue
+        sliced = shard_tensor(shard, name, torch.empty(shape[::-1], device="meta"))
+        local[name] = {**entry, "shape": list(sliced.shape[::-1])}
+    return local
+
+
 def _shard(arch: LlamaArchConfig, tp: TPGroup | None, path: Path) -> Shard | None:
     """This rank's share of the model, refused (ConfigError) where it does not split."""
     if tp is None:
@@ -489,8 +516,8 @@ def load_model(
     rank_arch = arch if shard is None else shard_arch(shard)
     with torch.device("meta"), skip_weight_init():
         model = model_class(arch)(rank_arch, attn, ops)
-    # inflight's small-batch kernels come with the other CPU kernels (a rank's slices are floats)
-    kernels = attn.cpu_kernels and can_pack(dtype, device) and shard is None
+    # inflight's small-batch kernels come with the other CPU kernels
+    kernels = attn.cpu_kernels and can_pack(dtype, device)
     # decode batches can multiply from the file's own blocks (see packed_linear)
     bits = ACTIVATION_BITS[quantized_activations]
     # (gpt-oss's MXFP4 experts come as blocks from an HF folder too)
@@ -503,6 +530,8 @@ def load_model(
     if blocks_only:
         entries = (gguf_entries(index) if index is not None
                    else block_entries(_safetensors_shapes(_safetensors_files(path))))  # fmt: skip
+        if shard is not None:
+            entries = shard_entries(shard, entries)
         skip = drop_block_weights(model, entries, block_types, path)
     model = model.to_empty(device=device).to(dtype)
     model.finish_init()
@@ -522,6 +551,18 @@ def load_model(
         model.load_weights(weights)
     except (KeyError, ValueError) as e:
         raise ModelLoadError(f"{path}: weights do not match config ({e})") from e
+    if shard is not None and blocks:
+        as_floats = []
+        for name, part in list(blocks.items()):
+            sliced = shard_blocks(shard, name, part, format_of(part).weights)
+            if sliced is None:  # dequantized and cut as floats instead (`shard_entries`)
+                del blocks[name]
+                as_floats.append(name)
+            else:
+                blocks[name] = sliced
+        if as_floats:
+            logger.info("rank %d: %d weights split off their block boundaries load as floats "
+                        "(%s, ...)", shard.rank, len(as_floats), as_floats[0])  # fmt: skip
     logger.info("loaded %s (%s, %d layers, %s on %s)", path.name, arch.architecture,
                 arch.num_layers, dtype, device)  # fmt: skip
     # once a tensor's blocks are copied, its pages of the mapped file leave this process's RSS

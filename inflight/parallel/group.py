@@ -8,6 +8,7 @@ died, or never answered within `timeout_s`) raises ModelFailedError: the model c
 from __future__ import annotations
 
 import datetime
+import time
 from collections.abc import Callable
 
 import torch
@@ -31,6 +32,9 @@ class TPGroup:
         self.host = host
         self._timeout = timeout
         self._pg: dist.ProcessGroupGloo | None = None
+        # seconds this rank has spent in collectives: their transfers, and waiting for the
+        # slowest rank (`bench offline` reports it per step)
+        self.collective_seconds = 0.0
         # asked before a failed collective is reported: which rank is gone, where rank 0 knows
         self.explain_failure: Callable[[], str | None] = lambda: None
 
@@ -62,8 +66,10 @@ class TPGroup:
         return torch.cat(parts, dim=-1)
 
     def _wait(self, start: Callable[[], dist.Work]) -> None:
+        begin = time.perf_counter()
         try:
             start().wait()
+            self.collective_seconds += time.perf_counter() - begin
         except RuntimeError as e:
             why = self.explain_failure() or f"{type(e).__name__}: {e}"
             raise ModelFailedError(f"tensor-parallel rank {self.rank}: a collective failed "

@@ -100,11 +100,37 @@ def _parts(tensor: torch.Tensor, sizes: list[int]) -> list[torch.Tensor]:
     return list(tensor.split(sizes, dim=0))
 
 
+def input_columns(shard: Shard, name: str) -> range | None:
+    """The input columns this rank holds of a row-parallel weight (o's, down's); None for
+    every other tensor."""
+    if name.endswith("o_proj.weight"):
+        d = shard.arch.head_dim
+        return range(shard.heads.start * d, shard.heads.stop * d)
+    if name.endswith("down_proj.weight"):
+        return shard.columns
+    return None
+
+
+def shard_blocks(
+    shard: Shard, name: str, blocks: torch.Tensor, block_width: int
+) -> torch.Tensor | None:
+    """This rank's slice of a GGUF weight's blocks ([rows, blocks per row, bytes], rows the
+    output features): whole rows, or for a row-parallel weight whole blocks of each row; None
+    where its input columns do not fall on block boundaries (the weight is then dequantized and
+    cut as floats)."""
+    columns = input_columns(shard, name)
+    if columns is None:
+        return shard_tensor(shard, name, blocks)
+    if columns.start % block_width or columns.stop % block_width:
+        return None
+    return blocks[:, columns.start // block_width : columns.stop // block_width]
+
+
 def shard_tensor(shard: Shard, name: str, tensor: torch.Tensor) -> torch.Tensor:
     """This rank's slice of the HF-named weight `tensor` (a view; replicated ones as they are)."""
     a, d = shard.arch, shard.arch.head_dim
-    leaf = name.rsplit(".", 2)
-    module, kind = (leaf[-2], leaf[-1]) if len(leaf) >= 2 else ("", name)
+    parts = name.rsplit(".", 2)
+    module = parts[-2] if len(parts) >= 2 else ""
     q, kv = a.num_heads * d, a.num_kv_heads * d
     if module == "q_proj":
         return _rows(tensor, shard.heads, d)
@@ -119,12 +145,10 @@ def shard_tensor(shard: Shard, name: str, tensor: torch.Tensor) -> torch.Tensor:
     if module == "gate_up_proj":  # Phi-3's fused rows: gate, then up
         gate, up = _parts(tensor, [a.intermediate_size] * 2)
         return torch.cat([_rows(gate, shard.columns, 1), _rows(up, shard.columns, 1)])
-    if module == "o_proj" and kind == "weight":
-        return tensor[:, shard.heads.start * d : shard.heads.stop * d]
+    if (columns := input_columns(shard, name)) is not None:
+        return tensor[:, columns.start : columns.stop]
     if module == "o_proj":  # its bias joins the sum once
         return tensor if shard.rank == 0 else torch.zeros_like(tensor)
-    if module == "down_proj":
-        return tensor[:, shard.columns.start : shard.columns.stop]
     if module in ("embed_tokens", "lm_head"):
         return _rows(tensor, shard.vocab, 1)
     if name.endswith("self_attn.sinks"):

@@ -15,6 +15,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import pickle
 import secrets
 import socket
 import subprocess
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 from multiprocessing import AuthenticationError
 from multiprocessing.connection import Client, Connection, answer_challenge, deliver_challenge
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -33,6 +34,10 @@ from inflight.core.kv_groups import KVLayout
 from inflight.core.outputs import ScheduledRequest
 from inflight.errors import ModelFailedError
 from inflight.parallel.group import TPGroup
+
+if TYPE_CHECKING:
+    from inflight.attention import AttentionBackend
+    from inflight.model.llama import LlamaModel
 
 logger = logging.getLogger(__name__)
 
@@ -77,14 +82,15 @@ class RankWorkers:
     dials back to rank 0 on a local socket that answers only with this engine's key."""
 
     def __init__(self, spec: RankSpec, size: int) -> None:
-        """Starts the ranks' processes; `connect` joins them once this rank has loaded its
-        slice (they import and load meanwhile)."""
-        self.size, self._spec = size, spec
+        """Starts the ranks' processes, which load their slices while this rank loads its own;
+        `connect` then joins them."""
+        self.size = size
         self.group = TPGroup(0, size, HOST, 0)
         self._authkey = secrets.token_bytes(32)
         self._server = socket.create_server((HOST, 0))
         self._server.settimeout(1.0)
-        env = {**os.environ, "INFLIGHT_TP_AUTHKEY": self._authkey.hex()}
+        env = {**os.environ, "INFLIGHT_TP_AUTHKEY": self._authkey.hex(),
+               "INFLIGHT_TP_SPEC": pickle.dumps(spec).hex()}  # fmt: skip
         command = [sys.executable, "-m", "inflight.parallel.workers"]
         ports = [str(self._server.getsockname()[1]), str(self.group.port)]
         self._procs = [subprocess.Popen([*command, str(rank), str(size), *ports], env=env)
@@ -94,15 +100,15 @@ class RankWorkers:
         self.group.explain_failure = self.dead_rank
 
     def connect(self) -> None:
-        """Waits for every rank to dial back, hands each the spec, and joins the group."""
+        """Waits for every rank to dial back with its slice loaded, and joins the group."""
         try:
-            self._accept(self._server, self._authkey, self._spec)
+            self._accept(self._server, self._authkey)
         finally:
             self._server.close()
         self.group.connect()
 
-    def _accept(self, server: socket.socket, authkey: bytes, spec: RankSpec) -> None:
-        """Each rank's connection, by the rank it names, each handed the spec."""
+    def _accept(self, server: socket.socket, authkey: bytes) -> None:
+        """Each rank's connection, by the rank it names (or the error its load raised)."""
         deadline = time.monotonic() + START_TIMEOUT_S
         while not all(self._conns):
             if why := self.dead_rank():
@@ -119,12 +125,14 @@ class RankWorkers:
             try:
                 deliver_challenge(conn, authkey)
                 answer_challenge(conn, authkey)
-                rank = conn.recv()
+                rank, error = conn.recv()
             except (OSError, EOFError, AuthenticationError):
                 conn.close()  # not one of ours
                 continue
+            if error is not None:
+                conn.close()
+                raise ModelFailedError(f"tensor-parallel rank {rank}: {error}")
             self._conns[rank - 1] = conn
-            conn.send(spec)
 
     def dead_rank(self) -> str | None:
         """Which rank's process has ended, and how, if one has."""
@@ -132,6 +140,19 @@ class RankWorkers:
             if proc.poll() is not None:
                 return f"rank {rank} (pid {proc.pid}) exited with code {proc.returncode}"
         return None
+
+    def peak_rss_bytes(self) -> list[int]:
+        """Each other rank's peak resident memory (Linux; 0 where it cannot be read)."""
+        peaks = []
+        for proc in self._procs:
+            try:
+                status = Path(f"/proc/{proc.pid}/status").read_text()
+                kib = next(line.split()[1] for line in status.splitlines()
+                           if line.startswith("VmHWM:"))  # fmt: skip
+                peaks.append(int(kib) * 1024)
+            except (OSError, StopIteration):
+                peaks.append(0)
+        return peaks
 
     def setup(self, kv: KVSetup) -> None:
         """Each rank builds its share of the pool, once its weights are in."""
@@ -196,19 +217,25 @@ def _stop(
 
 
 def worker_main(rank: int, size: int, address_port: int, group_port: int) -> None:
-    """A rank other than 0: dials rank 0, loads its slice, builds its share of the pool, then
+    """A rank other than 0: loads its slice, dials rank 0, builds its share of the pool, then
     runs the steps rank 0 hands it until told to stop or rank 0 is gone."""
     log_format = f"%(asctime)s rank {rank} %(levelname)s %(name)s: %(message)s"
     logging.basicConfig(level=logging.INFO, format=log_format)
     authkey = bytes.fromhex(os.environ.pop("INFLIGHT_TP_AUTHKEY"))
-    conn = Client((HOST, address_port), authkey=authkey)
-    conn.send(rank)
-    spec: RankSpec = conn.recv()
+    spec: RankSpec = pickle.loads(bytes.fromhex(os.environ.pop("INFLIGHT_TP_SPEC")))
     torch.set_num_threads(spec.threads)
     group = TPGroup(rank, size, HOST, group_port)
+    try:
+        model = _load_slice(spec, group)
+    except Exception as e:  # told to rank 0, which names it
+        logger.exception("rank %d could not load its slice", rank)
+        Client((HOST, address_port), authkey=authkey).send((rank, f"{type(e).__name__}: {e}"))
+        raise SystemExit(1) from e
+    conn = Client((HOST, address_port), authkey=authkey)
+    conn.send((rank, None))
     group.connect()
     try:
-        rank_loop(spec, group, conn)
+        rank_loop(spec, model, conn)
     except (EOFError, KeyboardInterrupt):  # the engine is gone, or stopping with its Ctrl-C
         pass
     except Exception as e:
@@ -218,17 +245,21 @@ def worker_main(rank: int, size: int, address_port: int, group_port: int) -> Non
         raise SystemExit(1) from e
 
 
-def rank_loop(spec: RankSpec, group: TPGroup, conn: Connection) -> None:
-    from inflight.attention import AttentionBackend
+def _load_slice(spec: RankSpec, group: TPGroup) -> LlamaModel:
     from inflight.model.loader import load_model
+
+    loaded = load_model(Path(spec.path), spec.dtype, torch.device(spec.device),
+                        spec.block_size, spec.attention_backend, spec.quantized_activations,
+                        tp=group)  # fmt: skip
+    return loaded.model
+
+
+def rank_loop(spec: RankSpec, model: LlamaModel, conn: Connection) -> None:
+    """Builds the rank's share of the pool as rank 0 planned it, then runs what it is handed."""
     from inflight.runner.kv_cache import KVCache
     from inflight.runner.step_inputs import build_step_inputs, kv_group_args
 
     device = torch.device(spec.device)
-    loaded = load_model(Path(spec.path), spec.dtype, device,
-                        spec.block_size, spec.attention_backend, spec.quantized_activations,
-                        tp=group)  # fmt: skip
-    model = loaded.model
     kind, kv = conn.recv()
     assert kind == "setup"
     model.fit_rope_to(kv.max_model_len)

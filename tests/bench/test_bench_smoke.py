@@ -101,9 +101,9 @@ def test_compare_runs_the_float32_mode_on_its_own_weights(tiny_llama, tmp_path, 
     loads = []
     real_load = engine_core.load_model
 
-    def recording_load(path, dtype, *args):
+    def recording_load(path, dtype, *args, **kwargs):
         loads.append(dtype)
-        return real_load(path, dtype, *args)
+        return real_load(path, dtype, *args, **kwargs)
 
     monkeypatch.setattr(engine_core, "load_model", recording_load)
     out = tmp_path / "float32"

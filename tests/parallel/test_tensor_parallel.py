@@ -14,6 +14,7 @@ from inflight import LLM, SamplingParams
 from inflight.errors import ConfigError
 from inflight.model.arch import LlamaArchConfig
 from inflight.parallel.shard import Shard, shard_arch, shard_tensor
+from tests.gguf_files import k_quant_mix, write_tiny_gguf
 from tests.parity import hf_greedy, mixed_max_tokens, random_prompts
 from tests.server.live import LiveServer
 from tests.server.test_errors import assert_error, engine_for
@@ -56,15 +57,35 @@ def test_two_ranks_give_transformers_greedy_tokens(tiny_model_factory, arch):
     llm.core.workers.close()
 
 
-def test_default_model_over_three_ranks_matches_one(tmp_path):
-    """SmolLM2's 9 heads and 3 KV heads split three ways; each rank holds floats, so the one
-    rank runs the exact path too."""
+def test_default_model_over_three_ranks_matches_one():
+    """SmolLM2's 9 heads and 3 KV heads split three ways, each rank holding its slices of the
+    Q4_1 blocks (16-bit activations, as one rank computes them)."""
     prompts = ["The capital of France is", "def fibonacci(n):"]
     params = SamplingParams(temperature=0, max_tokens=16)
-    one = LLM(quantized_activations="off", kv_cache_memory_bytes=64 << 20)
+    one = LLM(kv_cache_memory_bytes=64 << 20)
     expected = [o.outputs[0].token_ids for o in one.generate(prompts, params, use_tqdm=False)]
     del one
     split = LLM(tensor_parallel_size=3, kv_cache_memory_bytes=64 << 20)
+    got = [o.outputs[0].token_ids for o in split.generate(prompts, params, use_tqdm=False)]
+    assert split.core.loaded.model.layers[0].down_proj.blocks_only  # no float copy
+    split.core.workers.close()
+    assert got == expected
+
+
+def test_k_quant_blocks_split_on_block_boundaries(tiny_model_factory, tmp_path):
+    """A Q4_K_M-like file: each rank keeps its rows of every matrix and its whole 256-weight
+    blocks of down's inputs; o's inputs split mid-block (128 of 256 columns a rank), so o
+    loads as floats. Tokens as one rank's."""
+    path = write_tiny_gguf(tiny_model_factory("llama_wide"), tmp_path / "kmix.gguf", None,
+                           mix=k_quant_mix)  # fmt: skip
+    prompts = random_prompts(400, lengths=(5, 17, 30), seed=4)
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    expected = [o.outputs[0].token_ids
+                for o in LLM(str(path)).generate(prompts, params, use_tqdm=False)]  # fmt: skip
+    split = LLM(str(path), tensor_parallel_size=2)
+    layer = split.core.loaded.model.layers[0]
+    assert layer.down_proj.blocks_only and layer.gate_up_proj.blocks_only
+    assert not layer.o_proj.blocks_only and layer.o_proj.in_features == 128
     got = [o.outputs[0].token_ids for o in split.generate(prompts, params, use_tqdm=False)]
     split.core.workers.close()
     assert got == expected
