@@ -185,14 +185,17 @@ class EngineCore:
     ) -> KVLayout | None:
         """KV groups (core/kv_groups.py) where some layers attend within a window, so that
         those layers give back the blocks that leave it; None: one table for every layer. A
-        draft model's KV shares the target's one table, and decode graphs capture one."""
+        draft model's KV is indexed by the first group's table, which must then hold every
+        block (a full-attention group: all the drafter's layers read the whole sequence), and
+        decode graphs capture one table."""
         windows = target.arch.layer_windows
         if all(w is None for w in windows) or not config.cache.free_window_blocks:
             return None
+        layout = plan_kv_layout(windows)
         attn = target.model.layers[0].attn
         why = (
-            "a draft model's KV shares one table"
-            if draft is not None
+            "a draft model's KV needs a table of every block, and every layer is windowed"
+            if draft is not None and layout.group_windows[0] is not None
             else "CUDA graphs capture one table"
             if self._wants_graphs(config, attn)
             else None
@@ -200,7 +203,7 @@ class EngineCore:
         if why is not None:
             logger.info("KV: the windowed layers keep every block (%s)", why)
             return None
-        return plan_kv_layout(windows)
+        return layout
 
     def _wants_graphs(self, config: EngineConfig, attn: Any) -> bool:
         # an embedding model never decodes: there is no decode step to capture
