@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 
 from inflight import LLM, SamplingParams
+from inflight.core.speculation import StepCostFit
 
 
 def test_a_windowed_model_gets_kv_groups_and_its_pool_in_pages(tiny_model_factory):
@@ -27,10 +28,13 @@ def test_the_knob_keeps_one_table(tiny_model_factory):
     assert off.core.kv_layout is None and off.core.kv_cache_manager.group_windows == (None,)
 
 
-def test_a_model_drafting_for_itself_on_kv_groups_has_every_draft_kept(tiny_model_factory):
+def test_a_model_drafting_for_itself_on_kv_groups_has_every_draft_kept(tiny_model_factory,
+                                                                     monkeypatch):  # fmt: skip
     """The drafter's KV lives in the pages of the global layers' table, which holds every
     block: a model drafting for itself then proposes its own greedy tokens, every one kept,
-    while its windowed layers give their pages back (and the tokens are one table's)."""
+    while its windowed layers give their pages back (and the tokens are one table's). Every
+    step drafts (the cost rule, timed, would turn a tiny drafter off)."""
+    monkeypatch.setattr(StepCostFit, "break_even_rate", lambda self: 0.0)
     folder = str(tiny_model_factory("gemma3"))
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     prompts = [list(range(5, 45)), list(range(50, 60)) * 3]  # past the window of 24
