@@ -5,15 +5,19 @@ model are refused before any rank starts; a rank that dies stops the engine with
 
 from __future__ import annotations
 
+import re
+
 import httpx
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
 from inflight import LLM, SamplingParams
+from inflight.core.speculation import StepCostFit
 from inflight.errors import ConfigError
 from inflight.model.arch import LlamaArchConfig
 from inflight.parallel.shard import Shard, shard_arch, shard_tensor
+from inflight.sampling_params import StructuredOutputs
 from tests.gguf_files import k_quant_mix, write_tiny_gguf
 from tests.parity import hf_greedy, mixed_max_tokens, random_prompts
 from tests.server.live import LiveServer
@@ -89,6 +93,34 @@ def test_k_quant_blocks_split_on_block_boundaries(tiny_model_factory, tmp_path):
     got = [o.outputs[0].token_ids for o in split.generate(prompts, params, use_tqdm=False)]
     split.core.workers.close()
     assert got == expected
+
+
+def test_drafts_and_grammars_on_two_ranks(tiny_llama, monkeypatch):
+    """A draft model (whole, on rank 0) drafts every step, and its drafts are verified on every
+    rank's rows; a grammar (rank 0's alone) masks the gathered logits: the same tokens as one
+    rank, every draft of the model drafting for itself kept, the pattern held."""
+    monkeypatch.setattr(StepCostFit, "break_even_rate", lambda self: 0.0)  # (untimed)
+    knobs = {"dtype": "float32", "max_model_len": 128, "num_kv_blocks": 96,
+             "num_speculative_tokens": 3, "speculative_model": str(tiny_llama)}  # fmt: skip
+    prompts = [[5, 6, 7, 5, 6, 7, 5, 6], [9, 10, 11, 12]]
+    phone = SamplingParams(
+        temperature=0,
+        max_tokens=12,
+        structured_outputs=StructuredOutputs(regex=r"[0-9]{3}-[0-9]{4}"),
+    )
+    plain = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+
+    def run(llm: LLM) -> list[list[int]]:
+        outputs = llm.generate(prompts, [plain, phone], use_tqdm=False)
+        assert re.fullmatch(r"[0-9]{3}-[0-9]{4}", outputs[1].outputs[0].text)
+        return [o.outputs[0].token_ids for o in outputs]
+
+    expected = run(LLM(str(tiny_llama), **knobs))
+    split = LLM(str(tiny_llama), tensor_parallel_size=2, **knobs)
+    assert run(split) == expected
+    stats = split.core.scheduler.speculation.stats
+    assert stats.drafted > 5 and stats.accepted == stats.drafted
+    split.core.workers.close()
 
 
 @pytest.mark.parametrize(
