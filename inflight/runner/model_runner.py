@@ -100,10 +100,7 @@ class ModelRunner:
         decode = ScheduledRequest("warm-up decode", [0], 1, [scratch] * 2, True, greedy, [0], [0],
                                   group_tables=[[scratch] * 2] * others)  # fmt: skip
         scheduled.append(decode)
-        inputs = self.step_inputs(scheduled)
-        logits = self.model(inputs.input_ids, inputs.positions, self.kv_cache.layers,
-                            inputs.attn_metadata, inputs.logits_indices,
-                            inputs.layer_metadata)  # fmt: skip
+        logits = self.run_model(self.step_inputs(scheduled))
         if self.drafter is not None:
             self.drafter.warm_up(scheduled)
         self.sampler.sample(logits, scheduled)
@@ -123,6 +120,20 @@ class ModelRunner:
         if self.workers is not None:
             self.workers.forward(scheduled, score_prompts=score_prompts, every_row=every_row)
         return inputs
+
+    def run_model(self, inputs: StepInputs) -> torch.Tensor:
+        """The forward pass over `inputs`. Split over ranks, one that fails leaves the others'
+        collectives out of step with this one's, so it stops the engine (ModelFailedError)
+        rather than being retried as one request's fault."""
+        try:
+            return self.model(inputs.input_ids, inputs.positions, self.kv_cache.layers,
+                              inputs.attn_metadata, inputs.logits_indices,
+                              inputs.layer_metadata)  # fmt: skip
+        except Exception as e:
+            if self.workers is None or isinstance(e, ModelFailedError):
+                raise
+            raise ModelFailedError(f"a forward pass of the split model failed on rank 0: "
+                                   f"{type(e).__name__}: {e}") from e  # fmt: skip
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
@@ -257,14 +268,7 @@ class ModelRunner:
         with self.timer.phase("prepare_inputs"):
             inputs = self.step_inputs(scheduled)
         with self.timer.phase("forward"):
-            logits = self.model(
-                inputs.input_ids,
-                inputs.positions,
-                self.kv_cache.layers,
-                inputs.attn_metadata,
-                inputs.logits_indices,
-                inputs.layer_metadata,
-            )
+            logits = self.run_model(inputs)
         return logits, inputs.prompt_rows
 
     def _embed(self, scheduled: list[ScheduledRequest]) -> ModelRunnerOutput:
@@ -275,9 +279,7 @@ class ModelRunner:
         with self.timer.phase("prepare_inputs"):
             inputs = self.step_inputs(scheduled, score_prompts=False, every_row=mean)
         with self.timer.phase("forward"):
-            hidden = self.model(inputs.input_ids, inputs.positions, self.kv_cache.layers,
-                                inputs.attn_metadata, inputs.logits_indices,
-                                inputs.layer_metadata).float()  # fmt: skip
+            hidden = self.run_model(inputs).float()
         result, row = ModelRunnerOutput(), 0
         for s in scheduled:
             if mean:
