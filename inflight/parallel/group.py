@@ -1,4 +1,5 @@
-"""The collectives of a tensor-parallel group: gloo over a TCP store (CPU ranks).
+"""The collectives of a tensor-parallel group: gloo over a TCP store (CPU ranks), and all-reduces
+through shared memory where the ranks share a machine (`shm.py`).
 
 A group of its own, not torch.distributed's default one, so that engines can come and go in one
 process (tests, `LLM` objects) without a global process group. A collective that fails (a rank
@@ -10,11 +11,13 @@ from __future__ import annotations
 import datetime
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from inflight.errors import ModelFailedError
+from inflight.parallel.shm import ShmAllReduce
 
 DEFAULT_TIMEOUT_S = 300.0  # a collective's wait: a step's slowest rank, with room to spare
 
@@ -32,6 +35,7 @@ class TPGroup:
         self.host = host
         self._timeout = timeout
         self._pg: dist.ProcessGroupGloo | None = None
+        self._shm: ShmAllReduce | None = None  # where the ranks share a machine
         # seconds this rank has spent in collectives: their transfers, and waiting for the
         # slowest rank (`bench offline` reports it per step)
         self.collective_seconds = 0.0
@@ -48,8 +52,22 @@ class TPGroup:
             raise RuntimeError("the tensor-parallel group is not connected")
         return self._pg
 
+    def use_shared_memory(self, path: Path) -> None:
+        """All-reduces of up to `shm.SLOT_BYTES` go through `path` from now on (every rank
+        must call this before the first all-reduce)."""
+        self._shm = ShmAllReduce(path, self.rank, self.size, self._timeout.total_seconds())
+
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """The sum of every rank's `x`, in place."""
+        if self._shm is not None and self._shm.fits(x):
+            begin = time.perf_counter()
+            try:
+                self._shm.all_reduce(x, self.explain_failure)
+            except RuntimeError as e:
+                raise ModelFailedError(f"tensor-parallel rank {self.rank}: an all-reduce "
+                                       f"failed ({e})") from e  # fmt: skip
+            self.collective_seconds += time.perf_counter() - begin
+            return x
         self._wait(lambda: self.pg.allreduce([x]))
         return x
 

@@ -20,6 +20,7 @@ import secrets
 import socket
 import subprocess
 import sys
+import threading
 import time
 import weakref
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ from inflight.core.kv_groups import KVLayout
 from inflight.core.outputs import ScheduledRequest
 from inflight.errors import ModelFailedError
 from inflight.parallel.group import TPGroup
+from inflight.parallel.shm import SHM_DIR, segment_bytes, shared_memory_usable
 
 if TYPE_CHECKING:
     from inflight.attention import AttentionBackend
@@ -43,6 +45,7 @@ logger = logging.getLogger(__name__)
 
 HOST = "127.0.0.1"
 START_TIMEOUT_S = 120.0  # for a rank's process to start (imports) and report
+STOP_GRACE_S = 5.0  # for a rank told to stop to exit before it is killed
 
 
 @dataclass(frozen=True)
@@ -93,10 +96,19 @@ class RankWorkers:
                "INFLIGHT_TP_SPEC": pickle.dumps(spec).hex()}  # fmt: skip
         command = [sys.executable, "-m", "inflight.parallel.workers"]
         ports = [str(self._server.getsockname()[1]), str(self.group.port)]
+        # all-reduces through a file of /dev/shm, which every rank maps before it dials back
+        self._shm_path: Path | None = None
+        if shared_memory_usable():
+            self._shm_path = SHM_DIR / f"inflight-tp-{os.getpid()}-{secrets.token_hex(8)}"
+            with self._shm_path.open("wb") as f:
+                f.truncate(segment_bytes(size))
+            env["INFLIGHT_TP_SHM"] = str(self._shm_path)
+            self.group.use_shared_memory(self._shm_path)
         self._procs = [subprocess.Popen([*command, str(rank), str(size), *ports], env=env)
                        for rank in range(1, size)]  # fmt: skip
         self._conns: list[Connection | None] = [None] * (size - 1)
-        self._finalizer = weakref.finalize(self, _stop, self._conns, self._procs, self._server)
+        self._finalizer = weakref.finalize(self, _stop, self._conns, self._procs, self._server,
+                                           self._shm_path)  # fmt: skip
         self.group.explain_failure = self.dead_rank
 
     def connect(self) -> None:
@@ -106,6 +118,8 @@ class RankWorkers:
         finally:
             self._server.close()
         self.group.connect()
+        if self._shm_path is not None:  # mapped by every rank: the name can go
+            self._shm_path.unlink(missing_ok=True)
 
     def _accept(self, server: socket.socket, authkey: bytes) -> None:
         """Each rank's connection, by the rank it names (or the error its load raised)."""
@@ -198,22 +212,30 @@ class RankWorkers:
 
 
 def _stop(
-    conns: list[Connection | None], procs: list[subprocess.Popen], server: socket.socket
-) -> None:
+    conns: list[Connection | None], procs: list[subprocess.Popen], server: socket.socket,
+    shm_path: Path | None,
+) -> None:  # fmt: skip
+    """Tells every rank to stop and lets them exit on their own (an interpreter's teardown
+    takes about a second); one that has not within `STOP_GRACE_S` is killed, in the
+    background."""
     server.close()
+    if shm_path is not None:
+        shm_path.unlink(missing_ok=True)
     for conn in conns:
         if conn is not None:
             with contextlib.suppress(OSError):
                 conn.send(("stop",))
-    for proc in procs:
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    for conn in conns:
-        if conn is not None:
             conn.close()
+
+    def reap() -> None:
+        for proc in procs:
+            try:
+                proc.wait(timeout=STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+    threading.Thread(target=reap, name="inflight-tp-reaper", daemon=True).start()
 
 
 def worker_main(rank: int, size: int, address_port: int, group_port: int) -> None:
@@ -225,6 +247,10 @@ def worker_main(rank: int, size: int, address_port: int, group_port: int) -> Non
     spec: RankSpec = pickle.loads(bytes.fromhex(os.environ.pop("INFLIGHT_TP_SPEC")))
     torch.set_num_threads(spec.threads)
     group = TPGroup(rank, size, HOST, group_port)
+    if shm := os.environ.pop("INFLIGHT_TP_SHM", None):
+        group.use_shared_memory(Path(shm))
+    parent = os.getppid()
+    group.explain_failure = lambda: None if os.getppid() == parent else "rank 0 is gone"
     try:
         model = _load_slice(spec, group)
     except Exception as e:  # told to rank 0, which names it

@@ -1,7 +1,8 @@
-"""Tensor parallelism on CPU ranks (gloo): a model split over two processes gives
-transformers' greedy tokens, as one rank does, for every dense family, with prefix hits,
-chunked prompts and preemption (recomputed and swapped) in the run; sizes that do not split a
-model are refused before any rank starts; a rank that dies stops the engine with its name."""
+"""Tensor parallelism on CPU ranks: a model split over two processes gives one rank's greedy
+tokens (which are transformers') for every dense family, with prefix hits, chunked prompts
+and preemption (recomputed and swapped) in the run, over a GGUF's blocks too; sizes that do
+not split a model are refused before any rank starts; a rank that dies stops the engine with
+its name."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ import re
 import httpx
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
 
 from inflight import LLM, SamplingParams
 from inflight.core.speculation import StepCostFit
@@ -19,7 +19,7 @@ from inflight.model.arch import LlamaArchConfig
 from inflight.parallel.shard import Shard, shard_arch, shard_tensor
 from inflight.sampling_params import StructuredOutputs
 from tests.gguf_files import k_quant_mix, write_tiny_gguf
-from tests.parity import hf_greedy, mixed_max_tokens, random_prompts
+from tests.parity import mixed_max_tokens, random_prompts
 from tests.server.live import LiveServer
 from tests.server.test_errors import assert_error, engine_for
 
@@ -42,16 +42,17 @@ def prompts_with_shared_prefixes(vocab_size: int) -> list[list[int]]:
 
 
 @pytest.mark.parametrize("arch", DENSE_ARCHS)
-def test_two_ranks_give_transformers_greedy_tokens(tiny_model_factory, arch):
-    folder = tiny_model_factory(arch)
-    hf = AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.float32).eval()
-    prompts = prompts_with_shared_prefixes(hf.config.vocab_size)
-    max_tokens = mixed_max_tokens(len(prompts))
-    expected = hf_greedy(hf, prompts, max_tokens)
-    preemption = "swap" if arch == "llama" else "recompute"
-    llm = LLM(str(folder), dtype="float32", preemption_mode=preemption,
-              num_kv_blocks=POOL_BLOCKS * KV_GROUPS.get(arch, 1), **SPLIT)  # fmt: skip
-    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in max_tokens]
+def test_two_ranks_give_one_ranks_greedy_tokens(tiny_model_factory, arch):
+    """One rank is held to transformers token for token (model/test_parity_tiny.py)."""
+    folder = str(tiny_model_factory(arch))
+    knobs = {"dtype": "float32", "preemption_mode": "swap" if arch == "llama" else "recompute",
+             "num_kv_blocks": POOL_BLOCKS * KV_GROUPS.get(arch, 1), **SPLIT}  # fmt: skip
+    one = LLM(folder, **{**knobs, "tensor_parallel_size": 1})
+    prompts = prompts_with_shared_prefixes(one.vocab_size)
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
+              for n in mixed_max_tokens(len(prompts))]  # fmt: skip
+    expected = [o.outputs[0].token_ids for o in one.generate(prompts, params, use_tqdm=False)]
+    llm = LLM(folder, **knobs)
     outputs = llm.generate(prompts, params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outputs] == expected
     assert llm.core.scheduler.num_preemptions > 0
