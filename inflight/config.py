@@ -80,9 +80,10 @@ class ModelConfig:
         default=1,
         metadata={
             "help": "ranks the model is split over (its heads, KV heads, MLP columns and "
-            "vocabulary), each a process on this machine with its share of the cores, joined "
-            "by gloo; CPU only; each rank holds its slices as floats, and its own share of "
-            "every KV block (kv_cache_memory_bytes is each rank's)"
+            "vocabulary), each a process on this machine with its share of the cores, "
+            "all-reducing through shared memory; CPU only; each rank holds its slices of the "
+            "weights (a GGUF's blocks too) and its own share of every KV block "
+            "(kv_cache_memory_bytes is each rank's)"
         },
     )
     enforce_eager: bool = field(

@@ -24,6 +24,8 @@ COUNTER_STRIDE = 8  # int64s between counters: one cache line each
 SLOT_BYTES = 16 << 20  # per rank and half: the largest tensor reduced here (larger: gloo)
 SHM_DIR = Path("/dev/shm")
 CHECK_EVERY_S = 0.5  # how often a waiting rank asks whether the others are still there
+SPIN_LOOKS = 64  # looks at the counters, yielding between them, before a rank naps (~100 us)
+NAP_S = 50e-6  # between later looks (Linux wakes a sleeper ~50-100 us late)
 
 
 def shared_memory_usable() -> bool:
@@ -68,8 +70,16 @@ class ShmAllReduce:
         return x
 
     def _wait_for(self, seq: int, check: Callable[[], str | None]) -> None:
+        """Spins a little (a rank that is about to arrive costs no sleep), then sleeps between
+        looks, so that a rank kept waiting (a slower one's compute, or more ranks than cores)
+        leaves the cores to the ranks still working."""
         start = next_check = time.monotonic()
+        looks = 0
         while int(self._counters.min()) < seq:
+            looks += 1
+            if looks <= SPIN_LOOKS:
+                os.sched_yield()
+                continue
             now = time.monotonic()
             if now >= next_check:
                 if why := check():
@@ -78,4 +88,4 @@ class ShmAllReduce:
                     raise RuntimeError(f"a rank did not reach all-reduce {seq} within "
                                        f"{self.timeout_s:g} s")  # fmt: skip
                 next_check = now + CHECK_EVERY_S
-            os.sched_yield()  # (every rank shares the cores: let the late one run)
+            time.sleep(NAP_S)
