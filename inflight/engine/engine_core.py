@@ -37,7 +37,7 @@ from inflight.model.loader import (
     resolve_model_path,
     resolve_quantized_activations,
 )
-from inflight.parallel.shard import check_engine_split
+from inflight.parallel.shard import Shard, check_engine_split, shard_arch
 from inflight.parallel.workers import KVSetup, RankSpec, RankWorkers, threads_per_rank
 from inflight.platform import resolve_device, resolve_dtype
 from inflight.request import FinishReason, Request, RequestStatus
@@ -76,7 +76,7 @@ class EngineCore:
         self.dtype = resolve_dtype(config.model.dtype, self.device)
         kv_dtype = resolve_kv_cache_dtype(config.cache.kv_cache_dtype, self.dtype)
         # the other ranks of a model split over several (parallel/), started before loading
-        self.workers = self._start_ranks(config, loaded)
+        self.workers = self._start_ranks(config, loaded, kv_dtype)
         try:
             self._build(config, loaded, kv_dtype)
         except BaseException:
@@ -152,9 +152,12 @@ class EngineCore:
                           config.model.attention_backend, activations,
                           tp=self.workers.group if self.workers else None)  # fmt: skip
 
-    def _start_ranks(self, config: EngineConfig, loaded: LoadedModel | None) -> RankWorkers | None:
+    def _start_ranks(
+        self, config: EngineConfig, loaded: LoadedModel | None, kv_dtype: torch.dtype
+    ) -> RankWorkers | None:
         """Ranks 1..N-1 of a split model, started (each loads its own slice) once the split is
-        known to be even; None for one rank."""
+        known to be even and every rank's weights and pool are known to fit this machine's
+        memory together; None for one rank."""
         size = config.model.tensor_parallel_size
         if size == 1:
             return None
@@ -163,19 +166,24 @@ class EngineCore:
                               "an engine split over ranks cannot reuse a loaded model")  # fmt: skip
         if self.device.type != "cpu":
             raise ConfigError(f"tensor_parallel_size {size}: tensor parallelism runs on CPU "
-                              f"ranks (gloo) only, not on {self.device.type}")  # fmt: skip
+                              f"ranks only, not on {self.device.type}")  # fmt: skip
         path = resolve_model_path(config.model.model)
+        arch = arch_config(path)
         try:
-            check_engine_split(arch_config(path), size)
+            check_engine_split(arch, size)
         except ValueError as e:
             raise ConfigError(f"{path.name}: {e}") from e
+        activations = resolve_quantized_activations(
+            config.model.quantized_activations, self.dtype, config.scheduler.max_num_seqs
+        )
+        # the ranks share this machine: all the weights, and a pool each of its share's heads
+        rank_pool = self._kv_bytes(config, shard_arch(Shard(arch, 0, size)), kv_dtype)
+        check_memory_fits(path, estimated_weight_bytes(path, self.dtype, activations),
+                          size * rank_pool)  # fmt: skip
         threads = threads_per_rank(size)
         torch.set_num_threads(threads)
         logger.info("tensor parallelism: %d ranks of %d threads each (this process is rank 0)",
                     size, threads)  # fmt: skip
-        activations = resolve_quantized_activations(
-            config.model.quantized_activations, self.dtype, config.scheduler.max_num_seqs
-        )
         spec = RankSpec(str(path), self.dtype, str(self.device), config.cache.kv_block_size,
                         config.model.attention_backend, activations, threads)  # fmt: skip
         return RankWorkers(spec, size)

@@ -14,7 +14,7 @@ import torch
 
 from inflight import LLM, SamplingParams
 from inflight.core.speculation import StepCostFit
-from inflight.errors import ConfigError
+from inflight.errors import ConfigError, ModelLoadError
 from inflight.model.arch import LlamaArchConfig
 from inflight.parallel.shard import Shard, shard_arch, shard_tensor
 from inflight.sampling_params import StructuredOutputs
@@ -143,6 +143,18 @@ def test_sizes_that_do_not_split_are_refused_before_any_rank_starts(tiny_llama, 
     monkeypatch.setattr("inflight.engine.engine_core.RankWorkers", no_ranks)
     with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
         LLM(str(tiny_llama), tensor_parallel_size=size)
+
+
+def test_ranks_that_would_not_fit_in_memory_together_are_refused_before_starting(
+    tiny_llama, monkeypatch
+):  # fmt: skip
+    """Two ranks on one machine: all the weights and two pools, each of half the heads."""
+    monkeypatch.setattr("inflight.engine.engine_core.RankWorkers", None)
+    monkeypatch.setattr("inflight.model.loader.available_memory_bytes", lambda: 2**18)
+    # blocks x tokens x layers x (K, V) x 1 KV head x head_dim x 4 bytes: 0.15 GiB a rank
+    pool = 40_000 * 16 * 2 * 2 * 1 * 16 * 4
+    with pytest.raises(ModelLoadError, match=f"{2 * pool / 2**30:.2f} GiB for the KV pool"):
+        LLM(str(tiny_llama), dtype="float32", tensor_parallel_size=2, num_kv_blocks=40_000)
 
 
 def test_experts_are_not_split(tiny_model_factory, monkeypatch):
