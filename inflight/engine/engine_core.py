@@ -14,6 +14,7 @@ import itertools
 import logging
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -144,10 +145,8 @@ class EngineCore:
                 raise ConfigError(why)
             return loaded
         path = resolve_model_path(config.model.model)
-        if self.device.type == "cpu" and self.workers is None:
-            # the weights and the pool share the machine's memory
-            check_memory_fits(path, estimated_weight_bytes(path, self.dtype, activations),
-                              self._kv_bytes(config, arch_config(path), kv_dtype))  # fmt: skip
+        if self.device.type == "cpu" and self.workers is None:  # (ranks: checked as started)
+            self._check_memory(config, path, arch_config(path), kv_dtype, activations)
         return load_model(path, self.dtype, self.device, config.cache.kv_block_size,
                           config.model.attention_backend, activations,
                           tp=self.workers.group if self.workers else None)  # fmt: skip
@@ -176,10 +175,7 @@ class EngineCore:
         activations = resolve_quantized_activations(
             config.model.quantized_activations, self.dtype, config.scheduler.max_num_seqs
         )
-        # the ranks share this machine: all the weights, and a pool each of its share's heads
-        rank_pool = self._kv_bytes(config, shard_arch(Shard(arch, 0, size)), kv_dtype)
-        check_memory_fits(path, estimated_weight_bytes(path, self.dtype, activations),
-                          size * rank_pool)  # fmt: skip
+        self._check_memory(config, path, arch, kv_dtype, activations)
         threads = threads_per_rank(size)
         torch.set_num_threads(threads)
         logger.info("tensor parallelism: %d ranks of %d threads each (this process is rank 0)",
@@ -187,6 +183,18 @@ class EngineCore:
         spec = RankSpec(str(path), self.dtype, str(self.device), config.cache.kv_block_size,
                         config.model.attention_backend, activations, threads)  # fmt: skip
         return RankWorkers(spec, size)
+
+    def _check_memory(
+        self, config: EngineConfig, path: Path, arch: LlamaArchConfig, kv_dtype: torch.dtype,
+        activations: str,
+    ) -> None:  # fmt: skip
+        """Refuses (before loading) weights and KV pools that will not fit this machine's
+        memory: the whole model's weights, and a pool for each rank of its share's heads (the
+        ranks of a split model share the machine)."""
+        size = config.model.tensor_parallel_size
+        rank_pool = self._kv_bytes(config, shard_arch(Shard(arch, 0, size)), kv_dtype)
+        check_memory_fits(path, estimated_weight_bytes(path, self.dtype, activations),
+                          size * rank_pool)  # fmt: skip
 
     def _kv_layout(
         self, config: EngineConfig, target: LoadedModel, draft: LoadedModel | None

@@ -61,11 +61,11 @@ from inflight.parallel.group import TPGroup
 from inflight.parallel.shard import (
     Shard,
     check_engine_split,
-    input_columns,
     shard_arch,
     shard_blocks,
     shard_tensor,
     shard_weights,
+    splits_on_blocks,
 )
 
 logger = logging.getLogger(__name__)
@@ -457,8 +457,7 @@ def shard_entries(shard: Shard, entries: dict[str, dict[str, Any]]) -> dict[str,
             local[name] = entry
             continue
         width = GGML_QUANT_SIZES[GGMLQuantizationType(entry["type"])][0]
-        columns = input_columns(shard, name)
-        if columns is not None and (columns.start % width or columns.stop % width):
+        if not splits_on_blocks(shard, name, width):
             continue
         sliced = shard_tensor(shard, name, torch.empty(shape[::-1], device="meta"))
         local[name] = {**entry, "shape": list(sliced.shape[::-1])}
@@ -487,7 +486,7 @@ def load_model(
 ) -> LoadedModel:
     """Builds the model and fills its weights; every failure is a ModelLoadError naming the file.
     `tp`: this process is one rank of a tensor-parallel group and holds its slice of every
-    weight (`parallel/shard.py`), as floats.
+    weight (`parallel/shard.py`), a GGUF's blocks as blocks where the split falls on them.
     `quantized_activations` (int16, int8; auto = int16, what the model records): linears over
     GGUF blocks round x to that many bits (where it applies: float32 GGUF weights on an AVX2
     CPU, `block_formats` says which formats; bf16 Q4_0 / Q4_1 / Q8_0 ones with 16 bits on an

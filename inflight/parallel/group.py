@@ -59,16 +59,11 @@ class TPGroup:
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """The sum of every rank's `x`, in place."""
-        if self._shm is not None and self._shm.fits(x):
-            begin = time.perf_counter()
-            try:
-                self._shm.all_reduce(x, self.explain_failure)
-            except RuntimeError as e:
-                raise ModelFailedError(f"tensor-parallel rank {self.rank}: an all-reduce "
-                                       f"failed ({e})") from e  # fmt: skip
-            self.collective_seconds += time.perf_counter() - begin
-            return x
-        self._wait(lambda: self.pg.allreduce([x]))
+        shm = self._shm
+        if shm is not None and shm.fits(x):
+            self._run(lambda: shm.all_reduce(x, self.explain_failure))
+        else:
+            self._run(lambda: self.pg.allreduce([x]).wait())
         return x
 
     def gather_columns(self, x: torch.Tensor) -> torch.Tensor | None:
@@ -77,18 +72,20 @@ class TPGroup:
         opts = dist.GatherOptions()
         opts.rootRank = 0
         if self.rank != 0:
-            self._wait(lambda: self.pg.gather([], [x], opts))
+            self._run(lambda: self.pg.gather([], [x], opts).wait())
             return None
         parts = [torch.empty_like(x) for _ in range(self.size)]
-        self._wait(lambda: self.pg.gather([parts], [x], opts))
+        self._run(lambda: self.pg.gather([parts], [x], opts).wait())
         return torch.cat(parts, dim=-1)
 
-    def _wait(self, start: Callable[[], dist.Work]) -> None:
+    def _run(self, collective: Callable[[], object]) -> None:
+        """Runs a collective to its end, timed; a failure (a rank gone, or the wait past the
+        timeout) is ModelFailedError, naming a dead rank where one is known."""
         begin = time.perf_counter()
         try:
-            start().wait()
-            self.collective_seconds += time.perf_counter() - begin
+            collective()
         except RuntimeError as e:
             why = self.explain_failure() or f"{type(e).__name__}: {e}"
             raise ModelFailedError(f"tensor-parallel rank {self.rank}: a collective failed "
                                    f"({why})") from e  # fmt: skip
+        self.collective_seconds += time.perf_counter() - begin

@@ -56,30 +56,31 @@ class Shard:
     rank: int
     size: int
 
+    def _part(self, count: int) -> range:
+        """This rank's equal share of `count` units (heads, columns, vocabulary rows)."""
+        n = count // self.size
+        return range(self.rank * n, (self.rank + 1) * n)
+
     @property
     def heads(self) -> range:
-        n = self.arch.num_heads // self.size
-        return range(self.rank * n, (self.rank + 1) * n)
+        return self._part(self.arch.num_heads)
 
     @property
     def kv_heads(self) -> range:
         kv = self.arch.num_kv_heads
         if kv >= self.size:
-            n = kv // self.size
-            return range(self.rank * n, (self.rank + 1) * n)
+            return self._part(kv)
         first = self.rank * kv // self.size  # the one KV head its query heads read
         return range(first, first + 1)
 
     @property
     def vocab(self) -> range:
-        n = self.arch.vocab_size // self.size
-        return range(self.rank * n, (self.rank + 1) * n)
+        return self._part(self.arch.vocab_size)
 
     @property
     def columns(self) -> range:
         """This rank's MLP columns."""
-        n = self.arch.intermediate_size // self.size
-        return range(self.rank * n, (self.rank + 1) * n)
+        return self._part(self.arch.intermediate_size)
 
 
 def shard_arch(shard: Shard) -> LlamaArchConfig:
@@ -111,6 +112,13 @@ def input_columns(shard: Shard, name: str) -> range | None:
     return None
 
 
+def splits_on_blocks(shard: Shard, name: str, block_width: int) -> bool:
+    """Whether this rank's slice of the weight `name` is whole blocks of `block_width` weights
+    along its input (always, except a row-parallel weight cut inside a block)."""
+    columns = input_columns(shard, name)
+    return columns is None or not (columns.start % block_width or columns.stop % block_width)
+
+
 def shard_blocks(
     shard: Shard, name: str, blocks: torch.Tensor, block_width: int
 ) -> torch.Tensor | None:
@@ -118,11 +126,11 @@ def shard_blocks(
     output features): whole rows, or for a row-parallel weight whole blocks of each row; None
     where its input columns do not fall on block boundaries (the weight is then dequantized and
     cut as floats)."""
+    if not splits_on_blocks(shard, name, block_width):
+        return None
     columns = input_columns(shard, name)
     if columns is None:
         return shard_tensor(shard, name, blocks)
-    if columns.start % block_width or columns.stop % block_width:
-        return None
     return blocks[:, columns.start // block_width : columns.stop // block_width]
 
 
