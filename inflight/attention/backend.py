@@ -73,8 +73,8 @@ class AttentionBackend(Protocol):
         `window`, each query sees only its last `window` positions (None: all of them);
         `scale`, of the scores (None: head_dim ** -0.5); `softcap` c, each scaled score s
         becomes c tanh(s / c) before the softmax (Gemma 2's; None: none); `sinks` [H], a logit
-        per head that joins each softmax's denominator (gpt-oss's; None: none; only the
-        reference takes it)."""
+        per head that joins each softmax's denominator (gpt-oss's; None: none; a backend that
+        does not take it says so with `takes_sinks`)."""
         ...
 
 

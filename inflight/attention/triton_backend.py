@@ -25,6 +25,7 @@ class TritonBackend(PagedKernelBackend):
 
     name = "triton"
     triton_kernels = True
+    takes_sinks = True
     decode_kernel = staticmethod(paged_decode_attention)
     prefill_kernel = staticmethod(paged_prefill_attention)
 

@@ -136,6 +136,7 @@ def _merge_kernel(
     sum_ptr,
     acc_ptr,  # [R, H, P, D]
     seq_lens_ptr,
+    sinks_ptr,  # [H] float32 (read where SINKS)
     out_ptr,  # [R, H, D]
     window,
     num_partitions,
@@ -143,8 +144,10 @@ def _merge_kernel(
     PARTITION: tl.constexpr,
     PARTS_PAD: tl.constexpr,
     DIM_PAD: tl.constexpr,
+    SINKS: tl.constexpr,
 ):
-    """One program per (request, query head): rescales each partition's sums to the global max."""
+    """One program per (request, query head): rescales each partition's sums to the global max;
+    a head's sink logit joins the denominator only (it has no value)."""
     r = tl.program_id(0)
     h = tl.program_id(1)
     num_heads = tl.num_programs(1)
@@ -161,8 +164,14 @@ def _merge_kernel(
     part_acc = tl.load(
         acc_ptr + at[:, None] * head_dim + d[None, :], mask=live[:, None] & d_ok[None, :], other=0.0
     )
-    weight = tl.where(live, tl.exp(part_max - tl.max(part_max, axis=0)), 0.0)
+    top = tl.max(part_max, axis=0)
+    if SINKS:
+        sink = tl.load(sinks_ptr + h)
+        top = tl.maximum(top, sink)
+    weight = tl.where(live, tl.exp(part_max - top), 0.0)
     total = tl.sum(weight * part_sum, axis=0)
+    if SINKS:
+        total += tl.exp(sink - top)
     out = tl.sum(weight[:, None] * part_acc, axis=0) / total
     tl.store(
         out_ptr + (r * num_heads + h) * head_dim + d, out.to(out_ptr.dtype.element_ty), mask=d_ok
@@ -186,10 +195,11 @@ def paged_decode_attention(
     scale: float,
     window: int = 0,
     softcap: float = 0.0,
+    sinks: torch.Tensor | None = None,  # [H] float32
 ) -> torch.Tensor:
     """softmax(q k^T * scale) v for one query per request over its cached positions
     [max(0, seq_len - window), seq_len) (all of them when `window` is 0; scores soft-capped
-    where `softcap` is not 0)."""
+    where `softcap` is not 0; each head's `sinks` logit in its softmax's denominator)."""
     num_reqs, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, cache_dim = k_cache.shape
     scaled = is_scaled(k_cache.dtype)
@@ -219,8 +229,8 @@ def paged_decode_attention(
         PARTITION=partition, SCALED=scaled, SOFTCAP=softcap > 0,
     )  # fmt: skip
     _merge_kernel[(num_reqs, num_heads)](
-        part_max, part_sum, part_acc, seq_lens, out, window, num_partitions,
-        head_dim=head_dim, PARTITION=partition,
-        PARTS_PAD=MAX_PARTITIONS, DIM_PAD=dim_pad,
+        part_max, part_sum, part_acc, seq_lens, part_max if sinks is None else sinks, out,
+        window, num_partitions, head_dim=head_dim, PARTITION=partition,
+        PARTS_PAD=MAX_PARTITIONS, DIM_PAD=dim_pad, SINKS=sinks is not None,
     )  # fmt: skip
     return out

@@ -43,6 +43,7 @@ def _prefill_kernel(
     out_ptr,  # [T, H, D] contiguous
     chunks_ptr,  # [C, 3]: first flat row, query tokens, tokens cached before
     block_tables_ptr,  # [C, MB]
+    sinks_ptr,  # [H] float32 (read where SINKS)
     scale,
     window,  # 0: none
     softcap,  # 0: none (SOFTCAP)
@@ -59,6 +60,7 @@ def _prefill_kernel(
     UPCAST: tl.constexpr,  # float32 products: the interpreter's products of 16-bit floats fail
     SCALED: tl.constexpr,  # an 8-bit cache (`load_kv_rows`)
     SOFTCAP: tl.constexpr,
+    SINKS: tl.constexpr,  # a logit per head in each softmax's denominator (gpt-oss's)
 ):
     c = tl.program_id(0)
     m0 = tl.program_id(1) * BLOCK_M
@@ -111,6 +113,12 @@ def _prefill_kernel(
             pv = tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
             acc = acc * rescale[:, None] + pv
             running_max = new_max
+        if SINKS:  # the sink joins the denominator only: it has no value
+            sink = tl.load(sinks_ptr + h)
+            top = tl.maximum(running_max, sink)
+            rescale = tl.exp(running_max - top)
+            acc = acc * rescale[:, None]
+            running_sum = running_sum * rescale + tl.exp(sink - top)
         out = acc / running_sum[:, None]
         tl.store(
             out_ptr + (rows[:, None] * num_heads + h) * head_dim + d[None, :],
@@ -130,10 +138,11 @@ def paged_prefill_attention(
     window: int,  # 0: none
     softcap: float,  # 0: none
     max_query_len: int,  # the longest chunk's query tokens (sizes the grid)
+    sinks: torch.Tensor | None = None,  # [H] float32
 ) -> None:
     """Causal softmax(q k^T * scale) v for each chunk's queries over its positions (within
-    `window` of each query when it is not 0; scores soft-capped where `softcap` is not 0), as
-    the C++ prompt kernel computes it."""
+    `window` of each query when it is not 0; scores soft-capped where `softcap` is not 0; each
+    head's `sinks` logit in its softmax's denominator), as the C++ prompt kernel computes it."""
     num_heads, head_dim = query.shape[1], query.shape[2]
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     if query.stride(2) != 1 or query.stride(1) != head_dim or not out.is_contiguous():
@@ -146,9 +155,10 @@ def paged_prefill_attention(
     grid = (num_chunks, triton.cdiv(max_query_len, BLOCK_M), num_heads)
     _prefill_kernel[grid](
         query, k_cache, v_cache, out, chunks.contiguous(), block_tables.contiguous(),
-        scale, window, float(softcap), block_tables.shape[1], query.stride(0),
+        out if sinks is None else sinks, scale, window, float(softcap), block_tables.shape[1],
+        query.stride(0),
         num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
         block_size=block_size, DIM_PAD=max(16, triton.next_power_of_2(head_dim)),
         BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, PRECISION=precision, UPCAST=interpreted,
-        SCALED=is_scaled(k_cache.dtype), SOFTCAP=softcap > 0,
+        SCALED=is_scaled(k_cache.dtype), SOFTCAP=softcap > 0, SINKS=sinks is not None,
     )  # fmt: skip

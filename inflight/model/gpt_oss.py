@@ -2,8 +2,7 @@
 
 - **Attention**: q/k/v and output projections with biases, every other layer banded to
   `sliding_window` positions (`layer_types`), YaRN RoPE, and a learned sink logit per head in
-  each softmax's denominator (`DecoderLayer.sinks`; only the PyTorch reference attention takes
-  it, so the loader gives this family that backend).
+  each softmax's denominator (`DecoderLayer.sinks`; every attention backend's kernels take it).
 - **Router**: a biased linear whose best `experts_per_token` logits are softmaxed among
   themselves (the others' softmax weight is 0, not renormalized from a softmax over all).
 - **Experts**: biased, each gate a clamped SwiGLU, `(clamp(up, +-limit) + 1) * g * sigmoid(alpha

@@ -78,7 +78,7 @@ def test_sinks_run_the_cpu_kernels_and_a_backend_without_them_gets_the_reference
     tiny_model_factory, caplog, monkeypatch
 ):
     """The C++ kernels take sinks (their tests hold them to the reference); a backend that does
-    not (Triton's) is replaced by the reference attention, and the log says so."""
+    not is replaced by the reference attention, and the log says so."""
     from inflight.attention.cpu_kernel import CpuKernelBackend
 
     caplog.set_level(logging.INFO, "inflight.model.loader")

@@ -58,8 +58,6 @@ def test_mixed_batch_matches_dense_attention(backend_cls, window, scale, softcap
     """Each layer's own window, score scale, soft cap and sinks (Gemma 3's windowed layers, its
     query_pre_attn_scalar; Gemma 2's cap of scores at 1.5 here, far below these scores, so
     that capping changes every row; gpt-oss's sink logits) go in with its forward."""
-    if sinks and backend_cls is TritonBackend:
-        pytest.skip("the Triton kernels take no sinks (the loader gives such models torch)")
     torch.manual_seed(0)
     sink_logits = torch.randn(H) * 2 if sinks else None
     # (cached tokens, new tokens): decodes of many lengths (several decode groups), and prefill
@@ -161,7 +159,7 @@ def test_kernel_matches_reference_on_model_shapes(kernel, dtype, tol, bs, d, win
     """SmolLM2's head grouping (9 query heads over 3 KV heads): each decode kernel (fp32
     accumulation; Triton's under its interpreter here) against the reference (bf16 matmuls in
     bf16 runs; "triton-cuda": compiled for the GPU, which CI does not have); the C++ kernels
-    with gpt-oss's sinks, and with Gemma 2's soft cap, too."""
+    and Triton's with gpt-oss's sinks, and with Gemma 2's soft cap, too."""
     skip_beyond_interpreted_cases(kernel, dtype, bs, d, window)
     sink_logits, softcap = extras_for(kernel, extra, 9, window)
     # Triton's interpreter runs each program in Python: 16 requests there (contexts 7..299,
@@ -196,10 +194,10 @@ def test_kernel_matches_reference_on_model_shapes(kernel, dtype, tol, bs, d, win
 def extras_for(
     kernel: str, extra: str, heads: int, window: int | None
 ) -> tuple[torch.Tensor | None, float | None]:
-    """(sink logits of the scores' size, or None; a soft cap, or None): the C++ kernels take
-    both; the Triton kernels take no sinks, and their cap runs where a GPU is (the interpreter
-    would add minutes; the mixed-batch test caps them on small shapes). The cap applies to
-    every score before any mask, so the windowless shapes cover it."""
+    """(sink logits of the scores' size, or None; a soft cap, or None): every kernel takes
+    both; the Triton kernels' run where a GPU is (the interpreter would add minutes; the
+    mixed-batch test gives them both on small shapes). The cap applies to every score before
+    any mask, so the windowless shapes cover it."""
     if extra == "softcap":
         if kernel == "triton":
             pytest.skip("Triton's interpreter: the mixed-batch test covers its soft cap")
@@ -208,9 +206,10 @@ def extras_for(
         return None, 1.0  # below these scores' spread, so that the cap changes every row
     if extra != "sinks":
         return None, None
-    if kernel != "cpu":
-        pytest.skip("the Triton kernels take no sinks (the loader gives such models torch)")
-    return torch.randn(heads, generator=torch.Generator().manual_seed(7)) * 2, None
+    if kernel == "triton":
+        pytest.skip("Triton's interpreter: the mixed-batch test covers its sinks")
+    device = "cuda" if kernel == "triton-cuda" else "cpu"
+    return torch.randn(heads, generator=torch.Generator().manual_seed(7)).to(device) * 2, None
 
 
 @pytest.mark.parametrize(
@@ -224,7 +223,7 @@ def test_prefill_kernel_matches_reference_on_model_shapes(kernel, dtype, tol, bs
                                                           extra):  # fmt: skip
     """Prompt chunks (fresh and continuations, 2..90 tokens: more than one tile of the Triton
     kernel's 64 queries) on SmolLM2's head grouping, the queries a strided view into a fused QKV
-    tensor as in the model; the C++ kernels with gpt-oss's sinks, and Gemma 2's cap, too."""
+    tensor as in the model; with gpt-oss's sinks, and Gemma 2's cap, too."""
     skip_beyond_interpreted_cases(kernel, dtype, bs, d, window)
     sink_logits, softcap = extras_for(kernel, extra, 9, window)
     gen = torch.Generator().manual_seed(2)
