@@ -24,8 +24,7 @@ from torch import nn
 from inflight.attention import AttentionBackend
 from inflight.model.arch import LlamaArchConfig
 from inflight.model.layer_ops import TorchLayerOps
-from inflight.model.moe import MoEDecoderLayer, _MoEModel, expert_linears, route
-from inflight.model.packed_linear import Decodes, apply_linear
+from inflight.model.moe import MoEDecoderLayer, MoEModel
 
 
 class GptOssDecoderLayer(MoEDecoderLayer):
@@ -41,20 +40,17 @@ class GptOssDecoderLayer(MoEDecoderLayer):
             expert.gate_up_proj = nn.Linear(hidden, 2 * inter, bias=True)
             expert.down_proj = nn.Linear(inter, hidden, bias=True)
 
-    def mlp(self, x: torch.Tensor, decodes: Decodes) -> torch.Tensor:
-        logits = apply_linear(self.gate, x, decodes)  # [T, E]
+    def route_tokens(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         best, chosen = torch.topk(logits, self.top_k, dim=-1)  # [T, k]
-        weights = torch.softmax(best, dim=-1, dtype=best.dtype)
-        pairs, groups = route(chosen, len(self.experts))
-        rows = pairs // self.top_k  # each pair's token
-        gate, up = expert_linears(self.experts, "gate_up_proj", x[rows], groups).chunk(2, dim=-1)
+        return torch.softmax(best, dim=-1, dtype=best.dtype), chosen
+
+    def activation(self, gate_up: torch.Tensor) -> torch.Tensor:
+        gate, up = gate_up.chunk(2, dim=-1)
         gate, up = gate.clamp(max=self.limit), up.clamp(-self.limit, self.limit)
-        h = (up + 1) * (gate * torch.sigmoid(gate * self.alpha))
-        h = expert_linears(self.experts, "down_proj", h, groups) * weights.flatten()[pairs, None]
-        return torch.zeros_like(x).index_add_(0, rows, h.to(x.dtype))
+        return (up + 1) * (gate * torch.sigmoid(gate * self.alpha))
 
 
-class GptOssModel(_MoEModel):
+class GptOssModel(MoEModel):
     layer_class = GptOssDecoderLayer
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:

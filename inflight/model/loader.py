@@ -40,6 +40,7 @@ from inflight.model.gguf_loader import (
 )
 from inflight.model.layer_ops import CpuLayerOps, TorchLayerOps
 from inflight.model.llama import LlamaModel
+from inflight.model.moe import MoEModel
 from inflight.model.mxfp4 import (
     MXFP4_TYPE,
     block_entries,
@@ -499,7 +500,7 @@ def load_model(
     shard = _shard(arch, tp, path)
     attn = make_backend(attention_backend, block_size, device)
     if arch.attention_sinks and not attn.takes_sinks:
-        # the Triton kernels take no sinks: the general path, said once a load
+        # a backend whose kernels take no sinks: the general path, said once a load
         logger.info("%s: attention sinks run the PyTorch reference attention (the %s kernels "
                     "do not take them)", path.name, attn.name)  # fmt: skip
         attn = make_backend("torch", block_size, device)
@@ -550,6 +551,8 @@ def load_model(
         model.load_weights(weights)
     except (KeyError, ValueError) as e:
         raise ModelLoadError(f"{path}: weights do not match config ({e})") from e
+    if attn.triton_kernels and isinstance(model, MoEModel):
+        model.stack_experts()  # routed on the device, so graphs capture its decode steps
     if shard is not None and blocks:
         as_floats = []
         for name, part in list(blocks.items()):

@@ -13,7 +13,8 @@ read as gate/up/down. From a GGUF file (`qwen3moe`, or `llama` with experts: Mix
 layer's stacked expert weights arrive one expert at a time (the index slices them), and where
 they are blocks the kernels read, each expert's linears multiply from its blocks as any layer's
 do. The fused C++ layer loop does not route experts: these layers run in Python
-(`fusable = False`), and on a GPU their decode steps run without CUDA graphs.
+(`fusable = False`). With the Triton kernels (a GPU) the experts are stacked per layer and
+routed on the device (`expert_kernels.py`), so CUDA graphs capture their decode steps.
 """
 
 from __future__ import annotations
@@ -27,6 +28,14 @@ from torch import nn
 
 from inflight.attention import AttentionBackend
 from inflight.model.arch import LlamaArchConfig
+from inflight.model.expert_kernels import (
+    ExpertStack,
+    expert_matmul,
+    group_pairs,
+    stack_experts,
+    sum_in_expert_order,
+    tile_rows,
+)
 from inflight.model.layer_ops import TorchLayerOps
 from inflight.model.llama import DecoderLayer, LlamaModel
 from inflight.model.packed_linear import Decodes, apply_linear
@@ -60,22 +69,49 @@ class MoEDecoderLayer(DecoderLayer):
         self.experts = nn.ModuleList(
             Expert(cfg.hidden_size, cfg.expert_intermediate_size) for _ in range(cfg.num_experts)
         )
+        # the experts' weights stacked, where they run on the device (`stack_experts`)
+        self.stack: ExpertStack | None = None
 
     def mlp(self, x: torch.Tensor, decodes: Decodes) -> torch.Tensor:
         if not self.sparse:
             return super().mlp(x, decodes)
-        logits = apply_linear(self.gate, x, decodes)  # [T, E]
+        weights, chosen = self.route_tokens(apply_linear(self.gate, x, decodes))
+        if self.stack is not None:  # on the device, in one launch per linear
+            return self._grouped_experts(x, weights, chosen)
+        pairs, groups = route(chosen, len(self.experts))
+        rows = pairs // self.top_k  # each pair's token
+        h = self.activation(expert_linears(self.experts, "gate_up_proj", x[rows], groups))
+        h = expert_linears(self.experts, "down_proj", h, groups) * weights.flatten()[pairs, None]
+        return torch.zeros_like(x).index_add_(0, rows, h.to(x.dtype))
+
+    def route_tokens(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The router's logits [T, E] -> each token's expert weights and experts [T, k]: the
+        best `top_k` of a float32 softmax over all experts, renormalized where the family
+        says."""
         probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
-        weights, chosen = torch.topk(probs, self.top_k, dim=-1)  # [T, k]
+        weights, chosen = torch.topk(probs, self.top_k, dim=-1)
         if self.norm_topk_prob:
             weights /= weights.sum(dim=-1, keepdim=True)
         if self.cast_router_weights:
             weights = weights.to(logits.dtype)
-        pairs, groups = route(chosen, len(self.experts))
-        rows = pairs // self.top_k  # each pair's token
-        h = self.ops.silu_and_mul(expert_linears(self.experts, "gate_up_proj", x[rows], groups))
-        h = expert_linears(self.experts, "down_proj", h, groups) * weights.flatten()[pairs, None]
-        return torch.zeros_like(x).index_add_(0, rows, h.to(x.dtype))
+        return weights, chosen
+
+    def activation(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """An expert's gated activation of its [gate | up] rows."""
+        return self.ops.silu_and_mul(gate_up)
+
+    def _grouped_experts(
+        self, x: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor
+    ) -> torch.Tensor:
+        """The experts by `expert_kernels`: no host synchronisation, so a graph can hold it."""
+        stack, num_pairs = self.stack, chosen.numel()
+        assert stack is not None
+        rows, tile_expert = group_pairs(chosen, len(self.experts), tile_rows(num_pairs))
+        h = expert_matmul(x, stack.gate_up, stack.gate_up_bias, rows, tile_expert, num_pairs,
+                          self.top_k)  # fmt: skip
+        h = expert_matmul(self.activation(h), stack.down, stack.down_bias, rows, tile_expert,
+                          num_pairs, 1)  # fmt: skip
+        return sum_in_expert_order(h * weights.reshape(-1, 1), chosen, x.dtype)
 
 
 ExpertRuns = list[tuple[int, int, int]]  # (expert, start, end) of each chosen expert's pairs
@@ -111,14 +147,23 @@ class Qwen3MoeDecoderLayer(MoEDecoderLayer, Qwen3DecoderLayer):
     cast_router_weights = True
 
 
-class _MoEModel(LlamaModel):
+class MoEModel(LlamaModel):
     """What a model with experts loads differently: each expert's gate and up fused, and the
     sparse layers' linears (router, experts) in place of an MLP's."""
 
     fusable = False
-    # routing reads which experts were chosen back to the host (`nonzero().tolist()`), which a
-    # CUDA graph cannot capture: decode steps of these models run eagerly
-    graph_capturable = False
+
+    @property
+    def graph_capturable(self) -> bool:  # type: ignore[override]
+        """Routing on the host reads which experts were chosen back (`nonzero().tolist()`),
+        which a CUDA graph cannot capture; routing on the device (`stack_experts`) can be."""
+        return all(layer.stack is not None for layer in self.layers if layer.sparse)
+
+    def stack_experts(self) -> None:
+        """Routes on the device from now on (the Triton kernels of `expert_kernels`)."""
+        for layer in self.layers:
+            if layer.sparse:
+                layer.stack = stack_experts(layer.experts)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         super().load_weights(_fused_experts(weights))
@@ -141,11 +186,11 @@ class _MoEModel(LlamaModel):
         return sources
 
 
-class MixtralModel(_MoEModel):
+class MixtralModel(MoEModel):
     layer_class = MoEDecoderLayer
 
 
-class Qwen3MoeModel(_MoEModel, Qwen3Model):
+class Qwen3MoeModel(MoEModel, Qwen3Model):
     layer_class = Qwen3MoeDecoderLayer
 
 
