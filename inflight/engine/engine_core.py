@@ -202,22 +202,14 @@ class EngineCore:
         """KV groups (core/kv_groups.py) where some layers attend within a window, so that
         those layers give back the blocks that leave it; None: one table for every layer. A
         draft model's KV is indexed by the first group's table, which must then hold every
-        block (a full-attention group: all the drafter's layers read the whole sequence), and
-        decode graphs capture one table."""
+        block (a full-attention group: all the drafter's layers read the whole sequence)."""
         windows = target.arch.layer_windows
         if all(w is None for w in windows) or not config.cache.free_window_blocks:
             return None
         layout = plan_kv_layout(windows)
-        attn = target.model.layers[0].attn
-        why = (
-            "a draft model's KV needs a table of every block, and every layer is windowed"
-            if draft is not None and layout.group_windows[0] is not None
-            else "CUDA graphs capture one table"
-            if self._wants_graphs(config, attn)
-            else None
-        )
-        if why is not None:
-            logger.info("KV: the windowed layers keep every block (%s)", why)
+        if draft is not None and layout.group_windows[0] is not None:
+            logger.info("KV: the windowed layers keep every block (a draft model's KV needs a "
+                        "table of every block, and every layer is windowed)")  # fmt: skip
             return None
         return layout
 
@@ -270,7 +262,7 @@ class EngineCore:
                         type(model).__name__)  # fmt: skip
         elif wants_graphs:
             graphs = DecodeGraphs(model, self.kv_cache, config.scheduler.max_num_seqs,
-                                  plan.max_model_len, device)  # fmt: skip
+                                  plan.max_model_len, device, self.kv_layout)  # fmt: skip
             graphs.capture_all()
         drafter = None
         if draft is not None:

@@ -12,7 +12,9 @@ than the pool hands out), so they write and read only there. Steps with prompt t
 eagerly. Every size is captured when the engine starts (a few seconds), not when first needed.
 Only decode kernels that take their lengths from tensors can be captured: backends that say
 `graph_capturable` (on a GPU, the Triton backend), which build the step's metadata over the
-static buffers (`decode_metadata`).
+static buffers (`decode_metadata`). With several KV groups (core/kv_groups.py) each group has
+its own table and cache slots in the buffers, and each layer reads its group's metadata; a
+windowed group's null blocks name the scratch block, as in eager steps.
 
 On a CPU nothing is captured: the same buffers feed an eager forward, which is how the tests
 check the buffer filling and padding on machines without a GPU.
@@ -28,6 +30,7 @@ from typing import Any
 import torch
 
 from inflight.attention import AttentionBackend
+from inflight.core.kv_groups import KVLayout
 from inflight.core.outputs import ScheduledRequest
 from inflight.model.llama import LlamaModel
 from inflight.runner.kv_cache import KVCache
@@ -55,6 +58,7 @@ class DecodeGraphs:
         max_num_seqs: int,
         max_model_len: int,
         device: torch.device,
+        layout: KVLayout | None = None,
     ) -> None:
         if kv_cache.scratch_block is None:
             raise ValueError("decode graphs need a KV cache with a scratch block for padding")
@@ -66,12 +70,16 @@ class DecodeGraphs:
         self.sizes = graph_batch_sizes(max_num_seqs)
         self.block_size = kv_cache.block_size
         self.scratch = kv_cache.scratch_block
+        # each layer's KV group, where there are several (group 0: the requests' `block_table`)
+        self.layer_groups = layout.layer_group if layout and layout.num_groups > 1 else ()
+        self.num_groups = layout.num_groups if self.layer_groups and layout else 1
         largest = self.sizes[-1]
         max_blocks = -(-max_model_len // self.block_size)
-        # Rows: token id, position, cache slot, context length (one copy from the host per step).
-        self.scalars = torch.zeros(4, largest, dtype=torch.long, device=device)
+        # Rows: token id, position, context length, then each group's cache slot (one copy from
+        # the host per step).
+        self.scalars = torch.zeros(3 + self.num_groups, largest, dtype=torch.long, device=device)
         self.block_tables = torch.full(
-            (largest, max_blocks), self.scratch, dtype=torch.long, device=device
+            (self.num_groups, largest, max_blocks), self.scratch, dtype=torch.long, device=device
         )
         self.rows = torch.arange(largest, device=device)
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
@@ -91,8 +99,8 @@ class DecodeGraphs:
         if not self.capture:
             return
         start = time.perf_counter()
-        self.scalars[2].fill_(self.scratch * self.block_size)  # slots; ids, positions stay 0
-        self.scalars[3].fill_(1)  # context lengths
+        self.scalars[3:].fill_(self.scratch * self.block_size)  # slots; ids, positions stay 0
+        self.scalars[2].fill_(1)  # context lengths
         for size in reversed(self.sizes):
             self.graphs[size] = self._capture(size)
         logger.info(
@@ -105,25 +113,29 @@ class DecodeGraphs:
         padding rows sit at position 0 of the scratch block, with a context of 1."""
         block_size, size = self.block_size, next(n for n in self.sizes if n >= len(scheduled))
         pad = size - len(scheduled)
-        ids = [s.token_ids[0] for s in scheduled]
         positions = [s.start_pos for s in scheduled]
-        slots = [
-            s.block_table[pos // block_size] * block_size + pos % block_size
-            for s, pos in zip(scheduled, positions, strict=True)
-        ]
-        seq_lens = [pos + 1 for pos in positions]
-        host = torch.tensor(
-            [ids + [0] * pad, positions + [0] * pad,
-             slots + [self.scratch * block_size] * pad, seq_lens + [1] * pad],
-            dtype=torch.long,
-        )  # fmt: skip
+        pad_slot = self.scratch * block_size
+        rows = [[s.token_ids[0] for s in scheduled] + [0] * pad, positions + [0] * pad,
+                [pos + 1 for pos in positions] + [1] * pad]  # fmt: skip
         width = max(len(s.block_table) for s in scheduled)
-        tables = [list(s.block_table) + [self.scratch] * (width - len(s.block_table))
-                  for s in scheduled] + [[self.scratch] * width] * pad  # fmt: skip
+        tables = []
+        for g in range(self.num_groups):
+            group = [self._table(s, g) for s in scheduled]
+            slots = [t[p // block_size] * block_size + p % block_size
+                     for t, p in zip(group, positions, strict=True)]  # fmt: skip
+            rows.append(slots + [pad_slot] * pad)
+            tables.append([t + [self.scratch] * (width - len(t)) for t in group]
+                          + [[self.scratch] * width] * pad)  # fmt: skip
         # Columns past `width` keep older entries: the kernel never reads past a context.
-        self.scalars[:, :size].copy_(host)
-        self.block_tables[:size, :width].copy_(torch.tensor(tables, dtype=torch.long))
+        self.scalars[:, :size].copy_(torch.tensor(rows, dtype=torch.long))
+        self.block_tables[:, :size, :width].copy_(torch.tensor(tables, dtype=torch.long))
         return size
+
+    def _table(self, scheduled: ScheduledRequest, group: int) -> list[int]:
+        """The request's table of `group`, null blocks (pages a window gave back) as the
+        scratch block, which its window never reads."""
+        table = scheduled.block_table if group == 0 else scheduled.group_tables[group - 1]
+        return [self.scratch if b < 0 else b for b in table] if group else list(table)
 
     def forward(self, size: int, num: int) -> torch.Tensor:
         """Logits [num, vocab] of the loaded step: the graph of `size` replayed (a view of its
@@ -135,19 +147,21 @@ class DecodeGraphs:
             logits = self._eager_forward(size)
         return logits[:num]
 
-    def _metadata(self, size: int) -> Any:
+    def _metadata(self, size: int, group: int) -> Any:
         return self.attn.decode_metadata(
-            self.scalars[2, :size], self.rows[:size], self.block_tables[:size],
-            self.scalars[3, :size],
+            self.scalars[3 + group, :size], self.rows[:size], self.block_tables[group, :size],
+            self.scalars[2, :size],
         )  # fmt: skip
 
     def _eager_forward(self, size: int) -> torch.Tensor:
+        metas = [self._metadata(size, g) for g in range(self.num_groups)]
         return self.model(
             self.scalars[0, :size],
             self.scalars[1, :size],
             self.kv_cache.layers,
-            self._metadata(size),
+            metas[0],
             self.rows[:size],
+            [metas[g] for g in self.layer_groups] if self.layer_groups else None,
         )
 
     def _capture(self, size: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:

@@ -18,22 +18,29 @@ from inflight.attention.triton_decode import paged_decode_attention
 
 
 def engine_rates(model: str, batch: int) -> None:
+    """Graphs, then eager; for a model with experts, eager with them routed on the host too."""
     prompts = [[(7 * i + j) % 40000 + 100 for j in range(200)] for i in range(batch)]
     params = SamplingParams(max_tokens=100, ignore_eos=True, temperature=0)
     tokens = {}
-    for eager in (False, True):
-        llm = LLM(model, max_num_seqs=256, enforce_eager=eager)
+    for mode in ("graphs", "eager", "eager, experts routed on the host"):
+        llm = LLM(model, max_num_seqs=256, enforce_eager=mode != "graphs")
+        layers = [layer for layer in llm.core.loaded.model.layers if getattr(layer, "sparse", 0)]
+        if mode.endswith("host"):
+            if not layers:
+                break
+            for layer in layers:
+                layer.stack = None
         llm.generate(prompts, params, use_tqdm=False)
         torch.cuda.synchronize()
         start = time.perf_counter()
         outputs = llm.generate(prompts, params, use_tqdm=False)
         wall = time.perf_counter() - start
-        tokens[eager] = [o.outputs[0].token_ids for o in outputs]
-        mode = "eager" if eager else "graphs"
+        tokens[mode] = [o.outputs[0].token_ids for o in outputs]
         print(f"{batch} x 100 tokens, {mode}: {wall:.3f} s, {batch * 100 / wall:.0f} tok/s")
         del llm
-    same = sum(a == b for a, b in zip(tokens[False], tokens[True], strict=True))
-    print(f"  greedy outputs identical, graphs vs eager: {same}/{batch}")
+    for mode in list(tokens)[1:]:
+        same = sum(a == b for a, b in zip(tokens["graphs"], tokens[mode], strict=True))
+        print(f"  greedy outputs identical, graphs vs {mode}: {same}/{batch}")
 
 
 def kernel_rates() -> None:
@@ -57,6 +64,7 @@ def kernel_rates() -> None:
 
 
 if __name__ == "__main__":
-    for batch in (32, 128):
+    for batch in (1, 32, 128) if "--one-stream" in sys.argv else (32, 128):
         engine_rates(sys.argv[1], batch)
-    kernel_rates()
+    if "--no-kernel" not in sys.argv:
+        kernel_rates()

@@ -2,12 +2,14 @@
 # On the GPU machine (the device tool: `run` with carry [".whl", ".gpu"], after prepare.sh here):
 # `bash scripts/gpu/run.sh [STAGE ...]` installs the carried wheels, builds the random-weight
 # models, then runs the stages named (all, in this order, when none is):
-#   tests     the GPU tests (graphs, Triton attention, tiny-model parity)
+#   tests     the GPU tests (graphs, Triton attention and experts, tiny-model parity)
 #   families  every family's other tests on the GPU: GGUF files, logprobs, RoPE variants, prefix
 #             caching
 #   cold      cold_steps.py, eager and with graphs: what the first prompt steps of a shape cost
 #   mixed     `inflight bench offline --workload mixed64 --profile`, eager then graphs
 #   decode    decode_bench.py: graphs vs eager decode throughput, the decode kernel alone
+#   moe       decode_bench.py on the Qwen3-MoE: graphs, eager, eager with experts routed on the
+#             host
 #   longtail  `inflight bench offline --workload longtail`, 320 requests, 256 seats, profiled
 #   roofline  `inflight bench roofline` on a 1B Llama
 #   compare   `inflight bench compare --workload mixed64` with the transformers peers, both models
@@ -28,10 +30,11 @@ for stage in $stages; do
   echo "== $stage"
   case $stage in
   tests)
-    timeout 200 python3 -m pytest -q -p no:cacheprovider tests/runner/test_cuda_graphs.py \
+    timeout 300 python3 -m pytest -q -p no:cacheprovider tests/runner/test_cuda_graphs.py \
       tests/runner/test_attention.py tests/model/test_parity_tiny.py tests/model/test_layer_ops.py \
-      -k "graphs or triton or one_batch" > "$OUT/pytest.log" 2>&1
-    echo "pytest rc=$?"; tail -3 "$OUT/pytest.log" ;;
+      tests/model/test_expert_kernels.py -k "graphs or triton or one_batch or expert" \
+      > "$OUT/pytest.log" 2>&1
+    echo "pytest rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pytest.log" | tail -20 ;;
   families)
     timeout 180 python3 -m pytest -q -p no:cacheprovider tests/model/test_gguf.py \
       tests/model/test_logprobs_parity.py tests/model/test_rope_variants.py \
@@ -54,6 +57,9 @@ for stage in $stages; do
   decode)
     timeout 150 python3 scripts/gpu/decode_bench.py /tmp/models/smol 2>&1 | grep -v -i warn \
       | tee "$OUT/decode.log" ;;
+  moe)
+    timeout 200 python3 scripts/gpu/decode_bench.py /tmp/models/qwen3moe --one-stream \
+      --no-kernel 2>&1 | grep -v -i warn | tee "$OUT/moe-decode.log" ;;
   longtail)
     timeout 100 $bench offline /tmp/models/smol --workload longtail --num-requests 320 \
       --max-num-seqs 256 --profile --out /tmp/res/smol-longtail-profile > "$OUT/longtail.log" 2>&1

@@ -133,3 +133,28 @@ def test_captured_graphs_give_the_eager_tokens(tiny_llama, eager_tokens):
     assert generate(llm) == eager_tokens
     graphs = llm.core.runner.decode_graphs
     assert sizes and all(g is not None for g, _ in graphs.graphs.values())
+
+
+@pytest.mark.parametrize("arch", ["gemma3", pytest.param("gpt_oss", marks=GPU)])
+def test_graphs_read_each_kv_groups_table(arch, tiny_model_factory, monkeypatch):
+    """Windowed layers give their pages back under graphs too: each group's table and slots
+    sit in the buffers, and every layer reads its own group's (Gemma 3: one global group beside
+    windowed ones; gpt-oss on a GPU, where its experts are routed there: banded and global
+    layers, sinks)."""
+    folder = str(tiny_model_factory(arch))
+    attention = "triton" if torch.cuda.is_available() else "torch"
+    knobs = {**KNOBS, "num_kv_blocks": 200}  # pages of a group's layers: more of them
+    eager = LLM(folder, enforce_eager=True, **{**knobs, "attention_backend": attention})
+    want = generate(eager)
+    monkeypatch.setattr(engine_core, "supports_graphs", lambda attn, device: True)
+    # (on a CPU the C++ kernels read the buffers, as in the test above)
+    llm = LLM(
+        folder, **{**knobs, "attention_backend": "triton" if attention == "triton" else "cpu"}
+    )
+    graphs = llm.core.runner.decode_graphs
+    assert graphs is not None and graphs.num_groups == llm.core.kv_layout.num_groups > 1
+    sizes = count_graph_steps(llm)
+    assert generate(llm) == want
+    assert len(sizes) > 10 and llm.core.kv_cache_manager.num_window_releases > 0
+    pool = llm.core.kv_cache_manager.pool
+    assert pool.num_free_blocks == pool.num_blocks
