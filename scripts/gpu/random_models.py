@@ -30,6 +30,9 @@ def main(out: Path, names: list[str]) -> None:
     for name in names or list(SHAPES):
         config_class, model_class = MOE.get(name, (LlamaConfig, LlamaForCausalLM))
         config = config_class.from_pretrained(META)
+        # META is a Llama's: without its own model type, transformers saves the experts stacked
+        # (its in-memory layout), not per expert as published checkpoints hold them
+        config.model_type = config_class.model_type
         for key, value in SHAPES[name].items():
             setattr(config, key, value)
         torch.manual_seed(0)
