@@ -92,9 +92,8 @@ def build_setup(
     context, graphs), within `memory_utilization` of the device (vLLM's rule). Under tensor
     parallelism (`model.tensor_parallel` ranks joined by `link`) each rank is one device of
     `hardware` holding its share of the weights and the KV of its own heads, and every rank's
-    pool has the same blocks. A model with windowed layers gets the engine's KV groups on a
-    CPU (on a GPU the engine's CUDA graphs take one table), unless `group_windows` says
-    which."""
+    pool has the same blocks. A model with windowed layers gets the engine's KV groups (unless
+    `free_window_blocks` is off), or those `group_windows` names."""
     require_link(model, link)
     config = EngineConfig.from_knobs(**knobs)
     cache, sched = config.cache, config.scheduler
@@ -103,7 +102,7 @@ def build_setup(
     windows = arch.layer_windows
     layout = plan_kv_layout(windows)
     if group_windows is None:
-        grouped = hardware.is_cpu and any(w is not None for w in windows)
+        grouped = cache.free_window_blocks and any(w is not None for w in windows)
         group_windows = layout.group_windows if grouped else (None,)
     bytes_per_token = model.kv_bytes_per_token
     if len(group_windows) > 1 or group_windows[0] is not None:

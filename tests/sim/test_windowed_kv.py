@@ -32,6 +32,10 @@ def test_gemma3_pool_is_in_pages_of_its_groups():
     llama = load_model_profile("smollm2-135m", "bf16", "bf16")
     knobs = {**KNOBS, "max_model_len": 8192}
     assert build_setup(PROFILES["cpu-node-2c"], llama, knobs).group_windows == (None,)
+    # on a GPU too (graphs hold every group's table), unless the knob keeps one table
+    assert build_setup(PROFILES["h100-sxm"], gemma, KNOBS).group_windows == setup.group_windows
+    one_table = {**KNOBS, "free_window_blocks": False}
+    assert build_setup(PROFILES["h100-sxm"], gemma, one_table).group_windows == (None,)
 
 
 def test_gemma3_runs_five_times_the_long_sequences_at_once():
