@@ -225,7 +225,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--ray-address",
         default=None,
-        help="a Ray cluster to join (default: start Ray on this machine)",
+        help="a Ray cluster to join, serving through Ray Serve (default: start Ray on this "
+        "machine, where --replicas or --distributed-executor-backend ray asks for it)",
     )
     add_engine_flags(serve)
 
@@ -281,11 +282,16 @@ def run_serve(args: argparse.Namespace) -> int:
     if args.replicas < 1:
         logger.error("--replicas must be >= 1, got %d", args.replicas)
         return 2
-    if args.replicas > 1 or args.ray_address:
+    on_ray = knobs.get("distributed_executor_backend") == "ray"
+    if args.replicas > 1 or args.ray_address or on_ray:  # Ray Serve: replicas, or Ray ranks
         from inflight.server.fleet.deploy import deploy
 
-        deploy(knobs, config, args.replicas, args.router, args.ray_address,
-               args.max_queued_requests, args.request_timeout)  # fmt: skip
+        try:
+            deploy(knobs, config, args.replicas, args.router, args.ray_address,
+                   args.max_queued_requests, args.request_timeout)  # fmt: skip
+        except InflightError as e:
+            logger.error("%s", e)
+            return 2
         return 0
     try:
         engine = AsyncLLM(

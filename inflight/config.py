@@ -26,10 +26,12 @@ KVAdmission = Literal["on-demand", "reserve"]
 AttentionBackend = Literal["auto", "torch", "cpu", "triton"]
 QuantizedActivations = Literal["auto", "off", "int16", "int8"]
 KVCacheDtype = Literal["auto", "bf16", "fp8", "int8"]
+DistributedBackend = Literal["mp", "ray"]
 # bits of each kind of quantized activations (off: float, the exact path; auto: int16 where the
 # kernel applies, since its greedy output matched the exact path's on every parity prompt)
 ACTIVATION_BITS = {"auto": 16, "off": 0, "int16": 16, "int8": 8}
 MAX_TENSOR_PARALLEL = 1024  # ranks: beyond any machine's; 2**63 must not spawn processes
+MAX_CPUS_PER_RANK = 1 << 16  # a Ray rank's CPUs: beyond any node's
 
 
 def _require(ok: bool, message: str) -> None:
@@ -86,6 +88,22 @@ class ModelConfig:
             "(kv_cache_memory_bytes is each rank's)"
         },
     )
+    distributed_executor_backend: DistributedBackend = field(
+        default="mp",
+        metadata={
+            "help": "how ranks 1..N-1 of a split model start: mp, processes on this machine; "
+            "ray, Ray actors in a placement group of the Ray cluster this process has joined "
+            "(ray.init, or `inflight serve --ray-address`, where each replica is one group), "
+            "one rank per node by default (ray_cpus_per_rank)"
+        },
+    )
+    ray_cpus_per_rank: int | None = field(
+        default=None,
+        metadata={
+            "help": "CPUs each Ray rank reserves and computes on (its threads); default: every "
+            "CPU of the cluster's smallest node, so that each rank has a node to itself"
+        },
+    )
     enforce_eager: bool = field(
         default=False,
         metadata={
@@ -110,6 +128,21 @@ class ModelConfig:
             and 1 <= self.tensor_parallel_size <= MAX_TENSOR_PARALLEL,
             f"tensor_parallel_size must be an integer from 1 to {MAX_TENSOR_PARALLEL}, got "
             f"{self.tensor_parallel_size!r}",
+        )
+        _require(
+            self.distributed_executor_backend in ("mp", "ray"),
+            f"distributed_executor_backend must be mp or ray, got "
+            f"{self.distributed_executor_backend!r}",
+        )
+        _require(
+            self.ray_cpus_per_rank is None
+            or (
+                isinstance(self.ray_cpus_per_rank, int)
+                and not isinstance(self.ray_cpus_per_rank, bool)
+                and 1 <= self.ray_cpus_per_rank <= MAX_CPUS_PER_RANK
+            ),
+            f"ray_cpus_per_rank must be an integer from 1 to {MAX_CPUS_PER_RANK}, got "
+            f"{self.ray_cpus_per_rank!r}",
         )
         _require(
             self.quantized_activations in tuple(ACTIVATION_BITS),  # any value, hashable or not

@@ -175,26 +175,42 @@ class EngineCore:
         activations = resolve_quantized_activations(
             config.model.quantized_activations, self.dtype, config.scheduler.max_num_seqs
         )
-        self._check_memory(config, path, arch, kv_dtype, activations)
-        threads = threads_per_rank(size)
+        on_ray = config.model.distributed_executor_backend == "ray"
+        launcher = None
+        if on_ray:
+            from inflight.parallel.ray_ranks import RayRanks
+
+            launcher = RayRanks(size, config.model.ray_cpus_per_rank)  # refused if it cannot fit
+            threads = launcher.cpus_per_rank
+        else:
+            threads = threads_per_rank(size)
+        here = 1 if launcher is not None and not launcher.same_machine else size
+        try:
+            self._check_memory(config, path, arch, kv_dtype, activations, ranks_here=here)
+        except BaseException:
+            if launcher is not None:  # its bundles go back to the cluster
+                launcher.stop()
+            raise
         torch.set_num_threads(threads)
-        logger.info("tensor parallelism: %d ranks of %d threads each (this process is rank 0)",
-                    size, threads)  # fmt: skip
+        logger.info("tensor parallelism: %d ranks of %d threads each, %s (this process is "
+                    "rank 0)", size, threads,
+                    "Ray actors" if on_ray else "processes on this machine")  # fmt: skip
         spec = RankSpec(str(path), self.dtype, str(self.device), config.cache.kv_block_size,
                         config.model.attention_backend, activations, threads)  # fmt: skip
-        return RankWorkers(spec, size)
+        return RankWorkers(spec, size, launcher)
 
     def _check_memory(
         self, config: EngineConfig, path: Path, arch: LlamaArchConfig, kv_dtype: torch.dtype,
-        activations: str,
+        activations: str, ranks_here: int | None = None,
     ) -> None:  # fmt: skip
         """Refuses (before loading) weights and KV pools that will not fit this machine's
-        memory: the whole model's weights, and a pool for each rank of its share's heads (the
-        ranks of a split model share the machine)."""
+        memory: the weights and pools of the ranks it holds (every rank of a split model by
+        default; one where the others run on other nodes), each its share."""
         size = config.model.tensor_parallel_size
+        here = size if ranks_here is None else ranks_here
         rank_pool = self._kv_bytes(config, shard_arch(Shard(arch, 0, size)), kv_dtype)
-        check_memory_fits(path, estimated_weight_bytes(path, self.dtype, activations),
-                          size * rank_pool)  # fmt: skip
+        weights = estimated_weight_bytes(path, self.dtype, activations)
+        check_memory_fits(path, weights * here // size, here * rank_pool)
 
     def _kv_layout(
         self, config: EngineConfig, target: LoadedModel, draft: LoadedModel | None

@@ -1,4 +1,5 @@
-"""Ranks 1..N-1 of a tensor-parallel engine, as processes on this machine.
+"""Ranks 1..N-1 of a tensor-parallel engine: processes on this machine (`ProcessRanks`), or Ray
+actors placed across a cluster's nodes (`ray_ranks.py`).
 
 Rank 0 is the engine: it schedules, samples and runs its own slice of the model. Before each of
 its forward passes it hands the step's scheduled requests to every other rank over a pipe (the
@@ -6,7 +7,8 @@ pipe, not a collective, so that an idle engine waits on nothing that times out),
 builds the same step inputs and runs its slice; their all-reduces meet inside the layers, and
 the LM head's slices are gathered on rank 0 (`model/llama.py`). Swaps go the same way, so every
 rank's share of a block moves with it. A rank that fails exits; rank 0's next collective or
-message then fails with ModelFailedError naming it, and the engine stops.
+message then fails with ModelFailedError naming it, and the engine stops. Every rank, however
+started, runs `run_rank`.
 """
 
 from __future__ import annotations
@@ -23,11 +25,12 @@ import sys
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing import AuthenticationError
 from multiprocessing.connection import Client, Connection, answer_challenge, deliver_challenge
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -77,38 +80,66 @@ def threads_per_rank(size: int) -> int:
     return max(1, (os.cpu_count() or 1) // size)
 
 
+class RankLauncher(Protocol):
+    """How ranks 1..N-1 start and end, and how rank 0 learns that one has died."""
+
+    host: str  # the address every rank reaches rank 0 at
+    same_machine: bool  # every rank runs on rank 0's machine (all-reduces through /dev/shm)
+
+    def start(self, rank: int, args: RankArgs) -> None: ...
+
+    def dead_rank(self) -> str | None: ...
+
+    def peak_rss_bytes(self) -> list[int]: ...
+
+    def stop(self) -> None:
+        """Lets the ranks exit on their own, and ends those that do not (in the background)."""
+        ...
+
+
+@dataclass(frozen=True)
+class RankArgs:
+    """What a rank other than 0 is started with."""
+
+    size: int
+    host: str  # rank 0's
+    address_port: int  # rank 0's socket, which the rank dials with `authkey`
+    group_port: int  # the collectives' TCP store
+    spec: RankSpec
+    authkey: bytes
+    shm_path: str | None  # the all-reduces' file, where the ranks share a machine
+
+
 class RankWorkers:
     """Rank 0's side: starts the other ranks, connects the group, hands them the steps.
 
-    Each rank is `python -m inflight.parallel.workers`, not a multiprocessing child: a spawned
-    child would run the caller's script again (an unguarded `LLM(...)` at its top level). It
-    dials back to rank 0 on a local socket that answers only with this engine's key."""
+    Each rank dials back to rank 0 on a socket that answers only with this engine's key."""
 
-    def __init__(self, spec: RankSpec, size: int) -> None:
-        """Starts the ranks' processes, which load their slices while this rank loads its own;
-        `connect` then joins them."""
+    def __init__(self, spec: RankSpec, size: int, launcher: RankLauncher | None = None) -> None:
+        """Starts the ranks (`ProcessRanks` by default), which load their slices while this
+        rank loads its own; `connect` then joins them."""
         self.size = size
-        self.group = TPGroup(0, size, HOST, 0)
+        self.launcher = launcher or ProcessRanks()
+        host = self.launcher.host
+        self.group = TPGroup(0, size, host, 0)
         self._authkey = secrets.token_bytes(32)
-        self._server = socket.create_server((HOST, 0))
+        self._server = socket.create_server((host, 0))
         self._server.settimeout(1.0)
-        env = {**os.environ, "INFLIGHT_TP_AUTHKEY": self._authkey.hex(),
-               "INFLIGHT_TP_SPEC": pickle.dumps(spec).hex()}  # fmt: skip
-        command = [sys.executable, "-m", "inflight.parallel.workers"]
-        ports = [str(self._server.getsockname()[1]), str(self.group.port)]
         # all-reduces through a file of /dev/shm, which every rank maps before it dials back
         self._shm_path: Path | None = None
-        if shared_memory_usable():
+        if self.launcher.same_machine and shared_memory_usable():
             self._shm_path = SHM_DIR / f"inflight-tp-{os.getpid()}-{secrets.token_hex(8)}"
             with self._shm_path.open("wb") as f:
                 f.truncate(segment_bytes(size))
-            env["INFLIGHT_TP_SHM"] = str(self._shm_path)
             self.group.use_shared_memory(self._shm_path)
-        self._procs = [subprocess.Popen([*command, str(rank), str(size), *ports], env=env)
-                       for rank in range(1, size)]  # fmt: skip
+        shm = None if self._shm_path is None else str(self._shm_path)
+        args = RankArgs(size, host, self._server.getsockname()[1], self.group.port, spec,
+                        self._authkey, shm)  # fmt: skip
         self._conns: list[Connection | None] = [None] * (size - 1)
-        self._finalizer = weakref.finalize(self, _stop, self._conns, self._procs, self._server,
+        self._finalizer = weakref.finalize(self, _stop, self._conns, self.launcher, self._server,
                                            self._shm_path)  # fmt: skip
+        for rank in range(1, size):
+            self.launcher.start(rank, args)
         self.group.explain_failure = self.dead_rank
 
     def connect(self) -> None:
@@ -149,24 +180,12 @@ class RankWorkers:
             self._conns[rank - 1] = conn
 
     def dead_rank(self) -> str | None:
-        """Which rank's process has ended, and how, if one has."""
-        for rank, proc in enumerate(self._procs, start=1):
-            if proc.poll() is not None:
-                return f"rank {rank} (pid {proc.pid}) exited with code {proc.returncode}"
-        return None
+        """Which rank has ended, and how, if one has."""
+        return self.launcher.dead_rank()
 
     def peak_rss_bytes(self) -> list[int]:
-        """Each other rank's peak resident memory (Linux; 0 where it cannot be read)."""
-        peaks = []
-        for proc in self._procs:
-            try:
-                status = Path(f"/proc/{proc.pid}/status").read_text()
-                kib = next(line.split()[1] for line in status.splitlines()
-                           if line.startswith("VmHWM:"))  # fmt: skip
-                peaks.append(int(kib) * 1024)
-            except (OSError, StopIteration):
-                peaks.append(0)
-        return peaks
+        """Each other rank's peak resident memory (0 where it cannot be read)."""
+        return self.launcher.peak_rss_bytes()
 
     def setup(self, kv: KVSetup) -> None:
         """Each rank builds its share of the pool, once its weights are in."""
@@ -212,12 +231,11 @@ class RankWorkers:
 
 
 def _stop(
-    conns: list[Connection | None], procs: list[subprocess.Popen], server: socket.socket,
+    conns: list[Connection | None], launcher: RankLauncher, server: socket.socket,
     shm_path: Path | None,
 ) -> None:  # fmt: skip
     """Tells every rank to stop and lets them exit on their own (an interpreter's teardown
-    takes about a second); one that has not within `STOP_GRACE_S` is killed, in the
-    background."""
+    takes about a second); the launcher ends those that do not."""
     server.close()
     if shm_path is not None:
         shm_path.unlink(missing_ok=True)
@@ -226,38 +244,78 @@ def _stop(
             with contextlib.suppress(OSError):
                 conn.send(("stop",))
             conn.close()
-
-    def reap() -> None:
-        for proc in procs:
-            try:
-                proc.wait(timeout=STOP_GRACE_S)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-
-    threading.Thread(target=reap, name="inflight-tp-reaper", daemon=True).start()
+    launcher.stop()
 
 
-def worker_main(rank: int, size: int, address_port: int, group_port: int) -> None:
+class ProcessRanks:
+    """Ranks as `python -m inflight.parallel.workers` on this machine, not multiprocessing
+    children: a spawned child would run the caller's script again (an unguarded `LLM(...)` at
+    its top level)."""
+
+    host = HOST
+    same_machine = True
+
+    def __init__(self) -> None:
+        self._procs: list[subprocess.Popen] = []
+
+    def start(self, rank: int, args: RankArgs) -> None:
+        env = {**os.environ, "INFLIGHT_TP_ARGS": pickle.dumps(args).hex()}
+        command = [sys.executable, "-m", "inflight.parallel.workers", str(rank)]
+        self._procs.append(subprocess.Popen(command, env=env))
+
+    def dead_rank(self) -> str | None:
+        for rank, proc in enumerate(self._procs, start=1):
+            if proc.poll() is not None:
+                return f"rank {rank} (pid {proc.pid}) exited with code {proc.returncode}"
+        return None
+
+    def peak_rss_bytes(self) -> list[int]:
+        return [peak_rss_bytes(proc.pid) for proc in self._procs]
+
+    def stop(self) -> None:
+        def reap() -> None:
+            for proc in self._procs:
+                try:
+                    proc.wait(timeout=STOP_GRACE_S)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+
+        threading.Thread(target=reap, name="inflight-tp-reaper", daemon=True).start()
+
+
+def peak_rss_bytes(pid: int) -> int:
+    """A process's peak resident memory (Linux; 0 where it cannot be read)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+        kib = next(line.split()[1] for line in status.splitlines() if line.startswith("VmHWM:"))
+    except (OSError, StopIteration):
+        return 0
+    return int(kib) * 1024
+
+
+class RankFailedError(Exception):
+    """A rank other than 0 could not load its slice, or failed while running (logged)."""
+
+
+def run_rank(rank: int, args: RankArgs, rank0_gone: Callable[[], bool] = lambda: False) -> None:
     """A rank other than 0: loads its slice, dials rank 0, builds its share of the pool, then
-    runs the steps rank 0 hands it until told to stop or rank 0 is gone."""
-    log_format = f"%(asctime)s rank {rank} %(levelname)s %(name)s: %(message)s"
-    logging.basicConfig(level=logging.INFO, format=log_format)
-    authkey = bytes.fromhex(os.environ.pop("INFLIGHT_TP_AUTHKEY"))
-    spec: RankSpec = pickle.loads(bytes.fromhex(os.environ.pop("INFLIGHT_TP_SPEC")))
+    runs the steps rank 0 hands it until told to stop or rank 0 is gone (returns), or fails
+    (RankFailedError, after telling rank 0 why)."""
+    spec = args.spec
     torch.set_num_threads(spec.threads)
-    group = TPGroup(rank, size, HOST, group_port)
-    if shm := os.environ.pop("INFLIGHT_TP_SHM", None):
-        group.use_shared_memory(Path(shm))
-    parent = os.getppid()
-    group.explain_failure = lambda: None if os.getppid() == parent else "rank 0 is gone"
+    group = TPGroup(rank, args.size, args.host, args.group_port)
+    if args.shm_path is not None:
+        group.use_shared_memory(Path(args.shm_path))
+    group.explain_failure = lambda: "rank 0 is gone" if rank0_gone() else None
+    address = (args.host, args.address_port)
     try:
         model = _load_slice(spec, group)
     except Exception as e:  # told to rank 0, which names it
         logger.exception("rank %d could not load its slice", rank)
-        Client((HOST, address_port), authkey=authkey).send((rank, f"{type(e).__name__}: {e}"))
-        raise SystemExit(1) from e
-    conn = Client((HOST, address_port), authkey=authkey)
+        Client(address, authkey=args.authkey).send((rank, f"{type(e).__name__}: {e}"))
+        raise RankFailedError(f"rank {rank} could not load its slice: {e}") from e
+    conn = Client(address, authkey=args.authkey)
     conn.send((rank, None))
     group.connect()
     try:
@@ -268,6 +326,18 @@ def worker_main(rank: int, size: int, address_port: int, group_port: int) -> Non
         logger.exception("rank %d failed", rank)
         with contextlib.suppress(OSError):
             conn.send(("error", f"{type(e).__name__}: {e}"))
+        raise RankFailedError(f"rank {rank} failed: {type(e).__name__}: {e}") from e
+
+
+def worker_main(rank: int) -> None:
+    """`python -m inflight.parallel.workers RANK`, its `RankArgs` in the environment."""
+    log_format = f"%(asctime)s rank {rank} %(levelname)s %(name)s: %(message)s"
+    logging.basicConfig(level=logging.INFO, format=log_format)
+    args: RankArgs = pickle.loads(bytes.fromhex(os.environ.pop("INFLIGHT_TP_ARGS")))
+    parent = os.getppid()
+    try:
+        run_rank(rank, args, lambda: os.getppid() != parent)
+    except RankFailedError as e:
         raise SystemExit(1) from e
 
 
@@ -311,4 +381,4 @@ def rank_loop(spec: RankSpec, model: LlamaModel, conn: Connection) -> None:
 
 
 if __name__ == "__main__":
-    worker_main(*(int(a) for a in sys.argv[1:5]))
+    worker_main(int(sys.argv[1]))

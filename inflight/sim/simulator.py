@@ -155,7 +155,8 @@ ENGINE_ONLY_KNOBS = ("model", "dtype", "device", "seed", "attention_backend", "e
                      "num_speculative_tokens", "speculative_model",
                      "quantized_activations",
                      # (the simulator's own flag: devices, not processes of this machine)
-                     "tensor_parallel_size")  # fmt: skip
+                     "tensor_parallel_size", "distributed_executor_backend",
+                     "ray_cpus_per_rank")  # fmt: skip
 
 
 def setup_like_engine(hardware: HardwareProfile, core, knobs: dict) -> SimSetup:

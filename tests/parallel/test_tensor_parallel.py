@@ -149,6 +149,24 @@ def test_sizes_that_do_not_split_are_refused_before_any_rank_starts(tiny_llama, 
         LLM(str(tiny_llama), tensor_parallel_size=size)
 
 
+@pytest.mark.parametrize(
+    ("knobs", "message"),
+    [
+        ({"distributed_executor_backend": "mpi"}, "must be mp or ray, got 'mpi'"),
+        ({"ray_cpus_per_rank": 0}, "ray_cpus_per_rank must be an integer from 1 to 65536, got 0"),
+        ({"ray_cpus_per_rank": 2**64}, "from 1 to 65536, got 18446744073709551616"),
+        ({"ray_cpus_per_rank": True}, "from 1 to 65536, got True"),
+        ({"ray_cpus_per_rank": 1.5}, "from 1 to 65536, got 1.5"),
+        # Ray ranks need a cluster this process has joined (tests/server/test_replicas.py has one)
+        ({"distributed_executor_backend": "ray"}, "needs a Ray cluster: call ray.init"),
+    ],
+)
+def test_ray_rank_knobs_are_checked(tiny_llama, knobs, message, monkeypatch):
+    monkeypatch.setattr("ray.is_initialized", lambda: False)
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
+        LLM(str(tiny_llama), tensor_parallel_size=2, **knobs)
+
+
 def test_ranks_that_would_not_fit_in_memory_together_are_refused_before_starting(
     tiny_llama, monkeypatch
 ):  # fmt: skip
@@ -170,7 +188,7 @@ def test_experts_are_not_split(tiny_model_factory, monkeypatch):
 def test_health_says_the_engine_is_down_when_a_rank_dies(tiny_llama):
     with LiveServer(engine_for(tiny_llama, tensor_parallel_size=2), served_model_name="t") as s:
         assert httpx.get(s.url + "/health").status_code == 200
-        rank = s.engine.core.workers._procs[0]
+        rank = s.engine.core.workers.launcher._procs[0]
         rank.kill()
         rank.wait()
         body = {"model": "t", "prompt": "x", "max_tokens": 4}

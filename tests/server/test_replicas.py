@@ -1,6 +1,8 @@
 """`inflight serve --replicas 2` on Ray Serve, with the tiny model: the official client through
 the gateway, prefix-aware routing on the engines' own prefix-hit counters, and a replica killed
-mid-stream. One Ray instance and one deployment for the module (~10 s and ~20 s to start)."""
+mid-stream. One Ray instance and one deployment for the module (~10 s and ~20 s to start).
+On the same instance: tensor-parallel ranks as Ray actors, and a replica that is one
+tensor-parallel group."""
 
 from __future__ import annotations
 
@@ -15,7 +17,10 @@ import pytest
 import ray
 from ray import serve
 
+from inflight import LLM, SamplingParams
+from inflight.errors import ConfigError
 from inflight.metrics.doctor import Snapshot
+from inflight.parallel.ray_ranks import RayRanks
 from inflight.server.api_server import ServerConfig
 from inflight.server.fleet.deploy import start_fleet
 
@@ -249,3 +254,61 @@ def test_a_killed_replica_ends_its_streams_with_an_error_and_the_fleet_serves_on
     r = httpx.post(url + "/v1/completions", json={"prompt": "after", "max_tokens": 3},
                    timeout=60)  # fmt: skip
     assert r.status_code == 200
+
+
+def greedy(llm: LLM, prompts: list[str]) -> list[str]:
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    return [o.outputs[0].text for o in llm.generate(prompts, params, use_tqdm=False)]
+
+
+PROMPTS = ["Continuous batching", "The quick brown fox", "Numbers like 12345"]
+
+
+def test_ranks_as_ray_actors_give_one_ranks_tokens(fleet, tiny_llama, monkeypatch):
+    """Rank 1 a Ray actor in a placement group, its all-reduces through gloo as across nodes
+    (/dev/shm turned off: the test's one node would offer it); its bundle goes back to the
+    cluster when the engine closes."""
+    knobs = {"dtype": "float32", "num_kv_blocks": 64}
+    want = greedy(LLM(str(tiny_llama), **knobs), PROMPTS)
+    monkeypatch.setattr("inflight.parallel.workers.shared_memory_usable", lambda: False)
+    llm = LLM(str(tiny_llama), tensor_parallel_size=2, distributed_executor_backend="ray",
+              ray_cpus_per_rank=1, **knobs)  # fmt: skip
+    workers = llm.core.workers
+    assert isinstance(workers.launcher, RayRanks) and workers.group._shm is None
+    assert greedy(llm, PROMPTS) == want
+    assert workers.peak_rss_bytes()[0] > 0
+    workers.close()
+    wait_for(lambda: ray.available_resources().get("CPU", 0) == 2, 30)
+
+
+def test_a_cluster_without_room_for_the_ranks_is_refused_before_loading(fleet, tiny_llama,
+                                                                       monkeypatch):  # fmt: skip
+    """By default a rank reserves a node's every CPU: two ranks need two nodes, and this
+    cluster has one. Refused naming its nodes, before any weight loads."""
+    monkeypatch.setattr("inflight.engine.engine_core.load_model", None)  # loading would fail
+    with pytest.raises(ConfigError, match=r"needs 2 bundles of 2 CPUs.*has 1 nodes \(\w+: 2 CPUs"):
+        LLM(str(tiny_llama), tensor_parallel_size=2, distributed_executor_backend="ray")
+    with pytest.raises(ConfigError, match="2 replicas of 2 tensor-parallel ranks need 4 bundles"):
+        start_fleet({"model": str(tiny_llama), "tensor_parallel_size": 2, "ray_cpus_per_rank": 1},
+                    ServerConfig(), replicas=2)  # fmt: skip
+
+
+def test_each_replica_is_one_tensor_parallel_group(fleet, tiny_llama):
+    """`serve --replicas 1 --tensor-parallel-size 2` on Ray: the replica is rank 0 in the first
+    bundle of its own placement group, rank 1 an actor in the second; the gateway serves
+    greedy tokens equal to one unsplit engine's."""
+    port = free_port()
+    config = ServerConfig(host="127.0.0.1", port=port, served_model_name="tiny")
+    knobs = {"model": str(tiny_llama), "dtype": "float32", "max_model_len": 512,
+             "num_kv_blocks": 64, "tensor_parallel_size": 2, "ray_cpus_per_rank": 1}  # fmt: skip
+    start_fleet(knobs, config, replicas=1)
+    url = f"http://127.0.0.1:{port}"
+    wait_for(lambda: health(url).get("replicas_up") == 1, 90)
+    groups = [pg for pg in ray.util.placement_group_table().values() if pg["state"] == "CREATED"]
+    assert [pg["bundles"] for pg in groups] == [{0: {"CPU": 1.0}, 1: {"CPU": 1.0}}]
+    client = openai.OpenAI(base_url=url + "/v1", api_key="none")
+    want = greedy(LLM(str(tiny_llama), dtype="float32", num_kv_blocks=64), PROMPTS)
+    for prompt, text in zip(PROMPTS, want, strict=True):
+        out = client.completions.create(model="tiny", prompt=prompt, max_tokens=12,
+                                        temperature=0, extra_body={"ignore_eos": True})  # fmt: skip
+        assert out.choices[0].text == text

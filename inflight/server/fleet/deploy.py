@@ -11,6 +11,7 @@ import ray
 from ray import serve
 from ray.serve.config import RequestRouterConfig
 
+from inflight.errors import ConfigError
 from inflight.server.fleet.gateway import build_gateway_app
 from inflight.server.fleet.replica import EngineReplica
 
@@ -48,9 +49,13 @@ def start_fleet(knobs: dict[str, Any], config: Any, replicas: int, router: str =
         threads = max(1, (os.cpu_count() or 1) // replicas)
         if knobs.get("kv_cache_memory_bytes") is not None:
             knobs = {**knobs, "kv_cache_memory_bytes": knobs["kv_cache_memory_bytes"] // replicas}
+    placement: dict[str, Any] = {}
+    if knobs.get("tensor_parallel_size", 1) > 1:  # each replica one group of Ray ranks
+        knobs, threads, placement = _tensor_parallel_replicas(knobs, replicas)
     gateway = build_gateway_app(resolve_model_path(knobs.get("model")), config, build_app)
     engines = EngineReplica.options(  # type: ignore[attr-defined]  # added by @serve.deployment
         num_replicas=replicas, ray_actor_options={"num_cpus": 0}, max_ongoing_requests=10_000,
+        **placement,
         request_router_config=RequestRouterConfig(
             request_router_class=ROUTER_CLASS, request_router_kwargs={"policy": router},
             request_routing_stats_period_s=1.0,
@@ -58,3 +63,24 @@ def start_fleet(knobs: dict[str, Any], config: Any, replicas: int, router: str =
     ).bind(knobs, threads, max_queued_requests, request_timeout)  # fmt: skip
     serve.start(http_options={"host": config.host, "port": config.port})
     serve.run(gateway.bind(engines), name="inflight", route_prefix="/")
+
+
+def _tensor_parallel_replicas(
+    knobs: dict[str, Any], replicas: int
+) -> tuple[dict[str, Any], int, dict[str, Any]]:
+    """Each replica a tensor-parallel group of Ray ranks (`parallel/ray_ranks.py`): a placement
+    group of a bundle per rank, the replica itself rank 0 in the first. Refused, naming the
+    nodes, where the cluster cannot hold every replica's bundles."""
+    from inflight.parallel.ray_ranks import bundles_fit, describe, node_cpus
+
+    size = knobs["tensor_parallel_size"]
+    nodes = node_cpus()
+    cpus = knobs.get("ray_cpus_per_rank") or min(nodes.values())
+    if not bundles_fit(replicas * size, cpus, nodes, None):
+        raise ConfigError(f"{replicas} replicas of {size} tensor-parallel ranks need "
+                          f"{replicas * size} bundles of {cpus} CPUs; the Ray cluster has "
+                          f"{len(nodes)} nodes ({describe(nodes)})")  # fmt: skip
+    knobs = {**knobs, "distributed_executor_backend": "ray", "ray_cpus_per_rank": cpus}
+    placement = {"placement_group_bundles": [{"CPU": cpus}] * size,
+                 "placement_group_strategy": "PACK"}  # fmt: skip
+    return knobs, cpus, placement
