@@ -15,6 +15,7 @@ import torch
 from inflight.attention.paged_kernels import KernelMetadata
 from inflight.kernels import load_extension
 from inflight.model.packed_linear import PackedLinear
+from inflight.parallel.group import TPGroup
 
 _PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 
@@ -22,7 +23,8 @@ _PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 class FusedDecoderLayers:
     """Holds flat lists of every layer's weights (taken after packing: build it last)."""
 
-    def __init__(self, layers: torch.nn.ModuleList) -> None:
+    def __init__(self, layers: torch.nn.ModuleList, tp: TPGroup | None = None) -> None:
+        """`tp`: the ranks a split model's layers sum their output and down projections over."""
         if any(layer.sinks is not None for layer in layers):  # (gpt-oss's layers run in Python)
             raise ValueError("the fused layer loop does not pass attention sinks")
         projections = [getattr(layer, p) for layer in layers for p in _PROJECTIONS]
@@ -76,6 +78,7 @@ class FusedDecoderLayers:
             norm.weight for layer in layers if layer.output_norms for norm in layer.output_norms
         ]
         self.windows = [layer.window or 0 for layer in layers]  # 0: none
+        self.all_reduce = None if tp is None else tp.all_reduce
         self.run = load_extension().llama_decoder_layers
 
     def __call__(
@@ -114,5 +117,6 @@ class FusedDecoderLayers:
             layer_groups, [g.slot_mapping for g in groups],
             [g.decode_batch.block_tables for g in groups if g.decode_batch is not None],
             [g.prefill_batch.block_tables for g in groups if g.prefill_batch is not None],
+            self.all_reduce,
         )  # fmt: skip
         return hidden, residual

@@ -609,12 +609,11 @@ def load_model(
         for layer in model.layers:
             layer.tp = tp
         logger.info("rank %d of %d: %d of %d heads, %d of %d KV heads, %d of %d MLP columns, "
-                    "vocabulary %d of %d; layers in Python (the C++ loop has no all-reduce)",
-                    tp.rank, tp.size, rank_arch.num_heads, arch.num_heads, rank_arch.num_kv_heads,
-                    arch.num_kv_heads, rank_arch.intermediate_size, arch.intermediate_size,
-                    rank_arch.vocab_size, arch.vocab_size)  # fmt: skip
-    elif attn.cpu_kernels and model.fusable:
-        model.fused_layers = FusedDecoderLayers(model.layers)
+                    "vocabulary %d of %d", tp.rank, tp.size, rank_arch.num_heads, arch.num_heads,
+                    rank_arch.num_kv_heads, arch.num_kv_heads, rank_arch.intermediate_size,
+                    arch.intermediate_size, rank_arch.vocab_size, arch.vocab_size)  # fmt: skip
+    if attn.cpu_kernels and model.fusable:  # (a rank's loop all-reduces where its layers do)
+        model.fused_layers = FusedDecoderLayers(model.layers, tp)
     elif attn.cpu_kernels:
         logger.info("%s layers run in Python: the fused C++ layer loop does not compute them "
                     "(their experts)", arch.architecture)  # fmt: skip

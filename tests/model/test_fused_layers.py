@@ -141,7 +141,7 @@ def test_bad_inputs_are_refused_before_any_write(tiny_llama):
             torch.tensor(slots), None, None, None, False, None, None,
             num_heads, num_kv_heads, head_dim, fused.eps, 1.0, windows, False, fused.packed,
             fused.activation_bits, 1.0, 0.0, list(groups),
-            [torch.tensor(s) for s in group_slots], [], [],
+            [torch.tensor(s) for s in group_slots], [], [], None,
         )  # fmt: skip
 
     with pytest.raises(RuntimeError, match="six weights"):

@@ -57,6 +57,8 @@ def test_two_ranks_give_one_ranks_greedy_tokens(tiny_model_factory, arch):
               for n in mixed_max_tokens(len(prompts))]  # fmt: skip
     expected = [o.outputs[0].token_ids for o in one.generate(prompts, params, use_tqdm=False)]
     llm = LLM(folder, **knobs)
+    # the ranks' layers in the C++ loop, all-reducing where the Python layer does
+    assert llm.core.loaded.model.fused_layers.all_reduce is not None
     outputs = llm.generate(prompts, params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outputs] == expected
     assert llm.core.scheduler.num_preemptions > 0

@@ -53,6 +53,7 @@ def fleet(tiny_llama):
         wait_for(lambda: health(url).get("replicas_up") == 2, 60)
         return url
 
+    deploy.url, deploy.deployed = url, deployed  # for a test that deploys other knobs
     try:
         yield deploy
     finally:
@@ -297,12 +298,13 @@ def test_each_replica_is_one_tensor_parallel_group(fleet, tiny_llama):
     """`serve --replicas 1 --tensor-parallel-size 2` on Ray: the replica is rank 0 in the first
     bundle of its own placement group, rank 1 an actor in the second; the gateway serves
     greedy tokens equal to one unsplit engine's."""
-    port = free_port()
-    config = ServerConfig(host="127.0.0.1", port=port, served_model_name="tiny")
+    url = fleet.url  # (Serve keeps the HTTP port it started with)
+    config = ServerConfig(host="127.0.0.1", port=int(url.rsplit(":", 1)[1]),
+                          served_model_name="tiny")  # fmt: skip
     knobs = {"model": str(tiny_llama), "dtype": "float32", "max_model_len": 512,
              "num_kv_blocks": 64, "tensor_parallel_size": 2, "ray_cpus_per_rank": 1}  # fmt: skip
     start_fleet(knobs, config, replicas=1)
-    url = f"http://127.0.0.1:{port}"
+    fleet.deployed.append("tensor-parallel")
     wait_for(lambda: health(url).get("replicas_up") == 1, 90)
     groups = [pg for pg in ray.util.placement_group_table().values() if pg["state"] == "CREATED"]
     assert [pg["bundles"] for pg in groups] == [{0: {"CPU": 1.0}, 1: {"CPU": 1.0}}]

@@ -3,6 +3,8 @@
 // The pybind11 casters of tensors alone: torch/python.h would add the C++ frontend and every
 // operator, twice this file's build.
 #include <torch/csrc/utils/pybind.h>
+// std::function arguments from Python callables (None: an empty one); each call takes the GIL
+#include <pybind11/functional.h>
 
 // Every kernel runs without the GIL: a step is milliseconds to seconds of C++, and the
 // server's event loop (health checks, new requests, streaming) must run meanwhile. Arguments are

@@ -8,6 +8,9 @@
 // window, output projection (RMSNorm'd where the family norms outputs: Gemma 3), RMSNorm,
 // gate-up projection, SiLU- or tanh-GELU-and-mul, down projection (RMSNorm'd likewise). Only the driving loop moves from Python to C++: at a few tokens per step the
 // Python glue between ~20 ops per layer cost as much as the attention itself (~3 ms a step).
+// A rank of a split model sums the output and down projections' outputs over the ranks where
+// the Python layer does, through `all_reduce` (the rank's `TPGroup.all_reduce`, in place; empty
+// for one rank), which takes the GIL for its call.
 //
 // Linears are plain weights (`at::linear`) or `PackedLinear`'s: inflight's bf16 or GGUF-block
 // kernel (exact, or with 8- or 16-bit activations) for at most `small_rows` rows when the layer has
@@ -144,7 +147,8 @@ std::vector<at::Tensor> llama_decoder_layers(
     const std::vector<int64_t>& windows, bool gelu, bool packed, int64_t activation_bits,
     double residual_scale, double softcap, const std::vector<int64_t>& layer_groups,
     const std::vector<at::Tensor>& group_slots, const std::vector<at::Tensor>& group_decode_tables,
-    const std::vector<at::Tensor>& group_prefill_tables) {
+    const std::vector<at::Tensor>& group_prefill_tables,
+    const std::function<void(const at::Tensor&)>& all_reduce) {
   const LinearChoice how{packed, small_rows, activation_bits};
   const size_t L = k_caches.size();
   TORCH_CHECK(weights.size() == L * kWeightsPerLayer &&
@@ -279,12 +283,14 @@ std::vector<at::Tensor> llama_decoder_layers(
       }
     }
     at::Tensor out = linear(attn.view({T, q_size}), {w[2], small[1], dec[1], kNone}, how, split);
+    if (all_reduce) all_reduce(out);
     if (!output_norms.empty()) out = rms_norm(out, output_norms[2 * l], eps);
     if (residual_scale != 1.0) out = at::mul(out, residual_scale);  // Granite's residual_multiplier
     x = add_rms_norm(out, res, w[3], eps);
     at::Tensor gate_up = linear(x, {w[4], small[2], dec[2], kNone}, how, split);
     hidden = linear(gelu ? gelu_tanh_and_mul(gate_up) : silu_and_mul(gate_up),
                     {w[5], small[3], dec[3], kNone}, how, split);
+    if (all_reduce) all_reduce(hidden);
     if (!output_norms.empty()) hidden = rms_norm(hidden, output_norms[2 * l + 1], eps);
     if (residual_scale != 1.0) hidden = at::mul(hidden, residual_scale);
   }

@@ -9,6 +9,7 @@
 #include <ATen/Dispatch.h>
 #include <ATen/core/Tensor.h>
 
+#include <functional>
 #include <optional>
 #include <vector>
 
@@ -93,4 +94,5 @@ std::vector<at::Tensor> llama_decoder_layers(
     bool packed, int64_t activation_bits, double residual_scale, double softcap,
     const std::vector<int64_t>& layer_groups, const std::vector<at::Tensor>& group_slots,
     const std::vector<at::Tensor>& group_decode_tables,
-    const std::vector<at::Tensor>& group_prefill_tables);
+    const std::vector<at::Tensor>& group_prefill_tables,
+    const std::function<void(const at::Tensor&)>& all_reduce);
