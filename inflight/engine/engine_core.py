@@ -38,7 +38,7 @@ from inflight.model.loader import (
     resolve_model_path,
     resolve_quantized_activations,
 )
-from inflight.parallel.shard import Shard, check_engine_split, shard_arch
+from inflight.parallel.shard import Shard, check_tensor_parallel, shard_arch
 from inflight.parallel.workers import KVSetup, RankSpec, RankWorkers, threads_per_rank
 from inflight.platform import resolve_device, resolve_dtype
 from inflight.request import FinishReason, Request, RequestStatus
@@ -169,7 +169,7 @@ class EngineCore:
         path = resolve_model_path(config.model.model)
         arch = arch_config(path)
         try:
-            check_engine_split(arch, size)
+            check_tensor_parallel(arch, size)
         except ValueError as e:
             raise ConfigError(f"{path.name}: {e}") from e
         activations = resolve_quantized_activations(

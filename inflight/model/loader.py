@@ -61,7 +61,7 @@ from inflight.model.registry import model_class
 from inflight.parallel.group import TPGroup
 from inflight.parallel.shard import (
     Shard,
-    check_engine_split,
+    check_tensor_parallel,
     shard_arch,
     shard_blocks,
     shard_tensor,
@@ -470,7 +470,7 @@ def _shard(arch: LlamaArchConfig, tp: TPGroup | None, path: Path) -> Shard | Non
     if tp is None:
         return None
     try:
-        check_engine_split(arch, tp.size)
+        check_tensor_parallel(arch, tp.size)
     except ValueError as e:
         raise ConfigError(f"{path.name}: {e}") from e
     return Shard(arch, tp.rank, tp.size)

@@ -1,16 +1,19 @@
 """Which slice of each weight a tensor-parallel rank holds.
 
-Column-parallel (split by output rows): q/k/v by heads, gate/up by MLP columns, the embedding
-and the LM head by vocabulary entries. Row-parallel (split by input columns, the ranks' outputs
-summed by an all-reduce): o and down. A rank's model is the family's own class built for its
-share (`shard_arch`: heads, KV heads, MLP columns and vocabulary divided), so attention, the KV
-cache and every layer op run unchanged on it. Where the ranks outnumber the KV heads, each KV
-head is held by `size / num_kv_heads` ranks, the ones whose query heads read it.
+Column-parallel (split by output rows): q/k/v by heads, gate/up by MLP columns (every expert's
+alike, by its own columns), the embedding and the LM head by vocabulary entries. Row-parallel
+(split by input columns, the ranks' outputs summed by an all-reduce): o and down (an expert's
+too; a router is replicated, so every rank picks the same experts). A rank's model is the
+family's own class built for its share (`shard_arch`: heads, KV heads, MLP columns and
+vocabulary divided), so attention, the KV cache and every layer op run unchanged on it. Where
+the ranks outnumber the KV heads, each KV head is held by `size / num_kv_heads` ranks, the
+ones whose query heads read it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
@@ -31,6 +34,8 @@ def check_tensor_parallel(arch: LlamaArchConfig, size: int) -> None:
         "MLP columns (intermediate_size)": arch.intermediate_size,
         "vocabulary entries": arch.vocab_size,
     }
+    if arch.num_experts:
+        parts["experts' MLP columns (expert_intermediate_size)"] = arch.expert_intermediate_size
     for what, count in parts.items():
         if count % size:
             raise ValueError(f"tensor_parallel_size {size} does not divide the model's {count} "
@@ -38,14 +43,6 @@ def check_tensor_parallel(arch: LlamaArchConfig, size: int) -> None:
     if kv % size and size % kv:
         raise ValueError(f"tensor_parallel_size {size} neither divides the model's {kv} KV "
                          f"heads nor is a multiple of them")  # fmt: skip
-
-
-def check_engine_split(arch: LlamaArchConfig, size: int) -> None:
-    """`check_tensor_parallel`, and what the engine does not split yet (ValueError)."""
-    check_tensor_parallel(arch, size)
-    if arch.num_experts and size > 1:
-        raise ValueError(f"tensor parallelism does not split experts yet ({arch.architecture} "
-                         f"has {arch.num_experts} a layer)")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -82,6 +79,18 @@ class Shard:
         """This rank's MLP columns."""
         return self._part(self.arch.intermediate_size)
 
+    @property
+    def expert_columns(self) -> range:
+        """This rank's columns of every expert's MLP."""
+        return self._part(self.arch.expert_intermediate_size)
+
+    def mlp_columns(self, name: str) -> tuple[range, int]:
+        """This rank's columns of the MLP the weight `name` belongs to, and that MLP's width:
+        an expert's (every expert split alike) or the dense one's."""
+        if ".experts." in name:
+            return self.expert_columns, self.arch.expert_intermediate_size
+        return self.columns, self.arch.intermediate_size
+
 
 def shard_arch(shard: Shard) -> LlamaArchConfig:
     """The shape of one rank's model: heads, KV heads, MLP columns and vocabulary its share."""
@@ -89,6 +98,7 @@ def shard_arch(shard: Shard) -> LlamaArchConfig:
     return dataclasses.replace(
         a, num_heads=len(shard.heads), num_kv_heads=len(shard.kv_heads),
         intermediate_size=len(shard.columns), vocab_size=len(shard.vocab),
+        expert_intermediate_size=len(shard.expert_columns),
     )  # fmt: skip
 
 
@@ -107,8 +117,8 @@ def input_columns(shard: Shard, name: str) -> range | None:
     if name.endswith("o_proj.weight"):
         d = shard.arch.head_dim
         return range(shard.heads.start * d, shard.heads.stop * d)
-    if name.endswith("down_proj.weight"):
-        return shard.columns
+    if name.endswith(("down_proj.weight", ".w2.weight")):  # (Mixtral's experts: w2)
+        return shard.mlp_columns(name)[0]
     return None
 
 
@@ -148,20 +158,40 @@ def shard_tensor(shard: Shard, name: str, tensor: torch.Tensor) -> torch.Tensor:
         pq, pk, pv = _parts(tensor, [q, kv, kv])
         return torch.cat([_rows(pq, shard.heads, d), _rows(pk, shard.kv_heads, d),
                           _rows(pv, shard.kv_heads, d)])  # fmt: skip
-    if module in ("gate_proj", "up_proj"):
-        return _rows(tensor, shard.columns, 1)
-    if module == "gate_up_proj":  # Phi-3's fused rows: gate, then up
-        gate, up = _parts(tensor, [a.intermediate_size] * 2)
-        return torch.cat([_rows(gate, shard.columns, 1), _rows(up, shard.columns, 1)])
-    if (columns := input_columns(shard, name)) is not None:
-        return tensor[:, columns.start : columns.stop]
-    if module == "o_proj":  # its bias joins the sum once
+    columns, width = shard.mlp_columns(name)
+    if module in ("gate_proj", "up_proj", "w1", "w3"):  # (Mixtral's experts: w1, w3)
+        return _rows(tensor, columns, 1)
+    if module == "gate_up_proj":  # fused rows (Phi-3's, an expert's): gate, then up
+        gate, up = _parts(tensor, [width] * 2)
+        return torch.cat([_rows(gate, columns, 1), _rows(up, columns, 1)])
+    if (stacked := _GPT_OSS_STACK.search(name)) is not None:
+        return _gpt_oss_stack(shard, stacked[1], tensor)
+    if (inputs := input_columns(shard, name)) is not None:
+        return tensor[:, inputs.start : inputs.stop]
+    if module in ("o_proj", "down_proj"):  # their biases join the sum once
         return tensor if shard.rank == 0 else torch.zeros_like(tensor)
     if module in ("embed_tokens", "lm_head"):
         return _rows(tensor, shard.vocab, 1)
     if name.endswith("self_attn.sinks"):
         return tensor[shard.heads.start : shard.heads.stop]
     return tensor
+
+
+# gpt-oss's checkpoints stack every expert of a layer in one tensor
+_GPT_OSS_STACK = re.compile(r"\.mlp\.experts\.(gate_up_proj|gate_up_proj_bias|down_proj|"
+                            r"down_proj_bias)$")  # fmt: skip
+
+
+def _gpt_oss_stack(shard: Shard, part: str, tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's slice of a gpt-oss expert stack: gate_up [E, hidden, 2I] (and its bias
+    [E, 2I]) with gate and up columns interleaved, so a rank's columns are one run; down
+    [E, I, hidden] by its input rows; down's bias [E, hidden] joins the sum once."""
+    columns = shard.expert_columns
+    if part.startswith("gate_up_proj"):
+        return tensor[..., 2 * columns.start : 2 * columns.stop]
+    if part == "down_proj":
+        return tensor[:, columns.start : columns.stop]
+    return tensor if shard.rank == 0 else torch.zeros_like(tensor)
 
 
 def shard_weights(

@@ -1,5 +1,5 @@
 """Tensor parallelism on CPU ranks: a model split over two processes gives one rank's greedy
-tokens (which are transformers') for every dense family, with prefix hits, chunked prompts
+tokens (which are transformers') for every family, with prefix hits, chunked prompts
 and preemption (recomputed and swapped) in the run, over a GGUF's blocks too; sizes that do
 not split a model are refused before any rank starts; a rank that dies stops the engine with
 its name."""
@@ -23,20 +23,22 @@ from tests.parity import mixed_max_tokens, random_prompts
 from tests.server.live import LiveServer
 from tests.server.test_errors import assert_error, engine_for
 
-# One family for each way a split differs (the experts' split is not built): Llama's separate
-# q/k/v and gate/up; Phi-3's fused in the checkpoint, with a window; Gemma 2's own embedding
-# lookup, output norms and logit cap applied to each vocabulary slice; Gemma 3's KV groups and
-# per-head q/k norms. Qwen2's biases are q/k/v rows, Qwen3's norms Gemma 3's, Granite's
-# multipliers elementwise: all ten tiny families passed this test, and CI runs these four
-# (each split model's ranks take ~3 s to start).
-DENSE_ARCHS = ("llama", "phi3", "gemma2", "gemma3")
+# One family for each way a split differs: Llama's separate q/k/v and gate/up; Phi-3's fused in
+# the checkpoint, with a window; Gemma 2's own embedding lookup, output norms and logit cap
+# applied to each vocabulary slice; Gemma 3's KV groups and per-head q/k norms; gpt-oss's
+# experts (each split by its columns, stacked and interleaved in the checkpoint), their biases
+# and the sinks. Qwen2's biases are q/k/v rows, Qwen3's norms Gemma 3's, Granite's multipliers
+# elementwise, Qwen3-MoE's and Mixtral's experts gpt-oss's without the stacking: all thirteen
+# tiny families passed this test, and CI runs these five (each split model's ranks take ~3 s
+# to start).
+SPLIT_ARCHS = ("llama", "phi3", "gemma2", "gemma3", "gpt_oss")
 # Small blocks and pool: preemption happens; small chunks: every long prompt is chunked; 4
 # seats: the prompts that share a prefix wait for the ones whose blocks they hit; a context
 # within the tiny Phi-4-mini's original one, where transformers rotates with its short factors
 SPLIT = {"tensor_parallel_size": 2, "kv_block_size": 4, "max_num_batched_tokens": 64,
          "prefill_chunk_size": 16, "max_num_seqs": 4, "max_model_len": 64}  # fmt: skip
 POOL_BLOCKS = 24  # per KV group (pages): a fraction of what 4 sequences of 64 tokens would hold
-KV_GROUPS = {"gemma2": 2, "gemma3": 6}  # their windowed and global layers' tables
+KV_GROUPS = {"gemma2": 2, "gemma3": 6, "gpt_oss": 2}  # their windowed and global layers' tables
 
 
 def prompts_with_shared_prefixes(vocab_size: int) -> list[list[int]]:
@@ -45,7 +47,7 @@ def prompts_with_shared_prefixes(vocab_size: int) -> list[list[int]]:
     return base + [p[:16] + p[::-1][: len(p) - 16] for p in base]
 
 
-@pytest.mark.parametrize("arch", DENSE_ARCHS)
+@pytest.mark.parametrize("arch", SPLIT_ARCHS)
 def test_two_ranks_give_one_ranks_greedy_tokens(tiny_model_factory, arch):
     """One rank is held to transformers token for token (model/test_parity_tiny.py)."""
     folder = str(tiny_model_factory(arch))
@@ -57,8 +59,9 @@ def test_two_ranks_give_one_ranks_greedy_tokens(tiny_model_factory, arch):
               for n in mixed_max_tokens(len(prompts))]  # fmt: skip
     expected = [o.outputs[0].token_ids for o in one.generate(prompts, params, use_tqdm=False)]
     llm = LLM(folder, **knobs)
-    # the ranks' layers in the C++ loop, all-reducing where the Python layer does
-    assert llm.core.loaded.model.fused_layers.all_reduce is not None
+    model = llm.core.loaded.model
+    if model.fusable:  # the ranks' layers in the C++ loop, all-reducing where Python's do
+        assert model.fused_layers.all_reduce is not None
     outputs = llm.generate(prompts, params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outputs] == expected
     assert llm.core.scheduler.num_preemptions > 0
@@ -181,12 +184,6 @@ def test_ranks_that_would_not_fit_in_memory_together_are_refused_before_starting
         LLM(str(tiny_llama), dtype="float32", tensor_parallel_size=2, num_kv_blocks=40_000)
 
 
-def test_experts_are_not_split(tiny_model_factory, monkeypatch):
-    monkeypatch.setattr("inflight.engine.engine_core.RankWorkers", None)
-    with pytest.raises(ConfigError, match="does not split experts yet"):
-        LLM(str(tiny_model_factory("qwen3_moe")), tensor_parallel_size=2)
-
-
 def test_health_says_the_engine_is_down_when_a_rank_dies(tiny_llama):
     with LiveServer(engine_for(tiny_llama, tensor_parallel_size=2), served_model_name="t") as s:
         assert httpx.get(s.url + "/health").status_code == 200
@@ -230,6 +227,36 @@ def test_slices_cover_every_weight_once():
                        torch.ones(8))  # fmt: skip
     assert torch.equal(got[0]["mlp.down_proj.weight"], gate_up[:8, :3])
     assert shard_arch(shards[0]).num_heads == 2 and shard_arch(shards[0]).vocab_size == 6
+
+
+def test_experts_split_by_their_own_columns():
+    """Each expert's gate/up rows and down inputs by the experts' width (not the dense MLP's),
+    under each checkpoint's names: per expert (Qwen3-MoE's, a GGUF's), Mixtral's w1/w3/w2, and
+    gpt-oss's stacks with gate and up interleaved; routers whole; down's biases counted once."""
+    arch = LlamaArchConfig(architecture="gpt_oss", vocab_size=12, hidden_size=8,
+                           intermediate_size=6, num_layers=1, num_heads=4, num_kv_heads=2,
+                           head_dim=2, rms_norm_eps=1e-5, rope_theta=1e4,
+                           max_position_embeddings=64, tie_word_embeddings=False, num_experts=3,
+                           experts_per_token=2, expert_intermediate_size=4)  # fmt: skip
+    gate, down = torch.arange(4 * 8.0).view(4, 8), torch.arange(8 * 4.0).view(8, 4)
+    stack = torch.arange(3 * 8 * 8.0).view(3, 8, 8)  # [E, hidden, 2I]: gate, up, gate, up, ...
+    rank1 = Shard(arch, 1, 2)
+    mlp = "model.layers.0.mlp"
+    for name in ("experts.2.gate_proj.weight", "experts.2.up_proj.weight"):
+        assert torch.equal(shard_tensor(rank1, f"{mlp}.{name}", gate), gate[2:])
+    assert torch.equal(shard_tensor(rank1, f"{mlp}.experts.0.down_proj.weight", down), down[:, 2:])
+    moe = "model.layers.0.block_sparse_moe"
+    assert torch.equal(shard_tensor(rank1, f"{moe}.experts.1.w3.weight", gate), gate[2:])
+    assert torch.equal(shard_tensor(rank1, f"{moe}.experts.1.w2.weight", down), down[:, 2:])
+    assert torch.equal(shard_tensor(rank1, f"{moe}.gate.weight", down), down)  # the router
+    assert torch.equal(shard_tensor(rank1, f"{mlp}.experts.gate_up_proj", stack), stack[..., 4:])
+    assert torch.equal(shard_tensor(rank1, f"{mlp}.experts.down_proj", stack), stack[:, 2:4])
+    bias = torch.ones(3, 8)
+    assert not shard_tensor(rank1, f"{mlp}.experts.down_proj_bias", bias).any()
+    assert torch.equal(shard_tensor(Shard(arch, 0, 2), f"{mlp}.experts.down_proj_bias", bias),
+                       bias)  # fmt: skip
+    assert shard_arch(rank1).expert_intermediate_size == 2
+    assert shard_arch(rank1).intermediate_size == 3
 
 
 def test_more_ranks_than_kv_heads_share_them():
