@@ -58,6 +58,8 @@ def test_mixed_batch_matches_dense_attention(backend_cls, window, scale, softcap
     """Each layer's own window, score scale, soft cap and sinks (Gemma 3's windowed layers, its
     query_pre_attn_scalar; Gemma 2's cap of scores at 1.5 here, far below these scores, so
     that capping changes every row; gpt-oss's sink logits) go in with its forward."""
+    if backend_cls is TritonBackend and sinks and window is None:
+        pytest.skip("Triton's interpreter: the case with a window, a cap and sinks covers them")
     torch.manual_seed(0)
     sink_logits = torch.randn(H) * 2 if sinks else None
     # (cached tokens, new tokens): decodes of many lengths (several decode groups), and prefill

@@ -51,7 +51,7 @@ def start_fleet(knobs: dict[str, Any], config: Any, replicas: int, router: str =
             knobs = {**knobs, "kv_cache_memory_bytes": knobs["kv_cache_memory_bytes"] // replicas}
     placement: dict[str, Any] = {}
     if knobs.get("tensor_parallel_size", 1) > 1:  # each replica one group of Ray ranks
-        knobs, threads, placement = _tensor_parallel_replicas(knobs, replicas)
+        knobs, threads, placement = tensor_parallel_placement(knobs, replicas)
     gateway = build_gateway_app(resolve_model_path(knobs.get("model")), config, build_app)
     engines = EngineReplica.options(  # type: ignore[attr-defined]  # added by @serve.deployment
         num_replicas=replicas, ray_actor_options={"num_cpus": 0}, max_ongoing_requests=10_000,
@@ -65,7 +65,7 @@ def start_fleet(knobs: dict[str, Any], config: Any, replicas: int, router: str =
     serve.run(gateway.bind(engines), name="inflight", route_prefix="/")
 
 
-def _tensor_parallel_replicas(
+def tensor_parallel_placement(
     knobs: dict[str, Any], replicas: int
 ) -> tuple[dict[str, Any], int, dict[str, Any]]:
     """Each replica a tensor-parallel group of Ray ranks (`parallel/ray_ranks.py`): a placement
