@@ -55,6 +55,16 @@ def node_cpus() -> dict[str, int]:
             for node in ray.nodes() if node["Alive"]}  # fmt: skip
 
 
+def default_cpus_per_rank(nodes: dict[str, int]) -> int:
+    """Every CPU of the smallest node that has any (a head node may offer none): one rank a
+    node."""
+    with_cpus = [cpus for cpus in nodes.values() if cpus > 0]
+    if not with_cpus:
+        raise ConfigError(f"the Ray cluster offers no CPUs for tensor-parallel ranks "
+                          f"({describe(nodes)})")  # fmt: skip
+    return min(with_cpus)
+
+
 def bundles_fit(size: int, cpus: int, nodes: dict[str, int], first_node: str | None) -> bool:
     """Whether `size` bundles of `cpus` CPUs fit the nodes' CPUs at all, the first one on
     `first_node` where it is named."""
@@ -99,7 +109,7 @@ class RayRanks:
         if current is not None and len(current.bundle_specs) >= size:
             return current, False
         nodes = node_cpus()
-        cpus = cpus or min(nodes.values())
+        cpus = cpus or default_cpus_per_rank(nodes)
         need = (f"a tensor-parallel group of {size} ranks needs {size} bundles of {cpus} CPUs "
                 f"(the first on this node, {here[:8]})")  # fmt: skip
         if not bundles_fit(size, cpus, nodes, here):

@@ -267,3 +267,18 @@ def test_more_ranks_than_kv_heads_share_them():
     # ranks 0-1 read KV head 0 with query heads 0 and 1; ranks 2-3 KV head 1
     assert [list(Shard(arch, r, 4).kv_heads) for r in range(4)] == [[0], [0], [1], [1]]
     assert [list(Shard(arch, r, 4).heads) for r in range(4)] == [[0], [1], [2], [3]]
+
+
+def test_ray_bundles_are_counted_against_the_nodes_cpus():
+    """A rank's bundle defaults to the smallest node's CPUs (a head node offering none aside);
+    bundles fit where whole ones fit the nodes, the first on rank 0's node."""
+    from inflight.parallel.ray_ranks import bundles_fit, default_cpus_per_rank
+
+    nodes = {"big": 8, "small": 4, "head": 0}
+    assert default_cpus_per_rank(nodes) == 4
+    assert bundles_fit(3, 4, nodes, "big")  # two on the big node, one on the small one
+    assert not bundles_fit(4, 4, nodes, "big")
+    assert not bundles_fit(2, 4, nodes, "head"), "rank 0's node holds no bundle"
+    assert bundles_fit(3, 4, nodes, None)
+    with pytest.raises(ConfigError, match="offers no CPUs"):
+        default_cpus_per_rank({"head": 0})

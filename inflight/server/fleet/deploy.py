@@ -71,11 +71,16 @@ def tensor_parallel_placement(
     """Each replica a tensor-parallel group of Ray ranks (`parallel/ray_ranks.py`): a placement
     group of a bundle per rank, the replica itself rank 0 in the first. Refused, naming the
     nodes, where the cluster cannot hold every replica's bundles."""
-    from inflight.parallel.ray_ranks import bundles_fit, describe, node_cpus
+    from inflight.parallel.ray_ranks import (
+        bundles_fit,
+        default_cpus_per_rank,
+        describe,
+        node_cpus,
+    )
 
     size = knobs["tensor_parallel_size"]
     nodes = node_cpus()
-    cpus = knobs.get("ray_cpus_per_rank") or min(nodes.values())
+    cpus = knobs.get("ray_cpus_per_rank") or default_cpus_per_rank(nodes)
     if not bundles_fit(replicas * size, cpus, nodes, None):
         raise ConfigError(f"{replicas} replicas of {size} tensor-parallel ranks need "
                           f"{replicas * size} bundles of {cpus} CPUs; the Ray cluster has "
