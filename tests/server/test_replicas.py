@@ -16,12 +16,7 @@ import openai
 import pytest
 import ray
 from ray import serve
-from ray.util.placement_group import (
-    get_current_placement_group,
-    placement_group,
-    remove_placement_group,
-)
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+from ray.util.placement_group import placement_group, remove_placement_group
 
 from inflight import LLM, SamplingParams
 from inflight.errors import ConfigError
@@ -305,13 +300,14 @@ def test_a_cluster_without_room_for_the_ranks_is_refused_before_loading(fleet, t
                     ServerConfig(), replicas=2)  # fmt: skip
 
 
-def test_a_replica_in_its_placement_group_is_rank_0_of_its_ranks(fleet, tiny_llama,
-                                                                  unsplit_texts):  # fmt: skip
+def test_a_replica_in_its_placement_group_is_rank_0_of_its_ranks(
+    fleet, tiny_llama, unsplit_texts, monkeypatch
+):
     """What `serve --tensor-parallel-size 2` deploys: each replica with a placement group of a
-    bundle per rank (the options `start_fleet` gives Serve), the replica in the first bundle.
-    Here an actor of our own stands in that bundle as the replica does: its engine puts rank 1
-    in the second, and gives one unsplit engine's greedy tokens. (Serve's own start of such a
-    replica is ~20 s more than this; it was run by hand.)"""
+    bundle per rank (the options `start_fleet` gives Serve), the replica in the first bundle,
+    where its engine finds the group its ranks take. Here this process stands in for the
+    replica (the group is handed to it as Ray hands a replica its own); Serve's own start of
+    such a replica, ~20 s more, was run by hand."""
     knobs = {"model": str(tiny_llama), **UNSPLIT, "tensor_parallel_size": 2,
              "ray_cpus_per_rank": 1}  # fmt: skip
     knobs, threads, placement = tensor_parallel_placement(knobs, replicas=1)
@@ -320,23 +316,12 @@ def test_a_replica_in_its_placement_group_is_rank_0_of_its_ranks(fleet, tiny_lla
     assert knobs["distributed_executor_backend"] == "ray" and threads == 1
     group = placement_group(placement["placement_group_bundles"], strategy="PACK")
     assert group.wait(timeout_seconds=30)
+    monkeypatch.setattr("inflight.parallel.ray_ranks.get_current_placement_group", lambda: group)
     try:
-        first = PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=0)
-        replica = ReplicaStandIn.options(scheduling_strategy=first).remote()
-        texts, own_group = ray.get(replica.generate.remote(knobs, PROMPTS), timeout=120)
-        assert own_group, "the ranks took the replica's placement group"
-        assert texts == unsplit_texts
-        ray.kill(replica)
-    finally:
-        remove_placement_group(group)
-
-
-@ray.remote(num_cpus=0)
-class ReplicaStandIn:
-    def generate(self, knobs: dict, prompts: list[str]) -> tuple[list[str], bool]:
         llm = LLM(**knobs)
         launcher = llm.core.workers.launcher
-        own = launcher._pg.id == get_current_placement_group().id and not launcher._owned
-        texts = greedy(llm, prompts)
+        assert launcher._pg is group and not launcher._owned, "the replica's group, not a new one"
+        assert greedy(llm, PROMPTS) == unsplit_texts
         llm.core.workers.close()
-        return texts, own
+    finally:
+        remove_placement_group(group)
