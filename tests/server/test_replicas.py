@@ -295,6 +295,9 @@ def test_a_cluster_without_room_for_the_ranks_is_refused_before_loading(fleet, t
     monkeypatch.setattr("inflight.engine.engine_core.load_model", None)  # loading would fail
     with pytest.raises(ConfigError, match=r"needs 2 bundles of 2 CPUs.*has 1 nodes \(\w+: 2 CPUs"):
         LLM(str(tiny_llama), tensor_parallel_size=2, distributed_executor_backend="ray")
+    with pytest.raises(ConfigError, match="ray_cpus_per_rank must be an integer from 1 to"):
+        start_fleet({"model": str(tiny_llama), "tensor_parallel_size": 2, "ray_cpus_per_rank": -1},
+                    ServerConfig(), replicas=1)  # fmt: skip
     with pytest.raises(ConfigError, match="2 replicas of 2 tensor-parallel ranks need 4 bundles"):
         start_fleet({"model": str(tiny_llama), "tensor_parallel_size": 2, "ray_cpus_per_rank": 1},
                     ServerConfig(), replicas=2)  # fmt: skip

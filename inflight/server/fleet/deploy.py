@@ -11,6 +11,7 @@ import ray
 from ray import serve
 from ray.serve.config import RequestRouterConfig
 
+from inflight.config import EngineConfig
 from inflight.errors import ConfigError
 from inflight.server.fleet.gateway import build_gateway_app
 from inflight.server.fleet.replica import EngineReplica
@@ -78,9 +79,10 @@ def tensor_parallel_placement(
         node_cpus,
     )
 
-    size = knobs["tensor_parallel_size"]
+    model = EngineConfig.from_knobs(**knobs).model  # the knobs checked, as an engine would
+    size = model.tensor_parallel_size
     nodes = node_cpus()
-    cpus = knobs.get("ray_cpus_per_rank") or default_cpus_per_rank(nodes)
+    cpus = model.ray_cpus_per_rank or default_cpus_per_rank(nodes)
     if not bundles_fit(replicas * size, cpus, nodes, None):
         raise ConfigError(f"{replicas} replicas of {size} tensor-parallel ranks need "
                           f"{replicas * size} bundles of {cpus} CPUs; the Ray cluster has "
