@@ -309,8 +309,8 @@ def test_a_replica_in_its_placement_group_is_rank_0_of_its_ranks(
     """What `serve --tensor-parallel-size 2` deploys: each replica with a placement group of a
     bundle per rank (the options `start_fleet` gives Serve), the replica in the first bundle,
     where its engine finds the group its ranks take. Here this process stands in for the
-    replica (the group is handed to it as Ray hands a replica its own); Serve's own start of
-    such a replica, ~20 s more, was run by hand."""
+    replica (the group is handed to it as Ray hands a replica its own): Serve's own start of
+    such a replica would cost this module ~20 s more."""
     knobs = {"model": str(tiny_llama), **UNSPLIT, "tensor_parallel_size": 2,
              "ray_cpus_per_rank": 1}  # fmt: skip
     knobs, threads, placement = tensor_parallel_placement(knobs, replicas=1)
