@@ -71,17 +71,17 @@ def _percentile(values: list[float], q: float) -> float | None:
 
 def saturated_rate(burst: list[Outcome]) -> float:
     """Requests a second the engine completes while requests wait: all were sent at once, so
-    from the first completion to the burst's last first token every seat is busy and the
-    queue holds more; the completions between, over that time."""
+    until the burst's last first token every seat is busy and the queue holds more; the
+    completions by then over the time of the last of them (the whole burst's where fewer than
+    two came by then). Counted from the send, not from the first completion: requests sharing
+    a step finish in the same instant, and a rate between two such ends would be unbounded."""
     ends = sorted(o.e2e for o in burst if o.status == 200 and o.e2e is not None)
     firsts = [o.ttft for o in burst if o.status == 200 and o.ttft is not None]
     if len(ends) < 2 or not firsts:
         raise RuntimeError("the capacity burst completed fewer than 2 requests")
-    saturated_until = max(firsts)
-    within = [e for e in ends if e <= saturated_until]
-    if len(within) < 2:  # nobody waited long: the whole burst is the measure
-        return (len(ends) - 1) / (ends[-1] - ends[0])
-    return (len(within) - 1) / (within[-1] - within[0])
+    within = [e for e in ends if e <= max(firsts)]
+    counted = within if len(within) >= 2 else ends
+    return len(counted) / counted[-1]
 
 
 def summarize_run(name: str, outcomes: list[Outcome], wall: float, ttft: float,
