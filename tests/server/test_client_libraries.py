@@ -11,11 +11,6 @@ import os
 
 import pytest
 
-os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no fetch of its price table
-
-import litellm
-from langchain_openai import ChatOpenAI
-
 from inflight.engine.async_engine import AsyncLLM
 from tests.server.live import LiveServer
 
@@ -36,6 +31,10 @@ def server(tiny_llama):
 
 
 def test_litellm(server):
+    # imported here, not at the top: litellm takes ~9 s to import, in every worker's collection
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no fetch of its price table
+    import litellm
+
     call = {"model": "openai/tiny", "api_base": server.url + "/v1", "api_key": KEY,
             "temperature": 0}  # fmt: skip
     whole = litellm.completion(messages=HI, max_tokens=6, **call)
@@ -62,6 +61,8 @@ def test_litellm(server):
 
 
 def test_langchain_openai(server):
+    from langchain_openai import ChatOpenAI
+
     def chat(max_tokens: int, **options) -> ChatOpenAI:
         return ChatOpenAI(model="tiny", base_url=server.url + "/v1", api_key=KEY, temperature=0,
                           max_tokens=max_tokens, max_retries=0, **options)  # fmt: skip
