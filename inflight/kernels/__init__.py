@@ -13,7 +13,9 @@ own compiler (`-march=native`) by torch's cpp_extension and cached by torch
 (`~/.cache/torch_extensions`, or `TORCH_EXTENSIONS_DIR`): ~1 min on 2 cores, once per CPU kind
 and source version. No file includes `torch/extension.h` (the whole C++ frontend, and most of
 that minute again): the kernels include ATen's Tensor and the operators they call, and
-`csrc/bindings.cpp` pybind11 with torch's tensor casters. The build's
+`csrc/bindings.cpp` pybind11 with torch's tensor casters. Their argument checks
+(`csrc/check.h`) join messages without iostreams, which segfault in some compiler/wheel
+pairs. The build's
 name carries a digest of the CPU's feature flags, so a cache shared between machines (a network
 home) never hands one CPU code compiled for another's instructions. Callers fall back to pure
 PyTorch when no compiler is available; `bf16_linear` exists only where the compiler targets

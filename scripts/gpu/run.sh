@@ -13,6 +13,8 @@
 #   longtail  `inflight bench offline --workload longtail`, 320 requests, 256 seats, profiled
 #   roofline  `inflight bench roofline` on a 1B Llama
 #   compare   `inflight bench compare --workload mixed64` with the transformers peers, both models
+#   cpu       the CPU kernels' tests on this machine's CPU (its AVX-512, VNNI, BF16 or AMX paths,
+#             which a 2-core AVX2 CI machine skips), the GPU hidden
 #   kv        the KV cache dtypes: their Triton kernel tests, then mixed64 with each (auto, int8,
 #             fp8)
 # Logs and results go to $OUT, which comes back. All stages: about 8 minutes on an H100.
@@ -35,6 +37,17 @@ for stage in $stages; do
       tests/model/test_expert_kernels.py -k "graphs or triton or one_batch or expert" \
       > "$OUT/pytest.log" 2>&1
     echo "pytest rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pytest.log" | tail -20 ;;
+  cpu)
+    lscpu | grep -E "Model name|Flags" | sed -E 's/(Flags:).*/\1/'
+    grep -o -w -E "avx512[a-z_0-9]*|amx[a-z_0-9]*|avx_vnni" /proc/cpuinfo | sort -u | tr '\n' ' '; echo
+    CUDA_VISIBLE_DEVICES= timeout 400 python3 -m pytest -q -p no:cacheprovider -n 8 \
+      tests/model/test_bf16_linear.py tests/model/test_gguf_int_linear.py \
+      tests/model/test_gguf_linear.py tests/model/test_fused_layers.py \
+      tests/model/test_gguf_blocks.py tests/model/test_layer_ops.py tests/runner/test_attention.py \
+      tests/runner/test_kv_cache_dtype.py tests/model/test_parity_tiny.py -k "not triton" \
+      > "$OUT/cpu.log" 2>&1
+    echo "pytest rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/cpu.log" | tail -20
+    grep -E "^SKIPPED" "$OUT/cpu.log" | head -20 ;;
   families)
     timeout 180 python3 -m pytest -q -p no:cacheprovider tests/model/test_gguf.py \
       tests/model/test_logprobs_parity.py tests/model/test_rope_variants.py \

@@ -126,12 +126,11 @@ PACKABLE = [dtype for dtype in (torch.float32, torch.bfloat16) if can_pack(dtype
 
 
 def assert_same_as_linear(got: torch.Tensor, want: torch.Tensor) -> None:
-    """bf16: bit for bit, `F.linear` calls the same oneDNN kernel. float32: `F.linear` is MKL's
-    sgemm, which sums in another order, so equal up to float32 rounding."""
-    if got.dtype == torch.bfloat16:
-        assert torch.equal(got, want)
-    else:
-        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    """Equal up to the dtype's rounding: float32's `F.linear` is MKL's sgemm, which sums in
+    another order, and bf16's may be another oneDNN kernel than the packed weight's (seen on a
+    Xeon with AMX)."""
+    tol = 1.6e-2 if got.dtype == torch.bfloat16 else 1e-5
+    torch.testing.assert_close(got, want, rtol=tol, atol=tol)
 
 
 def test_only_cpu_float32_and_bf16_are_packed():

@@ -78,7 +78,7 @@ void first_argmax_rows(const scalar_t* x, int64_t S, int64_t V, int64_t stride, 
 }  // namespace
 
 at::Tensor first_argmax(const at::Tensor& x) {
-  TORCH_CHECK(x.dim() == 2 && x.size(1) > 0 && x.stride(1) == 1 && x.size(1) < (1LL << 31),
+  INFLIGHT_CHECK(x.dim() == 2 && x.size(1) > 0 && x.stride(1) == 1 && x.size(1) < (1LL << 31),
               "x must be [S, V] with contiguous rows, 0 < V < 2^31");
   const int64_t S = x.size(0), V = x.size(1), stride = x.stride(0);
   auto out = at::cpu::empty({S}, x.options().dtype(at::kLong));

@@ -105,10 +105,10 @@ const std::array<std::array<TileFn, kMaxRows>, kVecsPerBlock> kTiles = {
 bool bf16_linear_available() { return true; }
 
 at::Tensor pack_bf16_linear(const at::Tensor& weight) {
-  TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kBFloat16,
+  INFLIGHT_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kBFloat16,
               "weight: [out_features, in_features] bfloat16");
   const int64_t N = weight.size(0), K = weight.size(1);
-  TORCH_CHECK(K % 2 == 0, "in_features must be even (k pairs), got ", K);
+  INFLIGHT_CHECK(K % 2 == 0, "in_features must be even (k pairs), got ", K);
   const int64_t blocks = (N + kBlockCols - 1) / kBlockCols;
   // [blocks * 32 columns (zero padded), K/2, 2] -> [blocks, K/2, 32, 2]
   auto padded = at::cpu::empty({blocks * kBlockCols, K / 2, 2}, weight.options()).zero_();
@@ -125,20 +125,20 @@ at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed,
 
 void bf16_linear_into(const at::Tensor& x_in, const at::Tensor& packed,
                       const c10::optional<at::Tensor>& bias, int64_t out_features, at::Tensor& y) {
-  TORCH_CHECK(packed.dim() == 4 && packed.size(2) == kBlockCols && packed.size(3) == 2 &&
+  INFLIGHT_CHECK(packed.dim() == 4 && packed.size(2) == kBlockCols && packed.size(3) == 2 &&
                   packed.scalar_type() == at::kBFloat16 && packed.is_contiguous(),
               "packed: a weight from pack_bf16_linear");
   const int64_t N = out_features, pairs = packed.size(1), K = 2 * pairs;
-  TORCH_CHECK(N > (packed.size(0) - 1) * kBlockCols && N <= packed.size(0) * kBlockCols,
+  INFLIGHT_CHECK(N > (packed.size(0) - 1) * kBlockCols && N <= packed.size(0) * kBlockCols,
               "out_features ", N, " does not match the packed weight");
-  TORCH_CHECK(x_in.dim() == 2 && x_in.size(1) == K && x_in.scalar_type() == at::kBFloat16,
+  INFLIGHT_CHECK(x_in.dim() == 2 && x_in.size(1) == K && x_in.scalar_type() == at::kBFloat16,
               "x: [rows, ", K, "] bfloat16");
-  TORCH_CHECK(!bias.has_value() || (bias->dim() == 1 && bias->size(0) == N), "bias: [", N, "]");
+  INFLIGHT_CHECK(!bias.has_value() || (bias->dim() == 1 && bias->size(0) == N), "bias: [", N, "]");
   const at::Tensor x = x_in.contiguous();
   const at::Tensor bias_f32 =
       bias.has_value() ? bias->to(at::kFloat).contiguous() : at::Tensor();
   const int64_t M = x.size(0);
-  TORCH_CHECK(y.dim() == 2 && y.size(0) == M && y.size(1) == N &&
+  INFLIGHT_CHECK(y.dim() == 2 && y.size(0) == M && y.size(1) == N &&
                   y.scalar_type() == at::kBFloat16 && y.is_contiguous(),
               "y: [rows, out_features] bfloat16, contiguous");
   if (M == 0) return;
@@ -186,17 +186,17 @@ void bf16_linear_into(const at::Tensor& x_in, const at::Tensor& packed,
 bool bf16_linear_available() { return false; }
 
 at::Tensor pack_bf16_linear(const at::Tensor&) {
-  TORCH_CHECK(false, "bf16_linear needs AVX-512 BF16");
+  INFLIGHT_CHECK(false, "bf16_linear needs AVX-512 BF16");
 }
 
 at::Tensor bf16_linear(const at::Tensor&, const at::Tensor&,
                           const c10::optional<at::Tensor>&, int64_t) {
-  TORCH_CHECK(false, "bf16_linear needs AVX-512 BF16");
+  INFLIGHT_CHECK(false, "bf16_linear needs AVX-512 BF16");
 }
 
 void bf16_linear_into(const at::Tensor&, const at::Tensor&, const c10::optional<at::Tensor>&,
                       int64_t, at::Tensor&) {
-  TORCH_CHECK(false, "bf16_linear needs AVX-512 BF16");
+  INFLIGHT_CHECK(false, "bf16_linear needs AVX-512 BF16");
 }
 
 #endif

@@ -151,33 +151,33 @@ std::vector<at::Tensor> llama_decoder_layers(
     const std::function<void(const at::Tensor&)>& all_reduce) {
   const LinearChoice how{packed, small_rows, activation_bits};
   const size_t L = k_caches.size();
-  TORCH_CHECK(weights.size() == L * kWeightsPerLayer &&
+  INFLIGHT_CHECK(weights.size() == L * kWeightsPerLayer &&
                   small_weights.size() == L * kSmallPerLayer && qkv_biases.size() == L &&
                   v_caches.size() == L,
               "six weights, four optional small-batch packings, one optional qkv bias and two "
               "caches per layer");
-  TORCH_CHECK(qk_norms.empty() || qk_norms.size() == 2 * L,
+  INFLIGHT_CHECK(qk_norms.empty() || qk_norms.size() == 2 * L,
               "no q/k norms, or a query and a key norm weight per layer");
-  TORCH_CHECK(output_norms.empty() || output_norms.size() == 2 * L,
+  INFLIGHT_CHECK(output_norms.empty() || output_norms.size() == 2 * L,
               "no output norms, or one after attention and one after the MLP per layer");
-  TORCH_CHECK(windows.size() == L, "one window per layer (0: none)");
-  TORCH_CHECK(local_cos.has_value() == local_sin.has_value(),
+  INFLIGHT_CHECK(windows.size() == L, "one window per layer (0: none)");
+  INFLIGHT_CHECK(local_cos.has_value() == local_sin.has_value(),
               "the windowed layers' RoPE tables come as a pair or not at all");
-  TORCH_CHECK(decode_weights.empty() || decode_weights.size() == L * kSmallPerLayer,
+  INFLIGHT_CHECK(decode_weights.empty() || decode_weights.size() == L * kSmallPerLayer,
               "no decode weights, or four optional ones per layer");
-  TORCH_CHECK(decode_rows.has_value() == decode_tables.has_value() &&
+  INFLIGHT_CHECK(decode_rows.has_value() == decode_tables.has_value() &&
                   decode_rows.has_value() == decode_lens.has_value() &&
                   prefill_chunks.has_value() == prefill_tables.has_value(),
               "decode and prefill metadata come whole or not at all");
   const int64_t T = hidden.size(0), q_size = num_heads * head_dim,
                 kv_size = num_kv_heads * head_dim;
-  TORCH_CHECK(slot_mapping.dim() == 1 && slot_mapping.size(0) == T &&
+  INFLIGHT_CHECK(slot_mapping.dim() == 1 && slot_mapping.size(0) == T &&
                   slot_mapping.scalar_type() == at::kLong && slot_mapping.is_contiguous(),
               "slot_mapping: one int64 slot per token");
   const int64_t* slots = slot_mapping.data_ptr<int64_t>();
   for (size_t l = 0; l < L; ++l) {
     const KVLayout lay = kv_layout(k_caches[l], v_caches[l]);
-    TORCH_CHECK(k_caches[l].sizes() == k_caches[0].sizes() &&
+    INFLIGHT_CHECK(k_caches[l].sizes() == k_caches[0].sizes() &&
                     v_caches[l].sizes() == v_caches[0].sizes() && lay.kv_heads == num_kv_heads &&
                     lay.head_dim == head_dim &&
                     k_caches[l].scalar_type() == k_caches[0].scalar_type(),
@@ -187,29 +187,29 @@ std::vector<at::Tensor> llama_decoder_layers(
   const KVLayout layout = L ? kv_layout(k_caches[0], v_caches[0]) : KVLayout{1, 0, 0};
   const int64_t num_slots = L ? layout.num_slots(k_caches[0].size(0)) : 0;
   for (int64_t t = 0; t < T; ++t) {
-    TORCH_CHECK(slots[t] >= 0 && slots[t] < num_slots, "slot ", slots[t], " out of range");
+    INFLIGHT_CHECK(slots[t] >= 0 && slots[t] < num_slots, "slot ", slots[t], " out of range");
   }
   // KV groups (core/kv_groups.py): a layer of group g > 0 writes and reads through that group's
   // slots and tables (`group_*[g - 1]`); group 0's are the arguments above
-  TORCH_CHECK(layer_groups.empty() || layer_groups.size() == L, "one KV group per layer, or none");
+  INFLIGHT_CHECK(layer_groups.empty() || layer_groups.size() == L, "one KV group per layer, or none");
   const size_t G = group_slots.size();
-  TORCH_CHECK((!decode_tables.has_value() || group_decode_tables.size() == G) &&
+  INFLIGHT_CHECK((!decode_tables.has_value() || group_decode_tables.size() == G) &&
                   (!prefill_tables.has_value() || group_prefill_tables.size() == G),
               "every KV group after the first has its slots and its tables");
   std::vector<const int64_t*> slots_of{slots};
   for (size_t g = 0; g < G; ++g) {
     const at::Tensor& s = group_slots[g];
-    TORCH_CHECK(s.dim() == 1 && s.size(0) == T && s.scalar_type() == at::kLong &&
+    INFLIGHT_CHECK(s.dim() == 1 && s.size(0) == T && s.scalar_type() == at::kLong &&
                     s.is_contiguous(),
                 "a KV group's slot_mapping: one int64 slot per token");
     const int64_t* p = s.data_ptr<int64_t>();
     for (int64_t t = 0; t < T; ++t) {
-      TORCH_CHECK(p[t] >= 0 && p[t] < num_slots, "slot ", p[t], " out of range");
+      INFLIGHT_CHECK(p[t] >= 0 && p[t] < num_slots, "slot ", p[t], " out of range");
     }
     slots_of.push_back(p);
   }
   for (const int64_t g : layer_groups) {
-    TORCH_CHECK(g >= 0 && static_cast<size_t>(g) <= G, "KV group ", g, " out of range");
+    INFLIGHT_CHECK(g >= 0 && static_cast<size_t>(g) <= G, "KV group ", g, " out of range");
   }
   DecodeSplit split;
   if (!decode_weights.empty() && decode_rows.has_value()) {

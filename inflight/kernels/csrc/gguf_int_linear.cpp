@@ -778,14 +778,14 @@ struct Segment {
 // `model/gguf_blocks.py` writes: int64 [segments, then per segment: columns, blocks per row,
 // group block bytes, byte offset], then the segments' blocks.
 std::vector<Segment> segments_of(const at::Tensor& packed, int64_t lanes) {
-  TORCH_CHECK(packed.scalar_type() == at::kByte && packed.is_contiguous() &&
+  INFLIGHT_CHECK(packed.scalar_type() == at::kByte && packed.is_contiguous() &&
                   (packed.dim() == 3 || packed.dim() == 1),
               "packed: uint8 [ceil(out_features / ", lanes,
               "), in_features / (32 or 256), group block bytes], or a 1-D mixed packing");
   const uint8_t* base = packed.data_ptr<uint8_t>();
   auto format_for = [&](int64_t bytes) {
     const std::optional<Format> f = bytes % lanes ? std::nullopt : format_of(bytes / lanes);
-    TORCH_CHECK(f, "group blocks of ", bytes, " bytes: none of Q4_0 (", lanes * 18, "), Q4_1 (",
+    INFLIGHT_CHECK(f, "group blocks of ", bytes, " bytes: none of Q4_0 (", lanes * 18, "), Q4_1 (",
                 lanes * 20, "), Q8_0 (", lanes * 34, "), Q5_0 (", lanes * 22, "), Q5_1 (",
                 lanes * 24, "), Q4_K (", lanes * 148, "), Q5_K (", lanes * 180, "), Q6_K (",
                 lanes * 210, ") or MXFP4 (", lanes * 17, ")");
@@ -798,13 +798,13 @@ std::vector<Segment> segments_of(const at::Tensor& packed, int64_t lanes) {
   }
   const int64_t total = packed.numel();
   auto field = [&](int64_t i) {
-    TORCH_CHECK((i + 1) * 8 <= total, "mixed packing: truncated header");
+    INFLIGHT_CHECK((i + 1) * 8 <= total, "mixed packing: truncated header");
     int64_t v;
     std::memcpy(&v, base + 8 * i, sizeof v);
     return v;
   };
   const int64_t count = field(0);
-  TORCH_CHECK(count > 0 && count <= 64, "mixed packing: ", count, " segments");
+  INFLIGHT_CHECK(count > 0 && count <= 64, "mixed packing: ", count, " segments");
   std::vector<Segment> segments;
   int64_t n0 = 0;
   for (int64_t s = 0; s < count; ++s) {
@@ -812,7 +812,7 @@ std::vector<Segment> segments_of(const at::Tensor& packed, int64_t lanes) {
                   offset = field(4 + 4 * s);
     const Format f = format_for(bytes);
     const int64_t groups = (N + lanes - 1) / lanes;
-    TORCH_CHECK(N > 0 && N < (int64_t{1} << 31) && blocks > 0 && blocks < (int64_t{1} << 31) &&
+    INFLIGHT_CHECK(N > 0 && N < (int64_t{1} << 31) && blocks > 0 && blocks < (int64_t{1} << 31) &&
                     offset >= 0 && offset % 64 == 0 &&
                     offset + groups * blocks * bytes <= total,
                 "mixed packing: segment ", s, " runs past the packing");
@@ -850,41 +850,41 @@ at::Tensor gguf_int_linear(const at::Tensor& x, const at::Tensor& packed,
 void gguf_int_linear_into(const at::Tensor& x_in, const at::Tensor& packed,
                           const c10::optional<at::Tensor>& bias, int64_t out_features,
                           int64_t activation_bits, at::Tensor& y) {
-  TORCH_CHECK(activation_bits == 8 || activation_bits == 16,
+  INFLIGHT_CHECK(activation_bits == 8 || activation_bits == 16,
               "activation_bits must be 8 or 16, got ", activation_bits);
   const int64_t lanes = columns_for(activation_bits);
   std::vector<Segment> segments = segments_of(packed, lanes);
   const int64_t K = segments[0].K;
   for (const Segment& s : segments) {
-    TORCH_CHECK(s.K == K, "mixed packing: segments of ", s.K, " and ", K, " in_features");
-    TORCH_CHECK(is_legacy(s.format) || lanes == kLanes,
+    INFLIGHT_CHECK(s.K == K, "mixed packing: segments of ", s.K, " and ", K, " in_features");
+    INFLIGHT_CHECK(is_legacy(s.format) || lanes == kLanes,
                 "5-bit, K-quant and MXFP4 blocks are laid in groups of 8 columns only");
   }
   const int64_t columns = segments.back().n0 + segments.back().N;
   if (packed.dim() == 3) {  // its last group may end in padding
-    TORCH_CHECK(out_features > 0 && out_features > columns - lanes && out_features <= columns,
+    INFLIGHT_CHECK(out_features > 0 && out_features > columns - lanes && out_features <= columns,
                 "out_features ", out_features, " does not match the packing's ",
                 columns / lanes, " groups of ", lanes);
     segments[0].N = out_features;
   } else {
-    TORCH_CHECK(out_features == columns, "out_features ", out_features,
+    INFLIGHT_CHECK(out_features == columns, "out_features ", out_features,
                 " does not match the mixed packing's ", columns, " columns");
   }
-  TORCH_CHECK(x_in.dim() == 2 && x_in.size(1) == K &&
+  INFLIGHT_CHECK(x_in.dim() == 2 && x_in.size(1) == K &&
                   (x_in.scalar_type() == at::kFloat || x_in.scalar_type() == at::kBFloat16),
               "x: [rows, ", K, "] float32 or bfloat16");
-  TORCH_CHECK(!bias.has_value() || (bias->dim() == 1 && bias->size(0) == out_features),
+  INFLIGHT_CHECK(!bias.has_value() || (bias->dim() == 1 && bias->size(0) == out_features),
               "bias: [", out_features, "]");
   const at::Tensor bias_f32 = bias.has_value() ? bias->to(at::kFloat).contiguous() : at::Tensor();
   const float* bias_p = bias_f32.defined() ? bias_f32.data_ptr<float>() : nullptr;
   const int64_t M = x_in.size(0);
-  TORCH_CHECK(y.dim() == 2 && y.size(0) == M && y.size(1) == out_features &&
+  INFLIGHT_CHECK(y.dim() == 2 && y.size(0) == M && y.size(1) == out_features &&
                   y.scalar_type() == x_in.scalar_type() && y.is_contiguous(),
               "y: [rows, out_features] in x's dtype, contiguous");
   if (M == 0) return;
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
   if (activation_bits == 16) {  // x read and y written in their own dtype
-    TORCH_CHECK(segments.size() == 1, "the 16-column layout has no mixed packing");
+    INFLIGHT_CHECK(segments.size() == 1, "the 16-column layout has no mixed packing");
     const uint8_t* w = segments[0].w;
     const Format format = segments[0].format;
     const at::Tensor x = x_in.contiguous();
@@ -926,12 +926,12 @@ int64_t gguf_int_linear_columns(int64_t) { return 8; }
 
 at::Tensor gguf_int_linear(const at::Tensor&, const at::Tensor&,
                            const c10::optional<at::Tensor>&, int64_t, int64_t) {
-  TORCH_CHECK(false, "gguf_int_linear needs AVX2, FMA and F16C");
+  INFLIGHT_CHECK(false, "gguf_int_linear needs AVX2, FMA and F16C");
 }
 
 void gguf_int_linear_into(const at::Tensor&, const at::Tensor&, const c10::optional<at::Tensor>&,
                           int64_t, int64_t, at::Tensor&) {
-  TORCH_CHECK(false, "gguf_int_linear needs AVX2, FMA and F16C");
+  INFLIGHT_CHECK(false, "gguf_int_linear needs AVX2, FMA and F16C");
 }
 
 #endif

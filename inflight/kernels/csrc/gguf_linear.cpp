@@ -172,16 +172,16 @@ bool gguf_linear_available() { return true; }
 
 at::Tensor gguf_linear(const at::Tensor& x_in, const at::Tensor& blocks,
                        const c10::optional<at::Tensor>& bias, int64_t out_features) {
-  TORCH_CHECK(blocks.dim() == 3 && blocks.scalar_type() == at::kByte && blocks.is_contiguous(),
+  INFLIGHT_CHECK(blocks.dim() == 3 && blocks.scalar_type() == at::kByte && blocks.is_contiguous(),
               "blocks: uint8 [out_features, in_features / 32, block bytes]");
   const int64_t N = blocks.size(0), K = blocks.size(1) * kBlock, bytes = blocks.size(2);
   const std::optional<Format> format = format_of(bytes);
-  TORCH_CHECK(format && is_legacy(*format), "blocks of ", bytes, " bytes: not Q4_0 (18), Q4_1 (20) or Q8_0 (34)");
-  TORCH_CHECK(out_features == N, "out_features ", out_features, " does not match the blocks' ",
+  INFLIGHT_CHECK(format && is_legacy(*format), "blocks of ", bytes, " bytes: not Q4_0 (18), Q4_1 (20) or Q8_0 (34)");
+  INFLIGHT_CHECK(out_features == N, "out_features ", out_features, " does not match the blocks' ",
               N);
-  TORCH_CHECK(x_in.dim() == 2 && x_in.size(1) == K && x_in.scalar_type() == at::kFloat,
+  INFLIGHT_CHECK(x_in.dim() == 2 && x_in.size(1) == K && x_in.scalar_type() == at::kFloat,
               "x: [rows, ", K, "] float32");
-  TORCH_CHECK(!bias.has_value() || (bias->dim() == 1 && bias->size(0) == N), "bias: [", N, "]");
+  INFLIGHT_CHECK(!bias.has_value() || (bias->dim() == 1 && bias->size(0) == N), "bias: [", N, "]");
   const at::Tensor x = x_in.contiguous();
   const at::Tensor bias_f32 = bias.has_value() ? bias->to(at::kFloat).contiguous() : at::Tensor();
   const int64_t M = x.size(0);
@@ -211,7 +211,7 @@ bool gguf_linear_available() { return false; }
 
 at::Tensor gguf_linear(const at::Tensor&, const at::Tensor&, const c10::optional<at::Tensor>&,
                        int64_t) {
-  TORCH_CHECK(false, "gguf_linear needs AVX2, FMA and F16C");
+  INFLIGHT_CHECK(false, "gguf_linear needs AVX2, FMA and F16C");
 }
 
 #endif

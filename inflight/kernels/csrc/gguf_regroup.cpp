@@ -174,7 +174,7 @@ void regroup(const uint8_t* in, int64_t N, int64_t blocks, uint8_t* out) {
 }  // namespace
 
 at::Tensor gguf_regroup_blocks(const at::Tensor& blocks) {
-  TORCH_CHECK(blocks.dim() == 3 && blocks.scalar_type() == at::kByte && blocks.is_contiguous(),
+  INFLIGHT_CHECK(blocks.dim() == 3 && blocks.scalar_type() == at::kByte && blocks.is_contiguous(),
               "blocks: uint8 [out_features, blocks per row, block bytes], contiguous");
   const int64_t N = blocks.size(0), per_row = blocks.size(1), bytes = blocks.size(2);
   std::optional<Format> format;
@@ -182,7 +182,7 @@ at::Tensor gguf_regroup_blocks(const at::Tensor& blocks) {
                    Format::kMXFP4}) {
     if (bytes == file_bytes(f)) format = f;
   }
-  TORCH_CHECK(format, "blocks of ", bytes, " bytes: none of Q5_0 (22), Q5_1 (24), Q4_K (144), "
+  INFLIGHT_CHECK(format, "blocks of ", bytes, " bytes: none of Q5_0 (22), Q5_1 (24), Q4_K (144), "
               "Q5_K (176), Q6_K (210) or MXFP4 (17)");
   auto out = at::cpu::empty({(N + kLanes - 1) / kLanes, per_row, kLanes * block_bytes(*format)},
                             blocks.options()).zero_();

@@ -57,22 +57,22 @@ void convert_rows(cache_t* k_cache, cache_t* v_cache, const KVLayout& lay, const
 
 const float* sink_logits(const c10::optional<at::Tensor>& sinks, int64_t heads) {
   if (!sinks.has_value()) return nullptr;
-  TORCH_CHECK(sinks->scalar_type() == at::kFloat && sinks->dim() == 1 &&
+  INFLIGHT_CHECK(sinks->scalar_type() == at::kFloat && sinks->dim() == 1 &&
                   sinks->size(0) == heads && sinks->is_contiguous(),
               "sinks: float32 [", heads, "], one logit per query head, contiguous");
   return sinks->data_ptr<float>();
 }
 
 KVLayout kv_layout(const at::Tensor& k_cache, const at::Tensor& v_cache) {
-  TORCH_CHECK(k_cache.dim() == 5 && v_cache.dim() == 4 && k_cache.size(4) == 2,
+  INFLIGHT_CHECK(k_cache.dim() == 5 && v_cache.dim() == 4 && k_cache.size(4) == 2,
               "caches must be keys [NB, KVH, D/2, BS, 2] and values [NB, KVH, BS, D]");
-  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() &&
+  INFLIGHT_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() &&
                   k_cache.scalar_type() == v_cache.scalar_type(),
               "caches must be contiguous and share a dtype");
   const bool scaled = is_scaled_cache(k_cache.scalar_type());
   const int64_t NB = v_cache.size(0), KVH = v_cache.size(1), BS = v_cache.size(2),
                 D = v_cache.size(3) - (scaled ? 4 : 0);
-  TORCH_CHECK(k_cache.size(0) == NB && k_cache.size(1) == KVH &&
+  INFLIGHT_CHECK(k_cache.size(0) == NB && k_cache.size(1) == KVH &&
                   k_cache.size(2) * 2 == D + (scaled ? 4 : 0) && k_cache.size(3) == BS,
               "key and value caches disagree: keys ", k_cache.sizes(), ", values ",
               v_cache.sizes());
@@ -88,7 +88,7 @@ void write_kv(const at::Tensor& k_cache, const at::Tensor& v_cache, const KVLayo
   const int64_t T = key.size(0);
   if (key.scalar_type() != k_cache.scalar_type()) {
     const int64_t ks = key.stride(0), vs = value.stride(0);
-    TORCH_CHECK(key.scalar_type() == value.scalar_type(), "key and value must share a dtype");
+    INFLIGHT_CHECK(key.scalar_type() == value.scalar_type(), "key and value must share a dtype");
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, key.scalar_type(), "write_kv", [&] {
       using src_t = scalar_t;
       const auto* k = key.data_ptr<src_t>();
@@ -107,7 +107,7 @@ void write_kv(const at::Tensor& k_cache, const at::Tensor& v_cache, const KVLayo
                        slots);
           break;
         default:
-          TORCH_CHECK(false, "no conversion from ", key.scalar_type(), " to a ",
+          INFLIGHT_CHECK(false, "no conversion from ", key.scalar_type(), " to a ",
                       k_cache.scalar_type(), " cache");
       }
     });
@@ -124,7 +124,7 @@ void write_kv(const at::Tensor& k_cache, const at::Tensor& v_cache, const KVLayo
   } else if (element == 4) {
     write_rows<uint64_t>(kc, vc, layout, k, v, ks, vs, T, slots);
   } else {
-    TORCH_CHECK(element == 8, "unsupported cache dtype");
+    INFLIGHT_CHECK(element == 8, "unsupported cache dtype");
     write_rows<__uint128_t>(kc, vc, layout, k, v, ks, vs, T, slots);
   }
 }
@@ -134,18 +134,18 @@ void write_kv_cache(at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& 
   const KVLayout lay = kv_layout(k_cache, v_cache);
   const int64_t T = slot_mapping.numel();
   for (const auto* rows : {&key, &value}) {
-    TORCH_CHECK(rows->dim() == 3 && rows->size(0) == T && rows->size(1) == lay.kv_heads &&
+    INFLIGHT_CHECK(rows->dim() == 3 && rows->size(0) == T && rows->size(1) == lay.kv_heads &&
                     rows->size(2) == lay.head_dim && rows->stride(2) == 1 &&
                     rows->stride(1) == lay.head_dim && rows->scalar_type() == key.scalar_type(),
                 "key and value must be [T, KVH, D] with contiguous heads, of one dtype");
   }
-  TORCH_CHECK(slot_mapping.dim() == 1 && slot_mapping.scalar_type() == at::kLong &&
+  INFLIGHT_CHECK(slot_mapping.dim() == 1 && slot_mapping.scalar_type() == at::kLong &&
                   slot_mapping.is_contiguous(),
               "slot_mapping: one int64 slot per token");
   const int64_t* slots = slot_mapping.data_ptr<int64_t>();
   const int64_t num_slots = lay.num_slots(k_cache.size(0));
   for (int64_t t = 0; t < T; ++t) {
-    TORCH_CHECK(slots[t] >= 0 && slots[t] < num_slots, "slot ", slots[t], " out of range");
+    INFLIGHT_CHECK(slots[t] >= 0 && slots[t] < num_slots, "slot ", slots[t], " out of range");
   }
   write_kv(k_cache, v_cache, lay, key, value, slots);
 }

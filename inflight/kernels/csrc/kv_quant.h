@@ -6,7 +6,7 @@
 #pragma once
 #include <c10/util/BFloat16.h>
 #include <c10/core/ScalarType.h>
-#include <c10/util/Exception.h>
+#include "check.h"
 #include <c10/util/Float8_e4m3fn.h>
 #include <c10/util/Half.h>
 
@@ -111,12 +111,12 @@ void dispatch_query_and_cache(c10::ScalarType q, c10::ScalarType cache, const ch
         default: break;
       }
     }
-    TORCH_CHECK(false, name, ": no kernel for ", q, " queries over a ", cache, " cache");
+    INFLIGHT_CHECK(false, name, ": no kernel for ", q, " queries over a ", cache, " cache");
   };
   switch (q) {
     case c10::ScalarType::Float: return with_cache(float{});
     case c10::ScalarType::BFloat16: return with_cache(c10::BFloat16{});
     case c10::ScalarType::Half: return with_cache(c10::Half{});
-    default: TORCH_CHECK(false, name, ": unsupported query dtype ", q);
+    default: INFLIGHT_CHECK(false, name, ": unsupported query dtype ", q);
   }
 }

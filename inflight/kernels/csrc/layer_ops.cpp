@@ -75,10 +75,10 @@ void rms_norm_row(const T* __restrict x, const T* __restrict w, T* __restrict ou
 }
 
 void check_rows(const at::Tensor& x, const at::Tensor& weight) {
-  TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1, "x must be [T, D] with contiguous rows");
-  TORCH_CHECK(weight.dim() == 1 && weight.size(0) == x.size(1) && weight.is_contiguous(),
+  INFLIGHT_CHECK(x.dim() == 2 && x.stride(1) == 1, "x must be [T, D] with contiguous rows");
+  INFLIGHT_CHECK(weight.dim() == 1 && weight.size(0) == x.size(1) && weight.is_contiguous(),
               "weight must be [D]");
-  TORCH_CHECK(weight.scalar_type() == x.scalar_type(), "x and weight must share a dtype");
+  INFLIGHT_CHECK(weight.scalar_type() == x.scalar_type(), "x and weight must share a dtype");
 }
 
 template <typename T>
@@ -155,7 +155,7 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
 at::Tensor add_rms_norm(const at::Tensor& x, at::Tensor& residual,
                            const at::Tensor& weight, double eps) {
   check_rows(x, weight);
-  TORCH_CHECK(residual.sizes() == x.sizes() && residual.is_contiguous() &&
+  INFLIGHT_CHECK(residual.sizes() == x.sizes() && residual.is_contiguous() &&
                   residual.scalar_type() == x.scalar_type(),
               "residual must be a contiguous tensor shaped and typed like x");
   auto out = at::cpu::empty(x.sizes(), x.options());
@@ -168,7 +168,7 @@ at::Tensor add_rms_norm(const at::Tensor& x, at::Tensor& residual,
 }
 
 at::Tensor silu_and_mul(const at::Tensor& gate_up) {
-  TORCH_CHECK(gate_up.dim() == 2 && gate_up.stride(1) == 1 && gate_up.size(1) % 2 == 0,
+  INFLIGHT_CHECK(gate_up.dim() == 2 && gate_up.stride(1) == 1 && gate_up.size(1) % 2 == 0,
               "gate_up must be [T, 2 * I] with contiguous rows");
   const int64_t T = gate_up.size(0), I = gate_up.size(1) / 2;
   auto out = at::cpu::empty({T, I}, gate_up.options());
@@ -181,16 +181,16 @@ at::Tensor silu_and_mul(const at::Tensor& gate_up) {
 
 void rope_(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
            int64_t num_heads, int64_t head_dim) {
-  TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1 && num_heads * head_dim <= x.size(1),
+  INFLIGHT_CHECK(x.dim() == 2 && x.stride(1) == 1 && num_heads * head_dim <= x.size(1),
               "x must be [T, >= num_heads * head_dim] with contiguous rows");
   const int64_t T = x.size(0);
   // cos and sin [T, R / 2]: the first R <= head_dim dimensions of each head rotate (R < head_dim:
   // partial rotary embeddings), the rest pass through
-  TORCH_CHECK(cos.sizes() == sin.sizes() && cos.dim() == 2 && cos.size(0) == T &&
+  INFLIGHT_CHECK(cos.sizes() == sin.sizes() && cos.dim() == 2 && cos.size(0) == T &&
                   cos.size(1) >= 1 && 2 * cos.size(1) <= head_dim && cos.is_contiguous() &&
                   sin.is_contiguous(),
               "cos and sin must be contiguous [T, R / 2], R <= head_dim");
-  TORCH_CHECK(cos.scalar_type() == x.scalar_type() && sin.scalar_type() == x.scalar_type(),
+  INFLIGHT_CHECK(cos.scalar_type() == x.scalar_type() && sin.scalar_type() == x.scalar_type(),
               "cos, sin and x must share a dtype");
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "rope_", [&] {
     rope_rows(x.data_ptr<scalar_t>(), x.stride(0), cos.data_ptr<scalar_t>(),

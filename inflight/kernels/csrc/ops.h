@@ -9,6 +9,8 @@
 #include <ATen/Dispatch.h>
 #include <ATen/core/Tensor.h>
 
+#include "check.h"
+
 #include <functional>
 #include <optional>
 #include <vector>

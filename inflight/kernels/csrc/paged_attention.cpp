@@ -404,19 +404,19 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
                                      int64_t window, double softcap,
                                      const c10::optional<at::Tensor>& sinks) {
   const KVLayout lay = kv_layout(k_cache, v_cache);
-  TORCH_CHECK(q.dim() == 3 && q.is_contiguous(), "q must be contiguous [R, H, D]");
-  TORCH_CHECK(block_tables.scalar_type() == at::kLong && seq_lens.scalar_type() == at::kLong,
+  INFLIGHT_CHECK(q.dim() == 3 && q.is_contiguous(), "q must be contiguous [R, H, D]");
+  INFLIGHT_CHECK(block_tables.scalar_type() == at::kLong && seq_lens.scalar_type() == at::kLong,
               "block_tables and seq_lens must be int64");
   const int64_t R = q.size(0), H = q.size(1);
-  TORCH_CHECK(q.size(2) == lay.head_dim && H % lay.kv_heads == 0, "head sizes do not match");
-  TORCH_CHECK(block_tables.dim() == 2 && block_tables.size(0) == R && seq_lens.size(0) == R,
+  INFLIGHT_CHECK(q.size(2) == lay.head_dim && H % lay.kv_heads == 0, "head sizes do not match");
+  INFLIGHT_CHECK(block_tables.dim() == 2 && block_tables.size(0) == R && seq_lens.size(0) == R,
               "one row per request");
   auto tables = block_tables.contiguous();
   auto lens = seq_lens.contiguous();
   const int64_t MB = tables.size(1);
   const int64_t* lp = lens.data_ptr<int64_t>();
   for (int64_t r = 0; r < R; ++r)
-    TORCH_CHECK(lp[r] >= 1 && lp[r] <= MB * lay.block_size, "request ", r, " has ", lp[r],
+    INFLIGHT_CHECK(lp[r] >= 1 && lp[r] <= MB * lay.block_size, "request ", r, " has ", lp[r],
                 " tokens: outside its block table");
   const float* sink_p = sink_logits(sinks, H);
   auto out = at::cpu::empty(q.sizes(), q.options());

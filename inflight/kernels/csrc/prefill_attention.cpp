@@ -488,23 +488,23 @@ at::Tensor paged_prefill_attention(const at::Tensor& q, const at::Tensor& k_cach
                                       const at::Tensor& block_tables, at::Tensor& out,
                                       double scale, int64_t window, double softcap,
                                       const c10::optional<at::Tensor>& sinks) {
-  TORCH_CHECK(q.dim() == 3 && q.stride(2) == 1 && q.stride(1) == q.size(2),
+  INFLIGHT_CHECK(q.dim() == 3 && q.stride(2) == 1 && q.stride(1) == q.size(2),
               "q must be [T, H, D] with contiguous heads (rows may be strided)");
   const KVLayout lay = kv_layout(k_cache, v_cache);
-  TORCH_CHECK(out.sizes() == q.sizes() && out.is_contiguous(), "out must be contiguous like q");
-  TORCH_CHECK(q.scalar_type() == out.scalar_type(), "q and out must share a dtype");
-  TORCH_CHECK(chunks.dim() == 2 && chunks.size(1) == 3 && chunks.scalar_type() == at::kLong &&
+  INFLIGHT_CHECK(out.sizes() == q.sizes() && out.is_contiguous(), "out must be contiguous like q");
+  INFLIGHT_CHECK(q.scalar_type() == out.scalar_type(), "q and out must share a dtype");
+  INFLIGHT_CHECK(chunks.dim() == 2 && chunks.size(1) == 3 && chunks.scalar_type() == at::kLong &&
                   block_tables.dim() == 2 && block_tables.scalar_type() == at::kLong &&
                   block_tables.size(0) == chunks.size(0),
               "chunks [C, 3] and block_tables [C, MB] must be int64, one row per chunk");
-  TORCH_CHECK(lay.head_dim == q.size(2) && q.size(1) % lay.kv_heads == 0,
+  INFLIGHT_CHECK(lay.head_dim == q.size(2) && q.size(1) % lay.kv_heads == 0,
               "head sizes do not match");
   auto c = chunks.contiguous();
   auto tables = block_tables.contiguous();
   const int64_t C = c.size(0), T = q.size(0), MB = tables.size(1);
   const int64_t* cp = c.data_ptr<int64_t>();
   for (int64_t i = 0; i < C; ++i)
-    TORCH_CHECK(cp[i * 3] >= 0 && cp[i * 3 + 1] >= 1 && cp[i * 3] + cp[i * 3 + 1] <= T &&
+    INFLIGHT_CHECK(cp[i * 3] >= 0 && cp[i * 3 + 1] >= 1 && cp[i * 3] + cp[i * 3 + 1] <= T &&
                     cp[i * 3 + 2] >= 0 &&
                     cp[i * 3 + 2] + cp[i * 3 + 1] <= MB * lay.block_size,
                 "chunk ", i, " lies outside the query rows or its block table");
