@@ -71,17 +71,21 @@ def _percentile(values: list[float], q: float) -> float | None:
 
 def saturated_rate(burst: list[Outcome]) -> float:
     """Requests a second the engine completes while requests wait: all were sent at once, so
-    until the burst's last first token every seat is busy and the queue holds more; the
-    completions by then over the time of the last of them (the whole burst's where fewer than
-    two came by then). Counted from the send, not from the first completion: requests sharing
-    a step finish in the same instant, and a rate between two such ends would be unbounded."""
+    from the first completion to the burst's last first token every seat is busy and the queue
+    holds more; the completions between, over that time (the whole burst's where fewer than two
+    came by then). Completions bunched into a span under half the time to the first of them
+    (one step finishing the whole burst) measure no rate: then the burst's completions over the
+    time from its send to the last of them."""
     ends = sorted(o.e2e for o in burst if o.status == 200 and o.e2e is not None)
     firsts = [o.ttft for o in burst if o.status == 200 and o.ttft is not None]
     if len(ends) < 2 or not firsts:
         raise RuntimeError("the capacity burst completed fewer than 2 requests")
     within = [e for e in ends if e <= max(firsts)]
     counted = within if len(within) >= 2 else ends
-    return len(counted) / counted[-1]
+    span = counted[-1] - counted[0]
+    if span < 0.5 * counted[0]:
+        return len(counted) / counted[-1]
+    return (len(counted) - 1) / span
 
 
 def summarize_run(name: str, outcomes: list[Outcome], wall: float, ttft: float,

@@ -292,14 +292,15 @@ def test_slo_measures_both_runs_and_the_simulator_predicts_them(tiny_llama, tmp_
 def test_capacity_is_the_completion_rate_while_requests_wait():
     from inflight.bench.slo import Outcome, saturated_rate
 
-    # all sent at 0; the last first token at 10 s: the completions at 2, 4, 6, 8 s count (4 in
-    # 8 s), the one at 12 s does not; a refusal counts for nothing
+    # all sent at 0; the last first token at 10 s: completions at 2, 4, 6, 8 s count (3 in 6
+    # s), the one at 12 s does not; a refusal counts for nothing
     burst = [Outcome(200, ttft=1.0, e2e=e2e, output_tokens=4) for e2e in (2.0, 4.0, 6.0, 8.0)]
     burst += [Outcome(200, ttft=10.0, e2e=12.0, output_tokens=4), Outcome(429, e2e=0.01)]
     assert saturated_rate(burst) == pytest.approx(0.5)
-    # nobody waited past the first completion: the whole burst's completions (3 in 5 s)
+    # nobody waited past the first completion: the whole burst's completions (2 in 4 s)
     short = [Outcome(200, ttft=0.5, e2e=e2e, output_tokens=4) for e2e in (1.0, 2.0, 5.0)]
-    assert saturated_rate(short) == pytest.approx(0.6)
-    # one step finished the whole burst: 4 in 0.2 s, not 3 over the microsecond between ends
+    assert saturated_rate(short) == pytest.approx(0.5)
+    # one step finished the whole burst: 4 in 0.2 s from the send, not 3 in the microsecond
+    # between the ends
     together = [Outcome(200, ttft=0.1, e2e=0.2 + i * 1e-7, output_tokens=4) for i in range(4)]
     assert saturated_rate(together) == pytest.approx(20.0, rel=1e-5)
