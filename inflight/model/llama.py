@@ -268,7 +268,8 @@ class LlamaModel(nn.Module):
         self.finish_init()
 
     def finish_init(self) -> None:
-        """(Re)ties embeddings and rebuilds buffers; needed again after `to_empty`."""
+        """(Re)ties embeddings and rebuilds buffers; needed again once the loader has replaced the
+        meta tensors (`loader.materialize`)."""
         if self.cfg.tie_word_embeddings and self.lm_head.weight is not None:  # else: blocks
             self.lm_head.weight = self.embed_tokens.weight
         device = self.norm.weight.device

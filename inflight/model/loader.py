@@ -476,6 +476,31 @@ def _shard(arch: LlamaArchConfig, tp: TPGroup | None, path: Path) -> Shard | Non
     return Shard(arch, tp.rank, tp.size)
 
 
+def materialize(model: nn.Module, device: torch.device, dtype: torch.dtype) -> None:
+    """Every parameter and buffer of a model built on the meta device becomes an uninitialised
+    tensor on `device`, floating ones in `dtype` (the loader fills them), tied ones still tied.
+    Not `to_empty`: its `empty_like` of a meta tensor imports torch's symbolic shapes and sympy,
+    ~1 s of every process's start-up."""
+    made: dict[int, torch.Tensor] = {}
+
+    def empty(t: torch.Tensor) -> torch.Tensor:
+        if id(t) not in made:
+            kind = dtype if t.is_floating_point() else t.dtype
+            made[id(t)] = torch.empty(t.shape, dtype=kind, device=device)
+        return made[id(t)]
+
+    params: dict[int, nn.Parameter] = {}
+    for module in model.modules():
+        for name, p in module._parameters.items():
+            if p is not None:
+                if id(p) not in params:
+                    params[id(p)] = nn.Parameter(empty(p), requires_grad=p.requires_grad)
+                module._parameters[name] = params[id(p)]
+        for name, b in module._buffers.items():
+            if b is not None:
+                module._buffers[name] = empty(b)
+
+
 def load_model(
     path: Path,
     dtype: torch.dtype,
@@ -533,7 +558,7 @@ def load_model(
         if shard is not None:
             entries = shard_entries(shard, entries)
         skip = drop_block_weights(model, entries, block_types, path)
-    model = model.to_empty(device=device).to(dtype)
+    materialize(model, device, dtype)
     model.finish_init()
     if index is not None:
         weights = iter_gguf_weights(index, arch, path, blocks, skip, block_types)
