@@ -481,21 +481,22 @@ def materialize(model: nn.Module, device: torch.device, dtype: torch.dtype) -> N
     tensor on `device`, floating ones in `dtype` (the loader fills them), tied ones still tied.
     Not `to_empty`: its `empty_like` of a meta tensor imports torch's symbolic shapes and sympy,
     ~1 s of every process's start-up."""
-    made: dict[int, torch.Tensor] = {}
+    # by id, each value holding its original too, so no id is reused while the map lives
+    made: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def empty(t: torch.Tensor) -> torch.Tensor:
         if id(t) not in made:
             kind = dtype if t.is_floating_point() else t.dtype
-            made[id(t)] = torch.empty(t.shape, dtype=kind, device=device)
-        return made[id(t)]
+            made[id(t)] = (t, torch.empty(t.shape, dtype=kind, device=device))
+        return made[id(t)][1]
 
-    params: dict[int, nn.Parameter] = {}
+    params: dict[int, tuple[nn.Parameter, nn.Parameter]] = {}
     for module in model.modules():
         for name, p in module._parameters.items():
             if p is not None:
                 if id(p) not in params:
-                    params[id(p)] = nn.Parameter(empty(p), requires_grad=p.requires_grad)
-                module._parameters[name] = params[id(p)]
+                    params[id(p)] = (p, nn.Parameter(empty(p), requires_grad=p.requires_grad))
+                module._parameters[name] = params[id(p)][1]
         for name, b in module._buffers.items():
             if b is not None:
                 module._buffers[name] = empty(b)
