@@ -98,15 +98,45 @@ def random_mxfp4(rng: np.random.Generator, rows: int, cols: int) -> np.ndarray:
     return blocks.reshape(rows, -1)
 
 
+def copy_tokenizer(source: GGUFReader, w: GGUFWriter, vocab: int) -> None:
+    """SmolLM2's tokenizer, as its GGUF holds it, padded with unused tokens to `vocab`."""
+    for key in TOKENIZER_KEYS:
+        field = source.fields.get(key)
+        if field is None:
+            continue
+        value = field.contents()
+        if key in ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type") and len(value) < vocab:
+            extra = vocab - len(value)
+            value = value + ([f"<unused_{i}>" for i in range(extra)]
+                             if key.endswith("tokens") else [1] * extra)  # fmt: skip
+        w.add_key_value(key, value, field.types[0],
+                        field.types[-1] if len(field.types) > 1 else None)  # fmt: skip
+
+
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("shape", choices=[*SHAPES, "gpt-oss-20b"])
     parser.add_argument("--type", default="F16", help="F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--tokenizer", type=Path,
+                        help="a GGUF file whose tokenizer to copy (default: the default "
+                        "model's; `--tokenizer-only` writes a small one)")  # fmt: skip
+    parser.add_argument("--tokenizer-only", action="store_true",
+                        help="write the tokenizer's metadata alone, no tensors (for machines "
+                        "without the default model)")  # fmt: skip
     args = parser.parse_args(argv)
     qtype = GGMLQuantizationType[args.type]
-    source = GGUFReader(default_model_path())
+    source = GGUFReader(args.tokenizer or default_model_path())
+    if args.tokenizer_only:
+        w = GGUFWriter(args.out, "llama")
+        copy_tokenizer(source, w, len(source.fields["tokenizer.ggml.tokens"].contents()))
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_ti_data_to_file()
+        w.close()
+        print(f"{args.out}: {args.out.stat().st_size / 2**20:.1f} MiB")
+        return
     gpt_oss = args.shape == "gpt-oss-20b"
     w = GGUFWriter(args.out, "gpt-oss" if gpt_oss else "llama")
     w.add_name(f"synthetic {args.shape}")
@@ -141,17 +171,7 @@ def main(argv: list[str]) -> None:
     w.add_rope_dimension_count(head_dim)
     w.add_vocab_size(vocab)
     w.add_file_type(int(LlamaFileType[f"MOSTLY_{qtype.name}"]))
-    for key in TOKENIZER_KEYS:  # SmolLM2's tokenizer, as its GGUF holds it
-        field = source.fields.get(key)
-        if field is None:
-            continue
-        value = field.contents()
-        if key in ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type") and len(value) < vocab:
-            extra = vocab - len(value)  # unused tokens, to the model's vocabulary
-            value = value + ([f"<unused_{i}>" for i in range(extra)]
-                             if key.endswith("tokens") else [1] * extra)  # fmt: skip
-        w.add_key_value(key, value, field.types[0],
-                        field.types[-1] if len(field.types) > 1 else None)  # fmt: skip
+    copy_tokenizer(source, w, vocab)
     rng = np.random.default_rng(args.seed)
 
     def kind(name: str, shape: tuple[int, ...]) -> GGMLQuantizationType:

@@ -7,6 +7,11 @@
 #   .gpu/smol-meta/  SmolLM2-135M's tokenizer and config, read from the default model's GGUF
 #                    (its weights, 98 MB, are over the 64 MiB a call carries: the device run
 #                    builds random weights of the same shapes, which time the same)
+#   .gpu/smol-tokenizer.gguf  the same tokenizer as GGUF metadata alone, for synthetic_gguf.py
+#   .gpu/llama-src.tgz, .gpu/cmake-min.txz  for run.sh's `quant` stage, when LLAMA_SRC names
+#                    an unpacked llama.cpp source tree (docs/benchmarks.md says where one
+#                    ships): the tree without its models, docs and tests (~10 MB), and cmake's
+#                    binary and modules from its PyPI wheel (~7 MB), for an image without cmake
 # Then: run `bash scripts/gpu/run.sh` on the device (see that file).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -44,3 +49,15 @@ AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(
 AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(out)
 print(f"wrote {out}")
 PY
+.venv/bin/python scripts/synthetic_gguf.py llama-3.2-1b --tokenizer-only --out .gpu/smol-tokenizer.gguf
+if [ -n "${LLAMA_SRC:-}" ]; then
+  tar czf .gpu/llama-src.tgz -C "$(dirname "$LLAMA_SRC")" --exclude=build --exclude=models \
+    --exclude=docs --exclude=.git --exclude=media --exclude=benches --exclude=tools/ui/tests \
+    --exclude=tools/server/tests "$(basename "$LLAMA_SRC")"
+  wheel=$(mktemp -d)
+  .venv/bin/python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+    --platform manylinux_2_17_x86_64 -d "$wheel" cmake
+  (cd "$wheel" && unzip -q ./*.whl && cd cmake/data \
+    && tar cJf - bin/cmake share/cmake-*/Modules share/cmake-*/Templates) > .gpu/cmake-min.txz
+  rm -rf "$wheel"
+fi

@@ -17,6 +17,11 @@
 #             which a 2-core AVX2 CI machine skips), the GPU hidden
 #   kv        the KV cache dtypes: their Triton kernel tests, then mixed64 with each (auto, int8,
 #             fp8)
+#   quant     quantized weights on this machine's CPU against llama.cpp, the GPU hidden: builds
+#             llama-server and llama-quantize from the carried source (.gpu/llama-src.tgz, with
+#             .gpu/cmake-min.txz where the image has no cmake), writes a Llama-3.2-3B-shaped F16
+#             file (.gpu/smol-tokenizer.gguf's tokenizer), converts it to Q4_K_M, then runs
+#             prefill_decode.py and `bench compare --workload mixed64` (16 requests)
 # Logs and results go to $OUT, which comes back. All stages: about 8 minutes on an H100.
 set -uo pipefail
 stages=${*:-tests cold mixed decode longtail roofline}
@@ -97,6 +102,37 @@ for stage in $stages; do
         --peers hf-static,hf-continuous --out /tmp/res/compare-$model > "$OUT/compare-$model.log" 2>&1
       echo "compare $model"; grep -E "^\| (inflight|hf|transformers)|x\*\*" "$OUT/compare-$model.log"
     done ;;
+  quant)
+    # PEER=0: llama-quantize alone (no llama-server runs); PD_MODES, PD_ROUNDS: prefill_decode's
+    # inflight modes and rounds; CMP_MODES: bench compare's
+    export CUDA_VISIBLE_DEVICES=
+    lscpu | grep -E "Model name|^CPU\(s\)|Thread|Core|Socket" | tr -s ' '
+    command -v cmake > /dev/null || { mkdir -p /tmp/cmake && tar xJf .gpu/cmake-min.txz -C /tmp/cmake \
+      && export PATH=/tmp/cmake/bin:$PATH; }
+    gen=$(command -v ninja > /dev/null && echo "-G Ninja")
+    targets="llama-quantize"; [ "${PEER:-1}" = 1 ] && targets="llama-quantize llama-server"
+    tar xzf .gpu/llama-src.tgz -C /tmp
+    ( cmake -B /tmp/lb -S /tmp/llama.cpp $gen -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
+        -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+        && timeout 300 cmake --build /tmp/lb -j "$(nproc)" --target $targets
+    ) > "$OUT/llama-build.log" 2>&1 &
+    timeout 200 python3 scripts/synthetic_gguf.py llama-3.2-3b --type F16 \
+      --tokenizer .gpu/smol-tokenizer.gguf --out /tmp/models/l3b-f16.gguf 2>&1 | tail -1
+    wait; echo "llama.cpp build: $(tail -1 "$OUT/llama-build.log")"
+    q=/tmp/models/l3b-q4_k_m.gguf
+    timeout 120 /tmp/lb/bin/llama-quantize /tmp/models/l3b-f16.gguf $q Q4_K_M > "$OUT/quantize.log" 2>&1
+    rm -f /tmp/models/l3b-f16.gguf; ls -la $q
+    peer=(); cmp_peer=()
+    if [ "${PEER:-1}" = 1 ]; then
+      peer=(--llama-server /tmp/lb/bin/llama-server)
+      cmp_peer=(--peers llama-server --llama-server /tmp/lb/bin/llama-server)
+    fi
+    timeout 240 python3 scripts/prefill_decode.py $q "${peer[@]}" --modes "${PD_MODES:-int16,int8}" \
+      --rounds "${PD_ROUNDS:-2}" --out /tmp/res/prefill_decode.json 2>&1 | grep -E "^round|Error"
+    timeout 300 $bench compare $q --workload mixed64 --num-requests 16 --max-num-seqs 16 \
+      --modes "${CMP_MODES:-continuous,int8}" "${cmp_peer[@]}" \
+      --out /tmp/res/q4km-mixed64 > "$OUT/q4km-mixed64.log" 2>&1
+    grep -E "weights hold|^\| (inflight|llama)|x\*\*" "$OUT/q4km-mixed64.log" ;;
   *) echo "unknown stage $stage"; exit 2 ;;
   esac
 done
