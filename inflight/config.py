@@ -71,9 +71,9 @@ class ModelConfig:
             "the dtype's own path throughout (the exact one); auto: int16, except off for a "
             "bf16 engine of more than 8 seats (max_num_seqs) on an AVX-512 VNNI CPU, where "
             "bf16 computes busy steps faster. Applies to a GGUF file's block-quantized weights "
-            "(int16: Q4_0 to Q8_0 and the K-quants; int8: Q4_0, Q4_1, Q8_0): every float32 "
-            "batch on AVX2 CPUs, and on AVX-512 VNNI ones (int16, Q4_0 / Q4_1 / Q8_0) "
-            "every decode row, in float32 or bf16, while prompts stay exact. int16 decodes a "
+            "(Q4_0 to Q8_0, the K-quants and MXFP4): every float32 batch on AVX2 CPUs, "
+            "AVX-512 ones included, and on AVX-512 VNNI ones (int16, Q4_0 / Q4_1 / Q8_0) "
+            "every bf16 decode row, while bf16 prompts stay exact. int16 decodes a "
             "few sequences ~2x faster than off with the same greedy tokens on the parity "
             "prompts, int8 a little faster again but its tokens drift (docs/benchmarks.md)"
         },

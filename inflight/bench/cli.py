@@ -21,8 +21,8 @@ from inflight.bench.structured import (
 from inflight.config import ModelConfig, SchedulerConfig
 from inflight.errors import ConfigError, InflightError
 from inflight.metrics.profiling import OVERHEAD_PHASES, breakdown
-from inflight.model.loader import is_gguf, resolve_quantized_activations
-from inflight.platform import describe_device, resolve_device, resolve_dtype
+from inflight.model.loader import is_gguf, resolve_engine_dtype, resolve_quantized_activations
+from inflight.platform import describe_device, resolve_device
 from inflight.sampling_params import StructuredOutputs
 from inflight.workload.requests import WorkloadRequest, load_jsonl, named
 from inflight.workload.results import RunResult
@@ -205,12 +205,15 @@ def run_local(args: argparse.Namespace, knobs: dict[str, Any], out: Path) -> dic
             if not mode_knobs.get("num_speculative_tokens"):  # a draft model drafts only there
                 mode_knobs.pop("speculative_model", None)
             if loaded is not None:
-                wanted = resolve_dtype(
+                asked = mode_knobs.get("quantized_activations", ModelConfig.quantized_activations)
+                wanted = resolve_engine_dtype(
                     mode_knobs.get("dtype", ModelConfig.dtype),
                     resolve_device(mode_knobs.get("device", ModelConfig.device)),
+                    loaded.path,
+                    asked,
                 )
                 activations = resolve_quantized_activations(
-                    mode_knobs.get("quantized_activations", ModelConfig.quantized_activations),
+                    asked,
                     wanted,
                     mode_knobs.get("max_num_seqs", SchedulerConfig.max_num_seqs),
                 )

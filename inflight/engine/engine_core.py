@@ -35,12 +35,13 @@ from inflight.model.loader import (
     check_memory_fits,
     estimated_weight_bytes,
     load_model,
+    resolve_engine_dtype,
     resolve_model_path,
     resolve_quantized_activations,
 )
 from inflight.parallel.shard import Shard, check_tensor_parallel, shard_arch
 from inflight.parallel.workers import KVSetup, RankSpec, RankWorkers, threads_per_rank
-from inflight.platform import resolve_device, resolve_dtype
+from inflight.platform import resolve_device
 from inflight.request import FinishReason, Request, RequestStatus
 from inflight.runner.cuda_graphs import DecodeGraphs, supports_graphs
 from inflight.runner.drafter import Drafter
@@ -74,7 +75,9 @@ class StepResult:
 class EngineCore:
     def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None) -> None:
         self.device = resolve_device(config.model.device)
-        self.dtype = resolve_dtype(config.model.dtype, self.device)
+        path = loaded.path if loaded is not None else resolve_model_path(config.model.model)
+        self.dtype = resolve_engine_dtype(config.model.dtype, self.device, path,
+                                          config.model.quantized_activations)  # fmt: skip
         kv_dtype = resolve_kv_cache_dtype(config.cache.kv_cache_dtype, self.dtype)
         # the other ranks of a model split over several (parallel/), started before loading
         self.workers = self._start_ranks(config, loaded, kv_dtype)

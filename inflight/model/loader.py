@@ -68,6 +68,7 @@ from inflight.parallel.shard import (
     shard_weights,
     splits_on_blocks,
 )
+from inflight.platform import resolve_dtype
 
 logger = logging.getLogger(__name__)
 
@@ -151,10 +152,30 @@ def resolve_quantized_activations(asked: str, dtype: torch.dtype, max_num_seqs: 
     the blocks at every size (twice a float32 FMA's multiply-adds per instruction)."""
     if asked != "auto":
         return asked
-    wide = decode_rows_from_blocks(ACTIVATION_BITS["int16"])
-    if dtype == torch.bfloat16 and wide and max_num_seqs > BF16_DECODE_ROWS_MAX_SEQS:
+    wide = decode_rows_from_blocks(dtype, ACTIVATION_BITS["int16"])
+    if wide and max_num_seqs > BF16_DECODE_ROWS_MAX_SEQS:
         return "off"
     return "int16"
+
+
+def resolve_engine_dtype(
+    asked: str, device: torch.device, path: Path, quantized_activations: str = "auto"
+) -> torch.dtype:
+    """The dtype an engine on `path` computes in: `resolve_dtype`'s, except that `auto` on a
+    CPU with native bf16 is float32 for a GGUF file with weights whose blocks serve every row
+    in float32 and none in bf16 (a K-quant file's: bf16 keeps blocks for the legacy formats'
+    decode rows alone): in bf16 they would be dequantized to bf16 copies, about 4.5x a Q4_K_M
+    file's bytes, where float32 keeps the file's."""
+    dtype = resolve_dtype(asked, device)
+    bits = ACTIVATION_BITS.get(quantized_activations, 0)
+    if asked != "auto" or dtype == torch.float32 or device.type != "cpu" or not is_gguf(path):
+        return dtype
+    if not blocks_serve_every_batch(torch.float32, bits):
+        return dtype
+    kept = _block_types(torch.float32, bits).keys() - _block_types(dtype, bits).keys()
+    if any(e["type"] in kept for e in read_gguf_index(path).entries):
+        return torch.float32
+    return dtype
 
 
 def load_hf_arch_config(path: Path) -> LlamaArchConfig:
@@ -516,8 +537,8 @@ def load_model(
     weight (`parallel/shard.py`), a GGUF's blocks as blocks where the split falls on them.
     `quantized_activations` (int16, int8; auto = int16, what the model records): linears over
     GGUF blocks round x to that many bits (where it applies: float32 GGUF weights on an AVX2
-    CPU, `block_formats` says which formats; bf16 Q4_0 / Q4_1 / Q8_0 ones with 16 bits on an
-    AVX-512 VNNI CPU). An engine resolves
+    CPU, AVX-512 ones included, `block_formats` says which formats; the decode rows of bf16
+    Q4_0 / Q4_1 / Q8_0 ones with 16 bits on an AVX-512 VNNI CPU). An engine resolves
     auto by its seats first (`resolve_quantized_activations`)."""
     if quantized_activations == "auto":
         quantized_activations = "int16"
@@ -627,8 +648,9 @@ def load_model(
     if quantized_activations in ("int16", "int8") and not quantized:
         logger.warning(
             "quantized_activations has no effect here: it needs a GGUF file's block-quantized "
-            "weights and inflight's CPU kernels: in float32 on an AVX2 CPU, or with 16 bits "
-            "in bf16 on an AVX-512 VNNI one (Q4_0, Q4_1 or Q8_0 there)"
+            "weights and inflight's CPU kernels: in float32 on an AVX2 CPU (AVX-512 ones "
+            "included), or with 16 bits in bf16 on an AVX-512 VNNI one (Q4_0, Q4_1 or Q8_0 "
+            "there)"
         )
     if tp is not None:
         model.tp = tp

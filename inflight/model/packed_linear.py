@@ -25,16 +25,18 @@ rounded to 16 or 8 bits per block of 32 and multiplied in integers over the bloc
 eight columns at a time (`kernels/csrc/gguf_int_linear.cpp`; int8 is llama.cpp's way), up to
 `GGUF_INT_SMALL_BATCH_ROWS` rows: not exact, and docs/benchmarks.md has how far each moves greedy
 output. With 16 bits the 5-bit and K-quant formats (Q5_0, Q5_1, Q4_K, Q5_K, Q6_K) take that
-path too (`block_formats`); elsewhere they are dequantized to float like any other type.
+path too (`block_formats`); elsewhere they are dequantized to float like any other type. This
+8-column layout serves every AVX2 CPU, AVX-512 ones included (there `vpdpwssd` and `vpdpbusd`
+on 32-byte registers fuse each multiply with its add).
 
-Where 16-bit x has the 16-column layout (AVX-512 VNNI: `vpdpwssd` on 64-byte registers), a
-weight with blocks keeps that regrouping as its `decode_weight`, in float32 and in bf16: the
-step's decode rows, however many, multiply from the blocks, and its prompt rows through the
-dtype's own path. A decode step reads the blocks (about a quarter of bf16's bytes): faster than
-bf16 at a few rows, level at about 8-24 and slower beyond (so `auto` keeps bf16 engines of many
-seats off it: model/loader.py); prompts, compute-bound, stay where they are faster and
-exact. And because which path a row takes depends on what the row is, not on its batch, a draft
-verified beside others rounds exactly as the token decoded alone would.
+In a bf16 engine, where 16-bit x has the 16-column layout (AVX-512 VNNI: `vpdpwssd` on
+64-byte registers), a weight with blocks keeps that regrouping as its `decode_weight`: the
+step's decode rows, however many, multiply from the blocks, and its prompt rows through bf16
+(oneDNN, AMX where present). A decode step reads the blocks (about a quarter of bf16's
+bytes): faster than bf16 at a few rows, level at about 8-24 and slower beyond (so `auto` keeps
+bf16 engines of many seats off it: model/loader.py); prompts, compute-bound, stay where they
+are faster and exact. And because which path a row takes depends on what the row is, not on its
+batch, a draft verified beside others rounds exactly as the token decoded alone would.
 """
 
 from __future__ import annotations
@@ -98,23 +100,22 @@ def can_pack(dtype: torch.dtype, device: torch.device) -> bool:
 
 def gguf_kernel_applies(dtype: torch.dtype, activation_bits: int = 0) -> bool:
     """Whether weights of `dtype` multiply from GGUF blocks on this CPU, with x rounded to
-    `activation_bits` (0: exact) (the loader keeps blocks only then): float32 small batches,
-    exactly or in integers, and float32 or bf16 decode rows with 16-bit x over the 16-column
-    layout."""
+    `activation_bits` (0: exact) (the loader keeps blocks only then): float32 batches, exactly
+    or in integers, and bf16 decode rows with 16-bit x over the 16-column layout."""
     ext = load_extension()
     if dtype == torch.float32:
         return ext.gguf_linear_available()
-    return dtype == torch.bfloat16 and decode_rows_from_blocks(activation_bits)
+    return decode_rows_from_blocks(dtype, activation_bits)
 
 
 def blocks_serve_every_batch(dtype: torch.dtype, activation_bits: int) -> bool:
     """Whether a weight with GGUF blocks multiplies every batch from them (x rounded to
     `activation_bits`), so that its float copy is never needed: a float32 engine's quantized
-    activations where the 8-column layout serves them (the loader then never builds that copy)."""
+    activations, over the 8-column layout on every AVX2 CPU, AVX-512 ones included (the loader
+    then never builds that copy)."""
     return (dtype == torch.float32 and activation_bits in GGUF_INT_SMALL_BATCH_ROWS
             and GGUF_INT_SMALL_BATCH_ROWS[activation_bits] >= EVERY_BATCH
-            and load_extension().gguf_int_linear_available()
-            and not decode_rows_from_blocks(activation_bits))  # fmt: skip
+            and load_extension().gguf_int_linear_available())  # fmt: skip
 
 
 def block_formats(dtype: torch.dtype, activation_bits: int) -> frozenset[str]:
@@ -128,11 +129,13 @@ def block_formats(dtype: torch.dtype, activation_bits: int) -> frozenset[str]:
     return frozenset(f.name for f in FORMATS.values() if f.legacy)
 
 
-def decode_rows_from_blocks(activation_bits: int) -> bool:
-    """Whether decode rows multiply from GGUF blocks with x of that many bits here: 16 bits where
-    they have the 16-column layout (AVX-512 VNNI)."""
+def decode_rows_from_blocks(dtype: torch.dtype, activation_bits: int) -> bool:
+    """Whether a `dtype` engine's decode rows multiply from GGUF blocks of their own, beside its
+    prompt rows' bf16 weights, with x of that many bits: a bf16 engine with 16 bits where they
+    have the 16-column layout (AVX-512 VNNI). A float32 engine's blocks serve every row."""
     ext = load_extension()
-    return (activation_bits == 16 and ext.gguf_int_linear_available()
+    return (dtype == torch.bfloat16 and activation_bits == 16
+            and ext.gguf_int_linear_available()
             and ext.gguf_int_linear_columns(16) == 16)  # fmt: skip
 
 
@@ -151,9 +154,10 @@ class PackedLinear(nn.Module):
     inflight's bf16 layout for a bf16 weight (`bf16_linear`, up to the `small_batch_rows` asked
     for).
 
-    With GGUF blocks and 16-bit activations where they have the 16-column layout (AVX-512 VNNI),
-    a weight also keeps them as `decode_weight`, for the decode rows the caller names (see the
-    module's docstring); `activation_bits` is its small-batch kernel's (0 then: exact)."""
+    A bf16 weight with GGUF blocks and 16-bit activations, where they have the 16-column layout
+    (AVX-512 VNNI), also keeps them as `decode_weight`, for the decode rows the caller names
+    (see the module's docstring); `activation_bits` is its small-batch kernel's (0 then:
+    exact)."""
 
     def __init__(
         self,
@@ -205,7 +209,7 @@ class PackedLinear(nn.Module):
         if small_batch_rows <= 0:
             return
         ext = load_extension()
-        if usable and decode_rows_from_blocks(activation_bits):
+        if usable and decode_rows_from_blocks(dtype, activation_bits):
             self.decode_weight = regroup_blocks(parts[0], 16)
         if usable and weight.dtype == torch.float32:
             if activation_bits and self.decode_weight is None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import pytest
 
 from inflight import LLM, SamplingParams
-from inflight.model.packed_linear import decode_rows_from_blocks
 
 pytestmark = pytest.mark.integration
 
@@ -39,11 +38,6 @@ def alone(smollm_prompts, loaded_float32):
     return prompts, greedy(llm, prompts)
 
 
-@pytest.mark.skipif(
-    decode_rows_from_blocks(16),
-    reason="AVX-512 VNNI: prompt rows still change kernels with their count (gguf_linear or "
-    "oneDNN in float32, inflight's bf16 kernel or oneDNN in bf16)",
-)
 @pytest.mark.parametrize("setting", list(SETTINGS))
 def test_greedy_values_do_not_depend_on_the_batch_or_on_preemption(alone, loaded_float32,
                                                                    setting):  # fmt: skip
@@ -82,10 +76,6 @@ def seeded_alone(smollm_prompts, loaded_float32):
     return prompts, seeded(llm, prompts)
 
 
-@pytest.mark.skipif(
-    decode_rows_from_blocks(16),
-    reason="AVX-512 VNNI: prompt rows still change kernels with their count",
-)
 @pytest.mark.parametrize("setting", list(SEEDED_SETTINGS))
 def test_seeded_samples_do_not_depend_on_the_batch_a_twin_preemption_or_speculation(
     seeded_alone, loaded_float32, setting

@@ -11,7 +11,6 @@ import pytest
 
 from inflight import LLM, SamplingParams
 from inflight.kernels import load_extension
-from inflight.model.packed_linear import decode_rows_from_blocks
 from tests.parity import hf_greedy
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -49,9 +48,6 @@ def test_smollm2_greedy_parity(smollm_prompts, expected, loaded_float32, setting
         fused = llm.core.loaded.model.fused_layers
         assert fused.small_batch_rows >= 4
         exact = setting.endswith("exact")
-        if decode_rows_from_blocks(16):  # the decode rows take the blocks, the rest stays exact
-            assert fused.activation_bits == 0 and bool(fused.decode_weights) != exact
-        else:
-            assert fused.activation_bits == (0 if exact else 16)
+        assert fused.activation_bits == (0 if exact else 16) and not fused.decode_weights
     pool = llm.core.kv_cache_manager.pool
     assert pool.num_free_blocks == pool.num_blocks

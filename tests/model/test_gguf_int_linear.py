@@ -20,11 +20,14 @@ from inflight.errors import ConfigError
 from inflight.kernels import load_extension
 from inflight.model.gguf_blocks import regroup_blocks
 from inflight.model.gguf_loader import KERNEL_BLOCK_TYPES
-from inflight.model.loader import BF16_DECODE_ROWS_MAX_SEQS, resolve_quantized_activations
+from inflight.model.loader import (
+    BF16_DECODE_ROWS_MAX_SEQS,
+    resolve_engine_dtype,
+    resolve_quantized_activations,
+)
 from inflight.model.packed_linear import (
     EVERY_BATCH,
     GGUF_INT_SMALL_BATCH_ROWS,
-    GGUF_SMALL_BATCH_ROWS,
     PackedLinear,
     can_pack,
     decode_rows_from_blocks,
@@ -172,18 +175,12 @@ def test_bad_inputs_are_refused():
             assert torch.isfinite(out[0]).all() == (poison == 1e-40)
 
 
-def onednn(packed: PackedLinear, x: torch.Tensor) -> torch.Tensor:
-    return torch.ops.mkldnn._linear_pointwise(x, packed.weight, packed.bias, "none", [], "")
-
-
 @pytest.mark.parametrize("bits", BITS)
 def test_packed_linear_sends_every_batch_to_the_integer_kernel_and_keeps_no_float_copy(bits):
     blocks, weight = quantized(96, 64, Q.Q4_1)
     linear = nn.Linear(64, 96)
     linear.weight.data.copy_(weight)
     packed = PackedLinear(linear, small_batch_rows=64, gguf_blocks=blocks, activation_bits=bits)
-    if decode_rows_from_blocks(bits):
-        pytest.skip("16-bit x serves decode rows here (the next test)")
     assert packed.small_kernel == f"gguf-int{bits}" and packed.decode_weight is None
     assert packed.small_batch_rows == GGUF_INT_SMALL_BATCH_ROWS[bits] == EVERY_BATCH
     assert packed.blocks_only and packed.weight.is_meta  # its shape alone, no float copy
@@ -202,9 +199,10 @@ def test_packed_linear_sends_every_batch_to_the_integer_kernel_and_keeps_no_floa
         PackedLinear(linear, 64, gguf_blocks=blocks)
 
 
-@pytest.mark.skipif(not decode_rows_from_blocks(16), reason="no 16-column layout (AVX-512 VNNI)")
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_packed_linear_sends_decode_rows_to_the_blocks_and_prompt_rows_to_its_dtype(dtype):
+@pytest.mark.skipif(not decode_rows_from_blocks(torch.bfloat16, 16),
+                    reason="no 16-column layout (AVX-512 VNNI)")  # fmt: skip
+def test_packed_linear_sends_bf16_decode_rows_to_the_blocks_and_prompt_rows_to_bf16():
+    dtype = torch.bfloat16
     if not can_pack(dtype, torch.device("cpu")):
         pytest.skip(f"no oneDNN {dtype}")
     blocks, weight = quantized(96, 64, Q.Q4_1)
@@ -212,7 +210,7 @@ def test_packed_linear_sends_decode_rows_to_the_blocks_and_prompt_rows_to_its_dt
     linear.weight.data.copy_(weight)
     packed = PackedLinear(linear, small_batch_rows=64, gguf_blocks=blocks, activation_bits=16)
     assert packed.decode_weight is not None and not packed.activation_bits
-    assert packed.small_kernel == ("gguf" if dtype == torch.float32 else "bf16")
+    assert packed.small_kernel == "bf16"
     wide = regroup(blocks, 16)
 
     def through_blocks(x):
@@ -223,8 +221,6 @@ def test_packed_linear_sends_decode_rows_to_the_blocks_and_prompt_rows_to_its_dt
             x = torch.randn(rows, 64, dtype=dtype)
             assert torch.equal(packed(x, True), through_blocks(x))
             assert torch.equal(packed(x), packed._dense(x))  # no decode rows named
-            if dtype == torch.float32 and rows > GGUF_SMALL_BATCH_ROWS:
-                assert torch.equal(packed(x), onednn(packed, x))
             decodes = torch.tensor([0, rows - 1]) if rows > 1 else torch.tensor([0])
             mixed = packed(x, decodes)
             assert torch.equal(mixed[decodes], through_blocks(x[decodes]))
@@ -240,13 +236,10 @@ def test_the_knob_regroups_a_float32_gguf_model_and_reuse_must_agree(tmp_path, t
     llm = LLM(str(path), dtype="float32", device="cpu", quantized_activations="int16")
     model = llm.core.loaded.model
     linears = [m for m in model.modules() if isinstance(m, PackedLinear)]
-    if decode_rows_from_blocks(16):  # the decode rows take the blocks, the rest stays exact
-        assert {m.small_kernel for m in linears} == {"gguf"}
-        assert all(m.decode_weight is not None for m in linears)
-    else:
-        assert {m.small_kernel for m in linears} == {"gguf-int16"}
-        assert model.fused_layers.activation_bits == 16
-        assert model.fused_layers.small_batch_rows == GGUF_INT_SMALL_BATCH_ROWS[16]
+    assert {m.small_kernel for m in linears} == {"gguf-int16"}
+    assert all(m.decode_weight is None for m in linears)
+    assert model.fused_layers.activation_bits == 16
+    assert model.fused_layers.small_batch_rows == GGUF_INT_SMALL_BATCH_ROWS[16]
     exact = LLM(str(path), dtype="float32", device="cpu", quantized_activations="off")
     prompt = [[5, 9, 11, 3, 17, 2, 8]]
     params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
@@ -274,7 +267,7 @@ def test_the_knob_regroups_a_float32_gguf_model_and_reuse_must_agree(tmp_path, t
 def test_auto_sends_bf16_decode_rows_to_the_blocks_only_for_a_few_seats(tmp_path, tiny_llama):
     """Up to BF16_DECODE_ROWS_MAX_SEQS sequences a bf16 step reads its weights and the blocks
     win; past them it computes, and bf16 wins. float32 takes the blocks at any size."""
-    wide = decode_rows_from_blocks(16)
+    wide = decode_rows_from_blocks(torch.bfloat16, 16)
     bf16, fp32, few = torch.bfloat16, torch.float32, BF16_DECODE_ROWS_MAX_SEQS
     assert resolve_quantized_activations("auto", bf16, few) == "int16"
     assert resolve_quantized_activations("auto", bf16, few + 1) == ("off" if wide else "int16")
@@ -288,3 +281,27 @@ def test_auto_sends_bf16_decode_rows_to_the_blocks_only_for_a_few_seats(tmp_path
         llm = LLM(str(path), dtype="bfloat16", device="cpu", max_num_seqs=seats)
         assert bool(llm.core.loaded.model.fused_layers.decode_weights) == decode_rows
         assert llm.core.loaded.quantized_activations == ("int16" if decode_rows else "off")
+
+
+def test_auto_computes_a_k_quant_gguf_in_float32_on_a_bf16_cpu(tmp_path, tiny_llama, monkeypatch):
+    """bf16 would dequantize its blocks to bf16 copies (it keeps blocks only for the legacy
+    formats' decode rows, with the 16-column layout); float32 keeps the file's bytes. A file
+    without blocks, an explicit dtype and the exact path keep the CPU's bf16."""
+    monkeypatch.setattr("inflight.platform.cpu_supports_bf16", lambda: True)
+    cpu, bf16, fp32 = torch.device("cpu"), torch.bfloat16, torch.float32
+    q5 = write_tiny_gguf(tiny_llama, tmp_path / "tiny-q5_0.gguf", Q.Q5_0)
+    q4 = write_tiny_gguf(tiny_llama, tmp_path / "tiny-q4_1.gguf", Q.Q4_1)
+    f16 = write_tiny_gguf(tiny_llama, tmp_path / "tiny-f16.gguf", Q.F16)
+    blocks = load_extension().gguf_int_linear_available()
+    legacy_in_bf16 = decode_rows_from_blocks(bf16, 16)
+    assert resolve_engine_dtype("auto", cpu, q5) == (fp32 if blocks else bf16)
+    assert resolve_engine_dtype("auto", cpu, q5, "int8") == (fp32 if blocks else bf16)
+    assert resolve_engine_dtype("auto", cpu, q4) == (fp32 if blocks and not legacy_in_bf16
+                                                     else bf16)  # fmt: skip
+    assert resolve_engine_dtype("auto", cpu, q5, "off") == bf16
+    assert resolve_engine_dtype("auto", cpu, f16) == bf16
+    assert resolve_engine_dtype("bfloat16", cpu, q5) == bf16
+    assert resolve_engine_dtype("auto", cpu, tiny_llama) == bf16
+    if blocks:
+        llm = LLM(str(q5), device="cpu", num_kv_blocks=16, max_model_len=64)
+        assert llm.core.dtype == fp32 and llm.core.loaded.model.layers[0].qkv_proj.blocks_only

@@ -2,7 +2,8 @@
 // regrouped eight output columns at a time (AVX2 + FMA + F16C): Q4_0, Q4_1, Q8_0, the 5-bit
 // and K-quant formats (Q5_0, Q5_1, Q4_K, Q5_K, Q6_K: what Q4_K_M, Q5_K_M and Q6_K files hold)
 // and MXFP4 (gpt-oss's experts);
-// or, for 16 bits on AVX-512 VNNI, the legacy three sixteen columns at a time (further down):
+// or, for 16 bits on AVX-512 VNNI, the legacy three sixteen columns at a time too (further
+// down; a bf16 engine's decode rows):
 // the `quantized_activations` knob's path; gguf_linear.cpp is the exact one. x and y are
 // float32, or bf16 (a bf16 engine's decode rows).
 //
@@ -763,8 +764,20 @@ constexpr bool kWide16 = true;
 constexpr bool kWide16 = false;
 #endif
 
-// Columns per group of the layout that `bits`-bit x multiplies over on this build.
+// Columns per group of the widest layout that `bits`-bit x multiplies over on this build.
 constexpr int64_t columns_for(int64_t bits) { return kWide16 && bits == 16 ? 16 : kLanes; }
+
+// Columns per group of `packed`'s layout: 16 for a legacy format's 16-column layout with
+// 16-bit x on a build that has it, else 8. The two layouts' group sizes never coincide for a
+// legacy format (16 x 18, 20 or 34 bytes against 8 x any format's bytes), so the shape says
+// which one a caller regrouped into: the 8-column one serves every format on every build.
+int64_t lanes_of(const at::Tensor& packed, int64_t bits) {
+  if (kWide16 && bits == 16 && packed.dim() == 3 && packed.size(2) % 16 == 0) {
+    const std::optional<Format> f = format_of(packed.size(2) / 16);
+    if (f && is_legacy(*f)) return 16;
+  }
+  return kLanes;
+}
 
 // A run of a weight's output columns in one format: its groups' blocks at `w`.
 struct Segment {
@@ -852,7 +865,7 @@ void gguf_int_linear_into(const at::Tensor& x_in, const at::Tensor& packed,
                           int64_t activation_bits, at::Tensor& y) {
   INFLIGHT_CHECK(activation_bits == 8 || activation_bits == 16,
               "activation_bits must be 8 or 16, got ", activation_bits);
-  const int64_t lanes = columns_for(activation_bits);
+  const int64_t lanes = lanes_of(packed, activation_bits);
   std::vector<Segment> segments = segments_of(packed, lanes);
   const int64_t K = segments[0].K;
   for (const Segment& s : segments) {
@@ -883,7 +896,7 @@ void gguf_int_linear_into(const at::Tensor& x_in, const at::Tensor& packed,
               "y: [rows, out_features] in x's dtype, contiguous");
   if (M == 0) return;
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
-  if (activation_bits == 16) {  // x read and y written in their own dtype
+  if (lanes == kWideLanes) {  // x read and y written in their own dtype
     INFLIGHT_CHECK(segments.size() == 1, "the 16-column layout has no mixed packing");
     const uint8_t* w = segments[0].w;
     const Format format = segments[0].format;
