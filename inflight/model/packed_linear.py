@@ -78,13 +78,13 @@ GGUF_SMALL_BATCH_ROWS = 8
 # A small-batch row limit that every batch is under.
 EVERY_BATCH = 2**31 - 1
 # Batches of at most this many rows go to `gguf_int_linear` with quantized activations, by bits
-# (where the 8-column layout serves them; the 16-column one serves decode rows instead, see
-# above). Every batch: then the weight is kept as its blocks alone, no float copy beside them
-# (a sixth to a quarter of the memory), and a row's value never depends on its batch. With 8-bit
-# x the integer dot products beat oneDNN's float32 at every batch size; with 16-bit x they win
-# at decode sizes and lose some at prompt sizes (`vpmaddwd` does as many multiply-adds per
-# instruction as a float32 FMA, and each block of 32 pays its scales), a loss taken for the
-# memory and the invariance (docs/benchmarks.md, "Figures behind design decisions").
+# (a float32 weight's, over the 8-column layout; a bf16 engine's 16-column one serves its
+# decode rows instead, see above). Every batch: then the weight is kept as its blocks alone, no
+# float copy beside them (a sixth to a quarter of the memory), and a row's value never depends
+# on its batch. With 8-bit x the integer dot products beat oneDNN's float32 at every batch size;
+# with 16-bit x they win at decode sizes and run at about its rate at prompt sizes (each block
+# of 32 pays its scales, and the kernel issues `vpmaddwd` at under half its rate), a loss taken
+# for the memory and the invariance (docs/benchmarks.md, "Quantized weights").
 GGUF_INT_SMALL_BATCH_ROWS = {8: EVERY_BATCH, 16: EVERY_BATCH}
 # A warm-up call slower than this is mostly multiply, which outweighs the build it saves.
 WARM_UP_MAX_CALL_S = 0.005
