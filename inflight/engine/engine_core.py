@@ -152,7 +152,8 @@ class EngineCore:
             self._check_memory(config, path, arch_config(path), kv_dtype, activations)
         return load_model(path, self.dtype, self.device, config.cache.kv_block_size,
                           config.model.attention_backend, activations,
-                          tp=self.workers.group if self.workers else None)  # fmt: skip
+                          tp=self.workers.group if self.workers else None,
+                          warn_unused=config.model.quantized_activations != "auto")  # fmt: skip
 
     def _start_ranks(
         self, config: EngineConfig, loaded: LoadedModel | None, kv_dtype: torch.dtype
@@ -311,7 +312,7 @@ class EngineCore:
         """The draft model, loaded like the target; its tokens must mean the target's."""
         draft = load_model(resolve_model_path(model), self.dtype, self.device,
                            config.cache.kv_block_size, config.model.attention_backend,
-                           target.quantized_activations)  # fmt: skip
+                           target.quantized_activations, warn_unused=False)  # fmt: skip
         if draft.arch.vocab_size != target.arch.vocab_size:
             raise ConfigError(
                 f"speculative_model {model} has a vocabulary of {draft.arch.vocab_size} tokens, "

@@ -531,6 +531,7 @@ def load_model(
     attention_backend: str = "auto",
     quantized_activations: str = "auto",
     tp: TPGroup | None = None,
+    warn_unused: bool = True,
 ) -> LoadedModel:
     """Builds the model and fills its weights; every failure is a ModelLoadError naming the file.
     `tp`: this process is one rank of a tensor-parallel group and holds its slice of every
@@ -539,7 +540,8 @@ def load_model(
     GGUF blocks round x to that many bits (where it applies: float32 GGUF weights on an AVX2
     CPU, AVX-512 ones included, `block_formats` says which formats; the decode rows of bf16
     Q4_0 / Q4_1 / Q8_0 ones with 16 bits on an AVX-512 VNNI CPU). An engine resolves
-    auto by its seats first (`resolve_quantized_activations`)."""
+    auto by its seats first (`resolve_quantized_activations`), and says whether the user asked
+    for them (`warn_unused`: a warning where they have no effect; auto's int16 none)."""
     if quantized_activations == "auto":
         quantized_activations = "int16"
     index = read_gguf_index(path) if is_gguf(path) else None
@@ -645,7 +647,7 @@ def load_model(
         getattr(m, "activation_bits", 0) or getattr(m, "decode_weight", None) is not None
         for m in model.modules()
     )
-    if quantized_activations in ("int16", "int8") and not quantized:
+    if warn_unused and quantized_activations in ("int16", "int8") and not quantized:
         logger.warning(
             "quantized_activations has no effect here: it needs a GGUF file's block-quantized "
             "weights and inflight's CPU kernels: in float32 on an AVX2 CPU (AVX-512 ones "

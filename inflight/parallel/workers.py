@@ -344,9 +344,10 @@ def worker_main(rank: int) -> None:
 def _load_slice(spec: RankSpec, group: TPGroup) -> LlamaModel:
     from inflight.model.loader import load_model
 
+    # (rank 0 warns where quantized activations were asked for and have no effect)
     loaded = load_model(Path(spec.path), spec.dtype, torch.device(spec.device),
                         spec.block_size, spec.attention_backend, spec.quantized_activations,
-                        tp=group)  # fmt: skip
+                        tp=group, warn_unused=False)  # fmt: skip
     return loaded.model
 
 
