@@ -21,7 +21,8 @@
 #             llama-server and llama-quantize from the carried source (.gpu/llama-src.tgz, with
 #             .gpu/cmake-min.txz where the image has no cmake), writes a Llama-3.2-3B-shaped F16
 #             file (.gpu/smol-tokenizer.gguf's tokenizer), converts it to Q4_K_M, then runs
-#             prefill_decode.py and `bench compare --workload mixed64` (16 requests)
+#             prefill_decode.py, `bench compare --workload mixed64` (16 requests) and `bench
+#             memory` (`inflight serve`'s peak against file + KV pool + 1 GiB)
 # Logs and results go to $OUT, which comes back. All stages: about 8 minutes on an H100.
 set -uo pipefail
 stages=${*:-tests cold mixed decode longtail roofline}
@@ -104,7 +105,7 @@ for stage in $stages; do
     done ;;
   quant)
     # PEER=0: llama-quantize alone (no llama-server runs); PD_MODES, PD_ROUNDS: prefill_decode's
-    # inflight modes and rounds; CMP_MODES: bench compare's
+    # inflight modes and rounds; CMP_MODES: bench compare's; MEM=0 skips `bench memory`
     export CUDA_VISIBLE_DEVICES=
     lscpu | grep -E "Model name|^CPU\(s\)|Thread|Core|Socket" | tr -s ' '
     command -v cmake > /dev/null || { mkdir -p /tmp/cmake && tar xJf .gpu/cmake-min.txz -C /tmp/cmake \
@@ -132,7 +133,13 @@ for stage in $stages; do
     timeout 300 $bench compare $q --workload mixed64 --num-requests 16 --max-num-seqs 16 \
       --modes "${CMP_MODES:-continuous,int8}" "${cmp_peer[@]}" \
       --out /tmp/res/q4km-mixed64 > "$OUT/q4km-mixed64.log" 2>&1
-    grep -E "weights hold|^\| (inflight|llama)|x\*\*" "$OUT/q4km-mixed64.log" ;;
+    grep -E "weights hold|^\| (inflight|llama)|x\*\*" "$OUT/q4km-mixed64.log"
+    # `inflight serve`'s peak RSS against the file + KV pool + 1 GiB target (MEM=0: skipped)
+    if [ "${MEM:-1}" = 1 ]; then
+      timeout 240 $bench memory $q "${peer[@]}" --max-num-seqs 4 --num-requests 4 \
+        --out /tmp/res/q4km-memory > "$OUT/q4km-memory.log" 2>&1
+      grep -E "^\| (inflight|llama)" "$OUT/q4km-memory.log"
+    fi ;;
   *) echo "unknown stage $stage"; exit 2 ;;
   esac
 done
