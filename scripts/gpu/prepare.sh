@@ -51,9 +51,11 @@ print(f"wrote {out}")
 PY
 .venv/bin/python scripts/synthetic_gguf.py llama-3.2-1b --tokenizer-only --out .gpu/smol-tokenizer.gguf
 if [ -n "${LLAMA_SRC:-}" ]; then
-  tar czf .gpu/llama-src.tgz -C "$(dirname "$LLAMA_SRC")" --exclude=build --exclude=models \
-    --exclude=docs --exclude=.git --exclude=media --exclude=benches --exclude=tools/ui/tests \
-    --exclude=tools/server/tests "$(basename "$LLAMA_SRC")"
+  tree=$(basename "$LLAMA_SRC")  # (the tree's own folders only: src/models is source)
+  tar czf .gpu/llama-src.tgz -C "$(dirname "$LLAMA_SRC")" --exclude="$tree/build" \
+    --exclude="$tree/models" --exclude="$tree/docs" --exclude="$tree/.git" \
+    --exclude="$tree/media" --exclude="$tree/benches" --exclude="$tree/tools/ui/tests" \
+    --exclude="$tree/tools/server/tests" "$tree"
   wheel=$(mktemp -d)
   .venv/bin/python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
     --platform manylinux_2_17_x86_64 -d "$wheel" cmake
