@@ -83,8 +83,8 @@ EVERY_BATCH = 2**31 - 1
 # float copy beside them (a sixth to a quarter of the memory), and a row's value never depends
 # on its batch. With 8-bit x the integer dot products beat oneDNN's float32 at every batch size;
 # with 16-bit x they win at decode sizes and run at about its rate at prompt sizes (each block
-# of 32 pays its scales, and the kernel issues `vpmaddwd` at under half its rate), a loss taken
-# for the memory and the invariance (docs/benchmarks.md, "Quantized weights").
+# of 32 pays its scales, and each `vpmaddwd` its `vpaddd`), a loss taken for the memory and the
+# invariance (docs/benchmarks.md, "Quantized weights").
 GGUF_INT_SMALL_BATCH_ROWS = {8: EVERY_BATCH, 16: EVERY_BATCH}
 # A warm-up call slower than this is mostly multiply, which outweighs the build it saves.
 WARM_UP_MAX_CALL_S = 0.005
