@@ -102,7 +102,8 @@ def _precompiled_common_header(name: str, csrc: Path, cflags: list[str]) -> list
     stamp = hashlib.sha256("\n".join([text, torch.__version__, *flags]).encode()).hexdigest()
     header, compiled, stamp_file = folder / "common.h", folder / "common.h.gch", folder / "stamp"
     try:
-        if not (compiled.is_file() and stamp_file.is_file() and stamp_file.read_text() == stamp):
+        fresh = header.is_file() and compiled.is_file() and stamp_file.is_file()
+        if not (fresh and stamp_file.read_text() == stamp):
             folder.mkdir(parents=True, exist_ok=True)
             header.write_text(text)
             partial = folder / f"common.h.gch.{os.getpid()}"  # processes may race: each its own

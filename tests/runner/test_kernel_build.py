@@ -37,6 +37,9 @@ def test_the_header_is_compiled_once_with_the_files_flags_and_again_when_stale(
     assert len((tmp_path / "calls").read_text().splitlines()) == 1  # up to date: not again
     kernels._precompiled_common_header("k", CSRC, ["-O2"])  # other flags: stale
     assert len((tmp_path / "calls").read_text().splitlines()) == 2
+    header.unlink()  # the text header is what `-include` names: without it, built again
+    kernels._precompiled_common_header("k", CSRC, ["-O2"])
+    assert header.is_file() and len((tmp_path / "calls").read_text().splitlines()) == 3
 
 
 def test_a_compiler_that_fails_leaves_the_build_without_the_header(tmp_path, monkeypatch):
