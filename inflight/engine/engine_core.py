@@ -75,8 +75,9 @@ class StepResult:
 class EngineCore:
     def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None) -> None:
         self.device = resolve_device(config.model.device)
-        path = loaded.path if loaded is not None else resolve_model_path(config.model.model)
-        self.dtype = resolve_engine_dtype(config.model.dtype, self.device, path,
+        # the model's file or folder, resolved once: its dtype, ranks and loading read it
+        self._path = loaded.path if loaded is not None else resolve_model_path(config.model.model)
+        self.dtype = resolve_engine_dtype(config.model.dtype, self.device, self._path,
                                           config.model.quantized_activations)  # fmt: skip
         kv_dtype = resolve_kv_cache_dtype(config.cache.kv_cache_dtype, self.dtype)
         # the other ranks of a model split over several (parallel/), started before loading
@@ -147,7 +148,7 @@ class EngineCore:
             if why := loaded.mismatch(self.dtype, activations):
                 raise ConfigError(why)
             return loaded
-        path = resolve_model_path(config.model.model)
+        path = self._path
         if self.device.type == "cpu" and self.workers is None:  # (ranks: checked as started)
             self._check_memory(config, path, arch_config(path), kv_dtype, activations)
         return load_model(path, self.dtype, self.device, config.cache.kv_block_size,
@@ -170,7 +171,7 @@ class EngineCore:
         if self.device.type != "cpu":
             raise ConfigError(f"tensor_parallel_size {size}: tensor parallelism runs on CPU "
                               f"ranks only, not on {self.device.type}")  # fmt: skip
-        path = resolve_model_path(config.model.model)
+        path = self._path
         arch = arch_config(path)
         try:
             check_tensor_parallel(arch, size)

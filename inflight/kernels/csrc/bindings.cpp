@@ -31,7 +31,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gguf_int_linear_available", &gguf_int_linear_available, no_gil(),
         "whether this machine compiled gguf_int_linear (AVX2, FMA and F16C)");
   m.def("gguf_int_linear_columns", &gguf_int_linear_columns, no_gil(),
-        "columns per group of the blocks' layout for x of that many bits (8 or 16)");
+        "columns per group of the widest blocks' layout for x of that many bits (8, or 16 for "
+        "the legacy formats with 16-bit x on AVX-512 VNNI); the 8-column layout serves all");
   m.def("gguf_int_linear", &gguf_int_linear, no_gil(),
         "x @ W.T (+ bias), x rounded to 8 or 16 bits per block of 32, over W's regrouped GGUF "
         "blocks",

@@ -1,6 +1,6 @@
 // What most kernel files include, compiled once per build into a precompiled header that every
-// file but the bindings reads first (`inflight/kernels/__init__.py`): parsing ATen's headers is
-// most of a small file's compile time (argmax.cpp: 6 s, 2 s with it).
+// file reads first (`inflight/kernels/__init__.py`): parsing ATen's headers is most of a small
+// file's compile time (argmax.cpp: 6 s, 2 s with it).
 #pragma once
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
