@@ -1,7 +1,9 @@
 // How fast one core issues `vpmaddwd` (AVX2): alone, with the `vpaddd` each needs, and in the
 // shape of gguf_int_linear.cpp's widened inner loop (x's 16-bit pair broadcast from memory, two
-// multiply-adds over widened quants read from L1, their adds; four rows of a tile). The figures
-// in docs/benchmarks.md ("Quantized weights") come from it:
+// multiply-adds over widened quants read from L1, their adds; four rows of a tile); and, for
+// scale, float32 `vfmadd231ps` alone. Each line also says how many multiply-adds a second that
+// is (16 per `vpmaddwd`, 8 per float32 FMA). The figures in docs/benchmarks.md ("Quantized
+// weights") come from it:
 //
 //     gcc -O3 -march=native scripts/int16_microbench.c -o /tmp/int16_microbench && /tmp/int16_microbench
 #include <immintrin.h>
@@ -33,7 +35,9 @@ int main(void) {
         : "x"(a), "x"(b)
         : "ymm10", "ymm11", "ymm12", "ymm13", "ymm14", "ymm15");
   }
-  printf("vpmaddwd alone:         %.2f G/s\n", n * 8.0 / (now() - t) / 1e9);
+  double dt = now() - t;
+  printf("vpmaddwd alone:          %.2f G/s (%.1f G multiply-adds/s)\n", n * 8.0 / dt / 1e9,
+         n * 8.0 * 16 / dt / 1e9);
   t = now();
   for (long i = 0; i < n; i++) {  // each product added into one of 6 accumulators
     __asm__ volatile(
@@ -49,7 +53,24 @@ int main(void) {
         : "x"(a), "x"(b)
         : "ymm10", "ymm11", "ymm12", "ymm13", "ymm14", "ymm15");
   }
-  printf("vpmaddwd + vpaddd:      %.2f G/s\n", n * 8.0 / (now() - t) / 1e9);
+  dt = now() - t;
+  printf("vpmaddwd + vpaddd:       %.2f G/s (%.1f G multiply-adds/s)\n", n * 8.0 / dt / 1e9,
+         n * 8.0 * 16 / dt / 1e9);
+
+  __m256 fa = _mm256_set1_ps(1.0f), fb = _mm256_set1_ps(1e-9f), f0 = _mm256_setzero_ps();
+  __m256 f1 = f0, f2 = f0, f3 = f0, f4 = f0, f5 = f0, f6 = f0, f7 = f0;
+  t = now();
+  for (long i = 0; i < n; i++) {  // 8 independent chains: two FMAs a cycle need 8 in flight
+    __asm__ volatile(
+        "vfmadd231ps %8,%9,%0\n\tvfmadd231ps %8,%9,%1\n\tvfmadd231ps %8,%9,%2\n\t"
+        "vfmadd231ps %8,%9,%3\n\tvfmadd231ps %8,%9,%4\n\tvfmadd231ps %8,%9,%5\n\t"
+        "vfmadd231ps %8,%9,%6\n\tvfmadd231ps %8,%9,%7\n\t"
+        : "+x"(f0), "+x"(f1), "+x"(f2), "+x"(f3), "+x"(f4), "+x"(f5), "+x"(f6), "+x"(f7)
+        : "x"(fa), "x"(fb));
+  }
+  dt = now() - t;
+  printf("float32 FMA alone:       %.2f G/s (%.1f G multiply-adds/s)\n", n * 8.0 / dt / 1e9,
+         n * 8.0 * 8 / dt / 1e9);
 
   for (int i = 0; i < kBlocks * 16; i++) W[i] = _mm256_set1_epi16((short)(i & 7));
   for (int r = 0; r < 4; r++)
@@ -76,10 +97,11 @@ int main(void) {
       }
     }
   }
-  const double dt = now() - t;
+  dt = now() - t;
   int out[8];
   _mm256_storeu_si256((__m256i*)out, total);
-  printf("the kernel's inner loop: %.2f G/s (checksum %d)\n",
-         (double)reps * kBlocks * 4 * 16 / dt / 1e9, out[0]);
+  printf("the kernel's inner loop: %.2f G/s (%.1f G multiply-adds/s; checksum %d)\n",
+         (double)reps * kBlocks * 4 * 16 / dt / 1e9, (double)reps * kBlocks * 4 * 256 / dt / 1e9,
+         out[0]);
   return 0;
 }
