@@ -123,3 +123,45 @@ class BlockPool:
         assert all(self.blocks[i].ref_count == 0 for i in self._free)
         assert all(self.blocks[b].block_hash == h for h, b in self._cached.items())
         assert self.num_refs == sum(b.ref_count for b in self.blocks)
+
+
+class SwapSpace:
+    """Host blocks that hold swapped-out KV: ids handed out and taken back, one owner a block
+    and no prefix cache. Fresh ids come from a counter and returned ones from a stack, so it
+    costs nothing to build at the size of a whole swap budget (a BlockPool of the million
+    blocks a tiny model's GiB buys takes ~1.5 s and ~100 MB)."""
+
+    def __init__(self, num_blocks: int) -> None:
+        if num_blocks < 1:
+            raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
+        self.num_blocks = num_blocks
+        self._next_fresh = 0  # ids from here up were never handed out
+        self._returned: list[int] = []
+        self._used = bytearray(num_blocks)
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.num_blocks - self._next_fresh + len(self._returned)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - self.num_free_blocks
+
+    def allocate(self, n: int) -> list[int]:
+        if n > self.num_free_blocks:
+            raise NoFreeBlocksError(f"asked for {n} swap blocks, {self.num_free_blocks} free")
+        reused = min(n, len(self._returned))
+        ids = self._returned[len(self._returned) - reused :]
+        del self._returned[len(self._returned) - reused :]
+        ids += range(self._next_fresh, self._next_fresh + n - reused)
+        self._next_fresh += n - reused
+        for block_id in ids:
+            self._used[block_id] = 1
+        return ids
+
+    def free(self, block_ids: list[int]) -> None:
+        for block_id in block_ids:
+            if not self._used[block_id]:
+                raise RuntimeError(f"double free of swap block {block_id}")
+            self._used[block_id] = 0
+            self._returned.append(block_id)

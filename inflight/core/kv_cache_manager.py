@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from inflight.core.block_pool import BlockPool
+from inflight.core.block_pool import BlockPool, SwapSpace
 from inflight.core.kv_groups import NULL_BLOCK
 from inflight.core.sizing import cdiv
 from inflight.metrics.stats import PrefixCacheStats
@@ -79,7 +79,7 @@ class KVCacheManager:
         self.windowed = any(w is not None for w in self.group_windows)
         self.pool = BlockPool(num_blocks)
         # Swap space: CPU blocks holding the KV of swapped-out requests (no prefix caching).
-        self.cpu_pool = BlockPool(num_cpu_blocks) if num_cpu_blocks else None
+        self.cpu_pool = SwapSpace(num_cpu_blocks) if num_cpu_blocks else None
         self.swapped: dict[str, list[list[int]]] = {}  # request -> its CPU tables
         self.block_tables: dict[str, list[list[int]]] = {}  # request -> a table per group
         self._hashes: dict[str, list[int]] = {}  # request -> hashes of its full blocks

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from inflight.core.block_pool import BlockPool, NoFreeBlocksError
+from inflight.core.block_pool import BlockPool, NoFreeBlocksError, SwapSpace
 from inflight.core.kv_cache_manager import KVCacheManager
 from tests.core.helpers import make_request
 
@@ -28,6 +28,29 @@ def test_over_allocation_and_double_free_are_errors():
     pool.free(ids)
     with pytest.raises(RuntimeError, match="double free"):
         pool.free([ids[0]])
+
+
+def test_swap_space_hands_out_each_block_to_one_owner_and_counts_exactly():
+    swap = SwapSpace(5)
+    a, b = swap.allocate(2), swap.allocate(2)
+    assert sorted(a + b) == [0, 1, 2, 3] and (swap.num_free_blocks, swap.num_used_blocks) == (1, 4)
+    swap.free(a)
+    c = swap.allocate(3)  # the two given back, and the last fresh one
+    assert sorted(c) == sorted([*a, 4]) and not set(c) & set(b)
+    assert (swap.num_free_blocks, swap.num_used_blocks) == (0, 5)
+    with pytest.raises(NoFreeBlocksError):
+        swap.allocate(1)
+    swap.free(b + c)
+    assert swap.num_free_blocks == 5 and sorted(swap.allocate(5)) == [0, 1, 2, 3, 4]
+    with pytest.raises(RuntimeError, match="double free"):
+        SwapSpace(3).free([1])
+
+
+def test_swap_space_of_a_tiny_models_gib_starts_with_its_first_blocks():
+    """A tiny model's default GiB of swap space is millions of blocks, all free at once."""
+    swap = SwapSpace(10_000_000)
+    assert swap.num_free_blocks == 10_000_000 and swap.allocate(2) == [0, 1]
+    assert swap.num_used_blocks == 2
 
 
 def test_blocks_are_allocated_only_at_block_boundaries():

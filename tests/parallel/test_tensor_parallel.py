@@ -23,15 +23,15 @@ from tests.parity import mixed_max_tokens, random_prompts
 from tests.server.live import LiveServer
 from tests.server.test_errors import assert_error, engine_for
 
-# One family for each way a split differs: Llama's separate q/k/v and gate/up; Phi-3's fused in
-# the checkpoint, with a window; Gemma 2's own embedding lookup, output norms and logit cap
-# applied to each vocabulary slice; Gemma 3's KV groups and per-head q/k norms; gpt-oss's
+# Every tiny family, for the ways a split differs: Llama's separate q/k/v and gate/up (and
+# Llama 3's and Phi-4-mini's RoPE variants, Mistral's window); Phi-3's fused in the checkpoint,
+# with a window; Gemma 2's own embedding lookup, output norms and logit cap applied to each
+# vocabulary slice; Gemma 3's KV groups and per-head q/k norms (Qwen3's norms too); gpt-oss's
 # experts (each split by its columns, stacked and interleaved in the checkpoint), their biases
-# and the sinks. Qwen2's biases are q/k/v rows, Qwen3's norms Gemma 3's, Granite's multipliers
-# elementwise, Qwen3-MoE's and Mixtral's experts gpt-oss's without the stacking: all thirteen
-# tiny families passed this test, and CI runs these five (each split model's ranks take ~3 s
-# to start).
-SPLIT_ARCHS = ("llama", "phi3", "gemma2", "gemma3", "gpt_oss")
+# and the sinks; Qwen3-MoE's and Mixtral's experts without the stacking; Qwen2's biases on
+# q/k/v rows; Granite's multipliers, elementwise.
+SPLIT_ARCHS = ("llama", "llama3_rope", "phi4_mini", "mistral", "phi3", "gemma2", "gemma3",
+               "qwen3", "gpt_oss", "qwen3_moe", "mixtral", "qwen2", "granite")  # fmt: skip
 # Small blocks and pool: preemption happens; small chunks: every long prompt is chunked; 4
 # seats: the prompts that share a prefix wait for the ones whose blocks they hit; a context
 # within the tiny Phi-4-mini's original one, where transformers rotates with its short factors
