@@ -21,25 +21,20 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Iterator
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 from torch import nn
 
 from inflight.attention import AttentionBackend
 from inflight.model.arch import LlamaArchConfig
-from inflight.model.expert_kernels import (
-    ExpertStack,
-    expert_matmul,
-    group_pairs,
-    stack_experts,
-    sum_in_expert_order,
-    tile_rows,
-)
 from inflight.model.layer_ops import TorchLayerOps
 from inflight.model.llama import DecoderLayer, LlamaModel
 from inflight.model.packed_linear import Decodes, apply_linear
 from inflight.model.qwen3 import Qwen3DecoderLayer, Qwen3Model
+
+if TYPE_CHECKING:  # Triton, which the kernels import, only where they run (~0.3 s a process)
+    from inflight.model.expert_kernels import ExpertStack
 
 
 class Expert(nn.Module):
@@ -104,6 +99,13 @@ class MoEDecoderLayer(DecoderLayer):
         self, x: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor
     ) -> torch.Tensor:
         """The experts by `expert_kernels`: no host synchronisation, so a graph can hold it."""
+        from inflight.model.expert_kernels import (
+            expert_matmul,
+            group_pairs,
+            sum_in_expert_order,
+            tile_rows,
+        )
+
         stack, num_pairs = self.stack, chosen.numel()
         assert stack is not None
         rows, tile_expert = group_pairs(chosen, len(self.experts), tile_rows(num_pairs))
@@ -161,6 +163,8 @@ class MoEModel(LlamaModel):
 
     def stack_experts(self) -> None:
         """Routes on the device from now on (the Triton kernels of `expert_kernels`)."""
+        from inflight.model.expert_kernels import stack_experts
+
         for layer in self.layers:
             if layer.sparse:
                 layer.stack = stack_experts(layer.experts)
