@@ -129,7 +129,7 @@ class SwapSpace:
     """Host blocks that hold swapped-out KV: ids handed out and taken back, one owner a block
     and no prefix cache. Fresh ids come from a counter and returned ones from a stack, so it
     costs nothing to build at the size of a whole swap budget (a BlockPool of the million
-    blocks a tiny model's GiB buys takes ~1.5 s and ~100 MB)."""
+    blocks a tiny model's GiB buys takes ~1.5 s)."""
 
     def __init__(self, num_blocks: int) -> None:
         if num_blocks < 1:
