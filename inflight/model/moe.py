@@ -37,6 +37,14 @@ if TYPE_CHECKING:  # Triton, which the kernels import, only where they run (~0.3
     from inflight.model.expert_kernels import ExpertStack
 
 
+# Tokens of a step that one host-routed pass over the experts takes. All of a 2,048-token prompt
+# chunk's expert rows at once (gpt-oss: 4 a token, [gate | up] 5,760 floats each, gathered and
+# concatenated) hold about 0.4 GiB; a pass of 256 holds an eighth of it. A token's pairs all fall
+# in its pass and add up in the same order, and the GGUF kernels give a row the same bits in
+# any batch, so the passes change no value there.
+EXPERT_PASS_TOKENS = 256
+
+
 class Expert(nn.Module):
     def __init__(self, hidden: int, intermediate: int) -> None:
         super().__init__()
@@ -73,6 +81,19 @@ class MoEDecoderLayer(DecoderLayer):
         weights, chosen = self.route_tokens(apply_linear(self.gate, x, decodes))
         if self.stack is not None:  # on the device, in one launch per linear
             return self._grouped_experts(x, weights, chosen)
+        if x.shape[0] <= EXPERT_PASS_TOKENS:
+            return self._host_routed_experts(x, weights, chosen)
+        out = torch.empty_like(x)
+        for a in range(0, x.shape[0], EXPERT_PASS_TOKENS):
+            b = a + EXPERT_PASS_TOKENS
+            out[a:b] = self._host_routed_experts(x[a:b], weights[a:b], chosen[a:b])
+        return out
+
+    def _host_routed_experts(
+        self, x: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor
+    ) -> torch.Tensor:
+        """The experts routed on the host: each chosen expert over its tokens' rows, and each
+        token's outputs added in expert order."""
         pairs, groups = route(chosen, len(self.experts))
         rows = pairs // self.top_k  # each pair's token
         h = self.activation(expert_linears(self.experts, "gate_up_proj", x[rows], groups))

@@ -179,6 +179,32 @@ def test_a_qwen3_moe_gguf_generates_as_transformers_loading_the_same_file(
         assert _experts_from_blocks(llm) == blocks
 
 
+def test_experts_routed_in_passes_of_a_few_tokens_give_the_same_bits(
+    tmp_path, tiny_model_factory, monkeypatch
+):
+    """A step's tokens go through the host-routed experts a pass at a time (bounding the
+    gathered rows a long prompt holds): over the blocks, a prompt's logprobs are the same bits
+    in passes of 3 tokens as in one pass."""
+    from inflight.model import moe
+    from inflight.model.packed_linear import blocks_serve_every_batch
+
+    if not blocks_serve_every_batch(torch.float32, 16):
+        pytest.skip("no AVX2 integer kernels here")
+    path = write_tiny_gguf(tiny_model_factory("qwen3_moe_sparse"), tmp_path / "moe.gguf", Q.Q8_0)
+    prompts = random_prompts(200, lengths=(30, 64))
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, prompt_logprobs=1)
+
+    def run() -> list:
+        llm = LLM(str(path), dtype="float32")
+        assert _experts_from_blocks(llm)
+        outputs = llm.generate(prompts, params, use_tqdm=False)
+        return [(o.outputs[0].token_ids, o.prompt_logprobs) for o in outputs]
+
+    one_pass = run()
+    monkeypatch.setattr(moe, "EXPERT_PASS_TOKENS", 3)
+    assert run() == one_pass
+
+
 def test_a_mixtral_gguf_generates_as_its_hf_folder(tmp_path, tiny_model_factory):
     """Mixtral's GGUF is a `llama` file with experts (Q/K rows permuted as llama's are): in F32
     the same greedy tokens as transformers on the HF folder it came from (without the folder's
