@@ -14,13 +14,15 @@ pip() { .venv/bin/python -m pip --disable-pip-version-check -q "$@"; }
 
 if ! .venv/bin/python -c "import torch" 2>/dev/null; then
     echo "setup: installing ${INFLIGHT_TORCH_SPEC:-torch==2.13.0}" >&2
-    # unquoted on purpose: the spec may carry pip options (--index-url ...). Its bytecode is
-    # compiled on every core instead of pip's one (36 s -> 30 s on 2 cores); a few files of
-    # torch's are for newer Pythons and do not compile, as pip ignores too.
+    # unquoted on purpose: the spec may carry pip options (--index-url ...). The bytecode of
+    # torch and of what it brings (sympy, networkx...) is compiled on every core instead of
+    # pip's one (36 s -> 30 s on 2 cores); a few files of torch's are for newer Pythons and do
+    # not compile, as pip ignores too. (uv, below, leaves packages already there untouched:
+    # sympy uncompiled cost every process that imports it 3 s.)
     # shellcheck disable=SC2086
     pip install --no-compile ${INFLIGHT_TORCH_SPEC:-torch==2.13.0}
-    torch_dir=$(.venv/bin/python -c 'import importlib.util as u; print(u.find_spec("torch").submodule_search_locations[0])')
-    .venv/bin/python -m compileall -q -j 0 "$torch_dir" >/dev/null 2>&1 || true
+    site_packages=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
+    .venv/bin/python -m compileall -q -j 0 "$site_packages" >/dev/null 2>&1 || true
 fi
 # uv installs the ~150 other packages in a third of pip's time (it resolves, downloads and
 # compiles in parallel); it keeps the torch above, which satisfies the project's range. Bytecode
