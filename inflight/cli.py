@@ -390,6 +390,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         restart_with_tcmalloc([sys.executable, "-m", "inflight", *sys.argv[1:]])
     args = build_parser().parse_args(argv)
+    from inflight.process_setup import skip_teardown_at_exit
+
+    skip_teardown_at_exit()
     if args.command == "generate":
         return run_generate(args)
     if args.command == "serve":

@@ -12,6 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from inflight.process_setup import skip_teardown_at_exit
+
+skip_teardown_at_exit()  # each test worker exits sooner
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 if not torch.cuda.is_available():

@@ -39,6 +39,7 @@ from inflight.core.outputs import ScheduledRequest
 from inflight.errors import ModelFailedError
 from inflight.parallel.group import TPGroup
 from inflight.parallel.shm import SHM_DIR, segment_bytes, shared_memory_usable
+from inflight.process_setup import skip_teardown_at_exit
 
 if TYPE_CHECKING:
     from inflight.attention import AttentionBackend
@@ -334,6 +335,7 @@ def worker_main(rank: int) -> None:
     log_format = f"%(asctime)s rank {rank} %(levelname)s %(name)s: %(message)s"
     logging.basicConfig(level=logging.INFO, format=log_format)
     args: RankArgs = pickle.loads(bytes.fromhex(os.environ.pop("INFLIGHT_TP_ARGS")))
+    skip_teardown_at_exit()
     parent = os.getppid()
     try:
         run_rank(rank, args, lambda: os.getppid() != parent)
