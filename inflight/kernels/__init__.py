@@ -61,23 +61,91 @@ def load_extension() -> ModuleType:
     """The compiled kernel module (built once per machine and source version)."""
     global _extension
     if _extension is None:
-        from torch.utils.cpp_extension import load
-
         csrc = Path(__file__).parent / "csrc"
         name = f"inflight_cpu_kernels_{_cpu_digest()}"
         # NOTE: no fused multiply-add contraction, so float32 element-wise results round
         # exactly as PyTorch's separate ops do (the attention kernels call FMA explicitly).
         cflags = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off"]
-        logger.info("loading the CPU kernels (the first use on a CPU kind compiles them, ~1 min)")
-        _extension = load(
-            name=name,
-            sources=[str(csrc / source) for source in _SOURCES],
-            extra_include_paths=[str(csrc)],
-            extra_cflags=cflags + _precompiled_common_header(name, csrc, cflags),
-            extra_ldflags=["-fopenmp"],
-            verbose=False,
-        )
+        built = _BuiltExtension(name, _build_digest(csrc, cflags))
+        _extension = built.load()
+        if _extension is None:
+            from torch.utils.cpp_extension import load
+
+            logger.info("loading the CPU kernels (the first use on a CPU kind compiles them, "
+                        "~1 min)")  # fmt: skip
+            _extension = load(
+                name=name,
+                sources=[str(csrc / source) for source in _SOURCES],
+                extra_include_paths=[str(csrc)],
+                extra_cflags=cflags + _precompiled_common_header(name, csrc, cflags),
+                extra_ldflags=["-fopenmp"],
+                verbose=False,
+            )
+            built.remember(Path(_extension.__file__))
     return _extension
+
+
+def _build_digest(csrc: Path, cflags: list[str]) -> str:
+    """What the built library depends on: every source and header, the flags, torch, Python."""
+    import sys
+
+    import torch
+
+    digest = hashlib.sha256()
+    for part in (torch.__version__, sys.version, os.environ.get("CXX", ""), *cflags):
+        digest.update(part.encode() + b"\0")
+    for path in sorted(csrc.iterdir()):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+class _BuiltExtension:
+    """The library torch's `load` built last for these sources, imported directly when it is
+    still there and unchanged: `load` itself imports setuptools (~0.3 s in every engine
+    process) to find out that nothing needs building. The record (`$INFLIGHT_CACHE/kernels`)
+    names the library and its size and modification time; another build of the same name
+    (other sources, another checkout) changes them, so it is never taken for this one."""
+
+    def __init__(self, name: str, digest: str) -> None:
+        from inflight.file_cache import cache_dir
+
+        self.digest = digest
+        self.record = cache_dir() / "kernels" / f"{name}.json"
+
+    def load(self) -> ModuleType | None:
+        import importlib.util
+        import json
+
+        try:
+            record = json.loads(self.record.read_text())
+            library = Path(record["library"])
+            if record["digest"] != self.digest or record["stat"] != _stat(library):
+                return None
+            spec = importlib.util.spec_from_file_location(library.name.split(".")[0], library)
+            if spec is None or spec.loader is None:
+                return None
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            return module
+        except (OSError, ValueError, KeyError, TypeError, ImportError):
+            return None  # no record, a stale one, or a library that does not load: build
+
+    def remember(self, library: Path) -> None:
+        import json
+
+        record = {"digest": self.digest, "library": str(library), "stat": _stat(library)}
+        partial = self.record.with_suffix(f".{os.getpid()}")
+        try:
+            self.record.parent.mkdir(parents=True, exist_ok=True)
+            partial.write_text(json.dumps(record))
+            os.replace(partial, self.record)
+        except OSError as e:  # a read-only cache only costs `load`'s check next time
+            logger.info("could not record the built CPU kernels at %s: %s", self.record, e)
+
+
+def _stat(library: Path) -> list[int]:
+    stat = library.stat()
+    return [stat.st_size, stat.st_mtime_ns]
 
 
 def _precompiled_common_header(name: str, csrc: Path, cflags: list[str]) -> list[str]:

@@ -1,5 +1,6 @@
 """The kernels' precompiled header: built once with the files' flags, rebuilt when it goes stale,
-and skipped, never fatal, where the compiler cannot build it."""
+and skipped, never fatal, where the compiler cannot build it. The built library is imported
+directly while its sources, flags and file are the ones recorded, and through torch otherwise."""
 
 from __future__ import annotations
 
@@ -48,3 +49,35 @@ def test_a_compiler_that_fails_leaves_the_build_without_the_header(tmp_path, mon
     assert kernels._precompiled_common_header("k", CSRC, ["-O3"]) == []
     monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
     assert kernels._precompiled_common_header("k", CSRC, ["-O3"]) == []
+
+
+def test_the_built_library_is_imported_directly_only_while_it_is_the_one_recorded(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setenv("INFLIGHT_CACHE", str(tmp_path))
+    library = Path(kernels.load_extension().__file__)
+    digest = kernels._build_digest(CSRC, ["-O3"])
+    assert digest != kernels._build_digest(CSRC, ["-O2"])
+    built = kernels._BuiltExtension(library.name.split(".")[0], digest)
+    assert built.load() is None  # nothing recorded yet
+    built.remember(library)
+    module = built.load()
+    assert module is not None and module.__file__ == str(library)
+    assert hasattr(module, "gguf_linear_available")
+    other = kernels._BuiltExtension(
+        library.name.split(".")[0], kernels._build_digest(CSRC, ["-O2"])
+    )
+    assert other.load() is None  # other flags (or sources): built by torch's `load`
+    record = built.record.read_text()
+    built.record.write_text(record.replace(f'"stat": [{library.stat().st_size}',
+                                           f'"stat": [{library.stat().st_size + 1}'))  # fmt: skip
+    assert built.load() is None  # the library was rebuilt since (another checkout's sources)
+    built.record.write_text("{not json")
+    assert built.load() is None
+    built.record.write_text(record.replace(str(library), str(tmp_path / "gone.so")))
+    assert built.load() is None
+    (tmp_path / "a-file").touch()  # a cache that cannot be written: nothing raised
+    monkeypatch.setenv("INFLIGHT_CACHE", str(tmp_path / "a-file"))
+    unwritable = kernels._BuiltExtension(library.name.split(".")[0], digest)
+    unwritable.remember(library)
+    assert unwritable.load() is None
