@@ -18,7 +18,12 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
-from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
+from transformers import (
+    AutoTokenizer,
+    PreTrainedConfig,
+    PreTrainedTokenizerBase,
+    PreTrainedTokenizerFast,
+)
 
 from inflight.errors import ModelLoadError
 from inflight.file_cache import cache_dir, file_cache_key
@@ -29,7 +34,7 @@ logger = logging.getLogger(__name__)
 def load_tokenizer(path: Path) -> PreTrainedTokenizerBase:
     try:
         if path.is_dir():
-            return AutoTokenizer.from_pretrained(path)
+            return AutoTokenizer.from_pretrained(path, **_config_for_tokenizer(path))
         cached = cache_dir() / "tokenizers" / file_cache_key(path)
         if (cached / "tokenizer_config.json").is_file():
             return AutoTokenizer.from_pretrained(cached)
@@ -43,6 +48,28 @@ def load_tokenizer(path: Path) -> PreTrainedTokenizerBase:
         raise
     except Exception as e:  # transformers raises many kinds for a broken tokenizer
         raise ModelLoadError(f"{path}: cannot load the tokenizer ({type(e).__name__}: {e})") from e
+
+
+def _config_for_tokenizer(folder: Path) -> dict[str, PreTrainedConfig]:
+    """`config=`, for `AutoTokenizer`, where the folder's tokenizer_config.json names its class:
+    the folder's config.json read as transformers' base config, whose `model_type` and name are
+    all `AutoTokenizer` reads of a config then. Without it, `AutoTokenizer` loads the family's
+    config class, and importing any of them imports torch.distributed's tensors and sympy:
+    1.5 s of every server's start on a model folder. Empty (`AutoTokenizer` as it is)
+    otherwise."""
+    try:
+        named = json.loads((folder / "tokenizer_config.json").read_text()).get("tokenizer_class")
+        fields = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError, AttributeError):
+        return {}
+    if not named or not isinstance(fields, dict) or not fields.get("model_type"):
+        return {}
+    try:
+        config = PreTrainedConfig.from_dict(fields)
+    except Exception:  # a field the base config refuses: the family's class may take it
+        return {}
+    config._name_or_path = str(folder)
+    return {"config": config}
 
 
 @functools.cache

@@ -67,3 +67,45 @@ def test_token_bytes_join_back_into_the_text(model):
     assert b"\xef\xbf\xbd" not in b"".join(every)
     partial = [p for p in every if p and not p.decode("utf-8", "ignore")]
     assert partial, "the texts must hold tokens that split a character"
+
+
+# (config.json's model_type, tokenizer_config.json's tokenizer_class): families whose classes
+# AutoTokenizer treats apart (Llama's over a byte-level vocabulary, Mistral's, a slow name, none)
+FOLDER_TOKENIZERS = [("llama", "LlamaTokenizerFast"), ("mistral", "LlamaTokenizerFast"),
+                     ("qwen2", "Qwen2TokenizerFast"), ("gemma3_text", "GemmaTokenizerFast"),
+                     ("phi3", "LlamaTokenizer"), ("granite", "GPT2Tokenizer"),
+                     ("gpt_oss", "PreTrainedTokenizerFast"), ("llama", None)]  # fmt: skip
+
+
+@pytest.mark.parametrize(("model_type", "tokenizer_class"), FOLDER_TOKENIZERS)
+def test_a_model_folders_tokenizer_is_autotokenizers_without_its_family_config(
+    tmp_path, tokenizer_dir, monkeypatch, model_type, tokenizer_class
+):
+    """Where tokenizer_config.json names the class, `load_tokenizer` hands `AutoTokenizer` the
+    folder's config.json as the base config (importing a family's config class costs a server
+    1.5 s): the same class, ids, text and chat template as `AutoTokenizer` alone gives."""
+    import json
+    import shutil
+
+    from transformers import AutoConfig
+
+    folder = tmp_path / "model"
+    shutil.copytree(tokenizer_dir, folder)
+    settings = json.loads((folder / "tokenizer_config.json").read_text())
+    settings.pop("tokenizer_class", None)
+    if tokenizer_class:
+        settings["tokenizer_class"] = tokenizer_class
+    (folder / "tokenizer_config.json").write_text(json.dumps(settings))
+    (folder / "config.json").write_text(json.dumps({"model_type": model_type, "vocab_size": 400}))
+    reference = AutoTokenizer.from_pretrained(folder)
+    if tokenizer_class:  # the family's config is never read
+        monkeypatch.setattr(AutoConfig, "from_pretrained", None)
+    ours = load_tokenizer(folder)
+    assert type(ours) is type(reference)
+    for text in TEXTS:
+        ids = reference(text).input_ids
+        assert ours(text).input_ids == ids and ours.decode(ids) == reference.decode(ids)
+    messages = [{"role": "user", "content": CHAT_PROMPTS[0]}]
+    assert ours.apply_chat_template(messages, tokenize=False) == reference.apply_chat_template(
+        messages, tokenize=False
+    )
