@@ -56,3 +56,14 @@ def test_one_replica_serves_without_importing_ray():
     code = ("import sys, inflight.cli, inflight.server.api_server, inflight.routing; "
             "sys.exit(1 if 'ray' in sys.modules else 0)")  # fmt: skip
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_the_parser_imports_no_torch():
+    """`inflight --help` and `inflight doctor` (a client of a server) build the whole parser:
+    torch would be ~2.3 s of each."""
+    import subprocess
+    import sys
+
+    code = ("import sys, inflight.cli; inflight.cli.build_parser(); "
+            "sys.exit(1 if 'torch' in sys.modules else 0)")  # fmt: skip
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0

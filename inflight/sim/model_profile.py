@@ -21,7 +21,6 @@ from importlib import resources
 from pathlib import Path
 
 from inflight.model.arch import LlamaArchConfig
-from inflight.parallel.shard import check_tensor_parallel
 
 # Bytes per weight; int4 carries one fp16 scale per group of 128 weights.
 WEIGHT_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int4": 0.5 + 2 / 128}
@@ -45,6 +44,10 @@ class ModelProfile:
             raise ValueError(f"weight dtype must be one of {', '.join(WEIGHT_BYTES)}")
         if self.kv_dtype not in KV_BYTES:
             raise ValueError(f"KV dtype must be one of {', '.join(KV_BYTES)}")
+        # (imported here: the module imports torch, which every `inflight` command's parser,
+        # `--help` and `doctor` included, would otherwise import through this one: ~2.3 s)
+        from inflight.parallel.shard import check_tensor_parallel
+
         check_tensor_parallel(self.arch, self.tensor_parallel)
 
     @property
