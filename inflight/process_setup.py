@@ -52,9 +52,9 @@ def skip_teardown_at_exit() -> None:
     server, rank and test worker: torch deregistering each of its Python-registered operators
     (`torch.library`, from `weakref.finalize` hooks), and the interpreter's last garbage
     collections walking every object the process made (torch's, transformers', pydantic's
-    schemas...). The exit hook below is registered after torch's, so it
-    runs first (last in, first out): it detaches torch's hooks and freezes what is alive, which
-    collections then pass over (not where Triton is loaded). Idempotent."""
+    schemas...). The exit hook below is registered after torch's, so it runs first (last in,
+    first out): it detaches torch's hooks and freezes what is alive, which collections then
+    pass over (not where Triton is loaded). Idempotent."""
     import atexit
 
     import torch.library  # noqa: F401  (its hooks exist before ours)

@@ -14,15 +14,10 @@ pip() { .venv/bin/python -m pip --disable-pip-version-check -q "$@"; }
 
 if ! .venv/bin/python -c "import torch" 2>/dev/null; then
     echo "setup: installing ${INFLIGHT_TORCH_SPEC:-torch==2.13.0}" >&2
-    # unquoted on purpose: the spec may carry pip options (--index-url ...). The bytecode of
-    # torch and of what it brings (sympy, networkx...) is compiled on every core instead of
-    # pip's one (36 s -> 30 s on 2 cores); a few files of torch's are for newer Pythons and do
-    # not compile, as pip ignores too. (uv, below, leaves packages already there untouched:
-    # sympy uncompiled cost every process that imports it 3 s.)
+    # unquoted on purpose: the spec may carry pip options (--index-url ...). Its bytecode is
+    # compiled below with everything else's, on every core instead of pip's one.
     # shellcheck disable=SC2086
     pip install --no-compile ${INFLIGHT_TORCH_SPEC:-torch==2.13.0}
-    site_packages=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
-    .venv/bin/python -m compileall -q -j 0 "$site_packages" >/dev/null 2>&1 || true
 fi
 # uv installs the ~150 other packages in a third of pip's time (it resolves and downloads in
 # parallel); it keeps the torch above, which satisfies the project's range. pip is the
@@ -35,11 +30,12 @@ else
 fi
 # Bytecode is compiled here because machines that set PYTHONDONTWRITEBYTECODE never write it
 # later: every process would compile torch, transformers... again (importing them: ~6 s, ~10 s
-# without), and inflight's own modules, which an editable install leaves to the first import
-# (0.3 s of CPU for the 105 a server imports). Not for the trees nothing here imports, a third
-# of the files (~10 s of setup): transformers' model families but the auto classes (a family's
-# few modules compile when imported), Ray's data, training, tuning, RL and LLM libraries,
-# litellm's proxy server.
+# without; sympy, which torch brings, alone 4.3 s against 1.0), and inflight's own modules,
+# which an editable install leaves to the first import (0.3 s of CPU for the 105 a server
+# imports). A few files of torch's are for newer Pythons and do not compile, as pip ignores
+# too. Not for the trees nothing here imports, a third of the files (~10 s of setup):
+# transformers' model families but the auto classes (a family's few modules compile when
+# imported), Ray's data, training, tuning, RL and LLM libraries, litellm's proxy server.
 unused='/(transformers/models/(?!auto/)[^/]+/|ray/(rllib|data|train|tune|llm)/|litellm/proxy/)'
 .venv/bin/python -m compileall -q -j 0 -x "$unused" \
     "$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" inflight \
