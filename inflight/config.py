@@ -27,8 +27,9 @@ AttentionBackend = Literal["auto", "torch", "cpu", "triton"]
 QuantizedActivations = Literal["auto", "off", "int16", "int8"]
 KVCacheDtype = Literal["auto", "bf16", "fp8", "int8"]
 DistributedBackend = Literal["mp", "ray"]
-# bits of each kind of quantized activations (off: float, the exact path; auto: int16 where the
-# kernel applies, since its greedy output matched the exact path's on every parity prompt)
+# bits of each kind of quantized activations (off: float, the exact path). auto's kind depends
+# on the model (loader.model_activations); its 16 serves where only whether x is quantized
+# matters: 8 and 16 bits keep the same formats as blocks.
 ACTIVATION_BITS = {"auto": 16, "off": 0, "int16": 16, "int8": 8}
 MAX_TENSOR_PARALLEL = 1024  # ranks: beyond any machine's; 2**63 must not spawn processes
 MAX_CPUS_PER_RANK = 1 << 16  # a Ray rank's CPUs: beyond any node's
@@ -68,14 +69,17 @@ class ModelConfig:
         metadata={
             "help": "int16 or int8: round activations to 16 or 8 bits per block of 32 and "
             "multiply them with the weights in integers (int8 is what llama.cpp does); off: "
-            "the dtype's own path throughout (the exact one); auto: int16, except off for a "
-            "bf16 engine of more than 8 seats (max_num_seqs) on an AVX-512 VNNI CPU, where "
-            "bf16 computes busy steps faster. Applies to a GGUF file's block-quantized weights "
-            "(Q4_0 to Q8_0, the K-quants and MXFP4): every float32 batch on AVX2 CPUs, "
-            "AVX-512 ones included, and on AVX-512 VNNI ones (int16, Q4_0 / Q4_1 / Q8_0) "
-            "every bf16 decode row, while bf16 prompts stay exact. int16 decodes a "
-            "few sequences ~2x faster than off with the same greedy tokens on the parity "
-            "prompts, int8 a little faster again but its tokens drift (docs/benchmarks.md)"
+            "the dtype's own path throughout (the exact one); auto: int8 in float32 where "
+            "most of a GGUF file's layer weights hold fewer than 8 bits (Q4_K_M, Q5_K_M, "
+            "Q6_K, Q4_0 files: llama.cpp's rounding for them), int16 elsewhere (Q8_0 files), "
+            "and off for a bf16 engine of more than 8 seats (max_num_seqs) on an AVX-512 VNNI "
+            "CPU, where bf16 computes busy steps faster. Applies to a GGUF file's "
+            "block-quantized weights (Q4_0 to Q8_0, the K-quants and MXFP4): every float32 "
+            "batch on AVX2 CPUs, AVX-512 ones included, and on AVX-512 VNNI ones (int16, "
+            "Q4_0 / Q4_1 / Q8_0) every bf16 decode row, while bf16 prompts stay exact. int16 "
+            "decodes a few sequences ~2x faster than off with the same greedy tokens on the "
+            "parity prompts; int8 computes prompts and busy steps ~1.3x faster again, and "
+            "moves perplexity a few tenths of a percent (docs/benchmarks.md)"
         },
     )
     tensor_parallel_size: int = field(

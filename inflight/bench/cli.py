@@ -216,6 +216,7 @@ def run_local(args: argparse.Namespace, knobs: dict[str, Any], out: Path) -> dic
                     asked,
                     wanted,
                     mode_knobs.get("max_num_seqs", SchedulerConfig.max_num_seqs),
+                    loaded.path,
                 )
                 if loaded.mismatch(wanted, activations):
                     loaded = None  # weights in another dtype, or packed for other activations

@@ -142,7 +142,10 @@ class EngineCore:
         """The model, loaded (after checking that its weights and pool fit the machine's
         memory), or the one given, if it was loaded as this configuration would load it."""
         activations = resolve_quantized_activations(
-            config.model.quantized_activations, self.dtype, config.scheduler.max_num_seqs
+            config.model.quantized_activations,
+            self.dtype,
+            config.scheduler.max_num_seqs,
+            self._path,
         )
         if loaded is not None:
             if why := loaded.mismatch(self.dtype, activations):
@@ -178,7 +181,10 @@ class EngineCore:
         except ValueError as e:
             raise ConfigError(f"{path.name}: {e}") from e
         activations = resolve_quantized_activations(
-            config.model.quantized_activations, self.dtype, config.scheduler.max_num_seqs
+            config.model.quantized_activations,
+            self.dtype,
+            config.scheduler.max_num_seqs,
+            self._path,
         )
         on_ray = config.model.distributed_executor_backend == "ray"
         launcher = None

@@ -154,17 +154,44 @@ class LoadedModel:
 BF16_DECODE_ROWS_MAX_SEQS = 8
 
 
-def resolve_quantized_activations(asked: str, dtype: torch.dtype, max_num_seqs: int) -> str:
-    """The `quantized_activations` an engine loads its model with: `auto` is int16, except for
-    a bf16 engine of more than `BF16_DECODE_ROWS_MAX_SEQS` seats on a CPU where int16 would
-    send its decode rows to the blocks (there it is off). In float32 those rows are faster from
-    the blocks at every size (twice a float32 FMA's multiply-adds per instruction)."""
+def resolve_quantized_activations(
+    asked: str, dtype: torch.dtype, max_num_seqs: int, path: Path
+) -> str:
+    """The `quantized_activations` an engine loads its model with: `auto` is the model's own
+    (`model_activations`), except for a bf16 engine of more than `BF16_DECODE_ROWS_MAX_SEQS`
+    seats on a CPU where int16 would send its decode rows to the blocks (there it is off). In
+    float32 those rows are faster from the blocks at every size (twice a float32 FMA's
+    multiply-adds per instruction)."""
     if asked != "auto":
         return asked
     wide = decode_rows_from_blocks(dtype, ACTIVATION_BITS["int16"])
     if wide and max_num_seqs > BF16_DECODE_ROWS_MAX_SEQS:
         return "off"
-    return "int16"
+    return model_activations(path, dtype)
+
+
+def model_activations(path: Path, dtype: torch.dtype) -> str:
+    """`auto`'s quantized activations for the model at `path` in `dtype`, whatever the seats:
+    int8 where every batch multiplies from a GGUF file's blocks and most of its layers' weights
+    (by count) are blocks of fewer than 8 bits (Q4_K_M, Q5_K_M, Q6_K, Q4_0 files); int16
+    elsewhere, Q8_0 files among them. 8-bit x is llama.cpp's rounding for such files, and
+    beside 4- to 6-bit weights it moves the model little (perplexity +0.4% on Gemma 3's
+    Q4_K_M, where int16 moved it +0.6%) while its dot products do twice the multiply-adds an
+    instruction, prompts included; beside 8-bit weights it would round x as coarsely as the
+    weights (docs/benchmarks.md, "Quantized activations")."""
+    if not is_gguf(path) or not blocks_serve_every_batch(dtype, ACTIVATION_BITS["int8"]):
+        return "int16"
+    kept = _block_types(dtype, ACTIVATION_BITS["int8"])
+    below = at_or_above = 0
+    for entry in read_gguf_index(path).entries:
+        if not entry["name"].startswith("blk.") or len(entry["shape"]) < 2:
+            continue  # the embedding, the LM head, norms and biases
+        fmt = kept.get(entry["type"])
+        if fmt is not None and fmt.bits < 8:
+            below += math.prod(entry["shape"])
+        else:
+            at_or_above += math.prod(entry["shape"])
+    return "int8" if below > at_or_above else "int16"
 
 
 def resolve_engine_dtype(
@@ -344,7 +371,9 @@ def estimated_weight_bytes(path: Path, dtype: torch.dtype, quantized_activations
     alone: GGUF (or MXFP4 checkpoint) blocks that take every batch as themselves, everything
     else in `dtype`."""
     size = torch.empty(0, dtype=dtype).element_size()
-    bits = ACTIVATION_BITS["int16" if quantized_activations == "auto" else quantized_activations]
+    if quantized_activations == "auto":
+        quantized_activations = model_activations(path, dtype)
+    bits = ACTIVATION_BITS[quantized_activations]
     kept = _block_types(dtype, bits) if blocks_serve_every_batch(dtype, bits) else {}
     if not is_gguf(path):
         mxfp4 = is_mxfp4_checkpoint(path)
@@ -545,14 +574,15 @@ def load_model(
     """Builds the model and fills its weights; every failure is a ModelLoadError naming the file.
     `tp`: this process is one rank of a tensor-parallel group and holds its slice of every
     weight (`parallel/shard.py`), a GGUF's blocks as blocks where the split falls on them.
-    `quantized_activations` (int16, int8; auto = int16, what the model records): linears over
-    GGUF blocks round x to that many bits (where it applies: float32 GGUF weights on an AVX2
-    CPU, AVX-512 ones included, `block_formats` says which formats; the decode rows of bf16
-    Q4_0 / Q4_1 / Q8_0 ones with 16 bits on an AVX-512 VNNI CPU). An engine resolves
-    auto by its seats first (`resolve_quantized_activations`), and says whether the user asked
-    for them (`warn_unused`: a warning where they have no effect; auto's int16 none)."""
+    `quantized_activations` (int16, int8; auto: the model's, `model_activations`; the loaded
+    model records which): linears over GGUF blocks round x to that many bits (where it
+    applies: float32 GGUF weights on an AVX2 CPU, AVX-512 ones included, `block_formats` says
+    which formats; the decode rows of bf16 Q4_0 / Q4_1 / Q8_0 ones with 16 bits on an AVX-512
+    VNNI CPU). An engine resolves auto by its seats first (`resolve_quantized_activations`),
+    and says whether the user asked for them (`warn_unused`: a warning where they have no
+    effect; auto's none)."""
     if quantized_activations == "auto":
-        quantized_activations = "int16"
+        quantized_activations = model_activations(path, dtype)
     index = read_gguf_index(path) if is_gguf(path) else None
     arch = index.arch if index else load_hf_arch_config(path)
     shard = _shard(arch, tp, path)

@@ -4,8 +4,9 @@ as beside the 31 others, all at once or in a KV pool so small that requests are 
 recomputed, their prompts chunked and mixed with decodes. (Tokens alone rarely show a
 difference: it takes a near-tie to flip one. The log-probabilities show any.)
 
-What keeps it: every linear row goes through the GGUF blocks with 16-bit activations whatever
-the step's size (float32 on the 8-column layout, the default there), and every token at or past
+What keeps it: every linear row goes through the GGUF blocks with 16-bit activations (8-bit ones
+for files of fewer bits) whatever the step's size (float32 on the 8-column layout, the default
+there), and every token at or past
 its prompt attends as a decode, recomputed outputs included (runner/step_inputs.py). Before
 either, all 32 requests' log-probabilities moved."""
 
@@ -45,6 +46,24 @@ def test_greedy_values_do_not_depend_on_the_batch_or_on_preemption(alone, loaded
     llm = LLM(dtype="float32", loaded_model=loaded_float32(), **SETTINGS[setting])
     got = greedy(llm, prompts)
     assert (llm.core.scheduler.num_preemptions > 0) == (setting == "preempted")
+    moved = [i for i, (g, w) in enumerate(zip(got, want, strict=True)) if g != w]
+    assert not moved, f"requests {moved} changed with the batch"
+
+
+def test_8_bit_activations_do_not_depend_on_the_batch_or_on_preemption(smollm_prompts,
+                                                                       loaded_float32):  # fmt: skip
+    """The same with x rounded to 8 bits, `auto`'s kind for a file of 4- to 6-bit weights: 16
+    requests alone against a pool that preempts them, their prompts chunked beside decodes."""
+    prompts = smollm_prompts[:16]
+    loaded = loaded_float32("int8")
+    want = greedy(LLM(dtype="float32", loaded_model=loaded, quantized_activations="int8",
+                      max_num_seqs=1), prompts)  # fmt: skip
+    # (20 blocks: 16 requests preempt each other less than 32 do)
+    llm = LLM(dtype="float32", loaded_model=loaded, quantized_activations="int8",
+              **{**SETTINGS["preempted"], "num_kv_blocks": 20})  # fmt: skip
+    got = greedy(llm, prompts)
+    assert llm.core.scheduler.num_preemptions > 0, "no request was preempted"
+    assert loaded.model.fused_layers.activation_bits == 8
     moved = [i for i, (g, w) in enumerate(zip(got, want, strict=True)) if g != w]
     assert not moved, f"requests {moved} changed with the batch"
 

@@ -22,6 +22,7 @@ from inflight.model.gguf_blocks import regroup_blocks
 from inflight.model.gguf_loader import KERNEL_BLOCK_TYPES
 from inflight.model.loader import (
     BF16_DECODE_ROWS_MAX_SEQS,
+    model_activations,
     resolve_engine_dtype,
     resolve_quantized_activations,
 )
@@ -29,10 +30,11 @@ from inflight.model.packed_linear import (
     EVERY_BATCH,
     GGUF_INT_SMALL_BATCH_ROWS,
     PackedLinear,
+    blocks_serve_every_batch,
     can_pack,
     decode_rows_from_blocks,
 )
-from tests.gguf_files import write_tiny_gguf
+from tests.gguf_files import k_quant_mix, write_tiny_gguf
 from tests.model.test_gguf_linear import quantized
 
 Q = GGMLQuantizationType
@@ -232,7 +234,7 @@ def test_packed_linear_sends_bf16_decode_rows_to_the_blocks_and_prompt_rows_to_b
 
 
 def test_the_knob_regroups_a_float32_gguf_model_and_reuse_must_agree(tmp_path, tiny_llama, caplog):
-    path = write_tiny_gguf(tiny_llama, tmp_path / "tiny-q4_1.gguf", Q.Q4_1)
+    path = write_tiny_gguf(tiny_llama, tmp_path / "tiny-q8_0.gguf", Q.Q8_0)
     llm = LLM(str(path), dtype="float32", device="cpu", quantized_activations="int16")
     model = llm.core.loaded.model
     linears = [m for m in model.modules() if isinstance(m, PackedLinear)]
@@ -245,7 +247,8 @@ def test_the_knob_regroups_a_float32_gguf_model_and_reuse_must_agree(tmp_path, t
     params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
     out = llm.generate(prompt, params, use_tqdm=False)[0].outputs[0].token_ids
     assert len(out) == 6  # a tiny random model's tokens: their values are the kernel tests' job
-    LLM(loaded_model=llm.core.loaded, dtype="float32", device="cpu")  # auto: int16 in float32
+    # auto: int16 for a file of 8-bit weights in float32
+    LLM(loaded_model=llm.core.loaded, dtype="float32", device="cpu")
     with pytest.raises(ConfigError, match="loaded with quantized_activations='int16'"):
         LLM(loaded_model=llm.core.loaded, dtype="float32", device="cpu",
             quantized_activations="off")  # fmt: skip
@@ -272,11 +275,13 @@ def test_auto_sends_bf16_decode_rows_to_the_blocks_only_for_a_few_seats(tmp_path
     win; past them it computes, and bf16 wins. float32 takes the blocks at any size."""
     wide = decode_rows_from_blocks(torch.bfloat16, 16)
     bf16, fp32, few = torch.bfloat16, torch.float32, BF16_DECODE_ROWS_MAX_SEQS
-    assert resolve_quantized_activations("auto", bf16, few) == "int16"
-    assert resolve_quantized_activations("auto", bf16, few + 1) == ("off" if wide else "int16")
-    assert resolve_quantized_activations("auto", fp32, 256) == "int16"
+    q8 = write_tiny_gguf(tiny_llama, tmp_path / "tiny-q8_0.gguf", Q.Q8_0)
+    assert resolve_quantized_activations("auto", bf16, few, q8) == "int16"
+    assert resolve_quantized_activations("auto", bf16, few + 1, q8) == ("off" if wide
+                                                                        else "int16")  # fmt: skip
+    assert resolve_quantized_activations("auto", fp32, 256, q8) == "int16"
     for asked in ("off", "int16", "int8"):
-        assert resolve_quantized_activations(asked, bf16, 256) == asked
+        assert resolve_quantized_activations(asked, bf16, 256, q8) == asked
     if not (wide and can_pack(bf16, torch.device("cpu"))):
         return
     path = write_tiny_gguf(tiny_llama, tmp_path / "tiny-q4_1.gguf", Q.Q4_1)
@@ -284,6 +289,45 @@ def test_auto_sends_bf16_decode_rows_to_the_blocks_only_for_a_few_seats(tmp_path
         llm = LLM(str(path), dtype="bfloat16", device="cpu", max_num_seqs=seats)
         assert bool(llm.core.loaded.model.fused_layers.decode_weights) == decode_rows
         assert llm.core.loaded.quantized_activations == ("int16" if decode_rows else "off")
+
+
+def _layers_in(layer_type: Q, rest: Q):
+    """A mix: `layer_type` for the layers' weights, `rest` for the embedding and the LM head."""
+    return lambda name: layer_type if name.startswith("blk.") else rest
+
+
+@pytest.mark.parametrize(
+    ("name", "mix", "wanted"),
+    [
+        ("q4_k_m", k_quant_mix, "int8"),  # Q4_K and Q6_K layers
+        ("q4_0", _layers_in(Q.Q4_0, Q.Q4_0), "int8"),
+        ("q5_1", _layers_in(Q.Q5_1, Q.Q8_0), "int8"),
+        ("q8_0", _layers_in(Q.Q8_0, Q.Q8_0), "int16"),
+        # the embedding and the LM head do not count: the layers' weights are 8 bits
+        ("q8_0-layers", _layers_in(Q.Q8_0, Q.Q4_0), "int16"),
+        # by count: the MLP's three 512 x 256 weights in Q8_0 outweigh attention's four in Q4_0
+        ("mlp-q8_0", lambda n: Q.Q8_0 if "ffn" in n else Q.Q4_0, "int16"),
+        ("f16", _layers_in(Q.F16, Q.F16), "int16"),
+    ],
+)
+def test_auto_rounds_x_to_8_bits_where_most_layer_weights_hold_fewer(
+    tmp_path, tiny_model_factory, name, mix, wanted
+):
+    """llama.cpp's rounding beside 4- to 6-bit weights; 16 bits beside 8-bit ones, which 8-bit
+    x would round as coarsely as the weights. Where blocks serve every float32 batch only: a
+    bf16 engine and an HF folder keep int16."""
+    folder = tiny_model_factory("llama_wide")
+    path = write_tiny_gguf(folder, tmp_path / f"tiny-{name}.gguf", None, mix=mix)
+    fp32, bf16 = torch.float32, torch.bfloat16
+    every_batch = blocks_serve_every_batch(fp32, 8)
+    assert model_activations(path, fp32) == (wanted if every_batch else "int16")
+    assert resolve_quantized_activations("auto", fp32, 256, path) == model_activations(path, fp32)
+    assert model_activations(path, bf16) == "int16"
+    assert model_activations(folder, fp32) == "int16"
+    if every_batch and wanted == "int8":
+        llm = LLM(str(path), dtype="float32", device="cpu", num_kv_blocks=16, max_model_len=64)
+        assert llm.core.loaded.quantized_activations == "int8"
+        assert llm.core.loaded.model.fused_layers.activation_bits == 8
 
 
 def test_auto_computes_a_k_quant_gguf_in_float32_on_a_bf16_cpu(tmp_path, tiny_llama, monkeypatch):
