@@ -69,9 +69,9 @@ class ModelConfig:
         metadata={
             "help": "int16 or int8: round activations to 16 or 8 bits per block of 32 and "
             "multiply them with the weights in integers (int8 is what llama.cpp does); off: "
-            "the dtype's own path throughout (the exact one); auto: int8 in float32 where "
-            "most of a GGUF file's layer weights hold fewer than 8 bits (Q4_K_M, Q5_K_M, "
-            "Q6_K, Q4_0 files: llama.cpp's rounding for them), int16 elsewhere (Q8_0 files), "
+            "the dtype's own path throughout (the exact one); auto: int8 in float32 for a "
+            "GGUF file whose layers hold K-quant blocks (Q4_K_M, Q5_K_M, Q6_K files: "
+            "llama.cpp's rounding), int16 for the legacy formats (Q4_0 to Q8_0), "
             "and off for a bf16 engine of more than 8 seats (max_num_seqs) on an AVX-512 VNNI "
             "CPU, where bf16 computes busy steps faster. Applies to a GGUF file's "
             "block-quantized weights (Q4_0 to Q8_0, the K-quants and MXFP4): every float32 "

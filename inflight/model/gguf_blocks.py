@@ -44,6 +44,11 @@ class BlockFormat:
     bits: int  # per quant
 
     @property
+    def super_blocks(self) -> bool:
+        """Q4_K, Q5_K, Q6_K: 256 weights in sub-blocks with scales of their own."""
+        return self.weights == 256
+
+    @property
     def legacy(self) -> bool:
         """Q4_0, Q4_1, Q8_0: the formats every kernel reads (the exact one, 8-bit x, the
         16-column layout)."""

@@ -172,26 +172,25 @@ def resolve_quantized_activations(
 
 def model_activations(path: Path, dtype: torch.dtype) -> str:
     """`auto`'s quantized activations for the model at `path` in `dtype`, whatever the seats:
-    int8 where every batch multiplies from a GGUF file's blocks and most of its layers' weights
-    (by count) are blocks of fewer than 8 bits (Q4_K_M, Q5_K_M, Q6_K, Q4_0 files); int16
-    elsewhere, Q8_0 files among them. 8-bit x is llama.cpp's rounding for such files, and
-    beside 4- to 6-bit weights it moves the model little (perplexity +0.4% on Gemma 3's
-    Q4_K_M, where int16 moved it +0.6%) while its dot products do twice the multiply-adds an
-    instruction, prompts included; beside 8-bit weights it would round x as coarsely as the
-    weights (docs/benchmarks.md, "Quantized activations")."""
+    int8 where every batch multiplies from a GGUF file's blocks and its layers hold K-quant
+    blocks (Q4_K, Q5_K, Q6_K: the Q4_K_M, Q5_K_M and Q6_K files people download); int16
+    elsewhere. 8-bit x is llama.cpp's rounding, and beside a K-quant mix's weights it moves
+    the model little (perplexity +0.4% on Gemma 3's Q4_K_M file, where 16 bits moved it
+    +0.6%) while its dot products do twice the multiply-adds an instruction, prompts included
+    (a 3B-shaped Q4_K_M file's prompts 1.3x faster). The legacy formats (Q4_0 to Q8_0) keep
+    16 bits, under which the default model (Q4_1) gives transformers' greedy tokens, where 8
+    bits change its answers within a few dozen tokens (docs/benchmarks.md, "Quantized
+    activations")."""
     if not is_gguf(path) or not blocks_serve_every_batch(dtype, ACTIVATION_BITS["int8"]):
         return "int16"
     kept = _block_types(dtype, ACTIVATION_BITS["int8"])
-    below = at_or_above = 0
     for entry in read_gguf_index(path).entries:
-        if not entry["name"].startswith("blk.") or len(entry["shape"]) < 2:
-            continue  # the embedding, the LM head, norms and biases
         fmt = kept.get(entry["type"])
-        if fmt is not None and fmt.bits < 8:
-            below += math.prod(entry["shape"])
-        else:
-            at_or_above += math.prod(entry["shape"])
-    return "int8" if below > at_or_above else "int16"
+        # a layer's weight: the embedding and the LM head do not count (llama.cpp gives a
+        # Q4_0 file's LM head Q6_K)
+        if fmt is not None and fmt.super_blocks and entry["name"].startswith("blk."):
+            return "int8"
+    return "int16"
 
 
 def resolve_engine_dtype(

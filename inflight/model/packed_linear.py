@@ -20,7 +20,7 @@ A float32 weight dequantized from a GGUF file's Q4_0, Q4_1 or Q8_0 blocks keeps 
 and batches of up to `GGUF_SMALL_BATCH_ROWS` rows multiply straight from them
 (`kernels/csrc/gguf_linear.cpp`, AVX2): the same weights in 0.16-0.27 of the bytes, which is what
 a decode step's time is made of (about half the linears' time at one row). With
-`quantized_activations` (int16 or int8; `auto` picks by the file's bits), batches are instead
+`quantized_activations` (int16 or int8; `auto` picks by the file's formats), batches are instead
 rounded to 16 or 8 bits per block of 32 and multiplied in integers over the blocks regrouped
 eight columns at a time (`kernels/csrc/gguf_int_linear.cpp`; int8 is llama.cpp's way), up to
 `GGUF_INT_SMALL_BATCH_ROWS` rows: not exact, and docs/benchmarks.md has how far each moves greedy

@@ -3,8 +3,8 @@
 token: its norms of 1 + w, four a layer, tanh-GELU MLP, scaled embeddings, five windowed layers
 (512 positions, RoPE base 10k) to each global one (1M), a 262k vocabulary, and Q4_K, Q5_0, Q6_K
 and Q8_0 blocks; one prompt runs past the window. 16-bit activations over the blocks (every
-prompt chunked) match. The file's default is 8 bits, llama.cpp's rounding for 4- to 6-bit
-weights, which moves tokens where 16 bits do not (`inflight bench agreement` measures how far);
+prompt chunked) match. The file's default is 8 bits, llama.cpp's rounding for K-quant files,
+which moves tokens where 16 bits do not (`inflight bench agreement` measures how far);
 the exact path is SmolLM2's parity test's and the tiny models'.
 """
 

@@ -299,23 +299,21 @@ def _layers_in(layer_type: Q, rest: Q):
 @pytest.mark.parametrize(
     ("name", "mix", "wanted"),
     [
-        ("q4_k_m", k_quant_mix, "int8"),  # Q4_K and Q6_K layers
-        ("q4_0", _layers_in(Q.Q4_0, Q.Q4_0), "int8"),
-        ("q5_1", _layers_in(Q.Q5_1, Q.Q8_0), "int8"),
+        ("q4_k_m", k_quant_mix, "int8"),  # Q4_K and Q6_K layers, a Q5_0 embedding
+        ("q6_k", _layers_in(Q.Q6_K, Q.Q8_0), "int8"),
+        # Gemma 3's file: rows too short for 256-weight blocks fall back to Q5_0
+        ("q5_k-down", lambda n: Q.Q5_K if "ffn_down" in n else Q.Q5_0, "int8"),
+        ("q4_0", _layers_in(Q.Q4_0, Q.Q4_0), "int16"),
         ("q8_0", _layers_in(Q.Q8_0, Q.Q8_0), "int16"),
-        # the embedding and the LM head do not count: the layers' weights are 8 bits
-        ("q8_0-layers", _layers_in(Q.Q8_0, Q.Q4_0), "int16"),
-        # by count: the MLP's three 512 x 256 weights in Q8_0 outweigh attention's four in Q4_0
-        ("mlp-q8_0", lambda n: Q.Q8_0 if "ffn" in n else Q.Q4_0, "int16"),
+        # the LM head does not count: llama.cpp gives a Q4_0 file's Q6_K
+        ("q4_0-q6_k-head", _layers_in(Q.Q4_0, Q.Q6_K), "int16"),
         ("f16", _layers_in(Q.F16, Q.F16), "int16"),
     ],
 )
-def test_auto_rounds_x_to_8_bits_where_most_layer_weights_hold_fewer(
-    tmp_path, tiny_model_factory, name, mix, wanted
-):
-    """llama.cpp's rounding beside 4- to 6-bit weights; 16 bits beside 8-bit ones, which 8-bit
-    x would round as coarsely as the weights. Where blocks serve every float32 batch only: a
-    bf16 engine and an HF folder keep int16."""
+def test_auto_rounds_x_to_8_bits_for_k_quant_files(tmp_path, tiny_model_factory, name, mix, wanted):
+    """llama.cpp's rounding where the layers hold K-quant blocks; 16 bits for the legacy
+    formats. Where blocks serve every float32 batch only: a bf16 engine and an HF folder keep
+    int16."""
     folder = tiny_model_factory("llama_wide")
     path = write_tiny_gguf(folder, tmp_path / f"tiny-{name}.gguf", None, mix=mix)
     fp32, bf16 = torch.float32, torch.bfloat16
