@@ -60,9 +60,9 @@ def add_bench_parser(sub: Any, add_engine_flags: Callable[[argparse.ArgumentPars
     calibrate.add_argument("--out", type=Path, default=None)
     add_engine_flags(calibrate)
     agreement = modes.add_parser("agreement", formatter_class=fmt,
-                                 help="greedy tokens with quantized activations (or KV "
-                                 "cache dtypes) against the exact path, on the parity "
-                                 "prompts")  # fmt: skip
+                                 help="quantized activations (or KV cache dtypes) against "
+                                 "the exact path: greedy tokens on the parity prompts, and "
+                                 "a scored text's perplexity")  # fmt: skip
     agreement.add_argument("--max-tokens", type=int, default=64, help="greedy tokens per prompt")
     agreement.add_argument("--reference-dtype", choices=["float32", "bfloat16"], default=None,
                            help="compare against the exact path in this dtype (and the engine's "
