@@ -73,13 +73,14 @@ def test_two_ranks_give_one_ranks_greedy_tokens(tiny_model_factory, arch):
 
 def test_default_model_over_three_ranks_matches_one():
     """SmolLM2's 9 heads and 3 KV heads split three ways, each rank holding its slices of the
-    Q4_1 blocks (16-bit activations, as one rank computes them)."""
+    Q4_1 blocks (16-bit activations, as one rank computes them). In float32, where the blocks
+    serve every batch on every CPU kind (a CPU with bf16 would compute this file in bf16)."""
     prompts = ["The capital of France is", "def fibonacci(n):"]
     params = SamplingParams(temperature=0, max_tokens=16)
-    one = LLM(kv_cache_memory_bytes=64 << 20)
+    one = LLM(dtype="float32", kv_cache_memory_bytes=64 << 20)
     expected = [o.outputs[0].token_ids for o in one.generate(prompts, params, use_tqdm=False)]
     del one
-    split = LLM(tensor_parallel_size=3, kv_cache_memory_bytes=64 << 20)
+    split = LLM(dtype="float32", tensor_parallel_size=3, kv_cache_memory_bytes=64 << 20)
     got = [o.outputs[0].token_ids for o in split.generate(prompts, params, use_tqdm=False)]
     assert split.core.loaded.model.layers[0].down_proj.blocks_only  # no float copy
     split.core.workers.close()
@@ -89,14 +90,17 @@ def test_default_model_over_three_ranks_matches_one():
 def test_k_quant_blocks_split_on_block_boundaries(tiny_model_factory, tmp_path):
     """A Q4_K_M-like file: each rank keeps its rows of every matrix and its whole 256-weight
     blocks of down's inputs; o's inputs split mid-block (128 of 256 columns a rank), so o
-    loads as floats. Tokens as one rank's."""
+    loads as floats. Tokens as one rank's, with 16-bit activations: o's floats on the ranks
+    then differ from one rank's rounded x by too little to flip a token (the file's default,
+    8 bits, moves a random model's near-ties)."""
     path = write_tiny_gguf(tiny_model_factory("llama_wide"), tmp_path / "kmix.gguf", None,
                            mix=k_quant_mix)  # fmt: skip
     prompts = random_prompts(400, lengths=(5, 17, 30), seed=4)
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
-    expected = [o.outputs[0].token_ids
-                for o in LLM(str(path)).generate(prompts, params, use_tqdm=False)]  # fmt: skip
-    split = LLM(str(path), tensor_parallel_size=2)
+    knobs = {"dtype": "float32", "quantized_activations": "int16"}
+    one = LLM(str(path), **knobs)
+    expected = [o.outputs[0].token_ids for o in one.generate(prompts, params, use_tqdm=False)]
+    split = LLM(str(path), tensor_parallel_size=2, **knobs)
     layer = split.core.loaded.model.layers[0]
     assert layer.down_proj.blocks_only and layer.gate_up_proj.blocks_only
     assert not layer.o_proj.blocks_only and layer.o_proj.in_features == 128
