@@ -59,7 +59,7 @@ def agreement(reference: list[list[int]], candidate: list[list[int]]) -> dict[st
 
 
 def scoring_text() -> str:
-    """Some 700 kB of English prose and code that ships with every CPython."""
+    """Some 450 kB of English prose and code that ships with every CPython."""
     from pydoc_data.topics import topics
 
     return "\n\n".join(topics[key] for key in sorted(topics))
