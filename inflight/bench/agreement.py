@@ -20,8 +20,10 @@ import math
 from pathlib import Path
 from typing import Any
 
+from inflight.config import ModelConfig
 from inflight.engine.llm import LLM
-from inflight.platform import describe_device
+from inflight.model.loader import resolve_engine_dtype, resolve_model_path
+from inflight.platform import describe_device, resolve_device
 from inflight.request import Logprobs
 from inflight.sampling_params import SamplingParams
 from inflight.workload.parity import parity_prompts
@@ -98,6 +100,17 @@ def score_agreement(reference: list[list[Logprobs]], candidate: list[list[Logpro
 KINDS = ("int16", "int8")
 
 
+def quantized_dtype(knobs: dict[str, Any]) -> str:
+    """The dtype an engine of these knobs computes in with quantized activations."""
+    dtype = resolve_engine_dtype(
+        knobs.get("dtype", ModelConfig.dtype),
+        resolve_device(knobs.get("device", ModelConfig.device)),
+        resolve_model_path(knobs.get("model")),
+        "int16",
+    )
+    return str(dtype).removeprefix("torch.")
+
+
 def run_agreement(
     knobs: dict[str, Any], out: Path, max_tokens: int = 64, reference_dtype: str | None = None,
     kv_cache_dtypes: tuple[str, ...] = (),
@@ -115,7 +128,9 @@ def run_agreement(
     else:
         reference = "off" if reference_dtype is None else f"off in {reference_dtype}"
         column = "quantized_activations"
-        dtype_knob = {} if reference_dtype is None else {"dtype": reference_dtype}
+        # by default the exact path in the dtype the kinds compute in, which `auto` can make
+        # another (a K-quant file on a CPU with bf16: bf16 exact, float32 quantized)
+        dtype_knob = {"dtype": reference_dtype or quantized_dtype(knobs)}
         kinds = KINDS if reference_dtype is None else ("off", *KINDS)
         plan = [(reference, {**knobs, **dtype_knob, "quantized_activations": "off"})]
         plan += [(kind, {**knobs, "quantized_activations": kind}) for kind in kinds]

@@ -16,6 +16,7 @@ from gguf import GGMLQuantizationType
 from torch import nn
 
 from inflight import LLM, SamplingParams
+from inflight.bench.agreement import quantized_dtype
 from inflight.errors import ConfigError
 from inflight.kernels import load_extension
 from inflight.model.gguf_blocks import regroup_blocks
@@ -347,6 +348,10 @@ def test_auto_computes_a_k_quant_gguf_in_float32_on_a_bf16_cpu(tmp_path, tiny_ll
     assert resolve_engine_dtype("auto", cpu, f16) == bf16
     assert resolve_engine_dtype("bfloat16", cpu, q5) == bf16
     assert resolve_engine_dtype("auto", cpu, tiny_llama) == bf16
+    # `bench agreement`'s exact reference takes the quantized kinds' dtype, not the exact one's
+    assert quantized_dtype({"model": str(q5), "device": "cpu"}) == ("float32" if blocks
+                                                                    else "bfloat16")  # fmt: skip
+    assert quantized_dtype({"model": str(q5), "dtype": "bfloat16"}) == "bfloat16"
     if blocks:
         llm = LLM(str(q5), device="cpu", num_kv_blocks=16, max_model_len=64)
         assert llm.core.dtype == fp32 and llm.core.loaded.model.layers[0].qkv_proj.blocks_only
