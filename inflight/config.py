@@ -79,7 +79,7 @@ class ModelConfig:
             "Q4_0 / Q4_1 / Q8_0) every bf16 decode row, while bf16 prompts stay exact. int16 "
             "decodes a few sequences ~2x faster than off with the same greedy tokens on the "
             "parity prompts; int8 computes a 3B-shaped Q4_K_M file's prompts and busy steps "
-            "1.2-1.4x faster again, and moves perplexity by about 0.2% (docs/benchmarks.md)"
+            "1.2-1.4x faster again, and moves perplexity by about 0.2 percent (docs/benchmarks.md)"
         },
     )
     tensor_parallel_size: int = field(
