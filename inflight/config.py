@@ -69,17 +69,17 @@ class ModelConfig:
         metadata={
             "help": "int16 or int8: round activations to 16 or 8 bits per block of 32 and "
             "multiply them with the weights in integers (int8 is what llama.cpp does); off: "
-            "the dtype's own path throughout (the exact one); auto: int8 in float32 for a "
-            "GGUF file whose layers hold K-quant blocks (Q4_K_M, Q5_K_M, Q6_K files: "
-            "llama.cpp's rounding), int16 for the legacy formats (Q4_0 to Q8_0), "
+            "the dtype's own path throughout (the exact one); auto: int8 in float32 where "
+            "K-quant blocks hold most of a GGUF file's layer weights (Q4_K_M, Q5_K_M, Q6_K "
+            "files: llama.cpp's rounding), int16 elsewhere (the legacy formats), "
             "and off for a bf16 engine of more than 8 seats (max_num_seqs) on an AVX-512 VNNI "
             "CPU, where bf16 computes busy steps faster. Applies to a GGUF file's "
             "block-quantized weights (Q4_0 to Q8_0, the K-quants and MXFP4): every float32 "
             "batch on AVX2 CPUs, AVX-512 ones included, and on AVX-512 VNNI ones (int16, "
             "Q4_0 / Q4_1 / Q8_0) every bf16 decode row, while bf16 prompts stay exact. int16 "
             "decodes a few sequences ~2x faster than off with the same greedy tokens on the "
-            "parity prompts; int8 computes a 3B-shaped Q4_K_M file's prompts and busy steps "
-            "1.2-1.4x faster again, and moves perplexity by about 0.2 percent (docs/benchmarks.md)"
+            "parity prompts; int8 computes a 3B-shaped Q4_K_M file's mixed batches 1.4x "
+            "faster again, and moves perplexity by about 0.2 percent (docs/benchmarks.md)"
         },
     )
     tensor_parallel_size: int = field(

@@ -5,10 +5,9 @@ recomputed, their prompts chunked and mixed with decodes. (Tokens alone rarely s
 difference: it takes a near-tie to flip one. The log-probabilities show any.)
 
 What keeps it: every linear row goes through the GGUF blocks with 16-bit activations (8-bit ones
-for K-quant files) whatever the step's size (float32 on the 8-column layout, the default
-there), and every token at or past
-its prompt attends as a decode, recomputed outputs included (runner/step_inputs.py). Before
-either, all 32 requests' log-probabilities moved."""
+where K-quant blocks hold most weights) whatever the step's size (float32 on the 8-column layout,
+the default there), and every token at or past its prompt attends as a decode, recomputed outputs
+included (runner/step_inputs.py). Before either, all 32 requests' log-probabilities moved."""
 
 from __future__ import annotations
 
@@ -52,7 +51,7 @@ def test_greedy_values_do_not_depend_on_the_batch_or_on_preemption(alone, loaded
 
 def test_8_bit_activations_do_not_depend_on_the_batch_or_on_preemption(smollm_prompts,
                                                                        loaded_float32):  # fmt: skip
-    """The same with x rounded to 8 bits, `auto`'s kind for a K-quant file: 16
+    """The same with x rounded to 8 bits, `auto`'s kind for a Q4_K_M file: 16
     requests alone against a pool that preempts them, their prompts chunked beside decodes."""
     prompts = smollm_prompts[:16]
     loaded = loaded_float32("int8")

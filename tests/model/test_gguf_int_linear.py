@@ -302,8 +302,10 @@ def _layers_in(layer_type: Q, rest: Q):
     [
         ("q4_k_m", k_quant_mix, "int8"),  # Q4_K and Q6_K layers, a Q5_0 embedding
         ("q6_k", _layers_in(Q.Q6_K, Q.Q8_0), "int8"),
-        # Gemma 3's file: rows too short for 256-weight blocks fall back to Q5_0
-        ("q5_k-down", lambda n: Q.Q5_K if "ffn_down" in n else Q.Q5_0, "int8"),
+        # by count: the MLP's three 512 x 256 weights outweigh attention's four
+        ("q4_k-mlp", lambda n: Q.Q4_K if "ffn" in n else Q.Q5_0, "int8"),
+        # Gemma 3's file: where rows do not fill 256-weight blocks, Q5_0; K-quants in down alone
+        ("q5_k-down", lambda n: Q.Q5_K if "ffn_down" in n else Q.Q5_0, "int16"),
         ("q4_0", _layers_in(Q.Q4_0, Q.Q4_0), "int16"),
         ("q8_0", _layers_in(Q.Q8_0, Q.Q8_0), "int16"),
         # the LM head does not count: llama.cpp gives a Q4_0 file's Q6_K
@@ -312,9 +314,9 @@ def _layers_in(layer_type: Q, rest: Q):
     ],
 )
 def test_auto_rounds_x_to_8_bits_for_k_quant_files(tmp_path, tiny_model_factory, name, mix, wanted):
-    """llama.cpp's rounding where the layers hold K-quant blocks; 16 bits for the legacy
-    formats. Where blocks serve every float32 batch only: a bf16 engine and an HF folder keep
-    int16."""
+    """llama.cpp's rounding where K-quant blocks hold most of the layers' weights; 16 bits
+    where the legacy formats do. Where blocks serve every float32 batch only: a bf16 engine and
+    an HF folder keep int16."""
     folder = tiny_model_factory("llama_wide")
     path = write_tiny_gguf(folder, tmp_path / f"tiny-{name}.gguf", None, mix=mix)
     fp32, bf16 = torch.float32, torch.bfloat16
