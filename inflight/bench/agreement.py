@@ -137,14 +137,15 @@ def run_agreement(
     runs: dict[str, list[list[int]]] = {}
     scores: dict[str, list[list[Logprobs]]] = {}
     tokens_per_gib: dict[str, int] = {}
-    text = scoring_text()
+    text_ids: list[int] = []  # the scored text, encoded once: every run shares the tokenizer
     for label, run_knobs in plan:
         llm = LLM(**run_knobs)
         prompts = parity_prompts(llm.tokenizer)
         logger.info("greedy, %d prompts, %s", len(prompts), label)
         runs[label] = greedy(llm, prompts, max_tokens)
         logger.info("scoring %d windows of text, %s", SCORED_WINDOWS, label)
-        scores[label] = score(llm, llm.tokenizer.encode(text))
+        text_ids = text_ids or llm.tokenizer.encode(scoring_text())
+        scores[label] = score(llm, text_ids)
         cache = llm.core.kv_cache
         tokens_per_gib[label] = 2**30 * cache.num_blocks * cache.block_size // cache.num_bytes
         if label != reference:

@@ -195,14 +195,6 @@ def model_activations(path: Path, dtype: torch.dtype) -> str:
         else:
             other += math.prod(entry["shape"])
     return "int8" if k_quant > other else "int16"
-    kept = _block_types(dtype, ACTIVATION_BITS["int8"])
-    for entry in read_gguf_index(path).entries:
-        fmt = kept.get(entry["type"])
-        # a layer's weight: the embedding and the LM head do not count (llama.cpp gives a
-        # Q4_0 file's LM head Q6_K)
-        if fmt is not None and fmt.super_blocks and entry["name"].startswith("blk."):
-            return "int8"
-    return "int16"
 
 
 def resolve_engine_dtype(
@@ -382,9 +374,7 @@ def estimated_weight_bytes(path: Path, dtype: torch.dtype, quantized_activations
     alone: GGUF (or MXFP4 checkpoint) blocks that take every batch as themselves, everything
     else in `dtype`."""
     size = torch.empty(0, dtype=dtype).element_size()
-    if quantized_activations == "auto":
-        quantized_activations = model_activations(path, dtype)
-    bits = ACTIVATION_BITS[quantized_activations]
+    bits = ACTIVATION_BITS[quantized_activations]  # (auto's 16 keeps what its kind keeps)
     kept = _block_types(dtype, bits) if blocks_serve_every_batch(dtype, bits) else {}
     if not is_gguf(path):
         mxfp4 = is_mxfp4_checkpoint(path)
