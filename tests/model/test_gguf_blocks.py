@@ -6,6 +6,10 @@ every linear kept as its blocks and answers as its dequantized twin does."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -114,13 +118,40 @@ def test_rows_do_not_depend_on_their_batch(qtype, bits):
     assert_rows_do_not_depend_on_their_batch(packed, 61, 512, bits)
 
 
+TILE_CHECK = """
+import sys, torch
+from inflight.kernels import load_extension
+ext = load_extension()
+assert ext.gguf_int_linear_tile_rows() == 0, "INFLIGHT_NO_AMX is set"
+cases = torch.load(sys.argv[1])
+torch.save([ext.gguf_int_linear(x, packed, None, n, 8) for x, packed, n in cases], sys.argv[2])
+"""
+
+
+@pytest.mark.skipif(ext.gguf_int_linear_tile_rows() == 0, reason="no AMX tiles here")
+def test_amx_tiles_give_the_vector_paths_bits(tmp_path):
+    """Every row of 8-bit batches on AMX tiles (all formats; partial row tiles, pairs and
+    passes; panels of x's rows over a wide weight) equals the vector path's, which a process
+    with INFLIGHT_NO_AMX set takes."""
+    rows = ext.gguf_int_linear_tile_rows()
+    cases = [(torch.randn(m, k), regroup_blocks(random_bytes(n, k, q, seed=m)), n)
+             for q in ALL for n, k, m in ((103, 512, 70), (19, 768, rows))]  # fmt: skip
+    cases.append((torch.randn(70, 16384), regroup_blocks(random_bytes(8, 16384, Q.Q4_K)), 8))
+    torch.save(cases, tmp_path / "cases.pt")
+    env = {**os.environ, "INFLIGHT_NO_AMX": "1"}
+    subprocess.run([sys.executable, "-c", TILE_CHECK, tmp_path / "cases.pt", tmp_path / "out.pt"],
+                   env=env, check=True)  # fmt: skip
+    for (x, packed, n), vector in zip(cases, torch.load(tmp_path / "out.pt"), strict=True):
+        assert torch.equal(ext.gguf_int_linear(x, packed, None, n, 8), vector)
+
+
 @needs_kernel
 def test_a_mixed_packing_is_its_segments_side_by_side():
     parts = [random_bytes(24, 512, Q.Q4_K), random_bytes(13, 512, Q.Q6_K, 1),
              random_bytes(16, 512, Q.Q8_0, 2)]  # fmt: skip
     packed = mixed_packing([(regroup_blocks(p), p.shape[0]) for p in parts])
     bias = torch.randn(53)
-    for rows, bits in ((1, 16), (9, 16), (33, 16), (5, 8)):
+    for rows, bits in ((1, 16), (9, 16), (33, 16), (5, 8), (33, 8)):
         x = torch.randn(rows, 512)
         alone, at = [], 0
         for p in parts:

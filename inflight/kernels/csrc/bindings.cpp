@@ -33,6 +33,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gguf_int_linear_columns", &gguf_int_linear_columns, no_gil(),
         "columns per group of the widest blocks' layout for x of that many bits (8, or 16 for "
         "the legacy formats with 16-bit x on AVX-512 VNNI); the 8-column layout serves all");
+  m.def("gguf_int_linear_tile_rows", &gguf_int_linear_tile_rows, no_gil(),
+        "the fewest rows of a batch with 8-bit x that gguf_int_linear multiplies on AMX tiles "
+        "(0: never on this machine, or INFLIGHT_NO_AMX set)");
   m.def("gguf_int_linear", &gguf_int_linear, no_gil(),
         "x @ W.T (+ bias), x rounded to 8 or 16 bits per block of 32, over W's regrouped GGUF "
         "blocks",

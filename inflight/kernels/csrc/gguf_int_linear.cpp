@@ -3,7 +3,8 @@
 // and K-quant formats (Q5_0, Q5_1, Q4_K, Q5_K, Q6_K: what Q4_K_M, Q5_K_M and Q6_K files hold)
 // and MXFP4 (gpt-oss's experts);
 // or, for 16 bits on AVX-512 VNNI, the legacy three sixteen columns at a time too (further
-// down; a bf16 engine's decode rows):
+// down; a bf16 engine's decode rows); and for 8 bits on CPUs with AMX, batches of 16 rows or more
+// on the tile unit, over the same 8-column layout (`run_amx`):
 // the `quantized_activations` knob's path; gguf_linear.cpp is the exact one. x and y are
 // float32, or bf16 (a bf16 engine's decode rows).
 //
@@ -57,11 +58,15 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdlib>
 #include <cstring>
 #include <utility>
 #include <limits>
 #include <type_traits>
 #include <vector>
+
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
@@ -135,10 +140,11 @@ inline const float* block_as_float(const c10::BFloat16* xb, float* buf) {
   return buf;
 }
 
+// `rows` >= M rows of q, those past M zero (the tile unit reads x 16 rows at a time)
 template <class A>
-RoundedRows<A> round_rows(const float* x, int64_t M, int64_t K) {
+RoundedRows<A> round_rows(const float* x, int64_t M, int64_t K, int64_t rows) {
   const int64_t n = M * K / kBlock;
-  RoundedRows<A> r{std::vector<A>(M * K), std::vector<float>(n), std::vector<int32_t>(n),
+  RoundedRows<A> r{std::vector<A>(rows * K), std::vector<float>(n), std::vector<int32_t>(n),
                    std::vector<int32_t>(n), std::vector<float>(n)};
   // blocks round independently: a prompt's rows are split between the threads
   at::parallel_for(0, n, 256, [&](int64_t begin, int64_t end) {
@@ -237,9 +243,11 @@ inline void chunk_values(const uint8_t* quants, int j, __m256i& low, __m256i& hi
 
 // A sub-block's integer dot products, one column per 32-bit lane: `first` holds all 32 values'
 // (Q6_K: its first 16's, and `second` the last 16's, for their own scales).
-struct Dots {
-  __m256i first, second;
+template <class V>
+struct DotsOf {
+  V first, second;
 };
+using Dots = DotsOf<__m256i>;
 
 // One sub-block's dot products with 8-bit x, one column per 32-bit lane.
 template <Format F>
@@ -332,9 +340,11 @@ inline Dots as_dots(__m256i dot) { return {dot, _mm256_setzero_si256()}; }
 // last 16's) and `m`, the offset per unit of x's block sum (d q + m formats). A K-quant's d is
 // its super-block's fp16 d times a small integer: exact in float32 (at most 11 + 8 bits), as
 // dmin times a min is.
-struct SubScales {
-  __m256 d, m, d2;
+template <class V>
+struct ScalesOf {
+  V d, m, d2;
 };
+using SubScales = ScalesOf<__m256>;
 
 inline __m256 halves_at(const uint8_t* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
@@ -375,25 +385,49 @@ inline SubScales sub_scales<Format::kMXFP4>(const uint8_t* block, int) {
   return {d, d, d};
 }
 
-// A row's sub-block of 8 columns added to its accumulator: the integer dot products scaled.
-// Both row paths below call this one sequence of float operations, which is what makes their
+// The lane-wise operations of `add_block` on 8 columns, or on 16 (the tile path's two groups
+// at once, on AVX-512): the same operation on every lane, so a column's value does not depend
+// on the width it was computed at.
+inline __m256i lanes_minus(__m256i v, int32_t c) {
+  return _mm256_sub_epi32(v, _mm256_set1_epi32(c));
+}
+inline __m256 lanes_times(__m256 v, float c) { return _mm256_mul_ps(v, _mm256_set1_ps(c)); }
+inline __m256 lanes_fmadd(__m256 a, __m256i b, __m256 acc) {
+  return _mm256_fmadd_ps(a, _mm256_cvtepi32_ps(b), acc);
+}
+inline __m256 lanes_fmadd(__m256 a, float b, __m256 acc) {
+  return _mm256_fmadd_ps(a, _mm256_set1_ps(b), acc);
+}
+#ifdef __AVX512F__
+inline __m512i lanes_minus(__m512i v, int32_t c) {
+  return _mm512_sub_epi32(v, _mm512_set1_epi32(c));
+}
+inline __m512 lanes_times(__m512 v, float c) { return _mm512_mul_ps(v, _mm512_set1_ps(c)); }
+inline __m512 lanes_fmadd(__m512 a, __m512i b, __m512 acc) {
+  return _mm512_fmadd_ps(a, _mm512_cvtepi32_ps(b), acc);
+}
+inline __m512 lanes_fmadd(__m512 a, float b, __m512 acc) {
+  return _mm512_fmadd_ps(a, _mm512_set1_ps(b), acc);
+}
+#endif
+
+// A row's sub-block of 8 (or 16) columns added to its accumulator: the integer dot products
+// scaled. Every row path calls this one sequence of float operations, which is what makes their
 // outputs the same bits.
-template <Format F, class A>
-inline __m256 add_block(__m256 acc, Dots dot, const SubScales& s, const RoundedRows<A>& x,
-                        int64_t rb) {
-  const __m256 dx = _mm256_set1_ps(x.scale[rb]);
+template <Format F, class A, class VF, class VI>
+inline VF add_block(VF acc, DotsOf<VI> dot, const ScalesOf<VF>& s, const RoundedRows<A>& x,
+                    int64_t rb) {
+  const float dx = x.scale[rb];
   if constexpr (F == Format::kQ6_K) {  // two halves, each with its scale and its zero point
     const int32_t first = x.isum_first[rb], second = x.isum[rb] - first;
-    const __m256i a = _mm256_sub_epi32(dot.first, _mm256_set1_epi32(zero_point(F) * first));
-    const __m256i b = _mm256_sub_epi32(dot.second, _mm256_set1_epi32(zero_point(F) * second));
-    acc = _mm256_fmadd_ps(_mm256_mul_ps(s.d, dx), _mm256_cvtepi32_ps(a), acc);
-    return _mm256_fmadd_ps(_mm256_mul_ps(s.d2, dx), _mm256_cvtepi32_ps(b), acc);
+    acc = lanes_fmadd(lanes_times(s.d, dx), lanes_minus(dot.first, zero_point(F) * first), acc);
+    return lanes_fmadd(lanes_times(s.d2, dx), lanes_minus(dot.second, zero_point(F) * second),
+                       acc);
   }
-  if constexpr (zero_point(F) != 0) {  // quants are q - zero point
-    dot.first = _mm256_sub_epi32(dot.first, _mm256_set1_epi32(zero_point(F) * x.isum[rb]));
-  }
-  acc = _mm256_fmadd_ps(_mm256_mul_ps(s.d, dx), _mm256_cvtepi32_ps(dot.first), acc);
-  if constexpr (has_min(F)) acc = _mm256_fmadd_ps(s.m, _mm256_set1_ps(x.sum[rb]), acc);
+  // quants are q - zero point
+  if constexpr (zero_point(F) != 0) dot.first = lanes_minus(dot.first, zero_point(F) * x.isum[rb]);
+  acc = lanes_fmadd(lanes_times(s.d, dx), dot.first, acc);
+  if constexpr (has_min(F)) acc = lanes_fmadd(s.m, x.sum[rb], acc);
   return acc;
 }
 
@@ -553,8 +587,250 @@ void run_widened(const Problem<int16_t>& p, int64_t M) {
   });
 }
 
+constexpr int64_t kAmxRows = 16;     // rows per tile: the tile unit's most
+constexpr int64_t kAmxMinRows = 16;  // from here the tile unit beats the vector path
+
+#if defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__AVX512F__)
+// Batches of many rows with 8-bit x on CPUs with AMX: the tile unit computes a sub-block's
+// integer dot products for 16 rows and 16 columns (two groups) in one instruction (`tdpbsud`:
+// x's signed bytes times the quants' unsigned ones; `tdpbssd` for Q8_0's signed ones), and each
+// row's sums per group of 8 columns then meet `add_block`, the float sequence every other path
+// runs. The sums are the same exact integers the vector path computes, so a row's outputs are
+// the same bits in any batch. A pass covers 32 rows and 32 columns: four independent products
+// per sub-block keep the tile unit's pipeline full (one waits ~50 cycles for its sums). A pass's
+// quants are unpacked once to bytes in the tile unit's order (row k / 4 of a sub-block holds
+// values k..k+3 of 16 columns: `chunk_values`' low and high vectors of two groups side by side)
+// and serve every row of the batch. Q6_K multiplies each half of a sub-block (16 values) apart,
+// for its own scale.
+constexpr int64_t kPairBytes = 2 * kLanes * kBlock;  // a sub-block of two groups, unpacked
+
+// Tiles 0, 3, 6, 7: the sums of (row tile, pair) (0, 0), (0, 1), (1, 0), (1, 1); 1, 4: the two
+// row tiles' x; 2, 5: the two pairs' quants. A step multiplies `step` values of x (32, or a
+// Q6_K half's 16).
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+  explicit TileConfig(uint16_t step) {
+    for (int t : {0, 3, 6, 7}) colsb[t] = 64, rows[t] = 16;
+    for (int t : {1, 4}) colsb[t] = step, rows[t] = 16;
+    for (int t : {2, 5}) colsb[t] = 64, rows[t] = static_cast<uint8_t>(step / 4);
+  }
+};
+
+// Linux hands the tile registers' state to a process only on request.
+bool amx_permitted() {
+  static const bool permitted = [] {
+    constexpr long kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    if (std::getenv("INFLIGHT_NO_AMX")) return false;
+    return syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
+  }();
+  return permitted;
+}
+
+// The quants of groups g and g + 1 (`second` null past the last group: zeros) as bytes,
+// [sub-blocks][8 rows][2 groups][32 bytes].
+template <Format F>
+void unpack_pair(const uint8_t* first, const uint8_t* second, int64_t blocks, uint8_t* out) {
+  for (int64_t b = 0; b < blocks; ++b) {
+    auto* rows = reinterpret_cast<__m256i*>(out + b * kPairBytes);
+    for (int h = 0; h < 2; ++h) {
+      const uint8_t* wg = h == 0 ? first : second;
+      if (wg == nullptr) {
+        for (int r = 0; r < 8; ++r) _mm256_store_si256(rows + 2 * r + h, _mm256_setzero_si256());
+        continue;
+      }
+      const uint8_t* quants = sub_block<F>(wg, b).quants;
+      for (int j = 0; j < 4; ++j) {
+        __m256i low, high;
+        if constexpr (F == Format::kQ8_0) {
+          low = load_chunk(quants + 32 * j);
+          high = load_chunk(quants + 32 * (4 + j));
+        } else {
+          chunk_values<F>(quants, j, low, high);
+        }
+        _mm256_store_si256(rows + 2 * j + h, low);
+        _mm256_store_si256(rows + 2 * (4 + j) + h, high);
+      }
+    }
+  }
+}
+
+// [halves][row tiles][pairs][16 rows][16 columns] of one sub-block
+using TileSums = int32_t[2][2][2][16][2 * kLanes];
+
+// One step of a sub-block: x's values at `xq` (row tile 1's 16 rows after), the quants at `wq`
+// (pair 1's `pair_bytes` after), the sums of each (row tile, pair) into `out`.
+template <Format F>
+inline void tile_step(const int8_t* xq, int64_t ldx, const uint8_t* wq, int64_t pair_bytes,
+                      bool two_tiles, bool two_pairs, int32_t (*out)[2][16][2 * kLanes]) {
+// the tile intrinsics take their registers' numbers as literals
+#define INFLIGHT_TILE_DOT(c, a, b)   \
+  if constexpr (F == Format::kQ8_0) { \
+    _tile_dpbssd(c, a, b);            \
+  } else {                            \
+    _tile_dpbsud(c, a, b);            \
+  }
+  _tile_zero(0);
+  _tile_loadd(1, xq, ldx);
+  _tile_loadd(2, wq, 64);
+  INFLIGHT_TILE_DOT(0, 1, 2)
+  if (two_pairs) {
+    _tile_zero(3);
+    _tile_loadd(5, wq + pair_bytes, 64);
+    INFLIGHT_TILE_DOT(3, 1, 5)
+  }
+  if (two_tiles) {
+    _tile_zero(6);
+    _tile_loadd(4, xq + 16 * ldx, ldx);
+    INFLIGHT_TILE_DOT(6, 4, 2)
+    if (two_pairs) {
+      _tile_zero(7);
+      INFLIGHT_TILE_DOT(7, 4, 5)
+    }
+  }
+#undef INFLIGHT_TILE_DOT
+  _tile_stored(0, out[0][0], 64);
+  if (two_pairs) _tile_stored(3, out[0][1], 64);
+  if (two_tiles) _tile_stored(6, out[1][0], 64);
+  if (two_tiles && two_pairs) _tile_stored(7, out[1][1], 64);
+}
+
+constexpr int64_t kPassRows = 32;         // rows per pass: two row tiles
+constexpr int64_t kChunk = 4;             // sub-blocks whose sums are stored before they are scaled
+constexpr int64_t kPanelBytes = 1 << 20;  // x's rows per panel: half of a core's L2
+
+using PairScales = ScalesOf<__m512>;  // a sub-block's scales of a pair's 16 columns
+
+// Rows m0..m0+rows-1 of a pass's two pairs (columns past the last output have zero scales and
+// quants, and are not stored): their quants unpacked at `wq` (the second pair `pair_bytes`
+// after the first) and their scales [sub-blocks][2 pairs] at `scales`. Each row's two
+// accumulators stay in registers over a chunk of sub-blocks.
+template <Format F>
+void amx_pass(const Problem<int8_t>& p, const uint8_t* wq, int64_t pair_bytes,
+              const PairScales* scales, int64_t m0, int64_t rows, int64_t g0, int64_t groups) {
+  const int64_t blocks = p.K / kBlock;
+  const int8_t* xq = p.x->q.data() + m0 * p.K;
+  const bool two_tiles = rows > 16, two_pairs = groups > 2;
+  alignas(64) TileSums sums[kChunk];
+  // a lone pair's partner is scaled too (zero scales, zero sums), so that the loop over pairs
+  // has a fixed count and its accumulators stay in registers
+  if (!two_pairs) std::memset(sums, 0, sizeof sums);
+  __m512 acc[kPassRows][2];
+  for (auto& row : acc) row[0] = row[1] = _mm512_setzero_ps();
+  for (int64_t b0 = 0; b0 < blocks; b0 += kChunk) {
+    const int64_t chunk = std::min(kChunk, blocks - b0);
+    for (int64_t i = 0; i < chunk; ++i) {
+      const int8_t* xb = xq + (b0 + i) * kBlock;
+      const uint8_t* wb = wq + (b0 + i) * kPairBytes;
+      tile_step<F>(xb, p.K, wb, pair_bytes, two_tiles, two_pairs, sums[i][0]);
+      if constexpr (F == Format::kQ6_K) {
+        tile_step<F>(xb + 16, p.K, wb + kPairBytes / 2, pair_bytes, two_tiles, two_pairs,
+                     sums[i][1]);
+      }
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+      __m512 a[2] = {acc[r][0], acc[r][1]};
+      for (int64_t i = 0; i < chunk; ++i) {
+        for (int q = 0; q < 2; ++q) {
+          DotsOf<__m512i> dot{_mm512_load_si512(sums[i][0][r / 16][q][r % 16]),
+                              _mm512_setzero_si512()};
+          if constexpr (F == Format::kQ6_K) {
+            dot.second = _mm512_load_si512(sums[i][1][r / 16][q][r % 16]);
+          }
+          a[q] = add_block<F>(a[q], dot, scales[(b0 + i) * 2 + q], *p.x,
+                              (m0 + r) * blocks + b0 + i);
+        }
+      }
+      acc[r][0] = a[0];
+      acc[r][1] = a[1];
+    }
+  }
+  for (int64_t q = 0; q < groups; ++q) {
+    for (int64_t r = 0; r < rows; ++r) {
+      const __m512 v = acc[r][q / 2];
+      store_row(p, m0 + r, g0 + q,
+                q % 2 ? _mm512_extractf32x8_ps(v, 1) : _mm512_castps512_ps256(v));
+    }
+  }
+}
+
+// A pass's columns made ready: groups g0..g0+count-1 (at most 4) unpacked into `wq` (the
+// second pair `pair_bytes` after the first) and their scales into `scales` [sub-blocks][2 pairs],
+// zero past the last group.
+template <Format F>
+void prepare_pass(const Problem<int8_t>& p, int64_t g0, int64_t count, uint8_t* wq,
+                  int64_t pair_bytes, PairScales* scales) {
+  const int64_t blocks = p.K / kBlock;
+  const int64_t group_bytes = (blocks / sub_blocks(F)) * group_block_bytes(F);
+  auto group_at = [&](int64_t q) { return q < count ? p.w + (g0 + q) * group_bytes : nullptr; };
+  auto join = [](__m256 lo, __m256 hi) {
+    return _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);
+  };
+  const __m256 zero = _mm256_setzero_ps();
+  for (int64_t pair = 0; pair < 2; ++pair) {
+    if (2 * pair < count) {
+      unpack_pair<F>(group_at(2 * pair), group_at(2 * pair + 1), blocks, wq + pair * pair_bytes);
+    }
+    for (int64_t b = 0; b < blocks; ++b) {
+      SubScales half[2] = {{zero, zero, zero}, {zero, zero, zero}};
+      for (int h = 0; h < 2; ++h) {
+        if (const uint8_t* wg = group_at(2 * pair + h)) {
+          const SubBlock<F> sb = sub_block<F>(wg, b);
+          half[h] = sub_scales<F>(sb.block, sb.j);
+        }
+      }
+      scales[b * 2 + pair] = {join(half[0].d, half[1].d), join(half[0].m, half[1].m),
+                              join(half[0].d2, half[1].d2)};
+    }
+  }
+}
+
+template <Format F>
+void run_amx(const Problem<int8_t>& p, int64_t M) {
+  const int64_t groups = (p.N + kLanes - 1) / kLanes, blocks = p.K / kBlock;
+  const int64_t pair_bytes = blocks * kPairBytes;
+  const int64_t panel_rows = std::max(kPassRows, kPanelBytes / p.K / kPassRows * kPassRows);
+  // Threads split the passes' columns (four groups each); a panel of x's rows stays in L2 while
+  // a thread's passes go over it.
+  at::parallel_for(0, (groups + 3) / 4, 1, [&](int64_t begin, int64_t end) {
+    const TileConfig config(F == Format::kQ6_K ? 16 : 32);
+    _tile_loadconfig(&config);
+    std::vector<__m256i> unpacked(2 * pair_bytes / 32);  // 32-byte aligned (C++17 new)
+    auto* wq = reinterpret_cast<uint8_t*>(unpacked.data());
+    std::vector<PairScales> scales(blocks * 2);  // 64-byte aligned
+    for (int64_t panel = 0; panel < M; panel += panel_rows) {
+      const int64_t panel_end = std::min(M, panel + panel_rows);
+      for (int64_t pass = begin; pass < end; ++pass) {
+        const int64_t g0 = 4 * pass, count = std::min<int64_t>(4, groups - g0);
+        prepare_pass<F>(p, g0, count, wq, pair_bytes, scales.data());
+        for (int64_t m0 = panel; m0 < panel_end; m0 += kPassRows) {
+          amx_pass<F>(p, wq, pair_bytes, scales.data(), m0, std::min(kPassRows, panel_end - m0),
+                      g0, count);
+        }
+      }
+    }
+    _tile_release();
+  });
+}
+constexpr bool kAmx = true;
+#else
+constexpr bool kAmx = false;
+bool amx_permitted() { return false; }
+template <Format F>
+void run_amx(const Problem<int8_t>&, int64_t) {}
+#endif
+
+// Whether a batch of M rows with `bits`-bit x goes through the tile unit.
+inline bool uses_amx(int64_t bits, int64_t M) {
+  return kAmx && bits == 8 && M >= kAmxMinRows && amx_permitted();
+}
+
 template <Format F, class A>
 void run(const Problem<A>& p, int64_t M) {
+  if constexpr (std::is_same_v<A, int8_t>) {
+    if (uses_amx(8, M)) return run_amx<F>(p, M);
+  }
   if constexpr (std::is_same_v<A, int16_t>) {
     if (M >= kUnpackMinRows) return run_widened<F>(p, M);
   }
@@ -839,7 +1115,8 @@ std::vector<Segment> segments_of(const at::Tensor& packed, int64_t lanes) {
 template <class A>
 void round_and_run(const float* x, int64_t M, int64_t K, const std::vector<Segment>& segments,
                    const float* bias, float* y, int64_t ldy) {
-  const RoundedRows<A> rounded = round_rows<A>(x, M, K);
+  const int64_t rows = uses_amx(sizeof(A) * 8, M) ? (M + kAmxRows - 1) / kAmxRows * kAmxRows : M;
+  const RoundedRows<A> rounded = round_rows<A>(x, M, K, rows);
   for (const Segment& s : segments) {
     const Problem<A> p{&rounded, s.w, bias ? bias + s.n0 : nullptr, y + s.n0, K, s.N, ldy};
     with_format(s.format, [&](auto f) { run<f.value>(p, M); });
@@ -851,6 +1128,8 @@ void round_and_run(const float* x, int64_t M, int64_t K, const std::vector<Segme
 bool gguf_int_linear_available() { return true; }
 
 int64_t gguf_int_linear_columns(int64_t activation_bits) { return columns_for(activation_bits); }
+
+int64_t gguf_int_linear_tile_rows() { return kAmx && amx_permitted() ? kAmxMinRows : 0; }
 
 at::Tensor gguf_int_linear(const at::Tensor& x, const at::Tensor& packed,
                            const c10::optional<at::Tensor>& bias, int64_t out_features,
@@ -936,6 +1215,8 @@ void gguf_int_linear_into(const at::Tensor& x_in, const at::Tensor& packed,
 bool gguf_int_linear_available() { return false; }
 
 int64_t gguf_int_linear_columns(int64_t) { return 8; }
+
+int64_t gguf_int_linear_tile_rows() { return 0; }
 
 at::Tensor gguf_int_linear(const at::Tensor&, const at::Tensor&,
                            const c10::optional<at::Tensor>&, int64_t, int64_t) {

@@ -62,6 +62,8 @@ at::Tensor gguf_linear(const at::Tensor& x, const at::Tensor& blocks,
 bool gguf_int_linear_available();
 // columns per group of the layout gguf_int_linear reads x of that many bits over (8 or 16)
 int64_t gguf_int_linear_columns(int64_t activation_bits);
+// the fewest rows of an 8-bit batch that gguf_int_linear multiplies on AMX tiles (0: never here)
+int64_t gguf_int_linear_tile_rows();
 void gguf_int_linear_into(const at::Tensor& x, const at::Tensor& packed,
                           const c10::optional<at::Tensor>& bias, int64_t out_features,
                           int64_t activation_bits, at::Tensor& y);
