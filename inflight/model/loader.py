@@ -54,6 +54,7 @@ from inflight.model.packed_linear import (
     blocks_serve_every_batch,
     can_pack,
     decode_rows_from_blocks,
+    eight_bit_tiles,
     pack_linears,
     warm_up,
 )
@@ -172,29 +173,35 @@ def resolve_quantized_activations(
 
 def model_activations(path: Path, dtype: torch.dtype) -> str:
     """`auto`'s quantized activations for the model at `path` in `dtype`, whatever the seats:
-    int8 where every batch multiplies from a GGUF file's blocks and K-quant blocks (Q4_K, Q5_K,
-    Q6_K) hold most of its layers' weights (a Q4_K_M, Q5_K_M or Q6_K file of a model whose
-    widths are multiples of 256); int16 elsewhere. 8-bit x is llama.cpp's rounding; it moves
-    the model little (perplexity within 0.3% of the exact path's, the most likely next token
-    the same at 96% of positions) and over K-quant blocks its dot products skip most of what
-    16-bit x pays per sub-block: a 3B-shaped Q4_K_M file's mixed batches 1.4x faster. Over the
-    legacy formats it gains little or loses (Gemma 3's file, mostly Q5_0 where its 640-wide
-    rows do not fill a K-quant block: 0.87-0.90x), and the default model (Q4_1) keeps
-    transformers' greedy tokens with 16 bits, where 8 change its answers within a few dozen
-    tokens (docs/benchmarks.md, "Quantized activations")."""
+    int8 where every batch multiplies from a GGUF file's blocks and either the CPU multiplies
+    8-bit batches on AMX tiles or K-quant blocks (Q4_K, Q5_K, Q6_K) hold most of the file's
+    layer weights (a Q4_K_M, Q5_K_M or Q6_K file of a model whose widths are multiples of
+    256); int16 elsewhere. 8-bit x is llama.cpp's rounding; it moves the model little
+    (perplexity within 0.3% of the exact path's, the most likely next token the same at 96% of
+    positions). Over K-quant blocks its dot products skip most of what 16-bit x pays per
+    sub-block (a 3B-shaped Q4_K_M file's mixed batches 1.4x faster), and on AMX tiles its
+    prompt rows run 2-3x faster than on vector registers (Gemma 3's file, mostly Q5_0: mixed
+    batches 1.38x int16's, where without tiles 8 bits ran them at 0.87-0.90x). Elsewhere the
+    default model (Q4_1) keeps transformers' greedy tokens with 16 bits, where 8 change its
+    answers within a few dozen tokens (docs/benchmarks.md, "Quantized activations")."""
     if not is_gguf(path) or not blocks_serve_every_batch(dtype, ACTIVATION_BITS["int8"]):
         return "int16"
     kept = _block_types(dtype, ACTIVATION_BITS["int8"])
-    k_quant = other = 0
+    k_quant = legacy = other = 0
     for entry in read_gguf_index(path).entries:
         if not entry["name"].startswith("blk.") or len(entry["shape"]) < 2:
             continue  # the embedding, the LM head (llama.cpp gives a Q4_0 file's Q6_K), norms
         fmt = kept.get(entry["type"])
-        if fmt is not None and fmt.super_blocks:
-            k_quant += math.prod(entry["shape"])
+        weights = math.prod(entry["shape"])
+        if fmt is None:
+            other += weights
+        elif fmt.super_blocks:
+            k_quant += weights
         else:
-            other += math.prod(entry["shape"])
-    return "int8" if k_quant > other else "int16"
+            legacy += weights
+    if eight_bit_tiles() and k_quant + legacy > 0:
+        return "int8"
+    return "int8" if k_quant > legacy + other else "int16"
 
 
 def resolve_engine_dtype(

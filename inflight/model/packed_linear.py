@@ -118,6 +118,13 @@ def blocks_serve_every_batch(dtype: torch.dtype, activation_bits: int) -> bool:
             and load_extension().gguf_int_linear_available())  # fmt: skip
 
 
+def eight_bit_tiles() -> bool:
+    """Whether the block kernel multiplies batches of 8-bit x on AMX tiles here (batches of
+    `gguf_int_linear_tile_rows()` rows or more; `INFLIGHT_NO_AMX=1` turns them off)."""
+    ext = load_extension()
+    return ext.gguf_int_linear_available() and ext.gguf_int_linear_tile_rows() > 0
+
+
 def block_formats(dtype: torch.dtype, activation_bits: int) -> frozenset[str]:
     """The GGUF block formats (`gguf_blocks.FORMATS` names) whose weights multiply from their
     blocks here: every format where quantized x takes every batch over the 8-column layout, the

@@ -1,16 +1,20 @@
 """The real default model against transformers loading the same GGUF: greedy, float32, token for
 token, with 16 mixed-length prompts in one batch, with every prompt chunked, under preemption,
-and four at a time (every decode step small enough to multiply from the GGUF blocks). The default
-rounds activations to 16 bits (`quantized_activations` auto): for small batches on an AVX2 CPU,
-for every decode row on an AVX-512 VNNI one; the exact float32 path is checked too.
+and four at a time (every decode step small enough to multiply from the GGUF blocks), with
+activations rounded to 16 bits over the blocks (`quantized_activations` auto's choice for this
+file in float32, but on CPUs with AMX tiles, where auto takes 8 bits) and on the exact float32
+path.
 """
 
 from __future__ import annotations
 
 import pytest
+import torch
 
 from inflight import LLM, SamplingParams
 from inflight.kernels import load_extension
+from inflight.model.loader import model_activations
+from inflight.model.packed_linear import blocks_serve_every_batch, eight_bit_tiles
 from tests.parity import hf_greedy
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -36,8 +40,8 @@ def expected(hf_default_model, smollm_prompts):
 def test_smollm2_greedy_parity(smollm_prompts, expected, loaded_float32, setting):
     assert max(len(p) for p in smollm_prompts) > 256 and min(len(p) for p in smollm_prompts) < 10
     knobs = ENGINE_SETTINGS[setting]
-    loaded = loaded_float32(knobs.get("quantized_activations", "auto"))
-    llm = LLM(dtype="float32", loaded_model=loaded, **knobs)
+    knobs = {"quantized_activations": "int16", **knobs}
+    llm = LLM(dtype="float32", loaded_model=loaded_float32(knobs["quantized_activations"]), **knobs)
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in MAX_TOKENS]
     outputs = llm.generate(smollm_prompts, params, use_tqdm=False)
     for i, (out, want) in enumerate(zip(outputs, expected, strict=True)):
@@ -51,3 +55,5 @@ def test_smollm2_greedy_parity(smollm_prompts, expected, loaded_float32, setting
         assert fused.activation_bits == (0 if exact else 16) and not fused.decode_weights
     pool = llm.core.kv_cache_manager.pool
     assert pool.num_free_blocks == pool.num_blocks
+    tiles = eight_bit_tiles() and blocks_serve_every_batch(torch.float32, 8)
+    assert model_activations(llm.core.loaded.path, torch.float32) == ("int8" if tiles else "int16")

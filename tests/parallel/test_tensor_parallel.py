@@ -74,13 +74,16 @@ def test_two_ranks_give_one_ranks_greedy_tokens(tiny_model_factory, arch):
 def test_default_model_over_three_ranks_matches_one():
     """SmolLM2's 9 heads and 3 KV heads split three ways, each rank holding its slices of the
     Q4_1 blocks (16-bit activations, as one rank computes them). In float32, where the blocks
-    serve every batch on every CPU kind (a CPU with bf16 would compute this file in bf16)."""
+    serve every batch on every CPU kind (a CPU with bf16 would compute this file in bf16); 16
+    bits pinned, since where AMX tiles make auto 8 bits the all-reduce's summation order moves
+    8-bit rounding enough to flip a token."""
     prompts = ["The capital of France is", "def fibonacci(n):"]
     params = SamplingParams(temperature=0, max_tokens=16)
-    one = LLM(dtype="float32", kv_cache_memory_bytes=64 << 20)
+    knobs = {"dtype": "float32", "quantized_activations": "int16"}
+    one = LLM(kv_cache_memory_bytes=64 << 20, **knobs)
     expected = [o.outputs[0].token_ids for o in one.generate(prompts, params, use_tqdm=False)]
     del one
-    split = LLM(dtype="float32", tensor_parallel_size=3, kv_cache_memory_bytes=64 << 20)
+    split = LLM(tensor_parallel_size=3, kv_cache_memory_bytes=64 << 20, **knobs)
     got = [o.outputs[0].token_ids for o in split.generate(prompts, params, use_tqdm=False)]
     assert split.core.loaded.model.layers[0].down_proj.blocks_only  # no float copy
     split.core.workers.close()
