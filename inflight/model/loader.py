@@ -661,8 +661,10 @@ def load_model(
         if as_floats:
             logger.info("rank %d: %d weights split off their block boundaries load as floats "
                         "(%s, ...)", shard.rank, len(as_floats), as_floats[0])  # fmt: skip
-    logger.info("loaded %s (%s, %d layers, %s on %s)", path.name, arch.architecture,
-                arch.num_layers, dtype, device)  # fmt: skip
+    tiles = bits == 8 and blocks_serve_every_batch(dtype, bits) and eight_bit_tiles()
+    logger.info("loaded %s (%s, %d layers, %s on %s; activations %s%s)", path.name,
+                arch.architecture, arch.num_layers, dtype, device, quantized_activations,
+                ", prompt rows on AMX tiles" if tiles else "")  # fmt: skip
     # once a tensor's blocks are copied, its pages of the mapped file leave this process's RSS
     by_name = (
         {} if index is None else {hf_name(t.name, arch.architecture): t for t in index.tensors}
