@@ -697,7 +697,7 @@ inline void tile_step(const int8_t* xq, int64_t ldx, const uint8_t* wq, int64_t 
 }
 
 constexpr int64_t kPassRows = 32;         // rows per pass: two row tiles
-constexpr int64_t kChunk = 4;             // sub-blocks whose sums are stored before they are scaled
+constexpr int64_t kChunk = 2;             // sub-blocks summed before they are scaled: in L1
 constexpr int64_t kPanelBytes = 1 << 20;  // x's rows per panel: half of a core's L2
 
 using PairScales = ScalesOf<__m512>;  // a sub-block's scales of a pair's 16 columns
