@@ -597,11 +597,12 @@ constexpr int64_t kAmxMinRows = 16;  // from here the tile unit beats the vector
 // row's sums per group of 8 columns then meet `add_block`, the float sequence every other path
 // runs. The sums are the same exact integers the vector path computes, so a row's outputs are
 // the same bits in any batch. A pass covers 32 rows and 32 columns: four independent products
-// per sub-block keep the tile unit's pipeline full (one waits ~50 cycles for its sums). A pass's
-// quants are unpacked once to bytes in the tile unit's order (row k / 4 of a sub-block holds
-// values k..k+3 of 16 columns: `chunk_values`' low and high vectors of two groups side by side)
-// and serve every row of the batch. Q6_K multiplies each half of a sub-block (16 values) apart,
-// for its own scale.
+// per sub-block, so that the tile unit works while earlier sums are stored. A pass's quants are
+// unpacked once to bytes in the tile unit's order (row k / 4 of a sub-block holds values
+// k..k+3 of 16 columns: `chunk_values`' low and high vectors of two groups side by side) and
+// serve every row of a panel of x (1 MiB of its rows, in L2). Q6_K multiplies each half of a
+// sub-block (16 values) apart, for its own scale. Every sub-block's sums go through memory to
+// be scaled, which bounds the speed far below the tile unit's peak (docs/benchmarks.md).
 constexpr int64_t kPairBytes = 2 * kLanes * kBlock;  // a sub-block of two groups, unpacked
 
 // Tiles 0, 3, 6, 7: the sums of (row tile, pair) (0, 0), (0, 1), (1, 0), (1, 1); 1, 4: the two
@@ -618,7 +619,8 @@ struct alignas(64) TileConfig {
   }
 };
 
-// Linux hands the tile registers' state to a process only on request.
+// Linux hands the tile registers' state to a process only on request. INFLIGHT_NO_AMX=1 keeps
+// the vector path: for comparisons, or on a machine whose tiles misbehave.
 bool amx_permitted() {
   static const bool permitted = [] {
     constexpr long kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
