@@ -72,7 +72,7 @@ class ModelConfig:
             "the dtype's own path throughout (the exact one); auto: int8 in float32 where "
             "K-quant blocks hold most of a GGUF file's layer weights (Q4_K_M, Q5_K_M, Q6_K "
             "files: llama.cpp's rounding) or where the CPU has AMX tiles (which multiply "
-            "8-bit batches of 16 rows or more 2-3x faster), int16 elsewhere (the legacy "
+            "8-bit batches of 8 rows or more up to 2-3x faster), int16 elsewhere (the legacy "
             "formats), "
             "and off for a bf16 engine of more than 8 seats (max_num_seqs) on an AVX-512 VNNI "
             "CPU, where bf16 computes busy steps faster. Applies to a GGUF file's "

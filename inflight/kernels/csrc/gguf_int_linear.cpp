@@ -3,7 +3,7 @@
 // and K-quant formats (Q5_0, Q5_1, Q4_K, Q5_K, Q6_K: what Q4_K_M, Q5_K_M and Q6_K files hold)
 // and MXFP4 (gpt-oss's experts);
 // or, for 16 bits on AVX-512 VNNI, the legacy three sixteen columns at a time too (further
-// down; a bf16 engine's decode rows); and for 8 bits on CPUs with AMX, batches of 16 rows or more
+// down; a bf16 engine's decode rows); and for 8 bits on CPUs with AMX, batches of 8 rows or more
 // on the tile unit, over the same 8-column layout (`run_amx`):
 // the `quantized_activations` knob's path; gguf_linear.cpp is the exact one. x and y are
 // float32, or bf16 (a bf16 engine's decode rows).
@@ -588,7 +588,7 @@ void run_widened(const Problem<int16_t>& p, int64_t M) {
 }
 
 constexpr int64_t kAmxRows = 16;     // rows per tile: the tile unit's most
-constexpr int64_t kAmxMinRows = 16;  // from here the tile unit beats the vector path
+constexpr int64_t kAmxMinRows = 8;   // from here the tile unit beats the vector path (Xeon)
 
 #if defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__AVX512F__)
 // Batches of many rows with 8-bit x on CPUs with AMX: the tile unit computes a sub-block's
