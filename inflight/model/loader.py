@@ -181,7 +181,7 @@ def model_activations(path: Path, dtype: torch.dtype) -> str:
     positions). Over K-quant blocks its dot products skip most of what 16-bit x pays per
     sub-block (a 3B-shaped Q4_K_M file's mixed batches 1.4x faster), and on AMX tiles its
     prompt rows run 2-3x faster than on vector registers (Gemma 3's file, mostly Q5_0: mixed
-    batches 1.29-1.40x int16's, where without tiles 8 bits ran them at 0.87-0.90x). Elsewhere the
+    batches 1.36-1.40x int16's, where without tiles 8 bits ran them at 0.87-0.90x). Elsewhere the
     default model (Q4_1) keeps transformers' greedy tokens with 16 bits, where 8 change its
     answers within a few dozen tokens (docs/benchmarks.md, "Quantized activations")."""
     if not is_gguf(path) or not blocks_serve_every_batch(dtype, ACTIVATION_BITS["int8"]):
