@@ -140,8 +140,9 @@ def test_regrouping_moves_bytes_and_nothing_else():
     assert not packed[1, :, :16].view(2, 8, 2)[:, 5:].any()  # columns 13-15: zero scales
 
 
-def test_bad_inputs_are_refused():
-    blocks, _ = quantized(64, 64, Q.Q4_1)
+@pytest.mark.parametrize("qtype", [Q.Q4_1, Q.Q8_0], ids=lambda q: q.name)
+def test_bad_inputs_are_refused(qtype):
+    blocks, _ = quantized(64, 64, qtype)
     packed = regroup_blocks(blocks)
     x = torch.randn(2, 64)
 
@@ -164,7 +165,7 @@ def test_bad_inputs_are_refused():
     with pytest.raises(RuntimeError, match="activation_bits must be 8 or 16, got 4"):
         run(bits=4)
     for bits in BITS:
-        for poison in (float("nan"), float("inf"), 1e-40):  # 1e-40: a denormal block's only value
+        for poison in (float("nan"), float("inf"), -float("inf"), 1e-40):  # 1e-40: denormal
             bad = x.clone()
             bad[0, :32] = 0.0
             bad[0, 3] = poison
@@ -177,6 +178,9 @@ def test_bad_inputs_are_refused():
             out = run(many, layout, bits=bits)
             assert torch.equal(out[1:], run(many[1:], layout, bits=bits))
             assert torch.isfinite(out[0]).all() == (poison == 1e-40)
+            # and the poisoned row's own bits, NaN included, as alone (AMX tiles take 11 rows)
+            alone = run(bad[:1], layout, bits=bits)[0]
+            assert torch.equal(out[0].view(torch.int32), alone.view(torch.int32))
 
 
 @pytest.mark.parametrize("bits", BITS)

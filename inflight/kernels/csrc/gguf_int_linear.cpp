@@ -113,8 +113,11 @@ inline float round_block(const float* xb, A* out, int32_t& isum, int32_t& first)
   float d = lane_max8(amax) / kMax;
   // a denormal scale has no finite inverse: such a block (|x| < 1e-36) rounds to zero
   if (d > 0.0f && 1.0f / d == std::numeric_limits<float>::infinity()) d = 0.0f;
-  // max drops NaN; a NaN scale carries it into the outputs, as float32 arithmetic would
-  if (_mm256_movemask_ps(nan)) d = std::numeric_limits<float>::quiet_NaN();
+  // max drops NaN, and an infinity leaves no finite scale (x times its inverse would be NaN,
+  // whose integer conversion each multiply path would then meet differently): either makes the
+  // scale NaN, which carries into the row's outputs as float32 arithmetic carries them (to inf
+  // or NaN: rounded x cannot tell which), the same bits on every path
+  if (_mm256_movemask_ps(nan) || std::isinf(d)) d = std::numeric_limits<float>::quiet_NaN();
   const __m256 inv = _mm256_set1_ps(d > 0.0f ? 1.0f / d : 0.0f);
   __m256i q[4];
   for (int j = 0; j < 4; ++j) q[j] = _mm256_cvtps_epi32(_mm256_mul_ps(v[j], inv));  // to even
