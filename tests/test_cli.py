@@ -40,6 +40,29 @@ def test_every_knob_is_a_flag_with_its_default_in_help():
     assert "(default: 64)" in help_text and "(default: 2048)" in help_text
 
 
+def test_each_default_is_said_once_in_every_commands_help():
+    """Flags shared by several commands say their default in their help; the bench and simulate
+    commands' formatter must not say it again."""
+    import argparse
+
+    def parsers(parser: argparse.ArgumentParser):
+        yield parser
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for child in action.choices.values():
+                    yield from parsers(child)
+
+    seen = 0
+    for parser in parsers(build_parser()):
+        for action in parser._actions:
+            if action.help in (None, argparse.SUPPRESS):
+                continue
+            text = parser.formatter_class(parser.prog)._expand_help(action)
+            assert text.count("default:") <= 1, (parser.prog, action.dest, text)
+            seen += "(default:" in text
+    assert seen > 100
+
+
 @pytest.mark.parametrize(
     ("text", "value"),
     [("1024", 1024), ("2GiB", 2 * 2**30), ("512MiB", 512 * 2**20), ("1.5GB", 1.5e9)],

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from inflight.workload.flags import add_workload_flags
+from inflight.workload.flags import DefaultsHelpFormatter, add_workload_flags
 from inflight.workload.requests import NAMED
 
 PEERS = ("hf-static", "hf-continuous", "vllm", "llamacpp", "llamacpp-gguf", "llama-server",
@@ -34,7 +34,7 @@ def add_bench_parser(sub: Any, add_engine_flags: Callable[[argparse.ArgumentPars
         "calibrate, agreement, memory, slo",
     )
     modes = bench.add_subparsers(dest="bench_command", required=True)
-    fmt = argparse.ArgumentDefaultsHelpFormatter
+    fmt = DefaultsHelpFormatter
     offline = modes.add_parser("offline", help="one workload through the engine",
                                formatter_class=fmt)  # fmt: skip
     compare = modes.add_parser(

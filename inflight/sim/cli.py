@@ -16,7 +16,7 @@ from inflight.routing import ROUTERS
 from inflight.sim.hardware import LINKS, PROFILES, resolve_hardware, resolve_link
 from inflight.sim.model_profile import KV_BYTES, PRESETS, WEIGHT_BYTES, load_model_profile
 from inflight.sim.simulator import ENGINE_ONLY_KNOBS
-from inflight.workload.flags import add_workload_flags
+from inflight.workload.flags import DefaultsHelpFormatter, add_workload_flags
 from inflight.workload.requests import WordTokenizer, load_jsonl, named
 
 logger = logging.getLogger("inflight.sim")
@@ -55,7 +55,7 @@ def add_simulate_parser(
 ) -> None:
     sim = sub.add_parser("simulate", help="the real scheduler on a cost model of GPUs or this CPU")
     modes = sim.add_subparsers(dest="simulate_command", required=True)
-    fmt = argparse.ArgumentDefaultsHelpFormatter
+    fmt = DefaultsHelpFormatter
     run = modes.add_parser("run", formatter_class=fmt, help="simulate one workload")
     run.add_argument("--compare", action="store_true", help="continuous and static batching")
     plan = modes.add_parser("plan", formatter_class=fmt,

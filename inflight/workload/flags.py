@@ -1,4 +1,5 @@
-"""The flags that choose a workload, shared by `inflight bench` and `inflight simulate`."""
+"""The flags that choose a workload, and the help format, shared by `inflight bench` and
+`inflight simulate`."""
 
 from __future__ import annotations
 
@@ -6,6 +7,16 @@ import argparse
 from pathlib import Path
 
 from inflight.workload.requests import NAMED
+
+
+class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Each flag's help ends with its default, unless the help already says it ("default:")
+    or there is none to say (None: the help explains what being unset means)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None or "default:" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
 
 
 def add_workload_flags(parser: argparse.ArgumentParser) -> None:
