@@ -252,24 +252,17 @@ struct DotsOf {
 };
 using Dots = DotsOf<__m256i>;
 
-// One sub-block's dot products with 8-bit x, one column per 32-bit lane.
+// One sub-block's dot products with 8-bit x, one column per 32-bit lane, from its values as
+// `chunk_values` gives them: v[2j] chunk j's low values, v[2j + 1] its high ones (4-, 5-, 6-bit
+// and MXFP4 formats; Q8_0 has its own sums below).
 template <Format F>
-inline Dots block_dot(const uint8_t* quants, const int8_t* xb) {
+inline Dots value_dots(const __m256i* v, const int8_t* xb) {
   const __m256i zero = _mm256_setzero_si256();
-  if constexpr (F == Format::kQ8_0) {
-    __m256i dot = zero;
-    for (int j = 0; j < 8; ++j) {
-      const __m256i w = load_chunk(quants + 32 * j);
-      dot = add_byte_dots(dot, _mm256_sign_epi8(w, w), _mm256_sign_epi8(broadcast4(xb + 4 * j), w));
-    }
-    return {dot, zero};
-  } else if constexpr (kVnni) {  // straight into 32 bits, low and high values in two chains
+  if constexpr (kVnni) {  // straight into 32 bits, low and high values in two chains
     __m256i low = zero, high = zero;
     for (int j = 0; j < 4; ++j) {
-      __m256i lv, hv;
-      chunk_values<F>(quants, j, lv, hv);
-      low = add_byte_dots(low, lv, broadcast4(xb + 4 * j));
-      high = add_byte_dots(high, hv, broadcast4(xb + 16 + 4 * j));
+      low = add_byte_dots(low, v[2 * j], broadcast4(xb + 4 * j));
+      high = add_byte_dots(high, v[2 * j + 1], broadcast4(xb + 16 + 4 * j));
     }
     if constexpr (F == Format::kQ6_K) return {low, high};
     return {_mm256_add_epi32(low, high), zero};
@@ -280,11 +273,9 @@ inline Dots block_dot(const uint8_t* quants, const int8_t* xb) {
     const __m256i ones = _mm256_set1_epi16(1);
     __m256i pairs[2] = {zero, zero}, sums[2] = {zero, zero};  // elements 0-15, 16-31
     for (int j = 0; j < 4; ++j) {
-      __m256i lv, hv;
-      chunk_values<F>(quants, j, lv, hv);
-      pairs[0] = _mm256_add_epi16(pairs[0], _mm256_maddubs_epi16(lv, broadcast4(xb + 4 * j)));
-      pairs[1] =
-          _mm256_add_epi16(pairs[1], _mm256_maddubs_epi16(hv, broadcast4(xb + 16 + 4 * j)));
+      pairs[0] = _mm256_add_epi16(pairs[0], _mm256_maddubs_epi16(v[2 * j], broadcast4(xb + 4 * j)));
+      pairs[1] = _mm256_add_epi16(pairs[1],
+                                  _mm256_maddubs_epi16(v[2 * j + 1], broadcast4(xb + 16 + 4 * j)));
       if (extra_bits(F) == 2 && j % 2 == 1) {
         for (int h = 0; h < 2; ++h) {
           sums[h] = _mm256_add_epi32(sums[h], _mm256_madd_epi16(pairs[h], ones));
@@ -298,6 +289,23 @@ inline Dots block_dot(const uint8_t* quants, const int8_t* xb) {
     }
     return {_mm256_add_epi32(_mm256_madd_epi16(pairs[0], ones), _mm256_madd_epi16(pairs[1], ones)),
             zero};
+  }
+}
+
+// One sub-block's dot products with 8-bit x, one column per 32-bit lane.
+template <Format F>
+inline Dots block_dot(const uint8_t* quants, const int8_t* xb) {
+  if constexpr (F == Format::kQ8_0) {
+    __m256i dot = _mm256_setzero_si256();
+    for (int j = 0; j < 8; ++j) {
+      const __m256i w = load_chunk(quants + 32 * j);
+      dot = add_byte_dots(dot, _mm256_sign_epi8(w, w), _mm256_sign_epi8(broadcast4(xb + 4 * j), w));
+    }
+    return {dot, _mm256_setzero_si256()};
+  } else {
+    __m256i v[8];
+    for (int j = 0; j < 4; ++j) chunk_values<F>(quants, j, v[2 * j], v[2 * j + 1]);
+    return value_dots<F>(v, xb);
   }
 }
 
@@ -480,16 +488,39 @@ void tile(const Problem<A>& p, int64_t m0, int64_t g) {
 
 constexpr int kMaxRows = 4;  // rows per tile: their accumulators beside the quants in 16 ymm
 
-// Batches of many rows with 16-bit x: `tile` above widens a block's quants to 16 bits again for
-// every row tile, and that unpacking, not the multiplies, is most of its work. Here a group's
-// blocks are widened once per panel of rows into a buffer in L1 (16 vectors per block: the same
-// vectors `block_dot` builds, in its order), and every row of the panel multiplies from it.
-// The integer sums are the same exact values and the float operations per block the same, so
-// every output is bit for bit the one `tile` computes: which path a batch takes never changes
-// a row's value.
-constexpr int64_t kWidened = 16;        // vectors per block once widened
-constexpr int64_t kUnpackMinRows = 3;   // from here the widened path is faster (AVX2 Zen 3)
+// Batches of several rows: `tile` above unpacks a block's quants again for every row tile (to
+// 16-bit values, or for 8-bit x to bytes), and that unpacking, not the multiplies, is most of
+// its work. Here a group's blocks are unpacked once per panel of rows into a buffer that stays
+// in cache (the vectors `block_dot` builds, in its order), and every row of the panel multiplies
+// from it. The integer sums are the same exact values and the float operations per block the
+// same, so every output is bit for bit the one `tile` computes: which path a batch takes never
+// changes a row's value. (Unpacking a group in passes small enough for L1 measured no faster:
+// the loads from L2 keep up.)
+// from here unpacking once is faster: 16-bit x on AVX2 Zen 3, 8-bit x on AVX-512 Zen 4
+template <class A>
+constexpr int64_t unpack_min_rows() {
+  return std::is_same_v<A, int8_t> ? 8 : 3;
+}
 constexpr int64_t kUnpackPanel = 64;    // rows per pass over a group (their x stays in L2)
+
+// Vectors per sub-block once unpacked: for 16-bit x each chunk's four unpacked halves (Q8_0's
+// two per chunk), for 8-bit x each chunk's low and high values (Q8_0: its 8 chunks, + 128).
+template <class A>
+constexpr int64_t unpacked_vectors() {
+  return std::is_same_v<A, int8_t> ? 8 : 16;
+}
+
+// Whether A-bit x over F's blocks multiplies from unpacked quants. 8-bit x: where unpacking
+// costs more than splitting nibbles (which measured no faster unpacked once: Q4_0, Q4_1, Q4_K),
+// and Q8_0's signed quants become unsigned (w + 128, x's block sum times 128 taken off after)
+// only where `vpdpbusd` adds its products in 32 bits: `vpmaddubsw`'s 16-bit pairs would
+// saturate.
+template <Format F, class A>
+constexpr bool unpacks() {
+  if constexpr (std::is_same_v<A, int16_t>) return true;
+  if constexpr (F == Format::kQ8_0) return kVnni;
+  return extra_bits(F) > 0 || F == Format::kMXFP4;
+}
 
 // x's offset within a block for widened vector pair s (low and high unpack of one step)
 template <Format F>
@@ -498,14 +529,21 @@ constexpr int64_t widened_x_offset(int s) {
   return (s % 2 ? 16 : 0) + 4 * (s / 2);
 }
 
-// The group's blocks [blocks][16 vectors], widened to 16 bits as `block_dot` does.
-template <Format F>
-void widen_group(const uint8_t* wg, int64_t blocks, __m256i* out) {
+// The group's blocks [blocks][unpacked_vectors<A>], as `block_dot` builds them for A-bit x.
+template <Format F, class A>
+void unpack_group(const uint8_t* wg, int64_t blocks, __m256i* out) {
   const __m256i zero = _mm256_setzero_si256();
   for (int64_t b = 0; b < blocks; ++b) {
     const uint8_t* quants = sub_block<F>(wg, b).quants;
-    __m256i* v = out + b * kWidened;
-    if constexpr (F == Format::kQ8_0) {
+    __m256i* v = out + b * unpacked_vectors<A>();
+    if constexpr (std::is_same_v<A, int8_t>) {
+      if constexpr (F == Format::kQ8_0) {
+        const __m256i bias = _mm256_set1_epi8(static_cast<char>(0x80));
+        for (int j = 0; j < 8; ++j) v[j] = _mm256_xor_si256(load_chunk(quants + 32 * j), bias);
+      } else {
+        for (int j = 0; j < 4; ++j) chunk_values<F>(quants, j, v[2 * j], v[2 * j + 1]);
+      }
+    } else if constexpr (F == Format::kQ8_0) {
       for (int j = 0; j < 8; ++j) {
         const __m256i w = load_chunk(quants + 32 * j);
         v[2 * j] = _mm256_srai_epi16(_mm256_unpacklo_epi8(zero, w), 8);
@@ -524,9 +562,9 @@ void widen_group(const uint8_t* wg, int64_t blocks, __m256i* out) {
   }
 }
 
-// Rows m0..m0+MR-1 of the 8 columns of group g, from its widened blocks `wv`.
+// Rows m0..m0+MR-1 of the 8 columns of group g, from its widened blocks `wv` (16-bit x).
 template <Format F, int MR>
-void widened_tile(const Problem<int16_t>& p, const __m256i* wv, int64_t m0, int64_t g) {
+void unpacked_tile(const Problem<int16_t>& p, const __m256i* wv, int64_t m0, int64_t g) {
   // Q6_K keeps its two halves (the even and the odd steps) apart, for their own scales
   constexpr int kHalves = F == Format::kQ6_K ? 2 : 1;
   const int64_t blocks = p.K / kBlock;
@@ -535,7 +573,7 @@ void widened_tile(const Problem<int16_t>& p, const __m256i* wv, int64_t m0, int6
   __m256 acc[MR];
   for (int r = 0; r < MR; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t b = 0; b < blocks; ++b) {
-    const __m256i* v = wv + b * kWidened;
+    const __m256i* v = wv + b * unpacked_vectors<int16_t>();
     Dots dots[MR];
     // row by row, the widened quants read from L1 as operands: the integer multiplies, not
     // the loads, are the limit, and holding quants in registers across rows spills
@@ -569,21 +607,50 @@ void widened_tile(const Problem<int16_t>& p, const __m256i* wv, int64_t m0, int6
   for (int r = 0; r < MR; ++r) store_row(p, m0 + r, g, acc[r]);
 }
 
-template <Format F>
-void run_widened(const Problem<int16_t>& p, int64_t M) {
-  using TileFn = void (*)(const Problem<int16_t>&, const __m256i*, int64_t, int64_t);
-  static constexpr TileFn kTiles[kMaxRows] = {&widened_tile<F, 1>, &widened_tile<F, 2>,
-                                              &widened_tile<F, 3>, &widened_tile<F, 4>};
+// The same with 8-bit x, from the group's unpacked bytes `wv`.
+template <Format F, int MR>
+void unpacked_tile(const Problem<int8_t>& p, const __m256i* wv, int64_t m0, int64_t g) {
+  const int64_t blocks = p.K / kBlock;
+  const uint8_t* wg = p.w + g * (blocks / sub_blocks(F)) * group_block_bytes(F);
+  __m256 acc[MR];
+  for (int r = 0; r < MR; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b) {
+    const __m256i* v = wv + b * unpacked_vectors<int8_t>();
+    const SubBlock<F> sb = sub_block<F>(wg, b);
+    const SubScales s = sub_scales<F>(sb.block, sb.j);
+    for (int r = 0; r < MR; ++r) {
+      const int64_t rb = (m0 + r) * blocks + b;  // this row's block of x
+      const int8_t* xb = p.x->q.data() + rb * kBlock;
+      Dots dots;
+      if constexpr (F == Format::kQ8_0) {  // sum (w + 128) x - 128 sum x: w x, exactly
+        __m256i dot = _mm256_setzero_si256();
+        for (int j = 0; j < 8; ++j) dot = add_byte_dots(dot, v[j], broadcast4(xb + 4 * j));
+        dots = as_dots(lanes_minus(dot, 128 * p.x->isum[rb]));
+      } else {
+        dots = value_dots<F>(v, xb);
+      }
+      acc[r] = add_block<F>(acc[r], dots, s, *p.x, rb);
+    }
+  }
+  for (int r = 0; r < MR; ++r) store_row(p, m0 + r, g, acc[r]);
+}
+
+template <Format F, class A>
+void run_unpacked(const Problem<A>& p, int64_t M) {
+  using TileFn = void (*)(const Problem<A>&, const __m256i*, int64_t, int64_t);
+  static constexpr TileFn kTiles[kMaxRows] = {&unpacked_tile<F, 1>, &unpacked_tile<F, 2>,
+                                              &unpacked_tile<F, 3>, &unpacked_tile<F, 4>};
   const int64_t groups = (p.N + kLanes - 1) / kLanes, blocks = p.K / kBlock;
   const int64_t group_bytes = (blocks / sub_blocks(F)) * group_block_bytes(F);
   at::parallel_for(0, groups, 1, [&](int64_t g_begin, int64_t g_end) {
-    std::vector<__m256i> widened(blocks * kWidened);  // 32-byte aligned (C++17 new)
+    // 32-byte aligned (C++17 new)
+    std::vector<__m256i> unpacked(blocks * unpacked_vectors<A>());
     for (int64_t panel = 0; panel < M; panel += kUnpackPanel) {
       const int64_t panel_end = std::min(M, panel + kUnpackPanel);
       for (int64_t g = g_begin; g < g_end; ++g) {
-        widen_group<F>(p.w + g * group_bytes, blocks, widened.data());
+        unpack_group<F, A>(p.w + g * group_bytes, blocks, unpacked.data());
         for (int64_t m0 = panel; m0 < panel_end; m0 += kMaxRows) {
-          kTiles[std::min<int64_t>(kMaxRows, panel_end - m0) - 1](p, widened.data(), m0, g);
+          kTiles[std::min<int64_t>(kMaxRows, panel_end - m0) - 1](p, unpacked.data(), m0, g);
         }
       }
     }
@@ -836,8 +903,8 @@ void run(const Problem<A>& p, int64_t M) {
   if constexpr (std::is_same_v<A, int8_t>) {
     if (uses_amx(8, M)) return run_amx<F>(p, M);
   }
-  if constexpr (std::is_same_v<A, int16_t>) {
-    if (M >= kUnpackMinRows) return run_widened<F>(p, M);
+  if constexpr (unpacks<F, A>()) {
+    if (M >= unpack_min_rows<A>()) return run_unpacked<F>(p, M);
   }
   using TileFn = void (*)(const Problem<A>&, int64_t, int64_t);
   static constexpr TileFn kTiles[kMaxRows] = {&tile<F, A, 1>, &tile<F, A, 2>, &tile<F, A, 3>,
