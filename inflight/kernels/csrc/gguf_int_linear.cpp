@@ -258,14 +258,17 @@ using Dots = DotsOf<__m256i>;
 template <Format F>
 inline Dots value_dots(const __m256i* v, const int8_t* xb) {
   const __m256i zero = _mm256_setzero_si256();
-  if constexpr (kVnni) {  // straight into 32 bits, low and high values in two chains
-    __m256i low = zero, high = zero;
+  if constexpr (kVnni) {
+    // straight into 32 bits, low and high values in two chains each: one `vpdpbusd` waits
+    // for the one before it, and few rows leave nothing else to fill that wait
+    __m256i low[2] = {zero, zero}, high[2] = {zero, zero};
     for (int j = 0; j < 4; ++j) {
-      low = add_byte_dots(low, v[2 * j], broadcast4(xb + 4 * j));
-      high = add_byte_dots(high, v[2 * j + 1], broadcast4(xb + 16 + 4 * j));
+      low[j % 2] = add_byte_dots(low[j % 2], v[2 * j], broadcast4(xb + 4 * j));
+      high[j % 2] = add_byte_dots(high[j % 2], v[2 * j + 1], broadcast4(xb + 16 + 4 * j));
     }
-    if constexpr (F == Format::kQ6_K) return {low, high};
-    return {_mm256_add_epi32(low, high), zero};
+    const __m256i l = _mm256_add_epi32(low[0], low[1]), h = _mm256_add_epi32(high[0], high[1]);
+    if constexpr (F == Format::kQ6_K) return {l, h};
+    return {_mm256_add_epi32(l, h), zero};
   } else {
     // `vpmaddubsw` pairs, summed in 16 bits while that cannot overflow: a pair of quants below
     // 16, 32 or 64 times bytes up to 127 reaches 3,810, 7,874 or 16,002, so 8, 4 or 2 of them
