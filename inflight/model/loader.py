@@ -55,6 +55,7 @@ from inflight.model.packed_linear import (
     can_pack,
     decode_rows_from_blocks,
     eight_bit_tiles,
+    eight_bits_are_faster,
     pack_linears,
     warm_up,
 )
@@ -174,16 +175,17 @@ def resolve_quantized_activations(
 def model_activations(path: Path, dtype: torch.dtype) -> str:
     """`auto`'s quantized activations for the model at `path` in `dtype`, whatever the seats:
     int8 where every batch multiplies from a GGUF file's blocks and either the CPU multiplies
-    8-bit batches on AMX tiles or K-quant blocks (Q4_K, Q5_K, Q6_K) hold most of the file's
-    layer weights (a Q4_K_M, Q5_K_M or Q6_K file of a model whose widths are multiples of
-    256); int16 elsewhere. 8-bit x is llama.cpp's rounding; it moves the model little
-    (perplexity within 0.3% of the exact path's, the most likely next token the same at 96% of
-    positions). Over K-quant blocks its dot products skip most of what 16-bit x pays per
-    sub-block (a 3B-shaped Q4_K_M file's mixed batches 1.4x faster), and on AMX tiles its
-    prompt rows run 2-3x faster than on vector registers (Gemma 3's file, mostly Q5_0: mixed
-    batches 1.36-1.40x int16's, where without tiles 8 bits ran them at 0.87-0.90x). Elsewhere the
-    default model (Q4_1) keeps transformers' greedy tokens with 16 bits, where 8 change its
-    answers within a few dozen tokens (docs/benchmarks.md, "Quantized activations")."""
+    8-bit x faster than 16-bit over every format (AMX tiles, or AVX-512 VNNI) or K-quant blocks
+    (Q4_K, Q5_K, Q6_K) hold most of the file's layer weights (a Q4_K_M, Q5_K_M or Q6_K file of
+    a model whose widths are multiples of 256); int16 elsewhere. 8-bit x is llama.cpp's
+    rounding; it moves the model little (perplexity within 0.3% of the exact path's, the most
+    likely next token the same at 96% of positions). Over K-quant blocks its dot products skip
+    most of what 16-bit x pays per sub-block (a 3B-shaped Q4_K_M file's mixed batches 1.4x
+    faster on AVX2); on AMX tiles its prompt rows run 2-3x faster than on vector registers
+    (Gemma 3's file, mostly Q5_0: mixed batches 1.36-1.40x int16's), and with VNNI's byte dot
+    products 1.27x (Gemma 3; the default model in float32 1.25x). On AVX2 alone the default
+    model (Q4_1) keeps transformers' greedy tokens with 16 bits, where 8 change its answers
+    within a few dozen tokens (docs/benchmarks.md, "Quantized activations")."""
     if not is_gguf(path) or not blocks_serve_every_batch(dtype, ACTIVATION_BITS["int8"]):
         return "int16"
     kept = _block_types(dtype, ACTIVATION_BITS["int8"])
@@ -199,7 +201,7 @@ def model_activations(path: Path, dtype: torch.dtype) -> str:
             k_quant += weights
         else:
             legacy += weights
-    if eight_bit_tiles() and k_quant + legacy > 0:
+    if eight_bits_are_faster() and k_quant + legacy > 0:
         return "int8"
     return "int8" if k_quant > legacy + other else "int16"
 

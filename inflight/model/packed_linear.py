@@ -125,6 +125,17 @@ def eight_bit_tiles() -> bool:
     return ext.gguf_int_linear_available() and ext.gguf_int_linear_tile_rows() > 0
 
 
+def eight_bits_are_faster() -> bool:
+    """Whether 8-bit x multiplies faster than 16-bit over every block format here: on AMX
+    tiles, or with AVX-512 VNNI's byte dot products (`vpdpbusd`, four products summed in one
+    instruction, from quants unpacked once per batch). Elsewhere (AVX2 alone) only over
+    K-quant blocks."""
+    ext = load_extension()
+    return ext.gguf_int_linear_available() and (
+        ext.gguf_int_linear_byte_dots() or ext.gguf_int_linear_tile_rows() > 0
+    )
+
+
 def block_formats(dtype: torch.dtype, activation_bits: int) -> frozenset[str]:
     """The GGUF block formats (`gguf_blocks.FORMATS` names) whose weights multiply from their
     blocks here: every format where quantized x takes every batch over the 8-column layout, the

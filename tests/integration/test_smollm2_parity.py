@@ -14,7 +14,7 @@ import torch
 from inflight import LLM, SamplingParams
 from inflight.kernels import load_extension
 from inflight.model.loader import model_activations
-from inflight.model.packed_linear import blocks_serve_every_batch, eight_bit_tiles
+from inflight.model.packed_linear import blocks_serve_every_batch, eight_bits_are_faster
 from tests.parity import hf_greedy
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -55,5 +55,5 @@ def test_smollm2_greedy_parity(smollm_prompts, expected, loaded_float32, setting
         assert fused.activation_bits == (0 if exact else 16) and not fused.decode_weights
     pool = llm.core.kv_cache_manager.pool
     assert pool.num_free_blocks == pool.num_blocks
-    tiles = eight_bit_tiles() and blocks_serve_every_batch(torch.float32, 8)
-    assert model_activations(llm.core.loaded.path, torch.float32) == ("int8" if tiles else "int16")
+    faster = eight_bits_are_faster() and blocks_serve_every_batch(torch.float32, 8)
+    assert model_activations(llm.core.loaded.path, torch.float32) == ("int8" if faster else "int16")

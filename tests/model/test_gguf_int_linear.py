@@ -34,7 +34,7 @@ from inflight.model.packed_linear import (
     blocks_serve_every_batch,
     can_pack,
     decode_rows_from_blocks,
-    eight_bit_tiles,
+    eight_bits_are_faster,
 )
 from tests.gguf_files import k_quant_mix, write_tiny_gguf
 from tests.model.test_gguf_linear import quantized
@@ -253,8 +253,8 @@ def test_the_knob_regroups_a_float32_gguf_model_and_reuse_must_agree(tmp_path, t
     params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
     out = llm.generate(prompt, params, use_tqdm=False)[0].outputs[0].token_ids
     assert len(out) == 6  # a tiny random model's tokens: their values are the kernel tests' job
-    # auto: int16 for a file of 8-bit weights in float32 (int8 where AMX tiles take 8-bit x)
-    if eight_bit_tiles():
+    # auto: int16 for a file of 8-bit weights in float32 (int8 where 8-bit x is the faster)
+    if eight_bits_are_faster():
         with pytest.raises(ConfigError, match="loaded with quantized_activations='int16'"):
             LLM(loaded_model=llm.core.loaded, dtype="float32", device="cpu")
     else:
@@ -289,8 +289,8 @@ def test_auto_sends_bf16_decode_rows_to_the_blocks_only_for_a_few_seats(tmp_path
     assert resolve_quantized_activations("auto", bf16, few, q8) == "int16"
     assert resolve_quantized_activations("auto", bf16, few + 1, q8) == ("off" if wide
                                                                         else "int16")  # fmt: skip
-    tiles = eight_bit_tiles() and blocks_serve_every_batch(fp32, 8)
-    assert resolve_quantized_activations("auto", fp32, 256, q8) == ("int8" if tiles else "int16")
+    faster = eight_bits_are_faster() and blocks_serve_every_batch(fp32, 8)
+    assert resolve_quantized_activations("auto", fp32, 256, q8) == ("int8" if faster else "int16")
     for asked in ("off", "int16", "int8"):
         assert resolve_quantized_activations(asked, bf16, 256, q8) == asked
     if not (wide and can_pack(bf16, torch.device("cpu"))):
@@ -325,13 +325,13 @@ def _layers_in(layer_type: Q, rest: Q):
 )
 def test_auto_rounds_x_to_8_bits_for_k_quant_files(tmp_path, tiny_model_factory, name, mix, wanted):
     """llama.cpp's rounding where K-quant blocks hold most of the layers' weights, or wherever
-    AMX tiles take 8-bit x; 16 bits where the legacy formats do. Where blocks serve every
-    float32 batch only: a bf16 engine and an HF folder keep int16."""
+    8-bit x is the faster (AMX tiles, AVX-512 VNNI); 16 bits where the legacy formats do.
+    Where blocks serve every float32 batch only: a bf16 engine and an HF folder keep int16."""
     folder = tiny_model_factory("llama_wide")
     path = write_tiny_gguf(folder, tmp_path / f"tiny-{name}.gguf", None, mix=mix)
     fp32, bf16 = torch.float32, torch.bfloat16
     every_batch = blocks_serve_every_batch(fp32, 8)
-    if eight_bit_tiles() and name != "f16":  # any layer weight in blocks
+    if eight_bits_are_faster() and name != "f16":  # any layer weight in blocks
         wanted = "int8"
     assert model_activations(path, fp32) == (wanted if every_batch else "int16")
     assert resolve_quantized_activations("auto", fp32, 256, path) == model_activations(path, fp32)

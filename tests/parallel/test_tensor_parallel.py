@@ -75,7 +75,7 @@ def test_default_model_over_three_ranks_matches_one():
     """SmolLM2's 9 heads and 3 KV heads split three ways, each rank holding its slices of the
     Q4_1 blocks (16-bit activations, as one rank computes them). In float32, where the blocks
     serve every batch on every CPU kind (a CPU with bf16 would compute this file in bf16); 16
-    bits pinned, since where AMX tiles make auto 8 bits the all-reduce's summation order moves
+    bits pinned, since where AMX or VNNI make auto 8 bits the all-reduce's summation order moves
     8-bit rounding enough to flip a token."""
     prompts = ["The capital of France is", "def fibonacci(n):"]
     params = SamplingParams(temperature=0, max_tokens=16)

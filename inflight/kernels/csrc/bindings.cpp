@@ -36,6 +36,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gguf_int_linear_tile_rows", &gguf_int_linear_tile_rows, no_gil(),
         "the fewest rows of a batch with 8-bit x that gguf_int_linear multiplies on AMX tiles "
         "(0: never on this machine, or INFLIGHT_NO_AMX set)");
+  m.def("gguf_int_linear_byte_dots", &gguf_int_linear_byte_dots, no_gil(),
+        "whether gguf_int_linear sums 8-bit x's products four at a time in one instruction "
+        "(AVX-512 VNNI's vpdpbusd)");
   m.def("gguf_int_linear", &gguf_int_linear, no_gil(),
         "x @ W.T (+ bias), x rounded to 8 or 16 bits per block of 32, over W's regrouped GGUF "
         "blocks",

@@ -1206,6 +1206,8 @@ int64_t gguf_int_linear_columns(int64_t activation_bits) { return columns_for(ac
 
 int64_t gguf_int_linear_tile_rows() { return kAmx && amx_permitted() ? kAmxMinRows : 0; }
 
+bool gguf_int_linear_byte_dots() { return kVnni; }
+
 at::Tensor gguf_int_linear(const at::Tensor& x, const at::Tensor& packed,
                            const c10::optional<at::Tensor>& bias, int64_t out_features,
                            int64_t activation_bits) {
@@ -1292,6 +1294,8 @@ bool gguf_int_linear_available() { return false; }
 int64_t gguf_int_linear_columns(int64_t) { return 8; }
 
 int64_t gguf_int_linear_tile_rows() { return 0; }
+
+bool gguf_int_linear_byte_dots() { return false; }
 
 at::Tensor gguf_int_linear(const at::Tensor&, const at::Tensor&,
                            const c10::optional<at::Tensor>&, int64_t, int64_t) {

@@ -64,6 +64,8 @@ bool gguf_int_linear_available();
 int64_t gguf_int_linear_columns(int64_t activation_bits);
 // the fewest rows of an 8-bit batch that gguf_int_linear multiplies on AMX tiles (0: never here)
 int64_t gguf_int_linear_tile_rows();
+// whether 8-bit x's products sum four at a time in one instruction here (AVX-512 VNNI)
+bool gguf_int_linear_byte_dots();
 void gguf_int_linear_into(const at::Tensor& x, const at::Tensor& packed,
                           const c10::optional<at::Tensor>& bias, int64_t out_features,
                           int64_t activation_bits, at::Tensor& y);
