@@ -470,6 +470,18 @@ inline SubBlock<F> sub_block(const uint8_t* wg, int64_t b) {
   return {block, block + quants_at(F) + j * kLanes * quant_bytes(F), j};
 }
 
+// A batch of a few rows reads each weight once, from memory: the hardware's prefetcher alone
+// left a 4-row tile waiting on DRAM (a 3B-shaped file's layers at 4 rows: 106 -> 152 billion
+// multiply-adds a second on Zen 4, one row unchanged). A group's blocks lie in order, so 2 KiB
+// ahead of a sub-block's quants is about 14 sub-blocks on; three lines cover a sub-block's
+// quants and its share of the headers.
+inline void fetch_ahead(const uint8_t* quants) {
+  const char* ahead = reinterpret_cast<const char*>(quants) + 2048;
+  _mm_prefetch(ahead, _MM_HINT_T0);
+  _mm_prefetch(ahead + 64, _MM_HINT_T0);
+  _mm_prefetch(ahead + 128, _MM_HINT_T0);
+}
+
 // Rows m0..m0+MR-1 of the 8 columns of group g.
 template <Format F, class A, int MR>
 void tile(const Problem<A>& p, int64_t m0, int64_t g) {
@@ -479,6 +491,7 @@ void tile(const Problem<A>& p, int64_t m0, int64_t g) {
   for (int r = 0; r < MR; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t b = 0; b < blocks; ++b) {
     const SubBlock<F> sb = sub_block<F>(wg, b);
+    fetch_ahead(sb.quants);
     const SubScales s = sub_scales<F>(sb.block, sb.j);
     for (int r = 0; r < MR; ++r) {
       const int64_t rb = (m0 + r) * blocks + b;  // this row's block of x
