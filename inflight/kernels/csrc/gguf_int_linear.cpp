@@ -4,7 +4,8 @@
 // and MXFP4 (gpt-oss's experts);
 // or, for 16 bits on AVX-512 VNNI, the legacy three sixteen columns at a time too (further
 // down; a bf16 engine's decode rows); and for 8 bits on CPUs with AMX, batches of 8 rows or more
-// on the tile unit, over the same 8-column layout (`run_amx`):
+// on the tile unit, over the same 8-column layout (`run_amx`); elsewhere batches of several rows
+// multiply from a group's quants unpacked once (`run_unpacked`):
 // the `quantized_activations` knob's path; gguf_linear.cpp is the exact one. x and y are
 // float32, or bf16 (a bf16 engine's decode rows).
 //
