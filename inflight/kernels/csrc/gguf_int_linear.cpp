@@ -927,11 +927,16 @@ void run(const Problem<A>& p, int64_t M) {
   static constexpr TileFn kTiles[kMaxRows] = {&tile<F, A, 1>, &tile<F, A, 2>, &tile<F, A, 3>,
                                               &tile<F, A, 4>};
   const int64_t groups = (p.N + kLanes - 1) / kLanes;
-  // Threads split the column groups; a group's blocks stay in L1 for every row tile.
+  // Threads split the column groups; a group's blocks stay in L1 for every row tile of a
+  // panel, and a panel's x in L2 for every group (a prompt of 2,048 rows read whole for each
+  // group came from L3: Q4_K 152 against 188 billion multiply-adds a second at 256 rows, Zen 4)
   at::parallel_for(0, groups, 4, [&](int64_t g_begin, int64_t g_end) {
-    for (int64_t g = g_begin; g < g_end; ++g) {
-      for (int64_t m0 = 0; m0 < M; m0 += kMaxRows) {
-        kTiles[std::min<int64_t>(kMaxRows, M - m0) - 1](p, m0, g);
+    for (int64_t panel = 0; panel < M; panel += kUnpackPanel) {
+      const int64_t panel_end = std::min(M, panel + kUnpackPanel);
+      for (int64_t g = g_begin; g < g_end; ++g) {
+        for (int64_t m0 = panel; m0 < panel_end; m0 += kMaxRows) {
+          kTiles[std::min<int64_t>(kMaxRows, panel_end - m0) - 1](p, m0, g);
+        }
       }
     }
   });
