@@ -101,7 +101,7 @@ def test_kernel_is_the_exact_product_with_x_rounded_per_block(qtype, n, k, bits)
         weight = dequantize(blocks)
         packed = regroup_blocks(blocks)
         bias = torch.randn(n)
-        for rows in (1, 2, 3, 4, 5, 8, 19, 70):  # every tile height, the widened path, panels
+        for rows in (1, 2, 3, 4, 5, 8, 19, 70):  # every tile height, the unpacked path, panels
             x = torch.randn(rows, k) * torch.rand(rows, k // 32).repeat_interleave(32, dim=1)
             x[0, :32] = 0.0
             got = ext.gguf_int_linear(x, packed, None, n, bits)

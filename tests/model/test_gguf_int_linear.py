@@ -106,7 +106,7 @@ def test_rows_do_not_depend_on_their_batch(qtype, bits):
 
 
 def assert_rows_do_not_depend_on_their_batch(packed, n: int, k: int, bits: int) -> None:
-    """Rows of a 70-row batch (every tile height, the widened path, past a panel) give the same
+    """Rows of a 70-row batch (every tile height, the unpacked path, past a panel) give the same
     bits alone and in slices."""
     x = torch.randn(70, k)
     batched = ext.gguf_int_linear(x, packed, None, n, bits)
@@ -173,7 +173,7 @@ def test_bad_inputs_are_refused(qtype):
             out = run(bad, layout, bits=bits)  # no crash; the poisoned row only
             assert torch.equal(out[1], run(x, layout, bits=bits)[1])
             assert torch.isfinite(out[0]).all() == (poison == 1e-40)
-            # a batch past the widened path's threshold: still the poisoned row alone
+            # a batch past the unpacked path's thresholds: still the poisoned row alone
             many = torch.cat([bad, torch.randn(10, 64)])
             out = run(many, layout, bits=bits)
             assert torch.equal(out[1:], run(many[1:], layout, bits=bits))

@@ -513,12 +513,32 @@ constexpr int kMaxRows = 4;  // rows per tile: their accumulators beside the qua
 // same, so every output is bit for bit the one `tile` computes: which path a batch takes never
 // changes a row's value. (Unpacking a group in passes small enough for L1 measured no faster:
 // the loads from L2 keep up.)
-// from here unpacking once is faster: 16-bit x on AVX2 Zen 3, 8-bit x on AVX-512 Zen 4
+
+// The fewest rows from which unpacking once is faster: 16-bit x on AVX2 Zen 3, 8-bit x on
+// AVX-512 Zen 4.
 template <class A>
 constexpr int64_t unpack_min_rows() {
   return std::is_same_v<A, int8_t> ? 8 : 3;
 }
-constexpr int64_t kUnpackPanel = 64;    // rows per pass over a group (their x stays in L2)
+
+// A thread's groups g_begin..g_end-1 over M rows: the rows in panels of 64, every group in turn
+// within a panel, so that a group's blocks stay in L1 for each of its row tiles and the panel's x
+// in L2 for every group (a 2,048-row prompt read whole for each group came from L3: Q4_K 164
+// against 196 billion multiply-adds a second with 8,192 inputs, Zen 4). `group(g)` runs before
+// group g's tiles, `tile(rows, m0, g)` for each tile of up to kMaxRows rows from m0.
+constexpr int64_t kUnpackPanel = 64;
+template <class Group, class Tile>
+void over_panels(int64_t M, int64_t g_begin, int64_t g_end, Group&& group, Tile&& tile) {
+  for (int64_t panel = 0; panel < M; panel += kUnpackPanel) {
+    const int64_t panel_end = std::min(M, panel + kUnpackPanel);
+    for (int64_t g = g_begin; g < g_end; ++g) {
+      group(g);
+      for (int64_t m0 = panel; m0 < panel_end; m0 += kMaxRows) {
+        tile(std::min<int64_t>(kMaxRows, panel_end - m0), m0, g);
+      }
+    }
+  }
+}
 
 // Vectors per sub-block once unpacked: for 16-bit x each chunk's four unpacked halves (Q8_0's
 // two per chunk), for 8-bit x each chunk's low and high values (Q8_0: its 8 chunks, + 128).
@@ -662,15 +682,10 @@ void run_unpacked(const Problem<A>& p, int64_t M) {
   at::parallel_for(0, groups, 1, [&](int64_t g_begin, int64_t g_end) {
     // 32-byte aligned (C++17 new)
     std::vector<__m256i> unpacked(blocks * unpacked_vectors<A>());
-    for (int64_t panel = 0; panel < M; panel += kUnpackPanel) {
-      const int64_t panel_end = std::min(M, panel + kUnpackPanel);
-      for (int64_t g = g_begin; g < g_end; ++g) {
-        unpack_group<F, A>(p.w + g * group_bytes, blocks, unpacked.data());
-        for (int64_t m0 = panel; m0 < panel_end; m0 += kMaxRows) {
-          kTiles[std::min<int64_t>(kMaxRows, panel_end - m0) - 1](p, unpacked.data(), m0, g);
-        }
-      }
-    }
+    over_panels(
+        M, g_begin, g_end,
+        [&](int64_t g) { unpack_group<F, A>(p.w + g * group_bytes, blocks, unpacked.data()); },
+        [&](int64_t rows, int64_t m0, int64_t g) { kTiles[rows - 1](p, unpacked.data(), m0, g); });
   });
 }
 
@@ -927,18 +942,10 @@ void run(const Problem<A>& p, int64_t M) {
   static constexpr TileFn kTiles[kMaxRows] = {&tile<F, A, 1>, &tile<F, A, 2>, &tile<F, A, 3>,
                                               &tile<F, A, 4>};
   const int64_t groups = (p.N + kLanes - 1) / kLanes;
-  // Threads split the column groups; a group's blocks stay in L1 for every row tile of a
-  // panel, and a panel's x in L2 for every group (a prompt of 2,048 rows read whole for each
-  // group came from L3: Q4_K 152 against 188 billion multiply-adds a second at 256 rows, Zen 4)
+  // Threads split the column groups
   at::parallel_for(0, groups, 4, [&](int64_t g_begin, int64_t g_end) {
-    for (int64_t panel = 0; panel < M; panel += kUnpackPanel) {
-      const int64_t panel_end = std::min(M, panel + kUnpackPanel);
-      for (int64_t g = g_begin; g < g_end; ++g) {
-        for (int64_t m0 = panel; m0 < panel_end; m0 += kMaxRows) {
-          kTiles[std::min<int64_t>(kMaxRows, panel_end - m0) - 1](p, m0, g);
-        }
-      }
-    }
+    over_panels(M, g_begin, g_end, [](int64_t) {},
+                [&](int64_t rows, int64_t m0, int64_t g) { kTiles[rows - 1](p, m0, g); });
   });
 }
 
