@@ -130,11 +130,14 @@ def random_paged_decodes(dtype, num_reqs=40, num_blocks=300, block_size=16, kvh=
 
 # (dtype, tolerance, block size, head_dim): SmolLM2's shapes in fp32 and bf16 (the AVX-512 BF16
 # path where the CPU has it), bf16 blocks of 32 positions and heads of 128 (the same path, more
-# rows per block and registers per head), bf16 blocks of 8 and fp16 (the generic loop).
+# rows per block and registers per head), Gemma's heads of 256 (the AVX2 items, in both
+# dtypes), bf16 blocks of 8 and fp16 (the generic loop).
 KERNEL_CASES = [
     (torch.float32, 1e-5, 16, 64),
     (torch.bfloat16, 2e-2, 16, 64),
     (torch.bfloat16, 2e-2, 32, 128),
+    (torch.float32, 1e-5, 16, 256),
+    (torch.bfloat16, 2e-2, 16, 256),
     (torch.bfloat16, 2e-2, 8, 64),
     (torch.float16, 5e-3, 16, 64),
 ]

@@ -266,7 +266,7 @@ void decode_item_generic(const q_t* q, const cache_t* k_cache, const cache_t* v_
 }
 
 #if defined(__AVX2__) && defined(__FMA__)
-// AVX2 (and the float32 path of AVX-512 machines), D = 64 or 128, BS a multiple of 16: each 16
+// AVX2 (and the float32 path of AVX-512 machines), D = 64, 128 or 256, BS a multiple of 16: each 16
 // positions of a block become a key tile (`attention_avx2.h`) scored against up to 4 query
 // heads at once (the heads padded with zeros to a multiple of 4); values are weighted into two
 // heads at a time, a block at a time, their accumulators in registers across its positions.
@@ -378,10 +378,13 @@ void decode(const q_t* q, const cache_t* k_cache, const cache_t* v_cache,
 #endif
 #if defined(__AVX2__) && defined(__FMA__)
       if constexpr (!std::is_same_v<cache_t, c10::Half>) {
-        if (!done && BS % attention_avx2::kTile == 0 && (D == 64 || D == 128)) {
-          (D == 64 ? decode_item_avx2<q_t, cache_t, 64> : decode_item_avx2<q_t, cache_t, 128>)(
-              q + offset, k_cache, v_cache, it, G, scale, softcap, item_sinks, scores.data(),
-              out + offset, qf, tile, acc);
+        if (!done && BS % attention_avx2::kTile == 0 && (D == 64 || D == 128 || D == 256)) {
+          (D == 64    ? decode_item_avx2<q_t, cache_t, 64>
+           : D == 128 ? decode_item_avx2<q_t, cache_t, 128>
+                      : decode_item_avx2<q_t, cache_t, 256>)(q + offset, k_cache, v_cache, it, G,
+                                                             scale, softcap, item_sinks,
+                                                             scores.data(), out + offset, qf,
+                                                             tile, acc);
           done = true;
         }
       }

@@ -467,7 +467,7 @@ void prefill(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v
       }
 #endif
 #if defined(__AVX2__) && defined(__FMA__)
-      if constexpr ((kD == 64 || kD == 128) && !std::is_same_v<q_t, c10::Half>) {
+      if constexpr ((kD == 64 || kD == 128 || kD == 256) && !std::is_same_v<q_t, c10::Half>) {
         prefill_item_avx2<q_t, cache_t, kD / 8, 4>(it, q_rows, q.stride(0), kp, vp, table, lay,
                                                    G, cached, scale, window, softcap, sinks,
                                                    out_rows, out.stride(0), scratch);
@@ -521,6 +521,9 @@ at::Tensor paged_prefill_attention(const at::Tensor& q, const at::Tensor& k_cach
     else if (q.size(2) == 128)
       prefill<q_t, cache_t, 128>(q, k_cache, v_cache, cp, C, tp, MB, out, s, window, cap,
                                  sink_p);
+    else if (q.size(2) == 256)
+      prefill<q_t, cache_t, 256>(q, k_cache, v_cache, cp, C, tp, MB, out, s, window, cap,
+                                  sink_p);
     else
       prefill<q_t, cache_t, 0>(q, k_cache, v_cache, cp, C, tp, MB, out, s, window, cap,
                                  sink_p);
