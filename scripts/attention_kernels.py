@@ -1,20 +1,24 @@
-"""Times the CPU attention kernels on SmolLM2's shapes (9 query heads over 3 KV heads, 64 dims,
-blocks of 16 tokens), one layer per call: prompt chunks in GFLOP/s (causal multiply-adds
-counted once) and decodes in GB/s of K/V read. The best of 7 rounds of 20 calls each, since a
-shared machine's speed drifts between rounds.
+"""Times the CPU attention kernels on one model's head shapes (SmolLM2's by default: 9 query
+heads over 3 KV heads of 64 dims; `--shape gemma3`: 4 over 1 of 256), blocks of 16 tokens, one
+layer per call: prompt chunks in GFLOP/s (causal multiply-adds counted once) and decodes in
+GB/s of K/V read. The best of 7 rounds of 20 calls each, since a shared machine's speed drifts
+between rounds.
 
-    .venv/bin/python scripts/attention_kernels.py
+    .venv/bin/python scripts/attention_kernels.py [--shape gemma3]
 """
 
 from __future__ import annotations
 
+import argparse
 import time
 
 import torch
 
 from inflight.attention.cpu_kernel import CpuKernelBackend
 
-H, KVH, D, BS = 9, 3, 64, 16
+SHAPES = {"smollm2": (9, 3, 64), "gemma3": (4, 1, 256)}  # query heads, KV heads, head dim
+H, KVH, D = SHAPES["smollm2"]
+BS = 16
 backend = CpuKernelBackend(BS)
 
 
@@ -49,7 +53,7 @@ def prefill(new: list[int], cached: list[int], dtype: torch.dtype = torch.float3
     args = (q, k, v, torch.tensor(chunks), tables, out, D**-0.5, 0, 0.0, None)
     seconds = best_seconds(lambda: backend._ext.paged_prefill_attention(*args))
     flops = sum(4 * H * D * (c * n + n * (n + 1) / 2) for n, c in zip(new, cached, strict=True))
-    return f"{seconds * 1e3:8.2f} ms  {flops / seconds / 1e9:6.1f} GFLOP/s"
+    return f"{seconds * 1e3:8.3f} ms  {flops / seconds / 1e9:6.1f} GFLOP/s"
 
 
 def decode(requests: int, context: int, dtype: torch.dtype = torch.float32) -> str:
@@ -62,10 +66,14 @@ def decode(requests: int, context: int, dtype: torch.dtype = torch.float32) -> s
         lambda: backend._ext.paged_decode_attention(q, k, v, tables, lens, D**-0.5, 0, 0.0, None)
     )
     gb = requests * context * KVH * D * 2 * k.element_size() / 1e9
-    return f"{seconds * 1e3:8.2f} ms  {gb / seconds:6.1f} GB/s"
+    return f"{seconds * 1e3:8.3f} ms  {gb / seconds:6.1f} GB/s"
 
 
 if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shape", choices=SHAPES, default="smollm2")
+    H, KVH, D = SHAPES[parser.parse_args().shape]
+    print("decode, one request of 300 tokens   ", decode(1, 300))
     print("prefill, 8 prompts of 256 tokens    ", prefill([256] * 8, [0] * 8))
     print("prefill, 4 prompts of 512 tokens    ", prefill([512] * 4, [0] * 4))
     print("prefill, 2,048 tokens after 1,024   ", prefill([2048], [1024]))
