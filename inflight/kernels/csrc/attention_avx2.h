@@ -14,10 +14,15 @@ namespace attention_avx2 {
 constexpr int64_t kTile = 16;  // keys per tile: two vectors of scores per query row
 
 // Keys of 16 consecutive positions of one block, from `key_rows` (row i: dims 2i and 2i+1 of
-// the block's BS positions, the first of the 16 at column 0) into `kt` [D][16] fp32.
+// the block's BS positions, the first of the 16 at column 0) into `kt` [D][16] fp32; the same
+// bytes of another run, `ahead`, prefetched row by row where given.
 template <typename scalar_t>
-inline void key_tile(const scalar_t* key_rows, int64_t BS, int64_t D, float* kt) {
-  for (int64_t i = 0; i < D / 2; ++i)
+inline void key_tile(const scalar_t* key_rows, int64_t BS, int64_t D, float* kt,
+                     const char* ahead = nullptr) {
+  for (int64_t i = 0; i < D / 2; ++i) {
+    if (ahead != nullptr)
+      for (int64_t line = 0; line < 32 * int64_t(sizeof(scalar_t)); line += 64)
+        _mm_prefetch(ahead + i * BS * 2 * int64_t(sizeof(scalar_t)) + line, _MM_HINT_T0);
     for (int64_t half = 0; half < 2; ++half) {  // positions 8 * half .. 8 * half + 7
       const scalar_t* row = key_rows + i * BS * 2 + half * 16;
       const __m256 a = load8(row), b = load8(row + 8);  // (d0, d1) of 4 positions each
@@ -29,6 +34,7 @@ inline void key_tile(const scalar_t* key_rows, int64_t BS, int64_t D, float* kt)
       _mm256_storeu_ps(kt + 2 * i * kTile + half * 8, even);
       _mm256_storeu_ps(kt + (2 * i + 1) * kTile + half * 8, odd);
     }
+  }
 }
 
 // Scores of RB query rows (`q` [RB][D], scaled) against a key tile (`kt` [D][16]). Not inlined:
@@ -51,19 +57,25 @@ __attribute__((noinline)) void scores(const float* __restrict q, const float* __
 }
 
 // acc[r] = acc[r] * keep[r] + sum over t < n of p[r][t] * v[t], for NR (1 or 2) rows; `v` is n
-// rows of D values, `row` elements apart. 32 dims at a time: 4 value vectors serve both rows' 8 accumulators. Not
-// inlined, for the same reason.
+// rows of D values, `row` elements apart (the same bytes from `ahead` prefetched where given).
+// 32 dims at a time: 4 value vectors serve both rows' 8 accumulators. Not inlined, for the same
+// reason.
 template <int64_t D, int NR, typename value_t>
 __attribute__((noinline)) void add_values(const float* const (&p)[NR], const float (&keep)[NR],
                                           const value_t* v, int64_t row, int64_t n,
-                                          float* const (&acc)[NR]) {
+                                          float* const (&acc)[NR],
+                                          const char* ahead = nullptr) {
   static_assert(D % 32 == 0, "32 dims at a time");
+  constexpr int64_t kBytes = 32 * int64_t(sizeof(value_t));  // of a row's 32 dims
   for (int64_t j0 = 0; j0 < D; j0 += 32) {
     __m256 a[NR][4];
     for (int r = 0; r < NR; ++r)
       for (int j = 0; j < 4; ++j)
         a[r][j] = _mm256_mul_ps(_mm256_loadu_ps(acc[r] + j0 + j * 8), _mm256_set1_ps(keep[r]));
     for (int64_t t = 0; t < n; ++t) {
+      if (ahead != nullptr)
+        for (int64_t line = 0; line < kBytes; line += 64)
+          _mm_prefetch(ahead + (t * row + j0) * int64_t(sizeof(value_t)) + line, _MM_HINT_T0);
       __m256 vt[4];
       for (int j = 0; j < 4; ++j) vt[j] = load8(v + t * row + j0 + j * 8);
       for (int r = 0; r < NR; ++r) {
