@@ -267,6 +267,46 @@ def test_prefill_kernel_matches_reference_on_model_shapes(kernel, dtype, tol, bs
     torch.testing.assert_close(outs[1].float(), outs[0].float(), atol=tol, rtol=tol)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("h", "kvh", "d"), [(9, 3, 64), (4, 1, 256)])
+def test_cpu_decode_in_parts_matches_the_reference_and_is_the_same_alone(dtype, h, kvh, d):
+    """The C++ decode kernel attends a context past 256 positions in parts of 256 and merges
+    their softmaxes (so that one long request keeps every thread busy; a sink joins the merge):
+    against the reference on contexts of 1 to 4 parts, windowed too, and each request's row
+    the same bits alone as in its batch, since the cuts depend on the request alone."""
+    gen = torch.Generator().manual_seed(6)
+    bs, lens = 16, [1000, 256, 257, 600, 40, 1]
+    blocks = -(-max(lens) // bs)
+    num_blocks = len(lens) * blocks
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    k_cache = torch.randn(num_blocks, bs, kvh, d, generator=gen).to(dtype)
+    v_cache = torch.randn(num_blocks, bs, kvh, d, generator=gen).to(dtype)
+    tables = torch.randperm(num_blocks, generator=gen).view(len(lens), blocks)
+    q = torch.randn(len(lens), h, d, generator=gen).to(dtype)
+    flat_k, flat_v = k_cache.view(-1, kvh, d), v_cache.view(-1, kvh, d)
+    slots = [int(tables[r, (n - 1) // bs]) * bs + (n - 1) % bs for r, n in enumerate(lens)]
+    cpu, reference = CpuKernelBackend(bs), TorchReferenceBackend(bs)
+    kernel_caches = to_kernel_layout(k_cache, v_cache)
+    sink_logits = torch.randn(h, generator=gen) * 2
+
+    def decode(backend, caches, rows, window, sinks):
+        meta = backend.build_metadata(list(range(len(rows) + 1)), [lens[r] - 1 for r in rows],
+                                      tables[rows], torch.tensor([slots[r] for r in rows]),
+                                      torch.device("cpu"))  # fmt: skip
+        at = torch.tensor([slots[r] for r in rows])
+        return backend.forward(q[rows], flat_k[at].clone(), flat_v[at].clone(), *caches, meta,
+                               window, sinks=sinks)  # fmt: skip
+
+    everyone = list(range(len(lens)))
+    for window, sinks in ((None, None), (300, None), (None, sink_logits)):
+        together = decode(cpu, kernel_caches, everyone, window, sinks)
+        want = decode(reference, (k_cache, v_cache), everyone, window, sinks)
+        torch.testing.assert_close(together.float(), want.float(), atol=tol, rtol=tol)
+        for r in everyone:
+            alone = decode(cpu, kernel_caches, [r], window, sinks)
+            assert torch.equal(alone[0], together[r]), f"request {r} (window {window})"
+
+
 @pytest.mark.parametrize(
     "kernel",
     ["cpu", pytest.param("triton", marks=INTERPRETED), pytest.param("triton-cuda", marks=GPU)],

@@ -1,6 +1,7 @@
 // Paged decode attention on the CPU: one query token per request, keys and values read in place
 // from the paged KV cache through the block table (no gathered copy), GQA without repeating
-// K/V, fp32 accumulation whatever the storage dtype. Parallel over (request, KV head) pairs.
+// K/V, fp32 accumulation whatever the storage dtype. Parallel over (request, KV head) pairs,
+// a long context's cut into parts of 512 positions whose softmaxes are merged (`merge_parts`).
 //
 //   q            [R, H, D]            one query per request
 //   k/v_cache    kv_layout.h          the layer's paged cache
@@ -31,9 +32,12 @@
 #include "vec_math.h"
 
 #include <ATen/ops/empty_cpu_dispatch.h>
+#include <omp.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
+#include <memory>
 #include <cmath>
 #include <optional>
 #include <type_traits>
@@ -59,11 +63,14 @@ inline float exp_and_sum(float* __restrict scores, int64_t n, float max) {
   return sum;
 }
 
-// One request's view of the cache for one KV head.
+// One request's view of the cache for one KV head: positions [first, len), all of its context
+// or one part of it. A part's softmax is its own: `stats`, where given, receives each head's max
+// and denominator, from which `merge_parts` weighs the parts' outputs.
 struct Item {
   const KVLayout* layout;
   const int64_t* table;
   int64_t head, first, len;
+  float* stats = nullptr;  // [G][2]
   int64_t first_block() const { return first / layout->block_size; }
   int64_t end_block() const { return (len + layout->block_size - 1) / layout->block_size; }
   int64_t num_blocks() const { return end_block() - first_block(); }
@@ -93,9 +100,10 @@ const char* run_in_read_order(const T* k_cache, const T* v_cache, const Item& it
 }
 
 // Each head's scores [lo, hi) of its row become probabilities, in place (soft-capped first
-// where `softcap` > 0; with the G heads' `sinks`, each sink's exp in the denominator).
+// where `softcap` > 0; with the G heads' `sinks`, each sink's exp in the denominator); each
+// head's max and denominator into `stats` where given.
 inline void softmax_rows(float* scores, int64_t G, int64_t row, int64_t lo, int64_t hi,
-                         float softcap, const float* sinks) {
+                         float softcap, const float* sinks, float* stats) {
   for (int64_t g = 0; g < G; ++g) {
     float* s = scores + g * row + lo;
     if (softcap > 0.f)
@@ -103,6 +111,7 @@ inline void softmax_rows(float* scores, int64_t G, int64_t row, int64_t lo, int6
     const float max = sinks ? std::max(max_of(s, hi - lo), sinks[g]) : max_of(s, hi - lo);
     float sum = exp_and_sum(s, hi - lo, max);  // (its own position: > 0 without a sink)
     if (sinks) sum += exp_poly(sinks[g] - max);
+    if (stats) stats[2 * g] = max, stats[2 * g + 1] = sum;
     const float inv = 1.f / sum;
 #pragma omp simd
     for (int64_t i = 0; i < hi - lo; ++i) s[i] *= inv;
@@ -115,11 +124,12 @@ using bf16 = c10::BFloat16;
 // bf16 with AVX-512 BF16, D = 32 * DZ, G query heads per KV head, BS a multiple of 16. Scores:
 // vdpbf16ps of a broadcast pair of query dims with a 64-byte key row (16 positions), two
 // accumulator chains per head. Values: each 64-dim row widened to fp32 by interleaving with
-// zeros (unpacklo/hi), which permutes dims within 128-bit lanes; undone once at the end.
-template <int DZ, int G>
+// zeros (unpacklo/hi), which permutes dims within 128-bit lanes; undone once at the end. Outputs
+// in bf16, or float32 for a part of an item (out_t).
+template <int DZ, int G, typename out_t>
 void decode_item_bf16(const bf16* q, const bf16* k_cache, const bf16* v_cache, const Item& it,
                       const Item* next, float scale, const float* sinks, float* scores,
-                      bf16* out) {
+                      out_t* out) {
   constexpr int D = 32 * DZ, DV = 2 * DZ;
   const KVLayout& lay = *it.layout;
   const int64_t BS = lay.block_size;
@@ -151,7 +161,7 @@ void decode_item_bf16(const bf16* q, const bf16* k_cache, const bf16* v_cache, c
                          _mm512_mul_ps(_mm512_add_ps(even[g], odd[g]), _mm512_set1_ps(scale)));
     }
   }
-  softmax_rows(scores, G, row, it.first - base, it.len - base, 0.f, sinks);
+  softmax_rows(scores, G, row, it.first - base, it.len - base, 0.f, sinks, it.stats);
 
   __m512 acc[G][DV];
   for (int g = 0; g < G; ++g)
@@ -184,33 +194,35 @@ void decode_item_bf16(const bf16* q, const bf16* k_cache, const bf16* v_cache, c
         for (int lane = 0; lane < 4; ++lane)
           for (int e = 0; e < 4; ++e)
             out[g * D + 32 * z + 8 * lane + 4 * half + e] =
-                static_cast<bf16>(tmp[(2 * z + half) * 16 + 4 * lane + e]);
+                static_cast<out_t>(tmp[(2 * z + half) * 16 + 4 * lane + e]);
   }
 }
 
+template <typename out_t>
 using ItemFn = void (*)(const bf16*, const bf16*, const bf16*, const Item&, const Item*, float,
-                       const float*, float*, bf16*);
+                       const float*, float*, out_t*);
 
-template <int DZ>
-ItemFn pick_g(int64_t G) {
+template <int DZ, typename out_t>
+ItemFn<out_t> pick_g(int64_t G) {
   switch (G) {
-    case 1: return decode_item_bf16<DZ, 1>;
-    case 2: return decode_item_bf16<DZ, 2>;
-    case 3: return decode_item_bf16<DZ, 3>;
-    case 4: return decode_item_bf16<DZ, 4>;
-    case 5: return decode_item_bf16<DZ, 5>;
-    case 6: return decode_item_bf16<DZ, 6>;
-    case 7: return decode_item_bf16<DZ, 7>;
-    case 8: return decode_item_bf16<DZ, 8>;
+    case 1: return decode_item_bf16<DZ, 1, out_t>;
+    case 2: return decode_item_bf16<DZ, 2, out_t>;
+    case 3: return decode_item_bf16<DZ, 3, out_t>;
+    case 4: return decode_item_bf16<DZ, 4, out_t>;
+    case 5: return decode_item_bf16<DZ, 5, out_t>;
+    case 6: return decode_item_bf16<DZ, 6, out_t>;
+    case 7: return decode_item_bf16<DZ, 7, out_t>;
+    case 8: return decode_item_bf16<DZ, 8, out_t>;
     default: return nullptr;
   }
 }
 
 // The specialised kernel for this shape, or nullptr (then the generic loop runs).
-ItemFn pick_bf16(int64_t D, int64_t G, int64_t BS) {
+template <typename out_t>
+ItemFn<out_t> pick_bf16(int64_t D, int64_t G, int64_t BS) {
   if (BS % 16 != 0) return nullptr;
-  if (D == 64) return pick_g<2>(G);
-  if (D == 128) return pick_g<4>(G);
+  if (D == 64) return pick_g<2, out_t>(G);
+  if (D == 128) return pick_g<4, out_t>(G);
   return nullptr;
 }
 #endif
@@ -218,10 +230,10 @@ ItemFn pick_bf16(int64_t D, int64_t G, int64_t BS) {
 // Any dtype and shape: each block's keys widened into an fp32 tile [D][BS] that stays in L1, so
 // the inner loop runs over the block's positions, contiguous, without horizontal sums. Scales of
 // an 8-bit cache multiply whole scores (keys) and probabilities (values).
-template <typename q_t, typename cache_t>
+template <typename q_t, typename cache_t, typename out_t>
 void decode_item_generic(const q_t* q, const cache_t* k_cache, const cache_t* v_cache,
                          const Item& it, int64_t G, float scale, float softcap,
-                         const float* sinks, float* scores, q_t* out, std::vector<float>& qf,
+                         const float* sinks, float* scores, out_t* out, std::vector<float>& qf,
                          std::vector<float>& tile, std::vector<float>& acc) {
   const KVLayout& lay = *it.layout;
   const int64_t BS = lay.block_size, D = lay.head_dim;
@@ -247,7 +259,7 @@ void decode_item_generic(const q_t* q, const cache_t* k_cache, const cache_t* v_
         for (int64_t t = 0; t < BS; ++t) sg[t] *= lay.key_scale(k, t);
     }
   }
-  softmax_rows(scores, G, row, it.first - base, it.len - base, softcap, sinks);
+  softmax_rows(scores, G, row, it.first - base, it.len - base, softcap, sinks, it.stats);
   for (int64_t b = b0; b < b1; ++b) {  // acc[g, :] += p[g, pos] * v[pos, :]
     const cache_t* v = v_cache + lay.run(it.table[b], it.head);
     const int64_t t0 = std::max(it.first, b * BS) - b * BS, t1 = std::min(it.len, (b + 1) * BS) - b * BS;
@@ -262,7 +274,7 @@ void decode_item_generic(const q_t* q, const cache_t* k_cache, const cache_t* v_
       }
     }
   }
-  for (int64_t i = 0; i < G * D; ++i) out[i] = static_cast<q_t>(acc[i]);
+  for (int64_t i = 0; i < G * D; ++i) out[i] = static_cast<out_t>(acc[i]);
 }
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -273,10 +285,10 @@ void decode_item_generic(const q_t* q, const cache_t* k_cache, const cache_t* v_
 // An 8-bit cache's key scales multiply each tile's scores, its value scales the probabilities.
 // The runs ahead are prefetched line by line as in the bf16 kernel: 1.1-1.5x at 16 and 64
 // requests on Zen 4 (a lone request whose cache sits in L2: ~15% slower, the prefetches' cost).
-template <typename q_t, typename cache_t, int64_t D>
+template <typename q_t, typename cache_t, int64_t D, typename out_t>
 void decode_item_avx2(const q_t* q, const cache_t* k_cache, const cache_t* v_cache,
                       const Item& it, const Item* next, int64_t G, float scale, float softcap,
-                      const float* sinks, float* scores, q_t* out, std::vector<float>& qf,
+                      const float* sinks, float* scores, out_t* out, std::vector<float>& qf,
                       std::vector<float>& tile, std::vector<float>& acc) {
   using attention_avx2::kTile;
   auto ahead = [&](int64_t j) {
@@ -311,7 +323,7 @@ void decode_item_avx2(const q_t* q, const cache_t* k_cache, const cache_t* v_cac
       }
     }
   }
-  softmax_rows(scores, G, row, it.first - base, it.len - base, softcap, sinks);
+  softmax_rows(scores, G, row, it.first - base, it.len - base, softcap, sinks, it.stats);
   for (int64_t b = b0; b < b1; ++b) {  // acc[g, :] += p[g, pos] * v[pos, :]
     const int64_t t0 = std::max(it.first, b * BS) - b * BS;
     const int64_t t1 = std::min(it.len, (b + 1) * BS) - b * BS;
@@ -336,9 +348,78 @@ void decode_item_avx2(const q_t* q, const cache_t* k_cache, const cache_t* v_cac
       attention_avx2::add_values<D, 1>({p + g * row}, {1.f}, v, value_row, t1 - t0,
                                        {acc.data() + g * D}, g == 0 ? pf : nullptr);
   }
-  for (int64_t i = 0; i < G * D; ++i) out[i] = static_cast<q_t>(acc[i]);
+  for (int64_t i = 0; i < G * D; ++i) out[i] = static_cast<out_t>(acc[i]);
 }
 #endif
+
+// A request's positions are attended in parts of at most this many, cut at multiples of it
+// (counted from its first position, 0), and the parts' softmaxes merged: so that a few long
+// requests (one request of a model with one KV head) keep every thread busy. The cuts depend on
+// the request alone, never on its batch, so a row's value does not either.
+constexpr int64_t kPartPositions = 512;
+
+// One part of a (request, KV head) item; `slot` >= 0 indexes the parts' outputs and softmax
+// stats of an item cut in several, -1 marks an item in one part (written to `out` at once).
+struct Part {
+  int64_t request, head, first, len, slot;
+};
+
+// The item's output from its parts' (each normalised by its own softmax, in float32): weights
+// sum_p exp(max_p - max) / (sum over parts of sum_p exp(max_p - max), a sink's exp included).
+template <typename q_t>
+void merge_parts(const float* part_out, const float* part_stats, int64_t first_slot,
+                 int64_t parts, int64_t G, int64_t D, const float* sinks, q_t* out,
+                 std::vector<float>& acc) {
+  acc.resize(D);
+  for (int64_t g = 0; g < G; ++g) {
+    auto stats = [&](int64_t p) { return part_stats + (first_slot + p) * 2 * G + 2 * g; };
+    float max = sinks ? sinks[g] : -3.0e38f;
+    for (int64_t p = 0; p < parts; ++p) max = std::max(max, stats(p)[0]);
+    float total = sinks ? exp_poly(sinks[g] - max) : 0.f;
+    for (int64_t p = 0; p < parts; ++p) total += stats(p)[1] * exp_poly(stats(p)[0] - max);
+    std::fill(acc.begin(), acc.end(), 0.f);
+    for (int64_t p = 0; p < parts; ++p) {
+      const float* __restrict src = part_out + ((first_slot + p) * G + g) * D;
+      const float w = stats(p)[1] * exp_poly(stats(p)[0] - max) / total;
+      float* __restrict a = acc.data();
+#pragma omp simd
+      for (int64_t d = 0; d < D; ++d) a[d] = std::fma(w, src[d], a[d]);
+    }
+    for (int64_t d = 0; d < D; ++d) out[g * D + d] = static_cast<q_t>(acc[d]);
+  }
+}
+
+// One item (or part) through the fastest kernel for its dtypes and shape, its output to `out`.
+template <typename q_t, typename cache_t, typename out_t>
+void attend(const q_t* q, const cache_t* k_cache, const cache_t* v_cache, const Item& it,
+            const Item* next, int64_t G, float scale, float softcap, const float* sinks,
+            float* scores, out_t* out, std::vector<float>& qf, std::vector<float>& tile,
+            std::vector<float>& acc) {
+  const int64_t D = it.layout->head_dim, BS = it.layout->block_size;
+#ifdef __AVX512BF16__
+  if constexpr (std::is_same_v<q_t, bf16> && std::is_same_v<cache_t, bf16>) {
+    // (its scores never reach memory: the soft cap takes the AVX2 item)
+    if (ItemFn<out_t> fn = softcap <= 0.f ? pick_bf16<out_t>(D, G, BS) : nullptr) {
+      fn(q, k_cache, v_cache, it, next, scale, sinks, scores, out);
+      return;
+    }
+  }
+#endif
+#if defined(__AVX2__) && defined(__FMA__)
+  if constexpr (!std::is_same_v<cache_t, c10::Half>) {
+    if (BS % attention_avx2::kTile == 0 && (D == 64 || D == 128 || D == 256)) {
+      (D == 64    ? decode_item_avx2<q_t, cache_t, 64, out_t>
+       : D == 128 ? decode_item_avx2<q_t, cache_t, 128, out_t>
+                  : decode_item_avx2<q_t, cache_t, 256, out_t>)(q, k_cache, v_cache, it, next, G,
+                                                                scale, softcap, sinks, scores,
+                                                                out, qf, tile, acc);
+      return;
+    }
+  }
+#endif
+  decode_item_generic(q, k_cache, v_cache, it, G, scale, softcap, sinks, scores, out, qf, tile,
+                      acc);
+}
 
 template <typename q_t, typename cache_t>
 void decode(const q_t* q, const cache_t* k_cache, const cache_t* v_cache,
@@ -347,61 +428,72 @@ void decode(const q_t* q, const cache_t* k_cache, const cache_t* v_cache,
             float softcap, const float* sinks) {
   const int64_t KVH = lay.kv_heads, D = lay.head_dim, BS = lay.block_size;
   const int64_t G = H / KVH;  // query heads per KV head
-  // Longest requests first, handed out one at a time: an item costs its context length, and
-  // contexts differ by 10x in one batch (an even split left one thread idle ~10% of a step).
-  std::vector<int64_t> order(R * KVH);
-  for (int64_t w = 0; w < R * KVH; ++w) order[w] = w;
-  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
-    return seq_lens[a / KVH] > seq_lens[b / KVH];
-  });
-  auto item = [&](int64_t i) {
-    const int64_t r = order[i] / KVH, len = seq_lens[r];
+  std::vector<Part> parts;
+  std::vector<std::array<int64_t, 3>> merges;  // (request, head, first slot) of items cut up
+  int64_t slots = 0;
+  for (int64_t r = 0; r < R; ++r) {
+    const int64_t len = seq_lens[r];
     const int64_t first = window > 0 ? std::max<int64_t>(0, len - window) : 0;
-    return Item{&lay, block_tables + r * MB, order[i] % KVH, first, len};
+    const int64_t cuts = (len - 1) / kPartPositions - first / kPartPositions;
+    for (int64_t h = 0; h < KVH; ++h) {
+      if (cuts == 0) {
+        parts.push_back({r, h, first, len, -1});
+        continue;
+      }
+      merges.push_back({r, h, slots});
+      for (int64_t lo = first; lo < len; lo = (lo / kPartPositions + 1) * kPartPositions)
+        parts.push_back({r, h, lo, std::min(len, (lo / kPartPositions + 1) * kPartPositions),
+                         slots++});
+    }
+  }
+  // Longest first, handed out one at a time: a part costs its length, and contexts differ by
+  // 10x in one batch (an even split left one thread idle ~10% of a step).
+  std::stable_sort(parts.begin(), parts.end(), [](const Part& a, const Part& b) {
+    return a.len - a.first > b.len - b.first;
+  });
+  std::unique_ptr<float[]> part_out(new float[slots * G * D]);  // (unset: each is written)
+  std::unique_ptr<float[]> part_stats(new float[slots * 2 * G]);
+  auto item = [&](int64_t i) {
+    const Part& pt = parts[i];
+    return Item{&lay, block_tables + pt.request * MB, pt.head, pt.first, pt.len,
+                pt.slot < 0 ? nullptr : part_stats.get() + pt.slot * 2 * G};
   };
-  const int64_t num_items = R * KVH;
-  std::atomic<int64_t> counter{0};  // items are taken in order, each thread one ahead
+  const int64_t num_items = static_cast<int64_t>(parts.size());
+  // Thread t starts with part t, then takes the rest in order from a shared counter, one ahead
+  // (so that it knows which runs to prefetch): taking two at once from the start, the first
+  // thread to wake took both parts of a request cut in two.
+  std::atomic<int64_t> taken{0};
 #pragma omp parallel if (num_items > 1)
   {
+    const int64_t threads = omp_get_num_threads();
     std::vector<float> scores, qf, tile, acc;
-    for (int64_t i = counter.fetch_add(1); i < num_items;) {
-      const int64_t i_next = counter.fetch_add(1);
+    for (int64_t i = omp_get_thread_num(); i < num_items;) {
+      const int64_t i_next = threads + taken.fetch_add(1);
       const Item it = item(i);
       const std::optional<Item> next =
           i_next < num_items ? std::optional<Item>(item(i_next)) : std::nullopt;
       scores.resize(G * it.num_blocks() * BS);
-      const int64_t offset = (order[i] / KVH * H + it.head * G) * D;  // the item's G query heads
-      const float* item_sinks = sinks ? sinks + it.head * G : nullptr;
-      bool done = false;
-#ifdef __AVX512BF16__
-      if constexpr (std::is_same_v<q_t, bf16> && std::is_same_v<cache_t, bf16>) {
-        // (its scores never reach memory: the soft cap takes the AVX2 item)
-        if (ItemFn fn = softcap <= 0.f ? pick_bf16(D, G, BS) : nullptr) {
-          fn(q + offset, k_cache, v_cache, it, next ? &*next : nullptr, scale, item_sinks,
-             scores.data(), out + offset);
-          done = true;
-        }
-      }
-#endif
-#if defined(__AVX2__) && defined(__FMA__)
-      if constexpr (!std::is_same_v<cache_t, c10::Half>) {
-        if (!done && BS % attention_avx2::kTile == 0 && (D == 64 || D == 128 || D == 256)) {
-          (D == 64    ? decode_item_avx2<q_t, cache_t, 64>
-           : D == 128 ? decode_item_avx2<q_t, cache_t, 128>
-                      : decode_item_avx2<q_t, cache_t, 256>)(q + offset, k_cache, v_cache, it,
-                                                             next ? &*next : nullptr, G,
-                                                             scale, softcap, item_sinks,
-                                                             scores.data(), out + offset, qf,
-                                                             tile, acc);
-          done = true;
-        }
-      }
-#endif
-      if (!done) {
-        decode_item_generic(q + offset, k_cache, v_cache, it, G, scale, softcap, item_sinks,
-                            scores.data(), out + offset, qf, tile, acc);
-      }
+      const int64_t offset = (parts[i].request * H + it.head * G) * D;  // its G query heads
+      // a sink joins the whole item's softmax: merge_parts adds it to a cut item's
+      const float* item_sinks = sinks && parts[i].slot < 0 ? sinks + it.head * G : nullptr;
+      const Item* ahead = next ? &*next : nullptr;
+      if (parts[i].slot < 0)
+        attend(q + offset, k_cache, v_cache, it, ahead, G, scale, softcap, item_sinks,
+               scores.data(), out + offset, qf, tile, acc);
+      else  // in float32, for the merge
+        attend(q + offset, k_cache, v_cache, it, ahead, G, scale, softcap, item_sinks,
+               scores.data(), part_out.get() + parts[i].slot * G * D, qf, tile, acc);
       i = i_next;
+    }
+    if (!merges.empty()) {
+#pragma omp barrier
+#pragma omp for schedule(static)
+      for (size_t m = 0; m < merges.size(); ++m) {
+        const auto [r, h, first_slot] = merges[m];
+        const int64_t end_slot = m + 1 < merges.size() ? merges[m + 1][2] : slots;
+        merge_parts(part_out.get(), part_stats.get(), first_slot, end_slot - first_slot, G, D,
+                    sinks ? sinks + h * G : nullptr, out + (r * H + h * G) * D, acc);
+      }
     }
   }
 }
