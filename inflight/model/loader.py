@@ -149,10 +149,12 @@ class LoadedModel:
         return None
 
 
-# The most sequences a bf16 engine may run at once for `auto` to send its decode rows to the GGUF
-# blocks: up to about 8 decode rows a step reads the weights, and the blocks' fewer bytes win;
-# from about 10 rows it computes, and bf16's dot products, which need no per-block scaling, win
-# (docs/benchmarks.md, "Figures behind design decisions").
+# The most sequences a bf16 engine on a CPU with AMX tiles may run at once for `auto` to send
+# its decode rows to the GGUF blocks: up to about 8 decode rows a step reads the weights, and the
+# blocks' fewer bytes win; past them bf16's batches run on the tiles (not measured against the
+# blocks there). Without AMX the blocks take a bf16 engine's decode rows at any seats: on Zen 4,
+# one stream twice as fast as bf16's rows, `mixed64` level (docs/benchmarks.md, "Figures
+# behind design decisions").
 BF16_DECODE_ROWS_MAX_SEQS = 8
 
 
@@ -161,13 +163,13 @@ def resolve_quantized_activations(
 ) -> str:
     """The `quantized_activations` an engine loads its model with: `auto` is the model's own
     (`model_activations`), except for a bf16 engine of more than `BF16_DECODE_ROWS_MAX_SEQS`
-    seats on a CPU where int16 would send its decode rows to the blocks (there it is off). In
-    float32 those rows are faster from the blocks at every size (twice a float32 FMA's
-    multiply-adds per instruction)."""
+    seats on a CPU with AMX tiles where int16 would send its decode rows to the blocks (there
+    it is off). In float32 those rows are faster from the blocks at every size (twice a float32
+    FMA's multiply-adds per instruction)."""
     if asked != "auto":
         return asked
     wide = decode_rows_from_blocks(dtype, ACTIVATION_BITS["int16"])
-    if wide and max_num_seqs > BF16_DECODE_ROWS_MAX_SEQS:
+    if wide and eight_bit_tiles() and max_num_seqs > BF16_DECODE_ROWS_MAX_SEQS:
         return "off"
     return model_activations(path, dtype)
 

@@ -34,6 +34,7 @@ from inflight.model.packed_linear import (
     blocks_serve_every_batch,
     can_pack,
     decode_rows_from_blocks,
+    eight_bit_tiles,
     eight_bits_are_faster,
 )
 from tests.gguf_files import k_quant_mix, write_tiny_gguf
@@ -280,15 +281,18 @@ def test_the_knob_regroups_a_float32_gguf_model_and_reuse_must_agree(tmp_path, t
     assert "quantized_activations has no effect" in caplog.text
 
 
-def test_auto_sends_bf16_decode_rows_to_the_blocks_only_for_a_few_seats(tmp_path, tiny_llama):
+def test_auto_sends_bf16_decode_rows_to_the_blocks_for_a_few_seats_or_without_amx(
+    tmp_path, tiny_llama
+):
     """Up to BF16_DECODE_ROWS_MAX_SEQS sequences a bf16 step reads its weights and the blocks
-    win; past them it computes, and bf16 wins. float32 takes the blocks at any size."""
+    win; past them, on a CPU with AMX tiles, bf16's batches run on the tiles and take the
+    rows; without AMX the blocks keep them at any seats. float32 takes the blocks at any size."""
     wide = decode_rows_from_blocks(torch.bfloat16, 16)
     bf16, fp32, few = torch.bfloat16, torch.float32, BF16_DECODE_ROWS_MAX_SEQS
     q8 = write_tiny_gguf(tiny_llama, tmp_path / "tiny-q8_0.gguf", Q.Q8_0)
     assert resolve_quantized_activations("auto", bf16, few, q8) == "int16"
-    assert resolve_quantized_activations("auto", bf16, few + 1, q8) == ("off" if wide
-                                                                        else "int16")  # fmt: skip
+    many = "off" if wide and eight_bit_tiles() else "int16"
+    assert resolve_quantized_activations("auto", bf16, few + 1, q8) == many
     faster = eight_bits_are_faster() and blocks_serve_every_batch(fp32, 8)
     assert resolve_quantized_activations("auto", fp32, 256, q8) == ("int8" if faster else "int16")
     for asked in ("off", "int16", "int8"):
@@ -296,7 +300,7 @@ def test_auto_sends_bf16_decode_rows_to_the_blocks_only_for_a_few_seats(tmp_path
     if not (wide and can_pack(bf16, torch.device("cpu"))):
         return
     path = write_tiny_gguf(tiny_llama, tmp_path / "tiny-q4_1.gguf", Q.Q4_1)
-    for seats, decode_rows in ((few, True), (64, False)):
+    for seats, decode_rows in ((few, True), (64, many == "int16")):
         llm = LLM(str(path), dtype="bfloat16", device="cpu", max_num_seqs=seats)
         assert bool(llm.core.loaded.model.fused_layers.decode_weights) == decode_rows
         assert llm.core.loaded.quantized_activations == ("int16" if decode_rows else "off")
