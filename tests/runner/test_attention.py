@@ -270,12 +270,13 @@ def test_prefill_kernel_matches_reference_on_model_shapes(kernel, dtype, tol, bs
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(("h", "kvh", "d"), [(9, 3, 64), (4, 1, 256)])
 def test_cpu_decode_in_parts_matches_the_reference_and_is_the_same_alone(dtype, h, kvh, d):
-    """The C++ decode kernel attends a context past 256 positions in parts of 256 and merges
-    their softmaxes (so that one long request keeps every thread busy; a sink joins the merge):
-    against the reference on contexts of 1 to 4 parts, windowed too, and each request's row
-    the same bits alone as in its batch, since the cuts depend on the request alone."""
+    """The C++ decode kernel attends a context past 512 positions in parts cut at multiples of
+    512 and merges their softmaxes (so that one long request keeps every thread busy; a sink
+    joins the merge): against the reference on contexts of 1 to 4 parts (a window of 300 cuts
+    the 600-token one at 512 too), and each request's row the same bits alone as in its batch,
+    since the cuts depend on the request alone."""
     gen = torch.Generator().manual_seed(6)
-    bs, lens = 16, [1000, 256, 257, 600, 40, 1]
+    bs, lens = 16, [2000, 512, 513, 600, 1100, 40, 1]
     blocks = -(-max(lens) // bs)
     num_blocks = len(lens) * blocks
     tol = 1e-5 if dtype == torch.float32 else 2e-2

@@ -37,8 +37,8 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
-#include <memory>
 #include <cmath>
+#include <memory>
 #include <optional>
 #include <type_traits>
 #include <vector>
@@ -352,8 +352,8 @@ void decode_item_avx2(const q_t* q, const cache_t* k_cache, const cache_t* v_cac
 }
 #endif
 
-// A request's positions are attended in parts of at most this many, cut at multiples of it
-// (counted from its first position, 0), and the parts' softmaxes merged: so that a few long
+// A request's positions are attended in parts of at most this many, cut at its positions that
+// are multiples of it, and the parts' softmaxes merged: so that a few long
 // requests (one request of a model with one KV head) keep every thread busy. The cuts depend on
 // the request alone, never on its batch, so a row's value does not either.
 constexpr int64_t kPartPositions = 512;
