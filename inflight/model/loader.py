@@ -150,11 +150,12 @@ class LoadedModel:
 
 
 # The most sequences a bf16 engine on a CPU with AMX tiles may run at once for `auto` to send
-# its decode rows to the GGUF blocks: up to about 8 decode rows a step reads the weights, and the
-# blocks' fewer bytes win; past them bf16's batches run on the tiles (not measured against the
-# blocks there). Without AMX the blocks take a bf16 engine's decode rows at any seats: on Zen 4,
-# one stream twice as fast as bf16's rows, `mixed64` level (docs/benchmarks.md, "Figures
-# behind design decisions").
+# its decode rows to the GGUF blocks where its batches of more than 64 rows go through oneDNN
+# (`INFLIGHT_ONEDNN_BF16=1`, see packed_linear): up to about 8 decode rows a step reads the
+# weights, and the blocks' fewer bytes win; past them bf16's batches run on the tiles (not
+# measured against the blocks there). Otherwise the blocks take a bf16 engine's decode rows at
+# any seats: on Zen 4, one stream twice as fast as bf16's rows, `mixed64` level
+# (docs/benchmarks.md, "Figures behind design decisions").
 BF16_DECODE_ROWS_MAX_SEQS = 8
 
 
@@ -163,13 +164,14 @@ def resolve_quantized_activations(
 ) -> str:
     """The `quantized_activations` an engine loads its model with: `auto` is the model's own
     (`model_activations`), except for a bf16 engine of more than `BF16_DECODE_ROWS_MAX_SEQS`
-    seats on a CPU with AMX tiles where int16 would send its decode rows to the blocks (there
-    it is off). In float32 those rows are faster from the blocks at every size (twice a float32
-    FMA's multiply-adds per instruction)."""
+    seats whose large batches go through oneDNN on a CPU with AMX tiles, where int16 would send
+    its decode rows to the blocks (there it is off). In float32 those rows are faster from the
+    blocks at every size (twice a float32 FMA's multiply-adds per instruction)."""
     if asked != "auto":
         return asked
     wide = decode_rows_from_blocks(dtype, ACTIVATION_BITS["int16"])
-    if wide and eight_bit_tiles() and max_num_seqs > BF16_DECODE_ROWS_MAX_SEQS:
+    onednn = packed_linear.bf16_small_batch_rows() < packed_linear.EVERY_BATCH
+    if wide and onednn and eight_bit_tiles() and max_num_seqs > BF16_DECODE_ROWS_MAX_SEQS:
         return "off"
     return model_activations(path, dtype)
 
@@ -691,14 +693,14 @@ def load_model(
         assert blocks is not None
         embedding = blocks["model.embed_tokens.weight"]
     if can_pack(dtype, device):
-        small_rows = packed_linear.SMALL_BATCH_ROWS if kernels else 0
+        small_rows = packed_linear.bf16_small_batch_rows() if kernels else 0
         by_module = ModuleBlocks(model, blocks or {}, release, mixed=blocks_only)
         pack_linears(model, small_rows, by_module, bits)
         if blocks:
             blocks.clear()  # parts no linear took (with views of the file, its mapping)
         # Once per loaded model (engines may share it): decode batch sizes up to 64 that oneDNN
-        # serves (none where the bf16 kernel does); larger ones cost more to warm than their
-        # first use does.
+        # serves (none where inflight's kernels take every batch); larger ones cost more to
+        # warm than their first use does.
         warm_up(model, range(1, 65))
     if embedding is not None:
         model.embed_tokens = _block_embedding(model, embedding, dtype)

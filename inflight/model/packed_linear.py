@@ -4,11 +4,15 @@
 every call: at decode batch sizes that copy costs as much as the multiply (packing once nearly
 halves the linears' time at 1-4 tokens; docs/history/benchmark-rounds.md, "round 2").
 So each weight is packed once for oneDNN, bit-identical to `F.linear` in bfloat16 (same kernel,
-same accumulation). With inflight's CPU kernels, decode-sized bf16 batches (up to
-`SMALL_BATCH_ROWS` rows) go instead through `kernels/csrc/bf16_linear.cpp` over a second packing
-of the same weight: oneDNN's small-batch kernels read the weights well below the machine's
-bandwidth (about half of it at 1-16 rows).
-Larger batches (prefill) stay on oneDNN, which uses AMX where the CPU has it.
+same accumulation). With inflight's CPU kernels, a bf16 weight instead multiplies every batch
+through `kernels/csrc/bf16_linear.cpp` over a packing of its own, and keeps no oneDNN copy: that
+kernel sums each row over k in one order whatever the batch, where oneDNN picks its kernel and
+its split of k by the batch's size (a lone row, or any number past the small-batch kernel's
+limit, rounds otherwise), so a token's values would depend on what shares its step. It also
+reads a decode step's weights at the machine's bandwidth, where oneDNN's small-batch kernels
+read about half of it; prompts cost about 0.94x oneDNN's on Zen 4 (`mixed64`).
+`INFLIGHT_ONEDNN_BF16=1` trades the invariance back for oneDNN's speed on batches of more than
+64 rows (AMX tiles, on CPUs that have them): both packings, the kernel picked by the batch's size.
 
 float32 is packed too: its `F.linear` is MKL's sgemm, which on an AMD CPU without AVX-512 reads a
 skinny batch's weights at a small fraction of the memory's bandwidth, and packing doubled a
@@ -43,6 +47,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import time
 from collections import Counter
 from collections.abc import Iterable
@@ -67,16 +72,28 @@ class BlockSource(Protocol):
 
 # The batch size oneDNN is told to expect (its speed did not depend on it from 1 to 2048 rows).
 _BATCH_HINT = 64
-# Batches of at most this many rows use inflight's bf16 kernel when it is built: it is faster
-# than oneDNN up to a few hundred rows; oneDNN keeps
-# the prefill-sized ones, where AMX (on CPUs that have it) should be far ahead of AVX-512.
-SMALL_BATCH_ROWS = 64
+# A small-batch row limit that every batch is under.
+EVERY_BATCH = 2**31 - 1
+# Batches of at most this many rows use inflight's bf16 kernel where it is built: every batch
+# (see the module's docstring), unless `INFLIGHT_ONEDNN_BF16=1` sends those of more than
+# `ONEDNN_BF16_ABOVE_ROWS` to oneDNN.
+SMALL_BATCH_ROWS = EVERY_BATCH
+ONEDNN_BF16_ABOVE_ROWS = 64
+
+
+def bf16_small_batch_rows() -> int:
+    """The row limit of a bf16 weight's small-batch kernel here: `SMALL_BATCH_ROWS`, or
+    `ONEDNN_BF16_ABOVE_ROWS` with `INFLIGHT_ONEDNN_BF16=1` (faster prompts where oneDNN runs on
+    AMX tiles; a token's values then depend on its batch)."""
+    return ONEDNN_BF16_ABOVE_ROWS if os.environ.get("INFLIGHT_ONEDNN_BF16") == "1" else (
+        SMALL_BATCH_ROWS
+    )  # fmt: skip
+
+
 # Batches of at most this many rows multiply from GGUF blocks when a float32 weight has them: it
 # beats oneDNN's float32 up to 8 rows and loses at 16, where converting the quants (once per 8
 # rows) costs more than the bytes it saves.
 GGUF_SMALL_BATCH_ROWS = 8
-# A small-batch row limit that every batch is under.
-EVERY_BATCH = 2**31 - 1
 # Batches of at most this many rows go to `gguf_int_linear` with quantized activations, by bits
 # (a float32 weight's, over the 8-column layout; a bf16 engine's 16-column one serves its
 # decode rows instead, see above). Every batch: then the weight is kept as its blocks alone, no
@@ -210,13 +227,22 @@ class PackedLinear(nn.Module):
         if linear.weight is None and not self.blocks_only:
             raise ValueError("a linear without its float weight needs GGUF blocks that take "
                              "every batch")  # fmt: skip
-        if self.blocks_only:
+        ext = load_extension()
+        # inflight's bf16 kernel (it reads k in pairs); taking every batch, it needs no oneDNN copy
+        bf16_kernel = (small_batch_rows > 0 and dtype == torch.bfloat16
+                       and self.in_features % 2 == 0 and ext.bf16_linear_available())  # fmt: skip
+        # whether `weight` is oneDNN's packing (else its shape alone, on the meta device)
+        self.dense_copy = not (
+            self.blocks_only or (bf16_kernel and small_batch_rows >= EVERY_BATCH)
+        )
+        dense = None if linear.weight is None else linear.weight.detach()
+        if self.dense_copy:
+            self.register_buffer(
+                "weight", torch.ops.mkldnn._reorder_linear_weight(dense, _BATCH_HINT)
+            )
+        else:
             weight = torch.empty(self.out_features, self.in_features, dtype=dtype, device="meta")
             self.register_buffer("weight", weight)
-        else:
-            weight = linear.weight.detach()
-            packed = torch.ops.mkldnn._reorder_linear_weight(weight, _BATCH_HINT)
-            self.register_buffer("weight", packed)
         bias = None if linear.bias is None else linear.bias.detach()
         self.register_buffer("bias", bias)
         self.small_batch_rows = 0
@@ -226,10 +252,9 @@ class PackedLinear(nn.Module):
         self.register_buffer("decode_weight", None)
         if small_batch_rows <= 0:
             return
-        ext = load_extension()
         if usable and decode_rows_from_blocks(dtype, activation_bits):
             self.decode_weight = regroup_blocks(parts[0], 16)
-        if usable and weight.dtype == torch.float32:
+        if usable and dtype == torch.float32:
             if activation_bits and self.decode_weight is None:
                 self.small_weight = _regrouped(parts)
                 self.small_batch_rows = GGUF_INT_SMALL_BATCH_ROWS[activation_bits]
@@ -241,11 +266,8 @@ class PackedLinear(nn.Module):
                 self.small_weight = parts[0]
                 self.small_batch_rows = GGUF_SMALL_BATCH_ROWS
                 self.small_kernel, self._small_linear = "gguf", ext.gguf_linear
-        # inflight's bf16 kernel reads k in pairs
-        elif weight.dtype == torch.bfloat16 and self.in_features % 2 == 0 and (
-            ext.bf16_linear_available()
-        ):  # fmt: skip
-            self.small_weight = ext.pack_bf16_linear(weight)
+        elif bf16_kernel:
+            self.small_weight = ext.pack_bf16_linear(dense)
             self.small_batch_rows = small_batch_rows
             self.small_kernel, self._small_linear = "bf16", ext.bf16_linear
 
@@ -271,7 +293,11 @@ class PackedLinear(nn.Module):
         return ext.gguf_int_linear(x, self.decode_weight, self.bias, self.out_features, 16)
 
     def _dense(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dim() == 2 and (0 < x.shape[0] <= self.small_batch_rows or self.blocks_only):
+        if not self.dense_copy:  # the small-batch kernel takes every batch, of any shape
+            rows = x.reshape(-1, self.in_features)
+            out = self._small_linear(rows, self.small_weight, self.bias, self.out_features)
+            return out.view(*x.shape[:-1], self.out_features)
+        if x.dim() == 2 and 0 < x.shape[0] <= self.small_batch_rows:
             return self._small_linear(x, self.small_weight, self.bias, self.out_features)
         return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
 
@@ -279,6 +305,8 @@ class PackedLinear(nn.Module):
         small = ""
         if self.blocks_only:
             small = f", every batch through its GGUF blocks ({self.small_kernel}), no float copy"
+        elif not self.dense_copy:
+            small = f", every batch through the {self.small_kernel} kernel, no oneDNN copy"
         elif self.small_kernel:
             small = f", {self.small_kernel} kernel up to {self.small_batch_rows} rows"
         if self.decode_weight is not None:
@@ -321,7 +349,7 @@ def pack_linears(
         packed.append(PackedLinear(linear, small_batch_rows, blocks, activation_bits))
         setattr(parent, leaf, packed[-1])
     kernels = Counter(
-        f"{m.small_kernel} kernel (every batch, no float copy)" if m.blocks_only
+        f"{m.small_kernel} kernel (every batch, no oneDNN copy)" if not m.dense_copy
         else f"{m.small_kernel} kernel (<= {m.small_batch_rows} rows)"
         for m in packed if m.small_kernel
     )  # fmt: skip

@@ -49,6 +49,47 @@ def test_greedy_values_do_not_depend_on_the_batch_or_on_preemption(alone, loaded
     assert not moved, f"requests {moved} changed with the batch"
 
 
+@pytest.fixture(scope="module")
+def loaded_default(default_model):
+    """The default model as a default engine here loads it, where that is not float32 (a bf16
+    engine on a CPU with AVX-512 BF16: decode rows through the blocks, prompt rows through
+    inflight's bf16 kernel); float32 engines are the tests above."""
+    import torch
+
+    from inflight.model.loader import (
+        load_model,
+        resolve_engine_dtype,
+        resolve_quantized_activations,
+    )
+
+    dtype = resolve_engine_dtype("auto", torch.device("cpu"), default_model)
+    if dtype == torch.float32:
+        pytest.skip("the default engine computes in float32 here: the tests above are its own")
+    bits = resolve_quantized_activations("auto", dtype, 64, default_model)
+    return load_model(default_model, dtype, torch.device("cpu"), 16, quantized_activations=bits)
+
+
+def test_the_default_engine_does_not_depend_on_the_batch_or_on_preemption(
+    smollm_prompts, loaded_default
+):
+    """The same for the engine `inflight serve` runs where it is not float32: 16 requests alone,
+    then all at once, then in a pool that preempts them (one-token prompts among them, whose
+    lone row oneDNN would sum in another order)."""
+    prompts = smollm_prompts[:16]
+    assert min(len(p) for p in prompts) == 1
+    knobs = {"dtype": str(loaded_default.dtype).removeprefix("torch."),
+             "loaded_model": loaded_default,
+             "quantized_activations": loaded_default.quantized_activations}  # fmt: skip
+    want = greedy(LLM(**knobs, max_num_seqs=1), prompts)
+    for setting in ("all_at_once", "preempted"):
+        llm = LLM(**knobs, **{**SETTINGS[setting], "num_kv_blocks": 20} if setting == "preempted"
+                  else SETTINGS[setting])  # fmt: skip
+        got = greedy(llm, prompts)
+        assert (llm.core.scheduler.num_preemptions > 0) == (setting == "preempted")
+        moved = [i for i, (g, w) in enumerate(zip(got, want, strict=True)) if g != w]
+        assert not moved, f"{setting}: requests {moved} changed with the batch"
+
+
 def test_8_bit_activations_do_not_depend_on_the_batch_or_on_preemption(smollm_prompts,
                                                                        loaded_float32):  # fmt: skip
     """The same with x rounded to 8 bits, `auto`'s kind for a Q4_K_M file: 16

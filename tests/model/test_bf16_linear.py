@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from inflight.kernels import load_extension
+from inflight.model import packed_linear
 from inflight.model.packed_linear import PackedLinear, can_pack
 
 ext = load_extension()
@@ -110,3 +111,31 @@ def test_packed_linear_keeps_onednn_for_odd_widths():
     assert packed.small_batch_rows == 0 and packed.small_weight is None
     x = torch.randn(3, 575, dtype=torch.bfloat16)
     assert torch.equal(packed(x), F.linear(x, linear.weight, linear.bias))
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_packed_linear_takes_every_batch_through_the_kernel_by_default(bias, monkeypatch):
+    """The loader's default: every batch through the kernel, so a row rounds the same alone as
+    in any batch (oneDNN splits a lone row's sum otherwise), and no oneDNN copy is kept;
+    `INFLIGHT_ONEDNN_BF16=1` sends batches past 64 rows to oneDNN, with both packings."""
+    monkeypatch.delenv("INFLIGHT_ONEDNN_BF16", raising=False)
+    assert packed_linear.bf16_small_batch_rows() == packed_linear.EVERY_BATCH
+    torch.manual_seed(4)
+    linear = nn.Linear(1536, 576, bias=bias).to(torch.bfloat16)
+    packed = PackedLinear(linear, packed_linear.bf16_small_batch_rows())
+    assert not packed.dense_copy and packed.weight.is_meta and packed.small_kernel == "bf16"
+    x = torch.randn(300, 1536, dtype=torch.bfloat16)
+    alone = torch.cat([packed(x[r : r + 1]) for r in range(300)])
+    for rows in (2, 65, 300):
+        assert torch.equal(packed(x[:rows]), alone[:rows])
+    assert torch.equal(packed(x[:6].view(2, 3, 1536)), alone[:6].view(2, 3, 576))
+    assert packed(x[:0]).shape == (0, 576)
+    assert_within_one_bf16_step(alone, x, linear.weight, linear.bias)
+
+    monkeypatch.setenv("INFLIGHT_ONEDNN_BF16", "1")
+    limit = packed_linear.bf16_small_batch_rows()
+    assert limit == packed_linear.ONEDNN_BF16_ABOVE_ROWS
+    both = PackedLinear(linear, limit)
+    assert both.dense_copy and both.small_weight is not None
+    assert torch.equal(both(x[:limit]), alone[:limit])
+    assert torch.equal(both(x), F.linear(x, linear.weight, linear.bias))  # oneDNN's
