@@ -36,11 +36,12 @@ on 32-byte registers fuse each multiply with its add).
 In a bf16 engine, where 16-bit x has the 16-column layout (AVX-512 VNNI: `vpdpwssd` on
 64-byte registers), a weight with blocks keeps that regrouping as its `decode_weight`: the
 step's decode rows, however many, multiply from the blocks, and its prompt rows through bf16
-(oneDNN, AMX where present). A decode step reads the blocks (about a quarter of bf16's
-bytes): faster than bf16 at a few rows, level at about 8-24 and slower beyond (so `auto` keeps
-bf16 engines of many seats off it: model/loader.py); prompts, compute-bound, stay where they
-are faster and exact. And because which path a row takes depends on what the row is, not on its
-batch, a draft verified beside others rounds exactly as the token decoded alone would.
+(the bf16 kernel, or oneDNN as above). A decode step reads the blocks (about a quarter of bf16's
+bytes): faster than bf16 at a few rows and level from about 8 to 64 (where oneDNN takes bf16's
+large batches on AMX tiles, `auto` keeps bf16 engines of many seats off it: model/loader.py);
+prompts, compute-bound, stay in bf16, exact. And because which path a row takes depends on
+what the row is, not on its batch, a draft verified beside others rounds exactly as the token
+decoded alone would.
 """
 
 from __future__ import annotations
