@@ -155,3 +155,20 @@ def test_seeded_samples_do_not_depend_on_the_batch_a_twin_preemption_or_speculat
         assert stats.accepted > 0 and stats.drafted > stats.accepted  # drafts kept and replaced
     moved = [i for i, (g, w) in enumerate(zip(got, want, strict=True)) if g != w]
     assert not moved, f"requests {moved} changed with their company"
+
+
+def test_the_default_engine_samples_alike_beside_twins_and_drafts(smollm_prompts, loaded_default):
+    """Seeded sampling in the default engine where it is not float32: 16 seeded requests alone,
+    then twice each at once with n-gram drafts verified on their rows (the drafts' rows go
+    through the blocks as decodes, the prompts' through the bf16 kernel)."""
+    prompts = smollm_prompts[:16]
+    knobs = {"dtype": str(loaded_default.dtype).removeprefix("torch."),
+             "loaded_model": loaded_default,
+             "quantized_activations": loaded_default.quantized_activations}  # fmt: skip
+    alone = seeded(LLM(**knobs, max_num_seqs=1), prompts, None)
+    llm = LLM(**knobs, num_speculative_tokens=3)
+    got = seeded(llm, prompts + prompts, None)
+    stats = llm.core.scheduler.speculation.stats
+    assert stats.accepted > 0 and stats.drafted > stats.accepted
+    moved = [i for i, (g, w) in enumerate(zip(got, alone + alone, strict=True)) if g != w]
+    assert not moved, f"requests {moved} changed with their company"
