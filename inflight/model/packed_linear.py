@@ -300,6 +300,14 @@ class PackedLinear(nn.Module):
             return out.view(*x.shape[:-1], self.out_features)
         if x.dim() == 2 and 0 < x.shape[0] <= self.small_batch_rows:
             return self._small_linear(x, self.small_weight, self.bias, self.out_features)
+        if x.dim() == 2 and x.shape[0] == 1:
+            # oneDNN splits a lone row's sum over k between threads, which rounds otherwise
+            # than any batch of 2 or more rows (those agree with each other): a lone row goes
+            # as two, at no cost where that one row reads the weights anyway
+            return self._onednn(x.expand(2, -1).contiguous())[:1]
+        return self._onednn(x)
+
+    def _onednn(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
 
     def extra_repr(self) -> str:

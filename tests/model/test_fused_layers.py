@@ -173,3 +173,52 @@ def test_bad_inputs_are_refused_before_any_write(tiny_llama):
     assert bool((values[0, :, 0] == 7.0).all())
     with pytest.raises(RuntimeError, match="caches must be contiguous"):
         run(k_caches=[k.to(torch.bfloat16) for k, _ in caches])
+
+
+@pytest.fixture(scope="module")
+def smol_shaped(tmp_path_factory, tokenizer_dir):
+    """Two layers of SmolLM2-135M's widths (576, a 1,536-wide MLP), random weights: wide enough
+    that kernels which sum in other orders give other bits (the tiny models' 64 are not)."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    folder = tmp_path_factory.mktemp("smol-shaped")
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    tokenizer.save_pretrained(folder)
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=576, intermediate_size=1536,
+                         num_hidden_layers=2, num_attention_heads=9, num_key_value_heads=3,
+                         max_position_embeddings=512, rms_norm_eps=1e-5, bos_token_id=1,
+                         eos_token_id=2, pad_token_id=0)  # fmt: skip
+    LlamaForCausalLM(config).save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize(("dtype", "source"), [("bfloat16", "hf"), ("bfloat16", "q4_1"),
+                                               ("float32", "hf")])  # fmt: skip
+def test_a_token_rounds_alike_in_any_batch(tmp_path, smol_shaped, dtype, source):
+    """An engine's log-probabilities, bit for bit, alone and in company: all at once, and in a
+    pool that preempts and recomputes, prompts chunked beside decodes (one-token prompts, whose
+    lone row oneDNN sums another way than a batch's, and prompts past 64 rows). bf16 weights
+    take every row through inflight's bf16 kernel, a Q4_1 file's decode rows go through its
+    blocks where AVX-512 VNNI has their layout, and float32 weights without blocks go through
+    oneDNN, a lone row as two."""
+    bf16 = dtype == "bfloat16"
+    if bf16 and not (load_extension().bf16_linear_available()
+                     and can_pack(torch.bfloat16, torch.device("cpu"))):  # fmt: skip
+        pytest.skip("no AVX-512 BF16: no bf16 kernel of inflight's")
+    path = smol_shaped
+    if source == "q4_1":
+        path = write_tiny_gguf(smol_shaped, tmp_path / "smol.gguf", GGMLQuantizationType.Q4_1)
+    prompts = random_prompts(400, lengths=[1, 3, 90, 17, 130, 1, 40, 70])
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=0)
+    knobs = {"dtype": dtype, "attention_backend": "cpu", "device": "cpu"}
+
+    def run(llm: LLM) -> list[tuple[list[int], list[float]]]:
+        outs = [o.outputs[0] for o in llm.generate(prompts, params, use_tqdm=False)]
+        return [(o.token_ids, [lp.logprob for lp in o.logprobs]) for o in outs]
+
+    want = run(LLM(str(path), **knobs, max_num_seqs=1))
+    assert run(LLM(str(path), **knobs)) == want
+    llm = LLM(str(path), **knobs, num_kv_blocks=15, max_num_batched_tokens=96)
+    assert run(llm) == want
+    assert llm.core.scheduler.num_preemptions > 0

@@ -71,8 +71,12 @@ at::Tensor dense_linear(const at::Tensor& x, const Linear& l, const LinearChoice
                        .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const OptTensor&,
                                          std::string_view, c10::List<std::optional<at::Scalar>>,
                                          std::optional<std::string_view>)>();
-  return op.call(x, l.weight, l.bias, "none", c10::List<std::optional<at::Scalar>>(),
-                 std::string_view(""));
+  // a lone row as two: oneDNN splits a lone row's sum over k between threads, which rounds
+  // otherwise than any batch of 2 or more rows (PackedLinear._dense does the same)
+  const bool lone = x.size(0) == 1;
+  auto y = op.call(lone ? x.expand({2, x.size(1)}).contiguous() : x, l.weight, l.bias, "none",
+                   c10::List<std::optional<at::Scalar>>(), std::string_view(""));
+  return lone ? y.narrow(0, 0, 1) : y;
 }
 
 // dense_linear into y (rows of a larger output): inflight's bf16 kernel writes there itself
