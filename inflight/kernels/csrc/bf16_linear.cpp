@@ -30,7 +30,7 @@ constexpr int64_t kBlockCols = 16 * kVecsPerBlock;    // columns per packed bloc
 constexpr int64_t kPairStride = kBlockCols * 2;       // bf16 values per k pair of a block
 constexpr int kMaxRows = 12;                          // 12 x 2 accumulators: 24 of 32 registers
 constexpr int64_t kChunkPairs = 128;                  // 16 KB of a block, reused from L1 per tile
-constexpr int64_t kPanelRows = 96;                    // rows per pass (bounds the scratch)
+constexpr int64_t kPanelRows = 384;  // rows per pass: each pass streams the weight once
 constexpr int64_t kPrefetchPairs = 16;                // 2 KB ahead of a one-tile stream
 
 // What a tile does after its last chunk: add the bias, round, store (masking columns past N).
