@@ -32,8 +32,8 @@ def assert_within_one_bf16_step(got: torch.Tensor, x, weight, bias=None) -> None
 
 
 # (out_features, in_features): SmolLM2's projections and head, widths that leave partial
-# column vectors and blocks, and a K long enough for several chunks
-SHAPES = [(960, 576), (100, 576), (8, 64), (49, 130), (576, 1536)]
+# column vectors and blocks, a K long enough for several chunks, and rows 2 KB apart
+SHAPES = [(960, 576), (100, 576), (8, 64), (49, 130), (576, 1536), (40, 1024)]
 ROWS = [1, 5, 12, 13, 64, 97, 400]  # one tile, full and partial tiles, past one panel of 384
 
 
@@ -49,16 +49,18 @@ def test_kernel_rounds_the_exact_product_once(n, k, rows):
     assert_within_one_bf16_step(ext.bf16_linear(x, packed, bias, n), x, weight, bias)
 
 
-def test_rows_do_not_depend_on_their_batch():
-    """Each row alone gives the bits it gets in any batch (tiles and panels change, sums do not)."""
+@pytest.mark.parametrize(("n", "k"), [(960, 576), (96, 1024)])
+def test_rows_do_not_depend_on_their_batch(n, k):
+    """Each row alone gives the bits it gets in any batch (tiles and panels change, sums do not;
+    a 1,024-wide x of many rows is read from a copy with its rows further apart)."""
     torch.manual_seed(0)
-    weight = torch.randn(960, 576, dtype=torch.bfloat16)
+    weight = torch.randn(n, k, dtype=torch.bfloat16)
     packed = ext.pack_bf16_linear(weight)
-    x = torch.randn(420, 576, dtype=torch.bfloat16)
-    batched = ext.bf16_linear(x, packed, None, 960)
+    x = torch.randn(420, k, dtype=torch.bfloat16)
+    batched = ext.bf16_linear(x, packed, None, n)
     for r in (0, 11, 12, 95, 383, 384, 419):
-        assert torch.equal(ext.bf16_linear(x[r : r + 1], packed, None, 960)[0], batched[r])
-        assert torch.equal(ext.bf16_linear(x[r : r + 7], packed, None, 960)[0], batched[r])
+        assert torch.equal(ext.bf16_linear(x[r : r + 1], packed, None, n)[0], batched[r])
+        assert torch.equal(ext.bf16_linear(x[r : r + 7], packed, None, n)[0], batched[r])
 
 
 def test_strided_and_empty_inputs():

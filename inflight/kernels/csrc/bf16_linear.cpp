@@ -142,7 +142,14 @@ void bf16_linear_into(const at::Tensor& x_in, const at::Tensor& packed,
                   y.scalar_type() == at::kBFloat16 && y.is_contiguous(),
               "y: [rows, out_features] bfloat16, contiguous");
   if (M == 0) return;
-  const auto* xp = reinterpret_cast<const uint16_t*>(x.data_ptr());
+  // A tile reads its rows at one offset each step: rows whose stride is a multiple of 2 KB fall
+  // into a few L1 sets and evict each other, so such an x is read from a copy whose rows are
+  // 64 bytes further apart (a copy is a small part of a call that tiles many rows).
+  const bool pad = M > kMaxRows && (K * 2) % 2048 == 0;
+  const int64_t ldx = pad ? K + 32 : K;
+  const at::Tensor xs = pad ? at::cpu::empty({M, ldx}, x.options()) : x;
+  if (pad) xs.narrow(1, 0, K).copy_(x);
+  const auto* xp = reinterpret_cast<const uint16_t*>(xs.data_ptr());
   const auto* wp = reinterpret_cast<const uint16_t*>(packed.data_ptr());
   auto* yp = reinterpret_cast<uint16_t*>(y.data_ptr());
   const float* bp = bias_f32.defined() ? bias_f32.data_ptr<float>() : nullptr;
@@ -169,7 +176,7 @@ void bf16_linear_into(const at::Tensor& x_in, const at::Tensor& packed,
                                 last_lanes};
             // the first tile of a chunk brings the next chunk in; the others find it in L1
             const int64_t prefetch = one_tile ? kPrefetchPairs : (r0 == 0 ? chunk : 0);
-            kTiles[nv - 1][rows - 1](xp + (m0 + r0) * K + 2 * p0, K,
+            kTiles[nv - 1][rows - 1](xp + (m0 + r0) * ldx + 2 * p0, ldx,
                                      block_w + p0 * kPairStride, np,
                                      scratch.data() + r0 * kBlockCols, p0 == 0,
                                      p0 + np == pairs ? &done : nullptr, prefetch);
