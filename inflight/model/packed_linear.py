@@ -10,7 +10,7 @@ kernel sums each row over k in one order whatever the batch, where oneDNN picks 
 its split of k by the batch's size (a lone row, or any number past the small-batch kernel's
 limit, rounds otherwise), so a token's values would depend on what shares its step. It also
 reads a decode step's weights at the machine's bandwidth, where oneDNN's small-batch kernels
-read about half of it; prompts cost about 0.94x oneDNN's on Zen 4 (`mixed64`).
+read about half of it; its prompts run at about 0.9x oneDNN's rate on Zen 4 (`mixed64` too).
 `INFLIGHT_ONEDNN_BF16=1` trades the invariance back for oneDNN's speed on batches of more than
 64 rows (AMX tiles, on CPUs that have them): both packings, the kernel picked by the batch's size.
 
