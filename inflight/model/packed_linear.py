@@ -86,9 +86,9 @@ def bf16_small_batch_rows() -> int:
     """The row limit of a bf16 weight's small-batch kernel here: `SMALL_BATCH_ROWS`, or
     `ONEDNN_BF16_ABOVE_ROWS` with `INFLIGHT_ONEDNN_BF16=1` (faster prompts where oneDNN runs on
     AMX tiles; a token's values then depend on its batch)."""
-    return ONEDNN_BF16_ABOVE_ROWS if os.environ.get("INFLIGHT_ONEDNN_BF16") == "1" else (
-        SMALL_BATCH_ROWS
-    )  # fmt: skip
+    if os.environ.get("INFLIGHT_ONEDNN_BF16") == "1":
+        return ONEDNN_BF16_ABOVE_ROWS
+    return SMALL_BATCH_ROWS
 
 
 # Batches of at most this many rows multiply from GGUF blocks when a float32 weight has them: it
