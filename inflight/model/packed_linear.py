@@ -42,6 +42,9 @@ large batches on AMX tiles, `auto` keeps bf16 engines of many seats off it: mode
 prompts, compute-bound, stay in bf16, exact. And because which path a row takes depends on
 what the row is, not on its batch, a draft verified beside others rounds exactly as the token
 decoded alone would.
+
+The packings inflight's kernels stream (block layouts, the bf16 packing) are copied onto
+transparent huge pages where the OS offers them (`inflight/huge_pages.py` says why).
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ from typing import Protocol, TypeAlias
 import torch
 from torch import nn
 
+from inflight.huge_pages import on_huge_pages
 from inflight.kernels import load_extension
 from inflight.model.gguf_blocks import BY_NAME, FORMATS, format_of, mixed_packing, regroup_blocks
 
@@ -254,10 +258,10 @@ class PackedLinear(nn.Module):
         if small_batch_rows <= 0:
             return
         if usable and decode_rows_from_blocks(dtype, activation_bits):
-            self.decode_weight = regroup_blocks(parts[0], 16)
+            self.decode_weight = on_huge_pages(regroup_blocks(parts[0], 16))
         if usable and dtype == torch.float32:
             if activation_bits and self.decode_weight is None:
-                self.small_weight = _regrouped(parts)
+                self.small_weight = on_huge_pages(_regrouped(parts))
                 self.small_batch_rows = GGUF_INT_SMALL_BATCH_ROWS[activation_bits]
                 self.small_kernel = f"gguf-int{activation_bits}"
                 self.activation_bits = activation_bits
@@ -268,7 +272,7 @@ class PackedLinear(nn.Module):
                 self.small_batch_rows = GGUF_SMALL_BATCH_ROWS
                 self.small_kernel, self._small_linear = "gguf", ext.gguf_linear
         elif bf16_kernel:
-            self.small_weight = ext.pack_bf16_linear(dense)
+            self.small_weight = on_huge_pages(ext.pack_bf16_linear(dense))
             self.small_batch_rows = small_batch_rows
             self.small_kernel, self._small_linear = "bf16", ext.bf16_linear
 

@@ -15,8 +15,8 @@ from inflight.attention import AttentionBackend
 from inflight.attention.backend import SCALE_BYTES, is_scaled
 from inflight.core.kv_groups import KVLayout
 from inflight.errors import ConfigError
+from inflight.huge_pages import zeros_on_huge_pages
 from inflight.model.arch import LlamaArchConfig
-from inflight.runner.huge_pages import zeros_on_huge_pages
 
 # `kv_cache_dtype` names: bf16 halves a float32 engine's cache, the 8-bit ones (a float32 scale
 # per position and head beside each row of keys or values) quarter it

@@ -1,0 +1,78 @@
+"""Host tensors backed by transparent huge pages: the KV cache and the weights kernels stream.
+
+Paged attention reads each (block, head) run of 2 KB from wherever the block table points in a
+pool of gigabytes. On 4 KB pages almost every run is a TLB miss and a page walk; on 2 MB pages
+a run's translation is usually cached (decode attention over scattered blocks is measurably
+faster). A decode step streams every weight once, front to back: on 4 KB pages that is a page
+walk every 4 KB, which in a VM (two-level translation) holds a 2-core streaming read below what
+the memory gives (docs/benchmarks.md, "Weights on huge pages"). Linux hands out huge pages to a
+range marked `MADV_HUGEPAGE` when `/sys/kernel/mm/transparent_hugepage/enabled` is `always` or
+`madvise` (the common default); the mark must come before the first touch, so the tensor gets a
+fresh mapping. Only the whole 2 MB pages inside a tensor are marked: its tail stays on 4 KB
+pages, so a huge page never holds memory past the tensor's end.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import logging
+import math
+import mmap
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+HUGE_PAGE = 2 << 20
+_THP_MODE = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+
+
+@functools.cache
+def huge_pages_offered() -> bool:
+    """Whether this OS gives huge pages to ranges that ask for them."""
+    try:
+        mode = _THP_MODE.read_text()
+    except OSError:
+        return False
+    return hasattr(mmap, "MADV_HUGEPAGE") and ("[always]" in mode or "[madvise]" in mode)
+
+
+def empty_on_huge_pages(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A CPU tensor of `shape` in a fresh anonymous mapping (zero-filled, nothing faulted in
+    yet) whose whole 2 MB pages are marked for huge pages before anything touches them: the
+    allocator's heap could hand back memory already faulted in 4 KB pages. Where the OS offers
+    no huge pages, or refuses, the pages are ordinary ones; never an error."""
+    numel = math.prod(shape)
+    if not huge_pages_offered() or numel == 0:
+        return torch.zeros(shape, dtype=dtype)
+    nbytes = numel * dtype.itemsize
+    # private and anonymous: zero-filled, nothing faulted in yet (shared memory has no THP)
+    buf = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    view = ctypes.c_char.from_buffer(buf)
+    offset = -ctypes.addressof(view) % HUGE_PAGE  # the tensor starts on a 2 MB boundary
+    del view  # the export would pin the mapping; the tensor below keeps it alive instead
+    whole = nbytes // HUGE_PAGE * HUGE_PAGE
+    if whole:
+        try:
+            buf.madvise(mmap.MADV_HUGEPAGE, offset, whole)
+        except OSError as e:
+            logger.debug("madvise(MADV_HUGEPAGE) refused: %s", e)
+    # the tensor holds a reference to `buf`
+    return torch.frombuffer(buf, dtype=dtype, count=numel, offset=offset).view(shape)
+
+
+def zeros_on_huge_pages(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """`torch.zeros(shape, dtype)` on the CPU, on huge pages where offered
+    (`empty_on_huge_pages`), touched now so that start-up pays the page faults."""
+    return empty_on_huge_pages(shape, dtype).zero_()
+
+
+def on_huge_pages(t: torch.Tensor) -> torch.Tensor:
+    """A CPU tensor of at least one huge page's bytes, copied (contiguous) onto huge pages
+    where offered; anything else as it is."""
+    if t.device.type != "cpu" or t.nbytes < HUGE_PAGE or not huge_pages_offered():
+        return t
+    moved = empty_on_huge_pages(tuple(t.shape), t.dtype)
+    return moved.copy_(t)

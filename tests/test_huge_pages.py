@@ -1,0 +1,73 @@
+"""Host tensors on transparent huge pages: zeros like torch.zeros, copies equal to their
+source, huge pages where offered, for the KV cache and for the weights the kernels stream."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from inflight.huge_pages import HUGE_PAGE, huge_pages_offered, on_huge_pages, zeros_on_huge_pages
+from inflight.kernels import load_extension
+from inflight.model.gguf_blocks import regroup_blocks
+from inflight.model.packed_linear import PackedLinear, can_pack
+
+
+def anon_huge_kb(address: int) -> int:
+    """AnonHugePages of the mapping holding `address`, from /proc/self/smaps."""
+    inside = False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()[0]
+        if "-" in head and not head.endswith(":"):
+            lo, hi = (int(x, 16) for x in head.split("-"))
+            inside = lo <= address < hi
+        elif inside and head == "AnonHugePages:":
+            return int(line.split()[1])
+    return 0
+
+
+def test_zeros_on_huge_pages_is_zeros():
+    t = zeros_on_huge_pages((3, 5, 7), torch.bfloat16)
+    assert t.shape == (3, 5, 7) and t.dtype == torch.bfloat16 and not t.any()
+    t[1, 2, 3] = 4.0
+    assert t.sum().item() == 4.0
+    view = t[1]
+    del t  # the memory lives as long as any view of it
+    assert view.sum().item() == 4.0
+
+
+@pytest.mark.skipif(not huge_pages_offered(), reason="no transparent huge pages here")
+def test_a_large_cache_tensor_gets_huge_pages():
+    t = zeros_on_huge_pages((64 << 20,), torch.uint8)  # 64 MB: ~31 whole 2 MB pages inside
+    assert anon_huge_kb(t.data_ptr() + (32 << 20)) >= 2048
+
+
+@pytest.mark.skipif(not huge_pages_offered(), reason="no transparent huge pages here")
+def test_only_whole_huge_pages_inside_a_tensor_are_marked():
+    t = on_huge_pages(torch.arange(HUGE_PAGE + 1000, dtype=torch.uint8))
+    assert torch.equal(t, torch.arange(HUGE_PAGE + 1000, dtype=torch.uint8))
+    assert t.data_ptr() % HUGE_PAGE == 0
+    assert anon_huge_kb(t.data_ptr()) == 2048  # the one whole page; the tail is not rounded up
+    small = torch.ones(1000)
+    assert on_huge_pages(small) is small  # less than a huge page: left where it is
+
+
+def test_a_packed_linear_streams_its_blocks_from_huge_pages():
+    ext = load_extension()
+    if not (ext.gguf_int_linear_available() and can_pack(torch.float32, torch.device("cpu"))):
+        pytest.skip("no AVX2, FMA and F16C on this CPU")
+    n, k = 2048, 2048  # Q4_0: 2.25 MiB of blocks
+    blocks = torch.randint(0, 256, (n, k // 32, 18), dtype=torch.uint8)
+    scales = (torch.rand(n, k // 32) * 0.01).half().view(torch.uint8).view(n, k // 32, 2)
+    blocks[..., :2] = scales
+    linear = nn.Linear(k, n, bias=False)
+    linear.weight = None  # as the loader leaves it: the blocks take every batch
+    packed = PackedLinear(linear, small_batch_rows=64, gguf_blocks=blocks, activation_bits=8)
+    x = torch.randn(3, k)
+    with torch.inference_mode():
+        want = ext.gguf_int_linear(x, regroup_blocks(blocks), None, n, 8)
+        assert torch.equal(packed(x), want)
+    if huge_pages_offered():
+        assert anon_huge_kb(packed.small_weight.data_ptr()) >= 2048
