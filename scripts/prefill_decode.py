@@ -1,11 +1,14 @@
-"""Prefill and decode speed of one request at a time on a GGUF file: inflight (offline engine,
-each `--quantized-activations` mode asked for) and `llama-server` (one slot, every core), in
-alternating rounds on the same machine. Prefill: tokens per second of a 512-token prompt (one
-output token); decode: ms per token over 48 tokens after an 8-token prompt. Prompts are random
-token ids, different in every run (no cache can serve them).
+"""Prefill and decode speed of one request at a time on a GGUF file: inflight (an offline engine
+per `--quantized-activations` mode asked for, each in a process of its own) and `llama-server`
+(one slot, every core). Every runner loads once and stays up, idle while another runs; each
+round runs each of them once, in alternating order, so that a ratio taken within a round
+compares runs seconds apart (on a shared VM, whose speed drifts by tens of percent within a
+minute, separate sittings per runner compare moments, not programs). Prefill: tokens per second
+of a 512-token prompt (one output token); decode: ms per token over 48 tokens after an 8-token
+prompt. Prompts are random token ids, different in every round (no cache can serve them).
 
     .venv/bin/python scripts/prefill_decode.py /tmp/llama3b-q4_k_m.gguf --llama-server BIN \\
-        --modes int16,int8 --rounds 2 --out results/prefill_decode.json
+        --modes int16,int8 --rounds 8 --out results/prefill_decode.json
 """
 
 from __future__ import annotations
@@ -14,14 +17,16 @@ import argparse
 import json
 import multiprocessing
 import random
+import statistics
 import subprocess
 import sys
 import time
 import urllib.request
-from concurrent.futures import ProcessPoolExecutor
+from multiprocessing.connection import Connection
 from pathlib import Path
 
 PROMPT, DECODE = 512, 48
+PEER = "llama-server"
 
 
 def prompts(seed: int) -> tuple[list[int], list[int]]:
@@ -30,13 +35,12 @@ def prompts(seed: int) -> tuple[list[int], list[int]]:
     return long, [rng.randrange(100, 30000) for _ in range(8)]
 
 
-def inflight_run(model: str, mode: str, seed: int) -> dict:
-    """One engine per round, so each round pays the same start-up."""
+def inflight_worker(model: str, mode: str, conn: Connection) -> None:
+    """Loads one engine, then answers each seed sent with that round's timings."""
     from inflight import LLM, SamplingParams
 
     llm = LLM(model, dtype="float32", kv_cache_memory_bytes=512 << 20,
               enable_prefix_caching=False, quantized_activations=mode)  # fmt: skip
-    long, short = prompts(seed)
 
     def timed(tokens: list[int], n: int) -> float:
         params = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
@@ -44,41 +48,88 @@ def inflight_run(model: str, mode: str, seed: int) -> dict:
         llm.generate([tokens], params, use_tqdm=False)
         return time.perf_counter() - start
 
-    prefill = timed(long, 1)
-    first, whole = timed(short, 1), timed(short, DECODE + 1)
-    return {"prefill_tok_s": PROMPT / prefill, "decode_ms": (whole - first) / DECODE * 1e3}
+    timed([1, 2, 3], 2)
+    conn.send("ready")
+    while (seed := conn.recv()) is not None:
+        long, short = prompts(seed)
+        prefill = timed(long, 1)
+        first, whole = timed(short, 1), timed(short, DECODE + 1)
+        conn.send({"prefill_tok_s": PROMPT / prefill, "decode_ms": (whole - first) / DECODE * 1e3})
 
 
-def llama_server_run(binary: str, model: str, seed: int, port: int = 8099) -> dict:
-    server = subprocess.Popen([binary, "-m", model, "-c", "4096", "-np", "1", "--port", str(port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-    base = f"http://127.0.0.1:{port}"
-    try:
+class InflightRunner:
+    def __init__(self, model: str, mode: str) -> None:
+        self.conn, child = multiprocessing.get_context("spawn").Pipe()
+        self.process = multiprocessing.get_context("spawn").Process(
+            target=inflight_worker, args=(model, mode, child), daemon=True
+        )
+        self.process.start()
+        if self.conn.recv() != "ready":
+            raise RuntimeError(f"inflight {mode} did not start")
+
+    def run(self, seed: int) -> dict:
+        self.conn.send(seed)
+        return self.conn.recv()
+
+    def close(self) -> None:
+        self.conn.send(None)
+        self.process.join()
+
+
+class LlamaServerRunner:
+    def __init__(self, binary: str, model: str, port: int = 8099) -> None:
+        self.server = subprocess.Popen(
+            [binary, "-m", model, "-c", "4096", "-np", "1", "--port", str(port)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        self.base = f"http://127.0.0.1:{port}"
         while True:
             try:
-                urllib.request.urlopen(f"{base}/health", timeout=1).read()
+                urllib.request.urlopen(f"{self.base}/health", timeout=1).read()
                 break
             except OSError:
-                if server.poll() is not None:
+                if self.server.poll() is not None:
                     raise RuntimeError("llama-server exited") from None
                 time.sleep(0.5)
+        self.complete([1, 2, 3], 2)
 
-        def complete(tokens: list[int], n: int) -> dict:
-            body = {"prompt": tokens, "n_predict": n, "ignore_eos": True, "temperature": 0,
-                    "cache_prompt": False}  # fmt: skip
-            request = urllib.request.Request(f"{base}/completion", json.dumps(body).encode(),
-                                             {"Content-Type": "application/json"})  # fmt: skip
-            return json.loads(urllib.request.urlopen(request, timeout=900).read())["timings"]
+    def complete(self, tokens: list[int], n: int) -> dict:
+        body = {"prompt": tokens, "n_predict": n, "ignore_eos": True, "temperature": 0,
+                "cache_prompt": False}  # fmt: skip
+        request = urllib.request.Request(f"{self.base}/completion", json.dumps(body).encode(),
+                                         {"Content-Type": "application/json"})  # fmt: skip
+        return json.loads(urllib.request.urlopen(request, timeout=900).read())["timings"]
 
+    def run(self, seed: int) -> dict:
         long, short = prompts(seed)
-        prefill = complete(long, 1)["prompt_per_second"]
-        return {
-            "prefill_tok_s": prefill,
-            "decode_ms": complete(short, DECODE)["predicted_per_token_ms"],
+        prefill = self.complete(long, 1)["prompt_per_second"]
+        return {"prefill_tok_s": prefill,
+                "decode_ms": self.complete(short, DECODE)["predicted_per_token_ms"]}  # fmt: skip
+
+    def close(self) -> None:
+        self.server.terminate()
+        self.server.wait()
+
+
+def summary(results: dict[str, list[dict]]) -> dict[str, dict[str, float]]:
+    """Each inflight run against the peer, round by round: the median of the rounds' ratios
+    (prefill rate over the peer's; decode token time over the peer's) and how many rounds went
+    inflight's way."""
+    out = {}
+    for name, runs in results.items():
+        if name == PEER or PEER not in results:
+            continue
+        peer = results[PEER]
+        prefill = [a["prefill_tok_s"] / b["prefill_tok_s"] for a, b in zip(runs, peer, strict=True)]
+        decode = [a["decode_ms"] / b["decode_ms"] for a, b in zip(runs, peer, strict=True)]
+        out[name] = {
+            "prefill_ratio_median": statistics.median(prefill),
+            "prefill_rounds_ahead": sum(r > 1 for r in prefill),
+            "decode_time_ratio_median": statistics.median(decode),
+            "decode_rounds_ahead": sum(r < 1 for r in decode),
+            "rounds": len(runs),
         }
-    finally:
-        server.terminate()
-        server.wait()
+    return out
 
 
 def main(argv: list[str]) -> None:
@@ -86,26 +137,35 @@ def main(argv: list[str]) -> None:
     parser.add_argument("model")
     parser.add_argument("--llama-server", help="llama-server binary (left out: inflight only)")
     parser.add_argument("--modes", default="int16,int8", help="inflight quantized_activations")
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--out", type=Path, default=Path("results/prefill_decode.json"))
     args = parser.parse_args(argv)
-    runs = [(f"inflight {m}", m) for m in args.modes.split(",")]
-    if args.llama_server:
-        runs.append(("llama-server", None))
-    results: dict[str, list[dict]] = {name: [] for name, _ in runs}
-    for r in range(args.rounds):
-        for name, mode in runs if r % 2 == 0 else runs[::-1]:  # a drift favours no one
-            if mode is None:
-                got = llama_server_run(args.llama_server, args.model, seed=r)
-            else:  # in a process of its own, whose memory is all returned before the next run
-                spawn = multiprocessing.get_context("spawn")
-                with ProcessPoolExecutor(1, mp_context=spawn) as pool:
-                    got = pool.submit(inflight_run, args.model, mode, r).result()
-            results[name].append(got)
-            print(f"round {r + 1} {name}: prefill {got['prefill_tok_s']:.1f} tok/s, "
-                  f"decode {got['decode_ms']:.1f} ms/token", flush=True)  # fmt: skip
+    runners: dict[str, InflightRunner | LlamaServerRunner] = {}
+    try:
+        for mode in args.modes.split(","):
+            runners[f"inflight {mode}"] = InflightRunner(args.model, mode)
+        if args.llama_server:
+            runners[PEER] = LlamaServerRunner(args.llama_server, args.model)
+        results: dict[str, list[dict]] = {name: [] for name in runners}
+        order = list(runners)
+        for r in range(args.rounds):
+            for name in order if r % 2 == 0 else order[::-1]:  # a drift favours no one
+                got = runners[name].run(seed=r)
+                results[name].append(got)
+                print(f"round {r + 1} {name}: prefill {got['prefill_tok_s']:.1f} tok/s, "
+                      f"decode {got['decode_ms']:.1f} ms/token", flush=True)  # fmt: skip
+    finally:
+        for runner in runners.values():
+            runner.close()
+    ratios = summary(results)
+    for name, s in ratios.items():
+        print(f"{name} against {PEER}, medians of {s['rounds']} rounds: prefill "
+              f"{s['prefill_ratio_median']:.2f}x its rate ({s['prefill_rounds_ahead']} rounds "
+              f"ahead), decode {s['decode_time_ratio_median']:.2f}x its token time "
+              f"({s['decode_rounds_ahead']} rounds ahead)")  # fmt: skip
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"model": args.model, "runs": results}, indent=2))
+    args.out.write_text(json.dumps({"model": args.model, "runs": results, "against_peer": ratios},
+                                   indent=2))  # fmt: skip
 
 
 if __name__ == "__main__":
