@@ -13,6 +13,13 @@ namespace attention_avx2 {
 
 constexpr int64_t kTile = 16;  // keys per tile: two vectors of scores per query row
 
+// A line of a KV run read soon, fetched into L2, not L1: a fetch into L1 holds one of the
+// core's few L1 miss buffers until the line arrives, and with a run's lines fetched a few runs
+// ahead those buffers were full, stalling the prefetches themselves; L2 tracks many more misses.
+// Decode attention over caches read from memory (30 layers, SmolLM2's heads, Zen 4): 8 requests
+// of 4,000 positions in bf16 1.3-1.45x faster, float32 1.4-1.5x, 64 of 400 1.4-1.6x; in L2 level.
+inline void fetch_run_line(const char* line) { _mm_prefetch(line, _MM_HINT_T1); }
+
 // Keys of 16 consecutive positions of one block, from `key_rows` (row i: dims 2i and 2i+1 of
 // the block's BS positions, the first of the 16 at column 0) into `kt` [D][16] fp32; the same
 // bytes of another run, `ahead`, prefetched row by row where given.
@@ -22,7 +29,7 @@ inline void key_tile(const scalar_t* key_rows, int64_t BS, int64_t D, float* kt,
   for (int64_t i = 0; i < D / 2; ++i) {
     if (ahead != nullptr)
       for (int64_t line = 0; line < 32 * int64_t(sizeof(scalar_t)); line += 64)
-        _mm_prefetch(ahead + i * BS * 2 * int64_t(sizeof(scalar_t)) + line, _MM_HINT_T0);
+        fetch_run_line(ahead + i * BS * 2 * int64_t(sizeof(scalar_t)) + line);
     for (int64_t half = 0; half < 2; ++half) {  // positions 8 * half .. 8 * half + 7
       const scalar_t* row = key_rows + i * BS * 2 + half * 16;
       const __m256 a = load8(row), b = load8(row + 8);  // (d0, d1) of 4 positions each
@@ -75,7 +82,7 @@ __attribute__((noinline)) void add_values(const float* const (&p)[NR], const flo
     for (int64_t t = 0; t < n; ++t) {
       if (ahead != nullptr)
         for (int64_t line = 0; line < kBytes; line += 64)
-          _mm_prefetch(ahead + (t * row + j0) * int64_t(sizeof(value_t)) + line, _MM_HINT_T0);
+          fetch_run_line(ahead + (t * row + j0) * int64_t(sizeof(value_t)) + line);
       __m256 vt[4];
       for (int j = 0; j < 4; ++j) vt[j] = load8(v + t * row + j0 + j * 8);
       for (int r = 0; r < NR; ++r) {
