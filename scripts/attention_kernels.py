@@ -2,7 +2,9 @@
 heads over 3 KV heads of 64 dims; `--shape gemma3`: 4 over 1 of 256), blocks of 16 tokens, one
 layer per call: prompt chunks in GFLOP/s (causal multiply-adds counted once) and decodes in
 GB/s of K/V read. The best of 7 rounds of 20 calls each, since a shared machine's speed drifts
-between rounds.
+between rounds. The last two decodes call every layer of a step in turn over caches of their
+own (`--layers`, 30 by default: SmolLM2's), so that they are read from memory as an engine's
+are, not from the CPU's caches.
 
     .venv/bin/python scripts/attention_kernels.py [--shape gemma3]
 """
@@ -15,6 +17,7 @@ import time
 import torch
 
 from inflight.attention.cpu_kernel import CpuKernelBackend
+from inflight.huge_pages import on_huge_pages
 
 SHAPES = {"smollm2": (9, 3, 64), "gemma3": (4, 1, 256)}  # query heads, KV heads, head dim
 H, KVH, D = SHAPES["smollm2"]
@@ -34,8 +37,11 @@ def best_seconds(call, rounds: int = 7, calls: int = 20) -> float:
 
 
 def caches(num_blocks: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """On huge pages where offered, as an engine's pool is."""
     k_shape, v_shape = backend.cache_shapes(num_blocks, KVH, D)
-    return torch.randn(k_shape).to(dtype), torch.randn(v_shape).to(dtype)
+    return on_huge_pages(torch.randn(k_shape).to(dtype)), on_huge_pages(
+        torch.randn(v_shape).to(dtype)
+    )
 
 
 def prefill(new: list[int], cached: list[int], dtype: torch.dtype = torch.float32) -> str:
@@ -56,23 +62,35 @@ def prefill(new: list[int], cached: list[int], dtype: torch.dtype = torch.float3
     return f"{seconds * 1e3:8.3f} ms  {flops / seconds / 1e9:6.1f} GFLOP/s"
 
 
-def decode(requests: int, context: int, dtype: torch.dtype = torch.float32) -> str:
+def decode(requests: int, context: int, dtype: torch.dtype = torch.float32, layers: int = 1) -> str:
+    """One call per layer over `layers` caches of their own: past one, a step's caches no longer
+    fit the CPU's caches and are read from memory, as in an engine (blocks in order, as its pool
+    hands them out); time and GB/s per step of all of them."""
     blocks = -(-context // BS)
-    k, v = caches(requests * blocks + 1, dtype)
-    tables = (torch.randperm(requests * blocks) + 1).view(requests, blocks)
+    caches_ = [caches(requests * blocks + 1, dtype) for _ in range(layers)]
+    if layers == 1:
+        tables = (torch.randperm(requests * blocks) + 1).view(requests, blocks)
+    else:
+        tables = (torch.arange(requests * blocks) + 1).view(requests, blocks)
     lens = torch.full((requests,), context, dtype=torch.long)
     q = torch.randn(requests, H, D).to(dtype)
-    seconds = best_seconds(
-        lambda: backend._ext.paged_decode_attention(q, k, v, tables, lens, D**-0.5, 0, 0.0, None)
-    )
-    gb = requests * context * KVH * D * 2 * k.element_size() / 1e9
+
+    def step() -> None:
+        for k, v in caches_:
+            backend._ext.paged_decode_attention(q, k, v, tables, lens, D**-0.5, 0, 0.0, None)
+
+    seconds = best_seconds(step, calls=20 if layers == 1 else 2)
+    gb = layers * requests * context * KVH * D * 2 * caches_[0][0].element_size() / 1e9
     return f"{seconds * 1e3:8.3f} ms  {gb / seconds:6.1f} GB/s"
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shape", choices=SHAPES, default="smollm2")
-    H, KVH, D = SHAPES[parser.parse_args().shape]
+    parser.add_argument("--layers", type=int, default=30,
+                        help="caches of the from-memory decodes (one per layer)")  # fmt: skip
+    args = parser.parse_args()
+    H, KVH, D = SHAPES[args.shape]
     print("decode, one request of 300 tokens   ", decode(1, 300))
     print("prefill, 8 prompts of 256 tokens    ", prefill([256] * 8, [0] * 8))
     print("prefill, 4 prompts of 512 tokens    ", prefill([512] * 4, [0] * 4))
@@ -80,3 +98,6 @@ if __name__ == "__main__":
     print("decode, 64 requests of 400 tokens   ", decode(64, 400))
     print("decode, 16 requests of 1,500 tokens ", decode(16, 1500))
     print("decode, 64 x 400, bfloat16 cache    ", decode(64, 400, torch.bfloat16))
+    n = args.layers
+    print(f"decode, 8 x 4,000, bf16, {n} layers  ", decode(8, 4000, torch.bfloat16, layers=n))
+    print(f"decode, 64 x 400, {n} layers         ", decode(64, 400, layers=n))
