@@ -17,7 +17,7 @@ constexpr int64_t kTile = 16;  // keys per tile: two vectors of scores per query
 // core's few L1 miss buffers until the line arrives, and with a run's lines fetched a few runs
 // ahead those buffers were full, stalling the prefetches themselves; L2 tracks many more misses.
 // Decode attention over caches read from memory (30 layers, SmolLM2's heads, Zen 4): 8 requests
-// of 4,000 positions in bf16 1.3-1.45x faster, float32 1.4-1.5x, 64 of 400 1.4-1.6x; in L2 level.
+// of 4,000 positions in bf16 1.2-1.45x faster, float32 1.4-1.5x, 64 of 400 1.4-1.6x; in L2 level.
 inline void fetch_run_line(const char* line) { _mm_prefetch(line, _MM_HINT_T1); }
 
 // Keys of 16 consecutive positions of one block, from `key_rows` (row i: dims 2i and 2i+1 of
