@@ -67,7 +67,7 @@ def decode(requests: int, context: int, dtype: torch.dtype = torch.float32, laye
     fit the CPU's caches and are read from memory, as in an engine (blocks in order, as its pool
     hands them out); time and GB/s per step of all of them."""
     blocks = -(-context // BS)
-    caches_ = [caches(requests * blocks + 1, dtype) for _ in range(layers)]
+    layer_caches = [caches(requests * blocks + 1, dtype) for _ in range(layers)]
     if layers == 1:
         tables = (torch.randperm(requests * blocks) + 1).view(requests, blocks)
     else:
@@ -76,11 +76,11 @@ def decode(requests: int, context: int, dtype: torch.dtype = torch.float32, laye
     q = torch.randn(requests, H, D).to(dtype)
 
     def step() -> None:
-        for k, v in caches_:
+        for k, v in layer_caches:
             backend._ext.paged_decode_attention(q, k, v, tables, lens, D**-0.5, 0, 0.0, None)
 
     seconds = best_seconds(step, calls=20 if layers == 1 else 2)
-    gb = layers * requests * context * KVH * D * 2 * caches_[0][0].element_size() / 1e9
+    gb = layers * requests * context * KVH * D * 2 * layer_caches[0][0].element_size() / 1e9
     return f"{seconds * 1e3:8.3f} ms  {gb / seconds:6.1f} GB/s"
 
 

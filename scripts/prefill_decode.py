@@ -59,10 +59,9 @@ def inflight_worker(model: str, mode: str, conn: Connection) -> None:
 
 class InflightRunner:
     def __init__(self, model: str, mode: str) -> None:
-        self.conn, child = multiprocessing.get_context("spawn").Pipe()
-        self.process = multiprocessing.get_context("spawn").Process(
-            target=inflight_worker, args=(model, mode, child), daemon=True
-        )
+        spawn = multiprocessing.get_context("spawn")
+        self.conn, child = spawn.Pipe()
+        self.process = spawn.Process(target=inflight_worker, args=(model, mode, child), daemon=True)
         self.process.start()
         if self.conn.recv() != "ready":
             raise RuntimeError(f"inflight {mode} did not start")
