@@ -40,25 +40,26 @@ def huge_pages_offered() -> bool:
 
 
 def empty_on_huge_pages(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """A CPU tensor of `shape` in a fresh anonymous mapping (zero-filled, nothing faulted in
-    yet) whose whole 2 MB pages are marked for huge pages before anything touches them: the
-    allocator's heap could hand back memory already faulted in 4 KB pages. Where the OS offers
-    no huge pages, or refuses, the pages are ordinary ones; never an error."""
+    """A CPU tensor of `shape`, zero-filled, for memory a kernel streams: where it spans a huge
+    page or more, in a fresh anonymous mapping (nothing faulted in yet) whose whole 2 MB pages
+    are marked for huge pages before anything touches them (the allocator's heap could hand
+    back memory already faulted in 4 KB pages), so that its producer writes it in place. Where
+    the OS offers no huge pages, or refuses, or the tensor is smaller, ordinary pages; never an
+    error."""
     numel = math.prod(shape)
-    if not huge_pages_offered() or numel == 0:
-        return torch.zeros(shape, dtype=dtype)
     nbytes = numel * dtype.itemsize
+    if not huge_pages_offered() or nbytes < HUGE_PAGE:
+        return torch.zeros(shape, dtype=dtype)
     # private and anonymous: zero-filled, nothing faulted in yet (shared memory has no THP)
     buf = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     view = ctypes.c_char.from_buffer(buf)
     offset = -ctypes.addressof(view) % HUGE_PAGE  # the tensor starts on a 2 MB boundary
     del view  # the export would pin the mapping; the tensor below keeps it alive instead
     whole = nbytes // HUGE_PAGE * HUGE_PAGE
-    if whole:
-        try:
-            buf.madvise(mmap.MADV_HUGEPAGE, offset, whole)
-        except OSError as e:
-            logger.debug("madvise(MADV_HUGEPAGE) refused: %s", e)
+    try:
+        buf.madvise(mmap.MADV_HUGEPAGE, offset, whole)
+    except OSError as e:
+        logger.debug("madvise(MADV_HUGEPAGE) refused: %s", e)
     # the tensor holds a reference to `buf`
     return torch.frombuffer(buf, dtype=dtype, count=numel, offset=offset).view(shape)
 
@@ -67,12 +68,3 @@ def zeros_on_huge_pages(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Ten
     """`torch.zeros(shape, dtype)` on the CPU, on huge pages where offered
     (`empty_on_huge_pages`), touched now so that start-up pays the page faults."""
     return empty_on_huge_pages(shape, dtype).zero_()
-
-
-def on_huge_pages(t: torch.Tensor) -> torch.Tensor:
-    """A CPU tensor of at least one huge page's bytes, copied (contiguous) onto huge pages
-    where offered; anything else as it is."""
-    if t.device.type != "cpu" or t.nbytes < HUGE_PAGE or not huge_pages_offered():
-        return t
-    moved = empty_on_huge_pages(tuple(t.shape), t.dtype)
-    return moved.copy_(t)

@@ -17,7 +17,7 @@ import time
 import torch
 
 from inflight.attention.cpu_kernel import CpuKernelBackend
-from inflight.huge_pages import on_huge_pages
+from inflight.huge_pages import empty_on_huge_pages
 
 SHAPES = {"smollm2": (9, 3, 64), "gemma3": (4, 1, 256)}  # query heads, KV heads, head dim
 H, KVH, D = SHAPES["smollm2"]
@@ -39,9 +39,8 @@ def best_seconds(call, rounds: int = 7, calls: int = 20) -> float:
 def caches(num_blocks: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """On huge pages where offered, as an engine's pool is."""
     k_shape, v_shape = backend.cache_shapes(num_blocks, KVH, D)
-    return on_huge_pages(torch.randn(k_shape).to(dtype)), on_huge_pages(
-        torch.randn(v_shape).to(dtype)
-    )
+    k, v = (empty_on_huge_pages(tuple(shape), dtype) for shape in (k_shape, v_shape))
+    return k.copy_(torch.randn(k_shape)), v.copy_(torch.randn(v_shape))
 
 
 def prefill(new: list[int], cached: list[int], dtype: torch.dtype = torch.float32) -> str:

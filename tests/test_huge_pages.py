@@ -9,7 +9,12 @@ import pytest
 import torch
 from torch import nn
 
-from inflight.huge_pages import HUGE_PAGE, huge_pages_offered, on_huge_pages, zeros_on_huge_pages
+from inflight.huge_pages import (
+    HUGE_PAGE,
+    empty_on_huge_pages,
+    huge_pages_offered,
+    zeros_on_huge_pages,
+)
 from inflight.kernels import load_extension
 from inflight.model.gguf_blocks import regroup_blocks
 from inflight.model.packed_linear import PackedLinear, can_pack
@@ -46,12 +51,13 @@ def test_a_large_cache_tensor_gets_huge_pages():
 
 @pytest.mark.skipif(not huge_pages_offered(), reason="no transparent huge pages here")
 def test_only_whole_huge_pages_inside_a_tensor_are_marked():
-    t = on_huge_pages(torch.arange(HUGE_PAGE + 1000, dtype=torch.uint8))
-    assert torch.equal(t, torch.arange(HUGE_PAGE + 1000, dtype=torch.uint8))
+    t = empty_on_huge_pages((HUGE_PAGE + 1000,), torch.uint8)
+    assert not t.any()
+    t.copy_(torch.arange(HUGE_PAGE + 1000, dtype=torch.uint8))
     assert t.data_ptr() % HUGE_PAGE == 0
     assert anon_huge_kb(t.data_ptr()) == 2048  # the one whole page; the tail is not rounded up
-    small = torch.ones(1000)
-    assert on_huge_pages(small) is small  # less than a huge page: left where it is
+    small = empty_on_huge_pages((1000,), torch.float32)  # less than a huge page: the heap's
+    assert small.shape == (1000,) and not small.any() and anon_huge_kb(small.data_ptr()) == 0
 
 
 def test_a_packed_linear_streams_its_blocks_from_huge_pages():

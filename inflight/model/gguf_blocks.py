@@ -26,10 +26,12 @@ say how it is read.
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 
 import torch
 
+from inflight.huge_pages import empty_on_huge_pages
 from inflight.kernels import load_extension
 
 GROUP = 8  # columns that gguf_int_linear computes together, one per float32 lane
@@ -194,25 +196,40 @@ def dequantize(blocks: torch.Tensor) -> torch.Tensor:
 # --- gguf_int_linear's layout -------------------------------------------------------------
 
 
-def regroup_blocks(blocks: torch.Tensor, columns: int = GROUP) -> torch.Tensor:
+def regrouped_shape(blocks: torch.Tensor, columns: int = GROUP) -> tuple[int, int, int]:
+    """`regroup_blocks(blocks, columns)`'s shape."""
+    n, per_row, _ = blocks.shape
+    return -(-n // columns), per_row, columns * format_of(blocks).layout_bytes
+
+
+def regroup_blocks(
+    blocks: torch.Tensor, columns: int = GROUP, out: torch.Tensor | None = None
+) -> torch.Tensor:
     """A weight's GGUF blocks [N, blocks per row, block bytes] in `gguf_int_linear`'s layout,
     `columns` (8 or 16: `gguf_int_linear_columns`; 16 for the legacy formats only) columns at a
-    time: [ceil(N / columns), blocks per row, columns x layout bytes]. Columns past N are zero
-    blocks. The 5-bit and K-quant formats are re-laid by `csrc/gguf_regroup.cpp`, which says
-    where each bit goes; the legacy ones here, their bytes reordered."""
+    time: [ceil(N / columns), blocks per row, columns x layout bytes] (`regrouped_shape`),
+    written into `out` where given, else on huge pages (`empty_on_huge_pages`: the kernels
+    stream it). Columns past N are zero blocks. The 5-bit and K-quant formats are re-laid by
+    `csrc/gguf_regroup.cpp`, which says where each bit goes; the legacy ones here, their bytes
+    reordered."""
     fmt = format_of(blocks)
+    shape = regrouped_shape(blocks, columns)
+    if out is None:
+        out = empty_on_huge_pages(shape, torch.uint8)
+    elif out.shape != shape or out.dtype != torch.uint8 or not out.is_contiguous():
+        raise ValueError(f"out: contiguous uint8 {list(shape)}, got {out.dtype} {list(out.shape)}")
     if fmt.legacy:
-        return _regroup_legacy(blocks, columns)
+        return _regroup_legacy(blocks, columns, out)
     if columns != GROUP:
         raise ValueError(f"{fmt.name} blocks have the 8-column layout only")
-    return load_extension().gguf_regroup_blocks(blocks.contiguous())
+    return load_extension().gguf_regroup_blocks(blocks.contiguous(), out)
 
 
 # A legacy block's bytes before its quants, by block size: fp16 d (Q4_0, Q8_0), d and m (Q4_1).
 _LEGACY_HEADER_BYTES = {18: 2, 20: 4, 34: 2}
 
 
-def _regroup_legacy(blocks: torch.Tensor, columns: int) -> torch.Tensor:
+def _regroup_legacy(blocks: torch.Tensor, columns: int, out: torch.Tensor) -> torch.Tensor:
     """Q4_0 / Q4_1 / Q8_0: the same bytes reordered."""
     n, num_blocks, block_bytes = blocks.shape
     header = _LEGACY_HEADER_BYTES[block_bytes]
@@ -227,7 +244,7 @@ def _regroup_legacy(blocks: torch.Tensor, columns: int) -> torch.Tensor:
         chunks = quants.reshape(*lead, GROUP, -1, 4).transpose(2, 3).reshape(*lead, -1)
     else:
         chunks = _wide_quants(quants)
-    return torch.cat([*scales, chunks], dim=-1).contiguous()
+    return torch.cat([*scales, chunks], dim=-1, out=out)
 
 
 def regrouped_rows(layout: torch.Tensor, rows: torch.Tensor, block_bytes: int) -> torch.Tensor:
@@ -270,20 +287,22 @@ def _wide_quants(quants: torch.Tensor) -> torch.Tensor:
     return values[..., column, k] | (values[..., column, k + 4] << 4)
 
 
-def mixed_packing(parts: list[tuple[torch.Tensor, int]]) -> torch.Tensor:
+def mixed_packing(parts: list[torch.Tensor]) -> torch.Tensor:
     """One packing for a fused weight whose parts came in different formats (a Q4_K_M file's
-    Q4_K q and k beside a Q6_K v): (regrouped blocks, columns) per part, in column order ->
-    uint8 [header | each part's blocks, at offsets aligned to 64 bytes]; the header is int64
-    [parts, then per part: columns, blocks per row, group block bytes, offset]."""
+    Q4_K q and k beside a Q6_K v): each part's GGUF blocks, in column order, regrouped
+    (`regroup_blocks`) straight into uint8 [header | each part's layout, at offsets aligned to
+    64 bytes], on huge pages; the header is int64 [parts, then per part: columns, blocks per
+    row, group block bytes, offset]."""
     header_bytes = 8 * (1 + 4 * len(parts))
     offset = -(-header_bytes // 64) * 64
-    fields, chunks = [len(parts)], []
-    for blocks, n in parts:
-        fields += [n, blocks.shape[1], blocks.shape[2], offset]
-        pad = -blocks.numel() % 64
-        chunks.append(torch.cat([blocks.reshape(-1), blocks.new_zeros(pad)]))
-        offset += blocks.numel() + pad
-    header = torch.tensor(fields, dtype=torch.int64).view(torch.uint8)
-    lead = torch.zeros(-(-header_bytes // 64) * 64, dtype=torch.uint8)
-    lead[:header_bytes] = header
-    return torch.cat([lead, *chunks])
+    fields, places = [len(parts)], []
+    for blocks in parts:
+        shape = regrouped_shape(blocks)
+        fields += [blocks.shape[0], shape[1], shape[2], offset]
+        places.append((offset, shape))
+        offset += -(-math.prod(shape) // 64) * 64
+    packing = empty_on_huge_pages((offset,), torch.uint8)
+    packing[:header_bytes] = torch.tensor(fields, dtype=torch.int64).view(torch.uint8)
+    for blocks, (at, shape) in zip(parts, places, strict=True):  # the padding stays zeros
+        regroup_blocks(blocks, out=packing[at : at + math.prod(shape)].view(shape))
+    return packing

@@ -60,7 +60,7 @@ from typing import Protocol, TypeAlias
 import torch
 from torch import nn
 
-from inflight.huge_pages import on_huge_pages
+from inflight.huge_pages import empty_on_huge_pages
 from inflight.kernels import load_extension
 from inflight.model.gguf_blocks import BY_NAME, FORMATS, format_of, mixed_packing, regroup_blocks
 
@@ -258,10 +258,10 @@ class PackedLinear(nn.Module):
         if small_batch_rows <= 0:
             return
         if usable and decode_rows_from_blocks(dtype, activation_bits):
-            self.decode_weight = on_huge_pages(regroup_blocks(parts[0], 16))
+            self.decode_weight = regroup_blocks(parts[0], 16)
         if usable and dtype == torch.float32:
             if activation_bits and self.decode_weight is None:
-                self.small_weight = on_huge_pages(_regrouped(parts))
+                self.small_weight = _regrouped(parts)
                 self.small_batch_rows = GGUF_INT_SMALL_BATCH_ROWS[activation_bits]
                 self.small_kernel = f"gguf-int{activation_bits}"
                 self.activation_bits = activation_bits
@@ -272,7 +272,7 @@ class PackedLinear(nn.Module):
                 self.small_batch_rows = GGUF_SMALL_BATCH_ROWS
                 self.small_kernel, self._small_linear = "gguf", ext.gguf_linear
         elif bf16_kernel:
-            self.small_weight = on_huge_pages(ext.pack_bf16_linear(dense))
+            self.small_weight = _bf16_packing(dense)
             self.small_batch_rows = small_batch_rows
             self.small_kernel, self._small_linear = "bf16", ext.bf16_linear
 
@@ -330,9 +330,19 @@ class PackedLinear(nn.Module):
 def _regrouped(parts: list[torch.Tensor]) -> torch.Tensor:
     """`gguf_int_linear`'s 8-column packing of a weight's blocks: one format's, or a fused
     weight's parts in different formats as one mixed packing."""
-    if len(parts) == 1:
-        return regroup_blocks(parts[0])
-    return mixed_packing([(regroup_blocks(p), p.shape[0]) for p in parts])
+    return regroup_blocks(parts[0]) if len(parts) == 1 else mixed_packing(parts)
+
+
+# bf16_linear.cpp's packed block: 32 columns, pair-major (the kernel checks the shape)
+BF16_BLOCK_COLUMNS = 32
+
+
+def _bf16_packing(weight: torch.Tensor) -> torch.Tensor:
+    """`bf16_linear`'s packing of a [N, K] bf16 weight, written straight onto huge pages (the
+    kernel streams it)."""
+    n, k = weight.shape
+    shape = (-(-n // BF16_BLOCK_COLUMNS), k // 2, BF16_BLOCK_COLUMNS, 2)
+    return load_extension().pack_bf16_linear(weight, empty_on_huge_pages(shape, torch.bfloat16))
 
 
 def apply_linear(linear: nn.Module, x: torch.Tensor, decodes: Decodes) -> torch.Tensor:

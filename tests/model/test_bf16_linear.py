@@ -49,6 +49,24 @@ def test_kernel_rounds_the_exact_product_once(n, k, rows):
     assert_within_one_bf16_step(ext.bf16_linear(x, packed, bias, n), x, weight, bias)
 
 
+@pytest.mark.parametrize(("n", "k"), [(96, 64), (49, 130), (8, 64)])
+def test_packing_is_the_weight_in_pair_major_blocks_of_32_columns(n, k):
+    """Whole blocks and a last one padded with zero columns, into given memory whatever it
+    held (the loader hands it fresh pages) or into the packing's own."""
+    torch.manual_seed(n)
+    weight = torch.randn(n, k, dtype=torch.bfloat16)
+    blocks = -(-n // 32)
+    padded = torch.zeros(blocks * 32, k // 2, 2, dtype=torch.bfloat16)
+    padded[:n] = weight.view(n, k // 2, 2)
+    want = padded.view(blocks, 32, k // 2, 2).transpose(1, 2)
+    assert torch.equal(ext.pack_bf16_linear(weight), want)
+    out = torch.full((blocks, k // 2, 32, 2), float("nan"), dtype=torch.bfloat16)
+    assert ext.pack_bf16_linear(weight, out).data_ptr() == out.data_ptr()
+    assert torch.equal(out, want)
+    with pytest.raises(RuntimeError, match="out: bfloat16"):
+        ext.pack_bf16_linear(weight, torch.empty(blocks + 1, k // 2, 32, 2, dtype=torch.bfloat16))
+
+
 @pytest.mark.parametrize(("n", "k"), [(960, 576), (96, 1024)])
 def test_rows_do_not_depend_on_their_batch(n, k):
     """Each row alone gives the bits it gets in any batch (tiles and panels change, sums do not;

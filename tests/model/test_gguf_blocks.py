@@ -26,6 +26,7 @@ from inflight.model.gguf_blocks import (
     mixed_packing,
     regroup_blocks,
     regrouped_rows,
+    regrouped_shape,
 )
 from inflight.model.loader import estimated_weight_bytes
 from inflight.model.packed_linear import PackedLinear, block_formats, blocks_serve_every_batch
@@ -93,6 +94,20 @@ def test_mxfp4_scales_are_powers_of_two_to_the_subnormals_and_the_largest():
 
 
 @needs_kernel
+@pytest.mark.parametrize("qtype", ALL, ids=lambda q: q.name)
+def test_regrouping_into_given_memory_overwrites_what_it_held(qtype):
+    """The loader hands the layout fresh pages; whatever they hold, every byte is written."""
+    blocks = random_bytes(13, 512, qtype)  # 13 columns: the last group has 3 zero columns
+    want = regroup_blocks(blocks)
+    out = torch.full(regrouped_shape(blocks), 0xA5, dtype=torch.uint8)
+    assert regroup_blocks(blocks, out=out).data_ptr() == out.data_ptr()
+    assert torch.equal(out, want)
+    with pytest.raises(ValueError, match="out: contiguous uint8"):
+        regroup_blocks(blocks, out=torch.empty(want.shape[0] + 1, *want.shape[1:],
+                                               dtype=torch.uint8))  # fmt: skip
+
+
+@needs_kernel
 @pytest.mark.parametrize("bits", [8, 16])
 @pytest.mark.parametrize("qtype", NEW, ids=lambda q: q.name)
 @pytest.mark.parametrize(("n", "k"), [(103, 512), (8, 256), (19, 768)])
@@ -149,7 +164,7 @@ def test_amx_tiles_give_the_vector_paths_bits(tmp_path):
 def test_a_mixed_packing_is_its_segments_side_by_side():
     parts = [random_bytes(24, 512, Q.Q4_K), random_bytes(13, 512, Q.Q6_K, 1),
              random_bytes(16, 512, Q.Q8_0, 2)]  # fmt: skip
-    packed = mixed_packing([(regroup_blocks(p), p.shape[0]) for p in parts])
+    packed = mixed_packing(parts)
     bias = torch.randn(53)
     for rows, bits in ((1, 16), (9, 16), (33, 16), (5, 8), (33, 8)):
         x = torch.randn(rows, 512)

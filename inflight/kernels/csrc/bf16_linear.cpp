@@ -104,16 +104,30 @@ const std::array<std::array<TileFn, kMaxRows>, kVecsPerBlock> kTiles = {
 
 bool bf16_linear_available() { return true; }
 
-at::Tensor pack_bf16_linear(const at::Tensor& weight) {
+at::Tensor pack_bf16_linear(const at::Tensor& weight, const c10::optional<at::Tensor>& out) {
   INFLIGHT_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kBFloat16,
               "weight: [out_features, in_features] bfloat16");
   const int64_t N = weight.size(0), K = weight.size(1);
   INFLIGHT_CHECK(K % 2 == 0, "in_features must be even (k pairs), got ", K);
-  const int64_t blocks = (N + kBlockCols - 1) / kBlockCols;
-  // [blocks * 32 columns (zero padded), K/2, 2] -> [blocks, K/2, 32, 2]
-  auto padded = at::cpu::empty({blocks * kBlockCols, K / 2, 2}, weight.options()).zero_();
-  padded.narrow(0, 0, N).copy_(weight.reshape({N, K / 2, 2}));
-  return padded.view({blocks, kBlockCols, K / 2, 2}).transpose(1, 2).contiguous();
+  const int64_t blocks = (N + kBlockCols - 1) / kBlockCols, full = N / kBlockCols;
+  const std::vector<int64_t> shape{blocks, K / 2, kBlockCols, 2};
+  at::Tensor packed = out ? *out : at::cpu::empty(shape, weight.options());
+  INFLIGHT_CHECK(packed.sizes() == at::IntArrayRef(shape) &&
+                  packed.scalar_type() == at::kBFloat16 && packed.is_contiguous() &&
+                  packed.device().is_cpu(),
+              "out: bfloat16 ", at::IntArrayRef(shape), " contiguous, got ", packed.sizes());
+  // [N, K/2, 2] -> [blocks, K/2, 32 columns, 2], straight into place: whole blocks, then the
+  // last block's columns and its zero padding
+  const auto pairs = weight.reshape({N, K / 2, 2});
+  packed.narrow(0, 0, full).copy_(
+      pairs.narrow(0, 0, full * kBlockCols).view({full, kBlockCols, K / 2, 2}).transpose(1, 2));
+  if (full < blocks) {
+    auto last = packed.select(0, full);  // [K/2, 32, 2]
+    last.zero_();
+    last.narrow(1, 0, N - full * kBlockCols)
+        .copy_(pairs.narrow(0, full * kBlockCols, N - full * kBlockCols).transpose(0, 1));
+  }
+  return packed;
 }
 
 at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed,
@@ -192,7 +206,7 @@ void bf16_linear_into(const at::Tensor& x_in, const at::Tensor& packed,
 
 bool bf16_linear_available() { return false; }
 
-at::Tensor pack_bf16_linear(const at::Tensor&) {
+at::Tensor pack_bf16_linear(const at::Tensor&, const c10::optional<at::Tensor>&) {
   INFLIGHT_CHECK(false, "bf16_linear needs AVX-512 BF16");
 }
 

@@ -23,7 +23,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rope_", &rope_, no_gil(), "rotary embedding (rotate-half layout) in place on the first heads");
   m.def("bf16_linear_available", &bf16_linear_available, no_gil(),
         "whether this machine compiled bf16_linear (AVX-512 BF16)");
-  m.def("pack_bf16_linear", &pack_bf16_linear, no_gil(), "a [N, K] bf16 weight in bf16_linear's layout");
+  m.def("pack_bf16_linear", &pack_bf16_linear, no_gil(),
+        "a [N, K] bf16 weight in bf16_linear's layout (in out, where given)", py::arg("weight"),
+        py::arg("out") = py::none());
   m.def("bf16_linear", &bf16_linear, no_gil(), "x @ W.T (+ bias) over a weight from pack_bf16_linear");
   m.def("gguf_linear_available", &gguf_linear_available, no_gil(),
         "whether this machine compiled gguf_linear (AVX2, FMA and F16C)");
@@ -45,7 +47,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("x"), py::arg("packed"), py::arg("bias"), py::arg("out_features"),
         py::arg("activation_bits"));
   m.def("gguf_regroup_blocks", &gguf_regroup_blocks, no_gil(),
-        "a weight's 5-bit or K-quant GGUF blocks in gguf_int_linear's 8-column layout");
+        "a weight's 5-bit or K-quant GGUF blocks in gguf_int_linear's 8-column layout (in out, "
+        "where given)",
+        py::arg("blocks"), py::arg("out") = py::none());
   m.def("first_argmax", &first_argmax, no_gil(), "index of each row's first maximum (NaN is maximal)");
   m.def("llama_decoder_layers", &llama_decoder_layers, no_gil(),
         "every decoder layer of a Llama-family model; returns [hidden, residual]");

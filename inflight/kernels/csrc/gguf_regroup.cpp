@@ -13,6 +13,8 @@
 #include <ATen/Parallel.h>
 
 #include <cstring>
+#include <optional>
+#include <vector>
 
 namespace {
 
@@ -160,6 +162,9 @@ void regroup(const uint8_t* in, int64_t N, int64_t blocks, uint8_t* out) {
   at::parallel_for(0, groups, 16, [&](int64_t g_begin, int64_t g_end) {
     Decoded block;
     for (int64_t g = g_begin; g < g_end; ++g) {
+      // `place` ORs bits in: the group starts as zeros (here, where it is about to be written,
+      // so that an output in fresh memory is faulted in and filled in one pass)
+      std::memset(out + g * blocks * group_bytes, 0, blocks * group_bytes);
       for (int lane = 0; lane < kLanes && g * kLanes + lane < N; ++lane) {
         const uint8_t* row = in + (g * kLanes + lane) * blocks * file_bytes(F);
         for (int64_t b = 0; b < blocks; ++b) {
@@ -173,7 +178,7 @@ void regroup(const uint8_t* in, int64_t N, int64_t blocks, uint8_t* out) {
 
 }  // namespace
 
-at::Tensor gguf_regroup_blocks(const at::Tensor& blocks) {
+at::Tensor gguf_regroup_blocks(const at::Tensor& blocks, const c10::optional<at::Tensor>& out) {
   INFLIGHT_CHECK(blocks.dim() == 3 && blocks.scalar_type() == at::kByte && blocks.is_contiguous(),
               "blocks: uint8 [out_features, blocks per row, block bytes], contiguous");
   const int64_t N = blocks.size(0), per_row = blocks.size(1), bytes = blocks.size(2);
@@ -184,12 +189,16 @@ at::Tensor gguf_regroup_blocks(const at::Tensor& blocks) {
   }
   INFLIGHT_CHECK(format, "blocks of ", bytes, " bytes: none of Q5_0 (22), Q5_1 (24), Q4_K (144), "
               "Q5_K (176), Q6_K (210) or MXFP4 (17)");
-  auto out = at::cpu::empty({(N + kLanes - 1) / kLanes, per_row, kLanes * block_bytes(*format)},
-                            blocks.options()).zero_();
+  const std::vector<int64_t> shape{(N + kLanes - 1) / kLanes, per_row,
+                                   kLanes * block_bytes(*format)};
+  at::Tensor layout = out ? *out : at::cpu::empty(shape, blocks.options());
+  INFLIGHT_CHECK(layout.sizes() == at::IntArrayRef(shape) && layout.scalar_type() == at::kByte &&
+                  layout.is_contiguous() && layout.device().is_cpu(),
+              "out: uint8 ", at::IntArrayRef(shape), " contiguous, got ", layout.sizes());
   with_format(*format, [&](auto f) {
     if constexpr (!is_legacy(f.value)) {
-      regroup<f.value>(blocks.data_ptr<uint8_t>(), N, per_row, out.data_ptr<uint8_t>());
+      regroup<f.value>(blocks.data_ptr<uint8_t>(), N, per_row, layout.data_ptr<uint8_t>());
     }
   });
-  return out;
+  return layout;
 }

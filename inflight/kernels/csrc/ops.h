@@ -43,7 +43,8 @@ void rope_(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
 
 // bf16_linear.cpp: bfloat16 linear layers for decode-sized batches (AVX-512 BF16 machines only)
 bool bf16_linear_available();
-at::Tensor pack_bf16_linear(const at::Tensor& weight);
+// `out`, where given: the packing's memory, [ceil(N / 32), K / 2, 32, 2] bf16 (its own pages)
+at::Tensor pack_bf16_linear(const at::Tensor& weight, const c10::optional<at::Tensor>& out);
 // `_into`: the same into y, rows of out_features in x's dtype (a slice of a larger output)
 void bf16_linear_into(const at::Tensor& x, const at::Tensor& packed,
                       const c10::optional<at::Tensor>& bias, int64_t out_features, at::Tensor& y);
@@ -74,8 +75,8 @@ at::Tensor gguf_int_linear(const at::Tensor& x, const at::Tensor& packed,
                            int64_t activation_bits);
 
 // gguf_regroup.cpp: a weight's Q5_0 / Q5_1 / Q4_K / Q5_K / Q6_K blocks in gguf_int_linear's
-// 8-column layout
-at::Tensor gguf_regroup_blocks(const at::Tensor& blocks);
+// 8-column layout; `out`, where given, is the layout's memory (contiguous, any contents)
+at::Tensor gguf_regroup_blocks(const at::Tensor& blocks, const c10::optional<at::Tensor>& out);
 
 // argmax.cpp: greedy sampling, the first maximum of each row as torch.max picks it
 at::Tensor first_argmax(const at::Tensor& x);
