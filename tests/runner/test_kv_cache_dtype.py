@@ -181,6 +181,90 @@ def test_cpu_kernels_attend_over_the_cache_as_the_reference_does(dtype, cache_dt
     assert (got.float() - exact).abs().max() < worst
 
 
+# (query heads, KV heads, head dim): every grouping of 1 to 8 query heads per KV head that the
+# AVX-512 8-bit item specialises, at each head dim it takes (SmolLM2's, Llama's, Gemma's)
+HEAD_SHAPES = [(9, 3, 64), (8, 8, 64), (4, 2, 64), (8, 2, 128), (10, 2, 128), (12, 2, 256),
+               (4, 1, 256), (7, 1, 64), (8, 1, 128)]  # fmt: skip
+
+
+@pytest.mark.parametrize(("h", "kvh", "d"), HEAD_SHAPES)
+@pytest.mark.parametrize("cache_dtype", [torch.int8, FP8], ids=str)
+def test_8bit_decodes_match_the_reference_at_every_head_grouping(h, kvh, d, cache_dtype):
+    """Decodes over 8-bit caches, contexts of 1 to 3 parts of 512 positions, with and without
+    a window, sinks or a soft cap, in float32 and bf16: the C++ kernel's rows equal the
+    reference's over the same cached bytes, and each row is the same bits alone as in its
+    batch."""
+    gen = torch.Generator().manual_seed(h * d + kvh)
+    bs, lens = 16, [1100, 513, 40, 1, 300]
+    blocks = -(-max(lens) // bs)
+    tables = torch.randperm(len(lens) * blocks, generator=gen).view(len(lens), blocks)
+    slots = [torch.tensor([int(tables[r, p // bs]) * bs + p % bs for p in range(n)])
+             for r, n in enumerate(lens)]  # fmt: skip
+    keys = [torch.randn(n, kvh, d, generator=gen) for n in lens]
+    values = [torch.randn(n, kvh, d, generator=gen) for n in lens]
+    cpu, reference = CpuKernelBackend(bs), TorchReferenceBackend(bs)
+    caches = {}
+    for backend, write in ((reference, write_token_major), (cpu, cpu.write_cache)):
+        shapes = backend.cache_shapes(len(lens) * blocks, kvh, d, scaled=True)
+        k_cache, v_cache = (torch.zeros(s, dtype=cache_dtype) for s in shapes)
+        for r in range(len(lens)):
+            write(k_cache, v_cache, keys[r], values[r], slots[r])
+        caches[backend] = (k_cache, v_cache)
+    sinks = torch.randn(h, generator=gen) * 2
+
+    def decode(backend, dtype, rows, window, softcap, sinks):
+        last = torch.tensor([int(slots[r][-1]) for r in rows])
+        meta = backend.build_metadata(list(range(len(rows) + 1)), [lens[r] - 1 for r in rows],
+                                      tables[rows], last, CPU)  # fmt: skip
+        key = torch.stack([keys[r][-1] for r in rows]).to(dtype)  # rewritten as they were
+        value = torch.stack([values[r][-1] for r in rows]).to(dtype)
+        return backend.forward(q[rows].to(dtype), key, value, *caches[backend], meta, window,
+                               softcap=softcap, sinks=sinks)  # fmt: skip
+
+    q = torch.randn(len(lens), h, d, generator=gen)
+    everyone = list(range(len(lens)))
+    for dtype in (torch.float32, torch.bfloat16):
+        tol = 1e-5 if dtype == torch.float32 else 2e-2
+        for window, softcap, sink in ((None, None, None), (300, None, None),
+                                      (None, None, sinks), (None, 1.0, None)):  # fmt: skip
+            together = decode(cpu, dtype, everyone, window, softcap, sink)
+            want = decode(reference, dtype, everyone, window, softcap, sink)
+            torch.testing.assert_close(together.float(), want.float(), atol=tol, rtol=tol)
+            for r in (0, 3):
+                alone = decode(cpu, dtype, [r], window, softcap, sink)
+                assert torch.equal(alone[0], together[r]), f"request {r}"
+
+
+@pytest.mark.parametrize("cache_dtype", [torch.int8, FP8], ids=str)
+def test_every_8bit_value_reads_back_exactly(cache_dtype):
+    """A one-token context's output is its value row times its scale, exactly: rows holding
+    every byte (all 254 finite float8 ones, subnormals and both zeros among them) read back
+    as the type's values."""
+    kvh, d, bs = 1, 64, 16
+    patterns = torch.arange(256, dtype=torch.int16).to(torch.uint8)
+    if cache_dtype == FP8:
+        patterns = patterns[(patterns & 0x7F) != 0x7F]  # e4m3's two NaNs are never stored
+    n = -(-len(patterns) // d)
+    row_bytes = torch.zeros(n * d, dtype=torch.uint8)
+    row_bytes[: len(patterns)] = patterns
+    cpu = CpuKernelBackend(bs)
+    k_shape, v_shape = cpu.cache_shapes(n, kvh, d, scaled=True)
+    k_cache, v_cache = (
+        torch.zeros(k_shape, dtype=cache_dtype),
+        torch.zeros(v_shape, dtype=cache_dtype),
+    )
+    v_bytes = v_cache.view(torch.uint8)
+    v_bytes[:, 0, 0, :d] = row_bytes.view(n, d)  # position 0 of block i: request i's token
+    v_bytes[:, 0, 0, d:] = torch.tensor([0.5]).view(torch.uint8)  # its scale
+    want = row_bytes.view(n, d).view(cache_dtype).float() * 0.5
+    tables = torch.arange(n).view(n, 1)
+    for dtype in (torch.float32, torch.bfloat16):
+        out = cpu._ext.paged_decode_attention(torch.randn(n, 1, d).to(dtype), k_cache, v_cache,
+                                              tables, torch.ones(n, dtype=torch.long), 0.125,
+                                              0, 0.0, None)  # fmt: skip
+        assert torch.equal(out[:, 0].float(), want.to(dtype).float())
+
+
 @pytest.mark.parametrize(
     ("kernel", "dtype", "cache_dtype"),
     [

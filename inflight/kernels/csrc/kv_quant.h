@@ -15,7 +15,7 @@
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
-#if defined(__AVX2__)
+#if defined(__AVX2__) || defined(__AVX512F__)
 #include <immintrin.h>
 #endif
 
@@ -93,6 +93,21 @@ inline __m256 load8(const fp8* p) {  // fp8_to_float on 8 lanes
   const __m256 magnitude = _mm256_blendv_ps(normal, subnormal, is_sub);
   const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(bits, _mm256_set1_epi32(0x80)), 24);
   return _mm256_or_ps(magnitude, _mm256_castsi256_ps(sign));
+}
+#endif
+
+#ifdef __AVX512F__
+inline __m512 load16(const int8_t* p) {
+  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(raw));
+}
+// fp8_to_float on 16 lanes: each e4m3 byte's bits moved into float16's fields (the sign to bit
+// 15, exponent and mantissa under it) are the value / 2^8 exactly, subnormals included; widened
+// by vcvtph2ps and scaled back. Five instructions where the AVX2 load8's way takes eleven.
+inline __m512 load16(const fp8* p) {
+  const __m256i w = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  const __m256i h = _mm256_and_si256(_mm256_slli_epi16(w, 7), _mm256_set1_epi16(static_cast<int16_t>(0xBFFF)));
+  return _mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(256.f));
 }
 #endif
 
