@@ -237,9 +237,9 @@ def test_8bit_decodes_match_the_reference_at_every_head_grouping(h, kvh, d, cach
 
 @pytest.mark.parametrize("cache_dtype", [torch.int8, FP8], ids=str)
 def test_every_8bit_value_reads_back_exactly(cache_dtype):
-    """A one-token context's output is its value row times its scale, exactly: rows holding
-    every byte (all 254 finite float8 ones, subnormals and both zeros among them) read back
-    as the type's values."""
+    """A one-token context's output is its value row times its scale, exactly, decoded or as a
+    prompt: rows holding every byte (all 254 finite float8 ones, subnormals and both zeros
+    among them) read back as the type's values, through each kernel's widening."""
     kvh, d, bs = 1, 64, 16
     patterns = torch.arange(256, dtype=torch.int16).to(torch.uint8)
     if cache_dtype == FP8:
@@ -258,11 +258,17 @@ def test_every_8bit_value_reads_back_exactly(cache_dtype):
     v_bytes[:, 0, 0, d:] = torch.tensor([0.5]).view(torch.uint8)  # its scale
     want = row_bytes.view(n, d).view(cache_dtype).float() * 0.5
     tables = torch.arange(n).view(n, 1)
+    chunks = torch.tensor([[i, 1, 0] for i in range(n)])  # (first row, new tokens, cached)
     for dtype in (torch.float32, torch.bfloat16):
-        out = cpu._ext.paged_decode_attention(torch.randn(n, 1, d).to(dtype), k_cache, v_cache,
-                                              tables, torch.ones(n, dtype=torch.long), 0.125,
-                                              0, 0.0, None)  # fmt: skip
-        assert torch.equal(out[:, 0].float(), want.to(dtype).float())
+        q = torch.randn(n, 1, d).to(dtype)
+        decoded = cpu._ext.paged_decode_attention(q, k_cache, v_cache, tables,
+                                                  torch.ones(n, dtype=torch.long), 0.125, 0,
+                                                  0.0, None)  # fmt: skip
+        prompted = torch.empty_like(q)
+        cpu._ext.paged_prefill_attention(q, k_cache, v_cache, chunks, tables, prompted, 0.125, 0,
+                                         0.0, None)  # fmt: skip
+        for out in (decoded, prompted):
+            assert torch.equal(out[:, 0].float(), want.to(dtype).float())
 
 
 @pytest.mark.parametrize(
