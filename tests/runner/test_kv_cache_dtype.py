@@ -165,13 +165,14 @@ def _mixed_step(backend, dtype, cache_dtype, d, window, device=CPU, shapes=SHAPE
 
 
 @pytest.mark.parametrize("window", [None, 37])
-@pytest.mark.parametrize("d", [64, 32], ids=["d64", "d32-generic"])
+@pytest.mark.parametrize("d", [64, 128, 32], ids=["d64", "d128", "d32-generic"])
 @pytest.mark.parametrize("cache_dtype", CACHE_DTYPES, ids=str)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_cpu_kernels_attend_over_the_cache_as_the_reference_does(dtype, cache_dtype, d, window):
-    """Decodes and prompt chunks, each kernel path (AVX2 tiles at head_dim 64, the generic loop
-    at 32): the kernels' result equals the reference's over the same cache contents, and an
-    8-bit cache stays near the exact float32 result."""
+    """Decodes and prompt chunks, each kernel path (the vector items at head_dims 64 and 128,
+    a window's tiles that are no aligned slice of a block, the generic loop at 32): the
+    kernels' result equals the reference's over the same cache contents, and an 8-bit cache
+    stays near the exact float32 result."""
     ref = _mixed_step(TorchReferenceBackend(16), dtype, cache_dtype, d, window)
     got = _mixed_step(CpuKernelBackend(16), dtype, cache_dtype, d, window)
     tol = 1e-5 if dtype == torch.float32 else 2e-2

@@ -41,6 +41,7 @@ struct Item {
 struct Scratch {
   std::vector<float> q, acc, max, sum, kt, v;
   std::vector<int32_t> q_pairs;  // bf16 queries as pairs of dims, for vdpbf16ps scores
+  std::vector<c10::BFloat16> key_pairs;  // an 8-bit cache's key tile as bf16 pairs of dims
 };
 
 // Resets the scratch for an item of `rows` query rows (row r: token r / G, query head r % G),
@@ -170,13 +171,18 @@ void prefill_item(const Item& it, const q_t* q, int64_t q_stride, const cache_t*
 // With bf16 and AVX-512 BF16, a tile of 16 keys that is one aligned slice of a block is scored
 // in place: each 64-byte row of the block's keys holds a pair of dims for those 16 positions,
 // so a `vdpbf16ps` with a broadcast query pair adds both dims' products to 16 scores at once
-// (the decode kernel's scheme), and no fp32 copy of the keys is made.
-template <typename scalar_t, int DV, int RB>
+// (the decode kernel's scheme), and no fp32 copy of the keys is made. An 8-bit cache's tile
+// (bf16 queries, AVX-512 BF16) is first widened into the same pairs of bf16 (exactly: every
+// int8 and e4m3 value is a bf16 one), its key scales multiplying the scores and its value
+// scales the widened values.
+template <typename scalar_t, typename cache_t, int DV, int RB>
 void prefill_item_avx512(const Item& it, const scalar_t* q, int64_t q_stride,
-                         const scalar_t* k_cache, const scalar_t* v_cache, const int64_t* table,
+                         const cache_t* k_cache, const cache_t* v_cache, const int64_t* table,
                          const KVLayout& lay, int64_t G, int64_t first_pos, float scale,
                          int64_t window, const float* sinks, scalar_t* out, int64_t out_stride,
                          Scratch& s) {
+  using bf16 = c10::BFloat16;
+  constexpr bool kScaled = kScaledCache<cache_t>;
   constexpr int64_t D = DV * 16;
   const int64_t rows = it.num_tokens * G;
   const int64_t padded = (rows + RB - 1) / RB * RB;  // rows past `rows` are never stored
@@ -196,6 +202,8 @@ void prefill_item_avx512(const Item& it, const scalar_t* q, int64_t q_stride,
 #else
   constexpr bool kPairScores = false;
 #endif
+  static_assert(kPairScores || !kScaled, "an 8-bit cache's keys are scored as bf16 pairs");
+  if constexpr (kScaled) s.key_pairs.resize(D * KT);
   const int64_t first_q = first_pos + it.first_token;
   const int64_t last_q = first_q + it.num_tokens - 1;
   const int64_t lo = window > 0 ? std::max<int64_t>(0, first_q - window + 1) : 0;
@@ -206,16 +214,35 @@ void prefill_item_avx512(const Item& it, const scalar_t* q, int64_t q_stride,
     // K transposed [D][KT] and V [KT][D], zero past n (or, for keys read a block row at a time,
     // whatever the cache holds there: those lanes are masked out of every score)
     const int64_t k0_offset = k0 % BS;
-    const bool whole_rows = std::is_same_v<scalar_t, c10::BFloat16> && BS % KT == 0 &&
+    const bool whole_rows = (std::is_same_v<cache_t, bf16> || kScaled) && BS % KT == 0 &&
                             k0_offset % KT == 0;
-    // the tile's keys in place: row i = dims (2i, 2i+1) of its 16 positions, 64 bytes
-    const scalar_t* key_rows =
-        whole_rows ? k_cache + lay.run(table[k0 / BS], it.kv_head) + k0_offset * 2 : nullptr;
+    // the tile's keys: row i = dims (2i, 2i+1) of its 16 positions, 64 bytes of bf16, in place
+    // (`key_stride` elements apart) or, from an 8-bit cache, widened into `key_pairs`
+    const bf16* key_rows = nullptr;
+    int64_t key_stride = BS * 2;
+    __m512 key_scale = _mm512_set1_ps(1.f);
+    if (whole_rows) {
+      const cache_t* run = k_cache + lay.run(table[k0 / BS], it.kv_head);
+      if constexpr (kScaled) {
+#ifdef __AVX512BF16__
+        for (int64_t i = 0; i < D / 2; ++i) {
+          const cache_t* row = run + i * BS * 2 + k0_offset * 2;
+          const __m512bh pairs = _mm512_cvtne2ps_pbh(load16(row + 16), load16(row));
+          _mm512_storeu_si512(s.key_pairs.data() + i * KT * 2, (__m512i)pairs);
+        }
+        key_rows = s.key_pairs.data();
+        key_stride = KT * 2;
+        key_scale = _mm512_loadu_ps(lay.key_scales(run) + k0_offset);
+#endif
+      } else if constexpr (std::is_same_v<cache_t, bf16>) {
+        key_rows = run + k0_offset * 2;
+      }
+    }
     const bool pair_scores = kPairScores && whole_rows;
     if (whole_rows && !pair_scores) {  // widened into the fp32 tile
       const __m512i high = _mm512_set1_epi32(static_cast<int32_t>(0xFFFF0000u));
       for (int64_t i = 0; i < D / 2; ++i) {
-        const __m512i pairs = _mm512_loadu_si512(key_rows + i * BS * 2);
+        const __m512i pairs = _mm512_loadu_si512(key_rows + i * key_stride);
         _mm512_storeu_si512(s.kt.data() + 2 * i * KT, _mm512_slli_epi32(pairs, 16));
         _mm512_storeu_si512(s.kt.data() + (2 * i + 1) * KT, _mm512_and_si512(pairs, high));
       }
@@ -224,11 +251,16 @@ void prefill_item_avx512(const Item& it, const scalar_t* q, int64_t q_stride,
       if (t < n) {
         const int64_t pos = k0 + t;
         const int64_t run = lay.run(table[pos / BS], it.kv_head), offset = pos % BS;
-        const scalar_t* v = v_cache + run + lay.value_in_run(offset);
-        for (int j = 0; j < DV; ++j) _mm512_storeu_ps(s.v.data() + t * D + j * 16, load16(v + j * 16));
+        const cache_t* v = v_cache + run + lay.value_in_run(offset);
+        const __m512 v_scale = _mm512_set1_ps(lay.value_scale(v_cache + run, offset));
+        for (int j = 0; j < DV; ++j) {
+          const __m512 vj = load16(v + j * 16);
+          _mm512_storeu_ps(s.v.data() + t * D + j * 16, kScaled ? _mm512_mul_ps(vj, v_scale) : vj);
+        }
         if (!whole_rows) {
+          const float k_scale = lay.key_scale(k_cache + run, offset);
           for (int64_t d = 0; d < D; ++d)
-            s.kt[d * KT + t] = static_cast<float>(k_cache[run + lay.key_in_run(offset, d)]);
+            s.kt[d * KT + t] = widen(k_cache[run + lay.key_in_run(offset, d)]) * k_scale;
         }
       } else {
         for (int64_t d = 0; d < D; ++d) s.kt[d * KT + t] = s.v[t * D + d] = 0.f;
@@ -254,8 +286,8 @@ void prefill_item_avx512(const Item& it, const scalar_t* q, int64_t q_stride,
         for (int b = 0; b < RB; ++b) odd[b] = _mm512_setzero_ps();
         const int32_t* qp = s.q_pairs.data() + r0 * D / 2;
         for (int64_t i = 0; i < D / 2; i += 2) {
-          const auto k_even = (__m512bh)_mm512_loadu_si512(key_rows + i * BS * 2);
-          const auto k_odd = (__m512bh)_mm512_loadu_si512(key_rows + (i + 1) * BS * 2);
+          const auto k_even = (__m512bh)_mm512_loadu_si512(key_rows + i * key_stride);
+          const auto k_odd = (__m512bh)_mm512_loadu_si512(key_rows + (i + 1) * key_stride);
           for (int b = 0; b < RB; ++b) {
             score[b] = _mm512_dpbf16_ps(
                 score[b], (__m512bh)_mm512_set1_epi32(qp[b * D / 2 + i]), k_even);
@@ -264,7 +296,8 @@ void prefill_item_avx512(const Item& it, const scalar_t* q, int64_t q_stride,
           }
         }
         for (int b = 0; b < RB; ++b)
-          score[b] = _mm512_mul_ps(_mm512_add_ps(score[b], odd[b]), _mm512_set1_ps(scale));
+          score[b] = _mm512_mul_ps(
+              _mm512_mul_ps(_mm512_add_ps(score[b], odd[b]), _mm512_set1_ps(scale)), key_scale);
       } else
 #endif
       {
@@ -314,7 +347,8 @@ void prefill_item_avx512(const Item& it, const scalar_t* q, int64_t q_stride,
 // that is one aligned slice of a block is read in place: its keys split into even and odd dims
 // by shuffles, its values used where they lie (an 8-bit cache's key scales multiply the scores,
 // its value scales the probabilities). On AVX-512 machines it serves the caches the AVX-512
-// item does not read (another dtype than the queries', 8-bit).
+// item does not read (another dtype than the queries': bf16 under float32 queries, 8-bit under
+// float32 ones or without AVX-512 BF16), and heads of 256.
 template <typename q_t, typename cache_t, int DV, int RB>
 void prefill_item_avx2(const Item& it, const q_t* q, int64_t q_stride, const cache_t* k_cache,
                        const cache_t* v_cache, const int64_t* table, const KVLayout& lay,
@@ -420,6 +454,21 @@ void prefill_item_avx2(const Item& it, const q_t* q, int64_t q_stride, const cac
 }
 #endif
 
+#ifdef __AVX512F__
+// Whether the AVX-512 item takes these queries and cache: the queries' own dtype (float32 or
+// bf16), or an 8-bit cache under bf16 queries where AVX-512 BF16 scores its keys as pairs.
+template <typename q_t, typename cache_t>
+constexpr bool avx512_item() {
+  if constexpr (std::is_same_v<q_t, cache_t>)
+    return std::is_same_v<q_t, float> || std::is_same_v<q_t, c10::BFloat16>;
+#ifdef __AVX512BF16__
+  return std::is_same_v<q_t, c10::BFloat16> && kScaledCache<cache_t>;
+#else
+  return false;
+#endif
+}
+#endif
+
 template <typename q_t, typename cache_t, int kD>
 void prefill(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
              const int64_t* chunks, int64_t C, const int64_t* tables, int64_t MB,
@@ -456,12 +505,12 @@ void prefill(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v
       const int64_t cached = chunks[it.chunk * 3 + 2];
       const bool fast = softcap <= 0.f;  // (the AVX-512 item takes no soft cap)
 #ifdef __AVX512F__
-      if constexpr ((kD == 64 || kD == 128) && std::is_same_v<q_t, cache_t> &&
-                    (std::is_same_v<q_t, float> || std::is_same_v<q_t, c10::BFloat16>)) {
+      if constexpr ((kD == 64 || kD == 128) && avx512_item<q_t, cache_t>()) {
         if (fast) {
-        constexpr int DV = kD / 16, RB = kD == 64 ? 4 : 2;  // RB rows x DV vectors in registers
-        prefill_item_avx512<q_t, DV, RB>(it, q_rows, q.stride(0), kp, vp, table, lay, G, cached,
-                                         scale, window, sinks, out_rows, out.stride(0), scratch);
+          constexpr int DV = kD / 16, RB = kD == 64 ? 4 : 2;  // RB rows x DV vectors in registers
+          prefill_item_avx512<q_t, cache_t, DV, RB>(it, q_rows, q.stride(0), kp, vp, table, lay,
+                                                    G, cached, scale, window, sinks, out_rows,
+                                                    out.stride(0), scratch);
           continue;
         }
       }
