@@ -42,6 +42,7 @@ struct Scratch {
   std::vector<float> q, acc, max, sum, kt, v;
   std::vector<int32_t> q_pairs;  // bf16 queries as pairs of dims, for vdpbf16ps scores
   std::vector<c10::BFloat16> key_pairs;  // an 8-bit cache's key tile as bf16 pairs of dims
+  std::vector<c10::BFloat16> value_pairs;  // the value tile as bf16 pairs of positions
 };
 
 // Resets the scratch for an item of `rows` query rows (row r: token r / G, query head r % G),
@@ -208,6 +209,12 @@ void prefill_item_avx512(const Item& it, const scalar_t* q, int64_t q_stride,
   const int64_t last_q = first_q + it.num_tokens - 1;
   const int64_t lo = window > 0 ? std::max<int64_t>(0, first_q - window + 1) : 0;
   alignas(64) float p[RB][KT];
+  // With bf16 queries the probabilities times the values go through vdpbf16ps too: each
+  // row's probabilities rounded to bf16 (as a bf16 sdpa rounds them) in pairs of positions,
+  // against the tile's values as bf16 pairs [KT / 2][D][2], two products an instruction.
+  alignas(64) c10::BFloat16 p_bf16[RB][KT];
+  constexpr bool kPairValues = kPairScores;
+  if constexpr (kPairValues) s.value_pairs.resize(KT * D);
 
   for (int64_t k0 = lo; k0 <= last_q; k0 += KT) {
     const int64_t n = std::min(KT, last_q + 1 - k0);
@@ -266,6 +273,20 @@ void prefill_item_avx512(const Item& it, const scalar_t* q, int64_t q_stride,
         for (int64_t d = 0; d < D; ++d) s.kt[d * KT + t] = s.v[t * D + d] = 0.f;
       }
     }
+#ifdef __AVX512BF16__
+    if constexpr (kPairValues) {  // positions t and t + 1 of dims 16j.. interleaved
+      const __m512i interleave = _mm512_set_epi16(
+          31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
+          23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);  // fmt: skip
+      for (int64_t t = 0; t < n; t += 2)
+        for (int j = 0; j < DV; ++j) {
+          const __m512bh two = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(s.v.data() + (t + 1) * D + j * 16),
+                                                   _mm512_loadu_ps(s.v.data() + t * D + j * 16));
+          _mm512_storeu_si512(s.value_pairs.data() + (t * D + j * 32),
+                              _mm512_permutexvar_epi16(interleave, (__m512i)two));
+        }
+    }
+#endif
     for (int64_t r0 = 0; r0 < padded; r0 += RB) {
       // keys k0 .. k0+n-1 that each row may see: a contiguous run of lanes
       __mmask16 mask[RB];
@@ -317,19 +338,41 @@ void prefill_item_avx512(const Item& it, const scalar_t* q, int64_t q_stride,
         const float correction = exp_poly(s.max[r] - new_max);
         const __m512 pv =
             _mm512_maskz_mov_ps(mask[b], exp512(_mm512_sub_ps(score[b], _mm512_set1_ps(new_max))));
-        _mm512_store_ps(p[b], pv);
+        if constexpr (kPairValues) {
+#ifdef __AVX512BF16__
+          _mm256_store_si256(reinterpret_cast<__m256i*>(p_bf16[b]), (__m256i)_mm512_cvtneps_pbh(pv));
+#endif
+        } else {
+          _mm512_store_ps(p[b], pv);
+        }
         s.max[r] = new_max;
         s.sum[r] = s.sum[r] * correction + _mm512_reduce_add_ps(pv);
         for (int j = 0; j < DV; ++j)
           acc[b][j] = _mm512_mul_ps(_mm512_loadu_ps(s.acc.data() + r * D + j * 16),
                                     _mm512_set1_ps(correction));
       }
-      for (int64_t t = 0; t < n; ++t) {
-        __m512 vt[DV];
-        for (int j = 0; j < DV; ++j) vt[j] = _mm512_loadu_ps(s.v.data() + t * D + j * 16);
-        for (int b = 0; b < RB; ++b) {
-          const __m512 pt = _mm512_set1_ps(p[b][t]);
-          for (int j = 0; j < DV; ++j) acc[b][j] = _mm512_fmadd_ps(pt, vt[j], acc[b][j]);
+      if constexpr (kPairValues) {
+#ifdef __AVX512BF16__
+        for (int64_t t = 0; t < n; t += 2) {  // past n: zero probabilities and values
+          __m512bh vt[DV];
+          for (int j = 0; j < DV; ++j)
+            vt[j] = (__m512bh)_mm512_loadu_si512(s.value_pairs.data() + (t * D + j * 32));
+          for (int b = 0; b < RB; ++b) {
+            int32_t pair;
+            std::memcpy(&pair, &p_bf16[b][t], sizeof pair);
+            const auto pt = (__m512bh)_mm512_set1_epi32(pair);
+            for (int j = 0; j < DV; ++j) acc[b][j] = _mm512_dpbf16_ps(acc[b][j], pt, vt[j]);
+          }
+        }
+#endif
+      } else {
+        for (int64_t t = 0; t < n; ++t) {
+          __m512 vt[DV];
+          for (int j = 0; j < DV; ++j) vt[j] = _mm512_loadu_ps(s.v.data() + t * D + j * 16);
+          for (int b = 0; b < RB; ++b) {
+            const __m512 pt = _mm512_set1_ps(p[b][t]);
+            for (int j = 0; j < DV; ++j) acc[b][j] = _mm512_fmadd_ps(pt, vt[j], acc[b][j]);
+          }
         }
       }
       for (int b = 0; b < RB; ++b)
