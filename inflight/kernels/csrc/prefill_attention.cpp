@@ -280,8 +280,8 @@ void prefill_item_avx512(const Item& it, const scalar_t* q, int64_t q_stride,
           23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);  // fmt: skip
       for (int64_t t = 0; t < n; t += 2)
         for (int j = 0; j < DV; ++j) {
-          const __m512bh two = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(s.v.data() + (t + 1) * D + j * 16),
-                                                   _mm512_loadu_ps(s.v.data() + t * D + j * 16));
+          const float* v = s.v.data() + t * D + j * 16;  // and the next position's at + D
+          const __m512bh two = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(v + D), _mm512_loadu_ps(v));
           _mm512_storeu_si512(s.value_pairs.data() + (t * D + j * 32),
                               _mm512_permutexvar_epi16(interleave, (__m512i)two));
         }
@@ -340,7 +340,8 @@ void prefill_item_avx512(const Item& it, const scalar_t* q, int64_t q_stride,
             _mm512_maskz_mov_ps(mask[b], exp512(_mm512_sub_ps(score[b], _mm512_set1_ps(new_max))));
         if constexpr (kPairValues) {
 #ifdef __AVX512BF16__
-          _mm256_store_si256(reinterpret_cast<__m256i*>(p_bf16[b]), (__m256i)_mm512_cvtneps_pbh(pv));
+          const __m256i rounded = (__m256i)_mm512_cvtneps_pbh(pv);
+          _mm256_store_si256(reinterpret_cast<__m256i*>(p_bf16[b]), rounded);
 #endif
         } else {
           _mm512_store_ps(p[b], pv);
