@@ -150,12 +150,22 @@ def test_a_grammar_cut_by_max_tokens_ends_with_length_and_what_was_generated(cli
 
 
 def test_json_object_mode_returns_an_object(client):
-    r = client.chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": "Describe a cat in JSON."}],
-        response_format={"type": "json_object"}, temperature=0.7, seed=3, max_tokens=300,
-    )  # fmt: skip
-    assert r.choices[0].finish_reason == "stop"
-    assert isinstance(json.loads(r.choices[0].message.content), dict)
+    """The grammar lets a sample end only where its object is complete: every sample that
+    stops is a JSON object, every one cut by max_tokens the start of one. (The small model
+    loops inside its object in about half of the samples, so several seeds are drawn.)"""
+    stopped = 0
+    for seed in range(6):
+        r = client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "Describe a cat in JSON."}],
+            response_format={"type": "json_object"}, temperature=0.7, seed=seed, max_tokens=300,
+        )  # fmt: skip
+        content = r.choices[0].message.content
+        if r.choices[0].finish_reason == "stop":
+            assert isinstance(json.loads(content), dict)
+            stopped += 1
+        else:
+            assert r.choices[0].finish_reason == "length" and content.lstrip().startswith("{")
+    assert stopped >= 1
 
 
 def _check_call(call, names):

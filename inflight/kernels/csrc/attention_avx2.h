@@ -63,35 +63,37 @@ __attribute__((noinline)) void scores(const float* __restrict q, const float* __
   for (int b = 0; b < RB; ++b) out[b][0] = acc[b][0], out[b][1] = acc[b][1];
 }
 
-// acc[r] = acc[r] * keep[r] + sum over t < n of p[r][t] * v[t], for NR (1 or 2) rows; `v` is n
+// acc[r] = acc[r] * keep[r] + sum over t < n of p[r][t] * v[t], for NR (1 to 6) rows; `v` is n
 // rows of D values, `row` elements apart (the same bytes from `ahead` prefetched where given).
-// 32 dims at a time: 4 value vectors serve both rows' 8 accumulators. Not inlined, for the same
-// reason.
+// 32 dims at a time for up to 2 rows (4 value vectors serve both rows' 8 accumulators), 16 for
+// more, so that every row shares each value widened once. Each sum runs over t in order, so
+// the result never depends on NR. Not inlined, for the same reason.
 template <int64_t D, int NR, typename value_t>
 __attribute__((noinline)) void add_values(const float* const (&p)[NR], const float (&keep)[NR],
                                           const value_t* v, int64_t row, int64_t n,
                                           float* const (&acc)[NR],
                                           const char* ahead = nullptr) {
-  static_assert(D % 32 == 0, "32 dims at a time");
-  constexpr int64_t kBytes = 32 * int64_t(sizeof(value_t));  // of a row's 32 dims
-  for (int64_t j0 = 0; j0 < D; j0 += 32) {
-    __m256 a[NR][4];
+  static_assert(D % 32 == 0 && NR >= 1 && NR <= 6, "32 dims at a time, 16 registers");
+  constexpr int kVecs = NR <= 2 ? 4 : 2;  // 8-dim vectors a pass: 2 NR + kVecs + 1 registers
+  constexpr int64_t kBytes = 8 * kVecs * int64_t(sizeof(value_t));  // of a row's pass
+  for (int64_t j0 = 0; j0 < D; j0 += 8 * kVecs) {
+    __m256 a[NR][kVecs];
     for (int r = 0; r < NR; ++r)
-      for (int j = 0; j < 4; ++j)
+      for (int j = 0; j < kVecs; ++j)
         a[r][j] = _mm256_mul_ps(_mm256_loadu_ps(acc[r] + j0 + j * 8), _mm256_set1_ps(keep[r]));
     for (int64_t t = 0; t < n; ++t) {
       if (ahead != nullptr)
         for (int64_t line = 0; line < kBytes; line += 64)
           fetch_run_line(ahead + (t * row + j0) * int64_t(sizeof(value_t)) + line);
-      __m256 vt[4];
-      for (int j = 0; j < 4; ++j) vt[j] = load8(v + t * row + j0 + j * 8);
+      __m256 vt[kVecs];
+      for (int j = 0; j < kVecs; ++j) vt[j] = load8(v + t * row + j0 + j * 8);
       for (int r = 0; r < NR; ++r) {
         const __m256 pt = _mm256_broadcast_ss(p[r] + t);
-        for (int j = 0; j < 4; ++j) a[r][j] = _mm256_fmadd_ps(pt, vt[j], a[r][j]);
+        for (int j = 0; j < kVecs; ++j) a[r][j] = _mm256_fmadd_ps(pt, vt[j], a[r][j]);
       }
     }
     for (int r = 0; r < NR; ++r)
-      for (int j = 0; j < 4; ++j) _mm256_storeu_ps(acc[r] + j0 + j * 8, a[r][j]);
+      for (int j = 0; j < kVecs; ++j) _mm256_storeu_ps(acc[r] + j0 + j * 8, a[r][j]);
   }
 }
 
