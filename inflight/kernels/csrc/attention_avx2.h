@@ -73,7 +73,7 @@ __attribute__((noinline)) void add_values(const float* const (&p)[NR], const flo
                                           const value_t* v, int64_t row, int64_t n,
                                           float* const (&acc)[NR],
                                           const char* ahead = nullptr) {
-  static_assert(D % 32 == 0 && NR >= 1 && NR <= 6, "32 dims at a time, 16 registers");
+  static_assert(D % 32 == 0 && NR >= 1 && NR <= 6, "passes of 32 or 16 dims, 16 registers");
   constexpr int kVecs = NR <= 2 ? 4 : 2;  // 8-dim vectors a pass: 2 NR + kVecs + 1 registers
   constexpr int64_t kBytes = 8 * kVecs * int64_t(sizeof(value_t));  // of a row's pass
   for (int64_t j0 = 0; j0 < D; j0 += 8 * kVecs) {

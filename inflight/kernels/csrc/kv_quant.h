@@ -30,8 +30,8 @@ template <typename T>
 constexpr float kScaledMax = std::is_same_v<T, int8_t> ? 127.f : 448.f;
 
 // e4m3 bits -> float32, exactly: normals by moving the exponent and mantissa into float32's
-// fields (bias 7 -> 127), subnormals (exponent 0) as mantissa * 2^-9. The same arithmetic as
-// the vector loads below (`load8`, `load16`, by another route), and as c10's conversion.
+// fields (bias 7 -> 127), subnormals (exponent 0) as mantissa * 2^-9. The same values as the
+// vector loads below (`load8`, `load16`, which go through float16) and as c10's conversion.
 inline float fp8_to_float(uint8_t bits) {
   const uint32_t m = bits & 0x7F;
   float magnitude;
