@@ -2,9 +2,9 @@
 heads over 3 KV heads of 64 dims; `--shape gemma3`: 4 over 1 of 256), blocks of 16 tokens, one
 layer per call: prompt chunks in GFLOP/s (causal multiply-adds counted once) and decodes in
 GB/s of K/V read. The best of 7 rounds of 20 calls each, since a shared machine's speed drifts
-between rounds. The last two decodes call every layer of a step in turn over caches of their
-own (`--layers`, 30 by default: SmolLM2's), so that they are read from memory as an engine's
-are, not from the CPU's caches.
+between rounds. The decodes of `--layers` layers (30 by default: SmolLM2's) call every layer of
+a step in turn over caches of their own, so that they are read from memory as an engine's
+are, not from the CPU's caches. The last four lines take 8-bit caches under bf16 queries.
 
     .venv/bin/python scripts/attention_kernels.py [--shape gemma3]
 """
@@ -36,11 +36,18 @@ def best_seconds(call, rounds: int = 7, calls: int = 20) -> float:
     return min(times)
 
 
+SCALED = (torch.int8, torch.float8_e4m3fn)  # 8-bit caches: a scale per position and head
+
+
 def caches(num_blocks: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """On huge pages where offered, as an engine's pool is."""
-    k_shape, v_shape = backend.cache_shapes(num_blocks, KVH, D)
-    k, v = (empty_on_huge_pages(tuple(shape), dtype) for shape in (k_shape, v_shape))
-    return k.copy_(torch.randn(k_shape)), v.copy_(torch.randn(v_shape))
+    """On huge pages where offered, as an engine's pool is, every slot written by the kernels'
+    own write (8-bit rows with their scales)."""
+    shapes = backend.cache_shapes(num_blocks, KVH, D, scaled=dtype in SCALED)
+    k, v = (empty_on_huge_pages(tuple(shape), dtype) for shape in shapes)
+    slots = torch.arange(num_blocks * BS)
+    backend.write_cache(k, v, torch.randn(len(slots), KVH, D), torch.randn(len(slots), KVH, D),
+                        slots)  # fmt: skip
+    return k, v
 
 
 def prefill(new: list[int], cached: list[int], dtype: torch.dtype = torch.float32) -> str:
@@ -53,8 +60,9 @@ def prefill(new: list[int], cached: list[int], dtype: torch.dtype = torch.float3
         block += blocks[i]
         chunks.append([row, n, c])
         row += n
-    q = torch.randn(row, (H + 2 * KVH) * D).to(dtype)[:, : H * D].view(row, H, D)
-    out = torch.empty(row, H, D, dtype=dtype)
+    q_dtype = torch.bfloat16 if dtype in SCALED else dtype  # an 8-bit cache's engine's
+    q = torch.randn(row, (H + 2 * KVH) * D).to(q_dtype)[:, : H * D].view(row, H, D)
+    out = torch.empty(row, H, D, dtype=q_dtype)
     args = (q, k, v, torch.tensor(chunks), tables, out, D**-0.5, 0, 0.0, None)
     seconds = best_seconds(lambda: backend._ext.paged_prefill_attention(*args))
     flops = sum(4 * H * D * (c * n + n * (n + 1) / 2) for n, c in zip(new, cached, strict=True))
@@ -72,14 +80,16 @@ def decode(requests: int, context: int, dtype: torch.dtype = torch.float32, laye
     else:
         tables = (torch.arange(requests * blocks) + 1).view(requests, blocks)
     lens = torch.full((requests,), context, dtype=torch.long)
-    q = torch.randn(requests, H, D).to(dtype)
+    q = torch.randn(requests, H, D).to(torch.bfloat16 if dtype in SCALED else dtype)
 
     def step() -> None:
         for k, v in layer_caches:
             backend._ext.paged_decode_attention(q, k, v, tables, lens, D**-0.5, 0, 0.0, None)
 
     seconds = best_seconds(step, calls=20 if layers == 1 else 2)
-    gb = layers * requests * context * KVH * D * 2 * layer_caches[0][0].element_size() / 1e9
+    # a key and a value row per position and head (an 8-bit row carries its scale)
+    row_bytes = backend.cache_shapes(1, 1, D, dtype in SCALED)[1][-1] * dtype.itemsize
+    gb = layers * requests * context * KVH * 2 * row_bytes / 1e9
     return f"{seconds * 1e3:8.3f} ms  {gb / seconds:6.1f} GB/s"
 
 
@@ -100,3 +110,7 @@ if __name__ == "__main__":
     n = args.layers
     print(f"decode, 8 x 4,000, bf16, {n} layers  ", decode(8, 4000, torch.bfloat16, layers=n))
     print(f"decode, 64 x 400, {n} layers         ", decode(64, 400, layers=n))
+    for cache in SCALED:  # under bf16 queries, as a bf16 engine with that cache runs them
+        name = "int8" if cache == torch.int8 else "fp8 "
+        print(f"prefill, 2,048 after 1,024, {name}   ", prefill([2048], [1024], cache))
+        print(f"decode, 8 x 4,000, {name}, {n} layers  ", decode(8, 4000, cache, layers=n))
