@@ -60,6 +60,34 @@ def _kernel_to_token_major_bytes(k_cache, v_cache, d):
     return torch.cat([keys, key_scales], -1), v.permute(0, 2, 1, 3)
 
 
+def _written_by_both(key, value, slots, cache_dtype, num_blocks, bs=16):
+    """Keys and values [T, KVH, D] written at `slots` by the reference and by the C++ kernel:
+    the caches each holds, by backend name."""
+    caches = {}
+    kernel = CpuKernelBackend(bs)
+    for backend, write in ((TorchReferenceBackend(bs), write_token_major),
+                           (kernel, kernel.write_cache)):  # fmt: skip
+        shapes = backend.cache_shapes(num_blocks, key.shape[1], key.shape[2],
+                                      scaled=is_scaled(cache_dtype))  # fmt: skip
+        k_cache, v_cache = (torch.zeros(s, dtype=cache_dtype) for s in shapes)
+        write(k_cache, v_cache, key, value, slots)
+        caches[backend.name] = (k_cache, v_cache)
+    return caches
+
+
+def _assert_same_contents(caches, d):
+    ref_k, ref_v = caches["torch"]
+    if is_scaled(ref_k.dtype):
+        got_k, got_v = _kernel_to_token_major_bytes(*caches["cpu"], d)
+        assert torch.equal(got_k, ref_k.view(torch.uint8))
+        assert torch.equal(got_v, ref_v.view(torch.uint8))
+    else:
+        want_k, want_v = to_kernel_layout(ref_k, ref_v)
+        got_k, got_v = caches["cpu"]
+        assert torch.equal(got_k.view(torch.uint8), want_k.view(torch.uint8))
+        assert torch.equal(got_v.view(torch.uint8), want_v.view(torch.uint8))
+
+
 @pytest.mark.parametrize("cache_dtype", [None, *CACHE_DTYPES], ids=str)  # None: the model's
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_kernel_write_stores_what_the_reference_stores(cache_dtype, dtype):
@@ -72,28 +100,66 @@ def test_kernel_write_stores_what_the_reference_stores(cache_dtype, dtype):
     qkv = torch.randn(40, 4 * kvh * d, generator=gen).to(dtype)  # strided rows, as in the model
     key = qkv[:, : kvh * d].view(40, kvh, d)
     value = qkv[:, kvh * d : 2 * kvh * d].view(40, kvh, d)
-    caches = {}
-    kernel = CpuKernelBackend(bs)
-    scaled = is_scaled(cache_dtype)
-    for backend, write in ((TorchReferenceBackend(bs), write_token_major),
-                           (kernel, kernel.write_cache)):  # fmt: skip
-        shapes = backend.cache_shapes(num_blocks, kvh, d, scaled=scaled)
-        k_cache, v_cache = (torch.zeros(s, dtype=cache_dtype) for s in shapes)
-        write(k_cache, v_cache, key, value, slots)
-        caches[backend.name] = (k_cache, v_cache)
-    ref_k, ref_v = caches["torch"]
-    if scaled:
-        got_k, got_v = _kernel_to_token_major_bytes(*caches["cpu"], d)
-        assert torch.equal(got_k, ref_k.view(torch.uint8))
-        assert torch.equal(got_v, ref_v.view(torch.uint8))
-        return
-    want_k, want_v = to_kernel_layout(ref_k, ref_v)
-    assert torch.equal(caches["cpu"][0], want_k) and torch.equal(caches["cpu"][1], want_v)
+    caches = _written_by_both(key, value, slots, cache_dtype, num_blocks, bs)
+    _assert_same_contents(caches, d)
     if cache_dtype == dtype:  # the layout itself, for the first token: keys [NB, KVH, D/2, BS, 2]
         block, offset = divmod(int(slots[0]), bs)
         keys, values = caches["cpu"]
         assert torch.equal(keys[block, :, :, offset].reshape(kvh, d), key[0])
         assert torch.equal(values[block, :, offset], value[0])
+
+
+def _boundary_values(cache_dtype: torch.dtype) -> torch.Tensor:
+    """Float32 values at and beside every point where a conversion into `cache_dtype` changes its
+    rounding, for rows whose scale is 1: int8's half-integers, float8's midpoints between its
+    values (subnormals among them), and for bfloat16 ties and their neighbours at every
+    exponent, subnormals and infinities."""
+    if cache_dtype == torch.bfloat16:
+        gen = torch.Generator().manual_seed(5)
+        bits = torch.randint(0, 2**31 - 1, (600,), generator=gen, dtype=torch.int64)
+        bits = (bits & ~0xFFFF) | 0x8000  # exactly halfway between two bfloat16 values
+        ties = bits.to(torch.int32).view(torch.float32)
+        ties = ties[ties.isfinite()]
+        small = torch.tensor([1e-40, 3e-39, 1e-45, 0.0, -0.0, float("inf"), float("-inf")])
+    elif cache_dtype == torch.int8:
+        ties = torch.arange(-127, 127) + 0.5
+        small = torch.tensor([1e-40, 0.0, -0.0, 127.0, -127.0])
+    else:
+        finite = torch.arange(0, 0x7F, dtype=torch.int16).to(torch.uint8).view(FP8).float()
+        ties = (finite[:-1] + finite[1:]) / 2
+        ties = torch.cat([ties, -ties, ties * (1 - 2**-20)])
+        small = torch.tensor([1e-40, 2**-10, 0.0, -0.0, 448.0, -448.0])
+    near = torch.cat([ties.nextafter(torch.tensor(float("inf"))),
+                      ties.nextafter(torch.tensor(float("-inf")))])  # fmt: skip
+    return torch.cat([ties, near, small])
+
+
+@pytest.mark.parametrize("d", [64, 70])  # 70: a tail past the vectors' lanes
+@pytest.mark.parametrize(
+    ("cache_dtype", "dtype"),
+    [(c, m) for c in CACHE_DTYPES for m in (torch.float32, torch.bfloat16) if c != m],
+    ids=str,
+)  # a bfloat16 model's own cache is copied, not converted
+def test_kernel_write_rounds_every_boundary_as_the_reference_does(cache_dtype, dtype, d):
+    """The C++ write's vector conversions give the reference's bytes where rounding is hardest:
+    every tie of each 8-bit type at scale 1 (each row also holds the type's largest value,
+    which sets the scale), bfloat16 ties at random exponents, subnormals, signed zeros, rows of
+    zeros, and rows of every magnitude."""
+    values = _boundary_values(cache_dtype).to(dtype).float()
+    per_row = d - 1
+    rows = -(-len(values) // per_row)
+    x = torch.zeros(rows * per_row)
+    x[: len(values)] = values
+    largest = {torch.int8: 127.0, FP8: 448.0, torch.bfloat16: 1.0}[cache_dtype]
+    x = torch.cat([torch.full((rows, 1), largest), x.view(rows, per_row)], 1)
+    gen = torch.Generator().manual_seed(7)
+    spread = torch.randn(rows, d, generator=gen) * torch.logspace(-38, 37, rows)[:, None]
+    x = torch.cat([x, spread, torch.zeros(1, d)]).to(dtype)
+    tokens = len(x) - len(x) % 2
+    key, value = x[:tokens].view(tokens // 2, 2, d), x[1 : tokens + 1].view(tokens // 2, 2, d)
+    num_blocks = -(-tokens // 2 // 16)
+    slots = torch.randperm(num_blocks * 16, generator=gen)[: tokens // 2]
+    _assert_same_contents(_written_by_both(key, value, slots, cache_dtype, num_blocks), d)
 
 
 @pytest.mark.parametrize(

@@ -42,7 +42,9 @@ void convert_rows(cache_t* k_cache, cache_t* v_cache, const KVLayout& lay, const
     for (int64_t h = 0; h < lay.kv_heads; ++h) {
       cache_t* krun = k_cache + lay.run(block, h);
       const float k_scale = quantize_row(key + t * key_stride + h * D, D, row.data());
-      for (int64_t d = 0; d < D; ++d) krun[lay.key_in_run(offset, d)] = row[d];
+      for (int64_t d = 0; d < D; d += 2) {  // a pair of dims: the unit of the keys' rows
+        std::memcpy(krun + lay.key_in_run(offset, d), row.data() + d, 2 * sizeof(cache_t));
+      }
       cache_t* vrow = v_cache + lay.run(block, h) + lay.value_in_run(offset);
       const float v_scale = quantize_row(value + t * value_stride + h * D, D, vrow);
       if constexpr (kScaledCache<cache_t>) {
