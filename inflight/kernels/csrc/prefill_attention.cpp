@@ -45,6 +45,14 @@ struct Scratch {
   std::vector<c10::BFloat16> value_pairs;  // the value tile as bf16 pairs of positions
 };
 
+// exp(old_max - new_max): what a row's running sums are multiplied by as its online softmax
+// moves to a higher max. A row's max stops rising after its first tiles, and then the factor is
+// 1, which exp_poly(0) gives exactly: taken without the polynomial, whose chain of dependent
+// scalar operations per row and tile was a fifth of a long prompt's attention time (Zen 4).
+inline float max_correction(float old_max, float new_max) {
+  return new_max == old_max ? 1.f : exp_poly(old_max - new_max);
+}
+
 // Resets the scratch for an item of `rows` query rows (row r: token r / G, query head r % G),
 // `padded` of them with rows past `rows` zero, and copies its queries in, scaled, as fp32. A
 // row's softmax starts empty, or from its head's sink (a running max of the sink's logit and a
@@ -142,7 +150,7 @@ void prefill_item(const Item& it, const q_t* q, int64_t q_stride, const cache_t*
         if (valid[t]) tile_max = std::max(tile_max, score[t]);
       }
       const float new_max = std::max(s.max[r], tile_max);
-      const float correction = exp_poly(s.max[r] - new_max);  // ~0 on the first tile: acc is 0
+      const float correction = max_correction(s.max[r], new_max);  // ~0 on the first tile: acc is 0
       float p[KT], p_sum = 0.f;
 #pragma omp simd reduction(+ : p_sum)
       for (int64_t t = 0; t < KT; ++t) {
@@ -335,7 +343,7 @@ void prefill_item_avx512(const Item& it, const scalar_t* q, int64_t q_stride,
         const float tile_max =
             mask[b] ? _mm512_mask_reduce_max_ps(mask[b], score[b]) : s.max[r];
         const float new_max = std::max(s.max[r], tile_max);
-        const float correction = exp_poly(s.max[r] - new_max);
+        const float correction = max_correction(s.max[r], new_max);
         const __m512 pv =
             _mm512_maskz_mov_ps(mask[b], exp512(_mm512_sub_ps(score[b], _mm512_set1_ps(new_max))));
         if constexpr (kPairValues) {
@@ -473,7 +481,7 @@ void prefill_item_avx2(const Item& it, const q_t* q, int64_t q_stride, const cac
             lane_max8(_mm256_max_ps(_mm256_blendv_ps(floor, score[b][0], mask[b][0]),
                                      _mm256_blendv_ps(floor, score[b][1], mask[b][1])));
         const float new_max = std::max(s.max[r], tile_max);
-        correction[b] = exp_poly(s.max[r] - new_max);
+        correction[b] = max_correction(s.max[r], new_max);
         const __m256 m = _mm256_set1_ps(new_max);
         const __m256 p_lo = _mm256_and_ps(mask[b][0], exp256(_mm256_sub_ps(score[b][0], m)));
         const __m256 p_hi = _mm256_and_ps(mask[b][1], exp256(_mm256_sub_ps(score[b][1], m)));
