@@ -494,6 +494,7 @@ void tile(const Problem<A>& p, int64_t m0, int64_t g) {
     const SubBlock<F> sb = sub_block<F>(wg, b);
     fetch_ahead(sb.quants);
     const SubScales s = sub_scales<F>(sb.block, sb.j);
+#pragma GCC unroll 4  // acc[] in registers: GCC kept them in memory, a store and a load each block
     for (int r = 0; r < MR; ++r) {
       const int64_t rb = (m0 + r) * blocks + b;  // this row's block of x
       const A* xb = p.x->q.data() + rb * kBlock;
@@ -655,6 +656,7 @@ void unpacked_tile(const Problem<int8_t>& p, const __m256i* wv, int64_t m0, int6
     const __m256i* v = wv + b * unpacked_vectors<int8_t>();
     const SubBlock<F> sb = sub_block<F>(wg, b);
     const SubScales s = sub_scales<F>(sb.block, sb.j);
+#pragma GCC unroll 4  // acc[] in registers: GCC kept them in memory, a store and a load each block
     for (int r = 0; r < MR; ++r) {
       const int64_t rb = (m0 + r) * blocks + b;  // this row's block of x
       const int8_t* xb = p.x->q.data() + rb * kBlock;
