@@ -65,7 +65,10 @@ def load_extension() -> ModuleType:
         name = f"inflight_cpu_kernels_{_cpu_digest()}"
         # NOTE: no fused multiply-add contraction, so float32 element-wise results round
         # exactly as PyTorch's separate ops do (the attention kernels call FMA explicitly).
-        cflags = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off"]
+        # No floating-point traps (values unchanged: only exception flags could differ): with
+        # them, GCC will not turn a float comparison into a vector select without AVX-512's
+        # masks, and left loops through `exp_poly`'s clamp (SiLU) scalar on AVX2 CPUs.
+        cflags = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-fno-trapping-math"]
         built = _BuiltExtension(name, _build_digest(csrc, cflags))
         _extension = built.load()
         if _extension is None:
