@@ -12,10 +12,11 @@
 //
 // Work items are (chunk, KV head, tile of 16 query tokens): the G query heads of one KV head
 // share every key tile they read. With a soft cap c > 0 (Gemma 2's), each score s becomes
-// c tanh(s / c) before the softmax; only the generic item computes it. With `sinks` (gpt-oss's,
-// float32 [H]), each row's online softmax starts from its head's sink logit, as if a key of that
-// score and a zero value came first: every item takes them. Items run longest first under
-// dynamic scheduling (causal tiles late in a prompt read more keys).
+// c tanh(s / c) before the softmax; the AVX2 and generic items compute it (a capped layer never
+// takes the AVX-512 item). With `sinks` (gpt-oss's, float32 [H]), each row's online softmax
+// starts from its head's sink logit, as if a key of that score and a zero value came first:
+// every item takes them. Items run longest first under dynamic scheduling (causal tiles late in
+// a prompt read more keys).
 #include "attention_avx2.h"
 #include "kv_layout.h"
 #include "kv_quant.h"
