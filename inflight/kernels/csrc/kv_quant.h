@@ -68,40 +68,6 @@ constexpr int32_t kFp8Smallest = 121 << 23;     // 2^-6, e4m3's smallest normal
 constexpr int32_t kFp8Overflow = 1087 << 20;    // 480: rounds past e4m3's largest, 448
 }  // namespace cache_bits
 
-#ifdef __AVX512F__
-inline __m128i int8_lanes(__m512 y) {
-  y = _mm512_min_ps(_mm512_max_ps(y, _mm512_set1_ps(-127.f)), _mm512_set1_ps(127.f));
-  return _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(y));
-}
-inline __m128i fp8_lanes(__m512 y) {
-  using namespace cache_bits;
-  const __m512i bits = _mm512_castps_si512(y);
-  const __m512i sign = _mm512_and_si512(bits, _mm512_set1_epi32(INT32_MIN));
-  const __m512i mag = _mm512_xor_si512(bits, sign);
-  const __m512i parity = _mm512_and_si512(_mm512_srli_epi32(mag, 20), _mm512_set1_epi32(1));
-  const __m512i normal = _mm512_srli_epi32(
-      _mm512_add_epi32(_mm512_add_epi32(mag, _mm512_set1_epi32(kFp8Bias)), parity), 20);
-  const __m512i magic = _mm512_set1_epi32(kFp8SmallMagic);
-  const __m512i small = _mm512_sub_epi32(
-      _mm512_castps_si512(_mm512_add_ps(_mm512_castsi512_ps(mag), _mm512_castsi512_ps(magic))),
-      magic);
-  __m512i r = _mm512_mask_blend_epi32(
-      _mm512_cmplt_epu32_mask(mag, _mm512_set1_epi32(kFp8Smallest)), normal, small);
-  r = _mm512_mask_blend_epi32(_mm512_cmpge_epu32_mask(mag, _mm512_set1_epi32(kFp8Overflow)), r,
-                              _mm512_set1_epi32(kFp8Nan));
-  return _mm512_cvtepi32_epi8(_mm512_or_si512(r, _mm512_srli_epi32(sign, 24)));
-}
-inline __m256i bf16_lanes(__m512 x) {
-  const __m512i bits = _mm512_castps_si512(x);
-  const __m512i parity = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-  __m512i r = _mm512_srli_epi32(
-      _mm512_add_epi32(_mm512_add_epi32(bits, _mm512_set1_epi32(0x7FFF)), parity), 16);
-  r = _mm512_mask_blend_epi32(_mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), r,
-                              _mm512_set1_epi32(cache_bits::kBf16Nan));
-  return _mm512_cvtepi32_epi16(r);
-}
-#endif
-
 #if defined(__AVX2__) && defined(__FMA__)
 // 8 int32 lanes (each within [-128, 255]) as 8 bytes, in order.
 inline __m128i byte_lanes(__m256i v, bool is_signed) {
@@ -117,7 +83,7 @@ inline __m128i int8_lanes(__m256 y) {
   y = _mm256_min_ps(_mm256_max_ps(y, _mm256_set1_ps(-127.f)), _mm256_set1_ps(127.f));
   return byte_lanes(_mm256_cvtps_epi32(y), true);
 }
-inline __m128i fp8_lanes(__m256 y) {  // as the AVX-512 form; magnitudes compare as signed
+inline __m128i fp8_lanes(__m256 y) {  // magnitudes (sign cleared) compare as signed
   using namespace cache_bits;
   const __m256i bits = _mm256_castps_si256(y);
   const __m256i sign = _mm256_and_si256(bits, _mm256_set1_epi32(INT32_MIN));
@@ -146,47 +112,15 @@ inline __m128i bf16_lanes(__m256 x) {
 }
 #endif
 
-// What `quantize_row` needs of a vector: loads from float or bfloat16, |x|, a maximum that keeps
-// its second operand over a NaN (as std::max keeps the running one), an IEEE division, and a
-// vector's lanes stored in the cache's type.
-#if defined(__AVX512F__)
-#define INFLIGHT_ROW_VECTORS 1
-using RowVec = __m512;
-constexpr int64_t kRowLanes = 16;
-inline RowVec row_load(const float* p) { return load16(p); }
-inline RowVec row_load(const c10::BFloat16* p) { return load16(p); }
-inline RowVec row_abs(RowVec v) { return _mm512_abs_ps(v); }
-inline RowVec row_max(RowVec a, RowVec b) { return _mm512_max_ps(a, b); }
-inline float row_fold_max(RowVec v) { return _mm512_reduce_max_ps(v); }
-inline RowVec row_zero() { return _mm512_setzero_ps(); }
-inline RowVec row_divide(RowVec v, float s) { return _mm512_div_ps(v, _mm512_set1_ps(s)); }
-inline void row_store(int8_t* out, RowVec y) {
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(out), int8_lanes(y));
-}
-inline void row_store(fp8* out, RowVec y) {
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(out), fp8_lanes(y));
-}
-inline void row_store(c10::BFloat16* out, RowVec y) {
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), bf16_lanes(y));
-}
-#elif defined(__AVX2__) && defined(__FMA__)
-#define INFLIGHT_ROW_VECTORS 1
-using RowVec = __m256;
-constexpr int64_t kRowLanes = 8;
-inline RowVec row_load(const float* p) { return load8(p); }
-inline RowVec row_load(const c10::BFloat16* p) { return load8(p); }
-inline RowVec row_abs(RowVec v) { return _mm256_andnot_ps(_mm256_set1_ps(-0.f), v); }
-inline RowVec row_max(RowVec a, RowVec b) { return _mm256_max_ps(a, b); }
-inline float row_fold_max(RowVec v) { return lane_max8(v); }
-inline RowVec row_zero() { return _mm256_setzero_ps(); }
-inline RowVec row_divide(RowVec v, float s) { return _mm256_div_ps(v, _mm256_set1_ps(s)); }
-inline void row_store(int8_t* out, RowVec y) {
+#if defined(__AVX2__) && defined(__FMA__)
+// 8 float lanes stored in a cache's type.
+inline void store8(int8_t* out, __m256 y) {
   _mm_storel_epi64(reinterpret_cast<__m128i*>(out), int8_lanes(y));
 }
-inline void row_store(fp8* out, RowVec y) {
+inline void store8(fp8* out, __m256 y) {
   _mm_storel_epi64(reinterpret_cast<__m128i*>(out), fp8_lanes(y));
 }
-inline void row_store(c10::BFloat16* out, RowVec y) {
+inline void store8(c10::BFloat16* out, __m256 y) {
   _mm_storeu_si128(reinterpret_cast<__m128i*>(out), bf16_lanes(y));
 }
 #endif
@@ -194,35 +128,37 @@ inline void row_store(c10::BFloat16* out, RowVec y) {
 // One row of n values into the cache's type: 8-bit rows scaled so that their largest |x| is the
 // type's largest value (the scale is returned; 0 for a row of zeros), others rounded to nearest.
 // The division (not a multiply by the reciprocal) is what the PyTorch reference does too. Rows
-// of float (and bfloat16, into 8 bits) go through vectors, the scalar loop taking the tail,
-// with the scalar loop's bytes: a maximum is the same in any order.
+// of float (and bfloat16, into 8 bits) go 8 at a time through vectors (on AVX-512 CPUs too: the
+// write is a small part of a step), the scalar loop taking the tail, with the scalar loop's
+// bytes: a maximum is the same in any order, and `_mm256_max_ps`, as std::max, keeps the running
+// one over a NaN.
 template <typename cache_t, typename src_t>
 inline float quantize_row(const src_t* x, int64_t n, cache_t* out) {
   int64_t whole = 0;  // the leading elements the vectors take
-#ifdef INFLIGHT_ROW_VECTORS
+#if defined(__AVX2__) && defined(__FMA__)
   constexpr bool kVectors =
-      std::is_same_v<src_t, float> ||
-      (kScaledCache<cache_t> && std::is_same_v<src_t, c10::BFloat16>);
-  if constexpr (kVectors) whole = n / kRowLanes * kRowLanes;
+      kScaledCache<cache_t>
+          ? std::is_same_v<src_t, float> || std::is_same_v<src_t, c10::BFloat16>
+          : std::is_same_v<src_t, float> && std::is_same_v<cache_t, c10::BFloat16>;
+  if constexpr (kVectors) whole = n / 8 * 8;
 #endif
   if constexpr (kScaledCache<cache_t>) {
     float amax = 0.f;
-#ifdef INFLIGHT_ROW_VECTORS
+#if defined(__AVX2__) && defined(__FMA__)
     if constexpr (kVectors) {
-      RowVec acc = row_zero();
-      for (int64_t i = 0; i < whole; i += kRowLanes) acc = row_max(row_abs(row_load(x + i)), acc);
-      amax = row_fold_max(acc);
+      __m256 acc = _mm256_setzero_ps();
+      for (int64_t i = 0; i < whole; i += 8)
+        acc = _mm256_max_ps(_mm256_andnot_ps(_mm256_set1_ps(-0.f), load8(x + i)), acc);
+      amax = lane_max8(acc);
     }
 #endif
     for (int64_t i = whole; i < n; ++i) amax = std::max(amax, std::fabs(static_cast<float>(x[i])));
     const float scale = amax / kScaledMax<cache_t>;
     if (!(scale > 0.f)) whole = 0;
-#ifdef INFLIGHT_ROW_VECTORS
-    if constexpr (kVectors) {
-      for (int64_t i = 0; i < whole; i += kRowLanes) {
-        row_store(out + i, row_divide(row_load(x + i), scale));
-      }
-    }
+#if defined(__AVX2__) && defined(__FMA__)
+    if constexpr (kVectors)
+      for (int64_t i = 0; i < whole; i += 8)
+        store8(out + i, _mm256_div_ps(load8(x + i), _mm256_set1_ps(scale)));
 #endif
     for (int64_t i = whole; i < n; ++i) {
       const float y = scale > 0.f ? static_cast<float>(x[i]) / scale : 0.f;
@@ -234,12 +170,9 @@ inline float quantize_row(const src_t* x, int64_t n, cache_t* out) {
     }
     return scale;
   } else {
-#ifdef INFLIGHT_ROW_VECTORS
-    if constexpr (kVectors && std::is_same_v<cache_t, c10::BFloat16>) {
-      for (int64_t i = 0; i < whole; i += kRowLanes) row_store(out + i, row_load(x + i));
-    } else {
-      whole = 0;
-    }
+#if defined(__AVX2__) && defined(__FMA__)
+    if constexpr (kVectors)
+      for (int64_t i = 0; i < whole; i += 8) store8(out + i, load8(x + i));
 #endif
     for (int64_t i = whole; i < n; ++i) out[i] = static_cast<cache_t>(static_cast<float>(x[i]));
     return 1.f;
