@@ -49,7 +49,8 @@ struct Scratch {
 // exp(old_max - new_max): what a row's running sums are multiplied by as its online softmax
 // moves to a higher max. A row's max stops rising after its first tiles, and then the factor is
 // 1, which exp_poly(0) gives exactly: taken without the polynomial, whose chain of dependent
-// scalar operations per row and tile was a fifth of a long prompt's attention time (Zen 4).
+// scalar operations per row and tile, taken every time, costs a fifth of a long prompt's
+// attention time (Zen 4).
 inline float max_correction(float old_max, float new_max) {
   return new_max == old_max ? 1.f : exp_poly(old_max - new_max);
 }
