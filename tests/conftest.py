@@ -69,7 +69,7 @@ def build_tokenizer(folder: Path):
 
 
 TINY_ARCHS = ("llama", "llama3_rope", "qwen2", "qwen3", "qwen3_moe", "mixtral", "phi3", "mistral",
-              "gemma2", "gemma3", "granite", "gpt_oss")  # fmt: skip
+              "gemma2", "gemma3", "granite", "gpt_oss", "smollm3")  # fmt: skip
 
 
 def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) -> Path:
@@ -96,6 +96,8 @@ def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) ->
         Qwen3ForCausalLM,
         Qwen3MoeConfig,
         Qwen3MoeForCausalLM,
+        SmolLM3Config,
+        SmolLM3ForCausalLM,
     )
 
     common = dict(
@@ -165,6 +167,10 @@ def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) ->
         cls = GraniteForCausalLM
     elif arch == "mistral":
         config, cls = MistralConfig(**common, sliding_window=24), MistralForCausalLM
+    elif arch == "smollm3":  # its fourth layer without RoPE (SmolLM3's default interval, the
+        # one its GGUF files imply)
+        config = SmolLM3Config(**{**common, "num_hidden_layers": 4}, rope_theta=10000.0)
+        cls = SmolLM3ForCausalLM
     elif arch == "gemma2":  # every other layer windowed, and soft caps far below the tiny
         # model's scores and logits, so that both change what it computes
         config = Gemma2Config(**{**common, "num_hidden_layers": 4}, head_dim=32,

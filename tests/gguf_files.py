@@ -181,6 +181,7 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
             "Qwen3MoeForCausalLM": "qwen3moe",
             "MixtralForCausalLM": "llama",
             "GraniteForCausalLM": "granite", "GptOssForCausalLM": "gpt-oss",
+            "SmolLM3ForCausalLM": "smollm3",
             "Qwen3Model": "qwen3"}[cfg["architectures"][0]]  # fmt: skip
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
     w = GGUFWriter(out, arch)
@@ -254,7 +255,8 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
         if not name.startswith(("model.", "lm_head.")):  # a bare decoder's (Qwen3Model's)
             name = f"model.{name}"
         array = tensor.float().numpy()
-        permuted = arch in ("llama", "granite")  # (llama.cpp's converter permutes only these)
+        # (llama.cpp's converter permutes only these)
+        permuted = arch in ("llama", "granite", "smollm3")
         if permuted and name.endswith("q_proj.weight"):
             array = llama_cpp_permute(array, cfg["num_attention_heads"])
         elif permuted and name.endswith("k_proj.weight"):

@@ -1,12 +1,12 @@
 """LlamaArchConfig: the shape of a Llama-family model, from HF config.json or GGUF metadata.
 
 Covers Llama (with llama3 / linear RoPE scaling), Mistral (sliding window), Qwen2 (q/k/v bias),
-Qwen3 (q/k norms), Qwen3-MoE and Mixtral (experts), Phi-3 / Phi-4 (fused projections in the
-checkpoint, LongRoPE, Phi-4-mini's partial rotary embeddings), Gemma 3 text (windowed and global
-layers, each kind with its own RoPE), gpt-oss (attention sinks, banded and global layers, YaRN,
-biased experts with a clamped SwiGLU) and SmolLM2. Both transformers 4 (`rope_theta` +
-`rope_scaling`) and transformers 5 (`rope_parameters`, per layer kind where layers differ)
-spellings of RoPE settings are read.
+Qwen3 (q/k norms), SmolLM3 (layers without RoPE), Qwen3-MoE and Mixtral (experts), Phi-3 /
+Phi-4 (fused projections in the checkpoint, LongRoPE, Phi-4-mini's partial rotary embeddings),
+Gemma 3 text (windowed and global layers, each kind with its own RoPE), gpt-oss (attention
+sinks, banded and global layers, YaRN, biased experts with a clamped SwiGLU) and SmolLM2. Both
+transformers 4 (`rope_theta` + `rope_scaling`) and transformers 5 (`rope_parameters`, per layer
+kind where layers differ) spellings of RoPE settings are read.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ SUPPORTED_ARCHITECTURES = {
     "Gemma3ForCausalLM": "gemma3",
     "Gemma3ForConditionalGeneration": "gemma3",  # its language model (`_gemma3_text_config`)
     "GptOssForCausalLM": "gpt_oss",
+    "SmolLM3ForCausalLM": "smollm3",
     # the bare decoders, without an LM head, that embedding models are (Qwen3-Embedding's
     # weights): they pool the last token's hidden state unless the folder says otherwise
     "LlamaModel": "llama",
@@ -41,6 +42,9 @@ SUPPORTED_ARCHITECTURES = {
 POOLING_MODES = ("last", "mean")
 MAX_LAYERS = 1024  # far beyond any model's; a config asking more is broken or hostile
 MAX_EXPERTS = 4096  # the same for experts a layer (the largest published MoEs have 256)
+# every n-th layer without RoPE, where a config does not list them (SmolLM3's fourth; llama.cpp
+# assumes it for every `smollm3` file)
+SMOLLM3_NO_ROPE_INTERVAL = 4
 # every n-th layer global, where a config does not list them: Gemma 3's sixth, Gemma 2's second
 GEMMA3_SLIDING_WINDOW_PATTERN = 6
 GEMMA2_SLIDING_WINDOW_PATTERN = 2
@@ -73,6 +77,8 @@ class LlamaArchConfig:
     # layers that see every position although the model has a `sliding_window` (Gemma 3's every
     # sixth); () where all layers share the window
     full_attention_layers: tuple[int, ...] = ()
+    # layers whose queries and keys are not rotated at all (SmolLM3's every fourth: "NoPE")
+    nope_layers: tuple[int, ...] = ()
     # the RoPE base of the windowed layers where it is not the global layers' (Gemma 3's 10k);
     # `rope_scaling` and `rope_freq_factors` apply to the global layers only
     local_rope_theta: float | None = None
@@ -123,6 +129,9 @@ class LlamaArchConfig:
                 raise ValueError(f"{name} must be a positive integer below 2**31, not {value!r}")
         if self.num_layers > MAX_LAYERS:
             raise ValueError(f"{self.num_layers} layers: more than {MAX_LAYERS}")
+        if not all(isinstance(i, int) and 0 <= i < self.num_layers for i in self.nope_layers):
+            raise ValueError(f"nope_layers {self.nope_layers} must be layers of the "
+                             f"{self.num_layers}")  # fmt: skip
         if self.sliding_window is not None and self.sliding_window <= 0:
             raise ValueError(f"sliding_window must be positive, not {self.sliding_window}")
         scalar = self.query_pre_attn_scalar
@@ -182,6 +191,10 @@ class LlamaArchConfig:
     @property
     def rope_scaling_dict(self) -> dict[str, Any]:
         return dict(self.rope_scaling or ())
+
+    def layer_rotary(self, layer: int) -> bool:
+        """Whether this layer rotates its queries and keys (RoPE)."""
+        return layer not in self.nope_layers
 
     def layer_window(self, layer: int) -> int | None:
         """How many positions back a query of this layer sees (None: all of them)."""
@@ -243,10 +256,12 @@ class LlamaArchConfig:
         elif rope_type == "yarn":
             rope = yarn_settings(rope, config)
         window = config.get("sliding_window") if arch != "llama" else None
-        if arch in ("qwen2", "qwen3", "qwen3_moe"):
+        if arch in ("qwen2", "qwen3", "qwen3_moe", "smollm3"):
             if config.get("use_sliding_window", False):
-                raise ValueError("Qwen per-layer sliding window attention is not supported")
+                family = "SmolLM3" if arch == "smollm3" else "Qwen"
+                raise ValueError(f"{family} per-layer sliding window attention is not supported")
             window = None
+        nope = _nope_layers(config) if arch == "smollm3" else ()
         full_layers: tuple[int, ...] = ()
         local_theta = query_scalar = None
         softcaps: dict[str, Any] = {}
@@ -290,6 +305,7 @@ class LlamaArchConfig:
             rope_long_factors=long,
             rotary_dim=0 if rotary == 1.0 else int(head_dim * rotary),
             full_attention_layers=full_layers,
+            nope_layers=nope,
             local_rope_theta=local_theta,
             query_pre_attn_scalar=query_scalar,
             **experts,
@@ -393,6 +409,23 @@ def _layer_types(config: dict[str, Any]) -> tuple[int, ...]:
     ):
         raise ValueError(f"layer_types must name {n} full_attention / sliding_attention layers")
     return tuple(i for i, t in enumerate(types) if t == "full_attention")
+
+
+def _nope_layers(config: dict[str, Any]) -> tuple[int, ...]:
+    """SmolLM3's layers without RoPE: where `no_rope_layers` (1 a layer with RoPE, 0 one
+    without) says 0, or every `no_rope_layer_interval`-th layer where it is absent."""
+    n = config["num_hidden_layers"]
+    if not isinstance(n, int) or not 0 < n <= MAX_LAYERS:
+        raise ValueError(f"{n!r} layers: not 1 to {MAX_LAYERS}")
+    flags = config.get("no_rope_layers")
+    if flags is None:
+        interval = config.get("no_rope_layer_interval", SMOLLM3_NO_ROPE_INTERVAL)
+        if not isinstance(interval, int) or interval <= 0:
+            raise ValueError(f"no_rope_layer_interval {interval!r} must be a positive integer")
+        return tuple(i for i in range(n) if (i + 1) % interval == 0)
+    if not isinstance(flags, list) or len(flags) != n or not all(f in (0, 1) for f in flags):
+        raise ValueError(f"no_rope_layers must be {n} flags of 0 or 1")
+    return tuple(i for i, rotary in enumerate(flags) if not rotary)
 
 
 def _gemma_layers(

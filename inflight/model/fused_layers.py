@@ -78,6 +78,8 @@ class FusedDecoderLayers:
             norm.weight for layer in layers if layer.output_norms for norm in layer.output_norms
         ]
         self.windows = [layer.window or 0 for layer in layers]  # 0: none
+        # each layer's RoPE: -1 none, 0 the model's tables, 1 the windowed layers' own (`local`)
+        self.rotations = [-1 if not layer.rotary else int(layer.local_rope) for layer in layers]
         self.all_reduce = None if tp is None else tp.all_reduce
         self.run = load_extension().llama_decoder_layers
 
@@ -112,7 +114,8 @@ class FusedDecoderLayers:
             decode and decode.rows, decode and decode.block_tables, decode and decode.seq_lens,
             decode is not None and decode.all_rows,
             prefill and prefill.chunks, prefill and prefill.block_tables,
-            num_heads, num_kv_heads, head_dim, self.eps, self.scale, self.windows, self.gelu,
+            num_heads, num_kv_heads, head_dim, self.eps, self.scale, self.windows,
+            self.rotations, self.gelu,
             self.packed, self.activation_bits, self.residual_scale, self.softcap,
             layer_groups, [g.slot_mapping for g in groups],
             [g.decode_batch.block_tables for g in groups if g.decode_batch is not None],

@@ -37,6 +37,7 @@ from inflight.model.arch import (
     GEMMA2_SLIDING_WINDOW_PATTERN,
     GEMMA3_SLIDING_WINDOW_PATTERN,
     MAX_LAYERS,
+    SMOLLM3_NO_ROPE_INTERVAL,
     LlamaArchConfig,
     yarn_settings,
 )
@@ -46,7 +47,9 @@ from inflight.model.gguf_header import GGUFHeader, TensorInfo, read_gguf_header
 logger = logging.getLogger(__name__)
 
 SUPPORTED_GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "phi3", "gemma2", "gemma3",
-                                "granite", "gpt-oss")  # fmt: skip
+                                "granite", "gpt-oss", "smollm3")  # fmt: skip
+# the architectures whose Q and K rows llama.cpp's converter permutes (`unpermute_qk`)
+PERMUTED_QK = ("llama", "mixtral", "granite", "smollm3")
 # a GGUF architecture -> the registry's, where the names differ (a `llama` file with experts is
 # Mixtral: `gguf_arch_config`)
 _REGISTRY_NAMES = {"qwen3moe": "qwen3_moe", "gpt-oss": "gpt_oss"}
@@ -210,6 +213,10 @@ def gguf_arch_config(header: GGUFHeader, path: Path) -> LlamaArchConfig:
         for key in ("attn_logit_softcapping", "final_logit_softcapping"):
             value = field_value(header, f"{arch}.{key}")
             softcaps[key] = float(value) if value else None
+    # llama.cpp reads no key for SmolLM3's layers without RoPE: every fourth, as published (over
+    # at most one layer too many: more are refused with the config)
+    nope = range(SMOLLM3_NO_ROPE_INTERVAL - 1, min(num_layers, MAX_LAYERS + 1),
+                 SMOLLM3_NO_ROPE_INTERVAL)  # fmt: skip
     pooling = field_value(header, f"{arch}.pooling_type")  # llama.cpp's for embedding models
     return LlamaArchConfig(
         architecture=registry_name,
@@ -231,6 +238,7 @@ def gguf_arch_config(header: GGUFHeader, path: Path) -> LlamaArchConfig:
         rotary_dim=0 if rotary == head_dim else rotary,
         sliding_window=int(window) if window else None,
         full_attention_layers=full_layers,
+        nope_layers=tuple(nope) if arch == "smollm3" else (),
         local_rope_theta=local_theta,
         query_pre_attn_scalar=query_scalar,
         bos_token_id=field_value(header, "tokenizer.ggml.bos_token_id"),
@@ -364,7 +372,7 @@ class GGUFIndex:
 
 
 # Bumped whenever what `gguf_arch_config` reads changes, so no stale index outlives it.
-INDEX_VERSION = 8
+INDEX_VERSION = 9
 
 
 def _arch_from_json(saved: dict[str, Any]) -> LlamaArchConfig:
@@ -382,6 +390,7 @@ def _arch_from_json(saved: dict[str, Any]) -> LlamaArchConfig:
             "rope_long_factors": tuple(long) if long else None,
             "full_attention_layers": tuple(saved.get("full_attention_layers", ())),
             "dense_layers": tuple(saved.get("dense_layers", ())),
+            "nope_layers": tuple(saved.get("nope_layers", ())),
         }
     )
 
@@ -484,7 +493,7 @@ def iter_gguf_weights(
         gemma = cfg.architecture in ("gemma2", "gemma3")
         if gemma and name.endswith("norm.weight") and array is not None:
             array = array - 1  # the file holds the 1 + w each norm multiplies by; HF's w
-        if cfg.architecture in ("llama", "mixtral", "granite"):  # llama.cpp permutes their rows
+        if cfg.architecture in PERMUTED_QK:
             projection = name.rpartition(".")[0].rpartition(".")[2]  # q_proj of ...q_proj.bias
             heads = {"q_proj": cfg.num_heads, "k_proj": cfg.num_kv_heads}.get(projection)
             if heads is not None:

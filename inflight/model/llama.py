@@ -146,6 +146,7 @@ class DecoderLayer(nn.Module):
         # what attention's and the MLP's outputs are multiplied by before each joins the
         # residual stream (Granite's residual_multiplier; 1 elsewhere)
         self.residual_scale = cfg.residual_multiplier
+        self.rotary = cfg.layer_rotary(index)  # False: no RoPE at all (SmolLM3's NoPE layers)
         # rotated by the sliding-window layers' own RoPE (the model's `local_inv_freq`)
         self.local_rope = cfg.local_rope_theta is not None and self.window is not None
         q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
@@ -182,7 +183,8 @@ class DecoderLayer(nn.Module):
         else:
             x = ops.add_rms_norm(hidden, residual, norm.weight, norm.eps)
         qkv = self.normalize_qk(apply_linear(self.qkv_proj, x, decodes))
-        ops.rope_(qkv, cos, sin, self.num_heads + self.num_kv_heads, self.head_dim)  # q and k
+        if self.rotary:  # q and k
+            ops.rope_(qkv, cos, sin, self.num_heads + self.num_kv_heads, self.head_dim)
         q, k, v = qkv.split(self.split, dim=-1)
         attn = self.attn.forward(
             q.view(t, self.num_heads, self.head_dim),

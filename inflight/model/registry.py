@@ -1,7 +1,7 @@
 """The model class of each architecture (`LlamaArchConfig.architecture`): the Llama decoder
-serves Llama, Mistral, Qwen2 and Granite (their differences are config fields); a family with
-layers or checkpoint weights of its own has a module that subclasses it. How a family is added:
-docs/architecture.md, "Adding a model family"."""
+serves Llama, Mistral, Qwen2, Granite and SmolLM3 (their differences are config fields); a
+family with layers or checkpoint weights of its own has a module that subclasses it. How a
+family is added: docs/architecture.md, "Adding a model family"."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ MODEL_CLASSES: dict[str, type[LlamaModel]] = {
     "mistral": LlamaModel,
     "qwen2": LlamaModel,
     "granite": LlamaModel,
+    "smollm3": LlamaModel,
     "qwen3": Qwen3Model,
     "qwen3_moe": Qwen3MoeModel,
     "mixtral": MixtralModel,

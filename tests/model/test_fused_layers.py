@@ -129,15 +129,17 @@ def test_bad_inputs_are_refused_before_any_write(tiny_llama):
     cos = sin = torch.ones(2, head_dim // 2)
 
     def run(weights=fused.weights, small=fused.small_weights, slots=(0, 1), k_caches=None,
-            decode=(), qk_norms=(), output_norms=(), windows=None, local=(None, None),
-            groups=(), group_slots=()):  # fmt: skip
+            decode=(), qk_norms=(), output_norms=(), windows=None, rotations=None,
+            local=(None, None), groups=(), group_slots=()):  # fmt: skip
         k_caches = k_caches if k_caches is not None else [k for k, _ in caches]
         windows = fused.windows if windows is None else windows
+        rotations = fused.rotations if rotations is None else rotations
         return fused.run(
             hidden, None, cos, sin, *local, weights, small, list(decode), 0, fused.qkv_biases,
             list(qk_norms), list(output_norms), k_caches, [v for _, v in caches],
             torch.tensor(slots), None, None, None, False, None, None,
-            num_heads, num_kv_heads, head_dim, fused.eps, 1.0, windows, False, fused.packed,
+            num_heads, num_kv_heads, head_dim, fused.eps, 1.0, windows, rotations, False,
+            fused.packed,
             fused.activation_bits, 1.0, 0.0, list(groups),
             [torch.tensor(s) for s in group_slots], [], [], None,
         )  # fmt: skip
@@ -156,6 +158,12 @@ def test_bad_inputs_are_refused_before_any_write(tiny_llama):
         run(windows=[0])
     with pytest.raises(RuntimeError, match="RoPE tables come as a pair"):
         run(local=(cos, None))
+    with pytest.raises(RuntimeError, match="one rotation per layer"):
+        run(rotations=[0])
+    with pytest.raises(RuntimeError, match="the windowed layers' own"):  # tables not given
+        run(rotations=[1] * len(fused.rotations))
+    with pytest.raises(RuntimeError, match="a layer's rotation is none"):
+        run(rotations=[2] * len(fused.rotations))
     values = caches[0][1]  # [NB, KVH, BS, D]
     num_slots = values.shape[0] * values.shape[2]
     values[0, :, 0] = 7.0

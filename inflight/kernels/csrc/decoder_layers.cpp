@@ -134,6 +134,9 @@ at::Tensor gelu_tanh_and_mul(const at::Tensor& gate_up) {
 constexpr size_t kWeightsPerLayer = 6;  // input norm, qkv, o, pre-MLP norm, gate-up, down
 constexpr size_t kSmallPerLayer = 4;    // small-batch kernel weights (or none): qkv, o, gate-up, down
 const OptTensor kNone;
+// a layer's RoPE (`FusedDecoderLayers.rotations`): none (SmolLM3's NoPE layers), the model's
+// tables, or the windowed layers' own (Gemma 3's)
+constexpr int64_t kNoRope = -1, kModelRope = 0, kLocalRope = 1;
 
 }  // namespace
 
@@ -148,8 +151,9 @@ std::vector<at::Tensor> llama_decoder_layers(
     const OptTensor& decode_tables, const OptTensor& decode_lens, bool decode_all_rows,
     const OptTensor& prefill_chunks, const OptTensor& prefill_tables, int64_t num_heads,
     int64_t num_kv_heads, int64_t head_dim, double eps, double scale,
-    const std::vector<int64_t>& windows, bool gelu, bool packed, int64_t activation_bits,
-    double residual_scale, double softcap, const std::vector<int64_t>& layer_groups,
+    const std::vector<int64_t>& windows, const std::vector<int64_t>& rotations, bool gelu,
+    bool packed, int64_t activation_bits, double residual_scale, double softcap,
+    const std::vector<int64_t>& layer_groups,
     const std::vector<at::Tensor>& group_slots, const std::vector<at::Tensor>& group_decode_tables,
     const std::vector<at::Tensor>& group_prefill_tables,
     const std::function<void(const at::Tensor&)>& all_reduce) {
@@ -167,6 +171,12 @@ std::vector<at::Tensor> llama_decoder_layers(
   INFLIGHT_CHECK(windows.size() == L, "one window per layer (0: none)");
   INFLIGHT_CHECK(local_cos.has_value() == local_sin.has_value(),
               "the windowed layers' RoPE tables come as a pair or not at all");
+  INFLIGHT_CHECK(rotations.size() == L, "one rotation per layer");
+  for (const int64_t r : rotations) {
+    INFLIGHT_CHECK(r == kNoRope || r == kModelRope || (r == kLocalRope && local_cos.has_value()),
+                "a layer's rotation is none (-1), the model's tables (0) or the windowed "
+                "layers' own (1), given");
+  }
   INFLIGHT_CHECK(decode_weights.empty() || decode_weights.size() == L * kSmallPerLayer,
               "no decode weights, or four optional ones per layer");
   INFLIGHT_CHECK(decode_rows.has_value() == decode_tables.has_value() &&
@@ -251,9 +261,11 @@ std::vector<at::Tensor> llama_decoder_layers(
       }
     }
     const int64_t window = windows[l];
-    const bool local = local_cos.has_value() && window > 0;  // as `DecoderLayer.local_rope`
-    rope_(qkv, local ? *local_cos : cos, local ? *local_sin : sin, num_heads + num_kv_heads,
-          head_dim);
+    if (rotations[l] != kNoRope) {
+      const bool local = rotations[l] == kLocalRope;
+      rope_(qkv, local ? *local_cos : cos, local ? *local_sin : sin, num_heads + num_kv_heads,
+            head_dim);
+    }
     auto q = qkv.narrow(1, 0, q_size).view({T, num_heads, head_dim});
     auto k = qkv.narrow(1, q_size, kv_size).view({T, num_kv_heads, head_dim});
     auto v = qkv.narrow(1, q_size + kv_size, kv_size).view({T, num_kv_heads, head_dim});
