@@ -1,7 +1,7 @@
-"""Writes a GGUF file in the shapes of a real Llama model (or gpt-oss-20b), with random weights
-and SmolLM2's tokenizer (from the default model's file), for memory and speed benchmarks at sizes
-no package ships. Weights are N(0, 0.02), norms 1: the text is noise, the shapes, bytes and
-kernels real.
+"""Writes a GGUF file in the shapes of a real Llama model (or SmolLM3-3B, or gpt-oss-20b), with
+random weights and SmolLM2's tokenizer (from the default model's file), for memory and speed
+benchmarks at sizes no package ships. Weights are N(0, 0.02), norms 1: the text is noise, the
+shapes, bytes and kernels real.
 
     .venv/bin/python scripts/synthetic_gguf.py llama-3.2-3b --type Q4_0 --out /tmp/llama3b-q4_0.gguf
 
@@ -37,7 +37,11 @@ SHAPES = {
     "llama-3.2-1b": (16, 2048, 8192, 32, 8, 500000.0, 131072),
     "llama-3.2-3b": (28, 3072, 8192, 24, 8, 500000.0, 131072),
     "llama-3.1-8b": (32, 4096, 14336, 32, 8, 500000.0, 131072),
+    "smollm3-3b": (36, 2048, 11008, 16, 4, 5000000.0, 65536),
 }
+# the GGUF architecture of each shape not written as `llama` (SmolLM3's every fourth layer
+# attends without RoPE, and its embeddings are its LM head)
+ARCHITECTURES = {"smollm3-3b": "smollm3", "gpt-oss-20b": "gpt-oss"}
 # gpt-oss-20b: (layers, hidden, experts, experts a token, heads, kv heads, head dim, vocab)
 GPT_OSS_20B = (24, 2880, 32, 4, 64, 8, 64, 201088)
 TOKENIZER_KEYS = ("tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.tokens",
@@ -46,8 +50,10 @@ TOKENIZER_KEYS = ("tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.
                   "tokenizer.ggml.padding_token_id", "tokenizer.chat_template")  # fmt: skip
 
 
-def tensors(layers: int, hidden: int, inter: int, heads: int, kv_heads: int, vocab: int):
-    """(GGUF name, shape in numpy order) of every tensor, llama.cpp's names."""
+def tensors(layers: int, hidden: int, inter: int, heads: int, kv_heads: int, vocab: int,
+            tied: bool = False):  # fmt: skip
+    """(GGUF name, shape in numpy order) of every tensor, llama.cpp's names; `tied`: no LM head
+    of its own (the embeddings serve)."""
     head_dim = hidden // heads
     yield "token_embd.weight", (vocab, hidden)
     for i in range(layers):
@@ -62,7 +68,8 @@ def tensors(layers: int, hidden: int, inter: int, heads: int, kv_heads: int, voc
         yield b + "ffn_up.weight", (inter, hidden)
         yield b + "ffn_down.weight", (hidden, inter)
     yield "output_norm.weight", (hidden,)
-    yield "output.weight", (vocab, hidden)
+    if not tied:
+        yield "output.weight", (vocab, hidden)
 
 
 def gpt_oss_tensors():
@@ -138,7 +145,8 @@ def main(argv: list[str]) -> None:
         print(f"{args.out}: {args.out.stat().st_size / 2**20:.1f} MiB")
         return
     gpt_oss = args.shape == "gpt-oss-20b"
-    w = GGUFWriter(args.out, "gpt-oss" if gpt_oss else "llama")
+    arch = ARCHITECTURES.get(args.shape, "llama")
+    w = GGUFWriter(args.out, arch)
     w.add_name(f"synthetic {args.shape}")
     if gpt_oss:
         layers, hidden, experts, used, heads, kv_heads, head_dim, vocab = GPT_OSS_20B
@@ -160,7 +168,8 @@ def main(argv: list[str]) -> None:
         w.add_context_length(context)
         w.add_feed_forward_length(inter)
         w.add_rope_freq_base(theta)
-        specs = list(tensors(layers, hidden, inter, heads, kv_heads, vocab))
+        specs = list(tensors(layers, hidden, inter, heads, kv_heads, vocab,
+                             tied=arch == "smollm3"))  # fmt: skip
     w.add_block_count(layers)
     w.add_embedding_length(hidden)
     w.add_head_count(heads)
