@@ -27,6 +27,7 @@ AttentionBackend = Literal["auto", "torch", "cpu", "triton"]
 QuantizedActivations = Literal["auto", "off", "int16", "int8"]
 KVCacheDtype = Literal["auto", "bf16", "fp8", "int8"]
 DistributedBackend = Literal["mp", "ray"]
+GenerationConfig = Literal["auto", "none"]
 # bits of each kind of quantized activations (off: float, the exact path). auto's kind depends
 # on the model (loader.model_activations); its 16 serves where only whether x is quantized
 # matters: 8 and 16 bits keep the same formats as blocks.
@@ -110,6 +111,16 @@ class ModelConfig:
             "CPU of the cluster's smallest node, so that each rank has a node to itself"
         },
     )
+    generation_config: GenerationConfig = field(
+        default="auto",
+        metadata={
+            "help": "auto: the sampling settings the model's files recommend (a folder's "
+            "generation_config.json, a GGUF file's general.sampling keys: temperature, top_p, "
+            "top_k, min_p, repetition_penalty) are the defaults of requests that leave them "
+            "unset, as vLLM and llama.cpp take them; none: OpenAI's defaults (temperature 1, "
+            "top_p 1, no top-k)"
+        },
+    )
     enforce_eager: bool = field(
         default=False,
         metadata={
@@ -154,6 +165,10 @@ class ModelConfig:
             self.quantized_activations in tuple(ACTIVATION_BITS),  # any value, hashable or not
             "quantized_activations must be auto, off, int16 or int8, got "
             f"{self.quantized_activations!r}",
+        )
+        _require(
+            self.generation_config in ("auto", "none"),
+            f"generation_config must be auto or none, got {self.generation_config!r}",
         )
         _require(
             self.attention_backend in ("auto", "torch", "cpu", "triton"),

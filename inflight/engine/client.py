@@ -21,6 +21,7 @@ from transformers import PreTrainedTokenizerBase
 
 from inflight.engine.processor import ParentRequest, PromptInput
 from inflight.metrics.live import LiveFeed
+from inflight.model.generation_config import SamplingDefaults
 from inflight.outputs import RequestOutput
 from inflight.request import DEFAULT_TENANT, NO_SLO, Request, SLOTarget
 from inflight.sampling_params import SamplingParams
@@ -75,6 +76,10 @@ class EngineClient(FeedSource, Protocol):
 
     @property
     def num_kv_blocks(self) -> int: ...
+
+    @property
+    def sampling_defaults(self) -> SamplingDefaults:
+        """The model's recommended sampling settings: what a request's unset fields take."""
 
     @property
     def tokenizer(self) -> PreTrainedTokenizerBase: ...

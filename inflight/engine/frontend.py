@@ -9,6 +9,7 @@ reads of an engine is here too, as public properties.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -18,11 +19,18 @@ from inflight.config import EngineConfig
 from inflight.engine.engine_core import EngineCore
 from inflight.engine.processor import InputProcessor, OutputProcessor
 from inflight.errors import InvalidRequestError
+from inflight.model.generation_config import (
+    SamplingDefaults,
+    read_end_tokens,
+    read_sampling_defaults,
+)
 from inflight.model.loader import LoadedModel
-from inflight.sampling_params import check_text
+from inflight.sampling_params import SamplingParams, check_text
 from inflight.tokenizer import load_tokenizer
 
 Message = dict[str, Any]
+
+logger = logging.getLogger(__name__)
 
 
 # what the renderer itself passes a chat template: not for `template_kwargs` to replace
@@ -87,9 +95,13 @@ class FrontEnd:
         self.core = EngineCore(config, loaded_model)
         self.config = self.core.config
         self.tokenizer = load_tokenizer(self.core.loaded.path)
-        eos = set(self.core.arch.eos_token_ids)
+        eos = {*self.core.arch.eos_token_ids, *read_end_tokens(self.core.loaded.path)}
         if self.tokenizer.eos_token_id is not None:
             eos.add(self.tokenizer.eos_token_id)
+        vocab = self.core.arch.vocab_size
+        if outside := sorted(i for i in eos if not 0 <= i < vocab):  # a broken file's
+            logger.warning("end tokens outside the vocabulary [0, %d) ignored: %s", vocab, outside)
+            eos -= set(outside)
         self.input_processor = InputProcessor(
             self.tokenizer,
             self.core.max_model_len,
@@ -99,6 +111,15 @@ class FrontEnd:
             config.scheduler.default_slo,
         )
         self.output_processor = OutputProcessor(self.tokenizer)
+        self.sampling_defaults = (
+            read_sampling_defaults(self.core.loaded.path)
+            if config.model.generation_config == "auto" else SamplingDefaults()
+        )  # fmt: skip
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        """SamplingParams of the model's recommended settings (`sampling_defaults`), what a
+        `generate` call without any uses."""
+        return self.sampling_defaults.sampling_params()
 
     @property
     def model_path(self) -> Path:

@@ -44,7 +44,9 @@ class LLM(FrontEnd):
         priority: Sequence[int] | None = None,
     ) -> list[RequestOutput]:
         """Generates for every prompt (text or token ids); all are validated before any runs.
-        `priority` (one per prompt, lower first) matters under `scheduling_policy="priority"`."""
+        Without `sampling_params`, the model's recommended settings
+        (`get_default_sampling_params`). `priority` (one per prompt, lower first) matters under
+        `scheduling_policy="priority"`."""
         one = isinstance(prompts, str) or (
             isinstance(prompts, list) and bool(prompts) and isinstance(prompts[0], int)
         )  # a prompt: text, or token ids
@@ -88,7 +90,7 @@ class LLM(FrontEnd):
         embed: bool = False,
     ) -> list[RequestOutput]:
         if sampling_params is None:
-            sampling_params = SamplingParams()
+            sampling_params = self.get_default_sampling_params()
         params = (
             [sampling_params] * len(prompts)
             if isinstance(sampling_params, SamplingParams)

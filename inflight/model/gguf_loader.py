@@ -163,7 +163,6 @@ def gguf_arch_config(header: GGUFHeader, path: Path) -> LlamaArchConfig:
     head_dim = int(meta("attention.key_length", hidden // num_heads))
     tokens = field_value(header, "tokenizer.ggml.tokens") or []
     window = field_value(header, f"{arch}.attention.sliding_window")  # phi3's, gemma3's
-    eos = field_value(header, "tokenizer.ggml.eos_token_id")
     full_layers: tuple[int, ...] = ()
     local_theta = query_scalar = None
     experts = int(meta("expert_count", 0))
@@ -242,13 +241,23 @@ def gguf_arch_config(header: GGUFHeader, path: Path) -> LlamaArchConfig:
         local_rope_theta=local_theta,
         query_pre_attn_scalar=query_scalar,
         bos_token_id=field_value(header, "tokenizer.ggml.bos_token_id"),
-        eos_token_ids=() if eos is None else (int(eos),),
+        eos_token_ids=_end_tokens(header),
         **moe,
         **multipliers,
         **softcaps,
         **sinks,
         attention_multiplier=None if attention_multiplier is None else float(attention_multiplier),
     ).pooled(_GGUF_POOLING.get(int(pooling), f"pooling_type {pooling}") if pooling else None)
+
+
+def _end_tokens(header: GGUFHeader) -> tuple[int, ...]:
+    """The tokens that end a generation: end of sequence, and where the file names them, end of
+    turn and end of message (Llama 3's `<|eot_id|>` and `<|eom_id|>`), as llama.cpp stops on
+    each."""
+    keys = ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
+            "tokenizer.ggml.eom_token_id")  # fmt: skip
+    ids = (field_value(header, key) for key in keys)
+    return tuple(dict.fromkeys(int(i) for i in ids if isinstance(i, int)))
 
 
 # llama.cpp's `pooling_type` values (0 is none: a generative model; 2, CLS, is not served)

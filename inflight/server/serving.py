@@ -59,15 +59,16 @@ class OpenAIServing:
             )  # fmt: skip
         # the keys are decimal token ids (`protocol.LogitBias`)
         bias = {int(k): v for k, v in req.logit_bias.items()} if req.logit_bias else None
-        return SamplingParams(
+        # fields the request leaves unset take the model's recommended values, then OpenAI's
+        return self.engine.sampling_defaults.sampling_params(
             n=req.n,
-            temperature=1.0 if req.temperature is None else req.temperature,
-            top_p=1.0 if req.top_p is None else req.top_p,
-            top_k=req.top_k or 0,
-            min_p=req.min_p or 0.0,
+            temperature=req.temperature,
+            top_p=req.top_p,
+            top_k=req.top_k,
+            min_p=req.min_p,
             presence_penalty=req.presence_penalty,
             frequency_penalty=req.frequency_penalty,
-            repetition_penalty=req.repetition_penalty or 1.0,
+            repetition_penalty=req.repetition_penalty,
             logit_bias=bias,
             seed=req.seed,
             max_tokens=max_tokens,

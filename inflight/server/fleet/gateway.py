@@ -21,6 +21,7 @@ from inflight.engine.frontend import render_chat
 from inflight.engine.processor import InputProcessor, ParentRequest, PromptInput
 from inflight.errors import EngineDeadError, InflightError, InvalidRequestError
 from inflight.metrics.live import LiveFeed
+from inflight.model.generation_config import SamplingDefaults
 from inflight.outputs import RequestOutput
 from inflight.request import DEFAULT_TENANT, NO_SLO, Request, SLOTarget
 from inflight.routing import prefix_key
@@ -157,6 +158,10 @@ class RemoteEngine:
     @property
     def num_kv_blocks(self) -> int:
         return self._info["num_kv_blocks"]
+
+    @property
+    def sampling_defaults(self) -> SamplingDefaults:
+        return SamplingDefaults(**self._info["sampling_defaults"])
 
     @property
     def is_alive(self) -> bool:

@@ -68,6 +68,7 @@ class EngineReplica:
             "max_model_len": self.engine.max_model_len,
             "vocab_size": self.engine.vocab_size,
             "eos_token_ids": sorted(self.engine.eos_token_ids),
+            "sampling_defaults": self.engine.sampling_defaults.given(),
             "num_kv_blocks": self.engine.num_kv_blocks,
             "block_size": self.engine.block_size,
             "knobs": self.engine.knobs(),
