@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from inflight.chat_template import chat_template_text
 from inflight.errors import ConfigError
 from inflight.request import SLOTarget
 
@@ -111,6 +112,14 @@ class ModelConfig:
             "CPU of the cluster's smallest node, so that each rank has a node to itself"
         },
     )
+    chat_template: str | None = field(
+        default=None,
+        metadata={
+            "help": "a Jinja chat template (its file's path, or the text itself) for chat "
+            "requests in place of the model's own: for a file without one (a base model's) or "
+            "to change how conversations are laid out"
+        },
+    )
     generation_config: GenerationConfig = field(
         default="auto",
         metadata={
@@ -166,6 +175,10 @@ class ModelConfig:
             "quantized_activations must be auto, off, int16 or int8, got "
             f"{self.quantized_activations!r}",
         )
+        if self.chat_template is not None:
+            template = self.chat_template
+            _require(isinstance(template, str), f"chat_template must be text, not {template!r}")
+            chat_template_text(self.chat_template)  # refused now, not after loading the weights
         _require(
             self.generation_config in ("auto", "none"),
             f"generation_config must be auto or none, got {self.generation_config!r}",

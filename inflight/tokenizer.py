@@ -25,13 +25,23 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
+from inflight.chat_template import chat_template_text
 from inflight.errors import ModelLoadError
 from inflight.file_cache import cache_dir, file_cache_key
 
 logger = logging.getLogger(__name__)
 
 
-def load_tokenizer(path: Path) -> PreTrainedTokenizerBase:
+def load_tokenizer(path: Path, chat_template: str | None = None) -> PreTrainedTokenizerBase:
+    """The model's tokenizer; with `chat_template` (a path or a template: the knob), that
+    template in place of its own."""
+    tokenizer = _load_tokenizer(path)
+    if chat_template is not None:
+        tokenizer.chat_template = chat_template_text(chat_template)
+    return tokenizer
+
+
+def _load_tokenizer(path: Path) -> PreTrainedTokenizerBase:
     try:
         if path.is_dir():
             return AutoTokenizer.from_pretrained(path, **_config_for_tokenizer(path))

@@ -124,6 +124,8 @@ class AsyncLLM(FrontEnd):
             knobs.update({f.name: getattr(part, f.name) for f in dataclasses.fields(part)})
         knobs.update(
             model=self.core.loaded.path.name,  # a name: /metrics shows no file system paths
+            # nor a template's text: whether one replaces the model's
+            chat_template=None if cfg.model.chat_template is None else "custom",
             num_kv_blocks=self.core.kv_cache.num_blocks,
             dtype=str(self.core.dtype).removeprefix("torch."),
             device=str(self.core.device),

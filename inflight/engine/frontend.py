@@ -94,7 +94,7 @@ class FrontEnd:
         config = EngineConfig.from_knobs(model=model, **knobs)
         self.core = EngineCore(config, loaded_model)
         self.config = self.core.config
-        self.tokenizer = load_tokenizer(self.core.loaded.path)
+        self.tokenizer = load_tokenizer(self.core.loaded.path, config.model.chat_template)
         eos = {*self.core.arch.eos_token_ids, *read_end_tokens(self.core.loaded.path)}
         if self.tokenizer.eos_token_id is not None:
             eos.add(self.tokenizer.eos_token_id)

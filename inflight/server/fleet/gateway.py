@@ -95,6 +95,7 @@ class RemoteEngine:
         self.handle = serve.get_deployment_handle("EngineReplica", app_name="inflight")
         self._info = await self.handle.describe.remote()
         tokenizer = load_tokenizer(Path(self._info["model_path"]))
+        tokenizer.chat_template = self._info["chat_template"]  # the engines' (a knob's or own)
         self._processor = InputProcessor(tokenizer, self._info["max_model_len"],
                                          self._info["vocab_size"],
                                          frozenset(self._info["eos_token_ids"]))  # fmt: skip

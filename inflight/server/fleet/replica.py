@@ -69,6 +69,7 @@ class EngineReplica:
             "vocab_size": self.engine.vocab_size,
             "eos_token_ids": sorted(self.engine.eos_token_ids),
             "sampling_defaults": self.engine.sampling_defaults.given(),
+            "chat_template": self.engine.tokenizer.chat_template,  # the one in effect
             "num_kv_blocks": self.engine.num_kv_blocks,
             "block_size": self.engine.block_size,
             "knobs": self.engine.knobs(),
