@@ -69,11 +69,13 @@ def build_tokenizer(folder: Path):
 
 
 TINY_ARCHS = ("llama", "llama3_rope", "qwen2", "qwen3", "qwen3_moe", "mixtral", "phi3", "mistral",
-              "gemma2", "gemma3", "granite", "gpt_oss", "smollm3")  # fmt: skip
+              "gemma2", "gemma3", "granite", "gpt_oss", "smollm3", "exaone4")  # fmt: skip
 
 
 def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) -> Path:
     from transformers import (
+        Exaone4Config,
+        Exaone4ForCausalLM,
         Gemma2Config,
         Gemma2ForCausalLM,
         Gemma3ForCausalLM,
@@ -167,6 +169,11 @@ def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) ->
         cls = GraniteForCausalLM
     elif arch == "mistral":
         config, cls = MistralConfig(**common, sliding_window=24), MistralForCausalLM
+    elif arch == "exaone4":  # three windowed layers with RoPE, then a global one without
+        # (the 32B's pattern); norms of the sublayers' outputs alone, per-head q/k norms
+        config = Exaone4Config(**{**common, "num_hidden_layers": 4}, sliding_window=24,
+                               sliding_window_pattern=4, rope_theta=10000.0)  # fmt: skip
+        cls = Exaone4ForCausalLM
     elif arch == "smollm3":  # its fourth layer without RoPE (SmolLM3's default interval, the
         # one its GGUF files imply)
         config = SmolLM3Config(**{**common, "num_hidden_layers": 4}, rope_theta=10000.0)
@@ -211,6 +218,11 @@ def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) ->
             for name, param in model.named_parameters():
                 if name.endswith(("sinks", "bias")):
                     param.uniform_(-1.0, 1.0)
+    if arch == "exaone4":  # output norms start at 1: make them matter
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if name.endswith("norm.weight"):
+                    param.uniform_(0.5, 1.5)
     if arch in ("gemma2", "gemma3"):  # norms start at w = 0 (a scale of 1 + w): make it matter
         with torch.no_grad():
             for name, param in model.named_parameters():

@@ -63,6 +63,9 @@ def gguf_name(hf: str, arch: str = "llama") -> str:
     names = GEMMA3_LAYER_TO_GGUF if arch in ("gemma2", "gemma3") else LAYER_TO_GGUF
     if arch == "gpt-oss":  # its pre-MLP norm under Gemma's name
         names = {**LAYER_TO_GGUF, "post_attention_layernorm": "post_attention_norm"}
+    if arch == "exaone4":  # its output norms under Gemma's names
+        names = {**LAYER_TO_GGUF, "post_attention_layernorm": "post_attention_norm",
+                 "post_feedforward_layernorm": "post_ffw_norm"}  # fmt: skip
     return f"blk.{layer}.{names[part]}.{kind}"
 
 
@@ -181,7 +184,7 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
             "Qwen3MoeForCausalLM": "qwen3moe",
             "MixtralForCausalLM": "llama",
             "GraniteForCausalLM": "granite", "GptOssForCausalLM": "gpt-oss",
-            "SmolLM3ForCausalLM": "smollm3",
+            "SmolLM3ForCausalLM": "smollm3", "Exaone4ForCausalLM": "exaone4",
             "Qwen3Model": "qwen3"}[cfg["architectures"][0]]  # fmt: skip
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
     w = GGUFWriter(out, arch)
@@ -203,6 +206,8 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
     w.add_vocab_size(cfg["vocab_size"])
     if cfg.get("sliding_window") and arch != "llama":  # (a llama file cannot say it: Mixtral)
         w.add_sliding_window(cfg["sliding_window"])
+        if arch == "exaone4":  # as its converter lists the layers: true where windowed
+            w.add_sliding_window_pattern([t == "sliding_attention" for t in cfg["layer_types"]])
     for key in ("attn_logit_softcapping", "final_logit_softcapping"):  # Gemma 2's
         if cfg.get(key) is not None:
             w.add_float32(f"{arch}.{key}", cfg[key])

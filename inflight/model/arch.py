@@ -1,7 +1,8 @@
 """LlamaArchConfig: the shape of a Llama-family model, from HF config.json or GGUF metadata.
 
 Covers Llama (with llama3 / linear RoPE scaling), Mistral (sliding window), Qwen2 (q/k/v bias),
-Qwen3 (q/k norms), SmolLM3 (layers without RoPE), Qwen3-MoE and Mixtral (experts), Phi-3 /
+Qwen3 (q/k norms), SmolLM3 (layers without RoPE), EXAONE 4 (norms of the sublayers' outputs
+alone, windowed layers beside global ones without RoPE), Qwen3-MoE and Mixtral (experts), Phi-3 /
 Phi-4 (fused projections in the checkpoint, LongRoPE, Phi-4-mini's partial rotary embeddings),
 Gemma 3 text (windowed and global layers, each kind with its own RoPE), gpt-oss (attention
 sinks, banded and global layers, YaRN, biased experts with a clamped SwiGLU) and SmolLM2. Both
@@ -30,6 +31,7 @@ SUPPORTED_ARCHITECTURES = {
     "Gemma3ForConditionalGeneration": "gemma3",  # its language model (`_gemma3_text_config`)
     "GptOssForCausalLM": "gpt_oss",
     "SmolLM3ForCausalLM": "smollm3",
+    "Exaone4ForCausalLM": "exaone4",
     # the bare decoders, without an LM head, that embedding models are (Qwen3-Embedding's
     # weights): they pool the last token's hidden state unless the folder says otherwise
     "LlamaModel": "llama",
@@ -48,6 +50,7 @@ SMOLLM3_NO_ROPE_INTERVAL = 4
 # every n-th layer global, where a config does not list them: Gemma 3's sixth, Gemma 2's second
 GEMMA3_SLIDING_WINDOW_PATTERN = 6
 GEMMA2_SLIDING_WINDOW_PATTERN = 2
+EXAONE4_SLIDING_WINDOW_PATTERN = 4  # EXAONE 4's fourth
 
 
 @dataclass(frozen=True)
@@ -272,6 +275,8 @@ class LlamaArchConfig:
                 softcaps[key] = None if config.get(key) is None else float(config[key])
         experts = _experts(config, arch) if arch in ("qwen3_moe", "mixtral", "gpt_oss") else {}
         sinks: dict[str, Any] = {}
+        if arch == "exaone4":
+            full_layers, nope = _exaone4_layers(config, window)
         if arch == "gpt_oss":
             full_layers = _layer_types(config)
             bias = bool(config.get("attention_bias", True))
@@ -409,6 +414,30 @@ def _layer_types(config: dict[str, Any]) -> tuple[int, ...]:
     ):
         raise ValueError(f"layer_types must name {n} full_attention / sliding_attention layers")
     return tuple(i for i, t in enumerate(types) if t == "full_attention")
+
+
+def _exaone4_layers(
+    config: dict[str, Any], window: int | None
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """EXAONE 4's global layers (`layer_types`, or its `sliding_window_pattern`: every n-th, or
+    a string such as "LLLG" repeated) and its layers without RoPE: the global ones, where the
+    model has a window at all (transformers rotates every layer of a model without one)."""
+    if window is None:
+        return (), ()
+    full = _layer_types(config)
+    if config.get("layer_types") is None:
+        n = config["num_hidden_layers"]
+        pattern = config.get("sliding_window_pattern", EXAONE4_SLIDING_WINDOW_PATTERN)
+        if not isinstance(n, int) or not 0 < n <= MAX_LAYERS:
+            raise ValueError(f"{n!r} layers: not 1 to {MAX_LAYERS}")
+        if isinstance(pattern, str) and pattern and set(pattern) <= {"L", "G"}:
+            full = tuple(i for i in range(n) if pattern[i % len(pattern)] == "G")
+        elif isinstance(pattern, int) and not isinstance(pattern, bool) and pattern > 0:
+            full = tuple(i for i in range(n) if (i + 1) % pattern == 0)
+        else:
+            raise ValueError(f"sliding_window_pattern {pattern!r}: a positive integer, or "
+                             "a string of L and G")  # fmt: skip
+    return full, full
 
 
 def _nope_layers(config: dict[str, Any]) -> tuple[int, ...]:

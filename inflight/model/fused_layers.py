@@ -45,14 +45,17 @@ class FusedDecoderLayers:
         decode = [getattr(m, "decode_weight", None) for m in projections]
         self.decode_weights = decode if any(w is not None for w in decode) else []
         self.activation_bits = max(getattr(m, "activation_bits", 0) for m in projections)
+        first = layers[0]
+        self.pre_norms = first.pre_norms  # (a model's layers share their class)
+        unread = torch.empty(0)  # where a layer has no pre-norms
         self.weights = [
             w
             for layer in layers
             for w in (
-                layer.input_layernorm.weight,
+                layer.input_layernorm.weight if self.pre_norms else unread,
                 layer.qkv_proj.weight,
                 layer.o_proj.weight,
-                layer.mlp_norm.weight,
+                layer.mlp_norm.weight if self.pre_norms else unread,
                 layer.gate_up_proj.weight,
                 layer.down_proj.weight,
             )
@@ -65,14 +68,13 @@ class FusedDecoderLayers:
             if hasattr(layer, "q_norm")
             for norm in (layer.q_norm, layer.k_norm)
         ]
-        first = layers[0]
         self.shape = (first.num_heads, first.num_kv_heads, first.head_dim)
         # a model's layers share their class and config: its activation and its score scale
         self.gelu = first.gelu
         self.scale = first.head_dim**-0.5 if first.scale is None else first.scale
         self.residual_scale = first.residual_scale
         self.softcap = first.softcap or 0.0  # of the scores; 0: none
-        self.eps = first.input_layernorm.eps
+        self.eps = first.post_attention_layernorm.eps  # (every norm of a model shares it)
         # a family's norms of the attention's and the MLP's outputs (Gemma 3's), or none
         self.output_norms = [
             norm.weight for layer in layers if layer.output_norms for norm in layer.output_norms
@@ -115,7 +117,7 @@ class FusedDecoderLayers:
             decode is not None and decode.all_rows,
             prefill and prefill.chunks, prefill and prefill.block_tables,
             num_heads, num_kv_heads, head_dim, self.eps, self.scale, self.windows,
-            self.rotations, self.gelu,
+            self.rotations, self.pre_norms, self.gelu,
             self.packed, self.activation_bits, self.residual_scale, self.softcap,
             layer_groups, [g.slot_mapping for g in groups],
             [g.decode_batch.block_tables for g in groups if g.decode_batch is not None],

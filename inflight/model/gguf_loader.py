@@ -34,6 +34,7 @@ from gguf.quants import dequantize
 from inflight.errors import ModelLoadError
 from inflight.file_cache import cache_dir, file_cache_key
 from inflight.model.arch import (
+    EXAONE4_SLIDING_WINDOW_PATTERN,
     GEMMA2_SLIDING_WINDOW_PATTERN,
     GEMMA3_SLIDING_WINDOW_PATTERN,
     MAX_LAYERS,
@@ -47,7 +48,7 @@ from inflight.model.gguf_header import GGUFHeader, TensorInfo, read_gguf_header
 logger = logging.getLogger(__name__)
 
 SUPPORTED_GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "phi3", "gemma2", "gemma3",
-                                "granite", "gpt-oss", "smollm3")  # fmt: skip
+                                "granite", "gpt-oss", "smollm3", "exaone4")  # fmt: skip
 # the architectures whose Q and K rows llama.cpp's converter permutes (`unpermute_qk`)
 PERMUTED_QK = ("llama", "mixtral", "granite", "smollm3")
 # a GGUF architecture -> the registry's, where the names differ (a `llama` file with experts is
@@ -94,6 +95,9 @@ _ARCH_LAYER_NAMES = {
     # gpt-oss's pre-MLP norm, and its sink logits (a parameter of their own, not a `.weight`)
     "gpt_oss": {**_LAYER_NAMES, "post_attention_norm": "post_attention_layernorm",
                 "attn_sinks": "self_attn.sinks"},
+    # EXAONE 4's norms of attention's and the MLP's outputs (it has none before them)
+    "exaone4": {**_LAYER_NAMES, "post_attention_norm": "post_attention_layernorm",
+                "post_ffw_norm": "post_feedforward_layernorm"},
 }  # fmt: skip
 # What llama.cpp assumes for Gemma where the file does not say: Gemma 3's windowed layers' RoPE
 # base (`rope.freq_base_swa`), and the 27Bs' (Gemma 3's 62 layers, Gemma 2's 46) score scale of
@@ -200,6 +204,10 @@ def gguf_arch_config(header: GGUFHeader, path: Path) -> LlamaArchConfig:
     sinks: dict[str, Any] = {}
     if arch in ("gemma2", "gemma3", "gpt-oss"):
         full_layers = _full_attention_layers(header, arch, num_layers)
+    exaone4_nope: tuple[int, ...] = ()
+    if arch == "exaone4" and window:  # its global layers attend without RoPE (every fourth
+        # where the file does not list them, as llama.cpp assumes)
+        full_layers = exaone4_nope = _full_attention_layers(header, arch, num_layers)
     if arch == "gpt-oss":
         sinks = dict(attention_sinks=True, o_bias="blk.0.attn_output.bias" in names,
                      swiglu_limit=GPT_OSS_SWIGLU_LIMIT,
@@ -237,7 +245,7 @@ def gguf_arch_config(header: GGUFHeader, path: Path) -> LlamaArchConfig:
         rotary_dim=0 if rotary == head_dim else rotary,
         sliding_window=int(window) if window else None,
         full_attention_layers=full_layers,
-        nope_layers=tuple(nope) if arch == "smollm3" else (),
+        nope_layers=tuple(nope) if arch == "smollm3" else exaone4_nope,
         local_rope_theta=local_theta,
         query_pre_attn_scalar=query_scalar,
         bos_token_id=field_value(header, "tokenizer.ggml.bos_token_id"),
@@ -267,8 +275,11 @@ _GGUF_POOLING = {1: "mean", 3: "last"}
 def _full_attention_layers(header: GGUFHeader, arch: str, num_layers: int) -> tuple[int, ...]:
     """The global layers: as `attention.sliding_window_pattern` lists them (a flag per layer,
     true where windowed) or spaces them (every n-th; 0: none), else every sixth (Gemma 3) or
-    every other one (Gemma 2 and gpt-oss, as llama.cpp fixes it)."""
-    default = GEMMA3_SLIDING_WINDOW_PATTERN if arch == "gemma3" else GEMMA2_SLIDING_WINDOW_PATTERN
+    every other one (Gemma 2 and gpt-oss), every fourth (EXAONE 4), as llama.cpp fixes them."""
+    default = {
+        "gemma3": GEMMA3_SLIDING_WINDOW_PATTERN,
+        "exaone4": EXAONE4_SLIDING_WINDOW_PATTERN,
+    }.get(arch, GEMMA2_SLIDING_WINDOW_PATTERN)
     pattern = field_value(header, f"{arch}.attention.sliding_window_pattern", default)
     if isinstance(pattern, list):
         return tuple(i for i, windowed in enumerate(pattern[:num_layers]) if not windowed)

@@ -128,6 +128,10 @@ class RMSNorm(nn.Module):
 
 class DecoderLayer(nn.Module):
     gelu: ClassVar[bool] = False  # the MLP's gate: tanh-GELU (Gemma's) rather than SiLU
+    # RMSNorms before attention and before the MLP (Llama's); a family that normalizes only
+    # their outputs (`output_norms`: EXAONE 4's) has none, and each sublayer reads the residual
+    # stream as it is
+    pre_norms: ClassVar[bool] = True
     # the ranks this layer is split over (parallel/): o's and down's outputs are partial sums
     tp: TPGroup | None = None
 
@@ -173,14 +177,18 @@ class DecoderLayer(nn.Module):
         meta: Any,  # the attention backend's own
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns (this layer's MLP output, the residual stream it is to be added to): each
-        residual add is fused into the RMSNorm that follows it, the last into the model's."""
+        residual add is fused into the RMSNorm that follows it (without pre-norms, done in
+        place), the last into the model's."""
         t, ops = hidden.shape[0], self.ops
         decodes = decode_rows(meta)
-        norm = self.input_layernorm
-        if residual is None:
+        if not self.pre_norms:
+            residual = hidden if residual is None else residual.add_(hidden)
+            x = residual
+        elif residual is None:
             residual = hidden
-            x = ops.rms_norm(hidden, norm.weight, norm.eps)
+            x = ops.rms_norm(hidden, self.input_layernorm.weight, self.input_layernorm.eps)
         else:
+            norm = self.input_layernorm
             x = ops.add_rms_norm(hidden, residual, norm.weight, norm.eps)
         qkv = self.normalize_qk(apply_linear(self.qkv_proj, x, decodes))
         if self.rotary:  # q and k
@@ -206,8 +214,11 @@ class DecoderLayer(nn.Module):
             x = ops.rms_norm(x, after_attention.weight, after_attention.eps)
         if self.residual_scale != 1.0:
             x = x * self.residual_scale
-        norm = self.mlp_norm
-        x = self.mlp(ops.add_rms_norm(x, residual, norm.weight, norm.eps), decodes)
+        if self.pre_norms:
+            norm = self.mlp_norm
+            x = self.mlp(ops.add_rms_norm(x, residual, norm.weight, norm.eps), decodes)
+        else:
+            x = self.mlp(residual.add_(x), decodes)
         if self.tp is not None:
             x = self.tp.all_reduce(x)
         if after_mlp is not None:

@@ -6,6 +6,7 @@ family is added: docs/architecture.md, "Adding a model family"."""
 from __future__ import annotations
 
 from inflight.model.arch import LlamaArchConfig
+from inflight.model.exaone4 import Exaone4Model
 from inflight.model.gemma import Gemma2Model, Gemma3Model
 from inflight.model.gpt_oss import GptOssModel
 from inflight.model.llama import LlamaModel
@@ -26,6 +27,7 @@ MODEL_CLASSES: dict[str, type[LlamaModel]] = {
     "gemma2": Gemma2Model,
     "gemma3": Gemma3Model,
     "gpt_oss": GptOssModel,
+    "exaone4": Exaone4Model,
 }
 
 

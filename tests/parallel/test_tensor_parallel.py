@@ -29,16 +29,18 @@ from tests.server.test_errors import assert_error, engine_for
 # vocabulary slice; Gemma 3's KV groups and per-head q/k norms (Qwen3's norms too); gpt-oss's
 # experts (each split by its columns, stacked and interleaved in the checkpoint), their biases
 # and the sinks; Qwen3-MoE's and Mixtral's experts without the stacking; Qwen2's biases on
-# q/k/v rows; Granite's multipliers, elementwise.
+# q/k/v rows; Granite's multipliers, elementwise; SmolLM3's layers without RoPE; EXAONE 4's
+# output norms alone and its four KV groups.
 SPLIT_ARCHS = ("llama", "llama3_rope", "phi4_mini", "mistral", "phi3", "gemma2", "gemma3",
-               "qwen3", "gpt_oss", "qwen3_moe", "mixtral", "qwen2", "granite")  # fmt: skip
+               "qwen3", "gpt_oss", "qwen3_moe", "mixtral", "qwen2", "granite", "smollm3",
+               "exaone4")  # fmt: skip
 # Small blocks and pool: preemption happens; small chunks: every long prompt is chunked; 4
 # seats: the prompts that share a prefix wait for the ones whose blocks they hit; a context
 # within the tiny Phi-4-mini's original one, where transformers rotates with its short factors
 SPLIT = {"tensor_parallel_size": 2, "kv_block_size": 4, "max_num_batched_tokens": 64,
          "prefill_chunk_size": 16, "max_num_seqs": 4, "max_model_len": 64}  # fmt: skip
 POOL_BLOCKS = 24  # per KV group (pages): a fraction of what 4 sequences of 64 tokens would hold
-KV_GROUPS = {"gemma2": 2, "gemma3": 6, "gpt_oss": 2}  # their windowed and global layers' tables
+KV_GROUPS = {"gemma2": 2, "gemma3": 6, "gpt_oss": 2, "exaone4": 4}  # windowed and global tables
 
 
 def prompts_with_shared_prefixes(vocab_size: int) -> list[list[int]]:

@@ -131,7 +131,8 @@ at::Tensor gelu_tanh_and_mul(const at::Tensor& gate_up) {
   return at::mul(at::gelu(parts[0], "tanh"), parts[1]);
 }
 
-constexpr size_t kWeightsPerLayer = 6;  // input norm, qkv, o, pre-MLP norm, gate-up, down
+// input norm, qkv, o, pre-MLP norm, gate-up, down (the norms unread without pre-norms)
+constexpr size_t kWeightsPerLayer = 6;
 constexpr size_t kSmallPerLayer = 4;    // small-batch kernel weights (or none): qkv, o, gate-up, down
 const OptTensor kNone;
 // a layer's RoPE (`FusedDecoderLayers.rotations`): none (SmolLM3's NoPE layers), the model's
@@ -151,8 +152,8 @@ std::vector<at::Tensor> llama_decoder_layers(
     const OptTensor& decode_tables, const OptTensor& decode_lens, bool decode_all_rows,
     const OptTensor& prefill_chunks, const OptTensor& prefill_tables, int64_t num_heads,
     int64_t num_kv_heads, int64_t head_dim, double eps, double scale,
-    const std::vector<int64_t>& windows, const std::vector<int64_t>& rotations, bool gelu,
-    bool packed, int64_t activation_bits, double residual_scale, double softcap,
+    const std::vector<int64_t>& windows, const std::vector<int64_t>& rotations, bool pre_norms,
+    bool gelu, bool packed, int64_t activation_bits, double residual_scale, double softcap,
     const std::vector<int64_t>& layer_groups,
     const std::vector<at::Tensor>& group_slots, const std::vector<at::Tensor>& group_decode_tables,
     const std::vector<at::Tensor>& group_prefill_tables,
@@ -246,7 +247,10 @@ std::vector<at::Tensor> llama_decoder_layers(
     const OptTensor* small = &small_weights[l * kSmallPerLayer];
     const OptTensor* dec = &decode[l * kSmallPerLayer];
     at::Tensor x;
-    if (!res.defined()) {
+    if (!pre_norms) {  // each sublayer reads the residual stream itself (`DecoderLayer.pre_norms`)
+      res = res.defined() ? res.add_(hidden) : hidden;
+      x = res;
+    } else if (!res.defined()) {
       res = hidden;
       x = rms_norm(hidden, w[0], eps);
     } else {
@@ -302,7 +306,7 @@ std::vector<at::Tensor> llama_decoder_layers(
     if (all_reduce) all_reduce(out);
     if (!output_norms.empty()) out = rms_norm(out, output_norms[2 * l], eps);
     if (residual_scale != 1.0) out = at::mul(out, residual_scale);  // Granite's residual_multiplier
-    x = add_rms_norm(out, res, w[3], eps);
+    x = pre_norms ? add_rms_norm(out, res, w[3], eps) : res.add_(out);
     at::Tensor gate_up = linear(x, {w[4], small[2], dec[2], kNone}, how, split);
     hidden = linear(gelu ? gelu_tanh_and_mul(gate_up) : silu_and_mul(gate_up),
                     {w[5], small[3], dec[3], kNone}, how, split);

@@ -98,7 +98,7 @@ std::vector<at::Tensor> llama_decoder_layers(
     const c10::optional<at::Tensor>& prefill_chunks,
     const c10::optional<at::Tensor>& prefill_tables, int64_t num_heads, int64_t num_kv_heads,
     int64_t head_dim, double eps, double scale, const std::vector<int64_t>& windows,
-    const std::vector<int64_t>& rotations, bool gelu, bool packed, int64_t activation_bits, double residual_scale, double softcap,
+    const std::vector<int64_t>& rotations, bool pre_norms, bool gelu, bool packed, int64_t activation_bits, double residual_scale, double softcap,
     const std::vector<int64_t>& layer_groups, const std::vector<at::Tensor>& group_slots,
     const std::vector<at::Tensor>& group_decode_tables,
     const std::vector<at::Tensor>& group_prefill_tables,
