@@ -69,7 +69,7 @@ def build_tokenizer(folder: Path):
 
 
 TINY_ARCHS = ("llama", "llama3_rope", "qwen2", "qwen3", "qwen3_moe", "mixtral", "phi3", "mistral",
-              "gemma2", "gemma3", "granite", "gpt_oss", "smollm3", "exaone4")  # fmt: skip
+              "gemma2", "gemma3", "granite", "gpt_oss", "smollm3", "exaone4", "olmo2")  # fmt: skip
 
 
 def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) -> Path:
@@ -90,6 +90,8 @@ def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) ->
         MistralForCausalLM,
         MixtralConfig,
         MixtralForCausalLM,
+        Olmo2Config,
+        Olmo2ForCausalLM,
         Phi3Config,
         Phi3ForCausalLM,
         Qwen2Config,
@@ -174,6 +176,8 @@ def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) ->
         config = Exaone4Config(**{**common, "num_hidden_layers": 4}, sliding_window=24,
                                sliding_window_pattern=4, rope_theta=10000.0)  # fmt: skip
         cls = Exaone4ForCausalLM
+    elif arch == "olmo2":  # norms of the sublayers' outputs alone, q/k norms across heads
+        config, cls = Olmo2Config(**common, rope_theta=10000.0), Olmo2ForCausalLM
     elif arch == "smollm3":  # its fourth layer without RoPE (SmolLM3's default interval, the
         # one its GGUF files imply)
         config = SmolLM3Config(**{**common, "num_hidden_layers": 4}, rope_theta=10000.0)
@@ -218,7 +222,7 @@ def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) ->
             for name, param in model.named_parameters():
                 if name.endswith(("sinks", "bias")):
                     param.uniform_(-1.0, 1.0)
-    if arch == "exaone4":  # output norms start at 1: make them matter
+    if arch in ("exaone4", "olmo2"):  # output norms start at 1: make them matter
         with torch.no_grad():
             for name, param in model.named_parameters():
                 if name.endswith("norm.weight"):

@@ -2,7 +2,8 @@
 
 Covers Llama (with llama3 / linear RoPE scaling), Mistral (sliding window), Qwen2 (q/k/v bias),
 Qwen3 (q/k norms), SmolLM3 (layers without RoPE), EXAONE 4 (norms of the sublayers' outputs
-alone, windowed layers beside global ones without RoPE), Qwen3-MoE and Mixtral (experts), Phi-3 /
+alone, windowed layers beside global ones without RoPE), OLMo 2 (the same norms, its q/k
+norms across all heads), Qwen3-MoE and Mixtral (experts), Phi-3 /
 Phi-4 (fused projections in the checkpoint, LongRoPE, Phi-4-mini's partial rotary embeddings),
 Gemma 3 text (windowed and global layers, each kind with its own RoPE), gpt-oss (attention
 sinks, banded and global layers, YaRN, biased experts with a clamped SwiGLU) and SmolLM2. Both
@@ -32,6 +33,7 @@ SUPPORTED_ARCHITECTURES = {
     "GptOssForCausalLM": "gpt_oss",
     "SmolLM3ForCausalLM": "smollm3",
     "Exaone4ForCausalLM": "exaone4",
+    "Olmo2ForCausalLM": "olmo2",
     # the bare decoders, without an LM head, that embedding models are (Qwen3-Embedding's
     # weights): they pool the last token's hidden state unless the folder says otherwise
     "LlamaModel": "llama",
@@ -194,6 +196,12 @@ class LlamaArchConfig:
     @property
     def rope_scaling_dict(self) -> dict[str, Any]:
         return dict(self.rope_scaling or ())
+
+    @property
+    def qk_norms_span_heads(self) -> bool:
+        """Whether each token's queries (and keys) are normalized as one vector across all heads
+        (OLMo 2's), not head by head (Qwen3's)."""
+        return self.architecture == "olmo2"
 
     def layer_rotary(self, layer: int) -> bool:
         """Whether this layer rotates its queries and keys (RoPE)."""

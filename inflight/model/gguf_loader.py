@@ -48,7 +48,7 @@ from inflight.model.gguf_header import GGUFHeader, TensorInfo, read_gguf_header
 logger = logging.getLogger(__name__)
 
 SUPPORTED_GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "phi3", "gemma2", "gemma3",
-                                "granite", "gpt-oss", "smollm3", "exaone4")  # fmt: skip
+                                "granite", "gpt-oss", "smollm3", "exaone4", "olmo2")  # fmt: skip
 # the architectures whose Q and K rows llama.cpp's converter permutes (`unpermute_qk`)
 PERMUTED_QK = ("llama", "mixtral", "granite", "smollm3")
 # a GGUF architecture -> the registry's, where the names differ (a `llama` file with experts is
@@ -87,6 +87,8 @@ _GEMMA_LAYER_NAMES = {
     "ffn_norm": "pre_feedforward_layernorm",
     "post_ffw_norm": "post_feedforward_layernorm",
 }
+_OUTPUT_NORM_NAMES = {**_LAYER_NAMES, "post_attention_norm": "post_attention_layernorm",
+                      "post_ffw_norm": "post_feedforward_layernorm"}  # fmt: skip
 # where an architecture's tensor means something else than Llama's (phi3's ffn_up is gate + up)
 _ARCH_LAYER_NAMES = {
     "phi3": {**_LAYER_NAMES, "attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},
@@ -95,9 +97,9 @@ _ARCH_LAYER_NAMES = {
     # gpt-oss's pre-MLP norm, and its sink logits (a parameter of their own, not a `.weight`)
     "gpt_oss": {**_LAYER_NAMES, "post_attention_norm": "post_attention_layernorm",
                 "attn_sinks": "self_attn.sinks"},
-    # EXAONE 4's norms of attention's and the MLP's outputs (it has none before them)
-    "exaone4": {**_LAYER_NAMES, "post_attention_norm": "post_attention_layernorm",
-                "post_ffw_norm": "post_feedforward_layernorm"},
+    # EXAONE 4's and OLMo 2's norms of attention's and the MLP's outputs (none before them)
+    "exaone4": _OUTPUT_NORM_NAMES,
+    "olmo2": _OUTPUT_NORM_NAMES,
 }  # fmt: skip
 # What llama.cpp assumes for Gemma where the file does not say: Gemma 3's windowed layers' RoPE
 # base (`rope.freq_base_swa`), and the 27Bs' (Gemma 3's 62 layers, Gemma 2's 46) score scale of
@@ -204,6 +206,9 @@ def gguf_arch_config(header: GGUFHeader, path: Path) -> LlamaArchConfig:
     sinks: dict[str, Any] = {}
     if arch in ("gemma2", "gemma3", "gpt-oss"):
         full_layers = _full_attention_layers(header, arch, num_layers)
+    if arch == "olmo2" and window:
+        raise ModelLoadError(f"{path}: an olmo2 file with a sliding window (OLMo 3) is not "
+                             "supported")  # fmt: skip
     exaone4_nope: tuple[int, ...] = ()
     if arch == "exaone4" and window:  # its global layers attend without RoPE (every fourth
         # where the file does not list them, as llama.cpp assumes)

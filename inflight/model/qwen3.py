@@ -1,7 +1,7 @@
 """Qwen3: the Llama decoder with an RMSNorm over each query and key head, between the q/k/v
-projection and RoPE (no q/k/v bias). HF names `self_attn.q_norm` / `k_norm`, GGUF
-`attn_q_norm` / `attn_k_norm`. The C++ layer loop runs the same norms (`fused_layers.qk_norms`),
-tested bit for bit against this."""
+projection and RoPE (no q/k/v bias); a norm as wide as all heads (OLMo 2's) runs the same way.
+HF names `self_attn.q_norm` / `k_norm`, GGUF `attn_q_norm` / `attn_k_norm`. The C++ layer loop
+runs the same norms (`fused_layers.qk_norms`), tested bit for bit against this."""
 
 from __future__ import annotations
 
@@ -22,11 +22,12 @@ class Qwen3DecoderLayer(DecoderLayer):
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
 
     def normalize_qk(self, qkv: torch.Tensor) -> torch.Tensor:
-        t, d = qkv.shape[0], self.head_dim
+        t = qkv.shape[0]
         q_size, kv_size, _ = self.split
         for start, size, norm in ((0, q_size, self.q_norm), (q_size, kv_size, self.k_norm)):
-            heads = qkv[:, start : start + size].reshape(-1, d)  # [T * heads, D]
-            normed = self.ops.rms_norm(heads, norm.weight, norm.eps)
+            width = norm.weight.shape[0]  # a head's (Qwen3), or all heads' (OLMo 2)
+            rows = qkv[:, start : start + size].reshape(-1, width)  # [T * heads, D] or [T, size]
+            normed = self.ops.rms_norm(rows, norm.weight, norm.eps)
             qkv[:, start : start + size] = normed.view(t, size)
         return qkv
 

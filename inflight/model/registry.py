@@ -11,6 +11,7 @@ from inflight.model.gemma import Gemma2Model, Gemma3Model
 from inflight.model.gpt_oss import GptOssModel
 from inflight.model.llama import LlamaModel
 from inflight.model.moe import MixtralModel, Qwen3MoeModel
+from inflight.model.olmo2 import Olmo2Model
 from inflight.model.phi3 import Phi3Model
 from inflight.model.qwen3 import Qwen3Model
 
@@ -28,6 +29,7 @@ MODEL_CLASSES: dict[str, type[LlamaModel]] = {
     "gemma3": Gemma3Model,
     "gpt_oss": GptOssModel,
     "exaone4": Exaone4Model,
+    "olmo2": Olmo2Model,
 }
 
 

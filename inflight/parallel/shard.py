@@ -28,6 +28,11 @@ def check_tensor_parallel(arch: LlamaArchConfig, size: int) -> None:
         raise ValueError(f"tensor_parallel_size must be an integer, got {size!r}")
     if size < 1:
         raise ValueError(f"tensor_parallel_size must be >= 1, got {size}")
+    if size > 1 and arch.qk_norms_span_heads:  # a rank holding some heads lacks the others'
+        raise ValueError(
+            f"tensor_parallel_size {size}: this model's query and key norms "
+            "span all heads at once, which ranks holding some cannot compute"
+        )
     kv = arch.num_kv_heads
     parts = {
         "attention heads": arch.num_heads,

@@ -152,6 +152,8 @@ def test_bad_inputs_are_refused_before_any_write(tiny_llama):
         run(decode=[None])
     with pytest.raises(RuntimeError, match="a query and a key norm weight per layer"):
         run(qk_norms=[torch.ones(head_dim)])
+    with pytest.raises(RuntimeError, match="a q/k norm weight spans a head or all heads"):
+        run(qk_norms=[torch.ones(head_dim + 1)] * (2 * len(caches)))
     with pytest.raises(RuntimeError, match="one after attention and one after the MLP"):
         run(output_norms=[torch.ones(num_heads * head_dim)])
     with pytest.raises(RuntimeError, match="one window per layer"):

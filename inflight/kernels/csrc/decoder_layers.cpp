@@ -167,6 +167,12 @@ std::vector<at::Tensor> llama_decoder_layers(
               "caches per layer");
   INFLIGHT_CHECK(qk_norms.empty() || qk_norms.size() == 2 * L,
               "no q/k norms, or a query and a key norm weight per layer");
+  for (size_t i = 0; i < qk_norms.size(); ++i) {
+    const int64_t width = qk_norms[i].numel(),
+                  all = (i % 2 ? num_kv_heads : num_heads) * head_dim;
+    INFLIGHT_CHECK(qk_norms[i].dim() == 1 && (width == head_dim || width == all),
+                "a q/k norm weight spans a head or all heads");
+  }
   INFLIGHT_CHECK(output_norms.empty() || output_norms.size() == 2 * L,
               "no output norms, or one after attention and one after the MLP per layer");
   INFLIGHT_CHECK(windows.size() == L, "one window per layer (0: none)");
@@ -257,11 +263,12 @@ std::vector<at::Tensor> llama_decoder_layers(
       x = add_rms_norm(hidden, res, w[0], eps);
     }
     at::Tensor qkv = linear(x, {w[1], small[0], dec[0], qkv_biases[l]}, how, split);
-    if (!qk_norms.empty()) {  // each query and key head RMS-normalized (Qwen3's q_norm, k_norm)
+    if (!qk_norms.empty()) {  // queries and keys RMS-normalized, each head (Qwen3's q_norm,
+                              // k_norm) or all heads as one (OLMo 2's): the weight's width
       for (int64_t part = 0; part < 2; ++part) {
         auto heads = qkv.narrow(1, part ? q_size : 0, part ? kv_size : q_size);
-        heads.copy_(rms_norm(heads.reshape({-1, head_dim}), qk_norms[2 * l + part], eps)
-                        .view(heads.sizes()));
+        const at::Tensor& norm = qk_norms[2 * l + part];
+        heads.copy_(rms_norm(heads.reshape({-1, norm.size(0)}), norm, eps).view(heads.sizes()));
       }
     }
     const int64_t window = windows[l];
