@@ -69,7 +69,8 @@ def build_tokenizer(folder: Path):
 
 
 TINY_ARCHS = ("llama", "llama3_rope", "qwen2", "qwen3", "qwen3_moe", "mixtral", "phi3", "mistral",
-              "gemma2", "gemma3", "granite", "gpt_oss", "smollm3", "exaone4", "olmo2")  # fmt: skip
+              "gemma2", "gemma3", "granite", "gpt_oss", "smollm3", "exaone4", "olmo2",
+              "olmo3")  # fmt: skip
 
 
 def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) -> Path:
@@ -92,6 +93,8 @@ def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) ->
         MixtralForCausalLM,
         Olmo2Config,
         Olmo2ForCausalLM,
+        Olmo3Config,
+        Olmo3ForCausalLM,
         Phi3Config,
         Phi3ForCausalLM,
         Qwen2Config,
@@ -178,6 +181,14 @@ def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) ->
         cls = Exaone4ForCausalLM
     elif arch == "olmo2":  # norms of the sublayers' outputs alone, q/k norms across heads
         config, cls = Olmo2Config(**common, rope_theta=10000.0), Olmo2ForCausalLM
+    elif arch == "olmo3":  # OLMo 2's layers, three windowed with a RoPE base of their own to
+        # each global one with YaRN past an original context of 64 positions
+        rope = {"full_attention": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 8.0,
+                                   "original_max_position_embeddings": 64},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 5000.0}}  # fmt: skip
+        config = Olmo3Config(**{**common, "num_hidden_layers": 4}, sliding_window=24,
+                             rope_parameters=rope)  # fmt: skip
+        cls = Olmo3ForCausalLM
     elif arch == "smollm3":  # its fourth layer without RoPE (SmolLM3's default interval, the
         # one its GGUF files imply)
         config = SmolLM3Config(**{**common, "num_hidden_layers": 4}, rope_theta=10000.0)
@@ -222,7 +233,7 @@ def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) ->
             for name, param in model.named_parameters():
                 if name.endswith(("sinks", "bias")):
                     param.uniform_(-1.0, 1.0)
-    if arch in ("exaone4", "olmo2"):  # output norms start at 1: make them matter
+    if arch in ("exaone4", "olmo2", "olmo3"):  # output norms start at 1: make them matter
         with torch.no_grad():
             for name, param in model.named_parameters():
                 if name.endswith("norm.weight"):

@@ -185,7 +185,7 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
             "MixtralForCausalLM": "llama",
             "GraniteForCausalLM": "granite", "GptOssForCausalLM": "gpt-oss",
             "SmolLM3ForCausalLM": "smollm3", "Exaone4ForCausalLM": "exaone4",
-            "Olmo2ForCausalLM": "olmo2",
+            "Olmo2ForCausalLM": "olmo2", "Olmo3ForCausalLM": "olmo2",
             "Qwen3Model": "qwen3"}[cfg["architectures"][0]]  # fmt: skip
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
     w = GGUFWriter(out, arch)
@@ -196,6 +196,7 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
     w.add_head_count(cfg["num_attention_heads"])
     w.add_head_count_kv(cfg["num_key_value_heads"])
     rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    local_rope = rope.get("sliding_attention")  # OLMo 3's windowed layers' own base
     rope = rope.get("full_attention", rope)  # Gemma 3's global layers'
     base = float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0)))
     w.add_rope_freq_base(base)
@@ -207,8 +208,10 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
     w.add_vocab_size(cfg["vocab_size"])
     if cfg.get("sliding_window") and arch != "llama":  # (a llama file cannot say it: Mixtral)
         w.add_sliding_window(cfg["sliding_window"])
-        if arch == "exaone4":  # as its converter lists the layers: true where windowed
+        if arch in ("exaone4", "olmo2"):  # as their converters list them: true where windowed
             w.add_sliding_window_pattern([t == "sliding_attention" for t in cfg["layer_types"]])
+        if arch == "olmo2" and local_rope:
+            w.add_float32(f"{arch}.rope.freq_base_swa", local_rope["rope_theta"])
     for key in ("attn_logit_softcapping", "final_logit_softcapping"):  # Gemma 2's
         if cfg.get(key) is not None:
             w.add_float32(f"{arch}.{key}", cfg[key])

@@ -2,13 +2,13 @@
 
 Covers Llama (with llama3 / linear RoPE scaling), Mistral (sliding window), Qwen2 (q/k/v bias),
 Qwen3 (q/k norms), SmolLM3 (layers without RoPE), EXAONE 4 (norms of the sublayers' outputs
-alone, windowed layers beside global ones without RoPE), OLMo 2 (the same norms, its q/k
-norms across all heads), Qwen3-MoE and Mixtral (experts), Phi-3 /
-Phi-4 (fused projections in the checkpoint, LongRoPE, Phi-4-mini's partial rotary embeddings),
-Gemma 3 text (windowed and global layers, each kind with its own RoPE), gpt-oss (attention
-sinks, banded and global layers, YaRN, biased experts with a clamped SwiGLU) and SmolLM2. Both
-transformers 4 (`rope_theta` + `rope_scaling`) and transformers 5 (`rope_parameters`, per layer
-kind where layers differ) spellings of RoPE settings are read.
+alone, windowed layers beside global ones without RoPE), OLMo 2 (the same norms, its q/k norms
+across all heads) and OLMo 3 (with windowed layers of their own RoPE), Qwen3-MoE and Mixtral
+(experts), Phi-3 / Phi-4 (fused projections in the checkpoint, LongRoPE, Phi-4-mini's partial
+rotary embeddings), Gemma 3 text (windowed and global layers, each kind with its own RoPE),
+gpt-oss (attention sinks, banded and global layers, YaRN, biased experts with a clamped SwiGLU)
+and SmolLM2. Both transformers 4 (`rope_theta` + `rope_scaling`) and transformers 5
+(`rope_parameters`, per layer kind where layers differ) spellings of RoPE settings are read.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ SUPPORTED_ARCHITECTURES = {
     "SmolLM3ForCausalLM": "smollm3",
     "Exaone4ForCausalLM": "exaone4",
     "Olmo2ForCausalLM": "olmo2",
+    "Olmo3ForCausalLM": "olmo3",
     # the bare decoders, without an LM head, that embedding models are (Qwen3-Embedding's
     # weights): they pool the last token's hidden state unless the folder says otherwise
     "LlamaModel": "llama",
@@ -52,7 +53,7 @@ SMOLLM3_NO_ROPE_INTERVAL = 4
 # every n-th layer global, where a config does not list them: Gemma 3's sixth, Gemma 2's second
 GEMMA3_SLIDING_WINDOW_PATTERN = 6
 GEMMA2_SLIDING_WINDOW_PATTERN = 2
-EXAONE4_SLIDING_WINDOW_PATTERN = 4  # EXAONE 4's fourth
+EXAONE4_SLIDING_WINDOW_PATTERN = 4  # EXAONE 4's fourth, OLMo 3's
 
 
 @dataclass(frozen=True)
@@ -201,7 +202,7 @@ class LlamaArchConfig:
     def qk_norms_span_heads(self) -> bool:
         """Whether each token's queries (and keys) are normalized as one vector across all heads
         (OLMo 2's), not head by head (Qwen3's)."""
-        return self.architecture == "olmo2"
+        return self.architecture in ("olmo2", "olmo3")
 
     def layer_rotary(self, layer: int) -> bool:
         """Whether this layer rotates its queries and keys (RoPE)."""
@@ -283,8 +284,11 @@ class LlamaArchConfig:
                 softcaps[key] = None if config.get(key) is None else float(config[key])
         experts = _experts(config, arch) if arch in ("qwen3_moe", "mixtral", "gpt_oss") else {}
         sinks: dict[str, Any] = {}
-        if arch == "exaone4":
-            full_layers, nope = _exaone4_layers(config, window)
+        if arch == "exaone4":  # its global layers attend without RoPE
+            full_layers = nope = _global_layers(config, window)
+        if arch == "olmo3" and window is not None:  # its windowed layers rotate unscaled
+            full_layers = _global_layers(config, window)
+            local_theta = _local_rope_theta(local_params, rope_theta)
         if arch == "gpt_oss":
             full_layers = _layer_types(config)
             bias = bool(config.get("attention_bias", True))
@@ -424,28 +428,24 @@ def _layer_types(config: dict[str, Any]) -> tuple[int, ...]:
     return tuple(i for i, t in enumerate(types) if t == "full_attention")
 
 
-def _exaone4_layers(
-    config: dict[str, Any], window: int | None
-) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """EXAONE 4's global layers (`layer_types`, or its `sliding_window_pattern`: every n-th, or
-    a string such as "LLLG" repeated) and its layers without RoPE: the global ones, where the
-    model has a window at all (transformers rotates every layer of a model without one)."""
+def _global_layers(config: dict[str, Any], window: int | None) -> tuple[int, ...]:
+    """The global layers of a model whose others attend within its window (EXAONE 4's, OLMo
+    3's): as `layer_types` names them, or `sliding_window_pattern` spaces them (every n-th, or a
+    string such as "LLLG" repeated), every fourth by default; none without a window."""
     if window is None:
-        return (), ()
-    full = _layer_types(config)
-    if config.get("layer_types") is None:
-        n = config["num_hidden_layers"]
-        pattern = config.get("sliding_window_pattern", EXAONE4_SLIDING_WINDOW_PATTERN)
-        if not isinstance(n, int) or not 0 < n <= MAX_LAYERS:
-            raise ValueError(f"{n!r} layers: not 1 to {MAX_LAYERS}")
-        if isinstance(pattern, str) and pattern and set(pattern) <= {"L", "G"}:
-            full = tuple(i for i in range(n) if pattern[i % len(pattern)] == "G")
-        elif isinstance(pattern, int) and not isinstance(pattern, bool) and pattern > 0:
-            full = tuple(i for i in range(n) if (i + 1) % pattern == 0)
-        else:
-            raise ValueError(f"sliding_window_pattern {pattern!r}: a positive integer, or "
-                             "a string of L and G")  # fmt: skip
-    return full, full
+        return ()
+    if config.get("layer_types") is not None:
+        return _layer_types(config)
+    n = config["num_hidden_layers"]
+    pattern = config.get("sliding_window_pattern", EXAONE4_SLIDING_WINDOW_PATTERN)
+    if not isinstance(n, int) or not 0 < n <= MAX_LAYERS:
+        raise ValueError(f"{n!r} layers: not 1 to {MAX_LAYERS}")
+    if isinstance(pattern, str) and pattern and set(pattern) <= {"L", "G"}:
+        return tuple(i for i in range(n) if pattern[i % len(pattern)] == "G")
+    if isinstance(pattern, int) and not isinstance(pattern, bool) and pattern > 0:
+        return tuple(i for i in range(n) if (i + 1) % pattern == 0)
+    raise ValueError(f"sliding_window_pattern {pattern!r}: a positive integer, or a string of "
+                     "L and G")  # fmt: skip
 
 
 def _nope_layers(config: dict[str, Any]) -> tuple[int, ...]:
@@ -489,11 +489,16 @@ def _gemma_layers(
     full = tuple(i for i, t in enumerate(types) if t == "full_attention")
     if arch == "gemma2":  # one RoPE for every layer
         return full, None
+    return full, _local_rope_theta(local_params, config.get("rope_local_base_freq", 10000.0))
+
+
+def _local_rope_theta(local_params: dict[str, Any] | None, default: float) -> float:
+    """The RoPE base of the sliding-window layers (their `rope_parameters`, transformers 5's
+    spelling), which rotate unscaled (Gemma 3's, OLMo 3's)."""
     local = dict(local_params or {})
     if local.get("rope_type", "default") != "default":
         raise ValueError("RoPE scaling of the sliding-window layers is not supported")
-    local_theta = local.get("rope_theta") or config.get("rope_local_base_freq", 10000.0)
-    return full, float(local_theta)
+    return float(local.get("rope_theta") or default)
 
 
 def _gemma3_text_config(config: dict[str, Any]) -> dict[str, Any]:

@@ -97,9 +97,10 @@ _ARCH_LAYER_NAMES = {
     # gpt-oss's pre-MLP norm, and its sink logits (a parameter of their own, not a `.weight`)
     "gpt_oss": {**_LAYER_NAMES, "post_attention_norm": "post_attention_layernorm",
                 "attn_sinks": "self_attn.sinks"},
-    # EXAONE 4's and OLMo 2's norms of attention's and the MLP's outputs (none before them)
+    # EXAONE 4's and OLMo's norms of attention's and the MLP's outputs (none before them)
     "exaone4": _OUTPUT_NORM_NAMES,
     "olmo2": _OUTPUT_NORM_NAMES,
+    "olmo3": _OUTPUT_NORM_NAMES,  # (an olmo2 file with a window)
 }  # fmt: skip
 # What llama.cpp assumes for Gemma where the file does not say: Gemma 3's windowed layers' RoPE
 # base (`rope.freq_base_swa`), and the 27Bs' (Gemma 3's 62 layers, Gemma 2's 46) score scale of
@@ -206,9 +207,11 @@ def gguf_arch_config(header: GGUFHeader, path: Path) -> LlamaArchConfig:
     sinks: dict[str, Any] = {}
     if arch in ("gemma2", "gemma3", "gpt-oss"):
         full_layers = _full_attention_layers(header, arch, num_layers)
-    if arch == "olmo2" and window:
-        raise ModelLoadError(f"{path}: an olmo2 file with a sliding window (OLMo 3) is not "
-                             "supported")  # fmt: skip
+    if arch == "olmo2" and window:  # OLMo 3's: windowed layers rotating unscaled, with their
+        # own base where the file gives one, beside global ones (every fourth by default)
+        registry_name = "olmo3"
+        full_layers = _full_attention_layers(header, arch, num_layers)
+        local_theta = float(meta("rope.freq_base_swa", meta("rope.freq_base", 10000.0)))
     exaone4_nope: tuple[int, ...] = ()
     if arch == "exaone4" and window:  # its global layers attend without RoPE (every fourth
         # where the file does not list them, as llama.cpp assumes)
@@ -280,10 +283,12 @@ _GGUF_POOLING = {1: "mean", 3: "last"}
 def _full_attention_layers(header: GGUFHeader, arch: str, num_layers: int) -> tuple[int, ...]:
     """The global layers: as `attention.sliding_window_pattern` lists them (a flag per layer,
     true where windowed) or spaces them (every n-th; 0: none), else every sixth (Gemma 3) or
-    every other one (Gemma 2 and gpt-oss), every fourth (EXAONE 4), as llama.cpp fixes them."""
+    every other one (Gemma 2 and gpt-oss), every fourth (EXAONE 4, OLMo 3), as llama.cpp fixes
+    them."""
     default = {
         "gemma3": GEMMA3_SLIDING_WINDOW_PATTERN,
         "exaone4": EXAONE4_SLIDING_WINDOW_PATTERN,
+        "olmo2": EXAONE4_SLIDING_WINDOW_PATTERN,
     }.get(arch, GEMMA2_SLIDING_WINDOW_PATTERN)
     pattern = field_value(header, f"{arch}.attention.sliding_window_pattern", default)
     if isinstance(pattern, list):

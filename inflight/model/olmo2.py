@@ -2,7 +2,8 @@
 alone) with its query and key norms each as wide as all their heads, not one head: each token's
 queries are normalized together, then its keys. A norm over every head cannot be split between
 tensor-parallel ranks that each hold some of them, so such a model runs on one
-(`parallel/shard.py`)."""
+(`parallel/shard.py`). OLMo 3 (`Olmo3ForCausalLM`, an `olmo2` file with a window) has the same
+layers, three windowed with an unscaled RoPE of their own to each global one: config fields."""
 
 from __future__ import annotations
 

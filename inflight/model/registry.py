@@ -30,6 +30,7 @@ MODEL_CLASSES: dict[str, type[LlamaModel]] = {
     "gpt_oss": GptOssModel,
     "exaone4": Exaone4Model,
     "olmo2": Olmo2Model,
+    "olmo3": Olmo2Model,  # (its windows and their RoPE are config fields)
 }
 
 

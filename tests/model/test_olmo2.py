@@ -1,9 +1,9 @@
 """OLMo 2 (`Olmo2ForCausalLM`, GGUF `olmo2`): EXAONE 4's layer (norms of the sublayers' outputs
 alone) with query and key norms across all heads. The tiny OLMo 2 of `TINY_ARCHS` is held to
 transformers' greedy tokens in every setting and its fused layer loop to the Python one; here,
-the config as published, the GGUF against transformers with the file's weights, and what is
-refused: tensor parallelism (a rank lacks the other ranks' heads its norms span) and OLMo 3's
-windowed files."""
+the config as published, the GGUFs against transformers with the file's weights (OLMo 3's
+too: OLMo 2's layers, three windowed with their own unscaled RoPE to each global one), and
+tensor parallelism refused (a rank lacks the other ranks' heads its norms span)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from gguf import GGMLQuantizationType
 from transformers import AutoModelForCausalLM
 
 from inflight import LLM, SamplingParams
-from inflight.errors import ConfigError, ModelLoadError
+from inflight.errors import ConfigError
 from inflight.model.arch import LlamaArchConfig
 from inflight.parallel.shard import check_tensor_parallel
 from tests.gguf_files import write_tiny_gguf
@@ -35,6 +35,15 @@ def test_a_published_olmo2_config_is_read():
     )  # fmt: skip
     assert not LlamaArchConfig.from_hf_config({**PUBLISHED, "architectures": [
         "Exaone4ForCausalLM"]}).qk_norms_span_heads  # fmt: skip
+    # OLMo 3's: every fourth layer global by default, the windowed ones' RoPE base their own
+    olmo3 = LlamaArchConfig.from_hf_config({
+        **PUBLISHED, "architectures": ["Olmo3ForCausalLM"], "sliding_window": 4096,
+        "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 5e5},
+                            "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}},
+    })  # fmt: skip
+    assert (olmo3.architecture, olmo3.qk_norms_span_heads, olmo3.local_rope_theta) == (
+        "olmo3", True, 1e4)  # fmt: skip
+    assert olmo3.full_attention_layers == (3, 7, 11, 15) and olmo3.nope_layers == ()
 
 
 def test_tensor_parallelism_is_refused_before_any_rank_starts(tiny_model_factory):
@@ -68,10 +77,20 @@ def test_an_olmo2_gguf_generates_as_transformers_with_its_weights(
     )
 
 
-def test_an_olmo2_file_with_a_window_is_refused(tmp_path, tiny_model_factory):
-    """OLMo 3's files (its windowed layers rotate unscaled beside YaRN-scaled global ones)."""
-    path = write_tiny_gguf(tiny_model_factory("olmo2"), tmp_path / "olmo3.gguf",
-                           GGMLQuantizationType.F32,
-                           metadata=lambda w: w.add_sliding_window(4096))  # fmt: skip
-    with pytest.raises(ModelLoadError, match="sliding window .OLMo 3. is not supported"):
-        LLM(str(path))
+def test_an_olmo3_gguf_generates_as_transformers_with_its_weights(tmp_path, tiny_model_factory):
+    """OLMo 3's file is an olmo2 one with a window: the windowed layers' flags, their own RoPE
+    base (`rope.freq_base_swa`), unscaled, beside YaRN-scaled global layers."""
+    folder = tiny_model_factory("olmo3")
+    path = write_tiny_gguf(folder, tmp_path / "olmo3.gguf", GGMLQuantizationType.F32)
+    llm = LLM(str(path), dtype="float32", quantized_activations="off")
+    arch = llm.core.arch
+    assert (arch.architecture, arch.sliding_window, arch.full_attention_layers) == (
+        "olmo3", 24, (3,))  # fmt: skip
+    assert arch.local_rope_theta == 5000.0 and arch.rope_scaling_dict["rope_type"] == "yarn"
+    reference = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    prompts = random_prompts(arch.vocab_size, lengths=(2, 9, 30, 64))
+    expected = hf_greedy(reference, prompts, [12] * len(prompts))
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    assert [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)] == (
+        expected
+    )
