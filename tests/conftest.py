@@ -70,7 +70,7 @@ def build_tokenizer(folder: Path):
 
 TINY_ARCHS = ("llama", "llama3_rope", "qwen2", "qwen3", "qwen3_moe", "mixtral", "phi3", "mistral",
               "gemma2", "gemma3", "granite", "gpt_oss", "smollm3", "exaone4", "olmo2",
-              "olmo3")  # fmt: skip
+              "olmo3", "glm4")  # fmt: skip
 
 
 def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) -> Path:
@@ -81,6 +81,8 @@ def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) ->
         Gemma2ForCausalLM,
         Gemma3ForCausalLM,
         Gemma3TextConfig,
+        Glm4Config,
+        Glm4ForCausalLM,
         GptOssConfig,
         GptOssForCausalLM,
         GraniteConfig,
@@ -189,6 +191,11 @@ def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) ->
         config = Olmo3Config(**{**common, "num_hidden_layers": 4}, sliding_window=24,
                              rope_parameters=rope)  # fmt: skip
         cls = Olmo3ForCausalLM
+    elif arch == "glm4":  # RoPE in interleaved pairs over half of each head (heads of 32:
+        # the 16 rotary dimensions fill a multiple of 8 lanes), q/k/v biases, four norms a layer
+        rope = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}
+        config = Glm4Config(**common, head_dim=32, attention_bias=True, rope_parameters=rope)
+        cls = Glm4ForCausalLM
     elif arch == "smollm3":  # its fourth layer without RoPE (SmolLM3's default interval, the
         # one its GGUF files imply)
         config = SmolLM3Config(**{**common, "num_hidden_layers": 4}, rope_theta=10000.0)
@@ -228,12 +235,12 @@ def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) ->
         raise ValueError(arch)
     torch.manual_seed(seed)
     model = cls(config).eval()
-    if arch == "gpt_oss":  # sinks and biases start at 0: make them matter
+    if arch in ("gpt_oss", "glm4"):  # sinks and biases start at 0: make them matter
         with torch.no_grad():
             for name, param in model.named_parameters():
                 if name.endswith(("sinks", "bias")):
                     param.uniform_(-1.0, 1.0)
-    if arch in ("exaone4", "olmo2", "olmo3"):  # output norms start at 1: make them matter
+    if arch in ("exaone4", "olmo2", "olmo3", "glm4"):  # norms start at 1: make them matter
         with torch.no_grad():
             for name, param in model.named_parameters():
                 if name.endswith("norm.weight"):

@@ -63,6 +63,9 @@ def gguf_name(hf: str, arch: str = "llama") -> str:
     names = GEMMA3_LAYER_TO_GGUF if arch in ("gemma2", "gemma3") else LAYER_TO_GGUF
     if arch == "gpt-oss":  # its pre-MLP norm under Gemma's name
         names = {**LAYER_TO_GGUF, "post_attention_layernorm": "post_attention_norm"}
+    if arch == "glm4":  # its output norms under Gemma's names, its pre-MLP norm Llama's
+        names = {**LAYER_TO_GGUF, "post_self_attn_layernorm": "post_attention_norm",
+                 "post_mlp_layernorm": "post_ffw_norm"}  # fmt: skip
     if arch in ("exaone4", "olmo2"):  # their output norms under Gemma's names
         names = {**LAYER_TO_GGUF, "post_attention_layernorm": "post_attention_norm",
                  "post_feedforward_layernorm": "post_ffw_norm"}  # fmt: skip
@@ -185,7 +188,7 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
             "MixtralForCausalLM": "llama",
             "GraniteForCausalLM": "granite", "GptOssForCausalLM": "gpt-oss",
             "SmolLM3ForCausalLM": "smollm3", "Exaone4ForCausalLM": "exaone4",
-            "Olmo2ForCausalLM": "olmo2", "Olmo3ForCausalLM": "olmo2",
+            "Olmo2ForCausalLM": "olmo2", "Olmo3ForCausalLM": "olmo2", "Glm4ForCausalLM": "glm4",
             "Qwen3Model": "qwen3"}[cfg["architectures"][0]]  # fmt: skip
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
     w = GGUFWriter(out, arch)

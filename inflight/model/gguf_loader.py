@@ -44,11 +44,13 @@ from inflight.model.arch import (
 )
 from inflight.model.gguf_blocks import FORMATS
 from inflight.model.gguf_header import GGUFHeader, TensorInfo, read_gguf_header
+from inflight.model.glm4 import pairs_to_halves
 
 logger = logging.getLogger(__name__)
 
 SUPPORTED_GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "phi3", "gemma2", "gemma3",
-                                "granite", "gpt-oss", "smollm3", "exaone4", "olmo2")  # fmt: skip
+                                "granite", "gpt-oss", "smollm3", "exaone4", "olmo2",
+                                "glm4")  # fmt: skip
 # the architectures whose Q and K rows llama.cpp's converter permutes (`unpermute_qk`)
 PERMUTED_QK = ("llama", "mixtral", "granite", "smollm3")
 # a GGUF architecture -> the registry's, where the names differ (a `llama` file with experts is
@@ -101,6 +103,10 @@ _ARCH_LAYER_NAMES = {
     "exaone4": _OUTPUT_NORM_NAMES,
     "olmo2": _OUTPUT_NORM_NAMES,
     "olmo3": _OUTPUT_NORM_NAMES,  # (an olmo2 file with a window)
+    # GLM-4's four norms (its post_attention_layernorm is the pre-MLP one, as Llama's), and
+    # gate and up in one tensor
+    "glm4": {**_LAYER_NAMES, "post_attention_norm": "post_self_attn_layernorm",
+             "post_ffw_norm": "post_mlp_layernorm", "ffn_up": "mlp.gate_up_proj"},
 }  # fmt: skip
 # What llama.cpp assumes for Gemma where the file does not say: Gemma 3's windowed layers' RoPE
 # base (`rope.freq_base_swa`), and the 27Bs' (Gemma 3's 62 layers, Gemma 2's 46) score scale of
@@ -523,6 +529,12 @@ def iter_gguf_weights(
         gemma = cfg.architecture in ("gemma2", "gemma3")
         if gemma and name.endswith("norm.weight") and array is not None:
             array = array - 1  # the file holds the 1 + w each norm multiplies by; HF's w
+        if cfg.architecture == "glm4" and raw is not None:  # its rotary pairs to halves, as
+            # `Glm4Model.load_weights` reorders the floats (blocks never pass there)
+            projection = name.rpartition(".")[0].rpartition(".")[2]
+            heads = {"q_proj": cfg.num_heads, "k_proj": cfg.num_kv_heads}.get(projection)
+            if heads is not None:
+                raw = raw[pairs_to_halves(heads, cfg.head_dim, cfg.rope_dim)]
         if cfg.architecture in PERMUTED_QK:
             projection = name.rpartition(".")[0].rpartition(".")[2]  # q_proj of ...q_proj.bias
             heads = {"q_proj": cfg.num_heads, "k_proj": cfg.num_kv_heads}.get(projection)

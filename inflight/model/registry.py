@@ -8,6 +8,7 @@ from __future__ import annotations
 from inflight.model.arch import LlamaArchConfig
 from inflight.model.exaone4 import Exaone4Model
 from inflight.model.gemma import Gemma2Model, Gemma3Model
+from inflight.model.glm4 import Glm4Model
 from inflight.model.gpt_oss import GptOssModel
 from inflight.model.llama import LlamaModel
 from inflight.model.moe import MixtralModel, Qwen3MoeModel
@@ -31,6 +32,7 @@ MODEL_CLASSES: dict[str, type[LlamaModel]] = {
     "exaone4": Exaone4Model,
     "olmo2": Olmo2Model,
     "olmo3": Olmo2Model,  # (its windows and their RoPE are config fields)
+    "glm4": Glm4Model,
 }
 
 
