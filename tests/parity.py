@@ -35,3 +35,29 @@ def hf_greedy(model, prompts: list[list[int]], max_new_tokens: list[int]) -> lis
         )
         outputs.append(out[0, len(prompt) :].tolist())
     return outputs
+
+
+def assert_gguf_generates_as_its_weights(llm, folder, qtype) -> None:
+    """`llm` (an engine over the GGUF file written from `folder` in `qtype`) gives the greedy
+    tokens of transformers' model of `folder` with the file's weights: every matrix through
+    `qtype`'s blocks and back, as `write_tiny_gguf` rounds it (blocks run along rows, so a
+    reordering of Q/K rows does not change them). For families whose GGUF transformers does not
+    read."""
+    from gguf import GGMLQuantizationType, dequantize
+    from transformers import AutoModelForCausalLM
+
+    from inflight import SamplingParams
+    from tests.gguf_files import quantize_any
+
+    reference = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    if qtype != GGMLQuantizationType.F32:
+        with torch.no_grad():
+            for param in reference.parameters():
+                if param.ndim == 2:
+                    blocks = quantize_any(param.numpy(), qtype)
+                    param.copy_(torch.from_numpy(dequantize(blocks, qtype)).view(param.shape))
+    prompts = random_prompts(llm.core.arch.vocab_size, lengths=(2, 9, 30, 64))
+    expected = hf_greedy(reference, prompts, [12] * len(prompts))
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    got = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    assert got == expected

@@ -7,15 +7,12 @@ configs as published and the GGUF against transformers with the file's weights."
 from __future__ import annotations
 
 import pytest
-import torch
 from gguf import GGMLQuantizationType
-from transformers import AutoModelForCausalLM
 
-from inflight import LLM, SamplingParams
+from inflight import LLM
 from inflight.model.arch import LlamaArchConfig
 from tests.gguf_files import write_tiny_gguf
-from tests.model.test_smollm3 import _weights_rounded_as_in
-from tests.parity import hf_greedy, random_prompts
+from tests.parity import assert_gguf_generates_as_its_weights
 
 BASE = {  # EXAONE 4.0's config.json, the fields the engine reads
     "architectures": ["Exaone4ForCausalLM"], "vocab_size": 102400, "hidden_size": 2048,
@@ -65,12 +62,4 @@ def test_an_exaone4_gguf_generates_as_transformers_with_its_weights(
     llm = LLM(str(path), dtype="float32", quantized_activations="off")
     arch = llm.core.arch
     assert (arch.architecture, arch.sliding_window, arch.nope_layers) == ("exaone4", 24, (3,))
-    reference = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    if qtype != GGMLQuantizationType.F32:
-        _weights_rounded_as_in(reference, qtype)
-    prompts = random_prompts(arch.vocab_size, lengths=(2, 9, 30, 64))
-    expected = hf_greedy(reference, prompts, [12] * len(prompts))
-    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
-    assert [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)] == (
-        expected
-    )
+    assert_gguf_generates_as_its_weights(llm, folder, qtype)

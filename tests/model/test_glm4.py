@@ -9,16 +9,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 from gguf import GGMLQuantizationType
-from transformers import AutoModelForCausalLM
 
-from inflight import LLM, SamplingParams
+from inflight import LLM
 from inflight.model.arch import LlamaArchConfig
 from inflight.model.glm4 import pairs_to_halves
 from tests.gguf_files import write_tiny_gguf
-from tests.model.test_smollm3 import _weights_rounded_as_in
-from tests.parity import hf_greedy, random_prompts
+from tests.parity import assert_gguf_generates_as_its_weights
 
 PUBLISHED = {  # GLM-4-9B-0414's config.json, the fields the engine reads
     "architectures": ["Glm4ForCausalLM"], "vocab_size": 151552, "hidden_size": 4096,
@@ -57,11 +54,4 @@ def test_a_glm4_gguf_generates_as_transformers_with_its_weights(
     llm = LLM(str(path), dtype="float32", quantized_activations=mode)
     arch = llm.core.arch
     assert (arch.architecture, arch.rotary_dim, arch.qkv_bias) == ("glm4", 16, True)
-    reference = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    if qtype != GGMLQuantizationType.F32:
-        _weights_rounded_as_in(reference, qtype)
-    prompts = random_prompts(arch.vocab_size, lengths=(2, 9, 30, 64))
-    expected = hf_greedy(reference, prompts, [12] * len(prompts))
-    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
-    got = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
-    assert got == expected  # (16-bit x rounds below what moves these tiny models' argmaxes)
+    assert_gguf_generates_as_its_weights(llm, folder, qtype)

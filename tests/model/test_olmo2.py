@@ -8,17 +8,14 @@ tensor parallelism refused (a rank lacks the other ranks' heads its norms span).
 from __future__ import annotations
 
 import pytest
-import torch
 from gguf import GGMLQuantizationType
-from transformers import AutoModelForCausalLM
 
-from inflight import LLM, SamplingParams
+from inflight import LLM
 from inflight.errors import ConfigError
 from inflight.model.arch import LlamaArchConfig
 from inflight.parallel.shard import check_tensor_parallel
 from tests.gguf_files import write_tiny_gguf
-from tests.model.test_smollm3 import _weights_rounded_as_in
-from tests.parity import hf_greedy, random_prompts
+from tests.parity import assert_gguf_generates_as_its_weights
 
 PUBLISHED = {  # OLMo-2-0425-1B's config.json, the fields the engine reads
     "architectures": ["Olmo2ForCausalLM"], "vocab_size": 100352, "hidden_size": 2048,
@@ -66,15 +63,7 @@ def test_an_olmo2_gguf_generates_as_transformers_with_its_weights(
     path = write_tiny_gguf(folder, tmp_path / "olmo2.gguf", qtype)
     llm = LLM(str(path), dtype="float32", quantized_activations="off")
     assert llm.core.arch.architecture == "olmo2"
-    reference = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    if qtype != GGMLQuantizationType.F32:
-        _weights_rounded_as_in(reference, qtype)
-    prompts = random_prompts(llm.core.arch.vocab_size, lengths=(2, 9, 30, 64))
-    expected = hf_greedy(reference, prompts, [12] * len(prompts))
-    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
-    assert [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)] == (
-        expected
-    )
+    assert_gguf_generates_as_its_weights(llm, folder, qtype)
 
 
 def test_an_olmo3_gguf_generates_as_transformers_with_its_weights(tmp_path, tiny_model_factory):
@@ -87,10 +76,4 @@ def test_an_olmo3_gguf_generates_as_transformers_with_its_weights(tmp_path, tiny
     assert (arch.architecture, arch.sliding_window, arch.full_attention_layers) == (
         "olmo3", 24, (3,))  # fmt: skip
     assert arch.local_rope_theta == 5000.0 and arch.rope_scaling_dict["rope_type"] == "yarn"
-    reference = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    prompts = random_prompts(arch.vocab_size, lengths=(2, 9, 30, 64))
-    expected = hf_greedy(reference, prompts, [12] * len(prompts))
-    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
-    assert [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)] == (
-        expected
-    )
+    assert_gguf_generates_as_its_weights(llm, folder, GGMLQuantizationType.F32)

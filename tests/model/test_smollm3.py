@@ -6,14 +6,12 @@ Python one; here, the config as published and the GGUF against the folder."""
 from __future__ import annotations
 
 import pytest
-import torch
-from gguf import GGMLQuantizationType, dequantize
-from transformers import AutoModelForCausalLM
+from gguf import GGMLQuantizationType
 
-from inflight import LLM, SamplingParams
+from inflight import LLM
 from inflight.model.arch import LlamaArchConfig
-from tests.gguf_files import quantize_any, write_tiny_gguf
-from tests.parity import hf_greedy, random_prompts
+from tests.gguf_files import write_tiny_gguf
+from tests.parity import assert_gguf_generates_as_its_weights
 
 PUBLISHED = {  # SmolLM3-3B's config.json, the fields the engine reads
     "architectures": ["SmolLM3ForCausalLM"], "vocab_size": 128256, "hidden_size": 2048,
@@ -49,16 +47,6 @@ def test_smollm3_variants_not_built_are_refused(change, message):
         LlamaArchConfig.from_hf_config({**PUBLISHED, **change})
 
 
-def _weights_rounded_as_in(model: torch.nn.Module, qtype: GGMLQuantizationType) -> None:
-    """Every matrix of `model` through `qtype`'s blocks and back, as `write_tiny_gguf` rounds
-    it into the file (blocks run along rows, so Q/K's row permutation does not change them)."""
-    with torch.no_grad():
-        for param in model.parameters():
-            if param.ndim == 2:
-                blocks = quantize_any(param.numpy(), qtype)
-                param.copy_(torch.from_numpy(dequantize(blocks, qtype)).view(param.shape))
-
-
 @pytest.mark.parametrize("qtype", [GGMLQuantizationType.F32, GGMLQuantizationType.Q8_0],
                          ids=lambda q: q.name)  # fmt: skip
 def test_a_smollm3_gguf_generates_as_transformers_with_its_weights(
@@ -71,12 +59,4 @@ def test_a_smollm3_gguf_generates_as_transformers_with_its_weights(
     path = write_tiny_gguf(folder, tmp_path / "smollm3.gguf", qtype)
     llm = LLM(str(path), dtype="float32", quantized_activations="off")
     assert (llm.core.arch.architecture, llm.core.arch.nope_layers) == ("smollm3", (3,))
-    reference = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    if qtype != GGMLQuantizationType.F32:
-        _weights_rounded_as_in(reference, qtype)
-    prompts = random_prompts(llm.core.arch.vocab_size, lengths=(2, 9, 30, 64))
-    expected = hf_greedy(reference, prompts, [12] * len(prompts))
-    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
-    assert [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)] == (
-        expected
-    )
+    assert_gguf_generates_as_its_weights(llm, folder, qtype)
