@@ -70,11 +70,13 @@ def build_tokenizer(folder: Path):
 
 TINY_ARCHS = ("llama", "llama3_rope", "qwen2", "qwen3", "qwen3_moe", "mixtral", "phi3", "mistral",
               "gemma2", "gemma3", "granite", "gpt_oss", "smollm3", "exaone4", "olmo2",
-              "olmo3", "glm4")  # fmt: skip
+              "olmo3", "glm4", "ernie4_5")  # fmt: skip
 
 
 def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) -> Path:
     from transformers import (
+        Ernie4_5Config,
+        Ernie4_5ForCausalLM,
         Exaone4Config,
         Exaone4ForCausalLM,
         Gemma2Config,
@@ -196,6 +198,9 @@ def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) ->
         rope = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}
         config = Glm4Config(**common, head_dim=32, attention_bias=True, rope_parameters=rope)
         cls = Glm4ForCausalLM
+    elif arch == "ernie4_5":  # the Llama decoder rotating interleaved pairs, tied embeddings
+        config = Ernie4_5Config(**common, head_dim=16, rope_theta=10000.0)
+        cls = Ernie4_5ForCausalLM
     elif arch == "smollm3":  # its fourth layer without RoPE (SmolLM3's default interval, the
         # one its GGUF files imply)
         config = SmolLM3Config(**{**common, "num_hidden_layers": 4}, rope_theta=10000.0)

@@ -189,6 +189,7 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
             "GraniteForCausalLM": "granite", "GptOssForCausalLM": "gpt-oss",
             "SmolLM3ForCausalLM": "smollm3", "Exaone4ForCausalLM": "exaone4",
             "Olmo2ForCausalLM": "olmo2", "Olmo3ForCausalLM": "olmo2", "Glm4ForCausalLM": "glm4",
+            "Ernie4_5ForCausalLM": "ernie4_5",
             "Qwen3Model": "qwen3"}[cfg["architectures"][0]]  # fmt: skip
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
     w = GGUFWriter(out, arch)

@@ -4,12 +4,12 @@ Covers Llama (with llama3 / linear RoPE scaling), Mistral (sliding window), Qwen
 Qwen3 (q/k norms), SmolLM3 (layers without RoPE), EXAONE 4 (norms of the sublayers' outputs
 alone, windowed layers beside global ones without RoPE), OLMo 2 (the same norms, its q/k norms
 across all heads) and OLMo 3 (with windowed layers of their own RoPE), GLM-4 (RoPE in
-interleaved pairs over half of each head), Qwen3-MoE and Mixtral (experts), Phi-3 / Phi-4
-(fused projections in the checkpoint, LongRoPE, Phi-4-mini's partial rotary embeddings), Gemma
-3 text (windowed and global layers, each kind with its own RoPE), gpt-oss (attention sinks,
-banded and global layers, YaRN, biased experts with a clamped SwiGLU) and SmolLM2. Both
-transformers 4 (`rope_theta` + `rope_scaling`) and transformers 5 (`rope_parameters`, per layer
-kind where layers differ) spellings of RoPE settings are read.
+interleaved pairs over half of each head) and ERNIE 4.5 (over all of it), Qwen3-MoE and Mixtral
+(experts), Phi-3 / Phi-4 (fused projections in the checkpoint, LongRoPE, Phi-4-mini's partial
+rotary embeddings), Gemma 3 text (windowed and global layers, each kind with its own RoPE),
+gpt-oss (attention sinks, banded and global layers, YaRN, biased experts with a clamped SwiGLU)
+and SmolLM2. Both transformers 4 (`rope_theta` + `rope_scaling`) and transformers 5
+(`rope_parameters`, per layer kind where layers differ) spellings of RoPE settings are read.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ SUPPORTED_ARCHITECTURES = {
     "Olmo2ForCausalLM": "olmo2",
     "Olmo3ForCausalLM": "olmo3",
     "Glm4ForCausalLM": "glm4",
+    "Ernie4_5ForCausalLM": "ernie4_5",
     # the bare decoders, without an LM head, that embedding models are (Qwen3-Embedding's
     # weights): they pool the last token's hidden state unless the folder says otherwise
     "LlamaModel": "llama",
@@ -276,6 +277,8 @@ class LlamaArchConfig:
                 raise ValueError(f"{family} per-layer sliding window attention is not supported")
             window = None
         nope = _nope_layers(config) if arch == "smollm3" else ()
+        if arch == "ernie4_5" and config.get("use_bias"):
+            raise ValueError("ERNIE 4.5 with biased linears (use_bias) is not supported")
         full_layers: tuple[int, ...] = ()
         local_theta = query_scalar = None
         softcaps: dict[str, Any] = {}

@@ -44,13 +44,13 @@ from inflight.model.arch import (
 )
 from inflight.model.gguf_blocks import FORMATS
 from inflight.model.gguf_header import GGUFHeader, TensorInfo, read_gguf_header
-from inflight.model.glm4 import pairs_to_halves
+from inflight.model.rotary_pairs import PAIR_ROTARY, pairs_to_halves
 
 logger = logging.getLogger(__name__)
 
 SUPPORTED_GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "phi3", "gemma2", "gemma3",
                                 "granite", "gpt-oss", "smollm3", "exaone4", "olmo2",
-                                "glm4")  # fmt: skip
+                                "glm4", "ernie4_5")  # fmt: skip
 # the architectures whose Q and K rows llama.cpp's converter permutes (`unpermute_qk`)
 PERMUTED_QK = ("llama", "mixtral", "granite", "smollm3")
 # a GGUF architecture -> the registry's, where the names differ (a `llama` file with experts is
@@ -529,8 +529,8 @@ def iter_gguf_weights(
         gemma = cfg.architecture in ("gemma2", "gemma3")
         if gemma and name.endswith("norm.weight") and array is not None:
             array = array - 1  # the file holds the 1 + w each norm multiplies by; HF's w
-        if cfg.architecture == "glm4" and raw is not None:  # its rotary pairs to halves, as
-            # `Glm4Model.load_weights` reorders the floats (blocks never pass there)
+        if cfg.architecture in PAIR_ROTARY and raw is not None:  # rotary pairs to halves, as
+            # `PairRotaryModel.load_weights` reorders the floats (blocks never pass there)
             projection = name.rpartition(".")[0].rpartition(".")[2]
             heads = {"q_proj": cfg.num_heads, "k_proj": cfg.num_kv_heads}.get(projection)
             if heads is not None:

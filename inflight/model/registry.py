@@ -15,6 +15,7 @@ from inflight.model.moe import MixtralModel, Qwen3MoeModel
 from inflight.model.olmo2 import Olmo2Model
 from inflight.model.phi3 import Phi3Model
 from inflight.model.qwen3 import Qwen3Model
+from inflight.model.rotary_pairs import PairRotaryModel
 
 MODEL_CLASSES: dict[str, type[LlamaModel]] = {
     "llama": LlamaModel,
@@ -33,6 +34,7 @@ MODEL_CLASSES: dict[str, type[LlamaModel]] = {
     "olmo2": Olmo2Model,
     "olmo3": Olmo2Model,  # (its windows and their RoPE are config fields)
     "glm4": Glm4Model,
+    "ernie4_5": PairRotaryModel,  # (the Llama decoder, its rotary rows reordered at load)
 }
 
 

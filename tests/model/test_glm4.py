@@ -13,7 +13,7 @@ from gguf import GGMLQuantizationType
 
 from inflight import LLM
 from inflight.model.arch import LlamaArchConfig
-from inflight.model.glm4 import pairs_to_halves
+from inflight.model.rotary_pairs import pairs_to_halves
 from tests.gguf_files import write_tiny_gguf
 from tests.parity import assert_gguf_generates_as_its_weights
 
