@@ -70,7 +70,7 @@ def build_tokenizer(folder: Path):
 
 TINY_ARCHS = ("llama", "llama3_rope", "qwen2", "qwen3", "qwen3_moe", "mixtral", "phi3", "mistral",
               "gemma2", "gemma3", "granite", "gpt_oss", "smollm3", "exaone4", "olmo2",
-              "olmo3", "glm4", "ernie4_5")  # fmt: skip
+              "olmo3", "glm4", "ernie4_5", "seed_oss")  # fmt: skip
 
 
 def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) -> Path:
@@ -107,6 +107,8 @@ def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) ->
         Qwen3ForCausalLM,
         Qwen3MoeConfig,
         Qwen3MoeForCausalLM,
+        SeedOssConfig,
+        SeedOssForCausalLM,
         SmolLM3Config,
         SmolLM3ForCausalLM,
     )
@@ -201,6 +203,9 @@ def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) ->
     elif arch == "ernie4_5":  # the Llama decoder rotating interleaved pairs, tied embeddings
         config = Ernie4_5Config(**common, head_dim=16, rope_theta=10000.0)
         cls = Ernie4_5ForCausalLM
+    elif arch == "seed_oss":  # q/k/v biases, none on the output projection
+        config = SeedOssConfig(**common, head_dim=16, rope_theta=10000.0)
+        cls = SeedOssForCausalLM
     elif arch == "smollm3":  # its fourth layer without RoPE (SmolLM3's default interval, the
         # one its GGUF files imply)
         config = SmolLM3Config(**{**common, "num_hidden_layers": 4}, rope_theta=10000.0)
@@ -240,7 +245,7 @@ def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) ->
         raise ValueError(arch)
     torch.manual_seed(seed)
     model = cls(config).eval()
-    if arch in ("gpt_oss", "glm4"):  # sinks and biases start at 0: make them matter
+    if arch in ("gpt_oss", "glm4", "seed_oss"):  # sinks and biases start at 0: make them matter
         with torch.no_grad():
             for name, param in model.named_parameters():
                 if name.endswith(("sinks", "bias")):

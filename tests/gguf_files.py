@@ -61,7 +61,7 @@ def gguf_name(hf: str, arch: str = "llama") -> str:
     if part == "self_attn" and kind == "sinks":  # gpt-oss's, a tensor of their own
         return f"blk.{layer}.attn_sinks.weight"
     names = GEMMA3_LAYER_TO_GGUF if arch in ("gemma2", "gemma3") else LAYER_TO_GGUF
-    if arch == "gpt-oss":  # its pre-MLP norm under Gemma's name
+    if arch in ("gpt-oss", "seed_oss"):  # their pre-MLP norm under Gemma's name
         names = {**LAYER_TO_GGUF, "post_attention_layernorm": "post_attention_norm"}
     if arch == "glm4":  # its output norms under Gemma's names, its pre-MLP norm Llama's
         names = {**LAYER_TO_GGUF, "post_self_attn_layernorm": "post_attention_norm",
@@ -189,7 +189,7 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
             "GraniteForCausalLM": "granite", "GptOssForCausalLM": "gpt-oss",
             "SmolLM3ForCausalLM": "smollm3", "Exaone4ForCausalLM": "exaone4",
             "Olmo2ForCausalLM": "olmo2", "Olmo3ForCausalLM": "olmo2", "Glm4ForCausalLM": "glm4",
-            "Ernie4_5ForCausalLM": "ernie4_5",
+            "Ernie4_5ForCausalLM": "ernie4_5", "SeedOssForCausalLM": "seed_oss",
             "Qwen3Model": "qwen3"}[cfg["architectures"][0]]  # fmt: skip
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
     w = GGUFWriter(out, arch)

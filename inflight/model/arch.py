@@ -4,7 +4,8 @@ Covers Llama (with llama3 / linear RoPE scaling), Mistral (sliding window), Qwen
 Qwen3 (q/k norms), SmolLM3 (layers without RoPE), EXAONE 4 (norms of the sublayers' outputs
 alone, windowed layers beside global ones without RoPE), OLMo 2 (the same norms, its q/k norms
 across all heads) and OLMo 3 (with windowed layers of their own RoPE), GLM-4 (RoPE in
-interleaved pairs over half of each head) and ERNIE 4.5 (over all of it), Qwen3-MoE and Mixtral
+interleaved pairs over half of each head) and ERNIE 4.5 (over all of it), Seed-OSS (q/k/v
+biases), Qwen3-MoE and Mixtral
 (experts), Phi-3 / Phi-4 (fused projections in the checkpoint, LongRoPE, Phi-4-mini's partial
 rotary embeddings), Gemma 3 text (windowed and global layers, each kind with its own RoPE),
 gpt-oss (attention sinks, banded and global layers, YaRN, biased experts with a clamped SwiGLU)
@@ -38,6 +39,7 @@ SUPPORTED_ARCHITECTURES = {
     "Olmo3ForCausalLM": "olmo3",
     "Glm4ForCausalLM": "glm4",
     "Ernie4_5ForCausalLM": "ernie4_5",
+    "SeedOssForCausalLM": "seed_oss",
     # the bare decoders, without an LM head, that embedding models are (Qwen3-Embedding's
     # weights): they pool the last token's hidden state unless the folder says otherwise
     "LlamaModel": "llama",
@@ -279,6 +281,9 @@ class LlamaArchConfig:
         nope = _nope_layers(config) if arch == "smollm3" else ()
         if arch == "ernie4_5" and config.get("use_bias"):
             raise ValueError("ERNIE 4.5 with biased linears (use_bias) is not supported")
+        if arch == "seed_oss" and (config.get("attention_out_bias") or config.get("mlp_bias")):
+            raise ValueError("Seed-OSS with biases on its output projection or MLP "
+                             "(attention_out_bias, mlp_bias) is not supported")  # fmt: skip
         full_layers: tuple[int, ...] = ()
         local_theta = query_scalar = None
         softcaps: dict[str, Any] = {}
@@ -320,7 +325,8 @@ class LlamaArchConfig:
             rope_theta=float(rope_theta),
             max_position_embeddings=config.get("max_position_embeddings", 2048),
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
-            qkv_bias=arch == "qwen2" or bool(config.get("attention_bias", False)),
+            # (Seed-OSS's q/k/v biases are on unless its config says otherwise)
+            qkv_bias=arch == "qwen2" or bool(config.get("attention_bias", arch == "seed_oss")),
             sliding_window=window,
             rope_scaling=None if rope_type == "default" else tuple(sorted(rope.items())),
             rope_freq_factors=short,

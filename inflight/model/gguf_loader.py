@@ -50,7 +50,7 @@ logger = logging.getLogger(__name__)
 
 SUPPORTED_GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "phi3", "gemma2", "gemma3",
                                 "granite", "gpt-oss", "smollm3", "exaone4", "olmo2",
-                                "glm4", "ernie4_5")  # fmt: skip
+                                "glm4", "ernie4_5", "seed_oss")  # fmt: skip
 # the architectures whose Q and K rows llama.cpp's converter permutes (`unpermute_qk`)
 PERMUTED_QK = ("llama", "mixtral", "granite", "smollm3")
 # a GGUF architecture -> the registry's, where the names differ (a `llama` file with experts is
@@ -96,6 +96,8 @@ _ARCH_LAYER_NAMES = {
     "phi3": {**_LAYER_NAMES, "attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},
     "gemma2": _GEMMA_LAYER_NAMES,
     "gemma3": _GEMMA_LAYER_NAMES,
+    # Seed-OSS's pre-MLP norm, under the name llama.cpp gives it
+    "seed_oss": {**_LAYER_NAMES, "post_attention_norm": "post_attention_layernorm"},
     # gpt-oss's pre-MLP norm, and its sink logits (a parameter of their own, not a `.weight`)
     "gpt_oss": {**_LAYER_NAMES, "post_attention_norm": "post_attention_layernorm",
                 "attn_sinks": "self_attn.sinks"},

@@ -1,7 +1,7 @@
 """The model class of each architecture (`LlamaArchConfig.architecture`): the Llama decoder
-serves Llama, Mistral, Qwen2, Granite and SmolLM3 (their differences are config fields); a
-family with layers or checkpoint weights of its own has a module that subclasses it. How a
-family is added: docs/architecture.md, "Adding a model family"."""
+serves Llama, Mistral, Qwen2, Granite, SmolLM3 and Seed-OSS (their differences are config
+fields); a family with layers or checkpoint weights of its own has a module that subclasses
+it. How a family is added: docs/architecture.md, "Adding a model family"."""
 
 from __future__ import annotations
 
@@ -35,6 +35,7 @@ MODEL_CLASSES: dict[str, type[LlamaModel]] = {
     "olmo3": Olmo2Model,  # (its windows and their RoPE are config fields)
     "glm4": Glm4Model,
     "ernie4_5": PairRotaryModel,  # (the Llama decoder, its rotary rows reordered at load)
+    "seed_oss": LlamaModel,
 }
 
 
