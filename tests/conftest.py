@@ -70,11 +70,14 @@ def build_tokenizer(folder: Path):
 
 TINY_ARCHS = ("llama", "llama3_rope", "qwen2", "qwen3", "qwen3_moe", "mixtral", "phi3", "mistral",
               "gemma2", "gemma3", "granite", "gpt_oss", "smollm3", "exaone4", "olmo2",
-              "olmo3", "glm4", "ernie4_5", "seed_oss")  # fmt: skip
+              "olmo3", "glm4", "ernie4_5", "seed_oss",
+              "arcee")  # fmt: skip
 
 
 def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) -> Path:
     from transformers import (
+        ArceeConfig,
+        ArceeForCausalLM,
         Ernie4_5Config,
         Ernie4_5ForCausalLM,
         Exaone4Config,
@@ -206,6 +209,8 @@ def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) ->
     elif arch == "seed_oss":  # q/k/v biases, none on the output projection
         config = SeedOssConfig(**common, head_dim=16, rope_theta=10000.0)
         cls = SeedOssForCausalLM
+    elif arch == "arcee":  # an MLP without a gate: up, ReLU squared, down
+        config, cls = ArceeConfig(**common, rope_theta=10000.0), ArceeForCausalLM
     elif arch == "smollm3":  # its fourth layer without RoPE (SmolLM3's default interval, the
         # one its GGUF files imply)
         config = SmolLM3Config(**{**common, "num_hidden_layers": 4}, rope_theta=10000.0)

@@ -190,6 +190,7 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
             "SmolLM3ForCausalLM": "smollm3", "Exaone4ForCausalLM": "exaone4",
             "Olmo2ForCausalLM": "olmo2", "Olmo3ForCausalLM": "olmo2", "Glm4ForCausalLM": "glm4",
             "Ernie4_5ForCausalLM": "ernie4_5", "SeedOssForCausalLM": "seed_oss",
+            "ArceeForCausalLM": "arcee",
             "Qwen3Model": "qwen3"}[cfg["architectures"][0]]  # fmt: skip
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
     w = GGUFWriter(out, arch)
@@ -269,7 +270,7 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
             name = f"model.{name}"
         array = tensor.float().numpy()
         # (llama.cpp's converter permutes only these)
-        permuted = arch in ("llama", "granite", "smollm3")
+        permuted = arch in ("llama", "granite", "smollm3", "arcee")
         if permuted and name.endswith("q_proj.weight"):
             array = llama_cpp_permute(array, cfg["num_attention_heads"])
         elif permuted and name.endswith("k_proj.weight"):

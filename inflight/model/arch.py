@@ -5,7 +5,7 @@ Qwen3 (q/k norms), SmolLM3 (layers without RoPE), EXAONE 4 (norms of the sublaye
 alone, windowed layers beside global ones without RoPE), OLMo 2 (the same norms, its q/k norms
 across all heads) and OLMo 3 (with windowed layers of their own RoPE), GLM-4 (RoPE in
 interleaved pairs over half of each head) and ERNIE 4.5 (over all of it), Seed-OSS (q/k/v
-biases), Qwen3-MoE and Mixtral
+biases), Arcee (an MLP without a gate), Qwen3-MoE and Mixtral
 (experts), Phi-3 / Phi-4 (fused projections in the checkpoint, LongRoPE, Phi-4-mini's partial
 rotary embeddings), Gemma 3 text (windowed and global layers, each kind with its own RoPE),
 gpt-oss (attention sinks, banded and global layers, YaRN, biased experts with a clamped SwiGLU)
@@ -40,6 +40,7 @@ SUPPORTED_ARCHITECTURES = {
     "Glm4ForCausalLM": "glm4",
     "Ernie4_5ForCausalLM": "ernie4_5",
     "SeedOssForCausalLM": "seed_oss",
+    "ArceeForCausalLM": "arcee",
     # the bare decoders, without an LM head, that embedding models are (Qwen3-Embedding's
     # weights): they pool the last token's hidden state unless the folder says otherwise
     "LlamaModel": "llama",
@@ -281,6 +282,10 @@ class LlamaArchConfig:
         nope = _nope_layers(config) if arch == "smollm3" else ()
         if arch == "ernie4_5" and config.get("use_bias"):
             raise ValueError("ERNIE 4.5 with biased linears (use_bias) is not supported")
+        if arch == "arcee" and (config.get("hidden_act", "relu2") != "relu2"
+                                or config.get("mlp_bias")):  # fmt: skip
+            raise ValueError(f"Arcee with hidden_act {config.get('hidden_act')!r} or MLP "
+                             "biases is not supported (relu2, unbiased)")  # fmt: skip
         if arch == "seed_oss" and (config.get("attention_out_bias") or config.get("mlp_bias")):
             raise ValueError("Seed-OSS with biases on its output projection or MLP "
                              "(attention_out_bias, mlp_bias) is not supported")  # fmt: skip

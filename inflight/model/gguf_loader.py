@@ -50,9 +50,9 @@ logger = logging.getLogger(__name__)
 
 SUPPORTED_GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "phi3", "gemma2", "gemma3",
                                 "granite", "gpt-oss", "smollm3", "exaone4", "olmo2",
-                                "glm4", "ernie4_5", "seed_oss")  # fmt: skip
+                                "glm4", "ernie4_5", "seed_oss", "arcee")  # fmt: skip
 # the architectures whose Q and K rows llama.cpp's converter permutes (`unpermute_qk`)
-PERMUTED_QK = ("llama", "mixtral", "granite", "smollm3")
+PERMUTED_QK = ("llama", "mixtral", "granite", "smollm3", "arcee")
 # a GGUF architecture -> the registry's, where the names differ (a `llama` file with experts is
 # Mixtral: `gguf_arch_config`)
 _REGISTRY_NAMES = {"qwen3moe": "qwen3_moe", "gpt-oss": "gpt_oss"}

@@ -132,6 +132,9 @@ class DecoderLayer(nn.Module):
     # their outputs (`output_norms`: EXAONE 4's) has none, and each sublayer reads the residual
     # stream as it is
     pre_norms: ClassVar[bool] = True
+    # an MLP without a gate: ReLU squared of the up projection (Arcee's), which then holds only
+    # up's rows in `gate_up_proj`
+    squared_relu: ClassVar[bool] = False
     # the ranks this layer is split over (parallel/): o's and down's outputs are partial sums
     tp: TPGroup | None = None
 
@@ -228,8 +231,11 @@ class DecoderLayer(nn.Module):
         return x, residual
 
     def mlp(self, x: torch.Tensor, decodes: Decodes) -> torch.Tensor:
-        """The layer's gated MLP; a family with experts routes each token through its own
-        (`moe.py`)."""
+        """The layer's gated MLP (or ReLU squared without a gate); a family with experts routes
+        each token through its own (`moe.py`)."""
+        if self.squared_relu:
+            up = apply_linear(self.gate_up_proj, x, decodes)
+            return apply_linear(self.down_proj, torch.square(torch.relu(up)), decodes)
         return gated_mlp(self, x, decodes, self.ops, self.gelu)
 
     @property

@@ -5,6 +5,7 @@ it. How a family is added: docs/architecture.md, "Adding a model family"."""
 
 from __future__ import annotations
 
+from inflight.model.arcee import ArceeModel
 from inflight.model.arch import LlamaArchConfig
 from inflight.model.exaone4 import Exaone4Model
 from inflight.model.gemma import Gemma2Model, Gemma3Model
@@ -36,6 +37,7 @@ MODEL_CLASSES: dict[str, type[LlamaModel]] = {
     "glm4": Glm4Model,
     "ernie4_5": PairRotaryModel,  # (the Llama decoder, its rotary rows reordered at load)
     "seed_oss": LlamaModel,
+    "arcee": ArceeModel,
 }
 
 

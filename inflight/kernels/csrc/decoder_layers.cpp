@@ -23,6 +23,8 @@
 
 #include <ATen/ops/empty.h>
 #include <ATen/ops/gelu.h>
+#include <ATen/ops/relu.h>
+#include <ATen/ops/square.h>
 #include <ATen/ops/mul.h>
 #include <ATen/ops/linear.h>
 #include <ATen/ops/ones.h>
@@ -153,7 +155,8 @@ std::vector<at::Tensor> llama_decoder_layers(
     const OptTensor& prefill_chunks, const OptTensor& prefill_tables, int64_t num_heads,
     int64_t num_kv_heads, int64_t head_dim, double eps, double scale,
     const std::vector<int64_t>& windows, const std::vector<int64_t>& rotations, bool pre_norms,
-    bool gelu, bool packed, int64_t activation_bits, double residual_scale, double softcap,
+    bool gelu, bool squared_relu, bool packed, int64_t activation_bits, double residual_scale,
+    double softcap,
     const std::vector<int64_t>& layer_groups,
     const std::vector<at::Tensor>& group_slots, const std::vector<at::Tensor>& group_decode_tables,
     const std::vector<at::Tensor>& group_prefill_tables,
@@ -315,8 +318,12 @@ std::vector<at::Tensor> llama_decoder_layers(
     if (residual_scale != 1.0) out = at::mul(out, residual_scale);  // Granite's residual_multiplier
     x = pre_norms ? add_rms_norm(out, res, w[3], eps) : res.add_(out);
     at::Tensor gate_up = linear(x, {w[4], small[2], dec[2], kNone}, how, split);
-    hidden = linear(gelu ? gelu_tanh_and_mul(gate_up) : silu_and_mul(gate_up),
-                    {w[5], small[3], dec[3], kNone}, how, split);
+    // the MLP's activation: gated (SiLU or tanh-GELU of the gate times up), or ReLU squared
+    // of an ungated up projection (`DecoderLayer.squared_relu`)
+    const at::Tensor act = squared_relu ? at::square(at::relu(gate_up))
+                           : gelu       ? gelu_tanh_and_mul(gate_up)
+                                        : silu_and_mul(gate_up);
+    hidden = linear(act, {w[5], small[3], dec[3], kNone}, how, split);
     if (all_reduce) all_reduce(hidden);
     if (!output_norms.empty()) hidden = rms_norm(hidden, output_norms[2 * l + 1], eps);
     if (residual_scale != 1.0) hidden = at::mul(hidden, residual_scale);
