@@ -71,7 +71,7 @@ def build_tokenizer(folder: Path):
 TINY_ARCHS = ("llama", "llama3_rope", "qwen2", "qwen3", "qwen3_moe", "mixtral", "phi3", "mistral",
               "gemma2", "gemma3", "granite", "gpt_oss", "smollm3", "exaone4", "olmo2",
               "olmo3", "glm4", "ernie4_5", "seed_oss",
-              "arcee")  # fmt: skip
+              "arcee", "hunyuan_dense")  # fmt: skip
 
 
 def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) -> Path:
@@ -92,6 +92,8 @@ def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) ->
         GptOssForCausalLM,
         GraniteConfig,
         GraniteForCausalLM,
+        HunYuanDenseV1Config,
+        HunYuanDenseV1ForCausalLM,
         LlamaConfig,
         LlamaForCausalLM,
         MistralConfig,
@@ -211,6 +213,11 @@ def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) ->
         cls = SeedOssForCausalLM
     elif arch == "arcee":  # an MLP without a gate: up, ReLU squared, down
         config, cls = ArceeConfig(**common, rope_theta=10000.0), ArceeForCausalLM
+    elif arch == "hunyuan_dense":  # per-head q/k norms after RoPE, whose NTK alpha stretches
+        # the base
+        rope = {"rope_type": "dynamic", "alpha": 1000.0, "factor": 1.0, "rope_theta": 10000.0}
+        config = HunYuanDenseV1Config(**common, head_dim=16, rope_parameters=rope)
+        cls = HunYuanDenseV1ForCausalLM
     elif arch == "smollm3":  # its fourth layer without RoPE (SmolLM3's default interval, the
         # one its GGUF files imply)
         config = SmolLM3Config(**{**common, "num_hidden_layers": 4}, rope_theta=10000.0)
@@ -255,7 +262,8 @@ def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) ->
             for name, param in model.named_parameters():
                 if name.endswith(("sinks", "bias")):
                     param.uniform_(-1.0, 1.0)
-    if arch in ("exaone4", "olmo2", "olmo3", "glm4"):  # norms start at 1: make them matter
+    if arch in ("exaone4", "olmo2", "olmo3", "glm4", "hunyuan_dense"):  # norms start at 1:
+        # make them matter
         with torch.no_grad():
             for name, param in model.named_parameters():
                 if name.endswith("norm.weight"):

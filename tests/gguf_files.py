@@ -25,6 +25,8 @@ LAYER_TO_GGUF = {
     "mlp.gate_up_proj": "ffn_up",
     "self_attn.q_norm": "attn_q_norm",
     "self_attn.k_norm": "attn_k_norm",
+    "self_attn.query_layernorm": "attn_q_norm",  # (Hunyuan's names of them)
+    "self_attn.key_layernorm": "attn_k_norm",
     "self_attn.o_proj": "attn_output",
     "post_attention_layernorm": "ffn_norm",
     "mlp.gate_proj": "ffn_gate",
@@ -190,7 +192,7 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
             "SmolLM3ForCausalLM": "smollm3", "Exaone4ForCausalLM": "exaone4",
             "Olmo2ForCausalLM": "olmo2", "Olmo3ForCausalLM": "olmo2", "Glm4ForCausalLM": "glm4",
             "Ernie4_5ForCausalLM": "ernie4_5", "SeedOssForCausalLM": "seed_oss",
-            "ArceeForCausalLM": "arcee",
+            "ArceeForCausalLM": "arcee", "HunYuanDenseV1ForCausalLM": "hunyuan-dense",
             "Qwen3Model": "qwen3"}[cfg["architectures"][0]]  # fmt: skip
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
     w = GGUFWriter(out, arch)
@@ -204,6 +206,8 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
     local_rope = rope.get("sliding_attention")  # OLMo 3's windowed layers' own base
     rope = rope.get("full_attention", rope)  # Gemma 3's global layers'
     base = float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+    if rope.get("alpha"):  # Hunyuan's NTK alpha: its converter writes the stretched base
+        base *= rope["alpha"] ** (head_dim / (head_dim - 2))
     w.add_rope_freq_base(base)
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     rotary = rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))

@@ -5,7 +5,7 @@ Qwen3 (q/k norms), SmolLM3 (layers without RoPE), EXAONE 4 (norms of the sublaye
 alone, windowed layers beside global ones without RoPE), OLMo 2 (the same norms, its q/k norms
 across all heads) and OLMo 3 (with windowed layers of their own RoPE), GLM-4 (RoPE in
 interleaved pairs over half of each head) and ERNIE 4.5 (over all of it), Seed-OSS (q/k/v
-biases), Arcee (an MLP without a gate), Qwen3-MoE and Mixtral
+biases), Arcee (an MLP without a gate), Hunyuan (q/k norms after RoPE), Qwen3-MoE and Mixtral
 (experts), Phi-3 / Phi-4 (fused projections in the checkpoint, LongRoPE, Phi-4-mini's partial
 rotary embeddings), Gemma 3 text (windowed and global layers, each kind with its own RoPE),
 gpt-oss (attention sinks, banded and global layers, YaRN, biased experts with a clamped SwiGLU)
@@ -41,6 +41,7 @@ SUPPORTED_ARCHITECTURES = {
     "Ernie4_5ForCausalLM": "ernie4_5",
     "SeedOssForCausalLM": "seed_oss",
     "ArceeForCausalLM": "arcee",
+    "HunYuanDenseV1ForCausalLM": "hunyuan_dense",
     # the bare decoders, without an LM head, that embedding models are (Qwen3-Embedding's
     # weights): they pool the last token's hidden state unless the folder says otherwise
     "LlamaModel": "llama",
@@ -263,6 +264,8 @@ class LlamaArchConfig:
         params = dict(config.get("rope_parameters") or {})
         local_params = params.pop("sliding_attention", None)  # per layer kind (Gemma 3)
         params = params.pop("full_attention", params)
+        if arch == "hunyuan_dense":
+            params = _ntk_alpha_base(params or dict(config.get("rope_scaling") or {}), config)
         rope_theta, rope, rope_type = _rope_settings(params, config, config.get("rope_theta"))
         rotary = float(rope.pop("partial_rotary_factor", config.get("partial_rotary_factor", 1.0)))
         if not 0 < rotary <= 1:  # (NaN and infinities too)
@@ -442,6 +445,20 @@ def _layer_types(config: dict[str, Any]) -> tuple[int, ...]:
     ):
         raise ValueError(f"layer_types must name {n} full_attention / sliding_attention layers")
     return tuple(i for i, t in enumerate(types) if t == "full_attention")
+
+
+def _ntk_alpha_base(rope: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
+    """Hunyuan's RoPE settings with their NTK `alpha` (type "dynamic", whose fixed alpha makes the
+    frequencies static) turned into the base it stretches to: base * alpha ** (d / (d - 2)),
+    d the head's dimensions, as transformers and llama.cpp's converter compute it."""
+    if not rope.get("alpha"):
+        return rope
+    alpha = float(rope["alpha"])
+    d = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    base = float(rope.get("rope_theta") or config.get("rope_theta") or 10000.0)
+    if not (math.isfinite(alpha) and alpha > 0 and isinstance(d, int) and d > 2):
+        raise ValueError(f"RoPE alpha {alpha} over heads of {d}: a positive alpha, heads over 2")
+    return {"rope_type": "default", "rope_theta": base * alpha ** (d / (d - 2))}
 
 
 def _global_layers(config: dict[str, Any], window: int | None) -> tuple[int, ...]:

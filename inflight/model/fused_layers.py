@@ -71,6 +71,7 @@ class FusedDecoderLayers:
         self.shape = (first.num_heads, first.num_kv_heads, first.head_dim)
         # a model's layers share their class and config: its activation and its score scale
         self.gelu, self.squared_relu = first.gelu, first.squared_relu
+        self.qk_norm_after_rope = first.qk_norm_after_rope
         self.scale = first.head_dim**-0.5 if first.scale is None else first.scale
         self.residual_scale = first.residual_scale
         self.softcap = first.softcap or 0.0  # of the scores; 0: none
@@ -117,7 +118,7 @@ class FusedDecoderLayers:
             decode is not None and decode.all_rows,
             prefill and prefill.chunks, prefill and prefill.block_tables,
             num_heads, num_kv_heads, head_dim, self.eps, self.scale, self.windows,
-            self.rotations, self.pre_norms, self.gelu, self.squared_relu,
+            self.rotations, self.pre_norms, self.qk_norm_after_rope, self.gelu, self.squared_relu,
             self.packed, self.activation_bits, self.residual_scale, self.softcap,
             layer_groups, [g.slot_mapping for g in groups],
             [g.decode_batch.block_tables for g in groups if g.decode_batch is not None],

@@ -50,12 +50,13 @@ logger = logging.getLogger(__name__)
 
 SUPPORTED_GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "phi3", "gemma2", "gemma3",
                                 "granite", "gpt-oss", "smollm3", "exaone4", "olmo2",
-                                "glm4", "ernie4_5", "seed_oss", "arcee")  # fmt: skip
+                                "glm4", "ernie4_5", "seed_oss", "arcee",
+                                "hunyuan-dense")  # fmt: skip
 # the architectures whose Q and K rows llama.cpp's converter permutes (`unpermute_qk`)
 PERMUTED_QK = ("llama", "mixtral", "granite", "smollm3", "arcee")
 # a GGUF architecture -> the registry's, where the names differ (a `llama` file with experts is
 # Mixtral: `gguf_arch_config`)
-_REGISTRY_NAMES = {"qwen3moe": "qwen3_moe", "gpt-oss": "gpt_oss"}
+_REGISTRY_NAMES = {"qwen3moe": "qwen3_moe", "gpt-oss": "gpt_oss", "hunyuan-dense": "hunyuan_dense"}
 # gpt-oss's expert gate, which llama.cpp fixes rather than reads: the published models' clamp
 # and sigmoid slope
 GPT_OSS_SWIGLU_LIMIT, GPT_OSS_SWIGLU_ALPHA = 7.0, 1.702

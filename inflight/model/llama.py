@@ -135,6 +135,9 @@ class DecoderLayer(nn.Module):
     # an MLP without a gate: ReLU squared of the up projection (Arcee's), which then holds only
     # up's rows in `gate_up_proj`
     squared_relu: ClassVar[bool] = False
+    # the q/k norms (`normalize_qk`) applied to the rotated queries and keys (Hunyuan's), not
+    # before RoPE (Qwen3's)
+    qk_norm_after_rope: ClassVar[bool] = False
     # the ranks this layer is split over (parallel/): o's and down's outputs are partial sums
     tp: TPGroup | None = None
 
@@ -193,9 +196,13 @@ class DecoderLayer(nn.Module):
         else:
             norm = self.input_layernorm
             x = ops.add_rms_norm(hidden, residual, norm.weight, norm.eps)
-        qkv = self.normalize_qk(apply_linear(self.qkv_proj, x, decodes))
+        qkv = apply_linear(self.qkv_proj, x, decodes)
+        if not self.qk_norm_after_rope:
+            qkv = self.normalize_qk(qkv)
         if self.rotary:  # q and k
             ops.rope_(qkv, cos, sin, self.num_heads + self.num_kv_heads, self.head_dim)
+        if self.qk_norm_after_rope:
+            qkv = self.normalize_qk(qkv)
         q, k, v = qkv.split(self.split, dim=-1)
         attn = self.attn.forward(
             q.view(t, self.num_heads, self.head_dim),

@@ -11,6 +11,7 @@ from inflight.model.exaone4 import Exaone4Model
 from inflight.model.gemma import Gemma2Model, Gemma3Model
 from inflight.model.glm4 import Glm4Model
 from inflight.model.gpt_oss import GptOssModel
+from inflight.model.hunyuan import HunyuanModel
 from inflight.model.llama import LlamaModel
 from inflight.model.moe import MixtralModel, Qwen3MoeModel
 from inflight.model.olmo2 import Olmo2Model
@@ -38,6 +39,7 @@ MODEL_CLASSES: dict[str, type[LlamaModel]] = {
     "ernie4_5": PairRotaryModel,  # (the Llama decoder, its rotary rows reordered at load)
     "seed_oss": LlamaModel,
     "arcee": ArceeModel,
+    "hunyuan_dense": HunyuanModel,
 }
 
 

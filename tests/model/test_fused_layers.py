@@ -139,7 +139,7 @@ def test_bad_inputs_are_refused_before_any_write(tiny_llama):
             list(qk_norms), list(output_norms), k_caches, [v for _, v in caches],
             torch.tensor(slots), None, None, None, False, None, None,
             num_heads, num_kv_heads, head_dim, fused.eps, 1.0, windows, rotations, True, False,
-            False, fused.packed,
+            False, False, fused.packed,
             fused.activation_bits, 1.0, 0.0, list(groups),
             [torch.tensor(s) for s in group_slots], [], [], None,
         )  # fmt: skip

@@ -155,8 +155,8 @@ std::vector<at::Tensor> llama_decoder_layers(
     const OptTensor& prefill_chunks, const OptTensor& prefill_tables, int64_t num_heads,
     int64_t num_kv_heads, int64_t head_dim, double eps, double scale,
     const std::vector<int64_t>& windows, const std::vector<int64_t>& rotations, bool pre_norms,
-    bool gelu, bool squared_relu, bool packed, int64_t activation_bits, double residual_scale,
-    double softcap,
+    bool qk_norm_after_rope, bool gelu, bool squared_relu, bool packed, int64_t activation_bits,
+    double residual_scale, double softcap,
     const std::vector<int64_t>& layer_groups,
     const std::vector<at::Tensor>& group_slots, const std::vector<at::Tensor>& group_decode_tables,
     const std::vector<at::Tensor>& group_prefill_tables,
@@ -266,20 +266,23 @@ std::vector<at::Tensor> llama_decoder_layers(
       x = add_rms_norm(hidden, res, w[0], eps);
     }
     at::Tensor qkv = linear(x, {w[1], small[0], dec[0], qkv_biases[l]}, how, split);
-    if (!qk_norms.empty()) {  // queries and keys RMS-normalized, each head (Qwen3's q_norm,
-                              // k_norm) or all heads as one (OLMo 2's): the weight's width
-      for (int64_t part = 0; part < 2; ++part) {
+    // queries and keys RMS-normalized, each head (Qwen3's q_norm, k_norm) or all heads as one
+    // (OLMo 2's): the weight's width; before RoPE, or after it (Hunyuan's)
+    auto normalize_qk = [&] {
+      for (int64_t part = 0; part < 2 && !qk_norms.empty(); ++part) {
         auto heads = qkv.narrow(1, part ? q_size : 0, part ? kv_size : q_size);
         const at::Tensor& norm = qk_norms[2 * l + part];
         heads.copy_(rms_norm(heads.reshape({-1, norm.size(0)}), norm, eps).view(heads.sizes()));
       }
-    }
+    };
+    if (!qk_norm_after_rope) normalize_qk();
     const int64_t window = windows[l];
     if (rotations[l] != kNoRope) {
       const bool local = rotations[l] == kLocalRope;
       rope_(qkv, local ? *local_cos : cos, local ? *local_sin : sin, num_heads + num_kv_heads,
             head_dim);
     }
+    if (qk_norm_after_rope) normalize_qk();
     auto q = qkv.narrow(1, 0, q_size).view({T, num_heads, head_dim});
     auto k = qkv.narrow(1, q_size, kv_size).view({T, num_kv_heads, head_dim});
     auto v = qkv.narrow(1, q_size + kv_size, kv_size).view({T, num_kv_heads, head_dim});
