@@ -30,8 +30,3 @@ class ArceeModel(LlamaModel):
         **LlamaModel._PROJECTIONS,
         "gate_up_proj": ("mlp", ("up_proj",)),
     }
-    # (up alone becomes `gate_up_proj`: a fusion of one part)
-    _FUSED: ClassVar[dict[str, tuple[str, tuple[str, ...]]]] = {
-        **{part: fused for part, fused in LlamaModel._FUSED.items() if fused[0] == "qkv_proj"},
-        "up_proj": ("gate_up_proj", ("up_proj",)),
-    }

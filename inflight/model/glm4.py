@@ -33,6 +33,3 @@ class Glm4Model(PairRotaryModel):
         **LlamaModel._PROJECTIONS,
         "gate_up_proj": ("mlp", ("gate_up_proj",)),
     }
-    _FUSED: ClassVar[dict[str, tuple[str, tuple[str, ...]]]] = {
-        part: fused for part, fused in LlamaModel._FUSED.items() if fused[0] == "qkv_proj"
-    }

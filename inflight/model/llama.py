@@ -262,6 +262,18 @@ class DecoderLayer(nn.Module):
         return qkv
 
 
+def _fused_parts(
+    projections: dict[str, tuple[str, tuple[str, ...]]],
+) -> dict[str, tuple[str, tuple[str, ...]]]:
+    """`LlamaModel._FUSED` of a `_PROJECTIONS` table."""
+    return {
+        part: (fused, parts)
+        for fused, (_, parts) in projections.items()
+        if parts != (fused,)
+        for part in parts
+    }
+
+
 class LlamaModel(nn.Module):
     layer_class: ClassVar[type[DecoderLayer]] = DecoderLayer
     # the C++ layer loop (model/fused_layers.py) computes this family's layers
@@ -423,13 +435,14 @@ class LlamaModel(nn.Module):
         "gate_up_proj": ("mlp", ("gate_proj", "up_proj")),
         "down_proj": ("mlp", ("down_proj",)),
     }
-    # HF projection -> (our fused projection, its parts in concatenation order)
-    _FUSED: ClassVar[dict[str, tuple[str, tuple[str, ...]]]] = {
-        part: (fused, parts)
-        for fused, (_, parts) in _PROJECTIONS.items()
-        if len(parts) > 1
-        for part in parts
-    }
+    # HF projection -> (our fused projection, its parts in concatenation order), for every
+    # projection the checkpoint holds under other names than ours (several parts, or one part
+    # renamed: Arcee's up_proj as gate_up_proj); derived from each class's _PROJECTIONS
+    _FUSED: ClassVar[dict[str, tuple[str, tuple[str, ...]]]] = _fused_parts(_PROJECTIONS)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls._FUSED = _fused_parts(cls._PROJECTIONS)
 
     def linear_sources(self) -> dict[str, list[str]]:
         """Each linear layer's module name -> the HF weights its weight is made of, in

@@ -19,4 +19,3 @@ class Phi3Model(LlamaModel):
         "gate_up_proj": ("mlp", ("gate_up_proj",)),
         "down_proj": ("mlp", ("down_proj",)),
     }
-    _FUSED: ClassVar[dict[str, tuple[str, tuple[str, ...]]]] = {}  # nothing to concatenate
