@@ -532,18 +532,15 @@ def iter_gguf_weights(
         gemma = cfg.architecture in ("gemma2", "gemma3")
         if gemma and name.endswith("norm.weight") and array is not None:
             array = array - 1  # the file holds the 1 + w each norm multiplies by; HF's w
-        if cfg.architecture in PAIR_ROTARY and raw is not None:  # rotary pairs to halves, as
-            # `PairRotaryModel.load_weights` reorders the floats (blocks never pass there)
-            projection = name.rpartition(".")[0].rpartition(".")[2]
-            heads = {"q_proj": cfg.num_heads, "k_proj": cfg.num_kv_heads}.get(projection)
-            if heads is not None:
-                raw = raw[pairs_to_halves(heads, cfg.head_dim, cfg.rope_dim)]
-        if cfg.architecture in PERMUTED_QK:
-            projection = name.rpartition(".")[0].rpartition(".")[2]  # q_proj of ...q_proj.bias
-            heads = {"q_proj": cfg.num_heads, "k_proj": cfg.num_kv_heads}.get(projection)
-            if heads is not None:
-                array = None if array is None else unpermute_qk(array, heads)
-                raw = None if raw is None else unpermute_qk(raw, heads)
+        projection = name.rpartition(".")[0].rpartition(".")[2]  # q_proj of ...q_proj.bias
+        heads = {"q_proj": cfg.num_heads, "k_proj": cfg.num_kv_heads}.get(projection)
+        if heads is not None and cfg.architecture in PERMUTED_QK:
+            array = None if array is None else unpermute_qk(array, heads)
+            raw = None if raw is None else unpermute_qk(raw, heads)
+        elif heads is not None and cfg.architecture in PAIR_ROTARY and raw is not None:
+            # rotary pairs to halves, as `PairRotaryModel.load_weights` reorders the floats
+            # (blocks never pass there)
+            raw = raw[pairs_to_halves(heads, cfg.head_dim, cfg.rope_dim)]
         if array is not None:  # read: its pages can go
             getattr(tensor, "release", lambda: None)()
         if raw is not None:  # a view of the mapped file where it is contiguous (no copy)
