@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from inflight.errors import InvalidRequestError
-from inflight.model.gguf_header import read_gguf_header
+from inflight.model.gguf_loader import read_gguf_index
 from inflight.model.loader import is_gguf
 from inflight.sampling_params import SamplingParams
 
@@ -46,7 +46,7 @@ class SamplingDefaults:
     def sampling_params(self, **fields: Any) -> SamplingParams:
         """SamplingParams of `fields`: where one of the fields these defaults cover is left out
         or None, the model's value, or past that SamplingParams' own default."""
-        unset = [name for name in _HF_KEYS if fields.get(name) is None]
+        unset = [f.name for f in dataclasses.fields(self) if fields.get(f.name) is None]
         given = self.given()
         for name in unset:
             fields.pop(name, None)
@@ -55,37 +55,39 @@ class SamplingDefaults:
         return SamplingParams(**fields)
 
 
+def _folder_generation_config(path: Path) -> dict[str, Any]:
+    """A model folder's `generation_config.json`; empty where it has none, or one that is not a
+    JSON object (nothing recommended)."""
+    try:
+        saved = json.loads((path / "generation_config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return saved if isinstance(saved, dict) else {}
+
+
 def read_end_tokens(path: Path) -> tuple[int, ...]:
     """The tokens a folder's `generation_config.json` ends generations with (Llama 3 Instruct's
     `<|eot_id|>` beside the `<|end_of_text|>` of its config.json); none for a GGUF file, whose
     own end tokens its metadata names."""
     if is_gguf(path):
         return ()
-    try:
-        saved = json.loads((path / "generation_config.json").read_text())
-    except (OSError, ValueError):
-        return ()
-    ids = saved.get("eos_token_id") if isinstance(saved, dict) else None
+    ids = _folder_generation_config(path).get("eos_token_id")
     ids = ids if isinstance(ids, list) else [ids]
     return tuple(i for i in ids if isinstance(i, int) and not isinstance(i, bool))
 
 
 def read_sampling_defaults(path: Path) -> SamplingDefaults:
-    """The model's recommended sampling settings: from a GGUF file's metadata, or from the
-    `generation_config.json` of a folder (none where it has no such file)."""
+    """The model's recommended sampling settings: from a GGUF file's metadata (as its cached
+    index holds them: no second parse of the header), or from the `generation_config.json` of a
+    folder (none where it has no such file)."""
     if is_gguf(path):
-        fields = read_gguf_header(path).fields
+        fields = read_gguf_index(path).sampling
         found = {name: fields[key] for name, key in _GGUF_KEYS.items() if key in fields}
         source = f"{path.name}'s general.sampling keys"
     else:
-        config = path / "generation_config.json"
-        try:
-            saved = json.loads(config.read_text())
-        except (OSError, ValueError):  # absent, or not JSON: nothing recommended
-            return SamplingDefaults()
-        saved = saved if isinstance(saved, dict) else {}
+        saved = _folder_generation_config(path)
         found = {name: saved[key] for name, key in _HF_KEYS.items() if saved.get(key) is not None}
-        source = str(config)
+        source = str(path / "generation_config.json")
     kept = {}
     for name, value in found.items():
         try:

@@ -396,11 +396,13 @@ class IndexedTensor:
 
 @dataclass
 class GGUFIndex:
-    """A GGUF file's architecture and tensor locations (see the module docstring)."""
+    """A GGUF file's architecture and tensor locations (see the module docstring), and its
+    `general.sampling.*` fields (the sampling settings its authors recommend)."""
 
     path: Path
     arch: LlamaArchConfig
     entries: list[dict[str, Any]]
+    sampling: dict[str, Any]
 
     @cached_property
     def tensors(self) -> list[IndexedTensor]:
@@ -410,8 +412,8 @@ class GGUFIndex:
                 for e in self.entries]  # fmt: skip
 
 
-# Bumped whenever what `gguf_arch_config` reads changes, so no stale index outlives it.
-INDEX_VERSION = 9
+# Bumped whenever what the index holds changes, so no stale index outlives it.
+INDEX_VERSION = 10
 
 
 def _arch_from_json(saved: dict[str, Any]) -> LlamaArchConfig:
@@ -459,7 +461,8 @@ def read_gguf_index(path: Path) -> GGUFIndex:
     cached = cache_dir() / "gguf-index" / f"{file_cache_key(path)}-v{INDEX_VERSION}.json"
     try:
         saved = json.loads(cached.read_text())
-        index = GGUFIndex(path, _arch_from_json(saved["arch"]), saved["tensors"])
+        index = GGUFIndex(path, _arch_from_json(saved["arch"]), saved["tensors"],
+                          saved["sampling"])  # fmt: skip
     except (OSError, ValueError, KeyError, TypeError):
         pass  # not indexed yet, or an index from another version: parse the file
     else:  # (the key covers size and mtime; the check is cheap, and what a reload relies on)
@@ -484,12 +487,14 @@ def read_gguf_index(path: Path) -> GGUFIndex:
     except (ValueError, TypeError, ArithmeticError) as e:  # a field of the wrong kind, a shape
         # refused, or a number no arithmetic takes (inf to int)
         raise ModelLoadError(f"{path}: {e}") from None
+    sampling = {k: v for k, v in header.fields.items() if k.startswith("general.sampling.")}
     try:
         cached.parent.mkdir(parents=True, exist_ok=True)
-        cached.write_text(json.dumps({"arch": dataclasses.asdict(arch), "tensors": entries}))
+        cached.write_text(json.dumps({"arch": dataclasses.asdict(arch), "tensors": entries,
+                                      "sampling": sampling}))  # fmt: skip
     except OSError as e:  # a read-only home only costs the parse next time
         logger.warning("could not cache the GGUF index at %s: %s", cached, e)
-    return GGUFIndex(path, arch, entries)
+    return GGUFIndex(path, arch, entries, sampling)
 
 
 # The block formats `kernels/csrc/gguf_linear.cpp` multiplies from directly (the legacy ones).
