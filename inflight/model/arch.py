@@ -447,6 +447,14 @@ def _layer_types(config: dict[str, Any]) -> tuple[int, ...]:
     return tuple(i for i, t in enumerate(types) if t == "full_attention")
 
 
+def _layer_count(config: dict[str, Any]) -> int:
+    """`num_hidden_layers`, refused unless 1 to MAX_LAYERS (before anything counts them out)."""
+    n = config["num_hidden_layers"]
+    if not isinstance(n, int) or not 0 < n <= MAX_LAYERS:
+        raise ValueError(f"{n!r} layers: not 1 to {MAX_LAYERS}")
+    return n
+
+
 def _ntk_alpha_base(rope: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
     """Hunyuan's RoPE settings with their NTK `alpha` (type "dynamic", whose fixed alpha makes the
     frequencies static) turned into the base it stretches to: base * alpha ** (d / (d - 2)),
@@ -469,10 +477,8 @@ def _global_layers(config: dict[str, Any], window: int | None) -> tuple[int, ...
         return ()
     if config.get("layer_types") is not None:
         return _layer_types(config)
-    n = config["num_hidden_layers"]
+    n = _layer_count(config)
     pattern = config.get("sliding_window_pattern", EXAONE4_SLIDING_WINDOW_PATTERN)
-    if not isinstance(n, int) or not 0 < n <= MAX_LAYERS:
-        raise ValueError(f"{n!r} layers: not 1 to {MAX_LAYERS}")
     if isinstance(pattern, str) and pattern and set(pattern) <= {"L", "G"}:
         return tuple(i for i in range(n) if pattern[i % len(pattern)] == "G")
     if isinstance(pattern, int) and not isinstance(pattern, bool) and pattern > 0:
@@ -484,9 +490,7 @@ def _global_layers(config: dict[str, Any], window: int | None) -> tuple[int, ...
 def _nope_layers(config: dict[str, Any]) -> tuple[int, ...]:
     """SmolLM3's layers without RoPE: where `no_rope_layers` (1 a layer with RoPE, 0 one
     without) says 0, or every `no_rope_layer_interval`-th layer where it is absent."""
-    n = config["num_hidden_layers"]
-    if not isinstance(n, int) or not 0 < n <= MAX_LAYERS:
-        raise ValueError(f"{n!r} layers: not 1 to {MAX_LAYERS}")
+    n = _layer_count(config)
     flags = config.get("no_rope_layers")
     if flags is None:
         interval = config.get("no_rope_layer_interval", SMOLLM3_NO_ROPE_INTERVAL)
