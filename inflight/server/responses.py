@@ -53,6 +53,10 @@ class ResponsesServing:
     ) -> dict[str, Any]:
         fmt = req.text.format if req.text else TextFormat()
         choice = req.tool_choice or "auto"
+        # the values the request ran with: unset ones are the model's, then OpenAI's defaults
+        ran = self.chat.engine.sampling_defaults.sampling_params(
+            temperature=req.temperature, top_p=req.top_p
+        )
         response = {
             "id": rid,
             "object": "response",
@@ -69,8 +73,8 @@ class ResponsesServing:
             "parallel_tool_calls": req.parallel_tool_calls,
             "previous_response_id": req.previous_response_id,
             "store": req.store,
-            "temperature": req.temperature,
-            "top_p": req.top_p,
+            "temperature": ran.temperature,
+            "top_p": ran.top_p,
             "text": {"format": fmt.model_dump(by_alias=True, exclude_none=True)},
             "tool_choice": choice.model_dump() if isinstance(choice, BaseModel) else choice,
             "tools": [t.model_dump() for t in req.tools or []],  # strict: null where unsaid

@@ -138,7 +138,8 @@ def test_unknown_generation_config_knob_is_refused(tiny_llama):
 @pytest.mark.parametrize("source", ["auto", "none"])
 def test_http_requests_take_the_models_defaults_where_they_set_none(folder_with, source):
     """Over HTTP: with the file's temperature 0, requests without one are greedy whatever their
-    seed (with `none`, they sample at OpenAI's temperature 1); one that sets it samples."""
+    seed (with `none`, they sample at OpenAI's temperature 1); one that sets it samples. A
+    Response echoes the values it ran with."""
     engine = AsyncLLM(str(folder_with(temperature=0.0)), max_model_len=128, num_kv_blocks=64,
                       generation_config=source)  # fmt: skip
     with LiveServer(engine, served_model_name="tiny") as server:
@@ -153,3 +154,12 @@ def test_http_requests_take_the_models_defaults_where_they_set_none(folder_with,
         unset = {text(seed=s) for s in range(4)}
         assert (unset == {greedy}) == (source == "auto")
         assert len({text(seed=s, temperature=1.0) for s in range(4)}) > 1
+
+        def echoed(**fields) -> tuple[float, float]:
+            body = {"model": "tiny", "input": "hi", "max_output_tokens": 2, **fields}
+            response = httpx.post(server.url + "/v1/responses", json=body, timeout=60)
+            assert response.status_code == 200, response.text
+            return response.json()["temperature"], response.json()["top_p"]
+
+        assert echoed() == ((0.0 if source == "auto" else 1.0), 1.0)
+        assert echoed(temperature=0.5, top_p=0.25) == (0.5, 0.25)
