@@ -1,6 +1,7 @@
 """A chat template given in place of the model's own (`chat_template` knob, vLLM's
 `--chat-template`): its file's path, or the Jinja text itself. Checked when the engine is
-configured, before any weight loads, so a wrong path or a syntax error is refused at once."""
+configured, before any weight loads, so a wrong path or a syntax error is refused at once; the
+config then holds the text, so the file is read once."""
 
 from __future__ import annotations
 
@@ -32,6 +33,10 @@ def chat_template_text(source: str) -> str:
         text = source
     else:
         raise ConfigError(f"chat_template {source[:200]!r} is neither a file nor a Jinja template")
+    try:
+        text.encode()
+    except UnicodeEncodeError as e:  # a lone surrogate: no request could render it
+        raise ConfigError(f"chat_template: character {e.start} is not valid Unicode") from None
     try:
         jinja2.Environment().parse(text)
     except jinja2.TemplateSyntaxError as e:

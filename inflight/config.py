@@ -117,7 +117,7 @@ class ModelConfig:
         metadata={
             "help": "a Jinja chat template (its file's path, or the text itself) for chat "
             "requests in place of the model's own: for a file without one (a base model's) or "
-            "to change how conversations are laid out"
+            "to change how conversations are laid out. The config holds its text"
         },
     )
     generation_config: GenerationConfig = field(
@@ -178,7 +178,8 @@ class ModelConfig:
         if self.chat_template is not None:
             template = self.chat_template
             _require(isinstance(template, str), f"chat_template must be text, not {template!r}")
-            chat_template_text(self.chat_template)  # refused now, not after loading the weights
+            # read once, and refused now rather than after loading the weights
+            object.__setattr__(self, "chat_template", chat_template_text(template))
         _require(
             self.generation_config in ("auto", "none"),
             f"generation_config must be auto or none, got {self.generation_config!r}",

@@ -25,7 +25,6 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
-from inflight.chat_template import chat_template_text
 from inflight.errors import ModelLoadError
 from inflight.file_cache import cache_dir, file_cache_key
 
@@ -33,11 +32,11 @@ logger = logging.getLogger(__name__)
 
 
 def load_tokenizer(path: Path, chat_template: str | None = None) -> PreTrainedTokenizerBase:
-    """The model's tokenizer; with `chat_template` (a path or a template: the knob), that
-    template in place of its own."""
+    """The model's tokenizer; with `chat_template` (a template's text, as the knob's config
+    holds it), that template in place of its own."""
     tokenizer = _load_tokenizer(path)
     if chat_template is not None:
-        tokenizer.chat_template = chat_template_text(chat_template)
+        tokenizer.chat_template = chat_template
     return tokenizer
 
 

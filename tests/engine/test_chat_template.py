@@ -54,6 +54,7 @@ def test_a_given_template_replaces_the_models_own(tiny_llama):
     ("chatml", "is neither a file nor a Jinja template"),
     ("{% for m in messages %}{{ m['content'] }}", "line 1: Unexpected end of template"),
     ("x" * 5000 + "{{", "line 1"),
+    ("{{ 'a' }}\ud800", "character 9 is not valid Unicode"),  # a lone surrogate
 ])  # fmt: skip
 def test_what_is_no_template_is_refused_before_loading(tiny_llama, source, says, monkeypatch):
     from inflight.engine import frontend
