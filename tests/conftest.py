@@ -71,7 +71,7 @@ def build_tokenizer(folder: Path):
 TINY_ARCHS = ("llama", "llama3_rope", "qwen2", "qwen3", "qwen3_moe", "mixtral", "phi3", "mistral",
               "gemma2", "gemma3", "granite", "gpt_oss", "smollm3", "exaone4", "olmo2",
               "olmo3", "glm4", "ernie4_5", "seed_oss",
-              "arcee", "hunyuan_dense")  # fmt: skip
+              "arcee", "hunyuan_dense", "qwen2_moe", "glm4_moe")  # fmt: skip
 
 
 def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) -> Path:
@@ -88,6 +88,8 @@ def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) ->
         Gemma3TextConfig,
         Glm4Config,
         Glm4ForCausalLM,
+        Glm4MoeConfig,
+        Glm4MoeForCausalLM,
         GptOssConfig,
         GptOssForCausalLM,
         GraniteConfig,
@@ -108,6 +110,8 @@ def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) ->
         Phi3ForCausalLM,
         Qwen2Config,
         Qwen2ForCausalLM,
+        Qwen2MoeConfig,
+        Qwen2MoeForCausalLM,
         Qwen3Config,
         Qwen3ForCausalLM,
         Qwen3MoeConfig,
@@ -164,6 +168,21 @@ def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) ->
         config = Qwen3MoeConfig(**common, num_experts=4, num_experts_per_tok=2,
                                 moe_intermediate_size=32, norm_topk_prob=True)  # fmt: skip
         cls = Qwen3MoeForCausalLM
+    elif arch == "qwen2_moe":  # 2 of 4 experts a token (not renormalized) and a gated shared
+        # expert in every layer, as llama.cpp's qwen2moe has them; q/k/v biases
+        config = Qwen2MoeConfig(**common, num_experts=4, num_experts_per_tok=2,
+                                moe_intermediate_size=32, shared_expert_intermediate_size=64,
+                                tie_word_embeddings=False)  # fmt: skip
+        cls = Qwen2MoeForCausalLM
+    elif arch == "glm4_moe":  # a dense layer, then a sparse one: 2 of 8 experts a token by
+        # sigmoid scores plus a bias, from the better of 2 groups, renormalized and scaled, and a
+        # shared expert; q/k norms, q/k/v biases, RoPE over half of each head (of 32)
+        config = Glm4MoeConfig(**common, head_dim=32, n_routed_experts=8, num_experts_per_tok=2,
+                               moe_intermediate_size=32, n_shared_experts=1,
+                               first_k_dense_replace=1, n_group=2, topk_group=1,
+                               routed_scaling_factor=2.5, use_qk_norm=True,
+                               attention_bias=True)  # fmt: skip
+        cls = Glm4MoeForCausalLM
     elif arch == "mixtral":  # 2 of 4 experts a token in every layer, a sliding window
         config = MixtralConfig(**{**common, "intermediate_size": 32}, num_local_experts=4,
                                num_experts_per_tok=2, sliding_window=24)  # fmt: skip
@@ -257,13 +276,19 @@ def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) ->
         raise ValueError(arch)
     torch.manual_seed(seed)
     model = cls(config).eval()
-    if arch in ("gpt_oss", "glm4", "seed_oss"):  # sinks and biases start at 0: make them matter
+    if arch in ("gpt_oss", "glm4", "seed_oss", "glm4_moe"):  # sinks and biases start at 0:
+        # make them matter
         with torch.no_grad():
             for name, param in model.named_parameters():
                 if name.endswith(("sinks", "bias")):
                     param.uniform_(-1.0, 1.0)
-    if arch in ("exaone4", "olmo2", "olmo3", "glm4", "hunyuan_dense"):  # norms start at 1:
-        # make them matter
+    if arch == "glm4_moe":  # the router's score bias (a buffer) starts at 0 too
+        with torch.no_grad():
+            for name, buffer in model.named_buffers():
+                if name.endswith("e_score_correction_bias"):
+                    buffer.uniform_(-0.3, 0.3)
+    if arch in ("exaone4", "olmo2", "olmo3", "glm4", "hunyuan_dense", "glm4_moe"):  # norms
+        # start at 1: make them matter
         with torch.no_grad():
             for name, param in model.named_parameters():
                 if name.endswith("norm.weight"):

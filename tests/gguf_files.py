@@ -8,7 +8,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-from gguf import GGMLQuantizationType, GGUFWriter, LlamaFileType, RopeScalingType
+from gguf import (
+    ExpertGatingFuncType,
+    GGMLQuantizationType,
+    GGUFWriter,
+    LlamaFileType,
+    RopeScalingType,
+)
 from gguf.quants import quantize
 
 HF_TO_GGUF = {
@@ -32,6 +38,16 @@ LAYER_TO_GGUF = {
     "mlp.gate_proj": "ffn_gate",
     "mlp.up_proj": "ffn_up",
     "mlp.down_proj": "ffn_down",
+    "mlp.shared_expert.gate_proj": "ffn_gate_shexp",  # (Qwen2-MoE's; GLM-4.5's shared_experts)
+    "mlp.shared_expert.up_proj": "ffn_up_shexp",
+    "mlp.shared_expert.down_proj": "ffn_down_shexp",
+    "mlp.shared_experts.gate_proj": "ffn_gate_shexp",
+    "mlp.shared_experts.up_proj": "ffn_up_shexp",
+    "mlp.shared_experts.down_proj": "ffn_down_shexp",
+    "mlp.shared_expert_gate": "ffn_gate_inp_shexp",
+    "eh_proj": "nextn.eh_proj",  # (GLM-4.5's multi-token-prediction layer's own)
+    "enorm": "nextn.enorm",
+    "hnorm": "nextn.hnorm",
 }
 # Gemma 3 names its four norms apart (Llama's post_attention_layernorm is its pre-MLP norm)
 GEMMA3_LAYER_TO_GGUF = {
@@ -59,11 +75,13 @@ def gguf_name(hf: str, arch: str = "llama") -> str:
     if part.startswith("mlp.experts."):  # a stack of experts' weights
         return f"blk.{layer}.ffn_{part.rpartition('.')[2].removesuffix('_proj')}_exps.{kind}"
     if part == "mlp.gate":  # their router
+        if kind == "e_score_correction_bias":  # (GLM-4.5's score bias)
+            return f"blk.{layer}.exp_probs_b.bias"
         return f"blk.{layer}.ffn_gate_inp.{kind}"
     if part == "self_attn" and kind == "sinks":  # gpt-oss's, a tensor of their own
         return f"blk.{layer}.attn_sinks.weight"
     names = GEMMA3_LAYER_TO_GGUF if arch in ("gemma2", "gemma3") else LAYER_TO_GGUF
-    if arch in ("gpt-oss", "seed_oss"):  # their pre-MLP norm under Gemma's name
+    if arch in ("gpt-oss", "seed_oss", "glm4moe"):  # their pre-MLP norm under Gemma's name
         names = {**LAYER_TO_GGUF, "post_attention_layernorm": "post_attention_norm"}
     if arch == "glm4":  # its output norms under Gemma's names, its pre-MLP norm Llama's
         names = {**LAYER_TO_GGUF, "post_self_attn_layernorm": "post_attention_norm",
@@ -186,7 +204,8 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
 
     arch = {"LlamaForCausalLM": "llama", "Qwen3ForCausalLM": "qwen3", "Phi3ForCausalLM": "phi3",
             "Gemma2ForCausalLM": "gemma2", "Gemma3ForCausalLM": "gemma3",
-            "Qwen3MoeForCausalLM": "qwen3moe",
+            "Qwen3MoeForCausalLM": "qwen3moe", "Qwen2MoeForCausalLM": "qwen2moe",
+            "Glm4MoeForCausalLM": "glm4moe",
             "MixtralForCausalLM": "llama",
             "GraniteForCausalLM": "granite", "GptOssForCausalLM": "gpt-oss",
             "SmolLM3ForCausalLM": "smollm3", "Exaone4ForCausalLM": "exaone4",
@@ -196,7 +215,11 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
             "Qwen3Model": "qwen3"}[cfg["architectures"][0]]  # fmt: skip
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
     w = GGUFWriter(out, arch)
-    w.add_block_count(cfg["num_hidden_layers"])
+    # (GLM-4.5's multi-token-prediction layers count in the blocks, as its converter writes them)
+    extra_layers = cfg.get("num_nextn_predict_layers", 0) if arch == "glm4moe" else 0
+    w.add_block_count(cfg["num_hidden_layers"] + extra_layers)
+    if extra_layers:
+        w.add_nextn_predict_layers(extra_layers)
     w.add_context_length(cfg["max_position_embeddings"])
     w.add_embedding_length(cfg["hidden_size"])
     w.add_feed_forward_length(cfg["intermediate_size"])
@@ -229,7 +252,7 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
         w.add_residual_scale(cfg["residual_multiplier"])
         w.add_attention_scale(cfg["attention_multiplier"])
         w.add_logit_scale(cfg["logits_scaling"])
-    experts = cfg.get("num_experts") or cfg.get("num_local_experts")
+    experts = cfg.get("num_experts") or cfg.get("num_local_experts") or cfg.get("n_routed_experts")
     if experts:
         w.add_expert_count(experts)
         w.add_expert_used_count(cfg["num_experts_per_tok"])
@@ -237,6 +260,16 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
             w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
         elif arch == "gpt-oss":  # (as its converter writes it)
             w.add_expert_feed_forward_length(cfg["intermediate_size"])
+    if arch == "qwen2moe":
+        w.add_expert_shared_feed_forward_length(cfg["shared_expert_intermediate_size"])
+    if arch == "glm4moe":  # as its converter writes them, and the expert groups llama.cpp reads
+        w.add_expert_shared_count(cfg["n_shared_experts"])
+        w.add_leading_dense_block_count(cfg["first_k_dense_replace"])
+        w.add_expert_gating_func(ExpertGatingFuncType.SIGMOID)
+        w.add_expert_weights_scale(cfg["routed_scaling_factor"])
+        w.add_expert_weights_norm(cfg["norm_topk_prob"])
+        w.add_expert_group_count(cfg["n_group"])
+        w.add_expert_group_used_count(cfg["topk_group"])
     if rope.get("rope_type") == "yarn":  # what llama.cpp's converter writes of YaRN
         w.add_rope_scaling_type(RopeScalingType.YARN)
         w.add_rope_scaling_factor(rope["factor"])
@@ -282,6 +315,8 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
         elif arch in ("gemma2", "gemma3") and name.endswith("norm.weight"):  # stored as the
             # 1 + w applied
             array = array + 1
+        elif name.endswith("shared_expert_gate.weight"):  # (one row: llama.cpp stores a vector)
+            array = array[0]
         file_name = gguf_name(name, arch)
         kind = mix(file_name) if mix else qtype
         weight = file_name.endswith(".weight") and "attn_sinks" not in file_name

@@ -26,6 +26,8 @@ SUPPORTED_ARCHITECTURES = {
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
     "Qwen3MoeForCausalLM": "qwen3_moe",
+    "Qwen2MoeForCausalLM": "qwen2_moe",
+    "Glm4MoeForCausalLM": "glm4_moe",
     "MixtralForCausalLM": "mixtral",
     "Phi3ForCausalLM": "phi3",
     "GraniteForCausalLM": "granite",
@@ -54,6 +56,8 @@ SUPPORTED_ARCHITECTURES = {
 POOLING_MODES = ("last", "mean")
 MAX_LAYERS = 1024  # far beyond any model's; a config asking more is broken or hostile
 MAX_EXPERTS = 4096  # the same for experts a layer (the largest published MoEs have 256)
+# the families whose MLPs are experts (`_experts`)
+EXPERT_ARCHS = ("qwen3_moe", "qwen2_moe", "mixtral", "gpt_oss", "glm4_moe")
 # every n-th layer without RoPE, where a config does not list them (SmolLM3's fourth; llama.cpp
 # assumes it for every `smollm3` file)
 SMOLLM3_NO_ROPE_INTERVAL = 4
@@ -114,6 +118,25 @@ class LlamaArchConfig:
     expert_intermediate_size: int = 0
     norm_topk_prob: bool = False
     dense_layers: tuple[int, ...] = ()
+    # how the router scores experts: "softmax" over all of them, or "sigmoid" (GLM-4.5's,
+    # DeepSeek-V3's): each expert's own sigmoid, plus a learned bias that counts only for the
+    # choice, within the `expert_groups_used` best of `expert_groups` groups (by their two best
+    # biased scores); the chosen scores, renormalized with `norm_topk_prob`, weigh the experts
+    # times `routed_scaling_factor`
+    router_scoring: str = "softmax"
+    expert_groups: int = 1
+    expert_groups_used: int = 1
+    routed_scaling_factor: float = 1.0
+    # a shared expert (Qwen2-MoE's, GLM-4.5's): one more SiLU MLP of this width that every
+    # token of a sparse layer runs through, added to the routed experts' sum (0: none); Qwen2-MoE
+    # scales it by a sigmoid gate of the token's own (`shared_expert_gate`)
+    shared_expert_intermediate_size: int = 0
+    shared_expert_gate: bool = False
+    # per-head q/k RMSNorms where a family has them only in some sizes (GLM-4.5's use_qk_norm)
+    qk_norm: bool = False
+    # layers the checkpoint holds after the last one that generation does not run (GLM-4.5's
+    # multi-token-prediction layer): skipped at load
+    extra_checkpoint_layers: int = 0
     # gpt-oss: the router keeps the best logits before its softmax (over those chosen), router
     # and experts have biases, and each expert's gate is `swiglu_limit`-clamped SwiGLU with
     # sigmoid slope `swiglu_alpha` (its up half clamped too, plus 1); None: SiLU experts
@@ -162,6 +185,7 @@ class LlamaArchConfig:
             raise ValueError(f"{self.num_experts} experts a layer: more than {MAX_EXPERTS}")
         if self.num_experts and not 0 < self.expert_intermediate_size < 2**31:
             raise ValueError(f"expert_intermediate_size {self.expert_intermediate_size!r}")
+        self._check_routing()
         if not 0 <= self.rotary_dim <= self.head_dim or self.rotary_dim % 2:
             raise ValueError(f"rotary_dim {self.rotary_dim} of heads of {self.head_dim}: it "
                              "must be even and at most head_dim")  # fmt: skip
@@ -190,6 +214,30 @@ class LlamaArchConfig:
         attention = self.rope_attention_factor
         if not (math.isfinite(attention) and attention > 0):
             raise ValueError(f"the RoPE attention factor must be positive, not {attention}")
+
+    def _check_routing(self) -> None:
+        """Refuses routing settings no router can follow (ValueError)."""
+        if self.router_scoring not in ("softmax", "sigmoid"):
+            raise ValueError(f"router scoring {self.router_scoring!r}: softmax or sigmoid")
+        groups, used = self.expert_groups, self.expert_groups_used
+        if not (isinstance(groups, int) and isinstance(used, int) and 0 < used <= groups
+                and (not self.num_experts or self.num_experts % groups == 0)):  # fmt: skip
+            raise ValueError(
+                f"{used} of {groups} expert groups over {self.num_experts} experts: "
+                "the groups must divide the experts, and be used at most all"
+            )
+        if self.num_experts and self.experts_per_token > used * (self.num_experts // groups):
+            raise ValueError(f"{self.experts_per_token} experts a token from {used} groups of "
+                             f"{self.num_experts // groups}")  # fmt: skip
+        scale = self.routed_scaling_factor
+        if not (isinstance(scale, float) and math.isfinite(scale) and scale > 0):
+            raise ValueError(f"routed_scaling_factor must be positive, not {scale!r}")
+        size = self.shared_expert_intermediate_size
+        if not (isinstance(size, int) and 0 <= size < 2**31):
+            raise ValueError(f"shared_expert_intermediate_size {size!r}")
+        if not (isinstance(self.extra_checkpoint_layers, int)
+                and 0 <= self.extra_checkpoint_layers <= MAX_LAYERS):  # fmt: skip
+            raise ValueError(f"{self.extra_checkpoint_layers!r} extra checkpoint layers")
 
     @property
     def rope_dim(self) -> int:
@@ -267,7 +315,11 @@ class LlamaArchConfig:
         if arch == "hunyuan_dense":
             params = _ntk_alpha_base(params or dict(config.get("rope_scaling") or {}), config)
         rope_theta, rope, rope_type = _rope_settings(params, config, config.get("rope_theta"))
-        rotary = float(rope.pop("partial_rotary_factor", config.get("partial_rotary_factor", 1.0)))
+        # (GLM-4.5's rotates half of each head unless its config says otherwise)
+        default_rotary = 0.5 if arch == "glm4_moe" else 1.0
+        rotary = float(
+            rope.pop("partial_rotary_factor", config.get("partial_rotary_factor", default_rotary))
+        )
         if not 0 < rotary <= 1:  # (NaN and infinities too)
             raise ValueError(f"partial_rotary_factor {rotary} must be in (0, 1]")
         head_dim = config.get("head_dim") or hidden // num_heads
@@ -277,7 +329,7 @@ class LlamaArchConfig:
         elif rope_type == "yarn":
             rope = yarn_settings(rope, config)
         window = config.get("sliding_window") if arch != "llama" else None
-        if arch in ("qwen2", "qwen3", "qwen3_moe", "smollm3"):
+        if arch in ("qwen2", "qwen3", "qwen3_moe", "qwen2_moe", "smollm3"):
             if config.get("use_sliding_window", False):
                 family = "SmolLM3" if arch == "smollm3" else "Qwen"
                 raise ValueError(f"{family} per-layer sliding window attention is not supported")
@@ -300,7 +352,7 @@ class LlamaArchConfig:
             query_scalar = float(config.get("query_pre_attn_scalar", 256))
             for key in ("attn_logit_softcapping", "final_logit_softcapping"):
                 softcaps[key] = None if config.get(key) is None else float(config[key])
-        experts = _experts(config, arch) if arch in ("qwen3_moe", "mixtral", "gpt_oss") else {}
+        experts = _experts(config, arch) if arch in EXPERT_ARCHS else {}
         sinks: dict[str, Any] = {}
         if arch == "exaone4":  # its global layers attend without RoPE
             full_layers = nope = _global_layers(config, window)
@@ -334,7 +386,7 @@ class LlamaArchConfig:
             max_position_embeddings=config.get("max_position_embeddings", 2048),
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
             # (Seed-OSS's q/k/v biases are on unless its config says otherwise)
-            qkv_bias=arch == "qwen2" or bool(config.get("attention_bias", arch == "seed_oss")),
+            qkv_bias=_qkv_bias(config, arch),
             sliding_window=window,
             rope_scaling=None if rope_type == "default" else tuple(sorted(rope.items())),
             rope_freq_factors=short,
@@ -551,10 +603,22 @@ def _gemma3_text_config(config: dict[str, Any]) -> dict[str, Any]:
     return {**text, "architectures": ["Gemma3ForCausalLM"]}
 
 
+def _qkv_bias(config: dict[str, Any], arch: str) -> bool:
+    """Whether q, k and v have biases: always Qwen2's; Qwen2-MoE's and Seed-OSS's unless the
+    config says otherwise; the others' where `attention_bias` says so."""
+    if arch == "qwen2":
+        return True
+    if arch == "qwen2_moe":
+        return bool(config.get("qkv_bias", True))
+    return bool(config.get("attention_bias", arch == "seed_oss"))
+
+
 def _experts(config: dict[str, Any], arch: str) -> dict[str, Any]:
     """The expert fields: Mixtral's every layer routes through experts of `intermediate_size`,
-    renormalizing the chosen; Qwen3-MoE's every `decoder_sparse_step`-th layer but those in
-    `mlp_only_layers`, experts of `moe_intermediate_size`."""
+    renormalizing the chosen; Qwen3-MoE's and Qwen2-MoE's every `decoder_sparse_step`-th layer
+    but those in `mlp_only_layers`, experts of `moe_intermediate_size` (Qwen2-MoE's with a
+    gated shared expert); GLM-4.5's every layer after the `first_k_dense_replace` first, a
+    sigmoid router with a score bias, and `n_shared_experts` experts' width of shared expert."""
     if arch in ("mixtral", "gpt_oss"):  # (gpt-oss's softmax over the chosen renormalizes)
         config = {**config, "moe_intermediate_size": config["intermediate_size"],
                   "norm_topk_prob": True, "decoder_sparse_step": 1,
@@ -563,12 +627,14 @@ def _experts(config: dict[str, Any], arch: str) -> dict[str, Any]:
     if not isinstance(n, int) or n > MAX_LAYERS:
         raise ValueError(f"{n!r} layers: more than {MAX_LAYERS}")
     dense_only = set(config.get("mlp_only_layers") or ())
-    # published configs say num_experts; transformers 5 writes num_local_experts
-    num_experts = config.get("num_experts") or config["num_local_experts"]
+    # published configs say num_experts; transformers 5 writes num_local_experts; GLM-4.5's
+    # n_routed_experts
+    num_experts = (config.get("num_experts") or config.get("n_routed_experts")
+                   or config["num_local_experts"])  # fmt: skip
     k = config["num_experts_per_tok"]
     if not 0 < k <= num_experts:
         raise ValueError(f"num_experts_per_tok {k} must be in 1..num_experts ({num_experts})")
-    return {
+    fields: dict[str, Any] = {
         "num_experts": num_experts,
         "experts_per_token": k,
         "expert_intermediate_size": config["moe_intermediate_size"],
@@ -576,3 +642,26 @@ def _experts(config: dict[str, Any], arch: str) -> dict[str, Any]:
         "dense_layers": tuple(i for i in range(n)
                               if i in dense_only or step <= 0 or (i + 1) % step),
     }  # fmt: skip
+    if arch == "qwen2_moe":
+        fields["shared_expert_intermediate_size"] = config["shared_expert_intermediate_size"]
+        fields["shared_expert_gate"] = True
+    if arch == "glm4_moe":
+        first_dense = config.get("first_k_dense_replace", 1)
+        extra = config.get("num_nextn_predict_layers", 0)
+        if not isinstance(first_dense, int) or not isinstance(extra, int):
+            raise ValueError(f"first_k_dense_replace {first_dense!r}, num_nextn_predict_layers "
+                             f"{extra!r}: integers")  # fmt: skip
+        scale = config.get("routed_scaling_factor", 1.0)
+        fields.update(
+            norm_topk_prob=bool(config.get("norm_topk_prob", True)),
+            dense_layers=tuple(range(min(max(first_dense, 0), n))),
+            router_scoring="sigmoid",
+            expert_groups=config.get("n_group", 1),
+            expert_groups_used=config.get("topk_group", 1),
+            routed_scaling_factor=float(scale) if isinstance(scale, (int, float)) else scale,
+            shared_expert_intermediate_size=(config["moe_intermediate_size"]
+                                             * config.get("n_shared_experts", 1)),
+            qk_norm=bool(config.get("use_qk_norm", False)),
+            extra_checkpoint_layers=extra,
+        )  # fmt: skip
+    return fields

@@ -48,7 +48,8 @@ from inflight.model.rotary_pairs import PAIR_ROTARY, pairs_to_halves
 
 logger = logging.getLogger(__name__)
 
-SUPPORTED_GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "phi3", "gemma2", "gemma3",
+SUPPORTED_GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "qwen2moe", "glm4moe",
+                                "phi3", "gemma2", "gemma3",
                                 "granite", "gpt-oss", "smollm3", "exaone4", "olmo2",
                                 "glm4", "ernie4_5", "seed_oss", "arcee",
                                 "hunyuan-dense")  # fmt: skip
@@ -56,7 +57,12 @@ SUPPORTED_GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "phi3", "
 PERMUTED_QK = ("llama", "mixtral", "granite", "smollm3", "arcee")
 # a GGUF architecture -> the registry's, where the names differ (a `llama` file with experts is
 # Mixtral: `gguf_arch_config`)
-_REGISTRY_NAMES = {"qwen3moe": "qwen3_moe", "gpt-oss": "gpt_oss", "hunyuan-dense": "hunyuan_dense"}
+_REGISTRY_NAMES = {"qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe", "glm4moe": "glm4_moe",
+                   "gpt-oss": "gpt_oss", "hunyuan-dense": "hunyuan_dense"}  # fmt: skip
+# the architectures whose experts a GGUF file may hold (a `llama` file's: Mixtral)
+_EXPERT_ARCHITECTURES = ("llama", "qwen3moe", "qwen2moe", "glm4moe", "gpt-oss")
+# llama.cpp's `expert_gating_func` value of a sigmoid router (1: softmax)
+_SIGMOID_GATING = 2
 # gpt-oss's expert gate, which llama.cpp fixes rather than reads: the published models' clamp
 # and sigmoid slope
 GPT_OSS_SWIGLU_LIMIT, GPT_OSS_SWIGLU_ALPHA = 7.0, 1.702
@@ -78,7 +84,16 @@ _LAYER_NAMES = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
     "ffn_gate_inp": "mlp.gate",  # a mixture of experts' router
+    # a shared expert (Qwen2-MoE's, under its gate; GLM-4.5's)
+    "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
+    "ffn_up_shexp": "mlp.shared_expert.up_proj",
+    "ffn_down_shexp": "mlp.shared_expert.down_proj",
+    "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
+    # a sigmoid router's score bias (GLM-4.5's), a parameter rather than a `.bias`
+    "exp_probs_b": "mlp.gate.e_score_correction_bias",
 }
+# HF names that are parameters of their own, not a module's `.weight` or `.bias`
+_PARAMETER_NAMES = ("self_attn.sinks", "mlp.gate.e_score_correction_bias")
 # A mixture of experts' stacked weights ([experts, rows, columns] in numpy order), which the
 # index lists as one tensor per expert, `blk.N.ffn_gate_exps.E`: HF's `mlp.experts.E.gate_proj`
 _EXPERT_STACKS = {"ffn_gate_exps": "gate_proj", "ffn_up_exps": "up_proj",
@@ -97,8 +112,9 @@ _ARCH_LAYER_NAMES = {
     "phi3": {**_LAYER_NAMES, "attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},
     "gemma2": _GEMMA_LAYER_NAMES,
     "gemma3": _GEMMA_LAYER_NAMES,
-    # Seed-OSS's pre-MLP norm, under the name llama.cpp gives it
+    # Seed-OSS's and GLM-4.5's pre-MLP norm, under the name llama.cpp gives it
     "seed_oss": {**_LAYER_NAMES, "post_attention_norm": "post_attention_layernorm"},
+    "glm4_moe": {**_LAYER_NAMES, "post_attention_norm": "post_attention_layernorm"},
     # gpt-oss's pre-MLP norm, and its sink logits (a parameter of their own, not a `.weight`)
     "gpt_oss": {**_LAYER_NAMES, "post_attention_norm": "post_attention_layernorm",
                 "attn_sinks": "self_attn.sinks"},
@@ -175,7 +191,9 @@ def gguf_arch_config(header: GGUFHeader, path: Path) -> LlamaArchConfig:
 
     hidden = int(meta("embedding_length"))
     num_heads = int(meta("attention.head_count"))
-    num_layers = int(meta("block_count"))
+    # GLM-4.5's multi-token-prediction layers come after the last (and count in block_count)
+    extra_layers = int(meta("nextn_predict_layers", 0))
+    num_layers = int(meta("block_count")) - extra_layers
     head_dim = int(meta("attention.key_length", hidden // num_heads))
     tokens = field_value(header, "tokenizer.ggml.tokens") or []
     window = field_value(header, f"{arch}.attention.sliding_window")  # phi3's, gemma3's
@@ -184,17 +202,32 @@ def gguf_arch_config(header: GGUFHeader, path: Path) -> LlamaArchConfig:
     experts = int(meta("expert_count", 0))
     moe: dict[str, Any] = {}
     if experts:
-        if arch not in ("llama", "qwen3moe", "gpt-oss"):
+        if arch not in _EXPERT_ARCHITECTURES:
             raise ModelLoadError(f"{path}: a {arch} file with experts is not supported")
         ffn = int(meta("expert_feed_forward_length", meta("feed_forward_length")))
         # a layer without a router keeps one MLP (what the file holds says which)
-        layers = range(min(num_layers, MAX_LAYERS + 1))  # (more are refused with the config)
+        layers = range(max(0, min(num_layers, MAX_LAYERS + 1)))  # (more: refused by the config)
         dense = tuple(i for i in layers if f"blk.{i}.ffn_gate_inp.weight" not in names)
         # llama.cpp renormalizes the chosen experts' weights of each, as each family does
+        # (Qwen2-MoE's never)
         moe = dict(num_experts=experts, experts_per_token=int(meta("expert_used_count")),
                    expert_intermediate_size=ffn, dense_layers=dense,
-                   norm_topk_prob=True)  # fmt: skip
-    elif arch in ("qwen3moe", "gpt-oss"):
+                   norm_topk_prob=arch != "qwen2moe")  # fmt: skip
+        if arch == "qwen2moe":
+            moe.update(
+                shared_expert_gate=True,
+                shared_expert_intermediate_size=int(
+                    meta("expert_shared_feed_forward_length", meta("feed_forward_length"))
+                ),
+            )
+        if arch == "glm4moe":
+            moe.update(
+                _sigmoid_routing(header, arch, path),
+                extra_checkpoint_layers=extra_layers,
+                qk_norm="blk.0.attn_q_norm.weight" in names,
+                shared_expert_intermediate_size=ffn * int(meta("expert_shared_count", 1)),
+            )
+    elif arch in ("qwen3moe", "qwen2moe", "glm4moe", "gpt-oss"):
         raise ModelLoadError(f"{path}: GGUF metadata lacks {arch}.expert_count")
     registry_name = "mixtral" if arch == "llama" and experts else _REGISTRY_NAMES.get(arch, arch)
     rope_scaling = _rope_scaling(header, arch, path)
@@ -275,6 +308,25 @@ def gguf_arch_config(header: GGUFHeader, path: Path) -> LlamaArchConfig:
     ).pooled(_GGUF_POOLING.get(int(pooling), f"pooling_type {pooling}") if pooling else None)
 
 
+def _sigmoid_routing(header: GGUFHeader, arch: str, path: Path) -> dict[str, Any]:
+    """GLM-4.5's router as llama.cpp reads it: sigmoid scores (its gating function, sigmoid where
+    the file names none), the chosen weights renormalized where `expert_weights_norm` says and
+    scaled by `expert_weights_scale` (0 or absent: unscaled), within expert groups where the file
+    gives them."""
+    gating = field_value(header, f"{arch}.expert_gating_func", _SIGMOID_GATING)
+    if gating != _SIGMOID_GATING:
+        raise ModelLoadError(f"{path}: {arch} expert_gating_func {gating}: only sigmoid ("
+                             f"{_SIGMOID_GATING}) is supported")  # fmt: skip
+    scale = float(field_value(header, f"{arch}.expert_weights_scale", 0.0)) or 1.0
+    return dict(
+        router_scoring="sigmoid",
+        routed_scaling_factor=scale,
+        norm_topk_prob=bool(field_value(header, f"{arch}.expert_weights_norm", False)),
+        expert_groups=int(field_value(header, f"{arch}.expert_group_count", 1)),
+        expert_groups_used=int(field_value(header, f"{arch}.expert_group_used_count", 1)),
+    )
+
+
 def _end_tokens(header: GGUFHeader) -> tuple[int, ...]:
     """The tokens that end a generation: end of sequence, and where the file names them, end of
     turn and end of message (Llama 3's `<|eot_id|>` and `<|eom_id|>`), as llama.cpp stops on
@@ -350,7 +402,7 @@ def hf_name(gguf_name: str, architecture: str) -> str | None:
         mapped = _ARCH_LAYER_NAMES.get(architecture, _LAYER_NAMES).get(part)
         if mapped is None:
             return None
-        if mapped.endswith(".sinks"):  # a parameter, not a module's weight
+        if mapped in _PARAMETER_NAMES:  # a parameter, not a module's weight
             return f"model.layers.{layer}.{mapped}"
         return f"model.layers.{layer}.{mapped}.{kind}"
     mapped = _TOP_NAMES.get(base)
@@ -514,8 +566,14 @@ def iter_gguf_weights(
     (uint8 [rows, blocks per row, block bytes], Q/K rows un-permuted like the values), for the
     kernels that read them.
     Tensors named in `blocks_only` leave their blocks alone: never dequantized, not yielded."""
+    # layers after the last that generation does not run (GLM-4.5's multi-token prediction)
+    extra = {
+        f"blk.{i}" for i in range(cfg.num_layers, cfg.num_layers + cfg.extra_checkpoint_layers)
+    }
     for tensor in reader.tensors:
         if tensor.name in _ROPE_FACTOR_TENSORS:  # read into the config (`gguf_arch_config`)
+            continue
+        if extra and ".".join(tensor.name.split(".", 2)[:2]) in extra:
             continue
         name = hf_name(tensor.name, cfg.architecture)
         if name is None:

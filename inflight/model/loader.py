@@ -551,24 +551,28 @@ def _shard(arch: LlamaArchConfig, tp: TPGroup | None, path: Path) -> Shard | Non
 
 def materialize(model: nn.Module, device: torch.device, dtype: torch.dtype) -> None:
     """Every parameter and buffer of a model built on the meta device becomes an uninitialised
-    tensor on `device`, floating ones in `dtype` (the loader fills them), tied ones still tied.
+    tensor on `device`, floating ones in `dtype` (those a module names in its
+    `float32_parameters` in float32), the loader fills them, tied ones still tied.
     Not `to_empty`: its `empty_like` of a meta tensor imports torch's symbolic shapes and sympy,
     ~1 s of every process's start-up."""
     # by id, each value holding its original too, so no id is reused while the map lives
     made: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
-    def empty(t: torch.Tensor) -> torch.Tensor:
+    def empty(t: torch.Tensor, float32: bool = False) -> torch.Tensor:
         if id(t) not in made:
-            kind = dtype if t.is_floating_point() else t.dtype
+            kind = (torch.float32 if float32 else dtype) if t.is_floating_point() else t.dtype
             made[id(t)] = (t, torch.empty(t.shape, dtype=kind, device=device))
         return made[id(t)][1]
 
     params: dict[int, tuple[nn.Parameter, nn.Parameter]] = {}
     for module in model.modules():
+        # (the ones a module keeps in float32 whatever the model's dtype: a sigmoid router's)
+        float32 = getattr(module, "float32_parameters", ())
         for name, p in module._parameters.items():
             if p is not None:
                 if id(p) not in params:
-                    params[id(p)] = (p, nn.Parameter(empty(p), requires_grad=p.requires_grad))
+                    made_p = empty(p, name in float32)
+                    params[id(p)] = (p, nn.Parameter(made_p, requires_grad=p.requires_grad))
                 module._parameters[name] = params[id(p)][1]
         for name, b in module._buffers.items():
             if b is not None:

@@ -1,15 +1,21 @@
-"""Mixture-of-experts families, from HF folders: Qwen3-MoE (`Qwen3MoeForCausalLM`, the Qwen3
-layer) and Mixtral (`MixtralForCausalLM`, the Llama layer), whose MLP is a set of experts in
-every sparse layer. A router (`gate`) scores each token's experts; its softmax in float32 keeps
-the `experts_per_token` best (renormalized with `norm_topk_prob`, always for Mixtral), and each
-chosen expert, a SiLU-gated MLP, adds its output times that weight. A step's (token, expert)
+"""Mixture-of-experts families: Qwen3-MoE (`Qwen3MoeForCausalLM`, the Qwen3 layer), Qwen2-MoE
+(`Qwen2MoeForCausalLM`, the Qwen2 layer), Mixtral (`MixtralForCausalLM`, the Llama layer) and
+GLM-4.5 (`Glm4MoeForCausalLM`), whose MLP is a set of experts in every sparse layer. A router
+(`gate`) scores each token's experts; its softmax in float32 keeps the `experts_per_token` best
+(renormalized with `norm_topk_prob`, always for Mixtral), and each chosen expert, a SiLU-gated
+MLP, adds its output times that weight. GLM-4.5's router scores each expert by a sigmoid instead,
+chooses by those scores plus a learned bias within the best groups of experts, and keeps its
+weights and bias in float32 whatever the model's dtype, as transformers and vLLM do. A shared
+expert (Qwen2-MoE's, under a sigmoid gate; GLM-4.5's) runs on every token beside the routed
+ones and adds after them. A step's (token, expert)
 pairs are grouped by expert (`route`): each expert's linears run once over its rows, the
 activation once over all of them, and the outputs add into each token in expert order, as
 transformers adds them, so a token's sum never depends on which other tokens share its step.
 
 Each expert's gate and up projections are fused into one weight at load (transformers keeps
 them as one [2I, H] slice per expert too); Mixtral's `block_sparse_moe.experts.*.w1/w3/w2` are
-read as gate/up/down. From a GGUF file (`qwen3moe`, or `llama` with experts: Mixtral), each
+read as gate/up/down. From a GGUF file (`qwen3moe`, `qwen2moe`, `glm4moe`, or `llama` with
+experts: Mixtral), each
 layer's stacked expert weights arrive one expert at a time (the index slices them), and where
 they are blocks the kernels read, each expert's linears multiply from its blocks as any layer's
 do. The fused C++ layer loop does not route experts: these layers run in Python
@@ -58,6 +64,9 @@ class MoEDecoderLayer(DecoderLayer):
     # the router's weights cast to the model's dtype before they scale the experts (Qwen3-MoE)
     # or kept in float32 (Mixtral): transformers' order of roundings, each family's own
     cast_router_weights: ClassVar[bool] = False
+    # parameters that stay float32 in a model of any dtype (`loader.materialize`): a sigmoid
+    # router's, whose biased scores choose among experts by small margins
+    float32_parameters: ClassVar[tuple[str, ...]] = ("router_weight", "router_bias")
 
     def __init__(
         self, cfg: LlamaArchConfig, attn: AttentionBackend, ops: TorchLayerOps, index: int
@@ -68,17 +77,42 @@ class MoEDecoderLayer(DecoderLayer):
             return
         del self.gate_up_proj, self.down_proj  # the experts' instead
         self.top_k, self.norm_topk_prob = cfg.experts_per_token, cfg.norm_topk_prob
-        self.gate = nn.Linear(cfg.hidden_size, cfg.num_experts, bias=False)  # the router
+        self.sigmoid_router = cfg.router_scoring == "sigmoid"
+        if self.sigmoid_router:  # float32 weights, and the bias of the scores that choose
+            self.router_weight = nn.Parameter(torch.empty(cfg.num_experts, cfg.hidden_size),
+                                              requires_grad=False)  # fmt: skip
+            self.router_bias = nn.Parameter(torch.empty(cfg.num_experts), requires_grad=False)
+            self.groups, self.groups_used = cfg.expert_groups, cfg.expert_groups_used
+            self.routed_scale = cfg.routed_scaling_factor
+        else:
+            self.gate = nn.Linear(cfg.hidden_size, cfg.num_experts, bias=False)  # the router
         self.experts = nn.ModuleList(
             Expert(cfg.hidden_size, cfg.expert_intermediate_size) for _ in range(cfg.num_experts)
         )
+        self.shared_expert = (Expert(cfg.hidden_size, cfg.shared_expert_intermediate_size)
+                              if cfg.shared_expert_intermediate_size else None)  # fmt: skip
+        self.shared_expert_gate = (nn.Linear(cfg.hidden_size, 1, bias=False)
+                                   if cfg.shared_expert_gate else None)  # fmt: skip
         # the experts' weights stacked, where they run on the device (`stack_experts`)
         self.stack: ExpertStack | None = None
 
     def mlp(self, x: torch.Tensor, decodes: Decodes) -> torch.Tensor:
         if not self.sparse:
             return super().mlp(x, decodes)
-        weights, chosen = self.route_tokens(apply_linear(self.gate, x, decodes))
+        routed = self._routed_experts(x, decodes)
+        if self.shared_expert is None:
+            return routed
+        shared = apply_linear(self.shared_expert.gate_up_proj, x, decodes)
+        shared = apply_linear(self.shared_expert.down_proj, self.activation(shared), decodes)
+        if self.shared_expert_gate is not None:
+            shared = torch.sigmoid(apply_linear(self.shared_expert_gate, x, decodes)) * shared
+        return routed + shared
+
+    def _routed_experts(self, x: torch.Tensor, decodes: Decodes) -> torch.Tensor:
+        if self.sigmoid_router:
+            weights, chosen = self.route_by_sigmoid(x)
+        else:
+            weights, chosen = self.route_tokens(apply_linear(self.gate, x, decodes))
         if self.stack is not None:  # on the device, in one launch per linear
             return self._grouped_experts(x, weights, chosen)
         if x.shape[0] <= EXPERT_PASS_TOKENS:
@@ -111,6 +145,25 @@ class MoEDecoderLayer(DecoderLayer):
         if self.cast_router_weights:
             weights = weights.to(logits.dtype)
         return weights, chosen
+
+    def route_by_sigmoid(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """GLM-4.5's router, in float32: each expert's sigmoid score; the `top_k` best scores
+        plus the bias, among the experts of the `groups_used` groups whose two best biased
+        scores sum highest; their unbiased scores as weights (renormalized where the family
+        says), times the routed scale. [T, hidden] -> weights and experts [T, k]."""
+        scores = torch.sigmoid(x.float() @ self.router_weight.t())
+        choice = scores + self.router_bias
+        if self.groups > 1:
+            grouped = choice.view(x.shape[0], self.groups, -1)
+            group_scores = grouped.topk(2, dim=-1).values.sum(dim=-1)
+            best = group_scores.topk(self.groups_used, dim=-1).indices
+            kept = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, best, True)
+            choice = grouped.masked_fill(~kept[:, :, None], float("-inf")).view_as(choice)
+        chosen = choice.topk(self.top_k, dim=-1).indices
+        weights = scores.gather(1, chosen)
+        if self.norm_topk_prob:
+            weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+        return weights * self.routed_scale, chosen
 
     def activation(self, gate_up: torch.Tensor) -> torch.Tensor:
         """An expert's gated activation of its [gate | up] rows."""
@@ -170,6 +223,12 @@ class Qwen3MoeDecoderLayer(MoEDecoderLayer, Qwen3DecoderLayer):
     cast_router_weights = True
 
 
+class Qwen2MoeDecoderLayer(MoEDecoderLayer):
+    """Qwen2's layer (q/k/v biases) with experts and a gated shared expert."""
+
+    cast_router_weights = True
+
+
 class MoEModel(LlamaModel):
     """What a model with experts loads differently: each expert's gate and up fused, and the
     sparse layers' linears (router, experts) in place of an MLP's."""
@@ -200,7 +259,17 @@ class MoEModel(LlamaModel):
                 continue
             mlp = f"model.layers.{i}.mlp"
             del sources[f"layers.{i}.gate_up_proj"], sources[f"layers.{i}.down_proj"]
-            sources[f"layers.{i}.gate"] = [f"{mlp}.gate.weight"]
+            if not layer.sigmoid_router:  # (a sigmoid router's weights are no linear's)
+                sources[f"layers.{i}.gate"] = [f"{mlp}.gate.weight"]
+            if layer.shared_expert is not None:
+                shared = f"{mlp}.shared_expert"
+                sources[f"layers.{i}.shared_expert.gate_up_proj"] = [
+                    f"{shared}.gate_proj.weight",
+                    f"{shared}.up_proj.weight",
+                ]
+                sources[f"layers.{i}.shared_expert.down_proj"] = [f"{shared}.down_proj.weight"]
+            if layer.shared_expert_gate is not None:
+                sources[f"layers.{i}.shared_expert_gate"] = [f"{mlp}.shared_expert_gate.weight"]
             for e in range(len(layer.experts)):
                 expert = f"{mlp}.experts.{e}"
                 sources[f"layers.{i}.experts.{e}.gate_up_proj"] = [
@@ -219,9 +288,58 @@ class Qwen3MoeModel(MoEModel, Qwen3Model):
     layer_class = Qwen3MoeDecoderLayer
 
 
+class Qwen2MoeModel(MoEModel):
+    layer_class = Qwen2MoeDecoderLayer
+
+
+class Glm4MoeDecoderLayer(MoEDecoderLayer):
+    """GLM-4.5's layer: Llama's (q/k/v biases, RoPE over half of each head, in halves) with a
+    sigmoid router and a shared expert in its sparse layers."""
+
+
+class Glm4MoeQkNormDecoderLayer(Glm4MoeDecoderLayer, Qwen3DecoderLayer):
+    """GLM-4.5's layer with per-head q/k norms (`use_qk_norm`: the 355B's)."""
+
+
+class Glm4MoeModel(MoEModel):
+    layer_class = Glm4MoeDecoderLayer
+
+    def __init__(
+        self, cfg: LlamaArchConfig, attn: AttentionBackend, ops: TorchLayerOps | None = None
+    ) -> None:
+        if cfg.qk_norm:  # (an instance's, read by LlamaModel.__init__)
+            self.layer_class = Glm4MoeQkNormDecoderLayer
+        super().__init__(cfg, attn, ops)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        super().load_weights(self._renamed(weights))
+
+    def _renamed(
+        self, weights: Iterable[tuple[str, torch.Tensor]]
+    ) -> Iterator[tuple[str, torch.Tensor]]:
+        """GLM-4.5's names as ours (its shared experts, its sigmoid router's weights), without
+        the multi-token-prediction layers after the last, which generation does not run."""
+        n = len(self.layers)
+        skipped = range(n, n + self.cfg.extra_checkpoint_layers)
+        for name, tensor in weights:
+            layer = _LAYER_INDEX.match(name)
+            if layer is not None and int(layer[1]) in skipped:
+                continue
+            for theirs, ours in _GLM4_MOE_NAMES.items():
+                name = name.replace(theirs, ours)
+            yield name, tensor
+
+
 _MIXTRAL_NAMES = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
 _MIXTRAL_EXPERT = re.compile(r"(.*\.)block_sparse_moe\.(experts\.\d+)\.(w[123])\.weight")
-_EXPERT_PART = re.compile(r"(.*\.mlp\.experts\.\d+)\.(gate|up)_proj\.(weight|bias)")
+_EXPERT_PART = re.compile(
+    r"(.*\.mlp\.(?:experts\.\d+|shared_expert))\.(gate|up)_proj\.(weight|bias)"
+)
+_LAYER_INDEX = re.compile(r"(?:model\.)?layers\.(\d+)\.")
+# GLM-4.5's names of its shared expert and its sigmoid router's weights -> ours
+_GLM4_MOE_NAMES = {".mlp.shared_experts.": ".mlp.shared_expert.",
+                   ".mlp.gate.weight": ".mlp.router_weight",
+                   ".mlp.gate.e_score_correction_bias": ".mlp.router_bias"}  # fmt: skip
 
 
 def _fused_experts(
@@ -237,6 +355,8 @@ def _fused_experts(
             prefix, expert, part = mixtral.groups()
             name = f"{prefix}mlp.{expert}.{_MIXTRAL_NAMES[part]}.weight"
         name = name.replace(".block_sparse_moe.gate.", ".mlp.gate.")
+        if name.endswith(".mlp.shared_expert_gate.weight") and tensor.dim() == 1:
+            tensor = tensor[None]  # (a GGUF's holds the gate's one row as a vector)
         match = _EXPERT_PART.fullmatch(name)
         if match is None:
             yield name, tensor

@@ -3,7 +3,8 @@
 Column-parallel (split by output rows): q/k/v by heads, gate/up by MLP columns (every expert's
 alike, by its own columns), the embedding and the LM head by vocabulary entries. Row-parallel
 (split by input columns, the ranks' outputs summed by an all-reduce): o and down (an expert's
-too; a router is replicated, so every rank picks the same experts). A rank's model is the
+too; a router is replicated, so every rank picks the same experts; a shared expert is split by
+its own columns, and its gate replicated). A rank's model is the
 family's own class built for its share (`shard_arch`: heads, KV heads, MLP columns and
 vocabulary divided), so attention, the KV cache and every layer op run unchanged on it. Where
 the ranks outnumber the KV heads, each KV head is held by `size / num_kv_heads` ranks, the
@@ -41,6 +42,8 @@ def check_tensor_parallel(arch: LlamaArchConfig, size: int) -> None:
     }
     if arch.num_experts:
         parts["experts' MLP columns (expert_intermediate_size)"] = arch.expert_intermediate_size
+    if arch.shared_expert_intermediate_size:
+        parts["shared expert's MLP columns"] = arch.shared_expert_intermediate_size
     for what, count in parts.items():
         if count % size:
             raise ValueError(f"tensor_parallel_size {size} does not divide the model's {count} "
@@ -89,11 +92,17 @@ class Shard:
         """This rank's columns of every expert's MLP."""
         return self._part(self.arch.expert_intermediate_size)
 
+    @property
+    def shared_expert_columns(self) -> range:
+        return self._part(self.arch.shared_expert_intermediate_size)
+
     def mlp_columns(self, name: str) -> tuple[range, int]:
         """This rank's columns of the MLP the weight `name` belongs to, and that MLP's width:
-        an expert's (every expert split alike) or the dense one's."""
+        an expert's (every expert split alike), the shared expert's, or the dense one's."""
         if ".experts." in name:
             return self.expert_columns, self.arch.expert_intermediate_size
+        if ".shared_expert" in name:  # (GLM-4.5's `shared_experts` too)
+            return self.shared_expert_columns, self.arch.shared_expert_intermediate_size
         return self.columns, self.arch.intermediate_size
 
 
@@ -104,6 +113,7 @@ def shard_arch(shard: Shard) -> LlamaArchConfig:
         a, num_heads=len(shard.heads), num_kv_heads=len(shard.kv_heads),
         intermediate_size=len(shard.columns), vocab_size=len(shard.vocab),
         expert_intermediate_size=len(shard.expert_columns),
+        shared_expert_intermediate_size=len(shard.shared_expert_columns),
     )  # fmt: skip
 
 

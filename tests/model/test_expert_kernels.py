@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from inflight import LLM
+from inflight.model.arch import EXPERT_ARCHS
 from inflight.model.expert_kernels import expert_matmul, group_pairs, max_tiles
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -55,11 +56,12 @@ def test_grouped_matmul_is_each_pairs_expert_linear(bias):
         torch.testing.assert_close(got[p], want, rtol=1e-5, atol=1e-4)
 
 
-@pytest.mark.parametrize("arch", ["qwen3_moe", "mixtral", "gpt_oss"])
+@pytest.mark.parametrize("arch", EXPERT_ARCHS)
 def test_expert_layers_routed_on_the_device_match_the_host_path(arch, tiny_model_factory):
     """Each family's routing and activation (Qwen3-MoE's renormalized weights in the model's
     dtype, Mixtral's in float32, gpt-oss's softmax over the best logits, biases and clamped
-    gate) through the grouped kernels; the model says it can be captured in a graph."""
+    gate, GLM-4.5's sigmoid router in groups, Qwen2-MoE's and GLM-4.5's shared expert) through
+    the grouped kernels; the model says it can be captured in a graph."""
     llm = LLM(str(tiny_model_factory(arch)), dtype="float32", attention_backend="triton")
     model = llm.core.loaded.model
     layer = next(layer for layer in model.layers if layer.sparse)

@@ -14,6 +14,7 @@ from gguf import GGMLQuantizationType
 from inflight import LLM, SamplingParams
 from inflight.kernels import load_extension
 from inflight.model import loader, packed_linear
+from inflight.model.arch import EXPERT_ARCHS
 from inflight.model.fused_layers import FusedDecoderLayers
 from inflight.model.packed_linear import can_pack
 from tests.conftest import TINY_ARCHS
@@ -35,7 +36,7 @@ def _run(llm: LLM, prompts, max_tokens):
 def test_fused_layers_match_the_python_loop_bit_for_bit(
     tiny_model_factory, arch, dtype, plain, monkeypatch
 ):
-    if arch in ("qwen3_moe", "mixtral", "gpt_oss") and (dtype, plain) != ("float32", False):
+    if arch in EXPERT_ARCHS and (dtype, plain) != ("float32", False):
         pytest.skip("routed in Python whatever the dtype: the float32 case shows it")
     # steps of at most 4 rows take inflight's bf16 linear kernel, larger ones oneDNN: both paths
     monkeypatch.setattr(packed_linear, "SMALL_BATCH_ROWS", 4)
@@ -46,7 +47,7 @@ def test_fused_layers_match_the_python_loop_bit_for_bit(
               enable_prefix_caching=False)  # fmt: skip
     model = llm.core.loaded.model
     fused = model.fused_layers
-    if arch in ("qwen3_moe", "mixtral", "gpt_oss"):  # routing to experts runs in Python
+    if arch in EXPERT_ARCHS:  # routing to experts runs in Python
         assert fused is None and not model.fusable
         return
     assert isinstance(fused, FusedDecoderLayers)

@@ -1,0 +1,155 @@
+"""Qwen2-MoE (`Qwen2MoeForCausalLM`, GGUF `qwen2moe`) and GLM-4.5 (`Glm4MoeForCausalLM`, GGUF
+`glm4moe`): experts beside a shared expert that every token runs through (Qwen2-MoE's under a
+sigmoid gate), and GLM-4.5's sigmoid router, which chooses by its scores plus a learned bias
+within the best groups of experts and keeps its weights in float32. Their tiny models in
+`TINY_ARCHS` are held to transformers' greedy tokens in every setting; here, the configs as
+published, the GGUF files against transformers with the files' weights, GLM-4.5's
+multi-token-prediction layer left out of loading, and routings no router can follow refused."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from gguf import GGMLQuantizationType
+from safetensors.torch import load_file, save_file
+
+from inflight import LLM, SamplingParams
+from inflight.model.arch import LlamaArchConfig
+from inflight.model.packed_linear import PackedLinear, blocks_serve_every_batch
+from tests.gguf_files import write_tiny_gguf
+from tests.parity import assert_gguf_generates_as_its_weights, random_prompts
+
+Q = GGMLQuantizationType
+
+GLM45_AIR = {  # GLM-4.5-Air's config.json, the fields the engine reads
+    "architectures": ["Glm4MoeForCausalLM"], "attention_bias": True, "head_dim": 128,
+    "hidden_size": 4096, "intermediate_size": 10944, "max_position_embeddings": 131072,
+    "moe_intermediate_size": 1408, "n_group": 1, "n_routed_experts": 128,
+    "n_shared_experts": 1, "norm_topk_prob": True, "num_attention_heads": 96,
+    "num_experts_per_tok": 8, "num_hidden_layers": 46, "num_key_value_heads": 8,
+    "num_nextn_predict_layers": 1, "partial_rotary_factor": 0.5, "rms_norm_eps": 1e-05,
+    "rope_theta": 1000000, "routed_scaling_factor": 1.0, "tie_word_embeddings": False,
+    "topk_group": 1, "first_k_dense_replace": 1, "use_qk_norm": False, "vocab_size": 151552,
+}  # fmt: skip
+QWEN15_MOE = {  # Qwen1.5-MoE-A2.7B's
+    "architectures": ["Qwen2MoeForCausalLM"], "hidden_size": 2048, "intermediate_size": 5632,
+    "max_position_embeddings": 8192, "moe_intermediate_size": 1408, "norm_topk_prob": False,
+    "num_attention_heads": 16, "num_experts": 60, "num_experts_per_tok": 4,
+    "num_hidden_layers": 24, "num_key_value_heads": 16, "rms_norm_eps": 1e-06,
+    "rope_theta": 1000000.0, "shared_expert_intermediate_size": 5632, "sliding_window": 32768,
+    "use_sliding_window": False, "tie_word_embeddings": False, "vocab_size": 151936,
+    "decoder_sparse_step": 1,
+}  # fmt: skip
+
+
+def test_published_configs_are_read():
+    glm = LlamaArchConfig.from_hf_config(GLM45_AIR)
+    assert (glm.architecture, glm.num_experts, glm.experts_per_token, glm.dense_layers) == (
+        "glm4_moe", 128, 8, (0,))  # fmt: skip
+    assert (glm.router_scoring, glm.norm_topk_prob, glm.shared_expert_intermediate_size,
+            glm.shared_expert_gate) == ("sigmoid", True, 1408, False)  # fmt: skip
+    assert (glm.rotary_dim, glm.qkv_bias, glm.qk_norm, glm.extra_checkpoint_layers) == (
+        64, True, False, 1)  # fmt: skip
+    qwen = LlamaArchConfig.from_hf_config(QWEN15_MOE)
+    assert (qwen.architecture, qwen.num_experts, qwen.experts_per_token, qwen.dense_layers) == (
+        "qwen2_moe", 60, 4, ())  # fmt: skip
+    assert (qwen.router_scoring, qwen.norm_topk_prob, qwen.shared_expert_intermediate_size,
+            qwen.shared_expert_gate, qwen.qkv_bias, qwen.sliding_window) == (
+        "softmax", False, 5632, True, True, None)  # fmt: skip
+
+
+@pytest.mark.parametrize(("fields", "says"), [
+    ({"n_group": 3}, "groups must divide the experts"),
+    ({"n_group": 4, "topk_group": 5}, "groups must divide the experts"),
+    ({"n_group": 64, "topk_group": 1}, "8 experts a token from 1 groups of 2"),
+    ({"routed_scaling_factor": float("nan")}, "routed_scaling_factor must be positive"),
+    ({"routed_scaling_factor": -2.5}, "routed_scaling_factor must be positive"),
+    ({"num_nextn_predict_layers": 2**63}, "extra checkpoint layers"),
+    ({"first_k_dense_replace": "1"}, "integers"),
+])  # fmt: skip
+def test_routings_no_router_follows_are_refused(fields, says):
+    with pytest.raises(ValueError, match=says):
+        LlamaArchConfig.from_hf_config({**GLM45_AIR, **fields})
+
+
+@pytest.mark.parametrize("qtype", [Q.F32, Q.Q8_0], ids=lambda q: q.name)
+@pytest.mark.parametrize("family", ["qwen2_moe", "glm4_moe"])
+def test_a_gguf_generates_as_transformers_with_its_weights(
+    tmp_path, tiny_model_factory, family, qtype
+):
+    """As llama.cpp's converters write them: the shared expert as `ffn_*_shexp` (Qwen2-MoE's
+    gate as the vector `ffn_gate_inp_shexp`), GLM-4.5's score bias as `exp_probs_b`, its routing
+    in `expert_*` keys, its dense first layer by `leading_dense_block_count`, and its pre-MLP
+    norm as `post_attention_norm`. In Q8_0 with 16-bit activations every expert, the shared
+    one included, multiplies from its blocks."""
+    folder = tiny_model_factory(family)
+    path = write_tiny_gguf(folder, tmp_path / f"{family}.gguf", qtype)
+    mode = "off" if qtype == Q.F32 else "int16"
+    llm = LLM(str(path), dtype="float32", quantized_activations=mode)
+    arch = llm.core.arch
+    expected = {"qwen2_moe": ("softmax", 64, True, (), 1.0, 1),
+                "glm4_moe": ("sigmoid", 32, False, (0,), 2.5, 2)}[family]  # fmt: skip
+    assert (
+        arch.router_scoring,
+        arch.shared_expert_intermediate_size,
+        arch.shared_expert_gate,
+        arch.dense_layers,
+        arch.routed_scaling_factor,
+        arch.expert_groups,
+    ) == expected
+    assert_gguf_generates_as_its_weights(llm, folder, qtype)
+    if qtype != Q.F32 and blocks_serve_every_batch(torch.float32, 16):
+        sparse = [layer for layer in llm.core.loaded.model.layers if layer.sparse]
+        shared = [m for layer in sparse for m in layer.shared_expert.modules()
+                  if isinstance(m, PackedLinear)]  # fmt: skip
+        assert len(shared) == 2 * (2 - len(arch.dense_layers))
+        assert all(m.blocks_only for m in shared)
+
+
+def _with_mtp_layer(folder, out):
+    """A copy of the tiny GLM-4.5 with a multi-token-prediction layer after its last, as the
+    published checkpoints hold one: the last layer's weights again, and the layer's own."""
+    shutil.copytree(folder, out)
+    weights = load_file(out / "model.safetensors")
+    last = json.loads((out / "config.json").read_text())["num_hidden_layers"] - 1
+    extra = {name.replace(f"layers.{last}.", f"layers.{last + 1}."): t.clone()
+             for name, t in weights.items() if f"layers.{last}." in name}  # fmt: skip
+    hidden = weights["model.norm.weight"].shape[0]
+    extra[f"model.layers.{last + 1}.eh_proj.weight"] = torch.randn(hidden, 2 * hidden)
+    extra[f"model.layers.{last + 1}.enorm.weight"] = torch.ones(hidden)
+    extra[f"model.layers.{last + 1}.hnorm.weight"] = torch.ones(hidden)
+    save_file({**weights, **extra}, out / "model.safetensors", metadata={"format": "pt"})
+    return out
+
+
+def test_the_multi_token_prediction_layer_is_left_out(tmp_path, tiny_model_factory):
+    """GLM-4.5's checkpoints (and llama.cpp's files of them, in `block_count`) hold a
+    multi-token-prediction layer after the last: loading leaves it out of the HF folder and the
+    GGUF file alike, which generate as the model without it."""
+    folder = tiny_model_factory("glm4_moe")
+    with_mtp = _with_mtp_layer(folder, tmp_path / "with-mtp")
+    prompts = random_prompts(200, lengths=(3, 17))
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+
+    def tokens(path) -> list:
+        llm = LLM(str(path), dtype="float32", quantized_activations="off")
+        assert (llm.core.arch.num_layers, llm.core.arch.extra_checkpoint_layers) == (2, 1)
+        return [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+
+    expected = tokens(folder)
+    assert tokens(with_mtp) == expected
+    assert tokens(write_tiny_gguf(with_mtp, tmp_path / "mtp.gguf", Q.F32)) == expected
+
+
+def test_a_sigmoid_router_stays_float32_in_a_bf16_model(tiny_model_factory):
+    """Its biased scores choose among experts by small margins: its weights and bias load in
+    float32, as transformers and vLLM keep them, while the rest of the model is bf16."""
+    llm = LLM(str(tiny_model_factory("glm4_moe")), dtype="bfloat16")
+    sparse = llm.core.loaded.model.layers[1]
+    assert sparse.router_weight.dtype == sparse.router_bias.dtype == torch.float32
+    assert llm.core.loaded.model.norm.weight.dtype == torch.bfloat16
+    out = llm.generate([[5, 6, 7]], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)
+    assert len(out[0].outputs[0].token_ids) == 4
