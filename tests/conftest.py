@@ -71,7 +71,13 @@ def build_tokenizer(folder: Path):
 TINY_ARCHS = ("llama", "llama3_rope", "qwen2", "qwen3", "qwen3_moe", "mixtral", "phi3", "mistral",
               "gemma2", "gemma3", "granite", "gpt_oss", "smollm3", "exaone4", "olmo2",
               "olmo3", "glm4", "ernie4_5", "seed_oss",
-              "arcee", "hunyuan_dense", "qwen2_moe", "glm4_moe")  # fmt: skip
+              "arcee", "hunyuan_dense", "qwen2_moe", "glm4_moe", "ministral3")  # fmt: skip
+
+
+# the tiny Ministral 3's RoPE settings (its published ones: original context 16,384, beta 0.1)
+MINISTRAL3_ROPE = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 32.0,
+                   "original_max_position_embeddings": 16, "beta_fast": 32.0, "beta_slow": 1.0,
+                   "mscale": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 2.0}  # fmt: skip
 
 
 def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) -> Path:
@@ -98,6 +104,8 @@ def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) ->
         HunYuanDenseV1ForCausalLM,
         LlamaConfig,
         LlamaForCausalLM,
+        Ministral3Config,
+        Ministral3ForCausalLM,
         MistralConfig,
         MistralForCausalLM,
         MixtralConfig,
@@ -183,6 +191,10 @@ def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) ->
                                routed_scaling_factor=2.5, use_qk_norm=True,
                                attention_bias=True)  # fmt: skip
         cls = Glm4MoeForCausalLM
+    elif arch == "ministral3":  # YaRN past an original context of 16 positions, and queries
+        # tempered from there on, by a beta far above the published 0.1 so that it moves tokens
+        config = Ministral3Config(**common, head_dim=16, rope_parameters=MINISTRAL3_ROPE)
+        cls = Ministral3ForCausalLM
     elif arch == "mixtral":  # 2 of 4 experts a token in every layer, a sliding window
         config = MixtralConfig(**{**common, "intermediate_size": 32}, num_local_experts=4,
                                num_experts_per_tok=2, sliding_window=24)  # fmt: skip

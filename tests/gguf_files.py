@@ -205,7 +205,7 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
     arch = {"LlamaForCausalLM": "llama", "Qwen3ForCausalLM": "qwen3", "Phi3ForCausalLM": "phi3",
             "Gemma2ForCausalLM": "gemma2", "Gemma3ForCausalLM": "gemma3",
             "Qwen3MoeForCausalLM": "qwen3moe", "Qwen2MoeForCausalLM": "qwen2moe",
-            "Glm4MoeForCausalLM": "glm4moe",
+            "Glm4MoeForCausalLM": "glm4moe", "Ministral3ForCausalLM": "mistral3",
             "MixtralForCausalLM": "llama",
             "GraniteForCausalLM": "granite", "GptOssForCausalLM": "gpt-oss",
             "SmolLM3ForCausalLM": "smollm3", "Exaone4ForCausalLM": "exaone4",
@@ -274,6 +274,9 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
         w.add_rope_scaling_type(RopeScalingType.YARN)
         w.add_rope_scaling_factor(rope["factor"])
         w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+    if arch == "mistral3":  # (Ministral 3's: YaRN's mscale_all_dim, and its query temperature)
+        w.add_rope_scaling_yarn_log_mul(rope["mscale_all_dim"])
+        w.add_attn_temperature_scale(rope["llama_4_scaling_beta"])
     file_type = "MOSTLY_Q4_K_M" if qtype is None else (
         "ALL_F32" if qtype == Q.F32 else f"MOSTLY_{qtype.name}"
     )  # fmt: skip
@@ -307,7 +310,7 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
             name = f"model.{name}"
         array = tensor.float().numpy()
         # (llama.cpp's converter permutes only these)
-        permuted = arch in ("llama", "granite", "smollm3", "arcee")
+        permuted = arch in ("llama", "granite", "smollm3", "arcee", "mistral3")
         if permuted and name.endswith("q_proj.weight"):
             array = llama_cpp_permute(array, cfg["num_attention_heads"])
         elif permuted and name.endswith("k_proj.weight"):

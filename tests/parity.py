@@ -46,7 +46,6 @@ def assert_gguf_generates_as_its_weights(llm, folder, qtype) -> None:
     from gguf import GGMLQuantizationType, dequantize
     from transformers import AutoModelForCausalLM
 
-    from inflight import SamplingParams
     from tests.gguf_files import quantize_any
 
     reference = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
@@ -59,8 +58,16 @@ def assert_gguf_generates_as_its_weights(llm, folder, qtype) -> None:
                 if param.ndim in (2, 3) and not router:
                     blocks = quantize_any(param.numpy(), qtype)
                     param.copy_(torch.from_numpy(dequantize(blocks, qtype)).view(param.shape))
-    prompts = random_prompts(llm.core.arch.vocab_size, lengths=(2, 9, 30, 64))
-    expected = hf_greedy(reference, prompts, [12] * len(prompts))
-    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    assert_greedy_as(llm, reference, llm.core.arch.vocab_size)
+
+
+def assert_greedy_as(llm, reference, vocab: int, lengths=(2, 9, 30, 64), max_tokens=12) -> None:
+    """`llm` gives the greedy tokens of the transformers model `reference` on random prompts
+    of `lengths` (ids below `vocab`)."""
+    from inflight import SamplingParams
+
+    prompts = random_prompts(vocab, lengths=lengths)
+    expected = hf_greedy(reference, prompts, [max_tokens] * len(prompts))
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     got = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
     assert got == expected

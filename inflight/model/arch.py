@@ -33,7 +33,8 @@ SUPPORTED_ARCHITECTURES = {
     "GraniteForCausalLM": "granite",
     "Gemma2ForCausalLM": "gemma2",
     "Gemma3ForCausalLM": "gemma3",
-    "Gemma3ForConditionalGeneration": "gemma3",  # its language model (`_gemma3_text_config`)
+    "Gemma3ForConditionalGeneration": "gemma3",  # its language model (`_text_config`)
+    "Ministral3ForCausalLM": "ministral3",
     "GptOssForCausalLM": "gpt_oss",
     "SmolLM3ForCausalLM": "smollm3",
     "Exaone4ForCausalLM": "exaone4",
@@ -137,6 +138,11 @@ class LlamaArchConfig:
     # layers the checkpoint holds after the last one that generation does not run (GLM-4.5's
     # multi-token-prediction layer): skipped at load
     extra_checkpoint_layers: int = 0
+    # Llama 4's attention temperature (Ministral 3's): after RoPE each query is multiplied by
+    # 1 + beta ln(1 + floor(position / interval)), so that scores stay sharp past the original
+    # context (beta 0: none; it is 1 within the first interval)
+    query_temperature_beta: float = 0.0
+    query_temperature_interval: int = 0
     # gpt-oss: the router keeps the best logits before its softmax (over those chosen), router
     # and experts have biases, and each expert's gate is `swiglu_limit`-clamped SwiGLU with
     # sigmoid slope `swiglu_alpha` (its up half clamped too, plus 1); None: SiLU experts
@@ -186,6 +192,11 @@ class LlamaArchConfig:
         if self.num_experts and not 0 < self.expert_intermediate_size < 2**31:
             raise ValueError(f"expert_intermediate_size {self.expert_intermediate_size!r}")
         self._check_routing()
+        beta, interval = self.query_temperature_beta, self.query_temperature_interval
+        if not (isinstance(beta, float) and math.isfinite(beta) and beta >= 0):
+            raise ValueError(f"query temperature beta {beta!r}: a number of at least 0")
+        if beta and not (isinstance(interval, int) and 0 < interval < 2**31):
+            raise ValueError(f"query temperature interval {interval!r}: a positive context")
         if not 0 <= self.rotary_dim <= self.head_dim or self.rotary_dim % 2:
             raise ValueError(f"rotary_dim {self.rotary_dim} of heads of {self.head_dim}: it "
                              "must be even and at most head_dim")  # fmt: skip
@@ -290,8 +301,9 @@ class LlamaArchConfig:
     def from_hf_config(cls, config: dict[str, Any]) -> LlamaArchConfig:
         """Raises KeyError / ValueError on an unsupported or incomplete config (loader wraps)."""
         archs = config.get("architectures") or []
-        if "Gemma3ForConditionalGeneration" in archs:
-            config = _gemma3_text_config(config)
+        if any(a in _IMAGE_AND_TEXT for a in archs):
+            config = _text_config(config, next(a for a in archs if a in _IMAGE_AND_TEXT))
+            archs = config["architectures"]
         arch = next(
             (SUPPORTED_ARCHITECTURES[a] for a in archs if a in SUPPORTED_ARCHITECTURES), None
         )
@@ -314,6 +326,11 @@ class LlamaArchConfig:
         params = params.pop("full_attention", params)
         if arch == "hunyuan_dense":
             params = _ntk_alpha_base(params or dict(config.get("rope_scaling") or {}), config)
+        # Ministral 3's query temperature, which transformers keeps with its RoPE settings
+        temperature_beta = (
+            params.pop("llama_4_scaling_beta", None) if arch == "ministral3" else None
+        )
+        params.pop("max_position_embeddings", None)  # (Ministral 3's copy of the config's)
         rope_theta, rope, rope_type = _rope_settings(params, config, config.get("rope_theta"))
         # (GLM-4.5's rotates half of each head unless its config says otherwise)
         default_rotary = 0.5 if arch == "glm4_moe" else 1.0
@@ -328,6 +345,13 @@ class LlamaArchConfig:
             rope, short, long = _longrope(rope, config)
         elif rope_type == "yarn":
             rope = yarn_settings(rope, config)
+        temperature: dict[str, Any] = {}
+        if temperature_beta is not None:  # (its positions per step: YaRN's original context)
+            beta = temperature_beta
+            temperature = {
+                "query_temperature_beta": float(beta) if isinstance(beta, int | float) else beta,
+                "query_temperature_interval": rope.get("original_max_position_embeddings"),
+            }
         window = config.get("sliding_window") if arch != "llama" else None
         if arch in ("qwen2", "qwen3", "qwen3_moe", "qwen2_moe", "smollm3"):
             if config.get("use_sliding_window", False):
@@ -397,6 +421,7 @@ class LlamaArchConfig:
             local_rope_theta=local_theta,
             query_pre_attn_scalar=query_scalar,
             **experts,
+            **temperature,
             **sinks,
             **multipliers,
             **softcaps,
@@ -590,17 +615,35 @@ def _local_rope_theta(local_params: dict[str, Any] | None, default: float) -> fl
     return float(local.get("rope_theta") or default)
 
 
-def _gemma3_text_config(config: dict[str, Any]) -> dict[str, Any]:
-    """A Gemma 3 image-and-text folder's language model: its `text_config`, filled in with
+# image-and-text architectures whose language model is served (their images are not read):
+# each text model type's config class (in transformers) and text-only architecture
+_IMAGE_AND_TEXT = {
+    "Gemma3ForConditionalGeneration": {"gemma3_text": ("Gemma3TextConfig", "Gemma3ForCausalLM")},
+    "Mistral3ForConditionalGeneration": {  # Ministral 3's and Mistral Small 3.1's
+        "ministral3": ("Ministral3Config", "Ministral3ForCausalLM"),
+        "mistral": ("MistralConfig", "MistralForCausalLM"),
+    },
+}
+
+
+def _text_config(config: dict[str, Any], outer: str) -> dict[str, Any]:
+    """An image-and-text folder's language model: its `text_config`, filled in with
     transformers' defaults (published configs name only what differs from them), and the
     token ids and tying, which the outer config holds."""
-    from transformers import Gemma3TextConfig
+    import transformers
 
-    text = Gemma3TextConfig(**config.get("text_config", {})).to_dict()
+    given = dict(config.get("text_config") or {})
+    kinds = _IMAGE_AND_TEXT[outer]
+    kind = given.get("model_type", next(iter(kinds)))
+    if kind not in kinds:
+        raise ValueError(f"{outer} with a {kind!r} language model is not supported; "
+                         f"supported: {', '.join(kinds)}")  # fmt: skip
+    config_class, architecture = kinds[kind]
+    text = getattr(transformers, config_class)(**given).to_dict()
     for key in ("bos_token_id", "eos_token_id", "tie_word_embeddings"):
         if config.get(key) is not None:
             text[key] = config[key]
-    return {**text, "architectures": ["Gemma3ForCausalLM"]}
+    return {**text, "architectures": [architecture]}
 
 
 def _qkv_bias(config: dict[str, Any], arch: str) -> bool:

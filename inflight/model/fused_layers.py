@@ -95,10 +95,12 @@ class FusedDecoderLayers:
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
         meta: KernelMetadata,
         layer_metas: list[KernelMetadata] | None = None,
+        query_scale: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(last layer's MLP output, residual stream), as the Python loop returns them;
         `local`: the windowed layers' cos and sin where their RoPE is their own; `layer_metas`:
-        each layer's, where KV groups give layers other tables than `meta`'s (group 0's)."""
+        each layer's, where KV groups give layers other tables than `meta`'s (group 0's);
+        `query_scale`: each query's temperature [T, 1] (`LlamaModel.query_temperature`)."""
         decode, prefill = meta.decode_batch, meta.prefill_batch
         num_heads, num_kv_heads, head_dim = self.shape
         local_cos, local_sin = local or (None, None)
@@ -110,7 +112,8 @@ class FusedDecoderLayers:
                 groups.append(layer_meta)
         layer_groups = [number[id(layer_meta)] for layer_meta in layer_metas or ()]
         hidden, residual = self.run(
-            hidden, None, cos, sin, local_cos, local_sin, self.weights, self.small_weights,
+            hidden, None, cos, sin, local_cos, local_sin, query_scale, self.weights,
+            self.small_weights,
             self.decode_weights, self.small_batch_rows,
             self.qkv_biases, self.qk_norms, self.output_norms,
             [k for k, _ in kv_caches], [v for _, v in kv_caches], meta.slot_mapping,

@@ -64,29 +64,11 @@ class Gemma2Model(LlamaModel):
         return hidden * float(torch.tensor(self.cfg.hidden_size**0.5).to(hidden.dtype))
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        super().load_weights(_offset_norms(_language_model(weights)))
+        super().load_weights(_offset_norms(weights))
 
 
 class Gemma3Model(Gemma2Model, Qwen3Model):
     layer_class = Gemma3DecoderLayer
-
-
-# an image-and-text folder's parts that are not its language model
-_VISION_PARTS = ("vision_tower.", "multi_modal_projector.")
-
-
-def _language_model(
-    weights: Iterable[tuple[str, torch.Tensor]],
-) -> Iterator[tuple[str, torch.Tensor]]:
-    """The weights under the names of `Gemma3ForCausalLM`: an image-and-text folder's
-    `language_model.` ones with that prefix taken off, its vision parts left out."""
-    for name, tensor in weights:
-        if name.removeprefix("model.").startswith(_VISION_PARTS):
-            continue
-        yield (
-            name.removeprefix("language_model.").replace("model.language_model.", "model."),
-            tensor,
-        )
 
 
 def _offset_norms(

@@ -49,16 +49,17 @@ from inflight.model.rotary_pairs import PAIR_ROTARY, pairs_to_halves
 logger = logging.getLogger(__name__)
 
 SUPPORTED_GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "qwen2moe", "glm4moe",
-                                "phi3", "gemma2", "gemma3",
+                                "phi3", "gemma2", "gemma3", "mistral3",
                                 "granite", "gpt-oss", "smollm3", "exaone4", "olmo2",
                                 "glm4", "ernie4_5", "seed_oss", "arcee",
                                 "hunyuan-dense")  # fmt: skip
 # the architectures whose Q and K rows llama.cpp's converter permutes (`unpermute_qk`)
-PERMUTED_QK = ("llama", "mixtral", "granite", "smollm3", "arcee")
+PERMUTED_QK = ("llama", "mixtral", "granite", "smollm3", "arcee", "ministral3")
 # a GGUF architecture -> the registry's, where the names differ (a `llama` file with experts is
 # Mixtral: `gguf_arch_config`)
 _REGISTRY_NAMES = {"qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe", "glm4moe": "glm4_moe",
-                   "gpt-oss": "gpt_oss", "hunyuan-dense": "hunyuan_dense"}  # fmt: skip
+                   "gpt-oss": "gpt_oss", "hunyuan-dense": "hunyuan_dense",
+                   "mistral3": "ministral3"}  # fmt: skip
 # the architectures whose experts a GGUF file may hold (a `llama` file's: Mixtral)
 _EXPERT_ARCHITECTURES = ("llama", "qwen3moe", "qwen2moe", "glm4moe", "gpt-oss")
 # llama.cpp's `expert_gating_func` value of a sigmoid router (1: softmax)
@@ -245,6 +246,11 @@ def gguf_arch_config(header: GGUFHeader, path: Path) -> LlamaArchConfig:
                    "residual_multiplier": float(meta("residual_scale", 1.0)),
                    "logits_scaling": float(meta("logit_scale", 1.0))}  # fmt: skip
     attention_multiplier = field_value(header, f"{arch}.attention.scale")
+    # Ministral 3's query temperature, whose positions per step are YaRN's original context
+    temperature: dict[str, Any] = {}
+    if beta := field_value(header, f"{arch}.attention.temperature_scale"):
+        temperature = dict(query_temperature_beta=float(beta), query_temperature_interval=int(
+            meta("rope.scaling.original_context_length")))  # fmt: skip
     softcaps: dict[str, Any] = {}
     sinks: dict[str, Any] = {}
     if arch in ("gemma2", "gemma3", "gpt-oss"):
@@ -301,6 +307,7 @@ def gguf_arch_config(header: GGUFHeader, path: Path) -> LlamaArchConfig:
         bos_token_id=field_value(header, "tokenizer.ggml.bos_token_id"),
         eos_token_ids=_end_tokens(header),
         **moe,
+        **temperature,
         **multipliers,
         **softcaps,
         **sinks,
@@ -375,6 +382,10 @@ def _rope_scaling(header: GGUFHeader, arch: str, path: Path) -> tuple[tuple[str,
                     field_value(header, f"{scaling}.original_context_length"),
                 "beta_fast": field_value(header, f"{scaling}.yarn_beta_fast"),
                 "beta_slow": field_value(header, f"{scaling}.yarn_beta_slow")}  # fmt: skip
+        # the `mscale_all_dim` of a checkpoint that gives one (Ministral 3's), against an
+        # `mscale` of 1, as llama.cpp reads it
+        if log_multiplier := field_value(header, f"{scaling}.yarn_log_multiplier"):
+            rope.update(mscale=1.0, mscale_all_dim=float(log_multiplier))
         return tuple(sorted(yarn_settings(rope, {}).items()))
     if kind != "linear" or factor is None:
         raise ModelLoadError(f"{path}: unsupported RoPE scaling {kind!r} (factor {factor})")

@@ -11,7 +11,7 @@ matmul each at load time.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, ClassVar
 
 import torch
@@ -181,6 +181,7 @@ class DecoderLayer(nn.Module):
         sin: torch.Tensor,
         kv_cache: tuple[torch.Tensor, torch.Tensor],
         meta: Any,  # the attention backend's own
+        query_scale: torch.Tensor | None = None,  # [T, 1]: each query's temperature, or none
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns (this layer's MLP output, the residual stream it is to be added to): each
         residual add is fused into the RMSNorm that follows it (without pre-norms, done in
@@ -203,6 +204,8 @@ class DecoderLayer(nn.Module):
             ops.rope_(qkv, cos, sin, self.num_heads + self.num_kv_heads, self.head_dim)
         if self.qk_norm_after_rope:
             qkv = self.normalize_qk(qkv)
+        if query_scale is not None:  # (the C++ loop multiplies by the same op)
+            qkv[:, : self.split[0]].mul_(query_scale)
         q, k, v = qkv.split(self.split, dim=-1)
         attn = self.attn.forward(
             q.view(t, self.num_heads, self.head_dim),
@@ -260,6 +263,25 @@ class DecoderLayer(nn.Module):
         """The fused q/k/v projection before RoPE: as it is here; a family that normalizes its
         query and key heads does it in its override."""
         return qkv
+
+
+# an image-and-text folder's parts that are not its language model
+_VISION_PARTS = ("vision_tower.", "multi_modal_projector.")
+
+
+def language_model_weights(
+    weights: Iterable[tuple[str, torch.Tensor]],
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """The weights under a text-only model's names: an image-and-text folder's (Gemma 3's,
+    Mistral 3's) `language_model.` ones with that prefix taken off, its vision parts left out;
+    any other folder's as they are."""
+    for name, tensor in weights:
+        if name.removeprefix("model.").startswith(_VISION_PARTS):
+            continue
+        yield (
+            name.removeprefix("language_model.").replace("model.language_model.", "model."),
+            tensor,
+        )
 
 
 def _fused_parts(
@@ -352,15 +374,17 @@ class LlamaModel(nn.Module):
         local = None  # the windowed layers' own rotation, where their base differs
         if self.local_inv_freq is not None:
             local = _rotation(positions, self.local_inv_freq, hidden.dtype)
+        query_scale = self.query_temperature(positions, hidden.dtype)
         residual = None
         metas = layer_metas or [meta] * len(self.layers)
         if self.fused_layers is not None:
             hidden, residual = self.fused_layers(hidden, cos, sin, local, kv_caches, meta,
-                                                 layer_metas)  # fmt: skip
+                                                 layer_metas, query_scale)  # fmt: skip
         else:
             for layer, kv_cache, layer_meta in zip(self.layers, kv_caches, metas, strict=True):
                 rotation = local if layer.local_rope and local is not None else (cos, sin)
-                hidden, residual = layer(hidden, residual, *rotation, kv_cache, layer_meta)
+                hidden, residual = layer(hidden, residual, *rotation, kv_cache, layer_meta,
+                                         query_scale)  # fmt: skip
         hidden, w, eps = hidden[logits_indices], self.norm.weight, self.norm.eps
         if residual is None:
             hidden = self.ops.rms_norm(hidden, w, eps)
@@ -379,6 +403,16 @@ class LlamaModel(nn.Module):
             gathered = self.tp.gather_columns(logits)
             return logits[:, :0] if gathered is None else gathered
         return logits
+
+    def query_temperature(self, positions: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
+        """Each query's multiplier [T, 1] where the family tempers them (Ministral 3's Llama 4
+        scaling: 1 + beta ln(1 + floor(position / interval)), as transformers computes it, in
+        float32 and then the model's dtype); None elsewhere."""
+        beta = self.cfg.query_temperature_beta
+        if not beta:
+            return None
+        steps = torch.floor(positions / self.cfg.query_temperature_interval)
+        return (1 + beta * torch.log(1 + steps)).to(dtype)[:, None]
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """[T] token ids -> [T, hidden], the first layer's input (Granite's multiplied)."""
@@ -402,7 +436,7 @@ class LlamaModel(nn.Module):
         pending: dict[str, torch.Tensor] = {}
         loaded: set[str] = set()
         params = dict(self.named_parameters())
-        for name, tensor in weights:
+        for name, tensor in language_model_weights(weights):
             name = name.removeprefix("model.")
             if "rotary_emb" in name:
                 continue

@@ -1,7 +1,7 @@
 """The model class of each architecture (`LlamaArchConfig.architecture`): the Llama decoder
-serves Llama, Mistral, Qwen2, Granite, SmolLM3 and Seed-OSS (their differences are config
-fields); a family with layers or checkpoint weights of its own has a module that subclasses
-it. How a family is added: docs/architecture.md, "Adding a model family"."""
+serves Llama, Mistral, Ministral 3, Qwen2, Granite, SmolLM3 and Seed-OSS (their differences
+are config fields); a family with layers or checkpoint weights of its own has a module that
+subclasses it. How a family is added: docs/architecture.md, "Adding a model family"."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ MODEL_CLASSES: dict[str, type[LlamaModel]] = {
     "qwen2": LlamaModel,
     "granite": LlamaModel,
     "smollm3": LlamaModel,
+    "ministral3": LlamaModel,  # (its query temperature is a config field)
     "qwen3": Qwen3Model,
     "qwen3_moe": Qwen3MoeModel,
     "qwen2_moe": Qwen2MoeModel,

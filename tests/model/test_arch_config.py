@@ -181,8 +181,8 @@ def test_a_gemma3_image_and_text_folder_generates_as_transformers(tmp_path, toke
         SiglipVisionConfig,
     )
 
-    from inflight import LLM, SamplingParams
-    from tests.parity import hf_greedy, random_prompts
+    from inflight import LLM
+    from tests.parity import assert_greedy_as
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     tokenizer.save_pretrained(tmp_path)
@@ -203,13 +203,9 @@ def test_a_gemma3_image_and_text_folder_generates_as_transformers(tmp_path, toke
             if name.endswith("norm.weight"):
                 param.uniform_(-0.5, 0.5)
     reference.save_pretrained(tmp_path)
-    prompts = random_prompts(vocab - 4, lengths=(3, 17, 40))
-    expected = hf_greedy(reference, prompts, [8] * len(prompts))
     llm = LLM(str(tmp_path), dtype="float32")
     assert llm.core.arch.architecture == "gemma3"
-    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
-    got = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
-    assert got == expected
+    assert_greedy_as(llm, reference, vocab - 4, lengths=(3, 17, 40), max_tokens=8)
 
 
 def test_qwen3_moe_experts_from_either_spelling_and_bad_routing_refused():

@@ -131,12 +131,13 @@ def test_bad_inputs_are_refused_before_any_write(tiny_llama):
 
     def run(weights=fused.weights, small=fused.small_weights, slots=(0, 1), k_caches=None,
             decode=(), qk_norms=(), output_norms=(), windows=None, rotations=None,
-            local=(None, None), groups=(), group_slots=()):  # fmt: skip
+            local=(None, None), groups=(), group_slots=(), query_scale=None):  # fmt: skip
         k_caches = k_caches if k_caches is not None else [k for k, _ in caches]
         windows = fused.windows if windows is None else windows
         rotations = fused.rotations if rotations is None else rotations
         return fused.run(
-            hidden, None, cos, sin, *local, weights, small, list(decode), 0, fused.qkv_biases,
+            hidden, None, cos, sin, *local, query_scale, weights, small, list(decode), 0,
+            fused.qkv_biases,
             list(qk_norms), list(output_norms), k_caches, [v for _, v in caches],
             torch.tensor(slots), None, None, None, False, None, None,
             num_heads, num_kv_heads, head_dim, fused.eps, 1.0, windows, rotations, True, False,
@@ -167,6 +168,9 @@ def test_bad_inputs_are_refused_before_any_write(tiny_llama):
         run(rotations=[1] * len(fused.rotations))
     with pytest.raises(RuntimeError, match="a layer's rotation is none"):
         run(rotations=[2] * len(fused.rotations))
+    for query_scale in (torch.ones(2), torch.ones(3, 1), torch.ones(2, 1, dtype=torch.float64)):
+        with pytest.raises(RuntimeError, match=r"query_scale: \[T, 1\]"):
+            run(query_scale=query_scale)
     values = caches[0][1]  # [NB, KVH, BS, D]
     num_slots = values.shape[0] * values.shape[2]
     values[0, :, 0] = 7.0

@@ -145,7 +145,7 @@ constexpr int64_t kNoRope = -1, kModelRope = 0, kLocalRope = 1;
 
 std::vector<at::Tensor> llama_decoder_layers(
     at::Tensor hidden, OptTensor residual, const at::Tensor& cos, const at::Tensor& sin,
-    const OptTensor& local_cos, const OptTensor& local_sin,
+    const OptTensor& local_cos, const OptTensor& local_sin, const OptTensor& query_scale,
     const std::vector<at::Tensor>& weights, const std::vector<OptTensor>& small_weights,
     const std::vector<OptTensor>& decode_weights, int64_t small_rows,
     const std::vector<OptTensor>& qkv_biases, const std::vector<at::Tensor>& qk_norms,
@@ -182,6 +182,11 @@ std::vector<at::Tensor> llama_decoder_layers(
   INFLIGHT_CHECK(local_cos.has_value() == local_sin.has_value(),
               "the windowed layers' RoPE tables come as a pair or not at all");
   INFLIGHT_CHECK(rotations.size() == L, "one rotation per layer");
+  INFLIGHT_CHECK(!query_scale.has_value() ||
+                     (query_scale->dim() == 2 && query_scale->size(0) == hidden.size(0) &&
+                      query_scale->size(1) == 1 &&
+                      query_scale->scalar_type() == hidden.scalar_type()),
+                 "query_scale: [T, 1] in the hidden states' dtype");
   for (const int64_t r : rotations) {
     INFLIGHT_CHECK(r == kNoRope || r == kModelRope || (r == kLocalRope && local_cos.has_value()),
                 "a layer's rotation is none (-1), the model's tables (0) or the windowed "
@@ -283,6 +288,8 @@ std::vector<at::Tensor> llama_decoder_layers(
             head_dim);
     }
     if (qk_norm_after_rope) normalize_qk();
+    // each query's temperature (Ministral 3's), by the op the Python layer multiplies with
+    if (query_scale.has_value()) qkv.narrow(1, 0, q_size).mul_(*query_scale);
     auto q = qkv.narrow(1, 0, q_size).view({T, num_heads, head_dim});
     auto k = qkv.narrow(1, q_size, kv_size).view({T, num_kv_heads, head_dim});
     auto v = qkv.narrow(1, q_size + kv_size, kv_size).view({T, num_kv_heads, head_dim});

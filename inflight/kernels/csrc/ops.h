@@ -86,7 +86,8 @@ at::Tensor first_argmax(const at::Tensor& x);
 std::vector<at::Tensor> llama_decoder_layers(
     at::Tensor hidden, c10::optional<at::Tensor> residual, const at::Tensor& cos,
     const at::Tensor& sin, const c10::optional<at::Tensor>& local_cos,
-    const c10::optional<at::Tensor>& local_sin, const std::vector<at::Tensor>& weights,
+    const c10::optional<at::Tensor>& local_sin, const c10::optional<at::Tensor>& query_scale,
+    const std::vector<at::Tensor>& weights,
     const std::vector<c10::optional<at::Tensor>>& small_weights,
     const std::vector<c10::optional<at::Tensor>>& decode_weights, int64_t small_rows,
     const std::vector<c10::optional<at::Tensor>>& qkv_biases,
