@@ -71,7 +71,8 @@ def build_tokenizer(folder: Path):
 TINY_ARCHS = ("llama", "llama3_rope", "qwen2", "qwen3", "qwen3_moe", "mixtral", "phi3", "mistral",
               "gemma2", "gemma3", "granite", "gpt_oss", "smollm3", "exaone4", "olmo2",
               "olmo3", "glm4", "ernie4_5", "seed_oss",
-              "arcee", "hunyuan_dense", "qwen2_moe", "glm4_moe", "ministral3")  # fmt: skip
+              "arcee", "hunyuan_dense", "qwen2_moe", "glm4_moe", "ministral3",
+              "ernie4_5_moe")  # fmt: skip
 
 
 # the tiny Ministral 3's RoPE settings (its published ones: original context 16,384, beta 0.1)
@@ -84,6 +85,8 @@ def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) ->
     from transformers import (
         ArceeConfig,
         ArceeForCausalLM,
+        Ernie4_5_MoeConfig,
+        Ernie4_5_MoeForCausalLM,
         Ernie4_5Config,
         Ernie4_5ForCausalLM,
         Exaone4Config,
@@ -195,6 +198,12 @@ def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) ->
         # tempered from there on, by a beta far above the published 0.1 so that it moves tokens
         config = Ministral3Config(**common, head_dim=16, rope_parameters=MINISTRAL3_ROPE)
         cls = Ministral3ForCausalLM
+    elif arch == "ernie4_5_moe":  # a dense layer, then a sparse one: 2 of 8 experts a token by
+        # a float32 softmax plus a bias, renormalized, beside a shared expert; rotary pairs
+        config = Ernie4_5_MoeConfig(**common, head_dim=16, rope_theta=10000.0, moe_num_experts=8,
+                                    moe_k=2, moe_intermediate_size=32, moe_num_shared_experts=1,
+                                    moe_layer_start_index=1)  # fmt: skip
+        cls = Ernie4_5_MoeForCausalLM
     elif arch == "mixtral":  # 2 of 4 experts a token in every layer, a sliding window
         config = MixtralConfig(**{**common, "intermediate_size": 32}, num_local_experts=4,
                                num_experts_per_tok=2, sliding_window=24)  # fmt: skip
@@ -294,11 +303,13 @@ def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) ->
             for name, param in model.named_parameters():
                 if name.endswith(("sinks", "bias")):
                     param.uniform_(-1.0, 1.0)
-    if arch == "glm4_moe":  # the router's score bias (a buffer) starts at 0 too
+    if arch in ("glm4_moe", "ernie4_5_moe"):  # the router's score bias starts at 0 too (a
+        # buffer of GLM-4.5's): by about the scores' spread
+        spread = 0.3 if arch == "glm4_moe" else 0.1
         with torch.no_grad():
-            for name, buffer in model.named_buffers():
+            for name, tensor in [*model.named_buffers(), *model.named_parameters()]:
                 if name.endswith("e_score_correction_bias"):
-                    buffer.uniform_(-0.3, 0.3)
+                    tensor.uniform_(-spread, spread)
     if arch in ("exaone4", "olmo2", "olmo3", "glm4", "hunyuan_dense", "glm4_moe"):  # norms
         # start at 1: make them matter
         with torch.no_grad():

@@ -74,9 +74,9 @@ def gguf_name(hf: str, arch: str = "llama") -> str:
     part, kind = rest.rsplit(".", 1)
     if part.startswith("mlp.experts."):  # a stack of experts' weights
         return f"blk.{layer}.ffn_{part.rpartition('.')[2].removesuffix('_proj')}_exps.{kind}"
+    if kind == "e_score_correction_bias":  # a router's score bias (GLM-4.5's, ERNIE 4.5's)
+        return f"blk.{layer}.exp_probs_b.bias"
     if part == "mlp.gate":  # their router
-        if kind == "e_score_correction_bias":  # (GLM-4.5's score bias)
-            return f"blk.{layer}.exp_probs_b.bias"
         return f"blk.{layer}.ffn_gate_inp.{kind}"
     if part == "self_attn" and kind == "sinks":  # gpt-oss's, a tensor of their own
         return f"blk.{layer}.attn_sinks.weight"
@@ -206,6 +206,7 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
             "Gemma2ForCausalLM": "gemma2", "Gemma3ForCausalLM": "gemma3",
             "Qwen3MoeForCausalLM": "qwen3moe", "Qwen2MoeForCausalLM": "qwen2moe",
             "Glm4MoeForCausalLM": "glm4moe", "Ministral3ForCausalLM": "mistral3",
+            "Ernie4_5_MoeForCausalLM": "ernie4_5-moe",
             "MixtralForCausalLM": "llama",
             "GraniteForCausalLM": "granite", "GptOssForCausalLM": "gpt-oss",
             "SmolLM3ForCausalLM": "smollm3", "Exaone4ForCausalLM": "exaone4",
@@ -252,16 +253,25 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
         w.add_residual_scale(cfg["residual_multiplier"])
         w.add_attention_scale(cfg["attention_multiplier"])
         w.add_logit_scale(cfg["logits_scaling"])
-    experts = cfg.get("num_experts") or cfg.get("num_local_experts") or cfg.get("n_routed_experts")
+    experts = (cfg.get("num_experts") or cfg.get("num_local_experts")
+               or cfg.get("n_routed_experts") or cfg.get("moe_num_experts"))  # fmt: skip
     if experts:
         w.add_expert_count(experts)
-        w.add_expert_used_count(cfg["num_experts_per_tok"])
+        w.add_expert_used_count(cfg.get("num_experts_per_tok") or cfg["moe_k"])
         if "moe_intermediate_size" in cfg:
             w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
         elif arch == "gpt-oss":  # (as its converter writes it)
             w.add_expert_feed_forward_length(cfg["intermediate_size"])
     if arch == "qwen2moe":
         w.add_expert_shared_feed_forward_length(cfg["shared_expert_intermediate_size"])
+    if arch == "ernie4_5-moe":  # as its converter writes them, but the shared expert's true
+        # width (the converter writes intermediate_size / KV heads, the published models' width)
+        w.add_interleave_moe_layer_step(cfg["moe_layer_interval"])
+        w.add_leading_dense_block_count(cfg["moe_layer_start_index"])
+        w.add_expert_shared_count(cfg["moe_num_shared_experts"])
+        w.add_expert_shared_feed_forward_length(
+            cfg["moe_intermediate_size"] * cfg["moe_num_shared_experts"]
+        )
     if arch == "glm4moe":  # as its converter writes them, and the expert groups llama.cpp reads
         w.add_expert_shared_count(cfg["n_shared_experts"])
         w.add_leading_dense_block_count(cfg["first_k_dense_replace"])
@@ -320,6 +330,8 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
             array = array + 1
         elif name.endswith("shared_expert_gate.weight"):  # (one row: llama.cpp stores a vector)
             array = array[0]
+        elif name.endswith("e_score_correction_bias"):  # (ERNIE 4.5's is [1, E]: a vector)
+            array = array.reshape(-1)
         file_name = gguf_name(name, arch)
         kind = mix(file_name) if mix else qtype
         weight = file_name.endswith(".weight") and "attn_sinks" not in file_name

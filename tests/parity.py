@@ -52,9 +52,11 @@ def assert_gguf_generates_as_its_weights(llm, folder, qtype) -> None:
     if qtype != GGMLQuantizationType.F32:
         with torch.no_grad():
             for name, param in reference.named_parameters():
-                # (experts' stacks are matrices too; routers and a shared expert's gate of one
-                # row stay float32 in the file, as llama.cpp's quantizer leaves them)
-                router = name.endswith(("mlp.gate.weight", "shared_expert_gate.weight"))
+                # (experts' stacks are matrices too; routers, their score biases and a shared
+                # expert's gate of one row stay float32 in the file, as llama.cpp's quantizer
+                # leaves them)
+                router = name.endswith(("mlp.gate.weight", "shared_expert_gate.weight",
+                                        "e_score_correction_bias"))  # fmt: skip
                 if param.ndim in (2, 3) and not router:
                     blocks = quantize_any(param.numpy(), qtype)
                     param.copy_(torch.from_numpy(dequantize(blocks, qtype)).view(param.shape))

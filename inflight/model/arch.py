@@ -42,6 +42,7 @@ SUPPORTED_ARCHITECTURES = {
     "Olmo3ForCausalLM": "olmo3",
     "Glm4ForCausalLM": "glm4",
     "Ernie4_5ForCausalLM": "ernie4_5",
+    "Ernie4_5_MoeForCausalLM": "ernie4_5_moe",
     "SeedOssForCausalLM": "seed_oss",
     "ArceeForCausalLM": "arcee",
     "HunYuanDenseV1ForCausalLM": "hunyuan_dense",
@@ -58,7 +59,7 @@ POOLING_MODES = ("last", "mean")
 MAX_LAYERS = 1024  # far beyond any model's; a config asking more is broken or hostile
 MAX_EXPERTS = 4096  # the same for experts a layer (the largest published MoEs have 256)
 # the families whose MLPs are experts (`_experts`)
-EXPERT_ARCHS = ("qwen3_moe", "qwen2_moe", "mixtral", "gpt_oss", "glm4_moe")
+EXPERT_ARCHS = ("qwen3_moe", "qwen2_moe", "mixtral", "gpt_oss", "glm4_moe", "ernie4_5_moe")
 # every n-th layer without RoPE, where a config does not list them (SmolLM3's fourth; llama.cpp
 # assumes it for every `smollm3` file)
 SMOLLM3_NO_ROPE_INTERVAL = 4
@@ -120,11 +121,13 @@ class LlamaArchConfig:
     norm_topk_prob: bool = False
     dense_layers: tuple[int, ...] = ()
     # how the router scores experts: "softmax" over all of them, or "sigmoid" (GLM-4.5's,
-    # DeepSeek-V3's): each expert's own sigmoid, plus a learned bias that counts only for the
-    # choice, within the `expert_groups_used` best of `expert_groups` groups (by their two best
-    # biased scores); the chosen scores, renormalized with `norm_topk_prob`, weigh the experts
-    # times `routed_scaling_factor`
+    # DeepSeek-V3's): each expert's own sigmoid. With `router_score_bias` (GLM-4.5's, ERNIE 4.5's)
+    # the router is float32, and a learned bias added to the scores counts only for the choice,
+    # within the `expert_groups_used` best of `expert_groups` groups (by their two best biased
+    # scores); the chosen scores, renormalized with `norm_topk_prob`, weigh the experts times
+    # `routed_scaling_factor`
     router_scoring: str = "softmax"
+    router_score_bias: bool = False
     expert_groups: int = 1
     expert_groups_used: int = 1
     routed_scaling_factor: float = 1.0
@@ -230,6 +233,8 @@ class LlamaArchConfig:
         """Refuses routing settings no router can follow (ValueError)."""
         if self.router_scoring not in ("softmax", "sigmoid"):
             raise ValueError(f"router scoring {self.router_scoring!r}: softmax or sigmoid")
+        if self.router_scoring == "sigmoid" and not self.router_score_bias:
+            raise ValueError("a sigmoid router without its score bias is not supported")
         groups, used = self.expert_groups, self.expert_groups_used
         if not (isinstance(groups, int) and isinstance(used, int) and 0 < used <= groups
                 and (not self.num_experts or self.num_experts % groups == 0)):  # fmt: skip
@@ -359,7 +364,7 @@ class LlamaArchConfig:
                 raise ValueError(f"{family} per-layer sliding window attention is not supported")
             window = None
         nope = _nope_layers(config) if arch == "smollm3" else ()
-        if arch == "ernie4_5" and config.get("use_bias"):
+        if arch in ("ernie4_5", "ernie4_5_moe") and config.get("use_bias"):
             raise ValueError("ERNIE 4.5 with biased linears (use_bias) is not supported")
         if arch == "arcee" and (config.get("hidden_act", "relu2") != "relu2"
                                 or config.get("mlp_bias")):  # fmt: skip
@@ -671,10 +676,12 @@ def _experts(config: dict[str, Any], arch: str) -> dict[str, Any]:
         raise ValueError(f"{n!r} layers: more than {MAX_LAYERS}")
     dense_only = set(config.get("mlp_only_layers") or ())
     # published configs say num_experts; transformers 5 writes num_local_experts; GLM-4.5's
-    # n_routed_experts
+    # n_routed_experts, ERNIE 4.5's moe_num_experts
     num_experts = (config.get("num_experts") or config.get("n_routed_experts")
-                   or config["num_local_experts"])  # fmt: skip
-    k = config["num_experts_per_tok"]
+                   or config.get("moe_num_experts") or config["num_local_experts"])  # fmt: skip
+    k = config.get("num_experts_per_tok") or config["moe_k"]
+    if not isinstance(num_experts, int) or not isinstance(k, int):
+        raise ValueError(f"{num_experts!r} experts, {k!r} a token: integers")
     if not 0 < k <= num_experts:
         raise ValueError(f"num_experts_per_tok {k} must be in 1..num_experts ({num_experts})")
     fields: dict[str, Any] = {
@@ -688,6 +695,25 @@ def _experts(config: dict[str, Any], arch: str) -> dict[str, Any]:
     if arch == "qwen2_moe":
         fields["shared_expert_intermediate_size"] = config["shared_expert_intermediate_size"]
         fields["shared_expert_gate"] = True
+    if arch == "ernie4_5_moe":  # every `moe_layer_interval`-th layer from the start to the end
+        # index, a float32 softmax router whose score bias chooses, and shared experts
+        start, end = config.get("moe_layer_start_index", 1), config.get("moe_layer_end_index", -1)
+        interval, shared = (
+            config.get("moe_layer_interval", 1),
+            config.get("moe_num_shared_experts", 0),
+        )
+        if not all(isinstance(v, int) for v in (start, end, interval, shared)) or interval <= 0:
+            raise ValueError(f"ERNIE 4.5 experts from layer {start!r} to {end!r} every "
+                             f"{interval!r}, {shared!r} shared: integers, a positive "
+                             "interval")  # fmt: skip
+        end = n - 1 if end == -1 else end
+        fields.update(
+            norm_topk_prob=True,
+            dense_layers=tuple(i for i in range(n)
+                               if not ((i + 1) % interval == 0 and start <= i <= end)),
+            router_score_bias=True,
+            shared_expert_intermediate_size=config["moe_intermediate_size"] * max(shared, 0),
+        )  # fmt: skip
     if arch == "glm4_moe":
         first_dense = config.get("first_k_dense_replace", 1)
         extra = config.get("num_nextn_predict_layers", 0)
@@ -699,6 +725,7 @@ def _experts(config: dict[str, Any], arch: str) -> dict[str, Any]:
             norm_topk_prob=bool(config.get("norm_topk_prob", True)),
             dense_layers=tuple(range(min(max(first_dense, 0), n))),
             router_scoring="sigmoid",
+            router_score_bias=True,
             expert_groups=config.get("n_group", 1),
             expert_groups_used=config.get("topk_group", 1),
             routed_scaling_factor=float(scale) if isinstance(scale, (int, float)) else scale,

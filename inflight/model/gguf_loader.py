@@ -49,7 +49,7 @@ from inflight.model.rotary_pairs import PAIR_ROTARY, pairs_to_halves
 logger = logging.getLogger(__name__)
 
 SUPPORTED_GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "qwen2moe", "glm4moe",
-                                "phi3", "gemma2", "gemma3", "mistral3",
+                                "ernie4_5-moe", "phi3", "gemma2", "gemma3", "mistral3",
                                 "granite", "gpt-oss", "smollm3", "exaone4", "olmo2",
                                 "glm4", "ernie4_5", "seed_oss", "arcee",
                                 "hunyuan-dense")  # fmt: skip
@@ -59,11 +59,11 @@ PERMUTED_QK = ("llama", "mixtral", "granite", "smollm3", "arcee", "ministral3")
 # Mixtral: `gguf_arch_config`)
 _REGISTRY_NAMES = {"qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe", "glm4moe": "glm4_moe",
                    "gpt-oss": "gpt_oss", "hunyuan-dense": "hunyuan_dense",
-                   "mistral3": "ministral3"}  # fmt: skip
+                   "mistral3": "ministral3", "ernie4_5-moe": "ernie4_5_moe"}  # fmt: skip
 # the architectures whose experts a GGUF file may hold (a `llama` file's: Mixtral)
-_EXPERT_ARCHITECTURES = ("llama", "qwen3moe", "qwen2moe", "glm4moe", "gpt-oss")
-# llama.cpp's `expert_gating_func` value of a sigmoid router (1: softmax)
-_SIGMOID_GATING = 2
+_EXPERT_ARCHITECTURES = ("llama", "qwen3moe", "qwen2moe", "glm4moe", "ernie4_5-moe", "gpt-oss")
+# llama.cpp's `expert_gating_func` values
+_SOFTMAX_GATING, _SIGMOID_GATING = 1, 2
 # gpt-oss's expert gate, which llama.cpp fixes rather than reads: the published models' clamp
 # and sigmoid slope
 GPT_OSS_SWIGLU_LIMIT, GPT_OSS_SWIGLU_ALPHA = 7.0, 1.702
@@ -213,22 +213,19 @@ def gguf_arch_config(header: GGUFHeader, path: Path) -> LlamaArchConfig:
         # (Qwen2-MoE's never)
         moe = dict(num_experts=experts, experts_per_token=int(meta("expert_used_count")),
                    expert_intermediate_size=ffn, dense_layers=dense,
-                   norm_topk_prob=arch != "qwen2moe")  # fmt: skip
-        if arch == "qwen2moe":
-            moe.update(
-                shared_expert_gate=True,
-                shared_expert_intermediate_size=int(
-                    meta("expert_shared_feed_forward_length", meta("feed_forward_length"))
-                ),
-            )
+                   norm_topk_prob=arch != "qwen2moe",
+                   # a shared expert's width: its tensors' (ERNIE 4.5's converter writes a
+                   # width derived otherwise)
+                   shared_expert_intermediate_size=next(
+                       (int(t.shape[1]) for t in header.tensors
+                        if t.name.endswith(".ffn_up_shexp.weight")), 0),
+                   shared_expert_gate=arch == "qwen2moe")  # fmt: skip
+        if any(name.endswith(".exp_probs_b.bias") for name in names):  # a router's score bias
+            moe.update(_biased_routing(header, arch, path))
         if arch == "glm4moe":
-            moe.update(
-                _sigmoid_routing(header, arch, path),
-                extra_checkpoint_layers=extra_layers,
-                qk_norm="blk.0.attn_q_norm.weight" in names,
-                shared_expert_intermediate_size=ffn * int(meta("expert_shared_count", 1)),
-            )
-    elif arch in ("qwen3moe", "qwen2moe", "glm4moe", "gpt-oss"):
+            moe.update(extra_checkpoint_layers=extra_layers,
+                       qk_norm="blk.0.attn_q_norm.weight" in names)  # fmt: skip
+    elif arch in _EXPERT_ARCHITECTURES and arch != "llama":
         raise ModelLoadError(f"{path}: GGUF metadata lacks {arch}.expert_count")
     registry_name = "mixtral" if arch == "llama" and experts else _REGISTRY_NAMES.get(arch, arch)
     rope_scaling = _rope_scaling(header, arch, path)
@@ -315,20 +312,24 @@ def gguf_arch_config(header: GGUFHeader, path: Path) -> LlamaArchConfig:
     ).pooled(_GGUF_POOLING.get(int(pooling), f"pooling_type {pooling}") if pooling else None)
 
 
-def _sigmoid_routing(header: GGUFHeader, arch: str, path: Path) -> dict[str, Any]:
-    """GLM-4.5's router as llama.cpp reads it: sigmoid scores (its gating function, sigmoid where
-    the file names none), the chosen weights renormalized where `expert_weights_norm` says and
-    scaled by `expert_weights_scale` (0 or absent: unscaled), within expert groups where the file
-    gives them."""
-    gating = field_value(header, f"{arch}.expert_gating_func", _SIGMOID_GATING)
-    if gating != _SIGMOID_GATING:
-        raise ModelLoadError(f"{path}: {arch} expert_gating_func {gating}: only sigmoid ("
-                             f"{_SIGMOID_GATING}) is supported")  # fmt: skip
+def _biased_routing(header: GGUFHeader, arch: str, path: Path) -> dict[str, Any]:
+    """A router with a score bias (`exp_probs_b`) as llama.cpp reads it: GLM-4.5's sigmoid
+    scores (where the file names no gating function) with the chosen weights renormalized where
+    `expert_weights_norm` says, or ERNIE 4.5's softmax, always renormalized; scaled by
+    `expert_weights_scale` (0 or absent: unscaled), within expert groups where the file gives
+    them."""
+    ernie = arch == "ernie4_5-moe"
+    default = _SOFTMAX_GATING if ernie else _SIGMOID_GATING
+    gating = field_value(header, f"{arch}.expert_gating_func", default)
+    if gating not in (_SOFTMAX_GATING, _SIGMOID_GATING):
+        raise ModelLoadError(f"{path}: {arch} expert_gating_func {gating}: softmax "
+                             f"({_SOFTMAX_GATING}) or sigmoid ({_SIGMOID_GATING})")  # fmt: skip
     scale = float(field_value(header, f"{arch}.expert_weights_scale", 0.0)) or 1.0
     return dict(
-        router_scoring="sigmoid",
+        router_scoring="sigmoid" if gating == _SIGMOID_GATING else "softmax",
+        router_score_bias=True,
         routed_scaling_factor=scale,
-        norm_topk_prob=bool(field_value(header, f"{arch}.expert_weights_norm", False)),
+        norm_topk_prob=ernie or bool(field_value(header, f"{arch}.expert_weights_norm", False)),
         expert_groups=int(field_value(header, f"{arch}.expert_group_count", 1)),
         expert_groups_used=int(field_value(header, f"{arch}.expert_group_used_count", 1)),
     )

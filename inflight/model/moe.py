@@ -1,26 +1,27 @@
 """Mixture-of-experts families: Qwen3-MoE (`Qwen3MoeForCausalLM`, the Qwen3 layer), Qwen2-MoE
-(`Qwen2MoeForCausalLM`, the Qwen2 layer), Mixtral (`MixtralForCausalLM`, the Llama layer) and
-GLM-4.5 (`Glm4MoeForCausalLM`), whose MLP is a set of experts in every sparse layer. A router
-(`gate`) scores each token's experts; its softmax in float32 keeps the `experts_per_token` best
-(renormalized with `norm_topk_prob`, always for Mixtral), and each chosen expert, a SiLU-gated
-MLP, adds its output times that weight. GLM-4.5's router scores each expert by a sigmoid instead,
-chooses by those scores plus a learned bias within the best groups of experts, and keeps its
-weights and bias in float32 whatever the model's dtype, as transformers and vLLM do. A shared
-expert (Qwen2-MoE's, under a sigmoid gate; GLM-4.5's) runs on every token beside the routed
-ones and adds after them. A step's (token, expert)
-pairs are grouped by expert (`route`): each expert's linears run once over its rows, the
-activation once over all of them, and the outputs add into each token in expert order, as
-transformers adds them, so a token's sum never depends on which other tokens share its step.
+(`Qwen2MoeForCausalLM`, the Qwen2 layer), Mixtral (`MixtralForCausalLM`, the Llama layer),
+GLM-4.5 (`Glm4MoeForCausalLM`) and ERNIE 4.5 (`Ernie4_5_MoeForCausalLM`), whose MLP is a set of
+experts in every sparse layer. A router (`gate`) scores each token's experts; its softmax in
+float32 keeps the `experts_per_token` best (renormalized with `norm_topk_prob`, always for
+Mixtral), and each chosen expert, a SiLU-gated MLP, adds its output times that weight.
+GLM-4.5's router scores each expert by a sigmoid instead; it and ERNIE 4.5's choose by their
+scores plus a learned bias (within the best groups of experts) and keep their weights and bias
+in float32 whatever the model's dtype, as transformers and vLLM do. A shared expert
+(Qwen2-MoE's, under a sigmoid gate; GLM-4.5's and ERNIE 4.5's) runs on every token beside the
+routed ones and adds after them. A step's (token, expert) pairs are grouped by expert
+(`route`): each expert's linears run once over its rows, the activation once over all of them,
+and the outputs add into each token in expert order, as transformers adds them, so a token's
+sum never depends on which other tokens share its step.
 
 Each expert's gate and up projections are fused into one weight at load (transformers keeps
 them as one [2I, H] slice per expert too); Mixtral's `block_sparse_moe.experts.*.w1/w3/w2` are
-read as gate/up/down. From a GGUF file (`qwen3moe`, `qwen2moe`, `glm4moe`, or `llama` with
-experts: Mixtral), each
-layer's stacked expert weights arrive one expert at a time (the index slices them), and where
-they are blocks the kernels read, each expert's linears multiply from its blocks as any layer's
-do. The fused C++ layer loop does not route experts: these layers run in Python
-(`fusable = False`). With the Triton kernels (a GPU) the experts are stacked per layer and
-routed on the device (`expert_kernels.py`), so CUDA graphs capture their decode steps.
+read as gate/up/down. From a GGUF file (`qwen3moe`, `qwen2moe`, `glm4moe`, `ernie4_5-moe`, or
+`llama` with experts: Mixtral), each layer's stacked expert weights arrive one expert at a
+time (the index slices them), and where they are blocks the kernels read, each expert's linears
+multiply from its blocks as any layer's do. The fused C++ layer loop does not route experts:
+these layers run in Python (`fusable = False`). With the Triton kernels (a GPU) the experts are
+stacked per layer and routed on the device (`expert_kernels.py`), so CUDA graphs capture their
+decode steps.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from inflight.model.layer_ops import TorchLayerOps
 from inflight.model.llama import DecoderLayer, LlamaModel
 from inflight.model.packed_linear import Decodes, apply_linear
 from inflight.model.qwen3 import Qwen3DecoderLayer, Qwen3Model
+from inflight.model.rotary_pairs import PairRotaryModel
 
 if TYPE_CHECKING:  # Triton, which the kernels import, only where they run (~0.3 s a process)
     from inflight.model.expert_kernels import ExpertStack
@@ -64,8 +66,8 @@ class MoEDecoderLayer(DecoderLayer):
     # the router's weights cast to the model's dtype before they scale the experts (Qwen3-MoE)
     # or kept in float32 (Mixtral): transformers' order of roundings, each family's own
     cast_router_weights: ClassVar[bool] = False
-    # parameters that stay float32 in a model of any dtype (`loader.materialize`): a sigmoid
-    # router's, whose biased scores choose among experts by small margins
+    # parameters that stay float32 in a model of any dtype (`loader.materialize`): a router's
+    # with a score bias, whose biased scores choose among experts by small margins
     float32_parameters: ClassVar[tuple[str, ...]] = ("router_weight", "router_bias")
 
     def __init__(
@@ -77,8 +79,9 @@ class MoEDecoderLayer(DecoderLayer):
             return
         del self.gate_up_proj, self.down_proj  # the experts' instead
         self.top_k, self.norm_topk_prob = cfg.experts_per_token, cfg.norm_topk_prob
-        self.sigmoid_router = cfg.router_scoring == "sigmoid"
-        if self.sigmoid_router:  # float32 weights, and the bias of the scores that choose
+        self.biased_router = cfg.router_score_bias
+        if self.biased_router:  # float32 weights, and the bias of the scores that choose
+            self.sigmoid = cfg.router_scoring == "sigmoid"
             self.router_weight = nn.Parameter(torch.empty(cfg.num_experts, cfg.hidden_size),
                                               requires_grad=False)  # fmt: skip
             self.router_bias = nn.Parameter(torch.empty(cfg.num_experts), requires_grad=False)
@@ -109,8 +112,8 @@ class MoEDecoderLayer(DecoderLayer):
         return routed + shared
 
     def _routed_experts(self, x: torch.Tensor, decodes: Decodes) -> torch.Tensor:
-        if self.sigmoid_router:
-            weights, chosen = self.route_by_sigmoid(x)
+        if self.biased_router:
+            weights, chosen = self.route_with_score_bias(x)
         else:
             weights, chosen = self.route_tokens(apply_linear(self.gate, x, decodes))
         if self.stack is not None:  # on the device, in one launch per linear
@@ -146,12 +149,14 @@ class MoEDecoderLayer(DecoderLayer):
             weights = weights.to(logits.dtype)
         return weights, chosen
 
-    def route_by_sigmoid(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """GLM-4.5's router, in float32: each expert's sigmoid score; the `top_k` best scores
-        plus the bias, among the experts of the `groups_used` groups whose two best biased
-        scores sum highest; their unbiased scores as weights (renormalized where the family
-        says), times the routed scale. [T, hidden] -> weights and experts [T, k]."""
-        scores = torch.sigmoid(x.float() @ self.router_weight.t())
+    def route_with_score_bias(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """GLM-4.5's and ERNIE 4.5's router, in float32: each expert's score (a sigmoid, or a
+        softmax over all); the `top_k` best scores plus the bias, among the experts of the
+        `groups_used` groups whose two best biased scores sum highest; their unbiased scores as
+        weights (renormalized where the family says), times the routed scale.
+        [T, hidden] -> weights and experts [T, k]."""
+        logits = x.float() @ self.router_weight.t()
+        scores = torch.sigmoid(logits) if self.sigmoid else torch.softmax(logits, dim=-1)
         choice = scores + self.router_bias
         if self.groups > 1:
             grouped = choice.view(x.shape[0], self.groups, -1)
@@ -161,9 +166,11 @@ class MoEDecoderLayer(DecoderLayer):
             choice = grouped.masked_fill(~kept[:, :, None], float("-inf")).view_as(choice)
         chosen = choice.topk(self.top_k, dim=-1).indices
         weights = scores.gather(1, chosen)
-        if self.norm_topk_prob:
+        if self.norm_topk_prob:  # (ERNIE 4.5 clamps the sum at 1e-12: the same for any sum
+            # of top-k scores above it)
             weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
-        return weights * self.routed_scale, chosen
+        weights = weights * self.routed_scale
+        return (weights.to(x.dtype) if self.cast_router_weights else weights), chosen
 
     def activation(self, gate_up: torch.Tensor) -> torch.Tensor:
         """An expert's gated activation of its [gate | up] rows."""
@@ -250,7 +257,28 @@ class MoEModel(LlamaModel):
                 layer.stack = stack_experts(layer.experts)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        super().load_weights(_fused_experts(weights))
+        super().load_weights(_fused_experts(self._renamed(weights)))
+
+    def _renamed(
+        self, weights: Iterable[tuple[str, torch.Tensor]]
+    ) -> Iterator[tuple[str, torch.Tensor]]:
+        """The checkpoint's names as ours (GLM-4.5's and ERNIE 4.5's shared experts, a float32
+        router's weights and score bias), without the multi-token-prediction weights that
+        generation does not run: GLM-4.5's layers after the last, ERNIE 4.5's `mtp_*`."""
+        n = len(self.layers)
+        skipped = range(n, n + self.cfg.extra_checkpoint_layers)
+        names = _ROUTER_NAMES if self.cfg.router_score_bias else {}
+        for name, tensor in weights:
+            layer = _LAYER_INDEX.match(name)
+            if (layer is not None and int(layer[1]) in skipped) or name.startswith("model.mtp_"):
+                continue
+            name = name.replace(".mlp.shared_experts.", ".mlp.shared_expert.")
+            for theirs, ours in names.items():
+                if name.endswith(theirs):
+                    name = name.removesuffix(theirs) + ours
+                    if ours == ".mlp.router_bias":
+                        tensor = tensor.flatten()  # (ERNIE 4.5's is [1, E])
+            yield name, tensor
 
     def linear_sources(self) -> dict[str, list[str]]:
         sources = super().linear_sources()
@@ -259,7 +287,7 @@ class MoEModel(LlamaModel):
                 continue
             mlp = f"model.layers.{i}.mlp"
             del sources[f"layers.{i}.gate_up_proj"], sources[f"layers.{i}.down_proj"]
-            if not layer.sigmoid_router:  # (a sigmoid router's weights are no linear's)
+            if not layer.biased_router:  # (a float32 router's weights are no linear's)
                 sources[f"layers.{i}.gate"] = [f"{mlp}.gate.weight"]
             if layer.shared_expert is not None:
                 shared = f"{mlp}.shared_expert"
@@ -311,23 +339,16 @@ class Glm4MoeModel(MoEModel):
             self.layer_class = Glm4MoeQkNormDecoderLayer
         super().__init__(cfg, attn, ops)
 
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        super().load_weights(self._renamed(weights))
 
-    def _renamed(
-        self, weights: Iterable[tuple[str, torch.Tensor]]
-    ) -> Iterator[tuple[str, torch.Tensor]]:
-        """GLM-4.5's names as ours (its shared experts, its sigmoid router's weights), without
-        the multi-token-prediction layers after the last, which generation does not run."""
-        n = len(self.layers)
-        skipped = range(n, n + self.cfg.extra_checkpoint_layers)
-        for name, tensor in weights:
-            layer = _LAYER_INDEX.match(name)
-            if layer is not None and int(layer[1]) in skipped:
-                continue
-            for theirs, ours in _GLM4_MOE_NAMES.items():
-                name = name.replace(theirs, ours)
-            yield name, tensor
+class Ernie45MoeDecoderLayer(MoEDecoderLayer):
+    """ERNIE 4.5's layer: Llama's, rotating pairs (reordered at load), with a float32 softmax
+    router whose score bias chooses, and shared experts."""
+
+    cast_router_weights = True
+
+
+class Ernie45MoeModel(MoEModel, PairRotaryModel):
+    layer_class = Ernie45MoeDecoderLayer
 
 
 _MIXTRAL_NAMES = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
@@ -336,10 +357,10 @@ _EXPERT_PART = re.compile(
     r"(.*\.mlp\.(?:experts\.\d+|shared_expert))\.(gate|up)_proj\.(weight|bias)"
 )
 _LAYER_INDEX = re.compile(r"(?:model\.)?layers\.(\d+)\.")
-# GLM-4.5's names of its shared expert and its sigmoid router's weights -> ours
-_GLM4_MOE_NAMES = {".mlp.shared_experts.": ".mlp.shared_expert.",
-                   ".mlp.gate.weight": ".mlp.router_weight",
-                   ".mlp.gate.e_score_correction_bias": ".mlp.router_bias"}  # fmt: skip
+# a float32 router's weights and score bias (GLM-4.5's; ERNIE 4.5's bias [1, E]) -> ours
+_ROUTER_NAMES = {".mlp.gate.weight": ".mlp.router_weight",
+                 ".mlp.gate.e_score_correction_bias": ".mlp.router_bias",
+                 ".mlp.moe_statics.e_score_correction_bias": ".mlp.router_bias"}  # fmt: skip
 
 
 def _fused_experts(

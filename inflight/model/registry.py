@@ -13,7 +13,13 @@ from inflight.model.glm4 import Glm4Model
 from inflight.model.gpt_oss import GptOssModel
 from inflight.model.hunyuan import HunyuanModel
 from inflight.model.llama import LlamaModel
-from inflight.model.moe import Glm4MoeModel, MixtralModel, Qwen2MoeModel, Qwen3MoeModel
+from inflight.model.moe import (
+    Ernie45MoeModel,
+    Glm4MoeModel,
+    MixtralModel,
+    Qwen2MoeModel,
+    Qwen3MoeModel,
+)
 from inflight.model.olmo2 import Olmo2Model
 from inflight.model.phi3 import Phi3Model
 from inflight.model.qwen3 import Qwen3Model
@@ -30,6 +36,7 @@ MODEL_CLASSES: dict[str, type[LlamaModel]] = {
     "qwen3_moe": Qwen3MoeModel,
     "qwen2_moe": Qwen2MoeModel,
     "glm4_moe": Glm4MoeModel,
+    "ernie4_5_moe": Ernie45MoeModel,
     "mixtral": MixtralModel,
     "phi3": Phi3Model,
     "gemma2": Gemma2Model,

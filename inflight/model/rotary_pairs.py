@@ -15,7 +15,7 @@ import torch
 from inflight.model.llama import LlamaModel
 
 # the architectures whose checkpoints rotate interleaved pairs
-PAIR_ROTARY = ("glm4", "ernie4_5")
+PAIR_ROTARY = ("glm4", "ernie4_5", "ernie4_5_moe")
 
 
 def pairs_to_halves(num_heads: int, head_dim: int, rotary_dim: int) -> np.ndarray:

@@ -1,10 +1,12 @@
-"""Qwen2-MoE (`Qwen2MoeForCausalLM`, GGUF `qwen2moe`) and GLM-4.5 (`Glm4MoeForCausalLM`, GGUF
-`glm4moe`): experts beside a shared expert that every token runs through (Qwen2-MoE's under a
-sigmoid gate), and GLM-4.5's sigmoid router, which chooses by its scores plus a learned bias
-within the best groups of experts and keeps its weights in float32. Their tiny models in
-`TINY_ARCHS` are held to transformers' greedy tokens in every setting; here, the configs as
-published, the GGUF files against transformers with the files' weights, GLM-4.5's
-multi-token-prediction layer left out of loading, and routings no router can follow refused."""
+"""Qwen2-MoE (`Qwen2MoeForCausalLM`, GGUF `qwen2moe`), GLM-4.5 (`Glm4MoeForCausalLM`, GGUF
+`glm4moe`) and ERNIE 4.5 (`Ernie4_5_MoeForCausalLM`, GGUF `ernie4_5-moe`): experts beside a
+shared expert that every token runs through (Qwen2-MoE's under a sigmoid gate), and GLM-4.5's
+sigmoid router and ERNIE 4.5's softmax one, which choose by their scores plus a learned bias
+(GLM-4.5's within the best groups of experts) and keep their weights in float32. Their tiny
+models in `TINY_ARCHS` are held to transformers' greedy tokens in every setting; here, the
+configs as published, the GGUF files against transformers with the files' weights, the
+multi-token-prediction weights left out of loading, and routings no router can follow
+refused."""
 
 from __future__ import annotations
 
@@ -45,6 +47,17 @@ QWEN15_MOE = {  # Qwen1.5-MoE-A2.7B's
 }  # fmt: skip
 
 
+ERNIE45_21B = {  # ERNIE-4.5-21B-A3B-PT's
+    "architectures": ["Ernie4_5_MoeForCausalLM"], "hidden_size": 2560, "head_dim": 128,
+    "intermediate_size": 12288, "max_position_embeddings": 131072, "moe_intermediate_size": 1536,
+    "moe_k": 6, "moe_layer_interval": 1, "moe_layer_start_index": 1, "moe_layer_end_index": 27,
+    "moe_num_experts": 64, "moe_num_shared_experts": 2, "moe_norm_min": 1e-12,
+    "num_attention_heads": 20, "num_hidden_layers": 28, "num_key_value_heads": 4,
+    "rms_norm_eps": 1e-05, "rope_theta": 500000, "tie_word_embeddings": True,
+    "use_bias": False, "vocab_size": 103424,
+}  # fmt: skip
+
+
 def test_published_configs_are_read():
     glm = LlamaArchConfig.from_hf_config(GLM45_AIR)
     assert (glm.architecture, glm.num_experts, glm.experts_per_token, glm.dense_layers) == (
@@ -53,6 +66,13 @@ def test_published_configs_are_read():
             glm.shared_expert_gate) == ("sigmoid", True, 1408, False)  # fmt: skip
     assert (glm.rotary_dim, glm.qkv_bias, glm.qk_norm, glm.extra_checkpoint_layers) == (
         64, True, False, 1)  # fmt: skip
+    ernie = LlamaArchConfig.from_hf_config(ERNIE45_21B)
+    assert (ernie.architecture, ernie.num_experts, ernie.experts_per_token, ernie.dense_layers,
+            ernie.router_scoring, ernie.router_score_bias, ernie.norm_topk_prob,
+            ernie.shared_expert_intermediate_size) == (
+        "ernie4_5_moe", 64, 6, (0,), "softmax", True, True, 3072)  # fmt: skip
+    with pytest.raises(ValueError, match="integers"):  # (the vision-language models' lists)
+        LlamaArchConfig.from_hf_config({**ERNIE45_21B, "moe_num_experts": [64, 64]})
     qwen = LlamaArchConfig.from_hf_config(QWEN15_MOE)
     assert (qwen.architecture, qwen.num_experts, qwen.experts_per_token, qwen.dense_layers) == (
         "qwen2_moe", 60, 4, ())  # fmt: skip
@@ -76,7 +96,7 @@ def test_routings_no_router_follows_are_refused(fields, says):
 
 
 @pytest.mark.parametrize("qtype", [Q.F32, Q.Q8_0], ids=lambda q: q.name)
-@pytest.mark.parametrize("family", ["qwen2_moe", "glm4_moe"])
+@pytest.mark.parametrize("family", ["qwen2_moe", "glm4_moe", "ernie4_5_moe"])
 def test_a_gguf_generates_as_transformers_with_its_weights(
     tmp_path, tiny_model_factory, family, qtype
 ):
@@ -90,16 +110,12 @@ def test_a_gguf_generates_as_transformers_with_its_weights(
     mode = "off" if qtype == Q.F32 else "int16"
     llm = LLM(str(path), dtype="float32", quantized_activations=mode)
     arch = llm.core.arch
-    expected = {"qwen2_moe": ("softmax", 64, True, (), 1.0, 1),
-                "glm4_moe": ("sigmoid", 32, False, (0,), 2.5, 2)}[family]  # fmt: skip
-    assert (
-        arch.router_scoring,
-        arch.shared_expert_intermediate_size,
-        arch.shared_expert_gate,
-        arch.dense_layers,
-        arch.routed_scaling_factor,
-        arch.expert_groups,
-    ) == expected
+    expected = {"qwen2_moe": ("softmax", False, 64, True, (), 1.0, 1),
+                "glm4_moe": ("sigmoid", True, 32, False, (0,), 2.5, 2),
+                "ernie4_5_moe": ("softmax", True, 32, False, (0,), 1.0, 1)}[family]  # fmt: skip
+    assert (arch.router_scoring, arch.router_score_bias, arch.shared_expert_intermediate_size,
+            arch.shared_expert_gate, arch.dense_layers, arch.routed_scaling_factor,
+            arch.expert_groups) == expected  # fmt: skip
     assert_gguf_generates_as_its_weights(llm, folder, qtype)
     if qtype != Q.F32 and blocks_serve_every_batch(torch.float32, 16):
         sparse = [layer for layer in llm.core.loaded.model.layers if layer.sparse]
@@ -109,39 +125,52 @@ def test_a_gguf_generates_as_transformers_with_its_weights(
         assert all(m.blocks_only for m in shared)
 
 
-def _with_mtp_layer(folder, out):
-    """A copy of the tiny GLM-4.5 with a multi-token-prediction layer after its last, as the
-    published checkpoints hold one: the last layer's weights again, and the layer's own."""
+def _with_mtp_weights(folder, out, family):
+    """A copy of the tiny model with the multi-token-prediction weights its published
+    checkpoints hold: GLM-4.5's layer after the last (the last layer's weights again, and the
+    layer's own), ERNIE 4.5's `model.mtp_*`."""
     shutil.copytree(folder, out)
     weights = load_file(out / "model.safetensors")
     last = json.loads((out / "config.json").read_text())["num_hidden_layers"] - 1
-    extra = {name.replace(f"layers.{last}.", f"layers.{last + 1}."): t.clone()
-             for name, t in weights.items() if f"layers.{last}." in name}  # fmt: skip
     hidden = weights["model.norm.weight"].shape[0]
-    extra[f"model.layers.{last + 1}.eh_proj.weight"] = torch.randn(hidden, 2 * hidden)
-    extra[f"model.layers.{last + 1}.enorm.weight"] = torch.ones(hidden)
-    extra[f"model.layers.{last + 1}.hnorm.weight"] = torch.ones(hidden)
+    if family == "glm4_moe":
+        extra = {name.replace(f"layers.{last}.", f"layers.{last + 1}."): t.clone()
+                 for name, t in weights.items() if f"layers.{last}." in name}  # fmt: skip
+        mtp = f"model.layers.{last + 1}"
+        extra |= {f"{mtp}.eh_proj.weight": torch.randn(hidden, 2 * hidden),
+                  f"{mtp}.enorm.weight": torch.ones(hidden),
+                  f"{mtp}.hnorm.weight": torch.ones(hidden)}  # fmt: skip
+    else:
+        extra = {name.replace(f"model.layers.{last}.", "model.mtp_block.0."): t.clone()
+                 for name, t in weights.items() if f"layers.{last}." in name}  # fmt: skip
+        extra |= {"model.mtp_emb_norm.0.weight": torch.ones(hidden),
+                  "model.mtp_hidden_norm.0.weight": torch.ones(hidden),
+                  "model.mtp_linear_proj.0.weight": torch.randn(hidden, 2 * hidden)}  # fmt: skip
     save_file({**weights, **extra}, out / "model.safetensors", metadata={"format": "pt"})
     return out
 
 
-def test_the_multi_token_prediction_layer_is_left_out(tmp_path, tiny_model_factory):
+@pytest.mark.parametrize("family", ["glm4_moe", "ernie4_5_moe"])
+def test_the_multi_token_prediction_weights_are_left_out(tmp_path, tiny_model_factory, family):
     """GLM-4.5's checkpoints (and llama.cpp's files of them, in `block_count`) hold a
-    multi-token-prediction layer after the last: loading leaves it out of the HF folder and the
-    GGUF file alike, which generate as the model without it."""
-    folder = tiny_model_factory("glm4_moe")
-    with_mtp = _with_mtp_layer(folder, tmp_path / "with-mtp")
+    multi-token-prediction layer after the last, ERNIE 4.5's `mtp_*` weights: loading leaves
+    them out of the HF folder (and the GGUF file), which generate as the model without them."""
+    folder = tiny_model_factory(family)
+    with_mtp = _with_mtp_weights(folder, tmp_path / "with-mtp", family)
     prompts = random_prompts(200, lengths=(3, 17))
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
 
     def tokens(path) -> list:
         llm = LLM(str(path), dtype="float32", quantized_activations="off")
-        assert (llm.core.arch.num_layers, llm.core.arch.extra_checkpoint_layers) == (2, 1)
+        assert llm.core.arch.num_layers == 2
         return [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
 
     expected = tokens(folder)
     assert tokens(with_mtp) == expected
-    assert tokens(write_tiny_gguf(with_mtp, tmp_path / "mtp.gguf", Q.F32)) == expected
+    if family == "glm4_moe":  # (llama.cpp's ERNIE 4.5 converter leaves them out)
+        gguf = write_tiny_gguf(with_mtp, tmp_path / "mtp.gguf", Q.F32)
+        assert LLM(str(gguf), dtype="float32").core.arch.extra_checkpoint_layers == 1
+        assert tokens(gguf) == expected
 
 
 def test_a_sigmoid_router_stays_float32_in_a_bf16_model(tiny_model_factory):
