@@ -332,12 +332,11 @@ class Glm4MoeQkNormDecoderLayer(Glm4MoeDecoderLayer, Qwen3DecoderLayer):
 class Glm4MoeModel(MoEModel):
     layer_class = Glm4MoeDecoderLayer
 
-    def __init__(
-        self, cfg: LlamaArchConfig, attn: AttentionBackend, ops: TorchLayerOps | None = None
-    ) -> None:
-        if cfg.qk_norm:  # (an instance's, read by LlamaModel.__init__)
-            self.layer_class = Glm4MoeQkNormDecoderLayer
-        super().__init__(cfg, attn, ops)
+
+class Glm4MoeQkNormModel(Glm4MoeModel):
+    """GLM-4.5 with q/k norms (`registry.model_class` picks it by `use_qk_norm`)."""
+
+    layer_class = Glm4MoeQkNormDecoderLayer
 
 
 class Ernie45MoeDecoderLayer(MoEDecoderLayer):

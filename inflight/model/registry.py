@@ -16,6 +16,7 @@ from inflight.model.llama import LlamaModel
 from inflight.model.moe import (
     Ernie45MoeModel,
     Glm4MoeModel,
+    Glm4MoeQkNormModel,
     MixtralModel,
     Qwen2MoeModel,
     Qwen3MoeModel,
@@ -54,4 +55,6 @@ MODEL_CLASSES: dict[str, type[LlamaModel]] = {
 
 
 def model_class(arch: LlamaArchConfig) -> type[LlamaModel]:
+    if arch.architecture == "glm4_moe" and arch.qk_norm:  # (a config field picks its layer)
+        return Glm4MoeQkNormModel
     return MODEL_CLASSES[arch.architecture]

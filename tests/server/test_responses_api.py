@@ -17,6 +17,7 @@ from pydantic import TypeAdapter
 
 from inflight.engine.async_engine import AsyncLLM
 from inflight.errors import InvalidRequestError
+from inflight.model.generation_config import SamplingDefaults
 from inflight.server import protocol as p
 from inflight.server.response_store import ResponseStore
 from inflight.server.responses import ResponsesServing
@@ -221,7 +222,10 @@ def test_thinking_streams_as_a_reasoning_summary_before_the_answer():
                                         "total_tokens": 9}}  # fmt: skip
 
     async def collect():
-        serving = ResponsesServing(SimpleNamespace(model_name=MODEL), ResponseStore())
+        engine = SimpleNamespace(sampling_defaults=SamplingDefaults())
+        serving = ResponsesServing(
+            SimpleNamespace(model_name=MODEL, engine=engine), ResponseStore()
+        )
         req = ResponsesRequest(input="hi", store=False)
         chat_req = p.ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}])
         return [e async for e in serving._events(req, "owner", chat_req, chat_chunks())]
