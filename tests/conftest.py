@@ -72,7 +72,7 @@ TINY_ARCHS = ("llama", "llama3_rope", "qwen2", "qwen3", "qwen3_moe", "mixtral", 
               "gemma2", "gemma3", "granite", "gpt_oss", "smollm3", "exaone4", "olmo2",
               "olmo3", "glm4", "ernie4_5", "seed_oss",
               "arcee", "hunyuan_dense", "qwen2_moe", "glm4_moe", "ministral3",
-              "ernie4_5_moe")  # fmt: skip
+              "ernie4_5_moe", "minimax_m2")  # fmt: skip
 
 
 # the tiny Ministral 3's RoPE settings (its published ones: original context 16,384, beta 0.1)
@@ -107,6 +107,8 @@ def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) ->
         HunYuanDenseV1ForCausalLM,
         LlamaConfig,
         LlamaForCausalLM,
+        MiniMaxM2Config,
+        MiniMaxM2ForCausalLM,
         Ministral3Config,
         Ministral3ForCausalLM,
         MistralConfig,
@@ -204,6 +206,12 @@ def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) ->
                                     moe_k=2, moe_intermediate_size=32, moe_num_shared_experts=1,
                                     moe_layer_start_index=1)  # fmt: skip
         cls = Ernie4_5_MoeForCausalLM
+    elif arch == "minimax_m2":  # 2 of 4 experts a token in every layer by sigmoid scores plus a
+        # bias, renormalized; q/k norms across all heads; RoPE over half of each head
+        config = MiniMaxM2Config(**{**common, "intermediate_size": 32}, head_dim=16,
+                                 num_local_experts=4, num_experts_per_tok=2,
+                                 rotary_dim=8)  # fmt: skip
+        cls = MiniMaxM2ForCausalLM
     elif arch == "mixtral":  # 2 of 4 experts a token in every layer, a sliding window
         config = MixtralConfig(**{**common, "intermediate_size": 32}, num_local_experts=4,
                                num_experts_per_tok=2, sliding_window=24)  # fmt: skip
@@ -303,15 +311,15 @@ def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) ->
             for name, param in model.named_parameters():
                 if name.endswith(("sinks", "bias")):
                     param.uniform_(-1.0, 1.0)
-    if arch in ("glm4_moe", "ernie4_5_moe"):  # the router's score bias starts at 0 too (a
-        # buffer of GLM-4.5's): by about the scores' spread
-        spread = 0.3 if arch == "glm4_moe" else 0.1
+    if arch in ("glm4_moe", "ernie4_5_moe", "minimax_m2"):  # the router's score bias starts at
+        # 0 too (a buffer of GLM-4.5's and MiniMax-M2's): by about the scores' spread
+        spread = 0.1 if arch == "ernie4_5_moe" else 0.3
         with torch.no_grad():
             for name, tensor in [*model.named_buffers(), *model.named_parameters()]:
                 if name.endswith("e_score_correction_bias"):
                     tensor.uniform_(-spread, spread)
-    if arch in ("exaone4", "olmo2", "olmo3", "glm4", "hunyuan_dense", "glm4_moe"):  # norms
-        # start at 1: make them matter
+    if arch in ("exaone4", "olmo2", "olmo3", "glm4", "hunyuan_dense", "glm4_moe", "minimax_m2"):
+        # norms start at 1: make them matter
         with torch.no_grad():
             for name, param in model.named_parameters():
                 if name.endswith("norm.weight"):

@@ -206,7 +206,7 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
             "Gemma2ForCausalLM": "gemma2", "Gemma3ForCausalLM": "gemma3",
             "Qwen3MoeForCausalLM": "qwen3moe", "Qwen2MoeForCausalLM": "qwen2moe",
             "Glm4MoeForCausalLM": "glm4moe", "Ministral3ForCausalLM": "mistral3",
-            "Ernie4_5_MoeForCausalLM": "ernie4_5-moe",
+            "Ernie4_5_MoeForCausalLM": "ernie4_5-moe", "MiniMaxM2ForCausalLM": "minimax-m2",
             "MixtralForCausalLM": "llama",
             "GraniteForCausalLM": "granite", "GptOssForCausalLM": "gpt-oss",
             "SmolLM3ForCausalLM": "smollm3", "Exaone4ForCausalLM": "exaone4",
@@ -260,8 +260,10 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
         w.add_expert_used_count(cfg.get("num_experts_per_tok") or cfg["moe_k"])
         if "moe_intermediate_size" in cfg:
             w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
-        elif arch == "gpt-oss":  # (as its converter writes it)
+        elif arch in ("gpt-oss", "minimax-m2"):  # (as their converters write it)
             w.add_expert_feed_forward_length(cfg["intermediate_size"])
+    if arch == "minimax-m2":  # its sigmoid router (`scoring_func`)
+        w.add_expert_gating_func(ExpertGatingFuncType.SIGMOID)
     if arch == "qwen2moe":
         w.add_expert_shared_feed_forward_length(cfg["shared_expert_intermediate_size"])
     if arch == "ernie4_5-moe":  # as its converter writes them, but the shared expert's true

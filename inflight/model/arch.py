@@ -28,6 +28,7 @@ SUPPORTED_ARCHITECTURES = {
     "Qwen3MoeForCausalLM": "qwen3_moe",
     "Qwen2MoeForCausalLM": "qwen2_moe",
     "Glm4MoeForCausalLM": "glm4_moe",
+    "MiniMaxM2ForCausalLM": "minimax_m2",
     "MixtralForCausalLM": "mixtral",
     "Phi3ForCausalLM": "phi3",
     "GraniteForCausalLM": "granite",
@@ -59,7 +60,8 @@ POOLING_MODES = ("last", "mean")
 MAX_LAYERS = 1024  # far beyond any model's; a config asking more is broken or hostile
 MAX_EXPERTS = 4096  # the same for experts a layer (the largest published MoEs have 256)
 # the families whose MLPs are experts (`_experts`)
-EXPERT_ARCHS = ("qwen3_moe", "qwen2_moe", "mixtral", "gpt_oss", "glm4_moe", "ernie4_5_moe")
+EXPERT_ARCHS = ("qwen3_moe", "qwen2_moe", "mixtral", "gpt_oss", "glm4_moe", "ernie4_5_moe",
+                "minimax_m2")  # fmt: skip
 # every n-th layer without RoPE, where a config does not list them (SmolLM3's fourth; llama.cpp
 # assumes it for every `smollm3` file)
 SMOLLM3_NO_ROPE_INTERVAL = 4
@@ -273,7 +275,7 @@ class LlamaArchConfig:
     def qk_norms_span_heads(self) -> bool:
         """Whether each token's queries (and keys) are normalized as one vector across all heads
         (OLMo 2's), not head by head (Qwen3's)."""
-        return self.architecture in ("olmo2", "olmo3")
+        return self.architecture in ("olmo2", "olmo3", "minimax_m2")
 
     def layer_rotary(self, layer: int) -> bool:
         """Whether this layer rotates its queries and keys (RoPE)."""
@@ -337,8 +339,11 @@ class LlamaArchConfig:
         )
         params.pop("max_position_embeddings", None)  # (Ministral 3's copy of the config's)
         rope_theta, rope, rope_type = _rope_settings(params, config, config.get("rope_theta"))
-        # (GLM-4.5's rotates half of each head unless its config says otherwise)
+        # (GLM-4.5's rotates half of each head unless its config says otherwise; MiniMax-M2's
+        # say how many dimensions, `rotary_dim`)
         default_rotary = 0.5 if arch == "glm4_moe" else 1.0
+        if arch == "minimax_m2" and isinstance(config.get("rotary_dim"), int):
+            default_rotary = config["rotary_dim"] / (config.get("head_dim") or hidden // num_heads)
         rotary = float(
             rope.pop("partial_rotary_factor", config.get("partial_rotary_factor", default_rotary))
         )
@@ -667,7 +672,16 @@ def _experts(config: dict[str, Any], arch: str) -> dict[str, Any]:
     but those in `mlp_only_layers`, experts of `moe_intermediate_size` (Qwen2-MoE's with a
     gated shared expert); GLM-4.5's every layer after the `first_k_dense_replace` first, a
     sigmoid router with a score bias, and `n_shared_experts` experts' width of shared expert."""
-    if arch in ("mixtral", "gpt_oss"):  # (gpt-oss's softmax over the chosen renormalizes)
+    if arch == "minimax_m2" and (
+        config.get("scoring_func", "sigmoid") != "sigmoid"
+        or not config.get("use_routing_bias", True)
+        or not config.get("use_qk_norm", True)
+        or config.get("qk_norm_type", "per_layer") != "per_layer"
+    ):
+        raise ValueError("MiniMax-M2 is supported with its published router (sigmoid, with a "
+                         "routing bias) and q/k norms (per layer)")  # fmt: skip
+    if arch in ("mixtral", "gpt_oss", "minimax_m2"):  # (gpt-oss's softmax over the chosen
+        # renormalizes; MiniMax-M2's sigmoid scores are renormalized)
         config = {**config, "moe_intermediate_size": config["intermediate_size"],
                   "norm_topk_prob": True, "decoder_sparse_step": 1,
                   "mlp_only_layers": []}  # fmt: skip
@@ -695,6 +709,8 @@ def _experts(config: dict[str, Any], arch: str) -> dict[str, Any]:
     if arch == "qwen2_moe":
         fields["shared_expert_intermediate_size"] = config["shared_expert_intermediate_size"]
         fields["shared_expert_gate"] = True
+    if arch == "minimax_m2":
+        fields.update(router_scoring="sigmoid", router_score_bias=True)
     if arch == "ernie4_5_moe":  # every `moe_layer_interval`-th layer from the start to the end
         # index, a float32 softmax router whose score bias chooses, and shared experts
         start, end = config.get("moe_layer_start_index", 1), config.get("moe_layer_end_index", -1)

@@ -49,7 +49,8 @@ from inflight.model.rotary_pairs import PAIR_ROTARY, pairs_to_halves
 logger = logging.getLogger(__name__)
 
 SUPPORTED_GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "qwen2moe", "glm4moe",
-                                "ernie4_5-moe", "phi3", "gemma2", "gemma3", "mistral3",
+                                "ernie4_5-moe", "minimax-m2", "phi3", "gemma2", "gemma3",
+                                "mistral3",
                                 "granite", "gpt-oss", "smollm3", "exaone4", "olmo2",
                                 "glm4", "ernie4_5", "seed_oss", "arcee",
                                 "hunyuan-dense")  # fmt: skip
@@ -59,9 +60,13 @@ PERMUTED_QK = ("llama", "mixtral", "granite", "smollm3", "arcee", "ministral3")
 # Mixtral: `gguf_arch_config`)
 _REGISTRY_NAMES = {"qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe", "glm4moe": "glm4_moe",
                    "gpt-oss": "gpt_oss", "hunyuan-dense": "hunyuan_dense",
-                   "mistral3": "ministral3", "ernie4_5-moe": "ernie4_5_moe"}  # fmt: skip
+                   "mistral3": "ministral3", "ernie4_5-moe": "ernie4_5_moe",
+                   "minimax-m2": "minimax_m2"}  # fmt: skip
 # the architectures whose experts a GGUF file may hold (a `llama` file's: Mixtral)
-_EXPERT_ARCHITECTURES = ("llama", "qwen3moe", "qwen2moe", "glm4moe", "ernie4_5-moe", "gpt-oss")
+_EXPERT_ARCHITECTURES = ("llama", "qwen3moe", "qwen2moe", "glm4moe", "ernie4_5-moe", "minimax-m2",
+                         "gpt-oss")  # fmt: skip
+# the architectures whose score-biased routers llama.cpp always renormalizes
+_RENORMALIZED_BIASED_ROUTERS = ("ernie4_5-moe", "minimax-m2")
 # llama.cpp's `expert_gating_func` values
 _SOFTMAX_GATING, _SIGMOID_GATING = 1, 2
 # gpt-oss's expert gate, which llama.cpp fixes rather than reads: the published models' clamp
@@ -313,9 +318,10 @@ def gguf_arch_config(header: GGUFHeader, path: Path) -> LlamaArchConfig:
 
 
 def _biased_routing(header: GGUFHeader, arch: str, path: Path) -> dict[str, Any]:
-    """A router with a score bias (`exp_probs_b`) as llama.cpp reads it: GLM-4.5's sigmoid
-    scores (where the file names no gating function) with the chosen weights renormalized where
-    `expert_weights_norm` says, or ERNIE 4.5's softmax, always renormalized; scaled by
+    """A router with a score bias (`exp_probs_b`) as llama.cpp reads it: GLM-4.5's and
+    MiniMax-M2's sigmoid scores (where the file names no gating function), or ERNIE 4.5's
+    softmax; the chosen weights renormalized where `expert_weights_norm` says (always for ERNIE
+    4.5 and MiniMax-M2); scaled by
     `expert_weights_scale` (0 or absent: unscaled), within expert groups where the file gives
     them."""
     ernie = arch == "ernie4_5-moe"
@@ -329,7 +335,8 @@ def _biased_routing(header: GGUFHeader, arch: str, path: Path) -> dict[str, Any]
         router_scoring="sigmoid" if gating == _SIGMOID_GATING else "softmax",
         router_score_bias=True,
         routed_scaling_factor=scale,
-        norm_topk_prob=ernie or bool(field_value(header, f"{arch}.expert_weights_norm", False)),
+        norm_topk_prob=arch in _RENORMALIZED_BIASED_ROUTERS
+        or bool(field_value(header, f"{arch}.expert_weights_norm", False)),
         expert_groups=int(field_value(header, f"{arch}.expert_group_count", 1)),
         expert_groups_used=int(field_value(header, f"{arch}.expert_group_used_count", 1)),
     )

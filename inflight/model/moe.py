@@ -1,27 +1,27 @@
 """Mixture-of-experts families: Qwen3-MoE (`Qwen3MoeForCausalLM`, the Qwen3 layer), Qwen2-MoE
 (`Qwen2MoeForCausalLM`, the Qwen2 layer), Mixtral (`MixtralForCausalLM`, the Llama layer),
-GLM-4.5 (`Glm4MoeForCausalLM`) and ERNIE 4.5 (`Ernie4_5_MoeForCausalLM`), whose MLP is a set of
-experts in every sparse layer. A router (`gate`) scores each token's experts; its softmax in
-float32 keeps the `experts_per_token` best (renormalized with `norm_topk_prob`, always for
-Mixtral), and each chosen expert, a SiLU-gated MLP, adds its output times that weight.
-GLM-4.5's router scores each expert by a sigmoid instead; it and ERNIE 4.5's choose by their
-scores plus a learned bias (within the best groups of experts) and keep their weights and bias
-in float32 whatever the model's dtype, as transformers and vLLM do. A shared expert
-(Qwen2-MoE's, under a sigmoid gate; GLM-4.5's and ERNIE 4.5's) runs on every token beside the
-routed ones and adds after them. A step's (token, expert) pairs are grouped by expert
-(`route`): each expert's linears run once over its rows, the activation once over all of them,
-and the outputs add into each token in expert order, as transformers adds them, so a token's
-sum never depends on which other tokens share its step.
+GLM-4.5 (`Glm4MoeForCausalLM`), ERNIE 4.5 (`Ernie4_5_MoeForCausalLM`) and MiniMax-M2
+(`MiniMaxM2ForCausalLM`), whose MLP is a set of experts in every sparse layer. A router (`gate`)
+scores each token's experts; its softmax in float32 keeps the `experts_per_token` best
+(renormalized with `norm_topk_prob`, always for Mixtral), and each chosen expert, a SiLU-gated
+MLP, adds its output times that weight. GLM-4.5's and MiniMax-M2's routers score each expert by
+a sigmoid instead; they and ERNIE 4.5's choose by their scores plus a learned bias (within the
+best groups of experts) and keep their weights and bias in float32 whatever the model's dtype,
+as transformers and vLLM do. A shared expert (Qwen2-MoE's, under a sigmoid gate; GLM-4.5's and
+ERNIE 4.5's) runs on every token beside the routed ones and adds after them. A step's (token,
+expert) pairs are grouped by expert (`route`): each expert's linears run once over its rows,
+the activation once over all of them, and the outputs add into each token in expert order, as
+transformers adds them, so a token's sum never depends on which other tokens share its step.
 
 Each expert's gate and up projections are fused into one weight at load (transformers keeps
 them as one [2I, H] slice per expert too); Mixtral's `block_sparse_moe.experts.*.w1/w3/w2` are
-read as gate/up/down. From a GGUF file (`qwen3moe`, `qwen2moe`, `glm4moe`, `ernie4_5-moe`, or
-`llama` with experts: Mixtral), each layer's stacked expert weights arrive one expert at a
-time (the index slices them), and where they are blocks the kernels read, each expert's linears
-multiply from its blocks as any layer's do. The fused C++ layer loop does not route experts:
-these layers run in Python (`fusable = False`). With the Triton kernels (a GPU) the experts are
-stacked per layer and routed on the device (`expert_kernels.py`), so CUDA graphs capture their
-decode steps.
+read as gate/up/down (MiniMax-M2's too). From a GGUF file (`qwen3moe`, `qwen2moe`, `glm4moe`,
+`ernie4_5-moe`, `minimax-m2`, or `llama` with experts: Mixtral), each layer's stacked expert
+weights arrive one expert at a time (the index slices them), and where they are blocks the
+kernels read, each expert's linears multiply from its blocks as any layer's do. The fused C++
+layer loop does not route experts: these layers run in Python (`fusable = False`). With the
+Triton kernels (a GPU) the experts are stacked per layer and routed on the device
+(`expert_kernels.py`), so CUDA graphs capture their decode steps.
 """
 
 from __future__ import annotations
@@ -339,6 +339,18 @@ class Glm4MoeQkNormModel(Glm4MoeModel):
     layer_class = Glm4MoeQkNormDecoderLayer
 
 
+class MiniMaxM2DecoderLayer(MoEDecoderLayer, Qwen3DecoderLayer):
+    """MiniMax-M2's layer: Llama's with q/k norms each as wide as all their heads (OLMo 2's, but
+    before the sublayers), RoPE over part of each head, and a sigmoid router with a score bias
+    in every layer."""
+
+    qk_norms_span_heads = True
+
+
+class MiniMaxM2Model(MoEModel, Qwen3Model):
+    layer_class = MiniMaxM2DecoderLayer
+
+
 class Ernie45MoeDecoderLayer(MoEDecoderLayer):
     """ERNIE 4.5's layer: Llama's, rotating pairs (reordered at load), with a float32 softmax
     router whose score bias chooses, and shared experts."""
@@ -356,10 +368,13 @@ _EXPERT_PART = re.compile(
     r"(.*\.mlp\.(?:experts\.\d+|shared_expert))\.(gate|up)_proj\.(weight|bias)"
 )
 _LAYER_INDEX = re.compile(r"(?:model\.)?layers\.(\d+)\.")
-# a float32 router's weights and score bias (GLM-4.5's; ERNIE 4.5's bias [1, E]) -> ours
+# a float32 router's weights and score bias (GLM-4.5's; ERNIE 4.5's bias [1, E]; MiniMax-M2's
+# under Mixtral's names) -> ours
 _ROUTER_NAMES = {".mlp.gate.weight": ".mlp.router_weight",
+                 ".block_sparse_moe.gate.weight": ".mlp.router_weight",  # (MiniMax-M2's)
                  ".mlp.gate.e_score_correction_bias": ".mlp.router_bias",
-                 ".mlp.moe_statics.e_score_correction_bias": ".mlp.router_bias"}  # fmt: skip
+                 ".mlp.moe_statics.e_score_correction_bias": ".mlp.router_bias",
+                 ".block_sparse_moe.e_score_correction_bias": ".mlp.router_bias"}  # fmt: skip
 
 
 def _fused_experts(

@@ -9,21 +9,12 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from inflight.attention import AttentionBackend
-from inflight.model.arch import LlamaArchConfig
 from inflight.model.exaone4 import Exaone4DecoderLayer, Exaone4Model
-from inflight.model.layer_ops import TorchLayerOps
-from inflight.model.llama import DecoderLayer, RMSNorm
+from inflight.model.llama import DecoderLayer
 
 
 class Olmo2DecoderLayer(Exaone4DecoderLayer):
-    def __init__(
-        self, cfg: LlamaArchConfig, attn: AttentionBackend, ops: TorchLayerOps, index: int
-    ) -> None:
-        super().__init__(cfg, attn, ops, index)
-        q_size, kv_size, _ = self.split
-        self.q_norm = RMSNorm(q_size, cfg.rms_norm_eps)
-        self.k_norm = RMSNorm(kv_size, cfg.rms_norm_eps)
+    qk_norms_span_heads = True
 
 
 class Olmo2Model(Exaone4Model):

@@ -1,12 +1,12 @@
 """Qwen2-MoE (`Qwen2MoeForCausalLM`, GGUF `qwen2moe`), GLM-4.5 (`Glm4MoeForCausalLM`, GGUF
-`glm4moe`) and ERNIE 4.5 (`Ernie4_5_MoeForCausalLM`, GGUF `ernie4_5-moe`): experts beside a
-shared expert that every token runs through (Qwen2-MoE's under a sigmoid gate), and GLM-4.5's
-sigmoid router and ERNIE 4.5's softmax one, which choose by their scores plus a learned bias
-(GLM-4.5's within the best groups of experts) and keep their weights in float32. Their tiny
-models in `TINY_ARCHS` are held to transformers' greedy tokens in every setting; here, the
-configs as published, the GGUF files against transformers with the files' weights, the
-multi-token-prediction weights left out of loading, and routings no router can follow
-refused."""
+`glm4moe`), ERNIE 4.5 (`Ernie4_5_MoeForCausalLM`, GGUF `ernie4_5-moe`) and MiniMax-M2
+(`MiniMaxM2ForCausalLM`, GGUF `minimax-m2`): experts beside a shared expert that every token runs
+through (Qwen2-MoE's under a sigmoid gate), and routers that choose by their scores plus a
+learned bias (GLM-4.5's and MiniMax-M2's sigmoid, ERNIE 4.5's softmax; GLM-4.5's within the
+best groups of experts) and keep their weights in float32. Their tiny models in `TINY_ARCHS`
+are held to transformers' greedy tokens in every setting; here, the configs as published, the
+GGUF files against transformers with the files' weights, the multi-token-prediction weights
+left out of loading, and routings no router can follow refused."""
 
 from __future__ import annotations
 
@@ -58,6 +58,17 @@ ERNIE45_21B = {  # ERNIE-4.5-21B-A3B-PT's
 }  # fmt: skip
 
 
+MINIMAX_M2 = {  # MiniMax-M2's (its RoPE's width as the legacy `rotary_dim`)
+    "architectures": ["MiniMaxM2ForCausalLM"], "head_dim": 128, "hidden_size": 3072,
+    "intermediate_size": 1536, "max_position_embeddings": 196608, "num_attention_heads": 48,
+    "num_experts_per_tok": 8, "num_hidden_layers": 62, "num_key_value_heads": 8,
+    "num_local_experts": 256, "qk_norm_type": "per_layer", "rms_norm_eps": 1e-06,
+    "rope_theta": 5000000, "rotary_dim": 64, "scoring_func": "sigmoid",
+    "tie_word_embeddings": False, "use_qk_norm": True, "use_routing_bias": True,
+    "vocab_size": 200064,
+}  # fmt: skip
+
+
 def test_published_configs_are_read():
     glm = LlamaArchConfig.from_hf_config(GLM45_AIR)
     assert (glm.architecture, glm.num_experts, glm.experts_per_token, glm.dense_layers) == (
@@ -73,6 +84,15 @@ def test_published_configs_are_read():
         "ernie4_5_moe", 64, 6, (0,), "softmax", True, True, 3072)  # fmt: skip
     with pytest.raises(ValueError, match="integers"):  # (the vision-language models' lists)
         LlamaArchConfig.from_hf_config({**ERNIE45_21B, "moe_num_experts": [64, 64]})
+    minimax = LlamaArchConfig.from_hf_config(MINIMAX_M2)
+    assert (minimax.architecture, minimax.num_experts, minimax.experts_per_token,
+            minimax.expert_intermediate_size, minimax.dense_layers, minimax.router_scoring,
+            minimax.norm_topk_prob, minimax.rotary_dim, minimax.qk_norms_span_heads) == (
+        "minimax_m2", 256, 8, 1536, (), "sigmoid", True, 64, True)  # fmt: skip
+    for other in ({"scoring_func": "softmax"}, {"use_routing_bias": False},
+                  {"qk_norm_type": "per_head"}):  # fmt: skip
+        with pytest.raises(ValueError, match="published router"):
+            LlamaArchConfig.from_hf_config({**MINIMAX_M2, **other})
     qwen = LlamaArchConfig.from_hf_config(QWEN15_MOE)
     assert (qwen.architecture, qwen.num_experts, qwen.experts_per_token, qwen.dense_layers) == (
         "qwen2_moe", 60, 4, ())  # fmt: skip
@@ -96,7 +116,7 @@ def test_routings_no_router_follows_are_refused(fields, says):
 
 
 @pytest.mark.parametrize("qtype", [Q.F32, Q.Q8_0], ids=lambda q: q.name)
-@pytest.mark.parametrize("family", ["qwen2_moe", "glm4_moe", "ernie4_5_moe"])
+@pytest.mark.parametrize("family", ["qwen2_moe", "glm4_moe", "ernie4_5_moe", "minimax_m2"])
 def test_a_gguf_generates_as_transformers_with_its_weights(
     tmp_path, tiny_model_factory, family, qtype
 ):
@@ -112,12 +132,17 @@ def test_a_gguf_generates_as_transformers_with_its_weights(
     arch = llm.core.arch
     expected = {"qwen2_moe": ("softmax", False, 64, True, (), 1.0, 1),
                 "glm4_moe": ("sigmoid", True, 32, False, (0,), 2.5, 2),
-                "ernie4_5_moe": ("softmax", True, 32, False, (0,), 1.0, 1)}[family]  # fmt: skip
+                "ernie4_5_moe": ("softmax", True, 32, False, (0,), 1.0, 1),
+                "minimax_m2": ("sigmoid", True, 0, False, (), 1.0, 1)}[family]  # fmt: skip
     assert (arch.router_scoring, arch.router_score_bias, arch.shared_expert_intermediate_size,
             arch.shared_expert_gate, arch.dense_layers, arch.routed_scaling_factor,
             arch.expert_groups) == expected  # fmt: skip
     assert_gguf_generates_as_its_weights(llm, folder, qtype)
-    if qtype != Q.F32 and blocks_serve_every_batch(torch.float32, 16):
+    if (
+        qtype != Q.F32
+        and arch.shared_expert_intermediate_size
+        and blocks_serve_every_batch(torch.float32, 16)
+    ):
         sparse = [layer for layer in llm.core.loaded.model.layers if layer.sparse]
         shared = [m for layer in sparse for m in layer.shared_expert.modules()
                   if isinstance(m, PackedLinear)]  # fmt: skip
