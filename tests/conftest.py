@@ -72,7 +72,7 @@ TINY_ARCHS = ("llama", "llama3_rope", "qwen2", "qwen3", "qwen3_moe", "mixtral", 
               "gemma2", "gemma3", "granite", "gpt_oss", "smollm3", "exaone4", "olmo2",
               "olmo3", "glm4", "ernie4_5", "seed_oss",
               "arcee", "hunyuan_dense", "qwen2_moe", "glm4_moe", "ministral3",
-              "ernie4_5_moe", "minimax_m2")  # fmt: skip
+              "ernie4_5_moe", "minimax_m2", "dots1")  # fmt: skip
 
 
 # the tiny Ministral 3's RoPE settings (its published ones: original context 16,384, beta 0.1)
@@ -85,6 +85,8 @@ def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) ->
     from transformers import (
         ArceeConfig,
         ArceeForCausalLM,
+        Dots1Config,
+        Dots1ForCausalLM,
         Ernie4_5_MoeConfig,
         Ernie4_5_MoeForCausalLM,
         Ernie4_5Config,
@@ -212,6 +214,17 @@ def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) ->
                                  num_local_experts=4, num_experts_per_tok=2,
                                  rotary_dim=8)  # fmt: skip
         cls = MiniMaxM2ForCausalLM
+    elif arch == "dots1":  # GLM-4.5's experts (dense first layer, 2 of 8 by sigmoid scores
+        # plus a bias from the better of 2 groups, renormalized and scaled, a shared expert)
+        # beside Qwen3's attention, with as many KV heads as query heads (as published, and as
+        # llama.cpp assumes)
+        config = Dots1Config(**{**common, "num_key_value_heads": 4}, head_dim=16,
+                             n_routed_experts=8, num_experts_per_tok=2,
+                             moe_intermediate_size=32, n_shared_experts=1,
+                             first_k_dense_replace=1, n_group=2, topk_group=1,
+                             routed_scaling_factor=2.5, norm_topk_prob=True,
+                             rope_theta=10000.0)  # fmt: skip
+        cls = Dots1ForCausalLM
     elif arch == "mixtral":  # 2 of 4 experts a token in every layer, a sliding window
         config = MixtralConfig(**{**common, "intermediate_size": 32}, num_local_experts=4,
                                num_experts_per_tok=2, sliding_window=24)  # fmt: skip
@@ -311,15 +324,28 @@ def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) ->
             for name, param in model.named_parameters():
                 if name.endswith(("sinks", "bias")):
                     param.uniform_(-1.0, 1.0)
-    if arch in ("glm4_moe", "ernie4_5_moe", "minimax_m2"):  # the router's score bias starts at
+    if arch in (
+        "glm4_moe",
+        "ernie4_5_moe",
+        "minimax_m2",
+        "dots1",
+    ):  # the router's score bias starts at
         # 0 too (a buffer of GLM-4.5's and MiniMax-M2's): by about the scores' spread
         spread = 0.1 if arch == "ernie4_5_moe" else 0.3
         with torch.no_grad():
             for name, tensor in [*model.named_buffers(), *model.named_parameters()]:
                 if name.endswith("e_score_correction_bias"):
                     tensor.uniform_(-spread, spread)
-    if arch in ("exaone4", "olmo2", "olmo3", "glm4", "hunyuan_dense", "glm4_moe", "minimax_m2"):
-        # norms start at 1: make them matter
+    if arch in (
+        "exaone4",
+        "olmo2",
+        "olmo3",
+        "glm4",
+        "hunyuan_dense",
+        "glm4_moe",
+        "minimax_m2",
+        "dots1",
+    ):  # norms start at 1: make them matter
         with torch.no_grad():
             for name, param in model.named_parameters():
                 if name.endswith("norm.weight"):

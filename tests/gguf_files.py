@@ -207,6 +207,7 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
             "Qwen3MoeForCausalLM": "qwen3moe", "Qwen2MoeForCausalLM": "qwen2moe",
             "Glm4MoeForCausalLM": "glm4moe", "Ministral3ForCausalLM": "mistral3",
             "Ernie4_5_MoeForCausalLM": "ernie4_5-moe", "MiniMaxM2ForCausalLM": "minimax-m2",
+            "Dots1ForCausalLM": "dots1",
             "MixtralForCausalLM": "llama",
             "GraniteForCausalLM": "granite", "GptOssForCausalLM": "gpt-oss",
             "SmolLM3ForCausalLM": "smollm3", "Exaone4ForCausalLM": "exaone4",
@@ -274,7 +275,8 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
         w.add_expert_shared_feed_forward_length(
             cfg["moe_intermediate_size"] * cfg["moe_num_shared_experts"]
         )
-    if arch == "glm4moe":  # as its converter writes them, and the expert groups llama.cpp reads
+    if arch in ("glm4moe", "dots1"):  # as their converters write them, and the expert groups
+        # llama.cpp reads
         w.add_expert_shared_count(cfg["n_shared_experts"])
         w.add_leading_dense_block_count(cfg["first_k_dense_replace"])
         w.add_expert_gating_func(ExpertGatingFuncType.SIGMOID)

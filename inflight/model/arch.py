@@ -29,6 +29,7 @@ SUPPORTED_ARCHITECTURES = {
     "Qwen2MoeForCausalLM": "qwen2_moe",
     "Glm4MoeForCausalLM": "glm4_moe",
     "MiniMaxM2ForCausalLM": "minimax_m2",
+    "Dots1ForCausalLM": "dots1",
     "MixtralForCausalLM": "mixtral",
     "Phi3ForCausalLM": "phi3",
     "GraniteForCausalLM": "granite",
@@ -61,7 +62,7 @@ MAX_LAYERS = 1024  # far beyond any model's; a config asking more is broken or h
 MAX_EXPERTS = 4096  # the same for experts a layer (the largest published MoEs have 256)
 # the families whose MLPs are experts (`_experts`)
 EXPERT_ARCHS = ("qwen3_moe", "qwen2_moe", "mixtral", "gpt_oss", "glm4_moe", "ernie4_5_moe",
-                "minimax_m2")  # fmt: skip
+                "minimax_m2", "dots1")  # fmt: skip
 # every n-th layer without RoPE, where a config does not list them (SmolLM3's fourth; llama.cpp
 # assumes it for every `smollm3` file)
 SMOLLM3_NO_ROPE_INTERVAL = 4
@@ -69,6 +70,7 @@ SMOLLM3_NO_ROPE_INTERVAL = 4
 GEMMA3_SLIDING_WINDOW_PATTERN = 6
 GEMMA2_SLIDING_WINDOW_PATTERN = 2
 EXAONE4_SLIDING_WINDOW_PATTERN = 4  # EXAONE 4's fourth, OLMo 3's
+DOTS1_MAX_WINDOW_LAYERS = 62  # dots.llm1's layers before the windowed ones (all of its 62)
 
 
 @dataclass(frozen=True)
@@ -388,6 +390,9 @@ class LlamaArchConfig:
                 softcaps[key] = None if config.get(key) is None else float(config[key])
         experts = _experts(config, arch) if arch in EXPERT_ARCHS else {}
         sinks: dict[str, Any] = {}
+        if arch == "dots1":  # windowed from `max_window_layers` on, where a window is set
+            full_layers = _dots1_full_layers(config, window)
+            window = None if len(full_layers) == config["num_hidden_layers"] else window
         if arch == "exaone4":  # its global layers attend without RoPE
             full_layers = nope = _global_layers(config, window)
         if arch == "olmo3" and window is not None:  # its windowed layers rotate unscaled
@@ -532,6 +537,17 @@ def _layer_types(config: dict[str, Any]) -> tuple[int, ...]:
     ):
         raise ValueError(f"layer_types must name {n} full_attention / sliding_attention layers")
     return tuple(i for i, t in enumerate(types) if t == "full_attention")
+
+
+def _dots1_full_layers(config: dict[str, Any], window: int | None) -> tuple[int, ...]:
+    """dots.llm1's global layers: as `layer_types` names them, else those before
+    `max_window_layers` (all of them without a window), as transformers reads its config."""
+    if config.get("layer_types") is not None:
+        return _layer_types(config)
+    n, first = _layer_count(config), config.get("max_window_layers", DOTS1_MAX_WINDOW_LAYERS)
+    if not isinstance(first, int):
+        raise ValueError(f"max_window_layers {first!r} must be an integer")
+    return tuple(i for i in range(n) if window is None or i < first)
 
 
 def _layer_count(config: dict[str, Any]) -> int:
@@ -730,15 +746,17 @@ def _experts(config: dict[str, Any], arch: str) -> dict[str, Any]:
             router_score_bias=True,
             shared_expert_intermediate_size=config["moe_intermediate_size"] * max(shared, 0),
         )  # fmt: skip
-    if arch == "glm4_moe":
-        first_dense = config.get("first_k_dense_replace", 1)
+    if arch in ("glm4_moe", "dots1"):  # (dots.llm1's experts are GLM-4.5's, its q/k norms
+        # always there)
+        glm = arch == "glm4_moe"  # (transformers' defaults differ between the two)
+        first_dense = config.get("first_k_dense_replace", int(glm))
         extra = config.get("num_nextn_predict_layers", 0)
         if not isinstance(first_dense, int) or not isinstance(extra, int):
             raise ValueError(f"first_k_dense_replace {first_dense!r}, num_nextn_predict_layers "
                              f"{extra!r}: integers")  # fmt: skip
         scale = config.get("routed_scaling_factor", 1.0)
         fields.update(
-            norm_topk_prob=bool(config.get("norm_topk_prob", True)),
+            norm_topk_prob=bool(config.get("norm_topk_prob", glm)),
             dense_layers=tuple(range(min(max(first_dense, 0), n))),
             router_scoring="sigmoid",
             router_score_bias=True,
@@ -747,7 +765,7 @@ def _experts(config: dict[str, Any], arch: str) -> dict[str, Any]:
             routed_scaling_factor=float(scale) if isinstance(scale, (int, float)) else scale,
             shared_expert_intermediate_size=(config["moe_intermediate_size"]
                                              * config.get("n_shared_experts", 1)),
-            qk_norm=bool(config.get("use_qk_norm", False)),
+            qk_norm=arch == "dots1" or bool(config.get("use_qk_norm", False)),
             extra_checkpoint_layers=extra,
         )  # fmt: skip
     return fields

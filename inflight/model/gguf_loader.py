@@ -49,7 +49,7 @@ from inflight.model.rotary_pairs import PAIR_ROTARY, pairs_to_halves
 logger = logging.getLogger(__name__)
 
 SUPPORTED_GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "qwen2moe", "glm4moe",
-                                "ernie4_5-moe", "minimax-m2", "phi3", "gemma2", "gemma3",
+                                "ernie4_5-moe", "minimax-m2", "dots1", "phi3", "gemma2", "gemma3",
                                 "mistral3",
                                 "granite", "gpt-oss", "smollm3", "exaone4", "olmo2",
                                 "glm4", "ernie4_5", "seed_oss", "arcee",
@@ -64,7 +64,7 @@ _REGISTRY_NAMES = {"qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe", "glm4moe": 
                    "minimax-m2": "minimax_m2"}  # fmt: skip
 # the architectures whose experts a GGUF file may hold (a `llama` file's: Mixtral)
 _EXPERT_ARCHITECTURES = ("llama", "qwen3moe", "qwen2moe", "glm4moe", "ernie4_5-moe", "minimax-m2",
-                         "gpt-oss")  # fmt: skip
+                         "dots1", "gpt-oss")  # fmt: skip
 # the architectures whose score-biased routers llama.cpp always renormalizes
 _RENORMALIZED_BIASED_ROUTERS = ("ernie4_5-moe", "minimax-m2")
 # llama.cpp's `expert_gating_func` values
@@ -203,6 +203,9 @@ def gguf_arch_config(header: GGUFHeader, path: Path) -> LlamaArchConfig:
     head_dim = int(meta("attention.key_length", hidden // num_heads))
     tokens = field_value(header, "tokenizer.ggml.tokens") or []
     window = field_value(header, f"{arch}.attention.sliding_window")  # phi3's, gemma3's
+    if arch == "dots1":  # (every layer of the published model sees every position, as llama.cpp
+        # runs them whatever a converter wrote)
+        window = None
     full_layers: tuple[int, ...] = ()
     local_theta = query_scalar = None
     experts = int(meta("expert_count", 0))
@@ -227,7 +230,7 @@ def gguf_arch_config(header: GGUFHeader, path: Path) -> LlamaArchConfig:
                    shared_expert_gate=arch == "qwen2moe")  # fmt: skip
         if any(name.endswith(".exp_probs_b.bias") for name in names):  # a router's score bias
             moe.update(_biased_routing(header, arch, path))
-        if arch == "glm4moe":
+        if arch in ("glm4moe", "dots1"):
             moe.update(extra_checkpoint_layers=extra_layers,
                        qk_norm="blk.0.attn_q_norm.weight" in names)  # fmt: skip
     elif arch in _EXPERT_ARCHITECTURES and arch != "llama":

@@ -1,13 +1,14 @@
 """Mixture-of-experts families: Qwen3-MoE (`Qwen3MoeForCausalLM`, the Qwen3 layer), Qwen2-MoE
 (`Qwen2MoeForCausalLM`, the Qwen2 layer), Mixtral (`MixtralForCausalLM`, the Llama layer),
-GLM-4.5 (`Glm4MoeForCausalLM`), ERNIE 4.5 (`Ernie4_5_MoeForCausalLM`) and MiniMax-M2
-(`MiniMaxM2ForCausalLM`), whose MLP is a set of experts in every sparse layer. A router (`gate`)
-scores each token's experts; its softmax in float32 keeps the `experts_per_token` best
-(renormalized with `norm_topk_prob`, always for Mixtral), and each chosen expert, a SiLU-gated
-MLP, adds its output times that weight. GLM-4.5's and MiniMax-M2's routers score each expert by
-a sigmoid instead; they and ERNIE 4.5's choose by their scores plus a learned bias (within the
-best groups of experts) and keep their weights and bias in float32 whatever the model's dtype,
-as transformers and vLLM do. A shared expert (Qwen2-MoE's, under a sigmoid gate; GLM-4.5's and
+GLM-4.5 (`Glm4MoeForCausalLM`; dots.llm1's `Dots1ForCausalLM` has its experts beside Qwen3's
+attention), ERNIE 4.5 (`Ernie4_5_MoeForCausalLM`) and MiniMax-M2 (`MiniMaxM2ForCausalLM`),
+whose MLP is a set of experts in every sparse layer. A router (`gate`) scores each token's
+experts; its softmax in float32 keeps the `experts_per_token` best (renormalized with
+`norm_topk_prob`, always for Mixtral), and each chosen expert, a SiLU-gated MLP, adds its
+output times that weight. GLM-4.5's and MiniMax-M2's routers score each expert by a sigmoid
+instead; they and ERNIE 4.5's choose by their scores plus a learned bias (within the best
+groups of experts) and keep their weights and bias in float32 whatever the model's dtype, as
+transformers and vLLM do. A shared expert (Qwen2-MoE's, under a sigmoid gate; GLM-4.5's and
 ERNIE 4.5's) runs on every token beside the routed ones and adds after them. A step's (token,
 expert) pairs are grouped by expert (`route`): each expert's linears run once over its rows,
 the activation once over all of them, and the outputs add into each token in expert order, as

@@ -40,6 +40,7 @@ MODEL_CLASSES: dict[str, type[LlamaModel]] = {
     "glm4_moe": Glm4MoeModel,
     "ernie4_5_moe": Ernie45MoeModel,
     "minimax_m2": MiniMaxM2Model,
+    "dots1": Glm4MoeQkNormModel,  # (GLM-4.5's experts beside Qwen3's attention)
     "mixtral": MixtralModel,
     "phi3": Phi3Model,
     "gemma2": Gemma2Model,

@@ -69,6 +69,18 @@ MINIMAX_M2 = {  # MiniMax-M2's (its RoPE's width as the legacy `rotary_dim`)
 }  # fmt: skip
 
 
+DOTS_LLM1 = {  # dots.llm1.inst's
+    "architectures": ["Dots1ForCausalLM"], "hidden_size": 4096, "intermediate_size": 10944,
+    "moe_intermediate_size": 1408, "n_routed_experts": 128, "n_shared_experts": 2,
+    "num_experts_per_tok": 6, "first_k_dense_replace": 1, "norm_topk_prob": True,
+    "routed_scaling_factor": 2.5, "n_group": 1, "topk_group": 1, "num_attention_heads": 32,
+    "num_key_value_heads": 32, "num_hidden_layers": 62, "head_dim": 128,
+    "rope_theta": 10000000, "max_position_embeddings": 32768, "rms_norm_eps": 1e-05,
+    "sliding_window": 4096, "max_window_layers": 62, "use_sliding_window": False,
+    "vocab_size": 152064, "tie_word_embeddings": False,
+}  # fmt: skip
+
+
 def test_published_configs_are_read():
     glm = LlamaArchConfig.from_hf_config(GLM45_AIR)
     assert (glm.architecture, glm.num_experts, glm.experts_per_token, glm.dense_layers) == (
@@ -93,6 +105,14 @@ def test_published_configs_are_read():
                   {"qk_norm_type": "per_head"}):  # fmt: skip
         with pytest.raises(ValueError, match="published router"):
             LlamaArchConfig.from_hf_config({**MINIMAX_M2, **other})
+    dots = LlamaArchConfig.from_hf_config(DOTS_LLM1)
+    assert (dots.architecture, dots.num_experts, dots.dense_layers, dots.router_scoring,
+            dots.routed_scaling_factor, dots.shared_expert_intermediate_size, dots.qk_norm,
+            dots.sliding_window) == (
+        "dots1", 128, (0,), "sigmoid", 2.5, 2816, True, None)  # fmt: skip
+    # (its window applies from `max_window_layers` on, as transformers reads the config)
+    windowed = LlamaArchConfig.from_hf_config({**DOTS_LLM1, "max_window_layers": 60})
+    assert windowed.layer_windows[59:] == [None, 4096, 4096]
     qwen = LlamaArchConfig.from_hf_config(QWEN15_MOE)
     assert (qwen.architecture, qwen.num_experts, qwen.experts_per_token, qwen.dense_layers) == (
         "qwen2_moe", 60, 4, ())  # fmt: skip
@@ -116,7 +136,7 @@ def test_routings_no_router_follows_are_refused(fields, says):
 
 
 @pytest.mark.parametrize("qtype", [Q.F32, Q.Q8_0], ids=lambda q: q.name)
-@pytest.mark.parametrize("family", ["qwen2_moe", "glm4_moe", "ernie4_5_moe", "minimax_m2"])
+@pytest.mark.parametrize("family", ["qwen2_moe", "glm4_moe", "ernie4_5_moe", "minimax_m2", "dots1"])
 def test_a_gguf_generates_as_transformers_with_its_weights(
     tmp_path, tiny_model_factory, family, qtype
 ):
@@ -133,7 +153,8 @@ def test_a_gguf_generates_as_transformers_with_its_weights(
     expected = {"qwen2_moe": ("softmax", False, 64, True, (), 1.0, 1),
                 "glm4_moe": ("sigmoid", True, 32, False, (0,), 2.5, 2),
                 "ernie4_5_moe": ("softmax", True, 32, False, (0,), 1.0, 1),
-                "minimax_m2": ("sigmoid", True, 0, False, (), 1.0, 1)}[family]  # fmt: skip
+                "minimax_m2": ("sigmoid", True, 0, False, (), 1.0, 1),
+                "dots1": ("sigmoid", True, 32, False, (0,), 2.5, 2)}[family]  # fmt: skip
     assert (arch.router_scoring, arch.router_score_bias, arch.shared_expert_intermediate_size,
             arch.shared_expert_gate, arch.dense_layers, arch.routed_scaling_factor,
             arch.expert_groups) == expected  # fmt: skip
