@@ -72,13 +72,20 @@ TINY_ARCHS = ("llama", "llama3_rope", "qwen2", "qwen3", "qwen3_moe", "mixtral", 
               "gemma2", "gemma3", "granite", "gpt_oss", "smollm3", "exaone4", "olmo2",
               "olmo3", "glm4", "ernie4_5", "seed_oss",
               "arcee", "hunyuan_dense", "qwen2_moe", "glm4_moe", "ministral3",
-              "ernie4_5_moe", "minimax_m2", "dots1")  # fmt: skip
+              "ernie4_5_moe", "minimax_m2", "dots1", "hunyuan_moe")  # fmt: skip
 
 
 # the tiny Ministral 3's RoPE settings (its published ones: original context 16,384, beta 0.1)
 MINISTRAL3_ROPE = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 32.0,
                    "original_max_position_embeddings": 16, "beta_fast": 32.0, "beta_slow": 1.0,
                    "mscale": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 2.0}  # fmt: skip
+
+
+# families whose router's score bias, and those whose norms (of w, not 1 + w), the tiny models
+# draw at random rather than leave at their initial 0 and 1
+SCORE_BIASED = ("glm4_moe", "ernie4_5_moe", "minimax_m2", "dots1")
+UNIT_NORMS = ("exaone4", "olmo2", "olmo3", "glm4", "hunyuan_dense", "glm4_moe", "minimax_m2",
+              "dots1", "hunyuan_moe")  # fmt: skip
 
 
 def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) -> Path:
@@ -107,6 +114,8 @@ def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) ->
         GraniteForCausalLM,
         HunYuanDenseV1Config,
         HunYuanDenseV1ForCausalLM,
+        HunYuanMoEV1Config,
+        HunYuanMoEV1ForCausalLM,
         LlamaConfig,
         LlamaForCausalLM,
         MiniMaxM2Config,
@@ -279,6 +288,12 @@ def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) ->
         rope = {"rope_type": "dynamic", "alpha": 1000.0, "factor": 1.0, "rope_theta": 10000.0}
         config = HunYuanDenseV1Config(**common, head_dim=16, rope_parameters=rope)
         cls = HunYuanDenseV1ForCausalLM
+    elif arch == "hunyuan_moe":  # Hunyuan's attention with 2 of 4 experts a token, renormalized,
+        # beside a shared expert, in every layer
+        rope = {"rope_type": "dynamic", "alpha": 1000.0, "factor": 1.0, "rope_theta": 10000.0}
+        config = HunYuanMoEV1Config(**{**common, "intermediate_size": 32}, head_dim=16,
+                                    num_experts=4, moe_topk=2, rope_parameters=rope)  # fmt: skip
+        cls = HunYuanMoEV1ForCausalLM
     elif arch == "smollm3":  # its fourth layer without RoPE (SmolLM3's default interval, the
         # one its GGUF files imply)
         config = SmolLM3Config(**{**common, "num_hidden_layers": 4}, rope_theta=10000.0)
@@ -324,28 +339,14 @@ def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) ->
             for name, param in model.named_parameters():
                 if name.endswith(("sinks", "bias")):
                     param.uniform_(-1.0, 1.0)
-    if arch in (
-        "glm4_moe",
-        "ernie4_5_moe",
-        "minimax_m2",
-        "dots1",
-    ):  # the router's score bias starts at
-        # 0 too (a buffer of GLM-4.5's and MiniMax-M2's): by about the scores' spread
+    if arch in SCORE_BIASED:  # the router's score bias starts at 0 too (a buffer of GLM-4.5's
+        # and MiniMax-M2's): by about the scores' spread
         spread = 0.1 if arch == "ernie4_5_moe" else 0.3
         with torch.no_grad():
             for name, tensor in [*model.named_buffers(), *model.named_parameters()]:
                 if name.endswith("e_score_correction_bias"):
                     tensor.uniform_(-spread, spread)
-    if arch in (
-        "exaone4",
-        "olmo2",
-        "olmo3",
-        "glm4",
-        "hunyuan_dense",
-        "glm4_moe",
-        "minimax_m2",
-        "dots1",
-    ):  # norms start at 1: make them matter
+    if arch in UNIT_NORMS:  # norms start at 1: make them matter
         with torch.no_grad():
             for name, param in model.named_parameters():
                 if name.endswith("norm.weight"):

@@ -45,6 +45,10 @@ LAYER_TO_GGUF = {
     "mlp.shared_experts.up_proj": "ffn_up_shexp",
     "mlp.shared_experts.down_proj": "ffn_down_shexp",
     "mlp.shared_expert_gate": "ffn_gate_inp_shexp",
+    "mlp.shared_mlp.gate_proj": "ffn_gate_shexp",  # (Hunyuan's shared expert, and router)
+    "mlp.shared_mlp.up_proj": "ffn_up_shexp",
+    "mlp.shared_mlp.down_proj": "ffn_down_shexp",
+    "mlp.gate.wg": "ffn_gate_inp",
     "eh_proj": "nextn.eh_proj",  # (GLM-4.5's multi-token-prediction layer's own)
     "enorm": "nextn.enorm",
     "hnorm": "nextn.hnorm",
@@ -207,7 +211,7 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
             "Qwen3MoeForCausalLM": "qwen3moe", "Qwen2MoeForCausalLM": "qwen2moe",
             "Glm4MoeForCausalLM": "glm4moe", "Ministral3ForCausalLM": "mistral3",
             "Ernie4_5_MoeForCausalLM": "ernie4_5-moe", "MiniMaxM2ForCausalLM": "minimax-m2",
-            "Dots1ForCausalLM": "dots1",
+            "Dots1ForCausalLM": "dots1", "HunYuanMoEV1ForCausalLM": "hunyuan-moe",
             "MixtralForCausalLM": "llama",
             "GraniteForCausalLM": "granite", "GptOssForCausalLM": "gpt-oss",
             "SmolLM3ForCausalLM": "smollm3", "Exaone4ForCausalLM": "exaone4",
@@ -258,11 +262,15 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
                or cfg.get("n_routed_experts") or cfg.get("moe_num_experts"))  # fmt: skip
     if experts:
         w.add_expert_count(experts)
-        w.add_expert_used_count(cfg.get("num_experts_per_tok") or cfg["moe_k"])
+        w.add_expert_used_count(cfg.get("num_experts_per_tok") or cfg.get("moe_k")
+                                or cfg["moe_topk"])  # fmt: skip
         if "moe_intermediate_size" in cfg:
             w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
-        elif arch in ("gpt-oss", "minimax-m2"):  # (as their converters write it)
+        elif arch in ("gpt-oss", "minimax-m2", "hunyuan-moe"):  # (as their converters write it)
             w.add_expert_feed_forward_length(cfg["intermediate_size"])
+    if arch == "hunyuan-moe":  # its shared expert, as wide as the experts
+        w.add_expert_shared_feed_forward_length(cfg["intermediate_size"])
+        w.add_expert_shared_count(1)
     if arch == "minimax-m2":  # its sigmoid router (`scoring_func`)
         w.add_expert_gating_func(ExpertGatingFuncType.SIGMOID)
     if arch == "qwen2moe":

@@ -55,7 +55,8 @@ def assert_gguf_generates_as_its_weights(llm, folder, qtype) -> None:
                 # (experts' stacks are matrices too; routers, their score biases and a shared
                 # expert's gate of one row stay float32 in the file, as llama.cpp's quantizer
                 # leaves them)
-                router = name.endswith(("mlp.gate.weight", "shared_expert_gate.weight",
+                router = name.endswith(("mlp.gate.weight", "mlp.gate.wg.weight",
+                                        "shared_expert_gate.weight",
                                         "e_score_correction_bias"))  # fmt: skip
                 if param.ndim in (2, 3) and not router:
                     blocks = quantize_any(param.numpy(), qtype)

@@ -48,6 +48,7 @@ SUPPORTED_ARCHITECTURES = {
     "SeedOssForCausalLM": "seed_oss",
     "ArceeForCausalLM": "arcee",
     "HunYuanDenseV1ForCausalLM": "hunyuan_dense",
+    "HunYuanMoEV1ForCausalLM": "hunyuan_moe",
     # the bare decoders, without an LM head, that embedding models are (Qwen3-Embedding's
     # weights): they pool the last token's hidden state unless the folder says otherwise
     "LlamaModel": "llama",
@@ -62,7 +63,7 @@ MAX_LAYERS = 1024  # far beyond any model's; a config asking more is broken or h
 MAX_EXPERTS = 4096  # the same for experts a layer (the largest published MoEs have 256)
 # the families whose MLPs are experts (`_experts`)
 EXPERT_ARCHS = ("qwen3_moe", "qwen2_moe", "mixtral", "gpt_oss", "glm4_moe", "ernie4_5_moe",
-                "minimax_m2", "dots1")  # fmt: skip
+                "minimax_m2", "dots1", "hunyuan_moe")  # fmt: skip
 # every n-th layer without RoPE, where a config does not list them (SmolLM3's fourth; llama.cpp
 # assumes it for every `smollm3` file)
 SMOLLM3_NO_ROPE_INTERVAL = 4
@@ -333,7 +334,7 @@ class LlamaArchConfig:
         params = dict(config.get("rope_parameters") or {})
         local_params = params.pop("sliding_attention", None)  # per layer kind (Gemma 3)
         params = params.pop("full_attention", params)
-        if arch == "hunyuan_dense":
+        if arch in ("hunyuan_dense", "hunyuan_moe"):
             params = _ntk_alpha_base(params or dict(config.get("rope_scaling") or {}), config)
         # Ministral 3's query temperature, which transformers keeps with its RoPE settings
         temperature_beta = (
@@ -672,6 +673,16 @@ def _text_config(config: dict[str, Any], outer: str) -> dict[str, Any]:
     return {**text, "architectures": [architecture]}
 
 
+def _one_value(value: Any, name: str) -> Any:
+    """A per-layer setting that a config may give as a list of one value a layer (Hunyuan's):
+    that value; refused where the layers differ."""
+    if not isinstance(value, list):
+        return value
+    if not value or any(v != value[0] for v in value):
+        raise ValueError(f"{name} {value!r}: one value for every layer is supported")
+    return value[0]
+
+
 def _qkv_bias(config: dict[str, Any], arch: str) -> bool:
     """Whether q, k and v have biases: always Qwen2's; Qwen2-MoE's and Seed-OSS's unless the
     config says otherwise; the others' where `attention_bias` says so."""
@@ -696,8 +707,13 @@ def _experts(config: dict[str, Any], arch: str) -> dict[str, Any]:
     ):
         raise ValueError("MiniMax-M2 is supported with its published router (sigmoid, with a "
                          "routing bias) and q/k norms (per layer)")  # fmt: skip
-    if arch in ("mixtral", "gpt_oss", "minimax_m2"):  # (gpt-oss's softmax over the chosen
-        # renormalizes; MiniMax-M2's sigmoid scores are renormalized)
+    if arch == "hunyuan_moe":  # (lists of one value a layer in published configs; transformers
+        # reads ints, and experts and shared expert as wide as `intermediate_size`)
+        experts, k = config.get("num_experts"), config.get("moe_topk")
+        config = {**config, "num_experts": _one_value(experts, "num_experts"),
+                  "num_experts_per_tok": _one_value(k, "moe_topk")}  # fmt: skip
+    if arch in ("mixtral", "gpt_oss", "minimax_m2", "hunyuan_moe"):  # (gpt-oss's softmax over
+        # the chosen renormalizes; MiniMax-M2's sigmoid scores and Hunyuan's are renormalized)
         config = {**config, "moe_intermediate_size": config["intermediate_size"],
                   "norm_topk_prob": True, "decoder_sparse_step": 1,
                   "mlp_only_layers": []}  # fmt: skip
@@ -727,6 +743,8 @@ def _experts(config: dict[str, Any], arch: str) -> dict[str, Any]:
         fields["shared_expert_gate"] = True
     if arch == "minimax_m2":
         fields.update(router_scoring="sigmoid", router_score_bias=True)
+    if arch == "hunyuan_moe":
+        fields.update(shared_expert_intermediate_size=config["intermediate_size"])
     if arch == "ernie4_5_moe":  # every `moe_layer_interval`-th layer from the start to the end
         # index, a float32 softmax router whose score bias chooses, and shared experts
         start, end = config.get("moe_layer_start_index", 1), config.get("moe_layer_end_index", -1)

@@ -49,10 +49,9 @@ from inflight.model.rotary_pairs import PAIR_ROTARY, pairs_to_halves
 logger = logging.getLogger(__name__)
 
 SUPPORTED_GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "qwen2moe", "glm4moe",
-                                "ernie4_5-moe", "minimax-m2", "dots1", "phi3", "gemma2", "gemma3",
-                                "mistral3",
-                                "granite", "gpt-oss", "smollm3", "exaone4", "olmo2",
-                                "glm4", "ernie4_5", "seed_oss", "arcee",
+                                "ernie4_5-moe", "minimax-m2", "dots1", "hunyuan-moe", "phi3",
+                                "gemma2", "gemma3", "mistral3", "granite", "gpt-oss", "smollm3",
+                                "exaone4", "olmo2", "glm4", "ernie4_5", "seed_oss", "arcee",
                                 "hunyuan-dense")  # fmt: skip
 # the architectures whose Q and K rows llama.cpp's converter permutes (`unpermute_qk`)
 PERMUTED_QK = ("llama", "mixtral", "granite", "smollm3", "arcee", "ministral3")
@@ -61,10 +60,10 @@ PERMUTED_QK = ("llama", "mixtral", "granite", "smollm3", "arcee", "ministral3")
 _REGISTRY_NAMES = {"qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe", "glm4moe": "glm4_moe",
                    "gpt-oss": "gpt_oss", "hunyuan-dense": "hunyuan_dense",
                    "mistral3": "ministral3", "ernie4_5-moe": "ernie4_5_moe",
-                   "minimax-m2": "minimax_m2"}  # fmt: skip
+                   "minimax-m2": "minimax_m2", "hunyuan-moe": "hunyuan_moe"}  # fmt: skip
 # the architectures whose experts a GGUF file may hold (a `llama` file's: Mixtral)
 _EXPERT_ARCHITECTURES = ("llama", "qwen3moe", "qwen2moe", "glm4moe", "ernie4_5-moe", "minimax-m2",
-                         "dots1", "gpt-oss")  # fmt: skip
+                         "dots1", "hunyuan-moe", "gpt-oss")  # fmt: skip
 # the architectures whose score-biased routers llama.cpp always renormalizes
 _RENORMALIZED_BIASED_ROUTERS = ("ernie4_5-moe", "minimax-m2")
 # llama.cpp's `expert_gating_func` values

@@ -1,18 +1,19 @@
 """Mixture-of-experts families: Qwen3-MoE (`Qwen3MoeForCausalLM`, the Qwen3 layer), Qwen2-MoE
 (`Qwen2MoeForCausalLM`, the Qwen2 layer), Mixtral (`MixtralForCausalLM`, the Llama layer),
 GLM-4.5 (`Glm4MoeForCausalLM`; dots.llm1's `Dots1ForCausalLM` has its experts beside Qwen3's
-attention), ERNIE 4.5 (`Ernie4_5_MoeForCausalLM`) and MiniMax-M2 (`MiniMaxM2ForCausalLM`),
-whose MLP is a set of experts in every sparse layer. A router (`gate`) scores each token's
-experts; its softmax in float32 keeps the `experts_per_token` best (renormalized with
-`norm_topk_prob`, always for Mixtral), and each chosen expert, a SiLU-gated MLP, adds its
-output times that weight. GLM-4.5's and MiniMax-M2's routers score each expert by a sigmoid
-instead; they and ERNIE 4.5's choose by their scores plus a learned bias (within the best
-groups of experts) and keep their weights and bias in float32 whatever the model's dtype, as
-transformers and vLLM do. A shared expert (Qwen2-MoE's, under a sigmoid gate; GLM-4.5's and
-ERNIE 4.5's) runs on every token beside the routed ones and adds after them. A step's (token,
-expert) pairs are grouped by expert (`route`): each expert's linears run once over its rows,
-the activation once over all of them, and the outputs add into each token in expert order, as
-transformers adds them, so a token's sum never depends on which other tokens share its step.
+attention), ERNIE 4.5 (`Ernie4_5_MoeForCausalLM`), MiniMax-M2 (`MiniMaxM2ForCausalLM`) and
+Hunyuan (`HunYuanMoEV1ForCausalLM`), whose MLP is a set of experts in every sparse layer. A
+router (`gate`) scores each token's experts; its softmax in float32 keeps the
+`experts_per_token` best (renormalized with `norm_topk_prob`, always for Mixtral), and each
+chosen expert, a SiLU-gated MLP, adds its output times that weight. GLM-4.5's and MiniMax-M2's
+routers score each expert by a sigmoid instead; they and ERNIE 4.5's choose by their scores
+plus a learned bias (within the best groups of experts) and keep their weights and bias in
+float32 whatever the model's dtype, as transformers and vLLM do. A shared expert (Qwen2-MoE's,
+under a sigmoid gate; GLM-4.5's, ERNIE 4.5's and Hunyuan's) runs on every token beside the
+routed ones and adds after them. A step's (token, expert) pairs are grouped by expert
+(`route`): each expert's linears run once over its rows, the activation once over all of them,
+and the outputs add into each token in expert order, as transformers adds them, so a token's
+sum never depends on which other tokens share its step.
 
 Each expert's gate and up projections are fused into one weight at load (transformers keeps
 them as one [2I, H] slice per expert too); Mixtral's `block_sparse_moe.experts.*.w1/w3/w2` are
@@ -36,6 +37,7 @@ from torch import nn
 
 from inflight.attention import AttentionBackend
 from inflight.model.arch import LlamaArchConfig
+from inflight.model.hunyuan import HunyuanDecoderLayer, HunyuanModel
 from inflight.model.layer_ops import TorchLayerOps
 from inflight.model.llama import DecoderLayer, LlamaModel
 from inflight.model.packed_linear import Decodes, apply_linear
@@ -273,7 +275,8 @@ class MoEModel(LlamaModel):
             layer = _LAYER_INDEX.match(name)
             if (layer is not None and int(layer[1]) in skipped) or name.startswith("model.mtp_"):
                 continue
-            name = name.replace(".mlp.shared_experts.", ".mlp.shared_expert.")
+            for theirs, ours in _SHARED_AND_ROUTER_NAMES.items():
+                name = name.replace(theirs, ours)
             for theirs, ours in names.items():
                 if name.endswith(theirs):
                     name = name.removesuffix(theirs) + ours
@@ -352,6 +355,14 @@ class MiniMaxM2Model(MoEModel, Qwen3Model):
     layer_class = MiniMaxM2DecoderLayer
 
 
+class HunyuanMoeDecoderLayer(MoEDecoderLayer, HunyuanDecoderLayer):
+    """Hunyuan's layer (q/k norms after RoPE) with experts beside a shared one in every layer."""
+
+
+class HunyuanMoeModel(MoEModel, HunyuanModel):
+    layer_class = HunyuanMoeDecoderLayer
+
+
 class Ernie45MoeDecoderLayer(MoEDecoderLayer):
     """ERNIE 4.5's layer: Llama's, rotating pairs (reordered at load), with a float32 softmax
     router whose score bias chooses, and shared experts."""
@@ -369,6 +380,11 @@ _EXPERT_PART = re.compile(
     r"(.*\.mlp\.(?:experts\.\d+|shared_expert))\.(gate|up)_proj\.(weight|bias)"
 )
 _LAYER_INDEX = re.compile(r"(?:model\.)?layers\.(\d+)\.")
+# other families' names of a shared expert (GLM-4.5's and ERNIE 4.5's, Hunyuan's) and of a
+# router (Hunyuan's) -> Qwen2-MoE's
+_SHARED_AND_ROUTER_NAMES = {".mlp.shared_experts.": ".mlp.shared_expert.",
+                            ".mlp.shared_mlp.": ".mlp.shared_expert.",
+                            ".mlp.gate.wg.": ".mlp.gate."}  # fmt: skip
 # a float32 router's weights and score bias (GLM-4.5's; ERNIE 4.5's bias [1, E]; MiniMax-M2's
 # under Mixtral's names) -> ours
 _ROUTER_NAMES = {".mlp.gate.weight": ".mlp.router_weight",

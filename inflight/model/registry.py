@@ -17,6 +17,7 @@ from inflight.model.moe import (
     Ernie45MoeModel,
     Glm4MoeModel,
     Glm4MoeQkNormModel,
+    HunyuanMoeModel,
     MiniMaxM2Model,
     MixtralModel,
     Qwen2MoeModel,
@@ -40,6 +41,7 @@ MODEL_CLASSES: dict[str, type[LlamaModel]] = {
     "glm4_moe": Glm4MoeModel,
     "ernie4_5_moe": Ernie45MoeModel,
     "minimax_m2": MiniMaxM2Model,
+    "hunyuan_moe": HunyuanMoeModel,
     "dots1": Glm4MoeQkNormModel,  # (GLM-4.5's experts beside Qwen3's attention)
     "mixtral": MixtralModel,
     "phi3": Phi3Model,

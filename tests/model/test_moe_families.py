@@ -81,6 +81,17 @@ DOTS_LLM1 = {  # dots.llm1.inst's
 }  # fmt: skip
 
 
+HUNYUAN_A13B = {  # Hunyuan-A13B-Instruct's (per-layer lists of one value)
+    "architectures": ["HunYuanMoEV1ForCausalLM"], "hidden_size": 4096, "intermediate_size": 3072,
+    "moe_intermediate_size": [3072] * 32, "moe_topk": [8] * 32, "num_experts": 64,
+    "num_shared_expert": [1] * 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+    "num_hidden_layers": 32, "head_dim": 128, "rope_theta": 10000.0,
+    "rope_scaling": {"alpha": 1000.0, "factor": 1.0, "type": "dynamic"},
+    "max_position_embeddings": 32768, "vocab_size": 128167, "tie_word_embeddings": True,
+    "rms_norm_eps": 1e-05, "use_qk_norm": True, "use_mixed_mlp_moe": True,
+}  # fmt: skip
+
+
 def test_published_configs_are_read():
     glm = LlamaArchConfig.from_hf_config(GLM45_AIR)
     assert (glm.architecture, glm.num_experts, glm.experts_per_token, glm.dense_layers) == (
@@ -113,6 +124,13 @@ def test_published_configs_are_read():
     # (its window applies from `max_window_layers` on, as transformers reads the config)
     windowed = LlamaArchConfig.from_hf_config({**DOTS_LLM1, "max_window_layers": 60})
     assert windowed.layer_windows[59:] == [None, 4096, 4096]
+    hunyuan = LlamaArchConfig.from_hf_config(HUNYUAN_A13B)
+    assert (hunyuan.architecture, hunyuan.num_experts, hunyuan.experts_per_token,
+            hunyuan.expert_intermediate_size, hunyuan.shared_expert_intermediate_size,
+            hunyuan.norm_topk_prob, round(hunyuan.rope_theta)) == (
+        "hunyuan_moe", 64, 8, 3072, 3072, True, 11158840)  # fmt: skip
+    with pytest.raises(ValueError, match="one value for every layer"):
+        LlamaArchConfig.from_hf_config({**HUNYUAN_A13B, "moe_topk": [8] * 31 + [4]})
     qwen = LlamaArchConfig.from_hf_config(QWEN15_MOE)
     assert (qwen.architecture, qwen.num_experts, qwen.experts_per_token, qwen.dense_layers) == (
         "qwen2_moe", 60, 4, ())  # fmt: skip
@@ -136,7 +154,9 @@ def test_routings_no_router_follows_are_refused(fields, says):
 
 
 @pytest.mark.parametrize("qtype", [Q.F32, Q.Q8_0], ids=lambda q: q.name)
-@pytest.mark.parametrize("family", ["qwen2_moe", "glm4_moe", "ernie4_5_moe", "minimax_m2", "dots1"])
+@pytest.mark.parametrize(
+    "family", ["qwen2_moe", "glm4_moe", "ernie4_5_moe", "minimax_m2", "dots1", "hunyuan_moe"]
+)
 def test_a_gguf_generates_as_transformers_with_its_weights(
     tmp_path, tiny_model_factory, family, qtype
 ):
@@ -154,7 +174,8 @@ def test_a_gguf_generates_as_transformers_with_its_weights(
                 "glm4_moe": ("sigmoid", True, 32, False, (0,), 2.5, 2),
                 "ernie4_5_moe": ("softmax", True, 32, False, (0,), 1.0, 1),
                 "minimax_m2": ("sigmoid", True, 0, False, (), 1.0, 1),
-                "dots1": ("sigmoid", True, 32, False, (0,), 2.5, 2)}[family]  # fmt: skip
+                "dots1": ("sigmoid", True, 32, False, (0,), 2.5, 2),
+                "hunyuan_moe": ("softmax", False, 32, False, (), 1.0, 1)}[family]  # fmt: skip
     assert (arch.router_scoring, arch.router_score_bias, arch.shared_expert_intermediate_size,
             arch.shared_expert_gate, arch.dense_layers, arch.routed_scaling_factor,
             arch.expert_groups) == expected  # fmt: skip
