@@ -72,7 +72,8 @@ TINY_ARCHS = ("llama", "llama3_rope", "qwen2", "qwen3", "qwen3_moe", "mixtral", 
               "gemma2", "gemma3", "granite", "gpt_oss", "smollm3", "exaone4", "olmo2",
               "olmo3", "glm4", "ernie4_5", "seed_oss",
               "arcee", "hunyuan_dense", "qwen2_moe", "glm4_moe", "ministral3",
-              "ernie4_5_moe", "minimax_m2", "dots1", "hunyuan_moe")  # fmt: skip
+              "ernie4_5_moe", "minimax_m2", "dots1", "hunyuan_moe", "olmoe",
+              "granitemoe")  # fmt: skip
 
 
 # the tiny Ministral 3's RoPE settings (its published ones: original context 16,384, beta 0.1)
@@ -81,11 +82,20 @@ MINISTRAL3_ROPE = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 32.0,
                    "mscale": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 2.0}  # fmt: skip
 
 
+# the tiny Granites' multipliers: none 1, but near enough to it that every sublayer still moves
+# the greedy tokens (the published 12, 0.22, 1/128 and 8 leave a tiny random model repeating
+# its last token)
+GRANITE_MULTIPLIERS = {
+    "embedding_multiplier": 2.0,
+    "residual_multiplier": 0.5,
+    "attention_multiplier": 0.125,
+    "logits_scaling": 0.5,
+}
 # families whose router's score bias, and those whose norms (of w, not 1 + w), the tiny models
 # draw at random rather than leave at their initial 0 and 1
 SCORE_BIASED = ("glm4_moe", "ernie4_5_moe", "minimax_m2", "dots1")
 UNIT_NORMS = ("exaone4", "olmo2", "olmo3", "glm4", "hunyuan_dense", "glm4_moe", "minimax_m2",
-              "dots1", "hunyuan_moe")  # fmt: skip
+              "dots1", "hunyuan_moe", "olmoe")  # fmt: skip
 
 
 def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) -> Path:
@@ -112,6 +122,8 @@ def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) ->
         GptOssForCausalLM,
         GraniteConfig,
         GraniteForCausalLM,
+        GraniteMoeSharedConfig,
+        GraniteMoeSharedForCausalLM,
         HunYuanDenseV1Config,
         HunYuanDenseV1ForCausalLM,
         HunYuanMoEV1Config,
@@ -130,6 +142,8 @@ def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) ->
         Olmo2ForCausalLM,
         Olmo3Config,
         Olmo3ForCausalLM,
+        OlmoeConfig,
+        OlmoeForCausalLM,
         Phi3Config,
         Phi3ForCausalLM,
         Qwen2Config,
@@ -249,10 +263,18 @@ def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) ->
         config = Phi3Config(**common, rope_parameters=rope, original_max_position_embeddings=64)
         cls = Phi3ForCausalLM
     elif arch == "granite":  # its four multipliers, none of them 1
-        config = GraniteConfig(**common, embedding_multiplier=12.0, residual_multiplier=0.22,
-                               attention_multiplier=0.0078125, logits_scaling=8.0,
-                               tie_word_embeddings=True)  # fmt: skip
+        config = GraniteConfig(**common, **GRANITE_MULTIPLIERS, tie_word_embeddings=True)
         cls = GraniteForCausalLM
+    elif (
+        arch == "granitemoe"
+    ):  # Granite's multipliers, 2 of 4 experts a token (a softmax over the chosen) in every
+        # layer, stacked in the checkpoint, and a shared MLP (Granite MoE Shared's; plain Granite
+        # MoE has none)
+        config = GraniteMoeSharedConfig(**{**common, "intermediate_size": 32}, num_local_experts=4,
+                                        num_experts_per_tok=2, shared_intermediate_size=64,
+                                        tie_word_embeddings=True,
+                                        **GRANITE_MULTIPLIERS)  # fmt: skip
+        cls = GraniteMoeSharedForCausalLM
     elif arch == "mistral":
         config, cls = MistralConfig(**common, sliding_window=24), MistralForCausalLM
     elif arch == "exaone4":  # three windowed layers with RoPE, then a global one without
@@ -294,6 +316,12 @@ def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) ->
         config = HunYuanMoEV1Config(**{**common, "intermediate_size": 32}, head_dim=16,
                                     num_experts=4, moe_topk=2, rope_parameters=rope)  # fmt: skip
         cls = HunYuanMoEV1ForCausalLM
+    elif arch == "olmoe":  # q/k norms across all heads, 2 of 4 experts a token (not
+        # renormalized) in every layer; as many KV heads as query heads (as published, and as
+        # llama.cpp assumes)
+        config = OlmoeConfig(**{**common, "intermediate_size": 32, "num_key_value_heads": 4},
+                             num_experts=4, num_experts_per_tok=2, rope_theta=10000.0)  # fmt: skip
+        cls = OlmoeForCausalLM
     elif arch == "smollm3":  # its fourth layer without RoPE (SmolLM3's default interval, the
         # one its GGUF files imply)
         config = SmolLM3Config(**{**common, "num_hidden_layers": 4}, rope_theta=10000.0)

@@ -212,6 +212,7 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
             "Glm4MoeForCausalLM": "glm4moe", "Ministral3ForCausalLM": "mistral3",
             "Ernie4_5_MoeForCausalLM": "ernie4_5-moe", "MiniMaxM2ForCausalLM": "minimax-m2",
             "Dots1ForCausalLM": "dots1", "HunYuanMoEV1ForCausalLM": "hunyuan-moe",
+            "OlmoeForCausalLM": "olmoe", "GraniteMoeSharedForCausalLM": "granitemoe",
             "MixtralForCausalLM": "llama",
             "GraniteForCausalLM": "granite", "GptOssForCausalLM": "gpt-oss",
             "SmolLM3ForCausalLM": "smollm3", "Exaone4ForCausalLM": "exaone4",
@@ -253,7 +254,9 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
     for key in ("attn_logit_softcapping", "final_logit_softcapping"):  # Gemma 2's
         if cfg.get(key) is not None:
             w.add_float32(f"{arch}.{key}", cfg[key])
-    if arch == "granite":  # its multipliers, under llama.cpp's names
+    if arch == "granitemoe" and cfg.get("shared_intermediate_size"):  # (Granite MoE Shared's)
+        w.add_expert_shared_feed_forward_length(cfg["shared_intermediate_size"])
+    if arch in ("granite", "granitemoe"):  # their multipliers, under llama.cpp's names
         w.add_embedding_scale(cfg["embedding_multiplier"])
         w.add_residual_scale(cfg["residual_multiplier"])
         w.add_attention_scale(cfg["attention_multiplier"])
@@ -327,12 +330,14 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
     weights = load_file(hf_folder / "model.safetensors")
     if arch == "gpt-oss":
         weights = _gpt_oss_as_llama_cpp(weights)
+    if arch == "granitemoe":
+        weights = _granite_as_llama_cpp(weights)
     for name, tensor in _stacked_experts(weights).items():
         if not name.startswith(("model.", "lm_head.")):  # a bare decoder's (Qwen3Model's)
             name = f"model.{name}"
         array = tensor.float().numpy()
         # (llama.cpp's converter permutes only these)
-        permuted = arch in ("llama", "granite", "smollm3", "arcee", "mistral3")
+        permuted = arch in ("llama", "granite", "granitemoe", "smollm3", "arcee", "mistral3")
         if permuted and name.endswith("q_proj.weight"):
             array = llama_cpp_permute(array, cfg["num_attention_heads"])
         elif permuted and name.endswith("k_proj.weight"):
@@ -356,6 +361,34 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+    return out
+
+
+def _granite_as_llama_cpp(weights: dict) -> dict:
+    """Granite MoE's checkpoint as its converter splits it: each layer's stacked
+    `input_linear` [E, 2I, H] into gate and up stacks, `output_linear` as down's, the router
+    under Mixtral's name, and the shared MLP's fused `input_linear` into gate and up."""
+    out = {}
+    for name, tensor in weights.items():
+        prefix, _, leaf = name.rpartition(".block_sparse_moe.")
+        if leaf == "input_linear.weight":
+            gate, up = tensor.chunk(2, dim=1)
+            out[f"{prefix}.mlp.experts.gate_proj.weight"] = gate.contiguous()
+            out[f"{prefix}.mlp.experts.up_proj.weight"] = up.contiguous()
+        elif leaf == "output_linear.weight":
+            out[f"{prefix}.mlp.experts.down_proj.weight"] = tensor
+        elif leaf == "router.layer.weight":
+            out[f"{prefix}.mlp.gate.weight"] = tensor
+        elif name.endswith(".shared_mlp.input_linear.weight"):
+            gate, up = tensor.chunk(2, dim=0)
+            layer = name.removesuffix(".shared_mlp.input_linear.weight")
+            out[f"{layer}.mlp.shared_expert.gate_proj.weight"] = gate.contiguous()
+            out[f"{layer}.mlp.shared_expert.up_proj.weight"] = up.contiguous()
+        elif name.endswith(".shared_mlp.output_linear.weight"):
+            layer = name.removesuffix(".shared_mlp.output_linear.weight")
+            out[f"{layer}.mlp.shared_expert.down_proj.weight"] = tensor
+        else:
+            out[name] = tensor
     return out
 
 

@@ -56,6 +56,7 @@ def assert_gguf_generates_as_its_weights(llm, folder, qtype) -> None:
                 # expert's gate of one row stay float32 in the file, as llama.cpp's quantizer
                 # leaves them)
                 router = name.endswith(("mlp.gate.weight", "mlp.gate.wg.weight",
+                                        "router.layer.weight",
                                         "shared_expert_gate.weight",
                                         "e_score_correction_bias"))  # fmt: skip
                 if param.ndim in (2, 3) and not router:

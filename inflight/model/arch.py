@@ -30,9 +30,12 @@ SUPPORTED_ARCHITECTURES = {
     "Glm4MoeForCausalLM": "glm4_moe",
     "MiniMaxM2ForCausalLM": "minimax_m2",
     "Dots1ForCausalLM": "dots1",
+    "OlmoeForCausalLM": "olmoe",
     "MixtralForCausalLM": "mixtral",
     "Phi3ForCausalLM": "phi3",
     "GraniteForCausalLM": "granite",
+    "GraniteMoeForCausalLM": "granitemoe",
+    "GraniteMoeSharedForCausalLM": "granitemoe",  # (a shared MLP beside the experts)
     "Gemma2ForCausalLM": "gemma2",
     "Gemma3ForCausalLM": "gemma3",
     "Gemma3ForConditionalGeneration": "gemma3",  # its language model (`_text_config`)
@@ -63,7 +66,7 @@ MAX_LAYERS = 1024  # far beyond any model's; a config asking more is broken or h
 MAX_EXPERTS = 4096  # the same for experts a layer (the largest published MoEs have 256)
 # the families whose MLPs are experts (`_experts`)
 EXPERT_ARCHS = ("qwen3_moe", "qwen2_moe", "mixtral", "gpt_oss", "glm4_moe", "ernie4_5_moe",
-                "minimax_m2", "dots1", "hunyuan_moe")  # fmt: skip
+                "minimax_m2", "dots1", "hunyuan_moe", "olmoe", "granitemoe")  # fmt: skip
 # every n-th layer without RoPE, where a config does not list them (SmolLM3's fourth; llama.cpp
 # assumes it for every `smollm3` file)
 SMOLLM3_NO_ROPE_INTERVAL = 4
@@ -278,7 +281,7 @@ class LlamaArchConfig:
     def qk_norms_span_heads(self) -> bool:
         """Whether each token's queries (and keys) are normalized as one vector across all heads
         (OLMo 2's), not head by head (Qwen3's)."""
-        return self.architecture in ("olmo2", "olmo3", "minimax_m2")
+        return self.architecture in ("olmo2", "olmo3", "minimax_m2", "olmoe")
 
     def layer_rotary(self, layer: int) -> bool:
         """Whether this layer rotates its queries and keys (RoPE)."""
@@ -372,6 +375,8 @@ class LlamaArchConfig:
                 raise ValueError(f"{family} per-layer sliding window attention is not supported")
             window = None
         nope = _nope_layers(config) if arch == "smollm3" else ()
+        if arch == "olmoe" and config.get("clip_qkv") is not None:
+            raise ValueError("OLMoE with clipped q/k/v (clip_qkv) is not supported")
         if arch in ("ernie4_5", "ernie4_5_moe") and config.get("use_bias"):
             raise ValueError("ERNIE 4.5 with biased linears (use_bias) is not supported")
         if arch == "arcee" and (config.get("hidden_act", "relu2") != "relu2"
@@ -406,7 +411,7 @@ class LlamaArchConfig:
                      "swiglu_limit": float(config.get("swiglu_limit", 7.0)),
                      "swiglu_alpha": float(config.get("swiglu_alpha", 1.702))}  # fmt: skip
         multipliers: dict[str, Any] = {}
-        if arch == "granite":
+        if arch in ("granite", "granitemoe"):
             multipliers = {key: float(config.get(key, 1.0)) for key in (
                 "embedding_multiplier", "residual_multiplier", "attention_multiplier",
                 "logits_scaling")}  # fmt: skip
@@ -712,8 +717,12 @@ def _experts(config: dict[str, Any], arch: str) -> dict[str, Any]:
         experts, k = config.get("num_experts"), config.get("moe_topk")
         config = {**config, "num_experts": _one_value(experts, "num_experts"),
                   "num_experts_per_tok": _one_value(k, "moe_topk")}  # fmt: skip
-    if arch in ("mixtral", "gpt_oss", "minimax_m2", "hunyuan_moe"):  # (gpt-oss's softmax over
-        # the chosen renormalizes; MiniMax-M2's sigmoid scores and Hunyuan's are renormalized)
+    if arch == "olmoe":  # experts as wide as `intermediate_size` in every layer
+        config = {**config, "moe_intermediate_size": config["intermediate_size"],
+                  "decoder_sparse_step": 1, "mlp_only_layers": []}  # fmt: skip
+    if arch in ("mixtral", "gpt_oss", "minimax_m2", "hunyuan_moe", "granitemoe"):  # (gpt-oss's
+        # and Granite's softmax over the chosen renormalizes; MiniMax-M2's sigmoid scores and
+        # Hunyuan's are renormalized)
         config = {**config, "moe_intermediate_size": config["intermediate_size"],
                   "norm_topk_prob": True, "decoder_sparse_step": 1,
                   "mlp_only_layers": []}  # fmt: skip
@@ -745,6 +754,8 @@ def _experts(config: dict[str, Any], arch: str) -> dict[str, Any]:
         fields.update(router_scoring="sigmoid", router_score_bias=True)
     if arch == "hunyuan_moe":
         fields.update(shared_expert_intermediate_size=config["intermediate_size"])
+    if arch == "granitemoe":  # (GraniteMoeShared's shared MLP)
+        fields.update(shared_expert_intermediate_size=config.get("shared_intermediate_size") or 0)
     if arch == "ernie4_5_moe":  # every `moe_layer_interval`-th layer from the start to the end
         # index, a float32 softmax router whose score bias chooses, and shared experts
         start, end = config.get("moe_layer_start_index", 1), config.get("moe_layer_end_index", -1)

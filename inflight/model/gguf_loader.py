@@ -49,12 +49,14 @@ from inflight.model.rotary_pairs import PAIR_ROTARY, pairs_to_halves
 logger = logging.getLogger(__name__)
 
 SUPPORTED_GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "qwen2moe", "glm4moe",
-                                "ernie4_5-moe", "minimax-m2", "dots1", "hunyuan-moe", "phi3",
+                                "ernie4_5-moe", "minimax-m2", "dots1", "hunyuan-moe", "olmoe",
+                                "granitemoe",
+                                "phi3",
                                 "gemma2", "gemma3", "mistral3", "granite", "gpt-oss", "smollm3",
                                 "exaone4", "olmo2", "glm4", "ernie4_5", "seed_oss", "arcee",
                                 "hunyuan-dense")  # fmt: skip
 # the architectures whose Q and K rows llama.cpp's converter permutes (`unpermute_qk`)
-PERMUTED_QK = ("llama", "mixtral", "granite", "smollm3", "arcee", "ministral3")
+PERMUTED_QK = ("llama", "mixtral", "granite", "granitemoe", "smollm3", "arcee", "ministral3")
 # a GGUF architecture -> the registry's, where the names differ (a `llama` file with experts is
 # Mixtral: `gguf_arch_config`)
 _REGISTRY_NAMES = {"qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe", "glm4moe": "glm4_moe",
@@ -63,7 +65,10 @@ _REGISTRY_NAMES = {"qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe", "glm4moe": 
                    "minimax-m2": "minimax_m2", "hunyuan-moe": "hunyuan_moe"}  # fmt: skip
 # the architectures whose experts a GGUF file may hold (a `llama` file's: Mixtral)
 _EXPERT_ARCHITECTURES = ("llama", "qwen3moe", "qwen2moe", "glm4moe", "ernie4_5-moe", "minimax-m2",
-                         "dots1", "hunyuan-moe", "gpt-oss")  # fmt: skip
+                         "dots1", "hunyuan-moe", "olmoe", "granitemoe", "gpt-oss")  # fmt: skip
+# the architectures whose softmax routers llama.cpp never renormalizes (their published models
+# do not)
+_UNNORMALIZED_ROUTERS = ("qwen2moe", "olmoe")
 # the architectures whose score-biased routers llama.cpp always renormalizes
 _RENORMALIZED_BIASED_ROUTERS = ("ernie4_5-moe", "minimax-m2")
 # llama.cpp's `expert_gating_func` values
@@ -217,10 +222,10 @@ def gguf_arch_config(header: GGUFHeader, path: Path) -> LlamaArchConfig:
         layers = range(max(0, min(num_layers, MAX_LAYERS + 1)))  # (more: refused by the config)
         dense = tuple(i for i in layers if f"blk.{i}.ffn_gate_inp.weight" not in names)
         # llama.cpp renormalizes the chosen experts' weights of each, as each family does
-        # (Qwen2-MoE's never)
+        # (Qwen2-MoE's and OLMoE's never)
         moe = dict(num_experts=experts, experts_per_token=int(meta("expert_used_count")),
                    expert_intermediate_size=ffn, dense_layers=dense,
-                   norm_topk_prob=arch != "qwen2moe",
+                   norm_topk_prob=arch not in _UNNORMALIZED_ROUTERS,
                    # a shared expert's width: its tensors' (ERNIE 4.5's converter writes a
                    # width derived otherwise)
                    shared_expert_intermediate_size=next(

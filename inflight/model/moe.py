@@ -1,28 +1,26 @@
-"""Mixture-of-experts families: Qwen3-MoE (`Qwen3MoeForCausalLM`, the Qwen3 layer), Qwen2-MoE
-(`Qwen2MoeForCausalLM`, the Qwen2 layer), Mixtral (`MixtralForCausalLM`, the Llama layer),
-GLM-4.5 (`Glm4MoeForCausalLM`; dots.llm1's `Dots1ForCausalLM` has its experts beside Qwen3's
-attention), ERNIE 4.5 (`Ernie4_5_MoeForCausalLM`), MiniMax-M2 (`MiniMaxM2ForCausalLM`) and
-Hunyuan (`HunYuanMoEV1ForCausalLM`), whose MLP is a set of experts in every sparse layer. A
-router (`gate`) scores each token's experts; its softmax in float32 keeps the
-`experts_per_token` best (renormalized with `norm_topk_prob`, always for Mixtral), and each
-chosen expert, a SiLU-gated MLP, adds its output times that weight. GLM-4.5's and MiniMax-M2's
-routers score each expert by a sigmoid instead; they and ERNIE 4.5's choose by their scores
-plus a learned bias (within the best groups of experts) and keep their weights and bias in
-float32 whatever the model's dtype, as transformers and vLLM do. A shared expert (Qwen2-MoE's,
-under a sigmoid gate; GLM-4.5's, ERNIE 4.5's and Hunyuan's) runs on every token beside the
-routed ones and adds after them. A step's (token, expert) pairs are grouped by expert
-(`route`): each expert's linears run once over its rows, the activation once over all of them,
-and the outputs add into each token in expert order, as transformers adds them, so a token's
-sum never depends on which other tokens share its step.
+"""Mixture-of-experts families (`arch.EXPERT_ARCHS`; gpt-oss's module subclasses these): Mixtral
+and Granite MoE (the Llama layer), Qwen3-MoE, Qwen2-MoE, GLM-4.5 and dots.llm1, ERNIE 4.5,
+MiniMax-M2, Hunyuan and OLMoE, whose MLP is a set of experts in every sparse layer. A router
+(`gate`) scores each token's experts; its softmax in float32 keeps the `experts_per_token` best
+(renormalized with `norm_topk_prob`), and each chosen expert, a SiLU-gated MLP, adds its output
+times that weight. GLM-4.5's (and dots.llm1's) and MiniMax-M2's routers score each expert by a
+sigmoid instead; they and ERNIE 4.5's choose by their scores plus a learned bias (within the
+best groups of experts) and keep their weights and bias in float32 whatever the model's dtype,
+as transformers and vLLM do. A shared expert (Qwen2-MoE's, under a sigmoid gate; GLM-4.5's,
+ERNIE 4.5's, Hunyuan's, Granite MoE Shared's) runs on every token beside the routed ones and
+adds after them. A step's (token, expert) pairs are grouped by expert (`route`): each expert's
+linears run once over its rows, the activation once over all of them, and the outputs add into
+each token in expert order, as transformers adds them, so a token's sum never depends on which
+other tokens share its step.
 
 Each expert's gate and up projections are fused into one weight at load (transformers keeps
 them as one [2I, H] slice per expert too); Mixtral's `block_sparse_moe.experts.*.w1/w3/w2` are
-read as gate/up/down (MiniMax-M2's too). From a GGUF file (`qwen3moe`, `qwen2moe`, `glm4moe`,
-`ernie4_5-moe`, `minimax-m2`, or `llama` with experts: Mixtral), each layer's stacked expert
-weights arrive one expert at a time (the index slices them), and where they are blocks the
-kernels read, each expert's linears multiply from its blocks as any layer's do. The fused C++
-layer loop does not route experts: these layers run in Python (`fusable = False`). With the
-Triton kernels (a GPU) the experts are stacked per layer and routed on the device
+read as gate/up/down (MiniMax-M2's too), and Granite's stacks one expert at a time. From a GGUF
+file (the families' llama.cpp architectures, or `llama` with experts: Mixtral), each layer's
+stacked expert weights arrive one expert at a time (the index slices them), and where they are
+blocks the kernels read, each expert's linears multiply from its blocks as any layer's do. The
+fused C++ layer loop does not route experts: these layers run in Python (`fusable = False`).
+With the Triton kernels (a GPU) the experts are stacked per layer and routed on the device
 (`expert_kernels.py`), so CUDA graphs capture their decode steps.
 """
 
@@ -277,6 +275,12 @@ class MoEModel(LlamaModel):
                 continue
             for theirs, ours in _SHARED_AND_ROUTER_NAMES.items():
                 name = name.replace(theirs, ours)
+            stack = next((s for s in _GRANITE_STACKS if name.endswith(s)), None)
+            if stack is not None:  # one expert at a time
+                layer_name = name.removesuffix(stack)
+                for e, part in enumerate(tensor):
+                    yield f"{layer_name}.mlp.experts.{e}.{_GRANITE_STACKS[stack]}.weight", part
+                continue
             for theirs, ours in names.items():
                 if name.endswith(theirs):
                     name = name.removesuffix(theirs) + ours
@@ -355,6 +359,29 @@ class MiniMaxM2Model(MoEModel, Qwen3Model):
     layer_class = MiniMaxM2DecoderLayer
 
 
+class OlmoeDecoderLayer(MoEDecoderLayer, Qwen3DecoderLayer):
+    """OLMoE's layer: Llama's with q/k norms each as wide as all their heads, and experts in
+    every layer."""
+
+    qk_norms_span_heads = True
+    cast_router_weights = True
+
+
+class OlmoeModel(MoEModel, Qwen3Model):
+    layer_class = OlmoeDecoderLayer
+
+
+class GraniteMoeDecoderLayer(MoEDecoderLayer):
+    """Granite's layer (its multipliers are config fields) with experts in every layer, and
+    GraniteMoeShared's shared MLP beside them."""
+
+    cast_router_weights = True
+
+
+class GraniteMoeModel(MoEModel):
+    layer_class = GraniteMoeDecoderLayer
+
+
 class HunyuanMoeDecoderLayer(MoEDecoderLayer, HunyuanDecoderLayer):
     """Hunyuan's layer (q/k norms after RoPE) with experts beside a shared one in every layer."""
 
@@ -384,7 +411,15 @@ _LAYER_INDEX = re.compile(r"(?:model\.)?layers\.(\d+)\.")
 # router (Hunyuan's) -> Qwen2-MoE's
 _SHARED_AND_ROUTER_NAMES = {".mlp.shared_experts.": ".mlp.shared_expert.",
                             ".mlp.shared_mlp.": ".mlp.shared_expert.",
-                            ".mlp.gate.wg.": ".mlp.gate."}  # fmt: skip
+                            ".mlp.gate.wg.": ".mlp.gate.",
+                            # Granite's: a fused shared MLP, and its router
+                            ".shared_mlp.input_linear.": ".mlp.shared_expert.gate_up_proj.",
+                            ".shared_mlp.output_linear.": ".mlp.shared_expert.down_proj.",
+                            ".block_sparse_moe.router.layer.": ".mlp.gate."}  # fmt: skip
+# Granite's experts stacked per layer ([E, 2I, H] gate rows first, and [E, H, I]) -> one
+# expert's projection
+_GRANITE_STACKS = {".block_sparse_moe.input_linear.weight": "gate_up_proj",
+                   ".block_sparse_moe.output_linear.weight": "down_proj"}  # fmt: skip
 # a float32 router's weights and score bias (GLM-4.5's; ERNIE 4.5's bias [1, E]; MiniMax-M2's
 # under Mixtral's names) -> ours
 _ROUTER_NAMES = {".mlp.gate.weight": ".mlp.router_weight",

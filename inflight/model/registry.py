@@ -17,9 +17,11 @@ from inflight.model.moe import (
     Ernie45MoeModel,
     Glm4MoeModel,
     Glm4MoeQkNormModel,
+    GraniteMoeModel,
     HunyuanMoeModel,
     MiniMaxM2Model,
     MixtralModel,
+    OlmoeModel,
     Qwen2MoeModel,
     Qwen3MoeModel,
 )
@@ -42,6 +44,8 @@ MODEL_CLASSES: dict[str, type[LlamaModel]] = {
     "ernie4_5_moe": Ernie45MoeModel,
     "minimax_m2": MiniMaxM2Model,
     "hunyuan_moe": HunyuanMoeModel,
+    "olmoe": OlmoeModel,
+    "granitemoe": GraniteMoeModel,
     "dots1": Glm4MoeQkNormModel,  # (GLM-4.5's experts beside Qwen3's attention)
     "mixtral": MixtralModel,
     "phi3": Phi3Model,

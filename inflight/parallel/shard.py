@@ -181,6 +181,8 @@ def shard_tensor(shard: Shard, name: str, tensor: torch.Tensor) -> torch.Tensor:
         return torch.cat([_rows(gate, columns, 1), _rows(up, columns, 1)])
     if (stacked := _GPT_OSS_STACK.search(name)) is not None:
         return _gpt_oss_stack(shard, stacked[1], tensor)
+    if (fused := _GRANITE_FUSED.search(name)) is not None:
+        return _granite_fused(shard, fused[1], fused[2], tensor)
     if (inputs := input_columns(shard, name)) is not None:
         return tensor[:, inputs.start : inputs.stop]
     if module in ("o_proj", "down_proj"):  # their biases join the sum once
@@ -195,6 +197,28 @@ def shard_tensor(shard: Shard, name: str, tensor: torch.Tensor) -> torch.Tensor:
 # gpt-oss's checkpoints stack every expert of a layer in one tensor
 _GPT_OSS_STACK = re.compile(r"\.mlp\.experts\.(gate_up_proj|gate_up_proj_bias|down_proj|"
                             r"down_proj_bias)$")  # fmt: skip
+
+
+# Granite's experts stacked per layer and its shared MLP, gate and up fused in `input_linear`
+_GRANITE_FUSED = re.compile(r"\.(block_sparse_moe|shared_mlp)\.(input|output)_linear\.weight$")
+
+
+def _granite_fused(shard: Shard, mlp: str, part: str, tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's slice of a Granite MLP weight: `input_linear` ([E, 2I, H] for the experts,
+    [2S, H] for the shared MLP) by its gate's and its up's rows alike, `output_linear`
+    ([E, H, I], [H, S]) by its input columns."""
+    experts = mlp == "block_sparse_moe"
+    columns = shard.expert_columns if experts else shard.shared_expert_columns
+    if part == "output":
+        return tensor[..., columns.start : columns.stop]
+    width = (
+        shard.arch.expert_intermediate_size
+        if experts
+        else shard.arch.shared_expert_intermediate_size
+    )
+    gate, up = tensor.split(width, dim=-2)
+    rows = slice(columns.start, columns.stop)
+    return torch.cat([gate[..., rows, :], up[..., rows, :]], dim=-2)
 
 
 def _gpt_oss_stack(shard: Shard, part: str, tensor: torch.Tensor) -> torch.Tensor:

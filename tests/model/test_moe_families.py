@@ -92,6 +92,23 @@ HUNYUAN_A13B = {  # Hunyuan-A13B-Instruct's (per-layer lists of one value)
 }  # fmt: skip
 
 
+OLMOE = {  # OLMoE-1B-7B-0924's
+    "architectures": ["OlmoeForCausalLM"], "hidden_size": 2048, "intermediate_size": 1024,
+    "num_experts": 64, "num_experts_per_tok": 8, "num_attention_heads": 16,
+    "num_key_value_heads": 16, "num_hidden_layers": 16, "norm_topk_prob": False,
+    "clip_qkv": None, "rope_theta": 10000.0, "max_position_embeddings": 4096,
+    "rms_norm_eps": 1e-05, "vocab_size": 50304, "tie_word_embeddings": False,
+}  # fmt: skip
+GRANITE_MOE = {  # shaped as Granite 3.1 3B-A800M's
+    "architectures": ["GraniteMoeForCausalLM"], "hidden_size": 1536, "intermediate_size": 512,
+    "num_local_experts": 40, "num_experts_per_tok": 8, "num_attention_heads": 24,
+    "num_key_value_heads": 8, "num_hidden_layers": 32, "attention_multiplier": 0.015625,
+    "embedding_multiplier": 12.0, "logits_scaling": 6.0, "residual_multiplier": 0.22,
+    "rope_theta": 10000000.0, "max_position_embeddings": 131072, "rms_norm_eps": 1e-06,
+    "vocab_size": 49155, "tie_word_embeddings": True,
+}  # fmt: skip
+
+
 def test_published_configs_are_read():
     glm = LlamaArchConfig.from_hf_config(GLM45_AIR)
     assert (glm.architecture, glm.num_experts, glm.experts_per_token, glm.dense_layers) == (
@@ -131,6 +148,24 @@ def test_published_configs_are_read():
         "hunyuan_moe", 64, 8, 3072, 3072, True, 11158840)  # fmt: skip
     with pytest.raises(ValueError, match="one value for every layer"):
         LlamaArchConfig.from_hf_config({**HUNYUAN_A13B, "moe_topk": [8] * 31 + [4]})
+    olmoe = LlamaArchConfig.from_hf_config(OLMOE)
+    assert (olmoe.architecture, olmoe.num_experts, olmoe.norm_topk_prob,
+            olmoe.qk_norms_span_heads) == ("olmoe", 64, False, True)  # fmt: skip
+    with pytest.raises(ValueError, match="clip_qkv"):
+        LlamaArchConfig.from_hf_config({**OLMOE, "clip_qkv": 8.0})
+    granite = LlamaArchConfig.from_hf_config(GRANITE_MOE)
+    assert (granite.architecture, granite.num_experts, granite.expert_intermediate_size,
+            granite.norm_topk_prob, granite.shared_expert_intermediate_size,
+            granite.embedding_multiplier, granite.logits_scaling) == (
+        "granitemoe", 40, 512, True, 0, 12.0, 6.0)  # fmt: skip
+    shared = LlamaArchConfig.from_hf_config(
+        {
+            **GRANITE_MOE,
+            "shared_intermediate_size": 1024,
+            "architectures": ["GraniteMoeSharedForCausalLM"],
+        }
+    )
+    assert shared.shared_expert_intermediate_size == 1024
     qwen = LlamaArchConfig.from_hf_config(QWEN15_MOE)
     assert (qwen.architecture, qwen.num_experts, qwen.experts_per_token, qwen.dense_layers) == (
         "qwen2_moe", 60, 4, ())  # fmt: skip
@@ -155,7 +190,17 @@ def test_routings_no_router_follows_are_refused(fields, says):
 
 @pytest.mark.parametrize("qtype", [Q.F32, Q.Q8_0], ids=lambda q: q.name)
 @pytest.mark.parametrize(
-    "family", ["qwen2_moe", "glm4_moe", "ernie4_5_moe", "minimax_m2", "dots1", "hunyuan_moe"]
+    "family",
+    [
+        "qwen2_moe",
+        "glm4_moe",
+        "ernie4_5_moe",
+        "minimax_m2",
+        "dots1",
+        "hunyuan_moe",
+        "olmoe",
+        "granitemoe",
+    ],
 )
 def test_a_gguf_generates_as_transformers_with_its_weights(
     tmp_path, tiny_model_factory, family, qtype
@@ -175,7 +220,9 @@ def test_a_gguf_generates_as_transformers_with_its_weights(
                 "ernie4_5_moe": ("softmax", True, 32, False, (0,), 1.0, 1),
                 "minimax_m2": ("sigmoid", True, 0, False, (), 1.0, 1),
                 "dots1": ("sigmoid", True, 32, False, (0,), 2.5, 2),
-                "hunyuan_moe": ("softmax", False, 32, False, (), 1.0, 1)}[family]  # fmt: skip
+                "hunyuan_moe": ("softmax", False, 32, False, (), 1.0, 1),
+                "olmoe": ("softmax", False, 0, False, (), 1.0, 1),
+                "granitemoe": ("softmax", False, 64, False, (), 1.0, 1)}[family]  # fmt: skip
     assert (arch.router_scoring, arch.router_score_bias, arch.shared_expert_intermediate_size,
             arch.shared_expert_gate, arch.dense_layers, arch.routed_scaling_factor,
             arch.expert_groups) == expected  # fmt: skip

@@ -106,7 +106,8 @@ WINDOWED_ARCHS = ("gemma3", "mistral")
 WINDOWED_POOLS = {"mistral": {"num_kv_blocks": 40}}
 # Families that differ from Llama in their MLP alone (experts): the attention backends'
 # settings compute nothing else for them, and Llama's runs cover those
-MLP_ONLY_ARCHS = ("qwen3_moe", "mixtral", "qwen2_moe", "ernie4_5_moe", "dots1", "hunyuan_moe")
+MLP_ONLY_ARCHS = ("qwen3_moe", "mixtral", "qwen2_moe", "ernie4_5_moe", "dots1", "hunyuan_moe",
+                  "granitemoe")  # fmt: skip
 ATTENTION_SETTINGS = {"torch_reference", "torch_reference_chunked", "triton_decode"}
 
 # Under Triton's interpreter a run takes minutes on a small CPU: only on mistral, whose
