@@ -73,7 +73,7 @@ TINY_ARCHS = ("llama", "llama3_rope", "qwen2", "qwen3", "qwen3_moe", "mixtral", 
               "olmo3", "glm4", "ernie4_5", "seed_oss",
               "arcee", "hunyuan_dense", "qwen2_moe", "glm4_moe", "ministral3",
               "ernie4_5_moe", "minimax_m2", "dots1", "hunyuan_moe", "olmoe",
-              "granitemoe")  # fmt: skip
+              "granitemoe", "exaone")  # fmt: skip
 
 
 # the tiny Ministral 3's RoPE settings (its published ones: original context 16,384, beta 0.1)
@@ -110,6 +110,7 @@ def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) ->
         Ernie4_5ForCausalLM,
         Exaone4Config,
         Exaone4ForCausalLM,
+        ExaoneConfig,
         Gemma2Config,
         Gemma2ForCausalLM,
         Gemma3ForCausalLM,
@@ -277,6 +278,11 @@ def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) ->
         cls = GraniteMoeSharedForCausalLM
     elif arch == "mistral":
         config, cls = MistralConfig(**common, sliding_window=24), MistralForCausalLM
+    elif arch == "exaone":  # EXAONE 3.5: Llama's layer under GPT-2-style names (transformers 5
+        # saves the original names, and architectures as Llama's), llama3 RoPE
+        rope = {"rope_type": "llama3", "rope_theta": 1e6, "factor": 8.0, "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0, "original_max_position_embeddings": 64}  # fmt: skip
+        config, cls = ExaoneConfig(**common, rope_parameters=rope), LlamaForCausalLM
     elif arch == "exaone4":  # three windowed layers with RoPE, then a global one without
         # (the 32B's pattern); norms of the sublayers' outputs alone, per-head q/k norms
         config = Exaone4Config(**{**common, "num_hidden_layers": 4}, sliding_window=24,

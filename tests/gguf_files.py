@@ -220,6 +220,8 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
             "Ernie4_5ForCausalLM": "ernie4_5", "SeedOssForCausalLM": "seed_oss",
             "ArceeForCausalLM": "arcee", "HunYuanDenseV1ForCausalLM": "hunyuan-dense",
             "Qwen3Model": "qwen3"}[cfg["architectures"][0]]  # fmt: skip
+    if cfg.get("model_type") == "exaone":  # (transformers 5 saves EXAONE 3 as Llama)
+        arch = "exaone"
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
     w = GGUFWriter(out, arch)
     # (GLM-4.5's multi-token-prediction layers count in the blocks, as its converter writes them)
@@ -328,6 +330,10 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
         w.add_tensor("rope_factors_long.weight", np.array(rope["long_factor"], np.float32))
         w.add_tensor("rope_factors_short.weight", np.array(rope["short_factor"], np.float32))
     weights = load_file(hf_folder / "model.safetensors")
+    if arch == "exaone":  # its GPT-2-style names as the Llama ones its converter maps them to
+        from inflight.model.exaone import _llama_names
+
+        weights = dict(_llama_names(weights.items()))
     if arch == "gpt-oss":
         weights = _gpt_oss_as_llama_cpp(weights)
     if arch == "granitemoe":

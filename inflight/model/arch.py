@@ -43,6 +43,7 @@ SUPPORTED_ARCHITECTURES = {
     "GptOssForCausalLM": "gpt_oss",
     "SmolLM3ForCausalLM": "smollm3",
     "Exaone4ForCausalLM": "exaone4",
+    "ExaoneForCausalLM": "exaone",  # EXAONE 3.0 and 3.5 (`_exaone_config`)
     "Olmo2ForCausalLM": "olmo2",
     "Olmo3ForCausalLM": "olmo3",
     "Glm4ForCausalLM": "glm4",
@@ -317,6 +318,8 @@ class LlamaArchConfig:
         if any(a in _IMAGE_AND_TEXT for a in archs):
             config = _text_config(config, next(a for a in archs if a in _IMAGE_AND_TEXT))
             archs = config["architectures"]
+        if config.get("model_type") == "exaone":  # (transformers 5 saves it as Llama's)
+            config, archs = _exaone_config(config), ["ExaoneForCausalLM"]
         arch = next(
             (SUPPORTED_ARCHITECTURES[a] for a in archs if a in SUPPORTED_ARCHITECTURES), None
         )
@@ -676,6 +679,17 @@ def _text_config(config: dict[str, Any], outer: str) -> dict[str, Any]:
         if config.get(key) is not None:
             text[key] = config[key]
     return {**text, "architectures": [architecture]}
+
+
+def _exaone_config(config: dict[str, Any]) -> dict[str, Any]:
+    """EXAONE 3's config under Llama's names (`num_layers`, `layer_norm_epsilon`); refused
+    unless its activation is SiLU, the only one its layer computes."""
+    activation = config.get("activation_function", config.get("hidden_act", "silu"))
+    if activation != "silu":
+        raise ValueError(f"EXAONE with activation_function {activation!r} is not supported")
+    aliases = {"num_hidden_layers": "num_layers", "rms_norm_eps": "layer_norm_epsilon"}
+    return {**config, **{ours: config[theirs] for ours, theirs in aliases.items()
+                         if ours not in config and theirs in config}}  # fmt: skip
 
 
 def _one_value(value: Any, name: str) -> Any:

@@ -53,7 +53,8 @@ SUPPORTED_GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "qwen2moe
                                 "granitemoe",
                                 "phi3",
                                 "gemma2", "gemma3", "mistral3", "granite", "gpt-oss", "smollm3",
-                                "exaone4", "olmo2", "glm4", "ernie4_5", "seed_oss", "arcee",
+                                "exaone", "exaone4", "olmo2", "glm4", "ernie4_5", "seed_oss",
+                                "arcee",
                                 "hunyuan-dense")  # fmt: skip
 # the architectures whose Q and K rows llama.cpp's converter permutes (`unpermute_qk`)
 PERMUTED_QK = ("llama", "mixtral", "granite", "granitemoe", "smollm3", "arcee", "ministral3")

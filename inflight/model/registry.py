@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from inflight.model.arcee import ArceeModel
 from inflight.model.arch import LlamaArchConfig
+from inflight.model.exaone import ExaoneModel
 from inflight.model.exaone4 import Exaone4Model
 from inflight.model.gemma import Gemma2Model, Gemma3Model
 from inflight.model.glm4 import Glm4Model
@@ -53,6 +54,7 @@ MODEL_CLASSES: dict[str, type[LlamaModel]] = {
     "gemma3": Gemma3Model,
     "gpt_oss": GptOssModel,
     "exaone4": Exaone4Model,
+    "exaone": ExaoneModel,
     "olmo2": Olmo2Model,
     "olmo3": Olmo2Model,  # (its windows and their RoPE are config fields)
     "glm4": Glm4Model,
