@@ -331,9 +331,10 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
         w.add_tensor("rope_factors_short.weight", np.array(rope["short_factor"], np.float32))
     weights = load_file(hf_folder / "model.safetensors")
     if arch == "exaone":  # its GPT-2-style names as the Llama ones its converter maps them to
-        from inflight.model.exaone import _llama_names
+        from inflight.model.exaone import LLAMA_NAMES
+        from inflight.model.llama import renamed_weights
 
-        weights = dict(_llama_names(weights.items()))
+        weights = dict(renamed_weights(weights.items(), LLAMA_NAMES))
     if arch == "gpt-oss":
         weights = _gpt_oss_as_llama_cpp(weights)
     if arch == "granitemoe":

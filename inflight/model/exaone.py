@@ -5,37 +5,27 @@ Llama's names already."""
 
 from __future__ import annotations
 
-import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 
 import torch
 
-from inflight.model.llama import LlamaModel
+from inflight.model.llama import LlamaModel, renamed_weights
 
 # EXAONE 3's names -> Llama's, in order (`out_proj` once it is under `self_attn`)
-_NAMES = [(re.compile(pattern), ours) for pattern, ours in (
-    (r"^transformer\.wte\.", "model.embed_tokens."),
-    (r"^transformer\.h\.", "model.layers."),
-    (r"^transformer\.ln_f\.", "model.norm."),
-    (r"\.attn\.attention\.", ".self_attn."),
-    (r"\.self_attn\.out_proj\.", ".self_attn.o_proj."),
-    (r"\.ln_1\.", ".input_layernorm."),
-    (r"\.ln_2\.", ".post_attention_layernorm."),
-    (r"\.mlp\.c_fc_0\.", ".mlp.gate_proj."),
-    (r"\.mlp\.c_fc_1\.", ".mlp.up_proj."),
-    (r"\.mlp\.c_proj\.", ".mlp.down_proj."),
-)]  # fmt: skip
+LLAMA_NAMES = {
+    r"^transformer\.wte\.": "model.embed_tokens.",
+    r"^transformer\.h\.": "model.layers.",
+    r"^transformer\.ln_f\.": "model.norm.",
+    r"\.attn\.attention\.": ".self_attn.",
+    r"\.self_attn\.out_proj\.": ".self_attn.o_proj.",
+    r"\.ln_1\.": ".input_layernorm.",
+    r"\.ln_2\.": ".post_attention_layernorm.",
+    r"\.mlp\.c_fc_0\.": ".mlp.gate_proj.",
+    r"\.mlp\.c_fc_1\.": ".mlp.up_proj.",
+    r"\.mlp\.c_proj\.": ".mlp.down_proj.",
+}
 
 
 class ExaoneModel(LlamaModel):
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        super().load_weights(_llama_names(weights))
-
-
-def _llama_names(
-    weights: Iterable[tuple[str, torch.Tensor]],
-) -> Iterator[tuple[str, torch.Tensor]]:
-    for name, tensor in weights:
-        for pattern, ours in _NAMES:
-            name = pattern.sub(ours, name)
-        yield name, tensor
+        super().load_weights(renamed_weights(weights, LLAMA_NAMES))

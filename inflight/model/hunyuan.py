@@ -5,17 +5,17 @@ honours too). Its RoPE's NTK `alpha` only stretches the base (`arch.py`)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import ClassVar
 
 import torch
 
-from inflight.model.llama import DecoderLayer
+from inflight.model.llama import DecoderLayer, renamed_weights
 from inflight.model.qwen3 import Qwen3DecoderLayer, Qwen3Model
 
 # the checkpoint's names of Qwen3's q/k norms
-_NORM_NAMES = {".self_attn.query_layernorm.": ".self_attn.q_norm.",
-               ".self_attn.key_layernorm.": ".self_attn.k_norm."}  # fmt: skip
+_NORM_NAMES = {r"\.self_attn\.query_layernorm\.": ".self_attn.q_norm.",
+               r"\.self_attn\.key_layernorm\.": ".self_attn.k_norm."}  # fmt: skip
 
 
 class HunyuanDecoderLayer(Qwen3DecoderLayer):
@@ -26,13 +26,4 @@ class HunyuanModel(Qwen3Model):
     layer_class: ClassVar[type[DecoderLayer]] = HunyuanDecoderLayer
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        super().load_weights(_qwen3_names(weights))
-
-
-def _qwen3_names(
-    weights: Iterable[tuple[str, torch.Tensor]],
-) -> Iterator[tuple[str, torch.Tensor]]:
-    for name, tensor in weights:
-        for theirs, ours in _NORM_NAMES.items():
-            name = name.replace(theirs, ours)
-        yield name, tensor
+        super().load_weights(renamed_weights(weights, _NORM_NAMES))

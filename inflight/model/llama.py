@@ -11,6 +11,7 @@ matmul each at load time.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, ClassVar
 
@@ -263,6 +264,18 @@ class DecoderLayer(nn.Module):
         """The fused q/k/v projection before RoPE: as it is here; a family that normalizes its
         query and key heads does it in its override."""
         return qkv
+
+
+def renamed_weights(
+    weights: Iterable[tuple[str, torch.Tensor]], names: dict[str, str]
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """The weights with each of a family's checkpoint names (regular expressions, applied in
+    order) replaced by ours."""
+    rules = [(re.compile(theirs), ours) for theirs, ours in names.items()]
+    for name, tensor in weights:
+        for pattern, ours in rules:
+            name = pattern.sub(ours, name)
+        yield name, tensor
 
 
 # an image-and-text folder's parts that are not its language model
