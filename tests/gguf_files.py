@@ -199,6 +199,9 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
     from safetensors.torch import load_file
 
     cfg = json.loads((hf_folder / "config.json").read_text())
+    # a Qwen VL's language model, its config nested (its vision parts are left out below)
+    vision = cfg.get("vision_config")
+    cfg = {**cfg, **cfg.get("text_config", {})}
     tok = json.loads((hf_folder / "tokenizer.json").read_text())
     vocab = sorted(tok["model"]["vocab"].items(), key=lambda kv: kv[1])
     specials = {t["id"] for t in tok["added_tokens"]}
@@ -213,6 +216,8 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
             "Ernie4_5_MoeForCausalLM": "ernie4_5-moe", "MiniMaxM2ForCausalLM": "minimax-m2",
             "Dots1ForCausalLM": "dots1", "HunYuanMoEV1ForCausalLM": "hunyuan-moe",
             "OlmoeForCausalLM": "olmoe", "GraniteMoeSharedForCausalLM": "granitemoe",
+            "Qwen2_5_VLForConditionalGeneration": "qwen2vl",
+            "Qwen3VLForConditionalGeneration": "qwen3vl",
             "MixtralForCausalLM": "llama",
             "GraniteForCausalLM": "granite", "GptOssForCausalLM": "gpt-oss",
             "SmolLM3ForCausalLM": "smollm3", "Exaone4ForCausalLM": "exaone4",
@@ -301,6 +306,10 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
         w.add_rope_scaling_type(RopeScalingType.YARN)
         w.add_rope_scaling_factor(rope["factor"])
         w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+    if arch in ("qwen2vl", "qwen3vl"):  # their RoPE's sections, as llama.cpp reads them
+        w.add_rope_dimension_sections([*rope["mrope_section"], 0])
+    if arch == "qwen3vl":
+        w.add_num_deepstack_layers(len(vision.get("deepstack_visual_indexes", [])))
     if arch == "mistral3":  # (Ministral 3's: YaRN's mscale_all_dim, and its query temperature)
         w.add_rope_scaling_yarn_log_mul(rope["mscale_all_dim"])
         w.add_attn_temperature_scale(rope["llama_4_scaling_beta"])
@@ -330,6 +339,9 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
         w.add_tensor("rope_factors_long.weight", np.array(rope["long_factor"], np.float32))
         w.add_tensor("rope_factors_short.weight", np.array(rope["short_factor"], np.float32))
     weights = load_file(hf_folder / "model.safetensors")
+    if vision is not None:  # the language model's weights alone, under its own names
+        weights = {name.replace("model.language_model.", "model."): t
+                   for name, t in weights.items() if "visual." not in name}  # fmt: skip
     if arch == "exaone":  # its GPT-2-style names as the Llama ones its converter maps them to
         from inflight.model.exaone import LLAMA_NAMES
         from inflight.model.llama import renamed_weights

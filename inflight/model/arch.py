@@ -475,6 +475,8 @@ def _rope_settings(
     rope_type = rope.get("rope_type", rope.get("type", "default"))
     if rope_type == "su":  # LongRoPE's name in the first Phi-3 128k configs
         rope_type = "longrope"
+    if rope_type == "mrope":  # the Qwen VLs' multimodal RoPE: the plain one over text alone
+        rope_type = "default"
     if rope_type not in ("default", "llama3", "linear", "longrope", "yarn"):
         raise ValueError(f"unsupported rope_type {rope_type!r}")
     rope["rope_type"] = rope_type
@@ -654,6 +656,13 @@ def _local_rope_theta(local_params: dict[str, Any] | None, default: float) -> fl
 # each text model type's config class (in transformers) and text-only architecture
 _IMAGE_AND_TEXT = {
     "Gemma3ForConditionalGeneration": {"gemma3_text": ("Gemma3TextConfig", "Gemma3ForCausalLM")},
+    # Qwen2-VL's, Qwen2.5-VL's and Qwen3-VL's: with text alone, each position is the same in
+    # all three sections of their multimodal RoPE, which is then the plain one
+    "Qwen2VLForConditionalGeneration": {"qwen2_vl_text": ("Qwen2VLTextConfig", "Qwen2ForCausalLM")},
+    "Qwen2_5_VLForConditionalGeneration": {
+        "qwen2_5_vl_text": ("Qwen2_5_VLTextConfig", "Qwen2ForCausalLM")
+    },
+    "Qwen3VLForConditionalGeneration": {"qwen3_vl_text": ("Qwen3VLTextConfig", "Qwen3ForCausalLM")},
     "Mistral3ForConditionalGeneration": {  # Ministral 3's and Mistral Small 3.1's
         "ministral3": ("Ministral3Config", "Ministral3ForCausalLM"),
         "mistral": ("MistralConfig", "MistralForCausalLM"),
@@ -667,8 +676,11 @@ def _text_config(config: dict[str, Any], outer: str) -> dict[str, Any]:
     token ids and tying, which the outer config holds."""
     import transformers
 
-    given = dict(config.get("text_config") or {})
     kinds = _IMAGE_AND_TEXT[outer]
+    given = config.get("text_config")
+    if given is None:  # (Qwen2-VL's and Qwen2.5-VL's published configs hold it at the top)
+        given = {k: v for k, v in config.items() if k not in ("vision_config", "model_type")}
+    given = {k: v for k, v in given.items() if k != "architectures"}
     kind = given.get("model_type", next(iter(kinds)))
     if kind not in kinds:
         raise ValueError(f"{outer} with a {kind!r} language model is not supported; "

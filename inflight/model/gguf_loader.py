@@ -48,7 +48,8 @@ from inflight.model.rotary_pairs import PAIR_ROTARY, pairs_to_halves
 
 logger = logging.getLogger(__name__)
 
-SUPPORTED_GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "qwen2moe", "glm4moe",
+SUPPORTED_GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen2vl", "qwen3vl", "qwen3moe",
+                                "qwen2moe", "glm4moe",
                                 "ernie4_5-moe", "minimax-m2", "dots1", "hunyuan-moe", "olmoe",
                                 "granitemoe",
                                 "phi3",
@@ -63,7 +64,10 @@ PERMUTED_QK = ("llama", "mixtral", "granite", "granitemoe", "smollm3", "arcee", 
 _REGISTRY_NAMES = {"qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe", "glm4moe": "glm4_moe",
                    "gpt-oss": "gpt_oss", "hunyuan-dense": "hunyuan_dense",
                    "mistral3": "ministral3", "ernie4_5-moe": "ernie4_5_moe",
-                   "minimax-m2": "minimax_m2", "hunyuan-moe": "hunyuan_moe"}  # fmt: skip
+                   "minimax-m2": "minimax_m2", "hunyuan-moe": "hunyuan_moe",
+                   # the Qwen VLs' language models (their multimodal RoPE, over text alone, is
+                   # the plain one)
+                   "qwen2vl": "qwen2", "qwen3vl": "qwen3"}  # fmt: skip
 # the architectures whose experts a GGUF file may hold (a `llama` file's: Mixtral)
 _EXPERT_ARCHITECTURES = ("llama", "qwen3moe", "qwen2moe", "glm4moe", "ernie4_5-moe", "minimax-m2",
                          "dots1", "hunyuan-moe", "olmoe", "granitemoe", "gpt-oss")  # fmt: skip

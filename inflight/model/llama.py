@@ -279,7 +279,7 @@ def renamed_weights(
 
 
 # an image-and-text folder's parts that are not its language model
-_VISION_PARTS = ("vision_tower.", "multi_modal_projector.")
+_VISION_PARTS = ("vision_tower.", "multi_modal_projector.", "visual.")
 
 
 def language_model_weights(
