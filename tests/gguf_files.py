@@ -218,6 +218,7 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
             "OlmoeForCausalLM": "olmoe", "GraniteMoeSharedForCausalLM": "granitemoe",
             "Qwen2_5_VLForConditionalGeneration": "qwen2vl",
             "Qwen3VLForConditionalGeneration": "qwen3vl",
+            "Qwen3VLMoeForConditionalGeneration": "qwen3vlmoe",
             "MixtralForCausalLM": "llama",
             "GraniteForCausalLM": "granite", "GptOssForCausalLM": "gpt-oss",
             "SmolLM3ForCausalLM": "smollm3", "Exaone4ForCausalLM": "exaone4",
@@ -306,9 +307,9 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
         w.add_rope_scaling_type(RopeScalingType.YARN)
         w.add_rope_scaling_factor(rope["factor"])
         w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
-    if arch in ("qwen2vl", "qwen3vl"):  # their RoPE's sections, as llama.cpp reads them
+    if arch in ("qwen2vl", "qwen3vl", "qwen3vlmoe"):  # their RoPE's sections, as llama.cpp reads
         w.add_rope_dimension_sections([*rope["mrope_section"], 0])
-    if arch == "qwen3vl":
+    if arch in ("qwen3vl", "qwen3vlmoe"):
         w.add_num_deepstack_layers(len(vision.get("deepstack_visual_indexes", [])))
     if arch == "mistral3":  # (Ministral 3's: YaRN's mscale_all_dim, and its query temperature)
         w.add_rope_scaling_yarn_log_mul(rope["mscale_all_dim"])
@@ -342,6 +343,14 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
     if vision is not None:  # the language model's weights alone, under its own names
         weights = {name.replace("model.language_model.", "model."): t
                    for name, t in weights.items() if "visual." not in name}  # fmt: skip
+    for name in [n for n in weights if n.endswith(".mlp.experts.gate_up_proj")]:
+        # Qwen3-VL-MoE's stacks, as transformers saves them ([E, 2I, H], [E, H, I]), split as
+        # its converter splits them
+        prefix = name.removesuffix("gate_up_proj")
+        gate, up = weights.pop(name).chunk(2, dim=1)
+        weights[f"{prefix}gate_proj.weight"] = gate.contiguous()
+        weights[f"{prefix}up_proj.weight"] = up.contiguous()
+        weights[f"{prefix}down_proj.weight"] = weights.pop(f"{prefix}down_proj")
     if arch == "exaone":  # its GPT-2-style names as the Llama ones its converter maps them to
         from inflight.model.exaone import LLAMA_NAMES
         from inflight.model.llama import renamed_weights

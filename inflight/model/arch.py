@@ -656,13 +656,17 @@ def _local_rope_theta(local_params: dict[str, Any] | None, default: float) -> fl
 # each text model type's config class (in transformers) and text-only architecture
 _IMAGE_AND_TEXT = {
     "Gemma3ForConditionalGeneration": {"gemma3_text": ("Gemma3TextConfig", "Gemma3ForCausalLM")},
-    # Qwen2-VL's, Qwen2.5-VL's and Qwen3-VL's: with text alone, each position is the same in
+    # Qwen2-VL's, Qwen2.5-VL's and Qwen3-VL's (dense and MoE): with text alone, each position is
+    # the same in
     # all three sections of their multimodal RoPE, which is then the plain one
     "Qwen2VLForConditionalGeneration": {"qwen2_vl_text": ("Qwen2VLTextConfig", "Qwen2ForCausalLM")},
     "Qwen2_5_VLForConditionalGeneration": {
         "qwen2_5_vl_text": ("Qwen2_5_VLTextConfig", "Qwen2ForCausalLM")
     },
     "Qwen3VLForConditionalGeneration": {"qwen3_vl_text": ("Qwen3VLTextConfig", "Qwen3ForCausalLM")},
+    "Qwen3VLMoeForConditionalGeneration": {
+        "qwen3_vl_moe_text": ("Qwen3VLMoeTextConfig", "Qwen3MoeForCausalLM")
+    },
     "Mistral3ForConditionalGeneration": {  # Ministral 3's and Mistral Small 3.1's
         "ministral3": ("Ministral3Config", "Ministral3ForCausalLM"),
         "mistral": ("MistralConfig", "MistralForCausalLM"),
@@ -690,6 +694,8 @@ def _text_config(config: dict[str, Any], outer: str) -> dict[str, Any]:
     for key in ("bos_token_id", "eos_token_id", "tie_word_embeddings"):
         if config.get(key) is not None:
             text[key] = config[key]
+    if kind == "qwen3_vl_moe_text":  # (its router always renormalizes the chosen)
+        text["norm_topk_prob"] = True
     return {**text, "architectures": [architecture]}
 
 

@@ -48,7 +48,8 @@ from inflight.model.rotary_pairs import PAIR_ROTARY, pairs_to_halves
 
 logger = logging.getLogger(__name__)
 
-SUPPORTED_GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen2vl", "qwen3vl", "qwen3moe",
+SUPPORTED_GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen2vl", "qwen3vl", "qwen3vlmoe",
+                                "qwen3moe",
                                 "qwen2moe", "glm4moe",
                                 "ernie4_5-moe", "minimax-m2", "dots1", "hunyuan-moe", "olmoe",
                                 "granitemoe",
@@ -67,10 +68,11 @@ _REGISTRY_NAMES = {"qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe", "glm4moe": 
                    "minimax-m2": "minimax_m2", "hunyuan-moe": "hunyuan_moe",
                    # the Qwen VLs' language models (their multimodal RoPE, over text alone, is
                    # the plain one)
-                   "qwen2vl": "qwen2", "qwen3vl": "qwen3"}  # fmt: skip
+                   "qwen2vl": "qwen2", "qwen3vl": "qwen3", "qwen3vlmoe": "qwen3_moe"}  # fmt: skip
 # the architectures whose experts a GGUF file may hold (a `llama` file's: Mixtral)
-_EXPERT_ARCHITECTURES = ("llama", "qwen3moe", "qwen2moe", "glm4moe", "ernie4_5-moe", "minimax-m2",
-                         "dots1", "hunyuan-moe", "olmoe", "granitemoe", "gpt-oss")  # fmt: skip
+_EXPERT_ARCHITECTURES = ("llama", "qwen3moe", "qwen3vlmoe", "qwen2moe", "glm4moe", "ernie4_5-moe",
+                         "minimax-m2", "dots1", "hunyuan-moe", "olmoe", "granitemoe",
+                         "gpt-oss")  # fmt: skip
 # the architectures whose softmax routers llama.cpp never renormalizes (their published models
 # do not)
 _UNNORMALIZED_ROUTERS = ("qwen2moe", "olmoe")

@@ -275,11 +275,16 @@ class MoEModel(LlamaModel):
                 continue
             for theirs, ours in _SHARED_AND_ROUTER_NAMES.items():
                 name = name.replace(theirs, ours)
-            stack = next((s for s in _GRANITE_STACKS if name.endswith(s)), None)
-            if stack is not None:  # one expert at a time
+            stack = next((s for s in _STACKS if name.endswith(s)), None)
+            if stack is not None:  # one expert at a time, each [out, in]
+                projection = _STACKS[stack]
+                out_rows = {"gate_up_proj": 2 * self.cfg.expert_intermediate_size,
+                            "down_proj": self.cfg.hidden_size}[projection]  # fmt: skip
+                if tensor.shape[1] != out_rows:  # (Qwen3-VL-MoE's published [E, in, out])
+                    tensor = tensor.transpose(1, 2)
                 layer_name = name.removesuffix(stack)
                 for e, part in enumerate(tensor):
-                    yield f"{layer_name}.mlp.experts.{e}.{_GRANITE_STACKS[stack]}.weight", part
+                    yield f"{layer_name}.mlp.experts.{e}.{projection}.weight", part
                 continue
             for theirs, ours in names.items():
                 if name.endswith(theirs):
@@ -416,10 +421,13 @@ _SHARED_AND_ROUTER_NAMES = {".mlp.shared_experts.": ".mlp.shared_expert.",
                             ".shared_mlp.input_linear.": ".mlp.shared_expert.gate_up_proj.",
                             ".shared_mlp.output_linear.": ".mlp.shared_expert.down_proj.",
                             ".block_sparse_moe.router.layer.": ".mlp.gate."}  # fmt: skip
-# Granite's experts stacked per layer ([E, 2I, H] gate rows first, and [E, H, I]) -> one
-# expert's projection
-_GRANITE_STACKS = {".block_sparse_moe.input_linear.weight": "gate_up_proj",
-                   ".block_sparse_moe.output_linear.weight": "down_proj"}  # fmt: skip
+# experts stacked per layer, gate rows (or columns) first -> one expert's projection: Granite's
+# ([E, 2I, H], [E, H, I]) and Qwen3-VL-MoE's (transformers' layout as Granite's, the published
+# checkpoints' transposed: [E, H, 2I], [E, I, H])
+_STACKS = {".block_sparse_moe.input_linear.weight": "gate_up_proj",
+           ".block_sparse_moe.output_linear.weight": "down_proj",
+           ".mlp.experts.gate_up_proj": "gate_up_proj",
+           ".mlp.experts.down_proj": "down_proj"}  # fmt: skip
 # a float32 router's weights and score bias (GLM-4.5's; ERNIE 4.5's bias [1, E]; MiniMax-M2's
 # under Mixtral's names) -> ours
 _ROUTER_NAMES = {".mlp.gate.weight": ".mlp.router_weight",

@@ -179,10 +179,12 @@ def shard_tensor(shard: Shard, name: str, tensor: torch.Tensor) -> torch.Tensor:
     if module == "gate_up_proj":  # fused rows (Phi-3's, an expert's): gate, then up
         gate, up = _parts(tensor, [width] * 2)
         return torch.cat([_rows(gate, columns, 1), _rows(up, columns, 1)])
-    if (stacked := _GPT_OSS_STACK.search(name)) is not None:
+    if (stacked := _GPT_OSS_STACK.search(name)) is not None and a.architecture == "gpt_oss":
         return _gpt_oss_stack(shard, stacked[1], tensor)
+    if stacked is not None:  # Qwen3-VL-MoE's, in either of its layouts
+        return _stacked_experts(shard, stacked[1], tensor)
     if (fused := _GRANITE_FUSED.search(name)) is not None:
-        return _granite_fused(shard, fused[1], fused[2], tensor)
+        return _fused_mlp(shard, fused[1] == "block_sparse_moe", fused[2] == "input", tensor)
     if (inputs := input_columns(shard, name)) is not None:
         return tensor[:, inputs.start : inputs.stop]
     if module in ("o_proj", "down_proj"):  # their biases join the sum once
@@ -203,13 +205,12 @@ _GPT_OSS_STACK = re.compile(r"\.mlp\.experts\.(gate_up_proj|gate_up_proj_bias|do
 _GRANITE_FUSED = re.compile(r"\.(block_sparse_moe|shared_mlp)\.(input|output)_linear\.weight$")
 
 
-def _granite_fused(shard: Shard, mlp: str, part: str, tensor: torch.Tensor) -> torch.Tensor:
-    """This rank's slice of a Granite MLP weight: `input_linear` ([E, 2I, H] for the experts,
-    [2S, H] for the shared MLP) by its gate's and its up's rows alike, `output_linear`
-    ([E, H, I], [H, S]) by its input columns."""
-    experts = mlp == "block_sparse_moe"
+def _fused_mlp(shard: Shard, experts: bool, gate_up: bool, tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's slice of an MLP weight with gate and up fused, the experts' stacked ([E, 2I, H],
+    [E, H, I]) or a shared MLP's ([2S, H], [H, S]): gate and up by their rows alike, down by its
+    input columns."""
     columns = shard.expert_columns if experts else shard.shared_expert_columns
-    if part == "output":
+    if not gate_up:
         return tensor[..., columns.start : columns.stop]
     width = (
         shard.arch.expert_intermediate_size
@@ -219,6 +220,16 @@ def _granite_fused(shard: Shard, mlp: str, part: str, tensor: torch.Tensor) -> t
     gate, up = tensor.split(width, dim=-2)
     rows = slice(columns.start, columns.stop)
     return torch.cat([gate[..., rows, :], up[..., rows, :]], dim=-2)
+
+
+def _stacked_experts(shard: Shard, part: str, tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's slice of a layer's stacked experts, gate before up (Qwen3-VL-MoE's): in
+    transformers' layout ([E, 2I, H], [E, H, I]), as Granite's, or the published one ([E, H, 2I],
+    [E, I, H]), told apart by which dimension is the experts' width."""
+    width, gate_up = shard.arch.expert_intermediate_size, part == "gate_up_proj"
+    if tensor.shape[1 if gate_up else 2] == (2 * width if gate_up else width):
+        return _fused_mlp(shard, True, gate_up, tensor)
+    return _fused_mlp(shard, True, gate_up, tensor.transpose(1, 2)).transpose(1, 2)
 
 
 def _gpt_oss_stack(shard: Shard, part: str, tensor: torch.Tensor) -> torch.Tensor:

@@ -1,5 +1,7 @@
-"""The language models of Qwen2.5-VL (`Qwen2_5_VLForConditionalGeneration`, GGUF `qwen2vl`) and
-Qwen3-VL (`Qwen3VLForConditionalGeneration`, GGUF `qwen3vl`), served on text: their vision parts
+"""The language models of Qwen2.5-VL (`Qwen2_5_VLForConditionalGeneration`, GGUF `qwen2vl`),
+Qwen3-VL (`Qwen3VLForConditionalGeneration`, GGUF `qwen3vl`) and Qwen3-VL-MoE
+(`Qwen3VLMoeForConditionalGeneration`, GGUF `qwen3vlmoe`: its experts stacked per layer, in
+either of two layouts), served on text: their vision parts
 are left out at load, and over text alone every position is the same in all three sections of
 their multimodal RoPE, which is then the plain one. Tiny folders of each generate as
 transformers' image-and-text model does on the same text; so do their GGUF files; and the
@@ -7,9 +9,12 @@ configs as published (Qwen2.5-VL's at the top level, Qwen3-VL's nested) are read
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 import torch
 from gguf import GGMLQuantizationType
+from safetensors.torch import load_file, save_file
 
 from inflight import LLM
 from inflight.model.arch import LlamaArchConfig
@@ -52,9 +57,24 @@ def test_published_configs_are_read():
     qwen3 = LlamaArchConfig.from_hf_config(QWEN3_VL_8B)
     assert (qwen3.architecture, qwen3.num_layers, qwen3.head_dim, qwen3.rope_theta,
             qwen3.rope_scaling) == ("qwen3", 36, 128, 5e6, None)  # fmt: skip
+    qwen2 = LlamaArchConfig.from_hf_config(
+        {
+            **QWEN25_VL_7B,
+            "model_type": "qwen2_vl",
+            "architectures": ["Qwen2VLForConditionalGeneration"],
+        }
+    )
+    assert (qwen2.architecture, qwen2.num_layers) == ("qwen2", 28)
+    moe = {**QWEN3_VL_8B, "architectures": ["Qwen3VLMoeForConditionalGeneration"],
+           "text_config": {**QWEN3_VL_8B["text_config"], "model_type": "qwen3_vl_moe_text",
+                           "num_experts": 128, "num_experts_per_tok": 8,
+                           "moe_intermediate_size": 768}}  # fmt: skip
+    qwen3_moe = LlamaArchConfig.from_hf_config(moe)
+    assert (qwen3_moe.architecture, qwen3_moe.num_experts, qwen3_moe.norm_topk_prob) == (
+        "qwen3_moe", 128, True)  # fmt: skip
 
 
-@pytest.fixture(scope="module", params=["qwen2_5_vl", "qwen3_vl"])
+@pytest.fixture(scope="module", params=["qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe"])
 def vl_folder(request, tmp_path_factory, tokenizer_dir):
     """A tiny image-and-text Qwen VL saved by transformers, and the model itself."""
     from transformers import (
@@ -63,6 +83,8 @@ def vl_folder(request, tmp_path_factory, tokenizer_dir):
         Qwen2_5_VLForConditionalGeneration,
         Qwen3VLConfig,
         Qwen3VLForConditionalGeneration,
+        Qwen3VLMoeConfig,
+        Qwen3VLMoeForConditionalGeneration,
     )
 
     folder = tmp_path_factory.mktemp(request.param)
@@ -77,12 +99,17 @@ def vl_folder(request, tmp_path_factory, tokenizer_dir):
             text_config={**TEXT, "vocab_size": len(tokenizer), "rope_parameters": rope},
             vision_config={**vision, "fullatt_block_indexes": [0]})  # fmt: skip
         model = Qwen2_5_VLForConditionalGeneration(config)
-    else:
-        config = Qwen3VLConfig(
-            text_config={**TEXT, "vocab_size": len(tokenizer), "head_dim": 16,
-                         "rope_parameters": {**rope, "mrope_interleaved": True}},
-            vision_config={**vision, "deepstack_visual_indexes": [0]})  # fmt: skip
-        model = Qwen3VLForConditionalGeneration(config)
+    else:  # (the MoE's experts 96 wide: neither stack's layout can be mistaken for the other)
+        moe = request.param == "qwen3_vl_moe"
+        text = {**TEXT, "vocab_size": len(tokenizer), "head_dim": 16,
+                "rope_parameters": {**rope, "mrope_interleaved": True}}  # fmt: skip
+        if moe:
+            text |= {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 96}
+        kind = (Qwen3VLMoeConfig, Qwen3VLMoeForConditionalGeneration) if moe else (
+            Qwen3VLConfig, Qwen3VLForConditionalGeneration)  # fmt: skip
+        config = kind[0](text_config=text,
+                         vision_config={**vision, "deepstack_visual_indexes": [0]})  # fmt: skip
+        model = kind[1](config)
     model.eval().save_pretrained(folder)
     return folder, model, len(tokenizer)
 
@@ -120,3 +147,23 @@ def assert_same_greedy(llm, want) -> None:
         return [o.outputs[0].token_ids for o in engine.generate(prompts, params, use_tqdm=False)]
 
     assert tokens(llm) == tokens(want)
+
+
+def test_moe_stacks_in_the_published_layout_load_alike(vl_folder, tmp_path):
+    """Qwen3-VL-MoE's published checkpoints hold each layer's experts as [E, H, 2I] and
+    [E, I, H], transformers saves [E, 2I, H] and [E, H, I]: both load, on one rank or split
+    over two."""
+    folder = vl_folder[0]
+    if "moe" not in folder.name:
+        pytest.skip("Qwen3-VL-MoE's stacks")
+    published = tmp_path / "published"
+    shutil.copytree(folder, published)
+    weights = load_file(published / "model.safetensors")
+    stacks = [n for n in weights if n.endswith(("experts.gate_up_proj", "experts.down_proj"))]
+    assert stacks
+    for name in stacks:
+        weights[name] = weights[name].transpose(1, 2).contiguous()
+    save_file(weights, published / "model.safetensors", metadata={"format": "pt"})
+    assert_same_greedy(LLM(str(published), dtype="float32"), LLM(str(folder), dtype="float32"))
+    split = LLM(str(published), dtype="float32", tensor_parallel_size=2)
+    assert_same_greedy(split, LLM(str(folder), dtype="float32"))
