@@ -343,7 +343,8 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
     if vision is not None:  # the language model's weights alone, under its own names
         weights = {name.replace("model.language_model.", "model."): t
                    for name, t in weights.items() if "visual." not in name}  # fmt: skip
-    for name in [n for n in weights if n.endswith(".mlp.experts.gate_up_proj")]:
+    stacks = [n for n in weights if n.endswith(".mlp.experts.gate_up_proj")]
+    for name in stacks if arch == "qwen3vlmoe" else []:
         # Qwen3-VL-MoE's stacks, as transformers saves them ([E, 2I, H], [E, H, I]), split as
         # its converter splits them
         prefix = name.removesuffix("gate_up_proj")
