@@ -335,6 +335,12 @@ class LlamaArchConfig:
                 raise ValueError(f"quantization {method or quantization!r} is not supported: "
                                  "quantized weights load from GGUF files, or as gpt-oss's "
                                  "mxfp4 checkpoints")  # fmt: skip
+        for key in ("num_attention_heads", "hidden_size", "head_dim"):  # (divided below)
+            value = config.get(key)
+            if value is None and key == "head_dim":
+                continue  # (hidden_size / heads)
+            if not (isinstance(value, int) and not isinstance(value, bool) and 0 < value < 2**31):
+                raise ValueError(f"{key} must be a positive integer below 2**31, not {value!r}")
         num_heads = config["num_attention_heads"]
         hidden = config["hidden_size"]
         params = dict(config.get("rope_parameters") or {})
@@ -679,18 +685,24 @@ def _text_config(config: dict[str, Any], outer: str) -> dict[str, Any]:
     transformers' defaults (published configs name only what differs from them), and the
     token ids and tying, which the outer config holds."""
     import transformers
+    from huggingface_hub.errors import StrictDataclassError
 
     kinds = _IMAGE_AND_TEXT[outer]
     given = config.get("text_config")
     if given is None:  # (Qwen2-VL's and Qwen2.5-VL's published configs hold it at the top)
         given = {k: v for k, v in config.items() if k not in ("vision_config", "model_type")}
+    if not isinstance(given, dict):
+        raise ValueError(f"{outer}'s text_config must be an object, not {given!r:.100}")
     given = {k: v for k, v in given.items() if k != "architectures"}
     kind = given.get("model_type", next(iter(kinds)))
     if kind not in kinds:
         raise ValueError(f"{outer} with a {kind!r} language model is not supported; "
                          f"supported: {', '.join(kinds)}")  # fmt: skip
     config_class, architecture = kinds[kind]
-    text = getattr(transformers, config_class)(**given).to_dict()
+    try:
+        text = getattr(transformers, config_class)(**given).to_dict()
+    except StrictDataclassError as e:  # (a value transformers' config refuses)
+        raise ValueError(f"{outer}'s language model config: {e}") from None
     for key in ("bos_token_id", "eos_token_id", "tie_word_embeddings"):
         if config.get(key) is not None:
             text[key] = config[key]

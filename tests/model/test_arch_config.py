@@ -240,7 +240,7 @@ def test_mixtral_routes_every_layer_through_experts_of_its_intermediate_size():
     [
         ({"num_hidden_layers": 2**64}, "layers"),
         ({"hidden_size": 2**63}, "hidden_size must be a positive integer below 2"),
-        ({"num_attention_heads": 0}, "num_heads must be a positive integer"),
+        ({"num_attention_heads": 0}, "num_attention_heads must be a positive integer"),
         ({"sliding_window": -5}, "sliding_window must be positive"),
         ({"sliding_window_pattern": 0}, "sliding_window_pattern 0"),
         ({"query_pre_attn_scalar": 0}, "query_pre_attn_scalar must be positive"),
@@ -289,6 +289,15 @@ def _longrope(**rope):
          "logits_scaling must be positive"),
         ({**PHI3, "architectures": ["Gemma2ForCausalLM"], "attn_logit_softcapping": -1.0},
          "attn_logit_softcapping must be positive"),
+        # (PHI3 names no head_dim: hidden_size / heads)
+        ({**PHI3, "num_attention_heads": 0}, "num_attention_heads must be a positive integer"),
+        ({**PHI3, "head_dim": float("inf")}, "head_dim must be a positive integer"),
+        ({**PHI3, "head_dim": 2**64}, "head_dim must be a positive integer"),
+        ({**PHI3, "hidden_size": True}, "hidden_size must be a positive integer"),
+        ({"architectures": ["Mistral3ForConditionalGeneration"], "text_config": [1]},
+         "text_config must be an object"),
+        ({**PHI3, "architectures": ["Qwen2_5_VLForConditionalGeneration"], "vocab_size": "x"},
+         "language model config"),  # (transformers' own check of it)
     ],
 )  # fmt: skip
 def test_hostile_rope_expert_and_multiplier_fields_are_refused(config, why):
