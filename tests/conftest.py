@@ -73,7 +73,7 @@ TINY_ARCHS = ("llama", "llama3_rope", "qwen2", "qwen3", "qwen3_moe", "mixtral", 
               "olmo3", "glm4", "ernie4_5", "seed_oss",
               "arcee", "hunyuan_dense", "qwen2_moe", "glm4_moe", "ministral3",
               "ernie4_5_moe", "minimax_m2", "dots1", "hunyuan_moe", "olmoe",
-              "granitemoe", "exaone")  # fmt: skip
+              "granitemoe", "exaone", "gemma")  # fmt: skip
 
 
 # the tiny Ministral 3's RoPE settings (its published ones: original context 16,384, beta 0.1)
@@ -115,6 +115,8 @@ def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) ->
         Gemma2ForCausalLM,
         Gemma3ForCausalLM,
         Gemma3TextConfig,
+        GemmaConfig,
+        GemmaForCausalLM,
         Glm4Config,
         Glm4ForCausalLM,
         Glm4MoeConfig,
@@ -332,6 +334,11 @@ def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) ->
         # one its GGUF files imply)
         config = SmolLM3Config(**{**common, "num_hidden_layers": 4}, rope_theta=10000.0)
         cls = SmolLM3ForCausalLM
+    elif arch == "gemma":  # Gemma's `1 + w` norms before the sublayers, tanh-GELU, scaled
+        # embeddings, tied LM head; heads of 32 (the 2B's one KV head)
+        config = GemmaConfig(**{**common, "num_key_value_heads": 1}, head_dim=32,
+                             rope_theta=10000.0)  # fmt: skip
+        cls = GemmaForCausalLM
     elif arch == "gemma2":  # every other layer windowed, and soft caps far below the tiny
         # model's scores and logits, so that both change what it computes
         config = Gemma2Config(**{**common, "num_hidden_layers": 4}, head_dim=32,
@@ -385,7 +392,8 @@ def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) ->
             for name, param in model.named_parameters():
                 if name.endswith("norm.weight"):
                     param.uniform_(0.5, 1.5)
-    if arch in ("gemma2", "gemma3"):  # norms start at w = 0 (a scale of 1 + w): make it matter
+    if arch in ("gemma", "gemma2", "gemma3"):  # norms start at w = 0 (a scale of 1 + w): make
+        # it matter
         with torch.no_grad():
             for name, param in model.named_parameters():
                 if name.endswith("norm.weight"):

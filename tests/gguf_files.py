@@ -210,7 +210,8 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
     merges = [m if isinstance(m, str) else " ".join(m) for m in tok["model"]["merges"]]
 
     arch = {"LlamaForCausalLM": "llama", "Qwen3ForCausalLM": "qwen3", "Phi3ForCausalLM": "phi3",
-            "Gemma2ForCausalLM": "gemma2", "Gemma3ForCausalLM": "gemma3",
+            "GemmaForCausalLM": "gemma", "Gemma2ForCausalLM": "gemma2",
+            "Gemma3ForCausalLM": "gemma3",
             "Qwen3MoeForCausalLM": "qwen3moe", "Qwen2MoeForCausalLM": "qwen2moe",
             "Glm4MoeForCausalLM": "glm4moe", "Ministral3ForCausalLM": "mistral3",
             "Ernie4_5_MoeForCausalLM": "ernie4_5-moe", "MiniMaxM2ForCausalLM": "minimax-m2",
@@ -371,9 +372,8 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
             array = llama_cpp_permute(array, cfg["num_attention_heads"])
         elif permuted and name.endswith("k_proj.weight"):
             array = llama_cpp_permute(array, cfg["num_key_value_heads"])
-        elif arch in ("gemma2", "gemma3") and name.endswith("norm.weight"):  # stored as the
-            # 1 + w applied
-            array = array + 1
+        elif arch in ("gemma", "gemma2", "gemma3") and name.endswith("norm.weight"):
+            array = array + 1  # (stored as the 1 + w applied)
         elif name.endswith("shared_expert_gate.weight"):  # (one row: llama.cpp stores a vector)
             array = array[0]
         elif name.endswith("e_score_correction_bias"):  # (ERNIE 4.5's is [1, E]: a vector)

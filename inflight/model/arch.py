@@ -36,6 +36,7 @@ SUPPORTED_ARCHITECTURES = {
     "GraniteForCausalLM": "granite",
     "GraniteMoeForCausalLM": "granitemoe",
     "GraniteMoeSharedForCausalLM": "granitemoe",  # (a shared MLP beside the experts)
+    "GemmaForCausalLM": "gemma",
     "Gemma2ForCausalLM": "gemma2",
     "Gemma3ForCausalLM": "gemma3",
     "Gemma3ForConditionalGeneration": "gemma3",  # its language model (`_text_config`)
@@ -65,6 +66,9 @@ SUPPORTED_ARCHITECTURES = {
 POOLING_MODES = ("last", "mean")
 MAX_LAYERS = 1024  # far beyond any model's; a config asking more is broken or hostile
 MAX_EXPERTS = 4096  # the same for experts a layer (the largest published MoEs have 256)
+# the families whose configs tie the LM head to the embeddings where they do not say (as
+# transformers' config classes default); the others untie it
+TIED_BY_DEFAULT = ("gemma", "gemma2", "gemma3", "smollm3", "ernie4_5", "ernie4_5_moe")
 # the families whose MLPs are experts (`_experts`)
 EXPERT_ARCHS = ("qwen3_moe", "qwen2_moe", "mixtral", "gpt_oss", "glm4_moe", "ernie4_5_moe",
                 "minimax_m2", "dots1", "hunyuan_moe", "olmoe", "granitemoe")  # fmt: skip
@@ -398,6 +402,10 @@ class LlamaArchConfig:
         full_layers: tuple[int, ...] = ()
         local_theta = query_scalar = None
         softcaps: dict[str, Any] = {}
+        if arch == "gemma" and (config.get("hidden_activation") or "gelu_pytorch_tanh") != (
+            "gelu_pytorch_tanh"
+        ):  # (transformers' Gemma takes tanh-GELU where `hidden_activation` is unset)
+            raise ValueError(f"unsupported hidden_activation {config['hidden_activation']!r}")
         if arch in ("gemma2", "gemma3"):
             full_layers, local_theta = _gemma_layers(config, local_params, arch)
             query_scalar = float(config.get("query_pre_attn_scalar", 256))
@@ -438,7 +446,7 @@ class LlamaArchConfig:
             rms_norm_eps=config.get("rms_norm_eps", 1e-6),
             rope_theta=float(rope_theta),
             max_position_embeddings=config.get("max_position_embeddings", 2048),
-            tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+            tie_word_embeddings=bool(config.get("tie_word_embeddings", arch in TIED_BY_DEFAULT)),
             # (Seed-OSS's q/k/v biases are on unless its config says otherwise)
             qkv_bias=_qkv_bias(config, arch),
             sliding_window=window,

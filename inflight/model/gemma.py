@@ -1,6 +1,7 @@
-"""Gemma 2 (`Gemma2ForCausalLM`, GGUF `gemma2`) and Gemma 3 text (`Gemma3ForCausalLM`, or the
-language model of a `Gemma3ForConditionalGeneration` folder; GGUF `gemma3`): the Llama layer
-(Gemma 3's with Qwen3's per-head q/k RMSNorm) with Gemma's own parts:
+"""Gemma (`GemmaForCausalLM`, GGUF `gemma`), Gemma 2 (`Gemma2ForCausalLM`, GGUF `gemma2`) and
+Gemma 3 text (`Gemma3ForCausalLM`, or the language model of a `Gemma3ForConditionalGeneration`
+folder; GGUF `gemma3`): the Llama layer (Gemma 3's with Qwen3's per-head q/k RMSNorm) with
+Gemma's own parts (Gemma's: the `1 + w` norms, the tanh-GELU MLP and the scaled embeddings):
 
 - every RMSNorm multiplies by `1 + w` (checkpoints hold w; `load_weights` adds the 1, in float32
   as transformers does, so the layer ops stay the plain RMSNorm);
@@ -51,6 +52,12 @@ class Gemma2DecoderLayer(DecoderLayer):
         return self.post_attention_layernorm, self.post_feedforward_layernorm
 
 
+class GemmaDecoderLayer(DecoderLayer):
+    """Gemma's layer: Llama's, its norms before the sublayers alone, with a tanh-GELU MLP."""
+
+    gelu = True
+
+
 class Gemma3DecoderLayer(Gemma2DecoderLayer, Qwen3DecoderLayer):
     """Gemma 2's layer with Qwen3's per-head q/k norms."""
 
@@ -65,6 +72,10 @@ class Gemma2Model(LlamaModel):
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         super().load_weights(_offset_norms(weights))
+
+
+class GemmaModel(Gemma2Model):
+    layer_class = GemmaDecoderLayer
 
 
 class Gemma3Model(Gemma2Model, Qwen3Model):

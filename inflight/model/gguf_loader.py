@@ -49,15 +49,11 @@ from inflight.model.rotary_pairs import PAIR_ROTARY, pairs_to_halves
 logger = logging.getLogger(__name__)
 
 SUPPORTED_GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen2vl", "qwen3vl", "qwen3vlmoe",
-                                "qwen3moe",
-                                "qwen2moe", "glm4moe",
-                                "ernie4_5-moe", "minimax-m2", "dots1", "hunyuan-moe", "olmoe",
-                                "granitemoe",
-                                "phi3",
+                                "qwen3moe", "qwen2moe", "glm4moe", "ernie4_5-moe", "minimax-m2",
+                                "dots1", "hunyuan-moe", "olmoe", "granitemoe", "phi3", "gemma",
                                 "gemma2", "gemma3", "mistral3", "granite", "gpt-oss", "smollm3",
                                 "exaone", "exaone4", "olmo2", "glm4", "ernie4_5", "seed_oss",
-                                "arcee",
-                                "hunyuan-dense")  # fmt: skip
+                                "arcee", "hunyuan-dense")  # fmt: skip
 # the architectures whose Q and K rows llama.cpp's converter permutes (`unpermute_qk`)
 PERMUTED_QK = ("llama", "mixtral", "granite", "granitemoe", "smollm3", "arcee", "ministral3")
 # a GGUF architecture -> the registry's, where the names differ (a `llama` file with experts is
@@ -625,7 +621,7 @@ def iter_gguf_weights(
         if blocks is not None and tensor.tensor_type in block_types and len(shape) == 2:
             block_size, block_bytes = GGML_QUANT_SIZES[tensor.tensor_type]
             raw = tensor.data.reshape(shape[0], shape[1] // block_size, block_bytes)
-        gemma = cfg.architecture in ("gemma2", "gemma3")
+        gemma = cfg.architecture in ("gemma", "gemma2", "gemma3")
         if gemma and name.endswith("norm.weight") and array is not None:
             array = array - 1  # the file holds the 1 + w each norm multiplies by; HF's w
         projection = name.rpartition(".")[0].rpartition(".")[2]  # q_proj of ...q_proj.bias

@@ -9,7 +9,7 @@ from inflight.model.arcee import ArceeModel
 from inflight.model.arch import LlamaArchConfig
 from inflight.model.exaone import ExaoneModel
 from inflight.model.exaone4 import Exaone4Model
-from inflight.model.gemma import Gemma2Model, Gemma3Model
+from inflight.model.gemma import Gemma2Model, Gemma3Model, GemmaModel
 from inflight.model.glm4 import Glm4Model
 from inflight.model.gpt_oss import GptOssModel
 from inflight.model.hunyuan import HunyuanModel
@@ -50,6 +50,7 @@ MODEL_CLASSES: dict[str, type[LlamaModel]] = {
     "dots1": Glm4MoeQkNormModel,  # (GLM-4.5's experts beside Qwen3's attention)
     "mixtral": MixtralModel,
     "phi3": Phi3Model,
+    "gemma": GemmaModel,
     "gemma2": Gemma2Model,
     "gemma3": Gemma3Model,
     "gpt_oss": GptOssModel,

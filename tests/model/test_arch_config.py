@@ -338,3 +338,21 @@ def test_quantized_checkpoints_other_than_gpt_oss_mxfp4_are_refused_naming_the_m
         LlamaArchConfig.from_hf_config(config)
     ok = {**GPT_OSS_20B, "quantization_config": {"quant_method": "mxfp4"}}
     assert LlamaArchConfig.from_hf_config(ok).architecture == "gpt_oss"
+
+
+GEMMA_7B = {  # gemma-7b's config.json: `hidden_act` gelu, `hidden_activation` unset
+    "architectures": ["GemmaForCausalLM"], "hidden_act": "gelu", "hidden_activation": None,
+    "hidden_size": 3072, "head_dim": 256, "intermediate_size": 24576, "num_attention_heads": 16,
+    "num_key_value_heads": 16, "num_hidden_layers": 28, "max_position_embeddings": 8192,
+    "rms_norm_eps": 1e-06, "rope_theta": 10000.0, "vocab_size": 256000,
+}  # fmt: skip
+
+
+def test_gemma_takes_tanh_gelu_and_a_tied_head_where_its_config_names_neither():
+    """As transformers does (its `hidden_act` "gelu" is not what the layers compute); another
+    `hidden_activation` is refused."""
+    arch = LlamaArchConfig.from_hf_config(GEMMA_7B)
+    # (tied, as transformers' Gemma configs are where they do not say)
+    assert (arch.architecture, arch.head_dim, arch.tie_word_embeddings) == ("gemma", 256, True)
+    with pytest.raises(ValueError, match="unsupported hidden_activation 'relu'"):
+        LlamaArchConfig.from_hf_config({**GEMMA_7B, "hidden_activation": "relu"})

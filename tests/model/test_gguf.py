@@ -346,3 +346,18 @@ def test_an_embedding_kept_as_blocks_looks_up_gguf_dequantized_rows(tmp_path, ti
     assert torch.equal(model.embed_tokens(ids), exact.embed_tokens(ids))
     vocab_rows = model.cfg.vocab_size * model.cfg.hidden_size
     assert all(p.numel() < vocab_rows for p in model.parameters())  # no float copy left
+
+
+@pytest.mark.parametrize("qtype", (Q.F32, Q.Q8_0), ids=lambda q: q.name)
+def test_a_gemma_gguf_generates_as_transformers_with_its_weights(tmp_path, tiny_model_factory,
+                                                                  qtype):  # fmt: skip
+    """Gemma's GGUF (`gemma`: its norms stored as the 1 + w applied, under Llama's names, Q/K
+    rows as they are) against transformers with the file's weights."""
+    from tests.parity import assert_gguf_generates_as_its_weights
+
+    folder = tiny_model_factory("gemma")
+    path = write_tiny_gguf(folder, tmp_path / "gemma.gguf", qtype)
+    mode = "off" if qtype == Q.F32 else "int16"
+    llm = LLM(str(path), dtype="float32", quantized_activations=mode)
+    assert (llm.core.arch.architecture, llm.core.arch.sliding_window) == ("gemma", None)
+    assert_gguf_generates_as_its_weights(llm, folder, qtype)
