@@ -393,6 +393,16 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
     return out
 
 
+def tiny_gguf_engine(hf_folder: Path, out: Path, qtype: GGMLQuantizationType):
+    """An engine over `hf_folder` written as a GGUF in `qtype` (`write_tiny_gguf`): exact in
+    F32; otherwise over the file's blocks with 16-bit activations, as the kernels take them."""
+    from inflight import LLM
+
+    path = write_tiny_gguf(hf_folder, out, qtype)
+    mode = "off" if qtype == Q.F32 else "int16"
+    return LLM(str(path), dtype="float32", quantized_activations=mode)
+
+
 def _granite_as_llama_cpp(weights: dict) -> dict:
     """Granite MoE's checkpoint as its converter splits it: each layer's stacked
     `input_linear` [E, 2I, H] into gate and up stacks, `output_linear` as down's, the router

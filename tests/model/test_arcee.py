@@ -9,9 +9,8 @@ from __future__ import annotations
 import pytest
 from gguf import GGMLQuantizationType
 
-from inflight import LLM
 from inflight.model.arch import LlamaArchConfig
-from tests.gguf_files import write_tiny_gguf
+from tests.gguf_files import tiny_gguf_engine
 from tests.parity import assert_gguf_generates_as_its_weights
 
 PUBLISHED = {  # AFM-4.5B's config.json, the fields the engine reads
@@ -42,8 +41,6 @@ def test_an_arcee_gguf_generates_as_transformers_with_its_weights(
     """llama.cpp's converter permutes Arcee's Q/K rows as for llama and writes its up and down
     projections alone (no ffn_gate)."""
     folder = tiny_model_factory("arcee")
-    path = write_tiny_gguf(folder, tmp_path / "arcee.gguf", qtype)
-    mode = "off" if qtype == GGMLQuantizationType.F32 else "int16"
-    llm = LLM(str(path), dtype="float32", quantized_activations=mode)
+    llm = tiny_gguf_engine(folder, tmp_path / "arcee.gguf", qtype)
     assert llm.core.arch.architecture == "arcee"
     assert_gguf_generates_as_its_weights(llm, folder, qtype)

@@ -10,9 +10,8 @@ from __future__ import annotations
 import pytest
 from gguf import GGMLQuantizationType
 
-from inflight import LLM
 from inflight.model.arch import LlamaArchConfig
-from tests.gguf_files import write_tiny_gguf
+from tests.gguf_files import tiny_gguf_engine
 from tests.parity import assert_gguf_generates_as_its_weights
 
 PUBLISHED = {  # ERNIE-4.5-0.3B's config.json, the fields the engine reads
@@ -39,8 +38,6 @@ def test_an_ernie4_5_gguf_generates_as_transformers_with_its_weights(
     float32 with 16-bit activations the Q8_0 file's q/k weights stay as their blocks, whose rows
     the loader reorders."""
     folder = tiny_model_factory("ernie4_5")
-    path = write_tiny_gguf(folder, tmp_path / "ernie4_5.gguf", qtype)
-    mode = "off" if qtype == GGMLQuantizationType.F32 else "int16"
-    llm = LLM(str(path), dtype="float32", quantized_activations=mode)
+    llm = tiny_gguf_engine(folder, tmp_path / "ernie4_5.gguf", qtype)
     assert llm.core.arch.architecture == "ernie4_5"
     assert_gguf_generates_as_its_weights(llm, folder, qtype)

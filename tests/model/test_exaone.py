@@ -14,7 +14,7 @@ from gguf import GGMLQuantizationType
 
 from inflight import LLM, SamplingParams
 from inflight.model.arch import LlamaArchConfig
-from tests.gguf_files import write_tiny_gguf
+from tests.gguf_files import tiny_gguf_engine
 from tests.parity import assert_gguf_generates_as_its_weights, random_prompts
 
 EXAONE35_7B = {  # EXAONE-3.5-7.8B-Instruct's config.json, the fields the engine reads
@@ -67,9 +67,7 @@ def test_an_exaone_gguf_generates_as_transformers_with_its_weights(
     """As llama.cpp's converter writes it: Llama's tensor names, Q/K rows as they are (RoPE in
     halves), the llama3 scaling as `rope_freqs`."""
     folder = tiny_model_factory("exaone")
-    path = write_tiny_gguf(folder, tmp_path / "exaone.gguf", qtype)
-    mode = "off" if qtype == GGMLQuantizationType.F32 else "int16"
-    llm = LLM(str(path), dtype="float32", quantized_activations=mode)
+    llm = tiny_gguf_engine(folder, tmp_path / "exaone.gguf", qtype)
     assert (llm.core.arch.architecture, llm.core.arch.rope_freq_factors is not None) == (
         "exaone", True)  # fmt: skip
     assert_gguf_generates_as_its_weights(llm, folder, qtype)

@@ -23,7 +23,7 @@ from inflight.model.gguf_loader import (
     read_gguf_index,
     unpermute_qk,
 )
-from tests.gguf_files import llama_cpp_permute, write_tiny_gguf
+from tests.gguf_files import llama_cpp_permute, tiny_gguf_engine, write_tiny_gguf
 from tests.parity import hf_greedy, random_prompts
 
 Q = GGMLQuantizationType
@@ -356,8 +356,6 @@ def test_a_gemma_gguf_generates_as_transformers_with_its_weights(tmp_path, tiny_
     from tests.parity import assert_gguf_generates_as_its_weights
 
     folder = tiny_model_factory("gemma")
-    path = write_tiny_gguf(folder, tmp_path / "gemma.gguf", qtype)
-    mode = "off" if qtype == Q.F32 else "int16"
-    llm = LLM(str(path), dtype="float32", quantized_activations=mode)
+    llm = tiny_gguf_engine(folder, tmp_path / "gemma.gguf", qtype)
     assert (llm.core.arch.architecture, llm.core.arch.sliding_window) == ("gemma", None)
     assert_gguf_generates_as_its_weights(llm, folder, qtype)

@@ -11,10 +11,9 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType
 
-from inflight import LLM
 from inflight.model.arch import LlamaArchConfig
 from inflight.model.rotary_pairs import pairs_to_halves
-from tests.gguf_files import write_tiny_gguf
+from tests.gguf_files import tiny_gguf_engine
 from tests.parity import assert_gguf_generates_as_its_weights
 
 PUBLISHED = {  # GLM-4-9B-0414's config.json, the fields the engine reads
@@ -49,9 +48,7 @@ def test_a_glm4_gguf_generates_as_transformers_with_its_weights(
     and up as one ffn_up. In float32 with 16-bit activations the Q8_0 file's q/k weights stay
     as their blocks, whose rows the loader reorders."""
     folder = tiny_model_factory("glm4")
-    path = write_tiny_gguf(folder, tmp_path / "glm4.gguf", qtype)
-    mode = "off" if qtype == GGMLQuantizationType.F32 else "int16"
-    llm = LLM(str(path), dtype="float32", quantized_activations=mode)
+    llm = tiny_gguf_engine(folder, tmp_path / "glm4.gguf", qtype)
     arch = llm.core.arch
     assert (arch.architecture, arch.rotary_dim, arch.qkv_bias) == ("glm4", 16, True)
     assert_gguf_generates_as_its_weights(llm, folder, qtype)

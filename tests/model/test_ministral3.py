@@ -17,7 +17,7 @@ from gguf import GGMLQuantizationType
 from inflight import LLM
 from inflight.model.arch import LlamaArchConfig
 from tests.conftest import MINISTRAL3_ROPE
-from tests.gguf_files import write_tiny_gguf
+from tests.gguf_files import tiny_gguf_engine
 from tests.parity import assert_gguf_generates_as_its_weights, assert_greedy_as
 
 MINISTRAL3_3B = {  # Ministral-3-3B-Instruct-2512-BF16's config.json, the fields the engine reads
@@ -120,9 +120,7 @@ def test_a_mistral3_gguf_generates_as_transformers_with_its_weights(
     `rope.scaling.yarn_log_multiplier`, the query temperature as `attention.temperature_scale`
     over YaRN's original context."""
     folder = tiny_model_factory("ministral3")
-    path = write_tiny_gguf(folder, tmp_path / "ministral3.gguf", qtype)
-    mode = "off" if qtype == GGMLQuantizationType.F32 else "int16"
-    llm = LLM(str(path), dtype="float32", quantized_activations=mode)
+    llm = tiny_gguf_engine(folder, tmp_path / "ministral3.gguf", qtype)
     arch = llm.core.arch
     assert (arch.architecture, arch.query_temperature_beta, arch.query_temperature_interval,
             arch.rope_attention_factor) == ("ministral3", 2.0, 16, 1.0)  # fmt: skip

@@ -21,7 +21,7 @@ from safetensors.torch import load_file, save_file
 from inflight import LLM, SamplingParams
 from inflight.model.arch import LlamaArchConfig
 from inflight.model.packed_linear import PackedLinear, blocks_serve_every_batch
-from tests.gguf_files import write_tiny_gguf
+from tests.gguf_files import tiny_gguf_engine, write_tiny_gguf
 from tests.parity import assert_gguf_generates_as_its_weights, random_prompts
 
 Q = GGMLQuantizationType
@@ -211,9 +211,7 @@ def test_a_gguf_generates_as_transformers_with_its_weights(
     norm as `post_attention_norm`. In Q8_0 with 16-bit activations every expert, the shared
     one included, multiplies from its blocks."""
     folder = tiny_model_factory(family)
-    path = write_tiny_gguf(folder, tmp_path / f"{family}.gguf", qtype)
-    mode = "off" if qtype == Q.F32 else "int16"
-    llm = LLM(str(path), dtype="float32", quantized_activations=mode)
+    llm = tiny_gguf_engine(folder, tmp_path / f"{family}.gguf", qtype)
     arch = llm.core.arch
     expected = {"qwen2_moe": ("softmax", False, 64, True, (), 1.0, 1),
                 "glm4_moe": ("sigmoid", True, 32, False, (0,), 2.5, 2),
