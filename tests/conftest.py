@@ -73,7 +73,7 @@ TINY_ARCHS = ("llama", "llama3_rope", "qwen2", "qwen3", "qwen3_moe", "mixtral", 
               "olmo3", "glm4", "ernie4_5", "seed_oss",
               "arcee", "hunyuan_dense", "qwen2_moe", "glm4_moe", "ministral3",
               "ernie4_5_moe", "minimax_m2", "dots1", "hunyuan_moe", "olmoe",
-              "granitemoe", "exaone", "gemma")  # fmt: skip
+              "granitemoe", "exaone", "gemma", "deepseek_v2", "deepseek_v3")  # fmt: skip
 
 
 # the tiny Ministral 3's RoPE settings (its published ones: original context 16,384, beta 0.1)
@@ -93,15 +93,27 @@ GRANITE_MULTIPLIERS = {
 }
 # families whose router's score bias, and those whose norms (of w, not 1 + w), the tiny models
 # draw at random rather than leave at their initial 0 and 1
-SCORE_BIASED = ("glm4_moe", "ernie4_5_moe", "minimax_m2", "dots1")
+SCORE_BIASED = ("glm4_moe", "ernie4_5_moe", "minimax_m2", "dots1", "deepseek_v3")
 UNIT_NORMS = ("exaone4", "olmo2", "olmo3", "glm4", "hunyuan_dense", "glm4_moe", "minimax_m2",
-              "dots1", "hunyuan_moe", "olmoe")  # fmt: skip
+              "dots1", "hunyuan_moe", "olmoe", "deepseek_v2", "deepseek_v3")  # fmt: skip
+# the tiny DeepSeeks' latent attention (heads of 32 + 8 rotated dimensions, a latent of 32: whole
+# quantization blocks) and YaRN past an original context of 16 positions, with `mscale_all_dim`
+# scaling the scores (as many KV heads as query heads, as transformers' expanded attention needs)
+DEEPSEEK_LATENT = {"kv_lora_rank": 32, "qk_nope_head_dim": 32, "qk_rope_head_dim": 8,
+                   "v_head_dim": 16, "num_key_value_heads": 4}  # fmt: skip
+DEEPSEEK_YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 32.0,
+                 "original_max_position_embeddings": 16, "beta_fast": 32.0, "beta_slow": 1.0,
+                 "mscale": 0.707, "mscale_all_dim": 0.707}  # fmt: skip
 
 
 def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) -> Path:
     from transformers import (
         ArceeConfig,
         ArceeForCausalLM,
+        DeepseekV2Config,
+        DeepseekV2ForCausalLM,
+        DeepseekV3Config,
+        DeepseekV3ForCausalLM,
         Dots1Config,
         Dots1ForCausalLM,
         Ernie4_5_MoeConfig,
@@ -224,6 +236,26 @@ def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) ->
                                routed_scaling_factor=2.5, use_qk_norm=True,
                                attention_bias=True)  # fmt: skip
         cls = Glm4MoeForCausalLM
+    elif arch == "deepseek_v2":  # DeepSeek-V2-Lite's shape: queries without a latent; a
+        # dense layer, then 2 of 8 experts a token by a float32 softmax within the better of 2
+        # groups (by their best), unrenormalized and scaled, beside a shared expert
+        config = DeepseekV2Config(**{**common, **DEEPSEEK_LATENT}, q_lora_rank=None,
+                                  n_routed_experts=8, num_experts_per_tok=2,
+                                  moe_intermediate_size=32, n_shared_experts=1,
+                                  first_k_dense_replace=1, topk_method="group_limited_greedy",
+                                  n_group=2, topk_group=1, routed_scaling_factor=2.0,
+                                  rope_parameters=DEEPSEEK_YARN)  # fmt: skip
+        cls = DeepseekV2ForCausalLM
+    elif arch == "deepseek_v3":  # queries through a latent; a dense layer, then 2 of 8 experts
+        # by sigmoid scores plus a bias from the better of 2 groups, renormalized and scaled,
+        # beside a shared expert
+        rope = {**DEEPSEEK_YARN, "mscale": 1.0, "mscale_all_dim": 1.0}
+        config = DeepseekV3Config(**{**common, **DEEPSEEK_LATENT}, q_lora_rank=32,
+                                  n_routed_experts=8, num_experts_per_tok=2,
+                                  moe_intermediate_size=32, n_shared_experts=1,
+                                  first_k_dense_replace=1, n_group=2, topk_group=1,
+                                  routed_scaling_factor=2.5, rope_parameters=rope)  # fmt: skip
+        cls = DeepseekV3ForCausalLM
     elif arch == "ministral3":  # YaRN past an original context of 16 positions, and queries
         # tempered from there on, by a beta far above the published 0.1 so that it moves tokens
         config = Ministral3Config(**common, head_dim=16, rope_parameters=MINISTRAL3_ROPE)

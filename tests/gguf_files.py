@@ -49,6 +49,15 @@ LAYER_TO_GGUF = {
     "mlp.shared_mlp.up_proj": "ffn_up_shexp",
     "mlp.shared_mlp.down_proj": "ffn_down_shexp",
     "mlp.gate.wg": "ffn_gate_inp",
+    # DeepSeek's latent attention (`kv_b_proj` as a whole: older files')
+    "self_attn.q_a_proj": "attn_q_a",
+    "self_attn.q_a_layernorm": "attn_q_a_norm",
+    "self_attn.q_b_proj": "attn_q_b",
+    "self_attn.kv_a_proj_with_mqa": "attn_kv_a_mqa",
+    "self_attn.kv_a_layernorm": "attn_kv_a_norm",
+    "self_attn.kv_b_proj": "attn_kv_b",
+    "self_attn.k_b_proj": "attn_k_b",
+    "self_attn.v_b_proj": "attn_v_b",
     "eh_proj": "nextn.eh_proj",  # (GLM-4.5's multi-token-prediction layer's own)
     "enorm": "nextn.enorm",
     "hnorm": "nextn.hnorm",
@@ -189,11 +198,13 @@ def llama3_rope_factors(head_dim: int, base: float, rope: dict) -> np.ndarray:
 
 def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | None,
                     mix: Callable[[str], GGMLQuantizationType] | None = None,
-                    metadata: Callable[[GGUFWriter], None] | None = None) -> Path:  # fmt: skip
+                    metadata: Callable[[GGUFWriter], None] | None = None,
+                    legacy_kv_b: bool = False) -> Path:  # fmt: skip
     """Writes the tiny HF model in `hf_folder` (Llama, llama3 RoPE included, Qwen3 and its bare
     decoder, Phi-3, Gemma 3) as a llama.cpp-style GGUF, 2D weights in `qtype` (or each in
     `mix(its GGUF name)`);
-    `metadata(writer)` adds fields of its own.
+    `metadata(writer)` adds fields of its own. A DeepSeek's `kv_b_proj` is split as llama.cpp
+    splits it, or whole with `legacy_kv_b` (its files before it split them).
     Gemma 3's global layers are implied (every sixth), and its windowed layers' RoPE base (10k)
     too, as llama.cpp has them."""
     from safetensors.torch import load_file
@@ -226,6 +237,7 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
             "Olmo2ForCausalLM": "olmo2", "Olmo3ForCausalLM": "olmo2", "Glm4ForCausalLM": "glm4",
             "Ernie4_5ForCausalLM": "ernie4_5", "SeedOssForCausalLM": "seed_oss",
             "ArceeForCausalLM": "arcee", "HunYuanDenseV1ForCausalLM": "hunyuan-dense",
+            "DeepseekV2ForCausalLM": "deepseek2", "DeepseekV3ForCausalLM": "deepseek2",
             "Qwen3Model": "qwen3"}[cfg["architectures"][0]]  # fmt: skip
     if cfg.get("model_type") == "exaone":  # (transformers 5 saves EXAONE 3 as Llama)
         arch = "exaone"
@@ -240,7 +252,9 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
     w.add_embedding_length(cfg["hidden_size"])
     w.add_feed_forward_length(cfg["intermediate_size"])
     w.add_head_count(cfg["num_attention_heads"])
-    w.add_head_count_kv(cfg["num_key_value_heads"])
+    latent = arch == "deepseek2"  # (its heads' sizes below)
+    if not latent:
+        w.add_head_count_kv(cfg["num_key_value_heads"])
     rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
     local_rope = rope.get("sliding_attention")  # OLMo 3's windowed layers' own base
     rope = rope.get("full_attention", rope)  # Gemma 3's global layers'
@@ -250,9 +264,12 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
     w.add_rope_freq_base(base)
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     rotary = rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))
-    w.add_rope_dimension_count(int(head_dim * rotary))
-    w.add_key_length(head_dim)
-    w.add_value_length(head_dim)
+    if latent:
+        _latent_attention_metadata(w, cfg, rope, legacy_kv_b)
+    else:
+        w.add_rope_dimension_count(int(head_dim * rotary))
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
     w.add_vocab_size(cfg["vocab_size"])
     if cfg.get("sliding_window") and arch != "llama":  # (a llama file cannot say it: Mixtral)
         w.add_sliding_window(cfg["sliding_window"])
@@ -360,6 +377,8 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
         weights = dict(renamed_weights(weights.items(), LLAMA_NAMES))
     if arch == "gpt-oss":
         weights = _gpt_oss_as_llama_cpp(weights)
+    if latent and not legacy_kv_b:
+        weights = _split_latent_expansions(weights, cfg)
     if arch == "granitemoe":
         weights = _granite_as_llama_cpp(weights)
     for name, tensor in _stacked_experts(weights).items():
@@ -390,6 +409,53 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+    return out
+
+
+def _latent_attention_metadata(w: GGUFWriter, cfg: dict, rope: dict, legacy_kv_b: bool) -> None:
+    """A DeepSeek's `deepseek2` fields as llama.cpp's converter writes them: one KV head of the
+    latent and its rotated part (in a legacy file, the query and value heads), the experts'
+    settings (V3's sigmoid; V2's gating unsaid), and YaRN's `mscale_all_dim` as a tenth."""
+    rope_dim, latent = cfg["qk_rope_head_dim"], cfg["kv_lora_rank"]
+    query_head = cfg["qk_nope_head_dim"] + rope_dim
+    w.add_head_count_kv(cfg["num_attention_heads"] if legacy_kv_b else 1)
+    w.add_rope_dimension_count(rope_dim)
+    w.add_kv_lora_rank(latent)
+    if cfg.get("q_lora_rank"):
+        w.add_q_lora_rank(cfg["q_lora_rank"])
+    if legacy_kv_b:
+        w.add_key_length(query_head)
+        w.add_value_length(cfg["v_head_dim"])
+    else:
+        w.add_key_length(latent + rope_dim)
+        w.add_value_length(latent)
+        w.add_key_length_mla(query_head)
+        w.add_value_length_mla(cfg["v_head_dim"])
+    w.add_leading_dense_block_count(cfg["first_k_dense_replace"])
+    w.add_expert_shared_count(cfg["n_shared_experts"])
+    w.add_expert_weights_scale(cfg["routed_scaling_factor"])
+    if cfg.get("norm_topk_prob") and cfg["model_type"] == "deepseek_v3":
+        w.add_expert_weights_norm(True)
+    if cfg["model_type"] == "deepseek_v3":
+        w.add_expert_gating_func(ExpertGatingFuncType.SIGMOID)
+    w.add_expert_group_count(cfg["n_group"])
+    w.add_expert_group_used_count(cfg["topk_group"])
+    if rope.get("mscale_all_dim"):
+        w.add_rope_scaling_yarn_log_mul(0.1 * rope["mscale_all_dim"])
+
+
+def _split_latent_expansions(weights: dict, cfg: dict) -> dict:
+    """`kv_b_proj` as llama.cpp's converter splits it: each head's W_UK transposed
+    (`k_b_proj`, [H, latent, qk_nope]) and its W_UV (`v_b_proj`, [H, v, latent])."""
+    heads, nope = cfg["num_attention_heads"], cfg["qk_nope_head_dim"]
+    out = {}
+    for name, tensor in weights.items():
+        if not name.endswith("kv_b_proj.weight"):
+            out[name] = tensor
+            continue
+        per_head = tensor.view(heads, nope + cfg["v_head_dim"], cfg["kv_lora_rank"])
+        out[name.replace("kv_b_proj", "k_b_proj")] = per_head[:, :nope].transpose(1, 2).contiguous()
+        out[name.replace("kv_b_proj", "v_b_proj")] = per_head[:, nope:].contiguous()
     return out
 
 

@@ -54,6 +54,8 @@ SUPPORTED_ARCHITECTURES = {
     "ArceeForCausalLM": "arcee",
     "HunYuanDenseV1ForCausalLM": "hunyuan_dense",
     "HunYuanMoEV1ForCausalLM": "hunyuan_moe",
+    "DeepseekV2ForCausalLM": "deepseek_v2",
+    "DeepseekV3ForCausalLM": "deepseek_v3",  # (Kimi K2's and Moonlight's too)
     # the bare decoders, without an LM head, that embedding models are (Qwen3-Embedding's
     # weights): they pool the last token's hidden state unless the folder says otherwise
     "LlamaModel": "llama",
@@ -71,7 +73,10 @@ MAX_EXPERTS = 4096  # the same for experts a layer (the largest published MoEs h
 TIED_BY_DEFAULT = ("gemma", "gemma2", "gemma3", "smollm3", "ernie4_5", "ernie4_5_moe")
 # the families whose MLPs are experts (`_experts`)
 EXPERT_ARCHS = ("qwen3_moe", "qwen2_moe", "mixtral", "gpt_oss", "glm4_moe", "ernie4_5_moe",
-                "minimax_m2", "dots1", "hunyuan_moe", "olmoe", "granitemoe")  # fmt: skip
+                "minimax_m2", "dots1", "hunyuan_moe", "olmoe", "granitemoe", "deepseek_v2",
+                "deepseek_v3")  # fmt: skip
+# the families whose attention is DeepSeek's multi-head latent attention (`kv_lora_rank`)
+LATENT_ATTENTION_ARCHS = ("deepseek_v2", "deepseek_v3")
 # every n-th layer without RoPE, where a config does not list them (SmolLM3's fourth; llama.cpp
 # assumes it for every `smollm3` file)
 SMOLLM3_NO_ROPE_INTERVAL = 4
@@ -135,14 +140,17 @@ class LlamaArchConfig:
     dense_layers: tuple[int, ...] = ()
     # how the router scores experts: "softmax" over all of them, or "sigmoid" (GLM-4.5's,
     # DeepSeek-V3's): each expert's own sigmoid. With `router_score_bias` (GLM-4.5's, ERNIE 4.5's)
-    # the router is float32, and a learned bias added to the scores counts only for the choice,
-    # within the `expert_groups_used` best of `expert_groups` groups (by their two best biased
-    # scores); the chosen scores, renormalized with `norm_topk_prob`, weigh the experts times
-    # `routed_scaling_factor`
+    # or `float32_router` (DeepSeek-V2's, without the bias) the router is float32, and a learned
+    # bias added to the scores counts only for the choice, within the `expert_groups_used` best
+    # of `expert_groups` groups (by their two best biased scores; by their best with
+    # `expert_group_by_max`, DeepSeek-V2's); the chosen scores, renormalized with
+    # `norm_topk_prob`, weigh the experts times `routed_scaling_factor`
     router_scoring: str = "softmax"
     router_score_bias: bool = False
+    float32_router: bool = False
     expert_groups: int = 1
     expert_groups_used: int = 1
+    expert_group_by_max: bool = False
     routed_scaling_factor: float = 1.0
     # a shared expert (Qwen2-MoE's, GLM-4.5's): one more SiLU MLP of this width that every
     # token of a sparse layer runs through, added to the routed experts' sum (0: none); Qwen2-MoE
@@ -154,6 +162,16 @@ class LlamaArchConfig:
     # layers the checkpoint holds after the last one that generation does not run (GLM-4.5's
     # multi-token-prediction layer): skipped at load
     extra_checkpoint_layers: int = 0
+    # DeepSeek's multi-head latent attention (`kv_lora_rank` > 0): a token's keys and values
+    # are one latent of `kv_lora_rank` plus `rotary_dim` rotated dimensions shared by every
+    # head, cached as one KV head of `head_dim` = their sum; each head's query
+    # (`qk_nope_head_dim` + `rotary_dim`, through a latent of `q_lora_rank` where nonzero) and
+    # value (`v_head_dim`) are projections of that latent, absorbed into the query and the
+    # output (`model/deepseek.py`); the scores' scale is `attention_multiplier`
+    kv_lora_rank: int = 0
+    q_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    v_head_dim: int = 0
     # Llama 4's attention temperature (Ministral 3's): after RoPE each query is multiplied by
     # 1 + beta ln(1 + floor(position / interval)), so that scores stay sharp past the original
     # context (beta 0: none; it is 1 within the first interval)
@@ -208,6 +226,7 @@ class LlamaArchConfig:
         if self.num_experts and not 0 < self.expert_intermediate_size < 2**31:
             raise ValueError(f"expert_intermediate_size {self.expert_intermediate_size!r}")
         self._check_routing()
+        self._check_latent_attention()
         beta, interval = self.query_temperature_beta, self.query_temperature_interval
         if not (isinstance(beta, float) and math.isfinite(beta) and beta >= 0):
             raise ValueError(f"query temperature beta {beta!r}: a number of at least 0")
@@ -267,6 +286,21 @@ class LlamaArchConfig:
         if not (isinstance(self.extra_checkpoint_layers, int)
                 and 0 <= self.extra_checkpoint_layers <= MAX_LAYERS):  # fmt: skip
             raise ValueError(f"{self.extra_checkpoint_layers!r} extra checkpoint layers")
+
+    def _check_latent_attention(self) -> None:
+        """Refuses latent-attention shapes that do not make one cached head (ValueError)."""
+        sizes = (self.kv_lora_rank, self.q_lora_rank, self.qk_nope_head_dim, self.v_head_dim)
+        if not all(isinstance(v, int) and 0 <= v < 2**31 for v in sizes):
+            raise ValueError(f"latent attention sizes {sizes}: integers of at least 0")
+        if not self.kv_lora_rank:
+            return
+        if not (self.qk_nope_head_dim and self.v_head_dim and self.rotary_dim):
+            raise ValueError("latent attention needs positive qk_nope_head_dim, v_head_dim and "
+                             "qk_rope_head_dim")  # fmt: skip
+        if self.num_kv_heads != 1 or self.head_dim != self.kv_lora_rank + self.rotary_dim:
+            raise ValueError(f"latent attention caches one KV head of kv_lora_rank + "
+                             f"qk_rope_head_dim, not {self.num_kv_heads} of "
+                             f"{self.head_dim}")  # fmt: skip
 
     @property
     def rope_dim(self) -> int:
@@ -339,6 +373,9 @@ class LlamaArchConfig:
                 raise ValueError(f"quantization {method or quantization!r} is not supported: "
                                  "quantized weights load from GGUF files, or as gpt-oss's "
                                  "mxfp4 checkpoints")  # fmt: skip
+        latent: dict[str, Any] = {}
+        if arch in LATENT_ATTENTION_ARCHS:
+            config, latent = _latent_attention(config)
         for key in ("num_attention_heads", "hidden_size", "head_dim"):  # (divided below)
             value = config.get(key)
             if value is None and key == "head_dim":
@@ -370,10 +407,15 @@ class LlamaArchConfig:
             raise ValueError(f"partial_rotary_factor {rotary} must be in (0, 1]")
         head_dim = config.get("head_dim") or hidden // num_heads
         short = long = None
+        mscale_all = rope.get("mscale_all_dim")  # (YaRN's settings keep no copy)
         if rope_type == "longrope":
             rope, short, long = _longrope(rope, config)
         elif rope_type == "yarn":
             rope = yarn_settings(rope, config)
+        if latent:
+            latent["attention_multiplier"] = latent_scale(
+                latent["qk_nope_head_dim"] + config["qk_rope_head_dim"], rope, mscale_all
+            )
         temperature: dict[str, Any] = {}
         if temperature_beta is not None:  # (its positions per step: YaRN's original context)
             beta = temperature_beta
@@ -453,7 +495,7 @@ class LlamaArchConfig:
             rope_scaling=None if rope_type == "default" else tuple(sorted(rope.items())),
             rope_freq_factors=short,
             rope_long_factors=long,
-            rotary_dim=0 if rotary == 1.0 else int(head_dim * rotary),
+            rotary_dim=0 if rotary == 1.0 else round(head_dim * rotary),
             full_attention_layers=full_layers,
             nope_layers=nope,
             local_rope_theta=local_theta,
@@ -463,6 +505,7 @@ class LlamaArchConfig:
             **sinks,
             **multipliers,
             **softcaps,
+            **latent,
             bos_token_id=config.get("bos_token_id"),
             eos_token_ids=eos_ids,
             matryoshka=bool(config.get("is_matryoshka") or config.get("matryoshka_dimensions")),
@@ -542,11 +585,52 @@ def yarn_settings(rope: dict[str, Any], config: dict[str, Any]) -> dict[str, Any
     attention = rope.get("attention_factor")
     if attention is None:
         m, m_all = rope.get("mscale"), rope.get("mscale_all_dim")
+        if not all(v is None or (isinstance(v, int | float) and math.isfinite(v))
+                   for v in (m, m_all)):  # fmt: skip
+            raise ValueError(f"YaRN mscale {m!r} and mscale_all_dim {m_all!r}: numbers")
         attention = mscale(factor, m) / mscale(factor, m_all) if m and m_all else mscale(factor)
     return {"rope_type": "yarn", "factor": factor, "original_max_position_embeddings": original,
             "beta_fast": float(rope.get("beta_fast") or 32), "beta_slow":
             float(rope.get("beta_slow") or 1), "truncate": bool(rope.get("truncate", True)),
             "attention_factor": float(attention)}  # fmt: skip
+
+
+def _latent_attention(config: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """DeepSeek's multi-head latent attention: the config with its cached row as one KV head
+    (`kv_lora_rank` + `qk_rope_head_dim`, of which RoPE rotates the last part, put first by
+    the model), and the latent's fields. Refuses what the layer does not compute: biased
+    projections, RoPE over whole halves of each head (`rope_interleave` false)."""
+    sizes = {key: config.get(key) for key in ("kv_lora_rank", "qk_nope_head_dim",
+                                                "qk_rope_head_dim", "v_head_dim")}  # fmt: skip
+    q_lora = config.get("q_lora_rank") or 0
+    for key, value in {**sizes, "q_lora_rank": q_lora}.items():
+        if not (isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**31
+                and (value or key == "q_lora_rank")):  # fmt: skip
+            raise ValueError(f"{key} must be a positive integer below 2**31, not {value!r}")
+    if config.get("attention_bias"):
+        raise ValueError("DeepSeek attention with biases (attention_bias) is not supported")
+    if config.get("rope_interleave", True) is not True:
+        raise ValueError("DeepSeek RoPE over halves of each head (rope_interleave false) is "
+                         "not supported")  # fmt: skip
+    rope, row = sizes["qk_rope_head_dim"], sizes["kv_lora_rank"] + sizes["qk_rope_head_dim"]
+    shaped = {**config, "head_dim": row, "num_key_value_heads": 1,
+              "partial_rotary_factor": rope / row}  # fmt: skip
+    return shaped, {"kv_lora_rank": sizes["kv_lora_rank"], "q_lora_rank": q_lora,
+                    "qk_nope_head_dim": sizes["qk_nope_head_dim"],
+                    "v_head_dim": sizes["v_head_dim"]}  # fmt: skip
+
+
+def latent_scale(query_head: int, rope: dict[str, Any], mscale_all: Any) -> float:
+    """The scores' scale of latent attention: the full query head's (`qk_nope_head_dim` +
+    `qk_rope_head_dim`) -1/2 power, times YaRN's correction by `mscale_all` squared (`rope`:
+    the scaling settings, `yarn_settings`' where YaRN)."""
+    scale = query_head**-0.5
+    if rope.get("rope_type") == "yarn" and mscale_all:
+        if not (isinstance(mscale_all, int | float) and math.isfinite(mscale_all)):
+            raise ValueError(f"YaRN mscale_all_dim {mscale_all!r}: a number")
+        if rope["factor"] > 1:
+            scale *= (0.1 * mscale_all * math.log(rope["factor"]) + 1.0) ** 2
+    return float(scale)
 
 
 def _layer_types(config: dict[str, Any]) -> tuple[int, ...]:
@@ -849,4 +933,55 @@ def _experts(config: dict[str, Any], arch: str) -> dict[str, Any]:
             qk_norm=arch == "dots1" or bool(config.get("use_qk_norm", False)),
             extra_checkpoint_layers=extra,
         )  # fmt: skip
+    if arch in ("deepseek_v2", "deepseek_v3"):
+        fields.update(_deepseek_routing(config, arch))
     return fields
+
+
+def _deepseek_routing(config: dict[str, Any], arch: str) -> dict[str, Any]:
+    """DeepSeek's experts, as transformers computes them: every layer after the
+    `first_k_dense_replace` first, shared experts of `n_shared_experts` experts' width, and a
+    float32 router whose weights are scaled by `routed_scaling_factor`. DeepSeek-V2's softmax
+    (`topk_method` greedy, or group_limited_greedy: within the best groups by their best
+    score) never renormalizes; DeepSeek-V3's sigmoid plus a score bias (noaux_tc) within the
+    best groups by their two best, renormalized where `norm_topk_prob` says."""
+    v3 = arch == "deepseek_v3"
+    n = config["num_hidden_layers"]
+    first_dense = config.get("first_k_dense_replace", 3 if v3 else 0)
+    shared = config.get("n_shared_experts") or 0
+    extra = config.get("num_nextn_predict_layers", config.get("num_mtp_layers", 0)) or 0
+    scale = config.get("routed_scaling_factor", 2.5 if v3 else 1.0)
+    method = config.get("topk_method", "noaux_tc" if v3 else "greedy")
+    scoring = config.get("scoring_func", "sigmoid" if v3 else "softmax")
+    width = config.get("moe_intermediate_size")
+    if not all(isinstance(v, int) and not isinstance(v, bool)
+               for v in (first_dense, shared, extra, width)):  # fmt: skip
+        raise ValueError(f"first_k_dense_replace {first_dense!r}, n_shared_experts {shared!r}, "
+                         f"num_nextn_predict_layers {extra!r}, moe_intermediate_size "
+                         f"{width!r}: integers")  # fmt: skip
+    if config.get("moe_layer_freq", 1) != 1:
+        raise ValueError(f"experts every {config['moe_layer_freq']!r} layers (moe_layer_freq) "
+                         "are not supported: every layer after the dense ones")  # fmt: skip
+    routers = {"deepseek_v2": {("greedy", "softmax"), ("group_limited_greedy", "softmax")},
+               "deepseek_v3": {("noaux_tc", "sigmoid")}}  # fmt: skip
+    if (
+        not isinstance(method, str)
+        or not isinstance(scoring, str)
+        or ((method, scoring) not in routers[arch])
+    ):
+        raise ValueError(f"{arch} routing {method!r} over {scoring!r} scores is not supported "
+                         f"(supported: {sorted(routers[arch])})")  # fmt: skip
+    grouped = method != "greedy"
+    return dict(
+        norm_topk_prob=v3 and bool(config.get("norm_topk_prob", True)),
+        dense_layers=tuple(range(min(max(first_dense, 0), n))),
+        router_scoring=scoring,
+        router_score_bias=v3,
+        float32_router=not v3,
+        expert_groups=config.get("n_group", 8 if v3 else 1) if grouped else 1,
+        expert_groups_used=config.get("topk_group", 4 if v3 else 1) if grouped else 1,
+        expert_group_by_max=not v3,
+        routed_scaling_factor=float(scale) if isinstance(scale, int | float) else scale,
+        shared_expert_intermediate_size=width * max(shared, 0),
+        extra_checkpoint_layers=extra,
+    )

@@ -40,11 +40,12 @@ from inflight.model.arch import (
     MAX_LAYERS,
     SMOLLM3_NO_ROPE_INTERVAL,
     LlamaArchConfig,
+    latent_scale,
     yarn_settings,
 )
 from inflight.model.gguf_blocks import FORMATS
 from inflight.model.gguf_header import GGUFHeader, TensorInfo, read_gguf_header
-from inflight.model.rotary_pairs import PAIR_ROTARY, pairs_to_halves
+from inflight.model.rotary_pairs import PAIR_ROTARY, latent_rotary_order, pairs_to_halves
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +54,7 @@ SUPPORTED_GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen2vl", "qwen3vl",
                                 "dots1", "hunyuan-moe", "olmoe", "granitemoe", "phi3", "gemma",
                                 "gemma2", "gemma3", "mistral3", "granite", "gpt-oss", "smollm3",
                                 "exaone", "exaone4", "olmo2", "glm4", "ernie4_5", "seed_oss",
-                                "arcee", "hunyuan-dense")  # fmt: skip
+                                "arcee", "hunyuan-dense", "deepseek2")  # fmt: skip
 # the architectures whose Q and K rows llama.cpp's converter permutes (`unpermute_qk`)
 PERMUTED_QK = ("llama", "mixtral", "granite", "granitemoe", "smollm3", "arcee", "ministral3")
 # a GGUF architecture -> the registry's, where the names differ (a `llama` file with experts is
@@ -68,7 +69,7 @@ _REGISTRY_NAMES = {"qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe", "glm4moe": 
 # the architectures whose experts a GGUF file may hold (a `llama` file's: Mixtral)
 _EXPERT_ARCHITECTURES = ("llama", "qwen3moe", "qwen3vlmoe", "qwen2moe", "glm4moe", "ernie4_5-moe",
                          "minimax-m2", "dots1", "hunyuan-moe", "olmoe", "granitemoe",
-                         "gpt-oss")  # fmt: skip
+                         "gpt-oss", "deepseek2")  # fmt: skip
 # the architectures whose softmax routers llama.cpp never renormalizes (their published models
 # do not)
 _UNNORMALIZED_ROUTERS = ("qwen2moe", "olmoe")
@@ -121,6 +122,20 @@ _GEMMA_LAYER_NAMES = {
 _OUTPUT_NORM_NAMES = {**_LAYER_NAMES, "post_attention_norm": "post_attention_layernorm",
                       "post_ffw_norm": "post_feedforward_layernorm"}  # fmt: skip
 # where an architecture's tensor means something else than Llama's (phi3's ffn_up is gate + up)
+# DeepSeek's latent attention (`deepseek2`): its query (through a latent, or not) and key-value
+# latent projections, and the latent's expansion, whole (older files) or as llama.cpp splits it
+# (W_UK transposed, W_UV), which the model puts back together (`model/deepseek.py`)
+_LATENT_LAYER_NAMES = {
+    **_LAYER_NAMES,
+    "attn_q_a": "self_attn.q_a_proj",
+    "attn_q_a_norm": "self_attn.q_a_layernorm",
+    "attn_q_b": "self_attn.q_b_proj",
+    "attn_kv_a_mqa": "self_attn.kv_a_proj_with_mqa",
+    "attn_kv_a_norm": "self_attn.kv_a_layernorm",
+    "attn_kv_b": "self_attn.kv_b_proj",
+    "attn_k_b": "self_attn.k_b_proj",
+    "attn_v_b": "self_attn.v_b_proj",
+}
 _ARCH_LAYER_NAMES = {
     "phi3": {**_LAYER_NAMES, "attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},
     "gemma2": _GEMMA_LAYER_NAMES,
@@ -139,6 +154,8 @@ _ARCH_LAYER_NAMES = {
     # gate and up in one tensor
     "glm4": {**_LAYER_NAMES, "post_attention_norm": "post_self_attn_layernorm",
              "post_ffw_norm": "post_mlp_layernorm", "ffn_up": "mlp.gate_up_proj"},
+    "deepseek_v2": _LATENT_LAYER_NAMES,
+    "deepseek_v3": _LATENT_LAYER_NAMES,
 }  # fmt: skip
 # What llama.cpp assumes for Gemma where the file does not say: Gemma 3's windowed layers' RoPE
 # base (`rope.freq_base_swa`), and the 27Bs' (Gemma 3's 62 layers, Gemma 2's 46) score scale of
@@ -237,6 +254,13 @@ def gguf_arch_config(header: GGUFHeader, path: Path) -> LlamaArchConfig:
                    shared_expert_gate=arch == "qwen2moe")  # fmt: skip
         if any(name.endswith(".exp_probs_b.bias") for name in names):  # a router's score bias
             moe.update(_biased_routing(header, arch, path))
+        elif arch == "deepseek2":  # DeepSeek-V2's float32 softmax, without the bias, within
+            # the best groups by their best score: as the model computes it (llama.cpp ranks
+            # groups by their two best, DeepSeek-V3's rule, for every file)
+            moe.update(_biased_routing(header, arch, path), router_score_bias=False,
+                       float32_router=True, expert_group_by_max=True)  # fmt: skip
+        if arch == "deepseek2":
+            moe.update(extra_checkpoint_layers=extra_layers)
         if arch in ("glm4moe", "dots1"):
             moe.update(extra_checkpoint_layers=extra_layers,
                        qk_norm="blk.0.attn_q_norm.weight" in names)  # fmt: skip
@@ -244,6 +268,11 @@ def gguf_arch_config(header: GGUFHeader, path: Path) -> LlamaArchConfig:
         raise ModelLoadError(f"{path}: GGUF metadata lacks {arch}.expert_count")
     registry_name = "mixtral" if arch == "llama" and experts else _REGISTRY_NAMES.get(arch, arch)
     rope_scaling = _rope_scaling(header, arch, path)
+    latent: dict[str, Any] = {}
+    if arch == "deepseek2":  # (DeepSeek-V3's router is the one with a score bias)
+        registry_name = "deepseek_v3" if moe.get("router_score_bias") else "deepseek_v2"
+        latent = _latent_attention(header, path, rope_scaling)
+        head_dim = latent.pop("head_dim")
     freq_factors, long_factors = factors.get(ROPE_FREQS), None
     if ROPE_FACTORS_LONG in factors or ROPE_FACTORS_SHORT in factors:  # LongRoPE
         freq_factors = factors.get(ROPE_FACTORS_SHORT)
@@ -257,7 +286,9 @@ def gguf_arch_config(header: GGUFHeader, path: Path) -> LlamaArchConfig:
     multipliers: dict[str, Any] = {"embedding_multiplier": float(meta("embedding_scale", 1.0)),
                    "residual_multiplier": float(meta("residual_scale", 1.0)),
                    "logits_scaling": float(meta("logit_scale", 1.0))}  # fmt: skip
-    attention_multiplier = field_value(header, f"{arch}.attention.scale")
+    attention_multiplier = latent.pop("attention_multiplier", None) or field_value(
+        header, f"{arch}.attention.scale"
+    )
     # Ministral 3's query temperature, whose positions per step are YaRN's original context
     temperature: dict[str, Any] = {}
     if beta := field_value(header, f"{arch}.attention.temperature_scale"):
@@ -300,7 +331,7 @@ def gguf_arch_config(header: GGUFHeader, path: Path) -> LlamaArchConfig:
         intermediate_size=int(meta("feed_forward_length")),
         num_layers=num_layers,
         num_heads=num_heads,
-        num_kv_heads=int(meta("attention.head_count_kv", num_heads)),
+        num_kv_heads=1 if latent else int(meta("attention.head_count_kv", num_heads)),
         head_dim=head_dim,
         rms_norm_eps=float(meta("attention.layer_norm_rms_epsilon", 1e-5)),
         rope_theta=float(meta("rope.freq_base", 10000.0)),
@@ -323,6 +354,7 @@ def gguf_arch_config(header: GGUFHeader, path: Path) -> LlamaArchConfig:
         **multipliers,
         **softcaps,
         **sinks,
+        **latent,
         attention_multiplier=None if attention_multiplier is None else float(attention_multiplier),
     ).pooled(_GGUF_POOLING.get(int(pooling), f"pooling_type {pooling}") if pooling else None)
 
@@ -334,8 +366,8 @@ def _biased_routing(header: GGUFHeader, arch: str, path: Path) -> dict[str, Any]
     4.5 and MiniMax-M2); scaled by
     `expert_weights_scale` (0 or absent: unscaled), within expert groups where the file gives
     them."""
-    ernie = arch == "ernie4_5-moe"
-    default = _SOFTMAX_GATING if ernie else _SIGMOID_GATING
+    # (llama.cpp's default for DeepSeek-V2's files, which name none)
+    default = _SOFTMAX_GATING if arch in ("ernie4_5-moe", "deepseek2") else _SIGMOID_GATING
     gating = field_value(header, f"{arch}.expert_gating_func", default)
     if gating not in (_SOFTMAX_GATING, _SIGMOID_GATING):
         raise ModelLoadError(f"{path}: {arch} expert_gating_func {gating}: softmax "
@@ -350,6 +382,32 @@ def _biased_routing(header: GGUFHeader, arch: str, path: Path) -> dict[str, Any]
         expert_groups=int(field_value(header, f"{arch}.expert_group_count", 1)),
         expert_groups_used=int(field_value(header, f"{arch}.expert_group_used_count", 1)),
     )
+
+
+def _latent_attention(
+    header: GGUFHeader, path: Path, rope_scaling: tuple[tuple[str, Any], ...] | None
+) -> dict[str, Any]:
+    """DeepSeek's latent attention as llama.cpp's `deepseek2` files give it: the cached row
+    (`kv_lora_rank` + the rotated dimensions) as `head_dim`, the query head (`key_length_mla`,
+    or `key_length` in files older than llama.cpp's split of `attn_kv_b`) and value head, and
+    the scores' scale with YaRN's `mscale_all_dim` (written as a tenth of it)."""
+
+    def meta(key: str, default: Any = None) -> Any:
+        value = field_value(header, f"deepseek2.{key}", default)
+        if value is None:
+            raise ModelLoadError(f"{path}: GGUF metadata lacks deepseek2.{key}")
+        return int(value)
+
+    rope, latent = meta("rope.dimension_count"), meta("attention.kv_lora_rank")
+    query_head = meta("attention.key_length_mla", meta("attention.key_length"))
+    value_head = meta("attention.value_length_mla", meta("attention.value_length"))
+    log_multiplier = field_value(header, "deepseek2.rope.scaling.yarn_log_multiplier")
+    mscale_all = None if log_multiplier is None else float(log_multiplier) / 0.1
+    return dict(head_dim=latent + rope, kv_lora_rank=latent,
+                q_lora_rank=meta("attention.q_lora_rank", 0), qk_nope_head_dim=query_head - rope,
+                v_head_dim=value_head,
+                attention_multiplier=latent_scale(query_head, dict(rope_scaling or ()),
+                                                  mscale_all))  # fmt: skip
 
 
 def _end_tokens(header: GGUFHeader) -> tuple[int, ...]:
@@ -401,9 +459,11 @@ def _rope_scaling(header: GGUFHeader, arch: str, path: Path) -> tuple[tuple[str,
                 "beta_fast": field_value(header, f"{scaling}.yarn_beta_fast"),
                 "beta_slow": field_value(header, f"{scaling}.yarn_beta_slow")}  # fmt: skip
         # the `mscale_all_dim` of a checkpoint that gives one (Ministral 3's), against an
-        # `mscale` of 1, as llama.cpp reads it
+        # `mscale` of 1, as llama.cpp reads it; DeepSeek's, written as a tenth of it, against an
+        # `mscale` of the same (its published models' two)
         if log_multiplier := field_value(header, f"{scaling}.yarn_log_multiplier"):
-            rope.update(mscale=1.0, mscale_all_dim=float(log_multiplier))
+            m_all = float(log_multiplier) / (0.1 if arch == "deepseek2" else 1.0)
+            rope.update(mscale=m_all if arch == "deepseek2" else 1.0, mscale_all_dim=m_all)
         return tuple(sorted(yarn_settings(rope, {}).items()))
     if kind != "linear" or factor is None:
         raise ModelLoadError(f"{path}: unsupported RoPE scaling {kind!r} (factor {factor})")
@@ -599,6 +659,7 @@ def iter_gguf_weights(
     extra = {
         f"blk.{i}" for i in range(cfg.num_layers, cfg.num_layers + cfg.extra_checkpoint_layers)
     }
+    latent_order = latent_rotary_order(cfg) if cfg.kv_lora_rank else {}
     for tensor in reader.tensors:
         if tensor.name in _ROPE_FACTOR_TENSORS:  # read into the config (`gguf_arch_config`)
             continue
@@ -633,6 +694,8 @@ def iter_gguf_weights(
             # rotary pairs to halves, as `PairRotaryModel.load_weights` reorders the floats
             # (blocks never pass there)
             raw = raw[pairs_to_halves(heads, cfg.head_dim, cfg.rope_dim)]
+        elif projection in latent_order and raw is not None:  # (DeepSeek's, the same way)
+            raw = raw[latent_order[projection]]
         if array is not None:  # read: its pages can go
             getattr(tensor, "release", lambda: None)()
         if raw is not None:  # a view of the mapped file where it is contiguous (no copy)

@@ -187,7 +187,7 @@ class DecoderLayer(nn.Module):
         """Returns (this layer's MLP output, the residual stream it is to be added to): each
         residual add is fused into the RMSNorm that follows it (without pre-norms, done in
         place), the last into the model's."""
-        t, ops = hidden.shape[0], self.ops
+        ops = self.ops
         decodes = decode_rows(meta)
         if not self.pre_norms:
             residual = hidden if residual is None else residual.add_(hidden)
@@ -198,6 +198,41 @@ class DecoderLayer(nn.Module):
         else:
             norm = self.input_layernorm
             x = ops.add_rms_norm(hidden, residual, norm.weight, norm.eps)
+        x = self.attention(x, cos, sin, kv_cache, meta, query_scale, decodes)
+        if self.tp is not None:
+            x = self.tp.all_reduce(x)
+        after_attention, after_mlp = self.output_norms or (None, None)
+        if after_attention is not None:
+            x = ops.rms_norm(x, after_attention.weight, after_attention.eps)
+        if self.residual_scale != 1.0:
+            x = x * self.residual_scale
+        if self.pre_norms:
+            norm = self.mlp_norm
+            x = self.mlp(ops.add_rms_norm(x, residual, norm.weight, norm.eps), decodes)
+        else:
+            x = self.mlp(residual.add_(x), decodes)
+        if self.tp is not None:
+            x = self.tp.all_reduce(x)
+        if after_mlp is not None:
+            x = ops.rms_norm(x, after_mlp.weight, after_mlp.eps)
+        if self.residual_scale != 1.0:
+            x = x * self.residual_scale
+        return x, residual
+
+    def attention(
+        self,
+        x: torch.Tensor,  # [T, hidden]: the normalized input
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        kv_cache: tuple[torch.Tensor, torch.Tensor],
+        meta: Any,
+        query_scale: torch.Tensor | None,
+        decodes: Decodes,
+    ) -> torch.Tensor:
+        """The attention sublayer through its output projection [T, hidden] (a rank's partial
+        sum under tensor parallelism): q/k/v, RoPE, attention over the paged KV, o. A family
+        whose attention is another kind (DeepSeek's latent attention) overrides it."""
+        t, ops = x.shape[0], self.ops
         qkv = apply_linear(self.qkv_proj, x, decodes)
         if not self.qk_norm_after_rope:
             qkv = self.normalize_qk(qkv)
@@ -220,26 +255,7 @@ class DecoderLayer(nn.Module):
             self.softcap,
             self.sinks,
         )  # [T, H, D]
-        x = apply_linear(self.o_proj, attn.reshape(t, -1), decodes)
-        if self.tp is not None:
-            x = self.tp.all_reduce(x)
-        after_attention, after_mlp = self.output_norms or (None, None)
-        if after_attention is not None:
-            x = ops.rms_norm(x, after_attention.weight, after_attention.eps)
-        if self.residual_scale != 1.0:
-            x = x * self.residual_scale
-        if self.pre_norms:
-            norm = self.mlp_norm
-            x = self.mlp(ops.add_rms_norm(x, residual, norm.weight, norm.eps), decodes)
-        else:
-            x = self.mlp(residual.add_(x), decodes)
-        if self.tp is not None:
-            x = self.tp.all_reduce(x)
-        if after_mlp is not None:
-            x = ops.rms_norm(x, after_mlp.weight, after_mlp.eps)
-        if self.residual_scale != 1.0:
-            x = x * self.residual_scale
-        return x, residual
+        return apply_linear(self.o_proj, attn.reshape(t, -1), decodes)
 
     def mlp(self, x: torch.Tensor, decodes: Decodes) -> torch.Tensor:
         """The layer's gated MLP (or ReLU squared without a gate); a family with experts routes

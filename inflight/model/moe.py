@@ -1,17 +1,18 @@
-"""Mixture-of-experts families (`arch.EXPERT_ARCHS`; gpt-oss's module subclasses these): Mixtral
-and Granite MoE (the Llama layer), Qwen3-MoE, Qwen2-MoE, GLM-4.5 and dots.llm1, ERNIE 4.5,
-MiniMax-M2, Hunyuan and OLMoE, whose MLP is a set of experts in every sparse layer. A router
-(`gate`) scores each token's experts; its softmax in float32 keeps the `experts_per_token` best
-(renormalized with `norm_topk_prob`), and each chosen expert, a SiLU-gated MLP, adds its output
-times that weight. GLM-4.5's (and dots.llm1's) and MiniMax-M2's routers score each expert by a
-sigmoid instead; they and ERNIE 4.5's choose by their scores plus a learned bias (within the
-best groups of experts) and keep their weights and bias in float32 whatever the model's dtype,
-as transformers and vLLM do. A shared expert (Qwen2-MoE's, under a sigmoid gate; GLM-4.5's,
-ERNIE 4.5's, Hunyuan's, Granite MoE Shared's) runs on every token beside the routed ones and
-adds after them. A step's (token, expert) pairs are grouped by expert (`route`): each expert's
-linears run once over its rows, the activation once over all of them, and the outputs add into
-each token in expert order, as transformers adds them, so a token's sum never depends on which
-other tokens share its step.
+"""Mixture-of-experts families (`arch.EXPERT_ARCHS`; gpt-oss's and DeepSeek's modules subclass
+these): Mixtral and Granite MoE (the Llama layer), Qwen3-MoE, Qwen2-MoE, GLM-4.5 and dots.llm1,
+ERNIE 4.5, MiniMax-M2, Hunyuan and OLMoE, whose MLP is a set of experts in every sparse layer. A
+router (`gate`) scores each token's experts; its softmax in float32 keeps the
+`experts_per_token` best (renormalized with `norm_topk_prob`), and each chosen expert, a SiLU-
+gated MLP, adds its output times that weight. GLM-4.5's (and dots.llm1's) and MiniMax-M2's
+routers score each expert by a sigmoid instead; they and ERNIE 4.5's choose by their scores plus
+a learned bias (within the best groups of experts) and keep their weights and bias in float32
+whatever the model's dtype, as transformers and vLLM do (DeepSeek-V3's is GLM-4.5's;
+DeepSeek-V2's a float32 softmax without the bias, within the groups whose best score is
+highest). A shared expert (Qwen2-MoE's, under a sigmoid gate; GLM-4.5's, ERNIE 4.5's, Hunyuan's,
+Granite MoE Shared's) runs on every token beside the routed ones and adds after them. A step's
+(token, expert) pairs are grouped by expert (`route`): each expert's linears run once over its
+rows, the activation once over all of them, and the outputs add into each token in expert order,
+as transformers adds them, so a token's sum never depends on which other tokens share its step.
 
 Each expert's gate and up projections are fused into one weight at load (transformers keeps
 them as one [2I, H] slice per expert too); Mixtral's `block_sparse_moe.experts.*.w1/w3/w2` are
@@ -80,13 +81,15 @@ class MoEDecoderLayer(DecoderLayer):
             return
         del self.gate_up_proj, self.down_proj  # the experts' instead
         self.top_k, self.norm_topk_prob = cfg.experts_per_token, cfg.norm_topk_prob
-        self.biased_router = cfg.router_score_bias
-        if self.biased_router:  # float32 weights, and the bias of the scores that choose
+        self.float32_router = cfg.router_score_bias or cfg.float32_router
+        if self.float32_router:  # float32 weights, and the bias of the scores that choose
             self.sigmoid = cfg.router_scoring == "sigmoid"
             self.router_weight = nn.Parameter(torch.empty(cfg.num_experts, cfg.hidden_size),
                                               requires_grad=False)  # fmt: skip
-            self.router_bias = nn.Parameter(torch.empty(cfg.num_experts), requires_grad=False)
+            self.router_bias = (nn.Parameter(torch.empty(cfg.num_experts), requires_grad=False)
+                                if cfg.router_score_bias else None)  # fmt: skip
             self.groups, self.groups_used = cfg.expert_groups, cfg.expert_groups_used
+            self.group_by_max = cfg.expert_group_by_max
             self.routed_scale = cfg.routed_scaling_factor
         else:
             self.gate = nn.Linear(cfg.hidden_size, cfg.num_experts, bias=False)  # the router
@@ -113,8 +116,8 @@ class MoEDecoderLayer(DecoderLayer):
         return routed + shared
 
     def _routed_experts(self, x: torch.Tensor, decodes: Decodes) -> torch.Tensor:
-        if self.biased_router:
-            weights, chosen = self.route_with_score_bias(x)
+        if self.float32_router:
+            weights, chosen = self.route_in_float32(x)
         else:
             weights, chosen = self.route_tokens(apply_linear(self.gate, x, decodes))
         if self.stack is not None:  # on the device, in one launch per linear
@@ -150,18 +153,20 @@ class MoEDecoderLayer(DecoderLayer):
             weights = weights.to(logits.dtype)
         return weights, chosen
 
-    def route_with_score_bias(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """GLM-4.5's and ERNIE 4.5's router, in float32: each expert's score (a sigmoid, or a
-        softmax over all); the `top_k` best scores plus the bias, among the experts of the
-        `groups_used` groups whose two best biased scores sum highest; their unbiased scores as
-        weights (renormalized where the family says), times the routed scale.
+    def route_in_float32(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """GLM-4.5's, ERNIE 4.5's and DeepSeek's router, in float32: each expert's score (a
+        sigmoid, or a softmax over all); the `top_k` best scores plus the bias (where there is
+        one), among the experts of the `groups_used` groups whose two best biased scores sum
+        highest (whose best is highest: DeepSeek-V2's); their unbiased scores as weights
+        (renormalized where the family says), times the routed scale.
         [T, hidden] -> weights and experts [T, k]."""
         logits = x.float() @ self.router_weight.t()
         scores = torch.sigmoid(logits) if self.sigmoid else torch.softmax(logits, dim=-1)
-        choice = scores + self.router_bias
+        choice = scores if self.router_bias is None else scores + self.router_bias
         if self.groups > 1:
             grouped = choice.view(x.shape[0], self.groups, -1)
-            group_scores = grouped.topk(2, dim=-1).values.sum(dim=-1)
+            group_scores = (grouped.amax(dim=-1) if self.group_by_max
+                            else grouped.topk(2, dim=-1).values.sum(dim=-1))  # fmt: skip
             best = group_scores.topk(self.groups_used, dim=-1).indices
             kept = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, best, True)
             choice = grouped.masked_fill(~kept[:, :, None], float("-inf")).view_as(choice)
@@ -268,7 +273,7 @@ class MoEModel(LlamaModel):
         generation does not run: GLM-4.5's layers after the last, ERNIE 4.5's `mtp_*`."""
         n = len(self.layers)
         skipped = range(n, n + self.cfg.extra_checkpoint_layers)
-        names = _ROUTER_NAMES if self.cfg.router_score_bias else {}
+        names = _ROUTER_NAMES if self.cfg.router_score_bias or self.cfg.float32_router else {}
         for name, tensor in weights:
             layer = _LAYER_INDEX.match(name)
             if (layer is not None and int(layer[1]) in skipped) or name.startswith("model.mtp_"):
@@ -300,7 +305,7 @@ class MoEModel(LlamaModel):
                 continue
             mlp = f"model.layers.{i}.mlp"
             del sources[f"layers.{i}.gate_up_proj"], sources[f"layers.{i}.down_proj"]
-            if not layer.biased_router:  # (a float32 router's weights are no linear's)
+            if not layer.float32_router:  # (a float32 router's weights are no linear's)
                 sources[f"layers.{i}.gate"] = [f"{mlp}.gate.weight"]
             if layer.shared_expert is not None:
                 shared = f"{mlp}.shared_expert"

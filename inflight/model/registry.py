@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from inflight.model.arcee import ArceeModel
 from inflight.model.arch import LlamaArchConfig
+from inflight.model.deepseek import DeepseekModel
 from inflight.model.exaone import ExaoneModel
 from inflight.model.exaone4 import Exaone4Model
 from inflight.model.gemma import Gemma2Model, Gemma3Model, GemmaModel
@@ -63,6 +64,8 @@ MODEL_CLASSES: dict[str, type[LlamaModel]] = {
     "seed_oss": LlamaModel,
     "arcee": ArceeModel,
     "hunyuan_dense": HunyuanModel,
+    "deepseek_v2": DeepseekModel,
+    "deepseek_v3": DeepseekModel,
 }
 
 

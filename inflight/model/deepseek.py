@@ -1,0 +1,168 @@
+"""DeepSeek-V2 and -V3 (Kimi K2, Moonlight): multi-head latent attention (MLA) beside DeepSeek's
+experts (`moe.py`'s router with DeepSeek's settings, `arch._deepseek_routing`).
+
+A token's keys and values are projections of one small latent: `kv_a_proj_with_mqa` makes a
+`kv_lora_rank` latent (RMS-normalized) and `qk_rope_head_dim` rotated dimensions that every head
+shares; `kv_b_proj` would expand the latent into each head's key part and value. Expanded, the
+cache would hold every head's key and value; here the expansion is absorbed instead, as
+DeepSeek's own inference and llama.cpp do: each head's query part is multiplied into the latent's
+space once (q W_UK), so that the scores are taken against the latent itself, and the attention's
+output, a mix of latents, is expanded by W_UV after. The cache then holds one KV head of
+`kv_lora_rank + qk_rope_head_dim` per token (576 for every published model, against 40,960 for
+DeepSeek-V3's 128 expanded heads), and the paged attention kernels run it as multi-query
+attention whose values are the keys themselves: the rotated dimensions come first in every
+query and key, and the output's latent part is what is kept.
+
+The checkpoints rotate interleaved pairs: the rotated rows of the query and latent projections
+are reordered to halves at load (`rotary_pairs`), which leaves every score as it was.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from inflight.attention import AttentionBackend
+from inflight.model.arch import LlamaArchConfig
+from inflight.model.layer_ops import TorchLayerOps
+from inflight.model.llama import RMSNorm
+from inflight.model.moe import MoEDecoderLayer, MoEModel
+from inflight.model.packed_linear import Decodes, apply_linear
+from inflight.model.rotary_pairs import latent_rotary_order
+
+# the RMSNorms of the query and key-value latents (transformers' default; the published
+# models' rms_norm_eps too)
+LATENT_NORM_EPS = 1e-6
+
+
+class LatentProjection(nn.Module):
+    """`kv_b_proj`'s weight [heads * (qk_nope + v), kv_lora_rank], held as floats (no linear:
+    it is read per head, as W_UK and W_UV, never applied to the latent whole)."""
+
+    def __init__(self, rows: int, kv_lora_rank: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(rows, kv_lora_rank), requires_grad=False)
+
+
+class DeepseekDecoderLayer(MoEDecoderLayer):
+    """DeepSeek's layer: latent attention, then a dense MLP (the first layers) or experts."""
+
+    def __init__(
+        self, cfg: LlamaArchConfig, attn: AttentionBackend, ops: TorchLayerOps, index: int
+    ) -> None:
+        super().__init__(cfg, attn, ops, index)
+        del self.qkv_proj, self.o_proj  # (Llama's shapes)
+        heads, hidden = cfg.num_heads, cfg.hidden_size
+        self.nope, self.rope = cfg.qk_nope_head_dim, cfg.rope_dim
+        self.latent, self.value = cfg.kv_lora_rank, cfg.v_head_dim
+        query_rows = heads * (self.nope + self.rope)
+        if cfg.q_lora_rank:
+            self.q_a_proj = nn.Linear(hidden, cfg.q_lora_rank, bias=False)
+            self.q_a_layernorm = RMSNorm(cfg.q_lora_rank, LATENT_NORM_EPS)
+            self.q_b_proj = nn.Linear(cfg.q_lora_rank, query_rows, bias=False)
+        else:
+            self.q_proj = nn.Linear(hidden, query_rows, bias=False)
+        self.kv_a_proj_with_mqa = nn.Linear(hidden, self.latent + self.rope, bias=False)
+        self.kv_a_layernorm = RMSNorm(self.latent, LATENT_NORM_EPS)
+        self.kv_b_proj = LatentProjection(heads * (self.nope + self.value), self.latent)
+        self.o_proj = nn.Linear(heads * self.value, hidden, bias=False)
+
+    def attention(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        kv_cache: tuple[torch.Tensor, torch.Tensor],
+        meta: Any,
+        query_scale: torch.Tensor | None,
+        decodes: Decodes,
+    ) -> torch.Tensor:
+        t, heads, ops = x.shape[0], self.num_heads, self.ops
+        if hasattr(self, "q_a_proj"):
+            q = apply_linear(self.q_a_proj, x, decodes)
+            q = ops.rms_norm(q, self.q_a_layernorm.weight, self.q_a_layernorm.eps)
+            q = apply_linear(self.q_b_proj, q, decodes)
+        else:
+            q = apply_linear(self.q_proj, x, decodes)
+        q = q.view(t, heads, self.nope + self.rope)
+        kv = apply_linear(self.kv_a_proj_with_mqa, x, decodes)  # [T, latent + rope]
+        latent = ops.rms_norm(kv[:, : self.latent].contiguous(), self.kv_a_layernorm.weight,
+                              self.kv_a_layernorm.eps)  # fmt: skip
+        # every head's rotated query part and the shared rotated key part, rotated as one
+        rotated = torch.cat([q[..., self.nope :], kv[:, None, self.latent :]], dim=1)
+        ops.rope_(rotated.view(t, -1), cos, sin, heads + 1, self.rope)
+        up = self.kv_b_proj.weight.view(heads, self.nope + self.value, self.latent)
+        # each head's query part in the latent's space: q W_UK, [H, T, latent]
+        absorbed = torch.bmm(q[..., : self.nope].transpose(0, 1), up[:, : self.nope])
+        query = torch.cat([rotated[:, :heads], absorbed.transpose(0, 1)], dim=-1)
+        key = torch.cat([rotated[:, heads:], latent[:, None]], dim=-1)  # [T, 1, rope + latent]
+        out = self.attn.forward(query, key, key, kv_cache[0], kv_cache[1], meta, self.window,
+                                self.scale, self.softcap, self.sinks)  # fmt: skip
+        # the mix of latents each head attended to, expanded by W_UV: [H, T, v]
+        values = torch.bmm(
+            out[..., self.rope :].transpose(0, 1), up[:, self.nope :].transpose(1, 2)
+        )
+        return apply_linear(self.o_proj, values.transpose(0, 1).reshape(t, -1), decodes)
+
+
+class DeepseekModel(MoEModel):
+    layer_class = DeepseekDecoderLayer
+    # (the attention's projections are the layer's own: none is fused)
+    _PROJECTIONS: ClassVar[dict[str, tuple[str, tuple[str, ...]]]] = {
+        "o_proj": ("self_attn", ("o_proj",)),
+        "gate_up_proj": ("mlp", ("gate_proj", "up_proj")),
+        "down_proj": ("mlp", ("down_proj",)),
+    }
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        super().load_weights(self._rotary_halves(self._joined_expansions(weights)))
+
+    def _joined_expansions(
+        self, weights: Iterable[tuple[str, torch.Tensor]]
+    ) -> Iterator[tuple[str, torch.Tensor]]:
+        """`kv_b_proj` whole where a GGUF file splits it as llama.cpp does: `k_b_proj` (each
+        head's W_UK transposed, [H, latent, qk_nope]) and `v_b_proj` (W_UV, [H, v, latent])."""
+        cfg = self.cfg
+        shapes = {"k_b_proj.weight": (cfg.num_heads, cfg.kv_lora_rank, cfg.qk_nope_head_dim),
+                  "v_b_proj.weight": (cfg.num_heads, cfg.v_head_dim, cfg.kv_lora_rank)}  # fmt: skip
+        pending: dict[str, dict[str, torch.Tensor]] = {}
+        for name, tensor in weights:
+            prefix, _, part = name.rpartition(".self_attn.")
+            if part not in shapes:
+                yield name, tensor
+                continue
+            if tuple(tensor.shape) != shapes[part]:
+                raise ValueError(f"weight {name!r} has shape {tuple(tensor.shape)}, expected "
+                                 f"{shapes[part]}")  # fmt: skip
+            parts = pending.setdefault(prefix, {})
+            parts[part] = tensor
+            if len(parts) == 2:
+                del pending[prefix]
+                joined = torch.cat([parts["k_b_proj.weight"].transpose(1, 2),
+                                    parts["v_b_proj.weight"]], dim=1)  # fmt: skip
+                yield f"{prefix}.self_attn.kv_b_proj.weight", joined.reshape(-1, cfg.kv_lora_rank)
+        if pending:
+            raise KeyError(f"latent expansions with one of W_UK and W_UV alone: {sorted(pending)}")
+
+    def _rotary_halves(
+        self, weights: Iterable[tuple[str, torch.Tensor]]
+    ) -> Iterator[tuple[str, torch.Tensor]]:
+        """The query and latent projections' rotated rows, pairs to halves."""
+        order = latent_rotary_order(self.cfg)
+        for name, tensor in weights:
+            projection = name.rpartition(".")[0].rpartition(".")[2]
+            if projection in order and ".self_attn." in name:
+                tensor = tensor[torch.from_numpy(order[projection])]
+            yield name, tensor
+
+    def linear_sources(self) -> dict[str, list[str]]:
+        sources = super().linear_sources()
+        for i in range(len(self.layers)):
+            attention = f"model.layers.{i}.self_attn"
+            parts = ("q_a_proj", "q_b_proj") if self.cfg.q_lora_rank else ("q_proj",)
+            for part in (*parts, "kv_a_proj_with_mqa"):
+                sources[f"layers.{i}.{part}"] = [f"{attention}.{part}.weight"]
+        return sources

@@ -1,0 +1,229 @@
+"""DeepSeek-V2 (`DeepseekV2ForCausalLM`) and -V3 (`DeepseekV3ForCausalLM`: Kimi K2's and
+Moonlight's too), GGUF `deepseek2`: multi-head latent attention, cached as one KV head of the
+latent and its rotated part, beside DeepSeek's experts (V2's float32 softmax within the best
+groups by their best score, never renormalized; V3's sigmoid plus a score bias). Their tiny
+models in `TINY_ARCHS` are held to transformers' greedy tokens in every setting (transformers
+expands the latent into every head's keys and values; inflight absorbs the expansion into the
+queries and the output); here, the configs as published, the cache's size, the GGUF files in
+llama.cpp's two layouts of the latent's expansion, the multi-token-prediction layer left out,
+and what the layer does not compute refused."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+
+import pytest
+import torch
+from gguf import GGMLQuantizationType
+from safetensors.torch import load_file, save_file
+
+from inflight import LLM, SamplingParams
+from inflight.errors import ConfigError
+from inflight.model.arch import LlamaArchConfig
+from inflight.parallel.shard import check_tensor_parallel
+from inflight.runner.kv_cache import kv_bytes_per_token
+from tests.gguf_files import write_tiny_gguf
+from tests.parity import assert_gguf_generates_as_its_weights, random_prompts
+
+Q = GGMLQuantizationType
+
+DEEPSEEK_V2_LITE = {  # DeepSeek-V2-Lite's config.json, the fields the engine reads
+    "architectures": ["DeepseekV2ForCausalLM"], "attention_bias": False,
+    "first_k_dense_replace": 1, "hidden_size": 2048, "intermediate_size": 10944,
+    "kv_lora_rank": 512, "max_position_embeddings": 163840, "model_type": "deepseek_v2",
+    "moe_intermediate_size": 1408, "moe_layer_freq": 1, "n_group": 1, "n_routed_experts": 64,
+    "n_shared_experts": 2, "norm_topk_prob": False, "num_attention_heads": 16,
+    "num_experts_per_tok": 6, "num_hidden_layers": 27, "num_key_value_heads": 16,
+    "q_lora_rank": None, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "rms_norm_eps": 1e-06,
+    "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 0.707,
+                     "mscale_all_dim": 0.707, "original_max_position_embeddings": 4096,
+                     "type": "yarn"},
+    "rope_theta": 10000, "routed_scaling_factor": 1.0, "scoring_func": "softmax",
+    "tie_word_embeddings": False, "topk_group": 1, "topk_method": "greedy", "v_head_dim": 128,
+    "vocab_size": 102400,
+}  # fmt: skip
+DEEPSEEK_V3 = {  # DeepSeek-V3's (and R1's)
+    "architectures": ["DeepseekV3ForCausalLM"], "attention_bias": False,
+    "first_k_dense_replace": 3, "hidden_size": 7168, "intermediate_size": 18432,
+    "kv_lora_rank": 512, "max_position_embeddings": 163840, "model_type": "deepseek_v3",
+    "moe_intermediate_size": 2048, "moe_layer_freq": 1, "n_group": 8, "n_routed_experts": 256,
+    "n_shared_experts": 1, "norm_topk_prob": True, "num_attention_heads": 128,
+    "num_experts_per_tok": 8, "num_hidden_layers": 61, "num_key_value_heads": 128,
+    "num_nextn_predict_layers": 1, "q_lora_rank": 1536, "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64, "rms_norm_eps": 1e-06,
+    "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0,
+                     "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096,
+                     "type": "yarn"},
+    "rope_theta": 10000, "routed_scaling_factor": 2.5, "scoring_func": "sigmoid",
+    "tie_word_embeddings": False, "topk_group": 4, "topk_method": "noaux_tc",
+    "v_head_dim": 128, "vocab_size": 129280,
+}  # fmt: skip
+MOONLIGHT = {  # Moonlight-16B-A3B's: DeepSeek-V3's layers, queries without a latent, no YaRN
+    **DEEPSEEK_V3, "first_k_dense_replace": 1, "hidden_size": 2048, "intermediate_size": 11264,
+    "max_position_embeddings": 8192, "moe_intermediate_size": 1408, "n_group": 1,
+    "n_routed_experts": 64, "n_shared_experts": 2, "num_attention_heads": 16,
+    "num_experts_per_tok": 6, "num_hidden_layers": 27, "num_key_value_heads": 16,
+    "num_nextn_predict_layers": 0, "q_lora_rank": None, "rms_norm_eps": 1e-05,
+    "rope_scaling": None, "rope_theta": 50000.0, "routed_scaling_factor": 2.446,
+    "topk_group": 1, "vocab_size": 163842,
+}  # fmt: skip
+
+
+def test_published_configs_are_read():
+    """The cached row is one KV head of the latent and its rotated part (576 wide), RoPE turns
+    those 64, and the scores' scale is the 192-wide query head's, times YaRN's mscale_all_dim
+    correction squared."""
+    lite = LlamaArchConfig.from_hf_config(DEEPSEEK_V2_LITE)
+    yarn = (0.1 * 0.707 * math.log(40) + 1) ** 2
+    assert (lite.architecture, lite.num_kv_heads, lite.head_dim, lite.rotary_dim,
+            lite.kv_lora_rank, lite.q_lora_rank, lite.qk_nope_head_dim, lite.v_head_dim) == (
+        "deepseek_v2", 1, 576, 64, 512, 0, 128, 128)  # fmt: skip
+    assert lite.attention_scale == pytest.approx(192**-0.5 * yarn)
+    assert lite.rope_attention_factor == 1.0  # (mscale and mscale_all_dim cancel)
+    assert (lite.num_experts, lite.experts_per_token, lite.dense_layers, lite.router_scoring,
+            lite.router_score_bias, lite.float32_router, lite.norm_topk_prob,
+            lite.expert_groups, lite.shared_expert_intermediate_size) == (
+        64, 6, (0,), "softmax", False, True, False, 1, 2816)  # fmt: skip
+    v3 = LlamaArchConfig.from_hf_config(DEEPSEEK_V3)
+    assert (v3.architecture, v3.head_dim, v3.q_lora_rank, v3.dense_layers, v3.router_scoring,
+            v3.router_score_bias, v3.norm_topk_prob, v3.expert_groups, v3.expert_groups_used,
+            v3.expert_group_by_max, v3.routed_scaling_factor, v3.shared_expert_intermediate_size,
+            v3.extra_checkpoint_layers) == (
+        "deepseek_v3", 576, 1536, (0, 1, 2), "sigmoid", True, True, 8, 4, False, 2.5, 2048,
+        1)  # fmt: skip
+    assert v3.attention_scale == pytest.approx(192**-0.5 * (0.1 * math.log(40) + 1) ** 2)
+    moonlight = LlamaArchConfig.from_hf_config(MOONLIGHT)
+    assert (moonlight.q_lora_rank, moonlight.rope_scaling, moonlight.attention_scale,
+            moonlight.routed_scaling_factor) == (0, None, 192**-0.5, 2.446)  # fmt: skip
+    # DeepSeek-V2's routing within groups, by their best score
+    grouped = LlamaArchConfig.from_hf_config(
+        {**DEEPSEEK_V2_LITE, "topk_method": "group_limited_greedy", "n_group": 8, "topk_group": 3}
+    )
+    assert (grouped.expert_groups, grouped.expert_groups_used, grouped.expert_group_by_max) == (
+        8, 3, True)  # fmt: skip
+
+
+@pytest.mark.parametrize(("config", "fields", "says"), [
+    (DEEPSEEK_V2_LITE, {"attention_bias": True}, "attention_bias"),
+    (DEEPSEEK_V3, {"rope_interleave": False}, "rope_interleave"),
+    (DEEPSEEK_V2_LITE, {"moe_layer_freq": 2}, "moe_layer_freq"),
+    (DEEPSEEK_V2_LITE, {"topk_method": "noaux_tc"}, "routing 'noaux_tc'"),
+    (DEEPSEEK_V3, {"scoring_func": "softmax"}, "over 'softmax' scores"),
+    (DEEPSEEK_V3, {"kv_lora_rank": 0}, "kv_lora_rank must be a positive integer"),
+    (DEEPSEEK_V3, {"kv_lora_rank": 2**63}, "kv_lora_rank must be a positive integer"),
+    (DEEPSEEK_V3, {"qk_rope_head_dim": float("nan")}, "qk_rope_head_dim must be"),
+    (DEEPSEEK_V3, {"v_head_dim": True}, "v_head_dim must be"),
+    (DEEPSEEK_V3, {"q_lora_rank": -1}, "q_lora_rank must be"),
+    (DEEPSEEK_V3, {"qk_nope_head_dim": "128"}, "qk_nope_head_dim must be"),
+    (DEEPSEEK_V3, {"n_shared_experts": 2**64}, "shared_expert_intermediate_size"),
+    (DEEPSEEK_V3, {"rope_scaling": {**DEEPSEEK_V3["rope_scaling"], "mscale_all_dim": "x"}},
+     "mscale_all_dim"),
+])  # fmt: skip
+def test_what_the_layer_does_not_compute_is_refused(config, fields, says):
+    with pytest.raises(ValueError, match=says):
+        LlamaArchConfig.from_hf_config({**config, **fields})
+
+
+def test_the_official_fp8_checkpoint_is_refused_by_name():
+    """DeepSeek-V3's and Kimi K2's own folders hold FP8 blocks: refused, naming them (their
+    GGUF files and bf16 conversions load)."""
+    fp8 = {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128]}
+    with pytest.raises(ValueError, match="quantization 'fp8' is not supported"):
+        LlamaArchConfig.from_hf_config({**DEEPSEEK_V3, "quantization_config": fp8})
+
+
+def test_latent_attention_is_not_split_across_ranks():
+    with pytest.raises(ValueError, match="latent attention is not split"):
+        check_tensor_parallel(LlamaArchConfig.from_hf_config(DEEPSEEK_V3), 2)
+    check_tensor_parallel(LlamaArchConfig.from_hf_config(DEEPSEEK_V3), 1)
+
+
+@pytest.mark.parametrize("family", ["deepseek_v2", "deepseek_v3"])
+def test_the_cache_holds_one_latent_row_a_token(tiny_model_factory, family):
+    """One KV head of the latent (32) and its rotated part (8) a layer, not 4 heads of 40-wide
+    keys and 16-wide values: 2 layers x 40 x 2 (the values are the keys) x 4 bytes a token."""
+    llm = LLM(str(tiny_model_factory(family)), dtype="float32")
+    arch = llm.core.arch
+    assert (arch.num_kv_heads, arch.head_dim) == (1, 40)
+    assert kv_bytes_per_token(arch, torch.float32) == 2 * 2 * 40 * 4
+    k_cache, v_cache = llm.core.runner.kv_cache.layers[0]
+    block = llm.core.runner.kv_cache.block_size
+    assert k_cache.numel() // k_cache.shape[0] == v_cache.numel() // v_cache.shape[0] == block * 40
+
+
+@pytest.mark.parametrize(
+    ("family", "qtype", "legacy"),
+    [("deepseek_v2", Q.F32, False), ("deepseek_v3", Q.F32, False),
+     ("deepseek_v2", Q.Q8_0, True), ("deepseek_v3", Q.Q8_0, True)],
+    ids=["v2-f32", "v3-f32", "v2-q8_0-legacy", "v3-q8_0-legacy"],
+)  # fmt: skip
+def test_a_gguf_generates_as_transformers_with_its_weights(
+    tmp_path, tiny_model_factory, family, qtype, legacy
+):
+    """As llama.cpp's converter writes `deepseek2`: the latent's expansion split into W_UK
+    transposed (`attn_k_b`) and W_UV (`attn_v_b`), or whole (`attn_kv_b`, older files); the
+    rotated rows in their interleaved pairs (reordered at load, blocks too); V3's router by its
+    score bias and sigmoid gating, V2's softmax where the file names none; YaRN's
+    mscale_all_dim as a tenth (`yarn_log_multiplier`)."""
+    folder = tiny_model_factory(family)
+    path = write_tiny_gguf(folder, tmp_path / f"{family}.gguf", qtype, legacy_kv_b=legacy)
+    mode = "off" if qtype == Q.F32 else "int16"
+    llm = LLM(str(path), dtype="float32", quantized_activations=mode)
+    hf = LLM(str(folder), dtype="float32").core.arch
+    arch = llm.core.arch
+    assert arch.architecture == family
+    fields = ("num_kv_heads", "head_dim", "rotary_dim", "kv_lora_rank", "q_lora_rank",
+              "qk_nope_head_dim", "v_head_dim", "router_scoring", "router_score_bias",
+              "float32_router", "expert_groups", "routed_scaling_factor", "norm_topk_prob",
+              "dense_layers", "shared_expert_intermediate_size")  # fmt: skip
+    assert {f: getattr(arch, f) for f in fields} == {f: getattr(hf, f) for f in fields}
+    assert arch.attention_scale == pytest.approx(hf.attention_scale, rel=1e-6)
+    assert arch.rope_attention_factor == pytest.approx(1.0, rel=1e-6)
+    assert_gguf_generates_as_its_weights(llm, folder, qtype)
+
+
+def test_the_multi_token_prediction_layer_is_left_out(tmp_path, tiny_model_factory):
+    """DeepSeek-V3's checkpoints hold a multi-token-prediction layer after the last
+    (`num_nextn_predict_layers`): loading leaves it out, and the model generates as without."""
+    folder = tiny_model_factory("deepseek_v3")
+    out = tmp_path / "with-mtp"
+    shutil.copytree(folder, out)
+    config = json.loads((out / "config.json").read_text())
+    config["num_nextn_predict_layers"] = 1
+    (out / "config.json").write_text(json.dumps(config))
+    weights = load_file(out / "model.safetensors")
+    hidden = weights["model.norm.weight"].shape[0]
+    extra = {name.replace("layers.1.", "layers.2."): t.clone()
+             for name, t in weights.items() if "layers.1." in name}  # fmt: skip
+    extra |= {"model.layers.2.eh_proj.weight": torch.randn(hidden, 2 * hidden),
+              "model.layers.2.enorm.weight": torch.ones(hidden),
+              "model.layers.2.hnorm.weight": torch.ones(hidden),
+              "model.layers.2.shared_head.norm.weight": torch.ones(hidden)}  # fmt: skip
+    save_file({**weights, **extra}, out / "model.safetensors", metadata={"format": "pt"})
+    prompts = random_prompts(200, lengths=(3, 17))
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+
+    def tokens(path) -> list:
+        llm = LLM(str(path), dtype="float32")
+        assert llm.core.arch.num_layers == 2
+        return [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+
+    assert tokens(out) == tokens(folder)
+
+
+def test_a_bf16_model_keeps_its_router_float32_and_generates(tiny_model_factory):
+    """DeepSeek-V2's router has no score bias but is float32 in transformers: so here, in a
+    bf16 model, whose latent products run in bf16."""
+    llm = LLM(str(tiny_model_factory("deepseek_v2")), dtype="bfloat16")
+    sparse = llm.core.loaded.model.layers[1]
+    assert sparse.router_weight.dtype == torch.float32 and sparse.router_bias is None
+    assert sparse.kv_b_proj.weight.dtype == torch.bfloat16
+    out = llm.generate([[5, 6, 7]], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)
+    assert len(out[0].outputs[0].token_ids) == 4
+
+
+def test_tensor_parallel_engines_refuse_it_before_loading(tiny_model_factory):
+    with pytest.raises(ConfigError, match="latent attention is not split"):
+        LLM(str(tiny_model_factory("deepseek_v3")), dtype="float32", tensor_parallel_size=2)
