@@ -1,4 +1,5 @@
-"""Writes a GGUF file in the shapes of a real Llama model (or SmolLM3-3B, or gpt-oss-20b), with
+"""Writes a GGUF file in the shapes of a real Llama model (or SmolLM3-3B, gpt-oss-20b or
+DeepSeek-V2-Lite), with
 random weights and SmolLM2's tokenizer (from the default model's file), for memory and speed
 benchmarks at sizes no package ships. Weights are N(0, 0.02), norms 1: the text is noise, the
 shapes, bytes and kernels real.
@@ -10,6 +11,10 @@ their biases, sinks, YaRN and the window in metadata; `--type Q8_0` for the rest
 blocks are random bytes (FP4 codes, exponents near 2^-7), and SmolLM2's vocabulary is padded
 with unused ordinary tokens to gpt-oss's 201,088 (as its own vocabulary is: not added
 tokens), so that the embedding, the LM head and the tokenizer have their size.
+
+DeepSeek-V2-Lite is written as llama.cpp's converter lays it out (`deepseek2`: latent attention
+with its expansion split into `attn_k_b` and `attn_v_b`, a dense first layer, then 64 experts
+a layer, 6 a token, beside two shared ones; YaRN), SmolLM2's vocabulary padded to its 102,400.
 
 `--type` is any type the `gguf` package quantizes (F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1);
 for the K-quant mixes (Q4_K_M, Q5_K_M, Q6_K) write F16 and convert it with llama.cpp's
@@ -41,9 +46,13 @@ SHAPES = {
 }
 # the GGUF architecture of each shape not written as `llama` (SmolLM3's every fourth layer
 # attends without RoPE, and its embeddings are its LM head)
-ARCHITECTURES = {"smollm3-3b": "smollm3", "gpt-oss-20b": "gpt-oss"}
+ARCHITECTURES = {"smollm3-3b": "smollm3", "gpt-oss-20b": "gpt-oss",
+                 "deepseek-v2-lite": "deepseek2"}  # fmt: skip
 # gpt-oss-20b: (layers, hidden, experts, experts a token, heads, kv heads, head dim, vocab)
 GPT_OSS_20B = (24, 2880, 32, 4, 64, 8, 64, 201088)
+# DeepSeek-V2-Lite: (layers, hidden, dense intermediate, experts, experts a token, expert
+# intermediate, shared experts, heads, kv_lora_rank, qk_nope, qk_rope, v head, vocab)
+DEEPSEEK_V2_LITE = (27, 2048, 10944, 64, 6, 1408, 2, 16, 512, 128, 64, 128, 102400)
 TOKENIZER_KEYS = ("tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.tokens",
                   "tokenizer.ggml.token_type", "tokenizer.ggml.merges",
                   "tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id",
@@ -97,6 +106,67 @@ def gpt_oss_tensors():
     yield "output.weight", (vocab, hidden)
 
 
+def deepseek_tensors():
+    """(GGUF name, shape in numpy order) of DeepSeek-V2-Lite's tensors, llama.cpp's names (its
+    converter's: W_UK transposed as `attn_k_b` [heads, latent, nope], W_UV as `attn_v_b`)."""
+    (layers, hidden, inter, experts, _, expert_inter, shared, heads, latent, nope, rope, v,
+     vocab) = DEEPSEEK_V2_LITE  # fmt: skip
+    yield "token_embd.weight", (vocab, hidden)
+    for i in range(layers):
+        b = f"blk.{i}."
+        yield b + "attn_norm.weight", (hidden,)
+        yield b + "attn_q.weight", (heads * (nope + rope), hidden)
+        yield b + "attn_kv_a_mqa.weight", (latent + rope, hidden)
+        yield b + "attn_kv_a_norm.weight", (latent,)
+        yield b + "attn_k_b.weight", (heads, latent, nope)
+        yield b + "attn_v_b.weight", (heads, v, latent)
+        yield b + "attn_output.weight", (hidden, heads * v)
+        yield b + "ffn_norm.weight", (hidden,)
+        if i == 0:
+            yield b + "ffn_gate.weight", (inter, hidden)
+            yield b + "ffn_up.weight", (inter, hidden)
+            yield b + "ffn_down.weight", (hidden, inter)
+            continue
+        yield b + "ffn_gate_inp.weight", (experts, hidden)
+        yield b + "ffn_gate_exps.weight", (experts, expert_inter, hidden)
+        yield b + "ffn_up_exps.weight", (experts, expert_inter, hidden)
+        yield b + "ffn_down_exps.weight", (experts, hidden, expert_inter)
+        yield b + "ffn_gate_shexp.weight", (shared * expert_inter, hidden)
+        yield b + "ffn_up_shexp.weight", (shared * expert_inter, hidden)
+        yield b + "ffn_down_shexp.weight", (hidden, shared * expert_inter)
+    yield "output_norm.weight", (hidden,)
+    yield "output.weight", (vocab, hidden)
+
+
+def write_deepseek_metadata(w: GGUFWriter) -> tuple[int, int, int]:
+    """DeepSeek-V2-Lite's `deepseek2` fields, as llama.cpp's converter writes them (YaRN's
+    mscale_all_dim of 0.707 as a tenth); returns (layers, hidden, vocab)."""
+    (layers, hidden, inter, experts, used, expert_inter, shared, heads, latent, nope, rope, v,
+     vocab) = DEEPSEEK_V2_LITE  # fmt: skip
+    w.add_context_length(163840)
+    w.add_feed_forward_length(inter)
+    w.add_head_count(heads)
+    w.add_head_count_kv(1)
+    w.add_key_length(latent + rope)
+    w.add_value_length(latent)
+    w.add_key_length_mla(nope + rope)
+    w.add_value_length_mla(v)
+    w.add_kv_lora_rank(latent)
+    w.add_rope_dimension_count(rope)
+    w.add_rope_freq_base(10000.0)
+    w.add_rope_scaling_type(RopeScalingType.YARN)
+    w.add_rope_scaling_factor(40.0)
+    w.add_rope_scaling_orig_ctx_len(4096)
+    w.add_rope_scaling_yarn_log_mul(0.1 * 0.707)
+    w.add_leading_dense_block_count(1)
+    w.add_expert_feed_forward_length(expert_inter)
+    w.add_expert_count(experts)
+    w.add_expert_used_count(used)
+    w.add_expert_shared_count(shared)
+    w.add_expert_weights_scale(1.0)
+    return layers, hidden, vocab
+
+
 def random_mxfp4(rng: np.random.Generator, rows: int, cols: int) -> np.ndarray:
     """[rows, cols / 32 * 17] MXFP4 blocks of random codes, exponents 2^-9..2^-7 (values up to
     about 0.05: the scale of N(0, 0.02) weights)."""
@@ -122,7 +192,7 @@ def copy_tokenizer(source: GGUFReader, w: GGUFWriter, vocab: int) -> None:
 
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("shape", choices=[*SHAPES, "gpt-oss-20b"])
+    parser.add_argument("shape", choices=[*SHAPES, "gpt-oss-20b", "deepseek-v2-lite"])
     parser.add_argument("--type", default="F16", help="F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--seed", type=int, default=0)
@@ -148,7 +218,10 @@ def main(argv: list[str]) -> None:
     arch = ARCHITECTURES.get(args.shape, "llama")
     w = GGUFWriter(args.out, arch)
     w.add_name(f"synthetic {args.shape}")
-    if gpt_oss:
+    if arch == "deepseek2":
+        layers, hidden, vocab = write_deepseek_metadata(w)
+        specs = list(deepseek_tensors())
+    elif gpt_oss:
         layers, hidden, experts, used, heads, kv_heads, head_dim, vocab = GPT_OSS_20B
         w.add_context_length(131072)
         w.add_feed_forward_length(hidden)
@@ -172,21 +245,22 @@ def main(argv: list[str]) -> None:
                              tied=arch == "smollm3"))  # fmt: skip
     w.add_block_count(layers)
     w.add_embedding_length(hidden)
-    w.add_head_count(heads)
-    w.add_head_count_kv(kv_heads)
-    w.add_key_length(head_dim)
-    w.add_value_length(head_dim)
     w.add_layer_norm_rms_eps(1e-5)
-    w.add_rope_dimension_count(head_dim)
+    if arch != "deepseek2":  # (its heads' sizes above)
+        w.add_head_count(heads)
+        w.add_head_count_kv(kv_heads)
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
+        w.add_rope_dimension_count(head_dim)
     w.add_vocab_size(vocab)
     w.add_file_type(int(LlamaFileType[f"MOSTLY_{qtype.name}"]))
     copy_tokenizer(source, w, vocab)
     rng = np.random.default_rng(args.seed)
 
     def kind(name: str, shape: tuple[int, ...]) -> GGMLQuantizationType:
-        if "_exps.weight" in name:
+        if gpt_oss and "_exps.weight" in name:
             return GGMLQuantizationType.MXFP4
-        matrix = len(shape) == 2 and name.endswith(".weight") and "ffn_gate_inp" not in name
+        matrix = len(shape) >= 2 and name.endswith(".weight") and "ffn_gate_inp" not in name
         return qtype if matrix else GGMLQuantizationType.F32
 
     for name, shape in specs:  # headers first: the writer streams the data afterwards
@@ -194,7 +268,8 @@ def main(argv: list[str]) -> None:
         if kind(name, shape) == GGMLQuantizationType.MXFP4:
             size = math.prod(shape) // 32 * 17
         elif kind(name, shape) != GGMLQuantizationType.F32:
-            size = quantize(np.zeros((1, shape[-1]), np.float32), qtype).nbytes * shape[0]
+            rows = math.prod(shape[:-1])
+            size = quantize(np.zeros((1, shape[-1]), np.float32), qtype).nbytes * rows
         # (a dtype other than uint8: the shape given is then the values', not the bytes')
         raw = None if kind(name, shape) == GGMLQuantizationType.F32 else kind(name, shape)
         w.add_tensor_info(name, shape, np.dtype(np.float32), size, raw_dtype=raw)
@@ -211,10 +286,10 @@ def main(argv: list[str]) -> None:
                       rng.standard_normal(shape, dtype=np.float32) * np.float32(0.02))  # fmt: skip
             w.write_tensor_data(values)
             continue
-        rows = []
-        for start in range(0, shape[0], 4096):  # a slice at a time: float32 stays small
-            n = min(4096, shape[0] - start)
-            values = rng.standard_normal((n, shape[1]), dtype=np.float32) * np.float32(0.02)
+        count, rows = math.prod(shape[:-1]), []  # (an expert stack's rows: all experts')
+        for start in range(0, count, 4096):  # a slice at a time: float32 stays small
+            n = min(4096, count - start)
+            values = rng.standard_normal((n, shape[-1]), dtype=np.float32) * np.float32(0.02)
             rows.append(quantize(values, qtype))
         w.write_tensor_data(np.concatenate(rows))
     w.close()

@@ -37,12 +37,13 @@ def hf_greedy(model, prompts: list[list[int]], max_new_tokens: list[int]) -> lis
     return outputs
 
 
-def assert_gguf_generates_as_its_weights(llm, folder, qtype) -> None:
+def assert_gguf_generates_as_its_weights(llm, folder, qtype, split_latent=None) -> None:
     """`llm` (an engine over the GGUF file written from `folder` in `qtype`) gives the greedy
     tokens of transformers' model of `folder` with the file's weights: every matrix through
     `qtype`'s blocks and back, as `write_tiny_gguf` rounds it (blocks run along rows, so a
     reordering of Q/K rows does not change them). For families whose GGUF transformers does not
-    read."""
+    read. `split_latent` (a DeepSeek's (heads, qk_nope) where the file splits `kv_b_proj` as
+    llama.cpp does): its W_UK is rounded along the rows of its transpose, as the file holds it."""
     from gguf import GGMLQuantizationType, dequantize
     from transformers import AutoModelForCausalLM
 
@@ -59,7 +60,9 @@ def assert_gguf_generates_as_its_weights(llm, folder, qtype) -> None:
                                         "router.layer.weight",
                                         "shared_expert_gate.weight",
                                         "e_score_correction_bias"))  # fmt: skip
-                if param.ndim in (2, 3) and not router:
+                if name.endswith("kv_b_proj.weight") and split_latent is not None:
+                    param.copy_(_rounded_as_split(param, split_latent, qtype))
+                elif param.ndim in (2, 3) and not router:
                     blocks = quantize_any(param.numpy(), qtype)
                     param.copy_(torch.from_numpy(dequantize(blocks, qtype)).view(param.shape))
     assert_greedy_as(llm, reference, llm.core.arch.vocab_size)
@@ -75,3 +78,22 @@ def assert_greedy_as(llm, reference, vocab: int, lengths=(2, 9, 30, 64), max_tok
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     got = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
     assert got == expected
+
+
+def _rounded_as_split(kv_b: torch.Tensor, split_latent: tuple[int, int], qtype) -> torch.Tensor:
+    """A DeepSeek's `kv_b_proj` [H * (nope + v), latent] with W_UK rounded as `attn_k_b` holds
+    it (each head's transpose, [latent, nope], in blocks along nope) and W_UV as `attn_v_b`."""
+    from gguf import dequantize
+
+    from tests.gguf_files import quantize_any
+
+    heads, nope = split_latent
+    per_head = kv_b.view(heads, -1, kv_b.shape[-1])
+
+    def rounded(t: torch.Tensor) -> torch.Tensor:
+        blocks = quantize_any(t.contiguous().numpy(), qtype)
+        return torch.from_numpy(dequantize(blocks, qtype)).view(t.shape)
+
+    k = rounded(per_head[:, :nope].transpose(1, 2)).transpose(1, 2)
+    v = rounded(per_head[:, nope:])
+    return torch.cat([k, v], dim=1).reshape(kv_b.shape)

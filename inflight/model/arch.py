@@ -172,6 +172,10 @@ class LlamaArchConfig:
     q_lora_rank: int = 0
     qk_nope_head_dim: int = 0
     v_head_dim: int = 0
+    # the latent's expansion held one matrix a head (W_UK transposed, W_UV: a GGUF file's
+    # `attn_k_b` / `attn_v_b`), each head's a linear of its own that multiplies from its blocks,
+    # rather than `kv_b_proj` whole (a folder's, an older file's)
+    latent_expansion_per_head: bool = False
     # Llama 4's attention temperature (Ministral 3's): after RoPE each query is multiplied by
     # 1 + beta ln(1 + floor(position / interval)), so that scores stay sharp past the original
     # context (beta 0: none; it is 1 within the first interval)
@@ -294,6 +298,8 @@ class LlamaArchConfig:
             raise ValueError(f"latent attention sizes {sizes}: integers of at least 0")
         if not self.kv_lora_rank:
             return
+        if self.query_temperature_beta:  # (a deepseek2 file may name one: Mistral Large 3's)
+            raise ValueError("a query temperature with latent attention is not supported")
         if not (self.qk_nope_head_dim and self.v_head_dim and self.rotary_dim):
             raise ValueError("latent attention needs positive qk_nope_head_dim, v_head_dim and "
                              "qk_rope_head_dim")  # fmt: skip

@@ -26,11 +26,12 @@ import torch
 from torch import nn
 
 from inflight.attention import AttentionBackend
+from inflight.kernels import load_extension
 from inflight.model.arch import LlamaArchConfig
 from inflight.model.layer_ops import TorchLayerOps
 from inflight.model.llama import RMSNorm
 from inflight.model.moe import MoEDecoderLayer, MoEModel
-from inflight.model.packed_linear import Decodes, apply_linear
+from inflight.model.packed_linear import Decodes, PackedLinear, apply_linear
 from inflight.model.rotary_pairs import latent_rotary_order
 
 # the RMSNorms of the query and key-value latents (transformers' default; the published
@@ -59,7 +60,8 @@ class DeepseekDecoderLayer(MoEDecoderLayer):
         self.nope, self.rope = cfg.qk_nope_head_dim, cfg.rope_dim
         self.latent, self.value = cfg.kv_lora_rank, cfg.v_head_dim
         query_rows = heads * (self.nope + self.rope)
-        if cfg.q_lora_rank:
+        self.query_latent = bool(cfg.q_lora_rank)  # queries through a latent of their own
+        if self.query_latent:
             self.q_a_proj = nn.Linear(hidden, cfg.q_lora_rank, bias=False)
             self.q_a_layernorm = RMSNorm(cfg.q_lora_rank, LATENT_NORM_EPS)
             self.q_b_proj = nn.Linear(cfg.q_lora_rank, query_rows, bias=False)
@@ -67,7 +69,16 @@ class DeepseekDecoderLayer(MoEDecoderLayer):
             self.q_proj = nn.Linear(hidden, query_rows, bias=False)
         self.kv_a_proj_with_mqa = nn.Linear(hidden, self.latent + self.rope, bias=False)
         self.kv_a_layernorm = RMSNorm(self.latent, LATENT_NORM_EPS)
-        self.kv_b_proj = LatentProjection(heads * (self.nope + self.value), self.latent)
+        self.per_head = cfg.latent_expansion_per_head
+        if self.per_head:  # each head's W_UK transposed and W_UV, from their blocks
+            self.k_b_proj = nn.ModuleList(
+                nn.Linear(self.nope, self.latent, bias=False) for _ in range(heads)
+            )
+            self.v_b_proj = nn.ModuleList(
+                nn.Linear(self.latent, self.value, bias=False) for _ in range(heads)
+            )
+        else:
+            self.kv_b_proj = LatentProjection(heads * (self.nope + self.value), self.latent)
         self.o_proj = nn.Linear(heads * self.value, hidden, bias=False)
 
     def attention(
@@ -81,7 +92,7 @@ class DeepseekDecoderLayer(MoEDecoderLayer):
         decodes: Decodes,
     ) -> torch.Tensor:
         t, heads, ops = x.shape[0], self.num_heads, self.ops
-        if hasattr(self, "q_a_proj"):
+        if self.query_latent:
             q = apply_linear(self.q_a_proj, x, decodes)
             q = ops.rms_norm(q, self.q_a_layernorm.weight, self.q_a_layernorm.eps)
             q = apply_linear(self.q_b_proj, q, decodes)
@@ -94,18 +105,25 @@ class DeepseekDecoderLayer(MoEDecoderLayer):
         # every head's rotated query part and the shared rotated key part, rotated as one
         rotated = torch.cat([q[..., self.nope :], kv[:, None, self.latent :]], dim=1)
         ops.rope_(rotated.view(t, -1), cos, sin, heads + 1, self.rope)
-        up = self.kv_b_proj.weight.view(heads, self.nope + self.value, self.latent)
-        # each head's query part in the latent's space: q W_UK, [H, T, latent]
-        absorbed = torch.bmm(q[..., : self.nope].transpose(0, 1), up[:, : self.nope])
-        query = torch.cat([rotated[:, :heads], absorbed.transpose(0, 1)], dim=-1)
+        # each head's query part in the latent's space: q W_UK, [T, H, latent]
+        if self.per_head:
+            absorbed = head_linears(self.k_b_proj, q[..., : self.nope], decodes)
+        else:
+            up = self.kv_b_proj.weight.view(heads, self.nope + self.value, self.latent)
+            absorbed = torch.bmm(q[..., : self.nope].transpose(0, 1), up[:, : self.nope])
+            absorbed = absorbed.transpose(0, 1)
+        query = torch.cat([rotated[:, :heads], absorbed], dim=-1)
         key = torch.cat([rotated[:, heads:], latent[:, None]], dim=-1)  # [T, 1, rope + latent]
         out = self.attn.forward(query, key, key, kv_cache[0], kv_cache[1], meta, self.window,
                                 self.scale, self.softcap, self.sinks)  # fmt: skip
-        # the mix of latents each head attended to, expanded by W_UV: [H, T, v]
-        values = torch.bmm(
-            out[..., self.rope :].transpose(0, 1), up[:, self.nope :].transpose(1, 2)
-        )
-        return apply_linear(self.o_proj, values.transpose(0, 1).reshape(t, -1), decodes)
+        # the mix of latents each head attended to, expanded by W_UV: [T, H, v]
+        if self.per_head:
+            values = head_linears(self.v_b_proj, out[..., self.rope :], decodes)
+        else:
+            values = torch.bmm(
+                out[..., self.rope :].transpose(0, 1), up[:, self.nope :].transpose(1, 2)
+            ).transpose(0, 1)
+        return apply_linear(self.o_proj, values.reshape(t, -1), decodes)
 
 
 class DeepseekModel(MoEModel):
@@ -118,34 +136,7 @@ class DeepseekModel(MoEModel):
     }
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        super().load_weights(self._rotary_halves(self._joined_expansions(weights)))
-
-    def _joined_expansions(
-        self, weights: Iterable[tuple[str, torch.Tensor]]
-    ) -> Iterator[tuple[str, torch.Tensor]]:
-        """`kv_b_proj` whole where a GGUF file splits it as llama.cpp does: `k_b_proj` (each
-        head's W_UK transposed, [H, latent, qk_nope]) and `v_b_proj` (W_UV, [H, v, latent])."""
-        cfg = self.cfg
-        shapes = {"k_b_proj.weight": (cfg.num_heads, cfg.kv_lora_rank, cfg.qk_nope_head_dim),
-                  "v_b_proj.weight": (cfg.num_heads, cfg.v_head_dim, cfg.kv_lora_rank)}  # fmt: skip
-        pending: dict[str, dict[str, torch.Tensor]] = {}
-        for name, tensor in weights:
-            prefix, _, part = name.rpartition(".self_attn.")
-            if part not in shapes:
-                yield name, tensor
-                continue
-            if tuple(tensor.shape) != shapes[part]:
-                raise ValueError(f"weight {name!r} has shape {tuple(tensor.shape)}, expected "
-                                 f"{shapes[part]}")  # fmt: skip
-            parts = pending.setdefault(prefix, {})
-            parts[part] = tensor
-            if len(parts) == 2:
-                del pending[prefix]
-                joined = torch.cat([parts["k_b_proj.weight"].transpose(1, 2),
-                                    parts["v_b_proj.weight"]], dim=1)  # fmt: skip
-                yield f"{prefix}.self_attn.kv_b_proj.weight", joined.reshape(-1, cfg.kv_lora_rank)
-        if pending:
-            raise KeyError(f"latent expansions with one of W_UK and W_UV alone: {sorted(pending)}")
+        super().load_weights(self._rotary_halves(weights))
 
     def _rotary_halves(
         self, weights: Iterable[tuple[str, torch.Tensor]]
@@ -165,4 +156,21 @@ class DeepseekModel(MoEModel):
             parts = ("q_a_proj", "q_b_proj") if self.cfg.q_lora_rank else ("q_proj",)
             for part in (*parts, "kv_a_proj_with_mqa"):
                 sources[f"layers.{i}.{part}"] = [f"{attention}.{part}.weight"]
+            for h in range(self.cfg.num_heads if self.cfg.latent_expansion_per_head else 0):
+                for part in ("k_b_proj", "v_b_proj"):
+                    sources[f"layers.{i}.{part}.{h}"] = [f"{attention}.{part}.{h}.weight"]
         return sources
+
+
+def head_linears(linears: nn.ModuleList, x: torch.Tensor, decodes: Decodes) -> torch.Tensor:
+    """Each head's rows of x [T, H, in] through its own linear -> [T, H, out]: in one C++ call
+    where every head multiplies from its blocks with the integer kernel (a Python call per head
+    costs more than its multiply), else head by head."""
+    first = linears[0]
+    if isinstance(first, PackedLinear) and first.blocks_only and first.activation_bits:
+        packings = [linear.small_weight for linear in linears]
+        out = load_extension().gguf_int_linear_heads(x, packings, first.out_features,
+                                                     first.activation_bits)  # fmt: skip
+        return out.transpose(0, 1)
+    return torch.stack([apply_linear(linear, x[:, h], decodes)
+                        for h, linear in enumerate(linears)], dim=1)  # fmt: skip

@@ -112,6 +112,10 @@ _PARAMETER_NAMES = ("self_attn.sinks", "mlp.gate.e_score_correction_bias")
 # index lists as one tensor per expert, `blk.N.ffn_gate_exps.E`: HF's `mlp.experts.E.gate_proj`
 _EXPERT_STACKS = {"ffn_gate_exps": "gate_proj", "ffn_up_exps": "up_proj",
                   "ffn_down_exps": "down_proj"}  # fmt: skip
+# DeepSeek's latent expansion as llama.cpp splits it: [heads, rows, columns] stacks of one
+# matrix a head, which the index lists one head at a time as it lists experts
+# (`blk.N.attn_k_b.H`: HF's `self_attn.k_b_proj.H`), so each multiplies from its blocks
+_HEAD_STACKS = {"attn_k_b": "self_attn.k_b_proj", "attn_v_b": "self_attn.v_b_proj"}
 # Gemma names its four norms apart (Llama's ffn_norm is its pre-MLP norm)
 _GEMMA_LAYER_NAMES = {
     **_LAYER_NAMES,
@@ -124,7 +128,7 @@ _OUTPUT_NORM_NAMES = {**_LAYER_NAMES, "post_attention_norm": "post_attention_lay
 # where an architecture's tensor means something else than Llama's (phi3's ffn_up is gate + up)
 # DeepSeek's latent attention (`deepseek2`): its query (through a latent, or not) and key-value
 # latent projections, and the latent's expansion, whole (older files) or as llama.cpp splits it
-# (W_UK transposed, W_UV), which the model puts back together (`model/deepseek.py`)
+# (W_UK transposed, W_UV: stacks of one matrix a head, `_HEAD_STACKS`)
 _LATENT_LAYER_NAMES = {
     **_LAYER_NAMES,
     "attn_q_a": "self_attn.q_a_proj",
@@ -133,8 +137,6 @@ _LATENT_LAYER_NAMES = {
     "attn_kv_a_mqa": "self_attn.kv_a_proj_with_mqa",
     "attn_kv_a_norm": "self_attn.kv_a_layernorm",
     "attn_kv_b": "self_attn.kv_b_proj",
-    "attn_k_b": "self_attn.k_b_proj",
-    "attn_v_b": "self_attn.v_b_proj",
 }
 _ARCH_LAYER_NAMES = {
     "phi3": {**_LAYER_NAMES, "attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},
@@ -272,6 +274,7 @@ def gguf_arch_config(header: GGUFHeader, path: Path) -> LlamaArchConfig:
     if arch == "deepseek2":  # (DeepSeek-V3's router is the one with a score bias)
         registry_name = "deepseek_v3" if moe.get("router_score_bias") else "deepseek_v2"
         latent = _latent_attention(header, path, rope_scaling)
+        latent["latent_expansion_per_head"] = "blk.0.attn_k_b.weight" in names
         head_dim = latent.pop("head_dim")
     freq_factors, long_factors = factors.get(ROPE_FREQS), None
     if ROPE_FACTORS_LONG in factors or ROPE_FACTORS_SHORT in factors:  # LongRoPE
@@ -488,6 +491,8 @@ def hf_name(gguf_name: str, architecture: str) -> str | None:
         stack, _, expert = part.partition(".")
         if stack in _EXPERT_STACKS and expert.isdigit():
             return f"model.layers.{layer}.mlp.experts.{expert}.{_EXPERT_STACKS[stack]}.{kind}"
+        if stack in _HEAD_STACKS and expert.isdigit():  # (one head's slice)
+            return f"model.layers.{layer}.{_HEAD_STACKS[stack]}.{expert}.{kind}"
         mapped = _ARCH_LAYER_NAMES.get(architecture, _LAYER_NAMES).get(part)
         if mapped is None:
             return None
@@ -554,7 +559,7 @@ class GGUFIndex:
 
 
 # Bumped whenever what the index holds changes, so no stale index outlives it.
-INDEX_VERSION = 10
+INDEX_VERSION = 11
 
 
 def _arch_from_json(saved: dict[str, Any]) -> LlamaArchConfig:
@@ -580,13 +585,14 @@ def _arch_from_json(saved: dict[str, Any]) -> LlamaArchConfig:
 def _index_entries(tensor: TensorInfo) -> list[dict[str, Any]]:
     """The index's entries of one tensor: itself, or, for a stack of experts' weights (or
     biases: gpt-oss's), one 2-D (1-D) tensor per expert (`blk.N.ffn_gate_exps.E.weight`), each a
-    contiguous slice of the stack."""
+    contiguous slice of the stack; DeepSeek's per-head stacks the same way, a head a slice."""
     dtype, data_shape = tensor.data_layout()
     entry = {"name": tensor.name, "type": tensor.type, "shape": list(tensor.shape),
              "offset": tensor.offset, "dtype": dtype, "data_shape": list(data_shape)}  # fmt: skip
     base, _, kind = tensor.name.rpartition(".")
     stacked_dims = 2 if kind == "bias" else 3
-    if base.rpartition(".")[2] not in _EXPERT_STACKS or len(tensor.shape) != stacked_dims:
+    stacks = base.rpartition(".")[2] in _EXPERT_STACKS or base.rpartition(".")[2] in _HEAD_STACKS
+    if not stacks or len(tensor.shape) != stacked_dims:
         return [entry]
     experts, rows = data_shape[0], data_shape[1:]
     expert_bytes = int(np.prod(rows)) * np.dtype(dtype).itemsize

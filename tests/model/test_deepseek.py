@@ -10,6 +10,7 @@ and what the layer does not compute refused."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import shutil
@@ -22,6 +23,8 @@ from safetensors.torch import load_file, save_file
 from inflight import LLM, SamplingParams
 from inflight.errors import ConfigError
 from inflight.model.arch import LlamaArchConfig
+from inflight.model.deepseek import head_linears
+from inflight.model.packed_linear import PackedLinear, blocks_serve_every_batch
 from inflight.parallel.shard import check_tensor_parallel
 from inflight.runner.kv_cache import kv_bytes_per_token
 from tests.gguf_files import write_tiny_gguf
@@ -126,6 +129,14 @@ def test_what_the_layer_does_not_compute_is_refused(config, fields, says):
         LlamaArchConfig.from_hf_config({**config, **fields})
 
 
+def test_a_query_temperature_is_refused_beside_latent_attention():
+    """A `deepseek2` file may name one (`attention.temperature_scale`: Mistral Large 3's),
+    which the latent attention does not apply: refused rather than ignored."""
+    v3 = LlamaArchConfig.from_hf_config(DEEPSEEK_V3)
+    with pytest.raises(ValueError, match="query temperature with latent attention"):
+        dataclasses.replace(v3, query_temperature_beta=0.1, query_temperature_interval=16)
+
+
 def test_the_official_fp8_checkpoint_is_refused_by_name():
     """DeepSeek-V3's and Kimi K2's own folders hold FP8 blocks: refused, naming them (their
     GGUF files and bf16 conversions load)."""
@@ -156,8 +167,9 @@ def test_the_cache_holds_one_latent_row_a_token(tiny_model_factory, family):
 @pytest.mark.parametrize(
     ("family", "qtype", "legacy"),
     [("deepseek_v2", Q.F32, False), ("deepseek_v3", Q.F32, False),
+     ("deepseek_v2", Q.Q8_0, False), ("deepseek_v3", Q.Q8_0, False),
      ("deepseek_v2", Q.Q8_0, True), ("deepseek_v3", Q.Q8_0, True)],
-    ids=["v2-f32", "v3-f32", "v2-q8_0-legacy", "v3-q8_0-legacy"],
+    ids=["v2-f32", "v3-f32", "v2-q8_0", "v3-q8_0", "v2-q8_0-legacy", "v3-q8_0-legacy"],
 )  # fmt: skip
 def test_a_gguf_generates_as_transformers_with_its_weights(
     tmp_path, tiny_model_factory, family, qtype, legacy
@@ -166,7 +178,8 @@ def test_a_gguf_generates_as_transformers_with_its_weights(
     transposed (`attn_k_b`) and W_UV (`attn_v_b`), or whole (`attn_kv_b`, older files); the
     rotated rows in their interleaved pairs (reordered at load, blocks too); V3's router by its
     score bias and sigmoid gating, V2's softmax where the file names none; YaRN's
-    mscale_all_dim as a tenth (`yarn_log_multiplier`)."""
+    mscale_all_dim as a tenth (`yarn_log_multiplier`). Split, each head's W_UK and W_UV
+    multiply from their blocks (in one C++ call a layer where the integer kernel takes them)."""
     folder = tiny_model_factory(family)
     path = write_tiny_gguf(folder, tmp_path / f"{family}.gguf", qtype, legacy_kv_b=legacy)
     mode = "off" if qtype == Q.F32 else "int16"
@@ -181,7 +194,13 @@ def test_a_gguf_generates_as_transformers_with_its_weights(
     assert {f: getattr(arch, f) for f in fields} == {f: getattr(hf, f) for f in fields}
     assert arch.attention_scale == pytest.approx(hf.attention_scale, rel=1e-6)
     assert arch.rope_attention_factor == pytest.approx(1.0, rel=1e-6)
-    assert_gguf_generates_as_its_weights(llm, folder, qtype)
+    assert arch.latent_expansion_per_head is not legacy
+    split = None if legacy else (arch.num_heads, arch.qk_nope_head_dim)
+    assert_gguf_generates_as_its_weights(llm, folder, qtype, split_latent=split)
+    layer = llm.core.loaded.model.layers[0]
+    if not legacy and qtype != Q.F32 and blocks_serve_every_batch(torch.float32, 16):
+        assert all(isinstance(m, PackedLinear) and m.blocks_only
+                   for m in [*layer.k_b_proj, *layer.v_b_proj])  # fmt: skip
 
 
 def test_the_multi_token_prediction_layer_is_left_out(tmp_path, tiny_model_factory):
@@ -227,3 +246,35 @@ def test_a_bf16_model_keeps_its_router_float32_and_generates(tiny_model_factory)
 def test_tensor_parallel_engines_refuse_it_before_loading(tiny_model_factory):
     with pytest.raises(ConfigError, match="latent attention is not split"):
         LLM(str(tiny_model_factory("deepseek_v3")), dtype="float32", tensor_parallel_size=2)
+
+
+@pytest.mark.parametrize("bits", [8, 16])
+@pytest.mark.parametrize(("qtype", "rows", "columns"), [(Q.Q8_0, 64, 32), (Q.Q4_K, 16, 256),
+                                                        (Q.Q5_0, 48, 64)])  # fmt: skip
+def test_heads_in_one_call_give_each_heads_linear_bit_for_bit(qtype, rows, columns, bits):
+    """`head_linears`' one C++ call over every head's blocks gives what each head's linear
+    gives alone, for a decode row and a prompt's rows."""
+    if not blocks_serve_every_batch(torch.float32, bits):
+        pytest.skip(f"{bits}-bit activations over blocks do not take every batch here")
+    from gguf.quants import quantize
+
+    from tests.gguf_files import quantize_any
+
+    gen = torch.Generator().manual_seed(0)
+    linears = []
+    for _ in range(4):
+        weight = torch.randn(rows, columns, generator=gen) * 0.02
+        raw = quantize_any(weight.numpy(), qtype) if qtype == Q.Q4_K else quantize(
+            weight.numpy(), qtype)  # fmt: skip
+        blocks = torch.from_numpy(raw).view(torch.uint8).reshape(rows, columns // 32, -1)
+        if qtype == Q.Q4_K:
+            blocks = blocks.reshape(rows, columns // 256, -1)
+        linear = torch.nn.Linear(columns, rows, bias=False)
+        linear.register_parameter("weight", None)
+        linears.append(PackedLinear(linear, 1 << 30, blocks, bits))
+    heads = torch.nn.ModuleList(linears)
+    assert all(m.blocks_only and m.activation_bits == bits for m in heads)
+    for tokens in (1, 37):
+        x = torch.randn(tokens, 4, columns, generator=gen)
+        alone = torch.stack([m(x[:, h].contiguous()) for h, m in enumerate(heads)], dim=1)
+        assert torch.equal(head_linears(heads, x, False), alone)

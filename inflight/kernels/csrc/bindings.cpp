@@ -46,6 +46,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "blocks",
         py::arg("x"), py::arg("packed"), py::arg("bias"), py::arg("out_features"),
         py::arg("activation_bits"));
+  m.def("gguf_int_linear_heads", &gguf_int_linear_heads, no_gil(),
+        "each head's rows of x [rows, heads, in] through its own packing (gguf_int_linear's, "
+        "without bias) -> [heads, rows, out_features]",
+        py::arg("x"), py::arg("packed"), py::arg("out_features"), py::arg("activation_bits"));
   m.def("gguf_regroup_blocks", &gguf_regroup_blocks, no_gil(),
         "a weight's 5-bit or K-quant GGUF blocks in gguf_int_linear's 8-column layout (in out, "
         "where given)",

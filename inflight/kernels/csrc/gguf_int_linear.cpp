@@ -1340,3 +1340,23 @@ void gguf_int_linear_into(const at::Tensor&, const at::Tensor&, const c10::optio
 }
 
 #endif
+
+// Each head's rows through its own weight (DeepSeek's per-head latent projections: 16-128 small
+// matrices a layer), in one call: a Python call per head costs more than the head's multiply.
+at::Tensor gguf_int_linear_heads(const at::Tensor& x, const std::vector<at::Tensor>& packed,
+                                 int64_t out_features, int64_t activation_bits) {
+  INFLIGHT_CHECK(x.dim() == 3 && x.size(1) == static_cast<int64_t>(packed.size()),
+                 "x: [rows, heads, in_features] with one packing a head, got ", x.sizes(),
+                 " and ", packed.size(), " packings");
+  auto y = at::cpu::empty({x.size(1), x.size(0), out_features}, x.options());
+  // the threads share the heads; each head's multiply then runs on its thread alone (ATen runs
+  // a parallel region's inner parallel_for inline), which spares a fork and join per head
+  at::parallel_for(0, x.size(1), 1, [&](int64_t begin, int64_t end) {
+    for (int64_t h = begin; h < end; ++h) {
+      at::Tensor y_h = y.select(0, h);
+      gguf_int_linear_into(x.select(1, h), packed[h], c10::nullopt, out_features,
+                           activation_bits, y_h);
+    }
+  });
+  return y;
+}

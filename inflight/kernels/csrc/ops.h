@@ -73,6 +73,9 @@ void gguf_int_linear_into(const at::Tensor& x, const at::Tensor& packed,
 at::Tensor gguf_int_linear(const at::Tensor& x, const at::Tensor& packed,
                            const c10::optional<at::Tensor>& bias, int64_t out_features,
                            int64_t activation_bits);
+// each head's rows [rows, heads, in] through its own packing -> [heads, rows, out_features]
+at::Tensor gguf_int_linear_heads(const at::Tensor& x, const std::vector<at::Tensor>& packed,
+                                 int64_t out_features, int64_t activation_bits);
 
 // gguf_regroup.cpp: a weight's Q5_0 / Q5_1 / Q4_K / Q5_K / Q6_K blocks in gguf_int_linear's
 // 8-column layout; `out`, where given, is the layout's memory (contiguous, any contents)
