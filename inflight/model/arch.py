@@ -606,13 +606,15 @@ def _latent_attention(config: dict[str, Any]) -> tuple[dict[str, Any], dict[str,
     (`kv_lora_rank` + `qk_rope_head_dim`, of which RoPE rotates the last part, put first by
     the model), and the latent's fields. Refuses what the layer does not compute: biased
     projections, RoPE over whole halves of each head (`rope_interleave` false)."""
-    sizes = {key: config.get(key) for key in ("kv_lora_rank", "qk_nope_head_dim",
-                                                "qk_rope_head_dim", "v_head_dim")}  # fmt: skip
-    q_lora = config.get("q_lora_rank") or 0
-    for key, value in {**sizes, "q_lora_rank": q_lora}.items():
+    sizes: dict[str, int] = {}
+    for key in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
+                "q_lora_rank"):  # fmt: skip
+        value = config.get(key) or 0 if key == "q_lora_rank" else config.get(key)
         if not (isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**31
                 and (value or key == "q_lora_rank")):  # fmt: skip
             raise ValueError(f"{key} must be a positive integer below 2**31, not {value!r}")
+        sizes[key] = value
+    q_lora = sizes["q_lora_rank"]
     if config.get("attention_bias"):
         raise ValueError("DeepSeek attention with biases (attention_bias) is not supported")
     if config.get("rope_interleave", True) is not True:
@@ -960,8 +962,9 @@ def _deepseek_routing(config: dict[str, Any], arch: str) -> dict[str, Any]:
     method = config.get("topk_method", "noaux_tc" if v3 else "greedy")
     scoring = config.get("scoring_func", "sigmoid" if v3 else "softmax")
     width = config.get("moe_intermediate_size")
-    if not all(isinstance(v, int) and not isinstance(v, bool)
-               for v in (first_dense, shared, extra, width)):  # fmt: skip
+    numbers = (first_dense, shared, extra, width)
+    if not (isinstance(width, int)
+            and all(isinstance(v, int) and not isinstance(v, bool) for v in numbers)):  # fmt: skip
         raise ValueError(f"first_k_dense_replace {first_dense!r}, n_shared_experts {shared!r}, "
                          f"num_nextn_predict_layers {extra!r}, moe_intermediate_size "
                          f"{width!r}: integers")  # fmt: skip
