@@ -8,7 +8,8 @@ AVX-512 path, an AVX2 one built from `csrc/attention_avx2.h`, and a generic loop
 (bfloat16 linears for decode-sized batches), `csrc/gguf_linear.cpp` (float32 linears for them,
 over a GGUF file's Q4_0 / Q4_1 / Q8_0 blocks), `csrc/gguf_int_linear.cpp` (the same with 8- or
 16-bit activations, over the 5-bit and K-quant formats too, laid out by
-`csrc/gguf_regroup.cpp`) and `csrc/argmax.cpp` (greedy sampling) are built with the machine's
+`csrc/gguf_regroup.cpp`), `csrc/experts.cpp` (a mixture of experts' routed experts over those
+linears) and `csrc/argmax.cpp` (greedy sampling) are built with the machine's
 own compiler (`-march=native`) by torch's cpp_extension and cached by torch
 (`~/.cache/torch_extensions`, or `TORCH_EXTENSIONS_DIR`): ~1 min on 2 cores, once per CPU kind
 and source version. No file includes `torch/extension.h` (the whole C++ frontend, and most of
@@ -53,6 +54,7 @@ _SOURCES = (
     "gguf_regroup.cpp",
     "argmax.cpp",
     "bf16_linear.cpp",
+    "experts.cpp",
 )
 _extension: ModuleType | None = None
 

@@ -35,11 +35,12 @@ import torch
 from torch import nn
 
 from inflight.attention import AttentionBackend
+from inflight.kernels import load_extension
 from inflight.model.arch import LlamaArchConfig
 from inflight.model.hunyuan import HunyuanDecoderLayer, HunyuanModel
 from inflight.model.layer_ops import TorchLayerOps
 from inflight.model.llama import DecoderLayer, LlamaModel
-from inflight.model.packed_linear import Decodes, apply_linear
+from inflight.model.packed_linear import Decodes, PackedLinear, apply_linear
 from inflight.model.qwen3 import Qwen3DecoderLayer, Qwen3Model
 from inflight.model.rotary_pairs import PairRotaryModel
 
@@ -102,6 +103,9 @@ class MoEDecoderLayer(DecoderLayer):
                                    if cfg.shared_expert_gate else None)  # fmt: skip
         # the experts' weights stacked, where they run on the device (`stack_experts`)
         self.stack: ExpertStack | None = None
+        # every expert's packings for the C++ loop (`block_expert_packings`; False: they have
+        # none; None: not looked at yet, before the loader has packed them)
+        self.block_experts: tuple[list[torch.Tensor], list[torch.Tensor], int] | bool | None = None
 
     def mlp(self, x: torch.Tensor, decodes: Decodes) -> torch.Tensor:
         if not self.sparse:
@@ -134,7 +138,16 @@ class MoEDecoderLayer(DecoderLayer):
         self, x: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor
     ) -> torch.Tensor:
         """The experts routed on the host: each chosen expert over its tokens' rows, and each
-        token's outputs added in expert order."""
+        token's outputs added in expert order (in one C++ call where every expert multiplies
+        from its blocks with the integer kernel: `block_experts`)."""
+        if self.block_experts is None:
+            self.block_experts = block_expert_packings(self) or False
+        if isinstance(self.block_experts, tuple) and x.dtype == weights.dtype == torch.float32:
+            gate_up, down, bits = self.block_experts
+            return load_extension().gguf_int_experts(
+                x.contiguous(), chosen.contiguous(), weights.contiguous(), gate_up, down,
+                self.experts[0].down_proj.in_features, bits,
+            )  # fmt: skip
         pairs, groups = route(chosen, len(self.experts))
         rows = pairs // self.top_k  # each pair's token
         h = self.activation(expert_linears(self.experts, "gate_up_proj", x[rows], groups))
@@ -201,6 +214,24 @@ class MoEDecoderLayer(DecoderLayer):
         h = expert_matmul(self.activation(h), stack.down, stack.down_bias, rows, tile_expert,
                           num_pairs, 1)  # fmt: skip
         return sum_in_expert_order(h * weights.reshape(-1, 1), chosen, x.dtype)
+
+
+def block_expert_packings(
+    layer: MoEDecoderLayer,
+) -> tuple[list[torch.Tensor], list[torch.Tensor], int] | None:
+    """Every expert's [gate | up] and down packings for `gguf_int_experts`, and their activation
+    bits, where all multiply from their blocks alone with the integer kernel, unbiased, and the
+    layer's activation is the C++ kernels' SiLU; None otherwise (the Python loop runs them)."""
+    if type(layer).activation is not MoEDecoderLayer.activation or layer.ops.name != "cpu":
+        return None
+    linears = [getattr(e, p) for e in layer.experts for p in ("gate_up_proj", "down_proj")]
+    bits = {getattr(m, "activation_bits", 0) for m in linears}
+    if not all(isinstance(m, PackedLinear) and m.blocks_only and m.bias is None for m in linears):
+        return None
+    if len(bits) != 1 or not next(iter(bits)):
+        return None
+    gate_up = [e.gate_up_proj.small_weight for e in layer.experts]
+    return gate_up, [e.down_proj.small_weight for e in layer.experts], bits.pop()
 
 
 ExpertRuns = list[tuple[int, int, int]]  # (expert, start, end) of each chosen expert's pairs

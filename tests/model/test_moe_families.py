@@ -294,3 +294,25 @@ def test_a_sigmoid_router_stays_float32_in_a_bf16_model(tiny_model_factory):
     assert llm.core.loaded.model.norm.weight.dtype == torch.bfloat16
     out = llm.generate([[5, 6, 7]], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)
     assert len(out[0].outputs[0].token_ids) == 4
+
+
+@pytest.mark.parametrize("family", ["qwen2_moe", "glm4_moe", "granitemoe"])
+@pytest.mark.parametrize("tokens", [1, 3, 40])
+def test_block_experts_in_one_call_give_the_python_loops_bits(
+    tmp_path, tiny_model_factory, family, tokens
+):
+    """Where every expert multiplies from its blocks with the integer kernel, one C++ call
+    (`gguf_int_experts`) routes a layer's experts: it gives what the Python loop gives, bit for
+    bit, for decode-sized and prompt-sized steps."""
+    if not blocks_serve_every_batch(torch.float32, 16):
+        pytest.skip("16-bit activations over blocks do not take every batch here")
+    llm = tiny_gguf_engine(tiny_model_factory(family), tmp_path / f"{family}.gguf", Q.Q8_0)
+    layer = next(layer for layer in llm.core.loaded.model.layers if layer.sparse)
+    gen = torch.Generator().manual_seed(tokens)
+    x = torch.randn(tokens, llm.core.arch.hidden_size, generator=gen)
+    weights, chosen = (layer.route_in_float32(x) if layer.float32_router
+                       else layer.route_tokens(layer.gate(x)))  # fmt: skip
+    fast = layer._host_routed_experts(x, weights, chosen)
+    assert layer.block_experts, "the layer's experts should all multiply from their blocks"
+    layer.block_experts = False  # the Python loop
+    assert torch.equal(layer._host_routed_experts(x, weights, chosen), fast)

@@ -50,6 +50,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "each head's rows of x [rows, heads, in] through its own packing (gguf_int_linear's, "
         "without bias) -> [heads, rows, out_features]",
         py::arg("x"), py::arg("packed"), py::arg("out_features"), py::arg("activation_bits"));
+  m.def("gguf_int_experts", &gguf_int_experts, no_gil(),
+        "a mixture of experts' chosen SiLU experts over their gguf_int_linear packings, each "
+        "output weighted and added into its token's row in expert order",
+        py::arg("x"), py::arg("chosen"), py::arg("weights"), py::arg("gate_up"), py::arg("down"),
+        py::arg("intermediate"), py::arg("activation_bits"));
   m.def("gguf_regroup_blocks", &gguf_regroup_blocks, no_gil(),
         "a weight's 5-bit or K-quant GGUF blocks in gguf_int_linear's 8-column layout (in out, "
         "where given)",

@@ -73,6 +73,13 @@ void gguf_int_linear_into(const at::Tensor& x, const at::Tensor& packed,
 at::Tensor gguf_int_linear(const at::Tensor& x, const at::Tensor& packed,
                            const c10::optional<at::Tensor>& bias, int64_t out_features,
                            int64_t activation_bits);
+// experts.cpp: a mixture of experts' chosen experts (their [gate | up] and down packings for
+// gguf_int_linear, SiLU-gated) over x [tokens, hidden], each output times its router weight and
+// added into its token's row in expert order -> [tokens, hidden]
+at::Tensor gguf_int_experts(const at::Tensor& x, const at::Tensor& chosen,
+                            const at::Tensor& weights, const std::vector<at::Tensor>& gate_up,
+                            const std::vector<at::Tensor>& down, int64_t intermediate,
+                            int64_t activation_bits);
 // each head's rows [rows, heads, in] through its own packing -> [heads, rows, out_features]
 at::Tensor gguf_int_linear_heads(const at::Tensor& x, const std::vector<at::Tensor>& packed,
                                  int64_t out_features, int64_t activation_bits);
