@@ -176,6 +176,10 @@ class LlamaArchConfig:
     # `attn_k_b` / `attn_v_b`), each head's a linear of its own that multiplies from its blocks,
     # rather than `kv_b_proj` whole (a folder's, an older file's)
     latent_expansion_per_head: bool = False
+    # the heads whose W_UK and W_UV (as per-head linears) a rank holds: every head of the model
+    # under tensor parallelism (a few MiB a layer), each rank multiplying its own (0: the
+    # model's own `num_heads`, unsplit)
+    latent_expansion_heads: int = 0
     # Llama 4's attention temperature (Ministral 3's): after RoPE each query is multiplied by
     # 1 + beta ln(1 + floor(position / interval)), so that scores stay sharp past the original
     # context (beta 0: none; it is 1 within the first interval)

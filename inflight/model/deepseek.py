@@ -70,12 +70,14 @@ class DeepseekDecoderLayer(MoEDecoderLayer):
         self.kv_a_proj_with_mqa = nn.Linear(hidden, self.latent + self.rope, bias=False)
         self.kv_a_layernorm = RMSNorm(self.latent, LATENT_NORM_EPS)
         self.per_head = cfg.latent_expansion_per_head
-        if self.per_head:  # each head's W_UK transposed and W_UV, from their blocks
+        if self.per_head:  # each head's W_UK transposed and W_UV, from their blocks (under
+            # tensor parallelism every head's, of which a rank multiplies its own)
+            every = cfg.latent_expansion_heads or heads
             self.k_b_proj = nn.ModuleList(
-                nn.Linear(self.nope, self.latent, bias=False) for _ in range(heads)
+                nn.Linear(self.nope, self.latent, bias=False) for _ in range(every)
             )
             self.v_b_proj = nn.ModuleList(
-                nn.Linear(self.latent, self.value, bias=False) for _ in range(heads)
+                nn.Linear(self.latent, self.value, bias=False) for _ in range(every)
             )
         else:
             self.kv_b_proj = LatentProjection(heads * (self.nope + self.value), self.latent)
@@ -107,7 +109,7 @@ class DeepseekDecoderLayer(MoEDecoderLayer):
         ops.rope_(rotated.view(t, -1), cos, sin, heads + 1, self.rope)
         # each head's query part in the latent's space: q W_UK, [T, H, latent]
         if self.per_head:
-            absorbed = head_linears(self.k_b_proj, q[..., : self.nope], decodes)
+            absorbed = head_linears(self._own(self.k_b_proj), q[..., : self.nope], decodes)
         else:
             up = self.kv_b_proj.weight.view(heads, self.nope + self.value, self.latent)
             absorbed = torch.bmm(q[..., : self.nope].transpose(0, 1), up[:, : self.nope])
@@ -118,12 +120,19 @@ class DeepseekDecoderLayer(MoEDecoderLayer):
                                 self.scale, self.softcap, self.sinks)  # fmt: skip
         # the mix of latents each head attended to, expanded by W_UV: [T, H, v]
         if self.per_head:
-            values = head_linears(self.v_b_proj, out[..., self.rope :], decodes)
+            values = head_linears(self._own(self.v_b_proj), out[..., self.rope :], decodes)
         else:
             values = torch.bmm(
                 out[..., self.rope :].transpose(0, 1), up[:, self.nope :].transpose(1, 2)
             ).transpose(0, 1)
         return apply_linear(self.o_proj, values.reshape(t, -1), decodes)
+
+    def _own(self, linears: nn.ModuleList) -> nn.ModuleList:
+        """This rank's heads' linears of every head's (all of them, unsplit)."""
+        if self.tp is None:
+            return linears
+        first = self.tp.rank * self.num_heads
+        return linears[first : first + self.num_heads]
 
 
 class DeepseekModel(MoEModel):
@@ -156,7 +165,8 @@ class DeepseekModel(MoEModel):
             parts = ("q_a_proj", "q_b_proj") if self.cfg.q_lora_rank else ("q_proj",)
             for part in (*parts, "kv_a_proj_with_mqa"):
                 sources[f"layers.{i}.{part}"] = [f"{attention}.{part}.weight"]
-            for h in range(self.cfg.num_heads if self.cfg.latent_expansion_per_head else 0):
+            every = self.cfg.latent_expansion_heads or self.cfg.num_heads
+            for h in range(every if self.cfg.latent_expansion_per_head else 0):
                 for part in ("k_b_proj", "v_b_proj"):
                     sources[f"layers.{i}.{part}.{h}"] = [f"{attention}.{part}.{h}.weight"]
         return sources

@@ -34,9 +34,6 @@ def check_tensor_parallel(arch: LlamaArchConfig, size: int) -> None:
             f"tensor_parallel_size {size}: this model's query and key norms "
             "span all heads at once, which ranks holding some cannot compute"
         )
-    if size > 1 and arch.kv_lora_rank:  # (its latent and query projections have no split)
-        raise ValueError(f"tensor_parallel_size {size}: DeepSeek's latent attention is not "
-                         "split across ranks")  # fmt: skip
     kv = arch.num_kv_heads
     parts = {
         "attention heads": arch.num_heads,
@@ -117,6 +114,7 @@ def shard_arch(shard: Shard) -> LlamaArchConfig:
         intermediate_size=len(shard.columns), vocab_size=len(shard.vocab),
         expert_intermediate_size=len(shard.expert_columns),
         shared_expert_intermediate_size=len(shard.shared_expert_columns),
+        latent_expansion_heads=a.num_heads if a.latent_expansion_per_head else 0,
     )  # fmt: skip
 
 
@@ -132,8 +130,8 @@ def _parts(tensor: torch.Tensor, sizes: list[int]) -> list[torch.Tensor]:
 def input_columns(shard: Shard, name: str) -> range | None:
     """The input columns this rank holds of a row-parallel weight (o's, down's); None for
     every other tensor."""
-    if name.endswith("o_proj.weight"):
-        d = shard.arch.head_dim
+    if name.endswith("o_proj.weight"):  # (a latent attention's heads: their values' width)
+        d = shard.arch.v_head_dim if shard.arch.kv_lora_rank else shard.arch.head_dim
         return range(shard.heads.start * d, shard.heads.stop * d)
     if name.endswith(("down_proj.weight", ".w2.weight")):  # (Mixtral's experts: w2)
         return shard.mlp_columns(name)[0]
@@ -168,6 +166,12 @@ def shard_tensor(shard: Shard, name: str, tensor: torch.Tensor) -> torch.Tensor:
     parts = name.rsplit(".", 2)
     module = parts[-2] if len(parts) >= 2 else ""
     q, kv = a.num_heads * d, a.num_kv_heads * d
+    if a.kv_lora_rank and module in ("q_proj", "q_b_proj", "kv_b_proj"):  # DeepSeek's heads:
+        # their queries' rows (qk_nope + rotated each), their expansions' (qk_nope + v each);
+        # the latents are every rank's
+        query = a.qk_nope_head_dim + a.rope_dim
+        return _rows(tensor, shard.heads, a.qk_nope_head_dim + a.v_head_dim
+                     if module == "kv_b_proj" else query)  # fmt: skip
     if module == "q_proj":
         return _rows(tensor, shard.heads, d)
     if module in ("k_proj", "v_proj"):

@@ -21,11 +21,9 @@ from gguf import GGMLQuantizationType
 from safetensors.torch import load_file, save_file
 
 from inflight import LLM, SamplingParams
-from inflight.errors import ConfigError
 from inflight.model.arch import LlamaArchConfig
 from inflight.model.deepseek import head_linears
 from inflight.model.packed_linear import PackedLinear, blocks_serve_every_batch
-from inflight.parallel.shard import check_tensor_parallel
 from inflight.runner.kv_cache import kv_bytes_per_token
 from tests.gguf_files import write_tiny_gguf
 from tests.parity import assert_gguf_generates_as_its_weights, random_prompts
@@ -145,12 +143,6 @@ def test_the_official_fp8_checkpoint_is_refused_by_name():
         LlamaArchConfig.from_hf_config({**DEEPSEEK_V3, "quantization_config": fp8})
 
 
-def test_latent_attention_is_not_split_across_ranks():
-    with pytest.raises(ValueError, match="latent attention is not split"):
-        check_tensor_parallel(LlamaArchConfig.from_hf_config(DEEPSEEK_V3), 2)
-    check_tensor_parallel(LlamaArchConfig.from_hf_config(DEEPSEEK_V3), 1)
-
-
 @pytest.mark.parametrize("family", ["deepseek_v2", "deepseek_v3"])
 def test_the_cache_holds_one_latent_row_a_token(tiny_model_factory, family):
     """One KV head of the latent (32) and its rotated part (8) a layer, not 4 heads of 40-wide
@@ -243,9 +235,22 @@ def test_a_bf16_model_keeps_its_router_float32_and_generates(tiny_model_factory)
     assert len(out[0].outputs[0].token_ids) == 4
 
 
-def test_tensor_parallel_engines_refuse_it_before_loading(tiny_model_factory):
-    with pytest.raises(ConfigError, match="latent attention is not split"):
-        LLM(str(tiny_model_factory("deepseek_v3")), dtype="float32", tensor_parallel_size=2)
+@pytest.mark.parametrize("family", ["deepseek_v2", "deepseek_v3"])
+def test_two_ranks_over_a_split_file_give_one_ranks_tokens(tmp_path, tiny_model_factory, family):
+    """Each rank holds its heads' queries and expansions' rows and every head's latent (one KV
+    head, replicated); from a Q8_0 file with the expansion split by head, every rank holds every
+    head's W_UK and W_UV blocks (a few MiB a layer) and multiplies its own."""
+    path = write_tiny_gguf(tiny_model_factory(family), tmp_path / f"{family}.gguf", Q.Q8_0)
+    knobs = {"dtype": "float32", "quantized_activations": "int16", "kv_block_size": 4,
+             "max_model_len": 96}  # fmt: skip
+    prompts = random_prompts(200, lengths=(3, 17, 40))
+    params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+    one = LLM(str(path), **knobs)
+    expected = [o.outputs[0].token_ids for o in one.generate(prompts, params, use_tqdm=False)]
+    two = LLM(str(path), tensor_parallel_size=2, **knobs)
+    assert [o.outputs[0].token_ids for o in two.generate(prompts, params, use_tqdm=False)] == (
+        expected
+    )
 
 
 @pytest.mark.parametrize("bits", [8, 16])
