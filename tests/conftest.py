@@ -73,7 +73,8 @@ TINY_ARCHS = ("llama", "llama3_rope", "qwen2", "qwen3", "qwen3_moe", "mixtral", 
               "olmo3", "glm4", "ernie4_5", "seed_oss",
               "arcee", "hunyuan_dense", "qwen2_moe", "glm4_moe", "ministral3",
               "ernie4_5_moe", "minimax_m2", "dots1", "hunyuan_moe", "olmoe",
-              "granitemoe", "exaone", "gemma", "deepseek_v2", "deepseek_v3")  # fmt: skip
+              "granitemoe", "exaone", "gemma", "deepseek_v2", "deepseek_v3",
+              "glm4_moe_lite")  # fmt: skip
 
 
 # the tiny Ministral 3's RoPE settings (its published ones: original context 16,384, beta 0.1)
@@ -93,9 +94,11 @@ GRANITE_MULTIPLIERS = {
 }
 # families whose router's score bias, and those whose norms (of w, not 1 + w), the tiny models
 # draw at random rather than leave at their initial 0 and 1
-SCORE_BIASED = ("glm4_moe", "ernie4_5_moe", "minimax_m2", "dots1", "deepseek_v3")
+SCORE_BIASED = ("glm4_moe", "ernie4_5_moe", "minimax_m2", "dots1", "deepseek_v3",
+                "glm4_moe_lite")  # fmt: skip
 UNIT_NORMS = ("exaone4", "olmo2", "olmo3", "glm4", "hunyuan_dense", "glm4_moe", "minimax_m2",
-              "dots1", "hunyuan_moe", "olmoe", "deepseek_v2", "deepseek_v3")  # fmt: skip
+              "dots1", "hunyuan_moe", "olmoe", "deepseek_v2", "deepseek_v3",
+              "glm4_moe_lite")  # fmt: skip
 # the tiny DeepSeeks' latent attention (heads of 32 + 8 rotated dimensions, a latent of 32: whole
 # quantization blocks) and YaRN past an original context of 16 positions, with `mscale_all_dim`
 # scaling the scores (as many KV heads as query heads, as transformers' expanded attention needs)
@@ -133,6 +136,8 @@ def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) ->
         Glm4ForCausalLM,
         Glm4MoeConfig,
         Glm4MoeForCausalLM,
+        Glm4MoeLiteConfig,
+        Glm4MoeLiteForCausalLM,
         GptOssConfig,
         GptOssForCausalLM,
         GraniteConfig,
@@ -256,6 +261,17 @@ def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) ->
                                   first_k_dense_replace=1, n_group=2, topk_group=1,
                                   routed_scaling_factor=2.5, rope_parameters=rope)  # fmt: skip
         cls = DeepseekV3ForCausalLM
+    elif arch == "glm4_moe_lite":  # GLM-4.7-Flash: DeepSeek-V3's layers (queries through a
+        # latent, the biased sigmoid router within the better of 2 groups) named by
+        # `mlp_layer_types`, and RoPE without YaRN
+        config = Glm4MoeLiteConfig(**{**common, **DEEPSEEK_LATENT}, q_lora_rank=32,
+                                   n_routed_experts=8, num_experts_per_tok=2,
+                                   moe_intermediate_size=32, n_shared_experts=1,
+                                   mlp_layer_types=["dense", "sparse"], n_group=2, topk_group=1,
+                                   routed_scaling_factor=1.8,
+                                   rope_parameters={"rope_type": "default",
+                                                    "rope_theta": 10000.0})  # fmt: skip
+        cls = Glm4MoeLiteForCausalLM
     elif arch == "ministral3":  # YaRN past an original context of 16 positions, and queries
         # tempered from there on, by a beta far above the published 0.1 so that it moves tokens
         config = Ministral3Config(**common, head_dim=16, rope_parameters=MINISTRAL3_ROPE)

@@ -238,6 +238,7 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
             "Ernie4_5ForCausalLM": "ernie4_5", "SeedOssForCausalLM": "seed_oss",
             "ArceeForCausalLM": "arcee", "HunYuanDenseV1ForCausalLM": "hunyuan-dense",
             "DeepseekV2ForCausalLM": "deepseek2", "DeepseekV3ForCausalLM": "deepseek2",
+            "Glm4MoeLiteForCausalLM": "deepseek2",
             "Qwen3Model": "qwen3"}[cfg["architectures"][0]]  # fmt: skip
     if cfg.get("model_type") == "exaone":  # (transformers 5 saves EXAONE 3 as Llama)
         arch = "exaone"
@@ -431,12 +432,15 @@ def _latent_attention_metadata(w: GGUFWriter, cfg: dict, rope: dict, legacy_kv_b
         w.add_value_length(latent)
         w.add_key_length_mla(query_head)
         w.add_value_length_mla(cfg["v_head_dim"])
-    w.add_leading_dense_block_count(cfg["first_k_dense_replace"])
+    types = cfg.get("mlp_layer_types")  # (GLM-4.7-Flash's, its dense layers first)
+    dense = types.count("dense") if types else cfg["first_k_dense_replace"]
+    w.add_leading_dense_block_count(dense)
     w.add_expert_shared_count(cfg["n_shared_experts"])
     w.add_expert_weights_scale(cfg["routed_scaling_factor"])
-    if cfg.get("norm_topk_prob") and cfg["model_type"] == "deepseek_v3":
+    v3 = cfg["model_type"] in ("deepseek_v3", "glm4_moe_lite")
+    if cfg.get("norm_topk_prob") and v3:
         w.add_expert_weights_norm(True)
-    if cfg["model_type"] == "deepseek_v3":
+    if v3:
         w.add_expert_gating_func(ExpertGatingFuncType.SIGMOID)
     w.add_expert_group_count(cfg["n_group"])
     w.add_expert_group_used_count(cfg["topk_group"])

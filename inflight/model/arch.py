@@ -56,6 +56,7 @@ SUPPORTED_ARCHITECTURES = {
     "HunYuanMoEV1ForCausalLM": "hunyuan_moe",
     "DeepseekV2ForCausalLM": "deepseek_v2",
     "DeepseekV3ForCausalLM": "deepseek_v3",  # (Kimi K2's and Moonlight's too)
+    "Glm4MoeLiteForCausalLM": "glm4_moe_lite",  # GLM-4.7-Flash: DeepSeek-V3's layers
     # the bare decoders, without an LM head, that embedding models are (Qwen3-Embedding's
     # weights): they pool the last token's hidden state unless the folder says otherwise
     "LlamaModel": "llama",
@@ -74,9 +75,9 @@ TIED_BY_DEFAULT = ("gemma", "gemma2", "gemma3", "smollm3", "ernie4_5", "ernie4_5
 # the families whose MLPs are experts (`_experts`)
 EXPERT_ARCHS = ("qwen3_moe", "qwen2_moe", "mixtral", "gpt_oss", "glm4_moe", "ernie4_5_moe",
                 "minimax_m2", "dots1", "hunyuan_moe", "olmoe", "granitemoe", "deepseek_v2",
-                "deepseek_v3")  # fmt: skip
+                "deepseek_v3", "glm4_moe_lite")  # fmt: skip
 # the families whose attention is DeepSeek's multi-head latent attention (`kv_lora_rank`)
-LATENT_ATTENTION_ARCHS = ("deepseek_v2", "deepseek_v3")
+LATENT_ATTENTION_ARCHS = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite")
 # every n-th layer without RoPE, where a config does not list them (SmolLM3's fourth; llama.cpp
 # assumes it for every `smollm3` file)
 SMOLLM3_NO_ROPE_INTERVAL = 4
@@ -625,8 +626,14 @@ def _latent_attention(config: dict[str, Any]) -> tuple[dict[str, Any], dict[str,
         raise ValueError("DeepSeek RoPE over halves of each head (rope_interleave false) is "
                          "not supported")  # fmt: skip
     rope, row = sizes["qk_rope_head_dim"], sizes["kv_lora_rank"] + sizes["qk_rope_head_dim"]
+    # (a partial factor, where a config gives one, is of the rotated part: GLM-4.7-Flash's 1)
+    parameters = dict(config.get("rope_parameters") or {})
+    partial = parameters.pop("partial_rotary_factor", config.get("partial_rotary_factor", 1.0))
+    if partial != 1.0:
+        raise ValueError(f"latent attention rotating {partial!r} of its qk_rope_head_dim "
+                         "dimensions is not supported (all of them)")  # fmt: skip
     shaped = {**config, "head_dim": row, "num_key_value_heads": 1,
-              "partial_rotary_factor": rope / row}  # fmt: skip
+              "partial_rotary_factor": rope / row, "rope_parameters": parameters}  # fmt: skip
     return shaped, {"kv_lora_rank": sizes["kv_lora_rank"], "q_lora_rank": q_lora,
                     "qk_nope_head_dim": sizes["qk_nope_head_dim"],
                     "v_head_dim": sizes["v_head_dim"]}  # fmt: skip
@@ -945,7 +952,7 @@ def _experts(config: dict[str, Any], arch: str) -> dict[str, Any]:
             qk_norm=arch == "dots1" or bool(config.get("use_qk_norm", False)),
             extra_checkpoint_layers=extra,
         )  # fmt: skip
-    if arch in ("deepseek_v2", "deepseek_v3"):
+    if arch in LATENT_ATTENTION_ARCHS:
         fields.update(_deepseek_routing(config, arch))
     return fields
 
@@ -956,13 +963,14 @@ def _deepseek_routing(config: dict[str, Any], arch: str) -> dict[str, Any]:
     float32 router whose weights are scaled by `routed_scaling_factor`. DeepSeek-V2's softmax
     (`topk_method` greedy, or group_limited_greedy: within the best groups by their best
     score) never renormalizes; DeepSeek-V3's sigmoid plus a score bias (noaux_tc) within the
-    best groups by their two best, renormalized where `norm_topk_prob` says."""
-    v3 = arch == "deepseek_v3"
+    best groups by their two best, renormalized where `norm_topk_prob` says. GLM-4.7-Flash's
+    (`glm4_moe_lite`) are V3's, its dense layers those `mlp_layer_types` names."""
+    v3, lite = arch in ("deepseek_v3", "glm4_moe_lite"), arch == "glm4_moe_lite"
     n = config["num_hidden_layers"]
-    first_dense = config.get("first_k_dense_replace", 3 if v3 else 0)
+    first_dense = config.get("first_k_dense_replace", 1 if lite else 3 if v3 else 0)
     shared = config.get("n_shared_experts") or 0
     extra = config.get("num_nextn_predict_layers", config.get("num_mtp_layers", 0)) or 0
-    scale = config.get("routed_scaling_factor", 2.5 if v3 else 1.0)
+    scale = config.get("routed_scaling_factor", 1.8 if lite else 2.5 if v3 else 1.0)
     method = config.get("topk_method", "noaux_tc" if v3 else "greedy")
     scoring = config.get("scoring_func", "sigmoid" if v3 else "softmax")
     width = config.get("moe_intermediate_size")
@@ -976,7 +984,8 @@ def _deepseek_routing(config: dict[str, Any], arch: str) -> dict[str, Any]:
         raise ValueError(f"experts every {config['moe_layer_freq']!r} layers (moe_layer_freq) "
                          "are not supported: every layer after the dense ones")  # fmt: skip
     routers = {"deepseek_v2": {("greedy", "softmax"), ("group_limited_greedy", "softmax")},
-               "deepseek_v3": {("noaux_tc", "sigmoid")}}  # fmt: skip
+               "deepseek_v3": {("noaux_tc", "sigmoid")},
+               "glm4_moe_lite": {("noaux_tc", "sigmoid")}}  # fmt: skip
     if (
         not isinstance(method, str)
         or not isinstance(scoring, str)
@@ -985,14 +994,20 @@ def _deepseek_routing(config: dict[str, Any], arch: str) -> dict[str, Any]:
         raise ValueError(f"{arch} routing {method!r} over {scoring!r} scores is not supported "
                          f"(supported: {sorted(routers[arch])})")  # fmt: skip
     grouped = method != "greedy"
+    dense = tuple(range(min(max(first_dense, 0), n)))
+    if lite and config.get("mlp_layer_types") is not None:
+        types = config["mlp_layer_types"]
+        if not isinstance(types, list) or len(types) != n or not set(types) <= {"dense", "sparse"}:
+            raise ValueError(f"mlp_layer_types must name {n} dense / sparse layers")
+        dense = tuple(i for i, kind in enumerate(types) if kind == "dense")
     return dict(
         norm_topk_prob=v3 and bool(config.get("norm_topk_prob", True)),
-        dense_layers=tuple(range(min(max(first_dense, 0), n))),
+        dense_layers=dense,
         router_scoring=scoring,
         router_score_bias=v3,
         float32_router=not v3,
-        expert_groups=config.get("n_group", 8 if v3 else 1) if grouped else 1,
-        expert_groups_used=config.get("topk_group", 4 if v3 else 1) if grouped else 1,
+        expert_groups=config.get("n_group", 8 if v3 and not lite else 1) if grouped else 1,
+        expert_groups_used=config.get("topk_group", 4 if v3 and not lite else 1) if grouped else 1,
         expert_group_by_max=not v3,
         routed_scaling_factor=float(scale) if isinstance(scale, int | float) else scale,
         shared_expert_intermediate_size=width * max(shared, 0),

@@ -1,5 +1,6 @@
-"""DeepSeek-V2 and -V3 (Kimi K2, Moonlight): multi-head latent attention (MLA) beside DeepSeek's
-experts (`moe.py`'s router with DeepSeek's settings, `arch._deepseek_routing`).
+"""DeepSeek-V2 and -V3 (Kimi K2, Moonlight; GLM-4.7-Flash is V3's layers): multi-head latent
+attention (MLA) beside DeepSeek's experts (`moe.py`'s router with DeepSeek's settings,
+`arch._deepseek_routing`).
 
 A token's keys and values are projections of one small latent: `kv_a_proj_with_mqa` makes a
 `kv_lora_rank` latent (RMS-normalized) and `qk_rope_head_dim` rotated dimensions that every head

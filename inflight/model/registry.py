@@ -66,6 +66,7 @@ MODEL_CLASSES: dict[str, type[LlamaModel]] = {
     "hunyuan_dense": HunyuanModel,
     "deepseek_v2": DeepseekModel,
     "deepseek_v3": DeepseekModel,
+    "glm4_moe_lite": DeepseekModel,  # (GLM-4.7-Flash: DeepSeek-V3's layers, GLM's names)
 }
 
 

@@ -71,6 +71,19 @@ MOONLIGHT = {  # Moonlight-16B-A3B's: DeepSeek-V3's layers, queries without a la
     "topk_group": 1, "vocab_size": 163842,
 }  # fmt: skip
 
+GLM47_FLASH = {  # GLM-4.7-Flash's: DeepSeek-V3's layers under GLM's model type
+    "architectures": ["Glm4MoeLiteForCausalLM"], "attention_bias": False,
+    "first_k_dense_replace": 1, "hidden_size": 2048, "intermediate_size": 10240,
+    "kv_lora_rank": 512, "max_position_embeddings": 202752, "model_type": "glm4_moe_lite",
+    "moe_intermediate_size": 1536, "n_group": 1, "n_routed_experts": 64, "n_shared_experts": 1,
+    "norm_topk_prob": True, "num_attention_heads": 20, "num_experts_per_tok": 4,
+    "num_hidden_layers": 47, "num_key_value_heads": 20, "num_nextn_predict_layers": 1,
+    "partial_rotary_factor": 1.0, "q_lora_rank": 768, "qk_nope_head_dim": 192,
+    "qk_rope_head_dim": 64, "rms_norm_eps": 1e-05, "rope_scaling": None, "rope_theta": 1000000,
+    "routed_scaling_factor": 1.8, "tie_word_embeddings": False, "topk_group": 1,
+    "topk_method": "noaux_tc", "v_head_dim": 256, "vocab_size": 154880,
+}  # fmt: skip
+
 
 def test_published_configs_are_read():
     """The cached row is one KV head of the latent and its rotated part (576 wide), RoPE turns
@@ -98,6 +111,17 @@ def test_published_configs_are_read():
     moonlight = LlamaArchConfig.from_hf_config(MOONLIGHT)
     assert (moonlight.q_lora_rank, moonlight.rope_scaling, moonlight.attention_scale,
             moonlight.routed_scaling_factor) == (0, None, 192**-0.5, 2.446)  # fmt: skip
+    flash = LlamaArchConfig.from_hf_config(GLM47_FLASH)
+    assert (flash.architecture, flash.head_dim, flash.rotary_dim, flash.q_lora_rank,
+            flash.qk_nope_head_dim, flash.v_head_dim, flash.dense_layers, flash.router_scoring,
+            flash.router_score_bias, flash.routed_scaling_factor, flash.expert_groups,
+            flash.extra_checkpoint_layers, flash.attention_scale) == (
+        "glm4_moe_lite", 576, 64, 768, 192, 256, (0,), "sigmoid", True, 1.8, 1, 1,
+        0.0625)  # fmt: skip
+    typed = LlamaArchConfig.from_hf_config(
+        {**GLM47_FLASH, "mlp_layer_types": ["dense"] * 2 + ["sparse"] * 45}
+    )
+    assert typed.dense_layers == (0, 1)
     # DeepSeek-V2's routing within groups, by their best score
     grouped = LlamaArchConfig.from_hf_config(
         {**DEEPSEEK_V2_LITE, "topk_method": "group_limited_greedy", "n_group": 8, "topk_group": 3}
@@ -121,6 +145,8 @@ def test_published_configs_are_read():
     (DEEPSEEK_V3, {"n_shared_experts": 2**64}, "shared_expert_intermediate_size"),
     (DEEPSEEK_V3, {"rope_scaling": {**DEEPSEEK_V3["rope_scaling"], "mscale_all_dim": "x"}},
      "mscale_all_dim"),
+    (GLM47_FLASH, {"partial_rotary_factor": 0.5}, "rotating 0.5 of its qk_rope_head_dim"),
+    (GLM47_FLASH, {"mlp_layer_types": ["dense"]}, "mlp_layer_types must name 47"),
 ])  # fmt: skip
 def test_what_the_layer_does_not_compute_is_refused(config, fields, says):
     with pytest.raises(ValueError, match=says):
@@ -160,8 +186,10 @@ def test_the_cache_holds_one_latent_row_a_token(tiny_model_factory, family):
     ("family", "qtype", "legacy"),
     [("deepseek_v2", Q.F32, False), ("deepseek_v3", Q.F32, False),
      ("deepseek_v2", Q.Q8_0, False), ("deepseek_v3", Q.Q8_0, False),
-     ("deepseek_v2", Q.Q8_0, True), ("deepseek_v3", Q.Q8_0, True)],
-    ids=["v2-f32", "v3-f32", "v2-q8_0", "v3-q8_0", "v2-q8_0-legacy", "v3-q8_0-legacy"],
+     ("deepseek_v2", Q.Q8_0, True), ("deepseek_v3", Q.Q8_0, True),
+     ("glm4_moe_lite", Q.Q8_0, False)],
+    ids=["v2-f32", "v3-f32", "v2-q8_0", "v3-q8_0", "v2-q8_0-legacy", "v3-q8_0-legacy",
+         "glm47-flash-q8_0"],
 )  # fmt: skip
 def test_a_gguf_generates_as_transformers_with_its_weights(
     tmp_path, tiny_model_factory, family, qtype, legacy
@@ -178,12 +206,15 @@ def test_a_gguf_generates_as_transformers_with_its_weights(
     llm = LLM(str(path), dtype="float32", quantized_activations=mode)
     hf = LLM(str(folder), dtype="float32").core.arch
     arch = llm.core.arch
-    assert arch.architecture == family
+    # (llama.cpp writes GLM-4.7-Flash as a deepseek2 file: V3's router, the same layers)
+    assert arch.architecture == {"glm4_moe_lite": "deepseek_v3"}.get(family, family)
     fields = ("num_kv_heads", "head_dim", "rotary_dim", "kv_lora_rank", "q_lora_rank",
               "qk_nope_head_dim", "v_head_dim", "router_scoring", "router_score_bias",
-              "float32_router", "expert_groups", "routed_scaling_factor", "norm_topk_prob",
-              "dense_layers", "shared_expert_intermediate_size")  # fmt: skip
+              "float32_router", "expert_groups", "norm_topk_prob", "dense_layers",
+              "shared_expert_intermediate_size")  # fmt: skip
     assert {f: getattr(arch, f) for f in fields} == {f: getattr(hf, f) for f in fields}
+    # (the file holds the routed scale in float32)
+    assert arch.routed_scaling_factor == pytest.approx(hf.routed_scaling_factor, rel=1e-6)
     assert arch.attention_scale == pytest.approx(hf.attention_scale, rel=1e-6)
     assert arch.rope_attention_factor == pytest.approx(1.0, rel=1e-6)
     assert arch.latent_expansion_per_head is not legacy
@@ -235,7 +266,7 @@ def test_a_bf16_model_keeps_its_router_float32_and_generates(tiny_model_factory)
     assert len(out[0].outputs[0].token_ids) == 4
 
 
-@pytest.mark.parametrize("family", ["deepseek_v2", "deepseek_v3"])
+@pytest.mark.parametrize("family", ["deepseek_v2", "deepseek_v3", "glm4_moe_lite"])
 def test_two_ranks_over_a_split_file_give_one_ranks_tokens(tmp_path, tiny_model_factory, family):
     """Each rank holds its heads' queries and expansions' rows and every head's latent (one KV
     head, replicated); from a Q8_0 file with the expansion split by head, every rank holds every
