@@ -131,7 +131,8 @@ def random_paged_decodes(dtype, num_reqs=40, num_blocks=300, block_size=16, kvh=
 # (dtype, tolerance, block size, head_dim): SmolLM2's shapes in fp32 and bf16 (the AVX-512 BF16
 # path where the CPU has it), bf16 blocks of 32 positions and heads of 128 (the same path, more
 # rows per block and registers per head), Gemma's heads of 256 (the AVX2 items, in both
-# dtypes), bf16 blocks of 8 and fp16 (the generic loop).
+# dtypes), bf16 blocks of 8 and fp16 (the generic loop), and DeepSeek's latent rows of 576 (the
+# generic loop's runs of positions and dims held in registers; blocks of 8: its dims' runs alone).
 KERNEL_CASES = [
     (torch.float32, 1e-5, 16, 64),
     (torch.bfloat16, 2e-2, 16, 64),
@@ -140,6 +141,9 @@ KERNEL_CASES = [
     (torch.bfloat16, 2e-2, 16, 256),
     (torch.bfloat16, 2e-2, 8, 64),
     (torch.float16, 5e-3, 16, 64),
+    (torch.float32, 1e-5, 16, 576),
+    (torch.bfloat16, 2e-2, 16, 576),
+    (torch.float32, 1e-5, 8, 576),
 ]
 # Under Triton's interpreter (seconds a case) only what changes the Triton kernels' tiling: the
 # float32 shape with and without a window, heads of 128 in blocks of 32, blocks of 8 with a

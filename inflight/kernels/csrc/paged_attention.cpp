@@ -379,7 +379,11 @@ Item8Fn<q_t, cache_t, out_t> pick_8bit(int64_t D, int64_t G, int64_t BS) {
 
 // Any dtype and shape: each block's keys widened into an fp32 tile [D][BS] that stays in L1, so
 // the inner loop runs over the block's positions, contiguous, without horizontal sums. Scales of
-// an 8-bit cache multiply whole scores (keys) and probabilities (values).
+// an 8-bit cache multiply whole scores (keys) and probabilities (values). Where the block is whole
+// runs of 16 positions (and the head whole runs of 64 dims), each run's sums stay in registers
+// across the dims (the positions) instead of going through memory at every step: the same
+// products added in the same order (wide heads, DeepSeek's 576, spend their time here).
+constexpr int64_t kGenericPositions = 16, kGenericDims = 64;
 template <typename q_t, typename cache_t, typename out_t>
 void decode_item_generic(const q_t* q, const cache_t* k_cache, const cache_t* v_cache,
                          const Item& it, int64_t G, float scale, float softcap,
@@ -399,11 +403,23 @@ void decode_item_generic(const q_t* q, const cache_t* k_cache, const cache_t* v_
     for (int64_t g = 0; g < G; ++g) {
       float* __restrict sg = scores + g * row + b * BS - base;
       const float* __restrict qg = qf.data() + g * D;
-      for (int64_t t = 0; t < BS; ++t) sg[t] = 0.f;
-      for (int64_t d = 0; d < D; ++d) {
-        const float* __restrict kd = tile.data() + d * BS;
+      if (BS % kGenericPositions == 0) {  // each run of positions' sums held in registers
+        for (int64_t t0 = 0; t0 < BS; t0 += kGenericPositions) {
+          float s[kGenericPositions] = {};
+          for (int64_t d = 0; d < D; ++d) {
+            const float* __restrict kd = tile.data() + d * BS + t0;
 #pragma omp simd
-        for (int64_t t = 0; t < BS; ++t) sg[t] = std::fma(qg[d], kd[t], sg[t]);
+            for (int64_t t = 0; t < kGenericPositions; ++t) s[t] = std::fma(qg[d], kd[t], s[t]);
+          }
+          for (int64_t t = 0; t < kGenericPositions; ++t) sg[t0 + t] = s[t];
+        }
+      } else {
+        for (int64_t t = 0; t < BS; ++t) sg[t] = 0.f;
+        for (int64_t d = 0; d < D; ++d) {
+          const float* __restrict kd = tile.data() + d * BS;
+#pragma omp simd
+          for (int64_t t = 0; t < BS; ++t) sg[t] = std::fma(qg[d], kd[t], sg[t]);
+        }
       }
       if constexpr (kScaledCache<cache_t>)
         for (int64_t t = 0; t < BS; ++t) sg[t] *= lay.key_scale(k, t);
@@ -413,6 +429,24 @@ void decode_item_generic(const q_t* q, const cache_t* k_cache, const cache_t* v_
   for (int64_t b = b0; b < b1; ++b) {  // acc[g, :] += p[g, pos] * v[pos, :]
     const cache_t* v = v_cache + lay.run(it.table[b], it.head);
     const int64_t t0 = std::max(it.first, b * BS) - b * BS, t1 = std::min(it.len, (b + 1) * BS) - b * BS;
+    if (D % kGenericDims == 0) {  // a run of each head's dims held in registers over the block
+      for (int64_t g = 0; g < G; ++g) {
+        const float* pg = scores + g * row + b * BS - base;
+        for (int64_t d0 = 0; d0 < D; d0 += kGenericDims) {
+          float* __restrict ag = acc.data() + g * D + d0;
+          float a[kGenericDims];
+          for (int64_t j = 0; j < kGenericDims; ++j) a[j] = ag[j];
+          for (int64_t t = t0; t < t1; ++t) {
+            const cache_t* __restrict vt = v + lay.value_in_run(t) + d0;
+            const float p = pg[t] * lay.value_scale(v, t);
+#pragma omp simd
+            for (int64_t j = 0; j < kGenericDims; ++j) a[j] = std::fma(p, widen(vt[j]), a[j]);
+          }
+          for (int64_t j = 0; j < kGenericDims; ++j) ag[j] = a[j];
+        }
+      }
+      continue;
+    }
     for (int64_t t = t0; t < t1; ++t) {
       const cache_t* __restrict vt = v + lay.value_in_run(t);
       const float v_scale = lay.value_scale(v, t);

@@ -116,6 +116,10 @@ void finish_item(const Item& it, scalar_t* out, int64_t out_stride, int64_t G, i
   }
 }
 
+// Wide heads (DeepSeek's 576) keep a run of each row's dims in registers across a tile's values
+// (the same products added in the same order as one dim at a time through memory).
+constexpr int64_t kGenericDims = 64;
+
 template <typename q_t, typename cache_t, int kD>
 void prefill_item(const Item& it, const q_t* q, int64_t q_stride, const cache_t* k_cache,
                   const cache_t* v_cache, const int64_t* table, const KVLayout& lay,
@@ -162,6 +166,21 @@ void prefill_item(const Item& it, const q_t* q, int64_t q_stride, const cache_t*
       s.max[r] = new_max;
       s.sum[r] = s.sum[r] * correction + p_sum;
       float* __restrict acc = s.acc.data() + r * D;
+      if (D % kGenericDims == 0) {  // a run of dims held in registers over the tile's keys
+        for (int64_t d0 = 0; d0 < D; d0 += kGenericDims) {
+          float a[kGenericDims];
+#pragma omp simd
+          for (int64_t j = 0; j < kGenericDims; ++j) a[j] = acc[d0 + j] * correction;
+          for (int64_t t = 0; t < n; ++t) {
+            const float pt = p[t];
+            const float* __restrict vt = s.v.data() + t * D + d0;
+#pragma omp simd
+            for (int64_t j = 0; j < kGenericDims; ++j) a[j] = std::fma(pt, vt[j], a[j]);
+          }
+          for (int64_t j = 0; j < kGenericDims; ++j) acc[d0 + j] = a[j];
+        }
+        continue;
+      }
 #pragma omp simd
       for (int64_t d = 0; d < D; ++d) acc[d] *= correction;
       for (int64_t t = 0; t < n; ++t) {
