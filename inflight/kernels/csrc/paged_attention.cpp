@@ -383,7 +383,36 @@ Item8Fn<q_t, cache_t, out_t> pick_8bit(int64_t D, int64_t G, int64_t BS) {
 // runs of 16 positions (and the head whole runs of 64 dims), each run's sums stay in registers
 // across the dims (the positions) instead of going through memory at every step: the same
 // products added in the same order (wide heads, DeepSeek's 576, spend their time here).
-constexpr int64_t kGenericPositions = 16, kGenericDims = 64;
+constexpr int64_t kGenericPositions = 16, kGenericDims = 64, kGenericHeads = 4;
+
+// Scores of a block of an unscaled cache, read from its pairs of dims in place (no widened tile),
+// kGenericHeads query heads at a time over each run of 16 positions: head g's score of position
+// t at out[g * row + t]. Each score adds its dims' products in ascending order, as the tile's
+// loop does.
+template <typename cache_t>
+void score_block_in_runs(const cache_t* k, const float* qf, int64_t G, int64_t D, int64_t BS,
+                         float* out, int64_t row) {
+  constexpr int64_t P = kGenericPositions, NH = kGenericHeads;
+  for (int64_t g0 = 0; g0 < G; g0 += NH) {
+    for (int64_t t0 = 0; t0 < BS; t0 += P) {
+      float s[NH][P] = {};
+      for (int64_t i = 0; i < D / 2; ++i) {  // dims 2i and 2i + 1 of positions t0..t0 + P
+        const cache_t* __restrict kp = k + (i * BS + t0) * 2;
+        float even[P], odd[P];
+#pragma omp simd
+        for (int64_t t = 0; t < P; ++t) even[t] = widen(kp[2 * t]), odd[t] = widen(kp[2 * t + 1]);
+        for (int64_t h = 0; h < NH; ++h) {
+          const float q0 = qf[(g0 + h) * D + 2 * i], q1 = qf[(g0 + h) * D + 2 * i + 1];
+#pragma omp simd
+          for (int64_t t = 0; t < P; ++t)
+            s[h][t] = std::fma(q1, odd[t], std::fma(q0, even[t], s[h][t]));
+        }
+      }
+      for (int64_t h = 0; h < NH && g0 + h < G; ++h)
+        for (int64_t t = 0; t < P; ++t) out[(g0 + h) * row + t0 + t] = s[h][t];
+    }
+  }
+}
 template <typename q_t, typename cache_t, typename out_t>
 void decode_item_generic(const q_t* q, const cache_t* k_cache, const cache_t* v_cache,
                          const Item& it, int64_t G, float scale, float softcap,
@@ -392,12 +421,19 @@ void decode_item_generic(const q_t* q, const cache_t* k_cache, const cache_t* v_
   const KVLayout& lay = *it.layout;
   const int64_t BS = lay.block_size, D = lay.head_dim;
   const int64_t b0 = it.first_block(), b1 = it.end_block(), base = b0 * BS, row = (b1 - b0) * BS;
-  qf.resize(G * D);
+  // (query heads padded to whole groups of kGenericHeads with zeros: their scores are unused)
+  qf.assign((G + kGenericHeads - 1) / kGenericHeads * kGenericHeads * D, 0.f);
   tile.resize(D * BS);
   acc.assign(G * D, 0.f);
   for (int64_t i = 0; i < G * D; ++i) qf[i] = static_cast<float>(q[i]) * scale;
   for (int64_t b = b0; b < b1; ++b) {
     const cache_t* k = k_cache + lay.run(it.table[b], it.head);
+    if constexpr (!kScaledCache<cache_t>) {
+      if (BS % kGenericPositions == 0) {
+        score_block_in_runs(k, qf.data(), G, D, BS, scores + b * BS - base, row);
+        continue;
+      }
+    }
     for (int64_t d = 0; d < D; ++d)
       for (int64_t t = 0; t < BS; ++t) tile[d * BS + t] = widen(k[lay.key_in_run(t, d)]);
     for (int64_t g = 0; g < G; ++g) {
@@ -430,9 +466,9 @@ void decode_item_generic(const q_t* q, const cache_t* k_cache, const cache_t* v_
     const cache_t* v = v_cache + lay.run(it.table[b], it.head);
     const int64_t t0 = std::max(it.first, b * BS) - b * BS, t1 = std::min(it.len, (b + 1) * BS) - b * BS;
     if (D % kGenericDims == 0) {  // a run of each head's dims held in registers over the block
-      for (int64_t g = 0; g < G; ++g) {
-        const float* pg = scores + g * row + b * BS - base;
-        for (int64_t d0 = 0; d0 < D; d0 += kGenericDims) {
+      for (int64_t d0 = 0; d0 < D; d0 += kGenericDims) {  // (the run's values stay in L1)
+        for (int64_t g = 0; g < G; ++g) {
+          const float* pg = scores + g * row + b * BS - base;
           float* __restrict ag = acc.data() + g * D + d0;
           float a[kGenericDims];
           for (int64_t j = 0; j < kGenericDims; ++j) a[j] = ag[j];
