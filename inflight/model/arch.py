@@ -314,6 +314,12 @@ class LlamaArchConfig:
                              f"{self.head_dim}")  # fmt: skip
 
     @property
+    def routes_in_float32(self) -> bool:
+        """Whether the router's weights stay float32 and it chooses in float32 (a score-biased
+        router's, or DeepSeek-V2's `float32_router`)."""
+        return self.router_score_bias or self.float32_router
+
+    @property
     def rope_dim(self) -> int:
         """The dimensions of each head that RoPE rotates."""
         return self.rotary_dim or self.head_dim

@@ -32,7 +32,7 @@ from inflight.model.arch import LlamaArchConfig
 from inflight.model.layer_ops import TorchLayerOps
 from inflight.model.llama import RMSNorm
 from inflight.model.moe import MoEDecoderLayer, MoEModel
-from inflight.model.packed_linear import Decodes, PackedLinear, apply_linear
+from inflight.model.packed_linear import Decodes, apply_linear, integer_block_packings
 from inflight.model.rotary_pairs import latent_rotary_order
 
 # the RMSNorms of the query and key-value latents (transformers' default; the published
@@ -83,6 +83,9 @@ class DeepseekDecoderLayer(MoEDecoderLayer):
         else:
             self.kv_b_proj = LatentProjection(heads * (self.nope + self.value), self.latent)
         self.o_proj = nn.Linear(heads * self.value, hidden, bias=False)
+        # this rank's heads' W_UK and W_UV packings for one C++ call each, where they have them
+        # (`integer_block_packings`; looked at once the loader has packed them)
+        self.head_packings: tuple[HeadPackings, HeadPackings] | None = None
 
     def attention(
         self,
@@ -110,7 +113,8 @@ class DeepseekDecoderLayer(MoEDecoderLayer):
         ops.rope_(rotated.view(t, -1), cos, sin, heads + 1, self.rope)
         # each head's query part in the latent's space: q W_UK, [T, H, latent]
         if self.per_head:
-            absorbed = head_linears(self._own(self.k_b_proj), q[..., : self.nope], decodes)
+            absorbed = head_linears(self._own(self.k_b_proj), self._packings()[0],
+                                    q[..., : self.nope], decodes)  # fmt: skip
         else:
             up = self.kv_b_proj.weight.view(heads, self.nope + self.value, self.latent)
             absorbed = torch.bmm(q[..., : self.nope].transpose(0, 1), up[:, : self.nope])
@@ -121,12 +125,20 @@ class DeepseekDecoderLayer(MoEDecoderLayer):
                                 self.scale, self.softcap, self.sinks)  # fmt: skip
         # the mix of latents each head attended to, expanded by W_UV: [T, H, v]
         if self.per_head:
-            values = head_linears(self._own(self.v_b_proj), out[..., self.rope :], decodes)
+            values = head_linears(self._own(self.v_b_proj), self._packings()[1],
+                                  out[..., self.rope :], decodes)  # fmt: skip
         else:
             values = torch.bmm(
                 out[..., self.rope :].transpose(0, 1), up[:, self.nope :].transpose(1, 2)
             ).transpose(0, 1)
         return apply_linear(self.o_proj, values.reshape(t, -1), decodes)
+
+    def _packings(self) -> tuple[HeadPackings, HeadPackings]:
+        """This rank's heads' W_UK and W_UV packings (`head_packings`), looked at once."""
+        if self.head_packings is None:
+            self.head_packings = (integer_block_packings(self._own(self.k_b_proj)),
+                                  integer_block_packings(self._own(self.v_b_proj)))  # fmt: skip
+        return self.head_packings
 
     def _own(self, linears: nn.ModuleList) -> nn.ModuleList:
         """This rank's heads' linears of every head's (all of them, unsplit)."""
@@ -173,15 +185,19 @@ class DeepseekModel(MoEModel):
         return sources
 
 
-def head_linears(linears: nn.ModuleList, x: torch.Tensor, decodes: Decodes) -> torch.Tensor:
+# every head's `gguf_int_linear` packing and their activation bits, or None
+HeadPackings = tuple[list[torch.Tensor], int] | None
+
+
+def head_linears(
+    linears: nn.ModuleList, packings: HeadPackings, x: torch.Tensor, decodes: Decodes
+) -> torch.Tensor:
     """Each head's rows of x [T, H, in] through its own linear -> [T, H, out]: in one C++ call
-    where every head multiplies from its blocks with the integer kernel (a Python call per head
-    costs more than its multiply), else head by head."""
-    first = linears[0]
-    if isinstance(first, PackedLinear) and first.blocks_only and first.activation_bits:
-        packings = [linear.small_weight for linear in linears]
-        out = load_extension().gguf_int_linear_heads(x, packings, first.out_features,
-                                                     first.activation_bits)  # fmt: skip
+    where every head multiplies from its blocks with the integer kernel (`packings`; a Python
+    call per head costs more than its multiply), else head by head."""
+    if packings is not None:
+        weights, bits = packings
+        out = load_extension().gguf_int_linear_heads(x, weights, linears[0].out_features, bits)
         return out.transpose(0, 1)
     return torch.stack([apply_linear(linear, x[:, h], decodes)
                         for h, linear in enumerate(linears)], dim=1)  # fmt: skip

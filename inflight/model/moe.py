@@ -40,7 +40,7 @@ from inflight.model.arch import LlamaArchConfig
 from inflight.model.hunyuan import HunyuanDecoderLayer, HunyuanModel
 from inflight.model.layer_ops import TorchLayerOps
 from inflight.model.llama import DecoderLayer, LlamaModel
-from inflight.model.packed_linear import Decodes, PackedLinear, apply_linear
+from inflight.model.packed_linear import Decodes, apply_linear, integer_block_packings
 from inflight.model.qwen3 import Qwen3DecoderLayer, Qwen3Model
 from inflight.model.rotary_pairs import PairRotaryModel
 
@@ -82,7 +82,7 @@ class MoEDecoderLayer(DecoderLayer):
             return
         del self.gate_up_proj, self.down_proj  # the experts' instead
         self.top_k, self.norm_topk_prob = cfg.experts_per_token, cfg.norm_topk_prob
-        self.float32_router = cfg.router_score_bias or cfg.float32_router
+        self.float32_router = cfg.routes_in_float32
         if self.float32_router:  # float32 weights, and the bias of the scores that choose
             self.sigmoid = cfg.router_scoring == "sigmoid"
             self.router_weight = nn.Parameter(torch.empty(cfg.num_experts, cfg.hidden_size),
@@ -224,14 +224,11 @@ def block_expert_packings(
     layer's activation is the C++ kernels' SiLU; None otherwise (the Python loop runs them)."""
     if type(layer).activation is not MoEDecoderLayer.activation or layer.ops.name != "cpu":
         return None
-    linears = [getattr(e, p) for e in layer.experts for p in ("gate_up_proj", "down_proj")]
-    bits = {getattr(m, "activation_bits", 0) for m in linears}
-    if not all(isinstance(m, PackedLinear) and m.blocks_only and m.bias is None for m in linears):
+    gate_up = integer_block_packings(e.gate_up_proj for e in layer.experts)
+    down = integer_block_packings(e.down_proj for e in layer.experts)
+    if gate_up is None or down is None or gate_up[1] != down[1]:
         return None
-    if len(bits) != 1 or not next(iter(bits)):
-        return None
-    gate_up = [e.gate_up_proj.small_weight for e in layer.experts]
-    return gate_up, [e.down_proj.small_weight for e in layer.experts], bits.pop()
+    return gate_up[0], down[0], gate_up[1]
 
 
 ExpertRuns = list[tuple[int, int, int]]  # (expert, start, end) of each chosen expert's pairs
@@ -304,7 +301,7 @@ class MoEModel(LlamaModel):
         generation does not run: GLM-4.5's layers after the last, ERNIE 4.5's `mtp_*`."""
         n = len(self.layers)
         skipped = range(n, n + self.cfg.extra_checkpoint_layers)
-        names = _ROUTER_NAMES if self.cfg.router_score_bias or self.cfg.float32_router else {}
+        names = _ROUTER_NAMES if self.cfg.routes_in_float32 else {}
         for name, tensor in weights:
             layer = _LAYER_INDEX.match(name)
             if (layer is not None and int(layer[1]) in skipped) or name.startswith("model.mtp_"):

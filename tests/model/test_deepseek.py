@@ -23,7 +23,11 @@ from safetensors.torch import load_file, save_file
 from inflight import LLM, SamplingParams
 from inflight.model.arch import LlamaArchConfig
 from inflight.model.deepseek import head_linears
-from inflight.model.packed_linear import PackedLinear, blocks_serve_every_batch
+from inflight.model.packed_linear import (
+    PackedLinear,
+    blocks_serve_every_batch,
+    integer_block_packings,
+)
 from inflight.runner.kv_cache import kv_bytes_per_token
 from tests.gguf_files import write_tiny_gguf
 from tests.parity import assert_gguf_generates_as_its_weights, random_prompts
@@ -313,4 +317,6 @@ def test_heads_in_one_call_give_each_heads_linear_bit_for_bit(qtype, rows, colum
     for tokens in (1, 37):
         x = torch.randn(tokens, 4, columns, generator=gen)
         alone = torch.stack([m(x[:, h].contiguous()) for h, m in enumerate(heads)], dim=1)
-        assert torch.equal(head_linears(heads, x, False), alone)
+        packings = integer_block_packings(heads)
+        assert packings is not None and packings[1] == bits
+        assert torch.equal(head_linears(heads, packings, x, False), alone)
