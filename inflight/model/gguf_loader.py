@@ -20,7 +20,7 @@ import json
 import logging
 import mmap
 import warnings
-from collections.abc import Collection, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -273,7 +273,7 @@ def gguf_arch_config(header: GGUFHeader, path: Path) -> LlamaArchConfig:
     latent: dict[str, Any] = {}
     if arch == "deepseek2":  # (DeepSeek-V3's router is the one with a score bias)
         registry_name = "deepseek_v3" if moe.get("router_score_bias") else "deepseek_v2"
-        latent = _latent_attention(header, path, rope_scaling)
+        latent = _latent_attention(meta, rope_scaling)
         latent["latent_expansion_per_head"] = "blk.0.attn_k_b.weight" in names
         head_dim = latent.pop("head_dim")
     freq_factors, long_factors = factors.get(ROPE_FREQS), None
@@ -388,26 +388,20 @@ def _biased_routing(header: GGUFHeader, arch: str, path: Path) -> dict[str, Any]
 
 
 def _latent_attention(
-    header: GGUFHeader, path: Path, rope_scaling: tuple[tuple[str, Any], ...] | None
+    meta: Callable[..., Any], rope_scaling: tuple[tuple[str, Any], ...] | None
 ) -> dict[str, Any]:
-    """DeepSeek's latent attention as llama.cpp's `deepseek2` files give it: the cached row
-    (`kv_lora_rank` + the rotated dimensions) as `head_dim`, the query head (`key_length_mla`,
-    or `key_length` in files older than llama.cpp's split of `attn_kv_b`) and value head, and
-    the scores' scale with YaRN's `mscale_all_dim` (written as a tenth of it)."""
-
-    def meta(key: str, default: Any = None) -> Any:
-        value = field_value(header, f"deepseek2.{key}", default)
-        if value is None:
-            raise ModelLoadError(f"{path}: GGUF metadata lacks deepseek2.{key}")
-        return int(value)
-
-    rope, latent = meta("rope.dimension_count"), meta("attention.kv_lora_rank")
-    query_head = meta("attention.key_length_mla", meta("attention.key_length"))
-    value_head = meta("attention.value_length_mla", meta("attention.value_length"))
-    log_multiplier = field_value(header, "deepseek2.rope.scaling.yarn_log_multiplier")
-    mscale_all = None if log_multiplier is None else float(log_multiplier) / 0.1
+    """DeepSeek's latent attention as llama.cpp's `deepseek2` files give it (`meta`: the file's
+    fields of its architecture, `gguf_arch_config`'s): the cached row (`kv_lora_rank` + the
+    rotated dimensions) as `head_dim`, the query head (`key_length_mla`, or `key_length` in
+    files older than llama.cpp's split of `attn_kv_b`) and value head, and the scores' scale
+    with YaRN's `mscale_all_dim` (written as a tenth of it)."""
+    rope, latent = int(meta("rope.dimension_count")), int(meta("attention.kv_lora_rank"))
+    query_head = int(meta("attention.key_length_mla", meta("attention.key_length")))
+    value_head = int(meta("attention.value_length_mla", meta("attention.value_length")))
+    mscale_all = float(meta("rope.scaling.yarn_log_multiplier", 0.0)) / 0.1
     return dict(head_dim=latent + rope, kv_lora_rank=latent,
-                q_lora_rank=meta("attention.q_lora_rank", 0), qk_nope_head_dim=query_head - rope,
+                q_lora_rank=int(meta("attention.q_lora_rank", 0)),
+                qk_nope_head_dim=query_head - rope,
                 v_head_dim=value_head,
                 attention_multiplier=latent_scale(query_head, dict(rope_scaling or ()),
                                                   mscale_all))  # fmt: skip
