@@ -1,12 +1,13 @@
 """Times the CPU attention kernels on one model's head shapes (SmolLM2's by default: 9 query
-heads over 3 KV heads of 64 dims; `--shape gemma3`: 4 over 1 of 256), blocks of 16 tokens, one
+heads over 3 KV heads of 64 dims; `--shape gemma3`: 4 over 1 of 256; `--shape deepseek`:
+DeepSeek-V2-Lite's latent attention, 16 over 1 of 576), blocks of 16 tokens, one
 layer per call: prompt chunks in GFLOP/s (causal multiply-adds counted once) and decodes in
 GB/s of K/V read. The best of 7 rounds of 20 calls each, since a shared machine's speed drifts
 between rounds. The decodes of `--layers` layers (30 by default: SmolLM2's) call every layer of
 a step in turn over caches of their own, so that they are read from memory as an engine's
 are, not from the CPU's caches. The last four lines take 8-bit caches under bf16 queries.
 
-    .venv/bin/python scripts/attention_kernels.py [--shape gemma3]
+    .venv/bin/python scripts/attention_kernels.py [--shape gemma3|deepseek]
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ import torch
 from inflight.attention.cpu_kernel import CpuKernelBackend
 from inflight.huge_pages import empty_on_huge_pages
 
-SHAPES = {"smollm2": (9, 3, 64), "gemma3": (4, 1, 256)}  # query heads, KV heads, head dim
+# query heads, KV heads, head dim
+SHAPES = {"smollm2": (9, 3, 64), "gemma3": (4, 1, 256), "deepseek": (16, 1, 576)}
 H, KVH, D = SHAPES["smollm2"]
 BS = 16
 backend = CpuKernelBackend(BS)

@@ -131,8 +131,9 @@ def random_paged_decodes(dtype, num_reqs=40, num_blocks=300, block_size=16, kvh=
 # (dtype, tolerance, block size, head_dim): SmolLM2's shapes in fp32 and bf16 (the AVX-512 BF16
 # path where the CPU has it), bf16 blocks of 32 positions and heads of 128 (the same path, more
 # rows per block and registers per head), Gemma's heads of 256 (the AVX2 items, in both
-# dtypes), bf16 blocks of 8 and fp16 (the generic loop), and DeepSeek's latent rows of 576 (the
-# generic loop's runs of positions and dims held in registers; blocks of 8: its dims' runs alone).
+# dtypes), bf16 blocks of 8 and fp16 (the generic loop), and heads whose width the AVX2 items
+# take at run time: Phi-3's 96 and DeepSeek's latent rows of 576 (in blocks of 8: the generic
+# loop's runs of dims held in registers).
 KERNEL_CASES = [
     (torch.float32, 1e-5, 16, 64),
     (torch.bfloat16, 2e-2, 16, 64),
@@ -141,6 +142,7 @@ KERNEL_CASES = [
     (torch.bfloat16, 2e-2, 16, 256),
     (torch.bfloat16, 2e-2, 8, 64),
     (torch.float16, 5e-3, 16, 64),
+    (torch.float32, 1e-5, 16, 96),
     (torch.float32, 1e-5, 16, 576),
     (torch.bfloat16, 2e-2, 16, 576),
     (torch.float32, 1e-5, 8, 576),
@@ -272,7 +274,7 @@ def test_prefill_kernel_matches_reference_on_model_shapes(kernel, dtype, tol, bs
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize(("h", "kvh", "d"), [(9, 3, 64), (4, 1, 256)])
+@pytest.mark.parametrize(("h", "kvh", "d"), [(9, 3, 64), (4, 1, 256), (16, 1, 576)])
 def test_cpu_decode_in_parts_matches_the_reference_and_is_the_same_alone(dtype, h, kvh, d):
     """The C++ decode kernel attends a context past 512 positions in parts cut at multiples of
     512 and merges their softmaxes (so that one long request keeps every thread busy; a sink

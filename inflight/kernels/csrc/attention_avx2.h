@@ -44,18 +44,20 @@ inline void key_tile(const scalar_t* key_rows, int64_t BS, int64_t D, float* kt,
   }
 }
 
-// Scores of RB query rows (`q` [RB][D], scaled) against a key tile (`kt` [D][16]). Not inlined:
-// inlined into its callers, GCC kept the accumulators on the stack, a store per multiply-add.
+// Scores of RB query rows (`q` [RB][D], scaled) against a key tile (`kt` [D][16]); D = 0: the
+// head's `dims`, known at run time (wide heads: DeepSeek's 576). Not inlined: inlined into its
+// callers, GCC kept the accumulators on the stack, a store per multiply-add.
 template <int64_t D, int RB>
 __attribute__((noinline)) void scores(const float* __restrict q, const float* __restrict kt,
-                                      __m256 (&out)[RB][2]) {
+                                      __m256 (&out)[RB][2], int64_t dims = D) {
+  const int64_t n = D > 0 ? D : dims;
   __m256 acc[RB][2];
   for (int b = 0; b < RB; ++b) acc[b][0] = acc[b][1] = _mm256_setzero_ps();
-  for (int64_t d = 0; d < D; ++d) {
+  for (int64_t d = 0; d < n; ++d) {
     const __m256 k_lo = _mm256_loadu_ps(kt + d * kTile);
     const __m256 k_hi = _mm256_loadu_ps(kt + d * kTile + 8);
     for (int b = 0; b < RB; ++b) {
-      const __m256 qd = _mm256_broadcast_ss(q + b * D + d);
+      const __m256 qd = _mm256_broadcast_ss(q + b * n + d);
       acc[b][0] = _mm256_fmadd_ps(qd, k_lo, acc[b][0]);
       acc[b][1] = _mm256_fmadd_ps(qd, k_hi, acc[b][1]);
     }
@@ -67,16 +69,17 @@ __attribute__((noinline)) void scores(const float* __restrict q, const float* __
 // rows of D values, `row` elements apart (the same bytes from `ahead` prefetched where given).
 // 32 dims at a time for up to 2 rows (4 value vectors serve both rows' 8 accumulators), 16 for
 // more, so that every row shares each value widened once. Each sum runs over t in order, so
-// the result never depends on NR. Not inlined, for the same reason.
+// the result never depends on NR. D = 0: `dims` (a multiple of 32), known at run time. Not
+// inlined, for the same reason.
 template <int64_t D, int NR, typename value_t>
 __attribute__((noinline)) void add_values(const float* const (&p)[NR], const float (&keep)[NR],
                                           const value_t* v, int64_t row, int64_t n,
                                           float* const (&acc)[NR],
-                                          const char* ahead = nullptr) {
+                                          const char* ahead = nullptr, int64_t dims = D) {
   static_assert(D % 32 == 0 && NR >= 1 && NR <= 6, "passes of 32 or 16 dims, 16 registers");
   constexpr int kVecs = NR <= 2 ? 4 : 2;  // 8-dim vectors a pass: 2 NR + kVecs + 1 registers
   constexpr int64_t kBytes = 8 * kVecs * int64_t(sizeof(value_t));  // of a row's pass
-  for (int64_t j0 = 0; j0 < D; j0 += 8 * kVecs) {
+  for (int64_t j0 = 0; j0 < (D > 0 ? D : dims); j0 += 8 * kVecs) {
     __m256 a[NR][kVecs];
     for (int r = 0; r < NR; ++r)
       for (int j = 0; j < kVecs; ++j)

@@ -382,7 +382,8 @@ Item8Fn<q_t, cache_t, out_t> pick_8bit(int64_t D, int64_t G, int64_t BS) {
 // an 8-bit cache multiply whole scores (keys) and probabilities (values). Where the block is whole
 // runs of 16 positions (and the head whole runs of 64 dims), each run's sums stay in registers
 // across the dims (the positions) instead of going through memory at every step: the same
-// products added in the same order (wide heads, DeepSeek's 576, spend their time here).
+// products added in the same order (the heads the vector items do not take: blocks of other
+// than multiples of 16 positions, widths of other than multiples of 32).
 constexpr int64_t kGenericPositions = 16, kGenericDims = 64, kGenericHeads = 4;
 
 // Scores of a block of an unscaled cache, read from its pairs of dims in place (no widened tile),
@@ -474,7 +475,8 @@ void decode_item_generic(const q_t* q, const cache_t* k_cache, const cache_t* v_
           for (int64_t j = 0; j < kGenericDims; ++j) a[j] = ag[j];
           for (int64_t t = t0; t < t1; ++t) {
             const cache_t* __restrict vt = v + lay.value_in_run(t) + d0;
-            const float p = pg[t] * lay.value_scale(v, t);
+            // (the scale's run-time branch, left in this loop, kept GCC from vectorizing it)
+            const float p = kScaledCache<cache_t> ? pg[t] * lay.value_scale(v, t) : pg[t];
 #pragma omp simd
             for (int64_t j = 0; j < kGenericDims; ++j) a[j] = std::fma(p, widen(vt[j]), a[j]);
           }
@@ -505,16 +507,18 @@ constexpr int64_t kValueHeads = 6;
 // probabilities at p + r * row, its accumulator at acc + r * D.
 template <int64_t D, int NR, typename cache_t>
 void add_head_values(const float* p, int64_t row, const cache_t* v, int64_t value_row, int64_t n,
-                     float* acc, const char* ahead) {
+                     float* acc, const char* ahead, int64_t dims) {
   const float* probabilities[NR];
   float keep[NR];
   float* accumulators[NR];
   for (int r = 0; r < NR; ++r)
-    probabilities[r] = p + r * row, keep[r] = 1.f, accumulators[r] = acc + r * D;
-  attention_avx2::add_values<D, NR>(probabilities, keep, v, value_row, n, accumulators, ahead);
+    probabilities[r] = p + r * row, keep[r] = 1.f, accumulators[r] = acc + r * dims;
+  attention_avx2::add_values<D, NR>(probabilities, keep, v, value_row, n, accumulators, ahead,
+                                    dims);
 }
 
-// AVX2 (and the float32 path of AVX-512 machines), D = 64, 128 or 256, BS a multiple of 16:
+// AVX2 (and the float32 path of AVX-512 machines), D = 64, 128 or 256, or 0 for any head of a
+// multiple of 32 dims known at run time (wide heads: DeepSeek's 576), BS a multiple of 16:
 // each 16 positions of a block become a key tile (`attention_avx2.h`) scored against up to 4
 // query heads at once (the heads padded with zeros to a multiple of 4); values are weighted into
 // up to 6 heads at a time (each value widened once for all of them), a block at a time, their
@@ -532,16 +536,16 @@ void decode_item_avx2(const q_t* q, const cache_t* k_cache, const cache_t* v_cac
     return run_in_read_order(k_cache, v_cache, it, next, j + kPrefetchRuns);
   };
   const KVLayout& lay = *it.layout;
-  const int64_t BS = lay.block_size;
+  const int64_t BS = lay.block_size, dims = D > 0 ? D : lay.head_dim;
   const int64_t b0 = it.first_block(), b1 = it.end_block(), base = b0 * BS, row = (b1 - b0) * BS;
-  qf.assign((G + 3) / 4 * 4 * D, 0.f);
-  tile.resize(D * kTile);
-  acc.assign(G * D, 0.f);
-  for (int64_t i = 0; i < G * D; ++i) qf[i] = static_cast<float>(q[i]) * scale;
+  qf.assign((G + 3) / 4 * 4 * dims, 0.f);
+  tile.resize(dims * kTile);
+  acc.assign(G * dims, 0.f);
+  for (int64_t i = 0; i < G * dims; ++i) qf[i] = static_cast<float>(q[i]) * scale;
   for (int64_t b = b0; b < b1; ++b) {
     const int64_t run = lay.run(it.table[b], it.head);
     for (int64_t c = 0; c < BS; c += kTile) {
-      attention_avx2::key_tile(k_cache + run + c * 2, BS, D, tile.data(),
+      attention_avx2::key_tile(k_cache + run + c * 2, BS, dims, tile.data(),
                                ahead(b - b0) + c * 2 * sizeof(cache_t));
       __m256 key_scale[2] = {_mm256_set1_ps(1.f), _mm256_set1_ps(1.f)};
       if constexpr (kScaledCache<cache_t>) {
@@ -551,7 +555,7 @@ void decode_item_avx2(const q_t* q, const cache_t* k_cache, const cache_t* v_cac
       }
       for (int64_t g0 = 0; g0 < G; g0 += 4) {
         __m256 tile_scores[4][2];
-        attention_avx2::scores<D, 4>(qf.data() + g0 * D, tile.data(), tile_scores);
+        attention_avx2::scores<D, 4>(qf.data() + g0 * dims, tile.data(), tile_scores, dims);
         for (int64_t g = g0; g < std::min(G, g0 + 4); ++g) {
           float* dst = scores + g * row + b * BS + c - base;
           _mm256_storeu_ps(dst, _mm256_mul_ps(tile_scores[g - g0][0], key_scale[0]));
@@ -577,19 +581,19 @@ void decode_item_avx2(const q_t* q, const cache_t* k_cache, const cache_t* v_cac
     const char* pf = ahead(b1 - b0 + b - b0) + lay.value_in_run(t0) * sizeof(cache_t);
     for (int64_t g = 0; g < G; g += kValueHeads) {  // each value widened once per group
       const float* pg = p + g * row;
-      float* ag = acc.data() + g * D;
+      float* ag = acc.data() + g * dims;
       const char* ahead_g = g == 0 ? pf : nullptr;
       switch (std::min(kValueHeads, G - g)) {
-        case 1: add_head_values<D, 1>(pg, row, v, value_row, t1 - t0, ag, ahead_g); break;
-        case 2: add_head_values<D, 2>(pg, row, v, value_row, t1 - t0, ag, ahead_g); break;
-        case 3: add_head_values<D, 3>(pg, row, v, value_row, t1 - t0, ag, ahead_g); break;
-        case 4: add_head_values<D, 4>(pg, row, v, value_row, t1 - t0, ag, ahead_g); break;
-        case 5: add_head_values<D, 5>(pg, row, v, value_row, t1 - t0, ag, ahead_g); break;
-        default: add_head_values<D, 6>(pg, row, v, value_row, t1 - t0, ag, ahead_g); break;
+        case 1: add_head_values<D, 1>(pg, row, v, value_row, t1 - t0, ag, ahead_g, dims); break;
+        case 2: add_head_values<D, 2>(pg, row, v, value_row, t1 - t0, ag, ahead_g, dims); break;
+        case 3: add_head_values<D, 3>(pg, row, v, value_row, t1 - t0, ag, ahead_g, dims); break;
+        case 4: add_head_values<D, 4>(pg, row, v, value_row, t1 - t0, ag, ahead_g, dims); break;
+        case 5: add_head_values<D, 5>(pg, row, v, value_row, t1 - t0, ag, ahead_g, dims); break;
+        default: add_head_values<D, 6>(pg, row, v, value_row, t1 - t0, ag, ahead_g, dims); break;
       }
     }
   }
-  for (int64_t i = 0; i < G * D; ++i) out[i] = static_cast<out_t>(acc[i]);
+  for (int64_t i = 0; i < G * dims; ++i) out[i] = static_cast<out_t>(acc[i]);
 }
 #endif
 
@@ -656,12 +660,13 @@ void attend(const q_t* q, const cache_t* k_cache, const cache_t* v_cache, const 
 #endif
 #if defined(__AVX2__) && defined(__FMA__)
   if constexpr (!std::is_same_v<cache_t, c10::Half>) {
-    if (BS % attention_avx2::kTile == 0 && (D == 64 || D == 128 || D == 256)) {
+    if (BS % attention_avx2::kTile == 0 && D % 32 == 0) {
       (D == 64    ? decode_item_avx2<q_t, cache_t, 64, out_t>
        : D == 128 ? decode_item_avx2<q_t, cache_t, 128, out_t>
-                  : decode_item_avx2<q_t, cache_t, 256, out_t>)(q, k_cache, v_cache, it, next, G,
-                                                                scale, softcap, sinks, scores,
-                                                                out, qf, tile, acc);
+       : D == 256 ? decode_item_avx2<q_t, cache_t, 256, out_t>
+                  : decode_item_avx2<q_t, cache_t, 0, out_t>)(q, k_cache, v_cache, it, next, G,
+                                                              scale, softcap, sinks, scores, out,
+                                                              qf, tile, acc);
       return;
     }
   }

@@ -116,8 +116,8 @@ void finish_item(const Item& it, scalar_t* out, int64_t out_stride, int64_t G, i
   }
 }
 
-// Wide heads (DeepSeek's 576) keep a run of each row's dims in registers across a tile's values
-// (the same products added in the same order as one dim at a time through memory).
+// Wide heads the vector items do not take keep a run of each row's dims in registers across a
+// tile's values (the same products added in the same order as one dim at a time through memory).
 constexpr int64_t kGenericDims = 64;
 
 template <typename q_t, typename cache_t, int kD>
@@ -429,7 +429,8 @@ void prefill_item_avx2(const Item& it, const q_t* q, int64_t q_stride, const cac
                        float softcap, const float* sinks, q_t* out, int64_t out_stride,
                        Scratch& s) {
   static_assert(DV % 4 == 0 && RB % 2 == 0, "values go 2 rows x 4 vectors at a time");
-  constexpr int64_t D = DV * 8;
+  constexpr int64_t kD = DV * 8;  // 0: the head's dims, known at run time
+  const int64_t D = kD > 0 ? kD : lay.head_dim;
   const int64_t rows = it.num_tokens * G;
   const int64_t padded = (rows + RB - 1) / RB * RB;  // rows past `rows` are never stored
   const int64_t BS = lay.block_size;
@@ -487,7 +488,7 @@ void prefill_item_avx2(const Item& it, const q_t* q, int64_t q_stride, const cac
       }
       if (!any) continue;
       __m256 score[RB][2];
-      attention_avx2::scores<D, RB>(s.q.data() + r0 * D, s.kt.data(), score);
+      attention_avx2::scores<kD, RB>(s.q.data() + r0 * D, s.kt.data(), score, D);
       if constexpr (kScaledCache<cache_t>)
         for (int b = 0; b < RB; ++b)
           for (int h = 0; h < 2; ++h) score[b][h] = _mm256_mul_ps(score[b][h], key_scale[h]);
@@ -516,10 +517,10 @@ void prefill_item_avx2(const Item& it, const q_t* q, int64_t q_stride, const cac
         const float keep[2] = {correction[b], correction[b + 1]};
         float* const rows_acc[2] = {s.acc.data() + (r0 + b) * D, s.acc.data() + (r0 + b + 1) * D};
         if (values_in_place)
-          attention_avx2::add_values<D, 2>(rows_p, keep, values_in_place, lay.value_row(), n,
-                                           rows_acc);
+          attention_avx2::add_values<kD, 2>(rows_p, keep, values_in_place, lay.value_row(), n,
+                                            rows_acc, nullptr, D);
         else
-          attention_avx2::add_values<D, 2>(rows_p, keep, s.v.data(), D, n, rows_acc);
+          attention_avx2::add_values<kD, 2>(rows_p, keep, s.v.data(), D, n, rows_acc, nullptr, D);
       }
     }
   }
@@ -589,11 +590,13 @@ void prefill(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v
       }
 #endif
 #if defined(__AVX2__) && defined(__FMA__)
-      if constexpr ((kD == 64 || kD == 128 || kD == 256) && !std::is_same_v<q_t, c10::Half>) {
-        prefill_item_avx2<q_t, cache_t, kD / 8, 4>(it, q_rows, q.stride(0), kp, vp, table, lay,
-                                                   G, cached, scale, window, softcap, sinks,
-                                                   out_rows, out.stride(0), scratch);
-        continue;
+      if constexpr (!std::is_same_v<q_t, c10::Half>) {  // (kD = 0: any multiple of 32 dims)
+        if (kD > 0 || D % 32 == 0) {
+          prefill_item_avx2<q_t, cache_t, kD / 8, 4>(it, q_rows, q.stride(0), kp, vp, table,
+                                                     lay, G, cached, scale, window, softcap,
+                                                     sinks, out_rows, out.stride(0), scratch);
+          continue;
+        }
       }
 #endif
       prefill_item<q_t, cache_t, kD>(it, q_rows, q.stride(0), kp, vp, table, lay, G, D, cached,
