@@ -99,10 +99,11 @@ SCORE_BIASED = ("glm4_moe", "ernie4_5_moe", "minimax_m2", "dots1", "deepseek_v3"
 UNIT_NORMS = ("exaone4", "olmo2", "olmo3", "glm4", "hunyuan_dense", "glm4_moe", "minimax_m2",
               "dots1", "hunyuan_moe", "olmoe", "deepseek_v2", "deepseek_v3",
               "glm4_moe_lite")  # fmt: skip
-# the tiny DeepSeeks' latent attention (heads of 32 + 8 rotated dimensions, a latent of 32: whole
-# quantization blocks) and YaRN past an original context of 16 positions, with `mscale_all_dim`
-# scaling the scores (as many KV heads as query heads, as transformers' expanded attention needs)
-DEEPSEEK_LATENT = {"kv_lora_rank": 32, "qk_nope_head_dim": 32, "qk_rope_head_dim": 8,
+# the tiny DeepSeeks' latent attention (heads of 32 + 32 rotated dimensions, a latent of 32:
+# whole quantization blocks, and a cached row of 64, whose values the CPU kernels read out of
+# its keys) and YaRN past an original context of 16 positions, with `mscale_all_dim` scaling
+# the scores (as many KV heads as query heads, as transformers' expanded attention needs)
+DEEPSEEK_LATENT = {"kv_lora_rank": 32, "qk_nope_head_dim": 32, "qk_rope_head_dim": 32,
                    "v_head_dim": 16, "num_key_value_heads": 4}  # fmt: skip
 DEEPSEEK_YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 32.0,
                  "original_max_position_embeddings": 16, "beta_fast": 32.0, "beta_slow": 1.0,

@@ -32,6 +32,11 @@ class AttentionBackend(Protocol):
         `scaled`: an 8-bit cache, room for a float32 scale per (position, head) included."""
         ...
 
+    def values_from_keys(self, head_dim: int, dtype: torch.dtype) -> bool:
+        """Whether its kernels read a layer's values out of its key cache (given as the value
+        cache too, a view of the same memory) for layers whose values are their keys."""
+        ...
+
     def build_metadata(
         self,
         query_start_loc: list[int],

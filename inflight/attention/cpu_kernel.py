@@ -54,6 +54,11 @@ class CpuKernelBackend(PagedKernelBackend):
         keys = (num_blocks, num_kv_heads, (head_dim + extra) // 2, block_size, 2)
         return keys, (num_blocks, num_kv_heads, block_size, head_dim + extra)
 
+    def values_from_keys(self, head_dim: int, dtype: torch.dtype) -> bool:
+        """The AVX2 items read values out of the keys' pairs of dims (`csrc/kv_layout.h`), in
+        the shapes the extension names."""
+        return self._ext.values_from_keys(self.block_size, head_dim, dtype)
+
     def write_cache(self, k_cache, v_cache, key, value, slot_mapping) -> None:
         self._ext.write_kv_cache(k_cache, v_cache, key, value, slot_mapping)
 

@@ -71,6 +71,10 @@ class PagedKernelBackend:
         """Token-major, unless a subclass lays blocks out for its kernels."""
         return token_major_shapes(num_blocks, self.block_size, num_kv_heads, head_dim, scaled)
 
+    def values_from_keys(self, head_dim: int, dtype: torch.dtype) -> bool:
+        """Token-major: the values' layout is the keys', so the same tensor serves as both."""
+        return True
+
     def write_cache(self, k_cache, v_cache, key, value, slot_mapping) -> None:
         write_token_major(k_cache, v_cache, key, value, slot_mapping)
 

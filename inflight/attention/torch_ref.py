@@ -155,6 +155,10 @@ class TorchReferenceBackend:
         """Token-major: blocks gathered whole, as rows of a 2-D view."""
         return token_major_shapes(num_blocks, self.block_size, num_kv_heads, head_dim, scaled)
 
+    def values_from_keys(self, head_dim: int, dtype: torch.dtype) -> bool:
+        """Token-major: the values' layout is the keys', so the same tensor serves as both."""
+        return True
+
     def build_metadata(
         self,
         query_start_loc: list[int],

@@ -50,6 +50,7 @@ from inflight.runner.kv_cache import (
     kv_bytes_per_page_token,
     kv_bytes_per_token,
     resolve_kv_cache_dtype,
+    values_in_keys,
 )
 from inflight.runner.model_runner import ModelRunner
 
@@ -256,11 +257,14 @@ class EngineCore:
         page of `layout.layers_per_page` layers."""
         sched_cfg = config.scheduler
         # (a split model's rank holds its share of the heads: `model.cfg`)
-        bytes_per_token = kv_bytes_per_page_token(target.model.cfg, kv_dtype, layout)
+        rank_arch = target.model.cfg
+        keys_alone = values_in_keys(rank_arch, target.model.layers[0].attn, kv_dtype)
+        bytes_per_token = kv_bytes_per_page_token(rank_arch, kv_dtype, layout, keys_alone)
         target_bytes_per_token = bytes_per_token
         max_positions = target.arch.max_position_embeddings
         if draft is not None:
-            bytes_per_token += kv_bytes_per_token(draft.arch, kv_dtype)
+            draft_alone = values_in_keys(draft.arch, draft.model.layers[0].attn, kv_dtype)
+            bytes_per_token += kv_bytes_per_token(draft.arch, kv_dtype, draft_alone)
             max_positions = min(max_positions, draft.arch.max_position_embeddings)
         swapping = sched_cfg.preemption_mode == "swap"
         return plan_kv_pool(

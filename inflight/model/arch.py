@@ -314,6 +314,12 @@ class LlamaArchConfig:
                              f"{self.head_dim}")  # fmt: skip
 
     @property
+    def values_are_keys(self) -> bool:
+        """Whether each layer attends with its keys as its values (latent attention's cached
+        row is both), so that its cache may hold them once (`runner/kv_cache.py`)."""
+        return self.kv_lora_rank > 0
+
+    @property
     def routes_in_float32(self) -> bool:
         """Whether the router's weights stay float32 and it chooses in float32 (a score-biased
         router's, or DeepSeek-V2's `float32_router`)."""

@@ -11,8 +11,9 @@ space once (q W_UK), so that the scores are taken against the latent itself, and
 output, a mix of latents, is expanded by W_UV after. The cache then holds one KV head of
 `kv_lora_rank + qk_rope_head_dim` per token (576 for every published model, against 40,960 for
 DeepSeek-V3's 128 expanded heads), and the paged attention kernels run it as multi-query
-attention whose values are the keys themselves: the rotated dimensions come first in every
-query and key, and the output's latent part is what is kept.
+attention whose values are the keys themselves (held once, where the kernels read values out
+of the keys: `runner/kv_cache.py`): the rotated dimensions come first in every query and key,
+and the output's latent part is what is kept.
 
 The checkpoints rotate interleaved pairs: the rotated rows of the query and latent projections
 are reordered to halves at load (`rotary_pairs`), which leaves every score as it was.

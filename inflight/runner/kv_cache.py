@@ -5,9 +5,15 @@ pool's: the start-up warm-up and CUDA graphs' padding rows write there (engines 
 it), and windowed groups' null blocks name it.
 
 With several KV groups (`core/kv_groups.py`) a block is a page of `layers_per_page` layers:
-there are that many tensors, and each layer uses its slot's, over its group's pages."""
+there are that many tensors, and each layer uses its slot's, over its group's pages.
+
+Where a layer's values are its keys (latent attention) and the backend's kernels read them
+there (`values_in_keys`), a slot holds the keys alone: its value tensor is a view of the same
+memory, which halves the pool's bytes per token."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 
@@ -17,6 +23,8 @@ from inflight.core.kv_groups import KVLayout
 from inflight.errors import ConfigError
 from inflight.huge_pages import zeros_on_huge_pages
 from inflight.model.arch import LlamaArchConfig
+
+KVPair = tuple[torch.Tensor, torch.Tensor]  # a layer's (keys, values)
 
 # `kv_cache_dtype` names: bf16 halves a float32 engine's cache, the 8-bit ones (a float32 scale
 # per position and head beside each row of keys or values) quarter it
@@ -36,19 +44,26 @@ def resolve_kv_cache_dtype(asked: str, model_dtype: torch.dtype) -> torch.dtype:
     return dtype
 
 
-def kv_bytes_per_token(arch: LlamaArchConfig, dtype: torch.dtype) -> int:
-    """Key and value bytes of one token in every layer, scales included."""
+def values_in_keys(arch: LlamaArchConfig, attn: AttentionBackend, dtype: torch.dtype) -> bool:
+    """Whether each layer's cache holds its keys alone, its values read out of them."""
+    return arch.values_are_keys and attn.values_from_keys(arch.head_dim, dtype)
+
+
+def kv_bytes_per_token(arch: LlamaArchConfig, dtype: torch.dtype, keys_alone: bool = False) -> int:
+    """Key and value bytes of one token in every layer, scales included (`keys_alone`: the
+    keys' alone, where the values are read out of them)."""
     row = arch.head_dim * torch.empty((), dtype=dtype).element_size()
     row += SCALE_BYTES if is_scaled(dtype) else 0
-    return 2 * arch.num_layers * arch.num_kv_heads * row
+    return (1 if keys_alone else 2) * arch.num_layers * arch.num_kv_heads * row
 
 
 def kv_bytes_per_page_token(
-    arch: LlamaArchConfig, dtype: torch.dtype, layout: KVLayout | None = None
-) -> int:
+    arch: LlamaArchConfig, dtype: torch.dtype, layout: KVLayout | None = None,
+    keys_alone: bool = False,
+) -> int:  # fmt: skip
     """Key and value bytes of one token in one page's layers: every layer's without groups."""
     layers = layout.layers_per_page if layout is not None else arch.num_layers
-    return kv_bytes_per_token(arch, dtype) // arch.num_layers * layers
+    return kv_bytes_per_token(arch, dtype, keys_alone) // arch.num_layers * layers
 
 
 class KVCache:
@@ -81,22 +96,30 @@ class KVCache:
                 return zeros_on_huge_pages(shape, dtype)
             return torch.zeros(shape, dtype=dtype, device=device)
 
+        self.values_in_keys = values_in_keys(arch, attn, dtype)
+
+        def pair(keys: torch.Tensor, values: Callable[[], torch.Tensor]) -> KVPair:
+            return (keys, keys.view(keys.shape[:1] + v_shape[1:]) if self.values_in_keys
+                    else values())  # fmt: skip
+
         num_slots = layout.layers_per_page if layout is not None else arch.num_layers
-        self.slots: list[tuple[torch.Tensor, torch.Tensor]] = [
-            (zeros(k_shape), zeros(v_shape)) for _ in range(num_slots)
+        self.slots: list[KVPair] = [
+            pair(zeros(k_shape), lambda: zeros(v_shape)) for _ in range(num_slots)
         ]
         slot_of = layout.layer_slot if layout is not None else range(arch.num_layers)
         self.layers = [self.slots[slot] for slot in slot_of]  # what each layer reads and writes
-        self.num_bytes = kv_bytes_per_page_token(arch, dtype, layout) * block_size * num_blocks
+        self.num_bytes = (kv_bytes_per_page_token(arch, dtype, layout, self.values_in_keys)
+                          * block_size * num_blocks)  # fmt: skip
         # Swap space in host memory (pinned when the device is a GPU, for fast copies). Left
         # unwritten: a block is read back only after it was swapped out, so its pages cost
         # neither time at start (zeroing 1 GiB: ~1 s a rank) nor memory until swapping uses them.
         pin = device.type == "cuda"
-        self.cpu_slots: list[tuple[torch.Tensor, torch.Tensor]] = [
-            (
-                torch.empty((num_cpu_blocks, *k_shape[1:]), dtype=dtype, pin_memory=pin),
-                torch.empty((num_cpu_blocks, *v_shape[1:]), dtype=dtype, pin_memory=pin),
-            )
+
+        def host(shape: tuple[int, ...]) -> torch.Tensor:
+            return torch.empty((num_cpu_blocks, *shape[1:]), dtype=dtype, pin_memory=pin)
+
+        self.cpu_slots: list[KVPair] = [
+            pair(host(k_shape), lambda: host(v_shape))
             for _ in range(num_slots if num_cpu_blocks else 0)
         ]
 
@@ -105,10 +128,11 @@ class KVCache:
         for copies, to_cpu in ((swap_out, True), (swap_in, False)):
             if not copies:
                 continue
+            tensors = 1 if self.values_in_keys else 2  # (values in keys move with them)
             src = torch.tensor([a for a, _ in copies])
             dst = torch.tensor([b for _, b in copies])
             for device_kv, cpu_kv in zip(self.slots, self.cpu_slots, strict=True):
-                for dev, host in zip(device_kv, cpu_kv, strict=True):
+                for dev, host in zip(device_kv[:tensors], cpu_kv[:tensors], strict=True):
                     if to_cpu:
                         host[dst] = dev[src.to(dev.device)].to("cpu")
                     else:

@@ -106,9 +106,11 @@ class ModelProfile:
 
     @property
     def kv_bytes_per_token(self) -> int:
-        """One token's K and V in every layer, on one rank (its own KV heads)."""
+        """One token's K and V in every layer, on one rank (its own KV heads); the keys alone
+        where they are the values (latent attention)."""
         a = self.arch
-        return 2 * a.num_layers * self.kv_heads_per_rank * a.head_dim * KV_BYTES[self.kv_dtype]
+        rows = 1 if a.values_are_keys else 2
+        return rows * a.num_layers * self.kv_heads_per_rank * a.head_dim * KV_BYTES[self.kv_dtype]
 
     @property
     def activation_bytes_per_value(self) -> int:

@@ -174,16 +174,38 @@ def test_the_official_fp8_checkpoint_is_refused_by_name():
 
 
 @pytest.mark.parametrize("family", ["deepseek_v2", "deepseek_v3"])
-def test_the_cache_holds_one_latent_row_a_token(tiny_model_factory, family):
-    """One KV head of the latent (32) and its rotated part (8) a layer, not 4 heads of 40-wide
-    keys and 16-wide values: 2 layers x 40 x 2 (the values are the keys) x 4 bytes a token."""
-    llm = LLM(str(tiny_model_factory(family)), dtype="float32")
-    arch = llm.core.arch
-    assert (arch.num_kv_heads, arch.head_dim) == (1, 40)
-    assert kv_bytes_per_token(arch, torch.float32) == 2 * 2 * 40 * 4
-    k_cache, v_cache = llm.core.runner.kv_cache.layers[0]
-    block = llm.core.runner.kv_cache.block_size
-    assert k_cache.numel() // k_cache.shape[0] == v_cache.numel() // v_cache.shape[0] == block * 40
+@pytest.mark.parametrize("backend", ["cpu", "torch"])
+def test_the_cache_holds_one_latent_row_a_token_once(tiny_model_factory, family, backend):
+    """One KV head of the latent (32) and its rotated part (32) a layer, not 4 heads of 64-wide
+    keys and 16-wide values; and held once, the values read out of the keys: 2 layers x 64 x 4
+    bytes a token, so a budget holds twice the tokens of a cache with values of their own."""
+    budget = 1 << 20
+    llm = LLM(str(tiny_model_factory(family)), dtype="float32", attention_backend=backend,
+              kv_cache_memory_bytes=budget)  # fmt: skip
+    arch, kv = llm.core.arch, llm.core.runner.kv_cache
+    assert (arch.num_kv_heads, arch.head_dim) == (1, 64)
+    assert kv.values_in_keys
+    assert kv_bytes_per_token(arch, torch.float32, keys_alone=True) == 2 * 64 * 4
+    assert kv.num_bytes == kv.num_blocks * kv.block_size * 2 * 64 * 4 == budget
+    for k_cache, v_cache in kv.layers:  # the values a view of the keys' memory
+        assert v_cache.data_ptr() == k_cache.data_ptr()
+        assert v_cache.numel() == k_cache.numel() == (kv.num_blocks + 1) * kv.block_size * 64
+
+
+@pytest.mark.parametrize("mode", ["swap", "recompute"])
+def test_requests_preempted_from_a_cache_of_keys_alone_keep_their_tokens(tiny_model_factory, mode):
+    """Swapped out and back in (its CPU copies the keys alone too), or recomputed: a request
+    preempted from the shared cache gives the tokens it gives with room to spare."""
+    roomy = LLM(path := str(tiny_model_factory("deepseek_v3")), dtype="float32")
+    prompts = random_prompts(roomy.vocab_size, [20, 9, 31, 14, 25, 17], seed=5)
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    want = [o.outputs[0].token_ids for o in roomy.generate(prompts, params, use_tqdm=False)]
+    tight = LLM(path, dtype="float32", num_kv_blocks=12, preemption_mode=mode)
+    got = [o.outputs[0].token_ids for o in tight.generate(prompts, params, use_tqdm=False)]
+    assert tight.core.runner.kv_cache.values_in_keys
+    assert tight.core.scheduler.num_preemptions > 0
+    assert (tight.core.scheduler.num_swaps > 0) == (mode == "swap")
+    assert got == want
 
 
 @pytest.mark.parametrize(

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from inflight.attention import TorchReferenceBackend, make_backend
+from inflight.attention.backend import is_scaled
 from inflight.attention.cpu_kernel import CpuKernelBackend, to_kernel_layout
 from inflight.attention.triton_backend import TritonBackend
 from inflight.attention.triton_decode import MIN_PARTITION
@@ -449,3 +450,53 @@ def test_triton_backend_refuses_a_cpu_process_without_its_interpreter():
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert "refused:" in out.stdout and "TRITON_INTERPRET=1" in out.stdout
+
+
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16, torch.int8,
+                                         torch.float8_e4m3fn])  # fmt: skip
+@pytest.mark.parametrize("d", [64, 576])
+def test_cpu_kernels_read_values_out_of_keys(cache_dtype, d):
+    """A layer whose values are its keys (DeepSeek's latent rows) keeps one cache: its value
+    cache a view of the keys' memory, written as keys alone. Prompt chunks and decodes of two
+    steps give the same bits as two caches holding the same rows where the vector items read
+    both (576 wide), and the reference's values at every width (64: where the AVX-512 items
+    would read separate values); nothing is written past the keys."""
+    if not CpuKernelBackend(16)._ext.values_from_keys(16, d, cache_dtype):
+        pytest.skip("this CPU's kernels read values where they lie")
+    gen = torch.Generator().manual_seed(3)
+    backend, reference, h = CpuKernelBackend(16), TorchReferenceBackend(16), 16
+    # (cached, new) tokens of 4 requests: prompts, then a decode or a chunk each
+    steps = [[(0, 40), (0, 17), (0, 1), (0, 70)], [(40, 1), (17, 9), (1, 1), (70, 33)]]
+    blocks = [-(-(a[1] + b[1]) // 16) for a, b in zip(*steps, strict=True)]
+    num_blocks, scaled = 1 + sum(blocks), is_scaled(cache_dtype)
+    k_shape, v_shape = backend.cache_shapes(num_blocks, 1, d, scaled)
+    shared = torch.zeros(k_shape, dtype=cache_dtype)
+    caches = {"shared": (shared, shared.view(v_shape)),
+              "separate": (torch.zeros(k_shape, dtype=cache_dtype),
+                           torch.zeros(v_shape, dtype=cache_dtype)),
+              "reference": tuple(torch.zeros(shape, dtype=cache_dtype) for shape in
+                                 reference.cache_shapes(num_blocks, 1, d, scaled))}  # fmt: skip
+    tables = torch.nn.utils.rnn.pad_sequence(
+        list(torch.arange(1, num_blocks).split(blocks)), batch_first=True
+    )
+    for step in steps:
+        loc = [0]
+        for _, new in step:
+            loc.append(loc[-1] + new)
+        slots = torch.tensor([int(tables[r, p // 16]) * 16 + p % 16
+                              for r, (cached, new) in enumerate(step)
+                              for p in range(cached, cached + new)])  # fmt: skip
+        q = torch.randn(loc[-1], h, d, generator=gen)
+        key = torch.randn(loc[-1], 1, d, generator=gen)
+        outs = {}
+        for name, (k_cache, v_cache) in caches.items():
+            kernel = reference if name == "reference" else backend
+            meta = kernel.build_metadata(loc, [c for c, _ in step], tables, slots,
+                                         torch.device("cpu"))  # fmt: skip
+            outs[name] = kernel.forward(q, key, key, k_cache, v_cache, meta, None, d**-0.5)
+        if d == 576:
+            assert torch.equal(outs["shared"], outs["separate"])
+        tol = 1e-5 if cache_dtype == torch.float32 else 2e-2
+        torch.testing.assert_close(outs["shared"], outs["reference"], atol=tol, rtol=tol)
+    keys = [caches[name][0].view(torch.uint8) for name in ("shared", "separate")]
+    assert torch.equal(*keys)  # the same bytes (an 8-bit cache's scales among them)

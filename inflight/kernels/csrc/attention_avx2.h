@@ -44,6 +44,35 @@ inline void key_tile(const scalar_t* key_rows, int64_t BS, int64_t D, float* kt,
   }
 }
 
+// Values of 16 consecutive positions of a block whose values are its keys (`kv_layout.h`), from
+// `key_rows` as `key_tile` reads them into `vt` [16][D] fp32 (D a multiple of 8): pair row i
+// holds dims 2i and 2i+1 of each position, so a position's value row is its column of pairs,
+// moved four pair rows by four positions at a time as a 4 x 4 transpose of 64-bit pairs; the
+// same bytes of another run, `ahead`, prefetched row by row where given.
+template <typename scalar_t>
+inline void value_tile(const scalar_t* key_rows, int64_t BS, int64_t D, float* vt,
+                       const char* ahead = nullptr) {
+  for (int64_t i = 0; i < D / 2; i += 4) {
+    if (ahead != nullptr)
+      for (int64_t j = i; j < i + 4; ++j)
+        for (int64_t line = 0; line < 32 * int64_t(sizeof(scalar_t)); line += 64)
+          fetch_run_line(ahead + j * BS * 2 * int64_t(sizeof(scalar_t)) + line);
+    for (int64_t t = 0; t < kTile; t += 4) {
+      __m256d r[4];  // pair rows i..i+3 at positions t..t+3
+      for (int j = 0; j < 4; ++j)
+        r[j] = _mm256_castps_pd(load8(key_rows + (i + j) * BS * 2 + t * 2));
+      const __m256d lo01 = _mm256_unpacklo_pd(r[0], r[1]), hi01 = _mm256_unpackhi_pd(r[0], r[1]);
+      const __m256d lo23 = _mm256_unpacklo_pd(r[2], r[3]), hi23 = _mm256_unpackhi_pd(r[2], r[3]);
+      const __m256d rows[4] = {_mm256_permute2f128_pd(lo01, lo23, 0x20),
+                               _mm256_permute2f128_pd(hi01, hi23, 0x20),
+                               _mm256_permute2f128_pd(lo01, lo23, 0x31),
+                               _mm256_permute2f128_pd(hi01, hi23, 0x31)};
+      for (int j = 0; j < 4; ++j)
+        _mm256_storeu_ps(vt + (t + j) * D + 2 * i, _mm256_castpd_ps(rows[j]));
+    }
+  }
+}
+
 // Scores of RB query rows (`q` [RB][D], scaled) against a key tile (`kt` [D][16]); D = 0: the
 // head's `dims`, known at run time (wide heads: DeepSeek's 576). Not inlined: inlined into its
 // callers, GCC kept the accumulators on the stack, a store per multiply-add.

@@ -17,6 +17,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_prefill_attention", &paged_prefill_attention, no_gil(),
         "causal attention of prompt chunks over a paged KV cache, into out");
   m.def("write_kv_cache", &write_kv_cache, no_gil(), "keys and values written at their cache slots");
+  m.def("values_from_keys", &values_from_keys, no_gil(),
+        "whether the kernels read values out of their keys in this block size, head_dim and dtype");
   m.def("rms_norm", &rms_norm, no_gil(), "RMSNorm of each row, HF rounding");
   m.def("add_rms_norm", &add_rms_norm, no_gil(), "residual += x (in place), then RMSNorm of the residual");
   m.def("silu_and_mul", &silu_and_mul, no_gil(), "silu(gate) * up for rows [gate | up]");

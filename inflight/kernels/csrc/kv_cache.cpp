@@ -23,8 +23,9 @@ void write_rows(char* k_cache, char* v_cache, const KVLayout& lay, const char* k
       for (int64_t i = 0; i < D / 2; ++i) {
         std::memcpy(krun + i * BS + offset, k + i * sizeof(Pair), sizeof(Pair));
       }
-      std::memcpy(v_cache + (lay.run(block, h) + lay.value_in_run(offset)) * element,
-                  value + t * value_stride + h * D * element, D * element);
+      if (!lay.values_in_keys)
+        std::memcpy(v_cache + (lay.run(block, h) + lay.value_in_run(offset)) * element,
+                    value + t * value_stride + h * D * element, D * element);
     }
   }
 }
@@ -45,12 +46,12 @@ void convert_rows(cache_t* k_cache, cache_t* v_cache, const KVLayout& lay, const
       for (int64_t d = 0; d < D; d += 2) {  // a pair of dims: the unit of the keys' rows
         std::memcpy(krun + lay.key_in_run(offset, d), row.data() + d, 2 * sizeof(cache_t));
       }
+      if constexpr (kScaledCache<cache_t>)
+        std::memcpy(lay.key_scales(krun) + offset, &k_scale, sizeof k_scale);
+      if (lay.values_in_keys) continue;
       cache_t* vrow = v_cache + lay.run(block, h) + lay.value_in_run(offset);
       const float v_scale = quantize_row(value + t * value_stride + h * D, D, vrow);
-      if constexpr (kScaledCache<cache_t>) {
-        std::memcpy(lay.key_scales(krun) + offset, &k_scale, sizeof k_scale);
-        std::memcpy(vrow + D, &v_scale, 4);
-      }
+      if constexpr (kScaledCache<cache_t>) std::memcpy(vrow + D, &v_scale, 4);
     }
   }
 }
@@ -78,7 +79,22 @@ KVLayout kv_layout(const at::Tensor& k_cache, const at::Tensor& v_cache) {
                   k_cache.size(2) * 2 == D + (scaled ? 4 : 0) && k_cache.size(3) == BS,
               "key and value caches disagree: keys ", k_cache.sizes(), ", values ",
               v_cache.sizes());
-  return {BS, KVH, D, scaled};
+  return {BS, KVH, D, scaled, v_cache.data_ptr() == k_cache.data_ptr()};
+}
+
+bool values_from_keys(int64_t block_size, int64_t head_dim, at::ScalarType dtype) {
+#if defined(__AVX2__) && defined(__FMA__)
+  return block_size % 16 == 0 && head_dim % 32 == 0 && dtype != at::kHalf;
+#else
+  return false;
+#endif
+}
+
+void check_values_in_keys(const KVLayout& layout, at::ScalarType dtype) {
+  INFLIGHT_CHECK(!layout.values_in_keys ||
+                     values_from_keys(layout.block_size, layout.head_dim, dtype),
+                 "values read from keys need blocks of multiples of 16 positions, heads of "
+                 "multiples of 32 dims and a cache of other than float16, on a CPU with AVX2");
 }
 
 bool is_scaled_cache(at::ScalarType dtype) {
@@ -88,6 +104,9 @@ bool is_scaled_cache(at::ScalarType dtype) {
 void write_kv(const at::Tensor& k_cache, const at::Tensor& v_cache, const KVLayout& layout,
               const at::Tensor& key, const at::Tensor& value, const int64_t* slots) {
   const int64_t T = key.size(0);
+  INFLIGHT_CHECK(!layout.values_in_keys ||
+                     (value.data_ptr() == key.data_ptr() && value.strides() == key.strides()),
+                 "a cache that keeps its keys alone takes values that are its keys");
   if (key.scalar_type() != k_cache.scalar_type()) {
     const int64_t ks = key.stride(0), vs = value.stride(0);
     INFLIGHT_CHECK(key.scalar_type() == value.scalar_type(), "key and value must share a dtype");

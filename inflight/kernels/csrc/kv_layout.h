@@ -19,6 +19,12 @@
 //   values  [NB, KVH, BS, D + 4]        each position's D values, then its scale
 //
 // A stored element times its scale is the value written (`kv_quant.h`).
+//
+// A layer whose values are its keys (DeepSeek's latent attention) may keep the keys alone: its
+// value cache is then a view of the key cache's memory (`values_in_keys`), nothing is written
+// as values, and the kernels read each value from its key's pairs of dims (`value_tile` in
+// attention_avx2.h; the AVX2 items alone, so blocks of multiples of 16 positions and heads of
+// multiples of 32 dims). A value's scale is its key's.
 #pragma once
 #include <ATen/core/Tensor.h>
 
@@ -29,6 +35,7 @@
 struct KVLayout {
   int64_t block_size, kv_heads, head_dim;
   bool scaled = false;  // an 8-bit cache: scales follow the keys and each value row
+  bool values_in_keys = false;  // the value cache is a view of the keys' memory (above)
 
   int64_t value_row() const { return head_dim + (scaled ? 4 : 0); }
   // First element of (block, head)'s run, in either cache (one element is one byte when scaled).
@@ -60,6 +67,7 @@ struct KVLayout {
   template <typename T>
   float value_scale(const T* run_start, int64_t offset) const {
     if (!scaled) return 1.f;
+    if (values_in_keys) return key_scale(run_start, offset);
     float s;
     std::memcpy(&s, run_start + value_in_run(offset) + head_dim, sizeof s);
     return s;
@@ -69,15 +77,20 @@ struct KVLayout {
 // int8 and float8 caches: scaled, as above.
 bool is_scaled_cache(at::ScalarType dtype);
 
-// The layout of a layer's two caches, after checking their shapes, dtype and contiguity.
+// The layout of a layer's two caches, after checking their shapes, dtype and contiguity (values
+// in keys where the value cache starts at the key cache's first byte).
 KVLayout kv_layout(const at::Tensor& k_cache, const at::Tensor& v_cache);
 
 // The attention kernels' `sinks` argument checked: null, or the data of float32 [H] (one logit
 // per query head, gpt-oss's), contiguous.
 const float* sink_logits(const c10::optional<at::Tensor>& sinks, int64_t heads);
 
+// The attention kernels' check of a layout whose values are in its keys: the shapes and dtypes
+// `values_from_keys` (ops.h) names, those of the AVX2 items.
+void check_values_in_keys(const KVLayout& layout, at::ScalarType dtype);
+
 // Writes key/value [T, KVH, D] (rows may be strided) at slots[t] = block * BS + offset,
-// converted to the cache's type where it differs. The caller has checked the slots against the
-// cache size.
+// converted to the cache's type where it differs; the keys alone where values are keys (then
+// `value` must be `key` itself). The caller has checked the slots against the cache size.
 void write_kv(const at::Tensor& k_cache, const at::Tensor& v_cache, const KVLayout& layout,
               const at::Tensor& key, const at::Tensor& value, const int64_t* slots);

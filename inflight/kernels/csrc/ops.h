@@ -25,6 +25,10 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
 // kv_cache.cpp: key/value [T, KVH, D] written at their slots in the kernels' layout (kv_layout.h)
 void write_kv_cache(at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& key,
                     const at::Tensor& value, const at::Tensor& slot_mapping);
+// Whether the attention kernels read values out of their keys (`kv_layout.h`) in this block
+// size, head_dim and cache dtype: blocks of multiples of 16 positions, heads of multiples of 32
+// dims, no float16, on a CPU with AVX2 (the AVX2 items' shapes).
+bool values_from_keys(int64_t block_size, int64_t head_dim, at::ScalarType dtype);
 
 // prefill_attention.cpp
 at::Tensor paged_prefill_attention(const at::Tensor& q, const at::Tensor& k_cache,

@@ -565,11 +565,28 @@ void decode_item_avx2(const q_t* q, const cache_t* k_cache, const cache_t* v_cac
     }
   }
   softmax_rows(scores, G, row, it.first - base, it.len - base, softcap, sinks, it.stats);
+  // n value rows, `value_row` elements apart, weighed into every head's accumulator: each
+  // value widened once per group of heads
+  auto weigh = [&](const auto* values, int64_t value_row, int64_t n, const float* probs,
+                   const char* pf) {
+    for (int64_t g = 0; g < G; g += kValueHeads) {
+      const float* pg = probs + g * row;
+      float* ag = acc.data() + g * dims;
+      const char* ahead_g = g == 0 ? pf : nullptr;
+      switch (std::min(kValueHeads, G - g)) {
+        case 1: add_head_values<D, 1>(pg, row, values, value_row, n, ag, ahead_g, dims); break;
+        case 2: add_head_values<D, 2>(pg, row, values, value_row, n, ag, ahead_g, dims); break;
+        case 3: add_head_values<D, 3>(pg, row, values, value_row, n, ag, ahead_g, dims); break;
+        case 4: add_head_values<D, 4>(pg, row, values, value_row, n, ag, ahead_g, dims); break;
+        case 5: add_head_values<D, 5>(pg, row, values, value_row, n, ag, ahead_g, dims); break;
+        default: add_head_values<D, 6>(pg, row, values, value_row, n, ag, ahead_g, dims); break;
+      }
+    }
+  };
   for (int64_t b = b0; b < b1; ++b) {  // acc[g, :] += p[g, pos] * v[pos, :]
     const int64_t t0 = std::max(it.first, b * BS) - b * BS;
     const int64_t t1 = std::min(it.len, (b + 1) * BS) - b * BS;
     const cache_t* run = v_cache + lay.run(it.table[b], it.head);
-    const cache_t* v = run + lay.value_in_run(t0);
     float* p = scores + b * BS + t0 - base;  // head g's at p + g * row
     if constexpr (kScaledCache<cache_t>) {  // the probabilities are not needed unscaled again
       for (int64_t t = t0; t < t1; ++t) {
@@ -577,20 +594,18 @@ void decode_item_avx2(const q_t* q, const cache_t* k_cache, const cache_t* v_cac
         for (int64_t g = 0; g < G; ++g) p[g * row + t - t0] *= v_scale;
       }
     }
-    const int64_t value_row = lay.value_row();
-    const char* pf = ahead(b1 - b0 + b - b0) + lay.value_in_run(t0) * sizeof(cache_t);
-    for (int64_t g = 0; g < G; g += kValueHeads) {  // each value widened once per group
-      const float* pg = p + g * row;
-      float* ag = acc.data() + g * dims;
-      const char* ahead_g = g == 0 ? pf : nullptr;
-      switch (std::min(kValueHeads, G - g)) {
-        case 1: add_head_values<D, 1>(pg, row, v, value_row, t1 - t0, ag, ahead_g, dims); break;
-        case 2: add_head_values<D, 2>(pg, row, v, value_row, t1 - t0, ag, ahead_g, dims); break;
-        case 3: add_head_values<D, 3>(pg, row, v, value_row, t1 - t0, ag, ahead_g, dims); break;
-        case 4: add_head_values<D, 4>(pg, row, v, value_row, t1 - t0, ag, ahead_g, dims); break;
-        case 5: add_head_values<D, 5>(pg, row, v, value_row, t1 - t0, ag, ahead_g, dims); break;
-        default: add_head_values<D, 6>(pg, row, v, value_row, t1 - t0, ag, ahead_g, dims); break;
+    if (lay.values_in_keys) {  // each 16 positions' values out of their keys' pairs
+      const cache_t* key_run = k_cache + lay.run(it.table[b], it.head);
+      const char* pf = ahead(b1 - b0 + b - b0);  // (the keys of the block 3 on, read again)
+      for (int64_t c = t0 / kTile * kTile; c < t1; c += kTile) {
+        const int64_t lo = std::max(t0, c), hi = std::min(t1, c + kTile);
+        attention_avx2::value_tile(key_run + c * 2, BS, dims, tile.data(),
+                                   pf + c * 2 * sizeof(cache_t));
+        weigh(tile.data() + (lo - c) * dims, dims, hi - lo, p + lo - t0, nullptr);
       }
+    } else {
+      weigh(run + lay.value_in_run(t0), lay.value_row(), t1 - t0, p,
+            ahead(b1 - b0 + b - b0) + lay.value_in_run(t0) * sizeof(cache_t));
     }
   }
   for (int64_t i = 0; i < G * dims; ++i) out[i] = static_cast<out_t>(acc[i]);
@@ -641,10 +656,11 @@ void attend(const q_t* q, const cache_t* k_cache, const cache_t* v_cache, const 
             float* scores, out_t* out, std::vector<float>& qf, std::vector<float>& tile,
             std::vector<float>& acc) {
   const int64_t D = it.layout->head_dim, BS = it.layout->block_size;
+  const bool own_values = !it.layout->values_in_keys;  // (else the AVX2 item reads them)
 #ifdef __AVX512BF16__
   if constexpr (std::is_same_v<q_t, bf16> && std::is_same_v<cache_t, bf16>) {
     // (its scores never reach memory: the soft cap takes the AVX2 item)
-    if (ItemFn<out_t> fn = softcap <= 0.f ? pick_bf16<out_t>(D, G, BS) : nullptr) {
+    if (ItemFn<out_t> fn = softcap <= 0.f && own_values ? pick_bf16<out_t>(D, G, BS) : nullptr) {
       fn(q, k_cache, v_cache, it, next, scale, sinks, scores, out);
       return;
     }
@@ -652,7 +668,7 @@ void attend(const q_t* q, const cache_t* k_cache, const cache_t* v_cache, const 
 #endif
 #ifdef __AVX512F__
   if constexpr (kScaledCache<cache_t>) {
-    if (auto fn = pick_8bit<q_t, cache_t, out_t>(D, G, BS)) {
+    if (auto fn = own_values ? pick_8bit<q_t, cache_t, out_t>(D, G, BS) : nullptr) {
       fn(q, k_cache, v_cache, it, next, scale, softcap, sinks, scores, out);
       return;
     }
@@ -766,6 +782,7 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
               "block_tables and seq_lens must be int64");
   const int64_t R = q.size(0), H = q.size(1);
   INFLIGHT_CHECK(q.size(2) == lay.head_dim && H % lay.kv_heads == 0, "head sizes do not match");
+  check_values_in_keys(lay, k_cache.scalar_type());
   INFLIGHT_CHECK(block_tables.dim() == 2 && block_tables.size(0) == R && seq_lens.size(0) == R,
               "one row per request");
   auto tables = block_tables.contiguous();

@@ -96,7 +96,9 @@ void gather_tile(const Item& it, const cache_t* k_cache, const cache_t* v_cache,
       const float v_scale = lay.value_scale(v_cache + run, offset);
       for (int64_t d = 0; d < D; ++d) {
         s.kt[d * KT + t] = widen(k_cache[run + lay.key_in_run(offset, d)]) * k_scale;
-        s.v[t * D + d] = widen(v_cache[run + lay.value_in_run(offset) + d]) * v_scale;
+        s.v[t * D + d] = lay.values_in_keys
+                             ? s.kt[d * KT + t]
+                             : widen(v_cache[run + lay.value_in_run(offset) + d]) * v_scale;
       }
     } else {
       for (int64_t d = 0; d < D; ++d) s.kt[d * KT + t] = s.v[t * D + d] = 0.f;
@@ -455,7 +457,10 @@ void prefill_item_avx2(const Item& it, const q_t* q, int64_t q_stride, const cac
     if (BS % KT == 0 && k0_offset % KT == 0) {
       const int64_t run = lay.run(table[k0 / BS], it.kv_head);
       attention_avx2::key_tile(k_cache + run + k0_offset * 2, BS, D, s.kt.data());
-      values_in_place = v_cache + run + lay.value_in_run(k0_offset);
+      if (lay.values_in_keys)
+        attention_avx2::value_tile(k_cache + run + k0_offset * 2, BS, D, s.v.data());
+      else
+        values_in_place = v_cache + run + lay.value_in_run(k0_offset);
       if constexpr (kScaledCache<cache_t>) {
         alignas(32) float vs[KT];
         for (int64_t t = 0; t < KT; ++t) vs[t] = lay.value_scale(v_cache + run, k0_offset + t);
@@ -577,7 +582,8 @@ void prefill(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v
       q_t* out_rows = op + first_row * out.stride(0);
       const int64_t* table = tables + it.chunk * MB;
       const int64_t cached = chunks[it.chunk * 3 + 2];
-      const bool fast = softcap <= 0.f;  // (the AVX-512 item takes no soft cap)
+      // (the AVX-512 item takes no soft cap, and reads values where they are their own)
+      const bool fast = softcap <= 0.f && !lay.values_in_keys;
 #ifdef __AVX512F__
       if constexpr ((kD == 64 || kD == 128) && avx512_item<q_t, cache_t>()) {
         if (fast) {
@@ -624,6 +630,7 @@ at::Tensor paged_prefill_attention(const at::Tensor& q, const at::Tensor& k_cach
               "chunks [C, 3] and block_tables [C, MB] must be int64, one row per chunk");
   INFLIGHT_CHECK(lay.head_dim == q.size(2) && q.size(1) % lay.kv_heads == 0,
               "head sizes do not match");
+  check_values_in_keys(lay, k_cache.scalar_type());
   auto c = chunks.contiguous();
   auto tables = block_tables.contiguous();
   const int64_t C = c.size(0), T = q.size(0), MB = tables.size(1);
