@@ -6,8 +6,11 @@ GB/s of K/V read. The best of 7 rounds of 20 calls each, since a shared machine'
 between rounds. The decodes of `--layers` layers (30 by default: SmolLM2's) call every layer of
 a step in turn over caches of their own, so that they are read from memory as an engine's
 are, not from the CPU's caches. The last four lines take 8-bit caches under bf16 queries.
+`--shape deepseek` times long requests' calls instead, its values apart or (`--values-in-keys`)
+read out of its keys.
 
-    .venv/bin/python scripts/attention_kernels.py [--shape gemma3|deepseek]
+    .venv/bin/python scripts/attention_kernels.py [--shape gemma3]
+    .venv/bin/python scripts/attention_kernels.py --shape deepseek --layers 27 [--values-in-keys]
 """
 
 from __future__ import annotations
@@ -41,13 +44,18 @@ def best_seconds(call, rounds: int = 7, calls: int = 20) -> float:
 SCALED = (torch.int8, torch.float8_e4m3fn)  # 8-bit caches: a scale per position and head
 
 
+VALUES_IN_KEYS = False  # `--values-in-keys`: one cache, its values read out of its keys
+
+
 def caches(num_blocks: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """On huge pages where offered, as an engine's pool is, every slot written by the kernels'
     own write (8-bit rows with their scales)."""
-    shapes = backend.cache_shapes(num_blocks, KVH, D, scaled=dtype in SCALED)
-    k, v = (empty_on_huge_pages(tuple(shape), dtype) for shape in shapes)
+    k_shape, v_shape = backend.cache_shapes(num_blocks, KVH, D, scaled=dtype in SCALED)
+    k = empty_on_huge_pages(tuple(k_shape), dtype)
+    v = k.view(v_shape) if VALUES_IN_KEYS else empty_on_huge_pages(tuple(v_shape), dtype)
     slots = torch.arange(num_blocks * BS)
-    backend.write_cache(k, v, torch.randn(len(slots), KVH, D), torch.randn(len(slots), KVH, D),
+    key = torch.randn(len(slots), KVH, D)
+    backend.write_cache(k, v, key, key if VALUES_IN_KEYS else torch.randn(len(slots), KVH, D),
                         slots)  # fmt: skip
     return k, v
 
@@ -91,7 +99,8 @@ def decode(requests: int, context: int, dtype: torch.dtype = torch.float32, laye
     seconds = best_seconds(step, calls=20 if layers == 1 else 2)
     # a key and a value row per position and head (an 8-bit row carries its scale)
     row_bytes = backend.cache_shapes(1, 1, D, dtype in SCALED)[1][-1] * dtype.itemsize
-    gb = layers * requests * context * KVH * 2 * row_bytes / 1e9
+    rows = 1 if VALUES_IN_KEYS else 2  # (values read out of the keys: the same bytes)
+    gb = layers * requests * context * KVH * rows * row_bytes / 1e9
     return f"{seconds * 1e3:8.3f} ms  {gb / seconds:6.1f} GB/s"
 
 
@@ -100,8 +109,20 @@ if __name__ == "__main__":
     parser.add_argument("--shape", choices=SHAPES, default="smollm2")
     parser.add_argument("--layers", type=int, default=30,
                         help="caches of the from-memory decodes (one per layer)")  # fmt: skip
+    parser.add_argument("--values-in-keys", action="store_true",
+                        help="one cache a layer, its values read out of its keys (latent "
+                        "attention's, where the kernels take the shape)")  # fmt: skip
     args = parser.parse_args()
     H, KVH, D = SHAPES[args.shape]
+    VALUES_IN_KEYS = args.values_in_keys
+    n = args.layers
+    if args.shape == "deepseek":  # one long request, as latent attention's models serve
+        print(f"decode, one of 2,000, {n} layers       ", decode(1, 2000, layers=n))
+        print(f"decode, one of 2,000, bf16, {n} layers ", decode(1, 2000, torch.bfloat16, n))
+        print(f"decode, 4 x 2,000, {n} layers          ", decode(4, 2000, layers=n))
+        print(f"decode, 8 x 1,000, bf16, {n} layers    ", decode(8, 1000, torch.bfloat16, n))
+        print("prefill, one prompt of 512 tokens     ", prefill([512], [0]))
+        raise SystemExit
     print("decode, one request of 300 tokens   ", decode(1, 300))
     print("prefill, 8 prompts of 256 tokens    ", prefill([256] * 8, [0] * 8))
     print("prefill, 4 prompts of 512 tokens    ", prefill([512] * 4, [0] * 4))
@@ -109,7 +130,6 @@ if __name__ == "__main__":
     print("decode, 64 requests of 400 tokens   ", decode(64, 400))
     print("decode, 16 requests of 1,500 tokens ", decode(16, 1500))
     print("decode, 64 x 400, bfloat16 cache    ", decode(64, 400, torch.bfloat16))
-    n = args.layers
     print(f"decode, 8 x 4,000, bf16, {n} layers  ", decode(8, 4000, torch.bfloat16, layers=n))
     print(f"decode, 64 x 400, {n} layers         ", decode(64, 400, layers=n))
     for cache in SCALED:  # under bf16 queries, as a bf16 engine with that cache runs them
