@@ -419,6 +419,31 @@ def test_kernels_refuse_caches_and_slots_they_cannot_index():
         backend.cache_shapes(4, 2, 7)
 
 
+def test_a_cache_of_keys_alone_refuses_what_it_cannot_hold_or_read():
+    """Values that are not the keys themselves would be lost (a cache of keys alone stores
+    none): refused before anything is written. Shapes whose values the kernels cannot read out
+    of the keys (heads of other than multiples of 32 dims, blocks of other than multiples of 16
+    positions) are refused by the attention calls, and never asked for (`values_from_keys`)."""
+    backend = CpuKernelBackend(16)
+    k_shape, v_shape = backend.cache_shapes(4, 1, 64)
+    keys = torch.zeros(k_shape)
+    rows, others = torch.randn(2, 1, 64), torch.randn(2, 1, 64)
+    with pytest.raises(RuntimeError, match="values that are its keys"):
+        backend.write_cache(keys, keys.view(v_shape), rows, others, torch.tensor([0, 1]))
+    with pytest.raises(RuntimeError, match="values that are its keys"):  # equal, not the same
+        backend.write_cache(keys, keys.view(v_shape), rows, rows.clone(), torch.tensor([0, 1]))
+    assert not keys.any()
+    narrow = CpuKernelBackend(8)
+    assert not narrow.values_from_keys(64, torch.float32)
+    assert not backend.values_from_keys(40, torch.float32)
+    assert not backend.values_from_keys(64, torch.float16)
+    k_shape, v_shape = narrow.cache_shapes(4, 1, 64)
+    keys = torch.zeros(k_shape)
+    q, tables = torch.randn(1, 4, 64), torch.zeros(1, 2, dtype=torch.long)
+    with pytest.raises(RuntimeError, match="values read from keys need blocks"):
+        narrow.decode_kernel(q, keys, keys.view(v_shape), tables, torch.tensor([3]), 1.0, 0, 0.0)
+
+
 def test_make_backend_choices():
     cpu = torch.device("cpu")
     assert type(make_backend("torch", 16, cpu)) is TorchReferenceBackend
