@@ -390,8 +390,6 @@ class MiniMaxM2DecoderLayer(MoEDecoderLayer, Qwen3DecoderLayer):
     before the sublayers), RoPE over part of each head, and a sigmoid router with a score bias
     in every layer."""
 
-    qk_norms_span_heads = True
-
 
 class MiniMaxM2Model(MoEModel, Qwen3Model):
     layer_class = MiniMaxM2DecoderLayer
@@ -401,7 +399,6 @@ class OlmoeDecoderLayer(MoEDecoderLayer, Qwen3DecoderLayer):
     """OLMoE's layer: Llama's with q/k norms each as wide as all their heads, and experts in
     every layer."""
 
-    qk_norms_span_heads = True
     cast_router_weights = True
 
 

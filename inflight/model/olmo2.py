@@ -14,7 +14,8 @@ from inflight.model.llama import DecoderLayer
 
 
 class Olmo2DecoderLayer(Exaone4DecoderLayer):
-    qk_norms_span_heads = True
+    """EXAONE 4's layer (norms after the sublayers) with q/k norms as wide as all their heads
+    (`cfg.qk_norms_span_heads`)."""
 
 
 class Olmo2Model(Exaone4Model):

@@ -5,8 +5,6 @@ runs the same norms (`fused_layers.qk_norms`), tested bit for bit against this."
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 import torch
 
 from inflight.attention import AttentionBackend
@@ -16,15 +14,15 @@ from inflight.model.llama import DecoderLayer, LlamaModel, RMSNorm
 
 
 class Qwen3DecoderLayer(DecoderLayer):
-    # the q/k norms as wide as all their heads (OLMo 2's, MiniMax-M2's), not one head
-    qk_norms_span_heads: ClassVar[bool] = False
+    """Llama's layer with q/k RMSNorms: one head wide, or as wide as all their heads where the
+    family's are (`cfg.qk_norms_span_heads`: OLMo 2's, MiniMax-M2's)."""
 
     def __init__(
         self, cfg: LlamaArchConfig, attn: AttentionBackend, ops: TorchLayerOps, index: int
     ) -> None:
         super().__init__(cfg, attn, ops, index)
         q_size, kv_size, _ = self.split
-        wide = self.qk_norms_span_heads
+        wide = cfg.qk_norms_span_heads
         self.q_norm = RMSNorm(q_size if wide else cfg.head_dim, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(kv_size if wide else cfg.head_dim, cfg.rms_norm_eps)
 
