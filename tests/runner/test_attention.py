@@ -480,19 +480,21 @@ def test_triton_backend_refuses_a_cpu_process_without_its_interpreter():
 @pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16, torch.int8,
                                          torch.float8_e4m3fn])  # fmt: skip
 @pytest.mark.parametrize("d", [64, 576])
-def test_cpu_kernels_read_values_out_of_keys(cache_dtype, d):
+@pytest.mark.parametrize(("bs", "window"), [(16, None), (32, 37)])
+def test_cpu_kernels_read_values_out_of_keys(cache_dtype, d, bs, window):
     """A layer whose values are its keys (DeepSeek's latent rows) keeps one cache: its value
     cache a view of the keys' memory, written as keys alone. Prompt chunks and decodes of two
     steps give the same bits as two caches holding the same rows where the vector items read
     both (576 wide), and the reference's values at every width (64: where the AVX-512 items
-    would read separate values); nothing is written past the keys."""
-    if not CpuKernelBackend(16)._ext.values_from_keys(16, d, cache_dtype):
+    would read separate values); nothing is written past the keys. Blocks of 32 hold two tiles
+    of 16 positions; a window starts a decode's values inside a tile."""
+    if not CpuKernelBackend(bs)._ext.values_from_keys(bs, d, cache_dtype):
         pytest.skip("this CPU's kernels read values where they lie")
     gen = torch.Generator().manual_seed(3)
-    backend, reference, h = CpuKernelBackend(16), TorchReferenceBackend(16), 16
+    backend, reference, h = CpuKernelBackend(bs), TorchReferenceBackend(bs), 16
     # (cached, new) tokens of 4 requests: prompts, then a decode or a chunk each
     steps = [[(0, 40), (0, 17), (0, 1), (0, 70)], [(40, 1), (17, 9), (1, 1), (70, 33)]]
-    blocks = [-(-(a[1] + b[1]) // 16) for a, b in zip(*steps, strict=True)]
+    blocks = [-(-(a[1] + b[1]) // bs) for a, b in zip(*steps, strict=True)]
     num_blocks, scaled = 1 + sum(blocks), is_scaled(cache_dtype)
     k_shape, v_shape = backend.cache_shapes(num_blocks, 1, d, scaled)
     shared = torch.zeros(k_shape, dtype=cache_dtype)
@@ -508,7 +510,7 @@ def test_cpu_kernels_read_values_out_of_keys(cache_dtype, d):
         loc = [0]
         for _, new in step:
             loc.append(loc[-1] + new)
-        slots = torch.tensor([int(tables[r, p // 16]) * 16 + p % 16
+        slots = torch.tensor([int(tables[r, p // bs]) * bs + p % bs
                               for r, (cached, new) in enumerate(step)
                               for p in range(cached, cached + new)])  # fmt: skip
         q = torch.randn(loc[-1], h, d, generator=gen)
@@ -518,7 +520,7 @@ def test_cpu_kernels_read_values_out_of_keys(cache_dtype, d):
             kernel = reference if name == "reference" else backend
             meta = kernel.build_metadata(loc, [c for c, _ in step], tables, slots,
                                          torch.device("cpu"))  # fmt: skip
-            outs[name] = kernel.forward(q, key, key, k_cache, v_cache, meta, None, d**-0.5)
+            outs[name] = kernel.forward(q, key, key, k_cache, v_cache, meta, window, d**-0.5)
         if d == 576:
             assert torch.equal(outs["shared"], outs["separate"])
         tol = 1e-5 if cache_dtype == torch.float32 else 2e-2

@@ -82,7 +82,8 @@ void start_item(const Item& it, const scalar_t* q, int64_t q_stride, int64_t G, 
 
 // Keys k0 .. k0 + n - 1 of the item's head, gathered position by position into s.kt [D][KT]
 // (transposed) and s.v [KT][D] as fp32 (an 8-bit cache's scales applied), zero past n: for
-// tiles that are not one aligned slice of a block, or dtypes and shapes without a vector path.
+// tiles that are not one aligned slice of a block, or dtypes and shapes without a vector path
+// (never a cache whose values are its keys: its blocks are whole tiles, `check_values_in_keys`).
 template <typename cache_t>
 void gather_tile(const Item& it, const cache_t* k_cache, const cache_t* v_cache,
                  const int64_t* table, const KVLayout& lay, int64_t D, int64_t k0, int64_t n,
@@ -96,9 +97,7 @@ void gather_tile(const Item& it, const cache_t* k_cache, const cache_t* v_cache,
       const float v_scale = lay.value_scale(v_cache + run, offset);
       for (int64_t d = 0; d < D; ++d) {
         s.kt[d * KT + t] = widen(k_cache[run + lay.key_in_run(offset, d)]) * k_scale;
-        s.v[t * D + d] = lay.values_in_keys
-                             ? s.kt[d * KT + t]
-                             : widen(v_cache[run + lay.value_in_run(offset) + d]) * v_scale;
+        s.v[t * D + d] = widen(v_cache[run + lay.value_in_run(offset) + d]) * v_scale;
       }
     } else {
       for (int64_t d = 0; d < D; ++d) s.kt[d * KT + t] = s.v[t * D + d] = 0.f;
