@@ -132,10 +132,16 @@ class PagedKernelBackend:
                 raise NotImplementedError(f"the {self.name} kernels take no attention sinks")
             sink_args = (sinks.float(),)
         self.write_cache(k_cache, v_cache, key, value, meta.slot_mapping)
-        out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
         scale = query.shape[-1] ** -0.5 if scale is None else scale
         window, softcap = window or 0, softcap or 0.0
-        if (batch := meta.decode_batch) is not None:
+        batch = meta.decode_batch
+        if batch is not None and batch.all_rows:  # the kernel's rows are the step's, in order
+            return self.decode_kernel(
+                query.contiguous(), k_cache, v_cache, batch.block_tables, batch.seq_lens,
+                scale, window, softcap, *sink_args,
+            )  # fmt: skip
+        out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
+        if batch is not None:
             out[batch.rows] = self.decode_kernel(
                 query[batch.rows], k_cache, v_cache, batch.block_tables, batch.seq_lens,
                 scale, window, softcap, *sink_args,

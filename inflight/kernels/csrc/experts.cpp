@@ -48,9 +48,10 @@ at::Tensor gguf_int_experts(const at::Tensor& x, const at::Tensor& chosen,
     if (n == 0) continue;
     tokens.resize(n);
     for (int64_t j = 0; j < n; ++j) tokens[j] = mine[j] / k;
-    const at::Tensor rows =
-        at::from_blob(tokens.data(), {n}, at::TensorOptions().dtype(at::kLong));
-    const at::Tensor xe = x.index_select(0, rows);
+    // (one token, a decode's: its row in place, where a gather cost more than the lookup)
+    const at::Tensor xe =
+        n == 1 ? x.narrow(0, tokens[0], 1)
+               : x.index_select(0, at::from_blob(tokens.data(), {n}, at::kLong));
     at::Tensor gu = at::cpu::empty({n, 2 * intermediate}, x.options());
     gguf_int_linear_into(xe, gate_up[e], c10::nullopt, 2 * intermediate, activation_bits, gu);
     const at::Tensor act = silu_and_mul(gu);
