@@ -104,25 +104,18 @@ def decode(requests: int, context: int, dtype: torch.dtype = torch.float32, laye
     return f"{seconds * 1e3:8.3f} ms  {gb / seconds:6.1f} GB/s"
 
 
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--shape", choices=SHAPES, default="smollm2")
-    parser.add_argument("--layers", type=int, default=30,
-                        help="caches of the from-memory decodes (one per layer)")  # fmt: skip
-    parser.add_argument("--values-in-keys", action="store_true",
-                        help="one cache a layer, its values read out of its keys (latent "
-                        "attention's, where the kernels take the shape)")  # fmt: skip
-    args = parser.parse_args()
-    H, KVH, D = SHAPES[args.shape]
-    VALUES_IN_KEYS = args.values_in_keys
-    n = args.layers
-    if args.shape == "deepseek":  # one long request, as latent attention's models serve
-        print(f"decode, one of 2,000, {n} layers       ", decode(1, 2000, layers=n))
-        print(f"decode, one of 2,000, bf16, {n} layers ", decode(1, 2000, torch.bfloat16, n))
-        print(f"decode, 4 x 2,000, {n} layers          ", decode(4, 2000, layers=n))
-        print(f"decode, 8 x 1,000, bf16, {n} layers    ", decode(8, 1000, torch.bfloat16, n))
-        print("prefill, one prompt of 512 tokens     ", prefill([512], [0]))
-        raise SystemExit
+def long_request_calls(n: int) -> None:
+    """Latent attention's: one or a few long requests over `n` layers."""
+    print(f"decode, one of 2,000, {n} layers       ", decode(1, 2000, layers=n))
+    print(f"decode, one of 2,000, bf16, {n} layers ", decode(1, 2000, torch.bfloat16, n))
+    print(f"decode, 4 x 2,000, {n} layers          ", decode(4, 2000, layers=n))
+    print(f"decode, 8 x 1,000, bf16, {n} layers    ", decode(8, 1000, torch.bfloat16, n))
+    print("prefill, one prompt of 512 tokens     ", prefill([512], [0]))
+
+
+def batch_calls(n: int) -> None:
+    """Many requests' calls, prompts and decodes, every cache dtype; `n` layers where read
+    from memory."""
     print("decode, one request of 300 tokens   ", decode(1, 300))
     print("prefill, 8 prompts of 256 tokens    ", prefill([256] * 8, [0] * 8))
     print("prefill, 4 prompts of 512 tokens    ", prefill([512] * 4, [0] * 4))
@@ -136,3 +129,17 @@ if __name__ == "__main__":
         name = "int8" if cache == torch.int8 else "fp8 "
         print(f"prefill, 2,048 after 1,024, {name}   ", prefill([2048], [1024], cache))
         print(f"decode, 8 x 4,000, {name}, {n} layers  ", decode(8, 4000, cache, layers=n))
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shape", choices=SHAPES, default="smollm2")
+    parser.add_argument("--layers", type=int, default=30,
+                        help="caches of the from-memory decodes (one per layer)")  # fmt: skip
+    parser.add_argument("--values-in-keys", action="store_true",
+                        help="one cache a layer, its values read out of its keys (latent "
+                        "attention's, where the kernels take the shape)")  # fmt: skip
+    args = parser.parse_args()
+    H, KVH, D = SHAPES[args.shape]
+    VALUES_IN_KEYS = args.values_in_keys
+    (long_request_calls if args.shape == "deepseek" else batch_calls)(args.layers)

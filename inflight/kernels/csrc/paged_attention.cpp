@@ -586,7 +586,8 @@ void decode_item_avx2(const q_t* q, const cache_t* k_cache, const cache_t* v_cac
   for (int64_t b = b0; b < b1; ++b) {  // acc[g, :] += p[g, pos] * v[pos, :]
     const int64_t t0 = std::max(it.first, b * BS) - b * BS;
     const int64_t t1 = std::min(it.len, (b + 1) * BS) - b * BS;
-    const cache_t* run = v_cache + lay.run(it.table[b], it.head);
+    const int64_t offset = lay.run(it.table[b], it.head);  // the block's run in either cache
+    const cache_t* run = v_cache + offset;
     float* p = scores + b * BS + t0 - base;  // head g's at p + g * row
     if constexpr (kScaledCache<cache_t>) {  // the probabilities are not needed unscaled again
       for (int64_t t = t0; t < t1; ++t) {
@@ -595,7 +596,7 @@ void decode_item_avx2(const q_t* q, const cache_t* k_cache, const cache_t* v_cac
       }
     }
     if (lay.values_in_keys) {  // each 16 positions' values out of their keys' pairs
-      const cache_t* key_run = k_cache + lay.run(it.table[b], it.head);
+      const cache_t* key_run = k_cache + offset;
       const char* pf = ahead(b1 - b0 + b - b0);  // (the keys of the block 3 on, read again)
       for (int64_t c = t0 / kTile * kTile; c < t1; c += kTile) {
         const int64_t lo = std::max(t0, c), hi = std::min(t1, c + kTile);
