@@ -1,5 +1,5 @@
-"""Writes a GGUF file in the shapes of a real Llama model (or SmolLM3-3B, gpt-oss-20b or
-DeepSeek-V2-Lite), with
+"""Writes a GGUF file in the shapes of a real Llama model (or SmolLM3-3B, LFM2-1.2B, gpt-oss-20b
+or DeepSeek-V2-Lite), with
 random weights and SmolLM2's tokenizer (from the default model's file), for memory and speed
 benchmarks at sizes no package ships. Weights are N(0, 0.02), norms 1: the text is noise, the
 shapes, bytes and kernels real.
@@ -11,6 +11,10 @@ their biases, sinks, YaRN and the window in metadata; `--type Q8_0` for the rest
 blocks are random bytes (FP4 codes, exponents near 2^-7), and SmolLM2's vocabulary is padded
 with unused ordinary tokens to gpt-oss's 201,088 (as its own vocabulary is: not added
 tokens), so that the embedding, the LM head and the tokenizer have their size.
+
+LFM2-1.2B is written as llama.cpp's converter lays it out (`lfm2`: ten gated short
+convolutions of 3 positions, `shortconv.*`, and six attention layers with q/k norms, a KV head
+count per layer that is 0 for a convolution; tied embeddings, the final norm `token_embd_norm`).
 
 DeepSeek-V2-Lite is written as llama.cpp's converter lays it out (`deepseek2`: latent attention
 with its expansion split into `attn_k_b` and `attn_v_b`, a dense first layer, then 64 experts
@@ -43,11 +47,15 @@ SHAPES = {
     "llama-3.2-3b": (28, 3072, 8192, 24, 8, 500000.0, 131072),
     "llama-3.1-8b": (32, 4096, 14336, 32, 8, 500000.0, 131072),
     "smollm3-3b": (36, 2048, 11008, 16, 4, 5000000.0, 65536),
+    "lfm2-1.2b": (16, 2048, 8192, 32, 8, 1000000.0, 128000),
 }
+# LFM2-1.2B's attention layers (the others are short convolutions of LFM2_KERNEL positions)
+LFM2_ATTENTION_LAYERS = (2, 5, 8, 10, 12, 14)
+LFM2_KERNEL = 3
 # the GGUF architecture of each shape not written as `llama` (SmolLM3's every fourth layer
 # attends without RoPE, and its embeddings are its LM head)
 ARCHITECTURES = {"smollm3-3b": "smollm3", "gpt-oss-20b": "gpt-oss",
-                 "deepseek-v2-lite": "deepseek2"}  # fmt: skip
+                 "deepseek-v2-lite": "deepseek2", "lfm2-1.2b": "lfm2"}  # fmt: skip
 # gpt-oss-20b: (layers, hidden, experts, experts a token, heads, kv heads, head dim, vocab)
 GPT_OSS_20B = (24, 2880, 32, 4, 64, 8, 64, 201088)
 # DeepSeek-V2-Lite: (layers, hidden, dense intermediate, experts, experts a token, expert
@@ -60,25 +68,38 @@ TOKENIZER_KEYS = ("tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.
 
 
 def tensors(layers: int, hidden: int, inter: int, heads: int, kv_heads: int, vocab: int,
-            tied: bool = False):  # fmt: skip
+            tied: bool = False, lfm2: bool = False):  # fmt: skip
     """(GGUF name, shape in numpy order) of every tensor, llama.cpp's names; `tied`: no LM head
-    of its own (the embeddings serve)."""
+    of its own (the embeddings serve); `lfm2`: LFM2's convolution layers and q/k norms."""
     head_dim = hidden // heads
     yield "token_embd.weight", (vocab, hidden)
     for i in range(layers):
         b = f"blk.{i}."
         yield b + "attn_norm.weight", (hidden,)
-        yield b + "attn_q.weight", (heads * head_dim, hidden)
-        yield b + "attn_k.weight", (kv_heads * head_dim, hidden)
-        yield b + "attn_v.weight", (kv_heads * head_dim, hidden)
-        yield b + "attn_output.weight", (hidden, heads * head_dim)
+        if lfm2 and i not in LFM2_ATTENTION_LAYERS:
+            yield b + "shortconv.conv.weight", (hidden, LFM2_KERNEL)
+            yield b + "shortconv.in_proj.weight", (3 * hidden, hidden)
+            yield b + "shortconv.out_proj.weight", (hidden, hidden)
+        else:
+            yield from _attention(b, hidden, heads, kv_heads, head_dim, qk_norms=lfm2)
         yield b + "ffn_norm.weight", (hidden,)
         yield b + "ffn_gate.weight", (inter, hidden)
         yield b + "ffn_up.weight", (inter, hidden)
         yield b + "ffn_down.weight", (hidden, inter)
-    yield "output_norm.weight", (hidden,)
+    yield ("token_embd_norm.weight" if lfm2 else "output_norm.weight"), (hidden,)
     if not tied:
         yield "output.weight", (vocab, hidden)
+
+
+def _attention(b: str, hidden: int, heads: int, kv_heads: int, head_dim: int, qk_norms: bool):
+    """An attention layer's tensors (after its input norm)."""
+    yield b + "attn_q.weight", (heads * head_dim, hidden)
+    yield b + "attn_k.weight", (kv_heads * head_dim, hidden)
+    yield b + "attn_v.weight", (kv_heads * head_dim, hidden)
+    yield b + "attn_output.weight", (hidden, heads * head_dim)
+    if qk_norms:
+        yield b + "attn_q_norm.weight", (head_dim,)
+        yield b + "attn_k_norm.weight", (head_dim,)
 
 
 def gpt_oss_tensors():
@@ -242,13 +263,18 @@ def main(argv: list[str]) -> None:
         w.add_feed_forward_length(inter)
         w.add_rope_freq_base(theta)
         specs = list(tensors(layers, hidden, inter, heads, kv_heads, vocab,
-                             tied=arch == "smollm3"))  # fmt: skip
+                             tied=arch in ("smollm3", "lfm2"), lfm2=arch == "lfm2"))  # fmt: skip
     w.add_block_count(layers)
     w.add_embedding_length(hidden)
     w.add_layer_norm_rms_eps(1e-5)
+    if arch == "lfm2":  # a KV head count per layer: 0 for a convolution
+        w.add_head_count_kv([kv_heads if i in LFM2_ATTENTION_LAYERS else 0
+                             for i in range(layers)])  # fmt: skip
+        w.add_shortconv_l_cache(LFM2_KERNEL)
     if arch != "deepseek2":  # (its heads' sizes above)
         w.add_head_count(heads)
-        w.add_head_count_kv(kv_heads)
+        if arch != "lfm2":
+            w.add_head_count_kv(kv_heads)
         w.add_key_length(head_dim)
         w.add_value_length(head_dim)
         w.add_rope_dimension_count(head_dim)
@@ -261,7 +287,8 @@ def main(argv: list[str]) -> None:
         if gpt_oss and "_exps.weight" in name:
             return GGMLQuantizationType.MXFP4
         matrix = len(shape) >= 2 and name.endswith(".weight") and "ffn_gate_inp" not in name
-        return qtype if matrix else GGMLQuantizationType.F32
+        # (LFM2's convolution kernels stay F32, as llama.cpp's quantizer leaves them)
+        return qtype if matrix and "shortconv.conv" not in name else GGMLQuantizationType.F32
 
     for name, shape in specs:  # headers first: the writer streams the data afterwards
         size = 4 * math.prod(shape)

@@ -74,7 +74,7 @@ TINY_ARCHS = ("llama", "llama3_rope", "qwen2", "qwen3", "qwen3_moe", "mixtral", 
               "arcee", "hunyuan_dense", "qwen2_moe", "glm4_moe", "ministral3",
               "ernie4_5_moe", "minimax_m2", "dots1", "hunyuan_moe", "olmoe",
               "granitemoe", "exaone", "gemma", "deepseek_v2", "deepseek_v3",
-              "glm4_moe_lite")  # fmt: skip
+              "glm4_moe_lite", "lfm2")  # fmt: skip
 
 
 # the tiny Ministral 3's RoPE settings (its published ones: original context 16,384, beta 0.1)
@@ -98,7 +98,7 @@ SCORE_BIASED = ("glm4_moe", "ernie4_5_moe", "minimax_m2", "dots1", "deepseek_v3"
                 "glm4_moe_lite")  # fmt: skip
 UNIT_NORMS = ("exaone4", "olmo2", "olmo3", "glm4", "hunyuan_dense", "glm4_moe", "minimax_m2",
               "dots1", "hunyuan_moe", "olmoe", "deepseek_v2", "deepseek_v3",
-              "glm4_moe_lite")  # fmt: skip
+              "glm4_moe_lite", "lfm2")  # fmt: skip
 # the tiny DeepSeeks' latent attention (heads of 32 + 32 rotated dimensions, a latent of 32:
 # whole quantization blocks, and a cached row of 64, whose values the CPU kernels read out of
 # its keys) and YaRN past an original context of 16 positions, with `mscale_all_dim` scaling
@@ -149,6 +149,8 @@ def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) ->
         HunYuanDenseV1ForCausalLM,
         HunYuanMoEV1Config,
         HunYuanMoEV1ForCausalLM,
+        Lfm2Config,
+        Lfm2ForCausalLM,
         LlamaConfig,
         LlamaForCausalLM,
         MiniMaxM2Config,
@@ -360,6 +362,15 @@ def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) ->
     elif arch == "seed_oss":  # q/k/v biases, none on the output projection
         config = SeedOssConfig(**common, head_dim=16, rope_theta=10000.0)
         cls = SeedOssForCausalLM
+    elif arch == "lfm2":  # short convolutions in layers 0, 2 and 3, attention with per-head q/k
+        # norms in 1 and 4 (LFM2's mix); its MLP's width adjusted as published (2/3, rounded
+        # up to a multiple of 32 here)
+        types = ["conv", "full_attention", "conv", "conv", "full_attention"]
+        rope = {"rope_type": "default", "rope_theta": 10000.0}
+        config = Lfm2Config(**{**common, "num_hidden_layers": 5}, norm_eps=1e-5,
+                            layer_types=types, block_multiple_of=32,
+                            rope_parameters=rope)  # fmt: skip
+        cls = Lfm2ForCausalLM
     elif arch == "arcee":  # an MLP without a gate: up, ReLU squared, down
         config, cls = ArceeConfig(**common, rope_theta=10000.0), ArceeForCausalLM
     elif arch == "hunyuan_dense":  # per-head q/k norms after RoPE, whose NTK alpha stretches

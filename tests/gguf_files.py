@@ -21,6 +21,7 @@ HF_TO_GGUF = {
     "model.embed_tokens.weight": "token_embd.weight",
     "model.norm.weight": "output_norm.weight",
     "lm_head.weight": "output.weight",
+    "model.embedding_norm.weight": "token_embd_norm.weight",  # (LFM2's final norm)
 }
 LAYER_TO_GGUF = {
     "input_layernorm": "attn_norm",
@@ -58,6 +59,18 @@ LAYER_TO_GGUF = {
     "self_attn.kv_b_proj": "attn_kv_b",
     "self_attn.k_b_proj": "attn_k_b",
     "self_attn.v_b_proj": "attn_v_b",
+    # LFM2's short convolutions, and its names of Llama's parts
+    "conv.conv": "shortconv.conv",
+    "conv.in_proj": "shortconv.in_proj",
+    "conv.out_proj": "shortconv.out_proj",
+    "operator_norm": "attn_norm",
+    "ffn_norm": "ffn_norm",
+    "self_attn.out_proj": "attn_output",
+    "self_attn.q_layernorm": "attn_q_norm",
+    "self_attn.k_layernorm": "attn_k_norm",
+    "feed_forward.w1": "ffn_gate",
+    "feed_forward.w3": "ffn_up",
+    "feed_forward.w2": "ffn_down",
     "eh_proj": "nextn.eh_proj",  # (GLM-4.5's multi-token-prediction layer's own)
     "enorm": "nextn.enorm",
     "hnorm": "nextn.hnorm",
@@ -238,7 +251,7 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
             "Ernie4_5ForCausalLM": "ernie4_5", "SeedOssForCausalLM": "seed_oss",
             "ArceeForCausalLM": "arcee", "HunYuanDenseV1ForCausalLM": "hunyuan-dense",
             "DeepseekV2ForCausalLM": "deepseek2", "DeepseekV3ForCausalLM": "deepseek2",
-            "Glm4MoeLiteForCausalLM": "deepseek2",
+            "Glm4MoeLiteForCausalLM": "deepseek2", "Lfm2ForCausalLM": "lfm2",
             "Qwen3Model": "qwen3"}[cfg["architectures"][0]]  # fmt: skip
     if cfg.get("model_type") == "exaone":  # (transformers 5 saves EXAONE 3 as Llama)
         arch = "exaone"
@@ -251,10 +264,18 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
         w.add_nextn_predict_layers(extra_layers)
     w.add_context_length(cfg["max_position_embeddings"])
     w.add_embedding_length(cfg["hidden_size"])
-    w.add_feed_forward_length(cfg["intermediate_size"])
+    weights = load_file(hf_folder / "model.safetensors")
+    if arch == "lfm2":  # its MLP's width as adjusted (what its converter writes), a KV head
+        # count per layer (0: a convolution), its kernel
+        w.add_feed_forward_length(weights["model.layers.0.feed_forward.w1.weight"].shape[0])
+        w.add_head_count_kv([cfg["num_key_value_heads"] if t == "full_attention" else 0
+                             for t in cfg["layer_types"]])  # fmt: skip
+        w.add_shortconv_l_cache(cfg["conv_L_cache"])
+    else:
+        w.add_feed_forward_length(cfg["intermediate_size"])
     w.add_head_count(cfg["num_attention_heads"])
     latent = arch == "deepseek2"  # (its heads' sizes below)
-    if not latent:
+    if not latent and arch != "lfm2":
         w.add_head_count_kv(cfg["num_key_value_heads"])
     rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
     local_rope = rope.get("sliding_attention")  # OLMo 3's windowed layers' own base
@@ -263,7 +284,7 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
     if rope.get("alpha"):  # Hunyuan's NTK alpha: its converter writes the stretched base
         base *= rope["alpha"] ** (head_dim / (head_dim - 2))
     w.add_rope_freq_base(base)
-    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    w.add_layer_norm_rms_eps(cfg.get("rms_norm_eps", cfg.get("norm_eps")))
     rotary = rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))
     if latent:
         _latent_attention_metadata(w, cfg, rope, legacy_kv_b)
@@ -358,7 +379,6 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
         w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(original)))
         w.add_tensor("rope_factors_long.weight", np.array(rope["long_factor"], np.float32))
         w.add_tensor("rope_factors_short.weight", np.array(rope["short_factor"], np.float32))
-    weights = load_file(hf_folder / "model.safetensors")
     if vision is not None:  # the language model's weights alone, under its own names
         weights = {name.replace("model.language_model.", "model."): t
                    for name, t in weights.items() if "visual." not in name}  # fmt: skip
@@ -382,6 +402,9 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
         weights = _split_latent_expansions(weights, cfg)
     if arch == "granitemoe":
         weights = _granite_as_llama_cpp(weights)
+    if arch == "lfm2":  # its convolution kernels [H, 1, K] squeezed, as its converter does
+        weights = {n: t.squeeze(1) if n.endswith(".conv.conv.weight") else t
+                   for n, t in weights.items()}  # fmt: skip
     for name, tensor in _stacked_experts(weights).items():
         if not name.startswith(("model.", "lm_head.")):  # a bare decoder's (Qwen3Model's)
             name = f"model.{name}"
@@ -400,7 +423,10 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
             array = array.reshape(-1)
         file_name = gguf_name(name, arch)
         kind = mix(file_name) if mix else qtype
-        weight = file_name.endswith(".weight") and "attn_sinks" not in file_name
+        # (sinks and LFM2's convolution kernels stay F32, as llama.cpp's quantizer leaves them)
+        weight = file_name.endswith(".weight") and not any(
+            kept in file_name for kept in ("attn_sinks", "shortconv.conv")
+        )
         if weight and array.ndim >= 2 and kind != Q.F32 and "ffn_gate_inp" not in file_name:
             # (routers stay F32, as llama.cpp's quantizer leaves them)
             w.add_tensor(file_name, quantize_any(array, kind), raw_dtype=kind)

@@ -43,6 +43,7 @@ from inflight.parallel.shard import Shard, check_tensor_parallel, shard_arch
 from inflight.parallel.workers import KVSetup, RankSpec, RankWorkers, threads_per_rank
 from inflight.platform import resolve_device
 from inflight.request import FinishReason, Request, RequestStatus
+from inflight.runner.conv_state import ConvState
 from inflight.runner.cuda_graphs import DecodeGraphs, supports_graphs
 from inflight.runner.drafter import Drafter
 from inflight.runner.kv_cache import (
@@ -55,6 +56,18 @@ from inflight.runner.kv_cache import (
 from inflight.runner.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
+
+
+def check_conv_state_fits(config: EngineConfig) -> None:
+    """Refuses what would resume a request without its convolution state (LFM2's,
+    `runner/conv_state.py`): swap preemption and drafts (ConfigError)."""
+    if config.scheduler.preemption_mode == "swap":
+        raise ConfigError("preemption_mode swap: a swapped request would resume without its "
+                          "convolution state (this model's convolution layers); use "
+                          "recompute")  # fmt: skip
+    if config.scheduler.num_speculative_tokens:
+        raise ConfigError("speculative decoding: a rejected draft would have moved the "
+                          "convolution state of this model's convolution layers")  # fmt: skip
 
 
 def warm_up_tokens(budget: int, max_model_len: int, device: torch.device, block_size: int) -> int:
@@ -97,6 +110,8 @@ class EngineCore:
         if self.workers is not None:  # (they loaded their slices meanwhile)
             self.workers.connect()
         self.arch = loaded.arch
+        if self.arch.conv_layers:
+            check_conv_state_fits(config)
         draft = None
         if config.scheduler.speculative_model is not None:
             draft = self._load_drafter(config.scheduler.speculative_model, loaded, config)
@@ -119,8 +134,12 @@ class EngineCore:
         self.kv_cache = KVCache(loaded.model.cfg, attn, plan.num_blocks, kv_dtype, self.device,
                                 plan.num_cpu_blocks, scratch_block=True,
                                 layout=self.kv_layout)  # fmt: skip
-        # mean pooling reads every prompt position's hidden state: none may come from the cache
-        caching = config.cache.enable_prefix_caching and self.arch.pooling != "mean"
+        # mean pooling reads every prompt position's hidden state: none may come from the cache;
+        # a cached block holds no convolution state (LFM2's)
+        caching = (config.cache.enable_prefix_caching and self.arch.pooling != "mean"
+                   and not self.arch.conv_layers)  # fmt: skip
+        if config.cache.enable_prefix_caching and self.arch.conv_layers:
+            logger.info("prefix caching is off: a cached block holds no convolution state")
         group_windows = self.kv_layout.group_windows if self.kv_layout else (None,)
         self.kv_cache_manager = KVCacheManager(plan.num_blocks, block_size, caching,
                                                plan.num_cpu_blocks, group_windows)  # fmt: skip
@@ -301,8 +320,15 @@ class EngineCore:
             draft_kv = KVCache(draft.arch, draft_attn, plan.num_blocks, kv_dtype, device,
                                scratch_block=True)  # fmt: skip
             drafter = Drafter(draft.model, draft_kv, draft_attn, device)
+        conv_state = None
+        if self.arch.conv_layers:
+            conv_state = ConvState(len(self.arch.conv_layers), config.scheduler.max_num_seqs,
+                                   self.arch.conv_kernel, model.cfg.hidden_size, self.dtype,
+                                   device)  # fmt: skip
+            logger.info("convolution state: %d slots, %.1f MiB", conv_state.num_slots,
+                        conv_state.num_bytes / 2**20)  # fmt: skip
         return ModelRunner(model, self.kv_cache, attn, device, config.model.seed, graphs, drafter,
-                           self.kv_layout, self.workers)  # fmt: skip
+                           self.kv_layout, self.workers, conv_state)  # fmt: skip
 
     @staticmethod
     def _kv_bytes(config: EngineConfig, arch: LlamaArchConfig, dtype: torch.dtype) -> int:

@@ -57,6 +57,7 @@ SUPPORTED_ARCHITECTURES = {
     "DeepseekV2ForCausalLM": "deepseek_v2",
     "DeepseekV3ForCausalLM": "deepseek_v3",  # (Kimi K2's and Moonlight's too)
     "Glm4MoeLiteForCausalLM": "glm4_moe_lite",  # GLM-4.7-Flash: DeepSeek-V3's layers
+    "Lfm2ForCausalLM": "lfm2",  # LFM2: short convolutions beside attention layers
     # the bare decoders, without an LM head, that embedding models are (Qwen3-Embedding's
     # weights): they pool the last token's hidden state unless the folder says otherwise
     "LlamaModel": "llama",
@@ -69,9 +70,10 @@ SUPPORTED_ARCHITECTURES = {
 POOLING_MODES = ("last", "mean")
 MAX_LAYERS = 1024  # far beyond any model's; a config asking more is broken or hostile
 MAX_EXPERTS = 4096  # the same for experts a layer (the largest published MoEs have 256)
+MAX_CONV_KERNEL = 64  # a short convolution's positions (LFM2's are 3)
 # the families whose configs tie the LM head to the embeddings where they do not say (as
 # transformers' config classes default); the others untie it
-TIED_BY_DEFAULT = ("gemma", "gemma2", "gemma3", "smollm3", "ernie4_5", "ernie4_5_moe")
+TIED_BY_DEFAULT = ("gemma", "gemma2", "gemma3", "smollm3", "ernie4_5", "ernie4_5_moe", "lfm2")
 # the families whose MLPs are experts (`_experts`)
 EXPERT_ARCHS = ("qwen3_moe", "qwen2_moe", "mixtral", "gpt_oss", "glm4_moe", "ernie4_5_moe",
                 "minimax_m2", "dots1", "hunyuan_moe", "olmoe", "granitemoe", "deepseek_v2",
@@ -197,6 +199,11 @@ class LlamaArchConfig:
     o_bias: bool = False
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
+    # LFM2's short-convolution layers, which hold no KV: each mixes a token with the
+    # `conv_kernel - 1` before it (a gated depthwise convolution), whose inputs each request
+    # carries from step to step (`runner/conv_state.py`); the other layers attend
+    conv_layers: tuple[int, ...] = ()
+    conv_kernel: int = 0
     # an embedding model's pooling (`POOLING_MODES`); None for a generative model
     pooling: str | None = None
     # its vectors' leading dimensions are a vector too (Matryoshka training, `is_matryoshka`):
@@ -217,6 +224,16 @@ class LlamaArchConfig:
         if not all(isinstance(i, int) and 0 <= i < self.num_layers for i in self.nope_layers):
             raise ValueError(f"nope_layers {self.nope_layers} must be layers of the "
                              f"{self.num_layers}")  # fmt: skip
+        if not all(isinstance(i, int) and 0 <= i < self.num_layers for i in self.conv_layers):
+            raise ValueError(f"conv_layers {self.conv_layers} must be layers of the "
+                             f"{self.num_layers}")  # fmt: skip
+        if len(self.conv_layers) == self.num_layers:
+            raise ValueError("a model of convolution layers alone is not supported: at least "
+                             "one layer attends")  # fmt: skip
+        if self.conv_layers and not (isinstance(self.conv_kernel, int)
+                                     and 2 <= self.conv_kernel <= MAX_CONV_KERNEL):  # fmt: skip
+            raise ValueError(f"conv_L_cache {self.conv_kernel!r}: a kernel of 2 to "
+                             f"{MAX_CONV_KERNEL} positions")  # fmt: skip
         if self.sliding_window is not None and self.sliding_window <= 0:
             raise ValueError(f"sliding_window must be positive, not {self.sliding_window}")
         scalar = self.query_pre_attn_scalar
@@ -354,9 +371,18 @@ class LlamaArchConfig:
         return None if layer in self.full_attention_layers else self.sliding_window
 
     @property
+    def kv_layers(self) -> tuple[int, ...]:
+        """The layers that attend, and so hold keys and values in the KV cache, in order: every
+        layer but LFM2's convolutions. KV-side structures (the cache's tensors, the KV groups'
+        layouts, per-layer attention metadata) are indexed by position in this tuple."""
+        if not self.conv_layers:
+            return tuple(range(self.num_layers))
+        return tuple(i for i in range(self.num_layers) if i not in self.conv_layers)
+
+    @property
     def layer_windows(self) -> list[int | None]:
-        """Every layer's `layer_window`, in order."""
-        return [self.layer_window(layer) for layer in range(self.num_layers)]
+        """Every KV layer's `layer_window`, in order."""
+        return [self.layer_window(layer) for layer in self.kv_layers]
 
     @property
     def windowed_fraction(self) -> float:
@@ -399,6 +425,9 @@ class LlamaArchConfig:
         latent: dict[str, Any] = {}
         if arch in LATENT_ATTENTION_ARCHS:
             config, latent = _latent_attention(config)
+        convolutions: dict[str, Any] = {}
+        if arch == "lfm2":
+            config, convolutions = _lfm2_config(config)
         for key in ("num_attention_heads", "hidden_size", "head_dim"):  # (divided below)
             value = config.get(key)
             if value is None and key == "head_dim":
@@ -529,6 +558,7 @@ class LlamaArchConfig:
             **multipliers,
             **softcaps,
             **latent,
+            **convolutions,
             bos_token_id=config.get("bos_token_id"),
             eos_token_ids=eos_ids,
             matryoshka=bool(config.get("is_matryoshka") or config.get("matryoshka_dimensions")),
@@ -728,6 +758,49 @@ def _global_layers(config: dict[str, Any], window: int | None) -> tuple[int, ...
         return tuple(i for i in range(n) if (i + 1) % pattern == 0)
     raise ValueError(f"sliding_window_pattern {pattern!r}: a positive integer, or a string of "
                      "L and G")  # fmt: skip
+
+
+def _lfm2_config(config: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """LFM2's config under Llama's names, and its convolution fields: the layers `layer_types`
+    (or `full_attn_idxs`) does not name as attention, the kernel (`conv_L_cache`); the MLP's
+    width adjusted as transformers does (`block_auto_adjust_ff_dim`: two thirds, times the
+    multiplier, rounded up to `block_multiple_of`); RoPE's base 1e6 where unset."""
+    n = _layer_count(config)
+    types = config.get("layer_types")
+    if types is None:
+        attending = config.get("full_attn_idxs")
+        if attending is None:
+            attending = list(range(n))
+        if not isinstance(attending, list) or not all(isinstance(i, int) for i in attending):
+            raise ValueError(f"full_attn_idxs {attending!r}: a list of layer indices")
+        types = ["full_attention" if i in attending else "conv" for i in range(n)]
+    if not isinstance(types, list) or len(types) != n or not set(types) <= {"full_attention",
+                                                                            "conv"}:  # fmt: skip
+        raise ValueError(f"layer_types must name {n} full_attention / conv layers")
+    if config.get("conv_bias"):
+        raise ValueError("LFM2 with biased convolutions (conv_bias) is not supported")
+    width = config.get("block_ff_dim", config.get("intermediate_size"))
+    if not (isinstance(width, int) and 0 < width < 2**31):
+        raise ValueError(f"intermediate_size {width!r}: a positive integer below 2**31")
+    if config.get("block_auto_adjust_ff_dim", True):
+        width = int(2 * width / 3)
+        multiplier = config.get("block_ffn_dim_multiplier", 1.0)
+        multiple = config.get("block_multiple_of", 256)
+        if multiplier is not None:
+            if not (isinstance(multiplier, int | float) and math.isfinite(multiplier)
+                    and 0 < multiplier < 2**16):  # fmt: skip
+                raise ValueError(f"block_ffn_dim_multiplier {multiplier!r}: a positive number")
+            if not (isinstance(multiple, int) and 0 < multiple < 2**20):
+                raise ValueError(f"block_multiple_of {multiple!r}: a positive integer")
+            width = multiple * -(-int(multiplier * width) // multiple)
+    tied = config.get("tie_embedding", config.get("tie_word_embeddings", True))
+    renamed = {**config, "intermediate_size": width, "tie_word_embeddings": tied,
+               "rms_norm_eps": config.get("norm_eps", 1e-5)}  # fmt: skip
+    if not renamed.get("rope_parameters") and renamed.get("rope_theta") is None:
+        renamed["rope_theta"] = 1e6
+    fields = {"conv_layers": tuple(i for i, t in enumerate(types) if t == "conv"),
+              "conv_kernel": config.get("conv_L_cache", 3)}  # fmt: skip
+    return renamed, fields
 
 
 def _nope_layers(config: dict[str, Any]) -> tuple[int, ...]:

@@ -54,7 +54,7 @@ SUPPORTED_GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen2vl", "qwen3vl",
                                 "dots1", "hunyuan-moe", "olmoe", "granitemoe", "phi3", "gemma",
                                 "gemma2", "gemma3", "mistral3", "granite", "gpt-oss", "smollm3",
                                 "exaone", "exaone4", "olmo2", "glm4", "ernie4_5", "seed_oss",
-                                "arcee", "hunyuan-dense", "deepseek2")  # fmt: skip
+                                "arcee", "hunyuan-dense", "deepseek2", "lfm2")  # fmt: skip
 # the architectures whose Q and K rows llama.cpp's converter permutes (`unpermute_qk`)
 PERMUTED_QK = ("llama", "mixtral", "granite", "granitemoe", "smollm3", "arcee", "ministral3")
 # a GGUF architecture -> the registry's, where the names differ (a `llama` file with experts is
@@ -158,6 +158,9 @@ _ARCH_LAYER_NAMES = {
              "post_ffw_norm": "post_mlp_layernorm", "ffn_up": "mlp.gate_up_proj"},
     "deepseek_v2": _LATENT_LAYER_NAMES,
     "deepseek_v3": _LATENT_LAYER_NAMES,
+    # LFM2's short convolutions (the names its model class renames to its own)
+    "lfm2": {**_LAYER_NAMES, "shortconv.conv": "conv.conv", "shortconv.in_proj": "in_proj",
+             "shortconv.out_proj": "out_proj"},
 }  # fmt: skip
 # What llama.cpp assumes for Gemma where the file does not say: Gemma 3's windowed layers' RoPE
 # base (`rope.freq_base_swa`), and the 27Bs' (Gemma 3's 62 layers, Gemma 2's 46) score scale of
@@ -169,6 +172,8 @@ _TOP_NAMES = {
     "output_norm": "model.norm",
     "output": "lm_head",
 }
+# LFM2's final norm, which its converter names after the embedding (HF: `embedding_norm`)
+_ARCH_TOP_NAMES = {"lfm2": {**_TOP_NAMES, "token_embd_norm": "model.norm"}}
 
 
 def check_tensor(name: str, raw_type: int, dims: list[int], data_offset: int,
@@ -327,6 +332,10 @@ def gguf_arch_config(header: GGUFHeader, path: Path) -> LlamaArchConfig:
     nope = range(SMOLLM3_NO_ROPE_INTERVAL - 1, min(num_layers, MAX_LAYERS + 1),
                  SMOLLM3_NO_ROPE_INTERVAL)  # fmt: skip
     pooling = field_value(header, f"{arch}.pooling_type")  # llama.cpp's for embedding models
+    kv_heads = meta("attention.head_count_kv", num_heads)
+    convolutions: dict[str, Any] = {}
+    if arch == "lfm2":  # a KV head count per layer, 0 where a layer is a convolution
+        kv_heads, convolutions = _lfm2_layers(kv_heads, meta, path)
     return LlamaArchConfig(
         architecture=registry_name,
         vocab_size=int(meta("vocab_size", len(tokens) or None)),
@@ -334,7 +343,7 @@ def gguf_arch_config(header: GGUFHeader, path: Path) -> LlamaArchConfig:
         intermediate_size=int(meta("feed_forward_length")),
         num_layers=num_layers,
         num_heads=num_heads,
-        num_kv_heads=1 if latent else int(meta("attention.head_count_kv", num_heads)),
+        num_kv_heads=1 if latent else int(kv_heads),
         head_dim=head_dim,
         rms_norm_eps=float(meta("attention.layer_norm_rms_epsilon", 1e-5)),
         rope_theta=float(meta("rope.freq_base", 10000.0)),
@@ -358,6 +367,7 @@ def gguf_arch_config(header: GGUFHeader, path: Path) -> LlamaArchConfig:
         **softcaps,
         **sinks,
         **latent,
+        **convolutions,
         attention_multiplier=None if attention_multiplier is None else float(attention_multiplier),
     ).pooled(_GGUF_POOLING.get(int(pooling), f"pooling_type {pooling}") if pooling else None)
 
@@ -419,6 +429,21 @@ def _end_tokens(header: GGUFHeader) -> tuple[int, ...]:
 
 # llama.cpp's `pooling_type` values (0 is none: a generative model; 2, CLS, is not served)
 _GGUF_POOLING = {1: "mean", 3: "last"}
+
+
+def _lfm2_layers(kv_heads: Any, meta: Callable[[str], Any],
+                 path: Path) -> tuple[int, dict[str, Any]]:  # fmt: skip
+    """LFM2's KV heads and convolution fields from `attention.head_count_kv` (a count per
+    layer, 0 for a convolution layer, as its converter writes it) and `shortconv.l_cache`."""
+    counts = kv_heads if isinstance(kv_heads, list) else None
+    attending = {int(c) for c in counts or () if c}
+    if counts is None or len(attending) != 1:
+        raise ModelLoadError(f"{path}: lfm2 attention.head_count_kv must list each layer's KV "
+                             f"heads, one count for the attention layers and 0 for the "
+                             f"convolutions, not {kv_heads!r}")  # fmt: skip
+    conv_layers = tuple(i for i, c in enumerate(counts) if not c)
+    return attending.pop(), {"conv_layers": conv_layers,
+                             "conv_kernel": int(meta("shortconv.l_cache"))}  # fmt: skip
 
 
 def _full_attention_layers(header: GGUFHeader, arch: str, num_layers: int) -> tuple[int, ...]:
@@ -493,7 +518,7 @@ def hf_name(gguf_name: str, architecture: str) -> str | None:
         if mapped in _PARAMETER_NAMES:  # a parameter, not a module's weight
             return f"model.layers.{layer}.{mapped}"
         return f"model.layers.{layer}.{mapped}.{kind}"
-    mapped = _TOP_NAMES.get(base)
+    mapped = _ARCH_TOP_NAMES.get(architecture, _TOP_NAMES).get(base)
     return None if mapped is None else f"{mapped}.{kind}"
 
 
@@ -553,7 +578,7 @@ class GGUFIndex:
 
 
 # Bumped whenever what the index holds changes, so no stale index outlives it.
-INDEX_VERSION = 11
+INDEX_VERSION = 12
 
 
 def _arch_from_json(saved: dict[str, Any]) -> LlamaArchConfig:
@@ -572,6 +597,7 @@ def _arch_from_json(saved: dict[str, Any]) -> LlamaArchConfig:
             "full_attention_layers": tuple(saved.get("full_attention_layers", ())),
             "dense_layers": tuple(saved.get("dense_layers", ())),
             "nope_layers": tuple(saved.get("nope_layers", ())),
+            "conv_layers": tuple(saved.get("conv_layers", ())),
         }
     )
 

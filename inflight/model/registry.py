@@ -14,6 +14,7 @@ from inflight.model.gemma import Gemma2Model, Gemma3Model, GemmaModel
 from inflight.model.glm4 import Glm4Model
 from inflight.model.gpt_oss import GptOssModel
 from inflight.model.hunyuan import HunyuanModel
+from inflight.model.lfm2 import Lfm2Model
 from inflight.model.llama import LlamaModel
 from inflight.model.moe import (
     Ernie45MoeModel,
@@ -67,6 +68,7 @@ MODEL_CLASSES: dict[str, type[LlamaModel]] = {
     "deepseek_v2": DeepseekModel,
     "deepseek_v3": DeepseekModel,
     "glm4_moe_lite": DeepseekModel,  # (GLM-4.7-Flash: DeepSeek-V3's layers, GLM's names)
+    "lfm2": Lfm2Model,
 }
 
 

@@ -34,6 +34,9 @@ def check_tensor_parallel(arch: LlamaArchConfig, size: int) -> None:
             f"tensor_parallel_size {size}: this model's query and key norms "
             "span all heads at once, which ranks holding some cannot compute"
         )
+    if size > 1 and arch.conv_layers:
+        raise ValueError(f"tensor_parallel_size {size}: this model's short-convolution layers "
+                         "(LFM2's) are not split over ranks")  # fmt: skip
     kv = arch.num_kv_heads
     parts = {
         "attention heads": arch.num_heads,

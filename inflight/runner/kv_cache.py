@@ -50,11 +50,11 @@ def values_in_keys(arch: LlamaArchConfig, attn: AttentionBackend, dtype: torch.d
 
 
 def kv_bytes_per_token(arch: LlamaArchConfig, dtype: torch.dtype, keys_alone: bool = False) -> int:
-    """Key and value bytes of one token in every layer, scales included (`keys_alone`: the
-    keys' alone, where the values are read out of them)."""
+    """Key and value bytes of one token in every layer that attends, scales included
+    (`keys_alone`: the keys' alone, where the values are read out of them)."""
     row = arch.head_dim * torch.empty((), dtype=dtype).element_size()
     row += SCALE_BYTES if is_scaled(dtype) else 0
-    return (1 if keys_alone else 2) * arch.num_layers * arch.num_kv_heads * row
+    return (1 if keys_alone else 2) * len(arch.kv_layers) * arch.num_kv_heads * row
 
 
 def kv_bytes_per_page_token(
@@ -62,8 +62,9 @@ def kv_bytes_per_page_token(
     keys_alone: bool = False,
 ) -> int:  # fmt: skip
     """Key and value bytes of one token in one page's layers: every layer's without groups."""
-    layers = layout.layers_per_page if layout is not None else arch.num_layers
-    return kv_bytes_per_token(arch, dtype, keys_alone) // arch.num_layers * layers
+    kv_layers = len(arch.kv_layers)
+    layers = layout.layers_per_page if layout is not None else kv_layers
+    return kv_bytes_per_token(arch, dtype, keys_alone) // kv_layers * layers
 
 
 class KVCache:
@@ -102,12 +103,14 @@ class KVCache:
             return (keys, keys.view(keys.shape[:1] + v_shape[1:]) if self.values_in_keys
                     else values())  # fmt: skip
 
-        num_slots = layout.layers_per_page if layout is not None else arch.num_layers
+        kv_layers = len(arch.kv_layers)
+        num_slots = layout.layers_per_page if layout is not None else kv_layers
         self.slots: list[KVPair] = [
             pair(zeros(k_shape), lambda: zeros(v_shape)) for _ in range(num_slots)
         ]
-        slot_of = layout.layer_slot if layout is not None else range(arch.num_layers)
-        self.layers = [self.slots[slot] for slot in slot_of]  # what each layer reads and writes
+        slot_of = layout.layer_slot if layout is not None else range(kv_layers)
+        # what each layer that attends (`arch.kv_layers`) reads and writes
+        self.layers = [self.slots[slot] for slot in slot_of]
         self.num_bytes = (kv_bytes_per_page_token(arch, dtype, layout, self.values_in_keys)
                           * block_size * num_blocks)  # fmt: skip
         # Swap space in host memory (pinned when the device is a GPU, for fast copies). Left

@@ -22,6 +22,7 @@ from inflight.kernels import load_extension
 from inflight.metrics.profiling import NO_TIMER, Timer
 from inflight.model.llama import LlamaModel
 from inflight.parallel.workers import RankWorkers
+from inflight.runner.conv_state import ConvState
 from inflight.runner.cuda_graphs import DecodeGraphs
 from inflight.runner.drafter import Drafter
 from inflight.runner.kv_cache import KVCache
@@ -47,8 +48,11 @@ class ModelRunner:
         drafter: Drafter | None = None,
         kv_layout: KVLayout | None = None,
         workers: RankWorkers | None = None,
+        conv_state: ConvState | None = None,
     ) -> None:
         self.model = model
+        # each running request's convolution inputs, for a model with convolution layers
+        self.conv_state = conv_state
         self.workers = workers  # the other tensor-parallel ranks, where the model is split
         # several KV groups (core/kv_groups.py): each layer's, and what stands for null blocks
         self.layer_groups, self.null_block = kv_group_args(kv_layout, kv_cache)
@@ -100,7 +104,7 @@ class ModelRunner:
         decode = ScheduledRequest("warm-up decode", [0], 1, [scratch] * 2, True, greedy, [0], [0],
                                   group_tables=[[scratch] * 2] * others)  # fmt: skip
         scheduled.append(decode)
-        logits = self.run_model(self.step_inputs(scheduled))
+        logits = self.run_model(self.step_inputs(scheduled, warm_up=True))
         if self.drafter is not None:
             self.drafter.warm_up(scheduled)
         self.sampler.sample(logits, scheduled)
@@ -108,15 +112,20 @@ class ModelRunner:
             torch.cuda.synchronize(self.device)
 
     def step_inputs(
-        self, scheduled: list[ScheduledRequest], score_prompts: bool = True, every_row: bool = False
-    ) -> StepInputs:
-        """The forward pass's inputs (`build_step_inputs`); the other tensor-parallel ranks
-        are handed the step once this rank's are built (so a step that cannot be built runs
-        nowhere), and run it beside this one."""
+        self, scheduled: list[ScheduledRequest], score_prompts: bool = True,
+        every_row: bool = False, warm_up: bool = False,
+    ) -> StepInputs:  # fmt: skip
+        """The forward pass's inputs (`build_step_inputs`, and the convolution state's reads
+        and writes, a `warm_up`'s on scratch rows); the other tensor-parallel ranks are handed
+        the step once this rank's are built (so a step that cannot be built runs nowhere), and
+        run it beside this one."""
         inputs = build_step_inputs(scheduled, self.block_size, self.attn_backend, self.device,
                                    score_prompts=score_prompts, every_row=every_row,
                                    layer_groups=self.layer_groups,
                                    null_block=self.null_block)  # fmt: skip
+        if self.conv_state is not None:
+            inputs.conv_step = self.conv_state.step(scheduled, inputs.query_start_loc,
+                                                    scratch=warm_up)  # fmt: skip
         if self.workers is not None:
             self.workers.forward(scheduled, score_prompts=score_prompts, every_row=every_row)
         return inputs
@@ -126,9 +135,15 @@ class ModelRunner:
         collectives out of step with this one's, so it stops the engine (ModelFailedError)
         rather than being retried as one request's fault."""
         try:
-            return self.model(inputs.input_ids, inputs.positions, self.kv_cache.layers,
-                              inputs.attn_metadata, inputs.logits_indices,
-                              inputs.layer_metadata)  # fmt: skip
+            if inputs.conv_step is None:
+                return self.model(inputs.input_ids, inputs.positions, self.kv_cache.layers,
+                                  inputs.attn_metadata, inputs.logits_indices,
+                                  inputs.layer_metadata)  # fmt: skip
+            logits = self.model(inputs.input_ids, inputs.positions, self.kv_cache.layers,
+                                inputs.attn_metadata, inputs.logits_indices,
+                                inputs.layer_metadata, conv_step=inputs.conv_step)  # fmt: skip
+            inputs.conv_step.commit()  # (only once the pass is through: a retry reads anew)
+            return logits
         except Exception as e:
             if self.workers is None or isinstance(e, ModelFailedError):
                 raise
@@ -142,6 +157,8 @@ class ModelRunner:
             self._pooled_sums.pop(request_id, None)
         if self.drafter is not None:
             self.drafter.drop(out.finished_request_ids + out.preempted_request_ids)
+        if self.conv_state is not None:
+            self.conv_state.release(out.finished_request_ids + out.preempted_request_ids)
         self.kv_cache.swap(out.swap_out, out.swap_in)
         if self.workers is not None and (out.swap_out or out.swap_in):
             self.workers.swap(out.swap_out, out.swap_in)

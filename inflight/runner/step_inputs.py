@@ -41,6 +41,7 @@ class StepInputs:
     # after the sampling rows: (request id, its first row's position, number of rows)
     prompt_rows: list[tuple[str, int, int]]
     layer_metadata: list[Any] | None = None  # each layer's group's, with several groups
+    conv_step: Any = None  # the convolution state's reads and writes (`runner/conv_state.py`)
 
 
 def kv_group_args(layout: KVLayout | None, kv_cache: Any) -> tuple[Sequence[int], int | None]:

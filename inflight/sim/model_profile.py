@@ -106,11 +106,13 @@ class ModelProfile:
 
     @property
     def kv_bytes_per_token(self) -> int:
-        """One token's K and V in every layer, on one rank (its own KV heads); the keys alone
-        where they are the values (latent attention)."""
+        """One token's K and V in every layer that attends, on one rank (its own KV heads); the
+        keys alone where they are the values (latent attention)."""
         a = self.arch
         rows = 1 if a.values_are_keys else 2
-        return rows * a.num_layers * self.kv_heads_per_rank * a.head_dim * KV_BYTES[self.kv_dtype]
+        return (
+            rows * len(a.kv_layers) * self.kv_heads_per_rank * a.head_dim * KV_BYTES[self.kv_dtype]
+        )
 
     @property
     def activation_bytes_per_value(self) -> int:
@@ -118,9 +120,10 @@ class ModelProfile:
 
     @property
     def attention_flops_per_pair(self) -> int:
-        """FLOPs for one (query token, key token) pair over all layers: QK^T and PV."""
+        """FLOPs for one (query token, key token) pair over all layers that attend: QK^T and
+        PV."""
         a = self.arch
-        return 4 * a.num_layers * a.num_heads * a.head_dim
+        return 4 * len(a.kv_layers) * a.num_heads * a.head_dim
 
     def activation_bytes(self, max_num_batched_tokens: int, max_num_seqs: int) -> int:
         """Peak activation memory of one step on one rank (rough): its share of the MLP's

@@ -106,7 +106,7 @@ def build_setup(
         group_windows = layout.group_windows if grouped else (None,)
     bytes_per_token = model.kv_bytes_per_token
     if len(group_windows) > 1 or group_windows[0] is not None:
-        bytes_per_token = bytes_per_token // arch.num_layers * layout.layers_per_page
+        bytes_per_token = bytes_per_token // len(arch.kv_layers) * layout.layers_per_page
     limit = model.arch.max_position_embeddings
     requested = config.model.max_model_len
     tp = model.tensor_parallel

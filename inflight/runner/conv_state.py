@@ -1,0 +1,140 @@
+"""Short-convolution state carried from step to step (LFM2's convolution layers): each running
+request's last `kernel - 1` inputs to every convolution layer, in a slot of its own.
+
+A convolution layer mixes each token's input with the `kernel - 1` inputs before it. Within a
+step those are the step's own rows (the rest of a prompt chunk); for the first rows of a chunk
+they are the last rows of the request's previous step, which this state holds. A request takes
+a slot when it first runs and gives it back when it finishes or is preempted (recomputed, it
+starts again from its first token, with zeros before it). At most `max_num_seqs` requests run
+at once, so that many slots never run out. The core knows nothing of slots: like the drafter's
+per-request state, they follow the scheduler's finished and preempted ids.
+
+Each slot has two rows, written in turn: a step reads the row that holds the state before its
+chunk's first position and writes the other, which counts only once the forward pass returns
+(`ConvStep.commit`). A step run again (a failed batch's halves, `ModelRunner._run_isolating`)
+reads what it read the first time, so a request's tokens never depend on another's failure.
+
+What this does not carry: prefix-cache hits (a cached block holds no convolution inputs: the
+engine turns prefix caching off), swapped requests (refused: they would resume without their
+state) and drafts (refused: a rejected draft would have moved the state).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import torch
+
+from inflight.core.outputs import ScheduledRequest
+
+
+@dataclass
+class ConvStep:
+    """One step's reads and writes of the state, shared by every convolution layer. A layer
+    concatenates its step rows [T, H] and the state rows it reads [R * (kernel - 1), H] into
+    one table; `taps` and `keep` index that table."""
+
+    states: list[torch.Tensor]  # each convolution layer's (`ConvState.layers`)
+    taps: torch.Tensor  # [T, kernel]: each token's inputs, the oldest first
+    keep: torch.Tensor  # [R * (kernel - 1)]: each request's state after the step, in order
+    read_rows: torch.Tensor  # [R]: the state row each request reads
+    write_rows: torch.Tensor  # [R]: the state row each request writes
+    # (slot, row of the slot, position the row holds the state before) to mark once run
+    _written: list[tuple[int, int, int]] = field(default_factory=list)
+    _valid: list[list[int]] | None = None
+
+    def commit(self) -> None:
+        """Marks the written rows as the requests' state (the forward pass returned)."""
+        if self._valid is None:
+            return
+        for slot, row, position in self._written:
+            self._valid[slot][row] = position
+
+
+class ConvState:
+    """Every convolution layer's state tensor [2 * slots + 2, kernel - 1, channels]: rows 2s and
+    2s + 1 are slot s's two; row 2 * slots is zeros (read before a request's first token, never
+    written); the last is scratch (written by warm-up steps, never read)."""
+
+    def __init__(self, num_layers: int, num_slots: int, kernel: int, channels: int,
+                 dtype: torch.dtype, device: torch.device) -> None:  # fmt: skip
+        self.kernel, self.num_slots, self.device = kernel, num_slots, device
+        shape = (2 * num_slots + 2, kernel - 1, channels)
+        self.layers = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.num_bytes = sum(t.numel() * t.element_size() for t in self.layers)
+        self._zero_row, self._scratch_row = 2 * num_slots, 2 * num_slots + 1
+        self._free = list(range(num_slots - 1, -1, -1))
+        self._slot_of: dict[str, int] = {}
+        # per slot, the position before which each of its two rows holds the state (-1: none)
+        self._valid = [[-1, -1] for _ in range(num_slots)]
+
+    @property
+    def num_free_slots(self) -> int:
+        return len(self._free)
+
+    def release(self, request_ids: Iterable[str]) -> None:
+        """Gives back the slots of requests that finished or were preempted."""
+        for request_id in request_ids:
+            slot = self._slot_of.pop(request_id, None)
+            if slot is not None:
+                self._valid[slot] = [-1, -1]
+                self._free.append(slot)
+
+    def step(self, scheduled: list[ScheduledRequest], query_start_loc: list[int],
+             scratch: bool = False) -> ConvStep:  # fmt: skip
+        """The step's `ConvStep`; `scratch`: a warm-up's, which reads zeros, writes the scratch
+        row and takes no slot. Raises RuntimeError where a request would resume without its
+        state (a bug: the engine refuses what leads there)."""
+        read, write, written = [], [], []
+        for s in scheduled:
+            if scratch:
+                read.append(self._zero_row)
+                write.append(self._scratch_row)
+                continue
+            slot = self._slot_of.get(s.request_id)
+            if slot is None:
+                if s.start_pos != 0:
+                    raise RuntimeError(f"request {s.request_id} resumes at position "
+                                       f"{s.start_pos} without its convolution state")  # fmt: skip
+                if not self._free:
+                    raise RuntimeError(f"more running requests than the {self.num_slots} "
+                                       "convolution state slots")  # fmt: skip
+                slot = self._slot_of[s.request_id] = self._free.pop()
+            if s.start_pos == 0:
+                row = -1  # zeros before the first token; written to row 0
+            elif s.start_pos in self._valid[slot]:
+                row = self._valid[slot].index(s.start_pos)
+            else:
+                raise RuntimeError(f"request {s.request_id}'s convolution state is not the one "
+                                   f"before position {s.start_pos}")  # fmt: skip
+            read.append(self._zero_row if row < 0 else 2 * slot + row)
+            target = 0 if row < 0 else 1 - row
+            write.append(2 * slot + target)
+            written.append((slot, target, s.start_pos + s.num_tokens))
+        taps, keep = self._indices(query_start_loc)
+        return ConvStep(states=self.layers, taps=taps.to(self.device), keep=keep.to(self.device),
+                        read_rows=torch.tensor(read, device=self.device),
+                        write_rows=torch.tensor(write, device=self.device),
+                        _written=written, _valid=None if scratch else self._valid)  # fmt: skip
+
+    def _indices(self, query_start_loc: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """`taps` and `keep` for requests whose rows start at `query_start_loc`: a position
+        before a request's chunk is its state row (kernel - 1 of them, the oldest first, after
+        the T step rows), any other its step row."""
+        back = self.kernel - 1
+        starts = torch.tensor(query_start_loc)
+        num_tokens, lengths = int(starts[-1]), starts[1:] - starts[:-1]
+        request = torch.repeat_interleave(torch.arange(len(lengths)), lengths)  # [T]
+        offset = torch.arange(num_tokens) - starts[:-1][request]  # [T]
+
+        def table_index(req: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
+            state = num_tokens + req * back + back + local  # (local in [-back, -1])
+            return torch.where(local >= 0, starts[:-1][req] + local, state)
+
+        local = offset[:, None] - back + torch.arange(self.kernel)  # [T, kernel]
+        taps = table_index(request[:, None], local)
+        reqs = torch.arange(len(lengths))[:, None]
+        last = lengths[:, None] - back + torch.arange(back)  # [R, back]
+        keep = table_index(reqs, last).reshape(-1)
+        return taps, keep

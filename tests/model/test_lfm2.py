@@ -1,0 +1,200 @@
+"""LFM2 (`Lfm2ForCausalLM`): gated short convolutions in most layers, Qwen3's attention in the
+others. The tiny LFM2 of `TINY_ARCHS` (convolutions in layers 0, 2 and 3) is held to
+transformers' greedy tokens in every setting that changes the computation; here, what the
+convolution state must survive (preemption, a failed batch run again in halves, requests
+coming and going in few slots), what it refuses, and the config as published."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from gguf import GGMLQuantizationType
+from transformers import AutoModelForCausalLM
+
+from inflight import LLM, SamplingParams
+from inflight.errors import ConfigError, ModelLoadError
+from inflight.model.arch import LlamaArchConfig
+from tests.gguf_files import write_tiny_gguf
+from tests.parity import (
+    assert_gguf_generates_as_its_weights,
+    hf_greedy,
+    mixed_max_tokens,
+    random_prompts,
+)
+
+PUBLISHED = {  # LFM2-1.2B's config.json, the fields the engine reads
+    "architectures": ["Lfm2ForCausalLM"], "block_auto_adjust_ff_dim": True, "block_dim": 2048,
+    "block_ff_dim": 12288, "block_ffn_dim_multiplier": 1.0, "block_multiple_of": 256,
+    "bos_token_id": 1, "conv_L_cache": 3, "conv_bias": False, "eos_token_id": 7,
+    "full_attn_idxs": [2, 5, 8, 10, 12, 14], "hidden_size": 2048,
+    "max_position_embeddings": 128000, "model_type": "lfm2", "norm_eps": 1e-05,
+    "num_attention_heads": 32, "num_hidden_layers": 16, "num_key_value_heads": 8,
+    "rope_theta": 1000000.0, "vocab_size": 65536,
+}  # fmt: skip
+
+
+def test_a_published_lfm2_config_is_read():
+    arch = LlamaArchConfig.from_hf_config(PUBLISHED)
+    assert arch.architecture == "lfm2" and arch.conv_kernel == 3
+    assert arch.kv_layers == (2, 5, 8, 10, 12, 14)
+    assert arch.conv_layers == (0, 1, 3, 4, 6, 7, 9, 11, 13, 15)
+    # 12,288 * 2/3 rounded up to a multiple of 256, as transformers (and llama.cpp's n_ff: 8,192)
+    assert arch.intermediate_size == 8192
+    assert (arch.rms_norm_eps, arch.rope_theta, arch.tie_word_embeddings) == (1e-5, 1e6, True)
+    assert (arch.head_dim, arch.num_kv_heads) == (64, 8)
+    # `layer_types` (transformers 5's saved configs) says the same
+    types = ["full_attention" if i in PUBLISHED["full_attn_idxs"] else "conv" for i in range(16)]
+    same = LlamaArchConfig.from_hf_config({**PUBLISHED, "full_attn_idxs": None,
+                                           "layer_types": types})  # fmt: skip
+    assert same.kv_layers == arch.kv_layers
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"conv_bias": True}, "biased convolutions"),
+        ({"conv_L_cache": 1}, "conv_L_cache 1"),
+        ({"conv_L_cache": 2**64}, "conv_L_cache"),
+        ({"conv_L_cache": 3.5}, "conv_L_cache"),
+        ({"full_attn_idxs": []}, "convolution layers alone"),
+        ({"full_attn_idxs": "all"}, "full_attn_idxs"),
+        ({"layer_types": ["conv"] * 15}, "layer_types must name 16"),
+        ({"layer_types": ["mamba"] * 16}, "layer_types must name 16"),
+        ({"block_ffn_dim_multiplier": float("nan")}, "block_ffn_dim_multiplier"),
+        ({"block_ffn_dim_multiplier": float("inf")}, "block_ffn_dim_multiplier"),
+        ({"block_multiple_of": 0}, "block_multiple_of"),
+        ({"block_ff_dim": -1}, "intermediate_size"),
+        ({"block_ff_dim": 2**64}, "intermediate_size"),
+        ({"num_hidden_layers": 2**63}, "layers"),
+    ],
+)
+def test_lfm2_configs_not_built_or_broken_are_refused(change, message):
+    with pytest.raises(ValueError, match=message):
+        LlamaArchConfig.from_hf_config({**PUBLISHED, **change})
+
+
+@pytest.fixture(scope="module")
+def lfm2(tiny_model_factory):
+    """The tiny LFM2's folder, 16 prompts and transformers' greedy tokens for them."""
+    folder = tiny_model_factory("lfm2")
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    prompts = random_prompts(model.config.vocab_size)
+    max_tokens = mixed_max_tokens(len(prompts))
+    return folder, prompts, max_tokens, hf_greedy(model, prompts, max_tokens)
+
+
+def _generate(llm: LLM, prompts, max_tokens) -> list[list[int]]:
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in max_tokens]
+    return [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+
+
+def _assert_slots_all_free(llm: LLM) -> None:
+    llm.core.step()  # (an empty step hands the runner the last requests' finished ids)
+    state = llm.core.runner.conv_state
+    assert state.num_free_slots == state.num_slots == llm.core.config.scheduler.max_num_seqs
+
+
+def test_the_kv_cache_holds_the_attention_layers_alone(lfm2):
+    folder, *_ = lfm2
+    llm = LLM(str(folder), dtype="float32", num_kv_blocks=64)
+    arch = llm.core.arch
+    assert arch.kv_layers == (1, 4)
+    assert len(llm.core.kv_cache.layers) == 2
+    per_token = 2 * 2 * arch.num_kv_heads * arch.head_dim * 4  # K and V of 2 layers, float32
+    assert llm.core.kv_cache.num_bytes == per_token * 64 * llm.core.kv_cache.block_size
+    state = llm.core.runner.conv_state
+    assert len(state.layers) == 3  # layers 0, 2 and 3
+    assert state.layers[0].shape == (2 * state.num_slots + 2, 2, arch.hidden_size)
+
+
+def test_preempted_requests_recompute_their_convolution_state(lfm2):
+    folder, prompts, max_tokens, expected = lfm2
+    llm = LLM(str(folder), dtype="float32", kv_block_size=4, num_kv_blocks=40,
+              max_num_batched_tokens=96)  # fmt: skip
+    assert _generate(llm, prompts, max_tokens) == expected
+    assert llm.core.scheduler.num_preemptions > 0, "the pool was meant to force preemption"
+    _assert_slots_all_free(llm)
+
+
+@pytest.mark.parametrize("knobs", [{"max_num_seqs": 1}, {"max_num_seqs": 3,
+                                                          "prefill_chunk_size": 5}])  # fmt: skip
+def test_requests_come_and_go_through_few_slots(lfm2, knobs):
+    folder, prompts, max_tokens, expected = lfm2
+    llm = LLM(str(folder), dtype="float32", **knobs)
+    assert _generate(llm, prompts, max_tokens) == expected
+    _assert_slots_all_free(llm)
+
+
+def test_a_batch_failing_midway_is_run_again_from_the_state_before_it(lfm2):
+    """A step that fails after some convolution layers wrote their state is run again in
+    halves: each half must read the state from before the failed step."""
+    folder, prompts, max_tokens, expected = lfm2
+    llm = LLM(str(folder), dtype="float32", prefill_chunk_size=8, max_num_batched_tokens=64)
+    model = llm.core.loaded.model
+    last = model.layers[4]  # attention, after the convolutions of layers 0, 2 and 3
+    calls, failures = [], []
+    mlp = last.mlp
+
+    def failing_mlp(x, decodes):
+        calls.append(x.shape[0])
+        # three faults from the sixth pass on, where requests are past their first chunk
+        if len(calls) > 5 and x.shape[0] > 1 and len(failures) < 3:
+            failures.append(x.shape[0])
+            raise RuntimeError("a fault after the convolutions ran")
+        return mlp(x, decodes)
+
+    last.mlp = failing_mlp
+    assert _generate(llm, prompts, max_tokens) == expected
+    assert len(failures) == 3
+    _assert_slots_all_free(llm)
+
+
+def test_prefix_caching_is_off_and_a_repeated_prompt_gives_the_same_tokens(lfm2):
+    folder, prompts, max_tokens, expected = lfm2
+    llm = LLM(str(folder), dtype="float32", enable_prefix_caching=True)
+    assert not llm.core.kv_cache_manager.enable_prefix_caching
+    twice = _generate(llm, [prompts[3]] * 2, [max_tokens[3]] * 2)
+    assert twice == [expected[3]] * 2
+
+
+@pytest.mark.parametrize(
+    ("knobs", "message"),
+    [
+        ({"preemption_mode": "swap"}, "swapped request would resume without"),
+        ({"num_speculative_tokens": 2}, "rejected draft"),
+        ({"tensor_parallel_size": 2}, "short-convolution layers"),
+    ],
+)
+def test_what_would_lose_the_convolution_state_is_refused(lfm2, knobs, message):
+    folder, *_ = lfm2
+    with pytest.raises(ConfigError, match=message):
+        LLM(str(folder), dtype="float32", **knobs)
+
+
+@pytest.mark.parametrize("qtype", [GGMLQuantizationType.F32, GGMLQuantizationType.Q8_0],
+                         ids=lambda q: q.name)  # fmt: skip
+def test_an_lfm2_gguf_generates_as_transformers_with_its_weights(tmp_path, lfm2, qtype):
+    """An `lfm2` file as llama.cpp's converter writes it: a KV head count per layer (0 for a
+    convolution), the kernel in `shortconv.l_cache`, the kernels [K, H] in F32, the final norm
+    as `token_embd_norm`. transformers reads no lfm2 GGUF: the reference is the folder's model
+    with the file's rounded weights."""
+    folder, *_ = lfm2
+    path = write_tiny_gguf(folder, tmp_path / "lfm2.gguf", qtype)
+    llm = LLM(str(path), dtype="float32", quantized_activations="off")
+    arch = llm.core.arch
+    assert (arch.architecture, arch.conv_layers, arch.conv_kernel) == ("lfm2", (0, 2, 3), 3)
+    assert arch.kv_layers == (1, 4) and arch.intermediate_size == 96
+    assert_gguf_generates_as_its_weights(llm, folder, qtype)
+
+
+def test_an_lfm2_gguf_without_its_layer_kinds_is_refused(tmp_path, lfm2):
+    folder, *_ = lfm2
+
+    def one_count(writer) -> None:  # a single KV head count: no layer said to be a convolution
+        writer.kv_data[0].pop("lfm2.attention.head_count_kv")
+        writer.add_head_count_kv(2)
+
+    path = write_tiny_gguf(folder, tmp_path / "lfm2.gguf", GGMLQuantizationType.F32,
+                           metadata=one_count)  # fmt: skip
+    with pytest.raises(ModelLoadError, match="head_count_kv must list each layer's KV heads"):
+        LLM(str(path), dtype="float32")
