@@ -127,8 +127,10 @@ class EngineCore:
         block_size = config.cache.kv_block_size
         attn = loaded.model.layers[0].attn
         if self.workers is not None:
+            conv_slots = sched_cfg.max_num_seqs if self.arch.conv_layers else 0
             self.workers.setup(KVSetup(plan.num_blocks, plan.num_cpu_blocks, kv_dtype,
-                                       self.kv_layout, plan.max_model_len))  # fmt: skip
+                                       self.kv_layout, plan.max_model_len,
+                                       conv_slots))  # fmt: skip
         # the scratch block: the start-up warm-up's, and padding rows' of decode graphs; this
         # rank's share of the heads where the model is split (`model.cfg`)
         self.kv_cache = KVCache(loaded.model.cfg, attn, plan.num_blocks, kv_dtype, self.device,
@@ -322,9 +324,10 @@ class EngineCore:
             drafter = Drafter(draft.model, draft_kv, draft_attn, device)
         conv_state = None
         if self.arch.conv_layers:
-            conv_state = ConvState(len(self.arch.conv_layers), config.scheduler.max_num_seqs,
-                                   self.arch.conv_kernel, model.cfg.hidden_size, self.dtype,
-                                   device)  # fmt: skip
+            cfg = model.cfg  # (a rank's share of the channels where the model is split)
+            conv_state = ConvState(len(cfg.conv_layers), config.scheduler.max_num_seqs,
+                                   cfg.conv_kernel, cfg.conv_channels or cfg.hidden_size,
+                                   self.dtype, device)  # fmt: skip
             logger.info("convolution state: %d slots, %.1f MiB", conv_state.num_slots,
                         conv_state.num_bytes / 2**20)  # fmt: skip
         return ModelRunner(model, self.kv_cache, attn, device, config.model.seed, graphs, drafter,

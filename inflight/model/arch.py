@@ -204,6 +204,9 @@ class LlamaArchConfig:
     # carries from step to step (`runner/conv_state.py`); the other layers attend
     conv_layers: tuple[int, ...] = ()
     conv_kernel: int = 0
+    # the channels of each convolution a rank holds under tensor parallelism (0: all of
+    # `hidden_size`)
+    conv_channels: int = 0
     # an embedding model's pooling (`POOLING_MODES`); None for a generative model
     pooling: str | None = None
     # its vectors' leading dimensions are a vector too (Matryoshka training, `is_matryoshka`):

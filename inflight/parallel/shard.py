@@ -34,9 +34,6 @@ def check_tensor_parallel(arch: LlamaArchConfig, size: int) -> None:
             f"tensor_parallel_size {size}: this model's query and key norms "
             "span all heads at once, which ranks holding some cannot compute"
         )
-    if size > 1 and arch.conv_layers:
-        raise ValueError(f"tensor_parallel_size {size}: this model's short-convolution layers "
-                         "(LFM2's) are not split over ranks")  # fmt: skip
     kv = arch.num_kv_heads
     parts = {
         "attention heads": arch.num_heads,
@@ -47,6 +44,8 @@ def check_tensor_parallel(arch: LlamaArchConfig, size: int) -> None:
         parts["experts' MLP columns (expert_intermediate_size)"] = arch.expert_intermediate_size
     if arch.shared_expert_intermediate_size:
         parts["shared expert's MLP columns"] = arch.shared_expert_intermediate_size
+    if arch.conv_layers:
+        parts["short-convolution channels (hidden_size)"] = arch.hidden_size
     for what, count in parts.items():
         if count % size:
             raise ValueError(f"tensor_parallel_size {size} does not divide the model's {count} "
@@ -86,6 +85,12 @@ class Shard:
         return self._part(self.arch.vocab_size)
 
     @property
+    def channels(self) -> range:
+        """This rank's channels of every short convolution (LFM2's): of its B, C and x rows,
+        its kernels and its output projection's inputs."""
+        return self._part(self.arch.hidden_size)
+
+    @property
     def columns(self) -> range:
         """This rank's MLP columns."""
         return self._part(self.arch.intermediate_size)
@@ -118,6 +123,7 @@ def shard_arch(shard: Shard) -> LlamaArchConfig:
         expert_intermediate_size=len(shard.expert_columns),
         shared_expert_intermediate_size=len(shard.shared_expert_columns),
         latent_expansion_heads=a.num_heads if a.latent_expansion_per_head else 0,
+        conv_channels=len(shard.channels) if a.conv_layers else 0,
     )  # fmt: skip
 
 
@@ -133,9 +139,12 @@ def _parts(tensor: torch.Tensor, sizes: list[int]) -> list[torch.Tensor]:
 def input_columns(shard: Shard, name: str) -> range | None:
     """The input columns this rank holds of a row-parallel weight (o's, down's); None for
     every other tensor."""
-    if name.endswith("o_proj.weight"):  # (a latent attention's heads: their values' width)
+    if name.endswith(("o_proj.weight", "self_attn.out_proj.weight")):  # (LFM2's: out_proj;
+        # a latent attention's heads: their values' width)
         d = shard.arch.v_head_dim if shard.arch.kv_lora_rank else shard.arch.head_dim
         return range(shard.heads.start * d, shard.heads.stop * d)
+    if name.endswith("out_proj.weight") and shard.arch.conv_layers:  # a short convolution's
+        return shard.channels
     if name.endswith(("down_proj.weight", ".w2.weight")):  # (Mixtral's experts: w2)
         return shard.mlp_columns(name)[0]
     return None
@@ -179,6 +188,10 @@ def shard_tensor(shard: Shard, name: str, tensor: torch.Tensor) -> torch.Tensor:
         return _rows(tensor, shard.heads, d)
     if module in ("k_proj", "v_proj"):
         return _rows(tensor, shard.kv_heads, d)
+    if a.conv_layers and module == "in_proj":  # a short convolution's B, C and x rows
+        return torch.cat([_rows(part, shard.channels, 1) for part in tensor.chunk(3)])
+    if a.conv_layers and name.endswith("conv.conv.weight"):  # its kernels, a channel each
+        return _rows(tensor, shard.channels, 1)
     if module == "qkv_proj":  # Phi-3's fused rows: q, then k, then v
         pq, pk, pv = _parts(tensor, [q, kv, kv])
         return torch.cat([_rows(pq, shard.heads, d), _rows(pk, shard.kv_heads, d),

@@ -74,6 +74,7 @@ class KVSetup:
     kv_dtype: torch.dtype
     layout: KVLayout | None
     max_model_len: int  # (LongRoPE's factors are chosen by it)
+    conv_slots: int = 0  # the convolution state's slots (LFM2's: `max_num_seqs`), or none
 
 
 def threads_per_rank(size: int) -> int:
@@ -355,6 +356,7 @@ def _load_slice(spec: RankSpec, group: TPGroup) -> LlamaModel:
 
 def rank_loop(spec: RankSpec, model: LlamaModel, conn: Connection) -> None:
     """Builds the rank's share of the pool as rank 0 planned it, then runs what it is handed."""
+    from inflight.runner.conv_state import ConvState
     from inflight.runner.kv_cache import KVCache
     from inflight.runner.step_inputs import build_step_inputs, kv_group_args
 
@@ -366,6 +368,12 @@ def rank_loop(spec: RankSpec, model: LlamaModel, conn: Connection) -> None:
     cache = KVCache(model.cfg, attn, kv.num_blocks, kv.kv_dtype, device, kv.num_cpu_blocks,
                     scratch_block=True, layout=kv.layout)  # fmt: skip
     layer_groups, null_block = kv_group_args(kv.layout, cache)
+    conv_state = None
+    if kv.conv_slots:  # its share of every channel, in the slots rank 0 assigns
+        a = model.cfg
+        conv_state = ConvState(len(a.conv_layers), kv.conv_slots, a.conv_kernel,
+                               a.conv_channels or a.hidden_size, model.norm.weight.dtype,
+                               device)  # fmt: skip
     conn.send(("ready",))
     while True:
         kind, *args = conn.recv()
@@ -375,12 +383,16 @@ def rank_loop(spec: RankSpec, model: LlamaModel, conn: Connection) -> None:
             cache.swap(*args)
         elif kind == "forward":
             scheduled, build = args
+            conv_rows = build.pop("conv_rows", None)
             inputs = build_step_inputs(scheduled, spec.block_size, attn, device,
                                        layer_groups=layer_groups, null_block=null_block,
                                        **build)  # fmt: skip
+            conv = {}
+            if conv_state is not None and conv_rows is not None:
+                conv["conv_step"] = conv_state.at_rows(conv_rows, inputs.query_start_loc)
             with torch.inference_mode():
                 model(inputs.input_ids, inputs.positions, cache.layers, inputs.attn_metadata,
-                      inputs.logits_indices, inputs.layer_metadata)  # fmt: skip
+                      inputs.logits_indices, inputs.layer_metadata, **conv)  # fmt: skip
 
 
 if __name__ == "__main__":

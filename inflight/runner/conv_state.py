@@ -14,6 +14,9 @@ chunk's first position and writes the other, which counts only once the forward 
 (`ConvStep.commit`). A step run again (a failed batch's halves, `ModelRunner._run_isolating`)
 reads what it read the first time, so a request's tokens never depend on another's failure.
 
+Split over tensor-parallel ranks, each rank holds its share of the channels, in the slots and
+rows rank 0 chose (`ConvStep.rows`, sent with the step).
+
 What this does not carry: prefix-cache hits (a cached block holds no convolution inputs: the
 engine turns prefix caching off), swapped requests (refused: they would resume without their
 state) and drafts (refused: a rejected draft would have moved the state).
@@ -40,6 +43,7 @@ class ConvStep:
     keep: torch.Tensor  # [R * (kernel - 1)]: each request's state after the step, in order
     read_rows: torch.Tensor  # [R]: the state row each request reads
     write_rows: torch.Tensor  # [R]: the state row each request writes
+    rows: tuple[list[int], list[int]]  # the same, as rank 0 hands them to the other ranks
     # (slot, row of the slot, position the row holds the state before) to mark once run
     _written: list[tuple[int, int, int]] = field(default_factory=list)
     _valid: list[list[int]] | None = None
@@ -112,11 +116,20 @@ class ConvState:
             target = 0 if row < 0 else 1 - row
             write.append(2 * slot + target)
             written.append((slot, target, s.start_pos + s.num_tokens))
+        step = self.at_rows((read, write), query_start_loc)
+        if not scratch:
+            step._written, step._valid = written, self._valid
+        return step
+
+    def at_rows(self, rows: tuple[list[int], list[int]], query_start_loc: list[int]) -> ConvStep:
+        """A step over the rows rank 0 chose (`ConvStep.rows`): another tensor-parallel rank's,
+        whose slots mirror rank 0's (the same rows of its share of the channels)."""
         taps, keep = self._indices(query_start_loc)
+        read, write = rows
         return ConvStep(states=self.layers, taps=taps.to(self.device), keep=keep.to(self.device),
                         read_rows=torch.tensor(read, device=self.device),
                         write_rows=torch.tensor(write, device=self.device),
-                        _written=written, _valid=None if scratch else self._valid)  # fmt: skip
+                        rows=rows)  # fmt: skip
 
     def _indices(self, query_start_loc: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """`taps` and `keep` for requests whose rows start at `query_start_loc`: a position

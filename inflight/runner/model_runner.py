@@ -123,11 +123,14 @@ class ModelRunner:
                                    score_prompts=score_prompts, every_row=every_row,
                                    layer_groups=self.layer_groups,
                                    null_block=self.null_block)  # fmt: skip
+        conv_rows = None
         if self.conv_state is not None:
             inputs.conv_step = self.conv_state.step(scheduled, inputs.query_start_loc,
                                                     scratch=warm_up)  # fmt: skip
+            conv_rows = inputs.conv_step.rows
         if self.workers is not None:
-            self.workers.forward(scheduled, score_prompts=score_prompts, every_row=every_row)
+            self.workers.forward(scheduled, score_prompts=score_prompts, every_row=every_row,
+                                 conv_rows=conv_rows)  # fmt: skip
         return inputs
 
     def run_model(self, inputs: StepInputs) -> torch.Tensor:

@@ -162,7 +162,6 @@ def test_prefix_caching_is_off_and_a_repeated_prompt_gives_the_same_tokens(lfm2)
     [
         ({"preemption_mode": "swap"}, "swapped request would resume without"),
         ({"num_speculative_tokens": 2}, "rejected draft"),
-        ({"tensor_parallel_size": 2}, "short-convolution layers"),
     ],
 )
 def test_what_would_lose_the_convolution_state_is_refused(lfm2, knobs, message):
@@ -198,3 +197,18 @@ def test_an_lfm2_gguf_without_its_layer_kinds_is_refused(tmp_path, lfm2):
                            metadata=one_count)  # fmt: skip
     with pytest.raises(ModelLoadError, match="head_count_kv must list each layer's KV heads"):
         LLM(str(path), dtype="float32")
+
+
+def test_an_lfm2_gguf_split_over_two_ranks_gives_one_ranks_tokens(tmp_path, lfm2):
+    """Each rank holds its channels of every convolution (B, C and x rows, kernels, out_proj's
+    inputs: whole Q8_0 blocks) and their state, in the slots rank 0 assigns."""
+    folder, prompts, max_tokens, _ = lfm2
+    path = str(write_tiny_gguf(folder, tmp_path / "lfm2.gguf", GGMLQuantizationType.Q8_0))
+    knobs = {"dtype": "float32", "quantized_activations": "int16", "max_num_seqs": 4,
+             "prefill_chunk_size": 16, "max_num_batched_tokens": 64}  # fmt: skip
+    expected = _generate(LLM(path, **knobs), prompts[:8], max_tokens[:8])
+    split = LLM(path, tensor_parallel_size=2, **knobs)
+    assert split.core.loaded.model.layers[0].in_proj.blocks_only  # (no float copy)
+    assert split.core.runner.conv_state.layers[0].shape[-1] == 32  # half of 64 channels
+    assert _generate(split, prompts[:8], max_tokens[:8]) == expected
+    split.core.workers.close()
