@@ -18,6 +18,17 @@ from inflight.model.packed_linear import PackedLinear
 from inflight.parallel.group import TPGroup
 
 _PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+# a short-convolution layer's (LFM2's) in their places: in_proj for q/k/v, out_proj for o
+_CONV_PROJECTIONS = ("in_proj", "out_proj", "gate_up_proj", "down_proj")
+
+
+def _is_conv(layer: torch.nn.Module) -> bool:
+    return getattr(layer, "is_conv", False)
+
+
+def _projections(layer: torch.nn.Module) -> list[torch.nn.Module]:
+    """The layer's four linears, in the loop's order."""
+    return [getattr(layer, p) for p in (_CONV_PROJECTIONS if _is_conv(layer) else _PROJECTIONS)]
 
 
 class FusedDecoderLayers:
@@ -27,7 +38,7 @@ class FusedDecoderLayers:
         """`tp`: the ranks a split model's layers sum their output and down projections over."""
         if any(layer.sinks is not None for layer in layers):  # (gpt-oss's layers run in Python)
             raise ValueError("the fused layer loop does not pass attention sinks")
-        projections = [getattr(layer, p) for layer in layers for p in _PROJECTIONS]
+        projections = [p for layer in layers for p in _projections(layer)]
         kinds = {type(m) for m in projections}
         if len(kinds) != 1:
             raise ValueError(f"projections must be all packed or all plain, got {kinds}")
@@ -53,21 +64,32 @@ class FusedDecoderLayers:
             for layer in layers
             for w in (
                 layer.input_layernorm.weight if self.pre_norms else unread,
-                layer.qkv_proj.weight,
-                layer.o_proj.weight,
+                _projections(layer)[0].weight,
+                _projections(layer)[1].weight,
                 layer.mlp_norm.weight if self.pre_norms else unread,
                 layer.gate_up_proj.weight,
                 layer.down_proj.weight,
             )
         ]
-        self.qkv_biases = [layer.qkv_proj.bias for layer in layers]
+        # LFM2's short convolutions: each layer's index among them (-1: it attends), their
+        # kernels; a convolution layer's q/k norms and caches are placeholders, never read
+        self.conv_index: list[int] = []
+        if any(_is_conv(layer) for layer in layers):
+            count = iter(range(len(layers)))
+            self.conv_index = [next(count) if _is_conv(layer) else -1 for layer in layers]
+        self.conv_weights = [layer.conv_weight for layer in layers if _is_conv(layer)]
+        attending = next(layer for layer in layers if not _is_conv(layer))
+        self.qkv_biases = [None if _is_conv(layer) else layer.qkv_proj.bias for layer in layers]
         # a family's per-head query and key norms (Qwen3's), in layer order, or none
         self.qk_norms = [
             norm.weight
             for layer in layers
-            if hasattr(layer, "q_norm")
-            for norm in (layer.q_norm, layer.k_norm)
-        ]
+            if hasattr(attending, "q_norm")
+            for norm in (
+                (attending.q_norm, attending.k_norm) if _is_conv(layer)
+                else (layer.q_norm, layer.k_norm)
+            )
+        ]  # fmt: skip
         self.shape = (first.num_heads, first.num_kv_heads, first.head_dim)
         # a model's layers share their class and config: its activation and its score scale
         self.gelu, self.squared_relu = first.gelu, first.squared_relu
@@ -111,6 +133,15 @@ class FusedDecoderLayers:
                 number[id(layer_meta)] = len(groups) + 1
                 groups.append(layer_meta)
         layer_groups = [number[id(layer_meta)] for layer_meta in layer_metas or ()]
+        conv_states: list[torch.Tensor] = []
+        conv_rows: list[torch.Tensor] = []
+        if self.conv_index:  # (a convolution layer's "cache" is its state and the step)
+            pairs = list(zip(self.conv_index, kv_caches, strict=True))
+            step = next(kv for c, kv in pairs if c >= 0)[1]
+            conv_states = step.states
+            conv_rows = [step.taps, step.keep, step.read_rows, step.write_rows]
+            placeholder = next(kv for c, kv in pairs if c < 0)
+            kv_caches = [placeholder if c >= 0 else kv for c, kv in pairs]
         hidden, residual = self.run(
             hidden, None, cos, sin, local_cos, local_sin, query_scale, self.weights,
             self.small_weights,
@@ -127,5 +158,6 @@ class FusedDecoderLayers:
             [g.decode_batch.block_tables for g in groups if g.decode_batch is not None],
             [g.prefill_batch.block_tables for g in groups if g.prefill_batch is not None],
             self.all_reduce,
+            self.conv_index, self.conv_weights, conv_states, conv_rows,
         )  # fmt: skip
         return hidden, residual

@@ -54,9 +54,9 @@ def short_convolution(x: torch.Tensor, weight: torch.Tensor, state: torch.Tensor
     back = weight.shape[1] - 1
     prev = state[step.read_rows].reshape(-1, x.shape[1]).to(x.dtype)  # [R * back, H]
     table = torch.cat([x, prev])
-    out = table[step.taps[:, 0]] * weight[:, 0]
+    out = table[step.taps[0]] * weight[:, 0]
     for k in range(1, back + 1):
-        out += table[step.taps[:, k]] * weight[:, k]
+        out += table[step.taps[k]] * weight[:, k]
     state[step.write_rows] = table[step.keep].view(-1, back, x.shape[1]).to(state.dtype)
     return out
 
@@ -99,7 +99,6 @@ class Lfm2DecoderLayer(Qwen3DecoderLayer):
 
 class Lfm2Model(Qwen3Model):
     layer_class: ClassVar[type[DecoderLayer]] = Lfm2DecoderLayer
-    fusable = False  # (the C++ layer loop has no convolution)
     graph_capturable = False  # (each step picks its state rows on the host)
 
     def forward(

@@ -39,7 +39,7 @@ class ConvStep:
     one table; `taps` and `keep` index that table."""
 
     states: list[torch.Tensor]  # each convolution layer's (`ConvState.layers`)
-    taps: torch.Tensor  # [T, kernel]: each token's inputs, the oldest first
+    taps: torch.Tensor  # [kernel, T]: each token's inputs, the oldest first
     keep: torch.Tensor  # [R * (kernel - 1)]: each request's state after the step, in order
     read_rows: torch.Tensor  # [R]: the state row each request reads
     write_rows: torch.Tensor  # [R]: the state row each request writes
@@ -146,7 +146,7 @@ class ConvState:
             return torch.where(local >= 0, starts[:-1][req] + local, state)
 
         local = offset[:, None] - back + torch.arange(self.kernel)  # [T, kernel]
-        taps = table_index(request[:, None], local)
+        taps = table_index(request[:, None], local).t().contiguous()  # [kernel, T]
         reqs = torch.arange(len(lengths))[:, None]
         last = lengths[:, None] - back + torch.arange(back)  # [R, back]
         keep = table_index(reqs, last).reshape(-1)

@@ -21,10 +21,6 @@ from tests.conftest import TINY_ARCHS
 from tests.gguf_files import write_tiny_gguf
 from tests.parity import mixed_max_tokens, random_prompts
 
-# the families whose layers the C++ loop does not compute: experts are routed in Python, and
-# LFM2's convolutions have no C++ counterpart
-PYTHON_LOOP_ARCHS = (*EXPERT_ARCHS, "lfm2")
-
 
 def _run(llm: LLM, prompts, max_tokens):
     params = [
@@ -40,8 +36,8 @@ def _run(llm: LLM, prompts, max_tokens):
 def test_fused_layers_match_the_python_loop_bit_for_bit(
     tiny_model_factory, arch, dtype, plain, monkeypatch
 ):
-    if arch in PYTHON_LOOP_ARCHS and (dtype, plain) != ("float32", False):
-        pytest.skip("the Python loop whatever the dtype: the float32 case shows it")
+    if arch in EXPERT_ARCHS and (dtype, plain) != ("float32", False):
+        pytest.skip("routed in Python whatever the dtype: the float32 case shows it")
     # steps of at most 4 rows take inflight's bf16 linear kernel, larger ones oneDNN: both paths
     monkeypatch.setattr(packed_linear, "SMALL_BATCH_ROWS", 4)
     if plain:  # what a CPU without oneDNN gets: nn.Linear's weights as they are
@@ -51,7 +47,7 @@ def test_fused_layers_match_the_python_loop_bit_for_bit(
               enable_prefix_caching=False)  # fmt: skip
     model = llm.core.loaded.model
     fused = model.fused_layers
-    if arch in PYTHON_LOOP_ARCHS:
+    if arch in EXPERT_ARCHS:  # routing to experts runs in Python
         assert fused is None and not model.fusable
         return
     assert isinstance(fused, FusedDecoderLayers)
@@ -135,7 +131,8 @@ def test_bad_inputs_are_refused_before_any_write(tiny_llama):
 
     def run(weights=fused.weights, small=fused.small_weights, slots=(0, 1), k_caches=None,
             decode=(), qk_norms=(), output_norms=(), windows=None, rotations=None,
-            local=(None, None), groups=(), group_slots=(), query_scale=None):  # fmt: skip
+            local=(None, None), groups=(), group_slots=(), query_scale=None,
+            conv=((), (), (), ())):  # fmt: skip
         k_caches = k_caches if k_caches is not None else [k for k, _ in caches]
         windows = fused.windows if windows is None else windows
         rotations = fused.rotations if rotations is None else rotations
@@ -147,7 +144,7 @@ def test_bad_inputs_are_refused_before_any_write(tiny_llama):
             num_heads, num_kv_heads, head_dim, fused.eps, 1.0, windows, rotations, True, False,
             False, False, fused.packed,
             fused.activation_bits, 1.0, 0.0, list(groups),
-            [torch.tensor(s) for s in group_slots], [], [], None,
+            [torch.tensor(s) for s in group_slots], [], [], None, *map(list, conv),
         )  # fmt: skip
 
     with pytest.raises(RuntimeError, match="six weights"):
@@ -192,6 +189,20 @@ def test_bad_inputs_are_refused_before_any_write(tiny_llama):
     assert bool((values[0, :, 0] == 7.0).all())
     with pytest.raises(RuntimeError, match="caches must be contiguous"):
         run(k_caches=[k.to(torch.bfloat16) for k, _ in caches])
+    # LFM2's short convolutions: an index per layer into kernels and states that match
+    kernel, state = torch.ones(num_heads * head_dim, 3), torch.zeros(4, 2, num_heads * head_dim)
+    rows = [torch.zeros(3, 2, dtype=torch.long)] + [torch.zeros(2, dtype=torch.long)] * 3
+    with pytest.raises(RuntimeError, match="one convolution index per layer"):
+        run(conv=([0], [kernel], [state], rows))
+    with pytest.raises(RuntimeError, match="a kernel and a state per convolution layer"):
+        run(conv=([0, -1], [kernel], [], rows))
+    with pytest.raises(RuntimeError, match="the step's four row indices"):
+        run(conv=([0, -1], [kernel], [state], rows[:3]))
+    with pytest.raises(RuntimeError, match="convolution 1 out of range"):
+        run(conv=([1, -1], [kernel], [state], rows))
+    with pytest.raises(RuntimeError, match=r"kernel \[C, K\] and state"):
+        run(conv=([0, -1], [kernel], [torch.zeros(4, 3, num_heads * head_dim)], rows))
+    assert bool((values[0, :, 0] == 7.0).all())
 
 
 @pytest.fixture(scope="module")

@@ -125,25 +125,35 @@ def test_requests_come_and_go_through_few_slots(lfm2, knobs):
     _assert_slots_all_free(llm)
 
 
-def test_a_batch_failing_midway_is_run_again_from_the_state_before_it(lfm2):
-    """A step that fails after some convolution layers wrote their state is run again in
-    halves: each half must read the state from before the failed step."""
+@pytest.mark.parametrize("backend", ["cpu", "torch"])
+def test_a_batch_failing_midway_is_run_again_from_the_state_before_it(lfm2, backend):
+    """A step that fails after convolution layers wrote their state is run again in halves:
+    each half must read the state from before the failed step. With the C++ kernels the layers
+    run as one call (`FusedDecoderLayers`), which fails here once it has run every layer; with
+    PyTorch's, the last layer's MLP fails after the convolutions of layers 0, 2 and 3."""
     folder, prompts, max_tokens, expected = lfm2
-    llm = LLM(str(folder), dtype="float32", prefill_chunk_size=8, max_num_batched_tokens=64)
+    llm = LLM(str(folder), dtype="float32", prefill_chunk_size=8, max_num_batched_tokens=64,
+              attention_backend=backend)  # fmt: skip
     model = llm.core.loaded.model
-    last = model.layers[4]  # attention, after the convolutions of layers 0, 2 and 3
+    assert (model.fused_layers is not None) == (backend == "cpu")
     calls, failures = [], []
-    mlp = last.mlp
 
-    def failing_mlp(x, decodes):
-        calls.append(x.shape[0])
-        # three faults from the sixth pass on, where requests are past their first chunk
-        if len(calls) > 5 and x.shape[0] > 1 and len(failures) < 3:
-            failures.append(x.shape[0])
-            raise RuntimeError("a fault after the convolutions ran")
-        return mlp(x, decodes)
+    def failing(run):
+        def call(x, *args):
+            out = run(x, *args)
+            calls.append(x.shape[0])
+            # three faults from the sixth pass on, where requests are past their first chunk
+            if len(calls) > 5 and x.shape[0] > 1 and len(failures) < 3:
+                failures.append(x.shape[0])
+                raise RuntimeError("a fault after the convolutions ran")
+            return out
 
-    last.mlp = failing_mlp
+        return call
+
+    if backend == "cpu":
+        model.fused_layers.run = failing(model.fused_layers.run)
+    else:
+        model.layers[4].mlp = failing(model.layers[4].mlp)
     assert _generate(llm, prompts, max_tokens) == expected
     assert len(failures) == 3
     _assert_slots_all_free(llm)

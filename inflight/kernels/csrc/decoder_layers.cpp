@@ -1,4 +1,5 @@
-// All decoder layers of a Llama-family model in one call, for the CPU fast path.
+// All decoder layers of a Llama-family model in one call, for the CPU fast path (LFM2's too: its
+// short convolutions in place of attention, where `conv_index` says).
 //
 // The same sequence of operations as `DecoderLayer.forward` in inflight/model/llama.py (the
 // reference, and what this is tested against, bit for bit): RMSNorm (the residual add fused in),
@@ -21,6 +22,7 @@
 #include "kv_layout.h"
 #include "ops.h"
 
+#include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/gelu.h>
 #include <ATen/ops/relu.h>
@@ -127,6 +129,24 @@ at::Tensor linear(const at::Tensor& x, const Linear& l, const LinearChoice& how,
   return y;
 }
 
+// LFM2's short convolution of x [T, C] (`model/lfm2.short_convolution`, op for op): each token's
+// taps (`rows[0]`: [kernel, T] indices into x's rows and then the state rows read, `rows[2]`),
+// summed oldest first; each request's last inputs written back (`rows[1]`: its rows of that
+// table, `rows[3]`: the state rows written)
+at::Tensor short_convolution(const at::Tensor& x, const at::Tensor& weight,
+                             const at::Tensor& state, const std::vector<at::Tensor>& rows) {
+  const at::Tensor &taps = rows[0], &keep = rows[1], &read = rows[2], &write = rows[3];
+  const int64_t C = x.size(1), back = weight.size(1) - 1;
+  auto table = at::cat({x, state.index_select(0, read).reshape({-1, C}).to(x.scalar_type())});
+  auto out = at::mul(table.index_select(0, taps[0]), weight.select(1, 0));
+  for (int64_t k = 1; k <= back; ++k) {
+    out.add_(at::mul(table.index_select(0, taps[k]), weight.select(1, k)));
+  }
+  state.index_copy_(0, write,
+                    table.index_select(0, keep).view({-1, back, C}).to(state.scalar_type()));
+  return out;
+}
+
 // tanh-GELU(gate) * up for rows [gate | up]: PyTorch's own ops, as the Python layer calls them
 at::Tensor gelu_tanh_and_mul(const at::Tensor& gate_up) {
   auto parts = gate_up.chunk(2, -1);
@@ -160,7 +180,9 @@ std::vector<at::Tensor> llama_decoder_layers(
     const std::vector<int64_t>& layer_groups,
     const std::vector<at::Tensor>& group_slots, const std::vector<at::Tensor>& group_decode_tables,
     const std::vector<at::Tensor>& group_prefill_tables,
-    const std::function<void(const at::Tensor&)>& all_reduce) {
+    const std::function<void(const at::Tensor&)>& all_reduce,
+    const std::vector<int64_t>& conv_index, const std::vector<at::Tensor>& conv_weights,
+    const std::vector<at::Tensor>& conv_states, const std::vector<at::Tensor>& conv_rows) {
   const LinearChoice how{packed, small_rows, activation_bits};
   const size_t L = k_caches.size();
   INFLIGHT_CHECK(weights.size() == L * kWeightsPerLayer &&
@@ -253,6 +275,22 @@ std::vector<at::Tensor> llama_decoder_layers(
       split.prompt_rows = prompt.nonzero().view({-1});
     }
   }
+  // LFM2's short convolutions: layer l's index into conv_weights and conv_states (-1: it
+  // attends); its caches and q/k norms above are placeholders, never read
+  INFLIGHT_CHECK(conv_index.empty() || conv_index.size() == L, "one convolution index per layer, or none");
+  INFLIGHT_CHECK(conv_weights.size() == conv_states.size() &&
+                     (conv_weights.empty() || conv_rows.size() == 4),
+                 "a kernel and a state per convolution layer, and the step's four row indices");
+  for (const int64_t c : conv_index) {
+    INFLIGHT_CHECK(c < static_cast<int64_t>(conv_weights.size()), "convolution ", c, " out of range");
+  }
+  for (size_t c = 0; c < conv_weights.size(); ++c) {
+    INFLIGHT_CHECK(conv_weights[c].dim() == 2 && conv_weights[c].size(1) >= 2 &&
+                       conv_states[c].dim() == 3 &&
+                       conv_states[c].size(1) == conv_weights[c].size(1) - 1 &&
+                       conv_states[c].size(2) == conv_weights[c].size(0),
+                   "a convolution's kernel [C, K] and state [rows, K - 1, C]");
+  }
   std::vector<OptTensor> no_decode(L * kSmallPerLayer);
   const std::vector<OptTensor>& decode = decode_weights.empty() ? no_decode : decode_weights;
   at::Tensor res = residual.has_value() ? *residual : at::Tensor();
@@ -270,59 +308,69 @@ std::vector<at::Tensor> llama_decoder_layers(
     } else {
       x = add_rms_norm(hidden, res, w[0], eps);
     }
-    at::Tensor qkv = linear(x, {w[1], small[0], dec[0], qkv_biases[l]}, how, split);
-    // queries and keys RMS-normalized, each head (Qwen3's q_norm, k_norm) or all heads as one
-    // (OLMo 2's): the weight's width; before RoPE, or after it (Hunyuan's)
-    auto normalize_qk = [&] {
-      for (int64_t part = 0; part < 2 && !qk_norms.empty(); ++part) {
-        auto heads = qkv.narrow(1, part ? q_size : 0, part ? kv_size : q_size);
-        const at::Tensor& norm = qk_norms[2 * l + part];
-        heads.copy_(rms_norm(heads.reshape({-1, norm.size(0)}), norm, eps).view(heads.sizes()));
-      }
-    };
-    if (!qk_norm_after_rope) normalize_qk();
-    const int64_t window = windows[l];
-    if (rotations[l] != kNoRope) {
-      const bool local = rotations[l] == kLocalRope;
-      rope_(qkv, local ? *local_cos : cos, local ? *local_sin : sin, num_heads + num_kv_heads,
-            head_dim);
-    }
-    if (qk_norm_after_rope) normalize_qk();
-    // each query's temperature (Ministral 3's), by the op the Python layer multiplies with
-    if (query_scale.has_value()) qkv.narrow(1, 0, q_size).mul_(*query_scale);
-    auto q = qkv.narrow(1, 0, q_size).view({T, num_heads, head_dim});
-    auto k = qkv.narrow(1, q_size, kv_size).view({T, num_kv_heads, head_dim});
-    auto v = qkv.narrow(1, q_size + kv_size, kv_size).view({T, num_kv_heads, head_dim});
-    const auto& kc = k_caches[l];
-    const auto& vc = v_caches[l];
-    const int64_t group = layer_groups.empty() ? 0 : layer_groups[l];
-    const OptTensor decode_tables_l =
-        group == 0 || !decode_tables.has_value() ? decode_tables
-                                                 : OptTensor(group_decode_tables[group - 1]);
-    const OptTensor prefill_tables_l =
-        group == 0 || !prefill_tables.has_value() ? prefill_tables
-                                                  : OptTensor(group_prefill_tables[group - 1]);
-    write_kv(kc, vc, layout, k, v, slots_of[group]);
-
-    at::Tensor attn;
-    if (decode_rows.has_value() && decode_all_rows) {
-      // every token is a decode, in order: no gather of queries, no scatter of outputs
-      attn = paged_decode_attention(q.contiguous(), kc, vc, *decode_tables_l, *decode_lens,
-                                    scale, window, softcap, c10::nullopt);
+    const int64_t conv = conv_index.empty() ? -1 : conv_index[l];
+    at::Tensor out;
+    if (conv >= 0) {  // B, C and x rows; C * conv(B * x) (`Lfm2DecoderLayer.attention`)
+      auto bcx = linear(x, {w[1], small[0], dec[0], kNone}, how, split).chunk(3, 1);
+      auto mixed = short_convolution(at::mul(bcx[0], bcx[2]), conv_weights[conv],
+                                     conv_states[conv], conv_rows);
+      out = linear(at::mul(bcx[1], mixed), {w[2], small[1], dec[1], kNone}, how, split);
     } else {
-      attn = at::empty({T, num_heads, head_dim}, qkv.options());
-      if (decode_rows.has_value()) {
-        attn.index_copy_(0, *decode_rows,
-                         paged_decode_attention(q.index_select(0, *decode_rows), kc, vc,
-                                                *decode_tables_l, *decode_lens, scale, window,
-                                                softcap, c10::nullopt));
+      at::Tensor qkv = linear(x, {w[1], small[0], dec[0], qkv_biases[l]}, how, split);
+      // queries and keys RMS-normalized, each head (Qwen3's q_norm, k_norm) or all heads as one
+      // (OLMo 2's): the weight's width; before RoPE, or after it (Hunyuan's)
+      auto normalize_qk = [&] {
+        for (int64_t part = 0; part < 2 && !qk_norms.empty(); ++part) {
+          auto heads = qkv.narrow(1, part ? q_size : 0, part ? kv_size : q_size);
+          const at::Tensor& norm = qk_norms[2 * l + part];
+          heads.copy_(
+              rms_norm(heads.reshape({-1, norm.size(0)}), norm, eps).view(heads.sizes()));
+        }
+      };
+      if (!qk_norm_after_rope) normalize_qk();
+      const int64_t window = windows[l];
+      if (rotations[l] != kNoRope) {
+        const bool local = rotations[l] == kLocalRope;
+        rope_(qkv, local ? *local_cos : cos, local ? *local_sin : sin, num_heads + num_kv_heads,
+              head_dim);
       }
-      if (prefill_chunks.has_value()) {
-        paged_prefill_attention(q, kc, vc, *prefill_chunks, *prefill_tables_l, attn, scale,
-                                window, softcap, c10::nullopt);
+      if (qk_norm_after_rope) normalize_qk();
+      // each query's temperature (Ministral 3's), by the op the Python layer multiplies with
+      if (query_scale.has_value()) qkv.narrow(1, 0, q_size).mul_(*query_scale);
+      auto q = qkv.narrow(1, 0, q_size).view({T, num_heads, head_dim});
+      auto k = qkv.narrow(1, q_size, kv_size).view({T, num_kv_heads, head_dim});
+      auto v = qkv.narrow(1, q_size + kv_size, kv_size).view({T, num_kv_heads, head_dim});
+      const auto& kc = k_caches[l];
+      const auto& vc = v_caches[l];
+      const int64_t group = layer_groups.empty() ? 0 : layer_groups[l];
+      const OptTensor decode_tables_l =
+          group == 0 || !decode_tables.has_value() ? decode_tables
+                                                   : OptTensor(group_decode_tables[group - 1]);
+      const OptTensor prefill_tables_l =
+          group == 0 || !prefill_tables.has_value() ? prefill_tables
+                                                    : OptTensor(group_prefill_tables[group - 1]);
+      write_kv(kc, vc, layout, k, v, slots_of[group]);
+
+      at::Tensor attn;
+      if (decode_rows.has_value() && decode_all_rows) {
+        // every token is a decode, in order: no gather of queries, no scatter of outputs
+        attn = paged_decode_attention(q.contiguous(), kc, vc, *decode_tables_l, *decode_lens,
+                                      scale, window, softcap, c10::nullopt);
+      } else {
+        attn = at::empty({T, num_heads, head_dim}, qkv.options());
+        if (decode_rows.has_value()) {
+          attn.index_copy_(0, *decode_rows,
+                           paged_decode_attention(q.index_select(0, *decode_rows), kc, vc,
+                                                  *decode_tables_l, *decode_lens, scale, window,
+                                                  softcap, c10::nullopt));
+        }
+        if (prefill_chunks.has_value()) {
+          paged_prefill_attention(q, kc, vc, *prefill_chunks, *prefill_tables_l, attn, scale,
+                                  window, softcap, c10::nullopt);
+        }
       }
+      out = linear(attn.view({T, q_size}), {w[2], small[1], dec[1], kNone}, how, split);
     }
-    at::Tensor out = linear(attn.view({T, q_size}), {w[2], small[1], dec[1], kNone}, how, split);
     if (all_reduce) all_reduce(out);
     if (!output_norms.empty()) out = rms_norm(out, output_norms[2 * l], eps);
     if (residual_scale != 1.0) out = at::mul(out, residual_scale);  // Granite's residual_multiplier

@@ -118,4 +118,6 @@ std::vector<at::Tensor> llama_decoder_layers(
     const std::vector<int64_t>& layer_groups, const std::vector<at::Tensor>& group_slots,
     const std::vector<at::Tensor>& group_decode_tables,
     const std::vector<at::Tensor>& group_prefill_tables,
-    const std::function<void(const at::Tensor&)>& all_reduce);
+    const std::function<void(const at::Tensor&)>& all_reduce,
+    const std::vector<int64_t>& conv_index, const std::vector<at::Tensor>& conv_weights,
+    const std::vector<at::Tensor>& conv_states, const std::vector<at::Tensor>& conv_rows);
