@@ -1,5 +1,5 @@
-"""Writes a GGUF file in the shapes of a real Llama model (or SmolLM3-3B, LFM2-1.2B, gpt-oss-20b
-or DeepSeek-V2-Lite), with
+"""Writes a GGUF file in the shapes of a real Llama model (or SmolLM3-3B, LFM2-1.2B, LFM2-8B-A1B,
+gpt-oss-20b or DeepSeek-V2-Lite), with
 random weights and SmolLM2's tokenizer (from the default model's file), for memory and speed
 benchmarks at sizes no package ships. Weights are N(0, 0.02), norms 1: the text is noise, the
 shapes, bytes and kernels real.
@@ -15,6 +15,8 @@ tokens), so that the embedding, the LM head and the tokenizer have their size.
 LFM2-1.2B is written as llama.cpp's converter lays it out (`lfm2`: ten gated short
 convolutions of 3 positions, `shortconv.*`, and six attention layers with q/k norms, a KV head
 count per layer that is 0 for a convolution; tied embeddings, the final norm `token_embd_norm`).
+LFM2-8B-A1B (`lfm2moe`) has 24 such layers, six of them attention, and after two dense MLPs 32
+experts a layer, 4 a token, chosen by sigmoid scores plus a bias (`exp_probs_b`).
 
 DeepSeek-V2-Lite is written as llama.cpp's converter lays it out (`deepseek2`: latent attention
 with its expansion split into `attn_k_b` and `attn_v_b`, a dense first layer, then 64 experts
@@ -35,7 +37,14 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter, LlamaFileType, RopeScalingType
+from gguf import (
+    ExpertGatingFuncType,
+    GGMLQuantizationType,
+    GGUFReader,
+    GGUFWriter,
+    LlamaFileType,
+    RopeScalingType,
+)
 from gguf.quants import quantize
 from tqdm import tqdm
 
@@ -52,10 +61,15 @@ SHAPES = {
 # LFM2-1.2B's attention layers (the others are short convolutions of LFM2_KERNEL positions)
 LFM2_ATTENTION_LAYERS = (2, 5, 8, 10, 12, 14)
 LFM2_KERNEL = 3
+# LFM2-8B-A1B: (layers, hidden, dense intermediate, experts, experts a token, expert
+# intermediate, dense layers, heads, kv heads), and its attention layers
+LFM2_8B_A1B = (24, 2048, 7168, 32, 4, 1792, 2, 32, 8)
+LFM2_MOE_ATTENTION_LAYERS = (2, 6, 10, 14, 18, 21)
 # the GGUF architecture of each shape not written as `llama` (SmolLM3's every fourth layer
 # attends without RoPE, and its embeddings are its LM head)
 ARCHITECTURES = {"smollm3-3b": "smollm3", "gpt-oss-20b": "gpt-oss",
-                 "deepseek-v2-lite": "deepseek2", "lfm2-1.2b": "lfm2"}  # fmt: skip
+                 "deepseek-v2-lite": "deepseek2", "lfm2-1.2b": "lfm2",
+                 "lfm2-8b-a1b": "lfm2moe"}  # fmt: skip
 # gpt-oss-20b: (layers, hidden, experts, experts a token, heads, kv heads, head dim, vocab)
 GPT_OSS_20B = (24, 2880, 32, 4, 64, 8, 64, 201088)
 # DeepSeek-V2-Lite: (layers, hidden, dense intermediate, experts, experts a token, expert
@@ -77,9 +91,7 @@ def tensors(layers: int, hidden: int, inter: int, heads: int, kv_heads: int, voc
         b = f"blk.{i}."
         yield b + "attn_norm.weight", (hidden,)
         if lfm2 and i not in LFM2_ATTENTION_LAYERS:
-            yield b + "shortconv.conv.weight", (hidden, LFM2_KERNEL)
-            yield b + "shortconv.in_proj.weight", (3 * hidden, hidden)
-            yield b + "shortconv.out_proj.weight", (hidden, hidden)
+            yield from _short_convolution(b, hidden)
         else:
             yield from _attention(b, hidden, heads, kv_heads, head_dim, qk_norms=lfm2)
         yield b + "ffn_norm.weight", (hidden,)
@@ -89,6 +101,39 @@ def tensors(layers: int, hidden: int, inter: int, heads: int, kv_heads: int, voc
     yield ("token_embd_norm.weight" if lfm2 else "output_norm.weight"), (hidden,)
     if not tied:
         yield "output.weight", (vocab, hidden)
+
+
+def _short_convolution(b: str, hidden: int):
+    """An LFM2 convolution layer's tensors (after its input norm)."""
+    yield b + "shortconv.conv.weight", (hidden, LFM2_KERNEL)
+    yield b + "shortconv.in_proj.weight", (3 * hidden, hidden)
+    yield b + "shortconv.out_proj.weight", (hidden, hidden)
+
+
+def lfm2_moe_tensors(vocab: int):
+    """(GGUF name, shape in numpy order) of LFM2-8B-A1B's tensors, llama.cpp's names; expert
+    stacks are 3-D."""
+    layers, hidden, inter, experts, _, expert_inter, dense, heads, kv_heads = LFM2_8B_A1B
+    yield "token_embd.weight", (vocab, hidden)
+    for i in range(layers):
+        b = f"blk.{i}."
+        yield b + "attn_norm.weight", (hidden,)
+        if i in LFM2_MOE_ATTENTION_LAYERS:
+            yield from _attention(b, hidden, heads, kv_heads, hidden // heads, qk_norms=True)
+        else:
+            yield from _short_convolution(b, hidden)
+        yield b + "ffn_norm.weight", (hidden,)
+        if i < dense:
+            yield b + "ffn_gate.weight", (inter, hidden)
+            yield b + "ffn_up.weight", (inter, hidden)
+            yield b + "ffn_down.weight", (hidden, inter)
+            continue
+        yield b + "ffn_gate_inp.weight", (experts, hidden)
+        yield b + "exp_probs_b.bias", (experts,)
+        yield b + "ffn_gate_exps.weight", (experts, expert_inter, hidden)
+        yield b + "ffn_up_exps.weight", (experts, expert_inter, hidden)
+        yield b + "ffn_down_exps.weight", (experts, hidden, expert_inter)
+    yield "token_embd_norm.weight", (hidden,)
 
 
 def _attention(b: str, hidden: int, heads: int, kv_heads: int, head_dim: int, qk_norms: bool):
@@ -213,7 +258,8 @@ def copy_tokenizer(source: GGUFReader, w: GGUFWriter, vocab: int) -> None:
 
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("shape", choices=[*SHAPES, "gpt-oss-20b", "deepseek-v2-lite"])
+    parser.add_argument("shape", choices=[*SHAPES, "lfm2-8b-a1b", "gpt-oss-20b",
+                                          "deepseek-v2-lite"])  # fmt: skip
     parser.add_argument("--type", default="F16", help="F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--seed", type=int, default=0)
@@ -242,6 +288,19 @@ def main(argv: list[str]) -> None:
     if arch == "deepseek2":
         layers, hidden, vocab = write_deepseek_metadata(w)
         specs = list(deepseek_tensors())
+    elif arch == "lfm2moe":
+        layers, hidden, inter, experts, used, expert_inter, dense, heads, kv_heads = LFM2_8B_A1B
+        head_dim = hidden // heads
+        vocab = len(source.fields["tokenizer.ggml.tokens"].contents())
+        w.add_context_length(128000)
+        w.add_feed_forward_length(inter)
+        w.add_rope_freq_base(1000000.0)
+        w.add_expert_feed_forward_length(expert_inter)
+        w.add_expert_count(experts)
+        w.add_expert_used_count(used)
+        w.add_leading_dense_block_count(dense)
+        w.add_expert_gating_func(ExpertGatingFuncType.SIGMOID)
+        specs = list(lfm2_moe_tensors(vocab))
     elif gpt_oss:
         layers, hidden, experts, used, heads, kv_heads, head_dim, vocab = GPT_OSS_20B
         w.add_context_length(131072)
@@ -267,13 +326,13 @@ def main(argv: list[str]) -> None:
     w.add_block_count(layers)
     w.add_embedding_length(hidden)
     w.add_layer_norm_rms_eps(1e-5)
-    if arch == "lfm2":  # a KV head count per layer: 0 for a convolution
-        w.add_head_count_kv([kv_heads if i in LFM2_ATTENTION_LAYERS else 0
-                             for i in range(layers)])  # fmt: skip
+    if arch in ("lfm2", "lfm2moe"):  # a KV head count per layer: 0 for a convolution
+        attending = LFM2_ATTENTION_LAYERS if arch == "lfm2" else LFM2_MOE_ATTENTION_LAYERS
+        w.add_head_count_kv([kv_heads if i in attending else 0 for i in range(layers)])
         w.add_shortconv_l_cache(LFM2_KERNEL)
     if arch != "deepseek2":  # (its heads' sizes above)
         w.add_head_count(heads)
-        if arch != "lfm2":
+        if arch not in ("lfm2", "lfm2moe"):
             w.add_head_count_kv(kv_heads)
         w.add_key_length(head_dim)
         w.add_value_length(head_dim)

@@ -74,7 +74,7 @@ TINY_ARCHS = ("llama", "llama3_rope", "qwen2", "qwen3", "qwen3_moe", "mixtral", 
               "arcee", "hunyuan_dense", "qwen2_moe", "glm4_moe", "ministral3",
               "ernie4_5_moe", "minimax_m2", "dots1", "hunyuan_moe", "olmoe",
               "granitemoe", "exaone", "gemma", "deepseek_v2", "deepseek_v3",
-              "glm4_moe_lite", "lfm2")  # fmt: skip
+              "glm4_moe_lite", "lfm2", "lfm2_moe")  # fmt: skip
 
 
 # the tiny Ministral 3's RoPE settings (its published ones: original context 16,384, beta 0.1)
@@ -95,10 +95,10 @@ GRANITE_MULTIPLIERS = {
 # families whose router's score bias, and those whose norms (of w, not 1 + w), the tiny models
 # draw at random rather than leave at their initial 0 and 1
 SCORE_BIASED = ("glm4_moe", "ernie4_5_moe", "minimax_m2", "dots1", "deepseek_v3",
-                "glm4_moe_lite")  # fmt: skip
+                "glm4_moe_lite", "lfm2_moe")  # fmt: skip
 UNIT_NORMS = ("exaone4", "olmo2", "olmo3", "glm4", "hunyuan_dense", "glm4_moe", "minimax_m2",
               "dots1", "hunyuan_moe", "olmoe", "deepseek_v2", "deepseek_v3",
-              "glm4_moe_lite", "lfm2")  # fmt: skip
+              "glm4_moe_lite", "lfm2", "lfm2_moe")  # fmt: skip
 # the tiny DeepSeeks' latent attention (heads of 32 + 32 rotated dimensions, a latent of 32:
 # whole quantization blocks, and a cached row of 64, whose values the CPU kernels read out of
 # its keys) and YaRN past an original context of 16 positions, with `mscale_all_dim` scaling
@@ -151,6 +151,8 @@ def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) ->
         HunYuanMoEV1ForCausalLM,
         Lfm2Config,
         Lfm2ForCausalLM,
+        Lfm2MoeConfig,
+        Lfm2MoeForCausalLM,
         LlamaConfig,
         LlamaForCausalLM,
         MiniMaxM2Config,
@@ -371,6 +373,15 @@ def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) ->
                             layer_types=types, block_multiple_of=32,
                             rope_parameters=rope)  # fmt: skip
         cls = Lfm2ForCausalLM
+    elif arch == "lfm2_moe":  # LFM2's layers, a dense first MLP, then 2 of 4 experts a token
+        # chosen by sigmoid scores plus a learned bias, renormalized
+        types = ["conv", "full_attention", "conv", "conv", "full_attention"]
+        rope = {"rope_type": "default", "rope_theta": 10000.0}
+        config = Lfm2MoeConfig(**{**common, "num_hidden_layers": 5}, norm_eps=1e-5,
+                               layer_types=types, rope_parameters=rope, num_experts=4,
+                               num_experts_per_tok=2, moe_intermediate_size=32,
+                               num_dense_layers=1)  # fmt: skip
+        cls = Lfm2MoeForCausalLM
     elif arch == "arcee":  # an MLP without a gate: up, ReLU squared, down
         config, cls = ArceeConfig(**common, rope_theta=10000.0), ArceeForCausalLM
     elif arch == "hunyuan_dense":  # per-head q/k norms after RoPE, whose NTK alpha stretches
@@ -445,7 +456,7 @@ def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) ->
         spread = 0.1 if arch == "ernie4_5_moe" else 0.3
         with torch.no_grad():
             for name, tensor in [*model.named_buffers(), *model.named_parameters()]:
-                if name.endswith("e_score_correction_bias"):
+                if name.endswith(("e_score_correction_bias", "expert_bias")):
                     tensor.uniform_(-spread, spread)
     if arch in UNIT_NORMS:  # norms start at 1: make them matter
         with torch.no_grad():

@@ -252,6 +252,7 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
             "ArceeForCausalLM": "arcee", "HunYuanDenseV1ForCausalLM": "hunyuan-dense",
             "DeepseekV2ForCausalLM": "deepseek2", "DeepseekV3ForCausalLM": "deepseek2",
             "Glm4MoeLiteForCausalLM": "deepseek2", "Lfm2ForCausalLM": "lfm2",
+            "Lfm2MoeForCausalLM": "lfm2moe",
             "Qwen3Model": "qwen3"}[cfg["architectures"][0]]  # fmt: skip
     if cfg.get("model_type") == "exaone":  # (transformers 5 saves EXAONE 3 as Llama)
         arch = "exaone"
@@ -265,8 +266,8 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
     w.add_context_length(cfg["max_position_embeddings"])
     w.add_embedding_length(cfg["hidden_size"])
     weights = load_file(hf_folder / "model.safetensors")
-    if arch == "lfm2":  # its MLP's width as adjusted (what its converter writes), a KV head
-        # count per layer (0: a convolution), its kernel
+    if arch in ("lfm2", "lfm2moe"):  # its MLP's width as adjusted (what its converter
+        # writes), a KV head count per layer (0: a convolution), its kernel
         w.add_feed_forward_length(weights["model.layers.0.feed_forward.w1.weight"].shape[0])
         w.add_head_count_kv([cfg["num_key_value_heads"] if t == "full_attention" else 0
                              for t in cfg["layer_types"]])  # fmt: skip
@@ -275,7 +276,7 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
         w.add_feed_forward_length(cfg["intermediate_size"])
     w.add_head_count(cfg["num_attention_heads"])
     latent = arch == "deepseek2"  # (its heads' sizes below)
-    if not latent and arch != "lfm2":
+    if not latent and arch not in ("lfm2", "lfm2moe"):
         w.add_head_count_kv(cfg["num_key_value_heads"])
     rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
     local_rope = rope.get("sliding_attention")  # OLMo 3's windowed layers' own base
@@ -319,6 +320,9 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
             w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
         elif arch in ("gpt-oss", "minimax-m2", "hunyuan-moe"):  # (as their converters write it)
             w.add_expert_feed_forward_length(cfg["intermediate_size"])
+    if arch == "lfm2moe":  # its dense first layers and sigmoid router, as its converter writes
+        w.add_leading_dense_block_count(cfg["num_dense_layers"])
+        w.add_expert_gating_func(ExpertGatingFuncType.SIGMOID)
     if arch == "hunyuan-moe":  # its shared expert, as wide as the experts
         w.add_expert_shared_feed_forward_length(cfg["intermediate_size"])
         w.add_expert_shared_count(1)
@@ -402,8 +406,9 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
         weights = _split_latent_expansions(weights, cfg)
     if arch == "granitemoe":
         weights = _granite_as_llama_cpp(weights)
-    if arch == "lfm2":  # its convolution kernels [H, 1, K] squeezed, as its converter does
-        weights = {n: t.squeeze(1) if n.endswith(".conv.conv.weight") else t
+    if arch in ("lfm2", "lfm2moe"):  # its convolution kernels [H, 1, K] squeezed, as its
+        # converter does; LFM2-MoE's experts and router under the names the experts' take
+        weights = {_lfm2_moe_name(n): t.squeeze(1) if n.endswith(".conv.conv.weight") else t
                    for n, t in weights.items()}  # fmt: skip
     for name, tensor in _stacked_experts(weights).items():
         if not name.startswith(("model.", "lm_head.")):  # a bare decoder's (Qwen3Model's)
@@ -437,6 +442,18 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
     w.write_tensors_to_file()
     w.close()
     return out
+
+
+def _lfm2_moe_name(name: str) -> str:
+    """An LFM2-MoE tensor's name as another family's experts and router name theirs."""
+    for theirs, ours in ((".w1.", ".gate_proj."), (".w3.", ".up_proj."),
+                         (".w2.", ".down_proj.")):  # fmt: skip
+        if ".feed_forward.experts." in name:
+            name = name.replace(theirs, ours)
+    name = name.replace(".feed_forward.expert_bias", ".mlp.gate.e_score_correction_bias")
+    return name.replace(".feed_forward.experts.", ".mlp.experts.").replace(
+        ".feed_forward.gate.", ".mlp.gate."
+    )
 
 
 def _latent_attention_metadata(w: GGUFWriter, cfg: dict, rope: dict, legacy_kv_b: bool) -> None:

@@ -60,6 +60,7 @@ def assert_gguf_generates_as_its_weights(llm, folder, qtype, split_latent=None) 
                                         "router.layer.weight",
                                         "shared_expert_gate.weight",
                                         "e_score_correction_bias",
+                                        "feed_forward.gate.weight",  # (LFM2-MoE's)
                                         "conv.conv.weight"))  # fmt: skip
                 if name.endswith("kv_b_proj.weight") and split_latent is not None:
                     param.copy_(_rounded_as_split(param, split_latent, qtype))

@@ -58,6 +58,7 @@ SUPPORTED_ARCHITECTURES = {
     "DeepseekV3ForCausalLM": "deepseek_v3",  # (Kimi K2's and Moonlight's too)
     "Glm4MoeLiteForCausalLM": "glm4_moe_lite",  # GLM-4.7-Flash: DeepSeek-V3's layers
     "Lfm2ForCausalLM": "lfm2",  # LFM2: short convolutions beside attention layers
+    "Lfm2MoeForCausalLM": "lfm2_moe",  # (its MLPs experts after the first dense ones)
     # the bare decoders, without an LM head, that embedding models are (Qwen3-Embedding's
     # weights): they pool the last token's hidden state unless the folder says otherwise
     "LlamaModel": "llama",
@@ -73,11 +74,14 @@ MAX_EXPERTS = 4096  # the same for experts a layer (the largest published MoEs h
 MAX_CONV_KERNEL = 64  # a short convolution's positions (LFM2's are 3)
 # the families whose configs tie the LM head to the embeddings where they do not say (as
 # transformers' config classes default); the others untie it
-TIED_BY_DEFAULT = ("gemma", "gemma2", "gemma3", "smollm3", "ernie4_5", "ernie4_5_moe", "lfm2")
+TIED_BY_DEFAULT = ("gemma", "gemma2", "gemma3", "smollm3", "ernie4_5", "ernie4_5_moe", "lfm2",
+                   "lfm2_moe")  # fmt: skip
 # the families whose MLPs are experts (`_experts`)
 EXPERT_ARCHS = ("qwen3_moe", "qwen2_moe", "mixtral", "gpt_oss", "glm4_moe", "ernie4_5_moe",
                 "minimax_m2", "dots1", "hunyuan_moe", "olmoe", "granitemoe", "deepseek_v2",
-                "deepseek_v3", "glm4_moe_lite")  # fmt: skip
+                "deepseek_v3", "glm4_moe_lite", "lfm2_moe")  # fmt: skip
+# the families with LFM2's short convolutions (`conv_layers`)
+CONV_ARCHS = ("lfm2", "lfm2_moe")
 # the families whose attention is DeepSeek's multi-head latent attention (`kv_lora_rank`)
 LATENT_ATTENTION_ARCHS = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite")
 # every n-th layer without RoPE, where a config does not list them (SmolLM3's fourth; llama.cpp
@@ -155,6 +159,8 @@ class LlamaArchConfig:
     expert_groups_used: int = 1
     expert_group_by_max: bool = False
     routed_scaling_factor: float = 1.0
+    # what a float32 router adds to the sum it renormalizes by (LFM2-MoE's 1e-6)
+    router_norm_epsilon: float = 1e-20
     # a shared expert (Qwen2-MoE's, GLM-4.5's): one more SiLU MLP of this width that every
     # token of a sparse layer runs through, added to the routed experts' sum (0: none); Qwen2-MoE
     # scales it by a sigmoid gate of the token's own (`shared_expert_gate`)
@@ -309,6 +315,9 @@ class LlamaArchConfig:
         scale = self.routed_scaling_factor
         if not (isinstance(scale, float) and math.isfinite(scale) and scale > 0):
             raise ValueError(f"routed_scaling_factor must be positive, not {scale!r}")
+        eps = self.router_norm_epsilon
+        if not (isinstance(eps, float) and math.isfinite(eps) and 0 <= eps < 1):
+            raise ValueError(f"router_norm_epsilon {eps!r}: a number in [0, 1)")
         size = self.shared_expert_intermediate_size
         if not (isinstance(size, int) and 0 <= size < 2**31):
             raise ValueError(f"shared_expert_intermediate_size {size!r}")
@@ -429,8 +438,8 @@ class LlamaArchConfig:
         if arch in LATENT_ATTENTION_ARCHS:
             config, latent = _latent_attention(config)
         convolutions: dict[str, Any] = {}
-        if arch == "lfm2":
-            config, convolutions = _lfm2_config(config)
+        if arch in CONV_ARCHS:
+            config, convolutions = _lfm2_config(config, adjust_mlp=arch == "lfm2")
         for key in ("num_attention_heads", "hidden_size", "head_dim"):  # (divided below)
             value = config.get(key)
             if value is None and key == "head_dim":
@@ -763,11 +772,12 @@ def _global_layers(config: dict[str, Any], window: int | None) -> tuple[int, ...
                      "L and G")  # fmt: skip
 
 
-def _lfm2_config(config: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+def _lfm2_config(config: dict[str, Any], adjust_mlp: bool) -> tuple[dict[str, Any], dict[str, Any]]:
     """LFM2's config under Llama's names, and its convolution fields: the layers `layer_types`
-    (or `full_attn_idxs`) does not name as attention, the kernel (`conv_L_cache`); the MLP's
-    width adjusted as transformers does (`block_auto_adjust_ff_dim`: two thirds, times the
-    multiplier, rounded up to `block_multiple_of`); RoPE's base 1e6 where unset."""
+    (or `full_attn_idxs`) does not name as attention, the kernel (`conv_L_cache`); with
+    `adjust_mlp` (LFM2's, not LFM2-MoE's) the MLP's width adjusted as transformers does
+    (`block_auto_adjust_ff_dim`: two thirds, times the multiplier, rounded up to
+    `block_multiple_of`); RoPE's base 1e6 where unset."""
     n = _layer_count(config)
     types = config.get("layer_types")
     if types is None:
@@ -785,7 +795,7 @@ def _lfm2_config(config: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]
     width = config.get("block_ff_dim", config.get("intermediate_size"))
     if not (isinstance(width, int) and 0 < width < 2**31):
         raise ValueError(f"intermediate_size {width!r}: a positive integer below 2**31")
-    if config.get("block_auto_adjust_ff_dim", True):
+    if adjust_mlp and config.get("block_auto_adjust_ff_dim", True):
         width = int(2 * width / 3)
         multiplier = config.get("block_ffn_dim_multiplier", 1.0)
         multiple = config.get("block_multiple_of", 256)
@@ -1042,6 +1052,24 @@ def _experts(config: dict[str, Any], arch: str) -> dict[str, Any]:
         )  # fmt: skip
     if arch in LATENT_ATTENTION_ARCHS:
         fields.update(_deepseek_routing(config, arch))
+    if arch == "lfm2_moe":  # experts after its `num_dense_layers` first, chosen by sigmoid
+        # scores plus a learned bias, renormalized (plus 1e-6), scaled
+        first_dense, scale = (
+            config.get("num_dense_layers", 2),
+            config.get("routed_scaling_factor", 1.0),
+        )
+        if not config.get("use_expert_bias", True):
+            raise ValueError("LFM2-MoE without its expert bias (use_expert_bias) is not supported")
+        if not isinstance(first_dense, int):
+            raise ValueError(f"num_dense_layers {first_dense!r}: an integer")
+        fields.update(
+            dense_layers=tuple(range(min(max(first_dense, 0), n))),
+            norm_topk_prob=bool(config.get("norm_topk_prob", True)),
+            router_scoring="sigmoid",
+            router_score_bias=True,
+            routed_scaling_factor=float(scale) if isinstance(scale, (int, float)) else scale,
+            router_norm_epsilon=1e-6,
+        )  # fmt: skip
     return fields
 
 

@@ -54,7 +54,8 @@ SUPPORTED_GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen2vl", "qwen3vl",
                                 "dots1", "hunyuan-moe", "olmoe", "granitemoe", "phi3", "gemma",
                                 "gemma2", "gemma3", "mistral3", "granite", "gpt-oss", "smollm3",
                                 "exaone", "exaone4", "olmo2", "glm4", "ernie4_5", "seed_oss",
-                                "arcee", "hunyuan-dense", "deepseek2", "lfm2")  # fmt: skip
+                                "arcee", "hunyuan-dense", "deepseek2", "lfm2",
+                                "lfm2moe")  # fmt: skip
 # the architectures whose Q and K rows llama.cpp's converter permutes (`unpermute_qk`)
 PERMUTED_QK = ("llama", "mixtral", "granite", "granitemoe", "smollm3", "arcee", "ministral3")
 # a GGUF architecture -> the registry's, where the names differ (a `llama` file with experts is
@@ -63,18 +64,19 @@ _REGISTRY_NAMES = {"qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe", "glm4moe": 
                    "gpt-oss": "gpt_oss", "hunyuan-dense": "hunyuan_dense",
                    "mistral3": "ministral3", "ernie4_5-moe": "ernie4_5_moe",
                    "minimax-m2": "minimax_m2", "hunyuan-moe": "hunyuan_moe",
+                   "lfm2moe": "lfm2_moe",
                    # the Qwen VLs' language models (their multimodal RoPE, over text alone, is
                    # the plain one)
                    "qwen2vl": "qwen2", "qwen3vl": "qwen3", "qwen3vlmoe": "qwen3_moe"}  # fmt: skip
 # the architectures whose experts a GGUF file may hold (a `llama` file's: Mixtral)
 _EXPERT_ARCHITECTURES = ("llama", "qwen3moe", "qwen3vlmoe", "qwen2moe", "glm4moe", "ernie4_5-moe",
                          "minimax-m2", "dots1", "hunyuan-moe", "olmoe", "granitemoe",
-                         "gpt-oss", "deepseek2")  # fmt: skip
+                         "gpt-oss", "deepseek2", "lfm2moe")  # fmt: skip
 # the architectures whose softmax routers llama.cpp never renormalizes (their published models
 # do not)
 _UNNORMALIZED_ROUTERS = ("qwen2moe", "olmoe")
 # the architectures whose score-biased routers llama.cpp always renormalizes
-_RENORMALIZED_BIASED_ROUTERS = ("ernie4_5-moe", "minimax-m2")
+_RENORMALIZED_BIASED_ROUTERS = ("ernie4_5-moe", "minimax-m2", "lfm2moe")
 # llama.cpp's `expert_gating_func` values
 _SOFTMAX_GATING, _SIGMOID_GATING = 1, 2
 # gpt-oss's expert gate, which llama.cpp fixes rather than reads: the published models' clamp
@@ -138,6 +140,8 @@ _LATENT_LAYER_NAMES = {
     "attn_kv_a_norm": "self_attn.kv_a_layernorm",
     "attn_kv_b": "self_attn.kv_b_proj",
 }
+_CONV_LAYER_NAMES = {**_LAYER_NAMES, "shortconv.conv": "conv.conv", "shortconv.in_proj": "in_proj",
+                     "shortconv.out_proj": "out_proj"}  # fmt: skip
 _ARCH_LAYER_NAMES = {
     "phi3": {**_LAYER_NAMES, "attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},
     "gemma2": _GEMMA_LAYER_NAMES,
@@ -159,8 +163,8 @@ _ARCH_LAYER_NAMES = {
     "deepseek_v2": _LATENT_LAYER_NAMES,
     "deepseek_v3": _LATENT_LAYER_NAMES,
     # LFM2's short convolutions (the names its model class renames to its own)
-    "lfm2": {**_LAYER_NAMES, "shortconv.conv": "conv.conv", "shortconv.in_proj": "in_proj",
-             "shortconv.out_proj": "out_proj"},
+    "lfm2": _CONV_LAYER_NAMES,
+    "lfm2_moe": _CONV_LAYER_NAMES,
 }  # fmt: skip
 # What llama.cpp assumes for Gemma where the file does not say: Gemma 3's windowed layers' RoPE
 # base (`rope.freq_base_swa`), and the 27Bs' (Gemma 3's 62 layers, Gemma 2's 46) score scale of
@@ -173,7 +177,8 @@ _TOP_NAMES = {
     "output": "lm_head",
 }
 # LFM2's final norm, which its converter names after the embedding (HF: `embedding_norm`)
-_ARCH_TOP_NAMES = {"lfm2": {**_TOP_NAMES, "token_embd_norm": "model.norm"}}
+_ARCH_TOP_NAMES = {arch: {**_TOP_NAMES, "token_embd_norm": "model.norm"}
+                   for arch in ("lfm2", "lfm2_moe")}  # fmt: skip
 
 
 def check_tensor(name: str, raw_type: int, dims: list[int], data_offset: int,
@@ -268,6 +273,8 @@ def gguf_arch_config(header: GGUFHeader, path: Path) -> LlamaArchConfig:
                        float32_router=True, expert_group_by_max=True)  # fmt: skip
         if arch == "deepseek2":
             moe.update(extra_checkpoint_layers=extra_layers)
+        if arch == "lfm2moe":  # (its renormalization's epsilon, as the model adds it)
+            moe.update(router_norm_epsilon=1e-6)
         if arch in ("glm4moe", "dots1"):
             moe.update(extra_checkpoint_layers=extra_layers,
                        qk_norm="blk.0.attn_q_norm.weight" in names)  # fmt: skip
@@ -334,7 +341,7 @@ def gguf_arch_config(header: GGUFHeader, path: Path) -> LlamaArchConfig:
     pooling = field_value(header, f"{arch}.pooling_type")  # llama.cpp's for embedding models
     kv_heads = meta("attention.head_count_kv", num_heads)
     convolutions: dict[str, Any] = {}
-    if arch == "lfm2":  # a KV head count per layer, 0 where a layer is a convolution
+    if arch in ("lfm2", "lfm2moe"):  # a KV head count per layer, 0 for a convolution
         kv_heads, convolutions = _lfm2_layers(kv_heads, meta, path)
     return LlamaArchConfig(
         architecture=registry_name,

@@ -1,4 +1,6 @@
-"""LFM2 (`Lfm2ForCausalLM`, GGUF `lfm2`): Liquid AI's hybrid of short convolutions and attention.
+"""LFM2 (`Lfm2ForCausalLM`, GGUF `lfm2`): Liquid AI's hybrid of short convolutions and attention;
+LFM2-MoE (`Lfm2MoeForCausalLM`, GGUF `lfm2moe`) the same layers with experts for their MLPs
+after the first dense ones (a sigmoid router whose learned bias chooses, GLM-4.5's).
 
 Most layers are gated short convolutions: `in_proj` makes three rows B, C and x of each token,
 B * x goes through a causal depthwise convolution over the last `conv_kernel` positions (3),
@@ -25,6 +27,7 @@ from inflight.attention import AttentionBackend
 from inflight.model.arch import LlamaArchConfig
 from inflight.model.layer_ops import TorchLayerOps
 from inflight.model.llama import DecoderLayer, renamed_weights
+from inflight.model.moe import MoEDecoderLayer, MoEModel
 from inflight.model.packed_linear import Decodes, apply_linear
 from inflight.model.qwen3 import Qwen3DecoderLayer, Qwen3Model
 
@@ -142,6 +145,32 @@ class Lfm2Model(Qwen3Model):
             for name in ("in_proj", "out_proj"):
                 sources[f"layers.{i}.{name}"] = [f"model.layers.{i}.{name}.weight"]
         return sources
+
+
+class Lfm2MoeDecoderLayer(MoEDecoderLayer, Lfm2DecoderLayer):
+    """LFM2's layer (a convolution or attention) with experts for its MLP in sparse layers."""
+
+
+# LFM2-MoE's MLP names, before LFM2's and the experts' loaders read them: its experts' (saved
+# one by one, or stacked), its dense MLPs' and its routers' under the names those expect
+_MOE_NAMES = {
+    r"\.feed_forward\.experts\.(\d+)\.w1\.": r".mlp.experts.\1.gate_proj.",
+    r"\.feed_forward\.experts\.(\d+)\.w3\.": r".mlp.experts.\1.up_proj.",
+    r"\.feed_forward\.experts\.(\d+)\.w2\.": r".mlp.experts.\1.down_proj.",
+    r"\.feed_forward\.w1\.": ".mlp.gate_proj.",
+    r"\.feed_forward\.w3\.": ".mlp.up_proj.",
+    r"\.feed_forward\.w2\.": ".mlp.down_proj.",
+    r"\.feed_forward\.expert_bias$": ".mlp.gate.e_score_correction_bias",
+    r"\.feed_forward\.": ".mlp.",
+}
+
+
+class Lfm2MoeModel(MoEModel, Lfm2Model):
+    layer_class: ClassVar[type[DecoderLayer]] = Lfm2MoeDecoderLayer
+    graph_capturable = False  # (LFM2's: its state rows)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        super().load_weights(renamed_weights(weights, _MOE_NAMES))
 
 
 def _conv_weights(

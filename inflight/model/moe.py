@@ -92,6 +92,7 @@ class MoEDecoderLayer(DecoderLayer):
             self.groups, self.groups_used = cfg.expert_groups, cfg.expert_groups_used
             self.group_by_max = cfg.expert_group_by_max
             self.routed_scale = cfg.routed_scaling_factor
+            self.norm_epsilon = cfg.router_norm_epsilon
         else:
             self.gate = nn.Linear(cfg.hidden_size, cfg.num_experts, bias=False)  # the router
         self.experts = nn.ModuleList(
@@ -186,8 +187,8 @@ class MoEDecoderLayer(DecoderLayer):
         chosen = choice.topk(self.top_k, dim=-1).indices
         weights = scores.gather(1, chosen)
         if self.norm_topk_prob:  # (ERNIE 4.5 clamps the sum at 1e-12: the same for any sum
-            # of top-k scores above it)
-            weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+            # of top-k scores above it; LFM2-MoE adds 1e-6)
+            weights = weights / (weights.sum(dim=-1, keepdim=True) + self.norm_epsilon)
         weights = weights * self.routed_scale
         return (weights.to(x.dtype) if self.cast_router_weights else weights), chosen
 

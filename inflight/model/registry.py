@@ -14,7 +14,7 @@ from inflight.model.gemma import Gemma2Model, Gemma3Model, GemmaModel
 from inflight.model.glm4 import Glm4Model
 from inflight.model.gpt_oss import GptOssModel
 from inflight.model.hunyuan import HunyuanModel
-from inflight.model.lfm2 import Lfm2Model
+from inflight.model.lfm2 import Lfm2Model, Lfm2MoeModel
 from inflight.model.llama import LlamaModel
 from inflight.model.moe import (
     Ernie45MoeModel,
@@ -69,6 +69,7 @@ MODEL_CLASSES: dict[str, type[LlamaModel]] = {
     "deepseek_v3": DeepseekModel,
     "glm4_moe_lite": DeepseekModel,  # (GLM-4.7-Flash: DeepSeek-V3's layers, GLM's names)
     "lfm2": Lfm2Model,
+    "lfm2_moe": Lfm2MoeModel,
 }
 
 

@@ -1,8 +1,9 @@
 """LFM2 (`Lfm2ForCausalLM`): gated short convolutions in most layers, Qwen3's attention in the
-others. The tiny LFM2 of `TINY_ARCHS` (convolutions in layers 0, 2 and 3) is held to
-transformers' greedy tokens in every setting that changes the computation; here, what the
-convolution state must survive (preemption, a failed batch run again in halves, requests
-coming and going in few slots), what it refuses, and the config as published."""
+others; LFM2-MoE (`Lfm2MoeForCausalLM`) with experts after its first dense MLPs. The tiny LFM2
+of `TINY_ARCHS` (convolutions in layers 0, 2 and 3) is held to transformers' greedy tokens in
+every setting that changes the computation; here, what the convolution state must survive
+(preemption, a failed batch run again in halves, requests coming and going in few slots, two
+ranks), what it refuses, the configs, and the GGUF files."""
 
 from __future__ import annotations
 
@@ -222,3 +223,54 @@ def test_an_lfm2_gguf_split_over_two_ranks_gives_one_ranks_tokens(tmp_path, lfm2
     assert split.core.runner.conv_state.layers[0].shape[-1] == 32  # half of 64 channels
     assert _generate(split, prompts[:8], max_tokens[:8]) == expected
     split.core.workers.close()
+
+
+MOE = {  # LFM2-8B-A1B's widths and routing (a config's fields the engine reads)
+    "architectures": ["Lfm2MoeForCausalLM"], "model_type": "lfm2_moe", "vocab_size": 65536,
+    "hidden_size": 2048, "intermediate_size": 7168, "moe_intermediate_size": 1792,
+    "num_hidden_layers": 24, "num_attention_heads": 32, "num_key_value_heads": 8,
+    "num_experts": 32, "num_experts_per_tok": 4, "num_dense_layers": 2, "use_expert_bias": True,
+    "norm_topk_prob": True, "routed_scaling_factor": 1.0, "conv_L_cache": 3, "norm_eps": 1e-5,
+    "layer_types": ["full_attention" if i in (2, 6, 10, 14, 18, 21) else "conv"
+                    for i in range(24)],
+    "max_position_embeddings": 128000, "rope_theta": 1000000.0,
+}  # fmt: skip
+
+
+def test_an_lfm2_moe_config_is_read():
+    arch = LlamaArchConfig.from_hf_config(MOE)
+    assert arch.architecture == "lfm2_moe" and arch.kv_layers == (2, 6, 10, 14, 18, 21)
+    assert arch.intermediate_size == 7168  # (not adjusted, as LFM2's is)
+    experts = (arch.num_experts, arch.experts_per_token, arch.expert_intermediate_size)
+    assert experts == (32, 4, 1792)
+    assert arch.dense_layers == (0, 1) and arch.norm_topk_prob
+    assert (arch.router_scoring, arch.router_score_bias, arch.router_norm_epsilon) == (
+        "sigmoid",
+        True,
+        1e-6,
+    )
+    with pytest.raises(ValueError, match="without its expert bias"):
+        LlamaArchConfig.from_hf_config({**MOE, "use_expert_bias": False})
+    with pytest.raises(ValueError, match="num_dense_layers"):
+        LlamaArchConfig.from_hf_config({**MOE, "num_dense_layers": "2"})
+
+
+@pytest.mark.parametrize("qtype", [GGMLQuantizationType.F32, GGMLQuantizationType.Q8_0],
+                         ids=lambda q: q.name)  # fmt: skip
+def test_an_lfm2_moe_gguf_generates_as_transformers_with_its_weights(
+    tmp_path, tiny_model_factory, qtype
+):
+    """An `lfm2moe` file as llama.cpp's converter writes it: LFM2's layers, a leading dense
+    block, stacked experts, a sigmoid router and its bias (`exp_probs_b`)."""
+    folder = tiny_model_factory("lfm2_moe")
+    path = write_tiny_gguf(folder, tmp_path / "lfm2moe.gguf", qtype)
+    llm = LLM(str(path), dtype="float32", quantized_activations="off")
+    arch = llm.core.arch
+    assert (arch.architecture, arch.conv_layers, arch.dense_layers) == ("lfm2_moe", (0, 2, 3),
+                                                                        (0,))  # fmt: skip
+    assert (arch.router_score_bias, arch.norm_topk_prob, arch.router_norm_epsilon) == (
+        True,
+        True,
+        1e-6,
+    )
+    assert_gguf_generates_as_its_weights(llm, folder, qtype)
