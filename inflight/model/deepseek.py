@@ -151,6 +151,7 @@ class DeepseekDecoderLayer(MoEDecoderLayer):
 
 class DeepseekModel(MoEModel):
     layer_class = DeepseekDecoderLayer
+    fusable = False  # (the C++ loop has no latent attention)
     # (the attention's projections are the layer's own: none is fused)
     _PROJECTIONS: ClassVar[dict[str, tuple[str, tuple[str, ...]]]] = {
         "o_proj": ("self_attn", ("o_proj",)),

@@ -14,6 +14,7 @@ import torch
 
 from inflight.attention.paged_kernels import KernelMetadata
 from inflight.kernels import load_extension
+from inflight.model.moe import EXPERT_PASS_TOKENS, block_expert_packings, fused_routing
 from inflight.model.packed_linear import PackedLinear
 from inflight.parallel.group import TPGroup
 
@@ -26,9 +27,19 @@ def _is_conv(layer: torch.nn.Module) -> bool:
     return getattr(layer, "is_conv", False)
 
 
+def _is_sparse(layer: torch.nn.Module) -> bool:
+    return getattr(layer, "sparse", False)
+
+
 def _projections(layer: torch.nn.Module) -> list[torch.nn.Module]:
-    """The layer's four linears, in the loop's order."""
-    return [getattr(layer, p) for p in (_CONV_PROJECTIONS if _is_conv(layer) else _PROJECTIONS)]
+    """The layer's linears, in the loop's order (a sparse layer's two first alone: its experts
+    take the MLP's place)."""
+    names = _CONV_PROJECTIONS if _is_conv(layer) else _PROJECTIONS
+    return [getattr(layer, p) for p in names[: 2 if _is_sparse(layer) else 4]]
+
+
+def _small(linear: torch.nn.Module | None, name: str) -> torch.Tensor | None:
+    return None if linear is None else getattr(linear, name, None)
 
 
 class FusedDecoderLayers:
@@ -43,9 +54,11 @@ class FusedDecoderLayers:
         if len(kinds) != 1:
             raise ValueError(f"projections must be all packed or all plain, got {kinds}")
         self.packed = kinds == {PackedLinear}
+        # every layer's four slots (a sparse layer's MLP slots empty)
+        slots = [[*_projections(layer), None, None][:4] for layer in layers]
         # the small-batch kernels' weights (bf16 packings or GGUF blocks), used up to
         # `small_batch_rows` rows as PackedLinear does
-        self.small_weights = [getattr(m, "small_weight", None) for m in projections]
+        self.small_weights = [_small(m, "small_weight") for four in slots for m in four]
         rows = {
             m.small_batch_rows for m in projections if getattr(m, "small_weight", None) is not None
         }
@@ -53,7 +66,7 @@ class FusedDecoderLayers:
             raise ValueError(f"projections must share one small-batch row limit, got {rows}")
         self.small_batch_rows = rows.pop() if rows else 0
         # the layers' GGUF blocks for the decode rows (see PackedLinear), or none at all
-        decode = [getattr(m, "decode_weight", None) for m in projections]
+        decode = [_small(m, "decode_weight") for four in slots for m in four]
         self.decode_weights = decode if any(w is not None for w in decode) else []
         self.activation_bits = max(getattr(m, "activation_bits", 0) for m in projections)
         first = layers[0]
@@ -67,10 +80,11 @@ class FusedDecoderLayers:
                 _projections(layer)[0].weight,
                 _projections(layer)[1].weight,
                 layer.mlp_norm.weight if self.pre_norms else unread,
-                layer.gate_up_proj.weight,
-                layer.down_proj.weight,
+                unread if _is_sparse(layer) else layer.gate_up_proj.weight,
+                unread if _is_sparse(layer) else layer.down_proj.weight,
             )
         ]
+        self._experts(layers)
         # LFM2's short convolutions: each layer's index among them (-1: it attends), their
         # kernels; a convolution layer's q/k norms and caches are placeholders, never read
         self.conv_index: list[int] = []
@@ -107,6 +121,30 @@ class FusedDecoderLayers:
         self.rotations = [-1 if not layer.rotary else int(layer.local_rope) for layer in layers]
         self.all_reduce = None if tp is None else tp.all_reduce
         self.run = load_extension().llama_decoder_layers
+
+    def _experts(self, layers: torch.nn.ModuleList) -> None:
+        """The sparse layers' routers and expert packings (`moe.fused_routing` says which layers
+        the loop can route), and their shared settings."""
+        sparse = [layer for layer in layers if _is_sparse(layer)]
+        self.expert_index: list[int] = []
+        if sparse:
+            count = iter(range(len(layers)))
+            self.expert_index = [next(count) if _is_sparse(layer) else -1 for layer in layers]
+        self.routers = [layer.router_weight for layer in sparse]
+        self.router_biases = [layer.router_bias for layer in sparse]
+        if not all(fused_routing(layer) for layer in sparse):
+            raise ValueError("the fused layer loop routes experts through a float32 router, "
+                             "each multiplying from its blocks (`moe.fused_routing`)")  # fmt: skip
+        packings = [block_expert_packings(layer) for layer in sparse]
+        self.expert_gate_up = [p[0] for p in packings]  # type: ignore[index]
+        self.expert_down = [p[1] for p in packings]  # type: ignore[index]
+        first = sparse[0] if sparse else None
+        self.routing = (
+            (first.top_k, first.sigmoid, first.norm_topk_prob, first.norm_epsilon,
+             first.routed_scale, first.experts[0].down_proj.in_features,
+             packings[0][2], EXPERT_PASS_TOKENS)  # type: ignore[index]
+            if first is not None else (1, False, False, 0.0, 1.0, 0, 0, 1)
+        )  # fmt: skip
 
     def __call__(
         self,
@@ -159,5 +197,7 @@ class FusedDecoderLayers:
             [g.prefill_batch.block_tables for g in groups if g.prefill_batch is not None],
             self.all_reduce,
             self.conv_index, self.conv_weights, conv_states, conv_rows,
+            self.expert_index, self.routers, self.router_biases, self.expert_gate_up,
+            self.expert_down, *self.routing,
         )  # fmt: skip
         return hidden, residual

@@ -51,6 +51,7 @@ class GptOssDecoderLayer(MoEDecoderLayer):
 
 
 class GptOssModel(MoEModel):
+    fusable = False  # (sinks and clamped experts: Python's)
     layer_class = GptOssDecoderLayer
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:

@@ -271,11 +271,29 @@ class Qwen2MoeDecoderLayer(MoEDecoderLayer):
     cast_router_weights = True
 
 
+def fused_routing(layer: MoEDecoderLayer) -> bool:
+    """Whether the fused C++ layer loop routes this sparse layer as `_routed_experts` does: a
+    float32 router without expert groups (whose weights stay float32), no shared expert, every
+    expert multiplying from its blocks in one C++ call (`block_expert_packings`), in a float32
+    model; its experts then run there (`decoder_layers.cpp`'s `routed_experts`)."""
+    if not (layer.float32_router and layer.groups == 1 and not layer.cast_router_weights):
+        return False
+    if layer.shared_expert is not None or layer.shared_expert_gate is not None:
+        return False
+    float32 = layer.input_layernorm.weight.dtype == torch.float32
+    return float32 and layer.stack is None and block_expert_packings(layer) is not None
+
+
 class MoEModel(LlamaModel):
     """What a model with experts loads differently: each expert's gate and up fused, and the
     sparse layers' linears (router, experts) in place of an MLP's."""
 
-    fusable = False
+    @property
+    def fusable(self) -> bool:  # type: ignore[override]
+        """Whether the fused C++ layer loop computes every layer (`fused_routing`: the sparse
+        layers' routing and experts; known once the loader has packed them); the Python loop
+        otherwise."""
+        return all(fused_routing(layer) for layer in self.layers if layer.sparse)
 
     @property
     def graph_capturable(self) -> bool:  # type: ignore[override]

@@ -132,7 +132,7 @@ def test_bad_inputs_are_refused_before_any_write(tiny_llama):
     def run(weights=fused.weights, small=fused.small_weights, slots=(0, 1), k_caches=None,
             decode=(), qk_norms=(), output_norms=(), windows=None, rotations=None,
             local=(None, None), groups=(), group_slots=(), query_scale=None,
-            conv=((), (), (), ())):  # fmt: skip
+            conv=((), (), (), ()), experts=((), (), (), (), ())):  # fmt: skip
         k_caches = k_caches if k_caches is not None else [k for k, _ in caches]
         windows = fused.windows if windows is None else windows
         rotations = fused.rotations if rotations is None else rotations
@@ -145,6 +145,7 @@ def test_bad_inputs_are_refused_before_any_write(tiny_llama):
             False, False, fused.packed,
             fused.activation_bits, 1.0, 0.0, list(groups),
             [torch.tensor(s) for s in group_slots], [], [], None, *map(list, conv),
+            *map(list, experts), *fused.routing,
         )  # fmt: skip
 
     with pytest.raises(RuntimeError, match="six weights"):
@@ -202,6 +203,16 @@ def test_bad_inputs_are_refused_before_any_write(tiny_llama):
         run(conv=([1, -1], [kernel], [state], rows))
     with pytest.raises(RuntimeError, match=r"kernel \[C, K\] and state"):
         run(conv=([0, -1], [kernel], [torch.zeros(4, 3, num_heads * head_dim)], rows))
+    # experts in place of a layer's MLP: an index per layer into routers and packings that match
+    router = torch.zeros(4, num_heads * head_dim)
+    with pytest.raises(RuntimeError, match="one expert index per layer"):
+        run(experts=([0], [router], [None], [[]], [[]]))
+    with pytest.raises(RuntimeError, match="the experts' packings per sparse layer"):
+        run(experts=([0, -1], [router], [], [[]], [[]]))
+    with pytest.raises(RuntimeError, match="sparse layer 1 out of range"):
+        run(experts=([1, -1], [router], [None], [[]], [[]]))
+    with pytest.raises(RuntimeError, match=r"a float32 router \[E, hidden\]"):  # 0 of 4 experts
+        run(experts=([0, -1], [router], [None], [[]], [[]]))
     assert bool((values[0, :, 0] == 7.0).all())
 
 
@@ -252,3 +263,21 @@ def test_a_token_rounds_alike_in_any_batch(tmp_path, smol_shaped, dtype, source)
     llm = LLM(str(path), **knobs, num_kv_blocks=15, max_num_batched_tokens=96)
     assert run(llm) == want
     assert llm.core.scheduler.num_preemptions > 0
+
+
+@pytest.mark.skipif(not load_extension().gguf_linear_available(), reason="no AVX2 GGUF kernel")
+@pytest.mark.parametrize("arch", ["lfm2_moe", "minimax_m2"])
+def test_fused_layers_route_experts_as_the_python_loop(tmp_path, tiny_model_factory, arch):
+    """A model whose sparse layers route through a float32 router (sigmoid plus a learned bias)
+    and whose experts multiply from their blocks runs in the C++ loop, experts included, with
+    the same bits as the Python loop: through chunked prefills beside decodes."""
+    path = write_tiny_gguf(tiny_model_factory(arch), tmp_path / f"{arch}.gguf",
+                           GGMLQuantizationType.Q8_0)  # fmt: skip
+    llm = LLM(str(path), dtype="float32", attention_backend="cpu", device="cpu",
+              prefill_chunk_size=8, max_num_batched_tokens=64, enable_prefix_caching=False,
+              quantized_activations="int8")  # fmt: skip
+    model = llm.core.loaded.model
+    assert model.fusable and isinstance(model.fused_layers, FusedDecoderLayers)
+    sparse = [i for i, layer in enumerate(model.layers) if layer.sparse]
+    assert [i for i, e in enumerate(model.fused_layers.expert_index) if e >= 0] == sparse
+    _assert_fused_matches_the_loop(llm)

@@ -1,5 +1,6 @@
 // All decoder layers of a Llama-family model in one call, for the CPU fast path (LFM2's too: its
-// short convolutions in place of attention, where `conv_index` says).
+// short convolutions in place of attention, where `conv_index` says; and experts in place of the
+// MLP where `expert_index` says, routed by a float32 router and multiplied from their blocks).
 //
 // The same sequence of operations as `DecoderLayer.forward` in inflight/model/llama.py (the
 // reference, and what this is tested against, bit for bit): RMSNorm (the residual add fused in),
@@ -22,7 +23,13 @@
 #include "kv_layout.h"
 #include "ops.h"
 
+#include <ATen/ops/add.h>
 #include <ATen/ops/cat.h>
+#include <ATen/ops/div.h>
+#include <ATen/ops/empty_like.h>
+#include <ATen/ops/matmul.h>
+#include <ATen/ops/sigmoid.h>
+#include <ATen/ops/softmax.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/gelu.h>
 #include <ATen/ops/relu.h>
@@ -32,6 +39,7 @@
 #include <ATen/ops/ones.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 
+#include <algorithm>
 #include <string_view>
 
 namespace {
@@ -147,6 +155,48 @@ at::Tensor short_convolution(const at::Tensor& x, const at::Tensor& weight,
   return out;
 }
 
+// A sparse layer's experts (`MoEDecoderLayer._routed_experts`, op for op, where its router is a
+// float32 one without expert groups and every expert multiplies from its blocks): each token's
+// sigmoid or softmax scores, the best `top_k` of them plus the bias, their unbiased scores
+// renormalized (plus `eps`) and scaled as weights; then `gguf_int_experts` over the tokens in
+// passes of at most `pass_tokens`, as Python makes them.
+struct Experts {
+  const at::Tensor& router;  // [E, hidden] float32
+  const OptTensor& bias;     // [E] float32: counts for the choice alone
+  const std::vector<at::Tensor>& gate_up;
+  const std::vector<at::Tensor>& down;
+};
+
+struct Routing {
+  int64_t top_k;
+  bool sigmoid, renormalize;
+  double eps, scale;
+  int64_t intermediate, bits, pass_tokens;
+};
+
+at::Tensor routed_experts(const at::Tensor& x, const Experts& e, const Routing& r) {
+  auto logits = at::matmul(x.to(at::kFloat), e.router.t());
+  auto scores = r.sigmoid ? at::sigmoid(logits) : at::softmax(logits, -1);
+  auto choice = e.bias.has_value() ? at::add(scores, *e.bias) : scores;
+  auto chosen = std::get<1>(choice.topk(r.top_k, -1));
+  auto weights = scores.gather(1, chosen);
+  if (r.renormalize) weights = at::div(weights, at::add(weights.sum(-1, true), r.eps));
+  weights = at::mul(weights, r.scale);
+  const int64_t T = x.size(0);
+  if (T <= r.pass_tokens) {
+    return gguf_int_experts(x.contiguous(), chosen.contiguous(), weights.contiguous(), e.gate_up,
+                            e.down, r.intermediate, r.bits);
+  }
+  auto out = at::empty_like(x);
+  for (int64_t a = 0; a < T; a += r.pass_tokens) {
+    const int64_t n = std::min(r.pass_tokens, T - a);
+    out.narrow(0, a, n).copy_(gguf_int_experts(
+        x.narrow(0, a, n).contiguous(), chosen.narrow(0, a, n).contiguous(),
+        weights.narrow(0, a, n).contiguous(), e.gate_up, e.down, r.intermediate, r.bits));
+  }
+  return out;
+}
+
 // tanh-GELU(gate) * up for rows [gate | up]: PyTorch's own ops, as the Python layer calls them
 at::Tensor gelu_tanh_and_mul(const at::Tensor& gate_up) {
   auto parts = gate_up.chunk(2, -1);
@@ -182,7 +232,13 @@ std::vector<at::Tensor> llama_decoder_layers(
     const std::vector<at::Tensor>& group_prefill_tables,
     const std::function<void(const at::Tensor&)>& all_reduce,
     const std::vector<int64_t>& conv_index, const std::vector<at::Tensor>& conv_weights,
-    const std::vector<at::Tensor>& conv_states, const std::vector<at::Tensor>& conv_rows) {
+    const std::vector<at::Tensor>& conv_states, const std::vector<at::Tensor>& conv_rows,
+    const std::vector<int64_t>& expert_index, const std::vector<at::Tensor>& routers,
+    const std::vector<OptTensor>& router_biases,
+    const std::vector<std::vector<at::Tensor>>& expert_gate_up,
+    const std::vector<std::vector<at::Tensor>>& expert_down, int64_t top_k, bool sigmoid_router,
+    bool renormalize, double router_eps, double routed_scale, int64_t expert_intermediate,
+    int64_t expert_bits, int64_t expert_pass_tokens) {
   const LinearChoice how{packed, small_rows, activation_bits};
   const size_t L = k_caches.size();
   INFLIGHT_CHECK(weights.size() == L * kWeightsPerLayer &&
@@ -291,6 +347,26 @@ std::vector<at::Tensor> llama_decoder_layers(
                        conv_states[c].size(2) == conv_weights[c].size(0),
                    "a convolution's kernel [C, K] and state [rows, K - 1, C]");
   }
+  // a sparse layer's index into the experts' lists (-1: its own MLP, whose weights above it
+  // uses; a sparse layer's are placeholders, never read)
+  INFLIGHT_CHECK(expert_index.empty() || expert_index.size() == L, "one expert index per layer, or none");
+  INFLIGHT_CHECK(routers.size() == router_biases.size() && routers.size() == expert_gate_up.size() &&
+                     routers.size() == expert_down.size(),
+                 "a router, its bias, and the experts' packings per sparse layer");
+  for (const int64_t e : expert_index) {
+    INFLIGHT_CHECK(e < static_cast<int64_t>(routers.size()), "sparse layer ", e, " out of range");
+  }
+  for (size_t e = 0; e < routers.size(); ++e) {
+    const int64_t E = routers[e].size(0);
+    INFLIGHT_CHECK(routers[e].dim() == 2 && routers[e].scalar_type() == at::kFloat &&
+                       (!router_biases[e].has_value() || router_biases[e]->numel() == E) &&
+                       static_cast<int64_t>(expert_gate_up[e].size()) == E &&
+                       static_cast<int64_t>(expert_down[e].size()) == E && 0 < top_k &&
+                       top_k <= E && expert_pass_tokens > 0,
+                   "a float32 router [E, hidden], its bias [E], E experts, 1..E a token");
+  }
+  const Routing routing{top_k, sigmoid_router, renormalize, router_eps, routed_scale,
+                        expert_intermediate, expert_bits, expert_pass_tokens};
   std::vector<OptTensor> no_decode(L * kSmallPerLayer);
   const std::vector<OptTensor>& decode = decode_weights.empty() ? no_decode : decode_weights;
   at::Tensor res = residual.has_value() ? *residual : at::Tensor();
@@ -375,13 +451,19 @@ std::vector<at::Tensor> llama_decoder_layers(
     if (!output_norms.empty()) out = rms_norm(out, output_norms[2 * l], eps);
     if (residual_scale != 1.0) out = at::mul(out, residual_scale);  // Granite's residual_multiplier
     x = pre_norms ? add_rms_norm(out, res, w[3], eps) : res.add_(out);
-    at::Tensor gate_up = linear(x, {w[4], small[2], dec[2], kNone}, how, split);
-    // the MLP's activation: gated (SiLU or tanh-GELU of the gate times up), or ReLU squared
-    // of an ungated up projection (`DecoderLayer.squared_relu`)
-    const at::Tensor act = squared_relu ? at::square(at::relu(gate_up))
-                           : gelu       ? gelu_tanh_and_mul(gate_up)
-                                        : silu_and_mul(gate_up);
-    hidden = linear(act, {w[5], small[3], dec[3], kNone}, how, split);
+    const int64_t sparse = expert_index.empty() ? -1 : expert_index[l];
+    if (sparse >= 0) {
+      hidden = routed_experts(x, {routers[sparse], router_biases[sparse],
+                                  expert_gate_up[sparse], expert_down[sparse]}, routing);
+    } else {
+      at::Tensor gate_up = linear(x, {w[4], small[2], dec[2], kNone}, how, split);
+      // the MLP's activation: gated (SiLU or tanh-GELU of the gate times up), or ReLU squared
+      // of an ungated up projection (`DecoderLayer.squared_relu`)
+      const at::Tensor act = squared_relu ? at::square(at::relu(gate_up))
+                             : gelu       ? gelu_tanh_and_mul(gate_up)
+                                          : silu_and_mul(gate_up);
+      hidden = linear(act, {w[5], small[3], dec[3], kNone}, how, split);
+    }
     if (all_reduce) all_reduce(hidden);
     if (!output_norms.empty()) hidden = rms_norm(hidden, output_norms[2 * l + 1], eps);
     if (residual_scale != 1.0) hidden = at::mul(hidden, residual_scale);

@@ -120,4 +120,10 @@ std::vector<at::Tensor> llama_decoder_layers(
     const std::vector<at::Tensor>& group_prefill_tables,
     const std::function<void(const at::Tensor&)>& all_reduce,
     const std::vector<int64_t>& conv_index, const std::vector<at::Tensor>& conv_weights,
-    const std::vector<at::Tensor>& conv_states, const std::vector<at::Tensor>& conv_rows);
+    const std::vector<at::Tensor>& conv_states, const std::vector<at::Tensor>& conv_rows,
+    const std::vector<int64_t>& expert_index, const std::vector<at::Tensor>& routers,
+    const std::vector<c10::optional<at::Tensor>>& router_biases,
+    const std::vector<std::vector<at::Tensor>>& expert_gate_up,
+    const std::vector<std::vector<at::Tensor>>& expert_down, int64_t top_k, bool sigmoid_router,
+    bool renormalize, double router_eps, double routed_scale, int64_t expert_intermediate,
+    int64_t expert_bits, int64_t expert_pass_tokens);
