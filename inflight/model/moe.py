@@ -20,7 +20,9 @@ read as gate/up/down (MiniMax-M2's too), and Granite's stacks one expert at a ti
 file (the families' llama.cpp architectures, or `llama` with experts: Mixtral), each layer's
 stacked expert weights arrive one expert at a time (the index slices them), and where they are
 blocks the kernels read, each expert's linears multiply from its blocks as any layer's do. The
-fused C++ layer loop does not route experts: these layers run in Python (`fusable = False`).
+fused C++ layer loop routes a model's experts only where every sparse layer's router is float32,
+without groups or a shared expert, and every expert multiplies from its blocks
+(`fused_routing`: LFM2-MoE's and MiniMax-M2's files); the others run in Python.
 With the Triton kernels (a GPU) the experts are stacked per layer and routed on the device
 (`expert_kernels.py`), so CUDA graphs capture their decode steps.
 """
