@@ -310,7 +310,8 @@ class EngineCore:
         graphs = None
         wants_graphs = self._wants_graphs(config, attn)
         if wants_graphs and not model.graph_capturable:
-            logger.info("%s routes experts on the host: decode steps run without CUDA graphs",
+            logger.info("%s steps read the host (experts routed there, or convolution state "
+                        "rows): decode steps run without CUDA graphs",
                         type(model).__name__)  # fmt: skip
         elif wants_graphs:
             graphs = DecodeGraphs(model, self.kv_cache, config.scheduler.max_num_seqs,

@@ -116,20 +116,22 @@ class ConvState:
             target = 0 if row < 0 else 1 - row
             write.append(2 * slot + target)
             written.append((slot, target, s.start_pos + s.num_tokens))
-        step = self.at_rows((read, write), query_start_loc)
-        if not scratch:
-            step._written, step._valid = written, self._valid
-        return step
+        if scratch:
+            return self.at_rows((read, write), query_start_loc)
+        return self.at_rows((read, write), query_start_loc, written, self._valid)
 
-    def at_rows(self, rows: tuple[list[int], list[int]], query_start_loc: list[int]) -> ConvStep:
+    def at_rows(self, rows: tuple[list[int], list[int]], query_start_loc: list[int],
+                written: list[tuple[int, int, int]] | None = None,
+                valid: list[list[int]] | None = None) -> ConvStep:  # fmt: skip
         """A step over the rows rank 0 chose (`ConvStep.rows`): another tensor-parallel rank's,
-        whose slots mirror rank 0's (the same rows of its share of the channels)."""
+        whose slots mirror rank 0's (the same rows of its share of the channels); rank 0's own,
+        with the rows it marks valid once run (`written`, in `valid`)."""
         taps, keep = self._indices(query_start_loc)
         read, write = rows
         return ConvStep(states=self.layers, taps=taps.to(self.device), keep=keep.to(self.device),
                         read_rows=torch.tensor(read, device=self.device),
-                        write_rows=torch.tensor(write, device=self.device),
-                        rows=rows)  # fmt: skip
+                        write_rows=torch.tensor(write, device=self.device), rows=rows,
+                        _written=written or [], _valid=valid)  # fmt: skip
 
     def _indices(self, query_start_loc: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """`taps` and `keep` for requests whose rows start at `query_start_loc`: a position
