@@ -43,7 +43,7 @@ from inflight.parallel.shard import Shard, check_tensor_parallel, shard_arch
 from inflight.parallel.workers import KVSetup, RankSpec, RankWorkers, threads_per_rank
 from inflight.platform import resolve_device
 from inflight.request import FinishReason, Request, RequestStatus
-from inflight.runner.conv_state import ConvState
+from inflight.runner.conv_state import ConvState, conv_state_bytes
 from inflight.runner.cuda_graphs import DecodeGraphs, supports_graphs
 from inflight.runner.drafter import Drafter
 from inflight.runner.kv_cache import (
@@ -238,10 +238,14 @@ class EngineCore:
     ) -> None:  # fmt: skip
         """Refuses (before loading) weights and KV pools that will not fit this machine's
         memory: the weights and pools of the ranks it holds (every rank of a split model by
-        default; one where the others run on other nodes), each its share."""
+        default; one where the others run on other nodes), each its share (a pool with the
+        convolution state beside it, where the model has one)."""
         size = config.model.tensor_parallel_size
         here = size if ranks_here is None else ranks_here
-        rank_pool = self._kv_bytes(config, shard_arch(Shard(arch, 0, size)), kv_dtype)
+        rank_arch = shard_arch(Shard(arch, 0, size))
+        rank_pool = self._kv_bytes(config, rank_arch, kv_dtype) + conv_state_bytes(
+            rank_arch, config.scheduler.max_num_seqs, self.dtype
+        )
         weights = estimated_weight_bytes(path, self.dtype, activations)
         check_memory_fits(path, weights * here // size, here * rank_pool)
 

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 import torch
 
 from inflight.core.outputs import ScheduledRequest
+from inflight.model.arch import LlamaArchConfig
 
 
 @dataclass
@@ -54,6 +55,16 @@ class ConvStep:
             return
         for slot, row, position in self._written:
             self._valid[slot][row] = position
+
+
+def conv_state_bytes(arch: LlamaArchConfig, num_slots: int, dtype: torch.dtype) -> int:
+    """What `ConvState` holds for a model of `arch` (a rank's share of the channels) with
+    `num_slots` slots (none without convolution layers)."""
+    if not arch.conv_layers:
+        return 0
+    channels = arch.conv_channels or arch.hidden_size
+    rows = (2 * num_slots + 2) * (arch.conv_kernel - 1) * channels
+    return len(arch.conv_layers) * rows * torch.empty((), dtype=dtype).element_size()
 
 
 class ConvState:

@@ -274,3 +274,16 @@ def test_an_lfm2_moe_gguf_generates_as_transformers_with_its_weights(
         1e-6,
     )
     assert_gguf_generates_as_its_weights(llm, folder, qtype)
+
+
+def test_the_convolution_state_is_counted_before_loading(lfm2):
+    """The pre-load memory check counts the slots' state beside the KV pool: what `ConvState`
+    then holds, byte for byte."""
+    from inflight.runner.conv_state import conv_state_bytes
+
+    folder, *_ = lfm2
+    llm = LLM(str(folder), dtype="float32", max_num_seqs=5)
+    state = llm.core.runner.conv_state
+    assert conv_state_bytes(llm.core.arch, 5, torch.float32) == state.num_bytes > 0
+    assert conv_state_bytes(LlamaArchConfig.from_hf_config({**PUBLISHED, "full_attn_idxs": None}),
+                            5, torch.float32) == 0  # fmt: skip
