@@ -52,6 +52,7 @@ class ModelProfile:
 
     @property
     def linear_params_per_layer(self) -> int:
+        """An attention layer's: q/k/v, o and its MLP."""
         a = self.arch
         q = a.num_heads * a.head_dim
         kv = a.num_kv_heads * a.head_dim
@@ -63,7 +64,14 @@ class ModelProfile:
 
     @property
     def linear_params(self) -> int:
-        return self.arch.num_layers * self.linear_params_per_layer
+        """Every layer's; a short-convolution layer (LFM2's) has in (3H) and out (H)
+        projections where an attention layer has q/k/v and o."""
+        a = self.arch
+        q = a.num_heads * a.head_dim
+        attention = a.hidden_size * (q + 2 * a.num_kv_heads * a.head_dim) + q * a.hidden_size
+        convolution = 4 * a.hidden_size * a.hidden_size
+        swapped = len(a.conv_layers) * (convolution - attention)
+        return a.num_layers * self.linear_params_per_layer + swapped
 
     @property
     def head_params(self) -> int:

@@ -106,3 +106,23 @@ def test_fp8_on_a100_runs_at_the_bf16_peak():
 def test_empty_step_costs_only_overhead():
     cost = CostModel(toy_hardware(step_overhead_s=0.1), toy_model(), 16).cost(StepWork())
     assert cost.seconds == pytest.approx(0.1) and cost.weight_bytes == 0
+
+
+def test_a_short_convolution_model_is_counted_layer_by_layer(tiny_model_factory):
+    """LFM2's convolution layers hold in (3H) and out (H) projections and no KV: the profile
+    counts transformers' linear weights of the model and the engine's KV bytes a token."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from inflight import LLM
+    from inflight.sim.model_profile import ModelProfile
+
+    folder = tiny_model_factory("lfm2")
+    hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    linears = sum(m.weight.numel() for name, m in hf.named_modules()
+                  if isinstance(m, torch.nn.Linear) and name != "lm_head")  # fmt: skip
+    llm = LLM(str(folder), dtype="float32", num_kv_blocks=16)
+    profile = ModelProfile("tiny-lfm2", llm.core.arch, weight_dtype="fp32", kv_dtype="fp32")
+    assert profile.linear_params == linears
+    cache = llm.core.kv_cache
+    assert profile.kv_bytes_per_token == cache.num_bytes // (16 * cache.block_size)
