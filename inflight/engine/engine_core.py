@@ -329,10 +329,9 @@ class EngineCore:
             drafter = Drafter(draft.model, draft_kv, draft_attn, device)
         conv_state = None
         if self.arch.conv_layers:
-            cfg = model.cfg  # (a rank's share of the channels where the model is split)
-            conv_state = ConvState(len(cfg.conv_layers), config.scheduler.max_num_seqs,
-                                   cfg.conv_kernel, cfg.conv_channels or cfg.hidden_size,
-                                   self.dtype, device)  # fmt: skip
+            # (a rank's share of the channels where the model is split: `model.cfg`)
+            conv_state = ConvState.for_model(model.cfg, config.scheduler.max_num_seqs,
+                                             self.dtype, device)  # fmt: skip
             logger.info("convolution state: %d slots, %.1f MiB", conv_state.num_slots,
                         conv_state.num_bytes / 2**20)  # fmt: skip
         return ModelRunner(model, self.kv_cache, attn, device, config.model.seed, graphs, drafter,

@@ -383,6 +383,11 @@ class LlamaArchConfig:
         return None if layer in self.full_attention_layers else self.sliding_window
 
     @property
+    def conv_width(self) -> int:
+        """The channels of each short convolution this model (a rank's share of it) holds."""
+        return self.conv_channels or self.hidden_size
+
+    @property
     def kv_layers(self) -> tuple[int, ...]:
         """The layers that attend, and so hold keys and values in the KV cache, in order: every
         layer but LFM2's convolutions. KV-side structures (the cache's tensors, the KV groups'

@@ -14,7 +14,7 @@ import torch
 
 from inflight.attention.paged_kernels import KernelMetadata
 from inflight.kernels import load_extension
-from inflight.model.moe import EXPERT_PASS_TOKENS, block_expert_packings, fused_routing
+from inflight.model.moe import EXPERT_PASS_TOKENS, fused_routing
 from inflight.model.packed_linear import PackedLinear
 from inflight.parallel.group import TPGroup
 
@@ -36,6 +36,14 @@ def _projections(layer: torch.nn.Module) -> list[torch.nn.Module]:
     take the MLP's place)."""
     names = _CONV_PROJECTIONS if _is_conv(layer) else _PROJECTIONS
     return [getattr(layer, p) for p in names[: 2 if _is_sparse(layer) else 4]]
+
+
+def _indices_among(layers: torch.nn.ModuleList, chosen: list[bool]) -> list[int]:
+    """Each layer's index among the chosen ones (-1 for the others); none where none is."""
+    if not any(chosen):
+        return []
+    count = iter(range(len(layers)))
+    return [next(count) if c else -1 for c in chosen]
 
 
 def _small(linear: torch.nn.Module | None, name: str) -> torch.Tensor | None:
@@ -87,10 +95,7 @@ class FusedDecoderLayers:
         self._experts(layers)
         # LFM2's short convolutions: each layer's index among them (-1: it attends), their
         # kernels; a convolution layer's q/k norms and caches are placeholders, never read
-        self.conv_index: list[int] = []
-        if any(_is_conv(layer) for layer in layers):
-            count = iter(range(len(layers)))
-            self.conv_index = [next(count) if _is_conv(layer) else -1 for layer in layers]
+        self.conv_index = _indices_among(layers, [_is_conv(layer) for layer in layers])
         self.conv_weights = [layer.conv_weight for layer in layers if _is_conv(layer)]
         attending = next(layer for layer in layers if not _is_conv(layer))
         self.qkv_biases = [None if _is_conv(layer) else layer.qkv_proj.bias for layer in layers]
@@ -126,23 +131,20 @@ class FusedDecoderLayers:
         """The sparse layers' routers and expert packings (`moe.fused_routing` says which layers
         the loop can route), and their shared settings."""
         sparse = [layer for layer in layers if _is_sparse(layer)]
-        self.expert_index: list[int] = []
-        if sparse:
-            count = iter(range(len(layers)))
-            self.expert_index = [next(count) if _is_sparse(layer) else -1 for layer in layers]
+        self.expert_index = _indices_among(layers, [_is_sparse(layer) for layer in layers])
         self.routers = [layer.router_weight for layer in sparse]
         self.router_biases = [layer.router_bias for layer in sparse]
         if not all(fused_routing(layer) for layer in sparse):
             raise ValueError("the fused layer loop routes experts through a float32 router, "
                              "each multiplying from its blocks (`moe.fused_routing`)")  # fmt: skip
-        packings = [block_expert_packings(layer) for layer in sparse]
-        self.expert_gate_up = [p[0] for p in packings]  # type: ignore[index]
-        self.expert_down = [p[1] for p in packings]  # type: ignore[index]
+        packings = [layer.expert_packings for layer in sparse]
+        self.expert_gate_up = [p[0] for p in packings]
+        self.expert_down = [p[1] for p in packings]
         first = sparse[0] if sparse else None
         self.routing = (
             (first.top_k, first.sigmoid, first.norm_topk_prob, first.norm_epsilon,
              first.routed_scale, first.experts[0].down_proj.in_features,
-             packings[0][2], EXPERT_PASS_TOKENS)  # type: ignore[index]
+             packings[0][2], EXPERT_PASS_TOKENS)
             if first is not None else (1, False, False, 0.0, 1.0, 0, 0, 1)
         )  # fmt: skip
 

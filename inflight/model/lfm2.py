@@ -76,7 +76,7 @@ class Lfm2DecoderLayer(Qwen3DecoderLayer):
             del self.qkv_proj, self.o_proj, self.q_norm, self.k_norm
             # (a rank's share of the channels under tensor parallelism: its out_proj's output
             # is then a partial sum, all-reduced as attention's is)
-            hidden, channels = cfg.hidden_size, cfg.conv_channels or cfg.hidden_size
+            hidden, channels = cfg.hidden_size, cfg.conv_width
             self.in_proj = nn.Linear(hidden, 3 * channels, bias=False)
             self.out_proj = nn.Linear(channels, hidden, bias=False)
             self.conv_weight = nn.Parameter(torch.zeros(channels, cfg.conv_kernel),

@@ -137,16 +137,23 @@ class MoEDecoderLayer(DecoderLayer):
             out[a:b] = self._host_routed_experts(x[a:b], weights[a:b], chosen[a:b])
         return out
 
+    @property
+    def expert_packings(self) -> tuple[list[torch.Tensor], list[torch.Tensor], int] | None:
+        """`block_expert_packings`, looked at once (after the loader has packed the experts)
+        and kept in `block_experts`."""
+        if self.block_experts is None:
+            self.block_experts = block_expert_packings(self) or False
+        return self.block_experts if isinstance(self.block_experts, tuple) else None
+
     def _host_routed_experts(
         self, x: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor
     ) -> torch.Tensor:
         """The experts routed on the host: each chosen expert over its tokens' rows, and each
         token's outputs added in expert order (in one C++ call where every expert multiplies
         from its blocks with the integer kernel: `block_experts`)."""
-        if self.block_experts is None:
-            self.block_experts = block_expert_packings(self) or False
-        if isinstance(self.block_experts, tuple) and x.dtype == weights.dtype == torch.float32:
-            gate_up, down, bits = self.block_experts
+        packings = self.expert_packings
+        if packings is not None and x.dtype == weights.dtype == torch.float32:
+            gate_up, down, bits = packings
             return load_extension().gguf_int_experts(
                 x.contiguous(), chosen.contiguous(), weights.contiguous(), gate_up, down,
                 self.experts[0].down_proj.in_features, bits,
@@ -277,13 +284,15 @@ def fused_routing(layer: MoEDecoderLayer) -> bool:
     """Whether the fused C++ layer loop routes this sparse layer as `_routed_experts` does: a
     float32 router without expert groups (whose weights stay float32), no shared expert, every
     expert multiplying from its blocks in one C++ call (`block_expert_packings`), in a float32
-    model; its experts then run there (`decoder_layers.cpp`'s `routed_experts`)."""
+    model; its experts then run there (`decoder_layers.cpp`'s `routed_experts`). Asked once
+    the loader has packed the experts (`expert_packings` keeps them)."""
     if not (layer.float32_router and layer.groups == 1 and not layer.cast_router_weights):
         return False
     if layer.shared_expert is not None or layer.shared_expert_gate is not None:
         return False
-    float32 = layer.input_layernorm.weight.dtype == torch.float32
-    return float32 and layer.stack is None and block_expert_packings(layer) is not None
+    if layer.input_layernorm.weight.dtype != torch.float32 or layer.stack is not None:
+        return False
+    return layer.expert_packings is not None
 
 
 class MoEModel(LlamaModel):

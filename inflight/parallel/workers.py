@@ -370,10 +370,8 @@ def rank_loop(spec: RankSpec, model: LlamaModel, conn: Connection) -> None:
     layer_groups, null_block = kv_group_args(kv.layout, cache)
     conv_state = None
     if kv.conv_slots:  # its share of every channel, in the slots rank 0 assigns
-        a = model.cfg
-        conv_state = ConvState(len(a.conv_layers), kv.conv_slots, a.conv_kernel,
-                               a.conv_channels or a.hidden_size, model.norm.weight.dtype,
-                               device)  # fmt: skip
+        conv_state = ConvState.for_model(model.cfg, kv.conv_slots, model.norm.weight.dtype,
+                                         device)  # fmt: skip
     conn.send(("ready",))
     while True:
         kind, *args = conn.recv()

@@ -62,8 +62,7 @@ def conv_state_bytes(arch: LlamaArchConfig, num_slots: int, dtype: torch.dtype) 
     `num_slots` slots (none without convolution layers)."""
     if not arch.conv_layers:
         return 0
-    channels = arch.conv_channels or arch.hidden_size
-    rows = (2 * num_slots + 2) * (arch.conv_kernel - 1) * channels
+    rows = (2 * num_slots + 2) * (arch.conv_kernel - 1) * arch.conv_width
     return len(arch.conv_layers) * rows * torch.empty((), dtype=dtype).element_size()
 
 
@@ -83,6 +82,13 @@ class ConvState:
         self._slot_of: dict[str, int] = {}
         # per slot, the position before which each of its two rows holds the state (-1: none)
         self._valid = [[-1, -1] for _ in range(num_slots)]
+
+    @classmethod
+    def for_model(cls, arch: LlamaArchConfig, num_slots: int, dtype: torch.dtype,
+                  device: torch.device) -> ConvState:  # fmt: skip
+        """The state of a model of `arch`: a rank's share of the channels where it is split."""
+        return cls(len(arch.conv_layers), num_slots, arch.conv_kernel, arch.conv_width, dtype,
+                   device)  # fmt: skip
 
     @property
     def num_free_slots(self) -> int:
