@@ -287,3 +287,27 @@ def test_the_convolution_state_is_counted_before_loading(lfm2):
     assert conv_state_bytes(llm.core.arch, 5, torch.float32) == state.num_bytes > 0
     assert conv_state_bytes(LlamaArchConfig.from_hf_config({**PUBLISHED, "full_attn_idxs": None}),
                             5, torch.float32) == 0  # fmt: skip
+
+
+def test_aborted_requests_give_their_slots_back_and_others_keep_their_tokens(lfm2):
+    """Clients that vanish mid-generation: their requests end (abort), their slots go back, and
+    the requests beside them and after them get transformers' tokens in the slots they free."""
+    from inflight.request import FinishReason
+
+    folder, prompts, max_tokens, expected = lfm2
+    llm = LLM(str(folder), dtype="float32", max_num_seqs=3, prefill_chunk_size=8)
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in max_tokens]
+    ids = [llm.add_request(p, sp) for p, sp in zip(prompts[:8], params[:8], strict=True)]
+    got: dict[str, list[int]] = {}
+    for _ in range(4):
+        for out in llm.step():
+            got[out.request_id] = out.outputs[0].token_ids
+    aborted = set(ids[:2])
+    llm.core.finish_requests(list(aborted), FinishReason.ABORT)
+    while llm.core.has_unfinished_requests():
+        for out in llm.step():
+            got[out.request_id] = out.outputs[0].token_ids
+    for i, request_id in enumerate(ids):
+        if request_id not in aborted:
+            assert got[request_id] == expected[i], f"prompt {i} diverged"
+    _assert_slots_all_free(llm)
