@@ -150,7 +150,7 @@ class MoEDecoderLayer(DecoderLayer):
     ) -> torch.Tensor:
         """The experts routed on the host: each chosen expert over its tokens' rows, and each
         token's outputs added in expert order (in one C++ call where every expert multiplies
-        from its blocks with the integer kernel: `block_experts`)."""
+        from its blocks with the integer kernel: `expert_packings`)."""
         packings = self.expert_packings
         if packings is not None and x.dtype == weights.dtype == torch.float32:
             gate_up, down, bits = packings
