@@ -175,6 +175,8 @@ def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) ->
         Qwen2ForCausalLM,
         Qwen2MoeConfig,
         Qwen2MoeForCausalLM,
+        Qwen3_5ForCausalLM,
+        Qwen3_5TextConfig,
         Qwen3Config,
         Qwen3ForCausalLM,
         Qwen3MoeConfig,
@@ -373,6 +375,17 @@ def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) ->
                             layer_types=types, block_multiple_of=32,
                             rope_parameters=rope)  # fmt: skip
         cls = Lfm2ForCausalLM
+    elif arch == "qwen3_5":  # gated DeltaNet in layers 0, 2 and 3 (2 key heads of 16 over 4
+        # value heads of 16, a convolution of 4), gated attention in 1 and 4 (heads of 64, RoPE
+        # over their first quarter: 16 dimensions)
+        types = ["linear_attention", "full_attention", "linear_attention", "linear_attention",
+                 "full_attention"]  # fmt: skip
+        rope = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25}
+        config = Qwen3_5TextConfig(**{**common, "num_hidden_layers": 5}, head_dim=64,
+                                   layer_types=types, rope_parameters=rope,
+                                   linear_num_key_heads=2, linear_num_value_heads=4,
+                                   linear_key_head_dim=16, linear_value_head_dim=16)  # fmt: skip
+        cls = Qwen3_5ForCausalLM
     elif arch == "lfm2_moe":  # LFM2's layers, a dense first MLP, then 2 of 4 experts a token
         # chosen by sigmoid scores plus a learned bias, renormalized
         types = ["conv", "full_attention", "conv", "conv", "full_attention"]
@@ -463,11 +476,13 @@ def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) ->
             for name, param in model.named_parameters():
                 if name.endswith("norm.weight"):
                     param.uniform_(0.5, 1.5)
-    if arch in ("gemma", "gemma2", "gemma3"):  # norms start at w = 0 (a scale of 1 + w): make
-        # it matter
+    if arch in ("gemma", "gemma2", "gemma3", "qwen3_5"):  # norms start at w = 0 (a scale of
+        # 1 + w): make it matter (Qwen3.5's DeltaNet output norm multiplies by w, from 1)
         with torch.no_grad():
             for name, param in model.named_parameters():
-                if name.endswith("norm.weight"):
+                if name.endswith("linear_attn.norm.weight"):
+                    param.uniform_(0.5, 1.5)
+                elif name.endswith("norm.weight"):
                     param.uniform_(-0.5, 0.5)
     model.save_pretrained(folder, safe_serialization=True)
     return folder

@@ -51,6 +51,7 @@ _SOURCES = (
     "gguf_linear.cpp",
     "kv_cache.cpp",
     "layer_ops.cpp",
+    "gated_delta.cpp",
     "gguf_regroup.cpp",
     "argmax.cpp",
     "bf16_linear.cpp",

@@ -59,6 +59,7 @@ SUPPORTED_ARCHITECTURES = {
     "Glm4MoeLiteForCausalLM": "glm4_moe_lite",  # GLM-4.7-Flash: DeepSeek-V3's layers
     "Lfm2ForCausalLM": "lfm2",  # LFM2: short convolutions beside attention layers
     "Lfm2MoeForCausalLM": "lfm2_moe",  # (its MLPs experts after the first dense ones)
+    "Qwen3_5ForCausalLM": "qwen3_5",  # Qwen3.5: gated DeltaNet layers beside gated attention
     # the bare decoders, without an LM head, that embedding models are (Qwen3-Embedding's
     # weights): they pool the last token's hidden state unless the folder says otherwise
     "LlamaModel": "llama",
@@ -82,6 +83,9 @@ EXPERT_ARCHS = ("qwen3_moe", "qwen2_moe", "mixtral", "gpt_oss", "glm4_moe", "ern
                 "deepseek_v3", "glm4_moe_lite", "lfm2_moe")  # fmt: skip
 # the families with LFM2's short convolutions (`conv_layers`)
 CONV_ARCHS = ("lfm2", "lfm2_moe")
+# the families with gated DeltaNet layers (`delta_value_heads`: Qwen3.5's)
+DELTA_ARCHS = ("qwen3_5",)
+MAX_DELTA_SIZE = 2**12  # a DeltaNet head count or width (Qwen3.5's: 16-64 heads of 128)
 # the families whose attention is DeepSeek's multi-head latent attention (`kv_lora_rank`)
 LATENT_ATTENTION_ARCHS = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite")
 # every n-th layer without RoPE, where a config does not list them (SmolLM3's fourth; llama.cpp
@@ -210,9 +214,21 @@ class LlamaArchConfig:
     # carries from step to step (`runner/conv_state.py`); the other layers attend
     conv_layers: tuple[int, ...] = ()
     conv_kernel: int = 0
-    # the channels of each convolution a rank holds under tensor parallelism (0: all of
-    # `hidden_size`)
+    # the channels of each convolution (0: `hidden_size`, LFM2's), a rank's share of them under
+    # tensor parallelism
     conv_channels: int = 0
+    # Qwen3.5's gated DeltaNet layers, which are `conv_layers` too (a short convolution of
+    # their q, k and v rows, `conv_channels` wide, comes first): each also carries a state
+    # matrix [delta_key_dim, delta_value_dim] per value head from step to step, decayed and
+    # corrected by the delta rule at every token (`model/qwen3_5.py`); 0 heads: none. Each key
+    # head serves `delta_value_heads / delta_key_heads` value heads.
+    delta_value_heads: int = 0
+    delta_key_heads: int = 0
+    delta_key_dim: int = 0
+    delta_value_dim: int = 0
+    # the attention's output multiplied by the sigmoid of a gate that the query projection
+    # makes beside each query head (Qwen3.5's)
+    attention_output_gate: bool = False
     # an embedding model's pooling (`POOLING_MODES`); None for a generative model
     pooling: str | None = None
     # its vectors' leading dimensions are a vector too (Matryoshka training, `is_matryoshka`):
@@ -243,6 +259,8 @@ class LlamaArchConfig:
                                      and 2 <= self.conv_kernel <= MAX_CONV_KERNEL):  # fmt: skip
             raise ValueError(f"conv_L_cache {self.conv_kernel!r}: a kernel of 2 to "
                              f"{MAX_CONV_KERNEL} positions")  # fmt: skip
+        if self.delta_value_heads:
+            self._check_delta_layers()
         if self.sliding_window is not None and self.sliding_window <= 0:
             raise ValueError(f"sliding_window must be positive, not {self.sliding_window}")
         scalar = self.query_pre_attn_scalar
@@ -382,6 +400,26 @@ class LlamaArchConfig:
         """How many positions back a query of this layer sees (None: all of them)."""
         return None if layer in self.full_attention_layers else self.sliding_window
 
+    def _check_delta_layers(self) -> None:
+        names = ("value_heads", "key_heads", "key_dim", "value_dim")
+        for name in names:
+            value = getattr(self, f"delta_{name}")
+            if not (isinstance(value, int) and 0 < value <= MAX_DELTA_SIZE):
+                raise ValueError(f"the DeltaNet layers' {name} {value!r}: a positive integer "
+                                 f"up to {MAX_DELTA_SIZE}")  # fmt: skip
+        if self.delta_value_heads % self.delta_key_heads:
+            raise ValueError(f"{self.delta_value_heads} DeltaNet value heads do not share "
+                             f"{self.delta_key_heads} key heads evenly")  # fmt: skip
+        if self.conv_width != self.delta_conv_channels:
+            raise ValueError(f"the DeltaNet layers' convolution has {self.conv_width} channels, "
+                             f"not their q, k and v's {self.delta_conv_channels}")  # fmt: skip
+
+    @property
+    def delta_conv_channels(self) -> int:
+        """The width of a DeltaNet layer's q, k and v rows, which its convolution mixes."""
+        return (2 * self.delta_key_heads * self.delta_key_dim
+                + self.delta_value_heads * self.delta_value_dim)  # fmt: skip
+
     @property
     def conv_width(self) -> int:
         """The channels of each short convolution this model (a rank's share of it) holds."""
@@ -445,6 +483,8 @@ class LlamaArchConfig:
         convolutions: dict[str, Any] = {}
         if arch in CONV_ARCHS:
             config, convolutions = _lfm2_config(config, adjust_mlp=arch == "lfm2")
+        if arch in DELTA_ARCHS:
+            config, convolutions = _gated_delta_config(config)
         for key in ("num_attention_heads", "hidden_size", "head_dim"):  # (divided below)
             value = config.get(key)
             if value is None and key == "head_dim":
@@ -466,7 +506,7 @@ class LlamaArchConfig:
         rope_theta, rope, rope_type = _rope_settings(params, config, config.get("rope_theta"))
         # (GLM-4.5's rotates half of each head unless its config says otherwise; MiniMax-M2's
         # say how many dimensions, `rotary_dim`)
-        default_rotary = 0.5 if arch == "glm4_moe" else 1.0
+        default_rotary = {"glm4_moe": 0.5, "qwen3_5": 0.25}.get(arch, 1.0)
         if arch == "minimax_m2" and isinstance(config.get("rotary_dim"), int):
             default_rotary = config["rotary_dim"] / (config.get("head_dim") or hidden // num_heads)
         rotary = float(
@@ -821,6 +861,42 @@ def _lfm2_config(config: dict[str, Any], adjust_mlp: bool) -> tuple[dict[str, An
     return renamed, fields
 
 
+def _gated_delta_config(config: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Qwen3.5's config and its DeltaNet fields: the layers `layer_types` names
+    `linear_attention` (by default all but every `full_attention_interval`-th, as transformers
+    fills them in), their heads and convolution; refused where it asks for what its layers do
+    not compute (another activation, biased attention)."""
+    n = _layer_count(config)
+    types = config.get("layer_types")
+    if types is None:
+        interval = config.get("full_attention_interval", 4)
+        if not (isinstance(interval, int) and 0 < interval <= n):
+            raise ValueError(f"full_attention_interval {interval!r}: a positive layer count")
+        types = ["linear_attention" if (i + 1) % interval else "full_attention"
+                 for i in range(n)]  # fmt: skip
+    kinds = {"full_attention", "linear_attention"}
+    if not isinstance(types, list) or len(types) != n or not set(types) <= kinds:
+        raise ValueError(f"layer_types must name {n} full_attention / linear_attention layers")
+    if config.get("hidden_act", "silu") != "silu":
+        raise ValueError(f"Qwen3.5 with hidden_act {config['hidden_act']!r} is not supported")
+    if config.get("attention_bias"):
+        raise ValueError("Qwen3.5 with biased attention (attention_bias) is not supported")
+    fields = {
+        "conv_layers": tuple(i for i, t in enumerate(types) if t == "linear_attention"),
+        "conv_kernel": config.get("linear_conv_kernel_dim", 4),
+        "delta_value_heads": config.get("linear_num_value_heads", 32),
+        "delta_key_heads": config.get("linear_num_key_heads", 16),
+        "delta_key_dim": config.get("linear_key_head_dim", 128),
+        "delta_value_dim": config.get("linear_value_head_dim", 128),
+        "attention_output_gate": True,
+    }
+    sizes = [fields[f"delta_{name}"] for name in ("key_heads", "key_dim", "value_heads",
+                                                  "value_dim")]  # fmt: skip
+    if all(isinstance(v, int) and 0 < v <= MAX_DELTA_SIZE for v in sizes):
+        fields["conv_channels"] = 2 * sizes[0] * sizes[1] + sizes[2] * sizes[3]
+    return config, fields
+
+
 def _nope_layers(config: dict[str, Any]) -> tuple[int, ...]:
     """SmolLM3's layers without RoPE: where `no_rope_layers` (1 a layer with RoPE, 0 one
     without) says 0, or every `no_rope_layer_interval`-th layer where it is absent."""
@@ -886,6 +962,9 @@ _IMAGE_AND_TEXT = {
     "Qwen3VLForConditionalGeneration": {"qwen3_vl_text": ("Qwen3VLTextConfig", "Qwen3ForCausalLM")},
     "Qwen3VLMoeForConditionalGeneration": {
         "qwen3_vl_moe_text": ("Qwen3VLMoeTextConfig", "Qwen3MoeForCausalLM")
+    },
+    "Qwen3_5ForConditionalGeneration": {
+        "qwen3_5_text": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM")
     },
     "Mistral3ForConditionalGeneration": {  # Ministral 3's and Mistral Small 3.1's
         "ministral3": ("Ministral3Config", "Ministral3ForCausalLM"),

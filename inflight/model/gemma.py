@@ -71,7 +71,7 @@ class Gemma2Model(LlamaModel):
         return hidden * float(torch.tensor(self.cfg.hidden_size**0.5).to(hidden.dtype))
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        super().load_weights(_offset_norms(weights))
+        super().load_weights(offset_norms(weights))
 
 
 class GemmaModel(Gemma2Model):
@@ -82,9 +82,10 @@ class Gemma3Model(Gemma2Model, Qwen3Model):
     layer_class = Gemma3DecoderLayer
 
 
-def _offset_norms(
-    weights: Iterable[tuple[str, torch.Tensor]],
+def offset_norms(
+    weights: Iterable[tuple[str, torch.Tensor]], unless: str | None = None
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """Each RMSNorm's w as the 1 + w it multiplies by."""
+    """Each RMSNorm's w as the 1 + w it multiplies by (but those named `unless`, a suffix)."""
     for name, tensor in weights:
-        yield name, (1.0 + tensor.float()) if name.endswith("norm.weight") else tensor
+        offset = name.endswith("norm.weight") and not (unless and name.endswith(unless))
+        yield name, (1.0 + tensor.float()) if offset else tensor

@@ -100,8 +100,11 @@ class Lfm2DecoderLayer(Qwen3DecoderLayer):
         return apply_linear(self.out_proj, mixed, decodes)
 
 
-class Lfm2Model(Qwen3Model):
-    layer_class: ClassVar[type[DecoderLayer]] = Lfm2DecoderLayer
+class ConvStateModel(Qwen3Model):
+    """A model whose `conv_layers` carry state from step to step in place of KV (LFM2's short
+    convolutions, Qwen3.5's DeltaNet layers): each such layer (`is_conv`) is handed its state
+    tensor and the step, the others their KV caches."""
+
     graph_capturable = False  # (each step picks its state rows on the host)
 
     def forward(
@@ -118,7 +121,8 @@ class Lfm2Model(Qwen3Model):
         layer its state tensor and the step (which reads the KV layers' first metadata, for
         the decode rows its linears tell apart)."""
         if conv_step is None:
-            raise ValueError("LFM2's forward pass needs the step's convolution state")
+            raise ValueError(f"{type(self).__name__}'s forward pass needs the step's "
+                             "convolution state")  # fmt: skip
         caches: list[Any] = []
         metas: list[Any] = []
         kv_index = conv_index = 0
@@ -133,8 +137,12 @@ class Lfm2Model(Qwen3Model):
                 kv_index += 1
         return super().forward(input_ids, positions, caches, meta, logits_indices, metas)
 
+
+class Lfm2Model(ConvStateModel):
+    layer_class: ClassVar[type[DecoderLayer]] = Lfm2DecoderLayer
+
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        super().load_weights(_conv_weights(renamed_weights(weights, _NAMES)))
+        super().load_weights(conv_weights(renamed_weights(weights, _NAMES)))
 
     def linear_sources(self) -> dict[str, list[str]]:
         """The Llama names of the attention layers' and the MLPs' linears (which the GGUF loader
@@ -173,7 +181,7 @@ class Lfm2MoeModel(MoEModel, Lfm2Model):
         super().load_weights(renamed_weights(weights, _MOE_NAMES))
 
 
-def _conv_weights(
+def conv_weights(
     weights: Iterable[tuple[str, torch.Tensor]],
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """The convolutions' weights [H, 1, kernel] (a folder's) as [H, kernel]."""

@@ -161,9 +161,13 @@ class DecoderLayer(nn.Module):
         # rotated by the sliding-window layers' own RoPE (the model's `local_inv_freq`)
         self.local_rope = cfg.local_rope_theta is not None and self.window is not None
         q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-        self.split = (q_size, kv_size, kv_size)
+        # q, k and v's columns of the fused projection (and after them, where the attention's
+        # output is gated, the gate's: Qwen3.5's)
+        self.split: tuple[int, ...] = (q_size, kv_size, kv_size)
+        if cfg.attention_output_gate:
+            self.split += (q_size,)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.qkv_proj = nn.Linear(cfg.hidden_size, q_size + 2 * kv_size, bias=cfg.qkv_bias)
+        self.qkv_proj = nn.Linear(cfg.hidden_size, sum(self.split), bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(q_size, cfg.hidden_size, bias=cfg.o_bias)
         # gpt-oss's learned logit per head in each softmax's denominator; None: no sink
         self.sinks = (nn.Parameter(torch.zeros(cfg.num_heads), requires_grad=False)
@@ -230,8 +234,9 @@ class DecoderLayer(nn.Module):
         decodes: Decodes,
     ) -> torch.Tensor:
         """The attention sublayer through its output projection [T, hidden] (a rank's partial
-        sum under tensor parallelism): q/k/v, RoPE, attention over the paged KV, o. A family
-        whose attention is another kind (DeepSeek's latent attention) overrides it."""
+        sum under tensor parallelism): q/k/v, RoPE, attention over the paged KV (times the
+        sigmoid of its gate, where it has one), o. A family whose attention is another kind
+        (DeepSeek's latent attention) overrides it."""
         t, ops = x.shape[0], self.ops
         qkv = apply_linear(self.qkv_proj, x, decodes)
         if not self.qk_norm_after_rope:
@@ -242,7 +247,7 @@ class DecoderLayer(nn.Module):
             qkv = self.normalize_qk(qkv)
         if query_scale is not None:  # (the C++ loop multiplies by the same op)
             qkv[:, : self.split[0]].mul_(query_scale)
-        q, k, v = qkv.split(self.split, dim=-1)
+        q, k, v, *gate = qkv.split(self.split, dim=-1)
         attn = self.attn.forward(
             q.view(t, self.num_heads, self.head_dim),
             k.view(t, self.num_kv_heads, self.head_dim),
@@ -255,7 +260,10 @@ class DecoderLayer(nn.Module):
             self.softcap,
             self.sinks,
         )  # [T, H, D]
-        return apply_linear(self.o_proj, attn.reshape(t, -1), decodes)
+        out = attn.reshape(t, -1)
+        if gate:
+            out = out * torch.sigmoid(gate[0])
+        return apply_linear(self.o_proj, out, decodes)
 
     def mlp(self, x: torch.Tensor, decodes: Decodes) -> torch.Tensor:
         """The layer's gated MLP (or ReLU squared without a gate); a family with experts routes

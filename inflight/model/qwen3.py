@@ -21,14 +21,14 @@ class Qwen3DecoderLayer(DecoderLayer):
         self, cfg: LlamaArchConfig, attn: AttentionBackend, ops: TorchLayerOps, index: int
     ) -> None:
         super().__init__(cfg, attn, ops, index)
-        q_size, kv_size, _ = self.split
+        q_size, kv_size = self.split[:2]
         wide = cfg.qk_norms_span_heads
         self.q_norm = RMSNorm(q_size if wide else cfg.head_dim, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(kv_size if wide else cfg.head_dim, cfg.rms_norm_eps)
 
     def normalize_qk(self, qkv: torch.Tensor) -> torch.Tensor:
         t = qkv.shape[0]
-        q_size, kv_size, _ = self.split
+        q_size, kv_size = self.split[:2]
         for start, size, norm in ((0, q_size, self.q_norm), (q_size, kv_size, self.k_norm)):
             width = norm.weight.shape[0]  # a head's (Qwen3), or all heads' (OLMo 2)
             rows = qkv[:, start : start + size].reshape(-1, width)  # [T * heads, D] or [T, size]

@@ -31,6 +31,7 @@ from inflight.model.moe import (
 from inflight.model.olmo2 import Olmo2Model
 from inflight.model.phi3 import Phi3Model
 from inflight.model.qwen3 import Qwen3Model
+from inflight.model.qwen3_5 import Qwen3_5Model
 from inflight.model.rotary_pairs import PairRotaryModel
 
 MODEL_CLASSES: dict[str, type[LlamaModel]] = {
@@ -70,6 +71,7 @@ MODEL_CLASSES: dict[str, type[LlamaModel]] = {
     "glm4_moe_lite": DeepseekModel,  # (GLM-4.7-Flash: DeepSeek-V3's layers, GLM's names)
     "lfm2": Lfm2Model,
     "lfm2_moe": Lfm2MoeModel,
+    "qwen3_5": Qwen3_5Model,
 }
 
 

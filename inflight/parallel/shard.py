@@ -34,6 +34,9 @@ def check_tensor_parallel(arch: LlamaArchConfig, size: int) -> None:
             f"tensor_parallel_size {size}: this model's query and key norms "
             "span all heads at once, which ranks holding some cannot compute"
         )
+    if size > 1 and arch.delta_value_heads:
+        raise ValueError(f"tensor_parallel_size {size}: this model's gated DeltaNet layers are "
+                         "not split over ranks")  # fmt: skip
     kv = arch.num_kv_heads
     parts = {
         "attention heads": arch.num_heads,
@@ -88,7 +91,7 @@ class Shard:
     def channels(self) -> range:
         """This rank's channels of every short convolution (LFM2's): of its B, C and x rows,
         its kernels and its output projection's inputs."""
-        return self._part(self.arch.hidden_size)
+        return self._part(self.arch.conv_width)
 
     @property
     def columns(self) -> range:

@@ -1,5 +1,7 @@
-"""Short-convolution state carried from step to step (LFM2's convolution layers): each running
-request's last `kernel - 1` inputs to every convolution layer, in a slot of its own.
+"""Short-convolution state carried from step to step (LFM2's convolution layers, Qwen3.5's
+DeltaNet layers): each running request's last `kernel - 1` inputs to every convolution layer,
+and, where the layers are DeltaNet's, its state matrices after its last token (float32, as
+transformers keeps them), in a slot of its own.
 
 A convolution layer mixes each token's input with the `kernel - 1` inputs before it. Within a
 step those are the step's own rows (the rest of a prompt chunk); for the first rows of a chunk
@@ -24,6 +26,7 @@ state) and drafts (refused: a rejected draft would have moved the state).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -45,6 +48,10 @@ class ConvStep:
     read_rows: torch.Tensor  # [R]: the state row each request reads
     write_rows: torch.Tensor  # [R]: the state row each request writes
     rows: tuple[list[int], list[int]]  # the same, as rank 0 hands them to the other ranks
+    starts: list[int]  # each request's first row of the step, then their number (T)
+    # each DeltaNet layer's state matrices [rows, value heads, key dim, value dim] (their rows
+    # are the convolution's: `read_rows`, `write_rows`); none for LFM2
+    recurrent: list[torch.Tensor] = field(default_factory=list)
     # (slot, row of the slot, position the row holds the state before) to mark once run
     _written: list[tuple[int, int, int]] = field(default_factory=list)
     _valid: list[list[int]] | None = None
@@ -57,26 +64,44 @@ class ConvStep:
             self._valid[slot][row] = position
 
 
+def recurrent_shape(arch: LlamaArchConfig) -> tuple[int, int, int] | None:
+    """A DeltaNet layer's state matrices of one request [value heads, key dim, value dim]
+    (None: the model has no DeltaNet layers)."""
+    if not arch.delta_value_heads:
+        return None
+    return arch.delta_value_heads, arch.delta_key_dim, arch.delta_value_dim
+
+
 def conv_state_bytes(arch: LlamaArchConfig, num_slots: int, dtype: torch.dtype) -> int:
     """What `ConvState` holds for a model of `arch` (a rank's share of the channels) with
     `num_slots` slots (none without convolution layers)."""
     if not arch.conv_layers:
         return 0
-    rows = (2 * num_slots + 2) * (arch.conv_kernel - 1) * arch.conv_width
-    return len(arch.conv_layers) * rows * torch.empty((), dtype=dtype).element_size()
+    rows = 2 * num_slots + 2
+    per_row = (arch.conv_kernel - 1) * arch.conv_width * torch.empty((), dtype=dtype).element_size()
+    if (shape := recurrent_shape(arch)) is not None:
+        per_row += math.prod(shape) * 4
+    return len(arch.conv_layers) * rows * per_row
 
 
 class ConvState:
-    """Every convolution layer's state tensor [2 * slots + 2, kernel - 1, channels]: rows 2s and
-    2s + 1 are slot s's two; row 2 * slots is zeros (read before a request's first token, never
-    written); the last is scratch (written by warm-up steps, never read)."""
+    """Every convolution layer's state tensor [2 * slots + 2, kernel - 1, channels] (and a
+    DeltaNet layer's matrices [2 * slots + 2, *recurrent]): rows 2s and 2s + 1 are slot s's
+    two; row 2 * slots is zeros (read before a request's first token, never written); the last
+    is scratch (written by warm-up steps, never read)."""
 
     def __init__(self, num_layers: int, num_slots: int, kernel: int, channels: int,
-                 dtype: torch.dtype, device: torch.device) -> None:  # fmt: skip
+                 dtype: torch.dtype, device: torch.device,
+                 recurrent: tuple[int, int, int] | None = None) -> None:  # fmt: skip
         self.kernel, self.num_slots, self.device = kernel, num_slots, device
-        shape = (2 * num_slots + 2, kernel - 1, channels)
+        rows = 2 * num_slots + 2
+        shape = (rows, kernel - 1, channels)
         self.layers = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.num_bytes = sum(t.numel() * t.element_size() for t in self.layers)
+        self.recurrent = [] if recurrent is None else [
+            torch.zeros((rows, *recurrent), dtype=torch.float32, device=device)
+            for _ in range(num_layers)
+        ]  # fmt: skip
+        self.num_bytes = sum(t.numel() * t.element_size() for t in self.layers + self.recurrent)
         self._zero_row, self._scratch_row = 2 * num_slots, 2 * num_slots + 1
         self._free = list(range(num_slots - 1, -1, -1))
         self._slot_of: dict[str, int] = {}
@@ -88,7 +113,7 @@ class ConvState:
                   device: torch.device) -> ConvState:  # fmt: skip
         """The state of a model of `arch`: a rank's share of the channels where it is split."""
         return cls(len(arch.conv_layers), num_slots, arch.conv_kernel, arch.conv_width, dtype,
-                   device)  # fmt: skip
+                   device, recurrent_shape(arch))  # fmt: skip
 
     @property
     def num_free_slots(self) -> int:
@@ -148,6 +173,7 @@ class ConvState:
         return ConvStep(states=self.layers, taps=taps.to(self.device), keep=keep.to(self.device),
                         read_rows=torch.tensor(read, device=self.device),
                         write_rows=torch.tensor(write, device=self.device), rows=rows,
+                        starts=list(query_start_loc), recurrent=self.recurrent,
                         _written=written or [], _valid=valid)  # fmt: skip
 
     def _indices(self, query_start_loc: list[int]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -23,6 +23,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("add_rms_norm", &add_rms_norm, no_gil(), "residual += x (in place), then RMSNorm of the residual");
   m.def("silu_and_mul", &silu_and_mul, no_gil(), "silu(gate) * up for rows [gate | up]");
   m.def("rope_", &rope_, no_gil(), "rotary embedding (rotate-half layout) in place on the first heads");
+  m.def("gated_delta_rule", &gated_delta_rule, no_gil(),
+        "the gated delta rule over each request's rows, its state matrices read and written");
   m.def("bf16_linear_available", &bf16_linear_available, no_gil(),
         "whether this machine compiled bf16_linear (AVX-512 BF16)");
   m.def("pack_bf16_linear", &pack_bf16_linear, no_gil(),

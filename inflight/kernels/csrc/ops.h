@@ -45,6 +45,15 @@ at::Tensor silu_and_mul(const at::Tensor& gate_up);
 void rope_(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
            int64_t num_heads, int64_t head_dim);
 
+// gated_delta.cpp: the gated delta rule (Qwen3.5's DeltaNet layers) over each request's rows
+// [starts[r], starts[r + 1]) of q, k [T, H, K], v [T, H, V], g and beta [T, H] (float32), its
+// state matrices read from `states` [rows, H, K, V] at read_rows[r] and written at
+// write_rows[r]; returns o [T, H, V]
+at::Tensor gated_delta_rule(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const at::Tensor& g, const at::Tensor& beta, at::Tensor& states,
+                            const at::Tensor& read_rows, const at::Tensor& write_rows,
+                            const std::vector<int64_t>& starts);
+
 // bf16_linear.cpp: bfloat16 linear layers for decode-sized batches (AVX-512 BF16 machines only)
 bool bf16_linear_available();
 // `out`, where given: the packing's memory, [ceil(N / 32), K / 2, 32, 2] bf16 (its own pages)

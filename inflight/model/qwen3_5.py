@@ -1,0 +1,207 @@
+"""Qwen3.5 (`Qwen3_5ForCausalLM`, or the language model of a `Qwen3_5ForConditionalGeneration`
+folder): three gated DeltaNet layers to every attention layer (by default), each with a SwiGLU
+MLP.
+
+A DeltaNet layer is linear attention with a memory that forgets and corrects itself. One
+projection makes each token's q, k and v rows (which a causal depthwise convolution over the
+last `conv_kernel` positions mixes, then SiLU), a gate z per value head, and two scalars per
+value head: beta (how much of the token to write, a sigmoid) and g (how much of the memory to
+keep, `-exp(A_log) * softplus(a + dt_bias)`, a log). Each value head's state S [key dim, value
+dim] then takes each token in turn:
+
+    S = exp(g) S;    S = S + k (beta (v - S^T k))^T;    o = S^T q
+
+with q and k L2-normalized per head (q divided by sqrt(key dim)), each key head serving
+`delta_value_heads / delta_key_heads` value heads. The output is RMS-normalized per value head,
+times SiLU(z), and projected back to the residual stream.
+
+The attention layers are Qwen3's with two changes: the query projection makes a gate beside
+each query head, whose sigmoid multiplies the attention's output before o_proj
+(`arch.attention_output_gate`), and RoPE turns only the first quarter of each head. Every
+RMSNorm but the DeltaNet output's multiplies by `1 + w` (checkpoints hold w; the 1 is added at
+load, as for Gemma).
+
+A DeltaNet layer holds no KV: its convolution's last inputs and its state matrices travel from
+step to step in `runner/conv_state.py`'s slots (float32 matrices, as transformers keeps them),
+as LFM2's convolutions do (`lfm2.ConvStateModel`). The recurrence runs token by token
+(`gated_delta_rule`; the C++ kernels' `gated_delta_rule` where loaded: the same sums in the same
+order per head). Not built: tensor parallelism over the DeltaNet layers, the multi-token
+prediction layer (`mtp.*`, skipped), images.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Iterator
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from inflight.attention import AttentionBackend
+from inflight.model.arch import LlamaArchConfig
+from inflight.model.gemma import offset_norms
+from inflight.model.layer_ops import TorchLayerOps
+from inflight.model.lfm2 import ConvStateModel, conv_weights, short_convolution
+from inflight.model.llama import DecoderLayer, RMSNorm, renamed_weights
+from inflight.model.packed_linear import Decodes, apply_linear
+from inflight.model.qwen3 import Qwen3DecoderLayer
+
+# the checkpoint's DeltaNet names -> ours: its four input projections fused as attention's are
+# (in_proj), the rest the layer's own
+_NAMES = {
+    r"\.linear_attn\.conv1d\.weight$": ".conv_weight",
+    r"\.linear_attn\.": ".self_attn.",
+}
+# the one RMSNorm that multiplies by w, not 1 + w
+_PLAIN_NORM = ".linear_attn.norm.weight"
+
+
+def l2_normalized(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """Each row of x (float32) over its last dimension, as transformers (and FLA) divide."""
+    return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
+
+
+def gated_delta_rule(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+    states: torch.Tensor, step: Any,
+) -> torch.Tensor:  # fmt: skip
+    """The gated delta rule over each request's rows, token by token: q, k [T, value heads, key
+    dim] (normalized, each key head repeated for its value heads), v [T, value heads, value
+    dim], g (log decay) and beta [T, value heads], all float32. Each request's state matrices
+    are read from `states` [rows, heads, key dim, value dim] at `step.read_rows` and its last
+    written at `step.write_rows` (`runner.conv_state.ConvStep`). Returns o [T, heads, value
+    dim]. The requests at the same offset into their rows go together."""
+    starts = step.starts
+    lengths = torch.tensor([b - a for a, b in itertools.pairwise(starts)])
+    first = torch.tensor(starts[:-1])
+    state = states[step.read_rows]  # [R, H, K, V] (a copy)
+    out = torch.empty_like(v)
+    for offset in range(int(lengths.max())):
+        live = (lengths > offset).nonzero().squeeze(1)
+        rows = (first[live] + offset).to(q.device)
+        live = live.to(q.device)
+        s = state[live] * g[rows].exp()[..., None, None]
+        key = k[rows][..., None]  # [n, H, K, 1]
+        remembered = (s * key).sum(dim=-2)  # [n, H, V]
+        s = s + key * ((v[rows] - remembered) * beta[rows][..., None])[..., None, :]
+        out[rows] = (s * q[rows][..., None]).sum(dim=-2)
+        state[live] = s
+    states[step.write_rows] = state
+    return out
+
+
+class Qwen3_5DecoderLayer(Qwen3DecoderLayer):
+    """Qwen3's attention layer with its output gated, or (`is_conv`) a gated DeltaNet layer in
+    its place."""
+
+    def __init__(
+        self, cfg: LlamaArchConfig, attn: AttentionBackend, ops: TorchLayerOps, index: int
+    ) -> None:
+        super().__init__(cfg, attn, ops, index)
+        self.is_conv = index in cfg.conv_layers
+        if not self.is_conv:
+            return
+        del self.qkv_proj, self.o_proj, self.q_norm, self.k_norm
+        self.state_index = cfg.conv_layers.index(index)  # (its matrices in `ConvStep.recurrent`)
+        self.key_heads, self.key_dim = cfg.delta_key_heads, cfg.delta_key_dim
+        self.value_heads, self.value_dim = cfg.delta_value_heads, cfg.delta_value_dim
+        keys, values = self.key_heads * self.key_dim, self.value_heads * self.value_dim
+        # rows: q, k, v (convolved), z, b, a
+        self.in_split = (cfg.conv_width, values, self.value_heads, self.value_heads)
+        self.qkv_split = (keys, keys, values)
+        self.in_proj = nn.Linear(cfg.hidden_size, sum(self.in_split), bias=False)
+        self.conv_weight = nn.Parameter(torch.zeros(cfg.conv_width, cfg.conv_kernel),
+                                        requires_grad=False)  # fmt: skip
+        self.dt_bias = nn.Parameter(torch.ones(self.value_heads), requires_grad=False)
+        self.A_log = nn.Parameter(torch.zeros(self.value_heads), requires_grad=False)
+        self.norm = RMSNorm(self.value_dim, cfg.rms_norm_eps)
+        self.out_proj = nn.Linear(values, cfg.hidden_size, bias=False)
+
+    def attention(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        kv_cache: Any,
+        meta: Any,
+        query_scale: torch.Tensor | None,
+        decodes: Decodes,
+    ) -> torch.Tensor:
+        if not self.is_conv:
+            return super().attention(x, cos, sin, kv_cache, meta, query_scale, decodes)
+        conv_state, step = kv_cache
+        t = x.shape[0]
+        qkv, z, b, a = apply_linear(self.in_proj, x, decodes).split(self.in_split, dim=-1)
+        qkv = F.silu(short_convolution(qkv, self.conv_weight, conv_state, step))
+        q, k, v = qkv.split(self.qkv_split, dim=-1)
+        repeats = self.value_heads // self.key_heads
+        q = l2_normalized(q.float().reshape(t, self.key_heads, self.key_dim)) / self.key_dim**0.5
+        k = l2_normalized(k.float().reshape(t, self.key_heads, self.key_dim))
+        if repeats > 1:
+            q, k = q.repeat_interleave(repeats, dim=1), k.repeat_interleave(repeats, dim=1)
+        beta = torch.sigmoid(b).float()
+        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
+        states = step.recurrent[self.state_index]
+        out = self.delta_rule(q, k, v.float().reshape(t, self.value_heads, self.value_dim), g, beta,
+                              states, step).to(x.dtype)  # fmt: skip
+        normed = self.ops.rms_norm(out.view(-1, self.value_dim), self.norm.weight, self.norm.eps)
+        gated = (normed.float() * F.silu(z.float().reshape(-1, self.value_dim))).to(x.dtype)
+        return apply_linear(self.out_proj, gated.view(t, -1), decodes)
+
+    def delta_rule(self, *args: Any) -> torch.Tensor:
+        """`gated_delta_rule`, in C++ where the kernels are loaded (`ops.ext`)."""
+        ext = getattr(self.ops, "ext", None)
+        if ext is not None and hasattr(ext, "gated_delta_rule"):
+            *rows, states, step = args
+            q, k, v, g, beta = (x.contiguous() for x in rows)
+            return ext.gated_delta_rule(q, k, v, g, beta, states, step.read_rows,
+                                        step.write_rows, step.starts)  # fmt: skip
+        return gated_delta_rule(*args)
+
+
+class Qwen3_5Model(ConvStateModel):
+    layer_class: ClassVar[type[DecoderLayer]] = Qwen3_5DecoderLayer
+    fusable = False  # (the C++ layer loop computes no DeltaNet layer)
+    _PROJECTIONS: ClassVar[dict[str, tuple[str, tuple[str, ...]]]] = {
+        **ConvStateModel._PROJECTIONS,
+        "qkv_proj": ("self_attn", ("q_proj", "k_proj", "v_proj", "g_proj")),
+        "in_proj": ("self_attn", ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")),
+    }
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        language = (w for w in weights if not w[0].removeprefix("model.").startswith("mtp."))
+        offset = offset_norms(language, unless=_PLAIN_NORM)
+        split = _query_gates(offset, self.cfg.head_dim)
+        super().load_weights(conv_weights(renamed_weights(split, _NAMES)))
+
+    def linear_sources(self) -> dict[str, list[str]]:
+        """Each attention layer's q/k/v/gate and o, each DeltaNet layer's in_proj and out_proj
+        (the checkpoint's names), and the MLPs'."""
+        sources = super().linear_sources()
+        for i in range(self.cfg.num_layers):
+            if i in self.cfg.conv_layers:
+                del sources[f"layers.{i}.qkv_proj"], sources[f"layers.{i}.o_proj"]
+                sources[f"layers.{i}.in_proj"] = [
+                    f"model.layers.{i}.linear_attn.in_proj_{part}.weight"
+                    for part in ("qkv", "z", "b", "a")
+                ]  # fmt: skip
+                sources[f"layers.{i}.out_proj"] = [f"model.layers.{i}.linear_attn.out_proj.weight"]
+            else:
+                del sources[f"layers.{i}.in_proj"]
+        return sources
+
+
+def _query_gates(
+    weights: Iterable[tuple[str, torch.Tensor]], head_dim: int
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Each attention layer's query projection, which holds each head's query rows and then its
+    gate's, as the queries (`q_proj`) and the gates (`g_proj`) apart."""
+    for name, tensor in weights:
+        if not name.endswith(".self_attn.q_proj.weight"):
+            yield name, tensor
+            continue
+        heads = tensor.view(-1, 2, head_dim, tensor.shape[-1])
+        yield name, heads[:, 0].reshape(-1, tensor.shape[-1])
+        yield name.replace(".q_proj.", ".g_proj."), heads[:, 1].reshape(-1, tensor.shape[-1])
