@@ -74,7 +74,7 @@ TINY_ARCHS = ("llama", "llama3_rope", "qwen2", "qwen3", "qwen3_moe", "mixtral", 
               "arcee", "hunyuan_dense", "qwen2_moe", "glm4_moe", "ministral3",
               "ernie4_5_moe", "minimax_m2", "dots1", "hunyuan_moe", "olmoe",
               "granitemoe", "exaone", "gemma", "deepseek_v2", "deepseek_v3",
-              "glm4_moe_lite", "lfm2", "lfm2_moe")  # fmt: skip
+              "glm4_moe_lite", "lfm2", "lfm2_moe", "qwen3_5")  # fmt: skip
 
 
 # the tiny Ministral 3's RoPE settings (its published ones: original context 16,384, beta 0.1)

@@ -37,6 +37,21 @@ def hf_greedy(model, prompts: list[list[int]], max_new_tokens: list[int]) -> lis
     return outputs
 
 
+def greedy_tokens(llm, prompts: list[list[int]], max_tokens: list[int]) -> list[list[int]]:
+    """The engine's greedy tokens for each prompt (never stopping at EOS), all at once."""
+    from inflight import SamplingParams
+
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in max_tokens]
+    return [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+
+
+def assert_state_slots_free(llm) -> None:
+    """Every request's convolution (and DeltaNet) state slot is back once all have ended."""
+    llm.core.step()  # (an empty step hands the runner the last requests' finished ids)
+    state = llm.core.runner.conv_state
+    assert state.num_free_slots == state.num_slots == llm.core.config.scheduler.max_num_seqs
+
+
 def assert_gguf_generates_as_its_weights(llm, folder, qtype, split_latent=None) -> None:
     """`llm` (an engine over the GGUF file written from `folder` in `qtype`) gives the greedy
     tokens of transformers' model of `folder` with the file's weights: every matrix through

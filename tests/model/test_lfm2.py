@@ -18,6 +18,8 @@ from inflight.model.arch import LlamaArchConfig
 from tests.gguf_files import write_tiny_gguf
 from tests.parity import (
     assert_gguf_generates_as_its_weights,
+    assert_state_slots_free,
+    greedy_tokens,
     hf_greedy,
     mixed_max_tokens,
     random_prompts,
@@ -84,17 +86,6 @@ def lfm2(tiny_model_factory):
     return folder, prompts, max_tokens, hf_greedy(model, prompts, max_tokens)
 
 
-def _generate(llm: LLM, prompts, max_tokens) -> list[list[int]]:
-    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in max_tokens]
-    return [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
-
-
-def _assert_slots_all_free(llm: LLM) -> None:
-    llm.core.step()  # (an empty step hands the runner the last requests' finished ids)
-    state = llm.core.runner.conv_state
-    assert state.num_free_slots == state.num_slots == llm.core.config.scheduler.max_num_seqs
-
-
 def test_the_kv_cache_holds_the_attention_layers_alone(lfm2):
     folder, *_ = lfm2
     llm = LLM(str(folder), dtype="float32", num_kv_blocks=64)
@@ -112,9 +103,9 @@ def test_preempted_requests_recompute_their_convolution_state(lfm2):
     folder, prompts, max_tokens, expected = lfm2
     llm = LLM(str(folder), dtype="float32", kv_block_size=4, num_kv_blocks=40,
               max_num_batched_tokens=96)  # fmt: skip
-    assert _generate(llm, prompts, max_tokens) == expected
+    assert greedy_tokens(llm, prompts, max_tokens) == expected
     assert llm.core.scheduler.num_preemptions > 0, "the pool was meant to force preemption"
-    _assert_slots_all_free(llm)
+    assert_state_slots_free(llm)
 
 
 @pytest.mark.parametrize("knobs", [{"max_num_seqs": 1}, {"max_num_seqs": 3,
@@ -122,8 +113,8 @@ def test_preempted_requests_recompute_their_convolution_state(lfm2):
 def test_requests_come_and_go_through_few_slots(lfm2, knobs):
     folder, prompts, max_tokens, expected = lfm2
     llm = LLM(str(folder), dtype="float32", **knobs)
-    assert _generate(llm, prompts, max_tokens) == expected
-    _assert_slots_all_free(llm)
+    assert greedy_tokens(llm, prompts, max_tokens) == expected
+    assert_state_slots_free(llm)
 
 
 @pytest.mark.parametrize("backend", ["cpu", "torch"])
@@ -155,16 +146,16 @@ def test_a_batch_failing_midway_is_run_again_from_the_state_before_it(lfm2, back
         model.fused_layers.run = failing(model.fused_layers.run)
     else:
         model.layers[4].mlp = failing(model.layers[4].mlp)
-    assert _generate(llm, prompts, max_tokens) == expected
+    assert greedy_tokens(llm, prompts, max_tokens) == expected
     assert len(failures) == 3
-    _assert_slots_all_free(llm)
+    assert_state_slots_free(llm)
 
 
 def test_prefix_caching_is_off_and_a_repeated_prompt_gives_the_same_tokens(lfm2):
     folder, prompts, max_tokens, expected = lfm2
     llm = LLM(str(folder), dtype="float32", enable_prefix_caching=True)
     assert not llm.core.kv_cache_manager.enable_prefix_caching
-    twice = _generate(llm, [prompts[3]] * 2, [max_tokens[3]] * 2)
+    twice = greedy_tokens(llm, [prompts[3]] * 2, [max_tokens[3]] * 2)
     assert twice == [expected[3]] * 2
 
 
@@ -217,11 +208,11 @@ def test_an_lfm2_gguf_split_over_two_ranks_gives_one_ranks_tokens(tmp_path, lfm2
     path = str(write_tiny_gguf(folder, tmp_path / "lfm2.gguf", GGMLQuantizationType.Q8_0))
     knobs = {"dtype": "float32", "quantized_activations": "int16", "max_num_seqs": 4,
              "prefill_chunk_size": 16, "max_num_batched_tokens": 64}  # fmt: skip
-    expected = _generate(LLM(path, **knobs), prompts[:8], max_tokens[:8])
+    expected = greedy_tokens(LLM(path, **knobs), prompts[:8], max_tokens[:8])
     split = LLM(path, tensor_parallel_size=2, **knobs)
     assert split.core.loaded.model.layers[0].in_proj.blocks_only  # (no float copy)
     assert split.core.runner.conv_state.layers[0].shape[-1] == 32  # half of 64 channels
-    assert _generate(split, prompts[:8], max_tokens[:8]) == expected
+    assert greedy_tokens(split, prompts[:8], max_tokens[:8]) == expected
     split.core.workers.close()
 
 
@@ -310,4 +301,4 @@ def test_aborted_requests_give_their_slots_back_and_others_keep_their_tokens(lfm
     for i, request_id in enumerate(ids):
         if request_id not in aborted:
             assert got[request_id] == expected[i], f"prompt {i} diverged"
-    _assert_slots_all_free(llm)
+    assert_state_slots_free(llm)

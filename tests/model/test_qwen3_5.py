@@ -1,0 +1,260 @@
+"""Qwen3.5 (`Qwen3_5ForCausalLM`, and the language model of `Qwen3_5ForConditionalGeneration`):
+gated DeltaNet layers beside Qwen3's attention with its output gated. The tiny Qwen3.5 of
+`TINY_ARCHS` (DeltaNet in layers 0, 2 and 3) is held to transformers' greedy tokens in every
+setting that changes the computation; here, what the DeltaNet state must survive (preemption, a
+failed batch run again in halves, requests coming and going in few slots, aborts), what it
+refuses, the configs, an image-and-text folder, and the C++ rule against the Python one."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import AutoModelForCausalLM
+
+from inflight import LLM, SamplingParams
+from inflight.errors import ConfigError
+from inflight.model.arch import LlamaArchConfig
+from inflight.runner.conv_state import ConvState, conv_state_bytes
+from tests.parity import (
+    assert_state_slots_free,
+    greedy_tokens,
+    hf_greedy,
+    mixed_max_tokens,
+    random_prompts,
+)
+
+# an image-and-text Qwen3.5 config as transformers 5 saves one (its text model at transformers'
+# defaults: the 9B's shape), the fields the engine reads
+PUBLISHED = {
+    "architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5",
+    "tie_word_embeddings": False,
+    "text_config": {
+        "model_type": "qwen3_5_text", "vocab_size": 248320, "hidden_size": 4096,
+        "intermediate_size": 12288, "num_hidden_layers": 32, "num_attention_heads": 16,
+        "num_key_value_heads": 4, "head_dim": 256, "linear_conv_kernel_dim": 4,
+        "linear_key_head_dim": 128, "linear_value_head_dim": 128, "linear_num_key_heads": 16,
+        "linear_num_value_heads": 32, "full_attention_interval": 4, "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 262144, "eos_token_id": 248044,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000000,
+                            "partial_rotary_factor": 0.25, "mrope_interleaved": True,
+                            "mrope_section": [11, 11, 10]},
+    },
+    "vision_config": {"depth": 27, "hidden_size": 1152},
+}  # fmt: skip
+
+
+def test_a_qwen3_5_config_is_read():
+    arch = LlamaArchConfig.from_hf_config(PUBLISHED)
+    assert arch.architecture == "qwen3_5" and arch.num_layers == 32
+    assert arch.kv_layers == (3, 7, 11, 15, 19, 23, 27, 31)  # every fourth attends
+    assert len(arch.conv_layers) == 24 and arch.conv_kernel == 4
+    heads = (arch.delta_key_heads, arch.delta_value_heads, arch.delta_key_dim,
+             arch.delta_value_dim)  # fmt: skip
+    assert heads == (16, 32, 128, 128)
+    assert arch.conv_width == 2 * 16 * 128 + 32 * 128  # q, k and v rows
+    assert (arch.head_dim, arch.rope_dim, arch.rope_theta) == (256, 64, 1e7)
+    assert arch.attention_output_gate and not arch.tie_word_embeddings
+    assert arch.rope_scaling is None  # (text alone: the plain RoPE)
+    # a float32 state matrix a value head, two rows a slot (and a zero row and a scratch row)
+    per_row = 24 * (32 * 128 * 128 * 4 + 3 * arch.conv_width * 2)
+    assert conv_state_bytes(arch, 8, torch.bfloat16) == 18 * per_row
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"linear_num_value_heads": 24}, "do not share 16 key heads evenly"),
+        ({"linear_num_value_heads": 2**64}, "value_heads"),
+        ({"linear_num_key_heads": 0}, "key_heads"),
+        ({"linear_key_head_dim": float("nan")}, "key_dim"),
+        ({"linear_value_head_dim": -1}, "value_dim"),
+        ({"linear_conv_kernel_dim": 1}, "a kernel of 2 to"),
+        ({"linear_conv_kernel_dim": 2**63}, "a kernel of 2 to"),
+        ({"full_attention_interval": 0}, "full_attention_interval"),
+        ({"layer_types": ["linear_attention"] * 31}, "layer_types must name 32"),
+        ({"layer_types": ["mamba"] * 32}, "layer_types must name 32"),
+        ({"layer_types": ["linear_attention"] * 32}, "at least one layer attends"),
+        ({"hidden_act": "gelu"}, "hidden_act"),
+        ({"attention_bias": True}, "biased attention"),
+    ],
+)
+def test_qwen3_5_configs_not_built_or_broken_are_refused(change, message):
+    text = {**PUBLISHED["text_config"], **change}
+    with pytest.raises(ValueError, match=message):
+        LlamaArchConfig.from_hf_config({**text, "architectures": ["Qwen3_5ForCausalLM"]})
+
+
+@pytest.fixture(scope="module")
+def qwen3_5(tiny_model_factory):
+    """The tiny Qwen3.5's folder, 16 prompts and transformers' greedy tokens for them."""
+    folder = tiny_model_factory("qwen3_5")
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    prompts = random_prompts(model.config.vocab_size)
+    max_tokens = mixed_max_tokens(len(prompts))
+    return folder, prompts, max_tokens, hf_greedy(model, prompts, max_tokens)
+
+
+def test_the_deltanet_layers_hold_state_matrices_and_no_kv(qwen3_5):
+    folder, *_ = qwen3_5
+    llm = LLM(str(folder), dtype="float32", num_kv_blocks=64, max_num_seqs=5)
+    arch = llm.core.arch
+    assert arch.kv_layers == (1, 4) and len(llm.core.kv_cache.layers) == 2
+    state = llm.core.runner.conv_state
+    assert len(state.layers) == len(state.recurrent) == 3  # layers 0, 2 and 3
+    assert state.layers[0].shape == (12, 3, 2 * 2 * 16 + 4 * 16)  # q, k, v: 3 positions back
+    assert state.recurrent[0].shape == (12, 4, 16, 16) and state.recurrent[0].dtype == torch.float32
+    assert conv_state_bytes(arch, 5, torch.float32) == state.num_bytes
+
+
+def test_preempted_requests_recompute_their_deltanet_state(qwen3_5):
+    folder, prompts, max_tokens, expected = qwen3_5
+    llm = LLM(str(folder), dtype="float32", kv_block_size=4, num_kv_blocks=40,
+              max_num_batched_tokens=96)  # fmt: skip
+    assert greedy_tokens(llm, prompts, max_tokens) == expected
+    assert llm.core.scheduler.num_preemptions > 0, "the pool was meant to force preemption"
+    assert_state_slots_free(llm)
+
+
+@pytest.mark.parametrize("knobs", [{"max_num_seqs": 1}, {"max_num_seqs": 3,
+                                                          "prefill_chunk_size": 5}])  # fmt: skip
+def test_requests_come_and_go_through_few_slots(qwen3_5, knobs):
+    folder, prompts, max_tokens, expected = qwen3_5
+    llm = LLM(str(folder), dtype="float32", **knobs)
+    assert greedy_tokens(llm, prompts, max_tokens) == expected
+    assert_state_slots_free(llm)
+
+
+@pytest.mark.parametrize("backend", ["cpu", "torch"])
+def test_a_batch_failing_midway_is_run_again_from_the_state_before_it(qwen3_5, backend):
+    """A step that fails after the DeltaNet layers wrote their state (the last layer's MLP
+    fails) is run again in halves: each half must read the state from before the failed step,
+    through the C++ rule (`cpu`) and the Python one (`torch`)."""
+    folder, prompts, max_tokens, expected = qwen3_5
+    llm = LLM(str(folder), dtype="float32", prefill_chunk_size=8, max_num_batched_tokens=64,
+              attention_backend=backend)  # fmt: skip
+    model = llm.core.loaded.model
+    assert model.fused_layers is None  # (the C++ layer loop computes no DeltaNet layer)
+    calls, failures = [], []
+    run = model.layers[4].mlp
+
+    def failing(x, *args):
+        out = run(x, *args)
+        calls.append(x.shape[0])
+        if len(calls) > 5 and x.shape[0] > 1 and len(failures) < 3:
+            failures.append(x.shape[0])
+            raise RuntimeError("a fault after the DeltaNet layers ran")
+        return out
+
+    model.layers[4].mlp = failing
+    assert greedy_tokens(llm, prompts, max_tokens) == expected
+    assert len(failures) == 3
+    assert_state_slots_free(llm)
+
+
+def test_aborted_requests_give_their_slots_back_and_others_keep_their_tokens(qwen3_5):
+    from inflight.request import FinishReason
+
+    folder, prompts, max_tokens, expected = qwen3_5
+    llm = LLM(str(folder), dtype="float32", max_num_seqs=3, prefill_chunk_size=8)
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in max_tokens]
+    ids = [llm.add_request(p, sp) for p, sp in zip(prompts[:8], params[:8], strict=True)]
+    got: dict[str, list[int]] = {}
+    for _ in range(4):
+        for out in llm.step():
+            got[out.request_id] = out.outputs[0].token_ids
+    aborted = set(ids[:2])
+    llm.core.finish_requests(list(aborted), FinishReason.ABORT)
+    while llm.core.has_unfinished_requests():
+        for out in llm.step():
+            got[out.request_id] = out.outputs[0].token_ids
+    for i, request_id in enumerate(ids):
+        if request_id not in aborted:
+            assert got[request_id] == expected[i], f"prompt {i} diverged"
+    assert_state_slots_free(llm)
+
+
+@pytest.mark.parametrize(
+    ("knobs", "error", "message"),
+    [
+        ({"preemption_mode": "swap"}, ConfigError, "swapped request would resume without"),
+        ({"num_speculative_tokens": 2}, ConfigError, "rejected draft"),
+        ({"tensor_parallel_size": 2}, Exception, "DeltaNet layers are not split over ranks"),
+    ],
+)
+def test_what_would_lose_the_deltanet_state_is_refused(qwen3_5, knobs, error, message):
+    folder, *_ = qwen3_5
+    with pytest.raises(error, match=message):
+        LLM(str(folder), dtype="float32", **knobs)
+
+
+def test_prefix_caching_is_off_and_a_repeated_prompt_gives_the_same_tokens(qwen3_5):
+    folder, prompts, max_tokens, expected = qwen3_5
+    llm = LLM(str(folder), dtype="float32", enable_prefix_caching=True)
+    assert not llm.core.kv_cache_manager.enable_prefix_caching
+    assert greedy_tokens(llm, [prompts[5]] * 2, [max_tokens[5]] * 2) == [expected[5]] * 2
+
+
+def test_an_image_and_text_folder_serves_its_language_model(tmp_path, qwen3_5):
+    """`Qwen3_5ForConditionalGeneration`'s folder: the language model under
+    `model.language_model.`, a vision tower and a multi-token-prediction layer beside it (both
+    left out), its config nested in `text_config`."""
+    folder, prompts, max_tokens, expected = qwen3_5
+    out = tmp_path / "qwen3_5_vl"
+    out.mkdir()
+    for f in folder.iterdir():
+        if f.suffix != ".safetensors" and f.name != "config.json":
+            (out / f.name).write_bytes(f.read_bytes())
+    text = json.loads((folder / "config.json").read_text())
+    config = {"architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5",
+              "tie_word_embeddings": text.pop("tie_word_embeddings"),
+              "text_config": {k: v for k, v in text.items() if k != "architectures"},
+              "vision_config": {"depth": 1}}  # fmt: skip
+    (out / "config.json").write_text(json.dumps(config))
+    weights = load_file(folder / "model.safetensors")
+    renamed = {k.replace("model.", "model.language_model.", 1): v for k, v in weights.items()}
+    renamed["model.visual.blocks.0.attn.qkv.weight"] = torch.zeros(3, 3)
+    renamed["mtp.layers.0.mlp.down_proj.weight"] = torch.zeros(3, 3)
+    save_file(renamed, out / "model.safetensors")
+    llm = LLM(str(out), dtype="float32")
+    assert llm.core.arch.architecture == "qwen3_5"
+    assert greedy_tokens(llm, prompts[:6], max_tokens[:6]) == expected[:6]
+
+
+def test_the_cpp_rule_computes_the_python_one():
+    """`gated_delta_rule` in C++ against the Python loop: requests of 1 to 9 rows (decodes and
+    prompt chunks), some starting from zeros, some from a state; rows not written stay as they
+    were."""
+    from inflight.kernels import load_extension
+    from inflight.model.qwen3_5 import gated_delta_rule, l2_normalized
+
+    ext = load_extension()
+    torch.manual_seed(0)
+    state = ConvState(1, 4, kernel=4, channels=8, dtype=torch.float32,
+                      device=torch.device("cpu"), recurrent=(6, 16, 24))  # fmt: skip
+    states = state.recurrent[0]
+    states[:8].normal_()  # (the slots' rows; the zero row stays zeros)
+    lengths = [1, 9, 1, 4]
+    starts = [0, *torch.tensor(lengths).cumsum(0).tolist()]
+    t = starts[-1]
+    q = l2_normalized(torch.randn(t, 6, 16)) / 4
+    k = l2_normalized(torch.randn(t, 6, 16))
+    v, g, beta = torch.randn(t, 6, 24), -torch.rand(t, 6), torch.rand(t, 6)
+    rows = {"read_rows": torch.tensor([0, 8, 3, 5]), "write_rows": torch.tensor([1, 2, 9, 4])}
+    step = type("Step", (), {**rows, "starts": starts})()
+    before, python_states = states.clone(), states.clone()
+    want = gated_delta_rule(q, k, v, g, beta, python_states, step)
+    got = ext.gated_delta_rule(q, k, v, g, beta, states, step.read_rows, step.write_rows, starts)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(states, python_states, rtol=1e-5, atol=1e-5)
+    assert states[8].abs().sum() == 0  # the zero row is read, never written
+    untouched = [0, 3, 5, 6, 7]
+    assert torch.equal(states[untouched], before[untouched])
+    with pytest.raises(RuntimeError, match="out of range"):
+        ext.gated_delta_rule(q, k, v, g, beta, states, torch.tensor([0, 8, 3, 10]),
+                             step.write_rows, starts)  # fmt: skip
+    with pytest.raises(RuntimeError, match="float32"):
+        ext.gated_delta_rule(q.double(), k, v, g, beta, states, step.read_rows,
+                             step.write_rows, starts)  # fmt: skip
