@@ -375,16 +375,16 @@ def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) ->
                             layer_types=types, block_multiple_of=32,
                             rope_parameters=rope)  # fmt: skip
         cls = Lfm2ForCausalLM
-    elif arch == "qwen3_5":  # gated DeltaNet in layers 0, 2 and 3 (2 key heads of 16 over 4
-        # value heads of 16, a convolution of 4), gated attention in 1 and 4 (heads of 64, RoPE
-        # over their first quarter: 16 dimensions)
-        types = ["linear_attention", "full_attention", "linear_attention", "linear_attention",
-                 "full_attention"]  # fmt: skip
+    elif arch == "qwen3_5":  # gated DeltaNet in layers 0 and 2 (2 key heads of 16 over 4 value
+        # heads of 32, a convolution of 4), gated attention in 1 and 3 (heads of 64, RoPE over
+        # their first quarter: 16 dimensions): every other layer attends, a pattern a GGUF file
+        # can state. Value heads of a whole Q8_0 block: a GGUF file reorders them in out_proj's
+        # columns, which blocks across heads would round apart
         rope = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25}
-        config = Qwen3_5TextConfig(**{**common, "num_hidden_layers": 5}, head_dim=64,
-                                   layer_types=types, rope_parameters=rope,
+        config = Qwen3_5TextConfig(**{**common, "num_hidden_layers": 4}, head_dim=64,
+                                   full_attention_interval=2, rope_parameters=rope,
                                    linear_num_key_heads=2, linear_num_value_heads=4,
-                                   linear_key_head_dim=16, linear_value_head_dim=16)  # fmt: skip
+                                   linear_key_head_dim=16, linear_value_head_dim=32)  # fmt: skip
         cls = Qwen3_5ForCausalLM
     elif arch == "lfm2_moe":  # LFM2's layers, a dense first MLP, then 2 of 4 experts a token
         # chosen by sigmoid scores plus a learned bias, renormalized

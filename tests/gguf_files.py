@@ -252,7 +252,7 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
             "ArceeForCausalLM": "arcee", "HunYuanDenseV1ForCausalLM": "hunyuan-dense",
             "DeepseekV2ForCausalLM": "deepseek2", "DeepseekV3ForCausalLM": "deepseek2",
             "Glm4MoeLiteForCausalLM": "deepseek2", "Lfm2ForCausalLM": "lfm2",
-            "Lfm2MoeForCausalLM": "lfm2moe",
+            "Lfm2MoeForCausalLM": "lfm2moe", "Qwen3_5ForCausalLM": "qwen35",
             "Qwen3Model": "qwen3"}[cfg["architectures"][0]]  # fmt: skip
     if cfg.get("model_type") == "exaone":  # (transformers 5 saves EXAONE 3 as Llama)
         arch = "exaone"
@@ -355,6 +355,14 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
         w.add_rope_dimension_sections([*rope["mrope_section"], 0])
     if arch in ("qwen3vl", "qwen3vlmoe"):
         w.add_num_deepstack_layers(len(vision.get("deepstack_visual_indexes", [])))
+    if arch == "qwen35":  # its DeltaNet layers as its converter describes them
+        w.add_ssm_conv_kernel(cfg["linear_conv_kernel_dim"])
+        w.add_ssm_state_size(cfg["linear_key_head_dim"])
+        w.add_ssm_group_count(cfg["linear_num_key_heads"])
+        w.add_ssm_time_step_rank(cfg["linear_num_value_heads"])
+        w.add_ssm_inner_size(cfg["linear_value_head_dim"] * cfg["linear_num_value_heads"])
+        w.add_full_attention_interval(cfg["layer_types"].index("full_attention") + 1)
+        w.add_rope_dimension_sections([11, 11, 10, 0])
     if arch == "mistral3":  # (Ministral 3's: YaRN's mscale_all_dim, and its query temperature)
         w.add_rope_scaling_yarn_log_mul(rope["mscale_all_dim"])
         w.add_attn_temperature_scale(rope["llama_4_scaling_beta"])
@@ -410,6 +418,23 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
         # converter does; LFM2-MoE's experts and router under the names the experts' take
         weights = {_lfm2_moe_name(n): t.squeeze(1) if n.endswith(".conv.conv.weight") else t
                    for n, t in weights.items()}  # fmt: skip
+
+    def add(file_name: str, array: np.ndarray) -> None:
+        kind = mix(file_name) if mix else qtype
+        # (sinks and convolution kernels stay F32, as llama.cpp's quantizer leaves them)
+        weight = file_name.endswith(".weight") and not any(
+            kept in file_name for kept in ("attn_sinks", "shortconv.conv", "ssm_conv1d")
+        )
+        if weight and array.ndim >= 2 and kind != Q.F32 and "ffn_gate_inp" not in file_name:
+            # (routers stay F32, as llama.cpp's quantizer leaves them)
+            w.add_tensor(file_name, quantize_any(array, kind), raw_dtype=kind)
+        else:
+            w.add_tensor(file_name, array)
+
+    if arch == "qwen35":
+        for file_name, array in _qwen35_as_llama_cpp(weights, cfg).items():
+            add(file_name, array)
+        weights = {}
     for name, tensor in _stacked_experts(weights).items():
         if not name.startswith(("model.", "lm_head.")):  # a bare decoder's (Qwen3Model's)
             name = f"model.{name}"
@@ -426,21 +451,62 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
             array = array[0]
         elif name.endswith("e_score_correction_bias"):  # (ERNIE 4.5's is [1, E]: a vector)
             array = array.reshape(-1)
-        file_name = gguf_name(name, arch)
-        kind = mix(file_name) if mix else qtype
-        # (sinks and LFM2's convolution kernels stay F32, as llama.cpp's quantizer leaves them)
-        weight = file_name.endswith(".weight") and not any(
-            kept in file_name for kept in ("attn_sinks", "shortconv.conv")
-        )
-        if weight and array.ndim >= 2 and kind != Q.F32 and "ffn_gate_inp" not in file_name:
-            # (routers stay F32, as llama.cpp's quantizer leaves them)
-            w.add_tensor(file_name, quantize_any(array, kind), raw_dtype=kind)
-        else:
-            w.add_tensor(file_name, array)
+        add(gguf_name(name, arch), array)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+    return out
+
+
+# Qwen3.5's HF names -> llama.cpp's (its DeltaNet layers' and its pre-MLP norm)
+_QWEN35_NAMES = {**LAYER_TO_GGUF, "post_attention_layernorm": "post_attention_norm",
+                 "linear_attn.in_proj_qkv": "attn_qkv", "linear_attn.in_proj_z": "attn_gate",
+                 "linear_attn.in_proj_b": "ssm_beta", "linear_attn.in_proj_a": "ssm_alpha",
+                 "linear_attn.conv1d": "ssm_conv1d", "linear_attn.norm": "ssm_norm",
+                 "linear_attn.out_proj": "ssm_out"}  # fmt: skip
+
+
+def _qwen35_as_llama_cpp(weights: dict, cfg: dict) -> dict[str, np.ndarray]:
+    """Qwen3.5's tensors as llama.cpp's converter writes them: every norm but the DeltaNet
+    output's as 1 + w, A_log as -exp(A_log) (`ssm_a`), dt_bias as `ssm_dt.bias`, the
+    convolutions squeezed, and the value heads moved from the checkpoint's order (those of key
+    head 0, then of key head 1, ...) to a tiled one (each key head's first, then each one's
+    second, ...) in every tensor that has them."""
+    key_heads, value_heads = cfg["linear_num_key_heads"], cfg["linear_num_value_heads"]
+    key_dim, value_dim = cfg["linear_key_head_dim"], cfg["linear_value_head_dim"]
+    keys = 2 * key_heads * key_dim
+
+    def tiled(array: np.ndarray, axis: int, width: int) -> np.ndarray:
+        moved = np.moveaxis(array, axis, 0)
+        grouped = moved.reshape(key_heads, value_heads // key_heads, width, *moved.shape[1:])
+        return np.moveaxis(grouped.swapaxes(0, 1).reshape(moved.shape), 0, axis)
+
+    out = {}
+    for name, tensor in weights.items():
+        array = tensor.float().numpy()
+        if name.endswith("norm.weight") and not name.endswith("linear_attn.norm.weight"):
+            array = array + 1
+        if name.endswith(("in_proj_qkv.weight", "conv1d.weight")):
+            array = array.reshape(array.shape[0], -1)  # (a convolution's [C, 1, K] squeezed)
+            array = np.concatenate([array[:keys], tiled(array[keys:], 0, value_dim)])
+        elif name.endswith("in_proj_z.weight"):
+            array = tiled(array, 0, value_dim)
+        elif name.endswith(("in_proj_a.weight", "in_proj_b.weight", ".A_log", ".dt_bias")):
+            array = tiled(array, 0, 1)
+        elif name.endswith("linear_attn.out_proj.weight"):
+            array = tiled(array, 1, value_dim)
+        if name in HF_TO_GGUF:
+            out[HF_TO_GGUF[name]] = array
+            continue
+        _, _, layer, rest = name.split(".", 3)
+        if rest == "linear_attn.A_log":
+            out[f"blk.{layer}.ssm_a"] = -np.exp(array)
+        elif rest == "linear_attn.dt_bias":
+            out[f"blk.{layer}.ssm_dt.bias"] = array
+        else:
+            part, kind = rest.rsplit(".", 1)
+            out[f"blk.{layer}.{_QWEN35_NAMES[part]}.{kind}"] = array
     return out
 
 

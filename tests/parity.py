@@ -69,14 +69,15 @@ def assert_gguf_generates_as_its_weights(llm, folder, qtype, split_latent=None) 
         with torch.no_grad():
             for name, param in reference.named_parameters():
                 # (experts' stacks are matrices too; routers, their score biases, a shared
-                # expert's gate of one row and LFM2's convolution kernels stay float32 in the
+                # expert's gate of one row and convolution kernels stay float32 in the
                 # file, as llama.cpp's quantizer leaves them)
                 router = name.endswith(("mlp.gate.weight", "mlp.gate.wg.weight",
                                         "router.layer.weight",
                                         "shared_expert_gate.weight",
                                         "e_score_correction_bias",
                                         "feed_forward.gate.weight",  # (LFM2-MoE's)
-                                        "conv.conv.weight"))  # fmt: skip
+                                        "conv.conv.weight",
+                                        "linear_attn.conv1d.weight"))  # fmt: skip
                 if name.endswith("kv_b_proj.weight") and split_latent is not None:
                     param.copy_(_rounded_as_split(param, split_latent, qtype))
                 elif param.ndim in (2, 3) and not router:

@@ -226,6 +226,9 @@ class LlamaArchConfig:
     delta_key_heads: int = 0
     delta_key_dim: int = 0
     delta_value_dim: int = 0
+    # value head i is served by key head i % key heads (llama.cpp's files, whose converter
+    # reorders the value heads so), not i // (value heads / key heads) (the checkpoints')
+    delta_heads_tiled: bool = False
     # the attention's output multiplied by the sigmoid of a gate that the query projection
     # makes beside each query head (Qwen3.5's)
     attention_output_gate: bool = False

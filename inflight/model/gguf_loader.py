@@ -55,7 +55,7 @@ SUPPORTED_GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen2vl", "qwen3vl",
                                 "gemma2", "gemma3", "mistral3", "granite", "gpt-oss", "smollm3",
                                 "exaone", "exaone4", "olmo2", "glm4", "ernie4_5", "seed_oss",
                                 "arcee", "hunyuan-dense", "deepseek2", "lfm2",
-                                "lfm2moe")  # fmt: skip
+                                "lfm2moe", "qwen35")  # fmt: skip
 # the architectures whose Q and K rows llama.cpp's converter permutes (`unpermute_qk`)
 PERMUTED_QK = ("llama", "mixtral", "granite", "granitemoe", "smollm3", "arcee", "ministral3")
 # a GGUF architecture -> the registry's, where the names differ (a `llama` file with experts is
@@ -64,7 +64,7 @@ _REGISTRY_NAMES = {"qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe", "glm4moe": 
                    "gpt-oss": "gpt_oss", "hunyuan-dense": "hunyuan_dense",
                    "mistral3": "ministral3", "ernie4_5-moe": "ernie4_5_moe",
                    "minimax-m2": "minimax_m2", "hunyuan-moe": "hunyuan_moe",
-                   "lfm2moe": "lfm2_moe",
+                   "lfm2moe": "lfm2_moe", "qwen35": "qwen3_5",
                    # the Qwen VLs' language models (their multimodal RoPE, over text alone, is
                    # the plain one)
                    "qwen2vl": "qwen2", "qwen3vl": "qwen3", "qwen3vlmoe": "qwen3_moe"}  # fmt: skip
@@ -109,7 +109,8 @@ _LAYER_NAMES = {
     "exp_probs_b": "mlp.gate.e_score_correction_bias",
 }
 # HF names that are parameters of their own, not a module's `.weight` or `.bias`
-_PARAMETER_NAMES = ("self_attn.sinks", "mlp.gate.e_score_correction_bias")
+_PARAMETER_NAMES = ("self_attn.sinks", "mlp.gate.e_score_correction_bias",
+                    "linear_attn.dt_bias")  # fmt: skip
 # A mixture of experts' stacked weights ([experts, rows, columns] in numpy order), which the
 # index lists as one tensor per expert, `blk.N.ffn_gate_exps.E`: HF's `mlp.experts.E.gate_proj`
 _EXPERT_STACKS = {"ffn_gate_exps": "gate_proj", "ffn_up_exps": "up_proj",
@@ -142,6 +143,22 @@ _LATENT_LAYER_NAMES = {
 }
 _CONV_LAYER_NAMES = {**_LAYER_NAMES, "shortconv.conv": "conv.conv", "shortconv.in_proj": "in_proj",
                      "shortconv.out_proj": "out_proj"}  # fmt: skip
+# Qwen3.5's DeltaNet layers (`qwen35`): its q/k/v rows, the gate z, beta and alpha, the
+# convolution, dt's bias, the output norm and projection; its pre-MLP norm under Gemma's name
+_DELTA_LAYER_NAMES = {
+    **_LAYER_NAMES,
+    "post_attention_norm": "post_attention_layernorm",
+    "attn_qkv": "linear_attn.in_proj_qkv",
+    "attn_gate": "linear_attn.in_proj_z",
+    "ssm_beta": "linear_attn.in_proj_b",
+    "ssm_alpha": "linear_attn.in_proj_a",
+    "ssm_conv1d": "linear_attn.conv1d",
+    "ssm_dt": "linear_attn.dt_bias",
+    "ssm_norm": "linear_attn.norm",
+    "ssm_out": "linear_attn.out_proj",
+}
+# a DeltaNet layer's decay rate -exp(A_log), a tensor without a kind (`blk.N.ssm_a`)
+_DECAY_RATE = "ssm_a"
 _ARCH_LAYER_NAMES = {
     "phi3": {**_LAYER_NAMES, "attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},
     "gemma2": _GEMMA_LAYER_NAMES,
@@ -165,6 +182,7 @@ _ARCH_LAYER_NAMES = {
     # LFM2's short convolutions (the names its model class renames to its own)
     "lfm2": _CONV_LAYER_NAMES,
     "lfm2_moe": _CONV_LAYER_NAMES,
+    "qwen3_5": _DELTA_LAYER_NAMES,
 }  # fmt: skip
 # What llama.cpp assumes for Gemma where the file does not say: Gemma 3's windowed layers' RoPE
 # base (`rope.freq_base_swa`), and the 27Bs' (Gemma 3's 62 layers, Gemma 2's 46) score scale of
@@ -343,6 +361,8 @@ def gguf_arch_config(header: GGUFHeader, path: Path) -> LlamaArchConfig:
     convolutions: dict[str, Any] = {}
     if arch in ("lfm2", "lfm2moe"):  # a KV head count per layer, 0 for a convolution
         kv_heads, convolutions = _lfm2_layers(kv_heads, meta, path)
+    if arch == "qwen35":
+        convolutions = _delta_layers(meta, num_layers, extra_layers)
     return LlamaArchConfig(
         architecture=registry_name,
         vocab_size=int(meta("vocab_size", len(tokens) or None)),
@@ -453,6 +473,39 @@ def _lfm2_layers(kv_heads: Any, meta: Callable[[str], Any],
                              "conv_kernel": int(meta("shortconv.l_cache"))}  # fmt: skip
 
 
+def _offset_norm(architecture: str, name: str) -> bool:
+    """Whether a file of `architecture` holds the norm `name` (an HF name) as the 1 + w it
+    multiplies by: Gemma's, and Qwen3.5's but its DeltaNet output norm's."""
+    if not name.endswith("norm.weight"):
+        return False
+    if architecture == "qwen3_5":
+        return not name.endswith("linear_attn.norm.weight")
+    return architecture in ("gemma", "gemma2", "gemma3")
+
+
+def _delta_layers(meta: Callable[..., Any], num_layers: int, extra_layers: int) -> dict[str, Any]:
+    """Qwen3.5's DeltaNet fields as its converter writes them: all layers but every
+    `full_attention_interval`-th, their heads and convolution (`ssm.*`: the key heads as
+    `group_count`, the value heads as `time_step_rank`, the key width as `state_size`, all value
+    heads' width as `inner_size`), the value heads tiled; the multi-token-prediction layers
+    after the last skipped."""
+    interval = int(meta("full_attention_interval", 4))
+    if not 0 < interval <= max(num_layers, 1):
+        raise ValueError(f"full_attention_interval {interval}: a positive layer count")
+    key_heads, value_heads = int(meta("ssm.group_count")), int(meta("ssm.time_step_rank"))
+    key_dim, inner = int(meta("ssm.state_size")), int(meta("ssm.inner_size"))
+    if value_heads <= 0 or inner % value_heads:
+        raise ValueError(f"ssm.inner_size {inner} is not a width for each of {value_heads} "
+                         "value heads")  # fmt: skip
+    value_dim = inner // value_heads
+    layers = range(max(0, min(num_layers, MAX_LAYERS + 1)))
+    return dict(conv_layers=tuple(i for i in layers if (i + 1) % interval),
+                conv_kernel=int(meta("ssm.conv_kernel")), delta_key_heads=key_heads,
+                delta_value_heads=value_heads, delta_key_dim=key_dim, delta_value_dim=value_dim,
+                conv_channels=2 * key_heads * key_dim + inner, delta_heads_tiled=True,
+                attention_output_gate=True, extra_checkpoint_layers=extra_layers)  # fmt: skip
+
+
 def _full_attention_layers(header: GGUFHeader, arch: str, num_layers: int) -> tuple[int, ...]:
     """The global layers: as `attention.sliding_window_pattern` lists them (a flag per layer,
     true where windowed) or spaces them (every n-th; 0: none), else every sixth (Gemma 3) or
@@ -512,6 +565,8 @@ def unpermute_qk(weight: np.ndarray, num_heads: int) -> np.ndarray:
 def hf_name(gguf_name: str, architecture: str) -> str | None:
     """The HF name of a GGUF tensor of that architecture, or None for one we do not know."""
     base, _, kind = gguf_name.rpartition(".")
+    if kind == _DECAY_RATE and base.startswith("blk.") and architecture == "qwen3_5":
+        return f"model.layers.{base.partition('.')[2]}.linear_attn.decay_rate"
     if base.startswith("blk."):
         _, layer, part = base.split(".", 2)
         stack, _, expert = part.partition(".")
@@ -585,7 +640,7 @@ class GGUFIndex:
 
 
 # Bumped whenever what the index holds changes, so no stale index outlives it.
-INDEX_VERSION = 12
+INDEX_VERSION = 13
 
 
 def _arch_from_json(saved: dict[str, Any]) -> LlamaArchConfig:
@@ -715,8 +770,7 @@ def iter_gguf_weights(
         if blocks is not None and tensor.tensor_type in block_types and len(shape) == 2:
             block_size, block_bytes = GGML_QUANT_SIZES[tensor.tensor_type]
             raw = tensor.data.reshape(shape[0], shape[1] // block_size, block_bytes)
-        gemma = cfg.architecture in ("gemma", "gemma2", "gemma3")
-        if gemma and name.endswith("norm.weight") and array is not None:
+        if array is not None and _offset_norm(cfg.architecture, name):
             array = array - 1  # the file holds the 1 + w each norm multiplies by; HF's w
         projection = name.rpartition(".")[0].rpartition(".")[2]  # q_proj of ...q_proj.bias
         heads = {"q_proj": cfg.num_heads, "k_proj": cfg.num_kv_heads}.get(projection)

@@ -12,7 +12,8 @@ dim] then takes each token in turn:
     S = exp(g) S;    S = S + k (beta (v - S^T k))^T;    o = S^T q
 
 with q and k L2-normalized per head (q divided by sqrt(key dim)), each key head serving
-`delta_value_heads / delta_key_heads` value heads. The output is RMS-normalized per value head,
+`delta_value_heads / delta_key_heads` value heads (consecutive ones in a checkpoint, every
+key-heads-th in a GGUF file: `arch.delta_heads_tiled`). The output is RMS-normalized per value head,
 times SiLU(z), and projected back to the residual stream.
 
 The attention layers are Qwen3's with two changes: the query projection makes a gate beside
@@ -114,8 +115,10 @@ class Qwen3_5DecoderLayer(Qwen3DecoderLayer):
         self.in_proj = nn.Linear(cfg.hidden_size, sum(self.in_split), bias=False)
         self.conv_weight = nn.Parameter(torch.zeros(cfg.conv_width, cfg.conv_kernel),
                                         requires_grad=False)  # fmt: skip
+        self.tiled = cfg.delta_heads_tiled
         self.dt_bias = nn.Parameter(torch.ones(self.value_heads), requires_grad=False)
-        self.A_log = nn.Parameter(torch.zeros(self.value_heads), requires_grad=False)
+        # -exp(A_log), float32 (as transformers computes it at every step, as GGUF files hold it)
+        self.decay_rate = nn.Parameter(torch.zeros(self.value_heads), requires_grad=False)
         self.norm = RMSNorm(self.value_dim, cfg.rms_norm_eps)
         self.out_proj = nn.Linear(values, cfg.hidden_size, bias=False)
 
@@ -139,10 +142,12 @@ class Qwen3_5DecoderLayer(Qwen3DecoderLayer):
         repeats = self.value_heads // self.key_heads
         q = l2_normalized(q.float().reshape(t, self.key_heads, self.key_dim)) / self.key_dim**0.5
         k = l2_normalized(k.float().reshape(t, self.key_heads, self.key_dim))
-        if repeats > 1:
+        if repeats > 1 and self.tiled:
+            q, k = q.repeat(1, repeats, 1), k.repeat(1, repeats, 1)
+        elif repeats > 1:
             q, k = q.repeat_interleave(repeats, dim=1), k.repeat_interleave(repeats, dim=1)
         beta = torch.sigmoid(b).float()
-        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
+        g = self.decay_rate.float() * F.softplus(a.float() + self.dt_bias.float())
         states = step.recurrent[self.state_index]
         out = self.delta_rule(q, k, v.float().reshape(t, self.value_heads, self.value_dim), g, beta,
                               states, step).to(x.dtype)  # fmt: skip
@@ -174,7 +179,7 @@ class Qwen3_5Model(ConvStateModel):
         language = (w for w in weights if not w[0].removeprefix("model.").startswith("mtp."))
         offset = offset_norms(language, unless=_PLAIN_NORM)
         split = _query_gates(offset, self.cfg.head_dim)
-        super().load_weights(conv_weights(renamed_weights(split, _NAMES)))
+        super().load_weights(conv_weights(renamed_weights(_decay_rates(split), _NAMES)))
 
     def linear_sources(self) -> dict[str, list[str]]:
         """Each attention layer's q/k/v/gate and o, each DeltaNet layer's in_proj and out_proj
@@ -205,3 +210,14 @@ def _query_gates(
         heads = tensor.view(-1, 2, head_dim, tensor.shape[-1])
         yield name, heads[:, 0].reshape(-1, tensor.shape[-1])
         yield name.replace(".q_proj.", ".g_proj."), heads[:, 1].reshape(-1, tensor.shape[-1])
+
+
+def _decay_rates(
+    weights: Iterable[tuple[str, torch.Tensor]],
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Each DeltaNet layer's `A_log` as the decay rate -exp(A_log) it stands for (float32)."""
+    for name, tensor in weights:
+        if name.endswith(".linear_attn.A_log"):
+            yield name.replace(".A_log", ".decay_rate"), -tensor.float().exp()
+        else:
+            yield name, tensor

@@ -1,6 +1,6 @@
 """Qwen3.5 (`Qwen3_5ForCausalLM`, and the language model of `Qwen3_5ForConditionalGeneration`):
 gated DeltaNet layers beside Qwen3's attention with its output gated. The tiny Qwen3.5 of
-`TINY_ARCHS` (DeltaNet in layers 0, 2 and 3) is held to transformers' greedy tokens in every
+`TINY_ARCHS` (DeltaNet in layers 0 and 2) is held to transformers' greedy tokens in every
 setting that changes the computation; here, what the DeltaNet state must survive (preemption, a
 failed batch run again in halves, requests coming and going in few slots, aborts), what it
 refuses, the configs, an image-and-text folder, and the C++ rule against the Python one."""
@@ -11,6 +11,7 @@ import json
 
 import pytest
 import torch
+from gguf import GGMLQuantizationType
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
@@ -18,7 +19,9 @@ from inflight import LLM, SamplingParams
 from inflight.errors import ConfigError
 from inflight.model.arch import LlamaArchConfig
 from inflight.runner.conv_state import ConvState, conv_state_bytes
+from tests.gguf_files import write_tiny_gguf
 from tests.parity import (
+    assert_gguf_generates_as_its_weights,
     assert_state_slots_free,
     greedy_tokens,
     hf_greedy,
@@ -101,11 +104,11 @@ def test_the_deltanet_layers_hold_state_matrices_and_no_kv(qwen3_5):
     folder, *_ = qwen3_5
     llm = LLM(str(folder), dtype="float32", num_kv_blocks=64, max_num_seqs=5)
     arch = llm.core.arch
-    assert arch.kv_layers == (1, 4) and len(llm.core.kv_cache.layers) == 2
+    assert arch.kv_layers == (1, 3) and len(llm.core.kv_cache.layers) == 2
     state = llm.core.runner.conv_state
-    assert len(state.layers) == len(state.recurrent) == 3  # layers 0, 2 and 3
-    assert state.layers[0].shape == (12, 3, 2 * 2 * 16 + 4 * 16)  # q, k, v: 3 positions back
-    assert state.recurrent[0].shape == (12, 4, 16, 16) and state.recurrent[0].dtype == torch.float32
+    assert len(state.layers) == len(state.recurrent) == 2  # layers 0 and 2
+    assert state.layers[0].shape == (12, 3, 2 * 2 * 16 + 4 * 32)  # q, k, v: 3 positions back
+    assert state.recurrent[0].shape == (12, 4, 16, 32) and state.recurrent[0].dtype == torch.float32
     assert conv_state_bytes(arch, 5, torch.float32) == state.num_bytes
 
 
@@ -138,7 +141,7 @@ def test_a_batch_failing_midway_is_run_again_from_the_state_before_it(qwen3_5, b
     model = llm.core.loaded.model
     assert model.fused_layers is None  # (the C++ layer loop computes no DeltaNet layer)
     calls, failures = [], []
-    run = model.layers[4].mlp
+    run = model.layers[3].mlp
 
     def failing(x, *args):
         out = run(x, *args)
@@ -148,7 +151,7 @@ def test_a_batch_failing_midway_is_run_again_from_the_state_before_it(qwen3_5, b
             raise RuntimeError("a fault after the DeltaNet layers ran")
         return out
 
-    model.layers[4].mlp = failing
+    model.layers[3].mlp = failing
     assert greedy_tokens(llm, prompts, max_tokens) == expected
     assert len(failures) == 3
     assert_state_slots_free(llm)
@@ -258,3 +261,20 @@ def test_the_cpp_rule_computes_the_python_one():
     with pytest.raises(RuntimeError, match="float32"):
         ext.gated_delta_rule(q.double(), k, v, g, beta, states, step.read_rows,
                              step.write_rows, starts)  # fmt: skip
+
+
+@pytest.mark.parametrize("qtype", [GGMLQuantizationType.F32, GGMLQuantizationType.Q8_0],
+                         ids=lambda q: q.name)  # fmt: skip
+def test_a_qwen35_gguf_generates_as_transformers_with_its_weights(tmp_path, qwen3_5, qtype):
+    """A `qwen35` file as llama.cpp's converter writes it: the DeltaNet sizes in `ssm.*`, every
+    norm but the DeltaNet output's as 1 + w, `ssm_a` = -exp(A_log), dt's bias as `ssm_dt.bias`,
+    and the value heads tiled (each key head's first, then each one's second) in every tensor
+    that has them. transformers reads no qwen35 GGUF: the reference is the folder's model with
+    the file's rounded weights."""
+    folder, *_ = qwen3_5
+    path = write_tiny_gguf(folder, tmp_path / "qwen35.gguf", qtype)
+    llm = LLM(str(path), dtype="float32", quantized_activations="off")
+    arch = llm.core.arch
+    assert (arch.architecture, arch.conv_layers, arch.kv_layers) == ("qwen3_5", (0, 2), (1, 3))
+    assert arch.delta_heads_tiled and arch.attention_output_gate and arch.rope_dim == 16
+    assert_gguf_generates_as_its_weights(llm, folder, qtype)
