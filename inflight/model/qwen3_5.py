@@ -97,6 +97,9 @@ class Qwen3_5DecoderLayer(Qwen3DecoderLayer):
     """Qwen3's attention layer with its output gated, or (`is_conv`) a gated DeltaNet layer in
     its place."""
 
+    # float32 in any model: transformers computes the decay from them in float32
+    float32_parameters: ClassVar[tuple[str, ...]] = ("decay_rate", "dt_bias")
+
     def __init__(
         self, cfg: LlamaArchConfig, attn: AttentionBackend, ops: TorchLayerOps, index: int
     ) -> None:
