@@ -1,5 +1,5 @@
 """Writes a GGUF file in the shapes of a real Llama model (or SmolLM3-3B, LFM2-1.2B, LFM2-8B-A1B,
-gpt-oss-20b or DeepSeek-V2-Lite), with
+gpt-oss-20b, DeepSeek-V2-Lite or Qwen3.5-9B), with
 random weights and SmolLM2's tokenizer (from the default model's file), for memory and speed
 benchmarks at sizes no package ships. Weights are N(0, 0.02), norms 1: the text is noise, the
 shapes, bytes and kernels real.
@@ -21,6 +21,10 @@ experts a layer, 4 a token, chosen by sigmoid scores plus a bias (`exp_probs_b`)
 DeepSeek-V2-Lite is written as llama.cpp's converter lays it out (`deepseek2`: latent attention
 with its expansion split into `attn_k_b` and `attn_v_b`, a dense first layer, then 64 experts
 a layer, 6 a token, beside two shared ones; YaRN), SmolLM2's vocabulary padded to its 102,400.
+
+Qwen3.5-9B is written as llama.cpp's converter lays it out (`qwen35`: 24 gated DeltaNet layers,
+`attn_qkv`, `attn_gate` and `ssm_*`, their decay rates negative; every fourth layer attention
+whose query rows carry each head's gate), SmolLM2's vocabulary padded to its 248,320.
 
 `--type` is any type the `gguf` package quantizes (F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1);
 for the K-quant mixes (Q4_K_M, Q5_K_M, Q6_K) write F16 and convert it with llama.cpp's
@@ -65,11 +69,16 @@ LFM2_KERNEL = 3
 # intermediate, dense layers, heads, kv heads), and its attention layers
 LFM2_8B_A1B = (24, 2048, 7168, 32, 4, 1792, 2, 32, 8)
 LFM2_MOE_ATTENTION_LAYERS = (2, 6, 10, 14, 18, 21)
+# Qwen3.5-9B (transformers' `Qwen3_5TextConfig` defaults): (layers, hidden, intermediate,
+# heads, kv heads, head dim, DeltaNet key heads, value heads, key dim, value dim, vocab); every
+# fourth layer attends, the others are DeltaNet layers with a convolution of 4
+QWEN3_5_9B = (32, 4096, 12288, 16, 4, 256, 16, 32, 128, 128, 248320)
+QWEN3_5_INTERVAL, QWEN3_5_KERNEL = 4, 4
 # the GGUF architecture of each shape not written as `llama` (SmolLM3's every fourth layer
 # attends without RoPE, and its embeddings are its LM head)
 ARCHITECTURES = {"smollm3-3b": "smollm3", "gpt-oss-20b": "gpt-oss",
                  "deepseek-v2-lite": "deepseek2", "lfm2-1.2b": "lfm2",
-                 "lfm2-8b-a1b": "lfm2moe"}  # fmt: skip
+                 "lfm2-8b-a1b": "lfm2moe", "qwen3.5-9b": "qwen35"}  # fmt: skip
 # gpt-oss-20b: (layers, hidden, experts, experts a token, heads, kv heads, head dim, vocab)
 GPT_OSS_20B = (24, 2880, 32, 4, 64, 8, 64, 201088)
 # DeepSeek-V2-Lite: (layers, hidden, dense intermediate, experts, experts a token, expert
@@ -145,6 +154,63 @@ def _attention(b: str, hidden: int, heads: int, kv_heads: int, head_dim: int, qk
     if qk_norms:
         yield b + "attn_q_norm.weight", (head_dim,)
         yield b + "attn_k_norm.weight", (head_dim,)
+
+
+def qwen3_5_tensors():
+    """(GGUF name, shape in numpy order) of Qwen3.5-9B's tensors, as llama.cpp's converter
+    writes them (`qwen35`): DeltaNet layers' `attn_qkv`, `attn_gate` (z), `ssm_*`; attention
+    layers' query rows with each head's gate after them."""
+    layers, hidden, inter, heads, kv_heads, head_dim, kh, vh, kd, vd, vocab = QWEN3_5_9B
+    conv = 2 * kh * kd + vh * vd
+    yield "token_embd.weight", (vocab, hidden)
+    for i in range(layers):
+        b = f"blk.{i}."
+        yield b + "attn_norm.weight", (hidden,)
+        if (i + 1) % QWEN3_5_INTERVAL:
+            yield b + "attn_qkv.weight", (conv, hidden)
+            yield b + "attn_gate.weight", (vh * vd, hidden)
+            yield b + "ssm_beta.weight", (vh, hidden)
+            yield b + "ssm_alpha.weight", (vh, hidden)
+            yield b + "ssm_conv1d.weight", (conv, QWEN3_5_KERNEL)
+            yield b + "ssm_a", (vh,)
+            yield b + "ssm_dt.bias", (vh,)
+            yield b + "ssm_norm.weight", (vd,)
+            yield b + "ssm_out.weight", (hidden, vh * vd)
+        else:
+            yield b + "attn_q.weight", (2 * heads * head_dim, hidden)
+            yield b + "attn_k.weight", (kv_heads * head_dim, hidden)
+            yield b + "attn_v.weight", (kv_heads * head_dim, hidden)
+            yield b + "attn_output.weight", (hidden, heads * head_dim)
+            yield b + "attn_q_norm.weight", (head_dim,)
+            yield b + "attn_k_norm.weight", (head_dim,)
+        yield b + "post_attention_norm.weight", (hidden,)
+        yield b + "ffn_gate.weight", (inter, hidden)
+        yield b + "ffn_up.weight", (inter, hidden)
+        yield b + "ffn_down.weight", (hidden, inter)
+    yield "output_norm.weight", (hidden,)
+    yield "output.weight", (vocab, hidden)
+
+
+def write_qwen3_5_metadata(w: GGUFWriter) -> tuple[int, int, int]:
+    """Qwen3.5-9B's `qwen35` fields, as llama.cpp's converter writes them; returns (layers,
+    hidden, vocab)."""
+    layers, hidden, inter, heads, kv_heads, head_dim, kh, vh, kd, vd, vocab = QWEN3_5_9B
+    w.add_context_length(262144)
+    w.add_feed_forward_length(inter)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_rope_dimension_count(head_dim // 4)
+    w.add_rope_dimension_sections([11, 11, 10, 0])
+    w.add_rope_freq_base(10000000.0)
+    w.add_ssm_conv_kernel(QWEN3_5_KERNEL)
+    w.add_ssm_state_size(kd)
+    w.add_ssm_group_count(kh)
+    w.add_ssm_time_step_rank(vh)
+    w.add_ssm_inner_size(vh * vd)
+    w.add_full_attention_interval(QWEN3_5_INTERVAL)
+    return layers, hidden, vocab
 
 
 def gpt_oss_tensors():
@@ -259,7 +325,7 @@ def copy_tokenizer(source: GGUFReader, w: GGUFWriter, vocab: int) -> None:
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("shape", choices=[*SHAPES, "lfm2-8b-a1b", "gpt-oss-20b",
-                                          "deepseek-v2-lite"])  # fmt: skip
+                                          "deepseek-v2-lite", "qwen3.5-9b"])  # fmt: skip
     parser.add_argument("--type", default="F16", help="F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--seed", type=int, default=0)
@@ -288,6 +354,9 @@ def main(argv: list[str]) -> None:
     if arch == "deepseek2":
         layers, hidden, vocab = write_deepseek_metadata(w)
         specs = list(deepseek_tensors())
+    elif arch == "qwen35":
+        layers, hidden, vocab = write_qwen3_5_metadata(w)
+        specs = list(qwen3_5_tensors())
     elif arch == "lfm2moe":
         layers, hidden, inter, experts, used, expert_inter, dense, heads, kv_heads = LFM2_8B_A1B
         head_dim = hidden // heads
@@ -325,12 +394,12 @@ def main(argv: list[str]) -> None:
                              tied=arch in ("smollm3", "lfm2"), lfm2=arch == "lfm2"))  # fmt: skip
     w.add_block_count(layers)
     w.add_embedding_length(hidden)
-    w.add_layer_norm_rms_eps(1e-5)
+    w.add_layer_norm_rms_eps(1e-6 if arch == "qwen35" else 1e-5)
     if arch in ("lfm2", "lfm2moe"):  # a KV head count per layer: 0 for a convolution
         attending = LFM2_ATTENTION_LAYERS if arch == "lfm2" else LFM2_MOE_ATTENTION_LAYERS
         w.add_head_count_kv([kv_heads if i in attending else 0 for i in range(layers)])
         w.add_shortconv_l_cache(LFM2_KERNEL)
-    if arch != "deepseek2":  # (its heads' sizes above)
+    if arch not in ("deepseek2", "qwen35"):  # (their heads' sizes above)
         w.add_head_count(heads)
         if arch not in ("lfm2", "lfm2moe"):
             w.add_head_count_kv(kv_heads)
@@ -346,8 +415,9 @@ def main(argv: list[str]) -> None:
         if gpt_oss and "_exps.weight" in name:
             return GGMLQuantizationType.MXFP4
         matrix = len(shape) >= 2 and name.endswith(".weight") and "ffn_gate_inp" not in name
-        # (LFM2's convolution kernels stay F32, as llama.cpp's quantizer leaves them)
-        return qtype if matrix and "shortconv.conv" not in name else GGMLQuantizationType.F32
+        # (convolution kernels stay F32, as llama.cpp's quantizer leaves them)
+        kernel = "shortconv.conv" in name or "ssm_conv1d" in name
+        return qtype if matrix and not kernel else GGMLQuantizationType.F32
 
     for name, shape in specs:  # headers first: the writer streams the data afterwards
         size = 4 * math.prod(shape)
@@ -370,6 +440,8 @@ def main(argv: list[str]) -> None:
             norm = name.endswith("norm.weight")
             values = (np.ones(shape, np.float32) if norm else
                       rng.standard_normal(shape, dtype=np.float32) * np.float32(0.02))  # fmt: skip
+            if name.endswith(".ssm_a"):  # a decay rate -exp(A_log): negative, as trained
+                values = -rng.uniform(1.0, 16.0, shape).astype(np.float32)
             w.write_tensor_data(values)
             continue
         count, rows = math.prod(shape[:-1]), []  # (an expert stack's rows: all experts')

@@ -74,7 +74,7 @@ TINY_ARCHS = ("llama", "llama3_rope", "qwen2", "qwen3", "qwen3_moe", "mixtral", 
               "arcee", "hunyuan_dense", "qwen2_moe", "glm4_moe", "ministral3",
               "ernie4_5_moe", "minimax_m2", "dots1", "hunyuan_moe", "olmoe",
               "granitemoe", "exaone", "gemma", "deepseek_v2", "deepseek_v3",
-              "glm4_moe_lite", "lfm2", "lfm2_moe", "qwen3_5")  # fmt: skip
+              "glm4_moe_lite", "lfm2", "lfm2_moe", "qwen3_5", "qwen3_5_moe")  # fmt: skip
 
 
 # the tiny Ministral 3's RoPE settings (its published ones: original context 16,384, beta 0.1)
@@ -99,6 +99,8 @@ SCORE_BIASED = ("glm4_moe", "ernie4_5_moe", "minimax_m2", "dots1", "deepseek_v3"
 UNIT_NORMS = ("exaone4", "olmo2", "olmo3", "glm4", "hunyuan_dense", "glm4_moe", "minimax_m2",
               "dots1", "hunyuan_moe", "olmoe", "deepseek_v2", "deepseek_v3",
               "glm4_moe_lite", "lfm2", "lfm2_moe")  # fmt: skip
+# families whose norms multiply by 1 + w (w from 0), which the tiny models draw at random
+OFFSET_NORMS = ("gemma", "gemma2", "gemma3", "qwen3_5", "qwen3_5_moe")
 # the tiny DeepSeeks' latent attention (heads of 32 + 32 rotated dimensions, a latent of 32:
 # whole quantization blocks, and a cached row of 64, whose values the CPU kernels read out of
 # its keys) and YaRN past an original context of 16 positions, with `mscale_all_dim` scaling
@@ -176,6 +178,8 @@ def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) ->
         Qwen2MoeConfig,
         Qwen2MoeForCausalLM,
         Qwen3_5ForCausalLM,
+        Qwen3_5MoeForCausalLM,
+        Qwen3_5MoeTextConfig,
         Qwen3_5TextConfig,
         Qwen3Config,
         Qwen3ForCausalLM,
@@ -386,6 +390,18 @@ def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) ->
                                    linear_num_key_heads=2, linear_num_value_heads=4,
                                    linear_key_head_dim=16, linear_value_head_dim=32)  # fmt: skip
         cls = Qwen3_5ForCausalLM
+    elif arch == "qwen3_5_moe":  # Qwen3.5's layers (as its tiny model's above), 2 of 4 experts
+        # a token, renormalized, beside a shared expert under a sigmoid gate, in every layer
+        rope = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25}
+        dense = {k: v for k, v in common.items() if k != "intermediate_size"}
+        config = Qwen3_5MoeTextConfig(**{**dense, "num_hidden_layers": 4}, head_dim=64,
+                                      full_attention_interval=2, rope_parameters=rope,
+                                      linear_num_key_heads=2, linear_num_value_heads=4,
+                                      linear_key_head_dim=16, linear_value_head_dim=32,
+                                      num_experts=4, num_experts_per_tok=2,
+                                      moe_intermediate_size=32,
+                                      shared_expert_intermediate_size=32)  # fmt: skip
+        cls = Qwen3_5MoeForCausalLM
     elif arch == "lfm2_moe":  # LFM2's layers, a dense first MLP, then 2 of 4 experts a token
         # chosen by sigmoid scores plus a learned bias, renormalized
         types = ["conv", "full_attention", "conv", "conv", "full_attention"]
@@ -476,8 +492,8 @@ def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) ->
             for name, param in model.named_parameters():
                 if name.endswith("norm.weight"):
                     param.uniform_(0.5, 1.5)
-    if arch in ("gemma", "gemma2", "gemma3", "qwen3_5"):  # norms start at w = 0 (a scale of
-        # 1 + w): make it matter (Qwen3.5's DeltaNet output norm multiplies by w, from 1)
+    if arch in OFFSET_NORMS:  # norms start at w = 0 (a scale of 1 + w): make it matter
+        # (Qwen3.5's DeltaNet output norm multiplies by w, from 1)
         with torch.no_grad():
             for name, param in model.named_parameters():
                 if name.endswith("linear_attn.norm.weight"):

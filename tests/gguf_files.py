@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+import torch
 from gguf import (
     ExpertGatingFuncType,
     GGMLQuantizationType,
@@ -71,6 +72,14 @@ LAYER_TO_GGUF = {
     "feed_forward.w1": "ffn_gate",
     "feed_forward.w3": "ffn_up",
     "feed_forward.w2": "ffn_down",
+    # Qwen3.5's DeltaNet layers
+    "linear_attn.in_proj_qkv": "attn_qkv",
+    "linear_attn.in_proj_z": "attn_gate",
+    "linear_attn.in_proj_b": "ssm_beta",
+    "linear_attn.in_proj_a": "ssm_alpha",
+    "linear_attn.conv1d": "ssm_conv1d",
+    "linear_attn.norm": "ssm_norm",
+    "linear_attn.out_proj": "ssm_out",
     "eh_proj": "nextn.eh_proj",  # (GLM-4.5's multi-token-prediction layer's own)
     "enorm": "nextn.enorm",
     "hnorm": "nextn.hnorm",
@@ -106,8 +115,13 @@ def gguf_name(hf: str, arch: str = "llama") -> str:
         return f"blk.{layer}.ffn_gate_inp.{kind}"
     if part == "self_attn" and kind == "sinks":  # gpt-oss's, a tensor of their own
         return f"blk.{layer}.attn_sinks.weight"
+    if part == "linear_attn" and kind == "A_log":  # Qwen3.5's (as -exp(A_log)), a tensor alone
+        return f"blk.{layer}.ssm_a"
+    if part == "linear_attn" and kind == "dt_bias":
+        return f"blk.{layer}.ssm_dt.bias"
     names = GEMMA3_LAYER_TO_GGUF if arch in ("gemma2", "gemma3") else LAYER_TO_GGUF
-    if arch in ("gpt-oss", "seed_oss", "glm4moe"):  # their pre-MLP norm under Gemma's name
+    if arch in ("gpt-oss", "seed_oss", "glm4moe", "qwen35", "qwen35moe"):  # their pre-MLP norm
+        # under Gemma's name
         names = {**LAYER_TO_GGUF, "post_attention_layernorm": "post_attention_norm"}
     if arch == "glm4":  # its output norms under Gemma's names, its pre-MLP norm Llama's
         names = {**LAYER_TO_GGUF, "post_self_attn_layernorm": "post_attention_norm",
@@ -253,6 +267,7 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
             "DeepseekV2ForCausalLM": "deepseek2", "DeepseekV3ForCausalLM": "deepseek2",
             "Glm4MoeLiteForCausalLM": "deepseek2", "Lfm2ForCausalLM": "lfm2",
             "Lfm2MoeForCausalLM": "lfm2moe", "Qwen3_5ForCausalLM": "qwen35",
+            "Qwen3_5MoeForCausalLM": "qwen35moe",
             "Qwen3Model": "qwen3"}[cfg["architectures"][0]]  # fmt: skip
     if cfg.get("model_type") == "exaone":  # (transformers 5 saves EXAONE 3 as Llama)
         arch = "exaone"
@@ -272,7 +287,7 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
         w.add_head_count_kv([cfg["num_key_value_heads"] if t == "full_attention" else 0
                              for t in cfg["layer_types"]])  # fmt: skip
         w.add_shortconv_l_cache(cfg["conv_L_cache"])
-    else:
+    elif "intermediate_size" in cfg:  # (Qwen3.5-MoE has no dense MLP)
         w.add_feed_forward_length(cfg["intermediate_size"])
     w.add_head_count(cfg["num_attention_heads"])
     latent = arch == "deepseek2"  # (its heads' sizes below)
@@ -328,7 +343,7 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
         w.add_expert_shared_count(1)
     if arch == "minimax-m2":  # its sigmoid router (`scoring_func`)
         w.add_expert_gating_func(ExpertGatingFuncType.SIGMOID)
-    if arch == "qwen2moe":
+    if arch in ("qwen2moe", "qwen35moe"):
         w.add_expert_shared_feed_forward_length(cfg["shared_expert_intermediate_size"])
     if arch == "ernie4_5-moe":  # as its converter writes them, but the shared expert's true
         # width (the converter writes intermediate_size / KV heads, the published models' width)
@@ -355,7 +370,7 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
         w.add_rope_dimension_sections([*rope["mrope_section"], 0])
     if arch in ("qwen3vl", "qwen3vlmoe"):
         w.add_num_deepstack_layers(len(vision.get("deepstack_visual_indexes", [])))
-    if arch == "qwen35":  # its DeltaNet layers as its converter describes them
+    if arch in ("qwen35", "qwen35moe"):  # its DeltaNet layers as its converter describes them
         w.add_ssm_conv_kernel(cfg["linear_conv_kernel_dim"])
         w.add_ssm_state_size(cfg["linear_key_head_dim"])
         w.add_ssm_group_count(cfg["linear_num_key_heads"])
@@ -394,10 +409,12 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
     if vision is not None:  # the language model's weights alone, under its own names
         weights = {name.replace("model.language_model.", "model."): t
                    for name, t in weights.items() if "visual." not in name}  # fmt: skip
+    if arch in ("qwen35", "qwen35moe"):
+        weights = _qwen35_as_llama_cpp(weights, cfg)
     stacks = [n for n in weights if n.endswith(".mlp.experts.gate_up_proj")]
-    for name in stacks if arch == "qwen3vlmoe" else []:
-        # Qwen3-VL-MoE's stacks, as transformers saves them ([E, 2I, H], [E, H, I]), split as
-        # its converter splits them
+    for name in stacks if arch in ("qwen3vlmoe", "qwen35moe") else []:
+        # Qwen3-VL-MoE's and Qwen3.5-MoE's stacks, as transformers saves them ([E, 2I, H],
+        # [E, H, I]), split as their converters split them
         prefix = name.removesuffix("gate_up_proj")
         gate, up = weights.pop(name).chunk(2, dim=1)
         weights[f"{prefix}gate_proj.weight"] = gate.contiguous()
@@ -431,10 +448,6 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
         else:
             w.add_tensor(file_name, array)
 
-    if arch == "qwen35":
-        for file_name, array in _qwen35_as_llama_cpp(weights, cfg).items():
-            add(file_name, array)
-        weights = {}
     for name, tensor in _stacked_experts(weights).items():
         if not name.startswith(("model.", "lm_head.")):  # a bare decoder's (Qwen3Model's)
             name = f"model.{name}"
@@ -459,17 +472,9 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
     return out
 
 
-# Qwen3.5's HF names -> llama.cpp's (its DeltaNet layers' and its pre-MLP norm)
-_QWEN35_NAMES = {**LAYER_TO_GGUF, "post_attention_layernorm": "post_attention_norm",
-                 "linear_attn.in_proj_qkv": "attn_qkv", "linear_attn.in_proj_z": "attn_gate",
-                 "linear_attn.in_proj_b": "ssm_beta", "linear_attn.in_proj_a": "ssm_alpha",
-                 "linear_attn.conv1d": "ssm_conv1d", "linear_attn.norm": "ssm_norm",
-                 "linear_attn.out_proj": "ssm_out"}  # fmt: skip
-
-
-def _qwen35_as_llama_cpp(weights: dict, cfg: dict) -> dict[str, np.ndarray]:
-    """Qwen3.5's tensors as llama.cpp's converter writes them: every norm but the DeltaNet
-    output's as 1 + w, A_log as -exp(A_log) (`ssm_a`), dt_bias as `ssm_dt.bias`, the
+def _qwen35_as_llama_cpp(weights: dict, cfg: dict) -> dict:
+    """Qwen3.5's tensors as llama.cpp's converter writes them (still under HF names): every norm
+    but the DeltaNet output's as 1 + w, A_log as -exp(A_log) (`gguf_name`: `ssm_a`), the
     convolutions squeezed, and the value heads moved from the checkpoint's order (those of key
     head 0, then of key head 1, ...) to a tiled one (each key head's first, then each one's
     second, ...) in every tensor that has them."""
@@ -477,36 +482,25 @@ def _qwen35_as_llama_cpp(weights: dict, cfg: dict) -> dict[str, np.ndarray]:
     key_dim, value_dim = cfg["linear_key_head_dim"], cfg["linear_value_head_dim"]
     keys = 2 * key_heads * key_dim
 
-    def tiled(array: np.ndarray, axis: int, width: int) -> np.ndarray:
-        moved = np.moveaxis(array, axis, 0)
+    def tiled(t, dim: int, width: int):
+        moved = t.movedim(dim, 0)
         grouped = moved.reshape(key_heads, value_heads // key_heads, width, *moved.shape[1:])
-        return np.moveaxis(grouped.swapaxes(0, 1).reshape(moved.shape), 0, axis)
+        return grouped.transpose(0, 1).reshape(moved.shape).movedim(0, dim).contiguous()
 
     out = {}
-    for name, tensor in weights.items():
-        array = tensor.float().numpy()
+    for name, t in weights.items():
         if name.endswith("norm.weight") and not name.endswith("linear_attn.norm.weight"):
-            array = array + 1
+            t = t + 1
         if name.endswith(("in_proj_qkv.weight", "conv1d.weight")):
-            array = array.reshape(array.shape[0], -1)  # (a convolution's [C, 1, K] squeezed)
-            array = np.concatenate([array[:keys], tiled(array[keys:], 0, value_dim)])
+            t = t.reshape(t.shape[0], -1)  # (a convolution's [C, 1, K] squeezed)
+            t = torch.cat([t[:keys], tiled(t[keys:], 0, value_dim)])
         elif name.endswith("in_proj_z.weight"):
-            array = tiled(array, 0, value_dim)
+            t = tiled(t, 0, value_dim)
         elif name.endswith(("in_proj_a.weight", "in_proj_b.weight", ".A_log", ".dt_bias")):
-            array = tiled(array, 0, 1)
+            t = tiled(t, 0, 1)
         elif name.endswith("linear_attn.out_proj.weight"):
-            array = tiled(array, 1, value_dim)
-        if name in HF_TO_GGUF:
-            out[HF_TO_GGUF[name]] = array
-            continue
-        _, _, layer, rest = name.split(".", 3)
-        if rest == "linear_attn.A_log":
-            out[f"blk.{layer}.ssm_a"] = -np.exp(array)
-        elif rest == "linear_attn.dt_bias":
-            out[f"blk.{layer}.ssm_dt.bias"] = array
-        else:
-            part, kind = rest.rsplit(".", 1)
-            out[f"blk.{layer}.{_QWEN35_NAMES[part]}.{kind}"] = array
+            t = tiled(t, 1, value_dim)
+        out[name] = -t.float().exp() if name.endswith(".A_log") else t
     return out
 
 

@@ -34,6 +34,7 @@ from gguf.quants import dequantize
 from inflight.errors import ModelLoadError
 from inflight.file_cache import cache_dir, file_cache_key
 from inflight.model.arch import (
+    DELTA_ARCHS,
     EXAONE4_SLIDING_WINDOW_PATTERN,
     GEMMA2_SLIDING_WINDOW_PATTERN,
     GEMMA3_SLIDING_WINDOW_PATTERN,
@@ -55,7 +56,7 @@ SUPPORTED_GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen2vl", "qwen3vl",
                                 "gemma2", "gemma3", "mistral3", "granite", "gpt-oss", "smollm3",
                                 "exaone", "exaone4", "olmo2", "glm4", "ernie4_5", "seed_oss",
                                 "arcee", "hunyuan-dense", "deepseek2", "lfm2",
-                                "lfm2moe", "qwen35")  # fmt: skip
+                                "lfm2moe", "qwen35", "qwen35moe")  # fmt: skip
 # the architectures whose Q and K rows llama.cpp's converter permutes (`unpermute_qk`)
 PERMUTED_QK = ("llama", "mixtral", "granite", "granitemoe", "smollm3", "arcee", "ministral3")
 # a GGUF architecture -> the registry's, where the names differ (a `llama` file with experts is
@@ -64,14 +65,14 @@ _REGISTRY_NAMES = {"qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe", "glm4moe": 
                    "gpt-oss": "gpt_oss", "hunyuan-dense": "hunyuan_dense",
                    "mistral3": "ministral3", "ernie4_5-moe": "ernie4_5_moe",
                    "minimax-m2": "minimax_m2", "hunyuan-moe": "hunyuan_moe",
-                   "lfm2moe": "lfm2_moe", "qwen35": "qwen3_5",
+                   "lfm2moe": "lfm2_moe", "qwen35": "qwen3_5", "qwen35moe": "qwen3_5_moe",
                    # the Qwen VLs' language models (their multimodal RoPE, over text alone, is
                    # the plain one)
                    "qwen2vl": "qwen2", "qwen3vl": "qwen3", "qwen3vlmoe": "qwen3_moe"}  # fmt: skip
 # the architectures whose experts a GGUF file may hold (a `llama` file's: Mixtral)
 _EXPERT_ARCHITECTURES = ("llama", "qwen3moe", "qwen3vlmoe", "qwen2moe", "glm4moe", "ernie4_5-moe",
                          "minimax-m2", "dots1", "hunyuan-moe", "olmoe", "granitemoe",
-                         "gpt-oss", "deepseek2", "lfm2moe")  # fmt: skip
+                         "gpt-oss", "deepseek2", "lfm2moe", "qwen35moe")  # fmt: skip
 # the architectures whose softmax routers llama.cpp never renormalizes (their published models
 # do not)
 _UNNORMALIZED_ROUTERS = ("qwen2moe", "olmoe")
@@ -183,6 +184,7 @@ _ARCH_LAYER_NAMES = {
     "lfm2": _CONV_LAYER_NAMES,
     "lfm2_moe": _CONV_LAYER_NAMES,
     "qwen3_5": _DELTA_LAYER_NAMES,
+    "qwen3_5_moe": _DELTA_LAYER_NAMES,
 }  # fmt: skip
 # What llama.cpp assumes for Gemma where the file does not say: Gemma 3's windowed layers' RoPE
 # base (`rope.freq_base_swa`), and the 27Bs' (Gemma 3's 62 layers, Gemma 2's 46) score scale of
@@ -267,7 +269,8 @@ def gguf_arch_config(header: GGUFHeader, path: Path) -> LlamaArchConfig:
     if experts:
         if arch not in _EXPERT_ARCHITECTURES:
             raise ModelLoadError(f"{path}: a {arch} file with experts is not supported")
-        ffn = int(meta("expert_feed_forward_length", meta("feed_forward_length")))
+        ffn = field_value(header, f"{arch}.expert_feed_forward_length")
+        ffn = int(meta("feed_forward_length") if ffn is None else ffn)
         # a layer without a router keeps one MLP (what the file holds says which)
         layers = range(max(0, min(num_layers, MAX_LAYERS + 1)))  # (more: refused by the config)
         dense = tuple(i for i in layers if f"blk.{i}.ffn_gate_inp.weight" not in names)
@@ -281,7 +284,7 @@ def gguf_arch_config(header: GGUFHeader, path: Path) -> LlamaArchConfig:
                    shared_expert_intermediate_size=next(
                        (int(t.shape[1]) for t in header.tensors
                         if t.name.endswith(".ffn_up_shexp.weight")), 0),
-                   shared_expert_gate=arch == "qwen2moe")  # fmt: skip
+                   shared_expert_gate=arch in ("qwen2moe", "qwen35moe"))  # fmt: skip
         if any(name.endswith(".exp_probs_b.bias") for name in names):  # a router's score bias
             moe.update(_biased_routing(header, arch, path))
         elif arch == "deepseek2":  # DeepSeek-V2's float32 softmax, without the bias, within
@@ -361,13 +364,14 @@ def gguf_arch_config(header: GGUFHeader, path: Path) -> LlamaArchConfig:
     convolutions: dict[str, Any] = {}
     if arch in ("lfm2", "lfm2moe"):  # a KV head count per layer, 0 for a convolution
         kv_heads, convolutions = _lfm2_layers(kv_heads, meta, path)
-    if arch == "qwen35":
+    if arch in ("qwen35", "qwen35moe"):
         convolutions = _delta_layers(meta, num_layers, extra_layers)
     return LlamaArchConfig(
         architecture=registry_name,
         vocab_size=int(meta("vocab_size", len(tokens) or None)),
         hidden_size=hidden,
-        intermediate_size=int(meta("feed_forward_length")),
+        # (Qwen3.5-MoE's files have no dense MLP, and may not say its width)
+        intermediate_size=int(meta("feed_forward_length", moe.get("expert_intermediate_size"))),
         num_layers=num_layers,
         num_heads=num_heads,
         num_kv_heads=1 if latent else int(kv_heads),
@@ -478,7 +482,7 @@ def _offset_norm(architecture: str, name: str) -> bool:
     multiplies by: Gemma's, and Qwen3.5's but its DeltaNet output norm's."""
     if not name.endswith("norm.weight"):
         return False
-    if architecture == "qwen3_5":
+    if architecture in DELTA_ARCHS:
         return not name.endswith("linear_attn.norm.weight")
     return architecture in ("gemma", "gemma2", "gemma3")
 
@@ -565,7 +569,7 @@ def unpermute_qk(weight: np.ndarray, num_heads: int) -> np.ndarray:
 def hf_name(gguf_name: str, architecture: str) -> str | None:
     """The HF name of a GGUF tensor of that architecture, or None for one we do not know."""
     base, _, kind = gguf_name.rpartition(".")
-    if kind == _DECAY_RATE and base.startswith("blk.") and architecture == "qwen3_5":
+    if kind == _DECAY_RATE and base.startswith("blk.") and architecture in DELTA_ARCHS:
         return f"model.layers.{base.partition('.')[2]}.linear_attn.decay_rate"
     if base.startswith("blk."):
         _, layer, part = base.split(".", 2)

@@ -161,13 +161,13 @@ class DecoderLayer(nn.Module):
         # rotated by the sliding-window layers' own RoPE (the model's `local_inv_freq`)
         self.local_rope = cfg.local_rope_theta is not None and self.window is not None
         q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-        # q, k and v's columns of the fused projection (and after them, where the attention's
-        # output is gated, the gate's: Qwen3.5's)
-        self.split: tuple[int, ...] = (q_size, kv_size, kv_size)
-        if cfg.attention_output_gate:
-            self.split += (q_size,)
+        self.split = (q_size, kv_size, kv_size)
+        # the attention's output multiplied by the sigmoid of a gate, whose rows follow each
+        # query head's in the fused projection (Qwen3.5's)
+        self.output_gate = cfg.attention_output_gate
+        rows = q_size * (2 if self.output_gate else 1) + 2 * kv_size
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.qkv_proj = nn.Linear(cfg.hidden_size, sum(self.split), bias=cfg.qkv_bias)
+        self.qkv_proj = nn.Linear(cfg.hidden_size, rows, bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(q_size, cfg.hidden_size, bias=cfg.o_bias)
         # gpt-oss's learned logit per head in each softmax's denominator; None: no sink
         self.sinks = (nn.Parameter(torch.zeros(cfg.num_heads), requires_grad=False)
@@ -239,6 +239,9 @@ class DecoderLayer(nn.Module):
         (DeepSeek's latent attention) overrides it."""
         t, ops = x.shape[0], self.ops
         qkv = apply_linear(self.qkv_proj, x, decodes)
+        gate = None
+        if self.output_gate:
+            qkv, gate = split_query_gates(qkv, self.num_heads, self.head_dim)
         if not self.qk_norm_after_rope:
             qkv = self.normalize_qk(qkv)
         if self.rotary:  # q and k
@@ -247,7 +250,7 @@ class DecoderLayer(nn.Module):
             qkv = self.normalize_qk(qkv)
         if query_scale is not None:  # (the C++ loop multiplies by the same op)
             qkv[:, : self.split[0]].mul_(query_scale)
-        q, k, v, *gate = qkv.split(self.split, dim=-1)
+        q, k, v = qkv.split(self.split, dim=-1)
         attn = self.attn.forward(
             q.view(t, self.num_heads, self.head_dim),
             k.view(t, self.num_kv_heads, self.head_dim),
@@ -261,8 +264,8 @@ class DecoderLayer(nn.Module):
             self.sinks,
         )  # [T, H, D]
         out = attn.reshape(t, -1)
-        if gate:
-            out = out * torch.sigmoid(gate[0])
+        if gate is not None:
+            out = out * torch.sigmoid(gate)
         return apply_linear(self.o_proj, out, decodes)
 
     def mlp(self, x: torch.Tensor, decodes: Decodes) -> torch.Tensor:
@@ -288,6 +291,17 @@ class DecoderLayer(nn.Module):
         """The fused q/k/v projection before RoPE: as it is here; a family that normalizes its
         query and key heads does it in its override."""
         return qkv
+
+
+def split_query_gates(
+    qkv: torch.Tensor, num_heads: int, head_dim: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A gated attention's projection [T, heads x (query, gate) | k | v] (the checkpoint's
+    rows, a GGUF file's blocks, as they are) as q/k/v [T, q | k | v] and the gates [T, q]."""
+    t, q_size = qkv.shape[0], num_heads * head_dim
+    pairs = qkv[:, : 2 * q_size].view(t, num_heads, 2, head_dim)
+    gate = pairs[:, :, 1].reshape(t, q_size)
+    return torch.cat([pairs[:, :, 0].reshape(t, q_size), qkv[:, 2 * q_size :]], dim=1), gate
 
 
 def renamed_weights(

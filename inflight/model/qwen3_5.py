@@ -1,6 +1,7 @@
 """Qwen3.5 (`Qwen3_5ForCausalLM`, or the language model of a `Qwen3_5ForConditionalGeneration`
-folder): three gated DeltaNet layers to every attention layer (by default), each with a SwiGLU
-MLP.
+folder; GGUF `qwen35`): three gated DeltaNet layers to every attention layer (by default), each
+with a SwiGLU MLP; Qwen3.5-MoE (`Qwen3_5MoeForCausalLM`, `Qwen3_5MoeForConditionalGeneration`;
+GGUF `qwen35moe`) the same layers with Qwen2-MoE's experts and gated shared expert for MLPs.
 
 A DeltaNet layer is linear attention with a memory that forgets and corrects itself. One
 projection makes each token's q, k and v rows (which a causal depthwise convolution over the
@@ -16,9 +17,10 @@ with q and k L2-normalized per head (q divided by sqrt(key dim)), each key head 
 key-heads-th in a GGUF file: `arch.delta_heads_tiled`). The output is RMS-normalized per value head,
 times SiLU(z), and projected back to the residual stream.
 
-The attention layers are Qwen3's with two changes: the query projection makes a gate beside
-each query head, whose sigmoid multiplies the attention's output before o_proj
-(`arch.attention_output_gate`), and RoPE turns only the first quarter of each head. Every
+The attention layers are Qwen3's with two changes: the query projection makes a gate after
+each query head's rows, whose sigmoid multiplies the attention's output before o_proj
+(`arch.attention_output_gate`, `llama.split_query_gates`), and RoPE turns only the first
+quarter of each head. Every
 RMSNorm but the DeltaNet output's multiplies by `1 + w` (checkpoints hold w; the 1 is added at
 load, as for Gemma).
 
@@ -46,6 +48,7 @@ from inflight.model.gemma import offset_norms
 from inflight.model.layer_ops import TorchLayerOps
 from inflight.model.lfm2 import ConvStateModel, conv_weights, short_convolution
 from inflight.model.llama import DecoderLayer, RMSNorm, renamed_weights
+from inflight.model.moe import MoEDecoderLayer, MoEModel
 from inflight.model.packed_linear import Decodes, apply_linear
 from inflight.model.qwen3 import Qwen3DecoderLayer
 
@@ -112,10 +115,11 @@ class Qwen3_5DecoderLayer(Qwen3DecoderLayer):
         self.key_heads, self.key_dim = cfg.delta_key_heads, cfg.delta_key_dim
         self.value_heads, self.value_dim = cfg.delta_value_heads, cfg.delta_value_dim
         keys, values = self.key_heads * self.key_dim, self.value_heads * self.value_dim
-        # rows: q, k, v (convolved), z, b, a
-        self.in_split = (cfg.conv_width, values, self.value_heads, self.value_heads)
+        # rows: q, k, v (convolved) and z; b and a (apart: a GGUF file's are often float32
+        # beside the others' blocks)
+        self.qkvz_proj = nn.Linear(cfg.hidden_size, cfg.conv_width + values, bias=False)
+        self.ba_proj = nn.Linear(cfg.hidden_size, 2 * self.value_heads, bias=False)
         self.qkv_split = (keys, keys, values)
-        self.in_proj = nn.Linear(cfg.hidden_size, sum(self.in_split), bias=False)
         self.conv_weight = nn.Parameter(torch.zeros(cfg.conv_width, cfg.conv_kernel),
                                         requires_grad=False)  # fmt: skip
         self.tiled = cfg.delta_heads_tiled
@@ -139,7 +143,9 @@ class Qwen3_5DecoderLayer(Qwen3DecoderLayer):
             return super().attention(x, cos, sin, kv_cache, meta, query_scale, decodes)
         conv_state, step = kv_cache
         t = x.shape[0]
-        qkv, z, b, a = apply_linear(self.in_proj, x, decodes).split(self.in_split, dim=-1)
+        qkvz = apply_linear(self.qkvz_proj, x, decodes)
+        qkv, z = qkvz[:, : self.conv_weight.shape[0]], qkvz[:, self.conv_weight.shape[0] :]
+        b, a = apply_linear(self.ba_proj, x, decodes).chunk(2, dim=-1)
         qkv = F.silu(short_convolution(qkv, self.conv_weight, conv_state, step))
         q, k, v = qkv.split(self.qkv_split, dim=-1)
         repeats = self.value_heads // self.key_heads
@@ -174,45 +180,44 @@ class Qwen3_5Model(ConvStateModel):
     fusable = False  # (the C++ layer loop computes no DeltaNet layer)
     _PROJECTIONS: ClassVar[dict[str, tuple[str, tuple[str, ...]]]] = {
         **ConvStateModel._PROJECTIONS,
-        "qkv_proj": ("self_attn", ("q_proj", "k_proj", "v_proj", "g_proj")),
-        "in_proj": ("self_attn", ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")),
+        "qkvz_proj": ("self_attn", ("in_proj_qkv", "in_proj_z")),
+        "ba_proj": ("self_attn", ("in_proj_b", "in_proj_a")),
     }
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         language = (w for w in weights if not w[0].removeprefix("model.").startswith("mtp."))
         offset = offset_norms(language, unless=_PLAIN_NORM)
-        split = _query_gates(offset, self.cfg.head_dim)
-        super().load_weights(conv_weights(renamed_weights(_decay_rates(split), _NAMES)))
+        super().load_weights(conv_weights(renamed_weights(_decay_rates(offset), _NAMES)))
 
     def linear_sources(self) -> dict[str, list[str]]:
-        """Each attention layer's q/k/v/gate and o, each DeltaNet layer's in_proj and out_proj
-        (the checkpoint's names), and the MLPs'."""
+        """Each attention layer's q/k/v (the query's rows with its gates') and o, each DeltaNet
+        layer's qkvz_proj, ba_proj and out_proj (the checkpoint's names), and the MLPs'."""
         sources = super().linear_sources()
+        delta = {"qkvz_proj": ("in_proj_qkv", "in_proj_z"), "ba_proj": ("in_proj_b", "in_proj_a"),
+                 "out_proj": ("out_proj",)}  # fmt: skip
         for i in range(self.cfg.num_layers):
-            if i in self.cfg.conv_layers:
+            attends = i not in self.cfg.conv_layers
+            for name, parts in delta.items():
+                sources.pop(f"layers.{i}.{name}", None)
+                if not attends:
+                    layer = f"model.layers.{i}.linear_attn"
+                    sources[f"layers.{i}.{name}"] = [f"{layer}.{p}.weight" for p in parts]
+            if not attends:
                 del sources[f"layers.{i}.qkv_proj"], sources[f"layers.{i}.o_proj"]
-                sources[f"layers.{i}.in_proj"] = [
-                    f"model.layers.{i}.linear_attn.in_proj_{part}.weight"
-                    for part in ("qkv", "z", "b", "a")
-                ]  # fmt: skip
-                sources[f"layers.{i}.out_proj"] = [f"model.layers.{i}.linear_attn.out_proj.weight"]
-            else:
-                del sources[f"layers.{i}.in_proj"]
         return sources
 
 
-def _query_gates(
-    weights: Iterable[tuple[str, torch.Tensor]], head_dim: int
-) -> Iterator[tuple[str, torch.Tensor]]:
-    """Each attention layer's query projection, which holds each head's query rows and then its
-    gate's, as the queries (`q_proj`) and the gates (`g_proj`) apart."""
-    for name, tensor in weights:
-        if not name.endswith(".self_attn.q_proj.weight"):
-            yield name, tensor
-            continue
-        heads = tensor.view(-1, 2, head_dim, tensor.shape[-1])
-        yield name, heads[:, 0].reshape(-1, tensor.shape[-1])
-        yield name.replace(".q_proj.", ".g_proj."), heads[:, 1].reshape(-1, tensor.shape[-1])
+class Qwen3_5MoeDecoderLayer(MoEDecoderLayer, Qwen3_5DecoderLayer):
+    """Qwen3.5's layer (DeltaNet or gated attention) with Qwen2-MoE's experts for its MLP: a
+    softmax router, the chosen renormalized, beside a shared expert under a sigmoid gate."""
+
+    cast_router_weights = True
+
+
+class Qwen3_5MoeModel(MoEModel, Qwen3_5Model):
+    layer_class: ClassVar[type[DecoderLayer]] = Qwen3_5MoeDecoderLayer
+    fusable = False  # (Qwen3.5's)
+    graph_capturable = False  # (each step picks its state rows on the host)
 
 
 def _decay_rates(

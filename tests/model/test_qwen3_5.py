@@ -278,3 +278,49 @@ def test_a_qwen35_gguf_generates_as_transformers_with_its_weights(tmp_path, qwen
     assert (arch.architecture, arch.conv_layers, arch.kv_layers) == ("qwen3_5", (0, 2), (1, 3))
     assert arch.delta_heads_tiled and arch.attention_output_gate and arch.rope_dim == 16
     assert_gguf_generates_as_its_weights(llm, folder, qtype)
+
+
+# Qwen3.5-MoE as transformers 5 saves its text config (at transformers' defaults: the 35B-A3B's
+# shape), the fields the engine reads
+MOE = {
+    "architectures": ["Qwen3_5MoeForCausalLM"], "model_type": "qwen3_5_moe_text",
+    "vocab_size": 248320, "hidden_size": 2048, "num_hidden_layers": 40,
+    "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 256,
+    "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128, "linear_value_head_dim": 128,
+    "linear_num_key_heads": 16, "linear_num_value_heads": 32, "moe_intermediate_size": 512,
+    "shared_expert_intermediate_size": 512, "num_experts_per_tok": 8, "num_experts": 256,
+    "full_attention_interval": 4, "rms_norm_eps": 1e-6, "max_position_embeddings": 262144,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 10000000,
+                        "partial_rotary_factor": 0.25},
+}  # fmt: skip
+
+
+def test_a_qwen3_5_moe_config_is_read():
+    arch = LlamaArchConfig.from_hf_config(MOE)
+    assert arch.architecture == "qwen3_5_moe" and len(arch.kv_layers) == 10
+    experts = (arch.num_experts, arch.experts_per_token, arch.expert_intermediate_size)
+    assert experts == (256, 8, 512) and arch.dense_layers == ()
+    assert arch.norm_topk_prob and arch.router_scoring == "softmax"  # (always renormalized)
+    assert (arch.shared_expert_intermediate_size, arch.shared_expert_gate) == (512, True)
+    assert arch.delta_value_heads == 32 and arch.rope_dim == 64
+    with pytest.raises(ValueError, match="num_experts_per_tok 300"):
+        LlamaArchConfig.from_hf_config({**MOE, "num_experts_per_tok": 300})
+    outer = {"architectures": ["Qwen3_5MoeForConditionalGeneration"], "model_type": "qwen3_5_moe",
+             "text_config": {k: v for k, v in MOE.items() if k != "architectures"}}  # fmt: skip
+    assert LlamaArchConfig.from_hf_config(outer) == arch
+
+
+@pytest.mark.parametrize("qtype", [GGMLQuantizationType.F32, GGMLQuantizationType.Q8_0],
+                         ids=lambda q: q.name)  # fmt: skip
+def test_a_qwen35moe_gguf_generates_as_transformers_with_its_weights(
+    tmp_path, tiny_model_factory, qtype
+):
+    """A `qwen35moe` file: Qwen3.5's layers as `qwen35` files hold them, the experts stacked,
+    the router and the shared expert's gate float32."""
+    folder = tiny_model_factory("qwen3_5_moe")
+    path = write_tiny_gguf(folder, tmp_path / "qwen35moe.gguf", qtype)
+    llm = LLM(str(path), dtype="float32", quantized_activations="off")
+    arch = llm.core.arch
+    assert (arch.architecture, arch.conv_layers, arch.num_experts) == ("qwen3_5_moe", (0, 2), 4)
+    assert arch.shared_expert_gate and arch.norm_topk_prob and arch.delta_heads_tiled
+    assert_gguf_generates_as_its_weights(llm, folder, qtype)
