@@ -14,22 +14,21 @@ dim] then takes each token in turn:
 
 with q and k L2-normalized per head (q divided by sqrt(key dim)), each key head serving
 `delta_value_heads / delta_key_heads` value heads (consecutive ones in a checkpoint, every
-key-heads-th in a GGUF file: `arch.delta_heads_tiled`). The output is RMS-normalized per value head,
-times SiLU(z), and projected back to the residual stream.
+key-heads-th in a GGUF file: `arch.delta_heads_tiled`). The output is RMS-normalized per
+value head, times SiLU(z), and projected back to the residual stream.
 
 The attention layers are Qwen3's with two changes: the query projection makes a gate after
 each query head's rows, whose sigmoid multiplies the attention's output before o_proj
 (`arch.attention_output_gate`, `llama.split_query_gates`), and RoPE turns only the first
-quarter of each head. Every
-RMSNorm but the DeltaNet output's multiplies by `1 + w` (checkpoints hold w; the 1 is added at
-load, as for Gemma).
+quarter of each head. Every RMSNorm but the DeltaNet output's multiplies by `1 + w`
+(checkpoints hold w; the 1 is added at load, as for Gemma).
 
 A DeltaNet layer holds no KV: its convolution's last inputs and its state matrices travel from
 step to step in `runner/conv_state.py`'s slots (float32 matrices, as transformers keeps them),
 as LFM2's convolutions do (`lfm2.ConvStateModel`). The recurrence runs token by token
-(`gated_delta_rule`; the C++ kernels' `gated_delta_rule` where loaded: the same sums in the same
-order per head). Not built: tensor parallelism over the DeltaNet layers, the multi-token
-prediction layer (`mtp.*`, skipped), images.
+(`gated_delta_rule`; where the C++ kernels are loaded their `gated_delta_rule`, the same
+arithmetic to float32 rounding). Not built: tensor parallelism over the DeltaNet
+layers, the multi-token prediction layer (`mtp.*`, skipped), images.
 """
 
 from __future__ import annotations
@@ -52,8 +51,8 @@ from inflight.model.moe import MoEDecoderLayer, MoEModel
 from inflight.model.packed_linear import Decodes, apply_linear
 from inflight.model.qwen3 import Qwen3DecoderLayer
 
-# the checkpoint's DeltaNet names -> ours: its four input projections fused as attention's are
-# (in_proj), the rest the layer's own
+# the checkpoint's DeltaNet names -> ours: its input projections fused as attention's are
+# (`qkvz_proj`, `ba_proj`), the rest the layer's own
 _NAMES = {
     r"\.linear_attn\.conv1d\.weight$": ".conv_weight",
     r"\.linear_attn\.": ".self_attn.",
@@ -119,7 +118,7 @@ class Qwen3_5DecoderLayer(Qwen3DecoderLayer):
         # beside the others' blocks)
         self.qkvz_proj = nn.Linear(cfg.hidden_size, cfg.conv_width + values, bias=False)
         self.ba_proj = nn.Linear(cfg.hidden_size, 2 * self.value_heads, bias=False)
-        self.qkv_split = (keys, keys, values)
+        self.qkvz_split, self.qkv_split = (cfg.conv_width, values), (keys, keys, values)
         self.conv_weight = nn.Parameter(torch.zeros(cfg.conv_width, cfg.conv_kernel),
                                         requires_grad=False)  # fmt: skip
         self.tiled = cfg.delta_heads_tiled
@@ -143,8 +142,7 @@ class Qwen3_5DecoderLayer(Qwen3DecoderLayer):
             return super().attention(x, cos, sin, kv_cache, meta, query_scale, decodes)
         conv_state, step = kv_cache
         t = x.shape[0]
-        qkvz = apply_linear(self.qkvz_proj, x, decodes)
-        qkv, z = qkvz[:, : self.conv_weight.shape[0]], qkvz[:, self.conv_weight.shape[0] :]
+        qkv, z = apply_linear(self.qkvz_proj, x, decodes).split(self.qkvz_split, dim=-1)
         b, a = apply_linear(self.ba_proj, x, decodes).chunk(2, dim=-1)
         qkv = F.silu(short_convolution(qkv, self.conv_weight, conv_state, step))
         q, k, v = qkv.split(self.qkv_split, dim=-1)
@@ -166,8 +164,8 @@ class Qwen3_5DecoderLayer(Qwen3DecoderLayer):
 
     def delta_rule(self, *args: Any) -> torch.Tensor:
         """`gated_delta_rule`, in C++ where the kernels are loaded (`ops.ext`)."""
-        ext = getattr(self.ops, "ext", None)
-        if ext is not None and hasattr(ext, "gated_delta_rule"):
+        ext = getattr(self.ops, "ext", None)  # (CpuLayerOps')
+        if ext is not None:
             *rows, states, step = args
             q, k, v, g, beta = (x.contiguous() for x in rows)
             return ext.gated_delta_rule(q, k, v, g, beta, states, step.read_rows,
