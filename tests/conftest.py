@@ -74,7 +74,8 @@ TINY_ARCHS = ("llama", "llama3_rope", "qwen2", "qwen3", "qwen3_moe", "mixtral", 
               "arcee", "hunyuan_dense", "qwen2_moe", "glm4_moe", "ministral3",
               "ernie4_5_moe", "minimax_m2", "dots1", "hunyuan_moe", "olmoe",
               "granitemoe", "exaone", "gemma", "deepseek_v2", "deepseek_v3",
-              "glm4_moe_lite", "lfm2", "lfm2_moe", "qwen3_5", "qwen3_5_moe")  # fmt: skip
+              "glm4_moe_lite", "lfm2", "lfm2_moe", "qwen3_5", "qwen3_5_moe",
+              "qwen3_next")  # fmt: skip
 
 
 # the tiny Ministral 3's RoPE settings (its published ones: original context 16,384, beta 0.1)
@@ -100,7 +101,7 @@ UNIT_NORMS = ("exaone4", "olmo2", "olmo3", "glm4", "hunyuan_dense", "glm4_moe", 
               "dots1", "hunyuan_moe", "olmoe", "deepseek_v2", "deepseek_v3",
               "glm4_moe_lite", "lfm2", "lfm2_moe")  # fmt: skip
 # families whose norms multiply by 1 + w (w from 0), which the tiny models draw at random
-OFFSET_NORMS = ("gemma", "gemma2", "gemma3", "qwen3_5", "qwen3_5_moe")
+OFFSET_NORMS = ("gemma", "gemma2", "gemma3", "qwen3_5", "qwen3_5_moe", "qwen3_next")
 # the tiny DeepSeeks' latent attention (heads of 32 + 32 rotated dimensions, a latent of 32:
 # whole quantization blocks, and a cached row of 64, whose values the CPU kernels read out of
 # its keys) and YaRN past an original context of 16 positions, with `mscale_all_dim` scaling
@@ -185,6 +186,8 @@ def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) ->
         Qwen3ForCausalLM,
         Qwen3MoeConfig,
         Qwen3MoeForCausalLM,
+        Qwen3NextConfig,
+        Qwen3NextForCausalLM,
         SeedOssConfig,
         SeedOssForCausalLM,
         SmolLM3Config,
@@ -402,6 +405,17 @@ def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) ->
                                       moe_intermediate_size=32,
                                       shared_expert_intermediate_size=32)  # fmt: skip
         cls = Qwen3_5MoeForCausalLM
+    elif arch == "qwen3_next":  # Qwen3.5-MoE's layers (as above), the projections grouped by
+        # key head; a dense MLP in layer 1 (`mlp_only_layers`)
+        rope = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25}
+        config = Qwen3NextConfig(**{**common, "num_hidden_layers": 4}, head_dim=64,
+                                 layer_types=["linear_attention", "full_attention"] * 2,
+                                 rope_parameters=rope, linear_num_key_heads=2,
+                                 linear_num_value_heads=4, linear_key_head_dim=16,
+                                 linear_value_head_dim=32, num_experts=4, num_experts_per_tok=2,
+                                 moe_intermediate_size=32, shared_expert_intermediate_size=32,
+                                 norm_topk_prob=True, mlp_only_layers=[1])  # fmt: skip
+        cls = Qwen3NextForCausalLM
     elif arch == "lfm2_moe":  # LFM2's layers, a dense first MLP, then 2 of 4 experts a token
         # chosen by sigmoid scores plus a learned bias, renormalized
         types = ["conv", "full_attention", "conv", "conv", "full_attention"]

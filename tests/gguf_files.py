@@ -77,6 +77,7 @@ LAYER_TO_GGUF = {
     "linear_attn.in_proj_z": "attn_gate",
     "linear_attn.in_proj_b": "ssm_beta",
     "linear_attn.in_proj_a": "ssm_alpha",
+    "linear_attn.in_proj_ba": "ssm_ba",  # (Qwen3-Next's, grouped by key head)
     "linear_attn.conv1d": "ssm_conv1d",
     "linear_attn.norm": "ssm_norm",
     "linear_attn.out_proj": "ssm_out",
@@ -120,7 +121,8 @@ def gguf_name(hf: str, arch: str = "llama") -> str:
     if part == "linear_attn" and kind == "dt_bias":
         return f"blk.{layer}.ssm_dt.bias"
     names = GEMMA3_LAYER_TO_GGUF if arch in ("gemma2", "gemma3") else LAYER_TO_GGUF
-    if arch in ("gpt-oss", "seed_oss", "glm4moe", "qwen35", "qwen35moe"):  # their pre-MLP norm
+    if arch in ("gpt-oss", "seed_oss", "glm4moe", "qwen35", "qwen35moe", "qwen3next"):  # their
+        # pre-MLP norm
         # under Gemma's name
         names = {**LAYER_TO_GGUF, "post_attention_layernorm": "post_attention_norm"}
     if arch == "glm4":  # its output norms under Gemma's names, its pre-MLP norm Llama's
@@ -267,7 +269,7 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
             "DeepseekV2ForCausalLM": "deepseek2", "DeepseekV3ForCausalLM": "deepseek2",
             "Glm4MoeLiteForCausalLM": "deepseek2", "Lfm2ForCausalLM": "lfm2",
             "Lfm2MoeForCausalLM": "lfm2moe", "Qwen3_5ForCausalLM": "qwen35",
-            "Qwen3_5MoeForCausalLM": "qwen35moe",
+            "Qwen3_5MoeForCausalLM": "qwen35moe", "Qwen3NextForCausalLM": "qwen3next",
             "Qwen3Model": "qwen3"}[cfg["architectures"][0]]  # fmt: skip
     if cfg.get("model_type") == "exaone":  # (transformers 5 saves EXAONE 3 as Llama)
         arch = "exaone"
@@ -343,7 +345,7 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
         w.add_expert_shared_count(1)
     if arch == "minimax-m2":  # its sigmoid router (`scoring_func`)
         w.add_expert_gating_func(ExpertGatingFuncType.SIGMOID)
-    if arch in ("qwen2moe", "qwen35moe"):
+    if arch in ("qwen2moe", "qwen35moe", "qwen3next"):
         w.add_expert_shared_feed_forward_length(cfg["shared_expert_intermediate_size"])
     if arch == "ernie4_5-moe":  # as its converter writes them, but the shared expert's true
         # width (the converter writes intermediate_size / KV heads, the published models' width)
@@ -370,7 +372,8 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
         w.add_rope_dimension_sections([*rope["mrope_section"], 0])
     if arch in ("qwen3vl", "qwen3vlmoe"):
         w.add_num_deepstack_layers(len(vision.get("deepstack_visual_indexes", [])))
-    if arch in ("qwen35", "qwen35moe"):  # its DeltaNet layers as its converter describes them
+    if arch in ("qwen35", "qwen35moe", "qwen3next"):  # its DeltaNet layers as its converter
+        # describes them
         w.add_ssm_conv_kernel(cfg["linear_conv_kernel_dim"])
         w.add_ssm_state_size(cfg["linear_key_head_dim"])
         w.add_ssm_group_count(cfg["linear_num_key_heads"])
@@ -409,10 +412,10 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
     if vision is not None:  # the language model's weights alone, under its own names
         weights = {name.replace("model.language_model.", "model."): t
                    for name, t in weights.items() if "visual." not in name}  # fmt: skip
-    if arch in ("qwen35", "qwen35moe"):
-        weights = _qwen35_as_llama_cpp(weights, cfg)
+    if arch in ("qwen35", "qwen35moe", "qwen3next"):  # (Qwen3-Next's value heads as they are)
+        weights = _qwen35_as_llama_cpp(weights, cfg, tiled=arch != "qwen3next")
     stacks = [n for n in weights if n.endswith(".mlp.experts.gate_up_proj")]
-    for name in stacks if arch in ("qwen3vlmoe", "qwen35moe") else []:
+    for name in stacks if arch in ("qwen3vlmoe", "qwen35moe", "qwen3next") else []:
         # Qwen3-VL-MoE's and Qwen3.5-MoE's stacks, as transformers saves them ([E, 2I, H],
         # [E, H, I]), split as their converters split them
         prefix = name.removesuffix("gate_up_proj")
@@ -472,17 +475,27 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
     return out
 
 
-def _qwen35_as_llama_cpp(weights: dict, cfg: dict) -> dict:
+def _qwen35_as_llama_cpp(weights: dict, cfg: dict, tiled: bool) -> dict:
     """Qwen3.5's tensors as llama.cpp's converter writes them (still under HF names): every norm
     but the DeltaNet output's as 1 + w, A_log as -exp(A_log) (`gguf_name`: `ssm_a`), the
-    convolutions squeezed, and the value heads moved from the checkpoint's order (those of key
-    head 0, then of key head 1, ...) to a tiled one (each key head's first, then each one's
-    second, ...) in every tensor that has them."""
+    convolutions squeezed, and with `tiled` the value heads moved from the checkpoint's order
+    (those of key head 0, then of key head 1, ...) to a tiled one (each key head's first, then
+    each one's second, ...) in every tensor that has them. Qwen3-Next's `in_proj_qkvz` (rows
+    grouped by key head) is split into q/k/v and z as its converter splits it."""
     key_heads, value_heads = cfg["linear_num_key_heads"], cfg["linear_num_value_heads"]
     key_dim, value_dim = cfg["linear_key_head_dim"], cfg["linear_value_head_dim"]
     keys = 2 * key_heads * key_dim
+    values = value_heads // key_heads * value_dim  # (a key head's)
+    for name in [n for n in weights if n.endswith("in_proj_qkvz.weight")]:
+        groups = weights.pop(name).reshape(key_heads, 2 * key_dim + 2 * values, -1)
+        q, k, v, z = (p.reshape(-1, groups.shape[-1])
+                      for p in groups.split([key_dim, key_dim, values, values], dim=1))  # fmt: skip
+        weights[name.replace("qkvz", "qkv")] = torch.cat([q, k, v])
+        weights[name.replace("qkvz", "z")] = z
 
-    def tiled(t, dim: int, width: int):
+    def tile(t, dim: int, width: int):
+        if not tiled:
+            return t
         moved = t.movedim(dim, 0)
         grouped = moved.reshape(key_heads, value_heads // key_heads, width, *moved.shape[1:])
         return grouped.transpose(0, 1).reshape(moved.shape).movedim(0, dim).contiguous()
@@ -493,13 +506,13 @@ def _qwen35_as_llama_cpp(weights: dict, cfg: dict) -> dict:
             t = t + 1
         if name.endswith(("in_proj_qkv.weight", "conv1d.weight")):
             t = t.reshape(t.shape[0], -1)  # (a convolution's [C, 1, K] squeezed)
-            t = torch.cat([t[:keys], tiled(t[keys:], 0, value_dim)])
+            t = torch.cat([t[:keys], tile(t[keys:], 0, value_dim)])
         elif name.endswith("in_proj_z.weight"):
-            t = tiled(t, 0, value_dim)
+            t = tile(t, 0, value_dim)
         elif name.endswith(("in_proj_a.weight", "in_proj_b.weight", ".A_log", ".dt_bias")):
-            t = tiled(t, 0, 1)
+            t = tile(t, 0, 1)
         elif name.endswith("linear_attn.out_proj.weight"):
-            t = tiled(t, 1, value_dim)
+            t = tile(t, 1, value_dim)
         out[name] = -t.float().exp() if name.endswith(".A_log") else t
     return out
 

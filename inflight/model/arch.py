@@ -61,6 +61,7 @@ SUPPORTED_ARCHITECTURES = {
     "Lfm2MoeForCausalLM": "lfm2_moe",  # (its MLPs experts after the first dense ones)
     "Qwen3_5ForCausalLM": "qwen3_5",  # Qwen3.5: gated DeltaNet layers beside gated attention
     "Qwen3_5MoeForCausalLM": "qwen3_5_moe",  # (its MLPs experts and a gated shared expert)
+    "Qwen3NextForCausalLM": "qwen3_next",  # (Qwen3.5-MoE's layers, their projections grouped)
     # the bare decoders, without an LM head, that embedding models are (Qwen3-Embedding's
     # weights): they pool the last token's hidden state unless the folder says otherwise
     "LlamaModel": "llama",
@@ -81,11 +82,12 @@ TIED_BY_DEFAULT = ("gemma", "gemma2", "gemma3", "smollm3", "ernie4_5", "ernie4_5
 # the families whose MLPs are experts (`_experts`)
 EXPERT_ARCHS = ("qwen3_moe", "qwen2_moe", "mixtral", "gpt_oss", "glm4_moe", "ernie4_5_moe",
                 "minimax_m2", "dots1", "hunyuan_moe", "olmoe", "granitemoe", "deepseek_v2",
-                "deepseek_v3", "glm4_moe_lite", "lfm2_moe", "qwen3_5_moe")  # fmt: skip
+                "deepseek_v3", "glm4_moe_lite", "lfm2_moe", "qwen3_5_moe",
+                "qwen3_next")  # fmt: skip
 # the families with LFM2's short convolutions (`conv_layers`)
 CONV_ARCHS = ("lfm2", "lfm2_moe")
 # the families with gated DeltaNet layers (`delta_value_heads`: Qwen3.5's)
-DELTA_ARCHS = ("qwen3_5", "qwen3_5_moe")
+DELTA_ARCHS = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
 MAX_DELTA_SIZE = 2**12  # a DeltaNet head count or width (Qwen3.5's: 16-64 heads of 128)
 # the families whose attention is DeepSeek's multi-head latent attention (`kv_lora_rank`)
 LATENT_ATTENTION_ARCHS = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite")
@@ -510,7 +512,7 @@ class LlamaArchConfig:
         rope_theta, rope, rope_type = _rope_settings(params, config, config.get("rope_theta"))
         # (GLM-4.5's rotates half of each head unless its config says otherwise; MiniMax-M2's
         # say how many dimensions, `rotary_dim`)
-        default_rotary = {"glm4_moe": 0.5, "qwen3_5": 0.25, "qwen3_5_moe": 0.25}.get(arch, 1.0)
+        default_rotary = 0.25 if arch in DELTA_ARCHS else 0.5 if arch == "glm4_moe" else 1.0
         if arch == "minimax_m2" and isinstance(config.get("rotary_dim"), int):
             default_rotary = config["rotary_dim"] / (config.get("head_dim") or hidden // num_heads)
         rotary = float(
@@ -1094,7 +1096,7 @@ def _experts(config: dict[str, Any], arch: str) -> dict[str, Any]:
         "dense_layers": tuple(i for i in range(n)
                               if i in dense_only or step <= 0 or (i + 1) % step),
     }  # fmt: skip
-    if arch in ("qwen2_moe", "qwen3_5_moe"):
+    if arch in ("qwen2_moe", "qwen3_5_moe", "qwen3_next"):
         fields["shared_expert_intermediate_size"] = config["shared_expert_intermediate_size"]
         fields["shared_expert_gate"] = True
     if arch == "qwen3_5_moe":  # (its router always renormalizes the chosen)

@@ -56,7 +56,7 @@ SUPPORTED_GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen2vl", "qwen3vl",
                                 "gemma2", "gemma3", "mistral3", "granite", "gpt-oss", "smollm3",
                                 "exaone", "exaone4", "olmo2", "glm4", "ernie4_5", "seed_oss",
                                 "arcee", "hunyuan-dense", "deepseek2", "lfm2",
-                                "lfm2moe", "qwen35", "qwen35moe")  # fmt: skip
+                                "lfm2moe", "qwen35", "qwen35moe", "qwen3next")  # fmt: skip
 # the architectures whose Q and K rows llama.cpp's converter permutes (`unpermute_qk`)
 PERMUTED_QK = ("llama", "mixtral", "granite", "granitemoe", "smollm3", "arcee", "ministral3")
 # a GGUF architecture -> the registry's, where the names differ (a `llama` file with experts is
@@ -66,13 +66,15 @@ _REGISTRY_NAMES = {"qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe", "glm4moe": 
                    "mistral3": "ministral3", "ernie4_5-moe": "ernie4_5_moe",
                    "minimax-m2": "minimax_m2", "hunyuan-moe": "hunyuan_moe",
                    "lfm2moe": "lfm2_moe", "qwen35": "qwen3_5", "qwen35moe": "qwen3_5_moe",
+                   "qwen3next": "qwen3_next",
                    # the Qwen VLs' language models (their multimodal RoPE, over text alone, is
                    # the plain one)
                    "qwen2vl": "qwen2", "qwen3vl": "qwen3", "qwen3vlmoe": "qwen3_moe"}  # fmt: skip
 # the architectures whose experts a GGUF file may hold (a `llama` file's: Mixtral)
 _EXPERT_ARCHITECTURES = ("llama", "qwen3moe", "qwen3vlmoe", "qwen2moe", "glm4moe", "ernie4_5-moe",
                          "minimax-m2", "dots1", "hunyuan-moe", "olmoe", "granitemoe",
-                         "gpt-oss", "deepseek2", "lfm2moe", "qwen35moe")  # fmt: skip
+                         "gpt-oss", "deepseek2", "lfm2moe", "qwen35moe",
+                         "qwen3next")  # fmt: skip
 # the architectures whose softmax routers llama.cpp never renormalizes (their published models
 # do not)
 _UNNORMALIZED_ROUTERS = ("qwen2moe", "olmoe")
@@ -153,6 +155,7 @@ _DELTA_LAYER_NAMES = {
     "attn_gate": "linear_attn.in_proj_z",
     "ssm_beta": "linear_attn.in_proj_b",
     "ssm_alpha": "linear_attn.in_proj_a",
+    "ssm_ba": "linear_attn.in_proj_ba",  # (Qwen3-Next's b and a, grouped by key head)
     "ssm_conv1d": "linear_attn.conv1d",
     "ssm_dt": "linear_attn.dt_bias",
     "ssm_norm": "linear_attn.norm",
@@ -185,6 +188,7 @@ _ARCH_LAYER_NAMES = {
     "lfm2_moe": _CONV_LAYER_NAMES,
     "qwen3_5": _DELTA_LAYER_NAMES,
     "qwen3_5_moe": _DELTA_LAYER_NAMES,
+    "qwen3_next": _DELTA_LAYER_NAMES,
 }  # fmt: skip
 # What llama.cpp assumes for Gemma where the file does not say: Gemma 3's windowed layers' RoPE
 # base (`rope.freq_base_swa`), and the 27Bs' (Gemma 3's 62 layers, Gemma 2's 46) score scale of
@@ -284,7 +288,7 @@ def gguf_arch_config(header: GGUFHeader, path: Path) -> LlamaArchConfig:
                    shared_expert_intermediate_size=next(
                        (int(t.shape[1]) for t in header.tensors
                         if t.name.endswith(".ffn_up_shexp.weight")), 0),
-                   shared_expert_gate=arch in ("qwen2moe", "qwen35moe"))  # fmt: skip
+                   shared_expert_gate=arch in ("qwen2moe", "qwen35moe", "qwen3next"))  # fmt: skip
         if any(name.endswith(".exp_probs_b.bias") for name in names):  # a router's score bias
             moe.update(_biased_routing(header, arch, path))
         elif arch == "deepseek2":  # DeepSeek-V2's float32 softmax, without the bias, within
@@ -364,8 +368,9 @@ def gguf_arch_config(header: GGUFHeader, path: Path) -> LlamaArchConfig:
     convolutions: dict[str, Any] = {}
     if arch in ("lfm2", "lfm2moe"):  # a KV head count per layer, 0 for a convolution
         kv_heads, convolutions = _lfm2_layers(kv_heads, meta, path)
-    if arch in ("qwen35", "qwen35moe"):
-        convolutions = _delta_layers(meta, num_layers, extra_layers)
+    if arch in ("qwen35", "qwen35moe", "qwen3next"):  # (Qwen3-Next's converter leaves the
+        # value heads in the checkpoint's order)
+        convolutions = _delta_layers(meta, num_layers, extra_layers, tiled=arch != "qwen3next")
     return LlamaArchConfig(
         architecture=registry_name,
         vocab_size=int(meta("vocab_size", len(tokens) or None)),
@@ -487,12 +492,13 @@ def _offset_norm(architecture: str, name: str) -> bool:
     return architecture in ("gemma", "gemma2", "gemma3")
 
 
-def _delta_layers(meta: Callable[..., Any], num_layers: int, extra_layers: int) -> dict[str, Any]:
+def _delta_layers(meta: Callable[..., Any], num_layers: int, extra_layers: int,
+                  tiled: bool) -> dict[str, Any]:  # fmt: skip
     """Qwen3.5's DeltaNet fields as its converter writes them: all layers but every
     `full_attention_interval`-th, their heads and convolution (`ssm.*`: the key heads as
     `group_count`, the value heads as `time_step_rank`, the key width as `state_size`, all value
-    heads' width as `inner_size`), the value heads tiled; the multi-token-prediction layers
-    after the last skipped."""
+    heads' width as `inner_size`), the value heads `tiled` (Qwen3.5's files) or not (Qwen3-Next's);
+    the multi-token-prediction layers after the last skipped."""
     interval = int(meta("full_attention_interval", 4))
     if not 0 < interval <= max(num_layers, 1):
         raise ValueError(f"full_attention_interval {interval}: a positive layer count")
@@ -506,7 +512,7 @@ def _delta_layers(meta: Callable[..., Any], num_layers: int, extra_layers: int) 
     return dict(conv_layers=tuple(i for i in layers if (i + 1) % interval),
                 conv_kernel=int(meta("ssm.conv_kernel")), delta_key_heads=key_heads,
                 delta_value_heads=value_heads, delta_key_dim=key_dim, delta_value_dim=value_dim,
-                conv_channels=2 * key_heads * key_dim + inner, delta_heads_tiled=True,
+                conv_channels=2 * key_heads * key_dim + inner, delta_heads_tiled=tiled,
                 attention_output_gate=True, extra_checkpoint_layers=extra_layers)  # fmt: skip
 
 

@@ -1,7 +1,9 @@
 """Qwen3.5 (`Qwen3_5ForCausalLM`, or the language model of a `Qwen3_5ForConditionalGeneration`
 folder; GGUF `qwen35`): three gated DeltaNet layers to every attention layer (by default), each
 with a SwiGLU MLP; Qwen3.5-MoE (`Qwen3_5MoeForCausalLM`, `Qwen3_5MoeForConditionalGeneration`;
-GGUF `qwen35moe`) the same layers with Qwen2-MoE's experts and gated shared expert for MLPs.
+GGUF `qwen35moe`) the same layers with Qwen2-MoE's experts and gated shared expert for MLPs;
+Qwen3-Next (`Qwen3NextForCausalLM`, GGUF `qwen3next`) Qwen3.5-MoE's, its projections' rows
+grouped otherwise in its checkpoints and files.
 
 A DeltaNet layer is linear attention with a memory that forgets and corrects itself. One
 projection makes each token's q, k and v rows (which a causal depthwise convolution over the
@@ -216,6 +218,41 @@ class Qwen3_5MoeModel(MoEModel, Qwen3_5Model):
     layer_class: ClassVar[type[DecoderLayer]] = Qwen3_5MoeDecoderLayer
     fusable = False  # (Qwen3.5's)
     graph_capturable = False  # (each step picks its state rows on the host)
+
+
+class Qwen3NextModel(Qwen3_5MoeModel):
+    """Qwen3-Next (`Qwen3NextForCausalLM`, GGUF `qwen3next`): Qwen3.5-MoE's layers (dense MLPs
+    where `mlp_only_layers` or `decoder_sparse_step` say), whose checkpoints group each key
+    head's rows of the DeltaNet projections: q, k, its value heads' v and z
+    (`in_proj_qkvz`), then their b and a (`in_proj_ba`). Loaded as Qwen3.5's."""
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        super().load_weights(_ungrouped_projections(weights, self.cfg))
+
+
+def _ungrouped_projections(
+    weights: Iterable[tuple[str, torch.Tensor]], cfg: LlamaArchConfig
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Qwen3-Next's `in_proj_qkvz` and `in_proj_ba` (rows grouped by key head: a GGUF file's
+    `ssm_ba` too) as Qwen3.5's q/k/v, z, b and a apart, value heads in the same order."""
+    heads, key_dim = cfg.delta_key_heads, cfg.delta_key_dim
+    per_key = cfg.delta_value_heads // heads  # (value heads a key head serves)
+    values = per_key * cfg.delta_value_dim
+    for name, tensor in weights:
+        if name.endswith(".in_proj_qkvz.weight"):
+            prefix = name.removesuffix("qkvz.weight")
+            groups = tensor.reshape(heads, 2 * key_dim + 2 * values, -1)
+            q, k, v, z = groups.split([key_dim, key_dim, values, values], dim=1)
+            rows = [part.reshape(-1, tensor.shape[-1]) for part in (q, k, v, z)]
+            yield f"{prefix}qkv.weight", torch.cat(rows[:3])
+            yield f"{prefix}z.weight", rows[3]
+        elif name.endswith(".in_proj_ba.weight"):
+            prefix = name.removesuffix("ba.weight")
+            b, a = tensor.reshape(heads, 2 * per_key, -1).split([per_key, per_key], dim=1)
+            yield f"{prefix}b.weight", b.reshape(-1, tensor.shape[-1])
+            yield f"{prefix}a.weight", a.reshape(-1, tensor.shape[-1])
+        else:
+            yield name, tensor
 
 
 def _decay_rates(

@@ -31,7 +31,7 @@ from inflight.model.moe import (
 from inflight.model.olmo2 import Olmo2Model
 from inflight.model.phi3 import Phi3Model
 from inflight.model.qwen3 import Qwen3Model
-from inflight.model.qwen3_5 import Qwen3_5Model, Qwen3_5MoeModel
+from inflight.model.qwen3_5 import Qwen3_5Model, Qwen3_5MoeModel, Qwen3NextModel
 from inflight.model.rotary_pairs import PairRotaryModel
 
 MODEL_CLASSES: dict[str, type[LlamaModel]] = {
@@ -73,6 +73,7 @@ MODEL_CLASSES: dict[str, type[LlamaModel]] = {
     "lfm2_moe": Lfm2MoeModel,
     "qwen3_5": Qwen3_5Model,
     "qwen3_5_moe": Qwen3_5MoeModel,
+    "qwen3_next": Qwen3NextModel,
 }
 
 

@@ -324,3 +324,46 @@ def test_a_qwen35moe_gguf_generates_as_transformers_with_its_weights(
     assert (arch.architecture, arch.conv_layers, arch.num_experts) == ("qwen3_5_moe", (0, 2), 4)
     assert arch.shared_expert_gate and arch.norm_topk_prob and arch.delta_heads_tiled
     assert_gguf_generates_as_its_weights(llm, folder, qtype)
+
+
+NEXT = {  # Qwen3-Next-80B-A3B's config.json, the fields the engine reads
+    "architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next",
+    "decoder_sparse_step": 1, "full_attention_interval": 4, "head_dim": 256,
+    "hidden_act": "silu", "hidden_size": 2048, "intermediate_size": 5120,
+    "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128, "linear_num_key_heads": 16,
+    "linear_num_value_heads": 32, "linear_value_head_dim": 128,
+    "max_position_embeddings": 262144, "mlp_only_layers": [], "moe_intermediate_size": 512,
+    "norm_topk_prob": True, "num_attention_heads": 16, "num_experts": 512,
+    "num_experts_per_tok": 10, "num_hidden_layers": 48, "num_key_value_heads": 2,
+    "partial_rotary_factor": 0.25, "rms_norm_eps": 1e-06, "rope_theta": 10000000,
+    "shared_expert_intermediate_size": 512, "tie_word_embeddings": False,
+    "vocab_size": 151936,
+}  # fmt: skip
+
+
+def test_a_qwen3_next_config_is_read():
+    arch = LlamaArchConfig.from_hf_config(NEXT)
+    assert arch.architecture == "qwen3_next" and len(arch.kv_layers) == 12
+    assert (arch.num_experts, arch.experts_per_token, arch.dense_layers) == (512, 10, ())
+    assert arch.shared_expert_gate and arch.norm_topk_prob and arch.rope_dim == 64
+    assert LlamaArchConfig.from_hf_config({**NEXT, "mlp_only_layers": [0, 5]}).dense_layers == (
+        0,
+        5,
+    )
+
+
+@pytest.mark.parametrize("qtype", [GGMLQuantizationType.F32, GGMLQuantizationType.Q8_0],
+                         ids=lambda q: q.name)  # fmt: skip
+def test_a_qwen3next_gguf_generates_as_transformers_with_its_weights(
+    tmp_path, tiny_model_factory, qtype
+):
+    """A `qwen3next` file: `in_proj_qkvz` split into `attn_qkv` and `attn_gate` by its
+    converter, `ssm_ba` grouped by key head as the checkpoint holds it, the value heads in the
+    checkpoint's order (not tiled), a dense MLP where the file has no router."""
+    folder = tiny_model_factory("qwen3_next")
+    path = write_tiny_gguf(folder, tmp_path / "qwen3next.gguf", qtype)
+    llm = LLM(str(path), dtype="float32", quantized_activations="off")
+    arch = llm.core.arch
+    assert (arch.architecture, arch.conv_layers, arch.dense_layers) == ("qwen3_next", (0, 2), (1,))
+    assert not arch.delta_heads_tiled
+    assert_gguf_generates_as_its_weights(llm, folder, qtype)
