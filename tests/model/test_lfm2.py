@@ -1,9 +1,8 @@
 """LFM2 (`Lfm2ForCausalLM`): gated short convolutions in most layers, Qwen3's attention in the
 others; LFM2-MoE (`Lfm2MoeForCausalLM`) with experts after its first dense MLPs. The tiny LFM2
 of `TINY_ARCHS` (convolutions in layers 0, 2 and 3) is held to transformers' greedy tokens in
-every setting that changes the computation; here, what the convolution state must survive
-(preemption, a failed batch run again in halves, requests coming and going in few slots, two
-ranks), what it refuses, the configs, and the GGUF files."""
+every setting that changes the computation, and what its state must survive in
+test_state_layers; here, the state's shape, the configs, the GGUF files and two ranks."""
 
 from __future__ import annotations
 
@@ -12,13 +11,12 @@ import torch
 from gguf import GGMLQuantizationType
 from transformers import AutoModelForCausalLM
 
-from inflight import LLM, SamplingParams
-from inflight.errors import ConfigError, ModelLoadError
+from inflight import LLM
+from inflight.errors import ModelLoadError
 from inflight.model.arch import LlamaArchConfig
 from tests.gguf_files import write_tiny_gguf
 from tests.parity import (
     assert_gguf_generates_as_its_weights,
-    assert_state_slots_free,
     greedy_tokens,
     hf_greedy,
     mixed_max_tokens,
@@ -97,79 +95,6 @@ def test_the_kv_cache_holds_the_attention_layers_alone(lfm2):
     state = llm.core.runner.conv_state
     assert len(state.layers) == 3  # layers 0, 2 and 3
     assert state.layers[0].shape == (2 * state.num_slots + 2, 2, arch.hidden_size)
-
-
-def test_preempted_requests_recompute_their_convolution_state(lfm2):
-    folder, prompts, max_tokens, expected = lfm2
-    llm = LLM(str(folder), dtype="float32", kv_block_size=4, num_kv_blocks=40,
-              max_num_batched_tokens=96)  # fmt: skip
-    assert greedy_tokens(llm, prompts, max_tokens) == expected
-    assert llm.core.scheduler.num_preemptions > 0, "the pool was meant to force preemption"
-    assert_state_slots_free(llm)
-
-
-@pytest.mark.parametrize("knobs", [{"max_num_seqs": 1}, {"max_num_seqs": 3,
-                                                          "prefill_chunk_size": 5}])  # fmt: skip
-def test_requests_come_and_go_through_few_slots(lfm2, knobs):
-    folder, prompts, max_tokens, expected = lfm2
-    llm = LLM(str(folder), dtype="float32", **knobs)
-    assert greedy_tokens(llm, prompts, max_tokens) == expected
-    assert_state_slots_free(llm)
-
-
-@pytest.mark.parametrize("backend", ["cpu", "torch"])
-def test_a_batch_failing_midway_is_run_again_from_the_state_before_it(lfm2, backend):
-    """A step that fails after convolution layers wrote their state is run again in halves:
-    each half must read the state from before the failed step. With the C++ kernels the layers
-    run as one call (`FusedDecoderLayers`), which fails here once it has run every layer; with
-    PyTorch's, the last layer's MLP fails after the convolutions of layers 0, 2 and 3."""
-    folder, prompts, max_tokens, expected = lfm2
-    llm = LLM(str(folder), dtype="float32", prefill_chunk_size=8, max_num_batched_tokens=64,
-              attention_backend=backend)  # fmt: skip
-    model = llm.core.loaded.model
-    assert (model.fused_layers is not None) == (backend == "cpu")
-    calls, failures = [], []
-
-    def failing(run):
-        def call(x, *args):
-            out = run(x, *args)
-            calls.append(x.shape[0])
-            # three faults from the sixth pass on, where requests are past their first chunk
-            if len(calls) > 5 and x.shape[0] > 1 and len(failures) < 3:
-                failures.append(x.shape[0])
-                raise RuntimeError("a fault after the convolutions ran")
-            return out
-
-        return call
-
-    if backend == "cpu":
-        model.fused_layers.run = failing(model.fused_layers.run)
-    else:
-        model.layers[4].mlp = failing(model.layers[4].mlp)
-    assert greedy_tokens(llm, prompts, max_tokens) == expected
-    assert len(failures) == 3
-    assert_state_slots_free(llm)
-
-
-def test_prefix_caching_is_off_and_a_repeated_prompt_gives_the_same_tokens(lfm2):
-    folder, prompts, max_tokens, expected = lfm2
-    llm = LLM(str(folder), dtype="float32", enable_prefix_caching=True)
-    assert not llm.core.kv_cache_manager.enable_prefix_caching
-    twice = greedy_tokens(llm, [prompts[3]] * 2, [max_tokens[3]] * 2)
-    assert twice == [expected[3]] * 2
-
-
-@pytest.mark.parametrize(
-    ("knobs", "message"),
-    [
-        ({"preemption_mode": "swap"}, "swapped request would resume without"),
-        ({"num_speculative_tokens": 2}, "rejected draft"),
-    ],
-)
-def test_what_would_lose_the_convolution_state_is_refused(lfm2, knobs, message):
-    folder, *_ = lfm2
-    with pytest.raises(ConfigError, match=message):
-        LLM(str(folder), dtype="float32", **knobs)
 
 
 @pytest.mark.parametrize("qtype", [GGMLQuantizationType.F32, GGMLQuantizationType.Q8_0],
@@ -278,27 +203,3 @@ def test_the_convolution_state_is_counted_before_loading(lfm2):
     assert conv_state_bytes(llm.core.arch, 5, torch.float32) == state.num_bytes > 0
     assert conv_state_bytes(LlamaArchConfig.from_hf_config({**PUBLISHED, "full_attn_idxs": None}),
                             5, torch.float32) == 0  # fmt: skip
-
-
-def test_aborted_requests_give_their_slots_back_and_others_keep_their_tokens(lfm2):
-    """Clients that vanish mid-generation: their requests end (abort), their slots go back, and
-    the requests beside them and after them get transformers' tokens in the slots they free."""
-    from inflight.request import FinishReason
-
-    folder, prompts, max_tokens, expected = lfm2
-    llm = LLM(str(folder), dtype="float32", max_num_seqs=3, prefill_chunk_size=8)
-    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in max_tokens]
-    ids = [llm.add_request(p, sp) for p, sp in zip(prompts[:8], params[:8], strict=True)]
-    got: dict[str, list[int]] = {}
-    for _ in range(4):
-        for out in llm.step():
-            got[out.request_id] = out.outputs[0].token_ids
-    aborted = set(ids[:2])
-    llm.core.finish_requests(list(aborted), FinishReason.ABORT)
-    while llm.core.has_unfinished_requests():
-        for out in llm.step():
-            got[out.request_id] = out.outputs[0].token_ids
-    for i, request_id in enumerate(ids):
-        if request_id not in aborted:
-            assert got[request_id] == expected[i], f"prompt {i} diverged"
-    assert_state_slots_free(llm)

@@ -1,0 +1,129 @@
+"""What the state that some layers carry between steps in place of KV must survive, for each
+family that has it (`runner/conv_state.py`): LFM2's short convolutions and Qwen3.5's DeltaNet
+layers (their convolution inputs and state matrices). Each tiny model is held to transformers'
+greedy tokens through preemption (recompute), requests coming and going through few slots, a
+failed batch run again in halves, and aborts; what would lose the state is refused or off."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from inflight import LLM, SamplingParams
+from inflight.errors import ConfigError
+from tests.parity import (
+    assert_state_slots_free,
+    greedy_tokens,
+    hf_greedy,
+    mixed_max_tokens,
+    random_prompts,
+)
+
+
+@pytest.fixture(scope="module", params=["lfm2", "qwen3_5"])
+def stateful(request, tiny_model_factory):
+    """A tiny stateful model's folder, 16 prompts and transformers' greedy tokens for them."""
+    folder = tiny_model_factory(request.param)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    prompts = random_prompts(model.config.vocab_size)
+    max_tokens = mixed_max_tokens(len(prompts))
+    return folder, prompts, max_tokens, hf_greedy(model, prompts, max_tokens)
+
+
+def test_preempted_requests_recompute_their_state(stateful):
+    folder, prompts, max_tokens, expected = stateful
+    llm = LLM(str(folder), dtype="float32", kv_block_size=4, num_kv_blocks=40,
+              max_num_batched_tokens=96)  # fmt: skip
+    assert greedy_tokens(llm, prompts, max_tokens) == expected
+    assert llm.core.scheduler.num_preemptions > 0, "the pool was meant to force preemption"
+    assert_state_slots_free(llm)
+
+
+@pytest.mark.parametrize("knobs", [{"max_num_seqs": 1}, {"max_num_seqs": 3,
+                                                          "prefill_chunk_size": 5}])  # fmt: skip
+def test_requests_come_and_go_through_few_slots(stateful, knobs):
+    folder, prompts, max_tokens, expected = stateful
+    llm = LLM(str(folder), dtype="float32", **knobs)
+    assert greedy_tokens(llm, prompts, max_tokens) == expected
+    assert_state_slots_free(llm)
+
+
+@pytest.mark.parametrize("backend", ["cpu", "torch"])
+def test_a_batch_failing_midway_is_run_again_from_the_state_before_it(stateful, backend):
+    """A step that fails after the stateful layers wrote their state is run again in halves:
+    each half must read the state from before the failed step. Where the C++ kernels run the
+    layers as one call (LFM2's `FusedDecoderLayers`) it fails once it has run every layer;
+    otherwise the last layer's MLP fails, after the stateful layers (Qwen3.5's DeltaNet rule in
+    C++ with `cpu`, in Python with `torch`)."""
+    folder, prompts, max_tokens, expected = stateful
+    llm = LLM(str(folder), dtype="float32", prefill_chunk_size=8, max_num_batched_tokens=64,
+              attention_backend=backend)  # fmt: skip
+    model = llm.core.loaded.model
+    fused = model.fused_layers is not None
+    assert fused == (backend == "cpu" and model.fusable)
+    calls, failures = [], []
+
+    def failing(run):
+        def call(x, *args):
+            out = run(x, *args)
+            calls.append(x.shape[0])
+            # three faults from the sixth pass on, where requests are past their first chunk
+            if len(calls) > 5 and x.shape[0] > 1 and len(failures) < 3:
+                failures.append(x.shape[0])
+                raise RuntimeError("a fault after the stateful layers ran")
+            return out
+
+        return call
+
+    if fused:
+        model.fused_layers.run = failing(model.fused_layers.run)
+    else:
+        model.layers[-1].mlp = failing(model.layers[-1].mlp)
+    assert greedy_tokens(llm, prompts, max_tokens) == expected
+    assert len(failures) == 3
+    assert_state_slots_free(llm)
+
+
+def test_aborted_requests_give_their_slots_back_and_others_keep_their_tokens(stateful):
+    """Clients that vanish mid-generation: their requests end (abort), their slots go back, and
+    the requests beside them and after them get transformers' tokens in the slots they free."""
+    from inflight.request import FinishReason
+
+    folder, prompts, max_tokens, expected = stateful
+    llm = LLM(str(folder), dtype="float32", max_num_seqs=3, prefill_chunk_size=8)
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in max_tokens]
+    ids = [llm.add_request(p, sp) for p, sp in zip(prompts[:8], params[:8], strict=True)]
+    got: dict[str, list[int]] = {}
+    for _ in range(4):
+        for out in llm.step():
+            got[out.request_id] = out.outputs[0].token_ids
+    aborted = set(ids[:2])
+    llm.core.finish_requests(list(aborted), FinishReason.ABORT)
+    while llm.core.has_unfinished_requests():
+        for out in llm.step():
+            got[out.request_id] = out.outputs[0].token_ids
+    for i, request_id in enumerate(ids):
+        if request_id not in aborted:
+            assert got[request_id] == expected[i], f"prompt {i} diverged"
+    assert_state_slots_free(llm)
+
+
+def test_prefix_caching_is_off_and_a_repeated_prompt_gives_the_same_tokens(stateful):
+    folder, prompts, max_tokens, expected = stateful
+    llm = LLM(str(folder), dtype="float32", enable_prefix_caching=True)
+    assert not llm.core.kv_cache_manager.enable_prefix_caching
+    assert greedy_tokens(llm, [prompts[3]] * 2, [max_tokens[3]] * 2) == [expected[3]] * 2
+
+
+@pytest.mark.parametrize(
+    ("knobs", "message"),
+    [
+        ({"preemption_mode": "swap"}, "swapped request would resume without"),
+        ({"num_speculative_tokens": 2}, "rejected draft"),
+    ],
+)
+def test_what_would_lose_the_state_is_refused(stateful, knobs, message):
+    folder, *_ = stateful
+    with pytest.raises(ConfigError, match=message):
+        LLM(str(folder), dtype="float32", **knobs)
