@@ -37,6 +37,17 @@ def hf_greedy(model, prompts: list[list[int]], max_new_tokens: list[int]) -> lis
     return outputs
 
 
+def greedy_reference(folder) -> tuple[list[list[int]], list[int], list[list[int]]]:
+    """16 random prompts, their output lengths, and transformers' greedy tokens for them from
+    the tiny model in `folder` (float32)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    prompts = random_prompts(model.config.vocab_size)
+    max_tokens = mixed_max_tokens(len(prompts))
+    return prompts, max_tokens, hf_greedy(model, prompts, max_tokens)
+
+
 def greedy_tokens(llm, prompts: list[list[int]], max_tokens: list[int]) -> list[list[int]]:
     """The engine's greedy tokens for each prompt (never stopping at EOS), all at once."""
     from inflight import SamplingParams

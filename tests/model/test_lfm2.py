@@ -9,7 +9,6 @@ from __future__ import annotations
 import pytest
 import torch
 from gguf import GGMLQuantizationType
-from transformers import AutoModelForCausalLM
 
 from inflight import LLM
 from inflight.errors import ModelLoadError
@@ -17,10 +16,8 @@ from inflight.model.arch import LlamaArchConfig
 from tests.gguf_files import write_tiny_gguf
 from tests.parity import (
     assert_gguf_generates_as_its_weights,
+    greedy_reference,
     greedy_tokens,
-    hf_greedy,
-    mixed_max_tokens,
-    random_prompts,
 )
 
 PUBLISHED = {  # LFM2-1.2B's config.json, the fields the engine reads
@@ -78,10 +75,7 @@ def test_lfm2_configs_not_built_or_broken_are_refused(change, message):
 def lfm2(tiny_model_factory):
     """The tiny LFM2's folder, 16 prompts and transformers' greedy tokens for them."""
     folder = tiny_model_factory("lfm2")
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    prompts = random_prompts(model.config.vocab_size)
-    max_tokens = mixed_max_tokens(len(prompts))
-    return folder, prompts, max_tokens, hf_greedy(model, prompts, max_tokens)
+    return folder, *greedy_reference(folder)
 
 
 def test_the_kv_cache_holds_the_attention_layers_alone(lfm2):

@@ -13,7 +13,6 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType
 from safetensors.torch import load_file, save_file
-from transformers import AutoModelForCausalLM
 
 from inflight import LLM
 from inflight.model.arch import LlamaArchConfig
@@ -21,10 +20,8 @@ from inflight.runner.conv_state import ConvState, conv_state_bytes
 from tests.gguf_files import write_tiny_gguf
 from tests.parity import (
     assert_gguf_generates_as_its_weights,
+    greedy_reference,
     greedy_tokens,
-    hf_greedy,
-    mixed_max_tokens,
-    random_prompts,
 )
 
 # an image-and-text Qwen3.5 config as transformers 5 saves one (its text model at transformers'
@@ -92,10 +89,7 @@ def test_qwen3_5_configs_not_built_or_broken_are_refused(change, message):
 def qwen3_5(tiny_model_factory):
     """The tiny Qwen3.5's folder, 16 prompts and transformers' greedy tokens for them."""
     folder = tiny_model_factory("qwen3_5")
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    prompts = random_prompts(model.config.vocab_size)
-    max_tokens = mixed_max_tokens(len(prompts))
-    return folder, prompts, max_tokens, hf_greedy(model, prompts, max_tokens)
+    return folder, *greedy_reference(folder)
 
 
 def test_the_deltanet_layers_hold_state_matrices_and_no_kv(qwen3_5):

@@ -7,17 +7,13 @@ failed batch run again in halves, and aborts; what would lose the state is refus
 from __future__ import annotations
 
 import pytest
-import torch
-from transformers import AutoModelForCausalLM
 
 from inflight import LLM, SamplingParams
 from inflight.errors import ConfigError
 from tests.parity import (
     assert_state_slots_free,
+    greedy_reference,
     greedy_tokens,
-    hf_greedy,
-    mixed_max_tokens,
-    random_prompts,
 )
 
 
@@ -25,10 +21,7 @@ from tests.parity import (
 def stateful(request, tiny_model_factory):
     """A tiny stateful model's folder, 16 prompts and transformers' greedy tokens for them."""
     folder = tiny_model_factory(request.param)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    prompts = random_prompts(model.config.vocab_size)
-    max_tokens = mixed_max_tokens(len(prompts))
-    return folder, prompts, max_tokens, hf_greedy(model, prompts, max_tokens)
+    return folder, *greedy_reference(folder)
 
 
 def test_preempted_requests_recompute_their_state(stateful):
