@@ -3,11 +3,12 @@
 
 Each server is started alone; its process tree's resident memory is sampled from the start,
 through loading and a short workload over HTTP, to its stop. The peak is split into weights,
-KV pool and the rest (the runtime: Python, torch, scratch, allocator slack): inflight reports
-its own weights' and pool's bytes on /metrics; for `llama-server` the weights are the file
-(it maps it) and the pool the figure it logs. Start-up is the time until /health answers, also
-per GB of file. The target the report checks: inflight's peak RSS within file size + KV pool
-+ 1 GiB.
+KV pool, the state some layers carry per sequence in place of KV (recurrent layers': sized by
+the seats as the pool is) and the rest (the runtime: Python, torch, scratch, allocator slack):
+inflight reports its own weights', pool's and state's bytes on /metrics; for `llama-server` the
+weights are the file (it maps it), the pool and the state the figures it logs. Start-up is the
+time until /health answers, also per GB of file. The target the report checks: inflight's peak
+RSS within file size + KV pool + state + 1 GiB.
 """
 
 from __future__ import annotations
@@ -52,20 +53,22 @@ class MemoryRun:
     peak_rss_bytes: int = 0
     weight_bytes: int | None = None
     kv_bytes: int | None = None
+    state_bytes: int = 0  # (recurrent layers' per-sequence state)
     error: str | None = None
 
     @property
     def runtime_bytes(self) -> int | None:
         if self.weight_bytes is None or self.kv_bytes is None:
             return None
-        return self.peak_rss_bytes - self.weight_bytes - self.kv_bytes
+        return self.peak_rss_bytes - self.weight_bytes - self.kv_bytes - self.state_bytes
 
     @property
     def target_bytes(self) -> int | None:
-        """File + KV pool + the runtime allowance: the peak inflight is to stay within."""
+        """File + KV pool + state + the runtime allowance: the peak inflight is to stay
+        within."""
         if self.kv_bytes is None:
             return None
-        return self.file_bytes + self.kv_bytes + RUNTIME_ALLOWANCE
+        return self.file_bytes + self.kv_bytes + self.state_bytes + RUNTIME_ALLOWANCE
 
 
 class PeakRss:
@@ -120,13 +123,23 @@ def measure(name: str, cmd: list[str], port: int, model_name: str, file_bytes: i
             kv = metric(text, "inflight_kv_cache_bytes")
             run.weight_bytes = None if weights is None else int(weights)
             run.kv_bytes = None if kv is None else int(kv)
+            run.state_bytes = int(metric(text, "inflight_sequence_state_bytes") or 0)
     finally:
         stop_server(proc)
         run.peak_rss_bytes = sampler[0].stop()
     if name == "llama-server":
         run.weight_bytes = file_bytes  # mapped whole
-        run.kv_bytes = llama_server_kv_bytes(log.read_text(errors="replace"), f16_bytes_per_token)
+        text = log.read_text(errors="replace")
+        run.kv_bytes = llama_server_kv_bytes(text, f16_bytes_per_token)
+        run.state_bytes = llama_server_state_bytes(text)
     return run
+
+
+def llama_server_state_bytes(log: str) -> int:
+    """The recurrent layers' state from llama.cpp's start-up log (`RS buffer size = X MiB` per
+    buffer; 0 without recurrent layers)."""
+    sizes = re.findall(r"RS buffer size =\s*([\d.]+) MiB", log)
+    return int(sum(float(s) for s in sizes) * 2**20)
 
 
 def llama_server_kv_bytes(log: str, f16_bytes_per_token: int) -> int | None:
@@ -175,24 +188,26 @@ def write_report(runs: list[MemoryRun], model: Path, out: Path) -> None:
                                        for r in runs]}, indent=2))  # fmt: skip
     lines = [f"# Memory: {model.name} ({_gib(runs[0].file_bytes)} GiB file)", "",
              "| server | ready after s | s per GB of file | peak RSS GiB | weights | KV pool | "
-             "runtime | file + KV + 1 GiB | within |",
-             "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+             "state | runtime | file + KV + state + 1 GiB | within |",
+             "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in runs:
         if r.error:
-            lines.append(f"| {r.server} | error: {r.error} |||||||")
+            lines.append(f"| {r.server} | error: {r.error} ||||||||")
             continue
         per_gb = r.ready_s / (r.file_bytes / 1e9)
         within = "n/a" if r.target_bytes is None else (
             "yes" if r.peak_rss_bytes <= r.target_bytes else "**no**")  # fmt: skip
         lines.append(f"| {r.server} | {r.ready_s:.1f} | {per_gb:.1f} | {_gib(r.peak_rss_bytes)} | "
-                     f"{_gib(r.weight_bytes)} | {_gib(r.kv_bytes)} | {_gib(r.runtime_bytes)} | "
+                     f"{_gib(r.weight_bytes)} | {_gib(r.kv_bytes)} | {_gib(r.state_bytes)} | "
+                     f"{_gib(r.runtime_bytes)} | "
                      f"{_gib(r.target_bytes)} | {within} |")  # fmt: skip
     (out / "summary.md").write_text("\n".join(lines) + "\n")
     plot(runs, model, out / "memory.png")
 
 
 def plot(runs: list[MemoryRun], model: Path, path: Path) -> None:
-    """Stacked bars of weights, KV pool and runtime per server; a tick at its peak RSS."""
+    """Stacked bars of weights, KV pool, state and runtime per server; a tick at its peak
+    RSS."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -202,6 +217,7 @@ def plot(runs: list[MemoryRun], model: Path, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(6, 3.5))
     for i, r in enumerate(shown):
         parts = [(r.weight_bytes, "weights", "#4c72b0"), (r.kv_bytes, "KV pool", "#dd8452"),
+                 (r.state_bytes or None, "state", "#55a868"),
                  (r.runtime_bytes, "runtime", "#8c8c8c")]  # fmt: skip
         bottom = 0.0
         for value, label, color in parts:

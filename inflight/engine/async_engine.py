@@ -88,6 +88,8 @@ class AsyncLLM(FrontEnd):
         self.metrics = EngineMetrics(self.knobs())
         self.metrics.weight_bytes.set(self.core.loaded.weight_bytes)
         self.metrics.kv_cache_bytes.set(self.core.kv_cache.num_bytes)
+        state = self.core.runner.conv_state
+        self.metrics.sequence_state_bytes.set(0 if state is None else state.num_bytes)
         self.feed = LiveFeed()  # the dashboard's data
         # the core's gauges as the engine thread last published them: what other threads read
         # of the core (a frozen record, swapped whole)

@@ -224,13 +224,14 @@ def test_memory_splits_a_real_servers_peak(tiny_llama, tmp_path):
     kv_per_token = 2 * 2 * 2 * 16 * 4  # layers x K,V x kv heads x head dim x float32 bytes
     assert run["kv_bytes"] == 256 * 16 * kv_per_token
     assert 0 < run["weight_bytes"] < run["peak_rss_bytes"]
+    assert run["state_bytes"] == 0  # (no layer carries state in place of KV)
     assert run["runtime_bytes"] == run["peak_rss_bytes"] - run["weight_bytes"] - run["kv_bytes"]
     assert run["ready_s"] > 0 and "| inflight-serve |" in (out / "summary.md").read_text()
     assert (out / "memory.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_memory_reads_llama_servers_kv_size_from_its_log():
-    from inflight.bench.memory import llama_server_kv_bytes, metric
+    from inflight.bench.memory import llama_server_kv_bytes, llama_server_state_bytes, metric
 
     log = ("llama_kv_cache:        CPU KV buffer size =   120.00 MiB\n"
            "llama_kv_cache: size =  120.00 MiB (  2048 cells,  30 layers,  1/1 seqs), K (f16): "
@@ -239,6 +240,12 @@ def test_memory_reads_llama_servers_kv_size_from_its_log():
     assert llama_server_kv_bytes("no cache here", 7) is None
     quiet = "srv    load_model: initializing, n_slots = 16, n_ctx_slot = 512, kv_unified = 'false'"
     assert llama_server_kv_bytes(quiet, 7) == 16 * 512 * 7  # slots x context, f16 bytes
+    recurrent = (
+        "llama_memory_recurrent:        CPU RS buffer size =    50.25 MiB\n"
+        "llama_memory_recurrent: size =   50.25 MiB (     1 cells,  32 layers,  1 seqs)"
+    )
+    assert llama_server_state_bytes(recurrent) == int(50.25 * 2**20)  # the buffer, counted once
+    assert llama_server_state_bytes(log) == 0
     text = "# HELP x\ninflight_kv_cache_bytes 4.096e+03\n"
     assert metric(text, "inflight_kv_cache_bytes") == 4096
 

@@ -7,6 +7,7 @@ against the Python one, and the GGUF files (Qwen3.5-MoE's and Qwen3-Next's too).
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -102,6 +103,20 @@ def test_the_deltanet_layers_hold_state_matrices_and_no_kv(qwen3_5):
     assert state.layers[0].shape == (12, 3, 2 * 2 * 16 + 4 * 32)  # q, k, v: 3 positions back
     assert state.recurrent[0].shape == (12, 4, 16, 32) and state.recurrent[0].dtype == torch.float32
     assert conv_state_bytes(arch, 5, torch.float32) == state.num_bytes
+
+
+def test_the_state_is_reported_beside_the_kv_pool(qwen3_5):
+    """`inflight_sequence_state_bytes` on /metrics: what the slots hold, which `bench memory`
+    counts beside the KV pool."""
+    from inflight.engine.async_engine import AsyncLLM
+
+    folder, *_ = qwen3_5
+    engine = AsyncLLM(str(folder), dtype="float32", max_num_seqs=3)
+    try:
+        value = engine.metrics.registry.get_sample_value("inflight_sequence_state_bytes")
+        assert value == engine.core.runner.conv_state.num_bytes > 0
+    finally:
+        asyncio.run(engine.shutdown())
 
 
 def test_tensor_parallelism_over_deltanet_layers_is_refused(qwen3_5):

@@ -50,6 +50,7 @@ def test_metrics_parse_and_move(tiny_llama):
         assert dict(info[0][1])["num_kv_blocks"] == "64"
         # the memory split: the pool's bytes exactly, the weights' as the model holds them
         assert before[("inflight_kv_cache_bytes", ())] == engine.core.kv_cache.num_bytes > 0
+        assert before[("inflight_sequence_state_bytes", ())] == 0  # (no layer carries state)
         weights = sum(p.numel() * p.element_size() for p in engine.core.loaded.model.parameters())
         assert before[("inflight_model_weights_bytes", ())] >= weights > 0
         body = {"model": "tiny", "prompt": [5, 6, 7], "max_tokens": 5, "ignore_eos": True, "n": 2}
