@@ -35,11 +35,11 @@ def prompts(seed: int) -> tuple[list[int], list[int]]:
     return long, [rng.randrange(100, 30000) for _ in range(8)]
 
 
-def inflight_worker(model: str, mode: str, conn: Connection) -> None:
+def inflight_worker(model: str, mode: str, seats: int, conn: Connection) -> None:
     """Loads one engine, then answers each seed sent with that round's timings."""
     from inflight import LLM, SamplingParams
 
-    llm = LLM(model, dtype="float32", kv_cache_memory_bytes=512 << 20,
+    llm = LLM(model, dtype="float32", kv_cache_memory_bytes=512 << 20, max_num_seqs=seats,
               enable_prefix_caching=False, quantized_activations=mode)  # fmt: skip
 
     def timed(tokens: list[int], n: int) -> float:
@@ -58,10 +58,11 @@ def inflight_worker(model: str, mode: str, conn: Connection) -> None:
 
 
 class InflightRunner:
-    def __init__(self, model: str, mode: str) -> None:
+    def __init__(self, model: str, mode: str, seats: int) -> None:
         spawn = multiprocessing.get_context("spawn")
         self.conn, child = spawn.Pipe()
-        self.process = spawn.Process(target=inflight_worker, args=(model, mode, child), daemon=True)
+        self.process = spawn.Process(target=inflight_worker, args=(model, mode, seats, child),
+                                     daemon=True)  # fmt: skip
         self.process.start()
         if self.conn.recv() != "ready":
             raise RuntimeError(f"inflight {mode} did not start")
@@ -137,12 +138,15 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--llama-server", help="llama-server binary (left out: inflight only)")
     parser.add_argument("--modes", default="int16,int8", help="inflight quantized_activations")
     parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--max-num-seqs", type=int, default=64,
+                        help="inflight's seats (a model whose layers carry state per seat: "
+                        "fewer, so that its slots fit beside the peer)")  # fmt: skip
     parser.add_argument("--out", type=Path, default=Path("results/prefill_decode.json"))
     args = parser.parse_args(argv)
     runners: dict[str, InflightRunner | LlamaServerRunner] = {}
     try:
         for mode in args.modes.split(","):
-            runners[f"inflight {mode}"] = InflightRunner(args.model, mode)
+            runners[f"inflight {mode}"] = InflightRunner(args.model, mode, args.max_num_seqs)
         if args.llama_server:
             runners[PEER] = LlamaServerRunner(args.llama_server, args.model)
         results: dict[str, list[dict]] = {name: [] for name in runners}

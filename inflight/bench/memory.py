@@ -37,6 +37,7 @@ from inflight.bench.server_peers import (
 )
 from inflight.model.gguf_loader import read_gguf_index
 from inflight.model.loader import model_file_bytes
+from inflight.runner.conv_state import sequence_state_bytes
 from inflight.runner.kv_cache import kv_bytes_per_token
 from inflight.workload.requests import WorkloadRequest
 
@@ -98,8 +99,8 @@ def metric(text: str, name: str) -> float | None:
 
 
 def measure(name: str, cmd: list[str], port: int, model_name: str, file_bytes: int,
-            workload: list[WorkloadRequest], log: Path,
-            f16_bytes_per_token: int = 0) -> MemoryRun:  # fmt: skip
+            workload: list[WorkloadRequest], log: Path, f16_bytes_per_token: int = 0,
+            f32_state_bytes: int = 0) -> MemoryRun:  # fmt: skip
     """Starts `cmd`, measures its start-up and peak RSS through the workload, stops it."""
     run = MemoryRun(server=name, file_bytes=file_bytes)
     url = f"http://127.0.0.1:{port}"
@@ -131,15 +132,19 @@ def measure(name: str, cmd: list[str], port: int, model_name: str, file_bytes: i
         run.weight_bytes = file_bytes  # mapped whole
         text = log.read_text(errors="replace")
         run.kv_bytes = llama_server_kv_bytes(text, f16_bytes_per_token)
-        run.state_bytes = llama_server_state_bytes(text)
+        run.state_bytes = llama_server_state_bytes(text, f32_state_bytes)
     return run
 
 
-def llama_server_state_bytes(log: str) -> int:
+def llama_server_state_bytes(log: str, f32_bytes_per_sequence: int) -> int:
     """The recurrent layers' state from llama.cpp's start-up log (`RS buffer size = X MiB` per
-    buffer; 0 without recurrent layers)."""
+    buffer) where it logs it, else its slots (`n_slots = S`) times a sequence's state in its
+    default float32 (0 without recurrent layers)."""
     sizes = re.findall(r"RS buffer size =\s*([\d.]+) MiB", log)
-    return int(sum(float(s) for s in sizes) * 2**20)
+    if sizes:
+        return int(sum(float(s) for s in sizes) * 2**20)
+    slots = re.search(r"n_slots = (\d+)", log)
+    return 0 if slots is None else int(slots.group(1)) * f32_bytes_per_sequence
 
 
 def llama_server_kv_bytes(log: str, f16_bytes_per_token: int) -> int | None:
@@ -170,9 +175,11 @@ def run_memory(model: Path, workload: list[WorkloadRequest], knobs: dict[str, An
         port = free_port()
         parallel = knobs.get("max_num_seqs") or 64
         cmd = llama_server_cmd(llama_server, model, workload, parallel, port)
-        f16_bytes_per_token = kv_bytes_per_token(read_gguf_index(model).arch, torch.float16)
+        arch = read_gguf_index(model).arch
+        f16_bytes_per_token = kv_bytes_per_token(arch, torch.float16)
         runs.append(measure("llama-server", cmd, port, model.stem, file_bytes, workload,
-                            out / "llama-server.log", f16_bytes_per_token))  # fmt: skip
+                            out / "llama-server.log", f16_bytes_per_token,
+                            sequence_state_bytes(arch, torch.float32)))  # fmt: skip
     write_report(runs, model, out)
     return runs
 

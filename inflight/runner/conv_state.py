@@ -72,16 +72,20 @@ def recurrent_shape(arch: LlamaArchConfig) -> tuple[int, int, int] | None:
     return arch.delta_value_heads, arch.delta_key_dim, arch.delta_value_dim
 
 
-def conv_state_bytes(arch: LlamaArchConfig, num_slots: int, dtype: torch.dtype) -> int:
-    """What `ConvState` holds for a model of `arch` (a rank's share of the channels) with
-    `num_slots` slots (none without convolution layers)."""
+def sequence_state_bytes(arch: LlamaArchConfig, dtype: torch.dtype) -> int:
+    """One sequence's state in every convolution layer: its last inputs in `dtype`, and where
+    the layers are DeltaNet's, their float32 matrices (0 without convolution layers)."""
     if not arch.conv_layers:
         return 0
-    rows = 2 * num_slots + 2
-    per_row = (arch.conv_kernel - 1) * arch.conv_width * torch.empty((), dtype=dtype).element_size()
-    if (shape := recurrent_shape(arch)) is not None:
-        per_row += math.prod(shape) * 4
-    return len(arch.conv_layers) * rows * per_row
+    inputs = (arch.conv_kernel - 1) * arch.conv_width * torch.empty((), dtype=dtype).element_size()
+    shape = recurrent_shape(arch)
+    return len(arch.conv_layers) * (inputs + (0 if shape is None else math.prod(shape) * 4))
+
+
+def conv_state_bytes(arch: LlamaArchConfig, num_slots: int, dtype: torch.dtype) -> int:
+    """What `ConvState` holds for a model of `arch` (a rank's share of the channels) with
+    `num_slots` slots: two rows a slot, a zero row and a scratch row."""
+    return (2 * num_slots + 2) * sequence_state_bytes(arch, dtype)
 
 
 class ConvState:

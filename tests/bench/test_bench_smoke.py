@@ -244,8 +244,9 @@ def test_memory_reads_llama_servers_kv_size_from_its_log():
         "llama_memory_recurrent:        CPU RS buffer size =    50.25 MiB\n"
         "llama_memory_recurrent: size =   50.25 MiB (     1 cells,  32 layers,  1 seqs)"
     )
-    assert llama_server_state_bytes(recurrent) == int(50.25 * 2**20)  # the buffer, counted once
-    assert llama_server_state_bytes(log) == 0
+    assert llama_server_state_bytes(recurrent, 9) == int(50.25 * 2**20)  # the buffer, once
+    assert llama_server_state_bytes(quiet, 9) == 16 * 9  # slots x a sequence's state
+    assert llama_server_state_bytes(quiet, 0) == llama_server_state_bytes(log, 9) == 0
     text = "# HELP x\ninflight_kv_cache_bytes 4.096e+03\n"
     assert metric(text, "inflight_kv_cache_bytes") == 4096
 
