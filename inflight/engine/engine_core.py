@@ -332,8 +332,8 @@ class EngineCore:
             # (a rank's share of the channels where the model is split: `model.cfg`)
             conv_state = ConvState.for_model(model.cfg, config.scheduler.max_num_seqs,
                                              self.dtype, device)  # fmt: skip
-            logger.info("convolution state: %d slots, %.1f MiB", conv_state.num_slots,
-                        conv_state.num_bytes / 2**20)  # fmt: skip
+            logger.info("sequence state (convolution inputs, DeltaNet matrices): %d slots, "
+                        "%.1f MiB", conv_state.num_slots, conv_state.num_bytes / 2**20)  # fmt: skip
         return ModelRunner(model, self.kv_cache, attn, device, config.model.seed, graphs, drafter,
                            self.kv_layout, self.workers, conv_state)  # fmt: skip
 

@@ -16,6 +16,7 @@ from gguf import GGMLQuantizationType
 from safetensors.torch import load_file, save_file
 
 from inflight import LLM
+from inflight.errors import ModelLoadError
 from inflight.model.arch import LlamaArchConfig
 from inflight.runner.conv_state import ConvState, conv_state_bytes
 from tests.gguf_files import write_tiny_gguf
@@ -292,3 +293,32 @@ def test_a_qwen3next_gguf_generates_as_transformers_with_its_weights(
     assert (arch.architecture, arch.conv_layers, arch.dense_layers) == ("qwen3_next", (0, 2), (1,))
     assert not arch.delta_heads_tiled
     assert_gguf_generates_as_its_weights(llm, folder, qtype)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("ssm.inner_size", 102, "inner_size 102 is not a width for each of 4 value heads"),
+        ("ssm.inner_size", 100, r"conv_weight' has shape \(192, 4\), expected \(164, 4\)"),
+        ("ssm.time_step_rank", 0, "inner_size 128 is not a width for each of 0 value heads"),
+        ("ssm.time_step_rank", 3, "inner_size 128 is not a width for each of 3 value heads"),
+        ("ssm.group_count", 0, "key_heads"),
+        ("ssm.conv_kernel", 2**40, "a kernel of 2 to"),
+        ("full_attention_interval", 0, "full_attention_interval 0"),
+    ],
+)
+def test_a_qwen35_gguf_whose_deltanet_fields_disagree_is_refused(
+    tmp_path, qwen3_5, key, value, message
+):
+    """Sizes no model has, or that its tensors do not have, in a file's metadata: a
+    ModelLoadError naming the file (and the tensor, where the shapes disagree)."""
+    folder, *_ = qwen3_5
+
+    def changed(writer) -> None:
+        writer.kv_data[0].pop(f"qwen35.{key}")
+        writer.add_uint64(f"qwen35.{key}", value)
+
+    path = write_tiny_gguf(folder, tmp_path / "qwen35.gguf", GGMLQuantizationType.F32,
+                           metadata=changed)  # fmt: skip
+    with pytest.raises(ModelLoadError, match=message):
+        LLM(str(path), dtype="float32")
