@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from inflight import LLM
-from inflight.model.arch import CONV_ARCHS, EXPERT_ARCHS
+from inflight.model.arch import CONV_ARCHS, DELTA_ARCHS, EXPERT_ARCHS
 from inflight.model.expert_kernels import expert_matmul, group_pairs, max_tiles
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -65,8 +65,10 @@ def test_expert_layers_routed_on_the_device_match_the_host_path(arch, tiny_model
     llm = LLM(str(tiny_model_factory(arch)), dtype="float32", attention_backend="triton")
     model = llm.core.loaded.model
     layer = next(layer for layer in model.layers if layer.sparse)
-    # (LFM2-MoE's convolution state keeps its steps out of graphs whatever its experts)
-    assert layer.stack is not None and model.graph_capturable == (arch not in CONV_ARCHS)
+    # (LFM2-MoE's convolution state and Qwen3.5-MoE's DeltaNet state keep their steps out of
+    # graphs whatever their experts)
+    stateful = arch in CONV_ARCHS + DELTA_ARCHS
+    assert layer.stack is not None and model.graph_capturable == (not stateful)
     x = torch.randn(13, model.cfg.hidden_size, generator=torch.Generator().manual_seed(1))
     x = x.to(DEVICE)
     got = layer.mlp(x, False)
