@@ -217,11 +217,11 @@ class LlamaArchConfig:
     # carries from step to step (`runner/conv_state.py`); the other layers attend
     conv_layers: tuple[int, ...] = ()
     conv_kernel: int = 0
-    # the channels of each convolution (0: `hidden_size`, LFM2's), a rank's share of them under
-    # tensor parallelism
+    # the channels of each of LFM2's convolutions a rank holds under tensor parallelism (0: all
+    # of `hidden_size`)
     conv_channels: int = 0
     # Qwen3.5's gated DeltaNet layers, which are `conv_layers` too (a short convolution of
-    # their q, k and v rows, `conv_channels` wide, comes first): each also carries a state
+    # their q, k and v rows, `delta_conv_channels` wide, comes first): each also carries a state
     # matrix [delta_key_dim, delta_value_dim] per value head from step to step, decayed and
     # corrected by the delta rule at every token (`model/qwen3_5.py`); 0 heads: none. Each key
     # head serves `delta_value_heads / delta_key_heads` value heads.
@@ -416,9 +416,6 @@ class LlamaArchConfig:
         if self.delta_value_heads % self.delta_key_heads:
             raise ValueError(f"{self.delta_value_heads} DeltaNet value heads do not share "
                              f"{self.delta_key_heads} key heads evenly")  # fmt: skip
-        if self.conv_width != self.delta_conv_channels:
-            raise ValueError(f"the DeltaNet layers' convolution has {self.conv_width} channels, "
-                             f"not their q, k and v's {self.delta_conv_channels}")  # fmt: skip
 
     @property
     def delta_conv_channels(self) -> int:
@@ -429,6 +426,8 @@ class LlamaArchConfig:
     @property
     def conv_width(self) -> int:
         """The channels of each short convolution this model (a rank's share of it) holds."""
+        if self.delta_value_heads:
+            return self.delta_conv_channels
         return self.conv_channels or self.hidden_size
 
     @property
@@ -899,10 +898,6 @@ def _gated_delta_config(config: dict[str, Any]) -> tuple[dict[str, Any], dict[st
         "delta_value_dim": config.get("linear_value_head_dim", 128),
         "attention_output_gate": True,
     }
-    sizes = [fields[f"delta_{name}"] for name in ("key_heads", "key_dim", "value_heads",
-                                                  "value_dim")]  # fmt: skip
-    if all(isinstance(v, int) and 0 < v <= MAX_DELTA_SIZE for v in sizes):
-        fields["conv_channels"] = 2 * sizes[0] * sizes[1] + sizes[2] * sizes[3]
     return config, fields
 
 
