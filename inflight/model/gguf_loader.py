@@ -113,7 +113,7 @@ _LAYER_NAMES = {
 }
 # HF names that are parameters of their own, not a module's `.weight` or `.bias`
 _PARAMETER_NAMES = ("self_attn.sinks", "mlp.gate.e_score_correction_bias",
-                    "linear_attn.dt_bias")  # fmt: skip
+                    "linear_attn.dt_bias", "linear_attn.decay_rate")  # fmt: skip
 # A mixture of experts' stacked weights ([experts, rows, columns] in numpy order), which the
 # index lists as one tensor per expert, `blk.N.ffn_gate_exps.E`: HF's `mlp.experts.E.gate_proj`
 _EXPERT_STACKS = {"ffn_gate_exps": "gate_proj", "ffn_up_exps": "up_proj",
@@ -158,11 +158,10 @@ _DELTA_LAYER_NAMES = {
     "ssm_ba": "linear_attn.in_proj_ba",  # (Qwen3-Next's b and a, grouped by key head)
     "ssm_conv1d": "linear_attn.conv1d",
     "ssm_dt": "linear_attn.dt_bias",
+    "ssm_a": "linear_attn.decay_rate",  # (-exp(A_log), a tensor without a kind: `blk.N.ssm_a`)
     "ssm_norm": "linear_attn.norm",
     "ssm_out": "linear_attn.out_proj",
 }
-# a DeltaNet layer's decay rate -exp(A_log), a tensor without a kind (`blk.N.ssm_a`)
-_DECAY_RATE = "ssm_a"
 _ARCH_LAYER_NAMES = {
     "phi3": {**_LAYER_NAMES, "attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},
     "gemma2": _GEMMA_LAYER_NAMES,
@@ -512,7 +511,7 @@ def _delta_layers(meta: Callable[..., Any], num_layers: int, extra_layers: int,
     return dict(conv_layers=tuple(i for i in layers if (i + 1) % interval),
                 conv_kernel=int(meta("ssm.conv_kernel")), delta_key_heads=key_heads,
                 delta_value_heads=value_heads, delta_key_dim=key_dim, delta_value_dim=value_dim,
-                conv_channels=2 * key_heads * key_dim + inner, delta_heads_tiled=tiled,
+                delta_heads_tiled=tiled,
                 attention_output_gate=True, extra_checkpoint_layers=extra_layers)  # fmt: skip
 
 
@@ -575,8 +574,8 @@ def unpermute_qk(weight: np.ndarray, num_heads: int) -> np.ndarray:
 def hf_name(gguf_name: str, architecture: str) -> str | None:
     """The HF name of a GGUF tensor of that architecture, or None for one we do not know."""
     base, _, kind = gguf_name.rpartition(".")
-    if kind == _DECAY_RATE and base.startswith("blk.") and architecture in DELTA_ARCHS:
-        return f"model.layers.{base.partition('.')[2]}.linear_attn.decay_rate"
+    if base.startswith("blk.") and base.count(".") == 1:  # a tensor without a kind: blk.N.ssm_a
+        base, kind = gguf_name, ""
     if base.startswith("blk."):
         _, layer, part = base.split(".", 2)
         stack, _, expert = part.partition(".")
@@ -589,7 +588,7 @@ def hf_name(gguf_name: str, architecture: str) -> str | None:
             return None
         if mapped in _PARAMETER_NAMES:  # a parameter, not a module's weight
             return f"model.layers.{layer}.{mapped}"
-        return f"model.layers.{layer}.{mapped}.{kind}"
+        return f"model.layers.{layer}.{mapped}.{kind}" if kind else None
     mapped = _ARCH_TOP_NAMES.get(architecture, _TOP_NAMES).get(base)
     return None if mapped is None else f"{mapped}.{kind}"
 
