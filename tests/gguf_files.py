@@ -121,9 +121,8 @@ def gguf_name(hf: str, arch: str = "llama") -> str:
     if part == "linear_attn" and kind == "dt_bias":
         return f"blk.{layer}.ssm_dt.bias"
     names = GEMMA3_LAYER_TO_GGUF if arch in ("gemma2", "gemma3") else LAYER_TO_GGUF
-    if arch in ("gpt-oss", "seed_oss", "glm4moe", "qwen35", "qwen35moe", "qwen3next"):  # their
-        # pre-MLP norm
-        # under Gemma's name
+    # their pre-MLP norm under Gemma's name
+    if arch in ("gpt-oss", "seed_oss", "glm4moe", "qwen35", "qwen35moe", "qwen3next"):
         names = {**LAYER_TO_GGUF, "post_attention_layernorm": "post_attention_norm"}
     if arch == "glm4":  # its output norms under Gemma's names, its pre-MLP norm Llama's
         names = {**LAYER_TO_GGUF, "post_self_attn_layernorm": "post_attention_norm",

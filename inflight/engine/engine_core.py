@@ -59,8 +59,9 @@ logger = logging.getLogger(__name__)
 
 
 def check_conv_state_fits(config: EngineConfig) -> None:
-    """Refuses what would resume a request without its convolution state (LFM2's,
-    `runner/conv_state.py`): swap preemption and drafts (ConfigError)."""
+    """Refuses what would resume a request without its convolution state (LFM2's, and
+    Qwen3.5's DeltaNet matrices: `runner/conv_state.py`): swap preemption and drafts
+    (ConfigError)."""
     if config.scheduler.preemption_mode == "swap":
         raise ConfigError("preemption_mode swap: a swapped request would resume without its "
                           "convolution state (this model's convolution layers); use "
