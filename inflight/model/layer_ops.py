@@ -1,6 +1,6 @@
-"""The element-wise parts of a decoder layer: RMSNorm (with the residual add fused in), RoPE and
-SiLU-and-mul, as one interface with two implementations (tanh-GELU-and-mul, Gemma's, is
-PyTorch's in both).
+"""The element-wise parts of a decoder layer: RMSNorm (with the residual add fused in), RoPE,
+SiLU-and-mul and the short causal convolution of state-carrying layers (LFM2's, Qwen3.5's), as one
+interface with two implementations (tanh-GELU-and-mul, Gemma's, is PyTorch's in both).
 
 `TorchLayerOps` is Hugging Face's op sequence in PyTorch (any device) and the oracle;
 `CpuLayerOps` runs the fused C++ kernels of `inflight.kernels`, which round where PyTorch rounds:
@@ -9,6 +9,8 @@ more in dispatch than in arithmetic (~45 ops per layer, 30 layers, every step).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -55,6 +57,23 @@ class TorchLayerOps:
         cos, sin = cos[:, None, :], sin[:, None, :]
         rotated.copy_(torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1))
 
+    def short_convolution(
+        self, x: torch.Tensor, weight: torch.Tensor, state: torch.Tensor, step: Any
+    ) -> torch.Tensor:
+        """A causal depthwise convolution [T, H] of each request's rows of `x` [T, H] with
+        `weight` [H, kernel], the request's inputs before this step read from `state` (one of
+        `step.states`, rows chosen by `step`, a `runner.conv_state.ConvStep`); the step's last
+        inputs are written back for the next. The taps are summed oldest first, as
+        transformers' `conv1d` sums them (LFM2's convolutions, Qwen3.5's DeltaNet inputs)."""
+        back = weight.shape[1] - 1
+        prev = state[step.read_rows].reshape(-1, x.shape[1]).to(x.dtype)  # [R * back, H]
+        table = torch.cat([x, prev])
+        out = table[step.taps[0]] * weight[:, 0]
+        for k in range(1, back + 1):
+            out += table[step.taps[k]] * weight[:, k]
+        state[step.write_rows] = table[step.keep].view(-1, back, x.shape[1]).to(state.dtype)
+        return out
+
 
 class CpuLayerOps(TorchLayerOps):
     name = "cpu"
@@ -77,3 +96,11 @@ class CpuLayerOps(TorchLayerOps):
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_heads: int, head_dim: int
     ) -> None:
         self.ext.rope_(x, cos, sin, num_heads, head_dim)
+
+    def short_convolution(
+        self, x: torch.Tensor, weight: torch.Tensor, state: torch.Tensor, step: Any
+    ) -> torch.Tensor:
+        if x.dtype != weight.dtype or x.dtype not in (torch.float32, torch.bfloat16):
+            return super().short_convolution(x, weight, state, step)  # PyTorch's promotions
+        return self.ext.short_convolution(x, weight, state, step.taps, step.keep, step.read_rows,
+                                          step.write_rows)  # fmt: skip

@@ -47,23 +47,6 @@ _NAMES = {
 }
 
 
-def short_convolution(x: torch.Tensor, weight: torch.Tensor, state: torch.Tensor,
-                      step: Any) -> torch.Tensor:  # fmt: skip
-    """A causal depthwise convolution [T, H] of each request's rows of `x` [T, H] with `weight`
-    [H, kernel], the request's inputs before this step read from `state` (one of
-    `step.states`, rows chosen by `step`, a `runner.conv_state.ConvStep`); the step's
-    last inputs are written back for the next. The taps are summed oldest first, as
-    transformers' `conv1d` sums them."""
-    back = weight.shape[1] - 1
-    prev = state[step.read_rows].reshape(-1, x.shape[1]).to(x.dtype)  # [R * back, H]
-    table = torch.cat([x, prev])
-    out = table[step.taps[0]] * weight[:, 0]
-    for k in range(1, back + 1):
-        out += table[step.taps[k]] * weight[:, k]
-    state[step.write_rows] = table[step.keep].view(-1, back, x.shape[1]).to(state.dtype)
-    return out
-
-
 class Lfm2DecoderLayer(Qwen3DecoderLayer):
     """Qwen3's attention layer, or (`is_conv`) a gated short convolution in its place."""
 
@@ -96,7 +79,7 @@ class Lfm2DecoderLayer(Qwen3DecoderLayer):
             return super().attention(x, cos, sin, kv_cache, meta, query_scale, decodes)
         state, step = kv_cache
         b, c, h = apply_linear(self.in_proj, x, decodes).chunk(3, dim=-1)
-        mixed = c * short_convolution(b * h, self.conv_weight, state, step)
+        mixed = c * self.ops.short_convolution(b * h, self.conv_weight, state, step)
         return apply_linear(self.out_proj, mixed, decodes)
 
 

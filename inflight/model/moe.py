@@ -19,10 +19,11 @@ them as one [2I, H] slice per expert too); Mixtral's `block_sparse_moe.experts.*
 read as gate/up/down (MiniMax-M2's too), and Granite's stacks one expert at a time. From a GGUF
 file (the families' llama.cpp architectures, or `llama` with experts: Mixtral), each layer's
 stacked expert weights arrive one expert at a time (the index slices them), and where they are
-blocks the kernels read, each expert's linears multiply from its blocks as any layer's do. The
-fused C++ layer loop routes a model's experts only where every sparse layer's router is float32,
-without groups or a shared expert, and every expert multiplies from its blocks
-(`fused_routing`: LFM2-MoE's and MiniMax-M2's files); the others run in Python.
+blocks the kernels read, each expert's linears multiply from its blocks as any layer's do. Where a
+sparse layer's router is float32, without groups or a shared expert, and every expert multiplies
+from its blocks (`fused_routing`: LFM2-MoE's and MiniMax-M2's files), one C++ call routes and
+runs its experts (`gguf_routed_experts`: a token's choice from its row alone, whatever its batch),
+in the Python layer loop as in the fused C++ one, which computes only such models' layers.
 With the Triton kernels (a GPU) the experts are stacked per layer and routed on the device
 (`expert_kernels.py`), so CUDA graphs capture their decode steps.
 """
@@ -123,6 +124,14 @@ class MoEDecoderLayer(DecoderLayer):
         return routed + shared
 
     def _routed_experts(self, x: torch.Tensor, decodes: Decodes) -> torch.Tensor:
+        packings = self.expert_packings
+        if packings is not None and fused_routing(self):  # the fused C++ loop's call
+            gate_up, down, bits = packings
+            return load_extension().gguf_routed_experts(
+                x.contiguous(), self.router_weight, self.router_bias, self.top_k, self.sigmoid,
+                self.norm_topk_prob, self.norm_epsilon, self.routed_scale, gate_up, down,
+                self.experts[0].down_proj.in_features, bits, EXPERT_PASS_TOKENS,
+            )  # fmt: skip
         if self.float32_router:
             weights, chosen = self.route_in_float32(x)
         else:
@@ -281,11 +290,11 @@ class Qwen2MoeDecoderLayer(MoEDecoderLayer):
 
 
 def fused_routing(layer: MoEDecoderLayer) -> bool:
-    """Whether the fused C++ layer loop routes this sparse layer as `_routed_experts` does: a
-    float32 router without expert groups (whose weights stay float32), no shared expert, every
-    expert multiplying from its blocks in one C++ call (`block_expert_packings`), in a float32
-    model; its experts then run there (`decoder_layers.cpp`'s `routed_experts`). Asked once
-    the loader has packed the experts (`expert_packings` keeps them)."""
+    """Whether one C++ call routes and runs this sparse layer's experts (`gguf_routed_experts`,
+    in the Python layer loop and in the fused C++ one): a float32 router without expert groups
+    (whose weights stay float32), no shared expert, every expert multiplying from its blocks
+    (`block_expert_packings`), in a float32 model. Asked once the loader has packed the experts
+    (`expert_packings` keeps them)."""
     if not (layer.float32_router and layer.groups == 1 and not layer.cast_router_weights):
         return False
     if layer.shared_expert is not None or layer.shared_expert_gate is not None:

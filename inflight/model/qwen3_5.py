@@ -47,7 +47,7 @@ from inflight.attention import AttentionBackend
 from inflight.model.arch import LlamaArchConfig
 from inflight.model.gemma import offset_norms
 from inflight.model.layer_ops import TorchLayerOps
-from inflight.model.lfm2 import ConvStateModel, conv_weights, short_convolution
+from inflight.model.lfm2 import ConvStateModel, conv_weights
 from inflight.model.llama import DecoderLayer, RMSNorm, renamed_weights
 from inflight.model.moe import MoEDecoderLayer, MoEModel
 from inflight.model.packed_linear import Decodes, apply_linear
@@ -146,7 +146,7 @@ class Qwen3_5DecoderLayer(Qwen3DecoderLayer):
         t = x.shape[0]
         qkv, z = apply_linear(self.qkvz_proj, x, decodes).split(self.qkvz_split, dim=-1)
         b, a = apply_linear(self.ba_proj, x, decodes).chunk(2, dim=-1)
-        qkv = F.silu(short_convolution(qkv, self.conv_weight, conv_state, step))
+        qkv = F.silu(self.ops.short_convolution(qkv, self.conv_weight, conv_state, step))
         q, k, v = qkv.split(self.qkv_split, dim=-1)
         repeats = self.value_heads // self.key_heads
         q = l2_normalized(q.float().reshape(t, self.key_heads, self.key_dim)) / self.key_dim**0.5

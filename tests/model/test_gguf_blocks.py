@@ -186,6 +186,33 @@ def test_a_mixed_packing_is_its_segments_side_by_side():
 
 
 @needs_kernel
+@pytest.mark.parametrize("bits", [8, 16])
+def test_many_linears_in_one_call_give_each_ones_bits(bits):
+    """`gguf_int_linear_many` (a decode token's experts: small products sharing one parallel
+    region) gives each product gguf_int_linear's bits: a row alone, rows of each tile height,
+    a batch that takes the unpacked or tile-unit path beside them, formats mixed (in one
+    packing too), a partial last group of columns, a legacy format in the 16-column layout,
+    and no rows at all."""
+    legacy = regroup_blocks(random_bytes(40, 256, Q.Q4_0, 5), ext.gguf_int_linear_columns(bits))
+    packed = [regroup_blocks(random_bytes(103, 512, Q.Q4_K)),
+              regroup_blocks(random_bytes(64, 256, Q.Q6_K, 1)),
+              mixed_packing([random_bytes(24, 512, Q.Q4_K, 2), random_bytes(13, 512, Q.Q6_K, 3)]),
+              regroup_blocks(random_bytes(40, 512, Q.Q5_K, 4)), legacy,
+              regroup_blocks(random_bytes(24, 256, Q.MXFP4, 6))]  # fmt: skip
+    shapes = [(103, 512), (64, 256), (37, 512), (40, 512), (40, 256), (24, 256)]
+    rows = [1, 4, 3, 70, 2, 0]
+    xs = [torch.randn(m, k) for (_, k), m in zip(shapes, rows, strict=True)]
+    outs = [torch.full((m, n), float("nan")) for (n, _), m in zip(shapes, rows, strict=True)]
+    ext.gguf_int_linear_many(xs, packed, [n for n, _ in shapes], outs, bits)
+    for x, w, (n, _), got in zip(xs, packed, shapes, outs, strict=True):
+        assert torch.equal(got, ext.gguf_int_linear(x, w, None, n, bits))
+    with pytest.raises(RuntimeError, match="out_features"):
+        ext.gguf_int_linear_many(xs[:1], packed[:1], [112], outs[:1], bits)
+    with pytest.raises(RuntimeError, match="one packing"):
+        ext.gguf_int_linear_many(xs, packed[:2], [n for n, _ in shapes], outs, bits)
+
+
+@needs_kernel
 def test_packed_linear_takes_a_fused_weight_in_mixed_formats():
     q, v = random_bytes(16, 256, Q.Q4_K), random_bytes(8, 256, Q.Q6_K, 1)
     linear = torch.nn.Linear(256, 24, bias=False)

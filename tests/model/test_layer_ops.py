@@ -3,6 +3,8 @@ PyTorch reference ops, and the packed bf16 linears."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -118,6 +120,64 @@ def test_bad_inputs_raise_instead_of_reading_out_of_bounds():
         FUSED.rope_(x, torch.randn(4, 5), torch.randn(4, 5), 1, 8)
     with pytest.raises(RuntimeError, match="cos"):
         FUSED.rope_(x, torch.randn(4, 3), torch.randn(4, 2), 1, 8)
+
+
+def conv_step(lengths: list[int], back: int, rows: int) -> SimpleNamespace:
+    """A `ConvStep`'s indices for requests of these many rows each (the step's rows in request
+    order), request r reading state row r and writing row `rows - 1 - r`: each token's taps are
+    the `back + 1` inputs ending at its own, the earliest from the state rows read (table rows
+    after the step's T)."""
+    T, taps, keep, start = sum(lengths), [], [], 0
+    for r, n in enumerate(lengths):
+        inputs = [T + r * back + j for j in range(back)] + list(range(start, start + n))
+        taps += [inputs[j : j + back + 1] for j in range(n)]
+        keep += inputs[-back:]
+        start += n
+    return SimpleNamespace(
+        taps=torch.tensor(taps).reshape(T, back + 1).t().contiguous(), keep=torch.tensor(keep),
+        read_rows=torch.arange(len(lengths)), write_rows=rows - 1 - torch.arange(len(lengths)),
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("state_dtype", DTYPES)
+@pytest.mark.parametrize("lengths", [[1], [1, 1, 1], [3, 1, 17], [40]])
+def test_short_convolution_rounds_as_pytorch(dtype, state_dtype, lengths):
+    """LFM2's and Qwen3.5's causal convolution in C++: PyTorch's outputs and written state,
+    bit for bit, from the step's rows and the state rows each request reads, whose earlier
+    inputs round to x's dtype as PyTorch's `.to` rounds them."""
+    torch.manual_seed(len(lengths))
+    C, kernel, rows = 72, 4, 8
+    x = torch.randn(sum(lengths), C + 5, dtype=dtype)[:, :C]  # strided rows
+    weight = torch.randn(kernel, C, dtype=dtype).t()  # strided, as a folder's squeeze leaves it
+    state = torch.randn(rows, kernel - 1, C).to(state_dtype)
+    step = conv_step(lengths, kernel - 1, rows)
+    want_state, got_state = state.clone(), state.clone()
+    want = REF.short_convolution(x, weight, want_state, step)
+    got = FUSED.short_convolution(x, weight, got_state, step)
+    assert got.dtype == want.dtype == dtype
+    assert torch.equal(got, want)
+    assert torch.equal(got_state, want_state)
+
+
+def test_short_convolution_refuses_rows_out_of_range():
+    x, weight, state = torch.randn(2, 8), torch.randn(8, 3), torch.zeros(4, 2, 8)
+    step = conv_step([2], 2, 4)
+    ext = FUSED.ext
+    bad = {"taps": step.taps + 3, "keep": step.keep * 9, "read_rows": step.read_rows + 4,
+           "write_rows": step.write_rows - 9}  # fmt: skip
+    for name, value in bad.items():
+        rows = {**vars(step), name: value}
+        with pytest.raises(RuntimeError, match=f"{name} .* out of range"):
+            ext.short_convolution(x, weight, state, rows["taps"], rows["keep"], rows["read_rows"],
+                                  rows["write_rows"])  # fmt: skip
+    assert not state.any(), "nothing written before the checks pass"
+    with pytest.raises(RuntimeError, match="taps"):  # a token without its taps
+        ext.short_convolution(x, weight, state, step.taps[:, :1].contiguous(), step.keep,
+                              step.read_rows, step.write_rows)  # fmt: skip
+    with pytest.raises(RuntimeError, match="weight"):
+        ext.short_convolution(x, weight.double(), state, step.taps, step.keep, step.read_rows,
+                              step.write_rows)  # fmt: skip
 
 
 CPU = torch.device("cpu")

@@ -19,6 +19,7 @@ from gguf import GGMLQuantizationType
 from safetensors.torch import load_file, save_file
 
 from inflight import LLM, SamplingParams
+from inflight.kernels import load_extension
 from inflight.model.arch import LlamaArchConfig
 from inflight.model.packed_linear import PackedLinear, blocks_serve_every_batch
 from tests.gguf_files import tiny_gguf_engine, write_tiny_gguf
@@ -316,3 +317,59 @@ def test_block_experts_in_one_call_give_the_python_loops_bits(
     assert layer.block_experts, "the layer's experts should all multiply from their blocks"
     layer.block_experts = False  # the Python loop
     assert torch.equal(layer._host_routed_experts(x, weights, chosen), fast)
+
+
+def torch_routing(x, router, bias, top_k, sigmoid, eps, scale):
+    """`MoEDecoderLayer.route_in_float32`'s ops without groups: the reference for the C++ router."""
+    scores = torch.sigmoid(x @ router.t()) if sigmoid else torch.softmax(x @ router.t(), dim=-1)
+    choice = scores if bias is None else scores + bias
+    chosen = choice.topk(top_k, dim=-1).indices
+    weights = scores.gather(1, chosen)
+    return weights / (weights.sum(dim=-1, keepdim=True) + eps) * scale, chosen, choice
+
+
+@pytest.mark.parametrize("sigmoid", [True, False])
+@pytest.mark.parametrize("biased", [True, False])
+def test_the_cpp_router_chooses_as_pytorch_and_alike_in_any_batch(sigmoid, biased):
+    """`route_experts` (LFM2-MoE's and MiniMax-M2's routing, in both layer loops): the experts
+    PyTorch's ops choose, best first, with their weights to float32 rounding; a token's choice
+    and weights the same bits alone as in its batch (its own row, in a fixed order)."""
+    ext = load_extension()
+    gen = torch.Generator().manual_seed(int(sigmoid) + 2 * int(biased))
+    x, router = torch.randn(300, 96, generator=gen), torch.randn(24, 96, generator=gen) * 0.1
+    bias = torch.randn(24, generator=gen) * 0.1 if biased else None
+    weights, chosen = ext.route_experts(x, router, bias, 4, sigmoid, True, 1e-6, 2.5)
+    want_weights, want_chosen, choice = torch_routing(x, router, bias, 4, sigmoid, 1e-6, 2.5)
+    # tokens whose fourth and fifth choices part by more than float32 rounding of the scores
+    ranked = choice.sort(dim=-1, descending=True).values
+    clear = (ranked[:, 3] - ranked[:, 4]) > 1e-5
+    assert clear.float().mean() > 0.9
+    assert torch.equal(chosen[clear], want_chosen[clear])
+    torch.testing.assert_close(weights[clear], want_weights[clear], rtol=1e-5, atol=1e-6)
+    for t in (0, 1, 157, 299):
+        alone = ext.route_experts(x[t : t + 1], router, bias, 4, sigmoid, True, 1e-6, 2.5)
+        assert torch.equal(alone[0][0], weights[t]) and torch.equal(alone[1][0], chosen[t])
+
+
+def test_the_cpp_router_survives_hostile_rows_and_refuses_bad_arguments():
+    """NaN and infinite rows still choose experts in range (NaN ranks first, as in `topk`); bad
+    shapes, dtypes and counts are refused before anything is read."""
+    ext = load_extension()
+    x, router = torch.randn(4, 32), torch.randn(8, 32)
+    x[0] = float("nan")
+    x[1, 3] = float("inf")
+    x[2] = 1e38
+    for sigmoid in (True, False):
+        weights, chosen = ext.route_experts(x, router, None, 8, sigmoid, True, 0.0, 1.0)
+        assert chosen.min() >= 0 and chosen.max() < 8
+        assert all(sorted(row.tolist()) == list(range(8)) for row in chosen), "k = E: all, once"
+        assert torch.isclose(weights[3].sum(), torch.tensor(1.0)), "a finite row renormalizes"
+    for top_k in (0, 9, 2**63 - 1, -(2**63)):
+        with pytest.raises(RuntimeError, match="top_k"):
+            ext.route_experts(x, router, None, top_k, True, True, 0.0, 1.0)
+    with pytest.raises(RuntimeError, match="router"):
+        ext.route_experts(x, torch.randn(8, 31), None, 2, True, True, 0.0, 1.0)
+    with pytest.raises(RuntimeError, match="bias"):
+        ext.route_experts(x, router, torch.randn(7), 2, True, True, 0.0, 1.0)
+    with pytest.raises(RuntimeError, match="x"):
+        ext.route_experts(x.double(), router, None, 2, True, True, 0.0, 1.0)

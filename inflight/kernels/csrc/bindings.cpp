@@ -23,6 +23,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("add_rms_norm", &add_rms_norm, no_gil(), "residual += x (in place), then RMSNorm of the residual");
   m.def("silu_and_mul", &silu_and_mul, no_gil(), "silu(gate) * up for rows [gate | up]");
   m.def("rope_", &rope_, no_gil(), "rotary embedding (rotate-half layout) in place on the first heads");
+  m.def("short_convolution", &short_convolution, no_gil(),
+        "a causal depthwise convolution over the step's rows and each request's state row",
+        py::arg("x"), py::arg("weight"), py::arg("state"), py::arg("taps"), py::arg("keep"),
+        py::arg("read_rows"), py::arg("write_rows"));
   m.def("gated_delta_rule", &gated_delta_rule, no_gil(),
         "the gated delta rule over each request's rows, its state matrices read and written");
   m.def("bf16_linear_available", &bf16_linear_available, no_gil(),
@@ -59,6 +63,21 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "output weighted and added into its token's row in expert order",
         py::arg("x"), py::arg("chosen"), py::arg("weights"), py::arg("gate_up"), py::arg("down"),
         py::arg("intermediate"), py::arg("activation_bits"));
+  m.def("route_experts", &route_experts, no_gil(),
+        "a float32 router's best top_k experts for each token and their weights",
+        py::arg("x"), py::arg("router"), py::arg("bias"), py::arg("top_k"), py::arg("sigmoid"),
+        py::arg("renormalize"), py::arg("eps"), py::arg("scale"));
+  m.def("gguf_routed_experts", &gguf_routed_experts, no_gil(),
+        "route_experts, then gguf_int_experts in passes of at most pass_tokens tokens",
+        py::arg("x"), py::arg("router"), py::arg("bias"), py::arg("top_k"), py::arg("sigmoid"),
+        py::arg("renormalize"), py::arg("eps"), py::arg("scale"), py::arg("gate_up"),
+        py::arg("down"), py::arg("intermediate"), py::arg("activation_bits"),
+        py::arg("pass_tokens"));
+  m.def("gguf_int_linear_many", &gguf_int_linear_many, no_gil(),
+        "several unbiased gguf_int_linear products into their outputs, the few-row ones in one "
+        "parallel region",
+        py::arg("xs"), py::arg("packed"), py::arg("out_features"), py::arg("ys"),
+        py::arg("activation_bits"));
   m.def("gguf_regroup_blocks", &gguf_regroup_blocks, no_gil(),
         "a weight's 5-bit or K-quant GGUF blocks in gguf_int_linear's 8-column layout (in out, "
         "where given)",

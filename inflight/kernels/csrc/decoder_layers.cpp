@@ -23,13 +23,9 @@
 #include "kv_layout.h"
 #include "ops.h"
 
-#include <ATen/ops/add.h>
 #include <ATen/ops/cat.h>
-#include <ATen/ops/div.h>
 #include <ATen/ops/empty_like.h>
 #include <ATen/ops/matmul.h>
-#include <ATen/ops/sigmoid.h>
-#include <ATen/ops/softmax.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/gelu.h>
 #include <ATen/ops/relu.h>
@@ -137,29 +133,8 @@ at::Tensor linear(const at::Tensor& x, const Linear& l, const LinearChoice& how,
   return y;
 }
 
-// LFM2's short convolution of x [T, C] (`model/lfm2.short_convolution`, op for op): each token's
-// taps (`rows[0]`: [kernel, T] indices into x's rows and then the state rows read, `rows[2]`),
-// summed oldest first; each request's last inputs written back (`rows[1]`: its rows of that
-// table, `rows[3]`: the state rows written)
-at::Tensor short_convolution(const at::Tensor& x, const at::Tensor& weight,
-                             const at::Tensor& state, const std::vector<at::Tensor>& rows) {
-  const at::Tensor &taps = rows[0], &keep = rows[1], &read = rows[2], &write = rows[3];
-  const int64_t C = x.size(1), back = weight.size(1) - 1;
-  auto table = at::cat({x, state.index_select(0, read).reshape({-1, C}).to(x.scalar_type())});
-  auto out = at::mul(table.index_select(0, taps[0]), weight.select(1, 0));
-  for (int64_t k = 1; k <= back; ++k) {
-    out.add_(at::mul(table.index_select(0, taps[k]), weight.select(1, k)));
-  }
-  state.index_copy_(0, write,
-                    table.index_select(0, keep).view({-1, back, C}).to(state.scalar_type()));
-  return out;
-}
-
-// A sparse layer's experts (`MoEDecoderLayer._routed_experts`, op for op, where its router is a
-// float32 one without expert groups and every expert multiplies from its blocks): each token's
-// sigmoid or softmax scores, the best `top_k` of them plus the bias, their unbiased scores
-// renormalized (plus `eps`) and scaled as weights; then `gguf_int_experts` over the tokens in
-// passes of at most `pass_tokens`, as Python makes them.
+// A sparse layer's experts, where its router is a float32 one without expert groups and every
+// expert multiplies from its blocks: `gguf_routed_experts`, the call `MoEDecoderLayer` makes.
 struct Experts {
   const at::Tensor& router;  // [E, hidden] float32
   const OptTensor& bias;     // [E] float32: counts for the choice alone
@@ -175,26 +150,9 @@ struct Routing {
 };
 
 at::Tensor routed_experts(const at::Tensor& x, const Experts& e, const Routing& r) {
-  auto logits = at::matmul(x.to(at::kFloat), e.router.t());
-  auto scores = r.sigmoid ? at::sigmoid(logits) : at::softmax(logits, -1);
-  auto choice = e.bias.has_value() ? at::add(scores, *e.bias) : scores;
-  auto chosen = std::get<1>(choice.topk(r.top_k, -1));
-  auto weights = scores.gather(1, chosen);
-  if (r.renormalize) weights = at::div(weights, at::add(weights.sum(-1, true), r.eps));
-  weights = at::mul(weights, r.scale);
-  const int64_t T = x.size(0);
-  if (T <= r.pass_tokens) {
-    return gguf_int_experts(x.contiguous(), chosen.contiguous(), weights.contiguous(), e.gate_up,
-                            e.down, r.intermediate, r.bits);
-  }
-  auto out = at::empty_like(x);
-  for (int64_t a = 0; a < T; a += r.pass_tokens) {
-    const int64_t n = std::min(r.pass_tokens, T - a);
-    out.narrow(0, a, n).copy_(gguf_int_experts(
-        x.narrow(0, a, n).contiguous(), chosen.narrow(0, a, n).contiguous(),
-        weights.narrow(0, a, n).contiguous(), e.gate_up, e.down, r.intermediate, r.bits));
-  }
-  return out;
+  return gguf_routed_experts(x.to(at::kFloat).contiguous(), e.router, e.bias, r.top_k, r.sigmoid,
+                             r.renormalize, r.eps, r.scale, e.gate_up, e.down, r.intermediate,
+                             r.bits, r.pass_tokens);
 }
 
 // tanh-GELU(gate) * up for rows [gate | up]: PyTorch's own ops, as the Python layer calls them
@@ -388,8 +346,9 @@ std::vector<at::Tensor> llama_decoder_layers(
     at::Tensor out;
     if (conv >= 0) {  // B, C and x rows; C * conv(B * x) (`Lfm2DecoderLayer.attention`)
       auto bcx = linear(x, {w[1], small[0], dec[0], kNone}, how, split).chunk(3, 1);
-      auto mixed = short_convolution(at::mul(bcx[0], bcx[2]), conv_weights[conv],
-                                     conv_states[conv], conv_rows);
+      at::Tensor state = conv_states[conv];
+      auto mixed = short_convolution(at::mul(bcx[0], bcx[2]), conv_weights[conv], state,
+                                     conv_rows[0], conv_rows[1], conv_rows[2], conv_rows[3]);
       out = linear(at::mul(bcx[1], mixed), {w[2], small[1], dec[1], kNone}, how, split);
     } else {
       at::Tensor qkv = linear(x, {w[1], small[0], dec[0], qkv_biases[l]}, how, split);

@@ -936,6 +936,22 @@ inline bool uses_amx(int64_t bits, int64_t M) {
   return kAmx && bits == 8 && M >= kAmxMinRows && amx_permitted();
 }
 
+template <class A>
+int64_t groups_of(const Problem<A>& p) {
+  return (p.N + kLanes - 1) / kLanes;
+}
+
+// Column groups g_begin..g_end-1 of M rows, tile by tile: a thread's share of `run`'s batch
+// of a few rows.
+template <Format F, class A>
+void run_tiles(const Problem<A>& p, int64_t M, int64_t g_begin, int64_t g_end) {
+  using TileFn = void (*)(const Problem<A>&, int64_t, int64_t);
+  static constexpr TileFn kTiles[kMaxRows] = {&tile<F, A, 1>, &tile<F, A, 2>, &tile<F, A, 3>,
+                                              &tile<F, A, 4>};
+  over_panels(M, g_begin, g_end, [](int64_t) {},
+              [&](int64_t rows, int64_t m0, int64_t g) { kTiles[rows - 1](p, m0, g); });
+}
+
 template <Format F, class A>
 void run(const Problem<A>& p, int64_t M) {
   if constexpr (std::is_same_v<A, int8_t>) {
@@ -944,15 +960,19 @@ void run(const Problem<A>& p, int64_t M) {
   if constexpr (unpacks<F, A>()) {
     if (M >= unpack_min_rows<F, A>()) return run_unpacked<F>(p, M);
   }
-  using TileFn = void (*)(const Problem<A>&, int64_t, int64_t);
-  static constexpr TileFn kTiles[kMaxRows] = {&tile<F, A, 1>, &tile<F, A, 2>, &tile<F, A, 3>,
-                                              &tile<F, A, 4>};
-  const int64_t groups = (p.N + kLanes - 1) / kLanes;
   // Threads split the column groups
-  at::parallel_for(0, groups, 4, [&](int64_t g_begin, int64_t g_end) {
-    over_panels(M, g_begin, g_end, [](int64_t) {},
-                [&](int64_t rows, int64_t m0, int64_t g) { kTiles[rows - 1](p, m0, g); });
+  at::parallel_for(0, groups_of(p), 4, [&](int64_t g_begin, int64_t g_end) {
+    run_tiles<F>(p, M, g_begin, g_end);
   });
+}
+
+// Whether `run` multiplies M rows of A-bit x over F's blocks with `run_tiles` (the few rows of
+// a decode), where the tile unit and unpacking once take larger batches.
+template <Format F, class A>
+bool runs_tiles(int64_t M) {
+  if (uses_amx(sizeof(A) * 8, M)) return false;
+  if constexpr (unpacks<F, A>()) return M < unpack_min_rows<F, A>();
+  return true;
 }
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
@@ -1230,6 +1250,41 @@ void round_and_run(const float* x, int64_t M, int64_t K, const std::vector<Segme
   }
 }
 
+// The packing's segments for y [rows, out_features] = x [rows, K] W^T (+ bias), every argument
+// checked against them (`lanes`: `lanes_of` the packing).
+std::vector<Segment> checked_segments(const at::Tensor& x, const at::Tensor& packed,
+                                      const c10::optional<at::Tensor>& bias, int64_t out_features,
+                                      int64_t activation_bits, int64_t lanes, const at::Tensor& y) {
+  INFLIGHT_CHECK(activation_bits == 8 || activation_bits == 16,
+              "activation_bits must be 8 or 16, got ", activation_bits);
+  std::vector<Segment> segments = segments_of(packed, lanes);
+  const int64_t K = segments[0].K;
+  for (const Segment& s : segments) {
+    INFLIGHT_CHECK(s.K == K, "mixed packing: segments of ", s.K, " and ", K, " in_features");
+    INFLIGHT_CHECK(is_legacy(s.format) || lanes == kLanes,
+                "5-bit, K-quant and MXFP4 blocks are laid in groups of 8 columns only");
+  }
+  const int64_t columns = segments.back().n0 + segments.back().N;
+  if (packed.dim() == 3) {  // its last group may end in padding
+    INFLIGHT_CHECK(out_features > 0 && out_features > columns - lanes && out_features <= columns,
+                "out_features ", out_features, " does not match the packing's ",
+                columns / lanes, " groups of ", lanes);
+    segments[0].N = out_features;
+  } else {
+    INFLIGHT_CHECK(out_features == columns, "out_features ", out_features,
+                " does not match the mixed packing's ", columns, " columns");
+  }
+  INFLIGHT_CHECK(x.dim() == 2 && x.size(1) == K &&
+                  (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
+              "x: [rows, ", K, "] float32 or bfloat16");
+  INFLIGHT_CHECK(!bias.has_value() || (bias->dim() == 1 && bias->size(0) == out_features),
+              "bias: [", out_features, "]");
+  INFLIGHT_CHECK(y.dim() == 2 && y.size(0) == x.size(0) && y.size(1) == out_features &&
+                  y.scalar_type() == x.scalar_type() && y.is_contiguous(),
+              "y: [rows, out_features] in x's dtype, contiguous");
+  return segments;
+}
+
 }  // namespace
 
 bool gguf_int_linear_available() { return true; }
@@ -1251,37 +1306,13 @@ at::Tensor gguf_int_linear(const at::Tensor& x, const at::Tensor& packed,
 void gguf_int_linear_into(const at::Tensor& x_in, const at::Tensor& packed,
                           const c10::optional<at::Tensor>& bias, int64_t out_features,
                           int64_t activation_bits, at::Tensor& y) {
-  INFLIGHT_CHECK(activation_bits == 8 || activation_bits == 16,
-              "activation_bits must be 8 or 16, got ", activation_bits);
   const int64_t lanes = lanes_of(packed, activation_bits);
-  std::vector<Segment> segments = segments_of(packed, lanes);
+  const std::vector<Segment> segments =
+      checked_segments(x_in, packed, bias, out_features, activation_bits, lanes, y);
   const int64_t K = segments[0].K;
-  for (const Segment& s : segments) {
-    INFLIGHT_CHECK(s.K == K, "mixed packing: segments of ", s.K, " and ", K, " in_features");
-    INFLIGHT_CHECK(is_legacy(s.format) || lanes == kLanes,
-                "5-bit, K-quant and MXFP4 blocks are laid in groups of 8 columns only");
-  }
-  const int64_t columns = segments.back().n0 + segments.back().N;
-  if (packed.dim() == 3) {  // its last group may end in padding
-    INFLIGHT_CHECK(out_features > 0 && out_features > columns - lanes && out_features <= columns,
-                "out_features ", out_features, " does not match the packing's ",
-                columns / lanes, " groups of ", lanes);
-    segments[0].N = out_features;
-  } else {
-    INFLIGHT_CHECK(out_features == columns, "out_features ", out_features,
-                " does not match the mixed packing's ", columns, " columns");
-  }
-  INFLIGHT_CHECK(x_in.dim() == 2 && x_in.size(1) == K &&
-                  (x_in.scalar_type() == at::kFloat || x_in.scalar_type() == at::kBFloat16),
-              "x: [rows, ", K, "] float32 or bfloat16");
-  INFLIGHT_CHECK(!bias.has_value() || (bias->dim() == 1 && bias->size(0) == out_features),
-              "bias: [", out_features, "]");
   const at::Tensor bias_f32 = bias.has_value() ? bias->to(at::kFloat).contiguous() : at::Tensor();
   const float* bias_p = bias_f32.defined() ? bias_f32.data_ptr<float>() : nullptr;
   const int64_t M = x_in.size(0);
-  INFLIGHT_CHECK(y.dim() == 2 && y.size(0) == M && y.size(1) == out_features &&
-                  y.scalar_type() == x_in.scalar_type() && y.is_contiguous(),
-              "y: [rows, out_features] in x's dtype, contiguous");
   if (M == 0) return;
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
   if (lanes == kWideLanes) {  // x read and y written in their own dtype
@@ -1319,6 +1350,75 @@ void gguf_int_linear_into(const at::Tensor& x_in, const at::Tensor& packed,
   if (!y_f32.is_same(y)) y.copy_(y_f32);
 }
 
+namespace {
+
+// `gguf_int_linear_many`'s: one packing's segment of columns over one rounded x.
+template <class A>
+struct Job {
+  Problem<A> p;
+  int64_t M;
+  Format format;
+};
+
+template <class A>
+void run_many(const std::vector<at::Tensor>& xs, const std::vector<at::Tensor>& packed,
+              const std::vector<int64_t>& out_features, std::vector<at::Tensor>& ys) {
+  std::vector<RoundedRows<A>> rounded;
+  rounded.reserve(xs.size());  // the jobs point into it
+  std::vector<Job<A>> jobs;
+  for (size_t i = 0; i < xs.size(); ++i) {
+    const int64_t bits = sizeof(A) * 8, M = xs[i].size(0);
+    const int64_t lanes = lanes_of(packed[i], bits);
+    const std::vector<Segment> segments =
+        checked_segments(xs[i], packed[i], c10::nullopt, out_features[i], bits, lanes, ys[i]);
+    bool tiles = lanes == kLanes && xs[i].scalar_type() == at::kFloat && xs[i].is_contiguous();
+    for (const Segment& s : segments) {
+      with_format(s.format, [&](auto f) { tiles = tiles && runs_tiles<f.value, A>(M); });
+    }
+    if (!tiles) {  // a batch for the tile unit or for unpacking: a region of its own
+      gguf_int_linear_into(xs[i], packed[i], c10::nullopt, out_features[i], bits, ys[i]);
+      continue;
+    }
+    if (M == 0) continue;
+    const int64_t K = segments[0].K;
+    rounded.push_back(round_rows<A>(xs[i].data_ptr<float>(), M, K, M));
+    for (const Segment& s : segments) {
+      const Problem<A> p{&rounded.back(), s.w, nullptr, ys[i].data_ptr<float>() + s.n0, K, s.N,
+                         out_features[i]};
+      jobs.push_back({p, M, s.format});
+    }
+  }
+  std::vector<int64_t> first{0};  // each job's first group in the region's numbering
+  for (const Job<A>& j : jobs) first.push_back(first.back() + groups_of(j.p));
+  at::parallel_for(0, first.back(), 4, [&](int64_t begin, int64_t end) {
+    size_t j = std::upper_bound(first.begin(), first.end(), begin) - first.begin() - 1;
+    for (int64_t g = begin; g < end; ++j) {
+      const int64_t stop = std::min(end, first[j + 1]);
+      with_format(jobs[j].format, [&](auto f) {
+        run_tiles<f.value>(jobs[j].p, jobs[j].M, g - first[j], stop - first[j]);
+      });
+      g = stop;
+    }
+  });
+}
+
+}  // namespace
+
+void gguf_int_linear_many(const std::vector<at::Tensor>& xs, const std::vector<at::Tensor>& packed,
+                          const std::vector<int64_t>& out_features, std::vector<at::Tensor>& ys,
+                          int64_t activation_bits) {
+  INFLIGHT_CHECK(packed.size() == xs.size() && out_features.size() == xs.size() &&
+                     ys.size() == xs.size(),
+                 "one packing, one out_features and one output per x");
+  INFLIGHT_CHECK(activation_bits == 8 || activation_bits == 16,
+                 "activation_bits must be 8 or 16, got ", activation_bits);
+  if (activation_bits == 8) {
+    run_many<int8_t>(xs, packed, out_features, ys);
+  } else {
+    run_many<int16_t>(xs, packed, out_features, ys);
+  }
+}
+
 #else  // the compiler does not target AVX2, FMA and F16C: callers keep the exact paths
 
 bool gguf_int_linear_available() { return false; }
@@ -1336,6 +1436,11 @@ at::Tensor gguf_int_linear(const at::Tensor&, const at::Tensor&,
 
 void gguf_int_linear_into(const at::Tensor&, const at::Tensor&, const c10::optional<at::Tensor>&,
                           int64_t, int64_t, at::Tensor&) {
+  INFLIGHT_CHECK(false, "gguf_int_linear needs AVX2, FMA and F16C");
+}
+
+void gguf_int_linear_many(const std::vector<at::Tensor>&, const std::vector<at::Tensor>&,
+                          const std::vector<int64_t>&, std::vector<at::Tensor>&, int64_t) {
   INFLIGHT_CHECK(false, "gguf_int_linear needs AVX2, FMA and F16C");
 }
 

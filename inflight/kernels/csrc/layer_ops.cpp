@@ -17,6 +17,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 namespace {
 
@@ -196,4 +197,109 @@ void rope_(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
     rope_rows(x.data_ptr<scalar_t>(), x.stride(0), cos.data_ptr<scalar_t>(),
               sin.data_ptr<scalar_t>(), T, num_heads, head_dim, cos.size(1));
   });
+}
+
+namespace {
+
+// A step's convolution over its table of inputs (`short_convolution`): the step's rows of x,
+// then each request's previous inputs (`prev`: `kernel - 1` rows a request, oldest first, already
+// rounded to x's dtype as `.to(x.dtype)` rounds them). `w` is the kernel transposed, [kernel, C]:
+// each tap's weights side by side, so every loop below runs along the channels.
+template <typename T>
+void short_convolution_rows(const T* x, int64_t x_stride, int64_t rows, const float* prev,
+                            const float* w, int64_t taps_per_row, int64_t C, const int64_t* taps,
+                            T* out) {
+  const int64_t back = taps_per_row - 1;
+  at::parallel_for(0, rows, grain(C * taps_per_row), [&](int64_t begin, int64_t end) {
+    std::vector<float> acc(C);
+    for (int64_t t = begin; t < end; ++t) {
+      for (int64_t k = 0; k <= back; ++k) {  // oldest tap first, each product and sum rounded
+        const int64_t i = taps[k * rows + t];
+        const float* wk = w + k * C;
+        auto add_tap = [&](const auto* src) {
+#pragma omp simd
+          for (int64_t c = 0; c < C; ++c) {
+            const float tap = round_to<T>(Num<T>::load(src[c]) * wk[c]);
+            acc[c] = k == 0 ? tap : round_to<T>(acc[c] + tap);
+          }
+        };
+        if (i < rows) {
+          add_tap(x + i * x_stride);
+        } else {
+          add_tap(prev + (i - rows) * C);
+        }
+      }
+      for (int64_t c = 0; c < C; ++c) out[t * C + c] = Num<T>::store(acc[c]);
+    }
+  });
+}
+
+void check_indices(const at::Tensor& t, int64_t numel, int64_t bound, const char* what) {
+  INFLIGHT_CHECK(t.scalar_type() == at::kLong && t.is_contiguous() && t.numel() == numel, what,
+                 ": ", numel, " int64 indices, contiguous");
+  const int64_t* p = t.data_ptr<int64_t>();
+  for (int64_t i = 0; i < numel; ++i) {
+    INFLIGHT_CHECK(p[i] >= 0 && p[i] < bound, what, " ", p[i], " out of range (", bound, ")");
+  }
+}
+
+}  // namespace
+
+at::Tensor short_convolution(const at::Tensor& x, const at::Tensor& weight, at::Tensor& state,
+                             const at::Tensor& taps, const at::Tensor& keep,
+                             const at::Tensor& read_rows, const at::Tensor& write_rows) {
+  INFLIGHT_CHECK(x.dim() == 2 && x.stride(1) == 1, "x: [T, channels] with contiguous rows");
+  const int64_t T = x.size(0), C = x.size(1);
+  INFLIGHT_CHECK(weight.dim() == 2 && weight.size(0) == C && weight.size(1) >= 2 &&
+                     weight.scalar_type() == x.scalar_type(),
+                 "weight: [channels, kernel >= 2] in x's dtype");
+  const int64_t back = weight.size(1) - 1;
+  INFLIGHT_CHECK(state.dim() == 3 && state.size(1) == back && state.size(2) == C &&
+                     state.is_contiguous(),
+                 "state: [rows, kernel - 1, channels], contiguous");
+  const int64_t R = read_rows.numel();
+  check_indices(read_rows, R, state.size(0), "read_rows");
+  check_indices(write_rows, R, state.size(0), "write_rows");
+  check_indices(taps, (back + 1) * T, T + R * back, "taps");
+  check_indices(keep, R * back, T + R * back, "keep");
+  auto out = at::cpu::empty({T, C}, x.options());
+  const int64_t *tp = taps.data_ptr<int64_t>(), *kp = keep.data_ptr<int64_t>(),
+                *rp = read_rows.data_ptr<int64_t>(), *wp = write_rows.data_ptr<int64_t>();
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "short_convolution", [&] {
+    using X = scalar_t;
+    const X* xp = x.data_ptr<X>();
+    const X* kernel = weight.data_ptr<X>();
+    std::vector<float> w((back + 1) * C), prev(R * back * C);
+    for (int64_t c = 0; c < C; ++c) {
+      for (int64_t k = 0; k <= back; ++k) {
+        w[k * C + c] = Num<X>::load(kernel[c * weight.stride(0) + k * weight.stride(1)]);
+      }
+    }
+    AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, state.scalar_type(), "conv_state", [&] {
+      using S = scalar_t;
+      S* sp = state.data_ptr<S>();
+      for (int64_t r = 0; r < R; ++r) {  // each request's earlier inputs, in x's dtype
+        const S* row = sp + rp[r] * back * C;
+        for (int64_t i = 0; i < back * C; ++i) {
+          prev[r * back * C + i] = round_to<X>(Num<S>::load(row[i]));
+        }
+      }
+      short_convolution_rows(xp, x.stride(0), T, prev.data(), w.data(), back + 1, C, tp,
+                             out.data_ptr<X>());
+      // every request's last inputs, all read before any is written
+      std::vector<float> kept(R * back * C);
+      for (int64_t i = 0; i < R * back; ++i) {
+        for (int64_t c = 0; c < C; ++c) {
+          kept[i * C + c] = kp[i] < T ? Num<X>::load(xp[kp[i] * x.stride(0) + c])
+                                      : prev[(kp[i] - T) * C + c];
+        }
+      }
+      for (int64_t r = 0; r < R; ++r) {
+        for (int64_t i = 0; i < back * C; ++i) {
+          sp[wp[r] * back * C + i] = Num<S>::store(kept[r * back * C + i]);
+        }
+      }
+    });
+  });
+  return out;
 }

@@ -44,6 +44,13 @@ at::Tensor add_rms_norm(const at::Tensor& x, at::Tensor& residual,
 at::Tensor silu_and_mul(const at::Tensor& gate_up);
 void rope_(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
            int64_t num_heads, int64_t head_dim);
+// a causal depthwise convolution of x [T, C] with weight [C, kernel] (LFM2's, Qwen3.5's), each
+// request's earlier inputs read from state [rows, kernel - 1, C] at read_rows, the step's last
+// ones written at write_rows (`runner.conv_state.ConvStep`'s taps and keep index the step's rows
+// then the rows read); each product and sum rounded as PyTorch's ops round them -> [T, C]
+at::Tensor short_convolution(const at::Tensor& x, const at::Tensor& weight, at::Tensor& state,
+                             const at::Tensor& taps, const at::Tensor& keep,
+                             const at::Tensor& read_rows, const at::Tensor& write_rows);
 
 // gated_delta.cpp: the gated delta rule (Qwen3.5's DeltaNet layers) over each request's rows
 // [starts[r], starts[r + 1]) of q, k [T, H, K], v [T, H, V], g and beta [T, H] (float32), its
@@ -86,6 +93,11 @@ void gguf_int_linear_into(const at::Tensor& x, const at::Tensor& packed,
 at::Tensor gguf_int_linear(const at::Tensor& x, const at::Tensor& packed,
                            const c10::optional<at::Tensor>& bias, int64_t out_features,
                            int64_t activation_bits);
+// several unbiased linears y_i = x_i W_i^T, each as gguf_int_linear computes it, the few-row ones
+// (a decode token's experts) sharing one parallel region
+void gguf_int_linear_many(const std::vector<at::Tensor>& xs, const std::vector<at::Tensor>& packed,
+                          const std::vector<int64_t>& out_features, std::vector<at::Tensor>& ys,
+                          int64_t activation_bits);
 // experts.cpp: a mixture of experts' chosen experts (their [gate | up] and down packings for
 // gguf_int_linear, SiLU-gated) over x [tokens, hidden], each output times its router weight and
 // added into its token's row in expert order -> [tokens, hidden]
@@ -93,6 +105,19 @@ at::Tensor gguf_int_experts(const at::Tensor& x, const at::Tensor& chosen,
                             const at::Tensor& weights, const std::vector<at::Tensor>& gate_up,
                             const std::vector<at::Tensor>& down, int64_t intermediate,
                             int64_t activation_bits);
+// a float32 router's choice for each token of x [tokens, hidden]: its best `top_k` experts by
+// sigmoid or softmax scores (plus `bias`, where given), and their scores as weights, renormalized
+// (+ eps) where asked and times `scale` -> {weights float32, chosen int64}, both [tokens, k]
+std::vector<at::Tensor> route_experts(const at::Tensor& x, const at::Tensor& router,
+                                      const c10::optional<at::Tensor>& bias, int64_t top_k,
+                                      bool sigmoid, bool renormalize, double eps, double scale);
+// route_experts, then gguf_int_experts over the tokens in passes of at most `pass_tokens`
+at::Tensor gguf_routed_experts(const at::Tensor& x, const at::Tensor& router,
+                               const c10::optional<at::Tensor>& bias, int64_t top_k, bool sigmoid,
+                               bool renormalize, double eps, double scale,
+                               const std::vector<at::Tensor>& gate_up,
+                               const std::vector<at::Tensor>& down, int64_t intermediate,
+                               int64_t activation_bits, int64_t pass_tokens);
 // each head's rows [rows, heads, in] through its own packing -> [heads, rows, out_features]
 at::Tensor gguf_int_linear_heads(const at::Tensor& x, const std::vector<at::Tensor>& packed,
                                  int64_t out_features, int64_t activation_bits);
