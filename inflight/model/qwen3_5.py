@@ -28,9 +28,10 @@ quarter of each head. Every RMSNorm but the DeltaNet output's multiplies by `1 +
 A DeltaNet layer holds no KV: its convolution's last inputs and its state matrices travel from
 step to step in `runner/conv_state.py`'s slots (float32 matrices, as transformers keeps them),
 as LFM2's convolutions do (`lfm2.ConvStateModel`). The recurrence runs token by token
-(`gated_delta_rule`; where the C++ kernels are loaded their `gated_delta_rule`, the same
-arithmetic to float32 rounding). Not built: tensor parallelism over the DeltaNet
-layers, the multi-token prediction layer (`mtp.*`, skipped), images.
+(`gated_delta_rule`); where the C++ kernels are loaded, the whole layer between its projections
+is one call (`gated_delta_net`: the same ops, rounding where they round, to float32 rounding).
+Not built: tensor parallelism over the DeltaNet layers, the multi-token prediction layer
+(`mtp.*`, skipped), images.
 """
 
 from __future__ import annotations
@@ -143,9 +144,30 @@ class Qwen3_5DecoderLayer(Qwen3DecoderLayer):
         if not self.is_conv:
             return super().attention(x, cos, sin, kv_cache, meta, query_scale, decodes)
         conv_state, step = kv_cache
-        t = x.shape[0]
-        qkv, z = apply_linear(self.qkvz_proj, x, decodes).split(self.qkvz_split, dim=-1)
-        b, a = apply_linear(self.ba_proj, x, decodes).chunk(2, dim=-1)
+        qkvz = apply_linear(self.qkvz_proj, x, decodes)
+        ba = apply_linear(self.ba_proj, x, decodes)
+        states = step.recurrent[self.state_index]
+        ext = getattr(self.ops, "ext", None)  # (CpuLayerOps': the whole layer in one call)
+        if ext is not None:
+            gated = ext.gated_delta_net(
+                qkvz, ba, self.conv_weight, conv_state, step.taps, step.keep, step.read_rows,
+                step.write_rows, step.starts, states, self.decay_rate, self.dt_bias,
+                self.norm.weight, self.norm.eps, self.key_heads, self.tiled,
+            )  # fmt: skip
+        else:
+            gated = self.delta_net(qkvz, ba, conv_state, states, step)
+        return apply_linear(self.out_proj, gated, decodes)
+
+    def delta_net(
+        self, qkvz: torch.Tensor, ba: torch.Tensor, conv_state: torch.Tensor,
+        states: torch.Tensor, step: Any,
+    ) -> torch.Tensor:  # fmt: skip
+        """The layer between its projections, [T, q | k | v | z] and [T, b | a] -> [T, value
+        heads x value dim] for out_proj, in PyTorch ops (csrc/gated_delta.cpp's
+        `gated_delta_net` is this in one C++ call)."""
+        t, dtype = qkvz.shape[0], qkvz.dtype
+        qkv, z = qkvz.split(self.qkvz_split, dim=-1)
+        b, a = ba.chunk(2, dim=-1)
         qkv = F.silu(self.ops.short_convolution(qkv, self.conv_weight, conv_state, step))
         q, k, v = qkv.split(self.qkv_split, dim=-1)
         repeats = self.value_heads // self.key_heads
@@ -157,22 +179,11 @@ class Qwen3_5DecoderLayer(Qwen3DecoderLayer):
             q, k = q.repeat_interleave(repeats, dim=1), k.repeat_interleave(repeats, dim=1)
         beta = torch.sigmoid(b).float()
         g = self.decay_rate.float() * F.softplus(a.float() + self.dt_bias.float())
-        states = step.recurrent[self.state_index]
-        out = self.delta_rule(q, k, v.float().reshape(t, self.value_heads, self.value_dim), g, beta,
-                              states, step).to(x.dtype)  # fmt: skip
+        v = v.float().reshape(t, self.value_heads, self.value_dim)
+        out = gated_delta_rule(q, k, v, g, beta, states, step).to(dtype)
         normed = self.ops.rms_norm(out.view(-1, self.value_dim), self.norm.weight, self.norm.eps)
-        gated = (normed.float() * F.silu(z.float().reshape(-1, self.value_dim))).to(x.dtype)
-        return apply_linear(self.out_proj, gated.view(t, -1), decodes)
-
-    def delta_rule(self, *args: Any) -> torch.Tensor:
-        """`gated_delta_rule`, in C++ where the kernels are loaded (`ops.ext`)."""
-        ext = getattr(self.ops, "ext", None)  # (CpuLayerOps')
-        if ext is not None:
-            *rows, states, step = args
-            q, k, v, g, beta = (x.contiguous() for x in rows)
-            return ext.gated_delta_rule(q, k, v, g, beta, states, step.read_rows,
-                                        step.write_rows, step.starts)  # fmt: skip
-        return gated_delta_rule(*args)
+        gated = (normed.float() * F.silu(z.float().reshape(-1, self.value_dim))).to(dtype)
+        return gated.view(t, -1)
 
 
 class Qwen3_5Model(ConvStateModel):

@@ -189,6 +189,57 @@ def test_the_cpp_rule_computes_the_python_one():
                              step.write_rows, starts)  # fmt: skip
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("tiled", [False, True])
+def test_the_cpp_layer_computes_the_pytorch_one(qwen3_5, dtype, tiled):
+    """`gated_delta_net` (a DeltaNet layer between its projections in one C++ call) against the
+    layer's PyTorch ops (`delta_net`): requests of 1 to 9 rows from their states, the output,
+    the convolution's state and the matrices written, to float32 rounding (bf16: a step of its
+    own where an elementwise function lands an ulp apart)."""
+    from tests.model.test_layer_ops import conv_step
+
+    folder, *_ = qwen3_5
+    model = LLM(str(folder), dtype=str(dtype).removeprefix("torch.")).core.loaded.model
+    layer = next(layer for layer in model.layers if layer.is_conv)
+    layer.tiled = tiled
+    ext = layer.ops.ext
+    torch.manual_seed(int(tiled))
+    lengths, rows = [1, 9, 1, 4], 10
+    t = sum(lengths)
+    step = conv_step(lengths, layer.conv_weight.shape[1] - 1, rows)
+    step.starts = [0, *torch.tensor(lengths).cumsum(0).tolist()]
+    qkvz = torch.randn(t, layer.qkvz_proj.out_features, dtype=dtype)
+    ba = torch.randn(t, 2 * layer.value_heads, dtype=dtype)
+    conv = torch.randn(rows, *layer.conv_weight.shape[::-1], dtype=dtype)[:, 1:]
+    states = torch.randn(rows, layer.value_heads, layer.key_dim, layer.value_dim) * 0.1
+    want_conv, want_states = conv.clone().contiguous(), states.clone()
+    got_conv, got_states = conv.clone().contiguous(), states.clone()
+    want = layer.delta_net(qkvz, ba, want_conv, want_states, step)
+    got = ext.gated_delta_net(
+        qkvz, ba, layer.conv_weight, got_conv, step.taps, step.keep, step.read_rows,
+        step.write_rows, step.starts, got_states, layer.decay_rate, layer.dt_bias,
+        layer.norm.weight, layer.norm.eps, layer.key_heads, tiled,
+    )  # fmt: skip
+    assert got.dtype == dtype and got.shape == want.shape
+    assert torch.equal(got_conv, want_conv)
+    torch.testing.assert_close(got_states, want_states, rtol=2e-5, atol=2e-5)
+    if dtype == torch.float32:
+        torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-5)
+    else:
+        torch.testing.assert_close(got, want, rtol=2**-7, atol=2**-7)
+        assert (got == want).float().mean() > 0.95
+    with pytest.raises(RuntimeError, match="key heads"):
+        ext.gated_delta_net(qkvz, ba, layer.conv_weight, got_conv, step.taps, step.keep,
+                            step.read_rows, step.write_rows, step.starts, got_states,
+                            layer.decay_rate, layer.dt_bias, layer.norm.weight, 1e-6,
+                            layer.value_heads + 1, tiled)  # fmt: skip
+    with pytest.raises(RuntimeError, match="out of range"):
+        ext.gated_delta_net(qkvz, ba, layer.conv_weight, got_conv, step.taps, step.keep,
+                            step.read_rows, step.write_rows, [0, 1, 10, 11, t + 1], got_states,
+                            layer.decay_rate, layer.dt_bias, layer.norm.weight, 1e-6,
+                            layer.key_heads, tiled)  # fmt: skip
+
+
 @pytest.mark.parametrize("qtype", [GGMLQuantizationType.F32, GGMLQuantizationType.Q8_0],
                          ids=lambda q: q.name)  # fmt: skip
 def test_a_qwen35_gguf_generates_as_transformers_with_its_weights(tmp_path, qwen3_5, qtype):

@@ -29,6 +29,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("read_rows"), py::arg("write_rows"));
   m.def("gated_delta_rule", &gated_delta_rule, no_gil(),
         "the gated delta rule over each request's rows, its state matrices read and written");
+  m.def("gated_delta_net", &gated_delta_net, no_gil(),
+        "a DeltaNet layer between its projections: convolution, SiLU, the gated delta rule, "
+        "RMSNorm times SiLU(z)",
+        py::arg("qkvz"), py::arg("ba"), py::arg("conv_weight"), py::arg("conv_state"),
+        py::arg("taps"), py::arg("keep"), py::arg("read_rows"), py::arg("write_rows"),
+        py::arg("starts"), py::arg("states"), py::arg("decay_rate"), py::arg("dt_bias"),
+        py::arg("norm_weight"), py::arg("eps"), py::arg("key_heads"), py::arg("tiled"));
   m.def("bf16_linear_available", &bf16_linear_available, no_gil(),
         "whether this machine compiled bf16_linear (AVX-512 BF16)");
   m.def("pack_bf16_linear", &pack_bf16_linear, no_gil(),

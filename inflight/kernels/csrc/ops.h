@@ -60,6 +60,17 @@ at::Tensor gated_delta_rule(const at::Tensor& q, const at::Tensor& k, const at::
                             const at::Tensor& g, const at::Tensor& beta, at::Tensor& states,
                             const at::Tensor& read_rows, const at::Tensor& write_rows,
                             const std::vector<int64_t>& starts);
+// a DeltaNet layer between its projections: qkvz [T, q | k | v | z] and ba [T, b | a] (the model's
+// dtype) through the short convolution (its state and ConvStep rows), SiLU, the rule (its state
+// matrices `states`), the per-head RMSNorm times SiLU(z) -> [T, value heads x value dim]
+at::Tensor gated_delta_net(const at::Tensor& qkvz, const at::Tensor& ba,
+                           const at::Tensor& conv_weight, at::Tensor& conv_state,
+                           const at::Tensor& taps, const at::Tensor& keep,
+                           const at::Tensor& read_rows, const at::Tensor& write_rows,
+                           const std::vector<int64_t>& starts, at::Tensor& states,
+                           const at::Tensor& decay_rate, const at::Tensor& dt_bias,
+                           const at::Tensor& norm_weight, double eps, int64_t key_heads,
+                           bool tiled);
 
 // bf16_linear.cpp: bfloat16 linear layers for decode-sized batches (AVX-512 BF16 machines only)
 bool bf16_linear_available();
