@@ -1,8 +1,9 @@
 """Cost model: the time of one engine step from what the scheduler put in it.
 
-    memory  = weights (read once per step) + KV read for every attended context token
-              + KV written for every new token
-    compute = 2 FLOPs per linear parameter per token + LM head for sampling tokens
+    memory  = weights (read once per step: of a mixture of experts, those its tokens chose)
+              + KV read for every attended context token + KV written for every new token
+    compute = 2 FLOPs per linear parameter a token multiplies (its experts alone, in a sparse
+              layer) per token + LM head for sampling tokens
               + 4 * layers * heads * head_dim per (query, key) pair of causal attention
     step    = overhead + per-sequence overhead * seqs
               + combine(memory / bandwidth, compute / peak)   (max: roofline; sum: serial)
@@ -88,10 +89,10 @@ def model_step_work(out: SchedulerOutput, arch: LlamaArchConfig) -> StepWork:
 def step_amounts(model: ModelProfile, work: StepWork) -> tuple[float, float, float]:
     """What the step moves and computes on one rank: (weight bytes, KV bytes, FLOPs)."""
     tp = model.tensor_parallel
-    weight_bytes = model.weight_bytes_per_step / tp if work.num_tokens else 0.0
+    weight_bytes = model.step_weight_bytes(work.num_tokens) / tp
     kv_bytes = float((work.kv_read_tokens + work.num_tokens) * model.kv_bytes_per_token)
     flops = (
-        2.0 * model.linear_params * work.num_tokens
+        2.0 * model.active_linear_params * work.num_tokens
         + 2.0 * model.head_params * work.num_sampled
         + float(model.attention_flops_per_pair) * work.attention_pairs
     ) / tp

@@ -6,6 +6,14 @@ Linear layers hold (almost) all parameters; their weights are read once per step
 the LM head runs only for tokens that sample. Quantized checkpoints (fp8, int4) keep the
 embedding and LM head in 16 bits, as common recipes do.
 
+Each layer is counted as the engine builds it: attention (its query rows doubled where they
+carry an output gate; DeepSeek's latent attention by its low-rank projections), or an LFM2
+short convolution's in and out projections, or a Qwen3.5 DeltaNet layer's q/k/v/z, b/a and out
+projections; then a gated MLP (Arcee's ungated up and down), or in a sparse layer a router, its
+experts and a shared expert. Memory holds every expert; a token multiplies its
+`experts_per_token` of them, and a step reads the experts its tokens chose: for tokens routed
+independently and evenly, E (1 - (1 - k / E)^tokens) of a layer's E.
+
 Tensor parallelism over `tensor_parallel` devices (Megatron's split, as vLLM does it): q/k/v,
 gate and up by output columns, o and down by input rows, embedding and LM head by vocabulary, so
 each rank holds and reads 1/TP of the weights and does 1/TP of the FLOPs. Each rank caches its
@@ -50,28 +58,71 @@ class ModelProfile:
 
         check_tensor_parallel(self.arch, self.tensor_parallel)
 
-    @property
-    def linear_params_per_layer(self) -> int:
-        """An attention layer's: q/k/v, o and its MLP."""
-        a = self.arch
+    def _mixer_params(self, layer: int) -> int:
+        """Layer `layer`'s attention (or what takes its place) projections."""
+        a, h = self.arch, self.arch.hidden_size
+        if layer in a.conv_layers and a.delta_value_heads:  # Qwen3.5's DeltaNet
+            values = a.delta_value_heads * a.delta_value_dim
+            return h * (a.conv_width + values) + h * 2 * a.delta_value_heads + values * h
+        if layer in a.conv_layers:  # LFM2's short convolution: B, C, x in; out
+            return 4 * h * a.conv_width
+        if a.kv_lora_rank:  # latent attention: q (through its own latent), kv latent, o
+            query = a.num_heads * (a.qk_nope_head_dim + a.rotary_dim)
+            q = h * a.q_lora_rank + a.q_lora_rank * query if a.q_lora_rank else h * query
+            kv = (h * (a.kv_lora_rank + a.rotary_dim)
+                  + a.kv_lora_rank * a.num_heads * (a.qk_nope_head_dim + a.v_head_dim))  # fmt: skip
+            return q + kv + a.num_heads * a.v_head_dim * h
         q = a.num_heads * a.head_dim
-        kv = a.num_kv_heads * a.head_dim
-        return (
-            a.hidden_size * (q + 2 * kv)
-            + q * a.hidden_size
-            + 3 * a.hidden_size * (a.intermediate_size)
-        )
+        q_rows = 2 * q if a.attention_output_gate else q
+        return h * (q_rows + 2 * a.num_kv_heads * a.head_dim) + q * h
+
+    def _mlp_params(self, layer: int) -> tuple[int, int]:
+        """Layer `layer`'s MLP: (parameters every token multiplies, one routed expert's); the
+        latter 0 in a dense layer."""
+        a, h = self.arch, self.arch.hidden_size
+        gated = 2 if a.architecture == "arcee" else 3  # (Arcee's up and down alone)
+        if not a.num_experts or layer in a.dense_layers:
+            return gated * h * a.intermediate_size, 0
+        shared = 3 * h * a.shared_expert_intermediate_size + (h if a.shared_expert_gate else 0)
+        return a.num_experts * h + shared, 3 * h * a.expert_intermediate_size
+
+    @property
+    def _sparse_layers(self) -> list[int]:
+        return [i for i in range(self.arch.num_layers) if self._mlp_params(i)[1]]
 
     @property
     def linear_params(self) -> int:
-        """Every layer's; a short-convolution layer (LFM2's) has in (3H) and out (H)
-        projections where an attention layer has q/k/v and o."""
-        a = self.arch
-        q = a.num_heads * a.head_dim
-        attention = a.hidden_size * (q + 2 * a.num_kv_heads * a.head_dim) + q * a.hidden_size
-        convolution = 4 * a.hidden_size * a.hidden_size
-        swapped = len(a.conv_layers) * (convolution - attention)
-        return a.num_layers * self.linear_params_per_layer + swapped
+        """Every layer's linear weights, every expert's among them: what memory holds."""
+        total = 0
+        for i in range(self.arch.num_layers):
+            every_token, expert = self._mlp_params(i)
+            total += self._mixer_params(i) + every_token + self.arch.num_experts * expert
+        return total
+
+    @property
+    def active_linear_params(self) -> int:
+        """The linear weights one token multiplies: its `experts_per_token` in a sparse layer."""
+        total = 0
+        for i in range(self.arch.num_layers):
+            every_token, expert = self._mlp_params(i)
+            total += self._mixer_params(i) + every_token + self.arch.experts_per_token * expert
+        return total
+
+    def experts_read(self, num_tokens: int) -> float:
+        """How many of a sparse layer's experts a step of `num_tokens` tokens reads: those
+        chosen at least once, tokens routed independently and evenly."""
+        e, k = self.arch.num_experts, self.arch.experts_per_token
+        return e * (1 - (1 - k / e) ** num_tokens) if e and num_tokens else 0.0
+
+    def step_weight_bytes(self, num_tokens: int) -> float:
+        """Weights a step of `num_tokens` tokens reads: every linear but the experts its tokens
+        did not choose, and the LM head."""
+        if not num_tokens:
+            return 0.0
+        unread = self.arch.num_experts - self.experts_read(num_tokens)
+        expert_params = sum(self._mlp_params(i)[1] for i in self._sparse_layers)
+        params = self.linear_params - unread * expert_params
+        return params * WEIGHT_BYTES[self.weight_dtype] + self.head_bytes
 
     @property
     def head_params(self) -> int:
@@ -93,15 +144,11 @@ class ModelProfile:
         return self.head_params * (2.0 if quantized else WEIGHT_BYTES[self.weight_dtype])
 
     @property
-    def weight_bytes_per_step(self) -> float:
-        """Weights every step reads: all linear layers and the LM head."""
-        return self.linear_params * WEIGHT_BYTES[self.weight_dtype] + self.head_bytes
-
-    @property
     def weight_bytes_total(self) -> float:
-        """Memory the weights occupy (the embedding too, when not tied to the head)."""
+        """Memory the weights occupy (every expert; the embedding too, when not tied to the
+        head)."""
         untied = 0 if self.arch.tie_word_embeddings else self.head_bytes
-        return self.weight_bytes_per_step + untied
+        return self.linear_params * WEIGHT_BYTES[self.weight_dtype] + self.head_bytes + untied
 
     @property
     def rank_weight_bytes(self) -> float:

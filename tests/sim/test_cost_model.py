@@ -21,10 +21,11 @@ def scheduled(start: int, n: int, sample: bool = True) -> ScheduledRequest:
 def test_toy_model_counts():
     m = toy_model()
     # q 4x4, k and v 4x2 each, o 4x4, MLP 3 x 4x8 = 16 + 16 + 16 + 96 = 144 per layer
-    assert m.linear_params_per_layer == 144 and m.linear_params == 288
+    assert m.linear_params == m.active_linear_params == 288
     assert m.head_params == 40 and m.num_params == 328  # tied: the head is the embedding
     assert m.kv_bytes_per_token == 2 * 2 * 1 * 2 * 2  # K and V, 2 layers, 1 head of 2, bf16
-    assert m.weight_bytes_per_step == (288 + 40) * 2
+    assert m.step_weight_bytes(1) == m.step_weight_bytes(64) == (288 + 40) * 2
+    assert m.step_weight_bytes(0) == 0
     assert m.attention_flops_per_pair == 4 * 2 * 2 * 2
 
 
@@ -48,7 +49,7 @@ def test_quantized_weights_keep_embedding_and_head_in_16_bits():
     head = 128256 * 8192
     assert fp8.weight_bytes_total == fp8.linear_params + 2 * head * 2
     int4 = load_model_profile("llama-3.3-70b", "int4")
-    assert int4.weight_bytes_per_step == pytest.approx(int4.linear_params * 0.515625 + head * 2)
+    assert int4.step_weight_bytes(1) == pytest.approx(int4.linear_params * 0.515625 + head * 2)
     assert int4.compute_dtype == "bf16" and fp8.compute_dtype == "fp8"
 
 
@@ -108,21 +109,48 @@ def test_empty_step_costs_only_overhead():
     assert cost.seconds == pytest.approx(0.1) and cost.weight_bytes == 0
 
 
-def test_a_short_convolution_model_is_counted_layer_by_layer(tiny_model_factory):
-    """LFM2's convolution layers hold in (3H) and out (H) projections and no KV: the profile
-    counts transformers' linear weights of the model and the engine's KV bytes a token."""
+def hf_linear_weights(folder) -> int:
+    """transformers' weights of a model's linear maps (2-D or stacked experts' 3-D), without
+    the embedding, the LM head, the convolutions' kernels and biases."""
     import torch
     from transformers import AutoModelForCausalLM
 
+    hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    skipped = ("embed_tokens", "lm_head", "bias")
+    kernels = (".conv.conv.weight", ".conv1d.weight")  # (LFM2's, Qwen3.5's)
+    return sum(p.numel() for name, p in hf.named_parameters()
+               if p.dim() >= 2 and not any(s in name for s in skipped)
+               and not name.endswith(kernels))  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "family",
+    ["llama", "arcee", "lfm2", "lfm2_moe", "qwen3_moe", "qwen2_moe", "glm4_moe", "deepseek_v2",
+     "qwen3_5", "qwen3_5_moe"],
+)  # fmt: skip
+def test_the_profile_counts_each_familys_layers_as_transformers_holds_them(
+    tiny_model_factory, family
+):
+    """Every layer kind (attention with and without an output gate, latent attention, LFM2's
+    convolutions, Qwen3.5's DeltaNet layers; gated, ungated and sparse MLPs with their routers
+    and shared experts): the profile's linear weights are transformers' (every expert), and its
+    KV bytes a token the engine's. A token multiplies its experts_per_token of each sparse
+    layer's experts; a step of many tokens reads nearly all of them, one token its own."""
     from inflight import LLM
     from inflight.sim.model_profile import ModelProfile
 
-    folder = tiny_model_factory("lfm2")
-    hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
-    linears = sum(m.weight.numel() for name, m in hf.named_modules()
-                  if isinstance(m, torch.nn.Linear) and name != "lm_head")  # fmt: skip
+    folder = tiny_model_factory(family)
     llm = LLM(str(folder), dtype="float32", num_kv_blocks=16)
-    profile = ModelProfile("tiny-lfm2", llm.core.arch, weight_dtype="fp32", kv_dtype="fp32")
-    assert profile.linear_params == linears
+    arch = llm.core.arch
+    profile = ModelProfile(f"tiny-{family}", arch, weight_dtype="fp32", kv_dtype="fp32")
+    assert profile.linear_params == hf_linear_weights(folder)
     cache = llm.core.kv_cache
     assert profile.kv_bytes_per_token == cache.num_bytes // (16 * cache.block_size)
+    sparse = [i for i in range(arch.num_layers) if arch.num_experts and i not in arch.dense_layers]
+    expert = 3 * arch.hidden_size * arch.expert_intermediate_size
+    unused = (arch.num_experts - arch.experts_per_token) * expert * len(sparse)
+    assert profile.active_linear_params == profile.linear_params - unused
+    one, many = profile.step_weight_bytes(1), profile.step_weight_bytes(10_000)
+    assert one == pytest.approx(many - unused * 4)
+    embedding = 0 if arch.tie_word_embeddings else profile.head_bytes
+    assert many == pytest.approx(profile.weight_bytes_total - embedding)
