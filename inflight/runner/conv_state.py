@@ -11,10 +11,13 @@ starts again from its first token, with zeros before it). At most `max_num_seqs`
 at once, so that many slots never run out. The core knows nothing of slots: like the drafter's
 per-request state, they follow the scheduler's finished and preempted ids.
 
-Each slot has two rows, written in turn: a step reads the row that holds the state before its
-chunk's first position and writes the other, which counts only once the forward pass returns
-(`ConvStep.commit`). A step run again (a failed batch's halves, `ModelRunner._run_isolating`)
-reads what it read the first time, so a request's tokens never depend on another's failure.
+Each slot is one row, which a step reads and writes in place (the kernels read a request's row
+before they write it): its position counts only once the forward pass returns
+(`ConvStep.commit`). A forward pass that fails midway may have advanced some layers' rows and
+not others; before the batch runs again (its halves, `ModelRunner._run_isolating`) the runner
+rebuilds each of its requests' rows from the request's tokens (`ModelRunner._rebuild_state`),
+which gives the values they held (a token's computation never depends on its batch), so a
+request's tokens never depend on another's failure.
 
 Split over tensor-parallel ranks, each rank holds its share of the channels, in the slots and
 rows rank 0 chose (`ConvStep.rows`, sent with the step).
@@ -52,16 +55,16 @@ class ConvStep:
     # each DeltaNet layer's state matrices [rows, value heads, key dim, value dim] (their rows
     # are the convolution's: `read_rows`, `write_rows`); none for LFM2
     recurrent: list[torch.Tensor] = field(default_factory=list)
-    # (slot, row of the slot, position the row holds the state before) to mark once run
-    _written: list[tuple[int, int, int]] = field(default_factory=list)
-    _valid: list[list[int]] | None = None
+    # (slot, position its row holds the state before) to mark once run
+    _written: list[tuple[int, int]] = field(default_factory=list)
+    _valid: list[int] | None = None
 
     def commit(self) -> None:
         """Marks the written rows as the requests' state (the forward pass returned)."""
         if self._valid is None:
             return
-        for slot, row, position in self._written:
-            self._valid[slot][row] = position
+        for slot, position in self._written:
+            self._valid[slot] = position
 
 
 def recurrent_shape(arch: LlamaArchConfig) -> tuple[int, int, int] | None:
@@ -84,21 +87,21 @@ def sequence_state_bytes(arch: LlamaArchConfig, dtype: torch.dtype) -> int:
 
 def conv_state_bytes(arch: LlamaArchConfig, num_slots: int, dtype: torch.dtype) -> int:
     """What `ConvState` holds for a model of `arch` (a rank's share of the channels) with
-    `num_slots` slots: two rows a slot, a zero row and a scratch row."""
-    return (2 * num_slots + 2) * sequence_state_bytes(arch, dtype)
+    `num_slots` slots: a row a slot, a zero row and a scratch row."""
+    return (num_slots + 2) * sequence_state_bytes(arch, dtype)
 
 
 class ConvState:
-    """Every convolution layer's state tensor [2 * slots + 2, kernel - 1, channels] (and a
-    DeltaNet layer's matrices [2 * slots + 2, *recurrent]): rows 2s and 2s + 1 are slot s's
-    two; row 2 * slots is zeros (read before a request's first token, never written); the last
-    is scratch (written by warm-up steps, never read)."""
+    """Every convolution layer's state tensor [slots + 2, kernel - 1, channels] (and a
+    DeltaNet layer's matrices [slots + 2, *recurrent]): row s is slot s's; row `slots` is
+    zeros (read before a request's first token, never written); the last is scratch (written by
+    warm-up steps, never read)."""
 
     def __init__(self, num_layers: int, num_slots: int, kernel: int, channels: int,
                  dtype: torch.dtype, device: torch.device,
                  recurrent: tuple[int, int, int] | None = None) -> None:  # fmt: skip
         self.kernel, self.num_slots, self.device = kernel, num_slots, device
-        rows = 2 * num_slots + 2
+        rows = num_slots + 2
         shape = (rows, kernel - 1, channels)
         self.layers = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.recurrent = [] if recurrent is None else [
@@ -106,11 +109,11 @@ class ConvState:
             for _ in range(num_layers)
         ]  # fmt: skip
         self.num_bytes = sum(t.numel() * t.element_size() for t in self.layers + self.recurrent)
-        self._zero_row, self._scratch_row = 2 * num_slots, 2 * num_slots + 1
+        self._zero_row, self._scratch_row = num_slots, num_slots + 1
         self._free = list(range(num_slots - 1, -1, -1))
         self._slot_of: dict[str, int] = {}
-        # per slot, the position before which each of its two rows holds the state (-1: none)
-        self._valid = [[-1, -1] for _ in range(num_slots)]
+        # per slot, the position before which its row holds the state (-1: none)
+        self._valid = [-1] * num_slots
 
     @classmethod
     def for_model(cls, arch: LlamaArchConfig, num_slots: int, dtype: torch.dtype,
@@ -128,7 +131,7 @@ class ConvState:
         for request_id in request_ids:
             slot = self._slot_of.pop(request_id, None)
             if slot is not None:
-                self._valid[slot] = [-1, -1]
+                self._valid[slot] = -1
                 self._free.append(slot)
 
     def step(self, scheduled: list[ScheduledRequest], query_start_loc: list[int],
@@ -151,24 +154,20 @@ class ConvState:
                     raise RuntimeError(f"more running requests than the {self.num_slots} "
                                        "convolution state slots")  # fmt: skip
                 slot = self._slot_of[s.request_id] = self._free.pop()
-            if s.start_pos == 0:
-                row = -1  # zeros before the first token; written to row 0
-            elif s.start_pos in self._valid[slot]:
-                row = self._valid[slot].index(s.start_pos)
-            else:
+            if s.start_pos != 0 and self._valid[slot] != s.start_pos:
                 raise RuntimeError(f"request {s.request_id}'s convolution state is not the one "
                                    f"before position {s.start_pos}")  # fmt: skip
-            read.append(self._zero_row if row < 0 else 2 * slot + row)
-            target = 0 if row < 0 else 1 - row
-            write.append(2 * slot + target)
-            written.append((slot, target, s.start_pos + s.num_tokens))
+            # zeros before the first token; the state so far after it
+            read.append(self._zero_row if s.start_pos == 0 else slot)
+            write.append(slot)
+            written.append((slot, s.start_pos + s.num_tokens))
         if scratch:
             return self.at_rows((read, write), query_start_loc)
         return self.at_rows((read, write), query_start_loc, written, self._valid)
 
     def at_rows(self, rows: tuple[list[int], list[int]], query_start_loc: list[int],
-                written: list[tuple[int, int, int]] | None = None,
-                valid: list[list[int]] | None = None) -> ConvStep:  # fmt: skip
+                written: list[tuple[int, int]] | None = None,
+                valid: list[int] | None = None) -> ConvStep:  # fmt: skip
         """A step over the rows rank 0 chose (`ConvStep.rows`): another tensor-parallel rank's,
         whose slots mirror rank 0's (the same rows of its share of the channels); rank 0's own,
         with the rows it marks valid once run (`written`, in `valid`)."""

@@ -3,6 +3,7 @@ per sampling request, after the drafts it carries are verified."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -32,6 +33,8 @@ from inflight.sampling_params import SamplingParams
 from inflight.structured import GrammarMasks
 
 WARM_UP_CHUNK = 512  # tokens per prompt chunk of the start-up warm-up
+# tokens per step of a convolution state's rebuild after a failed step (`_rebuild_states`)
+REBUILD_CHUNK_TOKENS = 512
 
 logger = logging.getLogger(__name__)
 
@@ -187,10 +190,38 @@ class ModelRunner:
                 return ModelRunnerOutput(failed={request_id: f"{type(e).__name__}: {e}"})
             logger.warning("a step of %d requests failed (%s); running them apart",
                            len(scheduled), type(e).__name__)  # fmt: skip
+            result = ModelRunnerOutput()
+            if self.conv_state is not None:  # their state rows may be half-advanced
+                failed = self._rebuild_states(scheduled)
+                result.failed.update(failed)
+                scheduled = [s for s in scheduled if s.request_id not in failed]
             mid = len(scheduled) // 2
-            result = self._run_isolating(scheduled[:mid])
+            result.merge(self._run_isolating(scheduled[:mid]))
             result.merge(self._run_isolating(scheduled[mid:]))
             return result
+
+    def _rebuild_states(self, scheduled: list[ScheduledRequest]) -> dict[str, str]:
+        """Each request's convolution state as it was before a failed step: recomputed from its
+        first token to the step's start, alone, in chunks (its KV blocks rewritten with the
+        values they hold: a token's computation never depends on its batch). Returns the
+        requests whose own tokens fail there, with the error."""
+        failed = {}
+        for s in scheduled:
+            history = (s.prompt_token_ids + s.output_token_ids)[: s.start_pos]
+            try:
+                for start in range(0, len(history), REBUILD_CHUNK_TOKENS):
+                    chunk = history[start : start + REBUILD_CHUNK_TOKENS]
+                    replay = dataclasses.replace(s, token_ids=chunk, start_pos=start,
+                                                 sample=False, draft_token_ids=[], grammar=None,
+                                                 sampling_params=SamplingParams())  # fmt: skip
+                    self._run([replay])
+            except ModelFailedError:
+                raise
+            except Exception as e:
+                logger.error("request %s failed rebuilding its state: %s: %s",
+                             s.request_id, type(e).__name__, e, exc_info=e)  # fmt: skip
+                failed[s.request_id] = f"{type(e).__name__}: {e}"
+        return failed
 
     def _run(self, scheduled: list[ScheduledRequest]) -> ModelRunnerOutput:
         if self.fault_hook is not None:

@@ -122,12 +122,14 @@ def test_bad_inputs_raise_instead_of_reading_out_of_bounds():
         FUSED.rope_(x, torch.randn(4, 3), torch.randn(4, 2), 1, 8)
 
 
-def conv_step(lengths: list[int], back: int, rows: int) -> SimpleNamespace:
+def conv_step(lengths: list[int], back: int, rows: int, in_place: bool = False) -> SimpleNamespace:
     """A `ConvStep`'s indices for requests of these many rows each (the step's rows in request
-    order), request r reading state row r and writing row `rows - 1 - r`: each token's taps are
-    the `back + 1` inputs ending at its own, the earliest from the state rows read (table rows
-    after the step's T)."""
+    order), request r reading state row r and writing row `rows - 1 - r` (row r again:
+    `in_place`, as a running request's slot is written): each token's taps are the `back + 1`
+    inputs ending at its own, the earliest from the state rows read (table rows after the
+    step's T)."""
     T, taps, keep, start = sum(lengths), [], [], 0
+    read = torch.arange(len(lengths))
     for r, n in enumerate(lengths):
         inputs = [T + r * back + j for j in range(back)] + list(range(start, start + n))
         taps += [inputs[j : j + back + 1] for j in range(n)]
@@ -135,23 +137,24 @@ def conv_step(lengths: list[int], back: int, rows: int) -> SimpleNamespace:
         start += n
     return SimpleNamespace(
         taps=torch.tensor(taps).reshape(T, back + 1).t().contiguous(), keep=torch.tensor(keep),
-        read_rows=torch.arange(len(lengths)), write_rows=rows - 1 - torch.arange(len(lengths)),
+        read_rows=read, write_rows=read if in_place else rows - 1 - read,
     )  # fmt: skip
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("state_dtype", DTYPES)
 @pytest.mark.parametrize("lengths", [[1], [1, 1, 1], [3, 1, 17], [40]])
-def test_short_convolution_rounds_as_pytorch(dtype, state_dtype, lengths):
+@pytest.mark.parametrize("in_place", [False, True])
+def test_short_convolution_rounds_as_pytorch(dtype, state_dtype, lengths, in_place):
     """LFM2's and Qwen3.5's causal convolution in C++: PyTorch's outputs and written state,
-    bit for bit, from the step's rows and the state rows each request reads, whose earlier
-    inputs round to x's dtype as PyTorch's `.to` rounds them."""
+    bit for bit, from the step's rows and the state rows each request reads (and writes again,
+    `in_place`), whose earlier inputs round to x's dtype as PyTorch's `.to` rounds them."""
     torch.manual_seed(len(lengths))
     C, kernel, rows = 72, 4, 8
     x = torch.randn(sum(lengths), C + 5, dtype=dtype)[:, :C]  # strided rows
     weight = torch.randn(kernel, C, dtype=dtype).t()  # strided, as a folder's squeeze leaves it
     state = torch.randn(rows, kernel - 1, C).to(state_dtype)
-    step = conv_step(lengths, kernel - 1, rows)
+    step = conv_step(lengths, kernel - 1, rows, in_place)
     want_state, got_state = state.clone(), state.clone()
     want = REF.short_convolution(x, weight, want_state, step)
     got = FUSED.short_convolution(x, weight, got_state, step)

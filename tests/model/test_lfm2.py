@@ -88,7 +88,7 @@ def test_the_kv_cache_holds_the_attention_layers_alone(lfm2):
     assert llm.core.kv_cache.num_bytes == per_token * 64 * llm.core.kv_cache.block_size
     state = llm.core.runner.conv_state
     assert len(state.layers) == 3  # layers 0, 2 and 3
-    assert state.layers[0].shape == (2 * state.num_slots + 2, 2, arch.hidden_size)
+    assert state.layers[0].shape == (state.num_slots + 2, 2, arch.hidden_size)
 
 
 @pytest.mark.parametrize("qtype", [GGMLQuantizationType.F32, GGMLQuantizationType.Q8_0],

@@ -58,9 +58,9 @@ def test_a_qwen3_5_config_is_read():
     assert (arch.head_dim, arch.rope_dim, arch.rope_theta) == (256, 64, 1e7)
     assert arch.attention_output_gate and not arch.tie_word_embeddings
     assert arch.rope_scaling is None  # (text alone: the plain RoPE)
-    # a float32 state matrix a value head, two rows a slot (and a zero row and a scratch row)
+    # a float32 state matrix a value head, a row a slot (and a zero row and a scratch row)
     per_row = 24 * (32 * 128 * 128 * 4 + 3 * arch.conv_width * 2)
-    assert conv_state_bytes(arch, 8, torch.bfloat16) == 18 * per_row
+    assert conv_state_bytes(arch, 8, torch.bfloat16) == 10 * per_row
 
 
 @pytest.mark.parametrize(
@@ -101,8 +101,8 @@ def test_the_deltanet_layers_hold_state_matrices_and_no_kv(qwen3_5):
     assert arch.kv_layers == (1, 3) and len(llm.core.kv_cache.layers) == 2
     state = llm.core.runner.conv_state
     assert len(state.layers) == len(state.recurrent) == 2  # layers 0 and 2
-    assert state.layers[0].shape == (12, 3, 2 * 2 * 16 + 4 * 32)  # q, k, v: 3 positions back
-    assert state.recurrent[0].shape == (12, 4, 16, 32) and state.recurrent[0].dtype == torch.float32
+    assert state.layers[0].shape == (7, 3, 2 * 2 * 16 + 4 * 32)  # q, k, v: 3 positions back
+    assert state.recurrent[0].shape == (7, 4, 16, 32) and state.recurrent[0].dtype == torch.float32
     assert conv_state_bytes(arch, 5, torch.float32) == state.num_bytes
 
 
@@ -154,8 +154,8 @@ def test_an_image_and_text_folder_serves_its_language_model(tmp_path, qwen3_5):
 
 def test_the_cpp_rule_computes_the_python_one():
     """`gated_delta_rule` in C++ against the Python loop: requests of 1 to 9 rows (decodes and
-    prompt chunks), some starting from zeros, some from a state; rows not written stay as they
-    were."""
+    prompt chunks), some starting from zeros, some from a state, in place or into another row;
+    rows not written stay as they were."""
     from inflight.kernels import load_extension
     from inflight.model.qwen3_5 import gated_delta_rule, l2_normalized
 
@@ -164,25 +164,25 @@ def test_the_cpp_rule_computes_the_python_one():
     state = ConvState(1, 4, kernel=4, channels=8, dtype=torch.float32,
                       device=torch.device("cpu"), recurrent=(6, 16, 24))  # fmt: skip
     states = state.recurrent[0]
-    states[:8].normal_()  # (the slots' rows; the zero row stays zeros)
+    states[:4].normal_()  # (the slots' rows; the zero row, 4, stays zeros)
     lengths = [1, 9, 1, 4]
     starts = [0, *torch.tensor(lengths).cumsum(0).tolist()]
     t = starts[-1]
     q = l2_normalized(torch.randn(t, 6, 16)) / 4
     k = l2_normalized(torch.randn(t, 6, 16))
     v, g, beta = torch.randn(t, 6, 24), -torch.rand(t, 6), torch.rand(t, 6)
-    rows = {"read_rows": torch.tensor([0, 8, 3, 5]), "write_rows": torch.tensor([1, 2, 9, 4])}
+    rows = {"read_rows": torch.tensor([0, 4, 3, 1]), "write_rows": torch.tensor([0, 2, 5, 1])}
     step = type("Step", (), {**rows, "starts": starts})()
     before, python_states = states.clone(), states.clone()
     want = gated_delta_rule(q, k, v, g, beta, python_states, step)
     got = ext.gated_delta_rule(q, k, v, g, beta, states, step.read_rows, step.write_rows, starts)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(states, python_states, rtol=1e-5, atol=1e-5)
-    assert states[8].abs().sum() == 0  # the zero row is read, never written
-    untouched = [0, 3, 5, 6, 7]
+    assert states[4].abs().sum() == 0  # the zero row is read, never written
+    untouched = [3, 4]
     assert torch.equal(states[untouched], before[untouched])
     with pytest.raises(RuntimeError, match="out of range"):
-        ext.gated_delta_rule(q, k, v, g, beta, states, torch.tensor([0, 8, 3, 10]),
+        ext.gated_delta_rule(q, k, v, g, beta, states, torch.tensor([0, 4, 3, 6]),
                              step.write_rows, starts)  # fmt: skip
     with pytest.raises(RuntimeError, match="float32"):
         ext.gated_delta_rule(q.double(), k, v, g, beta, states, step.read_rows,

@@ -43,26 +43,35 @@ def test_requests_come_and_go_through_few_slots(stateful, knobs):
 
 
 @pytest.mark.parametrize("backend", ["cpu", "torch"])
-def test_a_batch_failing_midway_is_run_again_from_the_state_before_it(stateful, backend):
-    """A step that fails after the stateful layers wrote their state is run again in halves:
-    each half must read the state from before the failed step. Where the C++ kernels run the
-    layers as one call (LFM2's `FusedDecoderLayers`) it fails once it has run every layer;
-    otherwise the last layer's MLP fails, after the stateful layers (Qwen3.5's DeltaNet rule in
-    C++ with `cpu`, in Python with `torch`)."""
+def test_a_batch_failing_midway_is_run_again_from_its_rebuilt_state(stateful, backend):
+    """A step of several requests that fails after the stateful layers advanced their state in
+    place is run again in halves, each request's state first rebuilt from its tokens: every
+    request gets the tokens it gets alone. Where the C++ kernels run the layers as one call
+    (LFM2's `FusedDecoderLayers`) it fails once it has run every layer; otherwise the last
+    layer's MLP fails, after the stateful layers (Qwen3.5's DeltaNet layer in C++ with `cpu`,
+    in PyTorch with `torch`)."""
     folder, prompts, max_tokens, expected = stateful
     llm = LLM(str(folder), dtype="float32", prefill_chunk_size=8, max_num_batched_tokens=64,
               attention_backend=backend)  # fmt: skip
-    model = llm.core.loaded.model
+    model, runner = llm.core.loaded.model, llm.core.runner
     fused = model.fused_layers is not None
     assert fused == (backend == "cpu" and model.fusable)
-    calls, failures = [], []
+    calls, failures, batch = [], [], [0]
+    run_batch = runner._run
+
+    def counted(scheduled):
+        batch[0] = len(scheduled)
+        return run_batch(scheduled)
+
+    runner._run = counted
 
     def failing(run):
         def call(x, *args):
             out = run(x, *args)
             calls.append(x.shape[0])
-            # three faults from the sixth pass on, where requests are past their first chunk
-            if len(calls) > 5 and x.shape[0] > 1 and len(failures) < 3:
+            # three faults from the sixth pass on, where requests are past their first chunk,
+            # in steps of several requests (a rebuild runs one)
+            if len(calls) > 5 and batch[0] > 1 and len(failures) < 3:
                 failures.append(x.shape[0])
                 raise RuntimeError("a fault after the stateful layers ran")
             return out
