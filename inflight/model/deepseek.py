@@ -151,7 +151,8 @@ class DeepseekDecoderLayer(MoEDecoderLayer):
 
 class DeepseekModel(MoEModel):
     layer_class = DeepseekDecoderLayer
-    fusable = False  # (the C++ loop has no latent attention)
+    fusable = False
+    unfused_because = "latent attention"
     # (the attention's projections are the layer's own: none is fused)
     _PROJECTIONS: ClassVar[dict[str, tuple[str, tuple[str, ...]]]] = {
         "o_proj": ("self_attn", ("o_proj",)),

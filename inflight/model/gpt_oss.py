@@ -51,7 +51,8 @@ class GptOssDecoderLayer(MoEDecoderLayer):
 
 
 class GptOssModel(MoEModel):
-    fusable = False  # (sinks and clamped experts: Python's)
+    fusable = False
+    unfused_because = "attention sinks and clamped experts"
     layer_class = GptOssDecoderLayer
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:

@@ -349,8 +349,10 @@ def _fused_parts(
 
 class LlamaModel(nn.Module):
     layer_class: ClassVar[type[DecoderLayer]] = DecoderLayer
-    # the C++ layer loop (model/fused_layers.py) computes this family's layers
+    # the C++ layer loop (model/fused_layers.py) computes this family's layers; where it does
+    # not, what of theirs it lacks (for the log)
     fusable: ClassVar[bool] = True
+    unfused_because: ClassVar[str] = "their experts"
     # a forward pass with no host synchronisation, so a CUDA graph can capture its decode steps
     graph_capturable: ClassVar[bool] = True
     # the ranks the model is split over (parallel/): this one holds a slice of every

@@ -732,7 +732,7 @@ def load_model(
         model.fused_layers = FusedDecoderLayers(model.layers, tp)
     elif attn.cpu_kernels:
         logger.info("%s layers run in Python: the fused C++ layer loop does not compute them "
-                    "(their experts)", arch.architecture)  # fmt: skip
+                    "(%s)", arch.architecture, model.unfused_because)  # fmt: skip
     return_free_memory()
     loaded = LoadedModel(model=model.eval(), arch=arch, path=path,
                        quantized_activations=quantized_activations)  # fmt: skip

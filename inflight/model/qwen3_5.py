@@ -188,7 +188,8 @@ class Qwen3_5DecoderLayer(Qwen3DecoderLayer):
 
 class Qwen3_5Model(ConvStateModel):
     layer_class: ClassVar[type[DecoderLayer]] = Qwen3_5DecoderLayer
-    fusable = False  # (the C++ layer loop computes no DeltaNet layer)
+    fusable = False
+    unfused_because = "DeltaNet layers"
     _PROJECTIONS: ClassVar[dict[str, tuple[str, tuple[str, ...]]]] = {
         **ConvStateModel._PROJECTIONS,
         "qkvz_proj": ("self_attn", ("in_proj_qkv", "in_proj_z")),
@@ -227,7 +228,8 @@ class Qwen3_5MoeDecoderLayer(MoEDecoderLayer, Qwen3_5DecoderLayer):
 
 class Qwen3_5MoeModel(MoEModel, Qwen3_5Model):
     layer_class: ClassVar[type[DecoderLayer]] = Qwen3_5MoeDecoderLayer
-    fusable = False  # (Qwen3.5's)
+    fusable = False
+    unfused_because = "DeltaNet layers and experts"
     graph_capturable = False  # (each step picks its state rows on the host)
 
 
