@@ -90,23 +90,23 @@ class ModelProfile:
     def _sparse_layers(self) -> list[int]:
         return [i for i in range(self.arch.num_layers) if self._mlp_params(i)[1]]
 
-    @property
-    def linear_params(self) -> int:
-        """Every layer's linear weights, every expert's among them: what memory holds."""
+    def _linears(self, experts: int) -> int:
+        """Every layer's linear weights, with `experts` of each sparse layer's experts."""
         total = 0
         for i in range(self.arch.num_layers):
             every_token, expert = self._mlp_params(i)
-            total += self._mixer_params(i) + every_token + self.arch.num_experts * expert
+            total += self._mixer_params(i) + every_token + experts * expert
         return total
+
+    @property
+    def linear_params(self) -> int:
+        """Every layer's linear weights, every expert's among them: what memory holds."""
+        return self._linears(self.arch.num_experts)
 
     @property
     def active_linear_params(self) -> int:
         """The linear weights one token multiplies: its `experts_per_token` in a sparse layer."""
-        total = 0
-        for i in range(self.arch.num_layers):
-            every_token, expert = self._mlp_params(i)
-            total += self._mixer_params(i) + every_token + self.arch.experts_per_token * expert
-        return total
+        return self._linears(self.arch.experts_per_token)
 
     def experts_read(self, num_tokens: int) -> float:
         """How many of a sparse layer's experts a step of `num_tokens` tokens reads: those
