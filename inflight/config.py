@@ -19,6 +19,8 @@ from inflight.request import SLOTarget
 GiB = 1024**3
 
 Dtype = Literal["auto", "bfloat16", "float16", "float32"]
+# vLLM's other names for them, which its users pass
+DTYPE_ALIASES = {"half": "float16", "float": "float32"}
 Batching = Literal["continuous", "static"]
 Policy = Literal["fcfs", "priority", "sjf", "fair", "edf"]
 SLOAdmission = Literal["refuse", "queue"]
@@ -139,9 +141,15 @@ class ModelConfig:
     )
 
     def __post_init__(self) -> None:
+        dtype: Any = self.dtype
+        if type(dtype).__module__ == "torch" and type(dtype).__name__ == "dtype":  # torch.float16
+            dtype = str(dtype).removeprefix("torch.")
+        if isinstance(dtype, str):
+            object.__setattr__(self, "dtype", DTYPE_ALIASES.get(dtype, dtype))
         _require(
             self.dtype in ("auto", "bfloat16", "float16", "float32"),
-            f"dtype must be auto, bfloat16, float16 or float32, got {self.dtype!r}",
+            f"dtype must be auto, bfloat16, float16 or float32 (or a torch dtype of those, or "
+            f"half, float), got {self.dtype!r}",
         )
         _require(
             self.max_model_len is None or self.max_model_len >= 1,

@@ -142,3 +142,20 @@ def test_outputs_carry_timings_and_logprobs(llm):
     completion = out.outputs[0]
     assert [lp.token_id for lp in completion.logprobs] == completion.token_ids
     assert all(lp.rank == 1 and len(lp.top) == 2 for lp in completion.logprobs)  # greedy
+
+
+def test_dtype_takes_torch_dtypes_and_vllms_names_as_well_as_strings(tiny_llama):
+    """`dtype=torch.float32`, `"float"` or `"half"`, as vLLM takes them; anything else is
+    refused with the names it takes."""
+    import torch
+
+    from inflight.config import ModelConfig
+
+    assert ModelConfig(dtype=torch.bfloat16).dtype == "bfloat16"
+    assert ModelConfig(dtype=torch.half).dtype == ModelConfig(dtype="half").dtype == "float16"
+    assert ModelConfig(dtype="float").dtype == "float32"
+    llm = LLM(str(tiny_llama), dtype=torch.float32, num_kv_blocks=16)
+    assert llm.core.loaded.model.norm.weight.dtype == torch.float32
+    for bad in (torch.float64, torch.int8, "float64", ["float32"], None):
+        with pytest.raises(ConfigError, match="dtype must be auto, bfloat16, float16 or float32"):
+            ModelConfig(dtype=bad)
