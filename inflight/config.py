@@ -18,8 +18,9 @@ from inflight.request import SLOTarget
 
 GiB = 1024**3
 
-Dtype = Literal["auto", "bfloat16", "float16", "float32"]
-# vLLM's other names for them, which its users pass
+# (half and float: vLLM's names for float16 and float32, which its users pass; the config holds
+# the names they stand for: `DTYPE_ALIASES`)
+Dtype = Literal["auto", "bfloat16", "float16", "float32", "half", "float"]
 DTYPE_ALIASES = {"half": "float16", "float": "float32"}
 Batching = Literal["continuous", "static"]
 Policy = Literal["fcfs", "priority", "sjf", "fair", "edf"]

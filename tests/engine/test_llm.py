@@ -149,11 +149,12 @@ def test_dtype_takes_torch_dtypes_and_vllms_names_as_well_as_strings(tiny_llama)
     refused with the names it takes."""
     import torch
 
-    from inflight.config import ModelConfig
+    from inflight.config import EngineConfig, ModelConfig
 
     assert ModelConfig(dtype=torch.bfloat16).dtype == "bfloat16"
     assert ModelConfig(dtype=torch.half).dtype == ModelConfig(dtype="half").dtype == "float16"
     assert ModelConfig(dtype="float").dtype == "float32"
+    assert EngineConfig.from_knobs(dtype="half").model.dtype == "float16"
     llm = LLM(str(tiny_llama), dtype=torch.float32, num_kv_blocks=16)
     assert llm.core.loaded.model.norm.weight.dtype == torch.float32
     for bad in (torch.float64, torch.int8, "float64", ["float32"], None):
