@@ -87,6 +87,29 @@ def test_a_batch_failing_midway_is_run_again_from_its_rebuilt_state(stateful, ba
     assert_state_slots_free(llm)
 
 
+def test_a_request_whose_inputs_break_a_step_fails_alone_mid_decode(stateful):
+    """A request that breaks every step it is in, once past its prompt, fails alone: the
+    requests beside it, their state rows rebuilt from their tokens before the batch's halves
+    run, get their own tokens, and every slot comes back."""
+    folder, prompts, max_tokens, expected = stateful
+    llm = LLM(str(folder), dtype="float32", max_num_batched_tokens=64)
+    poison = [9, 9, 9, 9, 9]
+
+    def hook(s):
+        if s.prompt_token_ids == poison and len(s.output_token_ids) >= 3:
+            raise RuntimeError("poisoned input")
+
+    llm.core.runner.fault_hook = hook
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
+              for n in [*max_tokens[:6], 12, *max_tokens[6:]]]  # fmt: skip
+    outs = llm.generate([*prompts[:6], poison, *prompts[6:]], params, use_tqdm=False)
+    poisoned = outs.pop(6).outputs[0]
+    assert poisoned.finish_reason == "error" and len(poisoned.token_ids) == 3
+    assert [o.outputs[0].token_ids for o in outs] == expected
+    llm.core.runner.fault_hook = None
+    assert_state_slots_free(llm)
+
+
 def test_aborted_requests_give_their_slots_back_and_others_keep_their_tokens(stateful):
     """Clients that vanish mid-generation: their requests end (abort), their slots go back, and
     the requests beside them and after them get transformers' tokens in the slots they free."""
