@@ -160,6 +160,24 @@ def test_amx_tiles_give_the_vector_paths_bits(tmp_path):
         assert torch.equal(ext.gguf_int_linear(x, packed, None, n, 8), vector)
 
 
+@pytest.mark.parametrize("qtype", NEW, ids=lambda q: q.name)
+def test_rows_dequantized_in_cpp_are_gguf_bit_for_bit(qtype):
+    """`gguf_dequantize_rows` (a K-quant token embedding's lookup): the rows asked for, repeats
+    and all, the Python dequantization's bits (gguf's); rows out of range and the legacy
+    formats (whose embeddings read their LM head's layout) refused."""
+    for blocks in (blocks_of(40, 512, qtype), random_bytes(40, 512, qtype, seed=2)):
+        ids = torch.tensor([0, 39, 7, 7, 12])
+        got = ext.gguf_dequantize_rows(blocks, ids)
+        want = dequantize(blocks[ids]).reshape(5, 512)
+        assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+    assert ext.gguf_dequantize_rows(blocks, torch.tensor([], dtype=torch.long)).shape == (0, 512)
+    for bad in (40, -1, 2**63 - 1):
+        with pytest.raises(RuntimeError, match="of 40"):
+            ext.gguf_dequantize_rows(blocks, torch.tensor([1, bad]))
+    with pytest.raises(RuntimeError, match="none of"):
+        ext.gguf_dequantize_rows(random_bytes(8, 64, Q.Q8_0), torch.tensor([0]))
+
+
 @needs_kernel
 def test_a_mixed_packing_is_its_segments_side_by_side():
     parts = [random_bytes(24, 512, Q.Q4_K), random_bytes(13, 512, Q.Q6_K, 1),

@@ -85,6 +85,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "parallel region",
         py::arg("xs"), py::arg("packed"), py::arg("out_features"), py::arg("ys"),
         py::arg("activation_bits"));
+  m.def("gguf_dequantize_rows", &gguf_dequantize_rows, no_gil(),
+        "rows of a weight's 5-bit, K-quant or MXFP4 GGUF blocks as float32 (gguf's values)",
+        py::arg("blocks"), py::arg("ids"));
   m.def("gguf_regroup_blocks", &gguf_regroup_blocks, no_gil(),
         "a weight's 5-bit or K-quant GGUF blocks in gguf_int_linear's 8-column layout (in out, "
         "where given)",

@@ -11,6 +11,7 @@
 
 #include <ATen/ops/empty_cpu_dispatch.h>
 #include <ATen/Parallel.h>
+#include <c10/util/Half.h>
 
 #include <cstring>
 #include <optional>
@@ -201,4 +202,95 @@ at::Tensor gguf_regroup_blocks(const at::Tensor& blocks, const c10::optional<at:
     }
   });
   return layout;
+}
+
+namespace {
+
+inline float half_bits(uint16_t bits) {
+  return static_cast<float>(c10::Half(bits, c10::Half::from_bits()));
+}
+
+// MXFP4's E8M0 byte e -> 2^(e - 128) (half the block's scale: its values are doubled), exactly
+inline float e8m0_half(uint16_t e) {
+  const uint32_t bits = e < 2 ? (0x00200000u << e) : ((e - 1u) << 23);
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+constexpr int8_t kMxfp4Doubled[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+// One block's weights in float32, as `model/gguf_blocks.dequantize` computes them: each scale
+// and offset in float32, one rounding per operation, in its order.
+template <Format F>
+void dequantize_block(const Decoded& in, float* out) {
+  const float d = F == Format::kMXFP4 ? e8m0_half(in.d) : half_bits(in.d);
+  if constexpr (F == Format::kMXFP4) {
+    for (int i = 0; i < 32; ++i) out[i] = d * static_cast<float>(kMxfp4Doubled[in.q[i]]);
+  } else if constexpr (F == Format::kQ5_0) {
+    for (int i = 0; i < 32; ++i) out[i] = d * static_cast<float>(static_cast<int>(in.q[i]) - 16);
+  } else if constexpr (F == Format::kQ5_1) {
+    const float m = half_bits(in.m);
+    for (int i = 0; i < 32; ++i) {
+      const float scaled = d * static_cast<float>(in.q[i]);
+      out[i] = scaled + m;
+    }
+  } else if constexpr (F == Format::kQ6_K) {
+    for (int g = 0; g < 16; ++g) {  // 16 weights a scale
+      const float dl = d * static_cast<float>(static_cast<int8_t>(in.scales[g]));
+      for (int i = 16 * g; i < 16 * g + 16; ++i) {
+        out[i] = dl * static_cast<float>(static_cast<int>(in.q[i]) - 32);
+      }
+    }
+  } else {  // Q4_K, Q5_K: 8 sub-blocks of 32, each d sc q - dmin m
+    const float dmin = half_bits(in.m);
+    for (int j = 0; j < 8; ++j) {
+      const float dl = d * static_cast<float>(in.scales[j]);
+      const float dm = dmin * static_cast<float>(in.mins[j]);
+      for (int i = 32 * j; i < 32 * j + 32; ++i) {
+        const float scaled = dl * static_cast<float>(in.q[i]);
+        out[i] = scaled - dm;
+      }
+    }
+  }
+}
+
+}  // namespace
+
+at::Tensor gguf_dequantize_rows(const at::Tensor& blocks, const at::Tensor& ids) {
+  INFLIGHT_CHECK(blocks.dim() == 3 && blocks.scalar_type() == at::kByte && blocks.is_contiguous(),
+                 "blocks: uint8 [rows, blocks per row, block bytes], contiguous");
+  INFLIGHT_CHECK(ids.dim() == 1 && ids.scalar_type() == at::kLong,
+                 "ids: one int64 row index each");
+  const int64_t rows = blocks.size(0), per_row = blocks.size(1), bytes = blocks.size(2);
+  std::optional<Format> format;
+  for (Format f : {Format::kQ5_0, Format::kQ5_1, Format::kQ4_K, Format::kQ5_K, Format::kQ6_K,
+                   Format::kMXFP4}) {
+    if (bytes == file_bytes(f)) format = f;
+  }
+  INFLIGHT_CHECK(format, "blocks of ", bytes, " bytes: none of Q5_0 (22), Q5_1 (24), Q4_K (144), "
+                 "Q5_K (176), Q6_K (210) or MXFP4 (17)");
+  const at::Tensor index = ids.contiguous();
+  const int64_t n = index.numel();
+  const int64_t* id = index.data_ptr<int64_t>();
+  for (int64_t i = 0; i < n; ++i) {
+    INFLIGHT_CHECK(id[i] >= 0 && id[i] < rows, "row ", id[i], " of ", rows);
+  }
+  const int64_t weights = sub_blocks(*format) * 32;
+  auto out = at::cpu::empty({n, per_row * weights}, blocks.options().dtype(at::kFloat));
+  const uint8_t* in = blocks.data_ptr<uint8_t>();
+  float* o = out.data_ptr<float>();
+  with_format(*format, [&](auto f) {
+    if constexpr (!is_legacy(f.value)) {
+      at::parallel_for(0, n * per_row, 64, [&](int64_t begin, int64_t end) {
+        Decoded block;
+        for (int64_t k = begin; k < end; ++k) {
+          const int64_t r = k / per_row, b = k % per_row;
+          decode<f.value>(in + (id[r] * per_row + b) * bytes, block);
+          dequantize_block<f.value>(block, o + k * weights);
+        }
+      });
+    }
+  });
+  return out;
 }

@@ -136,6 +136,9 @@ at::Tensor gguf_int_linear_heads(const at::Tensor& x, const std::vector<at::Tens
 // gguf_regroup.cpp: a weight's Q5_0 / Q5_1 / Q4_K / Q5_K / Q6_K blocks in gguf_int_linear's
 // 8-column layout; `out`, where given, is the layout's memory (contiguous, any contents)
 at::Tensor gguf_regroup_blocks(const at::Tensor& blocks, const c10::optional<at::Tensor>& out);
+// rows `ids` of a weight's 5-bit, K-quant or MXFP4 blocks [rows, blocks per row, file block bytes]
+// as float32, gguf's dequantization bit for bit (a token embedding's lookup)
+at::Tensor gguf_dequantize_rows(const at::Tensor& blocks, const at::Tensor& ids);
 
 // argmax.cpp: greedy sampling, the first maximum of each row as torch.max picks it
 at::Tensor first_argmax(const at::Tensor& x);
