@@ -29,6 +29,7 @@ state) and drafts (refused: a rejected draft would have moved the state).
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -182,20 +183,15 @@ class ConvState:
     def _indices(self, query_start_loc: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """`taps` and `keep` for requests whose rows start at `query_start_loc`: a position
         before a request's chunk is its state row (kernel - 1 of them, the oldest first, after
-        the T step rows), any other its step row."""
-        back = self.kernel - 1
-        starts = torch.tensor(query_start_loc)
-        num_tokens, lengths = int(starts[-1]), starts[1:] - starts[:-1]
-        request = torch.repeat_interleave(torch.arange(len(lengths)), lengths)  # [T]
-        offset = torch.arange(num_tokens) - starts[:-1][request]  # [T]
-
-        def table_index(req: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
-            state = num_tokens + req * back + back + local  # (local in [-back, -1])
-            return torch.where(local >= 0, starts[:-1][req] + local, state)
-
-        local = offset[:, None] - back + torch.arange(self.kernel)  # [T, kernel]
-        taps = table_index(request[:, None], local).t().contiguous()  # [kernel, T]
-        reqs = torch.arange(len(lengths))[:, None]
-        last = lengths[:, None] - back + torch.arange(back)  # [R, back]
-        keep = table_index(reqs, last).reshape(-1)
-        return taps, keep
+        the T step rows), any other its step row. (Built as lists: a decode step's few indices
+        cost a dozen tensor ops' dispatch otherwise.)"""
+        back, num_tokens = self.kernel - 1, query_start_loc[-1]
+        taps = [[0] * num_tokens for _ in range(self.kernel)]
+        keep: list[int] = []
+        for r, (start, end) in enumerate(itertools.pairwise(query_start_loc)):
+            state = num_tokens + r * back  # this request's earlier inputs in the table
+            inputs = [*range(state, state + back), *range(start, end)]  # oldest first
+            for k, row in enumerate(taps):
+                row[start:end] = inputs[k : k + end - start]
+            keep += inputs[-back:]
+        return torch.tensor(taps), torch.tensor(keep)
