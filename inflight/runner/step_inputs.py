@@ -90,16 +90,11 @@ def build_step_inputs(
             prompt_rows.append((s.request_id, scoring.start, len(scoring)))
     logits_indices += prompt_indices
 
-    num_reqs = len(scheduled)
-    q_lens = torch.tensor([s.num_tokens for s in scheduled])
-    starts = torch.tensor(start_pos)
-    seq_lens = (starts + q_lens).tolist()
+    seq_lens = [s.start_pos + s.num_tokens for s in scheduled]
     max_blocks = max(len(s.block_table) for s in scheduled)
-
-    # positions: for each request, start_pos .. start_pos + q_len - 1
-    req_of_token = torch.repeat_interleave(torch.arange(num_reqs), q_lens)  # [T]
-    token_offset = torch.arange(len(input_ids)) - torch.tensor(query_start_loc[:-1])[req_of_token]
-    positions = starts[req_of_token] + token_offset  # [T]
+    # positions: for each request, start_pos .. start_pos + q_len - 1 (lists: a decode step's
+    # few values cost more as tensor ops' dispatch than as Python)
+    positions = [p for s in scheduled for p in range(s.start_pos, s.start_pos + s.num_tokens)]
     # Every token at or past its request's prompt attends as a decode (`DecodeBatch`): the
     # newest token, the drafts after it, and outputs recomputed after a preemption, which so
     # get the values they got when first decoded (a prompt chunk's kernel rounds otherwise).
@@ -111,8 +106,10 @@ def build_step_inputs(
             tables = [[null_block if b < 0 else b for b in t] for t in tables]
         # one tensor from padded lists: a tensor per row costs a Python call each, per step
         padded = torch.tensor([t + [0] * (max_blocks - len(t)) for t in tables], dtype=torch.long)
-        slots = padded[req_of_token, positions // block_size] * block_size
-        slots = (slots + positions % block_size).to(device)  # [T]
+        slots = torch.tensor([table[p // block_size] * block_size + p % block_size
+                              for table, s in zip(tables, scheduled, strict=True)
+                              for p in range(s.start_pos, s.start_pos + s.num_tokens)],
+                             dtype=torch.long).to(device)  # fmt: skip
         meta = attn_backend.build_metadata(query_start_loc, start_pos, padded, slots, device,
                                            decodes)  # fmt: skip
         return padded, slots, meta
@@ -126,7 +123,7 @@ def build_step_inputs(
         layer_metadata = [metas[g] for g in layer_groups]
     return StepInputs(
         input_ids=torch.tensor(input_ids, device=device),
-        positions=positions.to(device),
+        positions=torch.tensor(positions, dtype=torch.long, device=device),
         slot_mapping=slot_mapping,
         query_start_loc=query_start_loc,
         seq_lens=seq_lens,
