@@ -178,6 +178,8 @@ class ModelRunner:
         Running a request again rewrites the same KV slots with the same values, and a seeded
         request's draws depend on its output positions alone, so the tokens are those of one
         clean run."""
+        if not scheduled:  # (a half emptied by the requests that failed their state's rebuild)
+            return ModelRunnerOutput()
         try:
             return self._run(scheduled)
         except ModelFailedError:  # (a tensor-parallel rank is gone): no request's fault

@@ -87,10 +87,12 @@ def test_a_batch_failing_midway_is_run_again_from_its_rebuilt_state(stateful, ba
     assert_state_slots_free(llm)
 
 
-def test_a_request_whose_inputs_break_a_step_fails_alone_mid_decode(stateful):
+@pytest.mark.parametrize("beside", [16, 1])
+def test_a_request_whose_inputs_break_a_step_fails_alone_mid_decode(stateful, beside):
     """A request that breaks every step it is in, once past its prompt, fails alone: the
-    requests beside it, their state rows rebuilt from their tokens before the batch's halves
-    run, get their own tokens, and every slot comes back."""
+    requests beside it (15, or one: left alone once the poisoned one fails its rebuild), their
+    state rows rebuilt from their tokens before the batch's halves run, get their own tokens,
+    and every slot comes back."""
     folder, prompts, max_tokens, expected = stateful
     llm = LLM(str(folder), dtype="float32", max_num_batched_tokens=64)
     poison = [9, 9, 9, 9, 9]
@@ -100,10 +102,11 @@ def test_a_request_whose_inputs_break_a_step_fails_alone_mid_decode(stateful):
             raise RuntimeError("poisoned input")
 
     llm.core.runner.fault_hook = hook
+    prompts, max_tokens, expected = prompts[:beside], max_tokens[:beside], expected[:beside]
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
-              for n in [*max_tokens[:6], 12, *max_tokens[6:]]]  # fmt: skip
-    outs = llm.generate([*prompts[:6], poison, *prompts[6:]], params, use_tqdm=False)
-    poisoned = outs.pop(6).outputs[0]
+              for n in [12, *max_tokens]]  # fmt: skip
+    outs = llm.generate([poison, *prompts], params, use_tqdm=False)
+    poisoned = outs.pop(0).outputs[0]
     assert poisoned.finish_reason == "error" and len(poisoned.token_ids) == 3
     assert [o.outputs[0].token_ids for o in outs] == expected
     llm.core.runner.fault_hook = None
