@@ -177,26 +177,33 @@ void regroup(const uint8_t* in, int64_t N, int64_t blocks, uint8_t* out) {
   });
 }
 
-}  // namespace
-
-at::Tensor gguf_regroup_blocks(const at::Tensor& blocks, const c10::optional<at::Tensor>& out) {
+// The format of a weight's file blocks [rows, blocks per row, block bytes] this file reads.
+Format file_format(const at::Tensor& blocks) {
   INFLIGHT_CHECK(blocks.dim() == 3 && blocks.scalar_type() == at::kByte && blocks.is_contiguous(),
-              "blocks: uint8 [out_features, blocks per row, block bytes], contiguous");
-  const int64_t N = blocks.size(0), per_row = blocks.size(1), bytes = blocks.size(2);
+                 "blocks: uint8 [rows, blocks per row, block bytes], contiguous");
+  const int64_t bytes = blocks.size(2);
   std::optional<Format> format;
   for (Format f : {Format::kQ5_0, Format::kQ5_1, Format::kQ4_K, Format::kQ5_K, Format::kQ6_K,
                    Format::kMXFP4}) {
     if (bytes == file_bytes(f)) format = f;
   }
   INFLIGHT_CHECK(format, "blocks of ", bytes, " bytes: none of Q5_0 (22), Q5_1 (24), Q4_K (144), "
-              "Q5_K (176), Q6_K (210) or MXFP4 (17)");
+                 "Q5_K (176), Q6_K (210) or MXFP4 (17)");
+  return *format;
+}
+
+}  // namespace
+
+at::Tensor gguf_regroup_blocks(const at::Tensor& blocks, const c10::optional<at::Tensor>& out) {
+  const Format format = file_format(blocks);
+  const int64_t N = blocks.size(0), per_row = blocks.size(1);
   const std::vector<int64_t> shape{(N + kLanes - 1) / kLanes, per_row,
-                                   kLanes * block_bytes(*format)};
+                                   kLanes * block_bytes(format)};
   at::Tensor layout = out ? *out : at::cpu::empty(shape, blocks.options());
   INFLIGHT_CHECK(layout.sizes() == at::IntArrayRef(shape) && layout.scalar_type() == at::kByte &&
                   layout.is_contiguous() && layout.device().is_cpu(),
               "out: uint8 ", at::IntArrayRef(shape), " contiguous, got ", layout.sizes());
-  with_format(*format, [&](auto f) {
+  with_format(format, [&](auto f) {
     if constexpr (!is_legacy(f.value)) {
       regroup<f.value>(blocks.data_ptr<uint8_t>(), N, per_row, layout.data_ptr<uint8_t>());
     }
@@ -258,29 +265,21 @@ void dequantize_block(const Decoded& in, float* out) {
 }  // namespace
 
 at::Tensor gguf_dequantize_rows(const at::Tensor& blocks, const at::Tensor& ids) {
-  INFLIGHT_CHECK(blocks.dim() == 3 && blocks.scalar_type() == at::kByte && blocks.is_contiguous(),
-                 "blocks: uint8 [rows, blocks per row, block bytes], contiguous");
+  const Format format = file_format(blocks);
   INFLIGHT_CHECK(ids.dim() == 1 && ids.scalar_type() == at::kLong,
                  "ids: one int64 row index each");
   const int64_t rows = blocks.size(0), per_row = blocks.size(1), bytes = blocks.size(2);
-  std::optional<Format> format;
-  for (Format f : {Format::kQ5_0, Format::kQ5_1, Format::kQ4_K, Format::kQ5_K, Format::kQ6_K,
-                   Format::kMXFP4}) {
-    if (bytes == file_bytes(f)) format = f;
-  }
-  INFLIGHT_CHECK(format, "blocks of ", bytes, " bytes: none of Q5_0 (22), Q5_1 (24), Q4_K (144), "
-                 "Q5_K (176), Q6_K (210) or MXFP4 (17)");
   const at::Tensor index = ids.contiguous();
   const int64_t n = index.numel();
   const int64_t* id = index.data_ptr<int64_t>();
   for (int64_t i = 0; i < n; ++i) {
     INFLIGHT_CHECK(id[i] >= 0 && id[i] < rows, "row ", id[i], " of ", rows);
   }
-  const int64_t weights = sub_blocks(*format) * 32;
+  const int64_t weights = sub_blocks(format) * 32;
   auto out = at::cpu::empty({n, per_row * weights}, blocks.options().dtype(at::kFloat));
   const uint8_t* in = blocks.data_ptr<uint8_t>();
   float* o = out.data_ptr<float>();
-  with_format(*format, [&](auto f) {
+  with_format(format, [&](auto f) {
     if constexpr (!is_legacy(f.value)) {
       at::parallel_for(0, n * per_row, 64, [&](int64_t begin, int64_t end) {
         Decoded block;
