@@ -86,10 +86,6 @@ class ModelProfile:
         shared = 3 * h * a.shared_expert_intermediate_size + (h if a.shared_expert_gate else 0)
         return a.num_experts * h + shared, 3 * h * a.expert_intermediate_size
 
-    @property
-    def _sparse_layers(self) -> list[int]:
-        return [i for i in range(self.arch.num_layers) if self._mlp_params(i)[1]]
-
     def _linears(self, experts: int) -> int:
         """Every layer's linear weights, with `experts` of each sparse layer's experts."""
         total = 0
@@ -120,7 +116,7 @@ class ModelProfile:
         if not num_tokens:
             return 0.0
         unread = self.arch.num_experts - self.experts_read(num_tokens)
-        expert_params = sum(self._mlp_params(i)[1] for i in self._sparse_layers)
+        expert_params = sum(self._mlp_params(i)[1] for i in range(self.arch.num_layers))
         params = self.linear_params - unread * expert_params
         return params * WEIGHT_BYTES[self.weight_dtype] + self.head_bytes
 
