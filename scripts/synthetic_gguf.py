@@ -1,5 +1,5 @@
 """Writes a GGUF file in the shapes of a real Llama model (or SmolLM3-3B, LFM2-1.2B, LFM2-8B-A1B,
-gpt-oss-20b, DeepSeek-V2-Lite or Qwen3.5-9B), with
+gpt-oss-20b, DeepSeek-V2-Lite, Qwen3.5-9B or Qwen3.5-0.8B), with
 random weights and SmolLM2's tokenizer (from the default model's file), for memory and speed
 benchmarks at sizes no package ships. Weights are N(0, 0.02), norms 1: the text is noise, the
 shapes, bytes and kernels real.
@@ -22,9 +22,9 @@ DeepSeek-V2-Lite is written as llama.cpp's converter lays it out (`deepseek2`: l
 with its expansion split into `attn_k_b` and `attn_v_b`, a dense first layer, then 64 experts
 a layer, 6 a token, beside two shared ones; YaRN), SmolLM2's vocabulary padded to its 102,400.
 
-Qwen3.5-9B is written as llama.cpp's converter lays it out (`qwen35`: 24 gated DeltaNet layers,
-`attn_qkv`, `attn_gate` and `ssm_*`, their decay rates negative; every fourth layer attention
-whose query rows carry each head's gate), SmolLM2's vocabulary padded to its 248,320.
+Qwen3.5 is written as llama.cpp's converter lays it out (`qwen35`: three gated DeltaNet layers
+in four, `attn_qkv`, `attn_gate` and `ssm_*`, their decay rates negative; every fourth layer
+attention whose query rows carry each head's gate), SmolLM2's vocabulary padded to its 248,320.
 
 `--type` is any type the `gguf` package quantizes (F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1);
 for the K-quant mixes (Q4_K_M, Q5_K_M, Q6_K) write F16 and convert it with llama.cpp's
@@ -69,16 +69,20 @@ LFM2_KERNEL = 3
 # intermediate, dense layers, heads, kv heads), and its attention layers
 LFM2_8B_A1B = (24, 2048, 7168, 32, 4, 1792, 2, 32, 8)
 LFM2_MOE_ATTENTION_LAYERS = (2, 6, 10, 14, 18, 21)
-# Qwen3.5-9B (transformers' `Qwen3_5TextConfig` defaults): (layers, hidden, intermediate,
-# heads, kv heads, head dim, DeltaNet key heads, value heads, key dim, value dim, vocab); every
-# fourth layer attends, the others are DeltaNet layers with a convolution of 4
-QWEN3_5_9B = (32, 4096, 12288, 16, 4, 256, 16, 32, 128, 128, 248320)
+# Qwen3.5: (layers, hidden, intermediate, heads, kv heads, head dim, DeltaNet key heads, value
+# heads, key dim, value dim, vocab, tied embeddings); every fourth layer attends, the others are
+# DeltaNet layers with a convolution of 4. 9B: transformers' `Qwen3_5TextConfig` defaults; 0.8B:
+# its published sizes (24 layers of 1,024, 16 DeltaNet heads of 128, the embeddings its LM head)
+QWEN3_5 = {
+    "qwen3.5-9b": (32, 4096, 12288, 16, 4, 256, 16, 32, 128, 128, 248320, False),
+    "qwen3.5-0.8b": (24, 1024, 3584, 8, 2, 256, 16, 16, 128, 128, 248320, True),
+}
 QWEN3_5_INTERVAL, QWEN3_5_KERNEL = 4, 4
 # the GGUF architecture of each shape not written as `llama` (SmolLM3's every fourth layer
 # attends without RoPE, and its embeddings are its LM head)
 ARCHITECTURES = {"smollm3-3b": "smollm3", "gpt-oss-20b": "gpt-oss",
                  "deepseek-v2-lite": "deepseek2", "lfm2-1.2b": "lfm2",
-                 "lfm2-8b-a1b": "lfm2moe", "qwen3.5-9b": "qwen35"}  # fmt: skip
+                 "lfm2-8b-a1b": "lfm2moe", **dict.fromkeys(QWEN3_5, "qwen35")}  # fmt: skip
 # gpt-oss-20b: (layers, hidden, experts, experts a token, heads, kv heads, head dim, vocab)
 GPT_OSS_20B = (24, 2880, 32, 4, 64, 8, 64, 201088)
 # DeepSeek-V2-Lite: (layers, hidden, dense intermediate, experts, experts a token, expert
@@ -156,11 +160,11 @@ def _attention(b: str, hidden: int, heads: int, kv_heads: int, head_dim: int, qk
         yield b + "attn_k_norm.weight", (head_dim,)
 
 
-def qwen3_5_tensors():
-    """(GGUF name, shape in numpy order) of Qwen3.5-9B's tensors, as llama.cpp's converter
+def qwen3_5_tensors(shape: str):
+    """(GGUF name, shape in numpy order) of a Qwen3.5's tensors, as llama.cpp's converter
     writes them (`qwen35`): DeltaNet layers' `attn_qkv`, `attn_gate` (z), `ssm_*`; attention
     layers' query rows with each head's gate after them."""
-    layers, hidden, inter, heads, kv_heads, head_dim, kh, vh, kd, vd, vocab = QWEN3_5_9B
+    layers, hidden, inter, heads, kv_heads, head_dim, kh, vh, kd, vd, vocab, tied = QWEN3_5[shape]
     conv = 2 * kh * kd + vh * vd
     yield "token_embd.weight", (vocab, hidden)
     for i in range(layers):
@@ -188,13 +192,14 @@ def qwen3_5_tensors():
         yield b + "ffn_up.weight", (inter, hidden)
         yield b + "ffn_down.weight", (hidden, inter)
     yield "output_norm.weight", (hidden,)
-    yield "output.weight", (vocab, hidden)
+    if not tied:
+        yield "output.weight", (vocab, hidden)
 
 
-def write_qwen3_5_metadata(w: GGUFWriter) -> tuple[int, int, int]:
-    """Qwen3.5-9B's `qwen35` fields, as llama.cpp's converter writes them; returns (layers,
+def write_qwen3_5_metadata(w: GGUFWriter, shape: str) -> tuple[int, int, int]:
+    """A Qwen3.5's `qwen35` fields, as llama.cpp's converter writes them; returns (layers,
     hidden, vocab)."""
-    layers, hidden, inter, heads, kv_heads, head_dim, kh, vh, kd, vd, vocab = QWEN3_5_9B
+    layers, hidden, inter, heads, kv_heads, head_dim, kh, vh, kd, vd, vocab, _ = QWEN3_5[shape]
     w.add_context_length(262144)
     w.add_feed_forward_length(inter)
     w.add_head_count(heads)
@@ -325,7 +330,7 @@ def copy_tokenizer(source: GGUFReader, w: GGUFWriter, vocab: int) -> None:
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("shape", choices=[*SHAPES, "lfm2-8b-a1b", "gpt-oss-20b",
-                                          "deepseek-v2-lite", "qwen3.5-9b"])  # fmt: skip
+                                          "deepseek-v2-lite", *QWEN3_5])  # fmt: skip
     parser.add_argument("--type", default="F16", help="F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--seed", type=int, default=0)
@@ -355,8 +360,8 @@ def main(argv: list[str]) -> None:
         layers, hidden, vocab = write_deepseek_metadata(w)
         specs = list(deepseek_tensors())
     elif arch == "qwen35":
-        layers, hidden, vocab = write_qwen3_5_metadata(w)
-        specs = list(qwen3_5_tensors())
+        layers, hidden, vocab = write_qwen3_5_metadata(w, args.shape)
+        specs = list(qwen3_5_tensors(args.shape))
     elif arch == "lfm2moe":
         layers, hidden, inter, experts, used, expert_inter, dense, heads, kv_heads = LFM2_8B_A1B
         head_dim = hidden // heads

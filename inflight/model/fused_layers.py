@@ -4,8 +4,9 @@
 without returning to Python between ops. At a few tokens per step the Python-level calls of each
 layer (module calls, views, cache writes, row gathers) cost about as much as all attention on a
 small model (docs/benchmarks.md, "Figures behind design decisions"). Used only with the C++
-kernels (`attention_backend` cpu/auto on a CPU); tested
-bit for bit against the Python loop.
+kernels (`attention_backend` cpu/auto on a CPU); tested bit for bit against the Python loop.
+Beside Llama's layers it runs LFM2's short convolutions, Qwen3.5's gated DeltaNet layers and
+gated attention, and experts a float32 router picks from their blocks.
 """
 
 from __future__ import annotations
@@ -19,12 +20,18 @@ from inflight.model.packed_linear import PackedLinear
 from inflight.parallel.group import TPGroup
 
 _PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
-# a short-convolution layer's (LFM2's) in their places: in_proj for q/k/v, out_proj for o
+# a short-convolution layer's (LFM2's) in their places: in_proj for q/k/v, out_proj for o; a
+# DeltaNet layer's (Qwen3.5's) q/k/v/z rows for q/k/v (its [b | a] rows passed apart)
 _CONV_PROJECTIONS = ("in_proj", "out_proj", "gate_up_proj", "down_proj")
+_DELTA_PROJECTIONS = ("qkvz_proj", "out_proj", "gate_up_proj", "down_proj")
 
 
 def _is_conv(layer: torch.nn.Module) -> bool:
     return getattr(layer, "is_conv", False)
+
+
+def _is_delta(layer: torch.nn.Module) -> bool:
+    return _is_conv(layer) and hasattr(layer, "qkvz_proj")
 
 
 def _is_sparse(layer: torch.nn.Module) -> bool:
@@ -34,7 +41,8 @@ def _is_sparse(layer: torch.nn.Module) -> bool:
 def _projections(layer: torch.nn.Module) -> list[torch.nn.Module]:
     """The layer's linears, in the loop's order (a sparse layer's two first alone: its experts
     take the MLP's place)."""
-    names = _CONV_PROJECTIONS if _is_conv(layer) else _PROJECTIONS
+    names = (_DELTA_PROJECTIONS if _is_delta(layer) else _CONV_PROJECTIONS if _is_conv(layer)
+             else _PROJECTIONS)  # fmt: skip
     return [getattr(layer, p) for p in names[: 2 if _is_sparse(layer) else 4]]
 
 
@@ -57,7 +65,9 @@ class FusedDecoderLayers:
         """`tp`: the ranks a split model's layers sum their output and down projections over."""
         if any(layer.sinks is not None for layer in layers):  # (gpt-oss's layers run in Python)
             raise ValueError("the fused layer loop does not pass attention sinks")
+        deltas = [layer for layer in layers if _is_delta(layer)]
         projections = [p for layer in layers for p in _projections(layer)]
+        projections += [layer.ba_proj for layer in deltas]
         kinds = {type(m) for m in projections}
         if len(kinds) != 1:
             raise ValueError(f"projections must be all packed or all plain, got {kinds}")
@@ -97,7 +107,19 @@ class FusedDecoderLayers:
         # kernels; a convolution layer's q/k norms and caches are placeholders, never read
         self.conv_index = _indices_among(layers, [_is_conv(layer) for layer in layers])
         self.conv_weights = [layer.conv_weight for layer in layers if _is_conv(layer)]
+        # Qwen3.5's DeltaNet layers (their index among the convolutions'): each one's [b | a]
+        # projection, decay rates, dt bias and output norm, [b | a]'s small-batch and decode
+        # weights; its attention's output gate
+        self.delta_tensors = [t for layer in deltas for t in (layer.ba_proj.weight,
+                              layer.decay_rate, layer.dt_bias, layer.norm.weight)]  # fmt: skip
+        self.delta_small = [_small(layer.ba_proj, name) for layer in deltas
+                            for name in ("small_weight", "decode_weight")]  # fmt: skip
+        if deltas and len(deltas) != len(self.conv_weights):
+            raise ValueError("the fused layer loop takes convolution or DeltaNet layers, not both")
+        first_delta = deltas[0] if deltas else None
+        self.delta_heads = (first_delta.key_heads, first_delta.tiled) if first_delta else (0, False)
         attending = next(layer for layer in layers if not _is_conv(layer))
+        self.output_gate = attending.output_gate
         self.qkv_biases = [None if _is_conv(layer) else layer.qkv_proj.bias for layer in layers]
         # a family's per-head query and key norms (Qwen3's), in layer order, or none
         self.qk_norms = [
@@ -175,11 +197,14 @@ class FusedDecoderLayers:
         layer_groups = [number[id(layer_meta)] for layer_meta in layer_metas or ()]
         conv_states: list[torch.Tensor] = []
         conv_rows: list[torch.Tensor] = []
+        delta_states: list[torch.Tensor] = []
+        starts: list[int] = []
         if self.conv_index:  # (a convolution layer's "cache" is its state and the step)
             pairs = list(zip(self.conv_index, kv_caches, strict=True))
             step = next(kv for c, kv in pairs if c >= 0)[1]
             conv_states = step.states
             conv_rows = [step.taps, step.keep, step.read_rows, step.write_rows]
+            delta_states, starts = step.recurrent, step.starts
             placeholder = next(kv for c, kv in pairs if c < 0)
             kv_caches = [placeholder if c >= 0 else kv for c, kv in pairs]
         hidden, residual = self.run(
@@ -200,6 +225,7 @@ class FusedDecoderLayers:
             self.all_reduce,
             self.conv_index, self.conv_weights, conv_states, conv_rows,
             self.expert_index, self.routers, self.router_biases, self.expert_gate_up,
-            self.expert_down, *self.routing,
+            self.expert_down, *self.routing, self.output_gate,
+            self.delta_tensors, self.delta_small, delta_states, starts, *self.delta_heads,
         )  # fmt: skip
         return hidden, residual

@@ -29,7 +29,8 @@ A DeltaNet layer holds no KV: its convolution's last inputs and its state matric
 step to step in `runner/conv_state.py`'s slots (float32 matrices, as transformers keeps them),
 as LFM2's convolutions do (`lfm2.ConvStateModel`). The recurrence runs token by token
 (`gated_delta_rule`); where the C++ kernels are loaded, the whole layer between its projections
-is one call (`gated_delta_net`: the same ops, rounding where they round, to float32 rounding).
+is one call (`gated_delta_net`: the same ops, rounding where they round, to float32 rounding),
+and Qwen3.5's layers (not the experts') run in the fused C++ layer loop (`fused_layers.py`).
 Not built: tensor parallelism over the DeltaNet layers, the multi-token prediction layer
 (`mtp.*`, skipped), images.
 """
@@ -188,8 +189,6 @@ class Qwen3_5DecoderLayer(Qwen3DecoderLayer):
 
 class Qwen3_5Model(ConvStateModel):
     layer_class: ClassVar[type[DecoderLayer]] = Qwen3_5DecoderLayer
-    fusable = False
-    unfused_because = "DeltaNet layers"
     _PROJECTIONS: ClassVar[dict[str, tuple[str, tuple[str, ...]]]] = {
         **ConvStateModel._PROJECTIONS,
         "qkvz_proj": ("self_attn", ("in_proj_qkv", "in_proj_z")),
@@ -228,8 +227,8 @@ class Qwen3_5MoeDecoderLayer(MoEDecoderLayer, Qwen3_5DecoderLayer):
 
 class Qwen3_5MoeModel(MoEModel, Qwen3_5Model):
     layer_class: ClassVar[type[DecoderLayer]] = Qwen3_5MoeDecoderLayer
-    fusable = False
-    unfused_because = "DeltaNet layers and experts"
+    fusable = False  # (its router is softmax over cast weights, beside a shared expert)
+    unfused_because = "their shared experts"
     graph_capturable = False  # (each step picks its state rows on the host)
 
 

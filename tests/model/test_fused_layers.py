@@ -14,7 +14,7 @@ from gguf import GGMLQuantizationType
 from inflight import LLM, SamplingParams
 from inflight.kernels import load_extension
 from inflight.model import loader, packed_linear
-from inflight.model.arch import DELTA_ARCHS, EXPERT_ARCHS
+from inflight.model.arch import EXPERT_ARCHS
 from inflight.model.fused_layers import FusedDecoderLayers
 from inflight.model.packed_linear import can_pack
 from tests.conftest import TINY_ARCHS
@@ -22,8 +22,8 @@ from tests.gguf_files import write_tiny_gguf
 from tests.parity import mixed_max_tokens, random_prompts
 
 # families whose tiny models' layers the C++ loop does not compute: experts routed in Python
-# (in a float32 model over blocks some do: tested below), DeltaNet layers
-UNFUSED_ARCHS = EXPERT_ARCHS + DELTA_ARCHS
+# (in a float32 model over blocks some do: tested below)
+UNFUSED_ARCHS = EXPERT_ARCHS
 
 
 def _run(llm: LLM, prompts, max_tokens):
@@ -51,7 +51,7 @@ def test_fused_layers_match_the_python_loop_bit_for_bit(
               enable_prefix_caching=False)  # fmt: skip
     model = llm.core.loaded.model
     fused = model.fused_layers
-    if arch in UNFUSED_ARCHS:  # routing to experts and the delta rule run in Python
+    if arch in UNFUSED_ARCHS:  # routing to experts runs in Python
         assert fused is None and not model.fusable
         return
     assert isinstance(fused, FusedDecoderLayers)
@@ -136,7 +136,8 @@ def test_bad_inputs_are_refused_before_any_write(tiny_llama):
     def run(weights=fused.weights, small=fused.small_weights, slots=(0, 1), k_caches=None,
             decode=(), qk_norms=(), output_norms=(), windows=None, rotations=None,
             local=(None, None), groups=(), group_slots=(), query_scale=None,
-            conv=((), (), (), ()), experts=((), (), (), (), ())):  # fmt: skip
+            conv=((), (), (), ()), experts=((), (), (), (), ()),
+            delta=((), (), ())):  # fmt: skip
         k_caches = k_caches if k_caches is not None else [k for k, _ in caches]
         windows = fused.windows if windows is None else windows
         rotations = fused.rotations if rotations is None else rotations
@@ -149,7 +150,7 @@ def test_bad_inputs_are_refused_before_any_write(tiny_llama):
             False, False, fused.packed,
             fused.activation_bits, 1.0, 0.0, list(groups),
             [torch.tensor(s) for s in group_slots], [], [], None, *map(list, conv),
-            *map(list, experts), *fused.routing,
+            *map(list, experts), *fused.routing, False, *map(list, delta), [0, 2], 1, False,
         )  # fmt: skip
 
     with pytest.raises(RuntimeError, match="six weights"):
@@ -207,6 +208,13 @@ def test_bad_inputs_are_refused_before_any_write(tiny_llama):
         run(conv=([1, -1], [kernel], [state], rows))
     with pytest.raises(RuntimeError, match=r"kernel \[C, K\] and state"):
         run(conv=([0, -1], [kernel], [torch.zeros(4, 3, num_heads * head_dim)], rows))
+    # DeltaNet layers in the convolutions' places: four tensors, two optional weights and the
+    # state matrices each
+    tensors, matrices = [torch.zeros(2, num_heads * head_dim)] * 4, [torch.zeros(4, 1, 8, 8)]
+    for bad in ((tensors[:3], [None] * 2, matrices), (tensors, [None], matrices),
+                (tensors, [None] * 2, [])):  # fmt: skip
+        with pytest.raises(RuntimeError, match="each convolution layer's four tensors"):
+            run(conv=([0, -1], [kernel], [state], rows), delta=bad)
     # experts in place of a layer's MLP: an index per layer into routers and packings that match
     router = torch.zeros(4, num_heads * head_dim)
     with pytest.raises(RuntimeError, match="one expert index per layer"):

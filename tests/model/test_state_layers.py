@@ -47,9 +47,9 @@ def test_a_batch_failing_midway_is_run_again_from_its_rebuilt_state(stateful, ba
     """A step of several requests that fails after the stateful layers advanced their state in
     place is run again in halves, each request's state first rebuilt from its tokens: every
     request gets the tokens it gets alone. Where the C++ kernels run the layers as one call
-    (LFM2's `FusedDecoderLayers`) it fails once it has run every layer; otherwise the last
-    layer's MLP fails, after the stateful layers (Qwen3.5's DeltaNet layer in C++ with `cpu`,
-    in PyTorch with `torch`)."""
+    (`FusedDecoderLayers`: LFM2's, Qwen3.5's) it fails once it has run every layer; otherwise
+    the last layer's MLP fails, after the stateful layers (Qwen3.5's DeltaNet layer in PyTorch
+    with `torch`)."""
     folder, prompts, max_tokens, expected = stateful
     llm = LLM(str(folder), dtype="float32", prefill_chunk_size=8, max_num_batched_tokens=64,
               attention_backend=backend)  # fmt: skip

@@ -1,6 +1,8 @@
 // All decoder layers of a Llama-family model in one call, for the CPU fast path (LFM2's too: its
-// short convolutions in place of attention, where `conv_index` says; and experts in place of the
-// MLP where `expert_index` says, routed by a float32 router and multiplied from their blocks).
+// short convolutions in place of attention, where `conv_index` says; Qwen3.5's gated DeltaNet
+// layers in the same places, where `delta_tensors` are given, and its attention's output gate;
+// and experts in place of the MLP where `expert_index` says, routed by a float32 router and
+// multiplied from their blocks).
 //
 // The same sequence of operations as `DecoderLayer.forward` in inflight/model/llama.py (the
 // reference, and what this is tested against, bit for bit): RMSNorm (the residual add fused in),
@@ -29,6 +31,7 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/gelu.h>
 #include <ATen/ops/relu.h>
+#include <ATen/ops/sigmoid.h>
 #include <ATen/ops/square.h>
 #include <ATen/ops/mul.h>
 #include <ATen/ops/linear.h>
@@ -165,6 +168,9 @@ at::Tensor gelu_tanh_and_mul(const at::Tensor& gate_up) {
 constexpr size_t kWeightsPerLayer = 6;
 constexpr size_t kSmallPerLayer = 4;    // small-batch kernel weights (or none): qkv, o, gate-up, down
 const OptTensor kNone;
+// a DeltaNet layer's [b | a] projection, decay rates, dt bias and output norm; its [b | a]
+// small-batch and decode weights
+constexpr size_t kDeltaTensors = 4, kDeltaSmall = 2;
 // a layer's RoPE (`FusedDecoderLayers.rotations`): none (SmolLM3's NoPE layers), the model's
 // tables, or the windowed layers' own (Gemma 3's)
 constexpr int64_t kNoRope = -1, kModelRope = 0, kLocalRope = 1;
@@ -196,7 +202,10 @@ std::vector<at::Tensor> llama_decoder_layers(
     const std::vector<std::vector<at::Tensor>>& expert_gate_up,
     const std::vector<std::vector<at::Tensor>>& expert_down, int64_t top_k, bool sigmoid_router,
     bool renormalize, double router_eps, double routed_scale, int64_t expert_intermediate,
-    int64_t expert_bits, int64_t expert_pass_tokens) {
+    int64_t expert_bits, int64_t expert_pass_tokens, bool output_gate,
+    const std::vector<at::Tensor>& delta_tensors, const std::vector<OptTensor>& delta_small,
+    const std::vector<at::Tensor>& delta_states, const std::vector<int64_t>& delta_starts,
+    int64_t delta_key_heads, bool delta_tiled) {
   const LinearChoice how{packed, small_rows, activation_bits};
   const size_t L = k_caches.size();
   INFLIGHT_CHECK(weights.size() == L * kWeightsPerLayer &&
@@ -323,6 +332,15 @@ std::vector<at::Tensor> llama_decoder_layers(
                        top_k <= E && expert_pass_tokens > 0,
                    "a float32 router [E, hidden], its bias [E], E experts, 1..E a token");
   }
+  // Qwen3.5's DeltaNet layers in the convolutions' places (none for LFM2): each one's [b | a]
+  // projection, decay rates, dt bias and output norm, its [b | a] small-batch and decode
+  // weights, and the step's state matrices (`ConvStep.recurrent`)
+  const bool delta = !delta_tensors.empty();
+  INFLIGHT_CHECK(!delta || (delta_tensors.size() == kDeltaTensors * conv_weights.size() &&
+                            delta_small.size() == kDeltaSmall * conv_weights.size() &&
+                            delta_states.size() == conv_weights.size()),
+                 "no DeltaNet layers, or each convolution layer's four tensors, two optional "
+                 "[b | a] weights and state matrices");
   const Routing routing{top_k, sigmoid_router, renormalize, router_eps, routed_scale,
                         expert_intermediate, expert_bits, expert_pass_tokens};
   std::vector<OptTensor> no_decode(L * kSmallPerLayer);
@@ -344,7 +362,17 @@ std::vector<at::Tensor> llama_decoder_layers(
     }
     const int64_t conv = conv_index.empty() ? -1 : conv_index[l];
     at::Tensor out;
-    if (conv >= 0) {  // B, C and x rows; C * conv(B * x) (`Lfm2DecoderLayer.attention`)
+    if (conv >= 0 && delta) {  // `Qwen3_5DecoderLayer.attention`
+      const at::Tensor* d = &delta_tensors[conv * kDeltaTensors];
+      const OptTensor* ds = &delta_small[conv * kDeltaSmall];
+      auto qkvz = linear(x, {w[1], small[0], dec[0], kNone}, how, split);
+      auto ba = linear(x, {d[0], ds[0], ds[1], kNone}, how, split);
+      at::Tensor inputs = conv_states[conv], matrices = delta_states[conv];  // (written)
+      auto gated = gated_delta_net(qkvz, ba, conv_weights[conv], inputs, conv_rows[0],
+                                   conv_rows[1], conv_rows[2], conv_rows[3], delta_starts,
+                                   matrices, d[1], d[2], d[3], eps, delta_key_heads, delta_tiled);
+      out = linear(gated, {w[2], small[1], dec[1], kNone}, how, split);
+    } else if (conv >= 0) {  // B, C and x rows; C * conv(B * x) (`Lfm2DecoderLayer.attention`)
       auto bcx = linear(x, {w[1], small[0], dec[0], kNone}, how, split).chunk(3, 1);
       at::Tensor state = conv_states[conv];
       auto mixed = short_convolution(at::mul(bcx[0], bcx[2]), conv_weights[conv], state,
@@ -352,6 +380,14 @@ std::vector<at::Tensor> llama_decoder_layers(
       out = linear(at::mul(bcx[1], mixed), {w[2], small[1], dec[1], kNone}, how, split);
     } else {
       at::Tensor qkv = linear(x, {w[1], small[0], dec[0], qkv_biases[l]}, how, split);
+      // a gated attention's query rows, each head's followed by its gate's (`split_query_gates`)
+      at::Tensor gate;
+      if (output_gate) {
+        auto pairs = qkv.narrow(1, 0, 2 * q_size).view({T, num_heads, 2, head_dim});
+        gate = pairs.select(2, 1).reshape({T, q_size});
+        qkv = at::cat({pairs.select(2, 0).reshape({T, q_size}), qkv.narrow(1, 2 * q_size,
+                                                                          2 * kv_size)}, 1);
+      }
       // queries and keys RMS-normalized, each head (Qwen3's q_norm, k_norm) or all heads as one
       // (OLMo 2's): the weight's width; before RoPE, or after it (Hunyuan's)
       auto normalize_qk = [&] {
@@ -404,7 +440,9 @@ std::vector<at::Tensor> llama_decoder_layers(
                                   window, softcap, c10::nullopt);
         }
       }
-      out = linear(attn.view({T, q_size}), {w[2], small[1], dec[1], kNone}, how, split);
+      at::Tensor gated = attn.view({T, q_size});
+      if (output_gate) gated = at::mul(gated, at::sigmoid(gate));
+      out = linear(gated, {w[2], small[1], dec[1], kNone}, how, split);
     }
     if (all_reduce) all_reduce(out);
     if (!output_norms.empty()) out = rms_norm(out, output_norms[2 * l], eps);

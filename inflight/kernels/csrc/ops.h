@@ -174,4 +174,8 @@ std::vector<at::Tensor> llama_decoder_layers(
     const std::vector<std::vector<at::Tensor>>& expert_gate_up,
     const std::vector<std::vector<at::Tensor>>& expert_down, int64_t top_k, bool sigmoid_router,
     bool renormalize, double router_eps, double routed_scale, int64_t expert_intermediate,
-    int64_t expert_bits, int64_t expert_pass_tokens);
+    int64_t expert_bits, int64_t expert_pass_tokens, bool output_gate,
+    const std::vector<at::Tensor>& delta_tensors,
+    const std::vector<c10::optional<at::Tensor>>& delta_small,
+    const std::vector<at::Tensor>& delta_states, const std::vector<int64_t>& delta_starts,
+    int64_t delta_key_heads, bool delta_tiled);
