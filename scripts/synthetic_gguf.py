@@ -1,5 +1,5 @@
 """Writes a GGUF file in the shapes of a real Llama model (or SmolLM3-3B, LFM2-1.2B, LFM2-8B-A1B,
-gpt-oss-20b, DeepSeek-V2-Lite, Qwen3.5-9B or Qwen3.5-0.8B), with
+gpt-oss-20b, DeepSeek-V2-Lite, Qwen3.5-9B, Qwen3.5-0.8B or Qwen3-30B-A3B), with
 random weights and SmolLM2's tokenizer (from the default model's file), for memory and speed
 benchmarks at sizes no package ships. Weights are N(0, 0.02), norms 1: the text is noise, the
 shapes, bytes and kernels real.
@@ -25,6 +25,10 @@ a layer, 6 a token, beside two shared ones; YaRN), SmolLM2's vocabulary padded t
 Qwen3.5 is written as llama.cpp's converter lays it out (`qwen35`: three gated DeltaNet layers
 in four, `attn_qkv`, `attn_gate` and `ssm_*`, their decay rates negative; every fourth layer
 attention whose query rows carry each head's gate), SmolLM2's vocabulary padded to its 248,320.
+
+Qwen3-30B-A3B is written as llama.cpp's converter lays it out (`qwen3moe`: 128 experts a
+layer, 8 a token, stacked per layer; q/k norms), SmolLM2's vocabulary padded to its 151,936;
+`--layers N` writes its first N layers alone (its 48 take 57 GiB in F16).
 
 `--type` is any type the `gguf` package quantizes (F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1);
 for the K-quant mixes (Q4_K_M, Q5_K_M, Q6_K) write F16 and convert it with llama.cpp's
@@ -82,7 +86,11 @@ QWEN3_5_INTERVAL, QWEN3_5_KERNEL = 4, 4
 # attends without RoPE, and its embeddings are its LM head)
 ARCHITECTURES = {"smollm3-3b": "smollm3", "gpt-oss-20b": "gpt-oss",
                  "deepseek-v2-lite": "deepseek2", "lfm2-1.2b": "lfm2",
-                 "lfm2-8b-a1b": "lfm2moe", **dict.fromkeys(QWEN3_5, "qwen35")}  # fmt: skip
+                 "lfm2-8b-a1b": "lfm2moe", **dict.fromkeys(QWEN3_5, "qwen35"),
+                 "qwen3-30b-a3b": "qwen3moe"}  # fmt: skip
+# Qwen3-30B-A3B (`qwen3moe`): (layers, hidden, experts, experts a token, expert intermediate,
+# heads, kv heads, head dim, vocab); q/k norms, no dense layer, the chosen renormalized
+QWEN3_30B_A3B = (48, 2048, 128, 8, 768, 32, 4, 128, 151936)
 # gpt-oss-20b: (layers, hidden, experts, experts a token, heads, kv heads, head dim, vocab)
 GPT_OSS_20B = (24, 2880, 32, 4, 64, 8, 64, 201088)
 # DeepSeek-V2-Lite: (layers, hidden, dense intermediate, experts, experts a token, expert
@@ -158,6 +166,25 @@ def _attention(b: str, hidden: int, heads: int, kv_heads: int, head_dim: int, qk
     if qk_norms:
         yield b + "attn_q_norm.weight", (head_dim,)
         yield b + "attn_k_norm.weight", (head_dim,)
+
+
+def qwen3_moe_tensors(layers: int):
+    """(GGUF name, shape in numpy order) of Qwen3-30B-A3B's tensors (its first `layers`),
+    llama.cpp's names; expert stacks are 3-D, the router F32 as llama.cpp's quantizer leaves
+    it."""
+    _, hidden, experts, _, expert_inter, heads, kv_heads, head_dim, vocab = QWEN3_30B_A3B
+    yield "token_embd.weight", (vocab, hidden)
+    for i in range(layers):
+        b = f"blk.{i}."
+        yield b + "attn_norm.weight", (hidden,)
+        yield from _attention(b, hidden, heads, kv_heads, head_dim, qk_norms=True)
+        yield b + "ffn_norm.weight", (hidden,)
+        yield b + "ffn_gate_inp.weight", (experts, hidden)
+        yield b + "ffn_gate_exps.weight", (experts, expert_inter, hidden)
+        yield b + "ffn_up_exps.weight", (experts, expert_inter, hidden)
+        yield b + "ffn_down_exps.weight", (experts, hidden, expert_inter)
+    yield "output_norm.weight", (hidden,)
+    yield "output.weight", (vocab, hidden)
 
 
 def qwen3_5_tensors(shape: str):
@@ -330,7 +357,11 @@ def copy_tokenizer(source: GGUFReader, w: GGUFWriter, vocab: int) -> None:
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("shape", choices=[*SHAPES, "lfm2-8b-a1b", "gpt-oss-20b",
-                                          "deepseek-v2-lite", *QWEN3_5])  # fmt: skip
+                                          "deepseek-v2-lite", *QWEN3_5,
+                                          "qwen3-30b-a3b"])  # fmt: skip
+    parser.add_argument("--layers", type=int,
+                        help="the first N layers alone (qwen3-30b-a3b: a file that fits a "
+                        "small machine, its layers' shapes whole)")  # fmt: skip
     parser.add_argument("--type", default="F16", help="F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--seed", type=int, default=0)
@@ -362,6 +393,22 @@ def main(argv: list[str]) -> None:
     elif arch == "qwen35":
         layers, hidden, vocab = write_qwen3_5_metadata(w, args.shape)
         specs = list(qwen3_5_tensors(args.shape))
+    elif arch == "qwen3moe":
+        layers, hidden, experts, used, expert_inter, heads, kv_heads, head_dim, vocab = (
+            QWEN3_30B_A3B
+        )
+        layers = args.layers or layers
+        w.add_context_length(40960)
+        w.add_feed_forward_length(6144)
+        w.add_rope_freq_base(1000000.0)
+        w.add_expert_feed_forward_length(expert_inter)
+        w.add_expert_count(experts)
+        w.add_expert_used_count(used)
+        w.add_head_count(heads)
+        w.add_head_count_kv(kv_heads)
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
+        specs = list(qwen3_moe_tensors(layers))
     elif arch == "lfm2moe":
         layers, hidden, inter, experts, used, expert_inter, dense, heads, kv_heads = LFM2_8B_A1B
         head_dim = hidden // heads
@@ -399,12 +446,12 @@ def main(argv: list[str]) -> None:
                              tied=arch in ("smollm3", "lfm2"), lfm2=arch == "lfm2"))  # fmt: skip
     w.add_block_count(layers)
     w.add_embedding_length(hidden)
-    w.add_layer_norm_rms_eps(1e-6 if arch == "qwen35" else 1e-5)
+    w.add_layer_norm_rms_eps(1e-6 if arch in ("qwen35", "qwen3moe") else 1e-5)
     if arch in ("lfm2", "lfm2moe"):  # a KV head count per layer: 0 for a convolution
         attending = LFM2_ATTENTION_LAYERS if arch == "lfm2" else LFM2_MOE_ATTENTION_LAYERS
         w.add_head_count_kv([kv_heads if i in attending else 0 for i in range(layers)])
         w.add_shortconv_l_cache(LFM2_KERNEL)
-    if arch not in ("deepseek2", "qwen35"):  # (their heads' sizes above)
+    if arch not in ("deepseek2", "qwen35", "qwen3moe"):  # (their heads' sizes above)
         w.add_head_count(heads)
         if arch not in ("lfm2", "lfm2moe"):
             w.add_head_count_kv(kv_heads)

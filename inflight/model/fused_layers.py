@@ -6,7 +6,8 @@ layer (module calls, views, cache writes, row gathers) cost about as much as all
 small model (docs/benchmarks.md, "Figures behind design decisions"). Used only with the C++
 kernels (`attention_backend` cpu/auto on a CPU); tested bit for bit against the Python loop.
 Beside Llama's layers it runs LFM2's short convolutions, Qwen3.5's gated DeltaNet layers and
-gated attention, and experts a float32 router picks from their blocks.
+gated attention, and experts a float32 router picks from their blocks, beside a shared expert
+where a layer has one.
 """
 
 from __future__ import annotations
@@ -46,6 +47,16 @@ def _projections(layer: torch.nn.Module) -> list[torch.nn.Module]:
     return [getattr(layer, p) for p in names[: 2 if _is_sparse(layer) else 4]]
 
 
+def _shared_linears(layer: torch.nn.Module) -> tuple[torch.nn.Module | None, ...]:
+    """A sparse layer's shared expert's [gate | up] and down, and its output's gate (None where
+    it has none); none of them for another layer."""
+    if not _is_sparse(layer):
+        return ()
+    expert = layer.shared_expert
+    pair = (None, None) if expert is None else (expert.gate_up_proj, expert.down_proj)
+    return (*pair, layer.shared_expert_gate)
+
+
 def _indices_among(layers: torch.nn.ModuleList, chosen: list[bool]) -> list[int]:
     """Each layer's index among the chosen ones (-1 for the others); none where none is."""
     if not any(chosen):
@@ -68,6 +79,7 @@ class FusedDecoderLayers:
         deltas = [layer for layer in layers if _is_delta(layer)]
         projections = [p for layer in layers for p in _projections(layer)]
         projections += [layer.ba_proj for layer in deltas]
+        projections += [m for layer in layers for m in _shared_linears(layer) if m is not None]
         kinds = {type(m) for m in projections}
         if len(kinds) != 1:
             raise ValueError(f"projections must be all packed or all plain, got {kinds}")
@@ -159,6 +171,12 @@ class FusedDecoderLayers:
         if not all(fused_routing(layer) for layer in sparse):
             raise ValueError("the fused layer loop routes experts through a float32 router, "
                              "each multiplying from its blocks (`moe.fused_routing`)")  # fmt: skip
+        shared = [m for layer in sparse for m in _shared_linears(layer)]
+        self.shared_experts = [
+            t for m in shared
+            for t in ((None, None, None) if m is None
+                      else (m.weight, _small(m, "small_weight"), _small(m, "decode_weight")))
+        ] if any(m is not None for m in shared) else []  # fmt: skip
         packings = [layer.expert_packings for layer in sparse]
         self.expert_gate_up = [p[0] for p in packings]
         self.expert_down = [p[1] for p in packings]
@@ -225,7 +243,7 @@ class FusedDecoderLayers:
             self.all_reduce,
             self.conv_index, self.conv_weights, conv_states, conv_rows,
             self.expert_index, self.routers, self.router_biases, self.expert_gate_up,
-            self.expert_down, *self.routing, self.output_gate,
+            self.expert_down, *self.routing, self.shared_experts, self.output_gate,
             self.delta_tensors, self.delta_small, delta_states, starts, *self.delta_heads,
         )  # fmt: skip
         return hidden, residual

@@ -8,6 +8,7 @@ package (its own imports need dependencies we do not install).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import math
@@ -40,7 +41,7 @@ from inflight.model.gguf_loader import (
 )
 from inflight.model.layer_ops import CpuLayerOps, TorchLayerOps
 from inflight.model.llama import LlamaModel
-from inflight.model.moe import MoEModel
+from inflight.model.moe import MoEModel, softmax_gate_routes_in_float32
 from inflight.model.mxfp4 import (
     MXFP4_TYPE,
     block_entries,
@@ -619,9 +620,6 @@ def load_model(
         from inflight.model.triton_layer_ops import checked_layer_ops
 
         ops = checked_layer_ops(device, dtype)
-    rank_arch = arch if shard is None else shard_arch(shard)
-    with torch.device("meta"), skip_weight_init():
-        model = model_class(arch)(rank_arch, attn, ops)
     # inflight's small-batch kernels come with the other CPU kernels
     kernels = attn.cpu_kernels and can_pack(dtype, device)
     # decode batches can multiply from the file's own blocks (see packed_linear)
@@ -632,6 +630,12 @@ def load_model(
     blocks: dict[str, torch.Tensor] | None = {} if block_types else None
     # linears whose blocks take every batch never get a float weight (nor a dequantized tensor)
     blocks_only = bool(block_types) and blocks_serve_every_batch(dtype, bits)
+    rank_arch = arch if shard is None else shard_arch(shard)
+    layer_class = model_class(arch).layer_class
+    if blocks_only and dtype == torch.float32 and softmax_gate_routes_in_float32(arch, layer_class):
+        rank_arch = dataclasses.replace(rank_arch, float32_router=True)
+    with torch.device("meta"), skip_weight_init():
+        model = model_class(arch)(rank_arch, attn, ops)
     skip = set()
     if blocks_only:
         entries = (gguf_entries(index) if index is not None

@@ -20,10 +20,12 @@ read as gate/up/down (MiniMax-M2's too), and Granite's stacks one expert at a ti
 file (the families' llama.cpp architectures, or `llama` with experts: Mixtral), each layer's
 stacked expert weights arrive one expert at a time (the index slices them), and where they are
 blocks the kernels read, each expert's linears multiply from its blocks as any layer's do. Where a
-sparse layer's router is float32, without groups or a shared expert, and every expert multiplies
-from its blocks (`fused_routing`: LFM2-MoE's and MiniMax-M2's files), one C++ call routes and
-runs its experts (`gguf_routed_experts`: a token's choice from its row alone, whatever its batch),
-in the Python layer loop as in the fused C++ one, which computes only such models' layers.
+sparse layer's router is float32, without groups, and every expert multiplies from its blocks
+(`fused_routing`: LFM2-MoE's and MiniMax-M2's files; in a float32 model, the softmax routers'
+families too, whose router is then float32 like the model: Qwen3-MoE, Mixtral, OLMoE, Granite,
+Qwen2-MoE, Qwen3.5-MoE...), one C++ call routes and runs its experts (`gguf_routed_experts`: a
+token's choice from its row alone, whatever its batch), in the Python layer loop as in the fused
+C++ one, which computes only such models' layers (a shared expert's linears beside them).
 With the Triton kernels (a GPU) the experts are stacked per layer and routed on the device
 (`expert_kernels.py`), so CUDA graphs capture their decode steps.
 """
@@ -289,15 +291,29 @@ class Qwen2MoeDecoderLayer(MoEDecoderLayer):
     cast_router_weights = True
 
 
+def softmax_gate_routes_in_float32(arch: LlamaArchConfig, layer: type[DecoderLayer]) -> bool:
+    """Whether a family's softmax router (`gate`, a linear of the model's dtype: Qwen3-MoE's,
+    Mixtral's, OLMoE's...) is the float32 router without a bias or groups, where the model is
+    float32 (the loader's choice, for a file whose experts multiply from their blocks): the
+    same softmax of the same logits, so that `fused_routing` routes it in C++ (a token's
+    choice from its own row, whatever its batch), and its layers join the fused loop. `layer`:
+    the model's layer class. Not gpt-oss's (a softmax over the chosen logits,
+    `GptOssDecoderLayer.route_tokens`)."""
+    if not arch.num_experts or arch.routes_in_float32 or arch.router_scoring != "softmax":
+        return False
+    return (arch.expert_groups == 1 and issubclass(layer, MoEDecoderLayer)
+            and layer.route_tokens is MoEDecoderLayer.route_tokens)  # fmt: skip
+
+
 def fused_routing(layer: MoEDecoderLayer) -> bool:
     """Whether one C++ call routes and runs this sparse layer's experts (`gguf_routed_experts`,
     in the Python layer loop and in the fused C++ one): a float32 router without expert groups
-    (whose weights stay float32), no shared expert, every expert multiplying from its blocks
-    (`block_expert_packings`), in a float32 model. Asked once the loader has packed the experts
-    (`expert_packings` keeps them)."""
-    if not (layer.float32_router and layer.groups == 1 and not layer.cast_router_weights):
-        return False
-    if layer.shared_expert is not None or layer.shared_expert_gate is not None:
+    (whose weights stay float32; a family that casts its router's weights to the model's
+    dtype casts nothing in float32), every expert multiplying from its blocks
+    (`block_expert_packings`), in a float32 model; a shared expert beside them runs in the
+    layer's own linears (`mlp`, and the fused loop the same). Asked once the loader has packed
+    the experts (`expert_packings` keeps them)."""
+    if not (layer.float32_router and layer.groups == 1):
         return False
     if layer.input_layernorm.weight.dtype != torch.float32 or layer.stack is not None:
         return False

@@ -30,7 +30,8 @@ step to step in `runner/conv_state.py`'s slots (float32 matrices, as transformer
 as LFM2's convolutions do (`lfm2.ConvStateModel`). The recurrence runs token by token
 (`gated_delta_rule`); where the C++ kernels are loaded, the whole layer between its projections
 is one call (`gated_delta_net`: the same ops, rounding where they round, to float32 rounding),
-and Qwen3.5's layers (not the experts') run in the fused C++ layer loop (`fused_layers.py`).
+and the layers run in the fused C++ layer loop (`fused_layers.py`; Qwen3.5-MoE's and
+Qwen3-Next's where their experts multiply from a file's blocks in a float32 model).
 Not built: tensor parallelism over the DeltaNet layers, the multi-token prediction layer
 (`mtp.*`, skipped), images.
 """
@@ -227,8 +228,6 @@ class Qwen3_5MoeDecoderLayer(MoEDecoderLayer, Qwen3_5DecoderLayer):
 
 class Qwen3_5MoeModel(MoEModel, Qwen3_5Model):
     layer_class: ClassVar[type[DecoderLayer]] = Qwen3_5MoeDecoderLayer
-    fusable = False  # (its router is softmax over cast weights, beside a shared expert)
-    unfused_because = "their shared experts"
     graph_capturable = False  # (each step picks its state rows on the host)
 
 

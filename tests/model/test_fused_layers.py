@@ -137,7 +137,7 @@ def test_bad_inputs_are_refused_before_any_write(tiny_llama):
             decode=(), qk_norms=(), output_norms=(), windows=None, rotations=None,
             local=(None, None), groups=(), group_slots=(), query_scale=None,
             conv=((), (), (), ()), experts=((), (), (), (), ()),
-            delta=((), (), ())):  # fmt: skip
+            delta=((), (), ()), shared=()):  # fmt: skip
         k_caches = k_caches if k_caches is not None else [k for k, _ in caches]
         windows = fused.windows if windows is None else windows
         rotations = fused.rotations if rotations is None else rotations
@@ -150,7 +150,8 @@ def test_bad_inputs_are_refused_before_any_write(tiny_llama):
             False, False, fused.packed,
             fused.activation_bits, 1.0, 0.0, list(groups),
             [torch.tensor(s) for s in group_slots], [], [], None, *map(list, conv),
-            *map(list, experts), *fused.routing, False, *map(list, delta), [0, 2], 1, False,
+            *map(list, experts), *fused.routing, list(shared), False, *map(list, delta), [0, 2],
+            1, False,
         )  # fmt: skip
 
     with pytest.raises(RuntimeError, match="six weights"):
@@ -225,6 +226,18 @@ def test_bad_inputs_are_refused_before_any_write(tiny_llama):
         run(experts=([1, -1], [router], [None], [[]], [[]]))
     with pytest.raises(RuntimeError, match=r"a float32 router \[E, hidden\]"):  # 0 of 4 experts
         run(experts=([0, -1], [router], [None], [[]], [[]]))
+    # a sparse layer's shared expert: nine optional tensors, whole
+    experts = ([0, -1], [router], [None], [[router] * 4], [[router] * 4])
+    w = torch.zeros(8, num_heads * head_dim)
+    whole = "and down, and a gate only beside them"
+    for bad, says in (
+        ([None] * 8, "nine optional tensors"),
+        ([None, w] + [None] * 7, "come with its weight"),
+        ([w] + [None] * 8, whole),
+        ([None] * 6 + [w] + [None] * 2, whole),
+    ):
+        with pytest.raises(RuntimeError, match=says):
+            run(experts=experts, shared=bad)
     assert bool((values[0, :, 0] == 7.0).all())
 
 
@@ -278,11 +291,15 @@ def test_a_token_rounds_alike_in_any_batch(tmp_path, smol_shaped, dtype, source)
 
 
 @pytest.mark.skipif(not load_extension().gguf_linear_available(), reason="no AVX2 GGUF kernel")
-@pytest.mark.parametrize("arch", ["lfm2_moe", "minimax_m2"])
+@pytest.mark.parametrize("arch", ["lfm2_moe", "minimax_m2", "qwen3_moe", "mixtral", "olmoe",
+                                  "granitemoe", "qwen2_moe", "hunyuan_moe", "qwen3_5_moe",
+                                  "qwen3_next"])  # fmt: skip
 def test_fused_layers_route_experts_as_the_python_loop(tmp_path, tiny_model_factory, arch):
-    """A model whose sparse layers route through a float32 router (sigmoid plus a learned bias)
-    and whose experts multiply from their blocks runs in the C++ loop, experts included, with
-    the same bits as the Python loop: through chunked prefills beside decodes."""
+    """A model whose sparse layers route through a float32 router (sigmoid plus a learned bias;
+    or a softmax `gate`, float32 in a float32 model) and whose experts multiply from their
+    blocks runs in the C++ loop, experts included (and a shared expert beside them, under its
+    gate where it has one), with the same bits as the Python loop: through chunked prefills
+    beside decodes."""
     path = write_tiny_gguf(tiny_model_factory(arch), tmp_path / f"{arch}.gguf",
                            GGMLQuantizationType.Q8_0)  # fmt: skip
     llm = LLM(str(path), dtype="float32", attention_backend="cpu", device="cpu",

@@ -2,7 +2,7 @@
 // short convolutions in place of attention, where `conv_index` says; Qwen3.5's gated DeltaNet
 // layers in the same places, where `delta_tensors` are given, and its attention's output gate;
 // and experts in place of the MLP where `expert_index` says, routed by a float32 router and
-// multiplied from their blocks).
+// multiplied from their blocks, beside a shared expert where a sparse layer has one).
 //
 // The same sequence of operations as `DecoderLayer.forward` in inflight/model/llama.py (the
 // reference, and what this is tested against, bit for bit): RMSNorm (the residual add fused in),
@@ -31,6 +31,7 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/gelu.h>
 #include <ATen/ops/relu.h>
+#include <ATen/ops/add.h>
 #include <ATen/ops/sigmoid.h>
 #include <ATen/ops/square.h>
 #include <ATen/ops/mul.h>
@@ -171,6 +172,9 @@ const OptTensor kNone;
 // a DeltaNet layer's [b | a] projection, decay rates, dt bias and output norm; its [b | a]
 // small-batch and decode weights
 constexpr size_t kDeltaTensors = 4, kDeltaSmall = 2;
+// a sparse layer's shared expert: [gate | up], down and its output's gate, each a weight, its
+// small-batch and its decode weight
+constexpr size_t kSharedPerLayer = 9;
 // a layer's RoPE (`FusedDecoderLayers.rotations`): none (SmolLM3's NoPE layers), the model's
 // tables, or the windowed layers' own (Gemma 3's)
 constexpr int64_t kNoRope = -1, kModelRope = 0, kLocalRope = 1;
@@ -202,7 +206,8 @@ std::vector<at::Tensor> llama_decoder_layers(
     const std::vector<std::vector<at::Tensor>>& expert_gate_up,
     const std::vector<std::vector<at::Tensor>>& expert_down, int64_t top_k, bool sigmoid_router,
     bool renormalize, double router_eps, double routed_scale, int64_t expert_intermediate,
-    int64_t expert_bits, int64_t expert_pass_tokens, bool output_gate,
+    int64_t expert_bits, int64_t expert_pass_tokens,
+    const std::vector<OptTensor>& shared_experts, bool output_gate,
     const std::vector<at::Tensor>& delta_tensors, const std::vector<OptTensor>& delta_small,
     const std::vector<at::Tensor>& delta_states, const std::vector<int64_t>& delta_starts,
     int64_t delta_key_heads, bool delta_tiled) {
@@ -341,6 +346,19 @@ std::vector<at::Tensor> llama_decoder_layers(
                             delta_states.size() == conv_weights.size()),
                  "no DeltaNet layers, or each convolution layer's four tensors, two optional "
                  "[b | a] weights and state matrices");
+  INFLIGHT_CHECK(shared_experts.empty() || shared_experts.size() == kSharedPerLayer * routers.size(),
+                 "no shared experts, or nine optional tensors per sparse layer");
+  for (size_t e = 0; e < shared_experts.size(); e += kSharedPerLayer) {
+    for (size_t part = 0; part < kSharedPerLayer; part += 3) {
+      INFLIGHT_CHECK(shared_experts[e + part].has_value() ||
+                         (!shared_experts[e + part + 1].has_value() &&
+                          !shared_experts[e + part + 2].has_value()),
+                     "a shared expert's small-batch and decode weights come with its weight");
+    }
+    INFLIGHT_CHECK(shared_experts[e].has_value() == shared_experts[e + 3].has_value() &&
+                       (shared_experts[e].has_value() || !shared_experts[e + 6].has_value()),
+                   "a shared expert has [gate | up] and down, and a gate only beside them");
+  }
   const Routing routing{top_k, sigmoid_router, renormalize, router_eps, routed_scale,
                         expert_intermediate, expert_bits, expert_pass_tokens};
   std::vector<OptTensor> no_decode(L * kSmallPerLayer);
@@ -452,6 +470,17 @@ std::vector<at::Tensor> llama_decoder_layers(
     if (sparse >= 0) {
       hidden = routed_experts(x, {routers[sparse], router_biases[sparse],
                                   expert_gate_up[sparse], expert_down[sparse]}, routing);
+      // its shared expert, under the sigmoid of its gate where it has one (`MoEDecoderLayer.mlp`)
+      const OptTensor* s = shared_experts.empty() ? nullptr
+                                                  : &shared_experts[sparse * kSharedPerLayer];
+      if (s != nullptr && s[0].has_value()) {
+        at::Tensor shared = silu_and_mul(linear(x, {*s[0], s[1], s[2], kNone}, how, split));
+        shared = linear(shared, {*s[3], s[4], s[5], kNone}, how, split);
+        if (s[6].has_value()) {
+          shared = at::mul(at::sigmoid(linear(x, {*s[6], s[7], s[8], kNone}, how, split)), shared);
+        }
+        hidden = at::add(hidden, shared);
+      }
     } else {
       at::Tensor gate_up = linear(x, {w[4], small[2], dec[2], kNone}, how, split);
       // the MLP's activation: gated (SiLU or tanh-GELU of the gate times up), or ReLU squared
