@@ -426,6 +426,12 @@ def _block_types(dtype: torch.dtype, bits: int) -> dict[int, BlockFormat]:
     return {int(GGMLQuantizationType[name]): BY_NAME[name] for name in block_formats(dtype, bits)}
 
 
+def _experts_all_blocks(index: GGUFIndex, block_types: Mapping[int, BlockFormat]) -> bool:
+    """Whether a GGUF file has experts and every expert stack is in a format kept as blocks."""
+    stacks = [e for e in index.entries if "_exps." in e["name"]]
+    return bool(stacks) and all(e["type"] in block_types for e in stacks)
+
+
 def available_memory_bytes() -> int | None:
     """Memory this process may still take: the kernel's MemAvailable, or less where a cgroup
     limit binds; None where neither can be read."""
@@ -631,8 +637,12 @@ def load_model(
     # linears whose blocks take every batch never get a float weight (nor a dequantized tensor)
     blocks_only = bool(block_types) and blocks_serve_every_batch(dtype, bits)
     rank_arch = arch if shard is None else shard_arch(shard)
+    # (a float32 router's PyTorch path sums otherwise than the packed linear it replaces, so
+    # only where the C++ router takes it: every expert from its blocks)
+    experts_from_blocks = index is not None and _experts_all_blocks(index, block_types)
     layer_class = model_class(arch).layer_class
-    if blocks_only and dtype == torch.float32 and softmax_gate_routes_in_float32(arch, layer_class):
+    if (blocks_only and dtype == torch.float32 and experts_from_blocks
+            and softmax_gate_routes_in_float32(arch, layer_class)):  # fmt: skip
         rank_arch = dataclasses.replace(rank_arch, float32_router=True)
     with torch.device("meta"), skip_weight_init():
         model = model_class(arch)(rank_arch, attn, ops)

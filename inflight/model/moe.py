@@ -295,10 +295,10 @@ def softmax_gate_routes_in_float32(arch: LlamaArchConfig, layer: type[DecoderLay
     """Whether a family's softmax router (`gate`, a linear of the model's dtype: Qwen3-MoE's,
     Mixtral's, OLMoE's...) is the float32 router without a bias or groups, where the model is
     float32 (the loader's choice, for a file whose experts multiply from their blocks): the
-    same softmax of the same logits, so that `fused_routing` routes it in C++ (a token's
-    choice from its own row, whatever its batch), and its layers join the fused loop. `layer`:
-    the model's layer class. Not gpt-oss's (a softmax over the chosen logits,
-    `GptOssDecoderLayer.route_tokens`)."""
+    same softmax of the same logits (to float32 rounding), so that `fused_routing` routes it
+    in C++ (a token's choice from its own row, whatever its batch), and its layers join the
+    fused loop. `layer`: the model's layer class. Not gpt-oss's (a softmax over the chosen
+    logits, `GptOssDecoderLayer.route_tokens`)."""
     if not arch.num_experts or arch.routes_in_float32 or arch.router_scoring != "softmax":
         return False
     return (arch.expert_groups == 1 and issubclass(layer, MoEDecoderLayer)

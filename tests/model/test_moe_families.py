@@ -373,3 +373,43 @@ def test_the_cpp_router_survives_hostile_rows_and_refuses_bad_arguments():
         ext.route_experts(x, router, torch.randn(7), 2, True, True, 0.0, 1.0)
     with pytest.raises(RuntimeError, match="x"):
         ext.route_experts(x.double(), router, None, 2, True, True, 0.0, 1.0)
+
+
+@pytest.mark.skipif(not blocks_serve_every_batch(torch.float32, 16),
+                    reason="16-bit activations over blocks do not take every batch")  # fmt: skip
+@pytest.mark.parametrize("family", ["qwen3_moe", "qwen2_moe"])
+def test_a_softmax_router_is_float32_where_every_expert_is_blocks(
+    tmp_path, tiny_model_factory, family
+):
+    """In a float32 model whose experts all multiply from a file's blocks, a softmax `gate` is
+    loaded as the float32 router the C++ one runs (a token's experts from its own row), and the
+    layers run in the fused C++ loop; where the experts are floats (an F32 file) the gate stays
+    the model's linear and the layers run in Python."""
+    folder = tiny_model_factory(family)
+    for qtype, from_blocks in ((Q.Q8_0, True), (Q.F32, False)):
+        llm = tiny_gguf_engine(folder, tmp_path / f"{family}-{qtype.name}.gguf", qtype)
+        model = llm.core.loaded.model
+        sparse = [layer for layer in model.layers if layer.sparse]
+        assert all(layer.float32_router == from_blocks for layer in sparse)
+        assert all(hasattr(layer, "gate") != from_blocks for layer in sparse)
+        assert (model.fused_layers is not None) == from_blocks
+
+
+def test_a_file_whose_experts_are_not_all_blocks_keeps_its_router():
+    """The float32 router replaces a softmax gate only where every expert stack is in a format
+    kept as blocks (a file with one stack of floats keeps the gate, its packed linear)."""
+    from types import SimpleNamespace
+
+    from inflight.model.loader import _block_types, _experts_all_blocks
+
+    kept = _block_types(torch.float32, 16)
+    q8, f16 = int(Q.Q8_0), int(Q.F16)
+
+    def index(gate, up, down):
+        types = {"gate": gate, "up": up, "down": down}
+        return SimpleNamespace(entries=[{"name": f"blk.0.ffn_{p}_exps.{e}.weight", "type": t}
+                                        for p, t in types.items() for e in range(2)])  # fmt: skip
+
+    assert _experts_all_blocks(index(q8, q8, q8), kept) == (q8 in kept)
+    assert not _experts_all_blocks(index(q8, f16, q8), kept)
+    assert not _experts_all_blocks(SimpleNamespace(entries=[]), kept)  # no experts
