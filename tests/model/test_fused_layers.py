@@ -291,6 +291,40 @@ def test_a_token_rounds_alike_in_any_batch(tmp_path, smol_shaped, dtype, source)
 
 
 @pytest.mark.skipif(not load_extension().gguf_linear_available(), reason="no AVX2 GGUF kernel")
+def test_a_token_chooses_its_experts_alike_in_any_batch(tmp_path, tokenizer_dir):
+    """A Qwen3-MoE of SmolLM2's width (16 experts, 4 a token) from a Q8_0 file, in float32 over
+    its blocks: its softmax router is the C++ one, which scores each token's row alone, so a
+    token's experts and log-probabilities are the same bits alone, all at once and recomputed
+    after a preemption, prompts chunked beside decodes."""
+    from transformers import AutoTokenizer, Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    folder = tmp_path / "qwen3-moe"
+    AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(folder)
+    torch.manual_seed(0)
+    config = Qwen3MoeConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536,
+                            moe_intermediate_size=256, num_experts=16, num_experts_per_tok=4,
+                            norm_topk_prob=True, num_hidden_layers=2, num_attention_heads=9,
+                            num_key_value_heads=3, head_dim=64, max_position_embeddings=512,
+                            bos_token_id=1, eos_token_id=2, pad_token_id=0)  # fmt: skip
+    Qwen3MoeForCausalLM(config).save_pretrained(folder)
+    path = write_tiny_gguf(folder, tmp_path / "qwen3-moe.gguf", GGMLQuantizationType.Q8_0)
+    prompts = random_prompts(400, lengths=[1, 3, 90, 17, 130, 1, 40, 70])
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=0)
+    knobs = {"dtype": "float32", "attention_backend": "cpu", "device": "cpu"}
+
+    def run(llm: LLM) -> list[tuple[list[int], list[float]]]:
+        assert llm.core.loaded.model.fused_layers is not None  # the C++ router's path
+        outs = [o.outputs[0] for o in llm.generate(prompts, params, use_tqdm=False)]
+        return [(o.token_ids, [lp.logprob for lp in o.logprobs]) for o in outs]
+
+    want = run(LLM(str(path), **knobs, max_num_seqs=1))
+    assert run(LLM(str(path), **knobs)) == want
+    llm = LLM(str(path), **knobs, num_kv_blocks=15, max_num_batched_tokens=96)
+    assert run(llm) == want
+    assert llm.core.scheduler.num_preemptions > 0
+
+
+@pytest.mark.skipif(not load_extension().gguf_linear_available(), reason="no AVX2 GGUF kernel")
 @pytest.mark.parametrize("arch", ["lfm2_moe", "minimax_m2", "qwen3_moe", "mixtral", "olmoe",
                                   "granitemoe", "qwen2_moe", "hunyuan_moe", "qwen3_5_moe",
                                   "qwen3_next"])  # fmt: skip
