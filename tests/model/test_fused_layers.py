@@ -327,7 +327,7 @@ def test_a_token_chooses_its_experts_alike_in_any_batch(tmp_path, tokenizer_dir)
 @pytest.mark.skipif(not load_extension().gguf_linear_available(), reason="no AVX2 GGUF kernel")
 @pytest.mark.parametrize("arch", ["lfm2_moe", "minimax_m2", "qwen3_moe", "mixtral", "olmoe",
                                   "granitemoe", "qwen2_moe", "hunyuan_moe", "qwen3_5_moe",
-                                  "qwen3_next"])  # fmt: skip
+                                  "qwen3_next", "ernie4_5_moe"])  # fmt: skip
 def test_fused_layers_route_experts_as_the_python_loop(tmp_path, tiny_model_factory, arch):
     """A model whose sparse layers route through a float32 router (sigmoid plus a learned bias;
     or a softmax `gate`, float32 in a float32 model) and whose experts multiply from their
