@@ -7,6 +7,9 @@ layers with RoPE of their own)."""
 
 from __future__ import annotations
 
+import json
+import shutil
+
 import pytest
 import torch
 from gguf import GGMLQuantizationType
@@ -343,4 +346,22 @@ def test_fused_layers_route_experts_as_the_python_loop(tmp_path, tiny_model_fact
     assert model.fusable and isinstance(model.fused_layers, FusedDecoderLayers)
     sparse = [i for i, layer in enumerate(model.layers) if layer.sparse]
     assert [i for i, e in enumerate(model.fused_layers.expert_index) if e >= 0] == sparse
+    _assert_fused_matches_the_loop(llm)
+
+
+@pytest.mark.skipif(not load_extension().gguf_linear_available(), reason="no AVX2 GGUF kernel")
+def test_fused_layers_route_glm_experts_without_groups(tmp_path, tiny_model_factory):
+    """GLM-4.5's published routers have one expert group (the tiny model has two, which keep the
+    Python loop): its sigmoid router with a score bias, its shared expert and its dense first
+    layer then run in the C++ loop, bit for bit as in the Python one."""
+    folder = tmp_path / "glm4-moe"
+    shutil.copytree(tiny_model_factory("glm4_moe"), folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "n_group": 1, "topk_group": 1}))
+    path = write_tiny_gguf(folder, tmp_path / "glm4-moe.gguf", GGMLQuantizationType.Q8_0)
+    llm = LLM(str(path), dtype="float32", attention_backend="cpu", device="cpu",
+              prefill_chunk_size=8, max_num_batched_tokens=64, enable_prefix_caching=False,
+              quantized_activations="int8")  # fmt: skip
+    assert llm.core.arch.expert_groups == 1 and llm.core.arch.dense_layers == (0,)
+    assert isinstance(llm.core.loaded.model.fused_layers, FusedDecoderLayers)
     _assert_fused_matches_the_loop(llm)
