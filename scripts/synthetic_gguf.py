@@ -1,5 +1,5 @@
 """Writes a GGUF file in the shapes of a real Llama model (or SmolLM3-3B, LFM2-1.2B, LFM2-8B-A1B,
-gpt-oss-20b, DeepSeek-V2-Lite, Qwen3.5-9B, Qwen3.5-0.8B or Qwen3-30B-A3B), with
+gpt-oss-20b, DeepSeek-V2-Lite, Qwen3.5-9B, -0.8B or -35B-A3B, or Qwen3-30B-A3B), with
 random weights and SmolLM2's tokenizer (from the default model's file), for memory and speed
 benchmarks at sizes no package ships. Weights are N(0, 0.02), norms 1: the text is noise, the
 shapes, bytes and kernels real.
@@ -24,7 +24,9 @@ a layer, 6 a token, beside two shared ones; YaRN), SmolLM2's vocabulary padded t
 
 Qwen3.5 is written as llama.cpp's converter lays it out (`qwen35`: three gated DeltaNet layers
 in four, `attn_qkv`, `attn_gate` and `ssm_*`, their decay rates negative; every fourth layer
-attention whose query rows carry each head's gate), SmolLM2's vocabulary padded to its 248,320.
+attention whose query rows carry each head's gate), SmolLM2's vocabulary padded to its 248,320;
+Qwen3.5-35B-A3B (`qwen35moe`) has 256 experts of 512 a layer, 8 a token, beside a shared expert
+under a sigmoid gate (`--layers N`: its first N of 40).
 
 Qwen3-30B-A3B is written as llama.cpp's converter lays it out (`qwen3moe`: 128 experts a
 layer, 8 a token, stacked per layer; q/k norms), SmolLM2's vocabulary padded to its 151,936;
@@ -80,13 +82,18 @@ LFM2_MOE_ATTENTION_LAYERS = (2, 6, 10, 14, 18, 21)
 QWEN3_5 = {
     "qwen3.5-9b": (32, 4096, 12288, 16, 4, 256, 16, 32, 128, 128, 248320, False),
     "qwen3.5-0.8b": (24, 1024, 3584, 8, 2, 256, 16, 16, 128, 128, 248320, True),
+    "qwen3.5-35b-a3b": (40, 2048, 0, 16, 2, 256, 16, 32, 128, 128, 248320, False),
 }
+# Qwen3.5-MoE (`qwen35moe`): (experts, experts a token, expert intermediate, shared expert
+# intermediate) of a shape above whose MLPs are experts beside a gated shared expert
+QWEN3_5_EXPERTS = {"qwen3.5-35b-a3b": (256, 8, 512, 512)}
 QWEN3_5_INTERVAL, QWEN3_5_KERNEL = 4, 4
 # the GGUF architecture of each shape not written as `llama` (SmolLM3's every fourth layer
 # attends without RoPE, and its embeddings are its LM head)
 ARCHITECTURES = {"smollm3-3b": "smollm3", "gpt-oss-20b": "gpt-oss",
                  "deepseek-v2-lite": "deepseek2", "lfm2-1.2b": "lfm2",
                  "lfm2-8b-a1b": "lfm2moe", **dict.fromkeys(QWEN3_5, "qwen35"),
+                 **dict.fromkeys(QWEN3_5_EXPERTS, "qwen35moe"),
                  "qwen3-30b-a3b": "qwen3moe"}  # fmt: skip
 # Qwen3-30B-A3B (`qwen3moe`): (layers, hidden, experts, experts a token, expert intermediate,
 # heads, kv heads, head dim, vocab); q/k norms, no dense layer, the chosen renormalized
@@ -187,11 +194,12 @@ def qwen3_moe_tensors(layers: int):
     yield "output.weight", (vocab, hidden)
 
 
-def qwen3_5_tensors(shape: str):
-    """(GGUF name, shape in numpy order) of a Qwen3.5's tensors, as llama.cpp's converter
-    writes them (`qwen35`): DeltaNet layers' `attn_qkv`, `attn_gate` (z), `ssm_*`; attention
-    layers' query rows with each head's gate after them."""
-    layers, hidden, inter, heads, kv_heads, head_dim, kh, vh, kd, vd, vocab, tied = QWEN3_5[shape]
+def qwen3_5_tensors(shape: str, layers: int):
+    """(GGUF name, shape in numpy order) of a Qwen3.5's tensors (its first `layers`), as
+    llama.cpp's converter writes them (`qwen35`, `qwen35moe`): DeltaNet layers' `attn_qkv`,
+    `attn_gate` (z), `ssm_*`; attention layers' query rows with each head's gate after them;
+    expert stacks 3-D, the shared expert's gate a vector."""
+    _, hidden, inter, heads, kv_heads, head_dim, kh, vh, kd, vd, vocab, tied = QWEN3_5[shape]
     conv = 2 * kh * kd + vh * vd
     yield "token_embd.weight", (vocab, hidden)
     for i in range(layers):
@@ -215,6 +223,17 @@ def qwen3_5_tensors(shape: str):
             yield b + "attn_q_norm.weight", (head_dim,)
             yield b + "attn_k_norm.weight", (head_dim,)
         yield b + "post_attention_norm.weight", (hidden,)
+        if shape in QWEN3_5_EXPERTS:
+            experts, _, expert_inter, shared = QWEN3_5_EXPERTS[shape]
+            yield b + "ffn_gate_inp.weight", (experts, hidden)
+            yield b + "ffn_gate_exps.weight", (experts, expert_inter, hidden)
+            yield b + "ffn_up_exps.weight", (experts, expert_inter, hidden)
+            yield b + "ffn_down_exps.weight", (experts, hidden, expert_inter)
+            yield b + "ffn_gate_inp_shexp.weight", (hidden,)
+            yield b + "ffn_gate_shexp.weight", (shared, hidden)
+            yield b + "ffn_up_shexp.weight", (shared, hidden)
+            yield b + "ffn_down_shexp.weight", (hidden, shared)
+            continue
         yield b + "ffn_gate.weight", (inter, hidden)
         yield b + "ffn_up.weight", (inter, hidden)
         yield b + "ffn_down.weight", (hidden, inter)
@@ -228,7 +247,14 @@ def write_qwen3_5_metadata(w: GGUFWriter, shape: str) -> tuple[int, int, int]:
     hidden, vocab)."""
     layers, hidden, inter, heads, kv_heads, head_dim, kh, vh, kd, vd, vocab, _ = QWEN3_5[shape]
     w.add_context_length(262144)
-    w.add_feed_forward_length(inter)
+    if shape in QWEN3_5_EXPERTS:
+        experts, used, expert_inter, shared = QWEN3_5_EXPERTS[shape]
+        w.add_expert_count(experts)
+        w.add_expert_used_count(used)
+        w.add_expert_feed_forward_length(expert_inter)
+        w.add_expert_shared_feed_forward_length(shared)
+    else:
+        w.add_feed_forward_length(inter)
     w.add_head_count(heads)
     w.add_head_count_kv(kv_heads)
     w.add_key_length(head_dim)
@@ -360,8 +386,8 @@ def main(argv: list[str]) -> None:
                                           "deepseek-v2-lite", *QWEN3_5,
                                           "qwen3-30b-a3b"])  # fmt: skip
     parser.add_argument("--layers", type=int,
-                        help="the first N layers alone (qwen3-30b-a3b: a file that fits a "
-                        "small machine, its layers' shapes whole)")  # fmt: skip
+                        help="the first N layers alone (qwen3-30b-a3b, qwen3.5-*: a file that "
+                        "fits a small machine, its layers' shapes whole)")  # fmt: skip
     parser.add_argument("--type", default="F16", help="F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--seed", type=int, default=0)
@@ -390,9 +416,10 @@ def main(argv: list[str]) -> None:
     if arch == "deepseek2":
         layers, hidden, vocab = write_deepseek_metadata(w)
         specs = list(deepseek_tensors())
-    elif arch == "qwen35":
+    elif arch in ("qwen35", "qwen35moe"):
         layers, hidden, vocab = write_qwen3_5_metadata(w, args.shape)
-        specs = list(qwen3_5_tensors(args.shape))
+        layers = args.layers or layers
+        specs = list(qwen3_5_tensors(args.shape, layers))
     elif arch == "qwen3moe":
         layers, hidden, experts, used, expert_inter, heads, kv_heads, head_dim, vocab = (
             QWEN3_30B_A3B
@@ -446,12 +473,12 @@ def main(argv: list[str]) -> None:
                              tied=arch in ("smollm3", "lfm2"), lfm2=arch == "lfm2"))  # fmt: skip
     w.add_block_count(layers)
     w.add_embedding_length(hidden)
-    w.add_layer_norm_rms_eps(1e-6 if arch in ("qwen35", "qwen3moe") else 1e-5)
+    w.add_layer_norm_rms_eps(1e-6 if arch in ("qwen35", "qwen35moe", "qwen3moe") else 1e-5)
     if arch in ("lfm2", "lfm2moe"):  # a KV head count per layer: 0 for a convolution
         attending = LFM2_ATTENTION_LAYERS if arch == "lfm2" else LFM2_MOE_ATTENTION_LAYERS
         w.add_head_count_kv([kv_heads if i in attending else 0 for i in range(layers)])
         w.add_shortconv_l_cache(LFM2_KERNEL)
-    if arch not in ("deepseek2", "qwen35", "qwen3moe"):  # (their heads' sizes above)
+    if arch not in ("deepseek2", "qwen35", "qwen35moe", "qwen3moe"):  # (heads' sizes above)
         w.add_head_count(heads)
         if arch not in ("lfm2", "lfm2moe"):
             w.add_head_count_kv(kv_heads)
