@@ -6,6 +6,8 @@ compares runs seconds apart (on a shared VM, whose speed drifts by tens of perce
 minute, separate sittings per runner compare moments, not programs). Prefill: tokens per second
 of a 512-token prompt (one output token); decode: ms per token over 48 tokens after an 8-token
 prompt. Prompts are random token ids, different in every round (no cache can serve them).
+`--apart`: for a file two runners cannot hold in memory at once, each round starts each runner,
+runs it and stops it before the next starts (slower: every round loads the file again).
 
     .venv/bin/python scripts/prefill_decode.py /tmp/llama3b-q4_k_m.gguf --llama-server BIN \\
         --modes int16,int8 --rounds 8 --out results/prefill_decode.json
@@ -14,6 +16,7 @@ prompt. Prompts are random token ids, different in every round (no cache can ser
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import multiprocessing
 import random
@@ -22,6 +25,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
 
@@ -141,19 +145,29 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--max-num-seqs", type=int, default=64,
                         help="inflight's seats (a model whose layers carry state per seat: "
                         "fewer, so that its slots fit beside the peer)")  # fmt: skip
+    parser.add_argument("--apart", action="store_true",
+                        help="one runner in memory at a time (each round loads each)")  # fmt: skip
     parser.add_argument("--out", type=Path, default=Path("results/prefill_decode.json"))
     args = parser.parse_args(argv)
+    starters: dict[str, Callable[[], InflightRunner | LlamaServerRunner]] = {
+        f"inflight {mode}": functools.partial(InflightRunner, args.model, mode, args.max_num_seqs)
+        for mode in args.modes.split(",")
+    }
+    if args.llama_server:
+        starters[PEER] = functools.partial(LlamaServerRunner, args.llama_server, args.model)
     runners: dict[str, InflightRunner | LlamaServerRunner] = {}
     try:
-        for mode in args.modes.split(","):
-            runners[f"inflight {mode}"] = InflightRunner(args.model, mode, args.max_num_seqs)
-        if args.llama_server:
-            runners[PEER] = LlamaServerRunner(args.llama_server, args.model)
-        results: dict[str, list[dict]] = {name: [] for name in runners}
-        order = list(runners)
+        if not args.apart:
+            runners = {name: start() for name, start in starters.items()}
+        results: dict[str, list[dict]] = {name: [] for name in starters}
+        order = list(starters)
         for r in range(args.rounds):
             for name in order if r % 2 == 0 else order[::-1]:  # a drift favours no one
+                if args.apart:
+                    runners[name] = starters[name]()
                 got = runners[name].run(seed=r)
+                if args.apart:
+                    runners.pop(name).close()
                 results[name].append(got)
                 print(f"round {r + 1} {name}: prefill {got['prefill_tok_s']:.1f} tok/s, "
                       f"decode {got['decode_ms']:.1f} ms/token", flush=True)  # fmt: skip
