@@ -278,11 +278,19 @@ def test_a_token_rounds_alike_in_any_batch(tmp_path, smol_shaped, dtype, source)
     path = smol_shaped
     if source == "q4_1":
         path = write_tiny_gguf(smol_shaped, tmp_path / "smol.gguf", GGMLQuantizationType.Q4_1)
+    _assert_alike_in_any_batch(path, {"dtype": dtype, "attention_backend": "cpu", "device": "cpu"})
+
+
+def _assert_alike_in_any_batch(path, knobs, check=None) -> None:
+    """The engine's tokens and log-probabilities, bit for bit, alone and in company: all at
+    once, and in a pool that preempts and recomputes, prompts chunked beside decodes. `check`:
+    called with each engine."""
     prompts = random_prompts(400, lengths=[1, 3, 90, 17, 130, 1, 40, 70])
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=0)
-    knobs = {"dtype": dtype, "attention_backend": "cpu", "device": "cpu"}
 
     def run(llm: LLM) -> list[tuple[list[int], list[float]]]:
+        if check is not None:
+            check(llm)
         outs = [o.outputs[0] for o in llm.generate(prompts, params, use_tqdm=False)]
         return [(o.token_ids, [lp.logprob for lp in o.logprobs]) for o in outs]
 
@@ -311,20 +319,13 @@ def test_a_token_chooses_its_experts_alike_in_any_batch(tmp_path, tokenizer_dir)
                             bos_token_id=1, eos_token_id=2, pad_token_id=0)  # fmt: skip
     Qwen3MoeForCausalLM(config).save_pretrained(folder)
     path = write_tiny_gguf(folder, tmp_path / "qwen3-moe.gguf", GGMLQuantizationType.Q8_0)
-    prompts = random_prompts(400, lengths=[1, 3, 90, 17, 130, 1, 40, 70])
-    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=0)
-    knobs = {"dtype": "float32", "attention_backend": "cpu", "device": "cpu"}
 
-    def run(llm: LLM) -> list[tuple[list[int], list[float]]]:
-        assert llm.core.loaded.model.fused_layers is not None  # the C++ router's path
-        outs = [o.outputs[0] for o in llm.generate(prompts, params, use_tqdm=False)]
-        return [(o.token_ids, [lp.logprob for lp in o.logprobs]) for o in outs]
+    def fused(llm: LLM) -> None:  # (the C++ router's path)
+        assert isinstance(llm.core.loaded.model.fused_layers, FusedDecoderLayers)
 
-    want = run(LLM(str(path), **knobs, max_num_seqs=1))
-    assert run(LLM(str(path), **knobs)) == want
-    llm = LLM(str(path), **knobs, num_kv_blocks=15, max_num_batched_tokens=96)
-    assert run(llm) == want
-    assert llm.core.scheduler.num_preemptions > 0
+    _assert_alike_in_any_batch(
+        path, {"dtype": "float32", "attention_backend": "cpu", "device": "cpu"}, fused
+    )
 
 
 @pytest.mark.skipif(not load_extension().gguf_linear_available(), reason="no AVX2 GGUF kernel")
