@@ -366,3 +366,24 @@ def test_fused_layers_route_glm_experts_without_groups(tmp_path, tiny_model_fact
     assert llm.core.arch.expert_groups == 1 and llm.core.arch.dense_layers == (0,)
     assert isinstance(llm.core.loaded.model.fused_layers, FusedDecoderLayers)
     _assert_fused_matches_the_loop(llm)
+
+
+@pytest.mark.skipif(not load_extension().gguf_linear_available(), reason="no AVX2 GGUF kernel")
+def test_fused_layers_take_a_delta_net_whose_b_and_a_are_floats(tmp_path, tiny_model_factory):
+    """A Qwen3.5 file whose DeltaNet layers keep `ssm_beta` and `ssm_alpha` in F32 beside
+    Q8_0 blocks: [b | a] is then a float linear (oneDNN's) among block ones, and the C++ loop
+    multiplies each as the Python loop does, bit for bit."""
+
+    def mix(name: str) -> GGMLQuantizationType:
+        floats = name.endswith(("ssm_beta.weight", "ssm_alpha.weight"))
+        return GGMLQuantizationType.F32 if floats else GGMLQuantizationType.Q8_0
+
+    path = write_tiny_gguf(tiny_model_factory("qwen3_5"), tmp_path / "qwen3_5.gguf", None, mix)
+    llm = LLM(str(path), dtype="float32", attention_backend="cpu", device="cpu",
+              prefill_chunk_size=8, max_num_batched_tokens=64, enable_prefix_caching=False,
+              quantized_activations="int8")  # fmt: skip
+    model = llm.core.loaded.model
+    delta = next(layer for layer in model.layers if layer.is_conv)
+    assert delta.ba_proj.small_weight is None and delta.qkvz_proj.blocks_only
+    assert isinstance(model.fused_layers, FusedDecoderLayers)
+    _assert_fused_matches_the_loop(llm)
