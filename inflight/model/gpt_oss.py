@@ -34,6 +34,9 @@ class GptOssDecoderLayer(MoEDecoderLayer):
         super().__init__(cfg, attn, ops, index)
         assert cfg.swiglu_limit is not None, "gpt-oss's experts clamp their gates"
         self.limit, self.alpha = cfg.swiglu_limit, cfg.swiglu_alpha
+        self._kernel_extras: tuple[list[torch.Tensor], list[torch.Tensor], float, float] | None = (
+            None
+        )
         self.gate = nn.Linear(cfg.hidden_size, cfg.num_experts, bias=True)
         for expert in self.experts:
             hidden, inter = cfg.hidden_size, cfg.expert_intermediate_size
@@ -48,6 +51,18 @@ class GptOssDecoderLayer(MoEDecoderLayer):
         gate, up = gate_up.chunk(2, dim=-1)
         gate, up = gate.clamp(max=self.limit), up.clamp(-self.limit, self.limit)
         return (up + 1) * (gate * torch.sigmoid(gate * self.alpha))
+
+    def expert_kernel_extras(
+        self,
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor], float, float]:
+        """Its experts' biases (float32, as the kernel adds them) and the clamped SwiGLU's limit
+        and alpha: from a file's blocks, a layer's experts in one C++ call. Listed once, after
+        loading (the biases never change)."""
+        if self._kernel_extras is None:
+            gate_up = [e.gate_up_proj.bias.float() for e in self.experts]
+            down = [e.down_proj.bias.float() for e in self.experts]
+            self._kernel_extras = (gate_up, down, float(self.limit), float(self.alpha))
+        return self._kernel_extras
 
 
 class GptOssModel(MoEModel):

@@ -167,13 +167,21 @@ class MoEDecoderLayer(DecoderLayer):
             gate_up, down, bits = packings
             return load_extension().gguf_int_experts(
                 x.contiguous(), chosen.contiguous(), weights.contiguous(), gate_up, down,
-                self.experts[0].down_proj.in_features, bits,
+                self.experts[0].down_proj.in_features, bits, *self.expert_kernel_extras(),
             )  # fmt: skip
         pairs, groups = route(chosen, len(self.experts))
         rows = pairs // self.top_k  # each pair's token
         h = self.activation(expert_linears(self.experts, "gate_up_proj", x[rows], groups))
         h = expert_linears(self.experts, "down_proj", h, groups) * weights.flatten()[pairs, None]
         return torch.zeros_like(x).index_add_(0, rows, h.to(x.dtype))
+
+    def expert_kernel_extras(
+        self,
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor], float, float]:
+        """What `gguf_int_experts` takes beside the packings to compute these experts as
+        `activation` and their linears do: every expert's [gate | up] and down biases (none
+        here) and the clamped SwiGLU's limit and alpha (0: SiLU)."""
+        return [], [], 0.0, 0.0
 
     def route_tokens(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The router's logits [T, E] -> each token's expert weights and experts [T, k]: the
@@ -241,12 +249,16 @@ def block_expert_packings(
     layer: MoEDecoderLayer,
 ) -> tuple[list[torch.Tensor], list[torch.Tensor], int] | None:
     """Every expert's [gate | up] and down packings for `gguf_int_experts`, and their activation
-    bits, where all multiply from their blocks alone with the integer kernel, unbiased, and the
-    layer's activation is the C++ kernels' SiLU; None otherwise (the Python loop runs them)."""
-    if type(layer).activation is not MoEDecoderLayer.activation or layer.ops.name != "cpu":
+    bits, where all multiply from their blocks alone with the integer kernel and the layer's
+    activation is one the call computes (the C++ kernels' SiLU; gpt-oss's clamped SwiGLU, its
+    biases beside: `expert_kernel_extras`); None otherwise (the Python loop runs them)."""
+    extras = layer.expert_kernel_extras()
+    silu = type(layer).activation is MoEDecoderLayer.activation and not extras[2]
+    if not (silu or extras[2] > 0) or layer.ops.name != "cpu":
         return None
-    gate_up = integer_block_packings(e.gate_up_proj for e in layer.experts)
-    down = integer_block_packings(e.down_proj for e in layer.experts)
+    biased = bool(extras[0] or extras[1])
+    gate_up = integer_block_packings((e.gate_up_proj for e in layer.experts), biased)
+    down = integer_block_packings((e.down_proj for e in layer.experts), biased)
     if gate_up is None or down is None or gate_up[1] != down[1]:
         return None
     return gate_up[0], down[0], gate_up[1]

@@ -350,14 +350,16 @@ def apply_linear(linear: nn.Module, x: torch.Tensor, decodes: Decodes) -> torch.
     return linear(x, decodes) if isinstance(linear, PackedLinear) else linear(x)
 
 
-def integer_block_packings(linears: Iterable[nn.Module]) -> tuple[list[torch.Tensor], int] | None:
+def integer_block_packings(
+    linears: Iterable[nn.Module], biased: bool = False
+) -> tuple[list[torch.Tensor], int] | None:
     """The `gguf_int_linear` packings of `linears` and their activation bits, where every one
-    multiplies from its blocks alone with the integer kernel, unbiased, at one width of
-    activations, so that one C++ call can run them all (DeepSeek's heads, a layer's experts);
-    None otherwise (they run one by one)."""
+    multiplies from its blocks alone with the integer kernel, unbiased (`biased`: the caller
+    adds their biases itself), at one width of activations, so that one C++ call can run them
+    all (DeepSeek's heads, a layer's experts); None otherwise (they run one by one)."""
     linears = list(linears)
     if not all(isinstance(m, PackedLinear) and m.blocks_only and m.activation_bits
-               and m.bias is None for m in linears):  # fmt: skip
+               and (biased or m.bias is None) for m in linears):  # fmt: skip
         return None
     bits = {m.activation_bits for m in linears}
     return ([m.small_weight for m in linears], bits.pop()) if len(bits) == 1 else None

@@ -297,14 +297,15 @@ def test_a_sigmoid_router_stays_float32_in_a_bf16_model(tiny_model_factory):
     assert len(out[0].outputs[0].token_ids) == 4
 
 
-@pytest.mark.parametrize("family", ["qwen2_moe", "glm4_moe", "granitemoe"])
+@pytest.mark.parametrize("family", ["qwen2_moe", "glm4_moe", "granitemoe", "gpt_oss"])
 @pytest.mark.parametrize("tokens", [1, 3, 40])
 def test_block_experts_in_one_call_give_the_python_loops_bits(
     tmp_path, tiny_model_factory, family, tokens
 ):
     """Where every expert multiplies from its blocks with the integer kernel, one C++ call
     (`gguf_int_experts`) routes a layer's experts: it gives what the Python loop gives, bit for
-    bit, for decode-sized and prompt-sized steps."""
+    bit, for decode-sized and prompt-sized steps (gpt-oss's biased experts and clamped SwiGLU
+    too)."""
     if not blocks_serve_every_batch(torch.float32, 16):
         pytest.skip("16-bit activations over blocks do not take every batch here")
     llm = tiny_gguf_engine(tiny_model_factory(family), tmp_path / f"{family}.gguf", Q.Q8_0)

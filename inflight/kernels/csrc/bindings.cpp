@@ -66,10 +66,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "without bias) -> [heads, rows, out_features]",
         py::arg("x"), py::arg("packed"), py::arg("out_features"), py::arg("activation_bits"));
   m.def("gguf_int_experts", &gguf_int_experts, no_gil(),
-        "a mixture of experts' chosen SiLU experts over their gguf_int_linear packings, each "
-        "output weighted and added into its token's row in expert order",
+        "a mixture of experts' chosen experts over their gguf_int_linear packings (SiLU-gated, "
+        "or gpt-oss's clamped SwiGLU; biased where given), each output weighted and added into "
+        "its token's row in expert order",
         py::arg("x"), py::arg("chosen"), py::arg("weights"), py::arg("gate_up"), py::arg("down"),
-        py::arg("intermediate"), py::arg("activation_bits"));
+        py::arg("intermediate"), py::arg("activation_bits"),
+        py::arg("gate_up_bias") = std::vector<at::Tensor>{},
+        py::arg("down_bias") = std::vector<at::Tensor>{}, py::arg("swiglu_limit") = 0.0,
+        py::arg("swiglu_alpha") = 0.0);
   m.def("route_experts", &route_experts, no_gil(),
         "a float32 router's best top_k experts for each token and their weights",
         py::arg("x"), py::arg("router"), py::arg("bias"), py::arg("top_k"), py::arg("sigmoid"),

@@ -4,7 +4,7 @@
 // kernels in the same order, so that every token's sum rounds as it does there.
 //
 // Each expert takes its (token, rank) pairs in ascending token order; its [gate | up] rows,
-// SiLU(gate) * up, and down rows come from `gguf_int_linear_many` (every chosen expert's
+// SiLU(gate) * up (gpt-oss's clamped SwiGLU, its biases added), and down rows come from `gguf_int_linear_many` (every chosen expert's
 // [gate | up] in one parallel region, then every down: a decode token's experts are a few
 // small products each, whose joins cost more than their work apart) and `silu_and_mul`; each
 // output row is multiplied by its router weight, then added into its token's row, experts in
@@ -17,11 +17,17 @@
 
 #include <ATen/ops/empty_cpu_dispatch.h>
 #include <ATen/ops/from_blob.h>
+#include <ATen/ops/add.h>
+#include <ATen/ops/cat.h>
+#include <ATen/ops/clamp.h>
 #include <ATen/ops/index_select.h>
+#include <ATen/ops/mul.h>
+#include <ATen/ops/sigmoid.h>
 #include <ATen/ops/zeros.h>
 #include <ATen/Parallel.h>
 
 #include <cmath>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -41,6 +47,15 @@ float dot(const float* __restrict x, const float* __restrict w, int64_t n) {
     for (int j = 0; j < width; ++j) acc[j] += acc[j + width];
   }
   return acc[0];
+}
+
+// gpt-oss's expert activation of [gate | up] rows, `GptOssDecoderLayer.activation`'s PyTorch
+// ops: (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha g), g = min(gate, limit)
+at::Tensor clamped_swiglu(const at::Tensor& gate_up, double limit, double alpha) {
+  auto parts = gate_up.chunk(2, -1);
+  auto gate = at::clamp(parts[0], c10::nullopt, limit);
+  auto up = at::clamp(parts[1], -limit, limit);
+  return at::mul(at::add(up, 1), at::mul(gate, at::sigmoid(at::mul(gate, alpha))));
 }
 
 // a > b in top-k order: NaN above every number (as `torch.topk` ranks it), so a row of NaN
@@ -113,7 +128,9 @@ std::vector<at::Tensor> route_experts(const at::Tensor& x, const at::Tensor& rou
 at::Tensor gguf_int_experts(const at::Tensor& x, const at::Tensor& chosen,
                             const at::Tensor& weights, const std::vector<at::Tensor>& gate_up,
                             const std::vector<at::Tensor>& down, int64_t intermediate,
-                            int64_t activation_bits) {
+                            int64_t activation_bits, const std::vector<at::Tensor>& gate_up_bias,
+                            const std::vector<at::Tensor>& down_bias, double swiglu_limit,
+                            double swiglu_alpha) {
   const int64_t E = static_cast<int64_t>(gate_up.size());
   INFLIGHT_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(),
                  "x: [tokens, hidden] float32, contiguous");
@@ -126,6 +143,17 @@ at::Tensor gguf_int_experts(const at::Tensor& x, const at::Tensor& chosen,
   INFLIGHT_CHECK(static_cast<int64_t>(down.size()) == E && E > 0,
                  "one gate_up and one down packing an expert");
   const int64_t T = x.size(0), H = x.size(1), k = chosen.size(1);
+  for (const auto& [biases, width] : {std::pair{&gate_up_bias, 2 * intermediate},
+                                      std::pair{&down_bias, H}}) {
+    INFLIGHT_CHECK(biases->empty() || static_cast<int64_t>(biases->size()) == E,
+                   "no biases, or one an expert");
+    for (const at::Tensor& b : *biases) {
+      INFLIGHT_CHECK(b.dim() == 1 && b.size(0) == width && b.scalar_type() == at::kFloat,
+                     "an expert's bias: [", width, "] float32");
+    }
+  }
+  INFLIGHT_CHECK(swiglu_limit >= 0.0 && std::isfinite(swiglu_limit) && std::isfinite(swiglu_alpha),
+                 "swiglu_limit: 0 (SiLU) or a positive limit, and a finite alpha");
   const int64_t* c = chosen.data_ptr<int64_t>();
   std::vector<std::vector<int64_t>> pairs(E);  // each expert's t * k + rank, tokens ascending
   for (int64_t p = 0; p < T * k; ++p) {
@@ -151,13 +179,23 @@ at::Tensor gguf_int_experts(const at::Tensor& x, const at::Tensor& chosen,
     outs[u] = at::cpu::empty({n, 2 * intermediate}, x.options());
   }
   gguf_int_linear_many(xs, ins, widths, outs, activation_bits);
+  // (a bias adds to the kernel's float32 output as the kernel itself adds it: the same bits)
+  for (size_t u = 0; u < U && !gate_up_bias.empty(); ++u) outs[u].add_(gate_up_bias[used[u]]);
+  if (swiglu_limit > 0.0) {  // gpt-oss's, over every chosen expert's rows at once, as in Python
+    auto gated = clamped_swiglu(at::cat(outs), swiglu_limit, swiglu_alpha);
+    for (size_t u = 0, row = 0; u < U; row += outs[u].size(0), ++u) {
+      xs[u] = gated.narrow(0, static_cast<int64_t>(row), outs[u].size(0));
+    }
+  } else {
+    for (size_t u = 0; u < U; ++u) xs[u] = silu_and_mul(outs[u]);
+  }
   std::fill(widths.begin(), widths.end(), H);
   for (size_t u = 0; u < U; ++u) {
-    xs[u] = silu_and_mul(outs[u]);
     ins[u] = down[used[u]];
     outs[u] = at::cpu::empty({xs[u].size(0), H}, x.options());
   }
   gguf_int_linear_many(xs, ins, widths, outs, activation_bits);
+  for (size_t u = 0; u < U && !down_bias.empty(); ++u) outs[u].add_(down_bias[used[u]]);
   auto out = at::zeros({T, H}, x.options());
   float* o = out.data_ptr<float>();
   const float* w = weights.data_ptr<float>();

@@ -110,12 +110,16 @@ void gguf_int_linear_many(const std::vector<at::Tensor>& xs, const std::vector<a
                           const std::vector<int64_t>& out_features, std::vector<at::Tensor>& ys,
                           int64_t activation_bits);
 // experts.cpp: a mixture of experts' chosen experts (their [gate | up] and down packings for
-// gguf_int_linear, SiLU-gated) over x [tokens, hidden], each output times its router weight and
+// gguf_int_linear, each with its biases where given; SiLU-gated, or gpt-oss's clamped SwiGLU
+// where swiglu_limit > 0) over x [tokens, hidden], each output times its router weight and
 // added into its token's row in expert order -> [tokens, hidden]
 at::Tensor gguf_int_experts(const at::Tensor& x, const at::Tensor& chosen,
                             const at::Tensor& weights, const std::vector<at::Tensor>& gate_up,
                             const std::vector<at::Tensor>& down, int64_t intermediate,
-                            int64_t activation_bits);
+                            int64_t activation_bits,
+                            const std::vector<at::Tensor>& gate_up_bias = {},
+                            const std::vector<at::Tensor>& down_bias = {},
+                            double swiglu_limit = 0.0, double swiglu_alpha = 0.0);
 // a float32 router's choice for each token of x [tokens, hidden]: its best `top_k` experts by
 // sigmoid or softmax scores (plus `bias`, where given), and their scores as weights, renormalized
 // (+ eps) where asked and times `scale` -> {weights float32, chosen int64}, both [tokens, k]
