@@ -414,3 +414,32 @@ def test_a_file_whose_experts_are_not_all_blocks_keeps_its_router():
     assert _experts_all_blocks(index(q8, q8, q8), kept) == (q8 in kept)
     assert not _experts_all_blocks(index(q8, f16, q8), kept)
     assert not _experts_all_blocks(SimpleNamespace(entries=[]), kept)  # no experts
+
+
+@pytest.mark.skipif(not blocks_serve_every_batch(torch.float32, 16),
+                    reason="16-bit activations over blocks do not take every batch")  # fmt: skip
+def test_the_experts_call_refuses_bad_biases_limits_and_experts(tmp_path, tiny_model_factory):
+    """`gguf_int_experts` checks what it indexes before it runs: a bias list per expert of the
+    right widths, a finite clamp (0: SiLU), experts in range."""
+    llm = tiny_gguf_engine(tiny_model_factory("gpt_oss"), tmp_path / "gpt-oss.gguf", Q.Q8_0)
+    layer = next(layer for layer in llm.core.loaded.model.layers if layer.sparse)
+    gate_up, down, bits = layer.expert_packings
+    biases_up, biases_down, limit, alpha = layer.expert_kernel_extras()
+    inter, hidden = layer.experts[0].down_proj.in_features, llm.core.arch.hidden_size
+    x = torch.randn(2, hidden)
+    chosen, weights = torch.tensor([[0, 1], [1, 2]]), torch.full((2, 2), 0.5)
+    run = load_extension().gguf_int_experts
+
+    def call(up=biases_up, dn=biases_down, lim=limit, chosen=chosen):
+        return run(x, chosen, weights, gate_up, down, inter, bits, up, dn, lim, alpha)
+
+    assert call().shape == (2, hidden)
+    with pytest.raises(RuntimeError, match="one an expert"):
+        call(up=biases_up[:-1])
+    with pytest.raises(RuntimeError, match=rf"an expert's bias: \[{hidden}\] float32"):
+        call(dn=[torch.zeros(hidden + 1)] * len(biases_down))
+    for bad in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(RuntimeError, match="swiglu_limit"):
+            call(lim=bad)
+    with pytest.raises(RuntimeError, match="expert 2147483647 of"):
+        call(chosen=torch.tensor([[0, 2**31 - 1], [1, 2]]))
