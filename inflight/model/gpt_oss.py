@@ -58,11 +58,14 @@ class GptOssDecoderLayer(MoEDecoderLayer):
         """Its experts' biases (float32, as the kernel adds them) and the clamped SwiGLU's limit
         and alpha: from a file's blocks, a layer's experts in one C++ call. Listed once, after
         loading (the biases never change)."""
-        if self._kernel_extras is None:
-            gate_up = [e.gate_up_proj.bias.float() for e in self.experts]
-            down = [e.down_proj.bias.float() for e in self.experts]
-            self._kernel_extras = (gate_up, down, float(self.limit), float(self.alpha))
-        return self._kernel_extras
+        if self._kernel_extras is not None:
+            return self._kernel_extras
+        gate_up = [e.gate_up_proj.bias.float() for e in self.experts]
+        down = [e.down_proj.bias.float() for e in self.experts]
+        extras = (gate_up, down, float(self.limit), float(self.alpha))
+        if not any(b.is_meta for b in gate_up + down):  # (asked before loading: not kept)
+            self._kernel_extras = extras
+        return extras
 
 
 class GptOssModel(MoEModel):
