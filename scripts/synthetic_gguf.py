@@ -131,6 +131,14 @@ def tensors(layers: int, hidden: int, inter: int, heads: int, kv_heads: int, voc
         yield "output.weight", (vocab, hidden)
 
 
+def _expert_stacks(b: str, hidden: int, experts: int, inter: int):
+    """A sparse layer's expert stacks, 3-D as llama.cpp's converters write them (after its
+    router)."""
+    yield b + "ffn_gate_exps.weight", (experts, inter, hidden)
+    yield b + "ffn_up_exps.weight", (experts, inter, hidden)
+    yield b + "ffn_down_exps.weight", (experts, hidden, inter)
+
+
 def _short_convolution(b: str, hidden: int):
     """An LFM2 convolution layer's tensors (after its input norm)."""
     yield b + "shortconv.conv.weight", (hidden, LFM2_KERNEL)
@@ -158,9 +166,7 @@ def lfm2_moe_tensors(vocab: int):
             continue
         yield b + "ffn_gate_inp.weight", (experts, hidden)
         yield b + "exp_probs_b.bias", (experts,)
-        yield b + "ffn_gate_exps.weight", (experts, expert_inter, hidden)
-        yield b + "ffn_up_exps.weight", (experts, expert_inter, hidden)
-        yield b + "ffn_down_exps.weight", (experts, hidden, expert_inter)
+        yield from _expert_stacks(b, hidden, experts, expert_inter)
     yield "token_embd_norm.weight", (hidden,)
 
 
@@ -187,9 +193,7 @@ def qwen3_moe_tensors(layers: int):
         yield from _attention(b, hidden, heads, kv_heads, head_dim, qk_norms=True)
         yield b + "ffn_norm.weight", (hidden,)
         yield b + "ffn_gate_inp.weight", (experts, hidden)
-        yield b + "ffn_gate_exps.weight", (experts, expert_inter, hidden)
-        yield b + "ffn_up_exps.weight", (experts, expert_inter, hidden)
-        yield b + "ffn_down_exps.weight", (experts, hidden, expert_inter)
+        yield from _expert_stacks(b, hidden, experts, expert_inter)
     yield "output_norm.weight", (hidden,)
     yield "output.weight", (vocab, hidden)
 
@@ -226,9 +230,7 @@ def qwen3_5_tensors(shape: str, layers: int):
         if shape in QWEN3_5_EXPERTS:
             experts, _, expert_inter, shared = QWEN3_5_EXPERTS[shape]
             yield b + "ffn_gate_inp.weight", (experts, hidden)
-            yield b + "ffn_gate_exps.weight", (experts, expert_inter, hidden)
-            yield b + "ffn_up_exps.weight", (experts, expert_inter, hidden)
-            yield b + "ffn_down_exps.weight", (experts, hidden, expert_inter)
+            yield from _expert_stacks(b, hidden, experts, expert_inter)
             yield b + "ffn_gate_inp_shexp.weight", (hidden,)
             yield b + "ffn_gate_shexp.weight", (shared, hidden)
             yield b + "ffn_up_shexp.weight", (shared, hidden)
@@ -318,9 +320,7 @@ def deepseek_tensors():
             yield b + "ffn_down.weight", (hidden, inter)
             continue
         yield b + "ffn_gate_inp.weight", (experts, hidden)
-        yield b + "ffn_gate_exps.weight", (experts, expert_inter, hidden)
-        yield b + "ffn_up_exps.weight", (experts, expert_inter, hidden)
-        yield b + "ffn_down_exps.weight", (experts, hidden, expert_inter)
+        yield from _expert_stacks(b, hidden, experts, expert_inter)
         yield b + "ffn_gate_shexp.weight", (shared * expert_inter, hidden)
         yield b + "ffn_up_shexp.weight", (shared * expert_inter, hidden)
         yield b + "ffn_down_shexp.weight", (hidden, shared * expert_inter)

@@ -637,15 +637,15 @@ def load_model(
     # linears whose blocks take every batch never get a float weight (nor a dequantized tensor)
     blocks_only = bool(block_types) and blocks_serve_every_batch(dtype, bits)
     rank_arch = arch if shard is None else shard_arch(shard)
+    family = model_class(arch)
     # (a float32 router's PyTorch path sums otherwise than the packed linear it replaces, so
     # only where the C++ router takes it: every expert from its blocks)
-    experts_from_blocks = index is not None and _experts_all_blocks(index, block_types)
-    layer_class = model_class(arch).layer_class
-    if (blocks_only and dtype == torch.float32 and experts_from_blocks
-            and softmax_gate_routes_in_float32(arch, layer_class)):  # fmt: skip
+    if (blocks_only and dtype == torch.float32 and index is not None
+            and softmax_gate_routes_in_float32(arch, family.layer_class)
+            and _experts_all_blocks(index, block_types)):  # fmt: skip
         rank_arch = dataclasses.replace(rank_arch, float32_router=True)
     with torch.device("meta"), skip_weight_init():
-        model = model_class(arch)(rank_arch, attn, ops)
+        model = family(rank_arch, attn, ops)
     skip = set()
     if blocks_only:
         entries = (gguf_entries(index) if index is not None

@@ -253,8 +253,8 @@ def block_expert_packings(
     activation is one the call computes (the C++ kernels' SiLU; gpt-oss's clamped SwiGLU, its
     biases beside: `expert_kernel_extras`); None otherwise (the Python loop runs them)."""
     extras = layer.expert_kernel_extras()
-    silu = type(layer).activation is MoEDecoderLayer.activation and not extras[2]
-    if not (silu or extras[2] > 0) or layer.ops.name != "cpu":
+    silu = type(layer).activation is MoEDecoderLayer.activation
+    if not (silu or extras[2]) or layer.ops.name != "cpu":
         return None
     biased = bool(extras[0] or extras[1])
     gate_up = integer_block_packings((e.gate_up_proj for e in layer.experts), biased)

@@ -15,7 +15,7 @@ Each slot is one row, which a step reads and writes in place (the kernels read a
 before they write it): its position counts only once the forward pass returns
 (`ConvStep.commit`). A forward pass that fails midway may have advanced some layers' rows and
 not others; before the batch runs again (its halves, `ModelRunner._run_isolating`) the runner
-rebuilds each of its requests' rows from the request's tokens (`ModelRunner._rebuild_state`),
+rebuilds each of its requests' rows from the request's tokens (`ModelRunner._rebuild_states`),
 which gives the values they held (a token's computation never depends on its batch), so a
 request's tokens never depend on another's failure.
 

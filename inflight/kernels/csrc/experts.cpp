@@ -4,9 +4,10 @@
 // kernels in the same order, so that every token's sum rounds as it does there.
 //
 // Each expert takes its (token, rank) pairs in ascending token order; its [gate | up] rows,
-// SiLU(gate) * up (gpt-oss's clamped SwiGLU, its biases added), and down rows come from `gguf_int_linear_many` (every chosen expert's
-// [gate | up] in one parallel region, then every down: a decode token's experts are a few
-// small products each, whose joins cost more than their work apart) and `silu_and_mul`; each
+// SiLU(gate) * up (gpt-oss's clamped SwiGLU, its biases added), and down rows come from
+// `gguf_int_linear_many` (every chosen expert's [gate | up] in one parallel region, then every
+// down: a decode token's experts are a few small products each, whose joins cost more than
+// their work apart) and `silu_and_mul`; each
 // output row is multiplied by its router weight, then added into its token's row, experts in
 // ascending order (as `index_add_` adds the pairs sorted by expert).
 //
