@@ -6,7 +6,8 @@ layer (module calls, views, cache writes, row gathers) cost about as much as all
 small model (docs/benchmarks.md, "Figures behind design decisions"). Used only with the C++
 kernels (`attention_backend` cpu/auto on a CPU); tested bit for bit against the Python loop.
 Beside Llama's layers it runs LFM2's short convolutions, Qwen3.5's gated DeltaNet layers and
-gated attention, and experts a float32 router picks from their blocks, beside a shared expert
+gated attention, gpt-oss's attention sinks and biased output projection, and experts a float32
+router picks from their blocks (gpt-oss's biased, their SwiGLU clamped), beside a shared expert
 where a layer has one.
 """
 
@@ -74,8 +75,6 @@ class FusedDecoderLayers:
 
     def __init__(self, layers: torch.nn.ModuleList, tp: TPGroup | None = None) -> None:
         """`tp`: the ranks a split model's layers sum their output and down projections over."""
-        if any(layer.sinks is not None for layer in layers):  # (gpt-oss's layers run in Python)
-            raise ValueError("the fused layer loop does not pass attention sinks")
         deltas = [layer for layer in layers if _is_delta(layer)]
         projections = [p for layer in layers for p in _projections(layer)]
         projections += [layer.ba_proj for layer in deltas]
@@ -133,6 +132,8 @@ class FusedDecoderLayers:
         attending = next(layer for layer in layers if not _is_conv(layer))
         self.output_gate = attending.output_gate
         self.qkv_biases = [None if _is_conv(layer) else layer.qkv_proj.bias for layer in layers]
+        self.o_biases = [_projections(layer)[1].bias for layer in layers]
+        self.sinks = [None if _is_conv(layer) else layer.sinks for layer in layers]  # (gpt-oss)
         # a family's per-head query and key norms (Qwen3's), in layer order, or none
         self.qk_norms = [
             norm.weight
@@ -180,12 +181,15 @@ class FusedDecoderLayers:
         packings = [layer.expert_packings for layer in sparse]
         self.expert_gate_up = [p[0] for p in packings]
         self.expert_down = [p[1] for p in packings]
+        # gpt-oss's: each expert's biases, and the clamped SwiGLU's limit and alpha (0: SiLU)
+        extras = [layer.expert_kernel_extras() for layer in sparse]
+        self.expert_biases = [[e[0] for e in extras], [e[1] for e in extras]]
         first = sparse[0] if sparse else None
         self.routing = (
-            (first.top_k, first.sigmoid, first.norm_topk_prob, first.norm_epsilon,
+            (first.top_k, first.scoring, first.norm_topk_prob, first.norm_epsilon,
              first.routed_scale, first.experts[0].down_proj.in_features,
-             packings[0][2], EXPERT_PASS_TOKENS)
-            if first is not None else (1, False, False, 0.0, 1.0, 0, 0, 1)
+             packings[0][2], EXPERT_PASS_TOKENS, *extras[0][2:])
+            if first is not None else (1, "softmax", False, 0.0, 1.0, 0, 0, 1, 0.0, 0.0)
         )  # fmt: skip
 
     def __call__(
@@ -229,7 +233,7 @@ class FusedDecoderLayers:
             hidden, None, cos, sin, local_cos, local_sin, query_scale, self.weights,
             self.small_weights,
             self.decode_weights, self.small_batch_rows,
-            self.qkv_biases, self.qk_norms, self.output_norms,
+            self.qkv_biases, self.o_biases, self.sinks, self.qk_norms, self.output_norms,
             [k for k, _ in kv_caches], [v for _, v in kv_caches], meta.slot_mapping,
             decode and decode.rows, decode and decode.block_tables, decode and decode.seq_lens,
             decode is not None and decode.all_rows,
@@ -243,7 +247,8 @@ class FusedDecoderLayers:
             self.all_reduce,
             self.conv_index, self.conv_weights, conv_states, conv_rows,
             self.expert_index, self.routers, self.router_biases, self.expert_gate_up,
-            self.expert_down, *self.routing, self.shared_experts, self.output_gate,
+            self.expert_down, *self.expert_biases, *self.routing, self.shared_experts,
+            self.output_gate,
             self.delta_tensors, self.delta_small, delta_states, starts, *self.delta_heads,
         )  # fmt: skip
         return hidden, residual

@@ -4,7 +4,8 @@
   `sliding_window` positions (`layer_types`), YaRN RoPE, and a learned sink logit per head in
   each softmax's denominator (`DecoderLayer.sinks`; every attention backend's kernels take it).
 - **Router**: a biased linear whose best `experts_per_token` logits are softmaxed among
-  themselves (the others' softmax weight is 0, not renormalized from a softmax over all).
+  themselves (the others' softmax weight is 0, not renormalized from a softmax over all); in a
+  float32 model over blocks, the float32 router's `softmax_of_chosen` (`route_experts`).
 - **Experts**: biased, each gate a clamped SwiGLU, `(clamp(up, +-limit) + 1) * g * sigmoid(alpha
   g)` with `g = min(gate, limit)`.
 
@@ -28,6 +29,9 @@ from inflight.model.moe import MoEDecoderLayer, MoEModel
 
 
 class GptOssDecoderLayer(MoEDecoderLayer):
+    gate_scoring = "softmax_of_chosen"  # (`route_tokens`, as the float32 router names it)
+    gate_bias = True
+
     def __init__(
         self, cfg: LlamaArchConfig, attn: AttentionBackend, ops: TorchLayerOps, index: int
     ) -> None:
@@ -37,7 +41,8 @@ class GptOssDecoderLayer(MoEDecoderLayer):
         self._kernel_extras: tuple[list[torch.Tensor], list[torch.Tensor], float, float] | None = (
             None
         )
-        self.gate = nn.Linear(cfg.hidden_size, cfg.num_experts, bias=True)
+        if not self.float32_router:
+            self.gate = nn.Linear(cfg.hidden_size, cfg.num_experts, bias=True)
         for expert in self.experts:
             hidden, inter = cfg.hidden_size, cfg.expert_intermediate_size
             expert.gate_up_proj = nn.Linear(hidden, 2 * inter, bias=True)
@@ -69,8 +74,6 @@ class GptOssDecoderLayer(MoEDecoderLayer):
 
 
 class GptOssModel(MoEModel):
-    fusable = False
-    unfused_because = "attention sinks and clamped experts"
     layer_class = GptOssDecoderLayer
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:

@@ -41,7 +41,7 @@ from inflight.model.gguf_loader import (
 )
 from inflight.model.layer_ops import CpuLayerOps, TorchLayerOps
 from inflight.model.llama import LlamaModel
-from inflight.model.moe import MoEModel, softmax_gate_routes_in_float32
+from inflight.model.moe import MoEModel, gate_routes_in_float32
 from inflight.model.mxfp4 import (
     MXFP4_TYPE,
     block_entries,
@@ -427,8 +427,10 @@ def _block_types(dtype: torch.dtype, bits: int) -> dict[int, BlockFormat]:
 
 
 def _experts_all_blocks(index: GGUFIndex, block_types: Mapping[int, BlockFormat]) -> bool:
-    """Whether a GGUF file has experts and every expert stack is in a format kept as blocks."""
-    stacks = [e for e in index.entries if "_exps." in e["name"]]
+    """Whether a GGUF file has experts and every expert stack is in a format kept as blocks
+    (their weights: gpt-oss's bias stacks are float32 beside them)."""
+    stacks = [e for e in index.entries
+              if "_exps." in e["name"] and e["name"].endswith(".weight")]  # fmt: skip
     return bool(stacks) and all(e["type"] in block_types for e in stacks)
 
 
@@ -641,7 +643,7 @@ def load_model(
     # (a float32 router's PyTorch path sums otherwise than the packed linear it replaces, so
     # only where the C++ router takes it: every expert from its blocks)
     if (blocks_only and dtype == torch.float32 and index is not None
-            and softmax_gate_routes_in_float32(arch, family.layer_class)
+            and gate_routes_in_float32(arch, family.layer_class)
             and _experts_all_blocks(index, block_types)):  # fmt: skip
         rank_arch = dataclasses.replace(rank_arch, float32_router=True)
     with torch.device("meta"), skip_weight_init():

@@ -77,6 +77,11 @@ class MoEDecoderLayer(DecoderLayer):
     # parameters that stay float32 in a model of any dtype (`loader.materialize`): a router's
     # with a score bias, whose biased scores choose among experts by small margins
     float32_parameters: ClassVar[tuple[str, ...]] = ("router_weight", "router_bias")
+    # how `route_tokens` scores the `gate`'s logits, as the float32 router (`route_in_float32`,
+    # C++ `route_experts`) names it, and whether the gate has a bias (in its logits): what the
+    # loader's switch to the float32 router keeps (`gate_routes_in_float32`)
+    gate_scoring: ClassVar[str] = "softmax"
+    gate_bias: ClassVar[bool] = False
 
     def __init__(
         self, cfg: LlamaArchConfig, attn: AttentionBackend, ops: TorchLayerOps, index: int
@@ -88,12 +93,14 @@ class MoEDecoderLayer(DecoderLayer):
         del self.gate_up_proj, self.down_proj  # the experts' instead
         self.top_k, self.norm_topk_prob = cfg.experts_per_token, cfg.norm_topk_prob
         self.float32_router = cfg.routes_in_float32
-        if self.float32_router:  # float32 weights, and the bias of the scores that choose
-            self.sigmoid = cfg.router_scoring == "sigmoid"
+        if self.float32_router:  # float32 weights, and the bias of the scores that choose (the
+            # gate's own, in its logits, where `route_tokens` is a softmax of the chosen)
+            self.scoring = self.gate_scoring if cfg.router_scoring == "softmax" else "sigmoid"
             self.router_weight = nn.Parameter(torch.empty(cfg.num_experts, cfg.hidden_size),
                                               requires_grad=False)  # fmt: skip
+            biased = cfg.router_score_bias or self.gate_bias
             self.router_bias = (nn.Parameter(torch.empty(cfg.num_experts), requires_grad=False)
-                                if cfg.router_score_bias else None)  # fmt: skip
+                                if biased else None)  # fmt: skip
             self.groups, self.groups_used = cfg.expert_groups, cfg.expert_groups_used
             self.group_by_max = cfg.expert_group_by_max
             self.routed_scale = cfg.routed_scaling_factor
@@ -130,9 +137,10 @@ class MoEDecoderLayer(DecoderLayer):
         if packings is not None and fused_routing(self):  # the fused C++ loop's call
             gate_up, down, bits = packings
             return load_extension().gguf_routed_experts(
-                x.contiguous(), self.router_weight, self.router_bias, self.top_k, self.sigmoid,
+                x.contiguous(), self.router_weight, self.router_bias, self.top_k, self.scoring,
                 self.norm_topk_prob, self.norm_epsilon, self.routed_scale, gate_up, down,
                 self.experts[0].down_proj.in_features, bits, EXPERT_PASS_TOKENS,
+                *self.expert_kernel_extras(),
             )  # fmt: skip
         if self.float32_router:
             weights, chosen = self.route_in_float32(x)
@@ -200,10 +208,16 @@ class MoEDecoderLayer(DecoderLayer):
         sigmoid, or a softmax over all); the `top_k` best scores plus the bias (where there is
         one), among the experts of the `groups_used` groups whose two best biased scores sum
         highest (whose best is highest: DeepSeek-V2's); their unbiased scores as weights
-        (renormalized where the family says), times the routed scale.
+        (renormalized where the family says), times the routed scale. gpt-oss's gate as a
+        float32 router (`softmax_of_chosen`): its biased logits' best, softmaxed among themselves.
         [T, hidden] -> weights and experts [T, k]."""
         logits = x.float() @ self.router_weight.t()
-        scores = torch.sigmoid(logits) if self.sigmoid else torch.softmax(logits, dim=-1)
+        if self.scoring == "softmax_of_chosen":
+            best, chosen = torch.topk(logits + self.router_bias, self.top_k, dim=-1)
+            return torch.softmax(best, dim=-1) * self.routed_scale, chosen
+        scores = (
+            torch.sigmoid(logits) if self.scoring == "sigmoid" else torch.softmax(logits, dim=-1)
+        )
         choice = scores if self.router_bias is None else scores + self.router_bias
         if self.groups > 1:
             grouped = choice.view(x.shape[0], self.groups, -1)
@@ -303,18 +317,19 @@ class Qwen2MoeDecoderLayer(MoEDecoderLayer):
     cast_router_weights = True
 
 
-def softmax_gate_routes_in_float32(arch: LlamaArchConfig, layer: type[DecoderLayer]) -> bool:
-    """Whether a family's softmax router (`gate`, a linear of the model's dtype: Qwen3-MoE's,
-    Mixtral's, OLMoE's...) is the float32 router without a bias or groups, where the model is
-    float32 (the loader's choice, for a file whose experts multiply from their blocks): the
-    same softmax of the same logits (to float32 rounding), so that `fused_routing` routes it
-    in C++ (a token's choice from its own row, whatever its batch), and its layers join the
-    fused loop. `layer`: the model's layer class. Not gpt-oss's (a softmax over the chosen
-    logits, `GptOssDecoderLayer.route_tokens`)."""
+def gate_routes_in_float32(arch: LlamaArchConfig, layer: type[DecoderLayer]) -> bool:
+    """Whether a family's router (`gate`, a linear of the model's dtype: Qwen3-MoE's, Mixtral's,
+    OLMoE's, gpt-oss's...) is the float32 router without groups where the model is float32 (the
+    loader's choice, for a file whose experts multiply from their blocks): the same scores of
+    the same logits (to float32 rounding; `gate_scoring`, the gate's bias in them where it has
+    one), so that `fused_routing` routes it in C++ (a token's choice from its own row, whatever
+    its batch), and its layers join the fused loop. `layer`: the model's layer class; one that
+    routes otherwise than `MoEDecoderLayer.route_tokens` says how in `gate_scoring`."""
     if not arch.num_experts or arch.routes_in_float32 or arch.router_scoring != "softmax":
         return False
-    return (arch.expert_groups == 1 and issubclass(layer, MoEDecoderLayer)
-            and layer.route_tokens is MoEDecoderLayer.route_tokens)  # fmt: skip
+    if not (arch.expert_groups == 1 and issubclass(layer, MoEDecoderLayer)):
+        return False
+    return layer.route_tokens is MoEDecoderLayer.route_tokens or layer.gate_scoring != "softmax"
 
 
 def fused_routing(layer: MoEDecoderLayer) -> bool:
@@ -528,6 +543,7 @@ _STACKS = {".block_sparse_moe.input_linear.weight": "gate_up_proj",
 # a float32 router's weights and score bias (GLM-4.5's; ERNIE 4.5's bias [1, E]; MiniMax-M2's
 # under Mixtral's names) -> ours
 _ROUTER_NAMES = {".mlp.gate.weight": ".mlp.router_weight",
+                 ".mlp.gate.bias": ".mlp.router_bias",  # (gpt-oss's gate, as the float32 one)
                  ".block_sparse_moe.gate.weight": ".mlp.router_weight",  # (MiniMax-M2's)
                  ".mlp.gate.e_score_correction_bias": ".mlp.router_bias",
                  ".mlp.moe_statics.e_score_correction_bias": ".mlp.router_bias",

@@ -139,14 +139,16 @@ def test_bad_inputs_are_refused_before_any_write(tiny_llama):
     def run(weights=fused.weights, small=fused.small_weights, slots=(0, 1), k_caches=None,
             decode=(), qk_norms=(), output_norms=(), windows=None, rotations=None,
             local=(None, None), groups=(), group_slots=(), query_scale=None,
-            conv=((), (), (), ()), experts=((), (), (), (), ()),
-            delta=((), (), ()), shared=()):  # fmt: skip
+            conv=((), (), (), ()), experts=((), (), (), (), (), (), ()),
+            delta=((), (), ()), shared=(), o_biases=None, sinks=None):  # fmt: skip
         k_caches = k_caches if k_caches is not None else [k for k, _ in caches]
         windows = fused.windows if windows is None else windows
         rotations = fused.rotations if rotations is None else rotations
+        o_biases = fused.o_biases if o_biases is None else o_biases
+        sinks = fused.sinks if sinks is None else sinks
         return fused.run(
             hidden, None, cos, sin, *local, query_scale, weights, small, list(decode), 0,
-            fused.qkv_biases,
+            fused.qkv_biases, o_biases, sinks,
             list(qk_norms), list(output_norms), k_caches, [v for _, v in caches],
             torch.tensor(slots), None, None, None, False, None, None,
             num_heads, num_kv_heads, head_dim, fused.eps, 1.0, windows, rotations, True, False,
@@ -161,6 +163,12 @@ def test_bad_inputs_are_refused_before_any_write(tiny_llama):
         run(weights=fused.weights[:-1])
     with pytest.raises(RuntimeError, match="four optional small-batch packings"):
         run(small=fused.small_weights[:-1])
+    with pytest.raises(RuntimeError, match="optional qkv and o biases, optional sinks"):
+        run(o_biases=fused.o_biases[:-1])
+    with pytest.raises(RuntimeError, match="optional qkv and o biases, optional sinks"):
+        run(sinks=[None])
+    with pytest.raises(RuntimeError, match="sinks"):  # gpt-oss's: one float32 logit a head
+        run(sinks=[torch.zeros(num_heads + 1)] * len(caches))
     with pytest.raises(RuntimeError, match="or four optional ones per layer"):
         run(decode=[None])
     with pytest.raises(RuntimeError, match="a query and a key norm weight per layer"):
@@ -222,15 +230,19 @@ def test_bad_inputs_are_refused_before_any_write(tiny_llama):
     # experts in place of a layer's MLP: an index per layer into routers and packings that match
     router = torch.zeros(4, num_heads * head_dim)
     with pytest.raises(RuntimeError, match="one expert index per layer"):
-        run(experts=([0], [router], [None], [[]], [[]]))
-    with pytest.raises(RuntimeError, match="the experts' packings per sparse layer"):
-        run(experts=([0, -1], [router], [], [[]], [[]]))
+        run(experts=([0], [router], [None], [[]], [[]], [[]], [[]]))
+    for bad in (
+        ([0, -1], [router], [], [[]], [[]], [[]], [[]]),
+        ([0, -1], [router], [None], [[]], [[]], [], [[]]),
+    ):  # (no biases' list)
+        with pytest.raises(RuntimeError, match="the experts' packings and their biases per"):
+            run(experts=bad)
     with pytest.raises(RuntimeError, match="sparse layer 1 out of range"):
-        run(experts=([1, -1], [router], [None], [[]], [[]]))
+        run(experts=([1, -1], [router], [None], [[]], [[]], [[]], [[]]))
     with pytest.raises(RuntimeError, match=r"a float32 router \[E, hidden\]"):  # 0 of 4 experts
-        run(experts=([0, -1], [router], [None], [[]], [[]]))
+        run(experts=([0, -1], [router], [None], [[]], [[]], [[]], [[]]))
     # a sparse layer's shared expert: nine optional tensors, whole
-    experts = ([0, -1], [router], [None], [[router] * 4], [[router] * 4])
+    experts = ([0, -1], [router], [None], [[router] * 4], [[router] * 4], [[]], [[]])
     w = torch.zeros(8, num_heads * head_dim)
     whole = "and down, and a gate only beside them"
     for bad, says in (
@@ -331,13 +343,14 @@ def test_a_token_chooses_its_experts_alike_in_any_batch(tmp_path, tokenizer_dir)
 @pytest.mark.skipif(not load_extension().gguf_linear_available(), reason="no AVX2 GGUF kernel")
 @pytest.mark.parametrize("arch", ["lfm2_moe", "minimax_m2", "qwen3_moe", "mixtral", "olmoe",
                                   "granitemoe", "qwen2_moe", "hunyuan_moe", "qwen3_5_moe",
-                                  "qwen3_next", "ernie4_5_moe"])  # fmt: skip
+                                  "qwen3_next", "ernie4_5_moe", "gpt_oss"])  # fmt: skip
 def test_fused_layers_route_experts_as_the_python_loop(tmp_path, tiny_model_factory, arch):
     """A model whose sparse layers route through a float32 router (sigmoid plus a learned bias;
-    or a softmax `gate`, float32 in a float32 model) and whose experts multiply from their
-    blocks runs in the C++ loop, experts included (and a shared expert beside them, under its
-    gate where it has one), with the same bits as the Python loop: through chunked prefills
-    beside decodes."""
+    or a softmax `gate`, float32 in a float32 model; gpt-oss's biased gate, softmaxed over the
+    chosen) and whose experts multiply from their blocks runs in the C++ loop, experts included
+    (and a shared expert beside them, under its gate where it has one; gpt-oss's biases, clamped
+    SwiGLU, attention sinks and output bias), with the same bits as the Python loop: through
+    chunked prefills beside decodes."""
     path = write_tiny_gguf(tiny_model_factory(arch), tmp_path / f"{arch}.gguf",
                            GGMLQuantizationType.Q8_0)  # fmt: skip
     llm = LLM(str(path), dtype="float32", attention_backend="cpu", device="cpu",

@@ -269,7 +269,10 @@ def test_a_gpt_oss_gguf_with_mxfp4_experts_generates_as_its_hf_folder(tmp_path, 
     path = write_tiny_gguf(folder, tmp_path / "gpt-oss-mxfp4.gguf", None, mix=mxfp4_experts)
     exact = _greedy(LLM(str(path), dtype="float32", quantized_activations="off"), prompts)
     llm = LLM(str(path), dtype="float32")
-    assert _experts_from_blocks(llm) == blocks_serve_every_batch(torch.float32, 16)
+    blocks = blocks_serve_every_batch(torch.float32, 16)
+    assert _experts_from_blocks(llm) == blocks
+    # (over blocks: the float32 router and the fused C++ loop, sinks and biases in it)
+    assert (llm.core.loaded.model.fused_layers is not None) == blocks
     assert _greedy(llm, prompts) == exact
 
 

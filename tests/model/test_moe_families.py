@@ -320,27 +320,35 @@ def test_block_experts_in_one_call_give_the_python_loops_bits(
     assert torch.equal(layer._host_routed_experts(x, weights, chosen), fast)
 
 
-def torch_routing(x, router, bias, top_k, sigmoid, eps, scale):
-    """`MoEDecoderLayer.route_in_float32`'s ops without groups: the reference for the C++ router."""
-    scores = torch.sigmoid(x @ router.t()) if sigmoid else torch.softmax(x @ router.t(), dim=-1)
+def torch_routing(x, router, bias, top_k, scoring, eps, scale):
+    """`MoEDecoderLayer.route_in_float32`'s ops without groups (and `GptOssDecoderLayer`'s
+    `route_tokens` for "softmax_of_chosen"): the reference for the C++ router."""
+    logits = x @ router.t()
+    if scoring == "softmax_of_chosen":
+        choice = logits if bias is None else logits + bias
+        best, chosen = torch.topk(choice, top_k, dim=-1)
+        return torch.softmax(best, dim=-1) * scale, chosen, choice
+    sigmoid = scoring == "sigmoid"
+    scores = torch.sigmoid(logits) if sigmoid else torch.softmax(logits, dim=-1)
     choice = scores if bias is None else scores + bias
     chosen = choice.topk(top_k, dim=-1).indices
     weights = scores.gather(1, chosen)
     return weights / (weights.sum(dim=-1, keepdim=True) + eps) * scale, chosen, choice
 
 
-@pytest.mark.parametrize("sigmoid", [True, False])
+@pytest.mark.parametrize("scoring", ["sigmoid", "softmax", "softmax_of_chosen"])
 @pytest.mark.parametrize("biased", [True, False])
-def test_the_cpp_router_chooses_as_pytorch_and_alike_in_any_batch(sigmoid, biased):
-    """`route_experts` (LFM2-MoE's and MiniMax-M2's routing, in both layer loops): the experts
-    PyTorch's ops choose, best first, with their weights to float32 rounding; a token's choice
-    and weights the same bits alone as in its batch (its own row, in a fixed order)."""
+def test_the_cpp_router_chooses_as_pytorch_and_alike_in_any_batch(scoring, biased):
+    """`route_experts` (LFM2-MoE's, MiniMax-M2's, a float32 model's softmax gates and gpt-oss's
+    softmax of the chosen biased logits, in both layer loops): the experts PyTorch's ops choose,
+    best first, with their weights to float32 rounding; a token's choice and weights the same
+    bits alone as in its batch (its own row, in a fixed order)."""
     ext = load_extension()
-    gen = torch.Generator().manual_seed(int(sigmoid) + 2 * int(biased))
+    gen = torch.Generator().manual_seed(len(scoring) + 2 * int(biased))
     x, router = torch.randn(300, 96, generator=gen), torch.randn(24, 96, generator=gen) * 0.1
     bias = torch.randn(24, generator=gen) * 0.1 if biased else None
-    weights, chosen = ext.route_experts(x, router, bias, 4, sigmoid, True, 1e-6, 2.5)
-    want_weights, want_chosen, choice = torch_routing(x, router, bias, 4, sigmoid, 1e-6, 2.5)
+    weights, chosen = ext.route_experts(x, router, bias, 4, scoring, True, 1e-6, 2.5)
+    want_weights, want_chosen, choice = torch_routing(x, router, bias, 4, scoring, 1e-6, 2.5)
     # tokens whose fourth and fifth choices part by more than float32 rounding of the scores
     ranked = choice.sort(dim=-1, descending=True).values
     clear = (ranked[:, 3] - ranked[:, 4]) > 1e-5
@@ -348,7 +356,7 @@ def test_the_cpp_router_chooses_as_pytorch_and_alike_in_any_batch(sigmoid, biase
     assert torch.equal(chosen[clear], want_chosen[clear])
     torch.testing.assert_close(weights[clear], want_weights[clear], rtol=1e-5, atol=1e-6)
     for t in (0, 1, 157, 299):
-        alone = ext.route_experts(x[t : t + 1], router, bias, 4, sigmoid, True, 1e-6, 2.5)
+        alone = ext.route_experts(x[t : t + 1], router, bias, 4, scoring, True, 1e-6, 2.5)
         assert torch.equal(alone[0][0], weights[t]) and torch.equal(alone[1][0], chosen[t])
 
 
@@ -360,32 +368,38 @@ def test_the_cpp_router_survives_hostile_rows_and_refuses_bad_arguments():
     x[0] = float("nan")
     x[1, 3] = float("inf")
     x[2] = 1e38
-    for sigmoid in (True, False):
-        weights, chosen = ext.route_experts(x, router, None, 8, sigmoid, True, 0.0, 1.0)
+    for scoring in ("sigmoid", "softmax", "softmax_of_chosen"):
+        weights, chosen = ext.route_experts(x, router, None, 8, scoring, True, 0.0, 1.0)
         assert chosen.min() >= 0 and chosen.max() < 8
         assert all(sorted(row.tolist()) == list(range(8)) for row in chosen), "k = E: all, once"
         assert torch.isclose(weights[3].sum(), torch.tensor(1.0)), "a finite row renormalizes"
     for top_k in (0, 9, 2**63 - 1, -(2**63)):
         with pytest.raises(RuntimeError, match="top_k"):
-            ext.route_experts(x, router, None, top_k, True, True, 0.0, 1.0)
+            ext.route_experts(x, router, None, top_k, "sigmoid", True, 0.0, 1.0)
     with pytest.raises(RuntimeError, match="router"):
-        ext.route_experts(x, torch.randn(8, 31), None, 2, True, True, 0.0, 1.0)
+        ext.route_experts(x, torch.randn(8, 31), None, 2, "sigmoid", True, 0.0, 1.0)
     with pytest.raises(RuntimeError, match="bias"):
-        ext.route_experts(x, router, torch.randn(7), 2, True, True, 0.0, 1.0)
+        ext.route_experts(x, router, torch.randn(7), 2, "sigmoid", True, 0.0, 1.0)
     with pytest.raises(RuntimeError, match="x"):
-        ext.route_experts(x.double(), router, None, 2, True, True, 0.0, 1.0)
+        ext.route_experts(x.double(), router, None, 2, "sigmoid", True, 0.0, 1.0)
+    for scoring in ("tanh", "", "softmax\x00"):
+        with pytest.raises(RuntimeError, match="softmax, sigmoid or softmax_of_chosen"):
+            ext.route_experts(x, router, None, 2, scoring, True, 0.0, 1.0)
+    with pytest.raises(TypeError):  # (a lone surrogate is no UTF-8 string)
+        ext.route_experts(x, router, None, 2, "softmax\ud800", True, 0.0, 1.0)
 
 
 @pytest.mark.skipif(not blocks_serve_every_batch(torch.float32, 16),
                     reason="16-bit activations over blocks do not take every batch")  # fmt: skip
-@pytest.mark.parametrize("family", ["qwen3_moe", "qwen2_moe"])
+@pytest.mark.parametrize("family", ["qwen3_moe", "qwen2_moe", "gpt_oss"])
 def test_a_softmax_router_is_float32_where_every_expert_is_blocks(
     tmp_path, tiny_model_factory, family
 ):
     """In a float32 model whose experts all multiply from a file's blocks, a softmax `gate` is
-    loaded as the float32 router the C++ one runs (a token's experts from its own row), and the
-    layers run in the fused C++ loop; where the experts are floats (an F32 file) the gate stays
-    the model's linear and the layers run in Python."""
+    loaded as the float32 router the C++ one runs (a token's experts from its own row; gpt-oss's
+    with its bias, softmaxed over the chosen), and the layers run in the fused C++ loop; where
+    the experts are floats (an F32 file) the gate stays the model's linear and the layers run in
+    Python."""
     folder = tiny_model_factory(family)
     for qtype, from_blocks in ((Q.Q8_0, True), (Q.F32, False)):
         llm = tiny_gguf_engine(folder, tmp_path / f"{family}-{qtype.name}.gguf", qtype)
@@ -394,6 +408,20 @@ def test_a_softmax_router_is_float32_where_every_expert_is_blocks(
         assert all(layer.float32_router == from_blocks for layer in sparse)
         assert all(hasattr(layer, "gate") != from_blocks for layer in sparse)
         assert (model.fused_layers is not None) == from_blocks
+        if family == "gpt_oss" and from_blocks:
+            layer = sparse[0]
+            assert layer.scoring == "softmax_of_chosen" and layer.router_bias is not None
+            # the PyTorch router (other backends) and the C++ one choose alike
+            x = torch.randn(
+                64, llm.core.arch.hidden_size, generator=torch.Generator().manual_seed(0)
+            )
+            weights, chosen = layer.route_in_float32(x)
+            want = load_extension().route_experts(
+                x, layer.router_weight, layer.router_bias, layer.top_k, "softmax_of_chosen",
+                layer.norm_topk_prob, layer.norm_epsilon, layer.routed_scale,
+            )  # fmt: skip
+            assert torch.equal(chosen, want[1])
+            torch.testing.assert_close(weights, want[0], rtol=1e-5, atol=1e-6)
 
 
 def test_a_file_whose_experts_are_not_all_blocks_keeps_its_router():
@@ -414,6 +442,12 @@ def test_a_file_whose_experts_are_not_all_blocks_keeps_its_router():
     assert _experts_all_blocks(index(q8, q8, q8), kept) == (q8 in kept)
     assert not _experts_all_blocks(index(q8, f16, q8), kept)
     assert not _experts_all_blocks(SimpleNamespace(entries=[]), kept)  # no experts
+    # gpt-oss's bias stacks are float32 beside blocks: its experts' weights are all blocks
+    f32 = int(Q.F32)
+    biased = index(q8, q8, q8)
+    biased.entries += [{"name": f"blk.0.ffn_{p}_exps.{e}.bias", "type": f32}
+                       for p in ("gate", "up", "down") for e in range(2)]  # fmt: skip
+    assert _experts_all_blocks(biased, kept) == (q8 in kept)
 
 
 @pytest.mark.skipif(not blocks_serve_every_batch(torch.float32, 16),

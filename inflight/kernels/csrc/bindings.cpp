@@ -76,14 +76,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("swiglu_alpha") = 0.0);
   m.def("route_experts", &route_experts, no_gil(),
         "a float32 router's best top_k experts for each token and their weights",
-        py::arg("x"), py::arg("router"), py::arg("bias"), py::arg("top_k"), py::arg("sigmoid"),
+        py::arg("x"), py::arg("router"), py::arg("bias"), py::arg("top_k"), py::arg("scoring"),
         py::arg("renormalize"), py::arg("eps"), py::arg("scale"));
   m.def("gguf_routed_experts", &gguf_routed_experts, no_gil(),
         "route_experts, then gguf_int_experts in passes of at most pass_tokens tokens",
-        py::arg("x"), py::arg("router"), py::arg("bias"), py::arg("top_k"), py::arg("sigmoid"),
+        py::arg("x"), py::arg("router"), py::arg("bias"), py::arg("top_k"), py::arg("scoring"),
         py::arg("renormalize"), py::arg("eps"), py::arg("scale"), py::arg("gate_up"),
         py::arg("down"), py::arg("intermediate"), py::arg("activation_bits"),
-        py::arg("pass_tokens"));
+        py::arg("pass_tokens"), py::arg("gate_up_bias") = std::vector<at::Tensor>{},
+        py::arg("down_bias") = std::vector<at::Tensor>{}, py::arg("swiglu_limit") = 0.0,
+        py::arg("swiglu_alpha") = 0.0);
   m.def("gguf_int_linear_many", &gguf_int_linear_many, no_gil(),
         "several unbiased gguf_int_linear products into their outputs, the few-row ones in one "
         "parallel region",

@@ -2,7 +2,8 @@
 // short convolutions in place of attention, where `conv_index` says; Qwen3.5's gated DeltaNet
 // layers in the same places, where `delta_tensors` are given, and its attention's output gate;
 // and experts in place of the MLP where `expert_index` says, routed by a float32 router and
-// multiplied from their blocks, beside a shared expert where a sparse layer has one).
+// multiplied from their blocks, beside a shared expert where a sparse layer has one; gpt-oss's
+// attention sinks, output projection bias, biased experts and clamped SwiGLU where given).
 //
 // The same sequence of operations as `DecoderLayer.forward` in inflight/model/llama.py (the
 // reference, and what this is tested against, bit for bit): RMSNorm (the residual add fused in),
@@ -141,22 +142,27 @@ at::Tensor linear(const at::Tensor& x, const Linear& l, const LinearChoice& how,
 // expert multiplies from its blocks: `gguf_routed_experts`, the call `MoEDecoderLayer` makes.
 struct Experts {
   const at::Tensor& router;  // [E, hidden] float32
-  const OptTensor& bias;     // [E] float32: counts for the choice alone
+  const OptTensor& bias;     // [E] float32: counts for the choice alone (gpt-oss's: in the logits)
   const std::vector<at::Tensor>& gate_up;
   const std::vector<at::Tensor>& down;
+  const std::vector<at::Tensor>& gate_up_bias;  // each expert's (gpt-oss's), or none
+  const std::vector<at::Tensor>& down_bias;
 };
 
 struct Routing {
   int64_t top_k;
-  bool sigmoid, renormalize;
+  const std::string& scoring;
+  bool renormalize;
   double eps, scale;
   int64_t intermediate, bits, pass_tokens;
+  double swiglu_limit, swiglu_alpha;  // gpt-oss's clamped SwiGLU (0: SiLU)
 };
 
 at::Tensor routed_experts(const at::Tensor& x, const Experts& e, const Routing& r) {
-  return gguf_routed_experts(x.to(at::kFloat).contiguous(), e.router, e.bias, r.top_k, r.sigmoid,
+  return gguf_routed_experts(x.to(at::kFloat).contiguous(), e.router, e.bias, r.top_k, r.scoring,
                              r.renormalize, r.eps, r.scale, e.gate_up, e.down, r.intermediate,
-                             r.bits, r.pass_tokens);
+                             r.bits, r.pass_tokens, e.gate_up_bias, e.down_bias, r.swiglu_limit,
+                             r.swiglu_alpha);
 }
 
 // tanh-GELU(gate) * up for rows [gate | up]: PyTorch's own ops, as the Python layer calls them
@@ -186,7 +192,8 @@ std::vector<at::Tensor> llama_decoder_layers(
     const OptTensor& local_cos, const OptTensor& local_sin, const OptTensor& query_scale,
     const std::vector<at::Tensor>& weights, const std::vector<OptTensor>& small_weights,
     const std::vector<OptTensor>& decode_weights, int64_t small_rows,
-    const std::vector<OptTensor>& qkv_biases, const std::vector<at::Tensor>& qk_norms,
+    const std::vector<OptTensor>& qkv_biases, const std::vector<OptTensor>& o_biases,
+    const std::vector<OptTensor>& sinks, const std::vector<at::Tensor>& qk_norms,
     const std::vector<at::Tensor>& output_norms, const std::vector<at::Tensor>& k_caches, const std::vector<at::Tensor>& v_caches,
     const at::Tensor& slot_mapping, const OptTensor& decode_rows,
     const OptTensor& decode_tables, const OptTensor& decode_lens, bool decode_all_rows,
@@ -204,9 +211,12 @@ std::vector<at::Tensor> llama_decoder_layers(
     const std::vector<int64_t>& expert_index, const std::vector<at::Tensor>& routers,
     const std::vector<OptTensor>& router_biases,
     const std::vector<std::vector<at::Tensor>>& expert_gate_up,
-    const std::vector<std::vector<at::Tensor>>& expert_down, int64_t top_k, bool sigmoid_router,
-    bool renormalize, double router_eps, double routed_scale, int64_t expert_intermediate,
-    int64_t expert_bits, int64_t expert_pass_tokens,
+    const std::vector<std::vector<at::Tensor>>& expert_down,
+    const std::vector<std::vector<at::Tensor>>& expert_gate_up_bias,
+    const std::vector<std::vector<at::Tensor>>& expert_down_bias, int64_t top_k,
+    const std::string& router_scoring, bool renormalize, double router_eps, double routed_scale,
+    int64_t expert_intermediate, int64_t expert_bits, int64_t expert_pass_tokens,
+    double swiglu_limit, double swiglu_alpha,
     const std::vector<OptTensor>& shared_experts, bool output_gate,
     const std::vector<at::Tensor>& delta_tensors, const std::vector<OptTensor>& delta_small,
     const std::vector<at::Tensor>& delta_states, const std::vector<int64_t>& delta_starts,
@@ -215,9 +225,9 @@ std::vector<at::Tensor> llama_decoder_layers(
   const size_t L = k_caches.size();
   INFLIGHT_CHECK(weights.size() == L * kWeightsPerLayer &&
                   small_weights.size() == L * kSmallPerLayer && qkv_biases.size() == L &&
-                  v_caches.size() == L,
-              "six weights, four optional small-batch packings, one optional qkv bias and two "
-              "caches per layer");
+                  o_biases.size() == L && sinks.size() == L && v_caches.size() == L,
+              "six weights, four optional small-batch packings, optional qkv and o biases, "
+              "optional sinks and two caches per layer");
   INFLIGHT_CHECK(qk_norms.empty() || qk_norms.size() == 2 * L,
               "no q/k norms, or a query and a key norm weight per layer");
   for (size_t i = 0; i < qk_norms.size(); ++i) {
@@ -228,6 +238,7 @@ std::vector<at::Tensor> llama_decoder_layers(
   }
   INFLIGHT_CHECK(output_norms.empty() || output_norms.size() == 2 * L,
               "no output norms, or one after attention and one after the MLP per layer");
+  for (const OptTensor& s : sinks) sink_logits(s, num_heads);  // (checked before any write)
   INFLIGHT_CHECK(windows.size() == L, "one window per layer (0: none)");
   INFLIGHT_CHECK(local_cos.has_value() == local_sin.has_value(),
               "the windowed layers' RoPE tables come as a pair or not at all");
@@ -323,8 +334,10 @@ std::vector<at::Tensor> llama_decoder_layers(
   // uses; a sparse layer's are placeholders, never read)
   INFLIGHT_CHECK(expert_index.empty() || expert_index.size() == L, "one expert index per layer, or none");
   INFLIGHT_CHECK(routers.size() == router_biases.size() && routers.size() == expert_gate_up.size() &&
-                     routers.size() == expert_down.size(),
-                 "a router, its bias, and the experts' packings per sparse layer");
+                     routers.size() == expert_down.size() &&
+                     routers.size() == expert_gate_up_bias.size() &&
+                     routers.size() == expert_down_bias.size(),
+                 "a router, its bias, the experts' packings and their biases per sparse layer");
   for (const int64_t e : expert_index) {
     INFLIGHT_CHECK(e < static_cast<int64_t>(routers.size()), "sparse layer ", e, " out of range");
   }
@@ -359,8 +372,10 @@ std::vector<at::Tensor> llama_decoder_layers(
                        (shared_experts[e].has_value() || !shared_experts[e + 6].has_value()),
                    "a shared expert has [gate | up] and down, and a gate only beside them");
   }
-  const Routing routing{top_k, sigmoid_router, renormalize, router_eps, routed_scale,
-                        expert_intermediate, expert_bits, expert_pass_tokens};
+  const Routing routing{top_k,        router_scoring,      renormalize,
+                        router_eps,   routed_scale,        expert_intermediate,
+                        expert_bits,  expert_pass_tokens,  swiglu_limit,
+                        swiglu_alpha};
   std::vector<OptTensor> no_decode(L * kSmallPerLayer);
   const std::vector<OptTensor>& decode = decode_weights.empty() ? no_decode : decode_weights;
   at::Tensor res = residual.has_value() ? *residual : at::Tensor();
@@ -389,13 +404,13 @@ std::vector<at::Tensor> llama_decoder_layers(
       auto gated = gated_delta_net(qkvz, ba, conv_weights[conv], inputs, conv_rows[0],
                                    conv_rows[1], conv_rows[2], conv_rows[3], delta_starts,
                                    matrices, d[1], d[2], d[3], eps, delta_key_heads, delta_tiled);
-      out = linear(gated, {w[2], small[1], dec[1], kNone}, how, split);
+      out = linear(gated, {w[2], small[1], dec[1], o_biases[l]}, how, split);
     } else if (conv >= 0) {  // B, C and x rows; C * conv(B * x) (`Lfm2DecoderLayer.attention`)
       auto bcx = linear(x, {w[1], small[0], dec[0], kNone}, how, split).chunk(3, 1);
       at::Tensor state = conv_states[conv];
       auto mixed = short_convolution(at::mul(bcx[0], bcx[2]), conv_weights[conv], state,
                                      conv_rows[0], conv_rows[1], conv_rows[2], conv_rows[3]);
-      out = linear(at::mul(bcx[1], mixed), {w[2], small[1], dec[1], kNone}, how, split);
+      out = linear(at::mul(bcx[1], mixed), {w[2], small[1], dec[1], o_biases[l]}, how, split);
     } else {
       at::Tensor qkv = linear(x, {w[1], small[0], dec[0], qkv_biases[l]}, how, split);
       // a gated attention's query rows, each head's followed by its gate's (`split_query_gates`)
@@ -444,23 +459,23 @@ std::vector<at::Tensor> llama_decoder_layers(
       if (decode_rows.has_value() && decode_all_rows) {
         // every token is a decode, in order: no gather of queries, no scatter of outputs
         attn = paged_decode_attention(q.contiguous(), kc, vc, *decode_tables_l, *decode_lens,
-                                      scale, window, softcap, c10::nullopt);
+                                      scale, window, softcap, sinks[l]);
       } else {
         attn = at::empty({T, num_heads, head_dim}, qkv.options());
         if (decode_rows.has_value()) {
           attn.index_copy_(0, *decode_rows,
                            paged_decode_attention(q.index_select(0, *decode_rows), kc, vc,
                                                   *decode_tables_l, *decode_lens, scale, window,
-                                                  softcap, c10::nullopt));
+                                                  softcap, sinks[l]));
         }
         if (prefill_chunks.has_value()) {
           paged_prefill_attention(q, kc, vc, *prefill_chunks, *prefill_tables_l, attn, scale,
-                                  window, softcap, c10::nullopt);
+                                  window, softcap, sinks[l]);
         }
       }
       at::Tensor gated = attn.view({T, q_size});
       if (output_gate) gated = at::mul(gated, at::sigmoid(gate));
-      out = linear(gated, {w[2], small[1], dec[1], kNone}, how, split);
+      out = linear(gated, {w[2], small[1], dec[1], o_biases[l]}, how, split);
     }
     if (all_reduce) all_reduce(out);
     if (!output_norms.empty()) out = rms_norm(out, output_norms[2 * l], eps);
@@ -468,8 +483,9 @@ std::vector<at::Tensor> llama_decoder_layers(
     x = pre_norms ? add_rms_norm(out, res, w[3], eps) : res.add_(out);
     const int64_t sparse = expert_index.empty() ? -1 : expert_index[l];
     if (sparse >= 0) {
-      hidden = routed_experts(x, {routers[sparse], router_biases[sparse],
-                                  expert_gate_up[sparse], expert_down[sparse]}, routing);
+      hidden = routed_experts(x, {routers[sparse], router_biases[sparse], expert_gate_up[sparse],
+                                  expert_down[sparse], expert_gate_up_bias[sparse],
+                                  expert_down_bias[sparse]}, routing);
       // its shared expert, under the sigmoid of its gate where it has one (`MoEDecoderLayer.mlp`)
       const OptTensor* s = shared_experts.empty() ? nullptr
                                                   : &shared_experts[sparse * kSharedPerLayer];

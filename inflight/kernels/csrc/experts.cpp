@@ -28,6 +28,7 @@
 #include <ATen/Parallel.h>
 
 #include <cmath>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -63,11 +64,25 @@ at::Tensor clamped_swiglu(const at::Tensor& gate_up, double limit, double alpha)
 // still chooses experts in range
 bool ranks_above(float a, float b) { return std::isnan(a) ? !std::isnan(b) : a > b; }
 
+// how a router turns its logits into scores: a softmax over all experts, each expert's own
+// sigmoid, or (gpt-oss's) the logits themselves, the chosen ones' softmax their weights
+enum class RouterScoring { kSoftmax, kSigmoid, kSoftmaxOfChosen };
+
+RouterScoring router_scoring(const std::string& name) {
+  if (name == "softmax") return RouterScoring::kSoftmax;
+  if (name == "sigmoid") return RouterScoring::kSigmoid;
+  INFLIGHT_CHECK(name == "softmax_of_chosen",
+                 "a router's scoring is softmax, sigmoid or softmax_of_chosen");
+  return RouterScoring::kSoftmaxOfChosen;
+}
+
 }  // namespace
 
 std::vector<at::Tensor> route_experts(const at::Tensor& x, const at::Tensor& router,
                                       const c10::optional<at::Tensor>& bias, int64_t top_k,
-                                      bool sigmoid, bool renormalize, double eps, double scale) {
+                                      const std::string& scoring, bool renormalize, double eps,
+                                      double scale) {
+  const RouterScoring how = router_scoring(scoring);
   INFLIGHT_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(),
                  "x: [tokens, hidden] float32, contiguous");
   INFLIGHT_CHECK(router.dim() == 2 && router.size(1) == x.size(1) &&
@@ -95,15 +110,18 @@ std::vector<at::Tensor> route_experts(const at::Tensor& x, const at::Tensor& rou
     std::vector<char> taken(E);
     for (int64_t t = a; t < b; ++t) {
       const float* l = logits.data() + t * E;
-      if (sigmoid) {
+      if (how == RouterScoring::kSigmoid) {
         for (int64_t e = 0; e < E; ++e) scores[e] = 1.f / (1.f + std::exp(-l[e]));
-      } else {  // softmax, its sum in expert order
+      } else if (how == RouterScoring::kSoftmax) {  // its sum in expert order
         float top = l[0], sum = 0.f;
         for (int64_t e = 1; e < E; ++e) top = std::fmax(top, l[e]);
         for (int64_t e = 0; e < E; ++e) sum += (scores[e] = std::exp(l[e] - top));
         for (int64_t e = 0; e < E; ++e) scores[e] /= sum;
+      } else {  // the logits (the bias is the router linear's: in them), softmaxed once chosen
+        for (int64_t e = 0; e < E; ++e) scores[e] = bp ? l[e] + bp[e] : l[e];
       }
-      for (int64_t e = 0; e < E; ++e) choice[e] = bp ? scores[e] + bp[e] : scores[e];
+      const bool choice_bias = bp && how != RouterScoring::kSoftmaxOfChosen;
+      for (int64_t e = 0; e < E; ++e) choice[e] = choice_bias ? scores[e] + bp[e] : scores[e];
       std::fill(taken.begin(), taken.end(), 0);
       float total = 0.f;
       for (int64_t r = 0; r < top_k; ++r) {  // the best first; ties to the lower expert
@@ -115,6 +133,14 @@ std::vector<at::Tensor> route_experts(const at::Tensor& x, const at::Tensor& rou
         cp[t * top_k + r] = best;
         wp[t * top_k + r] = scores[best];
         total += scores[best];
+      }
+      if (how == RouterScoring::kSoftmaxOfChosen) {  // best first: the first is the max
+        float* w = wp + t * top_k;
+        const float top = w[0];
+        float sum = 0.f;
+        for (int64_t r = 0; r < top_k; ++r) sum += (w[r] = std::exp(w[r] - top));
+        for (int64_t r = 0; r < top_k; ++r) w[r] = w[r] / sum * scale_f;
+        continue;
       }
       for (int64_t r = 0; r < top_k; ++r) {
         float& w = wp[t * top_k + r];
@@ -217,27 +243,31 @@ at::Tensor gguf_int_experts(const at::Tensor& x, const at::Tensor& chosen,
 }
 
 at::Tensor gguf_routed_experts(const at::Tensor& x, const at::Tensor& router,
-                               const c10::optional<at::Tensor>& bias, int64_t top_k, bool sigmoid,
-                               bool renormalize, double eps, double scale,
-                               const std::vector<at::Tensor>& gate_up,
+                               const c10::optional<at::Tensor>& bias, int64_t top_k,
+                               const std::string& scoring, bool renormalize, double eps,
+                               double scale, const std::vector<at::Tensor>& gate_up,
                                const std::vector<at::Tensor>& down, int64_t intermediate,
-                               int64_t activation_bits, int64_t pass_tokens) {
+                               int64_t activation_bits, int64_t pass_tokens,
+                               const std::vector<at::Tensor>& gate_up_bias,
+                               const std::vector<at::Tensor>& down_bias, double swiglu_limit,
+                               double swiglu_alpha) {
   INFLIGHT_CHECK(pass_tokens > 0, "pass_tokens must be positive, got ", pass_tokens);
   INFLIGHT_CHECK(static_cast<int64_t>(gate_up.size()) == router.size(0),
                  "one expert per router row");
   const std::vector<at::Tensor> routed =
-      route_experts(x, router, bias, top_k, sigmoid, renormalize, eps, scale);
+      route_experts(x, router, bias, top_k, scoring, renormalize, eps, scale);
   const at::Tensor &weights = routed[0], &chosen = routed[1];
   const int64_t T = x.size(0);
-  if (T <= pass_tokens) {
-    return gguf_int_experts(x, chosen, weights, gate_up, down, intermediate, activation_bits);
-  }
+  auto experts = [&](int64_t a, int64_t n) {
+    return gguf_int_experts(x.narrow(0, a, n), chosen.narrow(0, a, n), weights.narrow(0, a, n),
+                            gate_up, down, intermediate, activation_bits, gate_up_bias,
+                            down_bias, swiglu_limit, swiglu_alpha);
+  };
+  if (T <= pass_tokens) return experts(0, T);
   auto out = at::cpu::empty(x.sizes(), x.options());
   for (int64_t a = 0; a < T; a += pass_tokens) {
     const int64_t n = std::min(pass_tokens, T - a);
-    out.narrow(0, a, n).copy_(gguf_int_experts(
-        x.narrow(0, a, n), chosen.narrow(0, a, n), weights.narrow(0, a, n), gate_up, down,
-        intermediate, activation_bits));
+    out.narrow(0, a, n).copy_(experts(a, n));
   }
   return out;
 }

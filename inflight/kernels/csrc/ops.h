@@ -13,6 +13,7 @@
 
 #include <functional>
 #include <optional>
+#include <string>
 #include <vector>
 
 // paged_attention.cpp
@@ -121,18 +122,24 @@ at::Tensor gguf_int_experts(const at::Tensor& x, const at::Tensor& chosen,
                             const std::vector<at::Tensor>& down_bias = {},
                             double swiglu_limit = 0.0, double swiglu_alpha = 0.0);
 // a float32 router's choice for each token of x [tokens, hidden]: its best `top_k` experts by
-// sigmoid or softmax scores (plus `bias`, where given), and their scores as weights, renormalized
-// (+ eps) where asked and times `scale` -> {weights float32, chosen int64}, both [tokens, k]
+// `scoring` "sigmoid" or "softmax" scores (plus `bias`, where given), and their scores as weights,
+// renormalized (+ eps) where asked and times `scale`; or ("softmax_of_chosen", gpt-oss's) by its
+// logits (plus `bias`, the router linear's), the chosen ones' softmax as weights, times `scale`
+// -> {weights float32, chosen int64}, both [tokens, k]
 std::vector<at::Tensor> route_experts(const at::Tensor& x, const at::Tensor& router,
                                       const c10::optional<at::Tensor>& bias, int64_t top_k,
-                                      bool sigmoid, bool renormalize, double eps, double scale);
+                                      const std::string& scoring, bool renormalize, double eps,
+                                      double scale);
 // route_experts, then gguf_int_experts over the tokens in passes of at most `pass_tokens`
 at::Tensor gguf_routed_experts(const at::Tensor& x, const at::Tensor& router,
-                               const c10::optional<at::Tensor>& bias, int64_t top_k, bool sigmoid,
-                               bool renormalize, double eps, double scale,
-                               const std::vector<at::Tensor>& gate_up,
+                               const c10::optional<at::Tensor>& bias, int64_t top_k,
+                               const std::string& scoring, bool renormalize, double eps,
+                               double scale, const std::vector<at::Tensor>& gate_up,
                                const std::vector<at::Tensor>& down, int64_t intermediate,
-                               int64_t activation_bits, int64_t pass_tokens);
+                               int64_t activation_bits, int64_t pass_tokens,
+                               const std::vector<at::Tensor>& gate_up_bias = {},
+                               const std::vector<at::Tensor>& down_bias = {},
+                               double swiglu_limit = 0.0, double swiglu_alpha = 0.0);
 // each head's rows [rows, heads, in] through its own packing -> [heads, rows, out_features]
 at::Tensor gguf_int_linear_heads(const at::Tensor& x, const std::vector<at::Tensor>& packed,
                                  int64_t out_features, int64_t activation_bits);
@@ -157,7 +164,8 @@ std::vector<at::Tensor> llama_decoder_layers(
     const std::vector<c10::optional<at::Tensor>>& small_weights,
     const std::vector<c10::optional<at::Tensor>>& decode_weights, int64_t small_rows,
     const std::vector<c10::optional<at::Tensor>>& qkv_biases,
-    const std::vector<at::Tensor>& qk_norms, const std::vector<at::Tensor>& output_norms,
+    const std::vector<c10::optional<at::Tensor>>& o_biases,
+    const std::vector<c10::optional<at::Tensor>>& sinks, const std::vector<at::Tensor>& qk_norms, const std::vector<at::Tensor>& output_norms,
     const std::vector<at::Tensor>& k_caches, const std::vector<at::Tensor>& v_caches,
     const at::Tensor& slot_mapping, const c10::optional<at::Tensor>& decode_rows,
     const c10::optional<at::Tensor>& decode_tables,
@@ -176,9 +184,12 @@ std::vector<at::Tensor> llama_decoder_layers(
     const std::vector<int64_t>& expert_index, const std::vector<at::Tensor>& routers,
     const std::vector<c10::optional<at::Tensor>>& router_biases,
     const std::vector<std::vector<at::Tensor>>& expert_gate_up,
-    const std::vector<std::vector<at::Tensor>>& expert_down, int64_t top_k, bool sigmoid_router,
-    bool renormalize, double router_eps, double routed_scale, int64_t expert_intermediate,
-    int64_t expert_bits, int64_t expert_pass_tokens,
+    const std::vector<std::vector<at::Tensor>>& expert_down,
+    const std::vector<std::vector<at::Tensor>>& expert_gate_up_bias,
+    const std::vector<std::vector<at::Tensor>>& expert_down_bias, int64_t top_k,
+    const std::string& router_scoring, bool renormalize, double router_eps, double routed_scale,
+    int64_t expert_intermediate, int64_t expert_bits, int64_t expert_pass_tokens,
+    double swiglu_limit, double swiglu_alpha,
     const std::vector<c10::optional<at::Tensor>>& shared_experts, bool output_gate,
     const std::vector<at::Tensor>& delta_tensors,
     const std::vector<c10::optional<at::Tensor>>& delta_small,
