@@ -13,6 +13,8 @@ where a layer has one.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from inflight.attention.paged_kernels import KernelMetadata
@@ -71,7 +73,8 @@ def _small(linear: torch.nn.Module | None, name: str) -> torch.Tensor | None:
 
 
 class FusedDecoderLayers:
-    """Holds flat lists of every layer's weights (taken after packing: build it last)."""
+    """Flat lists of every layer's weights (taken after packing: build it last) and the C++
+    `DecoderLayers` built from them once (`run`); each call passes a step's inputs alone."""
 
     def __init__(self, layers: torch.nn.ModuleList, tp: TPGroup | None = None) -> None:
         """`tp`: the ranks a split model's layers sum their output and down projections over."""
@@ -128,7 +131,10 @@ class FusedDecoderLayers:
         if deltas and len(deltas) != len(self.conv_weights):
             raise ValueError("the fused layer loop takes convolution or DeltaNet layers, not both")
         first_delta = deltas[0] if deltas else None
-        self.delta_heads = (first_delta.key_heads, first_delta.tiled) if first_delta else (0, False)
+        self.delta_heads = {
+            "delta_key_heads": first_delta.key_heads if first_delta else 0,
+            "delta_tiled": first_delta.tiled if first_delta else False,
+        }
         attending = next(layer for layer in layers if not _is_conv(layer))
         self.output_gate = attending.output_gate
         self.qkv_biases = [None if _is_conv(layer) else layer.qkv_proj.bias for layer in layers]
@@ -160,7 +166,29 @@ class FusedDecoderLayers:
         # each layer's RoPE: -1 none, 0 the model's tables, 1 the windowed layers' own (`local`)
         self.rotations = [-1 if not layer.rotary else int(layer.local_rope) for layer in layers]
         self.all_reduce = None if tp is None else tp.all_reduce
-        self.run = load_extension().llama_decoder_layers
+        self.run = load_extension().DecoderLayers(**self.model_args())
+
+    def model_args(self) -> dict[str, Any]:
+        """The keywords `DecoderLayers` (csrc/decoder_layers.h) is built from: the lists above."""
+        num_heads, num_kv_heads, head_dim = self.shape
+        return dict(
+            weights=self.weights, small_weights=self.small_weights,
+            decode_weights=self.decode_weights, small_rows=self.small_batch_rows,
+            qkv_biases=self.qkv_biases, o_biases=self.o_biases, sinks=self.sinks,
+            qk_norms=self.qk_norms, output_norms=self.output_norms, num_heads=num_heads,
+            num_kv_heads=num_kv_heads, head_dim=head_dim, eps=self.eps, scale=self.scale,
+            windows=self.windows, rotations=self.rotations, pre_norms=self.pre_norms,
+            qk_norm_after_rope=self.qk_norm_after_rope, gelu=self.gelu,
+            squared_relu=self.squared_relu, packed=self.packed,
+            activation_bits=self.activation_bits, residual_scale=self.residual_scale,
+            softcap=self.softcap, all_reduce=self.all_reduce, conv_index=self.conv_index,
+            conv_weights=self.conv_weights, expert_index=self.expert_index,
+            routers=self.routers, router_biases=self.router_biases,
+            expert_gate_up=self.expert_gate_up, expert_down=self.expert_down,
+            expert_gate_up_bias=self.expert_biases[0], expert_down_bias=self.expert_biases[1],
+            **self.routing, shared_experts=self.shared_experts, output_gate=self.output_gate,
+            delta_tensors=self.delta_tensors, delta_small=self.delta_small, **self.delta_heads,
+        )  # fmt: skip
 
     def _experts(self, layers: torch.nn.ModuleList) -> None:
         """The sparse layers' routers and expert packings (`moe.fused_routing` says which layers
@@ -184,13 +212,19 @@ class FusedDecoderLayers:
         # gpt-oss's: each expert's biases, and the clamped SwiGLU's limit and alpha (0: SiLU)
         extras = [layer.expert_kernel_extras() for layer in sparse]
         self.expert_biases = [[e[0] for e in extras], [e[1] for e in extras]]
-        first = sparse[0] if sparse else None
-        self.routing = (
-            (first.top_k, first.scoring, first.norm_topk_prob, first.norm_epsilon,
-             first.routed_scale, first.experts[0].down_proj.in_features,
-             packings[0][2], EXPERT_PASS_TOKENS, *extras[0][2:])
-            if first is not None else (1, "softmax", False, 0.0, 1.0, 0, 0, 1, 0.0, 0.0)
-        )  # fmt: skip
+        first = sparse[0] if sparse else None  # (a model's sparse layers share their config)
+        self.routing = {
+            "top_k": first.top_k if first else 1,
+            "router_scoring": first.scoring if first else "softmax",
+            "renormalize": first.norm_topk_prob if first else False,
+            "router_eps": first.norm_epsilon if first else 0.0,
+            "routed_scale": first.routed_scale if first else 1.0,
+            "expert_intermediate": first.experts[0].down_proj.in_features if first else 0,
+            "expert_bits": packings[0][2] if first else 0,
+            "expert_pass_tokens": EXPERT_PASS_TOKENS,
+            "swiglu_limit": extras[0][2] if first else 0.0,
+            "swiglu_alpha": extras[0][3] if first else 0.0,
+        }
 
     def __call__(
         self,
@@ -208,7 +242,6 @@ class FusedDecoderLayers:
         each layer's, where KV groups give layers other tables than `meta`'s (group 0's);
         `query_scale`: each query's temperature [T, 1] (`LlamaModel.query_temperature`)."""
         decode, prefill = meta.decode_batch, meta.prefill_batch
-        num_heads, num_kv_heads, head_dim = self.shape
         local_cos, local_sin = local or (None, None)
         groups: list[KernelMetadata] = []  # the groups after the first, in order
         number = {id(meta): 0}
@@ -230,25 +263,20 @@ class FusedDecoderLayers:
             placeholder = next(kv for c, kv in pairs if c < 0)
             kv_caches = [placeholder if c >= 0 else kv for c, kv in pairs]
         hidden, residual = self.run(
-            hidden, None, cos, sin, local_cos, local_sin, query_scale, self.weights,
-            self.small_weights,
-            self.decode_weights, self.small_batch_rows,
-            self.qkv_biases, self.o_biases, self.sinks, self.qk_norms, self.output_norms,
-            [k for k, _ in kv_caches], [v for _, v in kv_caches], meta.slot_mapping,
-            decode and decode.rows, decode and decode.block_tables, decode and decode.seq_lens,
-            decode is not None and decode.all_rows,
-            prefill and prefill.chunks, prefill and prefill.block_tables,
-            num_heads, num_kv_heads, head_dim, self.eps, self.scale, self.windows,
-            self.rotations, self.pre_norms, self.qk_norm_after_rope, self.gelu, self.squared_relu,
-            self.packed, self.activation_bits, self.residual_scale, self.softcap,
-            layer_groups, [g.slot_mapping for g in groups],
-            [g.decode_batch.block_tables for g in groups if g.decode_batch is not None],
-            [g.prefill_batch.block_tables for g in groups if g.prefill_batch is not None],
-            self.all_reduce,
-            self.conv_index, self.conv_weights, conv_states, conv_rows,
-            self.expert_index, self.routers, self.router_biases, self.expert_gate_up,
-            self.expert_down, *self.expert_biases, *self.routing, self.shared_experts,
-            self.output_gate,
-            self.delta_tensors, self.delta_small, delta_states, starts, *self.delta_heads,
+            hidden, residual=None, cos=cos, sin=sin, local_cos=local_cos,
+            local_sin=local_sin, query_scale=query_scale, k_caches=[k for k, _ in kv_caches],
+            v_caches=[v for _, v in kv_caches], slot_mapping=meta.slot_mapping,
+            decode_rows=decode and decode.rows, decode_tables=decode and decode.block_tables,
+            decode_lens=decode and decode.seq_lens,
+            decode_all_rows=decode is not None and decode.all_rows,
+            prefill_chunks=prefill and prefill.chunks,
+            prefill_tables=prefill and prefill.block_tables, layer_groups=layer_groups,
+            group_slots=[g.slot_mapping for g in groups],
+            group_decode_tables=[g.decode_batch.block_tables for g in groups
+                                 if g.decode_batch is not None],
+            group_prefill_tables=[g.prefill_batch.block_tables for g in groups
+                                  if g.prefill_batch is not None],
+            conv_states=conv_states, conv_rows=conv_rows, delta_states=delta_states,
+            delta_starts=starts,
         )  # fmt: skip
         return hidden, residual

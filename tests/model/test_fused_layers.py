@@ -128,65 +128,100 @@ def test_mixed_weight_kinds_are_refused(tiny_llama):
 
 
 def test_bad_inputs_are_refused_before_any_write(tiny_llama):
-    """The C++ loop checks what it indexes: weight lists, slots, cache shapes."""
+    """The C++ loop checks what it indexes: the model's weight lists once, when it is built; a
+    step's slots, caches and states at each call, before anything is written."""
     llm = LLM(str(tiny_llama), dtype="float32", attention_backend="cpu", device="cpu")
     fused = llm.core.loaded.model.fused_layers
     caches = llm.core.runner.kv_cache.layers
-    num_heads, num_kv_heads, head_dim = fused.shape
+    num_heads, _, head_dim = fused.shape
+    L = len(caches)
     hidden = torch.randn(2, num_heads * head_dim)
     cos = sin = torch.ones(2, head_dim // 2)
+    build = load_extension().DecoderLayers
 
-    def run(weights=fused.weights, small=fused.small_weights, slots=(0, 1), k_caches=None,
-            decode=(), qk_norms=(), output_norms=(), windows=None, rotations=None,
-            local=(None, None), groups=(), group_slots=(), query_scale=None,
-            conv=((), (), (), ()), experts=((), (), (), (), (), (), ()),
-            delta=((), (), ()), shared=(), o_biases=None, sinks=None):  # fmt: skip
-        k_caches = k_caches if k_caches is not None else [k for k, _ in caches]
-        windows = fused.windows if windows is None else windows
-        rotations = fused.rotations if rotations is None else rotations
-        o_biases = fused.o_biases if o_biases is None else o_biases
-        sinks = fused.sinks if sinks is None else sinks
-        return fused.run(
-            hidden, None, cos, sin, *local, query_scale, weights, small, list(decode), 0,
-            fused.qkv_biases, o_biases, sinks,
-            list(qk_norms), list(output_norms), k_caches, [v for _, v in caches],
-            torch.tensor(slots), None, None, None, False, None, None,
-            num_heads, num_kv_heads, head_dim, fused.eps, 1.0, windows, rotations, True, False,
-            False, False, fused.packed,
-            fused.activation_bits, 1.0, 0.0, list(groups),
-            [torch.tensor(s) for s in group_slots], [], [], None, *map(list, conv),
-            *map(list, experts), *fused.routing, list(shared), False, *map(list, delta), [0, 2],
-            1, False,
+    def refused(says, **model):
+        with pytest.raises(RuntimeError, match=says):
+            build(**{**fused.model_args(), **model})
+
+    def run(layers=None, slots=(0, 1), k_caches=None, local=(None, None), groups=(),
+            group_slots=(), query_scale=None, conv=((), ()), delta=()):  # fmt: skip
+        layers = fused.run if layers is None else layers
+        return layers(
+            hidden, residual=None, cos=cos, sin=sin, local_cos=local[0], local_sin=local[1],
+            query_scale=query_scale,
+            k_caches=[k for k, _ in caches] if k_caches is None else k_caches,
+            v_caches=[v for _, v in caches], slot_mapping=torch.tensor(slots), decode_rows=None,
+            decode_tables=None, decode_lens=None, decode_all_rows=False, prefill_chunks=None,
+            prefill_tables=None, layer_groups=list(groups),
+            group_slots=[torch.tensor(s) for s in group_slots], group_decode_tables=[],
+            group_prefill_tables=[], conv_states=list(conv[0]), conv_rows=list(conv[1]),
+            delta_states=list(delta), delta_starts=[0, 2],
         )  # fmt: skip
 
-    with pytest.raises(RuntimeError, match="six weights"):
-        run(weights=fused.weights[:-1])
-    with pytest.raises(RuntimeError, match="four optional small-batch packings"):
-        run(small=fused.small_weights[:-1])
-    with pytest.raises(RuntimeError, match="optional qkv and o biases, optional sinks"):
-        run(o_biases=fused.o_biases[:-1])
-    with pytest.raises(RuntimeError, match="optional qkv and o biases, optional sinks"):
-        run(sinks=[None])
-    with pytest.raises(RuntimeError, match="sinks"):  # gpt-oss's: one float32 logit a head
-        run(sinks=[torch.zeros(num_heads + 1)] * len(caches))
-    with pytest.raises(RuntimeError, match="or four optional ones per layer"):
-        run(decode=[None])
-    with pytest.raises(RuntimeError, match="a query and a key norm weight per layer"):
-        run(qk_norms=[torch.ones(head_dim)])
-    with pytest.raises(RuntimeError, match="a q/k norm weight spans a head or all heads"):
-        run(qk_norms=[torch.ones(head_dim + 1)] * (2 * len(caches)))
-    with pytest.raises(RuntimeError, match="one after attention and one after the MLP"):
-        run(output_norms=[torch.ones(num_heads * head_dim)])
-    with pytest.raises(RuntimeError, match="one window per layer"):
-        run(windows=[0])
+    assert run()[0].shape == hidden.shape  # (the arguments below differ from these alone)
+    refused("six weights", weights=fused.weights[:-1])
+    refused("four optional small-batch packings", small_weights=fused.small_weights[:-1])
+    refused("optional qkv and o biases, optional sinks", o_biases=fused.o_biases[:-1])
+    refused("optional qkv and o biases, optional sinks", sinks=[None])
+    refused("sinks", sinks=[torch.zeros(num_heads + 1)] * L)  # gpt-oss's: a float32 logit a head
+    refused("a window and a rotation per layer", rotations=[0])
+    refused("or four optional ones per layer", decode_weights=[None])
+    refused("a query and a key norm weight per layer", qk_norms=[torch.ones(head_dim)])
+    refused("a q/k norm weight spans a head or all heads",
+            qk_norms=[torch.ones(head_dim + 1)] * (2 * L))  # fmt: skip
+    refused("one after attention and one after the MLP",
+            output_norms=[torch.ones(num_heads * head_dim)])  # fmt: skip
+    refused("a layer's rotation is none", rotations=[2] * L)
+    refused("softmax, sigmoid or softmax_of_chosen", router_scoring="tanh")
+    for limit in (-1.0, float("nan"), float("inf")):
+        refused("swiglu_limit", swiglu_limit=limit)
+    with pytest.raises(TypeError):  # (not a string: pybind's own refusal)
+        build(**{**fused.model_args(), "router_scoring": None})
+    # LFM2's short convolutions: an index per layer into kernels that match
+    kernel = torch.ones(num_heads * head_dim, 3)
+    refused("one convolution index per layer", conv_index=[0], conv_weights=[kernel])
+    refused("convolution 1 out of range", conv_index=[1] + [-1] * (L - 1), conv_weights=[kernel])
+    refused(r"a convolution's kernel \[C, K\]", conv_index=[0] + [-1] * (L - 1),
+            conv_weights=[torch.ones(num_heads * head_dim, 1)])  # fmt: skip
+    # DeltaNet layers in the convolutions' places: four tensors and two optional weights each
+    convs = {"conv_index": [0] + [-1] * (L - 1), "conv_weights": [kernel]}
+    tensors = [torch.zeros(2, num_heads * head_dim)] * 4
+    for bad in ({"delta_tensors": tensors[:3], "delta_small": [None] * 2},
+                {"delta_tensors": tensors, "delta_small": [None]}):  # fmt: skip
+        refused("each convolution layer's four tensors", **convs, **bad)
+    # experts in place of a layer's MLP: an index per layer into routers and packings that match
+    router = torch.zeros(4, num_heads * head_dim)
+    sparse = {"routers": [router], "router_biases": [None], "expert_gate_up": [[]],
+              "expert_down": [[]], "expert_gate_up_bias": [[]],
+              "expert_down_bias": [[]]}  # fmt: skip
+    refused("one expert index per layer", expert_index=[0], **sparse)
+    for name in ("router_biases", "expert_gate_up_bias"):  # (a list short)
+        refused("the experts' packings and their biases per sparse layer",
+                expert_index=[0] + [-1] * (L - 1), **{**sparse, name: []})  # fmt: skip
+    refused("sparse layer 1 out of range", expert_index=[1] + [-1] * (L - 1), **sparse)
+    # (0 of its 4 experts)
+    refused(r"a float32 router \[E, hidden\]", expert_index=[0] + [-1] * (L - 1), **sparse)
+    # a sparse layer's shared expert: nine optional tensors, whole
+    whole_experts = {**sparse, "expert_index": [0] + [-1] * (L - 1),
+                     "expert_gate_up": [[router] * 4], "expert_down": [[router] * 4]}  # fmt: skip
+    w = torch.zeros(8, num_heads * head_dim)
+    whole = "and down, and a gate only beside them"
+    for bad, says in (
+        ([None] * 8, "nine optional tensors"),
+        ([None, w] + [None] * 7, "come with its weight"),
+        ([w] + [None] * 8, whole),
+        ([None] * 6 + [w] + [None] * 2, whole),
+    ):
+        refused(says, **whole_experts, shared_experts=bad)
+
+    # a step's inputs, checked at each call before anything is written
+    with pytest.raises(RuntimeError, match="two caches per layer"):
+        run(k_caches=[k for k, _ in caches][:-1])
     with pytest.raises(RuntimeError, match="RoPE tables come as a pair"):
         run(local=(cos, None))
-    with pytest.raises(RuntimeError, match="one rotation per layer"):
-        run(rotations=[0])
-    with pytest.raises(RuntimeError, match="the windowed layers' own"):  # tables not given
-        run(rotations=[1] * len(fused.rotations))
-    with pytest.raises(RuntimeError, match="a layer's rotation is none"):
-        run(rotations=[2] * len(fused.rotations))
+    local = build(**{**fused.model_args(), "rotations": [1] * L})
+    with pytest.raises(RuntimeError, match="the windowed layers' own RoPE tables"):
+        run(local)  # (its tables not given)
     for query_scale in (torch.ones(2), torch.ones(3, 1), torch.ones(2, 1, dtype=torch.float64)):
         with pytest.raises(RuntimeError, match=r"query_scale: \[T, 1\]"):
             run(query_scale=query_scale)
@@ -207,52 +242,20 @@ def test_bad_inputs_are_refused_before_any_write(tiny_llama):
     assert bool((values[0, :, 0] == 7.0).all())
     with pytest.raises(RuntimeError, match="caches must be contiguous"):
         run(k_caches=[k.to(torch.bfloat16) for k, _ in caches])
-    # LFM2's short convolutions: an index per layer into kernels and states that match
-    kernel, state = torch.ones(num_heads * head_dim, 3), torch.zeros(4, 2, num_heads * head_dim)
+    # a convolution layer's state beside its kernel, and the step's four row indices
+    conv_layers = build(**{**fused.model_args(), **convs})
+    state = torch.zeros(4, 2, num_heads * head_dim)
     rows = [torch.zeros(3, 2, dtype=torch.long)] + [torch.zeros(2, dtype=torch.long)] * 3
-    with pytest.raises(RuntimeError, match="one convolution index per layer"):
-        run(conv=([0], [kernel], [state], rows))
-    with pytest.raises(RuntimeError, match="a kernel and a state per convolution layer"):
-        run(conv=([0, -1], [kernel], [], rows))
+    with pytest.raises(RuntimeError, match="a state per convolution layer"):
+        run(conv_layers, conv=([], rows))
     with pytest.raises(RuntimeError, match="the step's four row indices"):
-        run(conv=([0, -1], [kernel], [state], rows[:3]))
-    with pytest.raises(RuntimeError, match="convolution 1 out of range"):
-        run(conv=([1, -1], [kernel], [state], rows))
-    with pytest.raises(RuntimeError, match=r"kernel \[C, K\] and state"):
-        run(conv=([0, -1], [kernel], [torch.zeros(4, 3, num_heads * head_dim)], rows))
-    # DeltaNet layers in the convolutions' places: four tensors, two optional weights and the
-    # state matrices each
-    tensors, matrices = [torch.zeros(2, num_heads * head_dim)] * 4, [torch.zeros(4, 1, 8, 8)]
-    for bad in ((tensors[:3], [None] * 2, matrices), (tensors, [None], matrices),
-                (tensors, [None] * 2, [])):  # fmt: skip
-        with pytest.raises(RuntimeError, match="each convolution layer's four tensors"):
-            run(conv=([0, -1], [kernel], [state], rows), delta=bad)
-    # experts in place of a layer's MLP: an index per layer into routers and packings that match
-    router = torch.zeros(4, num_heads * head_dim)
-    with pytest.raises(RuntimeError, match="one expert index per layer"):
-        run(experts=([0], [router], [None], [[]], [[]], [[]], [[]]))
-    for bad in (
-        ([0, -1], [router], [], [[]], [[]], [[]], [[]]),
-        ([0, -1], [router], [None], [[]], [[]], [], [[]]),
-    ):  # (no biases' list)
-        with pytest.raises(RuntimeError, match="the experts' packings and their biases per"):
-            run(experts=bad)
-    with pytest.raises(RuntimeError, match="sparse layer 1 out of range"):
-        run(experts=([1, -1], [router], [None], [[]], [[]], [[]], [[]]))
-    with pytest.raises(RuntimeError, match=r"a float32 router \[E, hidden\]"):  # 0 of 4 experts
-        run(experts=([0, -1], [router], [None], [[]], [[]], [[]], [[]]))
-    # a sparse layer's shared expert: nine optional tensors, whole
-    experts = ([0, -1], [router], [None], [[router] * 4], [[router] * 4], [[]], [[]])
-    w = torch.zeros(8, num_heads * head_dim)
-    whole = "and down, and a gate only beside them"
-    for bad, says in (
-        ([None] * 8, "nine optional tensors"),
-        ([None, w] + [None] * 7, "come with its weight"),
-        ([w] + [None] * 8, whole),
-        ([None] * 6 + [w] + [None] * 2, whole),
-    ):
-        with pytest.raises(RuntimeError, match=says):
-            run(experts=experts, shared=bad)
+        run(conv_layers, conv=([state], rows[:3]))
+    with pytest.raises(RuntimeError, match=r"state \[rows, K - 1, C\]"):
+        run(conv_layers, conv=([torch.zeros(4, 3, num_heads * head_dim)], rows))
+    delta_layers = build(**{**fused.model_args(), **convs, "delta_tensors": tensors,
+                            "delta_small": [None] * 2})  # fmt: skip
+    with pytest.raises(RuntimeError, match="state matrices for each DeltaNet layer"):
+        run(delta_layers, conv=([state], rows))
     assert bool((values[0, :, 0] == 7.0).all())
 
 

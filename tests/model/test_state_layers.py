@@ -66,8 +66,8 @@ def test_a_batch_failing_midway_is_run_again_from_its_rebuilt_state(stateful, ba
     runner._run = counted
 
     def failing(run):
-        def call(x, *args):
-            out = run(x, *args)
+        def call(x, *args, **kwargs):
+            out = run(x, *args, **kwargs)
             calls.append(x.shape[0])
             # three faults from the sixth pass on, where requests are past their first chunk,
             # in steps of several requests (a rebuild runs one)

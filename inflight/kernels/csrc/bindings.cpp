@@ -1,3 +1,4 @@
+#include "decoder_layers.h"
 #include "ops.h"
 
 // The pybind11 casters of tensors alone: torch/python.h would add the C++ frontend and every
@@ -99,6 +100,45 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "where given)",
         py::arg("blocks"), py::arg("out") = py::none());
   m.def("first_argmax", &first_argmax, no_gil(), "index of each row's first maximum (NaN is maximal)");
-  m.def("llama_decoder_layers", &llama_decoder_layers, no_gil(),
-        "every decoder layer of a Llama-family model; returns [hidden, residual]");
+  py::class_<DecoderLayers>(m, "DecoderLayers",
+                            "every decoder layer of a Llama-family model, built once from its "
+                            "weights and settings; called with a step's inputs")
+      .def(py::init<DecoderLayers::Tensors, DecoderLayers::OptTensors, DecoderLayers::OptTensors,
+                    int64_t, DecoderLayers::OptTensors, DecoderLayers::OptTensors,
+                    DecoderLayers::OptTensors, DecoderLayers::Tensors, DecoderLayers::Tensors,
+                    int64_t, int64_t, int64_t, double, double, std::vector<int64_t>,
+                    std::vector<int64_t>, bool, bool, bool, bool, bool, int64_t, double, double,
+                    std::function<void(const at::Tensor&)>, std::vector<int64_t>,
+                    DecoderLayers::Tensors, std::vector<int64_t>, DecoderLayers::Tensors,
+                    DecoderLayers::OptTensors, std::vector<DecoderLayers::Tensors>,
+                    std::vector<DecoderLayers::Tensors>, std::vector<DecoderLayers::Tensors>,
+                    std::vector<DecoderLayers::Tensors>, int64_t, std::string, bool, double,
+                    double, int64_t, int64_t, int64_t, double, double, DecoderLayers::OptTensors,
+                    bool, DecoderLayers::Tensors, DecoderLayers::OptTensors, int64_t, bool>(),
+           py::kw_only(), py::arg("weights"), py::arg("small_weights"), py::arg("decode_weights"),
+           py::arg("small_rows"), py::arg("qkv_biases"), py::arg("o_biases"), py::arg("sinks"),
+           py::arg("qk_norms"), py::arg("output_norms"), py::arg("num_heads"),
+           py::arg("num_kv_heads"), py::arg("head_dim"), py::arg("eps"), py::arg("scale"),
+           py::arg("windows"), py::arg("rotations"), py::arg("pre_norms"),
+           py::arg("qk_norm_after_rope"), py::arg("gelu"), py::arg("squared_relu"),
+           py::arg("packed"), py::arg("activation_bits"), py::arg("residual_scale"),
+           py::arg("softcap"), py::arg("all_reduce"), py::arg("conv_index"),
+           py::arg("conv_weights"), py::arg("expert_index"), py::arg("routers"),
+           py::arg("router_biases"), py::arg("expert_gate_up"), py::arg("expert_down"),
+           py::arg("expert_gate_up_bias"), py::arg("expert_down_bias"), py::arg("top_k"),
+           py::arg("router_scoring"), py::arg("renormalize"), py::arg("router_eps"),
+           py::arg("routed_scale"), py::arg("expert_intermediate"), py::arg("expert_bits"),
+           py::arg("expert_pass_tokens"), py::arg("swiglu_limit"), py::arg("swiglu_alpha"),
+           py::arg("shared_experts"), py::arg("output_gate"), py::arg("delta_tensors"),
+           py::arg("delta_small"), py::arg("delta_key_heads"), py::arg("delta_tiled"))
+      .def("__call__", &DecoderLayers::operator(), no_gil(),
+           "one step through every layer; returns [hidden, residual]", py::arg("hidden"),
+           py::arg("residual"), py::arg("cos"), py::arg("sin"), py::arg("local_cos"),
+           py::arg("local_sin"), py::arg("query_scale"), py::arg("k_caches"),
+           py::arg("v_caches"), py::arg("slot_mapping"), py::arg("decode_rows"),
+           py::arg("decode_tables"), py::arg("decode_lens"), py::arg("decode_all_rows"),
+           py::arg("prefill_chunks"), py::arg("prefill_tables"), py::arg("layer_groups"),
+           py::arg("group_slots"), py::arg("group_decode_tables"),
+           py::arg("group_prefill_tables"), py::arg("conv_states"), py::arg("conv_rows"),
+           py::arg("delta_states"), py::arg("delta_starts"));
 }
