@@ -296,10 +296,10 @@ def test_a_token_rounds_alike_in_any_batch(tmp_path, smol_shaped, dtype, source)
     _assert_alike_in_any_batch(path, {"dtype": dtype, "attention_backend": "cpu", "device": "cpu"})
 
 
-def _assert_alike_in_any_batch(path, knobs, check=None) -> None:
+def _assert_alike_in_any_batch(path, knobs, check=None, kv_blocks=15) -> None:
     """The engine's tokens and log-probabilities, bit for bit, alone and in company: all at
-    once, and in a pool that preempts and recomputes, prompts chunked beside decodes. `check`:
-    called with each engine."""
+    once, and in a pool of `kv_blocks` that preempts and recomputes, prompts chunked beside
+    decodes. `check`: called with each engine."""
     prompts = random_prompts(400, lengths=[1, 3, 90, 17, 130, 1, 40, 70])
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=0)
 
@@ -311,7 +311,7 @@ def _assert_alike_in_any_batch(path, knobs, check=None) -> None:
 
     want = run(LLM(str(path), **knobs, max_num_seqs=1))
     assert run(LLM(str(path), **knobs)) == want
-    llm = LLM(str(path), **knobs, num_kv_blocks=15, max_num_batched_tokens=96)
+    llm = LLM(str(path), **knobs, num_kv_blocks=kv_blocks, max_num_batched_tokens=96)
     assert run(llm) == want
     assert llm.core.scheduler.num_preemptions > 0
 
@@ -341,6 +341,40 @@ def test_a_token_chooses_its_experts_alike_in_any_batch(tmp_path, tokenizer_dir)
     _assert_alike_in_any_batch(
         path, {"dtype": "float32", "attention_backend": "cpu", "device": "cpu"}, fused
     )
+
+
+@pytest.mark.skipif(not load_extension().gguf_linear_available(), reason="no AVX2 GGUF kernel")
+def test_a_gpt_oss_token_chooses_its_experts_alike_in_any_batch(tmp_path, tokenizer_dir):
+    """gpt-oss of SmolLM2's width (16 biased experts, 4 a token, sinks, a banded and a global
+    layer) from a Q8_0 file, in float32 over its blocks: its biased gate is the C++ router
+    (the chosen logits softmaxed), its layers the fused loop's, so a token's experts and
+    log-probabilities are the same bits alone, all at once and recomputed after a preemption."""
+    from transformers import AutoTokenizer, GptOssConfig, GptOssForCausalLM
+
+    folder = tmp_path / "gpt-oss"
+    AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(folder)
+    torch.manual_seed(0)
+    config = GptOssConfig(vocab_size=49152, hidden_size=576, intermediate_size=256,
+                          num_local_experts=16, num_experts_per_tok=4, num_hidden_layers=2,
+                          num_attention_heads=9, num_key_value_heads=3, head_dim=64,
+                          sliding_window=32, layer_types=["sliding_attention", "full_attention"],
+                          max_position_embeddings=512, attention_bias=True, bos_token_id=1,
+                          eos_token_id=2, pad_token_id=0)  # fmt: skip
+    model = GptOssForCausalLM(config)
+    with torch.no_grad():  # sinks and biases start at 0: make them matter
+        for name, param in model.named_parameters():
+            if name.endswith(("sinks", "bias")):
+                param.uniform_(-1.0, 1.0)
+    model.save_pretrained(folder)
+    path = write_tiny_gguf(folder, tmp_path / "gpt-oss.gguf", GGMLQuantizationType.Q8_0)
+
+    def fused(llm: LLM) -> None:  # (the C++ router's path)
+        assert isinstance(llm.core.loaded.model.fused_layers, FusedDecoderLayers)
+        assert llm.core.loaded.model.layers[0].scoring == "softmax_of_chosen"
+
+    # (its banded and global layers hold a pool each: 15 blocks of 16 for the global one)
+    knobs = {"dtype": "float32", "attention_backend": "cpu", "device": "cpu"}
+    _assert_alike_in_any_batch(path, knobs, fused, kv_blocks=30)
 
 
 @pytest.mark.skipif(not load_extension().gguf_linear_available(), reason="no AVX2 GGUF kernel")

@@ -388,6 +388,40 @@ def test_a_recomputed_chunk_attends_its_outputs_as_lone_decodes(kernel):
         backend.build_metadata([0, 3], [0], table, slots[:3], torch.device("cpu"), [4])
 
 
+@pytest.mark.parametrize("sinks", [False, True])
+@pytest.mark.parametrize(("dtype", "d"), [(torch.float32, 64), (torch.bfloat16, 64),
+                                          (torch.float32, 48), (torch.float32, 256)])  # fmt: skip
+def test_a_windowed_prompt_attends_alike_in_any_chunking(dtype, d, sinks):
+    """A banded layer's prompt rows (Mistral's, Gemma's, gpt-oss's windows), bit for bit the
+    same whether the prompt is one chunk or cut anywhere: every item reads the same aligned key
+    tiles, so a row's online softmax groups its keys alike whichever chunk and item its query
+    falls in (what keeps such a model's tokens independent of its batch's chunking)."""
+    gen = torch.Generator().manual_seed(6)
+    bs, kvh, h, num_blocks, n, window = 16, 2, 4, 8, 75, 21
+    backend = CpuKernelBackend(bs)
+    k_cache, v_cache = (torch.randn(s, generator=gen).to(dtype)
+                        for s in backend.cache_shapes(num_blocks, kvh, d))  # fmt: skip
+    table = torch.randperm(num_blocks, generator=gen)[None]
+    q = torch.randn(n, h, d, generator=gen).to(dtype)
+    key, value = (torch.randn(n, kvh, d, generator=gen).to(dtype) for _ in range(2))
+    slots = torch.tensor([int(table[0, p // bs]) * bs + p % bs for p in range(n)])
+    sink_logits = torch.randn(h, generator=gen) if sinks else None
+
+    def chunked(cuts):
+        out = []
+        for a, b in zip([0, *cuts], [*cuts, n], strict=True):
+            meta = backend.build_metadata(
+                [0, b - a], [a], table, slots[a:b], torch.device("cpu"), [0]
+            )  # (prompt rows, one-token chunks too)
+            out.append(backend.forward(q[a:b], key[a:b], value[a:b], k_cache, v_cache, meta,
+                                       window, sinks=sink_logits))  # fmt: skip
+        return torch.cat(out)
+
+    whole = chunked([])
+    for cuts in ([1], [7], [16, 33], [23, 40, 41], [5, 29, 50, 70]):
+        assert torch.equal(chunked(cuts), whole), f"cut at {cuts}"
+
+
 def test_prefill_kernel_rejects_chunks_outside_its_inputs():
     backend = CpuKernelBackend(16)
     q = torch.randn(10, 4, 8)

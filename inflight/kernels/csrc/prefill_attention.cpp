@@ -39,6 +39,15 @@ struct Item {
   int64_t chunk, kv_head, first_token, num_tokens, cost;
 };
 
+// The first key an item whose first query is at `first_q` reads: the first of its window's
+// tile, a multiple of KT. Every item then reads the same aligned tiles, slices of blocks, and a
+// row's online softmax takes its keys in the same groups whatever chunk or item its query falls
+// in (from the window's own first key, the groups would shift with the chunk's start, and a
+// token's bits with its batch); the masks drop the keys before the window.
+inline int64_t first_key_tile(int64_t first_q, int64_t window) {
+  return window > 0 ? std::max<int64_t>(0, first_q - window + 1) / KT * KT : 0;
+}
+
 struct Scratch {
   std::vector<float> q, acc, max, sum, kt, v;
   std::vector<int32_t> q_pairs;  // bf16 queries as pairs of dims, for vdpbf16ps scores
@@ -131,7 +140,7 @@ void prefill_item(const Item& it, const q_t* q, int64_t q_stride, const cache_t*
   start_item(it, q, q_stride, G, D, scale, sinks, rows, rows, s);
   const int64_t first_q = first_pos + it.first_token;  // positions of the item's query tokens
   const int64_t last_q = first_q + it.num_tokens - 1;
-  const int64_t lo = window > 0 ? std::max<int64_t>(0, first_q - window + 1) : 0;
+  const int64_t lo = first_key_tile(first_q, window);
 
   for (int64_t k0 = lo; k0 <= last_q; k0 += KT) {
     const int64_t n = std::min(KT, last_q + 1 - k0);
@@ -237,7 +246,7 @@ void prefill_item_avx512(const Item& it, const scalar_t* q, int64_t q_stride,
   if constexpr (kScaled) s.key_pairs.resize(D * KT);
   const int64_t first_q = first_pos + it.first_token;
   const int64_t last_q = first_q + it.num_tokens - 1;
-  const int64_t lo = window > 0 ? std::max<int64_t>(0, first_q - window + 1) : 0;
+  const int64_t lo = first_key_tile(first_q, window);
   alignas(64) float p[RB][KT];
   // With bf16 queries the probabilities times the values go through vdpbf16ps too: each
   // row's probabilities rounded to bf16 (as a bf16 sdpa rounds them) in pairs of positions,
@@ -438,9 +447,7 @@ void prefill_item_avx2(const Item& it, const q_t* q, int64_t q_stride, const cac
   start_item(it, q, q_stride, G, D, scale, sinks, rows, padded, s);
   const int64_t first_q = first_pos + it.first_token;
   const int64_t last_q = first_q + it.num_tokens - 1;
-  // from a tile boundary, so that tiles stay aligned slices of blocks (the mask drops the keys
-  // before the window)
-  const int64_t lo = window > 0 ? std::max<int64_t>(0, first_q - window + 1) / KT * KT : 0;
+  const int64_t lo = first_key_tile(first_q, window);
   const __m256i lanes_lo = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   const __m256i lanes_hi = _mm256_add_epi32(lanes_lo, _mm256_set1_epi32(8));
   alignas(32) float p[RB][KT];
