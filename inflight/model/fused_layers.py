@@ -200,12 +200,16 @@ class FusedDecoderLayers:
         if not all(fused_routing(layer) for layer in sparse):
             raise ValueError("the fused layer loop routes experts through a float32 router, "
                              "each multiplying from its blocks (`moe.fused_routing`)")  # fmt: skip
-        shared = [m for layer in sparse for m in _shared_linears(layer)]
+        # each shared expert's [gate | up], down and gate, a weight and its small-batch and decode
+        # weights each; a gate of float weights as its float32 row (`shared_gate_rows`)
+        shared = [(layer, m) for layer in sparse for m in _shared_linears(layer)]
         self.shared_experts = [
-            t for m in shared
+            t for layer, m in shared
             for t in ((None, None, None) if m is None
+                      else (layer.shared_gate_rows, None, None)
+                      if m is layer.shared_expert_gate and layer.shared_gate_rows is not None
                       else (m.weight, _small(m, "small_weight"), _small(m, "decode_weight")))
-        ] if any(m is not None for m in shared) else []  # fmt: skip
+        ] if any(m is not None for _, m in shared) else []  # fmt: skip
         packings = [layer.expert_packings for layer in sparse]
         self.expert_gate_up = [p[0] for p in packings]
         self.expert_down = [p[1] for p in packings]

@@ -129,8 +129,31 @@ class MoEDecoderLayer(DecoderLayer):
         shared = apply_linear(self.shared_expert.gate_up_proj, x, decodes)
         shared = apply_linear(self.shared_expert.down_proj, self.activation(shared), decodes)
         if self.shared_expert_gate is not None:
-            shared = torch.sigmoid(apply_linear(self.shared_expert_gate, x, decodes)) * shared
+            rows = self.shared_gate_rows
+            if rows is None:
+                gate = torch.sigmoid(apply_linear(self.shared_expert_gate, x, decodes))
+            else:
+                gate = load_extension().gate_sigmoids(x.float().contiguous(), rows).to(x.dtype)
+            shared = gate * shared
         return routed + shared
+
+    @property
+    def shared_gate_rows(self) -> torch.Tensor | None:
+        """The shared expert's gate as a float32 [1, hidden] row for the C++ `gate_sigmoids`,
+        where the C++ ops run and the gate's weight is floats: a one-output linear through
+        oneDNN or MKL sums over hidden in an order set by the batch's size, and ATen's sigmoid
+        of a [T, 1] column rounds a row by where it falls (vector lanes or the scalar tail), so
+        the gate would give a token other bits in company. None otherwise (on a GPU; a gate
+        kept as blocks multiplies as its linear)."""
+        rows = getattr(self, "_shared_gate_rows", None)
+        if rows is not None or self.shared_expert_gate is None or self.ops.name != "cpu":
+            return rows
+        weight = getattr(self.shared_expert_gate, "weight", None)
+        if weight is None or weight.is_meta or getattr(self.shared_expert_gate, "blocks_only", 0):
+            return None
+        rows = (weight.to_dense() if weight.is_mkldnn else weight).float().contiguous()
+        self._shared_gate_rows: torch.Tensor | None = rows
+        return rows
 
     def _routed_experts(self, x: torch.Tensor, decodes: Decodes) -> torch.Tensor:
         packings = self.expert_packings
@@ -211,7 +234,9 @@ class MoEDecoderLayer(DecoderLayer):
         (renormalized where the family says), times the routed scale. gpt-oss's gate as a
         float32 router (`softmax_of_chosen`): its biased logits' best, softmaxed among themselves.
         [T, hidden] -> weights and experts [T, k]."""
-        logits = x.float() @ self.router_weight.t()
+        logits = (load_extension().router_logits(x.float().contiguous(), self.router_weight)
+                  if self.ops.name == "cpu"  # (a token's logits in one order, whatever its batch)
+                  else x.float() @ self.router_weight.t())  # fmt: skip
         if self.scoring == "softmax_of_chosen":
             best, chosen = torch.topk(logits + self.router_bias, self.top_k, dim=-1)
             return torch.softmax(best, dim=-1) * self.routed_scale, chosen

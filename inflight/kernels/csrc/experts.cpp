@@ -78,38 +78,59 @@ RouterScoring router_scoring(const std::string& name) {
 
 }  // namespace
 
-std::vector<at::Tensor> route_experts(const at::Tensor& x, const at::Tensor& router,
-                                      const c10::optional<at::Tensor>& bias, int64_t top_k,
-                                      const std::string& scoring, bool renormalize, double eps,
-                                      double scale) {
-  const RouterScoring how = router_scoring(scoring);
+at::Tensor router_logits(const at::Tensor& x, const at::Tensor& router) {
   INFLIGHT_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(),
                  "x: [tokens, hidden] float32, contiguous");
   INFLIGHT_CHECK(router.dim() == 2 && router.size(1) == x.size(1) &&
                      router.scalar_type() == at::kFloat && router.is_contiguous(),
                  "router: [experts, hidden] float32, contiguous");
   const int64_t T = x.size(0), H = x.size(1), E = router.size(0);
+  auto logits = at::cpu::empty({T, E}, x.options());
+  const float *xp = x.data_ptr<float>(), *rp = router.data_ptr<float>();
+  float* lp = logits.data_ptr<float>();
+  // threads share the tokens, or a lone token's experts (a decode's router: [E, H] floats)
+  at::parallel_for(0, T * E, std::max<int64_t>(1, (1 << 15) / std::max<int64_t>(H, 1)),
+                   [&](int64_t a, int64_t b) {
+                     for (int64_t i = a; i < b; ++i) {
+                       lp[i] = dot(xp + (i / E) * H, rp + (i % E) * H, H);
+                     }
+                   });
+  return logits;
+}
+
+at::Tensor gate_sigmoids(const at::Tensor& x, const at::Tensor& gate) {
+  INFLIGHT_CHECK(gate.dim() == 2 && gate.size(0) == 1, "gate: one row [1, hidden]");
+  at::Tensor logits = router_logits(x, gate);  // [T, 1]
+  float* l = logits.data_ptr<float>();
+  // each its own scalar sigmoid: ATen's vector one rounds otherwise than its scalar tail, and a
+  // token's gate would change with where its row fell in the step
+  for (int64_t t = 0; t < logits.size(0); ++t) l[t] = 1.f / (1.f + std::exp(-l[t]));
+  return logits;
+}
+
+std::vector<at::Tensor> route_experts(const at::Tensor& x, const at::Tensor& router,
+                                      const c10::optional<at::Tensor>& bias, int64_t top_k,
+                                      const std::string& scoring, bool renormalize, double eps,
+                                      double scale) {
+  const RouterScoring how = router_scoring(scoring);
+  const at::Tensor logits = router_logits(x, router);  // (x and the router checked there)
+  const int64_t T = x.size(0), E = router.size(0);
   INFLIGHT_CHECK(E > 0 && top_k > 0 && top_k <= E, "top_k ", top_k, " of ", E, " experts");
   INFLIGHT_CHECK(!bias.has_value() || (bias->dim() == 1 && bias->size(0) == E &&
                                        bias->scalar_type() == at::kFloat && bias->is_contiguous()),
                  "bias: [experts] float32, contiguous");
   auto weights = at::cpu::empty({T, top_k}, x.options());
   auto chosen = at::cpu::empty({T, top_k}, x.options().dtype(at::kLong));
-  const float *xp = x.data_ptr<float>(), *rp = router.data_ptr<float>();
   const float* bp = bias.has_value() ? bias->data_ptr<float>() : nullptr;
   float* wp = weights.data_ptr<float>();
   int64_t* cp = chosen.data_ptr<int64_t>();
   const float eps_f = static_cast<float>(eps), scale_f = static_cast<float>(scale);
-  // threads share the tokens, or a lone token's experts (a decode's router: [E, H] floats)
-  std::vector<float> logits(T * E);
-  at::parallel_for(0, T * E, std::max<int64_t>(1, (1 << 15) / H), [&](int64_t a, int64_t b) {
-    for (int64_t i = a; i < b; ++i) logits[i] = dot(xp + (i / E) * H, rp + (i % E) * H, H);
-  });
+  const float* lp = logits.data_ptr<float>();
   at::parallel_for(0, T, 64, [&](int64_t a, int64_t b) {
     std::vector<float> scores(E), choice(E);
     std::vector<char> taken(E);
     for (int64_t t = a; t < b; ++t) {
-      const float* l = logits.data() + t * E;
+      const float* l = lp + t * E;
       if (how == RouterScoring::kSigmoid) {
         for (int64_t e = 0; e < E; ++e) scores[e] = 1.f / (1.f + std::exp(-l[e]));
       } else if (how == RouterScoring::kSoftmax) {  // its sum in expert order

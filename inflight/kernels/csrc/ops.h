@@ -121,6 +121,13 @@ at::Tensor gguf_int_experts(const at::Tensor& x, const at::Tensor& chosen,
                             const std::vector<at::Tensor>& gate_up_bias = {},
                             const std::vector<at::Tensor>& down_bias = {},
                             double swiglu_limit = 0.0, double swiglu_alpha = 0.0);
+// x [tokens, hidden] times a float32 router [experts, hidden]: each logit one row's dot product
+// in a fixed order (16 running sums halved pairwise), the same bits at any batch and thread
+// count -> [tokens, experts] float32
+at::Tensor router_logits(const at::Tensor& x, const at::Tensor& router);
+// sigmoid(x . gate) for each row of x [tokens, hidden] and a float32 gate row [1, hidden]
+// (a shared expert's gate): router_logits, each sigmoid scalar -> [tokens, 1] float32
+at::Tensor gate_sigmoids(const at::Tensor& x, const at::Tensor& gate);
 // a float32 router's choice for each token of x [tokens, hidden]: its best `top_k` experts by
 // `scoring` "sigmoid" or "softmax" scores (plus `bias`, where given), and their scores as weights,
 // renormalized (+ eps) where asked and times `scale`; or ("softmax_of_chosen", gpt-oss's) by its
