@@ -133,13 +133,13 @@ class MoEDecoderLayer(DecoderLayer):
             if rows is None:
                 gate = torch.sigmoid(apply_linear(self.shared_expert_gate, x, decodes))
             else:
-                gate = load_extension().gate_sigmoids(x.float().contiguous(), rows).to(x.dtype)
+                gate = load_extension().router_sigmoids(x.float().contiguous(), rows).to(x.dtype)
             shared = gate * shared
         return routed + shared
 
     @property
     def shared_gate_rows(self) -> torch.Tensor | None:
-        """The shared expert's gate as a float32 [1, hidden] row for the C++ `gate_sigmoids`,
+        """The shared expert's gate as a float32 [1, hidden] row for the C++ `router_sigmoids`,
         where the C++ ops run and the gate's weight is floats: a one-output linear through
         oneDNN or MKL sums over hidden in an order set by the batch's size, and ATen's sigmoid
         of a [T, 1] column rounds a row by where it falls (vector lanes or the scalar tail), so
@@ -240,9 +240,12 @@ class MoEDecoderLayer(DecoderLayer):
         if self.scoring == "softmax_of_chosen":
             best, chosen = torch.topk(logits + self.router_bias, self.top_k, dim=-1)
             return torch.softmax(best, dim=-1) * self.routed_scale, chosen
-        scores = (
-            torch.sigmoid(logits) if self.scoring == "sigmoid" else torch.softmax(logits, dim=-1)
-        )
+        if self.scoring != "sigmoid":  # (a softmax takes each row alone, in one order)
+            scores = torch.softmax(logits, dim=-1)
+        elif self.ops.name == "cpu":  # (ATen's sigmoid rounds a row by where it falls)
+            scores = load_extension().router_sigmoids(x.float().contiguous(), self.router_weight)
+        else:
+            scores = torch.sigmoid(logits)
         choice = scores if self.router_bias is None else scores + self.router_bias
         if self.groups > 1:
             grouped = choice.view(x.shape[0], self.groups, -1)

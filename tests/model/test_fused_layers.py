@@ -344,15 +344,17 @@ def test_a_token_chooses_its_experts_alike_in_any_batch(tmp_path, tokenizer_dir)
 
 
 @pytest.mark.skipif(not load_extension().gguf_linear_available(), reason="no AVX2 GGUF kernel")
-@pytest.mark.parametrize("arch", ["qwen2_moe", "qwen3_5_moe", "qwen3_next", "glm4_moe"])
+@pytest.mark.parametrize("arch", ["qwen2_moe", "qwen3_5_moe", "qwen3_next", "glm4_moe",
+                                  "deepseek_v3"])  # fmt: skip
 def test_a_gated_shared_expert_and_a_grouped_router_are_alike_in_any_batch(
     tmp_path, tiny_model_factory, arch
 ):
     """From a Q8_0 file in float32: a shared expert's sigmoid gate (Qwen2-MoE's, Qwen3.5-MoE's,
-    Qwen3-Next's; `gate_sigmoids`: a one-output linear and ATen's sigmoid of a column both
-    round a row by its batch) and a router with expert groups (the tiny GLM-4.5's, routed in
-    Python: `router_logits`) give a token the same bits alone, together and chunked beside
-    others, in either layer loop."""
+    Qwen3-Next's; `router_sigmoids`: a one-output linear and ATen's sigmoid of a column both
+    round a row by its batch) and a router with expert groups (the tiny GLM-4.5's and
+    DeepSeek-V3's, routed in Python: `router_logits`, and its sigmoid scores
+    `router_sigmoids`) give a token the same bits alone, together and chunked beside others,
+    in either layer loop."""
     path = write_tiny_gguf(tiny_model_factory(arch), tmp_path / f"{arch}.gguf",
                            GGMLQuantizationType.Q8_0)  # fmt: skip
     knobs = {"dtype": "float32", "attention_backend": "cpu", "device": "cpu"}

@@ -360,23 +360,24 @@ def test_the_cpp_router_chooses_as_pytorch_and_alike_in_any_batch(scoring, biase
         assert torch.equal(alone[0][0], weights[t]) and torch.equal(alone[1][0], chosen[t])
 
 
-def test_router_logits_and_gate_sigmoids_are_pytorchs_alike_in_any_batch():
-    """`router_logits` (a router's x @ W.T in float32) and `gate_sigmoids` (a shared expert's
-    sigmoid gate): PyTorch's values to float32 rounding, a row's bits the same alone as in any
-    batch; shapes and dtypes checked."""
+def test_router_logits_and_router_sigmoids_are_pytorchs_alike_in_any_batch():
+    """`router_logits` (a router's x @ W.T in float32) and `router_sigmoids` (a sigmoid
+    router's scores, a shared expert's gate of one row): PyTorch's values to float32 rounding,
+    a row's bits the same alone as in any batch; shapes and dtypes checked."""
     ext = load_extension()
     gen = torch.Generator().manual_seed(3)
     x, router = torch.randn(300, 96, generator=gen), torch.randn(24, 96, generator=gen) * 0.1
     gate = torch.randn(1, 96, generator=gen) * 0.1
-    logits, gates = ext.router_logits(x, router), ext.gate_sigmoids(x, gate)
+    logits, gates = ext.router_logits(x, router), ext.router_sigmoids(x, gate)
+    scores = ext.router_sigmoids(x, router)
+    torch.testing.assert_close(scores, torch.sigmoid(x @ router.t()), rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(logits, x @ router.t(), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(gates, torch.sigmoid(x @ gate.t()), rtol=1e-5, atol=1e-6)
     for t in (0, 1, 157, 299):
         row = x[t : t + 1]
         assert torch.equal(ext.router_logits(row, router)[0], logits[t])
-        assert torch.equal(ext.gate_sigmoids(row, gate)[0], gates[t])
-    with pytest.raises(RuntimeError, match="one row"):
-        ext.gate_sigmoids(x, router)
+        assert torch.equal(ext.router_sigmoids(row, gate)[0], gates[t])
+        assert torch.equal(ext.router_sigmoids(row, router)[0], scores[t])
     with pytest.raises(RuntimeError, match="router"):
         ext.router_logits(x, torch.randn(4, 95))
     with pytest.raises(RuntimeError, match="x"):

@@ -78,9 +78,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("router_logits", &router_logits, no_gil(),
         "x @ router.T in float32, each logit summed in one order whatever the batch",
         py::arg("x"), py::arg("router"));
-  m.def("gate_sigmoids", &gate_sigmoids, no_gil(),
-        "sigmoid(x @ gate.T) for a gate of one row, alike for a row in any batch",
-        py::arg("x"), py::arg("gate"));
+  m.def("router_sigmoids", &router_sigmoids, no_gil(),
+        "sigmoid(x @ router.T) in float32, alike for a row in any batch", py::arg("x"),
+        py::arg("router"));
   m.def("route_experts", &route_experts, no_gil(),
         "a float32 router's best top_k experts for each token and their weights",
         py::arg("x"), py::arg("router"), py::arg("bias"), py::arg("top_k"), py::arg("scoring"),

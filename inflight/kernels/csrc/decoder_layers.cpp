@@ -559,11 +559,11 @@ std::vector<at::Tensor> DecoderLayers::operator()(
       if (s != nullptr && s[0].has_value()) {
         at::Tensor shared = silu_and_mul(linear(x, {*s[0], s[1], s[2], kNone}, how, split));
         shared = linear(shared, {*s[3], s[4], s[5], kNone}, how, split);
-        if (s[6].has_value()) {  // (a float32 row: `gate_sigmoids`, as `shared_gate_rows` says)
+        if (s[6].has_value()) {  // (a float32 row: `router_sigmoids`, as `shared_gate_rows` says)
           const bool row = s[6]->layout() == at::kStrided && s[6]->scalar_type() == at::kFloat &&
                            !s[7].has_value() && !s[8].has_value();
           const at::Tensor gate =
-              row ? gate_sigmoids(x.to(at::kFloat).contiguous(), *s[6]).to(x.scalar_type())
+              row ? router_sigmoids(x.to(at::kFloat).contiguous(), *s[6]).to(x.scalar_type())
                   : at::sigmoid(linear(x, {*s[6], s[7], s[8], kNone}, how, split));
           shared = at::mul(gate, shared);
         }

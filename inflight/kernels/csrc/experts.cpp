@@ -98,14 +98,13 @@ at::Tensor router_logits(const at::Tensor& x, const at::Tensor& router) {
   return logits;
 }
 
-at::Tensor gate_sigmoids(const at::Tensor& x, const at::Tensor& gate) {
-  INFLIGHT_CHECK(gate.dim() == 2 && gate.size(0) == 1, "gate: one row [1, hidden]");
-  at::Tensor logits = router_logits(x, gate);  // [T, 1]
-  float* l = logits.data_ptr<float>();
+at::Tensor router_sigmoids(const at::Tensor& x, const at::Tensor& router) {
+  at::Tensor scores = router_logits(x, router);  // [T, E]
+  float* l = scores.data_ptr<float>();
   // each its own scalar sigmoid: ATen's vector one rounds otherwise than its scalar tail, and a
-  // token's gate would change with where its row fell in the step
-  for (int64_t t = 0; t < logits.size(0); ++t) l[t] = 1.f / (1.f + std::exp(-l[t]));
-  return logits;
+  // token's scores would change with where its row fell in the step
+  for (int64_t i = 0; i < scores.numel(); ++i) l[i] = 1.f / (1.f + std::exp(-l[i]));
+  return scores;
 }
 
 std::vector<at::Tensor> route_experts(const at::Tensor& x, const at::Tensor& router,

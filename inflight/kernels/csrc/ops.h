@@ -125,9 +125,9 @@ at::Tensor gguf_int_experts(const at::Tensor& x, const at::Tensor& chosen,
 // in a fixed order (16 running sums halved pairwise), the same bits at any batch and thread
 // count -> [tokens, experts] float32
 at::Tensor router_logits(const at::Tensor& x, const at::Tensor& router);
-// sigmoid(x . gate) for each row of x [tokens, hidden] and a float32 gate row [1, hidden]
-// (a shared expert's gate): router_logits, each sigmoid scalar -> [tokens, 1] float32
-at::Tensor gate_sigmoids(const at::Tensor& x, const at::Tensor& gate);
+// sigmoid(router_logits(x, router)), each sigmoid scalar (a sigmoid router's scores, a shared
+// expert's gate of one row) -> [tokens, experts] float32
+at::Tensor router_sigmoids(const at::Tensor& x, const at::Tensor& router);
 // a float32 router's choice for each token of x [tokens, hidden]: its best `top_k` experts by
 // `scoring` "sigmoid" or "softmax" scores (plus `bias`, where given), and their scores as weights,
 // renormalized (+ eps) where asked and times `scale`; or ("softmax_of_chosen", gpt-oss's) by its
