@@ -118,7 +118,7 @@ class DeepseekDecoderLayer(MoEDecoderLayer):
                                     q[..., : self.nope], decodes)  # fmt: skip
         else:
             up = self.kv_b_proj.weight.view(heads, self.nope + self.value, self.latent)
-            absorbed = torch.bmm(q[..., : self.nope].transpose(0, 1), up[:, : self.nope])
+            absorbed = rows_bmm(q[..., : self.nope].transpose(0, 1), up[:, : self.nope])
             absorbed = absorbed.transpose(0, 1)
         query = torch.cat([rotated[:, :heads], absorbed], dim=-1)
         key = torch.cat([rotated[:, heads:], latent[:, None]], dim=-1)  # [T, 1, rope + latent]
@@ -129,7 +129,7 @@ class DeepseekDecoderLayer(MoEDecoderLayer):
             values = head_linears(self._own(self.v_b_proj), self._packings()[1],
                                   out[..., self.rope :], decodes)  # fmt: skip
         else:
-            values = torch.bmm(
+            values = rows_bmm(
                 out[..., self.rope :].transpose(0, 1), up[:, self.nope :].transpose(1, 2)
             ).transpose(0, 1)
         return apply_linear(self.o_proj, values.reshape(t, -1), decodes)
@@ -186,6 +186,22 @@ class DeepseekModel(MoEModel):
                 for part in ("k_b_proj", "v_b_proj"):
                     sources[f"layers.{i}.{part}.{h}"] = [f"{attention}.{part}.{h}.weight"]
         return sources
+
+
+# MKL's batched products take fewer rows than this by other kernels, which sum otherwise: a
+# token's row would round by its step's size (measured: 1-3 rows apart, 4-600 alike)
+BMM_MIN_ROWS = 4
+
+
+def rows_bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """`torch.bmm` [B, T, k] @ [B, k, n] -> [B, T, n], each row's sums the same whatever T: on
+    a CPU fewer than `BMM_MIN_ROWS` rows are computed among zero rows."""
+    t = a.shape[1]
+    if t >= BMM_MIN_ROWS or a.device.type != "cpu":
+        return torch.bmm(a, b)
+    padded = a.new_zeros(a.shape[0], BMM_MIN_ROWS, a.shape[2])
+    padded[:, :t] = a
+    return torch.bmm(padded, b)[:, :t]
 
 
 # every head's `gguf_int_linear` packing and their activation bits, or None

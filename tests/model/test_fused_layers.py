@@ -361,6 +361,15 @@ def test_a_gated_shared_expert_and_a_grouped_router_are_alike_in_any_batch(
     _assert_alike_in_any_batch(path, knobs)
 
 
+@pytest.mark.parametrize("arch", ["deepseek_v2", "glm4_moe_lite"])
+def test_latent_attention_from_an_hf_folder_is_alike_in_any_batch(tiny_model_factory, arch):
+    """DeepSeek's latent attention over float weights (an HF folder): each head's absorbed
+    products through `rows_bmm` (MKL takes 1-3 rows by other kernels, which sum otherwise),
+    so a token's bits are the same alone, together and chunked beside others."""
+    knobs = {"dtype": "float32", "attention_backend": "cpu", "device": "cpu"}
+    _assert_alike_in_any_batch(tiny_model_factory(arch), knobs)
+
+
 @pytest.mark.skipif(not load_extension().gguf_linear_available(), reason="no AVX2 GGUF kernel")
 def test_a_gpt_oss_token_chooses_its_experts_alike_in_any_batch(tmp_path, tokenizer_dir):
     """gpt-oss of SmolLM2's width (16 biased experts, 4 a token, sinks, a banded and a global
