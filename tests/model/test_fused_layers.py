@@ -24,6 +24,11 @@ from tests.conftest import TINY_ARCHS
 from tests.gguf_files import write_tiny_gguf
 from tests.parity import mixed_max_tokens, random_prompts
 
+# families with banded layers, whose blocks past a window go back to the pool: a pool that
+# holds the longest prompt's global layers (Gemma 3's, one in six layers, a sixth of it;
+# theirs may never preempt; the chunks still mix)
+WINDOWED = ("mixtral", "phi3", "mistral", "gemma2", "gemma3", "exaone4", "olmo3", "gpt_oss")
+
 # families whose tiny models' layers the C++ loop does not compute: experts routed in Python
 # (in a float32 model over blocks some do: tested below)
 UNFUSED_ARCHS = EXPERT_ARCHS
@@ -296,10 +301,10 @@ def test_a_token_rounds_alike_in_any_batch(tmp_path, smol_shaped, dtype, source)
     _assert_alike_in_any_batch(path, {"dtype": dtype, "attention_backend": "cpu", "device": "cpu"})
 
 
-def _assert_alike_in_any_batch(path, knobs, check=None, kv_blocks=15) -> None:
+def _assert_alike_in_any_batch(path, knobs, check=None, kv_blocks=15, preempts=True) -> None:
     """The engine's tokens and log-probabilities, bit for bit, alone and in company: all at
-    once, and in a pool of `kv_blocks` that preempts and recomputes, prompts chunked beside
-    decodes. `check`: called with each engine."""
+    once, and in a pool of `kv_blocks` that preempts and recomputes (`preempts`: asserted),
+    prompts chunked beside decodes. `check`: called with each engine."""
     prompts = random_prompts(400, lengths=[1, 3, 90, 17, 130, 1, 40, 70])
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=0)
 
@@ -313,7 +318,7 @@ def _assert_alike_in_any_batch(path, knobs, check=None, kv_blocks=15) -> None:
     assert run(LLM(str(path), **knobs)) == want
     llm = LLM(str(path), **knobs, num_kv_blocks=kv_blocks, max_num_batched_tokens=96)
     assert run(llm) == want
-    assert llm.core.scheduler.num_preemptions > 0
+    assert llm.core.scheduler.num_preemptions > 0 or not preempts
 
 
 @pytest.mark.skipif(not load_extension().gguf_linear_available(), reason="no AVX2 GGUF kernel")
@@ -361,13 +366,20 @@ def test_a_gated_shared_expert_and_a_grouped_router_are_alike_in_any_batch(
     _assert_alike_in_any_batch(path, knobs)
 
 
-@pytest.mark.parametrize("arch", ["deepseek_v2", "glm4_moe_lite"])
-def test_latent_attention_from_an_hf_folder_is_alike_in_any_batch(tiny_model_factory, arch):
-    """DeepSeek's latent attention over float weights (an HF folder): each head's absorbed
-    products through `rows_bmm` (MKL takes 1-3 rows by other kernels, which sum otherwise),
-    so a token's bits are the same alone, together and chunked beside others."""
+@pytest.mark.parametrize("arch", TINY_ARCHS)
+def test_every_family_gives_a_token_alike_in_any_batch(tiny_model_factory, arch):
+    """Every tiny family from its HF folder, float32 on the C++ kernels: a token's bits the
+    same alone, all at once, and chunked beside others in a pool that preempts (what found a
+    banded layer's chunking, the shared experts' gates, the Python routers' sums and sigmoids
+    and DeepSeek's small products depending on their batch)."""
     knobs = {"dtype": "float32", "attention_backend": "cpu", "device": "cpu"}
-    _assert_alike_in_any_batch(tiny_model_factory(arch), knobs)
+    windowed = arch in WINDOWED
+    _assert_alike_in_any_batch(
+        tiny_model_factory(arch),
+        knobs,
+        kv_blocks=(80 if arch == "gemma3" else 40) if windowed else 15,
+        preempts=not windowed,
+    )
 
 
 @pytest.mark.skipif(not load_extension().gguf_linear_available(), reason="no AVX2 GGUF kernel")
