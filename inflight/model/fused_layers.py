@@ -60,6 +60,19 @@ def _shared_linears(layer: torch.nn.Module) -> tuple[torch.nn.Module | None, ...
     return (*pair, layer.shared_expert_gate)
 
 
+def _shared_tensors(
+    layer: torch.nn.Module, linear: torch.nn.Module | None
+) -> tuple[torch.Tensor | None, ...]:
+    """One of a shared expert's linears as the loop takes it: its weight, small-batch and decode
+    weights; a gate of float weights as its float32 row alone (`shared_gate_rows`, which the
+    loop scores as the Python layer does); nothing where the layer has no such linear."""
+    if linear is None:
+        return (None, None, None)
+    if linear is layer.shared_expert_gate and layer.shared_gate_rows is not None:
+        return (layer.shared_gate_rows, None, None)
+    return (linear.weight, _small(linear, "small_weight"), _small(linear, "decode_weight"))
+
+
 def _indices_among(layers: torch.nn.ModuleList, chosen: list[bool]) -> list[int]:
     """Each layer's index among the chosen ones (-1 for the others); none where none is."""
     if not any(chosen):
@@ -200,15 +213,9 @@ class FusedDecoderLayers:
         if not all(fused_routing(layer) for layer in sparse):
             raise ValueError("the fused layer loop routes experts through a float32 router, "
                              "each multiplying from its blocks (`moe.fused_routing`)")  # fmt: skip
-        # each shared expert's [gate | up], down and gate, a weight and its small-batch and decode
-        # weights each; a gate of float weights as its float32 row (`shared_gate_rows`)
         shared = [(layer, m) for layer in sparse for m in _shared_linears(layer)]
         self.shared_experts = [
-            t for layer, m in shared
-            for t in ((None, None, None) if m is None
-                      else (layer.shared_gate_rows, None, None)
-                      if m is layer.shared_expert_gate and layer.shared_gate_rows is not None
-                      else (m.weight, _small(m, "small_weight"), _small(m, "decode_weight")))
+            t for layer, m in shared for t in _shared_tensors(layer, m)
         ] if any(m is not None for _, m in shared) else []  # fmt: skip
         packings = [layer.expert_packings for layer in sparse]
         self.expert_gate_up = [p[0] for p in packings]

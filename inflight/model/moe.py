@@ -234,18 +234,19 @@ class MoEDecoderLayer(DecoderLayer):
         (renormalized where the family says), times the routed scale. gpt-oss's gate as a
         float32 router (`softmax_of_chosen`): its biased logits' best, softmaxed among themselves.
         [T, hidden] -> weights and experts [T, k]."""
-        logits = (load_extension().router_logits(x.float().contiguous(), self.router_weight)
-                  if self.ops.name == "cpu"  # (a token's logits in one order, whatever its batch)
-                  else x.float() @ self.router_weight.t())  # fmt: skip
-        if self.scoring == "softmax_of_chosen":
-            best, chosen = torch.topk(logits + self.router_bias, self.top_k, dim=-1)
-            return torch.softmax(best, dim=-1) * self.routed_scale, chosen
-        if self.scoring != "sigmoid":  # (a softmax takes each row alone, in one order)
-            scores = torch.softmax(logits, dim=-1)
-        elif self.ops.name == "cpu":  # (ATen's sigmoid rounds a row by where it falls)
-            scores = load_extension().router_sigmoids(x.float().contiguous(), self.router_weight)
+        x32, cpu = x.float().contiguous(), self.ops.name == "cpu"
+        if cpu and self.scoring == "sigmoid":  # (ATen's sigmoid rounds a row by where it falls)
+            scores = load_extension().router_sigmoids(x32, self.router_weight)
         else:
-            scores = torch.sigmoid(logits)
+            # (on a CPU each token's logits in one order of sums, whatever its batch)
+            logits = (load_extension().router_logits(x32, self.router_weight) if cpu
+                      else x32 @ self.router_weight.t())  # fmt: skip
+            if self.scoring == "softmax_of_chosen":
+                best, chosen = torch.topk(logits + self.router_bias, self.top_k, dim=-1)
+                return torch.softmax(best, dim=-1) * self.routed_scale, chosen
+            # (a softmax takes each row alone, in one order)
+            scores = (torch.sigmoid(logits) if self.scoring == "sigmoid"
+                      else torch.softmax(logits, dim=-1))  # fmt: skip
         choice = scores if self.router_bias is None else scores + self.router_bias
         if self.groups > 1:
             grouped = choice.view(x.shape[0], self.groups, -1)

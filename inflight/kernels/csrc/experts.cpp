@@ -60,6 +60,10 @@ at::Tensor clamped_swiglu(const at::Tensor& gate_up, double limit, double alpha)
   return at::mul(at::add(up, 1), at::mul(gate, at::sigmoid(at::mul(gate, alpha))));
 }
 
+// A router's sigmoid, one scalar formula for every score: ATen's vector sigmoid rounds otherwise
+// than its scalar tail, and a token's scores would change with where its row fell in the step
+inline float sigmoid_of(float logit) { return 1.f / (1.f + std::exp(-logit)); }
+
 // a > b in top-k order: NaN above every number (as `torch.topk` ranks it), so a row of NaN
 // still chooses experts in range
 bool ranks_above(float a, float b) { return std::isnan(a) ? !std::isnan(b) : a > b; }
@@ -101,9 +105,7 @@ at::Tensor router_logits(const at::Tensor& x, const at::Tensor& router) {
 at::Tensor router_sigmoids(const at::Tensor& x, const at::Tensor& router) {
   at::Tensor scores = router_logits(x, router);  // [T, E]
   float* l = scores.data_ptr<float>();
-  // each its own scalar sigmoid: ATen's vector one rounds otherwise than its scalar tail, and a
-  // token's scores would change with where its row fell in the step
-  for (int64_t i = 0; i < scores.numel(); ++i) l[i] = 1.f / (1.f + std::exp(-l[i]));
+  for (int64_t i = 0; i < scores.numel(); ++i) l[i] = sigmoid_of(l[i]);
   return scores;
 }
 
@@ -131,7 +133,7 @@ std::vector<at::Tensor> route_experts(const at::Tensor& x, const at::Tensor& rou
     for (int64_t t = a; t < b; ++t) {
       const float* l = lp + t * E;
       if (how == RouterScoring::kSigmoid) {
-        for (int64_t e = 0; e < E; ++e) scores[e] = 1.f / (1.f + std::exp(-l[e]));
+        for (int64_t e = 0; e < E; ++e) scores[e] = sigmoid_of(l[e]);
       } else if (how == RouterScoring::kSoftmax) {  // its sum in expert order
         float top = l[0], sum = 0.f;
         for (int64_t e = 1; e < E; ++e) top = std::fmax(top, l[e]);
