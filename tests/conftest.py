@@ -113,7 +113,9 @@ DEEPSEEK_YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 32.0,
                  "mscale": 0.707, "mscale_all_dim": 0.707}  # fmt: skip
 
 
-def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) -> Path:
+def build_tiny_model(
+    folder: Path, arch: str, vocab_size: int, seed: int = 0, odd_widths: bool = False
+) -> Path:
     from transformers import (
         ArceeConfig,
         ArceeForCausalLM,
@@ -194,10 +196,14 @@ def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) ->
         SmolLM3ForCausalLM,
     )
 
+    # `odd_widths`: hidden, MLP and expert widths that are no multiple of 32 floats (ATen's
+    # vector loops take two AVX-512 vectors a turn), where an element-wise op over a whole
+    # [T, width] tensor puts an element in a vector lane or in the scalar tail by T
+    hidden, intermediate, expert = (80, 136, 24) if odd_widths else (64, 128, 32)
     common = dict(
         vocab_size=vocab_size,
-        hidden_size=64,
-        intermediate_size=128,
+        hidden_size=hidden,
+        intermediate_size=intermediate,
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
@@ -233,24 +239,24 @@ def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) ->
     elif arch == "qwen3_moe":  # 2 of 4 experts a token (renormalized) in layer 0, a dense
         # MLP in layer 1
         config = Qwen3MoeConfig(**common, num_experts=4, num_experts_per_tok=2,
-                                moe_intermediate_size=32, norm_topk_prob=True,
+                                moe_intermediate_size=expert, norm_topk_prob=True,
                                 mlp_only_layers=[1])  # fmt: skip
         cls = Qwen3MoeForCausalLM
     elif arch == "qwen3_moe_sparse":  # experts in every layer, as llama.cpp's qwen3moe has them
         config = Qwen3MoeConfig(**common, num_experts=4, num_experts_per_tok=2,
-                                moe_intermediate_size=32, norm_topk_prob=True)  # fmt: skip
+                                moe_intermediate_size=expert, norm_topk_prob=True)  # fmt: skip
         cls = Qwen3MoeForCausalLM
     elif arch == "qwen2_moe":  # 2 of 4 experts a token (not renormalized) and a gated shared
         # expert in every layer, as llama.cpp's qwen2moe has them; q/k/v biases
         config = Qwen2MoeConfig(**common, num_experts=4, num_experts_per_tok=2,
-                                moe_intermediate_size=32, shared_expert_intermediate_size=64,
+                                moe_intermediate_size=expert, shared_expert_intermediate_size=64,
                                 tie_word_embeddings=False)  # fmt: skip
         cls = Qwen2MoeForCausalLM
     elif arch == "glm4_moe":  # a dense layer, then a sparse one: 2 of 8 experts a token by
         # sigmoid scores plus a bias, from the better of 2 groups, renormalized and scaled, and a
         # shared expert; q/k norms, q/k/v biases, RoPE over half of each head (of 32)
         config = Glm4MoeConfig(**common, head_dim=32, n_routed_experts=8, num_experts_per_tok=2,
-                               moe_intermediate_size=32, n_shared_experts=1,
+                               moe_intermediate_size=expert, n_shared_experts=1,
                                first_k_dense_replace=1, n_group=2, topk_group=1,
                                routed_scaling_factor=2.5, use_qk_norm=True,
                                attention_bias=True)  # fmt: skip
@@ -260,7 +266,7 @@ def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) ->
         # groups (by their best), unrenormalized and scaled, beside a shared expert
         config = DeepseekV2Config(**{**common, **DEEPSEEK_LATENT}, q_lora_rank=None,
                                   n_routed_experts=8, num_experts_per_tok=2,
-                                  moe_intermediate_size=32, n_shared_experts=1,
+                                  moe_intermediate_size=expert, n_shared_experts=1,
                                   first_k_dense_replace=1, topk_method="group_limited_greedy",
                                   n_group=2, topk_group=1, routed_scaling_factor=2.0,
                                   rope_parameters=DEEPSEEK_YARN)  # fmt: skip
@@ -271,7 +277,7 @@ def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) ->
         rope = {**DEEPSEEK_YARN, "mscale": 1.0, "mscale_all_dim": 1.0}
         config = DeepseekV3Config(**{**common, **DEEPSEEK_LATENT}, q_lora_rank=32,
                                   n_routed_experts=8, num_experts_per_tok=2,
-                                  moe_intermediate_size=32, n_shared_experts=1,
+                                  moe_intermediate_size=expert, n_shared_experts=1,
                                   first_k_dense_replace=1, n_group=2, topk_group=1,
                                   routed_scaling_factor=2.5, rope_parameters=rope)  # fmt: skip
         cls = DeepseekV3ForCausalLM
@@ -280,7 +286,7 @@ def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) ->
         # `mlp_layer_types`, and RoPE without YaRN
         config = Glm4MoeLiteConfig(**{**common, **DEEPSEEK_LATENT}, q_lora_rank=32,
                                    n_routed_experts=8, num_experts_per_tok=2,
-                                   moe_intermediate_size=32, n_shared_experts=1,
+                                   moe_intermediate_size=expert, n_shared_experts=1,
                                    mlp_layer_types=["dense", "sparse"], n_group=2, topk_group=1,
                                    routed_scaling_factor=1.8,
                                    rope_parameters={"rope_type": "default",
@@ -293,12 +299,12 @@ def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) ->
     elif arch == "ernie4_5_moe":  # a dense layer, then a sparse one: 2 of 8 experts a token by
         # a float32 softmax plus a bias, renormalized, beside a shared expert; rotary pairs
         config = Ernie4_5_MoeConfig(**common, head_dim=16, rope_theta=10000.0, moe_num_experts=8,
-                                    moe_k=2, moe_intermediate_size=32, moe_num_shared_experts=1,
+                                    moe_k=2, moe_intermediate_size=expert, moe_num_shared_experts=1,
                                     moe_layer_start_index=1)  # fmt: skip
         cls = Ernie4_5_MoeForCausalLM
     elif arch == "minimax_m2":  # 2 of 4 experts a token in every layer by sigmoid scores plus a
         # bias, renormalized; q/k norms across all heads; RoPE over half of each head
-        config = MiniMaxM2Config(**{**common, "intermediate_size": 32}, head_dim=16,
+        config = MiniMaxM2Config(**{**common, "intermediate_size": expert}, head_dim=16,
                                  num_local_experts=4, num_experts_per_tok=2,
                                  rotary_dim=8)  # fmt: skip
         cls = MiniMaxM2ForCausalLM
@@ -308,13 +314,13 @@ def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) ->
         # llama.cpp assumes)
         config = Dots1Config(**{**common, "num_key_value_heads": 4}, head_dim=16,
                              n_routed_experts=8, num_experts_per_tok=2,
-                             moe_intermediate_size=32, n_shared_experts=1,
+                             moe_intermediate_size=expert, n_shared_experts=1,
                              first_k_dense_replace=1, n_group=2, topk_group=1,
                              routed_scaling_factor=2.5, norm_topk_prob=True,
                              rope_theta=10000.0)  # fmt: skip
         cls = Dots1ForCausalLM
     elif arch == "mixtral":  # 2 of 4 experts a token in every layer, a sliding window
-        config = MixtralConfig(**{**common, "intermediate_size": 32}, num_local_experts=4,
+        config = MixtralConfig(**{**common, "intermediate_size": expert}, num_local_experts=4,
                                num_experts_per_tok=2, sliding_window=24)  # fmt: skip
         cls = MixtralForCausalLM
     elif arch == "phi3":  # fused q/k/v and gate/up in the checkpoint, a sliding window
@@ -335,9 +341,9 @@ def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) ->
     ):  # Granite's multipliers, 2 of 4 experts a token (a softmax over the chosen) in every
         # layer, stacked in the checkpoint, and a shared MLP (Granite MoE Shared's; plain Granite
         # MoE has none)
-        config = GraniteMoeSharedConfig(**{**common, "intermediate_size": 32}, num_local_experts=4,
-                                        num_experts_per_tok=2, shared_intermediate_size=64,
-                                        tie_word_embeddings=True,
+        config = GraniteMoeSharedConfig(**{**common, "intermediate_size": expert},
+                                        num_local_experts=4, num_experts_per_tok=2,
+                                        shared_intermediate_size=64, tie_word_embeddings=True,
                                         **GRANITE_MULTIPLIERS)  # fmt: skip
         cls = GraniteMoeSharedForCausalLM
     elif arch == "mistral":
@@ -402,7 +408,7 @@ def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) ->
                                       linear_num_key_heads=2, linear_num_value_heads=4,
                                       linear_key_head_dim=16, linear_value_head_dim=32,
                                       num_experts=4, num_experts_per_tok=2,
-                                      moe_intermediate_size=32,
+                                      moe_intermediate_size=expert,
                                       shared_expert_intermediate_size=32)  # fmt: skip
         cls = Qwen3_5MoeForCausalLM
     elif arch == "qwen3_next":  # Qwen3.5-MoE's layers (as above), the projections grouped by
@@ -413,7 +419,7 @@ def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) ->
                                  rope_parameters=rope, linear_num_key_heads=2,
                                  linear_num_value_heads=4, linear_key_head_dim=16,
                                  linear_value_head_dim=32, num_experts=4, num_experts_per_tok=2,
-                                 moe_intermediate_size=32, shared_expert_intermediate_size=32,
+                                 moe_intermediate_size=expert, shared_expert_intermediate_size=32,
                                  norm_topk_prob=True, mlp_only_layers=[1])  # fmt: skip
         cls = Qwen3NextForCausalLM
     elif arch == "lfm2_moe":  # LFM2's layers, a dense first MLP, then 2 of 4 experts a token
@@ -422,7 +428,7 @@ def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) ->
         rope = {"rope_type": "default", "rope_theta": 10000.0}
         config = Lfm2MoeConfig(**{**common, "num_hidden_layers": 5}, norm_eps=1e-5,
                                layer_types=types, rope_parameters=rope, num_experts=4,
-                               num_experts_per_tok=2, moe_intermediate_size=32,
+                               num_experts_per_tok=2, moe_intermediate_size=expert,
                                num_dense_layers=1)  # fmt: skip
         cls = Lfm2MoeForCausalLM
     elif arch == "arcee":  # an MLP without a gate: up, ReLU squared, down
@@ -435,13 +441,13 @@ def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) ->
     elif arch == "hunyuan_moe":  # Hunyuan's attention with 2 of 4 experts a token, renormalized,
         # beside a shared expert, in every layer
         rope = {"rope_type": "dynamic", "alpha": 1000.0, "factor": 1.0, "rope_theta": 10000.0}
-        config = HunYuanMoEV1Config(**{**common, "intermediate_size": 32}, head_dim=16,
+        config = HunYuanMoEV1Config(**{**common, "intermediate_size": expert}, head_dim=16,
                                     num_experts=4, moe_topk=2, rope_parameters=rope)  # fmt: skip
         cls = HunYuanMoEV1ForCausalLM
     elif arch == "olmoe":  # q/k norms across all heads, 2 of 4 experts a token (not
         # renormalized) in every layer; as many KV heads as query heads (as published, and as
         # llama.cpp assumes)
-        config = OlmoeConfig(**{**common, "intermediate_size": 32, "num_key_value_heads": 4},
+        config = OlmoeConfig(**{**common, "intermediate_size": expert, "num_key_value_heads": 4},
                              num_experts=4, num_experts_per_tok=2, rope_theta=10000.0)  # fmt: skip
         cls = OlmoeForCausalLM
     elif arch == "smollm3":  # its fourth layer without RoPE (SmolLM3's default interval, the
@@ -478,7 +484,7 @@ def build_tiny_model(folder: Path, arch: str, vocab_size: int, seed: int = 0) ->
             "truncate": False,
             "original_max_position_embeddings": 64,
         }
-        config = GptOssConfig(**{**common, "intermediate_size": 32}, head_dim=16,
+        config = GptOssConfig(**{**common, "intermediate_size": expert}, head_dim=16,
                               num_local_experts=4, num_experts_per_tok=2, sliding_window=24,
                               layer_types=["sliding_attention", "full_attention"],
                               rope_parameters=rope, attention_bias=True,
@@ -527,18 +533,20 @@ def tokenizer_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_model_factory(tmp_path_factory, tokenizer_dir):
-    """Returns a function arch -> folder with a tiny random model plus the local tokenizer."""
+    """Returns a function (arch, odd_widths) -> folder with a tiny random model plus the local
+    tokenizer."""
     cache: dict[str, Path] = {}
 
-    def make(arch: str = "llama") -> Path:
-        if arch not in cache:
+    def make(arch: str = "llama", odd_widths: bool = False) -> Path:
+        key = f"{arch}-odd" if odd_widths else arch
+        if key not in cache:
             from transformers import AutoTokenizer
 
-            folder = tmp_path_factory.mktemp(f"tiny-{arch}")
+            folder = tmp_path_factory.mktemp(f"tiny-{key}")
             tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
             tokenizer.save_pretrained(folder)
-            cache[arch] = build_tiny_model(folder, arch, vocab_size=len(tokenizer))
-        return cache[arch]
+            cache[key] = build_tiny_model(folder, arch, len(tokenizer), odd_widths=odd_widths)
+        return cache[key]
 
     return make
 

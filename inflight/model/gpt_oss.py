@@ -53,9 +53,7 @@ class GptOssDecoderLayer(MoEDecoderLayer):
         return torch.softmax(best, dim=-1, dtype=best.dtype), chosen
 
     def activation(self, gate_up: torch.Tensor) -> torch.Tensor:
-        gate, up = gate_up.chunk(2, dim=-1)
-        gate, up = gate.clamp(max=self.limit), up.clamp(-self.limit, self.limit)
-        return (up + 1) * (gate * torch.sigmoid(gate * self.alpha))
+        return self.ops.clamped_swiglu(gate_up, self.limit, self.alpha)
 
     def expert_kernel_extras(
         self,

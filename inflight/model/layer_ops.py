@@ -1,6 +1,7 @@
 """The element-wise parts of a decoder layer: RMSNorm (with the residual add fused in), RoPE,
-SiLU-and-mul and the short causal convolution of state-carrying layers (LFM2's, Qwen3.5's), as one
-interface with two implementations (tanh-GELU-and-mul, Gemma's, is PyTorch's in both).
+SiLU-and-mul (and gpt-oss's clamped SwiGLU) and the short causal convolution of state-carrying
+layers (LFM2's, Qwen3.5's), as one interface with two implementations (tanh-GELU-and-mul,
+Gemma's, is PyTorch's in both).
 
 `TorchLayerOps` is Hugging Face's op sequence in PyTorch (any device) and the oracle;
 `CpuLayerOps` runs the fused C++ kernels of `inflight.kernels`, which round where PyTorch rounds:
@@ -44,6 +45,13 @@ class TorchLayerOps:
         """[T, 2I] rows laid out [gate | up] -> gelu(gate) (tanh approximation) * up, [T, I]."""
         gate, up = gate_up.chunk(2, dim=-1)
         return F.gelu(gate, approximate="tanh") * up
+
+    def clamped_swiglu(self, gate_up: torch.Tensor, limit: float, alpha: float) -> torch.Tensor:
+        """gpt-oss's expert activation: [T, 2I] rows [gate | up] -> (clamp(up, +-limit) + 1) *
+        g * sigmoid(alpha g), g = min(gate, limit), [T, I]."""
+        gate, up = gate_up.chunk(2, dim=-1)
+        gate, up = gate.clamp(max=limit), up.clamp(-limit, limit)
+        return (up + 1) * (gate * torch.sigmoid(gate * alpha))
 
     def rope_(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_heads: int, head_dim: int
@@ -91,6 +99,11 @@ class CpuLayerOps(TorchLayerOps):
 
     def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         return self.ext.silu_and_mul(gate_up)
+
+    def clamped_swiglu(self, gate_up: torch.Tensor, limit: float, alpha: float) -> torch.Tensor:
+        # (each row alone: ATen's sigmoid over [T, I] rounds an element by whether it falls
+        # in a vector lane or the scalar tail, which moves with T when I is not a multiple of 32)
+        return self.ext.clamped_swiglu(gate_up, limit, alpha)
 
     def rope_(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_heads: int, head_dim: int

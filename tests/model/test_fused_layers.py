@@ -382,6 +382,21 @@ def test_every_family_gives_a_token_alike_in_any_batch(tiny_model_factory, arch)
     )
 
 
+@pytest.mark.parametrize("arch", ["llama", "gemma3", "granitemoe", "gpt_oss", "lfm2_moe",
+                                  "qwen3_5_moe", "qwen3_next", "deepseek_v3"])  # fmt: skip
+def test_a_family_at_odd_widths_gives_a_token_alike_in_any_batch(tiny_model_factory, arch):
+    """The same at widths no multiple of 32 (hidden 80, MLP 136, experts 24), where an ATen
+    sigmoid over a whole [T, 24] tensor made gpt-oss's experts round by the step's size:
+    a family of each kind of layer and router."""
+    windowed = arch in WINDOWED
+    _assert_alike_in_any_batch(
+        tiny_model_factory(arch, odd_widths=True),
+        {"dtype": "float32", "attention_backend": "cpu", "device": "cpu"},
+        kv_blocks=(80 if arch == "gemma3" else 40) if windowed else 15,
+        preempts=not windowed,
+    )
+
+
 @pytest.mark.skipif(not load_extension().gguf_linear_available(), reason="no AVX2 GGUF kernel")
 def test_a_gpt_oss_token_chooses_its_experts_alike_in_any_batch(tmp_path, tokenizer_dir):
     """gpt-oss of SmolLM2's width (16 biased experts, 4 a token, sinks, a banded and a global

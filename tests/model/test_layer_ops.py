@@ -75,6 +75,26 @@ def test_silu_and_mul(fused, dtype):
         assert (out == want).float().mean() > 0.99
 
 
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp")
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_clamped_swiglu_is_pytorchs_and_each_row_alone(dtype):
+    """gpt-oss's expert activation in C++: PyTorch's ops' values (float32 within its exp's
+    ulps, bfloat16 nearly bit for bit), and a row's bits the same in a step of any size, where
+    ATen's sigmoid over a [T, 24] tensor rounds an element by whether it falls in a vector lane
+    or the scalar tail (which moves with T)."""
+    torch.manual_seed(3)
+    gate_up = torch.randn(37, 2 * 24, dtype=dtype) * 6  # past the clamp both ways
+    gate_up[0, :4] = torch.tensor([0.0, -100.0, 100.0, float("nan")])
+    gate_up[0, 24:28] = torch.tensor([-100.0, 100.0, float("nan"), -0.0])
+    out, want = FUSED.clamped_swiglu(gate_up, 7.0, 1.702), REF.clamped_swiglu(gate_up, 7.0, 1.702)
+    assert out.shape == (37, 24) and out.dtype == dtype
+    torch.testing.assert_close(out, want, rtol=1e-6 if dtype == torch.float32 else 0, atol=1e-6,
+                               equal_nan=True)  # fmt: skip
+    assert (out == want).float().mean() > 0.98
+    alone = torch.cat([FUSED.clamped_swiglu(gate_up[t : t + 1], 7.0, 1.702) for t in range(37)])
+    assert torch.equal(out.nan_to_num(), alone.nan_to_num()) and out[0, 2:4].isnan().all()
+
+
 @pytest.mark.parametrize("rope_dim", [64, 48])  # every dimension; the first 3/4 (Phi-4-mini's)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_rope_in_place_matches_reference_exactly(fused, dtype, rope_dim):
@@ -116,6 +136,12 @@ def test_bad_inputs_raise_instead_of_reading_out_of_bounds():
         FUSED.add_rms_norm(x, torch.randn(4, 9), torch.ones(8), 1e-5)
     with pytest.raises(RuntimeError, match="gate_up"):
         FUSED.silu_and_mul(torch.randn(4, 7))
+    with pytest.raises(RuntimeError, match="gate_up"):
+        FUSED.clamped_swiglu(torch.randn(4, 7), 7.0, 1.0)
+    for limit, alpha in ((0.0, 1.0), (-1.0, 1.0), (float("nan"), 1.0), (float("inf"), 1.0),
+                         (7.0, float("nan")), (7.0, float("inf"))):  # fmt: skip
+        with pytest.raises(RuntimeError, match="limit"):
+            FUSED.clamped_swiglu(torch.randn(4, 8), limit, alpha)
     with pytest.raises(RuntimeError, match="cos"):  # rotating more than a head holds
         FUSED.rope_(x, torch.randn(4, 5), torch.randn(4, 5), 1, 8)
     with pytest.raises(RuntimeError, match="cos"):

@@ -23,6 +23,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rms_norm", &rms_norm, no_gil(), "RMSNorm of each row, HF rounding");
   m.def("add_rms_norm", &add_rms_norm, no_gil(), "residual += x (in place), then RMSNorm of the residual");
   m.def("silu_and_mul", &silu_and_mul, no_gil(), "silu(gate) * up for rows [gate | up]");
+  m.def("clamped_swiglu", &clamped_swiglu, no_gil(),
+        "gpt-oss's (clamp(up, +-limit) + 1) * g * sigmoid(alpha g), g = min(gate, limit), for "
+        "rows [gate | up]", py::arg("gate_up"), py::arg("limit"), py::arg("alpha"));
   m.def("rope_", &rope_, no_gil(), "rotary embedding (rotate-half layout) in place on the first heads");
   m.def("short_convolution", &short_convolution, no_gil(),
         "a causal depthwise convolution over the step's rows and each request's state row",

@@ -583,5 +583,4 @@ std::vector<at::Tensor> DecoderLayers::operator()(
     if (residual_scale_ != 1.0) hidden = at::mul(hidden, residual_scale_);
   }
   return {hidden, res};
-  return {hidden, res};
 }

@@ -51,15 +51,6 @@ float dot(const float* __restrict x, const float* __restrict w, int64_t n) {
   return acc[0];
 }
 
-// gpt-oss's expert activation of [gate | up] rows, `GptOssDecoderLayer.activation`'s PyTorch
-// ops: (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha g), g = min(gate, limit)
-at::Tensor clamped_swiglu(const at::Tensor& gate_up, double limit, double alpha) {
-  auto parts = gate_up.chunk(2, -1);
-  auto gate = at::clamp(parts[0], c10::nullopt, limit);
-  auto up = at::clamp(parts[1], -limit, limit);
-  return at::mul(at::add(up, 1), at::mul(gate, at::sigmoid(at::mul(gate, alpha))));
-}
-
 // A router's sigmoid, one scalar formula for every score: ATen's vector sigmoid rounds otherwise
 // than its scalar tail, and a token's scores would change with where its row fell in the step
 inline float sigmoid_of(float logit) { return 1.f / (1.f + std::exp(-logit)); }
@@ -230,13 +221,9 @@ at::Tensor gguf_int_experts(const at::Tensor& x, const at::Tensor& chosen,
   gguf_int_linear_many(xs, ins, widths, outs, activation_bits);
   // (a bias adds to the kernel's float32 output as the kernel itself adds it: the same bits)
   for (size_t u = 0; u < U && !gate_up_bias.empty(); ++u) outs[u].add_(gate_up_bias[used[u]]);
-  if (swiglu_limit > 0.0) {  // gpt-oss's, over every chosen expert's rows at once, as in Python
-    auto gated = clamped_swiglu(at::cat(outs), swiglu_limit, swiglu_alpha);
-    for (size_t u = 0, row = 0; u < U; row += outs[u].size(0), ++u) {
-      xs[u] = gated.narrow(0, static_cast<int64_t>(row), outs[u].size(0));
-    }
-  } else {
-    for (size_t u = 0; u < U; ++u) xs[u] = silu_and_mul(outs[u]);
+  for (size_t u = 0; u < U; ++u) {  // (gpt-oss's clamped SwiGLU where it has a limit)
+    xs[u] = swiglu_limit > 0.0 ? clamped_swiglu(outs[u], swiglu_limit, swiglu_alpha)
+                               : silu_and_mul(outs[u]);
   }
   std::fill(widths.begin(), widths.end(), H);
   for (size_t u = 0; u < U; ++u) {

@@ -96,8 +96,10 @@ void add_rms_norm_rows(const T* xp, int64_t stride, T* rp, const T* wp, T* op, i
   });
 }
 
-template <typename T>
-void silu_and_mul_rows(const T* in, int64_t stride, T* op, int64_t T_, int64_t I) {
+// act(gate, up) for each element of rows [gate | up] (float32 values of T's), row by row: an
+// element's rounding never depends on where its row falls in the step.
+template <typename T, typename Act>
+void gated_rows(const T* in, int64_t stride, T* op, int64_t T_, int64_t I, Act act) {
   at::parallel_for(0, T_, grain(I), [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       const T* __restrict gate = in + t * stride;
@@ -105,11 +107,31 @@ void silu_and_mul_rows(const T* in, int64_t stride, T* op, int64_t T_, int64_t I
       T* __restrict o = op + t * I;
 #pragma omp simd
       for (int64_t i = 0; i < I; ++i) {
-        const float g = Num<T>::load(gate[i]);
-        const float silu = round_to<T>(g / (1.f + exp_poly(-g)));
-        o[i] = Num<T>::store(silu * Num<T>::load(up[i]));
+        o[i] = Num<T>::store(act(Num<T>::load(gate[i]), Num<T>::load(up[i])));
       }
     }
+  });
+}
+
+template <typename T>
+void silu_and_mul_rows(const T* in, int64_t stride, T* op, int64_t T_, int64_t I) {
+  gated_rows(in, stride, op, T_, I, [](float g, float u) {
+    return round_to<T>(g / (1.f + exp_poly(-g))) * u;
+  });
+}
+
+// gpt-oss's expert activation: (clamp(up, +-limit) + 1) * g * sigmoid(alpha g), g = min(gate,
+// limit), each op rounded as PyTorch rounds it (ATen's sigmoid over a whole tensor rounds its
+// vector lanes otherwise than its scalar tail, so it is not called)
+template <typename T>
+void clamped_swiglu_rows(const T* in, int64_t stride, T* op, int64_t T_, int64_t I, float limit,
+                         float alpha) {
+  const float low = round_to<T>(-limit), high = round_to<T>(limit);
+  gated_rows(in, stride, op, T_, I, [=](float g, float u) {
+    g = g > high ? high : g;  // (a NaN passes through both clamps, as at::clamp's)
+    u = u < low ? low : (u > high ? high : u);
+    const float sigmoid = round_to<T>(1.f / (1.f + exp_poly(-round_to<T>(g * alpha))));
+    return round_to<T>(u + 1.f) * round_to<T>(g * sigmoid);
   });
 }
 
@@ -176,6 +198,21 @@ at::Tensor silu_and_mul(const at::Tensor& gate_up) {
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, gate_up.scalar_type(), "silu_mul", [&] {
     silu_and_mul_rows(gate_up.data_ptr<scalar_t>(), gate_up.stride(0), out.data_ptr<scalar_t>(),
                       T, I);
+  });
+  return out;
+}
+
+at::Tensor clamped_swiglu(const at::Tensor& gate_up, double limit, double alpha) {
+  INFLIGHT_CHECK(gate_up.dim() == 2 && gate_up.stride(1) == 1 && gate_up.size(1) % 2 == 0,
+                 "gate_up must be [T, 2 * I] with contiguous rows");
+  INFLIGHT_CHECK(limit > 0.0 && std::isfinite(limit) && std::isfinite(alpha),
+                 "clamped_swiglu: a positive finite limit and a finite alpha");
+  const int64_t T = gate_up.size(0), I = gate_up.size(1) / 2;
+  auto out = at::cpu::empty({T, I}, gate_up.options());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, gate_up.scalar_type(), "swiglu", [&] {
+    clamped_swiglu_rows(gate_up.data_ptr<scalar_t>(), gate_up.stride(0),
+                        out.data_ptr<scalar_t>(), T, I, static_cast<float>(limit),
+                        static_cast<float>(alpha));
   });
   return out;
 }

@@ -43,6 +43,9 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 at::Tensor add_rms_norm(const at::Tensor& x, at::Tensor& residual,
                            const at::Tensor& weight, double eps);
 at::Tensor silu_and_mul(const at::Tensor& gate_up);
+// gpt-oss's expert activation, (clamp(up, +-limit) + 1) * g * sigmoid(alpha g) for
+// g = min(gate, limit), over rows [gate | up], each row alone (its bits never its batch's)
+at::Tensor clamped_swiglu(const at::Tensor& gate_up, double limit, double alpha);
 void rope_(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
            int64_t num_heads, int64_t head_dim);
 // a causal depthwise convolution of x [T, C] with weight [C, kernel] (LFM2's, Qwen3.5's), each
