@@ -575,8 +575,10 @@ def materialize(model: nn.Module, device: torch.device, dtype: torch.dtype) -> N
 
     params: dict[int, tuple[nn.Parameter, nn.Parameter]] = {}
     for module in model.modules():
-        # (the ones a module keeps in float32 whatever the model's dtype: a sigmoid router's)
-        float32 = getattr(module, "float32_parameters", ())
+        # (the ones a module keeps in float32 whatever the model's dtype: a sigmoid router's;
+        # every class's it inherits from, where a layer mixes two: Qwen3.5-MoE's router and
+        # DeltaNet decay rates)
+        float32 = {n for c in type(module).__mro__ for n in vars(c).get("float32_parameters", ())}
         for name, p in module._parameters.items():
             if p is not None:
                 if id(p) not in params:

@@ -297,6 +297,19 @@ def test_a_sigmoid_router_stays_float32_in_a_bf16_model(tiny_model_factory):
     assert len(out[0].outputs[0].token_ids) == 4
 
 
+@pytest.mark.parametrize("family", ["qwen3_5_moe", "qwen3_next"])
+def test_a_deltanet_moe_layer_keeps_both_kinds_of_float32_parameters(tiny_model_factory, family):
+    """A layer that is an MoE layer and a DeltaNet one keeps both classes' float32 parameters
+    in a bf16 model: the decay rates and dt bias the C++ DeltaNet layer takes as float32 (an MoE
+    class's list alone hid them, and a bf16 Qwen3.5-MoE refused its first step)."""
+    llm = LLM(str(tiny_model_factory(family)), dtype="bfloat16")
+    delta = next(layer for layer in llm.core.loaded.model.layers if layer.is_conv)
+    assert delta.decay_rate.dtype == delta.dt_bias.dtype == torch.float32
+    assert delta.out_proj.weight.dtype == torch.bfloat16
+    out = llm.generate([[5, 6, 7]], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)
+    assert len(out[0].outputs[0].token_ids) == 4
+
+
 @pytest.mark.parametrize("family", ["qwen2_moe", "glm4_moe", "granitemoe", "gpt_oss"])
 @pytest.mark.parametrize("tokens", [1, 3, 40])
 def test_block_experts_in_one_call_give_the_python_loops_bits(
