@@ -228,9 +228,9 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
                     mix: Callable[[str], GGMLQuantizationType] | None = None,
                     metadata: Callable[[GGUFWriter], None] | None = None,
                     legacy_kv_b: bool = False) -> Path:  # fmt: skip
-    """Writes the tiny HF model in `hf_folder` (Llama, llama3 RoPE included, Qwen3 and its bare
-    decoder, Phi-3, Gemma 3) as a llama.cpp-style GGUF, 2D weights in `qtype` (or each in
-    `mix(its GGUF name)`);
+    """Writes the tiny HF model in `hf_folder` (any family of its table below: Llama, llama3
+    RoPE included, Qwen2, Qwen3 and its bare decoder, Phi-3, the Gemmas, the MoE families...)
+    as a llama.cpp-style GGUF, 2D weights in `qtype` (or each in `mix(its GGUF name)`);
     `metadata(writer)` adds fields of its own. A DeepSeek's `kv_b_proj` is split as llama.cpp
     splits it, or whole with `legacy_kv_b` (its files before it split them).
     Gemma 3's global layers are implied (every sixth), and its windowed layers' RoPE base (10k)
@@ -248,7 +248,8 @@ def write_tiny_gguf(hf_folder: Path, out: Path, qtype: GGMLQuantizationType | No
         vocab[t["id"]] = (t["content"], t["id"])
     merges = [m if isinstance(m, str) else " ".join(m) for m in tok["model"]["merges"]]
 
-    arch = {"LlamaForCausalLM": "llama", "Qwen3ForCausalLM": "qwen3", "Phi3ForCausalLM": "phi3",
+    arch = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
+            "Phi3ForCausalLM": "phi3",
             "GemmaForCausalLM": "gemma", "Gemma2ForCausalLM": "gemma2",
             "Gemma3ForCausalLM": "gemma3",
             "Qwen3MoeForCausalLM": "qwen3moe", "Qwen2MoeForCausalLM": "qwen2moe",

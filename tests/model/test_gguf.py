@@ -87,15 +87,15 @@ def test_quantized_tiny_gguf_matches_transformers_loading_the_same_file(
 
 
 @pytest.mark.parametrize("qtype", (Q.F32, Q.Q8_0), ids=lambda q: q.name)
-@pytest.mark.parametrize("arch", ["qwen3", "phi3", "gemma2", "gemma3"])
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3", "phi3", "gemma2", "gemma3"])
 def test_other_families_ggufs_generate_as_transformers_loading_the_same_file(
     tmp_path, tiny_model_factory, arch, qtype
 ):
-    """Qwen3's GGUF (per-head q/k norms, rows not permuted), Phi-3's (fused attn_qkv, ffn_up
-    holding gate and up, a sliding window), Gemma 2's (soft caps, every other layer global)
-    and Gemma 3's (norms stored as 1 + w, four a layer, every sixth layer global) against
-    transformers loading that file, and the same tokens as from the HF folder it came from
-    where the file says all the folder does."""
+    """Qwen2's GGUF (q/k/v biases, rows not permuted), Qwen3's (per-head q/k norms), Phi-3's
+    (fused attn_qkv, ffn_up holding gate and up, a sliding window), Gemma 2's (soft caps, every
+    other layer global) and Gemma 3's (norms stored as 1 + w, four a layer, every sixth layer
+    global) against transformers loading that file, and the same tokens as from the HF folder
+    it came from where the file says all the folder does."""
     folder = tiny_model_factory(arch)
     path = write_tiny_gguf(folder, tmp_path / f"tiny-{arch}-{qtype.name}.gguf", qtype)
     said = {}
@@ -122,7 +122,7 @@ def test_other_families_ggufs_generate_as_transformers_loading_the_same_file(
         qk_norms = llm.core.loaded.model.fused_layers.qk_norms
         assert len(qk_norms) == 2 * arch_config.num_layers
         assert all(w.shape == (128,) for w in qk_norms)
-    elif arch != "qwen3":
+    elif arch not in ("qwen2", "qwen3"):
         assert arch_config.sliding_window == 24
     if arch == "gemma3":
         assert arch_config.full_attention_layers == (5,)
