@@ -51,6 +51,35 @@ def test_greedy_tokens_are_those_of_decoding_one_at_a_time(tiny_llama, knobs):
     assert spec.core.kv_cache_manager.pool.num_used_blocks == 0
 
 
+@pytest.mark.parametrize("arch", ["gemma3", "gpt_oss", "deepseek_v3", "qwen3_moe"])
+def test_verifying_drafts_leaves_every_kind_of_layer_its_tokens(
+    tiny_model_factory, monkeypatch, arch
+):
+    """Banded layers with sinks, latent attention, routed experts: a step that verifies drafts
+    (k + 1 rows a request, most drafts rejected, their KV overwritten) gives each request the
+    tokens it gets alone without drafts, all at once and chunked in a small pool (which
+    preempts where nothing holds global layers). Drafts are forced (the prompt's first tokens),
+    as a tiny random model repeats too little for lookup to find many."""
+
+    def always(self, request, limit):
+        limit = min(self.k, limit)
+        return list(request.prompt_token_ids[:limit]) if limit > 0 else []
+
+    monkeypatch.setattr(Speculation, "propose", always)
+    path = str(tiny_model_factory(arch))
+    base = {"dtype": "float32", "attention_backend": "cpu", "device": "cpu"}
+    prompts = repetitive_prompts(400, count=8)
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    want = generate(LLM(path, **base, max_num_seqs=1), prompts, params)
+    windowed = arch in ("gemma3", "gpt_oss")  # (a pool that holds their global layers)
+    for knobs in ({}, {"num_kv_blocks": 80 if windowed else 12, "max_num_batched_tokens": 32}):
+        spec = LLM(path, **base, **knobs, num_speculative_tokens=4)
+        assert generate(spec, prompts, params) == want
+        assert spec.core.scheduler.speculation.stats.drafted > 100
+        assert spec.core.scheduler.num_preemptions > 0 or not knobs or windowed
+        assert spec.core.kv_cache_manager.pool.num_used_blocks == 0
+
+
 def test_seeded_sampled_tokens_are_those_of_sampling_without_speculation(tiny_llama):
     """Verification samples each position with the number plain decoding draws there, so a
     seeded request's tokens do not depend on whether (or what) anything was drafted."""
