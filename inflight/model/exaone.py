@@ -1,15 +1,11 @@
 """EXAONE 3.0 and 3.5 (`ExaoneForCausalLM`, GGUF `exaone`): the Llama decoder (3.5's RoPE
 llama3-scaled) under GPT-2-style checkpoint names (`transformer.h.N.attn.attention.q_proj`,
-`mlp.c_fc_0` ...), mapped onto Llama's at load as transformers maps them. A GGUF file holds
-Llama's names already."""
+`mlp.c_fc_0` ...), mapped onto Llama's at load as transformers maps them (before a rank cuts
+its share, which it finds by Llama's names). A GGUF file holds Llama's names already."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
-import torch
-
-from inflight.model.llama import LlamaModel, renamed_weights
+from inflight.model.llama import LlamaModel
 
 # EXAONE 3's names -> Llama's, in order (`out_proj` once it is under `self_attn`)
 LLAMA_NAMES = {
@@ -27,5 +23,4 @@ LLAMA_NAMES = {
 
 
 class ExaoneModel(LlamaModel):
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        super().load_weights(renamed_weights(weights, LLAMA_NAMES))
+    checkpoint_names = LLAMA_NAMES

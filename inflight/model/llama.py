@@ -355,6 +355,9 @@ class LlamaModel(nn.Module):
     unfused_because: ClassVar[str] = "their experts"
     # a forward pass with no host synchronisation, so a CUDA graph can capture its decode steps
     graph_capturable: ClassVar[bool] = True
+    # a family's checkpoint names (regular expressions, applied in order) -> Llama's, which the
+    # loader renames before a rank cuts its share (`parallel/shard.py` knows Llama's names)
+    checkpoint_names: ClassVar[dict[str, str]] = {}
     # the ranks the model is split over (parallel/): this one holds a slice of every
     # vocabulary row, head and MLP column (`cfg` is its share's shape)
     tp: TPGroup | None = None

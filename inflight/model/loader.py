@@ -40,7 +40,7 @@ from inflight.model.gguf_loader import (
     read_gguf_index,
 )
 from inflight.model.layer_ops import CpuLayerOps, TorchLayerOps
-from inflight.model.llama import LlamaModel
+from inflight.model.llama import LlamaModel, renamed_weights
 from inflight.model.moe import MoEModel, gate_routes_in_float32
 from inflight.model.mxfp4 import (
     MXFP4_TYPE,
@@ -666,6 +666,8 @@ def load_model(
         if mxfp4:
             kept = blocks if MXFP4_TYPE in block_types else None
             weights = iter_mxfp4_weights(weights, kept, skip)
+    if model.checkpoint_names:
+        weights = renamed_weights(weights, model.checkpoint_names)
     if shard is not None:
         weights = shard_weights(shard, weights)
     num_tensors = len(index.entries) if index is not None else None

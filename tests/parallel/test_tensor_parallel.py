@@ -32,12 +32,13 @@ from tests.server.test_errors import assert_error, engine_for
 # q/k/v rows; Granite's multipliers, elementwise; SmolLM3's layers without RoPE; EXAONE 4's
 # output norms alone and its four KV groups; GLM-4's and ERNIE 4.5's rotary rows reordered
 # within each head; Arcee's MLP without a gate; LFM2's short convolutions, each rank its
-# channels and their state.
+# channels and their state; EXAONE 3's GPT-2-style names, renamed before a rank cuts its share.
 SPLIT_ARCHS = ("llama", "llama3_rope", "phi4_mini", "mistral", "phi3", "gemma2", "gemma3",
                "qwen3", "gpt_oss", "qwen3_moe", "mixtral", "qwen2", "granite", "smollm3",
                "exaone4", "glm4", "ernie4_5", "arcee", "qwen2_moe", "glm4_moe",
                "ernie4_5_moe", "ministral3", "dots1", "hunyuan_moe", "granitemoe",
-               "deepseek_v2", "deepseek_v3", "glm4_moe_lite", "lfm2", "lfm2_moe")  # fmt: skip
+               "deepseek_v2", "deepseek_v3", "glm4_moe_lite", "lfm2", "lfm2_moe",
+               "exaone")  # fmt: skip
 # Small blocks and pool: preemption happens; small chunks: every long prompt is chunked; 4
 # seats: the prompts that share a prefix wait for the ones whose blocks they hit; a context
 # within the tiny Phi-4-mini's original one, where transformers rotates with its short factors
