@@ -196,6 +196,10 @@ class LlamaArchConfig:
     # under tensor parallelism (a few MiB a layer), each rank multiplying its own (0: the
     # model's own `num_heads`, unsplit)
     latent_expansion_heads: int = 0
+    # where q/k norms span all heads (`qk_norms_span_heads`) under tensor parallelism: the
+    # whole model's query and KV heads, which a rank's norms normalize together (its heads
+    # gathered with the others'); 0: the model's own `num_heads` / `num_kv_heads`
+    qk_norm_heads: tuple[int, int] = (0, 0)
     # Llama 4's attention temperature (Ministral 3's): after RoPE each query is multiplied by
     # 1 + beta ln(1 + floor(position / interval)), so that scores stay sharp past the original
     # context (beta 0: none; it is 1 within the first interval)

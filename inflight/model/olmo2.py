@@ -1,9 +1,9 @@
 """OLMo 2 (`Olmo2ForCausalLM`, GGUF `olmo2`): EXAONE 4's layer (norms of the sublayers' outputs
 alone) with its query and key norms each as wide as all their heads, not one head: each token's
-queries are normalized together, then its keys. A norm over every head cannot be split between
-tensor-parallel ranks that each hold some of them, so such a model runs on one
-(`parallel/shard.py`). OLMo 3 (`Olmo3ForCausalLM`, an `olmo2` file with a window) has the same
-layers, three windowed with an unscaled RoPE of their own to each global one: config fields."""
+queries are normalized together, then its keys. Split over tensor-parallel ranks, each rank's
+heads are gathered with the others' for the norm (`Qwen3DecoderLayer._normalize_whole`).
+OLMo 3 (`Olmo3ForCausalLM`, an `olmo2` file with a window) has the same layers, three windowed
+with an unscaled RoPE of their own to each global one: config fields."""
 
 from __future__ import annotations
 

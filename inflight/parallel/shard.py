@@ -29,11 +29,6 @@ def check_tensor_parallel(arch: LlamaArchConfig, size: int) -> None:
         raise ValueError(f"tensor_parallel_size must be an integer, got {size!r}")
     if size < 1:
         raise ValueError(f"tensor_parallel_size must be >= 1, got {size}")
-    if size > 1 and arch.qk_norms_span_heads:  # a rank holding some heads lacks the others'
-        raise ValueError(
-            f"tensor_parallel_size {size}: this model's query and key norms "
-            "span all heads at once, which ranks holding some cannot compute"
-        )
     if size > 1 and arch.delta_value_heads:
         raise ValueError(f"tensor_parallel_size {size}: this model's gated DeltaNet layers are "
                          "not split over ranks")  # fmt: skip
@@ -127,6 +122,7 @@ def shard_arch(shard: Shard) -> LlamaArchConfig:
         shared_expert_intermediate_size=len(shard.shared_expert_columns),
         latent_expansion_heads=a.num_heads if a.latent_expansion_per_head else 0,
         conv_channels=len(shard.channels) if a.conv_layers else 0,
+        qk_norm_heads=(a.num_heads, a.num_kv_heads) if a.qk_norms_span_heads else (0, 0),
     )  # fmt: skip
 
 

@@ -3,19 +3,18 @@ alone) with query and key norms across all heads. The tiny OLMo 2 of `TINY_ARCHS
 transformers' greedy tokens in every setting and its fused layer loop to the Python one; here,
 the config as published, the GGUFs against transformers with the file's weights (OLMo 3's
 too: OLMo 2's layers, three windowed with their own unscaled RoPE to each global one), and
-tensor parallelism refused (a rank lacks the other ranks' heads its norms span)."""
+ranks that share KV heads normalizing every head together."""
 
 from __future__ import annotations
 
 import pytest
 from gguf import GGMLQuantizationType
 
-from inflight import LLM
-from inflight.errors import ConfigError
+from inflight import LLM, SamplingParams
 from inflight.model.arch import LlamaArchConfig
 from inflight.parallel.shard import check_tensor_parallel
 from tests.gguf_files import write_tiny_gguf
-from tests.parity import assert_gguf_generates_as_its_weights
+from tests.parity import assert_gguf_generates_as_its_weights, random_prompts
 
 PUBLISHED = {  # OLMo-2-0425-1B's config.json, the fields the engine reads
     "architectures": ["Olmo2ForCausalLM"], "vocab_size": 100352, "hidden_size": 2048,
@@ -43,13 +42,23 @@ def test_a_published_olmo2_config_is_read():
     assert olmo3.full_attention_layers == (3, 7, 11, 15) and olmo3.nope_layers == ()
 
 
-def test_tensor_parallelism_is_refused_before_any_rank_starts(tiny_model_factory):
-    arch = LlamaArchConfig.from_hf_config(PUBLISHED)
-    check_tensor_parallel(arch, 1)
-    with pytest.raises(ValueError, match="norms span all heads at once"):
-        check_tensor_parallel(arch, 2)
-    with pytest.raises((ConfigError, ValueError), match="norms span all heads at once"):
-        LLM(str(tiny_model_factory("olmo2")), tensor_parallel_size=2)
+def test_four_ranks_two_to_a_kv_head_normalize_all_heads_as_one(tiny_model_factory):
+    """Split over ranks, a norm over every head gathers the ranks' heads: with 4 ranks over 2
+    KV heads (two ranks hold each, one writes it), the greedy tokens of one rank, the query
+    and key norms whole on every rank, the fused C++ loop left out."""
+    check_tensor_parallel(LlamaArchConfig.from_hf_config(PUBLISHED), 16)
+    folder = str(tiny_model_factory("olmo2"))
+    knobs = {"dtype": "float32", "max_num_batched_tokens": 32, "max_model_len": 96}
+    prompts = random_prompts(400, lengths=(1, 7, 40, 60), seed=2)
+    params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+    one = LLM(folder, **knobs).generate(prompts, params, use_tqdm=False)
+    split = LLM(folder, tensor_parallel_size=4, **knobs)
+    layer = split.core.loaded.model.layers[0]
+    assert layer.q_norm.weight.shape == (64,) and layer.k_norm.weight.shape == (32,)
+    assert split.core.loaded.model.fused_layers is None
+    got = split.generate(prompts, params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in one]
+    split.core.workers.close()
 
 
 @pytest.mark.parametrize("qtype", [GGMLQuantizationType.F32, GGMLQuantizationType.Q8_0],

@@ -32,20 +32,24 @@ from tests.server.test_errors import assert_error, engine_for
 # q/k/v rows; Granite's multipliers, elementwise; SmolLM3's layers without RoPE; EXAONE 4's
 # output norms alone and its four KV groups; GLM-4's and ERNIE 4.5's rotary rows reordered
 # within each head; Arcee's MLP without a gate; LFM2's short convolutions, each rank its
-# channels and their state; EXAONE 3's GPT-2-style names, renamed before a rank cuts its share.
+# channels and their state; EXAONE 3's GPT-2-style names, renamed before a rank cuts its share;
+# OLMo 2's, OLMoE's and MiniMax-M2's q/k norms over all heads, each rank's gathered with the
+# others'. (Qwen3.5's DeltaNet layers are refused, tested below.)
 SPLIT_ARCHS = ("llama", "llama3_rope", "phi4_mini", "mistral", "phi3", "gemma2", "gemma3",
                "qwen3", "gpt_oss", "qwen3_moe", "mixtral", "qwen2", "granite", "smollm3",
                "exaone4", "glm4", "ernie4_5", "arcee", "qwen2_moe", "glm4_moe",
                "ernie4_5_moe", "ministral3", "dots1", "hunyuan_moe", "granitemoe",
                "deepseek_v2", "deepseek_v3", "glm4_moe_lite", "lfm2", "lfm2_moe",
-               "exaone")  # fmt: skip
+               "exaone", "seed_oss", "hunyuan_dense", "gemma", "olmo2", "olmo3", "olmoe",
+               "minimax_m2")  # fmt: skip
 # Small blocks and pool: preemption happens; small chunks: every long prompt is chunked; 4
 # seats: the prompts that share a prefix wait for the ones whose blocks they hit; a context
 # within the tiny Phi-4-mini's original one, where transformers rotates with its short factors
 SPLIT = {"tensor_parallel_size": 2, "kv_block_size": 4, "max_num_batched_tokens": 64,
          "prefill_chunk_size": 16, "max_num_seqs": 4, "max_model_len": 64}  # fmt: skip
 POOL_BLOCKS = 24  # per KV group (pages): a fraction of what 4 sequences of 64 tokens would hold
-KV_GROUPS = {"gemma2": 2, "gemma3": 6, "gpt_oss": 2, "exaone4": 4}  # windowed and global tables
+# windowed and global tables
+KV_GROUPS = {"gemma2": 2, "gemma3": 6, "gpt_oss": 2, "exaone4": 4, "olmo3": 4}
 
 
 def prompts_with_shared_prefixes(vocab_size: int) -> list[list[int]]:
@@ -67,7 +71,8 @@ def test_two_ranks_give_one_ranks_greedy_tokens(tiny_model_factory, arch):
     expected = [o.outputs[0].token_ids for o in one.generate(prompts, params, use_tqdm=False)]
     llm = LLM(folder, **knobs)
     model = llm.core.loaded.model
-    if model.fusable:  # the ranks' layers in the C++ loop, all-reducing where Python's do
+    if model.fusable and not model.cfg.qk_norm_heads[0]:  # the ranks' layers in the C++ loop,
+        # all-reducing where Python's do (not where q/k norms gather every rank's heads)
         assert model.fused_layers.all_reduce is not None
     outputs = llm.generate(prompts, params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outputs] == expected
