@@ -4,7 +4,9 @@ Column-parallel (split by output rows): q/k/v by heads, gate/up by MLP columns (
 alike, by its own columns), the embedding and the LM head by vocabulary entries. Row-parallel
 (split by input columns, the ranks' outputs summed by an all-reduce): o and down (an expert's
 too; a router is replicated, so every rank picks the same experts; a shared expert is split by
-its own columns, and its gate replicated). A rank's model is the
+its own columns, and its gate replicated). A DeltaNet layer (Qwen3.5's) is split by its key
+heads: each rank its key heads' q and k rows and the value heads they serve, out_proj by
+those heads' columns (in a file's tiled order, several runs of them). A rank's model is the
 family's own class built for its share (`shard_arch`: heads, KV heads, MLP columns and
 vocabulary divided), so attention, the KV cache and every layer op run unchanged on it. Where
 the ranks outnumber the KV heads, each KV head is held by `size / num_kv_heads` ranks, the
@@ -29,9 +31,6 @@ def check_tensor_parallel(arch: LlamaArchConfig, size: int) -> None:
         raise ValueError(f"tensor_parallel_size must be an integer, got {size!r}")
     if size < 1:
         raise ValueError(f"tensor_parallel_size must be >= 1, got {size}")
-    if size > 1 and arch.delta_value_heads:
-        raise ValueError(f"tensor_parallel_size {size}: this model's gated DeltaNet layers are "
-                         "not split over ranks")  # fmt: skip
     kv = arch.num_kv_heads
     parts = {
         "attention heads": arch.num_heads,
@@ -42,7 +41,9 @@ def check_tensor_parallel(arch: LlamaArchConfig, size: int) -> None:
         parts["experts' MLP columns (expert_intermediate_size)"] = arch.expert_intermediate_size
     if arch.shared_expert_intermediate_size:
         parts["shared expert's MLP columns"] = arch.shared_expert_intermediate_size
-    if arch.conv_layers:
+    if arch.delta_value_heads:  # (each rank its key heads and the value heads they serve)
+        parts["DeltaNet key heads"] = arch.delta_key_heads
+    elif arch.conv_layers:
         parts["short-convolution channels (hidden_size)"] = arch.hidden_size
     for what, count in parts.items():
         if count % size:
@@ -77,6 +78,25 @@ class Shard:
             return self._part(kv)
         first = self.rank * kv // self.size  # the one KV head its query heads read
         return range(first, first + 1)
+
+    @property
+    def key_heads(self) -> range:
+        """This rank's key heads of every DeltaNet layer (Qwen3.5's)."""
+        return self._part(self.arch.delta_key_heads)
+
+    @property
+    def value_heads(self) -> list[range]:
+        """The DeltaNet value heads this rank's key heads serve, as runs of the model's value
+        heads in the rank's order: one run where value head v is served by key head
+        v // (value heads / key heads) (the checkpoints'), one per pass over the key heads where
+        it is v % key heads (`delta_heads_tiled`: llama.cpp's files), so each rank's heads keep
+        that order among themselves."""
+        a, keys = self.arch, self.key_heads
+        per_key = a.delta_value_heads // a.delta_key_heads
+        if a.delta_heads_tiled:
+            n = a.delta_key_heads
+            return [range(r * n + keys.start, r * n + keys.stop) for r in range(per_key)]
+        return [range(keys.start * per_key, keys.stop * per_key)]
 
     @property
     def vocab(self) -> range:
@@ -121,7 +141,9 @@ def shard_arch(shard: Shard) -> LlamaArchConfig:
         expert_intermediate_size=len(shard.expert_columns),
         shared_expert_intermediate_size=len(shard.shared_expert_columns),
         latent_expansion_heads=a.num_heads if a.latent_expansion_per_head else 0,
-        conv_channels=len(shard.channels) if a.conv_layers else 0,
+        conv_channels=len(shard.channels) if a.conv_layers and not a.delta_value_heads else 0,
+        delta_key_heads=len(shard.key_heads) if a.delta_value_heads else 0,
+        delta_value_heads=sum(map(len, shard.value_heads)) if a.delta_value_heads else 0,
         qk_norm_heads=(a.num_heads, a.num_kv_heads) if a.qk_norms_span_heads else (0, 0),
     )  # fmt: skip
 
@@ -131,29 +153,40 @@ def _rows(tensor: torch.Tensor, units: range, unit: int) -> torch.Tensor:
     return tensor[units.start * unit : units.stop * unit]
 
 
+def _runs(tensor: torch.Tensor, runs: list[range], unit: int) -> torch.Tensor:
+    """Rows `runs` of `tensor` (each a range of units of `unit` rows), one after another."""
+    parts = [_rows(tensor, run, unit) for run in runs]
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
 def _parts(tensor: torch.Tensor, sizes: list[int]) -> list[torch.Tensor]:
     return list(tensor.split(sizes, dim=0))
 
 
-def input_columns(shard: Shard, name: str) -> range | None:
-    """The input columns this rank holds of a row-parallel weight (o's, down's); None for
-    every other tensor."""
+def input_columns(shard: Shard, name: str) -> list[range] | None:
+    """The input columns this rank holds of a row-parallel weight (o's, down's), as runs; None
+    for every other tensor."""
+    a = shard.arch
+    if a.delta_value_heads and name.endswith("linear_attn.out_proj.weight"):  # (DeltaNet's:
+        # its value heads' outputs)
+        d = a.delta_value_dim
+        return [range(run.start * d, run.stop * d) for run in shard.value_heads]
     if name.endswith(("o_proj.weight", "self_attn.out_proj.weight")):  # (LFM2's: out_proj;
         # a latent attention's heads: their values' width)
-        d = shard.arch.v_head_dim if shard.arch.kv_lora_rank else shard.arch.head_dim
-        return range(shard.heads.start * d, shard.heads.stop * d)
-    if name.endswith("out_proj.weight") and shard.arch.conv_layers:  # a short convolution's
-        return shard.channels
+        d = a.v_head_dim if a.kv_lora_rank else a.head_dim
+        return [range(shard.heads.start * d, shard.heads.stop * d)]
+    if name.endswith("out_proj.weight") and a.conv_layers:  # a short convolution's
+        return [shard.channels]
     if name.endswith(("down_proj.weight", ".w2.weight")):  # (Mixtral's experts: w2)
-        return shard.mlp_columns(name)[0]
+        return [shard.mlp_columns(name)[0]]
     return None
 
 
 def splits_on_blocks(shard: Shard, name: str, block_width: int) -> bool:
     """Whether this rank's slice of the weight `name` is whole blocks of `block_width` weights
     along its input (always, except a row-parallel weight cut inside a block)."""
-    columns = input_columns(shard, name)
-    return columns is None or not (columns.start % block_width or columns.stop % block_width)
+    runs = input_columns(shard, name)
+    return runs is None or not any(r.start % block_width or r.stop % block_width for r in runs)
 
 
 def shard_blocks(
@@ -165,10 +198,11 @@ def shard_blocks(
     cut as floats)."""
     if not splits_on_blocks(shard, name, block_width):
         return None
-    columns = input_columns(shard, name)
-    if columns is None:
+    runs = input_columns(shard, name)
+    if runs is None:
         return shard_tensor(shard, name, blocks)
-    return blocks[:, columns.start // block_width : columns.stop // block_width]
+    parts = [blocks[:, r.start // block_width : r.stop // block_width] for r in runs]
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
 
 
 def shard_tensor(shard: Shard, name: str, tensor: torch.Tensor) -> torch.Tensor:
@@ -183,10 +217,12 @@ def shard_tensor(shard: Shard, name: str, tensor: torch.Tensor) -> torch.Tensor:
         query = a.qk_nope_head_dim + a.rope_dim
         return _rows(tensor, shard.heads, a.qk_nope_head_dim + a.v_head_dim
                      if module == "kv_b_proj" else query)  # fmt: skip
-    if module == "q_proj":
-        return _rows(tensor, shard.heads, d)
+    if module == "q_proj":  # (Qwen3.5's: each head's query rows, then its gate's)
+        return _rows(tensor, shard.heads, 2 * d if a.attention_output_gate else d)
     if module in ("k_proj", "v_proj"):
         return _rows(tensor, shard.kv_heads, d)
+    if a.delta_value_heads and ".linear_attn." in name and module != "out_proj":
+        return _delta_net_rows(shard, name, tensor)
     if a.conv_layers and module == "in_proj":  # a short convolution's B, C and x rows
         return torch.cat([_rows(part, shard.channels, 1) for part in tensor.chunk(3)])
     if a.conv_layers and name.endswith("conv.conv.weight"):  # its kernels, a channel each
@@ -207,14 +243,39 @@ def shard_tensor(shard: Shard, name: str, tensor: torch.Tensor) -> torch.Tensor:
         return _stacked_experts(shard, stacked[1], tensor)
     if (fused := _GRANITE_FUSED.search(name)) is not None:
         return _fused_mlp(shard, fused[1] == "block_sparse_moe", fused[2] == "input", tensor)
-    if (inputs := input_columns(shard, name)) is not None:
-        return tensor[:, inputs.start : inputs.stop]
+    if (runs := input_columns(shard, name)) is not None:
+        parts = [tensor[:, r.start : r.stop] for r in runs]
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
     if module in ("o_proj", "down_proj"):  # their biases join the sum once
         return tensor if shard.rank == 0 else torch.zeros_like(tensor)
     if module in ("embed_tokens", "lm_head"):
         return _rows(tensor, shard.vocab, 1)
     if name.endswith("self_attn.sinks"):
         return tensor[shard.heads.start : shard.heads.stop]
+    return tensor
+
+
+def _delta_net_rows(shard: Shard, name: str, tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's rows of a DeltaNet layer's tensor: its key heads' q and k rows, the value
+    heads they serve (v, z, b, a, decay rates, dt bias), the convolution's kernels for its q,
+    k and v channels; Qwen3-Next's rows grouped by key head, its key heads' groups; the norm
+    (one value head wide) every rank's; out_proj's columns by `input_columns`."""
+    a, keys, values = shard.arch, shard.key_heads, shard.value_heads
+    per_key = a.delta_value_heads // a.delta_key_heads
+    module = name.removesuffix(".weight").rsplit(".", 1)[-1]  # (dt_bias has no `.weight`)
+    if module in ("in_proj_qkv", "conv1d"):
+        qk = a.delta_key_heads * a.delta_key_dim
+        q, k, v = _parts(tensor, [qk, qk, a.delta_value_heads * a.delta_value_dim])
+        return torch.cat([_rows(q, keys, a.delta_key_dim), _rows(k, keys, a.delta_key_dim),
+                          _runs(v, values, a.delta_value_dim)])  # fmt: skip
+    if module == "in_proj_z":
+        return _runs(tensor, values, a.delta_value_dim)
+    if module in ("in_proj_b", "in_proj_a", "dt_bias", "A_log", "decay_rate"):
+        return _runs(tensor, values, 1)
+    if module == "in_proj_qkvz":  # (grouped: q, k, then the key head's v and z)
+        return _rows(tensor, keys, 2 * a.delta_key_dim + 2 * per_key * a.delta_value_dim)
+    if module == "in_proj_ba":  # (grouped: the key head's b, then its a)
+        return _rows(tensor, keys, 2 * per_key)
     return tensor
 
 

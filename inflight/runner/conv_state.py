@@ -19,8 +19,9 @@ rebuilds each of its requests' rows from the request's tokens (`ModelRunner._reb
 which gives the values they held (a token's computation never depends on its batch), so a
 request's tokens never depend on another's failure.
 
-Split over tensor-parallel ranks, each rank holds its share of the channels, in the slots and
-rows rank 0 chose (`ConvStep.rows`, sent with the step).
+Split over tensor-parallel ranks, each rank holds its share of the channels (a DeltaNet layer's:
+its key heads' and their value heads', and those heads' matrices), in the slots and rows rank 0
+chose (`ConvStep.rows`, sent with the step).
 
 What this does not carry: prefix-cache hits (a cached block holds no convolution inputs: the
 engine turns prefix caching off), swapped requests (refused: they would resume without their

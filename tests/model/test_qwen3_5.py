@@ -120,10 +120,33 @@ def test_the_state_is_reported_beside_the_kv_pool(qwen3_5):
         asyncio.run(engine.shutdown())
 
 
-def test_tensor_parallelism_over_deltanet_layers_is_refused(qwen3_5):
-    folder, *_ = qwen3_5
-    with pytest.raises(Exception, match="DeltaNet layers are not split over ranks"):
-        LLM(str(folder), dtype="float32", tensor_parallel_size=2)
+def test_ranks_that_do_not_divide_the_key_heads_are_refused_with_the_numbers():
+    from inflight.parallel.shard import check_tensor_parallel
+
+    text = {**PUBLISHED["text_config"], "linear_num_key_heads": 6, "linear_num_value_heads": 12}
+    arch = LlamaArchConfig.from_hf_config({**PUBLISHED, "text_config": text})
+    check_tensor_parallel(arch, 2)
+    with pytest.raises(ValueError, match="4 does not divide the model's 6 DeltaNet key heads"):
+        check_tensor_parallel(arch, 4)
+
+
+def test_two_ranks_split_a_gguf_files_tiled_value_heads(tmp_path, qwen3_5):
+    """A `qwen35` file tiles its value heads (value head v served by key head v % key heads):
+    each of two ranks holds one key head and the value heads 0 and 2, or 1 and 3 (their rows,
+    decay rates, convolution kernels and out_proj's columns), and gives one rank's greedy
+    tokens; the folder's checkpoint order is the split test's (tests/parallel). The rank's
+    state slots hold its heads alone."""
+    folder, prompts, max_tokens, _ = qwen3_5
+    path = write_tiny_gguf(folder, tmp_path / "qwen3_5.gguf", GGMLQuantizationType.Q8_0)
+    knobs = {"dtype": "float32", "quantized_activations": "off", "max_num_batched_tokens": 32}
+    want = greedy_tokens(LLM(str(path), **knobs), prompts, max_tokens)
+    split = LLM(str(path), tensor_parallel_size=2, **knobs)
+    assert split.core.arch.delta_heads_tiled
+    delta = next(layer for layer in split.core.loaded.model.layers if layer.is_conv)
+    assert (delta.key_heads, delta.value_heads, delta.decay_rate.shape) == (1, 2, (2,))
+    assert split.core.runner.conv_state.recurrent[0].shape[1:] == (2, 16, 32)
+    assert greedy_tokens(split, prompts, max_tokens) == want
+    split.core.workers.close()
 
 
 def test_an_image_and_text_folder_serves_its_language_model(tmp_path, qwen3_5):

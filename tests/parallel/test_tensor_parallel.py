@@ -34,14 +34,16 @@ from tests.server.test_errors import assert_error, engine_for
 # within each head; Arcee's MLP without a gate; LFM2's short convolutions, each rank its
 # channels and their state; EXAONE 3's GPT-2-style names, renamed before a rank cuts its share;
 # OLMo 2's, OLMoE's and MiniMax-M2's q/k norms over all heads, each rank's gathered with the
-# others'. (Qwen3.5's DeltaNet layers are refused, tested below.)
+# others'; Qwen3.5's DeltaNet layers, each rank its key heads and the value heads they serve
+# (their state too), and its attention's query gates beside each head (Qwen3-Next's
+# projections grouped by key head).
 SPLIT_ARCHS = ("llama", "llama3_rope", "phi4_mini", "mistral", "phi3", "gemma2", "gemma3",
                "qwen3", "gpt_oss", "qwen3_moe", "mixtral", "qwen2", "granite", "smollm3",
                "exaone4", "glm4", "ernie4_5", "arcee", "qwen2_moe", "glm4_moe",
                "ernie4_5_moe", "ministral3", "dots1", "hunyuan_moe", "granitemoe",
                "deepseek_v2", "deepseek_v3", "glm4_moe_lite", "lfm2", "lfm2_moe",
                "exaone", "seed_oss", "hunyuan_dense", "gemma", "olmo2", "olmo3", "olmoe",
-               "minimax_m2")  # fmt: skip
+               "minimax_m2", "qwen3_5", "qwen3_5_moe", "qwen3_next")  # fmt: skip
 # Small blocks and pool: preemption happens; small chunks: every long prompt is chunked; 4
 # seats: the prompts that share a prefix wait for the ones whose blocks they hit; a context
 # within the tiny Phi-4-mini's original one, where transformers rotates with its short factors
