@@ -653,24 +653,11 @@ INDEX_VERSION = 13
 
 
 def _arch_from_json(saved: dict[str, Any]) -> LlamaArchConfig:
-    """`dataclasses.asdict`'s JSON back to the config (JSON turned its tuples into lists)."""
+    """`dataclasses.asdict`'s JSON back to the config: every list a tuple again (JSON turned
+    the config's tuples into lists), `rope_scaling`'s items pairs with their values as saved."""
+    fields = {name: tuple(v) if isinstance(v, list) else v for name, v in saved.items()}
     rope = saved.get("rope_scaling")
-    rope_scaling = tuple(map(tuple, rope)) if rope else None
-    eos = tuple(saved["eos_token_ids"])
-    factors, long = saved.get("rope_freq_factors"), saved.get("rope_long_factors")
-    return LlamaArchConfig(
-        **{
-            **saved,
-            "eos_token_ids": eos,
-            "rope_scaling": rope_scaling,
-            "rope_freq_factors": tuple(factors) if factors else None,
-            "rope_long_factors": tuple(long) if long else None,
-            "full_attention_layers": tuple(saved.get("full_attention_layers", ())),
-            "dense_layers": tuple(saved.get("dense_layers", ())),
-            "nope_layers": tuple(saved.get("nope_layers", ())),
-            "conv_layers": tuple(saved.get("conv_layers", ())),
-        }
-    )
+    return LlamaArchConfig(**{**fields, "rope_scaling": tuple(map(tuple, rope)) if rope else None})
 
 
 def _index_entries(tensor: TensorInfo) -> list[dict[str, Any]]:

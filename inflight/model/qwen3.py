@@ -34,36 +34,40 @@ class Qwen3DecoderLayer(DecoderLayer):
     def normalize_qk(self, qkv: torch.Tensor) -> torch.Tensor:
         t = qkv.shape[0]
         q_size, kv_size = self.split[:2]
+        if self.norm_heads[0]:  # (a rank's share of norms over the whole model's heads)
+            return self._normalize_whole(qkv)
         for start, size, norm in ((0, q_size, self.q_norm), (q_size, kv_size, self.k_norm)):
-            width = norm.weight.shape[0]  # a head's (Qwen3), all heads' (OLMo 2), the model's
-            own = qkv[:, start : start + size]
-            if width > size:  # (a rank's share of a norm over the whole model's heads)
-                qkv[:, start : start + size] = self._normalize_whole(own, norm, start == 0)
-                continue
-            rows = own.reshape(-1, width)  # [T * heads, D] or [T, size]
+            width = norm.weight.shape[0]  # a head's (Qwen3), or all heads' (OLMo 2)
+            rows = qkv[:, start : start + size].reshape(-1, width)  # [T * heads, D] or [T, size]
             normed = self.ops.rms_norm(rows, norm.weight, norm.eps)
             qkv[:, start : start + size] = normed.view(t, size)
         return qkv
 
-    def _normalize_whole(self, own: torch.Tensor, norm: RMSNorm, queries: bool) -> torch.Tensor:
-        """This rank's columns of the norm of every rank's rows side by side: each writes its
-        own into zeros, one all-reduce sums them (adding zeros, exactly), and the whole rows
-        are normalized as on one rank. Where ranks share a KV head, its first rank alone
-        writes it."""
+    def _normalize_whole(self, qkv: torch.Tensor) -> torch.Tensor:
+        """This rank's queries and keys normalized as one rank normalizes the model's: each
+        rank writes its heads' rows into zeros as wide as every rank's queries and keys, one
+        all-reduce sums them (adding zeros, exactly), and the whole rows are normalized. Where
+        ranks share a KV head, its first rank alone writes it."""
         assert self.tp is not None
-        size, ranks = own.shape[1], self.tp.size
-        heads, per_head = self.norm_heads[0 if queries else 1], self.head_dim
-        if queries or heads >= ranks:
-            first, writes = self.tp.rank * size // per_head, True
+        (heads, kv_heads), d = self.norm_heads, self.head_dim
+        rank, ranks = self.tp.rank, self.tp.size
+        q_size, kv_size = self.split[:2]
+        if kv_heads >= ranks:
+            first_kv, writes_kv = rank * kv_size // d, True
         else:  # ranks outnumber KV heads: `Shard.kv_heads`
-            first = self.tp.rank * heads // ranks
-            writes = self.tp.rank * heads % ranks < heads
-        whole = own.new_zeros(own.shape[0], heads * per_head)
-        columns = slice(first * per_head, first * per_head + size)
-        if writes:
-            whole[:, columns] = own
+            first_kv, writes_kv = rank * kv_heads // ranks, rank * kv_heads % ranks < kv_heads
+        q_cols = slice(rank * q_size, (rank + 1) * q_size)
+        k_cols = slice(first_kv * d, first_kv * d + kv_size)  # (among the keys)
+        whole = qkv.new_zeros(qkv.shape[0], (heads + kv_heads) * d)
+        whole[:, q_cols] = qkv[:, :q_size]
+        if writes_kv:
+            whole[:, heads * d :][:, k_cols] = qkv[:, q_size : q_size + kv_size]
         whole = self.tp.all_reduce(whole)
-        return self.ops.rms_norm(whole, norm.weight, norm.eps)[:, columns]
+        q = self.ops.rms_norm(whole[:, : heads * d], self.q_norm.weight, self.q_norm.eps)
+        k = self.ops.rms_norm(whole[:, heads * d :], self.k_norm.weight, self.k_norm.eps)
+        qkv[:, :q_size] = q[:, q_cols]
+        qkv[:, q_size : q_size + kv_size] = k[:, k_cols]
+        return qkv
 
 
 class Qwen3Model(LlamaModel):
