@@ -655,7 +655,7 @@ INDEX_VERSION = 13
 def _arch_from_json(saved: dict[str, Any]) -> LlamaArchConfig:
     """`dataclasses.asdict`'s JSON back to the config: every list a tuple again (JSON turned
     the config's tuples into lists), `rope_scaling`'s items pairs with their values as saved."""
-    fields = {name: tuple(v) if isinstance(v, list) else v for name, v in saved.items()}
+    fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in saved.items()}
     rope = saved.get("rope_scaling")
     return LlamaArchConfig(**{**fields, "rope_scaling": tuple(map(tuple, rope)) if rope else None})
 
