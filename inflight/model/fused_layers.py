@@ -179,6 +179,10 @@ class FusedDecoderLayers:
         # each layer's RoPE: -1 none, 0 the model's tables, 1 the windowed layers' own (`local`)
         self.rotations = [-1 if not layer.rotary else int(layer.local_rope) for layer in layers]
         self.all_reduce = None if tp is None else tp.all_reduce
+        # q/k norms over every head of a split model (OLMo 2's): the whole model's query and KV
+        # heads and this rank's place, to gather the ranks' heads (`Qwen3DecoderLayer`'s)
+        whole = getattr(attending, "norm_heads", (0, 0))
+        self.whole_qk_norms = [*whole, tp.rank, tp.size] if whole[0] and tp is not None else []
         self.run = load_extension().DecoderLayers(**self.model_args())
 
     def model_args(self) -> dict[str, Any]:
@@ -201,6 +205,7 @@ class FusedDecoderLayers:
             expert_gate_up_bias=self.expert_biases[0], expert_down_bias=self.expert_biases[1],
             **self.routing, shared_experts=self.shared_experts, output_gate=self.output_gate,
             delta_tensors=self.delta_tensors, delta_small=self.delta_small, **self.delta_heads,
+            whole_qk_norms=self.whole_qk_norms,
         )  # fmt: skip
 
     def _experts(self, layers: torch.nn.ModuleList) -> None:

@@ -748,15 +748,11 @@ def load_model(
                     "vocabulary %d of %d", tp.rank, tp.size, rank_arch.num_heads, arch.num_heads,
                     rank_arch.num_kv_heads, arch.num_kv_heads, rank_arch.intermediate_size,
                     arch.intermediate_size, rank_arch.vocab_size, arch.vocab_size)  # fmt: skip
-    # (a rank's norms over the whole model's heads gather them: the Python layers' all-reduce)
-    gathers_norms = bool(rank_arch.qk_norm_heads[0])
-    if attn.cpu_kernels and model.fusable and not gathers_norms:  # (a rank's loop all-reduces
-        # where its layers do)
+    if attn.cpu_kernels and model.fusable:  # (a rank's loop all-reduces where its layers do)
         model.fused_layers = FusedDecoderLayers(model.layers, tp)
     elif attn.cpu_kernels:
-        because = "q/k norms over every rank's heads" if gathers_norms else model.unfused_because
         logger.info("%s layers run in Python: the fused C++ layer loop does not compute them "
-                    "(%s)", arch.architecture, because)  # fmt: skip
+                    "(%s)", arch.architecture, model.unfused_because)  # fmt: skip
     return_free_memory()
     loaded = LoadedModel(model=model.eval(), arch=arch, path=path,
                        quantized_activations=quantized_activations)  # fmt: skip

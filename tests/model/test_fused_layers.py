@@ -177,6 +177,12 @@ def test_bad_inputs_are_refused_before_any_write(tiny_llama):
     refused("one after attention and one after the MLP",
             output_norms=[torch.ones(num_heads * head_dim)])  # fmt: skip
     refused("a layer's rotation is none", rotations=[2] * L)
+    # norms over all heads of a split model: the whole model's heads, a rank among the ranks,
+    # an all-reduce (here none: one rank)
+    for whole in ([num_heads, 1, 0], [num_heads, 1, 1, 1], [num_heads, 1, 0, 2],
+                  [-1, 1, 0, 1], [num_heads, 0, 0, 1], [num_heads, 1, 0, 1],
+                  [num_heads, 1, 2**62, 1]):  # fmt: skip
+        refused("whole_qk_norms", whole_qk_norms=whole)
     refused("softmax, sigmoid or softmax_of_chosen", router_scoring="tanh")
     for limit in (-1.0, float("nan"), float("inf")):
         refused("swiglu_limit", swiglu_limit=limit)

@@ -45,7 +45,7 @@ def test_a_published_olmo2_config_is_read():
 def test_four_ranks_two_to_a_kv_head_normalize_all_heads_as_one(tiny_model_factory):
     """Split over ranks, a norm over every head gathers the ranks' heads: with 4 ranks over 2
     KV heads (two ranks hold each, one writes it), the greedy tokens of one rank, the query
-    and key norms whole on every rank, the fused C++ loop left out."""
+    and key norms whole on every rank, in the fused C++ loop (its own gather) and in Python."""
     check_tensor_parallel(LlamaArchConfig.from_hf_config(PUBLISHED), 16)
     folder = str(tiny_model_factory("olmo2"))
     knobs = {"dtype": "float32", "max_num_batched_tokens": 32, "max_model_len": 96}
@@ -55,7 +55,10 @@ def test_four_ranks_two_to_a_kv_head_normalize_all_heads_as_one(tiny_model_facto
     split = LLM(folder, tensor_parallel_size=4, **knobs)
     layer = split.core.loaded.model.layers[0]
     assert layer.q_norm.weight.shape == (64,) and layer.k_norm.weight.shape == (32,)
-    assert split.core.loaded.model.fused_layers is None
+    assert split.core.loaded.model.fused_layers.whole_qk_norms == [4, 2, 0, 4]
+    got = split.generate(prompts, params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in one]
+    split.core.loaded.model.fused_layers = None  # (rank 0's layers in Python, the others' not)
     got = split.generate(prompts, params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in one]
     split.core.workers.close()

@@ -73,8 +73,7 @@ def test_two_ranks_give_one_ranks_greedy_tokens(tiny_model_factory, arch):
     expected = [o.outputs[0].token_ids for o in one.generate(prompts, params, use_tqdm=False)]
     llm = LLM(folder, **knobs)
     model = llm.core.loaded.model
-    if model.fusable and not model.cfg.qk_norm_heads[0]:  # the ranks' layers in the C++ loop,
-        # all-reducing where Python's do (not where q/k norms gather every rank's heads)
+    if model.fusable:  # the ranks' layers in the C++ loop, all-reducing where Python's do
         assert model.fused_layers.all_reduce is not None
     outputs = llm.generate(prompts, params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outputs] == expected

@@ -123,7 +123,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                     std::vector<DecoderLayers::Tensors>, std::vector<DecoderLayers::Tensors>,
                     std::vector<DecoderLayers::Tensors>, int64_t, std::string, bool, double,
                     double, int64_t, int64_t, int64_t, double, double, DecoderLayers::OptTensors,
-                    bool, DecoderLayers::Tensors, DecoderLayers::OptTensors, int64_t, bool>(),
+                    bool, DecoderLayers::Tensors, DecoderLayers::OptTensors, int64_t, bool,
+                    std::vector<int64_t>>(),
            py::kw_only(), py::arg("weights"), py::arg("small_weights"), py::arg("decode_weights"),
            py::arg("small_rows"), py::arg("qkv_biases"), py::arg("o_biases"), py::arg("sinks"),
            py::arg("qk_norms"), py::arg("output_norms"), py::arg("num_heads"),
@@ -139,7 +140,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("routed_scale"), py::arg("expert_intermediate"), py::arg("expert_bits"),
            py::arg("expert_pass_tokens"), py::arg("swiglu_limit"), py::arg("swiglu_alpha"),
            py::arg("shared_experts"), py::arg("output_gate"), py::arg("delta_tensors"),
-           py::arg("delta_small"), py::arg("delta_key_heads"), py::arg("delta_tiled"))
+           py::arg("delta_small"), py::arg("delta_key_heads"), py::arg("delta_tiled"),
+           py::arg("whole_qk_norms"))
       .def("__call__", &DecoderLayers::operator(), no_gil(),
            "one step through every layer; returns [hidden, residual]", py::arg("hidden"),
            py::arg("residual"), py::arg("cos"), py::arg("sin"), py::arg("local_cos"),

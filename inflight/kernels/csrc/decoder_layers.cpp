@@ -35,6 +35,7 @@
 #include <ATen/ops/empty_like.h>
 #include <ATen/ops/matmul.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
 #include <ATen/ops/gelu.h>
 #include <ATen/ops/relu.h>
 #include <ATen/ops/add.h>
@@ -207,7 +208,7 @@ DecoderLayers::DecoderLayers(
     bool renormalize, double router_eps, double routed_scale, int64_t expert_intermediate,
     int64_t expert_bits, int64_t expert_pass_tokens, double swiglu_limit, double swiglu_alpha,
     OptTensors shared_experts, bool output_gate, Tensors delta_tensors, OptTensors delta_small,
-    int64_t delta_key_heads, bool delta_tiled)
+    int64_t delta_key_heads, bool delta_tiled, std::vector<int64_t> whole_qk_norms)
     : num_layers_(windows.size()),
       weights_(std::move(weights)),
       small_weights_(std::move(small_weights)),
@@ -259,7 +260,8 @@ DecoderLayers::DecoderLayers(
       delta_tensors_(std::move(delta_tensors)),
       delta_small_(std::move(delta_small)),
       delta_key_heads_(delta_key_heads),
-      delta_tiled_(delta_tiled) {
+      delta_tiled_(delta_tiled),
+      whole_qk_norms_(std::move(whole_qk_norms)) {
   const size_t L = num_layers_;
   INFLIGHT_CHECK(weights_.size() == L * kWeightsPerLayer &&
                      small_weights_.size() == L * kSmallPerLayer && qkv_biases_.size() == L &&
@@ -268,9 +270,17 @@ DecoderLayers::DecoderLayers(
                  "optional sinks, a window and a rotation per layer");
   INFLIGHT_CHECK(qk_norms_.empty() || qk_norms_.size() == 2 * L,
                  "no q/k norms, or a query and a key norm weight per layer");
+  INFLIGHT_CHECK(whole_qk_norms_.empty() ||
+                     (whole_qk_norms_.size() == 4 && whole_qk_norms_[0] > 0 &&
+                      whole_qk_norms_[1] > 0 && whole_qk_norms_[3] > 0 &&
+                      whole_qk_norms_[2] >= 0 && whole_qk_norms_[2] < whole_qk_norms_[3] &&
+                      whole_qk_norms_[0] == num_heads_ * whole_qk_norms_[3] && all_reduce_),
+                 "whole_qk_norms: the model's query and KV heads (this rank's query heads times "
+                 "the ranks), this rank and the ranks, with an all-reduce");
   for (size_t i = 0; i < qk_norms_.size(); ++i) {
-    const int64_t width = qk_norms_[i].numel(),
-                  all = (i % 2 ? num_kv_heads_ : num_heads_) * head_dim_;
+    const int64_t heads = whole_qk_norms_.empty() ? (i % 2 ? num_kv_heads_ : num_heads_)
+                                                  : whole_qk_norms_[i % 2];
+    const int64_t width = qk_norms_[i].numel(), all = heads * head_dim_;
     INFLIGHT_CHECK(qk_norms_[i].dim() == 1 && (width == head_dim_ || width == all),
                    "a q/k norm weight spans a head or all heads");
   }
@@ -341,6 +351,29 @@ DecoderLayers::DecoderLayers(
     INFLIGHT_CHECK(s[0].has_value() == s[3].has_value() && (s[0].has_value() || !s[6].has_value()),
                    "a shared expert has [gate | up] and down, and a gate only beside them");
   }
+}
+
+// A rank's queries and keys normalized as one rank normalizes the model's (`Qwen3DecoderLayer.
+// _normalize_whole`'s ops): each rank writes its heads' rows into zeros as wide as every rank's
+// queries and keys, one all-reduce sums them (adding zeros, exactly), the whole rows are
+// normalized, and the rank keeps its own. Where ranks share a KV head, its first rank writes it.
+void DecoderLayers::normalize_whole_qk(at::Tensor& qkv, size_t l, int64_t q_size,
+                                       int64_t kv_size) const {
+  const int64_t heads = whole_qk_norms_[0], kv_heads = whole_qk_norms_[1];
+  const int64_t rank = whole_qk_norms_[2], ranks = whole_qk_norms_[3], d = head_dim_;
+  const bool shared = kv_heads < ranks;  // (`Shard.kv_heads`)
+  const int64_t first_kv = shared ? rank * kv_heads / ranks : rank * kv_size / d;
+  auto whole = at::zeros({qkv.size(0), (heads + kv_heads) * d}, qkv.options());
+  whole.narrow(1, rank * q_size, q_size).copy_(qkv.narrow(1, 0, q_size));
+  auto keys = whole.narrow(1, heads * d, kv_heads * d);
+  if (!shared || rank * kv_heads % ranks < kv_heads) {
+    keys.narrow(1, first_kv * d, kv_size).copy_(qkv.narrow(1, q_size, kv_size));
+  }
+  all_reduce_(whole);
+  const auto q = rms_norm(whole.narrow(1, 0, heads * d), qk_norms_[2 * l], eps_);
+  const auto k = rms_norm(keys, qk_norms_[2 * l + 1], eps_);
+  qkv.narrow(1, 0, q_size).copy_(q.narrow(1, rank * q_size, q_size));
+  qkv.narrow(1, q_size, kv_size).copy_(k.narrow(1, first_kv * d, kv_size));
 }
 
 std::vector<at::Tensor> DecoderLayers::operator()(
@@ -491,6 +524,7 @@ std::vector<at::Tensor> DecoderLayers::operator()(
       // queries and keys RMS-normalized, each head (Qwen3's q_norm, k_norm) or all heads as one
       // (OLMo 2's): the weight's width; before RoPE, or after it (Hunyuan's)
       auto normalize_qk = [&] {
+        if (!whole_qk_norms_.empty()) return normalize_whole_qk(qkv, l, q_size, kv_size);
         for (int64_t part = 0; part < 2 && !qk_norms_.empty(); ++part) {
           auto heads = qkv.narrow(1, part ? q_size : 0, part ? kv_size : q_size);
           const at::Tensor& norm = qk_norms_[2 * l + part];

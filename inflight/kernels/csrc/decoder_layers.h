@@ -22,6 +22,8 @@ class DecoderLayers {
   // 0 the model's tables, 1 the windowed layers' own); `qk_norms` and `output_norms` two per
   // layer or none. Convolution layers (LFM2's; Qwen3.5's DeltaNet layers where `delta_tensors`
   // are given) where `conv_index` names one, sparse layers where `expert_index` does.
+  // `whole_qk_norms`: {the whole model's query heads, KV heads, this rank, ranks} where q/k
+  // norms over every head gather each tensor-parallel rank's heads (OLMo 2's), or empty.
   DecoderLayers(Tensors weights, OptTensors small_weights, OptTensors decode_weights,
                 int64_t small_rows, OptTensors qkv_biases, OptTensors o_biases, OptTensors sinks,
                 Tensors qk_norms, Tensors output_norms, int64_t num_heads, int64_t num_kv_heads,
@@ -38,7 +40,8 @@ class DecoderLayers {
                 double routed_scale, int64_t expert_intermediate, int64_t expert_bits,
                 int64_t expert_pass_tokens, double swiglu_limit, double swiglu_alpha,
                 OptTensors shared_experts, bool output_gate, Tensors delta_tensors,
-                OptTensors delta_small, int64_t delta_key_heads, bool delta_tiled);
+                OptTensors delta_small, int64_t delta_key_heads, bool delta_tiled,
+                std::vector<int64_t> whole_qk_norms);
 
   // One step: {last layer's MLP output, residual stream}. The caches are each layer's (a
   // convolution layer's placeholders, never read); KV groups after the first bring their own
@@ -57,6 +60,8 @@ class DecoderLayers {
       const std::vector<int64_t>& delta_starts) const;
 
  private:
+  void normalize_whole_qk(at::Tensor& qkv, size_t l, int64_t q_size, int64_t kv_size) const;
+
   size_t num_layers_;
   Tensors weights_;
   OptTensors small_weights_, decode_weights_;  // (decode: none given, all empty)
@@ -88,4 +93,5 @@ class DecoderLayers {
   OptTensors delta_small_;
   int64_t delta_key_heads_;
   bool delta_tiled_;
+  std::vector<int64_t> whole_qk_norms_;
 };
