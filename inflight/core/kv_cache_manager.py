@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from inflight.core.block_pool import BlockPool, SwapSpace
 from inflight.core.kv_groups import NULL_BLOCK
 from inflight.core.sizing import cdiv
+from inflight.core.state_snapshots import StateSnapshots
 from inflight.metrics.stats import PrefixCacheStats
 from inflight.request import Request
 
@@ -55,6 +56,7 @@ class PrefixHit:
 
     num_blocks: int
     tables: list[list[int]]
+    state_row: int | None = None  # a state-carrying model's snapshot after them (`StateSnapshots`)
 
     @property
     def pages(self) -> list[int]:
@@ -72,9 +74,12 @@ class KVCacheManager:
         enable_prefix_caching: bool = True,
         num_cpu_blocks: int = 0,
         group_windows: Sequence[int | None] = (None,),
+        snapshots: StateSnapshots | None = None,
     ) -> None:
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
+        # a state-carrying model's: a hit reaches only as far as a saved state (`StateSnapshots`)
+        self.snapshots = snapshots if enable_prefix_caching else None
         self.group_windows = tuple(group_windows)
         self.windowed = any(w is not None for w in self.group_windows)
         self.pool = BlockPool(num_blocks)
@@ -227,6 +232,10 @@ class KVCacheManager:
         while n > 0 and any(lookup(g, i) is None for g in windowed
                             for i in range(self.first_block(g, n * block_size), n)):  # fmt: skip
             n -= 1
+        state_row = None
+        if self.snapshots is not None:  # (no further than a state saved after a block)
+            while n > 0 and (state_row := self.snapshots.lookup(hashes[n - 1])) is None:
+                n -= 1
         if n == 0:
             return NO_HIT
         tables = []
@@ -234,7 +243,23 @@ class KVCacheManager:
             first = self.first_block(g, n * block_size)
             blocks = [lookup(g, i) for i in range(first, n)]
             tables.append([NULL_BLOCK] * first + [b for b in blocks if b is not None])
-        return PrefixHit(n, tables)
+        return PrefixHit(n, tables, state_row)
+
+    def state_to_save(self, request: Request) -> int | None:
+        """The snapshot row a state-carrying model's request saves its state into before its
+        next step, where its computed tokens end a full block whose state is not saved yet;
+        None otherwise."""
+        computed = request.num_computed_tokens
+        if self.snapshots is None or not computed or computed % self.block_size:
+            return None
+        return self.snapshots.save(self.block_hashes(request)[computed // self.block_size - 1])
+
+    def state_saved_at(self, request: Request, num_tokens: int) -> bool:
+        """Whether the state after the request's first `num_tokens` (a full block's end) is
+        saved."""
+        assert self.snapshots is not None and num_tokens % self.block_size == 0
+        hashes = self.block_hashes(request)
+        return self.snapshots.lookup(hashes[num_tokens // self.block_size - 1]) is not None
 
     def record_lookup(self, num_tokens: int, num_hit_tokens: int) -> None:
         if self.enable_prefix_caching:

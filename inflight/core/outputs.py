@@ -33,6 +33,10 @@ class ScheduledRequest:
     # the tables of the other KV groups (core/kv_groups.py), after `block_table`'s group 0;
     # empty for a model of one group
     group_tables: list[list[int]] = field(default_factory=list)
+    # a state-carrying model's (core/state_snapshots.py): the snapshot row its state resumes
+    # from (a prefix hit's), and the one its state so far is saved into, before the step runs
+    state_restore: int | None = None
+    state_save: int | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -176,6 +176,7 @@ class Scheduler:
                 num_new = min(1, budget)
             else:
                 num_new = min(remaining, budget - pending_decodes, cfg.chunk_limit)
+                num_new = self._to_a_saved_state(request, request.num_computed_tokens, num_new)
             limit = self.admission.token_limit(request, self.running)
             if limit is not None:
                 num_new = min(num_new, limit)
@@ -335,6 +336,7 @@ class Scheduler:
                 break
             if self.static_gate is not None and not self.static_gate.admits(request, self.waiting):
                 continue
+            hit = NO_HIT
             if self.kv.is_swapped(request):  # resume from swap space: its KV comes back
                 if not self.admission.fits(request, NO_HIT, self.running):
                     break
@@ -347,8 +349,9 @@ class Scheduler:
             else:
                 hit = self.kv.get_computed_blocks(request)
                 num_cached = hit.num_blocks * self.kv.block_size
-                remaining = request.num_tokens - request.num_computed_tokens - num_cached
-                num_new = min(remaining, budget, self.config.chunk_limit)
+                start = request.num_computed_tokens + num_cached
+                num_new = min(request.num_tokens - start, budget, self.config.chunk_limit)
+                num_new = self._to_a_saved_state(request, start, num_new)
                 if not (
                     self.admission.fits(request, hit, self.running)
                     and self.kv.allocate_slots(request, num_new, hit)
@@ -364,15 +367,32 @@ class Scheduler:
             self.running.append(request)
             if request.first_scheduled_time is None:
                 request.first_scheduled_time = now
-            scheduled.append(self._scheduled(request, num_new))
+            scheduled.append(self._scheduled(request, num_new, state_row=hit.state_row))
             budget -= num_new
         return budget
 
+    def _to_a_saved_state(self, request: Request, start: int, num_new: int) -> int:
+        """A prompt chunk of a state-carrying model (`KVCacheManager.snapshots`) that would run
+        past the last full block of the request's tokens ends there instead, so that the state
+        after it is saved at the next step's start (`StateSnapshots`), unless it is already."""
+        if self.kv.snapshots is None:
+            return num_new
+        end = (request.num_tokens - 1) // self.kv.block_size * self.kv.block_size
+        if start < end < start + num_new and not self.kv.state_saved_at(request, end):
+            return end - start
+        return num_new
+
     def _scheduled(
-        self, request: Request, num_new: int, drafts: list[int] | None = None
-    ) -> ScheduledRequest:
-        return ScheduledRequest.of(request, num_new, self.kv.get_block_tables(request.request_id),
+        self, request: Request, num_new: int, drafts: list[int] | None = None,
+        state_row: int | None = None,
+    ) -> ScheduledRequest:  # fmt: skip
+        """The request's step, with the state a hit resumes from (`state_row`) and the state it
+        saves first (`KVCacheManager.state_to_save`), where its model carries one."""
+        step = ScheduledRequest.of(request, num_new, self.kv.get_block_tables(request.request_id),
                                    drafts)  # fmt: skip
+        step.state_restore = state_row
+        step.state_save = self.kv.state_to_save(request)
+        return step
 
     def _preempt(self, request: Request) -> None:
         """Swap the KV out to CPU blocks when in swap mode and they suffice; otherwise recompute:

@@ -25,6 +25,7 @@ from inflight.core.kv_groups import KVLayout, plan_kv_layout
 from inflight.core.outputs import EngineCoreOutput, SchedulerOutput
 from inflight.core.scheduler import Scheduler
 from inflight.core.sizing import KVPlan, num_blocks_for_budget, peak_pages, plan_kv_pool
+from inflight.core.state_snapshots import StateSnapshots
 from inflight.errors import ConfigError, ModelFailedError
 from inflight.metrics.profiling import NO_TIMER, PhaseTimer, Timer
 from inflight.metrics.stats import CoreGauges, CoreSnapshot, StepStats
@@ -69,6 +70,14 @@ def check_conv_state_fits(config: EngineConfig) -> None:
     if config.scheduler.num_speculative_tokens:
         raise ConfigError("speculative decoding: a rejected draft would have moved the "
                           "convolution state of this model's convolution layers")  # fmt: skip
+
+
+def state_snapshot_rows(config: EngineConfig, arch: LlamaArchConfig) -> int:
+    """The states a state-carrying model saves for prefix-cache hits (`StateSnapshots`): one a
+    seat, where the cache is on and the model runs on one rank; else none."""
+    if not (arch.conv_layers and config.cache.enable_prefix_caching and arch.pooling != "mean"):
+        return 0
+    return config.scheduler.max_num_seqs if config.model.tensor_parallel_size == 1 else 0
 
 
 def warm_up_tokens(budget: int, max_model_len: int, device: torch.device, block_size: int) -> int:
@@ -138,14 +147,20 @@ class EngineCore:
                                 plan.num_cpu_blocks, scratch_block=True,
                                 layout=self.kv_layout)  # fmt: skip
         # mean pooling reads every prompt position's hidden state: none may come from the cache;
-        # a cached block holds no convolution state (LFM2's)
+        # a state-carrying model's hits resume from saved states (one rank's alone)
+        split = config.model.tensor_parallel_size > 1
         caching = (config.cache.enable_prefix_caching and self.arch.pooling != "mean"
-                   and not self.arch.conv_layers)  # fmt: skip
-        if config.cache.enable_prefix_caching and self.arch.conv_layers:
-            logger.info("prefix caching is off: a cached block holds no convolution state")
+                   and not (self.arch.conv_layers and split))  # fmt: skip
+        if config.cache.enable_prefix_caching and self.arch.conv_layers and split:
+            logger.info("prefix caching is off: split over ranks, this model's states are not "
+                        "saved for cached blocks")  # fmt: skip
+        snapshots = None
+        if caching and self.arch.conv_layers:
+            snapshots = StateSnapshots(state_snapshot_rows(self.config, self.arch))
         group_windows = self.kv_layout.group_windows if self.kv_layout else (None,)
         self.kv_cache_manager = KVCacheManager(plan.num_blocks, block_size, caching,
-                                               plan.num_cpu_blocks, group_windows)  # fmt: skip
+                                               plan.num_cpu_blocks, group_windows,
+                                               snapshots)  # fmt: skip
         self.scheduler = Scheduler(sched_cfg, self.kv_cache_manager)
         self.runner = self._build_runner(config, draft, plan, kv_dtype)
         self.runner.warm_up(warm_up_tokens(sched_cfg.max_num_batched_tokens, plan.max_model_len,
@@ -245,8 +260,9 @@ class EngineCore:
         here = size if ranks_here is None else ranks_here
         rank_arch = shard_arch(Shard(arch, 0, size))
         rank_pool = self._kv_bytes(config, rank_arch, kv_dtype) + conv_state_bytes(
-            rank_arch, config.scheduler.max_num_seqs, self.dtype
-        )
+            rank_arch, config.scheduler.max_num_seqs, self.dtype,
+            state_snapshot_rows(config, arch),
+        )  # fmt: skip
         weights = estimated_weight_bytes(path, self.dtype, activations)
         check_memory_fits(path, weights * here // size, here * rank_pool)
 
@@ -331,10 +347,13 @@ class EngineCore:
         conv_state = None
         if self.arch.conv_layers:
             # (a rank's share of the channels where the model is split: `model.cfg`)
+            saved = self.kv_cache_manager.snapshots
             conv_state = ConvState.for_model(model.cfg, config.scheduler.max_num_seqs,
-                                             self.dtype, device)  # fmt: skip
-            logger.info("sequence state (convolution inputs, DeltaNet matrices): %d slots, "
-                        "%.1f MiB", conv_state.num_slots, conv_state.num_bytes / 2**20)  # fmt: skip
+                                             self.dtype, device,
+                                             0 if saved is None else saved.capacity)  # fmt: skip
+            logger.info("sequence state (convolution inputs, DeltaNet matrices): %d slots, %d "
+                        "saved for the prefix cache, %.1f MiB", conv_state.num_slots,
+                        conv_state.num_snapshots, conv_state.num_bytes / 2**20)  # fmt: skip
         return ModelRunner(model, self.kv_cache, attn, device, config.model.seed, graphs, drafter,
                            self.kv_layout, self.workers, conv_state)  # fmt: skip
 

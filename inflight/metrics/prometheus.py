@@ -149,7 +149,8 @@ class EngineMetrics:
         self.kv_cache_bytes = Gauge(name("kv_cache_bytes"), "Bytes of the KV pool", registry=r)
         self.sequence_state_bytes = Gauge(
             name("sequence_state_bytes"), "Bytes of the state some layers carry for each running "
-            "sequence in place of KV (convolution inputs, DeltaNet matrices)", registry=r,
+            "sequence in place of KV (convolution inputs, DeltaNet matrices), and of the states "
+            "saved for prefix-cache hits", registry=r,
         )  # fmt: skip
         self.config = Info(name("config"), "Engine knobs in effect", registry=r)
         self.config.info({k: str(v) for k, v in knobs.items()})

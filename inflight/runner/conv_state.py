@@ -23,9 +23,11 @@ Split over tensor-parallel ranks, each rank holds its share of the channels (a D
 its key heads' and their value heads', and those heads' matrices), in the slots and rows rank 0
 chose (`ConvStep.rows`, sent with the step).
 
-What this does not carry: prefix-cache hits (a cached block holds no convolution inputs: the
-engine turns prefix caching off), swapped requests (refused: they would resume without their
-state) and drafts (refused: a rejected draft would have moved the state).
+Prefix-cache hits resume from a saved state: a row per snapshot beside the slots, which the
+core fills and reads by block hash (`core/state_snapshots.py`; one rank only: split over ranks,
+prefix caching is off for these models). What this does not carry: swapped requests (refused:
+they would resume without their state) and drafts (refused: a rejected draft would have moved
+the state).
 """
 
 from __future__ import annotations
@@ -87,23 +89,28 @@ def sequence_state_bytes(arch: LlamaArchConfig, dtype: torch.dtype) -> int:
     return len(arch.conv_layers) * (inputs + (0 if shape is None else math.prod(shape) * 4))
 
 
-def conv_state_bytes(arch: LlamaArchConfig, num_slots: int, dtype: torch.dtype) -> int:
+def conv_state_bytes(
+    arch: LlamaArchConfig, num_slots: int, dtype: torch.dtype, num_snapshots: int = 0
+) -> int:
     """What `ConvState` holds for a model of `arch` (a rank's share of the channels) with
-    `num_slots` slots: a row a slot, a zero row and a scratch row."""
-    return (num_slots + 2) * sequence_state_bytes(arch, dtype)
+    `num_slots` slots: a row a slot, a zero row, a scratch row and a row a snapshot."""
+    return (num_slots + 2 + num_snapshots) * sequence_state_bytes(arch, dtype)
 
 
 class ConvState:
-    """Every convolution layer's state tensor [slots + 2, kernel - 1, channels] (and a
-    DeltaNet layer's matrices [slots + 2, *recurrent]): row s is slot s's; row `slots` is
-    zeros (read before a request's first token, never written); the last is scratch (written by
-    warm-up steps, never read)."""
+    """Every convolution layer's state tensor [slots + 2 + snapshots, kernel - 1, channels]
+    (and a DeltaNet layer's matrices [slots + 2 + snapshots, *recurrent]): row s is slot s's;
+    row `slots` is zeros (read before a request's first token, never written); the next is
+    scratch (written by warm-up steps, never read); then the prefix cache's saved states
+    (`core/state_snapshots.py`: row `slots + 2 + r` is snapshot r)."""
 
     def __init__(self, num_layers: int, num_slots: int, kernel: int, channels: int,
                  dtype: torch.dtype, device: torch.device,
-                 recurrent: tuple[int, int, int] | None = None) -> None:  # fmt: skip
+                 recurrent: tuple[int, int, int] | None = None,
+                 num_snapshots: int = 0) -> None:  # fmt: skip
         self.kernel, self.num_slots, self.device = kernel, num_slots, device
-        rows = num_slots + 2
+        self.num_snapshots = num_snapshots
+        rows = num_slots + 2 + num_snapshots
         shape = (rows, kernel - 1, channels)
         self.layers = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.recurrent = [] if recurrent is None else [
@@ -119,10 +126,14 @@ class ConvState:
 
     @classmethod
     def for_model(cls, arch: LlamaArchConfig, num_slots: int, dtype: torch.dtype,
-                  device: torch.device) -> ConvState:  # fmt: skip
+                  device: torch.device, num_snapshots: int = 0) -> ConvState:  # fmt: skip
         """The state of a model of `arch`: a rank's share of the channels where it is split."""
         return cls(len(arch.conv_layers), num_slots, arch.conv_kernel, arch.conv_width, dtype,
-                   device, recurrent_shape(arch))  # fmt: skip
+                   device, recurrent_shape(arch), num_snapshots)  # fmt: skip
+
+    def _copy_row(self, source: int, target: int) -> None:
+        for t in self.layers + self.recurrent:
+            t[target].copy_(t[source])
 
     @property
     def num_free_slots(self) -> int:
@@ -149,16 +160,21 @@ class ConvState:
                 continue
             slot = self._slot_of.get(s.request_id)
             if slot is None:
-                if s.start_pos != 0:
+                if s.start_pos != 0 and s.state_restore is None:
                     raise RuntimeError(f"request {s.request_id} resumes at position "
                                        f"{s.start_pos} without its convolution state")  # fmt: skip
                 if not self._free:
                     raise RuntimeError(f"more running requests than the {self.num_slots} "
                                        "convolution state slots")  # fmt: skip
                 slot = self._slot_of[s.request_id] = self._free.pop()
+                if s.state_restore is not None:  # (a prefix hit: the state after its blocks)
+                    self._copy_row(self._snapshot_row(s.state_restore), slot)
+                    self._valid[slot] = s.start_pos
             if s.start_pos != 0 and self._valid[slot] != s.start_pos:
                 raise RuntimeError(f"request {s.request_id}'s convolution state is not the one "
                                    f"before position {s.start_pos}")  # fmt: skip
+            if s.state_save is not None:  # (the state after a full block, as the prefix cache's)
+                self._copy_row(slot, self._snapshot_row(s.state_save))
             # zeros before the first token; the state so far after it
             read.append(self._zero_row if s.start_pos == 0 else slot)
             write.append(slot)
@@ -166,6 +182,11 @@ class ConvState:
         if scratch:
             return self.at_rows((read, write), query_start_loc)
         return self.at_rows((read, write), query_start_loc, written, self._valid)
+
+    def _snapshot_row(self, snapshot: int) -> int:
+        if not 0 <= snapshot < self.num_snapshots:
+            raise RuntimeError(f"snapshot {snapshot} of {self.num_snapshots}")
+        return self.num_slots + 2 + snapshot
 
     def at_rows(self, rows: tuple[list[int], list[int]], query_start_loc: list[int],
                 written: list[tuple[int, int]] | None = None,

@@ -113,3 +113,20 @@ def test_swap_round_trip_moves_blocks_between_pools():
     kv.swap_out(r)
     kv.free(r)  # an abort while swapped frees the swap space too
     assert kv.cpu_pool.num_used_blocks == 0
+
+
+def test_saved_states_are_given_up_least_recently_used_first():
+    """A state-carrying model's saved states (`StateSnapshots`): a row each, found by block
+    hash; a lookup makes one the most recently used; a full store gives up the least recently
+    used for a new one; a hash saved already, or a store of no rows, saves nothing."""
+    from inflight.core.state_snapshots import StateSnapshots
+
+    store = StateSnapshots(2)
+    first, second = store.save(101), store.save(202)
+    assert {first, second} == {0, 1} and store.save(101) is None
+    assert store.lookup(101) == first  # now the most recently used
+    assert store.save(303) == second and store.num_evicted == 1
+    assert store.lookup(202) is None and store.lookup(101) == first and len(store) == 2
+    assert store.save(2**64 + 7) == second and store.lookup(303) is None  # (303: least recent)
+    assert store.lookup(101) == first and store.num_saved == 4
+    assert StateSnapshots(0).save(5) is None

@@ -88,7 +88,9 @@ def test_the_kv_cache_holds_the_attention_layers_alone(lfm2):
     assert llm.core.kv_cache.num_bytes == per_token * 64 * llm.core.kv_cache.block_size
     state = llm.core.runner.conv_state
     assert len(state.layers) == 3  # layers 0, 2 and 3
-    assert state.layers[0].shape == (state.num_slots + 2, 2, arch.hidden_size)
+    # a row a slot, a zero and a scratch row, a row a saved state (one a seat)
+    assert state.num_snapshots == state.num_slots == 64
+    assert state.layers[0].shape == (2 * state.num_slots + 2, 2, arch.hidden_size)
 
 
 @pytest.mark.parametrize("qtype", [GGMLQuantizationType.F32, GGMLQuantizationType.Q8_0],
@@ -187,13 +189,18 @@ def test_an_lfm2_moe_gguf_generates_as_transformers_with_its_weights(
 
 
 def test_the_convolution_state_is_counted_before_loading(lfm2):
-    """The pre-load memory check counts the slots' state beside the KV pool: what `ConvState`
-    then holds, byte for byte."""
+    """The pre-load memory check counts the slots' state beside the KV pool, and the states
+    saved for the prefix cache: what `ConvState` then holds, byte for byte."""
+    from inflight.engine.engine_core import state_snapshot_rows
     from inflight.runner.conv_state import conv_state_bytes
 
     folder, *_ = lfm2
-    llm = LLM(str(folder), dtype="float32", max_num_seqs=5)
-    state = llm.core.runner.conv_state
-    assert conv_state_bytes(llm.core.arch, 5, torch.float32) == state.num_bytes > 0
+    for caching in (True, False):
+        llm = LLM(str(folder), dtype="float32", max_num_seqs=5, enable_prefix_caching=caching)
+        state = llm.core.runner.conv_state
+        assert state_snapshot_rows(llm.core.config, llm.core.arch) == state.num_snapshots
+        assert state.num_snapshots == (5 if caching else 0)
+        assert conv_state_bytes(llm.core.arch, 5, torch.float32,
+                                state.num_snapshots) == state.num_bytes > 0  # fmt: skip
     assert conv_state_bytes(LlamaArchConfig.from_hf_config({**PUBLISHED, "full_attn_idxs": None}),
                             5, torch.float32) == 0  # fmt: skip

@@ -96,7 +96,9 @@ def qwen3_5(tiny_model_factory):
 
 def test_the_deltanet_layers_hold_state_matrices_and_no_kv(qwen3_5):
     folder, *_ = qwen3_5
-    llm = LLM(str(folder), dtype="float32", num_kv_blocks=64, max_num_seqs=5)
+    # (no prefix cache, so no saved states: the slots and two rows alone)
+    llm = LLM(str(folder), dtype="float32", num_kv_blocks=64, max_num_seqs=5,
+              enable_prefix_caching=False)  # fmt: skip
     arch = llm.core.arch
     assert arch.kv_layers == (1, 3) and len(llm.core.kv_cache.layers) == 2
     state = llm.core.runner.conv_state

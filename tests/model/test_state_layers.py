@@ -2,11 +2,13 @@
 family that has it (`runner/conv_state.py`): LFM2's short convolutions and Qwen3.5's DeltaNet
 layers (their convolution inputs and state matrices). Each tiny model is held to transformers'
 greedy tokens through preemption (recompute), requests coming and going through few slots, a
-failed batch run again in halves, and aborts; what would lose the state is refused or off."""
+failed batch run again in halves, aborts, and prefix-cache hits that resume from a saved state;
+what would lose the state is refused."""
 
 from __future__ import annotations
 
 import pytest
+import torch
 
 from inflight import LLM, SamplingParams
 from inflight.errors import ConfigError
@@ -137,11 +139,63 @@ def test_aborted_requests_give_their_slots_back_and_others_keep_their_tokens(sta
     assert_state_slots_free(llm)
 
 
-def test_prefix_caching_is_off_and_a_repeated_prompt_gives_the_same_tokens(stateful):
-    folder, prompts, max_tokens, expected = stateful
-    llm = LLM(str(folder), dtype="float32", enable_prefix_caching=True)
-    assert not llm.core.kv_cache_manager.enable_prefix_caching
-    assert greedy_tokens(llm, [prompts[3]] * 2, [max_tokens[3]] * 2) == [expected[3]] * 2
+def _tokens_and_logprobs(llm: LLM, prompts: list[list[int]], n: int) -> list[tuple]:
+    params = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True, logprobs=0)
+    outs = [o.outputs[0] for o in llm.generate(prompts, params, use_tqdm=False)]
+    return [(o.token_ids, [lp.logprob for lp in o.logprobs]) for o in outs]
+
+
+def test_a_conversation_resumes_from_the_state_saved_after_its_last_full_block(stateful):
+    """A prefix hit resumes from the state saved after its last block (`StateSnapshots`): a
+    second turn (the first's prompt, its answer and a new message) starts from the state saved
+    as the answer ended a block, and gives the tokens it gets without the cache; the hits are
+    exactly the blocks up to the last saved state. (Log-probabilities to float32 rounding: the
+    answer's KV and state are as decoding computed them, and a decode attends in another order
+    than a prompt chunk; prompt-only hits are bit for bit, below.)"""
+    folder, prompts, _, _ = stateful
+    firsts = [prompts[1], prompts[6]]
+    plain = LLM(str(folder), dtype="float32", enable_prefix_caching=False)
+    llm = LLM(str(folder), dtype="float32", max_num_seqs=16)
+    kv = llm.core.kv_cache_manager
+    first = _tokens_and_logprobs(llm, firsts, 21)
+    assert first == _tokens_and_logprobs(plain, firsts, 21) and kv.prefix_stats.hits == 0
+    # a step starts after every 16th computed token (a prompt's chunk ends at its last full
+    # block for it): a state is saved at each, up to the last token the first turn computed
+    saved = [p for prompt in firsts for p in range(16, len(prompt) + 21 - 1, 16)]
+    assert len(kv.snapshots) == len(saved) and kv.snapshots.num_evicted == 0
+    seconds = [prompt + out[0] + [7, 8, 9] for prompt, out in zip(firsts, first, strict=True)]
+    got, want = _tokens_and_logprobs(llm, seconds, 9), _tokens_and_logprobs(plain, seconds, 9)
+    assert [g[0] for g in got] == [w[0] for w in want]
+    for (_, g), (_, w) in zip(got, want, strict=True):
+        torch.testing.assert_close(torch.tensor(g), torch.tensor(w), rtol=0, atol=1e-5)
+    assert kv.prefix_stats.hits == sum((len(p) + 21 - 2) // 16 * 16 for p in firsts)
+    assert_state_slots_free(llm)
+
+
+def test_saved_states_serve_hits_under_preemption_and_few_rows(stateful):
+    """Requests sharing prefixes in a pool that preempts, with 3 seats (so 3 saved states,
+    the least recently used given up): every token and log-probability as without the cache."""
+    folder, prompts, _, _ = stateful
+    shared = [prompts[5][:20] + p for p in prompts[:8]] + [prompts[5]] * 3
+    knobs = {"dtype": "float32", "kv_block_size": 4, "num_kv_blocks": 40, "max_num_seqs": 3,
+             "max_num_batched_tokens": 32}  # fmt: skip
+    want = _tokens_and_logprobs(LLM(str(folder), **knobs, enable_prefix_caching=False), shared, 12)
+    llm = LLM(str(folder), **knobs)
+    assert _tokens_and_logprobs(llm, shared, 12) == want
+    assert _tokens_and_logprobs(llm, shared, 12) == want  # (now from the saved states too)
+    kv = llm.core.kv_cache_manager
+    assert kv.prefix_stats.hits > 0 and kv.snapshots.num_evicted > 0
+    assert llm.core.scheduler.num_preemptions > 0
+    assert_state_slots_free(llm)
+
+
+def test_split_over_ranks_a_state_carrying_model_caches_no_prefix(stateful):
+    folder, *_ = stateful
+    llm = LLM(str(folder), dtype="float32", tensor_parallel_size=2)
+    kv = llm.core.kv_cache_manager
+    assert not kv.enable_prefix_caching and kv.snapshots is None
+    assert llm.core.runner.conv_state.num_snapshots == 0
+    llm.core.workers.close()
 
 
 @pytest.mark.parametrize(
