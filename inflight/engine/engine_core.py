@@ -74,10 +74,10 @@ def check_conv_state_fits(config: EngineConfig) -> None:
 
 def state_snapshot_rows(config: EngineConfig, arch: LlamaArchConfig) -> int:
     """The states a state-carrying model saves for prefix-cache hits (`StateSnapshots`): one a
-    seat, where the cache is on and the model runs on one rank; else none."""
+    seat, where the cache is on; else none."""
     if not (arch.conv_layers and config.cache.enable_prefix_caching and arch.pooling != "mean"):
         return 0
-    return config.scheduler.max_num_seqs if config.model.tensor_parallel_size == 1 else 0
+    return config.scheduler.max_num_seqs
 
 
 def warm_up_tokens(budget: int, max_model_len: int, device: torch.device, block_size: int) -> int:
@@ -139,21 +139,16 @@ class EngineCore:
         if self.workers is not None:
             conv_slots = sched_cfg.max_num_seqs if self.arch.conv_layers else 0
             self.workers.setup(KVSetup(plan.num_blocks, plan.num_cpu_blocks, kv_dtype,
-                                       self.kv_layout, plan.max_model_len,
-                                       conv_slots))  # fmt: skip
+                                       self.kv_layout, plan.max_model_len, conv_slots,
+                                       state_snapshot_rows(self.config, self.arch)))  # fmt: skip
         # the scratch block: the start-up warm-up's, and padding rows' of decode graphs; this
         # rank's share of the heads where the model is split (`model.cfg`)
         self.kv_cache = KVCache(loaded.model.cfg, attn, plan.num_blocks, kv_dtype, self.device,
                                 plan.num_cpu_blocks, scratch_block=True,
                                 layout=self.kv_layout)  # fmt: skip
         # mean pooling reads every prompt position's hidden state: none may come from the cache;
-        # a state-carrying model's hits resume from saved states (one rank's alone)
-        split = config.model.tensor_parallel_size > 1
-        caching = (config.cache.enable_prefix_caching and self.arch.pooling != "mean"
-                   and not (self.arch.conv_layers and split))  # fmt: skip
-        if config.cache.enable_prefix_caching and self.arch.conv_layers and split:
-            logger.info("prefix caching is off: split over ranks, this model's states are not "
-                        "saved for cached blocks")  # fmt: skip
+        # a state-carrying model's hits resume from saved states (`StateSnapshots`)
+        caching = config.cache.enable_prefix_caching and self.arch.pooling != "mean"
         snapshots = None
         if caching and self.arch.conv_layers:
             snapshots = StateSnapshots(state_snapshot_rows(self.config, self.arch))

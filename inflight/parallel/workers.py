@@ -75,6 +75,7 @@ class KVSetup:
     layout: KVLayout | None
     max_model_len: int  # (LongRoPE's factors are chosen by it)
     conv_slots: int = 0  # the convolution state's slots (LFM2's: `max_num_seqs`), or none
+    conv_snapshots: int = 0  # its rows of states saved for prefix-cache hits
 
 
 def threads_per_rank(size: int) -> int:
@@ -371,7 +372,7 @@ def rank_loop(spec: RankSpec, model: LlamaModel, conn: Connection) -> None:
     conv_state = None
     if kv.conv_slots:  # its share of every channel, in the slots rank 0 assigns
         conv_state = ConvState.for_model(model.cfg, kv.conv_slots, model.norm.weight.dtype,
-                                         device)  # fmt: skip
+                                         device, kv.conv_snapshots)  # fmt: skip
     conn.send(("ready",))
     while True:
         kind, *args = conn.recv()
@@ -387,6 +388,7 @@ def rank_loop(spec: RankSpec, model: LlamaModel, conn: Connection) -> None:
                                        **build)  # fmt: skip
             conv = {}
             if conv_state is not None and conv_rows is not None:
+                conv_state.copy_saved_states(scheduled, conv_rows[1])
                 conv["conv_step"] = conv_state.at_rows(conv_rows, inputs.query_start_loc)
             with torch.inference_mode():
                 model(inputs.input_ids, inputs.positions, cache.layers, inputs.attn_metadata,

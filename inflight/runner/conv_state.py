@@ -24,8 +24,8 @@ its key heads' and their value heads', and those heads' matrices), in the slots 
 chose (`ConvStep.rows`, sent with the step).
 
 Prefix-cache hits resume from a saved state: a row per snapshot beside the slots, which the
-core fills and reads by block hash (`core/state_snapshots.py`; one rank only: split over ranks,
-prefix caching is off for these models). What this does not carry: swapped requests (refused:
+core fills and reads by block hash (`core/state_snapshots.py`; the other ranks copy their share
+of the same rows, `copy_saved_states`). What this does not carry: swapped requests (refused:
 they would resume without their state) and drafts (refused: a rejected draft would have moved
 the state).
 """
@@ -182,6 +182,15 @@ class ConvState:
         if scratch:
             return self.at_rows((read, write), query_start_loc)
         return self.at_rows((read, write), query_start_loc, written, self._valid)
+
+    def copy_saved_states(self, scheduled: list[ScheduledRequest], write_rows: list[int]) -> None:
+        """Another tensor-parallel rank's share of `step`'s copies: each request's row (rank
+        0's slot, its write row) restored from, or saved into, the rows rank 0's core chose."""
+        for s, row in zip(scheduled, write_rows, strict=True):
+            if s.state_restore is not None:
+                self._copy_row(self._snapshot_row(s.state_restore), row)
+            if s.state_save is not None:
+                self._copy_row(row, self._snapshot_row(s.state_save))
 
     def _snapshot_row(self, snapshot: int) -> int:
         if not 0 <= snapshot < self.num_snapshots:

@@ -189,13 +189,23 @@ def test_saved_states_serve_hits_under_preemption_and_few_rows(stateful):
     assert_state_slots_free(llm)
 
 
-def test_split_over_ranks_a_state_carrying_model_caches_no_prefix(stateful):
-    folder, *_ = stateful
-    llm = LLM(str(folder), dtype="float32", tensor_parallel_size=2)
-    kv = llm.core.kv_cache_manager
-    assert not kv.enable_prefix_caching and kv.snapshots is None
-    assert llm.core.runner.conv_state.num_snapshots == 0
-    llm.core.workers.close()
+def test_two_ranks_resume_from_their_shares_of_a_saved_state(stateful):
+    """Split over ranks, each saves and restores its share of the states in the rows rank 0's
+    core chose (`ConvState.copy_saved_states`): a conversation's second turn gives one rank's
+    tokens from the same hits."""
+    folder, prompts, _, _ = stateful
+    firsts = [prompts[1], prompts[6]]
+    turns = []
+    for ranks in (1, 2):
+        llm = LLM(str(folder), dtype="float32", max_num_seqs=4, tensor_parallel_size=ranks)
+        first = greedy_tokens(llm, firsts, [21, 21])
+        seconds = [p + out + [7, 8, 9] for p, out in zip(firsts, first, strict=True)]
+        turns.append((first, greedy_tokens(llm, seconds, [9, 9]),
+                      llm.core.kv_cache_manager.prefix_stats.hits))  # fmt: skip
+        if ranks == 2:
+            assert llm.core.runner.conv_state.num_snapshots == 4
+            llm.core.workers.close()
+    assert turns[0] == turns[1] and turns[0][2] == sum((len(p) + 19) // 16 * 16 for p in firsts)
 
 
 @pytest.mark.parametrize(
