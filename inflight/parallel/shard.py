@@ -153,10 +153,14 @@ def _rows(tensor: torch.Tensor, units: range, unit: int) -> torch.Tensor:
     return tensor[units.start * unit : units.stop * unit]
 
 
+def _joined(parts: list[torch.Tensor], dim: int = 0) -> torch.Tensor:
+    """`parts` side by side along `dim`: a lone part as it is (a view, not a copy)."""
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=dim)
+
+
 def _runs(tensor: torch.Tensor, runs: list[range], unit: int) -> torch.Tensor:
     """Rows `runs` of `tensor` (each a range of units of `unit` rows), one after another."""
-    parts = [_rows(tensor, run, unit) for run in runs]
-    return parts[0] if len(parts) == 1 else torch.cat(parts)
+    return _joined([_rows(tensor, run, unit) for run in runs])
 
 
 def _parts(tensor: torch.Tensor, sizes: list[int]) -> list[torch.Tensor]:
@@ -201,8 +205,7 @@ def shard_blocks(
     runs = input_columns(shard, name)
     if runs is None:
         return shard_tensor(shard, name, blocks)
-    parts = [blocks[:, r.start // block_width : r.stop // block_width] for r in runs]
-    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+    return _joined([blocks[:, r.start // block_width : r.stop // block_width] for r in runs], 1)
 
 
 def shard_tensor(shard: Shard, name: str, tensor: torch.Tensor) -> torch.Tensor:
@@ -244,8 +247,7 @@ def shard_tensor(shard: Shard, name: str, tensor: torch.Tensor) -> torch.Tensor:
     if (fused := _GRANITE_FUSED.search(name)) is not None:
         return _fused_mlp(shard, fused[1] == "block_sparse_moe", fused[2] == "input", tensor)
     if (runs := input_columns(shard, name)) is not None:
-        parts = [tensor[:, r.start : r.stop] for r in runs]
-        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+        return _joined([tensor[:, r.start : r.stop] for r in runs], 1)
     if module in ("o_proj", "down_proj"):  # their biases join the sum once
         return tensor if shard.rank == 0 else torch.zeros_like(tensor)
     if module in ("embed_tokens", "lm_head"):
