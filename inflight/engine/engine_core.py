@@ -149,9 +149,8 @@ class EngineCore:
         # mean pooling reads every prompt position's hidden state: none may come from the cache;
         # a state-carrying model's hits resume from saved states (`StateSnapshots`)
         caching = config.cache.enable_prefix_caching and self.arch.pooling != "mean"
-        snapshots = None
-        if caching and self.arch.conv_layers:
-            snapshots = StateSnapshots(state_snapshot_rows(self.config, self.arch))
+        saved_states = state_snapshot_rows(self.config, self.arch)
+        snapshots = StateSnapshots(saved_states) if saved_states else None
         group_windows = self.kv_layout.group_windows if self.kv_layout else (None,)
         self.kv_cache_manager = KVCacheManager(plan.num_blocks, block_size, caching,
                                                plan.num_cpu_blocks, group_windows,

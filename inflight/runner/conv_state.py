@@ -168,13 +168,12 @@ class ConvState:
                                        "convolution state slots")  # fmt: skip
                 slot = self._slot_of[s.request_id] = self._free.pop()
                 if s.state_restore is not None:  # (a prefix hit: the state after its blocks)
-                    self._copy_row(self._snapshot_row(s.state_restore), slot)
                     self._valid[slot] = s.start_pos
+                    self._copy_saved_state(s, slot, restore=True)
             if s.start_pos != 0 and self._valid[slot] != s.start_pos:
                 raise RuntimeError(f"request {s.request_id}'s convolution state is not the one "
                                    f"before position {s.start_pos}")  # fmt: skip
-            if s.state_save is not None:  # (the state after a full block, as the prefix cache's)
-                self._copy_row(slot, self._snapshot_row(s.state_save))
+            self._copy_saved_state(s, slot, restore=False)  # (the saved state it takes, if any)
             # zeros before the first token; the state so far after it
             read.append(self._zero_row if s.start_pos == 0 else slot)
             write.append(slot)
@@ -187,10 +186,16 @@ class ConvState:
         """Another tensor-parallel rank's share of `step`'s copies: each request's row (rank
         0's slot, its write row) restored from, or saved into, the rows rank 0's core chose."""
         for s, row in zip(scheduled, write_rows, strict=True):
-            if s.state_restore is not None:
-                self._copy_row(self._snapshot_row(s.state_restore), row)
-            if s.state_save is not None:
-                self._copy_row(row, self._snapshot_row(s.state_save))
+            self._copy_saved_state(s, row, restore=True)
+            self._copy_saved_state(s, row, restore=False)
+
+    def _copy_saved_state(self, s: ScheduledRequest, row: int, restore: bool) -> None:
+        """Row `row` restored from the saved state a prefix hit resumes from (`restore`), or
+        saved as the state after a full block (the prefix cache's), where `s` names one."""
+        snapshot = s.state_restore if restore else s.state_save
+        if snapshot is not None:
+            saved = self._snapshot_row(snapshot)
+            self._copy_row(*((saved, row) if restore else (row, saved)))
 
     def _snapshot_row(self, snapshot: int) -> int:
         if not 0 <= snapshot < self.num_snapshots:
