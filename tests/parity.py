@@ -57,10 +57,14 @@ def greedy_tokens(llm, prompts: list[list[int]], max_tokens: list[int]) -> list[
 
 
 def assert_state_slots_free(llm) -> None:
-    """Every request's convolution (and DeltaNet) state slot is back once all have ended."""
+    """Every request's convolution (and DeltaNet) state slot is back once all have ended, no
+    state is left stashed for a swapped request, and the swap space is empty."""
     llm.core.step()  # (an empty step hands the runner the last requests' finished ids)
     state = llm.core.runner.conv_state
     assert state.num_free_slots == state.num_slots == llm.core.config.scheduler.max_num_seqs
+    assert state.num_stashed == 0
+    swap_space = llm.core.kv_cache_manager.cpu_pool
+    assert swap_space is None or swap_space.num_used_blocks == 0
 
 
 def assert_gguf_generates_as_its_weights(llm, folder, qtype, split_latent=None) -> None:

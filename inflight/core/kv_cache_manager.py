@@ -75,6 +75,7 @@ class KVCacheManager:
         num_cpu_blocks: int = 0,
         group_windows: Sequence[int | None] = (None,),
         snapshots: StateSnapshots | None = None,
+        swap_state_blocks: int = 0,
     ) -> None:
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
@@ -86,6 +87,11 @@ class KVCacheManager:
         # Swap space: CPU blocks holding the KV of swapped-out requests (no prefix caching).
         self.cpu_pool = SwapSpace(num_cpu_blocks) if num_cpu_blocks else None
         self.swapped: dict[str, list[list[int]]] = {}  # request -> its CPU tables
+        # A state-carrying model's swapped request keeps its state in host memory beside its
+        # KV (`runner.conv_state.ConvState.swap_out`), charged to the swap space as the blocks
+        # its bytes would fill, so that the space's budget bounds both.
+        self.swap_state_blocks = swap_state_blocks
+        self._state_blocks: dict[str, list[int]] = {}  # request -> blocks charged for its state
         self.block_tables: dict[str, list[list[int]]] = {}  # request -> a table per group
         self._hashes: dict[str, list[int]] = {}  # request -> hashes of its full blocks
         self._num_published: dict[str, int] = {}  # request -> leading blocks already cached
@@ -332,7 +338,8 @@ class KVCacheManager:
     # ------------------------------------------------------------------ swap
     def can_swap_out(self, request: Request) -> bool:
         held = self.num_held(request.request_id)
-        return self.cpu_pool is not None and 0 < held <= self.cpu_pool.num_free_blocks
+        return (self.cpu_pool is not None
+                and 0 < held <= self.cpu_pool.num_free_blocks - self.swap_state_blocks)  # fmt: skip
 
     def swap_out(self, request: Request) -> list[tuple[int, int]]:
         """Moves the request's blocks to CPU blocks; returns (device block, CPU block) copies
@@ -348,7 +355,15 @@ class KVCacheManager:
             cpu_tables.append(cpu_table)
         self.free(request)  # reads and drops the device tables
         self.swapped[request.request_id] = cpu_tables
+        if self.swap_state_blocks:
+            self._state_blocks[request.request_id] = self.cpu_pool.allocate(self.swap_state_blocks)
         return copies
+
+    @property
+    def num_swap_blocks_held(self) -> int:
+        """Swap-space blocks the swapped requests hold: their KV's and their states' charge."""
+        kv = sum(len(t) - t.count(NULL_BLOCK) for ts in self.swapped.values() for t in ts)
+        return kv + sum(map(len, self._state_blocks.values()))
 
     def is_swapped(self, request: Request) -> bool:
         return request.request_id in self.swapped
@@ -369,7 +384,7 @@ class KVCacheManager:
                   for c, b in zip(ct, t, strict=True) if c != NULL_BLOCK]  # fmt: skip
         self.block_tables[request.request_id] = tables
         del self.swapped[request.request_id]
-        self.cpu_pool.free([c for c, _ in copies])
+        self.cpu_pool.free([c for c, _ in copies] + self._state_blocks.pop(request.request_id, []))
         assert self.allocate_slots(request, num_new_tokens)  # grows the tables in place
         return copies
 
@@ -379,7 +394,8 @@ class KVCacheManager:
         swapped = self.swapped.pop(request.request_id, None)
         if swapped:
             assert self.cpu_pool is not None  # only swap mode swaps
-            self.cpu_pool.free([b for t in swapped for b in t if b != NULL_BLOCK])
+            self.cpu_pool.free([b for t in swapped for b in t if b != NULL_BLOCK]
+                               + self._state_blocks.pop(request.request_id, []))  # fmt: skip
         self._num_published.pop(request.request_id, None)
         self._hashes.pop(request.request_id, None)
         for table in self.block_tables.pop(request.request_id, ()):

@@ -87,6 +87,9 @@ class ScheduledRequest:
 class SchedulerOutput:
     scheduled: list[ScheduledRequest] = field(default_factory=list)
     preempted_request_ids: list[str] = field(default_factory=list)
+    # those of them whose KV went to swap space (a state-carrying model's runner keeps their
+    # state in host memory beside it, `ConvState.swap_out`); the others start again
+    swapped_request_ids: list[str] = field(default_factory=list)
     # KV copies to run before the forward, in this order: (device, cpu) out, then (cpu, device) in
     swap_out: list[tuple[int, int]] = field(default_factory=list)
     swap_in: list[tuple[int, int]] = field(default_factory=list)

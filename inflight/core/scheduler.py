@@ -98,6 +98,7 @@ class Scheduler:
         self._finished_ids: list[str] = []
         self._swap_out: list[tuple[int, int]] = []
         self._swap_in: list[tuple[int, int]] = []
+        self._swapped_ids: list[str] = []
         self.num_preemptions = 0
         self.num_swaps = 0  # preemptions served by swapping rather than recompute
 
@@ -139,6 +140,7 @@ class Scheduler:
         out = SchedulerOutput(
             scheduled=scheduled,
             preempted_request_ids=priority_preempted + preempted,
+            swapped_request_ids=self._swapped_ids,
             swap_out=self._swap_out,
             swap_in=self._swap_in,
             finished_request_ids=self._finished_ids,
@@ -147,7 +149,7 @@ class Scheduler:
             num_waiting=len(self.waiting),
             kv_usage=self.kv.usage,
         )
-        self._finished_ids, self._swap_out, self._swap_in = [], [], []
+        self._finished_ids, self._swap_out, self._swap_in, self._swapped_ids = [], [], [], []
         self._check_invariants(out)
         return out
 
@@ -400,6 +402,7 @@ class Scheduler:
         self.admission.on_preempted(request)
         if self.config.preemption_mode == "swap" and self.kv.can_swap_out(request):
             self._swap_out += self.kv.swap_out(request)
+            self._swapped_ids.append(request.request_id)
             self.num_swaps += 1
         else:
             self.kv.free(request)
@@ -419,6 +422,9 @@ class Scheduler:
         assert held == pool.num_refs, (held, pool.num_refs)  # shared blocks count once a holder
         assert pool.num_used_blocks <= held
         assert pool.num_free_blocks + pool.num_used_blocks == pool.num_blocks
+        if (swap_space := self.kv.cpu_pool) is not None:  # a block there has one owner
+            assert swap_space.num_used_blocks == self.kv.num_swap_blocks_held
+        assert set(out.swapped_request_ids) <= set(out.preempted_request_ids)
         self.admission.check(self.running)
 
     # ------------------------------------------------------------------ update

@@ -85,6 +85,8 @@ class KVPlan:
     num_blocks: int  # of the device pool
     max_model_len: int
     num_cpu_blocks: int  # of the swap space (0 unless preemption swaps)
+    # what a swapped request's sequence state costs there (a state-carrying model's)
+    swap_state_blocks: int = 0
 
 
 def plan_kv_pool(
@@ -98,13 +100,15 @@ def plan_kv_pool(
     model_limit: int,
     swap_space_bytes: int = 0,
     swap_bytes_per_token: int | None = None,
+    swap_state_bytes: int = 0,
     group_windows: Sequence[int | None] = (None,),
     chunk: int = 1,
 ) -> KVPlan:
     """The pool an engine (or a simulated replica) gets: `num_kv_blocks` blocks, or what
     `memory_bytes` buys capped at what `max_num_seqs` sequences could use; `max_model_len`
     resolved against it; and the swap space's blocks (`swap_space_bytes` over each block's
-    `swap_bytes_per_token`, by default `bytes_per_token`: a drafter's KV is not swapped). With
+    `swap_bytes_per_token`, by default `bytes_per_token`: a drafter's KV is not swapped; a
+    swapped request's `swap_state_bytes` are charged to it as the blocks they would fill). With
     KV groups, blocks are pages and `bytes_per_token` one page's layers' (`chunk`: the most
     tokens a step computes for a sequence)."""
     num_blocks = num_kv_blocks or num_blocks_for_budget(
@@ -114,4 +118,6 @@ def plan_kv_pool(
     max_model_len = resolve_max_model_len(requested_len, model_limit, num_blocks, block_size,
                                           group_windows, chunk)  # fmt: skip
     per_swapped_block = (swap_bytes_per_token or bytes_per_token) * block_size
-    return KVPlan(num_blocks, max_model_len, swap_space_bytes // per_swapped_block)
+    num_cpu_blocks = swap_space_bytes // per_swapped_block
+    state_blocks = cdiv(swap_state_bytes, per_swapped_block) if num_cpu_blocks else 0
+    return KVPlan(num_blocks, max_model_len, num_cpu_blocks, state_blocks)

@@ -44,7 +44,7 @@ from inflight.parallel.shard import Shard, check_tensor_parallel, shard_arch
 from inflight.parallel.workers import KVSetup, RankSpec, RankWorkers, threads_per_rank
 from inflight.platform import resolve_device
 from inflight.request import FinishReason, Request, RequestStatus
-from inflight.runner.conv_state import ConvState, conv_state_bytes
+from inflight.runner.conv_state import ConvState, conv_state_bytes, sequence_state_bytes
 from inflight.runner.cuda_graphs import DecodeGraphs, supports_graphs
 from inflight.runner.drafter import Drafter
 from inflight.runner.kv_cache import (
@@ -61,12 +61,7 @@ logger = logging.getLogger(__name__)
 
 def check_conv_state_fits(config: EngineConfig) -> None:
     """Refuses what would resume a request without its convolution state (LFM2's, and
-    Qwen3.5's DeltaNet matrices: `runner/conv_state.py`): swap preemption and drafts
-    (ConfigError)."""
-    if config.scheduler.preemption_mode == "swap":
-        raise ConfigError("preemption_mode swap: a swapped request would resume without its "
-                          "convolution state (this model's convolution layers); use "
-                          "recompute")  # fmt: skip
+    Qwen3.5's DeltaNet matrices: `runner/conv_state.py`): drafts (ConfigError)."""
     if config.scheduler.num_speculative_tokens:
         raise ConfigError("speculative decoding: a rejected draft would have moved the "
                           "convolution state of this model's convolution layers")  # fmt: skip
@@ -126,7 +121,8 @@ class EngineCore:
         if config.scheduler.speculative_model is not None:
             draft = self._load_drafter(config.scheduler.speculative_model, loaded, config)
         self.kv_layout = self._kv_layout(config, loaded, draft)
-        plan = self._plan_kv_pool(config, loaded, draft, kv_dtype, self.kv_layout)
+        plan = self._plan_kv_pool(config, loaded, draft, kv_dtype, self.kv_layout,
+                                  sequence_state_bytes(loaded.model.cfg, self.dtype))  # fmt: skip
         self.max_model_len = plan.max_model_len
         sched_cfg = dataclasses.replace(config.scheduler, max_model_len=plan.max_model_len)
         self.config = dataclasses.replace(config, scheduler=sched_cfg)
@@ -154,7 +150,7 @@ class EngineCore:
         group_windows = self.kv_layout.group_windows if self.kv_layout else (None,)
         self.kv_cache_manager = KVCacheManager(plan.num_blocks, block_size, caching,
                                                plan.num_cpu_blocks, group_windows,
-                                               snapshots)  # fmt: skip
+                                               snapshots, plan.swap_state_blocks)  # fmt: skip
         self.scheduler = Scheduler(sched_cfg, self.kv_cache_manager)
         self.runner = self._build_runner(config, draft, plan, kv_dtype)
         self.runner.warm_up(warm_up_tokens(sched_cfg.max_num_batched_tokens, plan.max_model_len,
@@ -165,6 +161,12 @@ class EngineCore:
                     str(kv_dtype).removeprefix("torch."), plan.max_model_len,
                     f", {len(group_windows)} groups of {self.kv_layout.layers_per_page} layers "
                     f"(windows {group_windows})" if self.kv_layout else "")  # fmt: skip
+        if plan.swap_state_blocks:
+            logger.log(logging.WARNING if plan.swap_state_blocks >= plan.num_cpu_blocks
+                       else logging.INFO,
+                       "swap space: %d blocks, of which a swapped request's sequence state "
+                       "takes %d (a request that does not fit is recomputed)",
+                       plan.num_cpu_blocks, plan.swap_state_blocks)  # fmt: skip
         assert peak_pages(plan.max_model_len, block_size, group_windows,
                           sched_cfg.chunk_limit) <= plan.num_blocks  # fmt: skip
 
@@ -285,12 +287,13 @@ class EngineCore:
     @staticmethod
     def _plan_kv_pool(
         config: EngineConfig, target: LoadedModel, draft: LoadedModel | None,
-        kv_dtype: torch.dtype, layout: KVLayout | None,
+        kv_dtype: torch.dtype, layout: KVLayout | None, state_bytes: int,
     ) -> KVPlan:  # fmt: skip
         """The pool's blocks, `max_model_len` and the swap space's blocks. A drafter's KV shares
         the pool's blocks, so a block costs both models' bytes; swap space holds only the
-        target's (a drafter's KV is recomputed after preemption). With KV groups a block is a
-        page of `layout.layers_per_page` layers."""
+        target's (a drafter's KV is recomputed after preemption), and a swapped request's
+        sequence state (`state_bytes`, a rank's share). With KV groups a block is a page of
+        `layout.layers_per_page` layers."""
         sched_cfg = config.scheduler
         # (a split model's rank holds its share of the heads: `model.cfg`)
         rank_arch = target.model.cfg
@@ -309,7 +312,7 @@ class EngineCore:
             num_kv_blocks=config.cache.num_kv_blocks, max_num_seqs=sched_cfg.max_num_seqs,
             requested_len=config.model.max_model_len, model_limit=max_positions,
             swap_space_bytes=config.cache.swap_space_bytes if swapping else 0,
-            swap_bytes_per_token=target_bytes_per_token,
+            swap_bytes_per_token=target_bytes_per_token, swap_state_bytes=state_bytes,
             group_windows=layout.group_windows if layout else (None,),
             chunk=sched_cfg.chunk_limit,
         )  # fmt: skip

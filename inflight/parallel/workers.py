@@ -203,8 +203,10 @@ class RankWorkers:
                  for s in scheduled]  # fmt: skip
         self._send(("forward", plain, build))
 
-    def swap(self, swap_out: Any, swap_in: Any) -> None:
-        self._send(("swap", swap_out, swap_in))
+    def swap(self, swap_out: Any, swap_in: Any, states: Any) -> None:
+        """Every other rank copies the KV blocks, and stashes or drops its share of the
+        convolution states (`ConvState.apply_swaps`), as rank 0 did."""
+        self._send(("swap", swap_out, swap_in, states))
 
     def close(self) -> None:
         self._finalizer()
@@ -379,7 +381,10 @@ def rank_loop(spec: RankSpec, model: LlamaModel, conn: Connection) -> None:
         if kind == "stop":
             return
         if kind == "swap":
-            cache.swap(*args)
+            swap_out, swap_in, states = args
+            cache.swap(swap_out, swap_in)
+            if conv_state is not None:
+                conv_state.apply_swaps(*states)
         elif kind == "forward":
             scheduled, build = args
             conv_rows = build.pop("conv_rows", None)

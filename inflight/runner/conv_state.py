@@ -25,9 +25,10 @@ chose (`ConvStep.rows`, sent with the step).
 
 Prefix-cache hits resume from a saved state: a row per snapshot beside the slots, which the
 core fills and reads by block hash (`core/state_snapshots.py`; the other ranks copy their share
-of the same rows, `copy_saved_states`). What this does not carry: swapped requests (refused:
-they would resume without their state) and drafts (refused: a rejected draft would have moved
-the state).
+of the same rows, `copy_saved_states`). A request whose KV is swapped out keeps its state in
+host memory until it resumes (`swap_out`: every rank stashes its share of the same row, and
+restores it into the row its request resumes in). What this does not carry: drafts (refused: a
+rejected draft would have moved the state).
 """
 
 from __future__ import annotations
@@ -123,6 +124,8 @@ class ConvState:
         self._slot_of: dict[str, int] = {}
         # per slot, the position before which its row holds the state (-1: none)
         self._valid = [-1] * num_slots
+        # swapped-out requests: their rows' copies in host memory, and the position they hold
+        self._stashed: dict[str, tuple[list[torch.Tensor], int]] = {}
 
     @classmethod
     def for_model(cls, arch: LlamaArchConfig, num_slots: int, dtype: torch.dtype,
@@ -139,13 +142,54 @@ class ConvState:
     def num_free_slots(self) -> int:
         return len(self._free)
 
-    def release(self, request_ids: Iterable[str]) -> None:
-        """Gives back the slots of requests that finished or were preempted."""
+    @property
+    def num_stashed(self) -> int:
+        """Swapped-out requests whose state waits in host memory."""
+        return len(self._stashed)
+
+    def release(self, request_ids: Iterable[str]) -> list[str]:
+        """Gives back the slots of requests that finished or were preempted, and drops the
+        stashed states of those that finished while swapped out; returns the latter (for the
+        other tensor-parallel ranks, `apply_swaps`)."""
+        dropped = []
         for request_id in request_ids:
             slot = self._slot_of.pop(request_id, None)
             if slot is not None:
                 self._valid[slot] = -1
                 self._free.append(slot)
+            elif self._stashed.pop(request_id, None) is not None:
+                dropped.append(request_id)
+        return dropped
+
+    def swap_out(self, request_ids: Iterable[str]) -> list[tuple[str, int]]:
+        """Stashes the rows of requests whose KV went to swap space in host memory (their
+        slots are then released as any preempted request's); returns (request, row) for the
+        other ranks' shares (`apply_swaps`)."""
+        moved = []
+        for request_id in request_ids:
+            slot = self._slot_of[request_id]
+            self._stash(request_id, slot, self._valid[slot])
+            moved.append((request_id, slot))
+        return moved
+
+    def apply_swaps(self, moved: list[tuple[str, int]], dropped: list[str]) -> None:
+        """Another tensor-parallel rank's share of rank 0's `swap_out` and `release`."""
+        for request_id, row in moved:
+            self._stash(request_id, row, -1)
+        for request_id in dropped:
+            del self._stashed[request_id]
+
+    def _stash(self, request_id: str, row: int, position: int) -> None:
+        host = torch.device("cpu")
+        rows = [t[row].to(host, copy=True) for t in self.layers + self.recurrent]
+        self._stashed[request_id] = rows, position
+
+    def _unstash(self, request_id: str, row: int) -> int:
+        """Row `row` restored from the request's stashed state; returns its position."""
+        rows, position = self._stashed.pop(request_id)
+        for t, saved in zip(self.layers + self.recurrent, rows, strict=True):
+            t[row].copy_(saved)
+        return position
 
     def step(self, scheduled: list[ScheduledRequest], query_start_loc: list[int],
              scratch: bool = False) -> ConvStep:  # fmt: skip
@@ -160,14 +204,17 @@ class ConvState:
                 continue
             slot = self._slot_of.get(s.request_id)
             if slot is None:
-                if s.start_pos != 0 and s.state_restore is None:
+                swapped = s.request_id in self._stashed
+                if s.start_pos != 0 and s.state_restore is None and not swapped:
                     raise RuntimeError(f"request {s.request_id} resumes at position "
                                        f"{s.start_pos} without its convolution state")  # fmt: skip
                 if not self._free:
                     raise RuntimeError(f"more running requests than the {self.num_slots} "
                                        "convolution state slots")  # fmt: skip
                 slot = self._slot_of[s.request_id] = self._free.pop()
-                if s.state_restore is not None:  # (a prefix hit: the state after its blocks)
+                if swapped:  # (back from swap space: the state it left with)
+                    self._valid[slot] = self._unstash(s.request_id, slot)
+                elif s.state_restore is not None:  # (a prefix hit: the state after its blocks)
                     self._valid[slot] = s.start_pos
                     self._copy_saved_state(s, slot, restore=True)
             if s.start_pos != 0 and self._valid[slot] != s.start_pos:
@@ -184,8 +231,11 @@ class ConvState:
 
     def copy_saved_states(self, scheduled: list[ScheduledRequest], write_rows: list[int]) -> None:
         """Another tensor-parallel rank's share of `step`'s copies: each request's row (rank
-        0's slot, its write row) restored from, or saved into, the rows rank 0's core chose."""
+        0's slot, its write row) restored from its stash (back from swap space), or from or
+        into the rows rank 0's core chose."""
         for s, row in zip(scheduled, write_rows, strict=True):
+            if s.request_id in self._stashed:
+                self._unstash(s.request_id, row)
             self._copy_saved_state(s, row, restore=True)
             self._copy_saved_state(s, row, restore=False)
 

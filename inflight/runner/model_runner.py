@@ -163,11 +163,14 @@ class ModelRunner:
             self._pooled_sums.pop(request_id, None)
         if self.drafter is not None:
             self.drafter.drop(out.finished_request_ids + out.preempted_request_ids)
-        if self.conv_state is not None:
-            self.conv_state.release(out.finished_request_ids + out.preempted_request_ids)
+        states: tuple[list[tuple[str, int]], list[str]] = ([], [])
+        if self.conv_state is not None:  # (a swapped request's state goes to host memory)
+            states = (self.conv_state.swap_out(out.swapped_request_ids),
+                      self.conv_state.release(out.finished_request_ids
+                                              + out.preempted_request_ids))  # fmt: skip
         self.kv_cache.swap(out.swap_out, out.swap_in)
-        if self.workers is not None and (out.swap_out or out.swap_in):
-            self.workers.swap(out.swap_out, out.swap_in)
+        if self.workers is not None and (out.swap_out or out.swap_in or any(states)):
+            self.workers.swap(out.swap_out, out.swap_in, states)
         if not out.scheduled:
             return ModelRunnerOutput()
         return self._run_isolating(out.scheduled)

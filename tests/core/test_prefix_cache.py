@@ -115,6 +115,27 @@ def test_swap_round_trip_moves_blocks_between_pools():
     assert kv.cpu_pool.num_used_blocks == 0
 
 
+def test_a_swapped_requests_state_is_charged_to_the_swap_space():
+    """A state-carrying model's swapped request holds its KV's blocks and its state's charge
+    (`swap_state_blocks`) there; both come back at swap-in, or when it ends while swapped; a
+    request whose KV and state together would not fit is recomputed instead."""
+    kv = KVCacheManager(num_blocks=8, block_size=4, enable_prefix_caching=False,
+                        num_cpu_blocks=6, swap_state_blocks=3)  # fmt: skip
+    r, big = request("r", list(range(10))), request("big", list(range(13)))
+    for req in (r, big):
+        assert kv.allocate_slots(req, req.num_tokens)
+        req.num_computed_tokens = req.num_tokens
+    assert not kv.can_swap_out(big)  # 4 blocks + 3 for its state > 6
+    assert kv.can_swap_out(r)  # 3 + 3
+    kv.swap_out(r)
+    assert kv.cpu_pool.num_used_blocks == kv.num_swap_blocks_held == 6
+    kv.swap_in(r, 1)
+    assert kv.cpu_pool.num_used_blocks == kv.num_swap_blocks_held == 0
+    kv.swap_out(r)
+    kv.free(r)  # an abort while swapped gives back its state's charge too
+    assert kv.cpu_pool.num_used_blocks == kv.num_swap_blocks_held == 0
+
+
 def test_saved_states_are_given_up_least_recently_used_first():
     """A state-carrying model's saved states (`StateSnapshots`): a row each, found by block
     hash; a lookup makes one the most recently used; a full store gives up the least recently

@@ -35,3 +35,10 @@ def test_swap_space_counts_the_swapped_models_bytes_only():
                         swap_bytes_per_token=1024)  # fmt: skip
     assert (plan.num_blocks, plan.num_cpu_blocks) == (32, 64)
     assert plan_kv_pool(**BASE, swap_space_bytes=2**20).num_cpu_blocks == 64
+
+
+def test_a_swapped_state_costs_the_swap_blocks_its_bytes_fill():
+    per_block = BASE["bytes_per_token"] * BASE["block_size"]
+    plan = plan_kv_pool(**BASE, swap_space_bytes=2**20, swap_state_bytes=2 * per_block + 1)
+    assert (plan.num_cpu_blocks, plan.swap_state_blocks) == (64, 3)
+    assert plan_kv_pool(**BASE, swap_state_bytes=per_block).swap_state_blocks == 0  # no swap

@@ -2,8 +2,8 @@
 family that has it (`runner/conv_state.py`): LFM2's short convolutions and Qwen3.5's DeltaNet
 layers (their convolution inputs and state matrices). Each tiny model is held to transformers'
 greedy tokens through preemption (recompute), requests coming and going through few slots, a
-failed batch run again in halves, aborts, and prefix-cache hits that resume from a saved state;
-what would lose the state is refused."""
+failed batch run again in halves, aborts, prefix-cache hits that resume from a saved state, and
+swapping to host memory and back; what would lose the state is refused."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import torch
 
 from inflight import LLM, SamplingParams
 from inflight.errors import ConfigError
+from inflight.request import FinishReason
 from tests.parity import (
     assert_state_slots_free,
     greedy_reference,
@@ -118,24 +119,31 @@ def test_a_request_whose_inputs_break_a_step_fails_alone_mid_decode(stateful, be
 def test_aborted_requests_give_their_slots_back_and_others_keep_their_tokens(stateful):
     """Clients that vanish mid-generation: their requests end (abort), their slots go back, and
     the requests beside them and after them get transformers' tokens in the slots they free."""
-    from inflight.request import FinishReason
-
     folder, prompts, max_tokens, expected = stateful
     llm = LLM(str(folder), dtype="float32", max_num_seqs=3, prefill_chunk_size=8)
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in max_tokens]
     ids = [llm.add_request(p, sp) for p, sp in zip(prompts[:8], params[:8], strict=True)]
     got: dict[str, list[int]] = {}
     for _ in range(4):
-        for out in llm.step():
-            got[out.request_id] = out.outputs[0].token_ids
-    aborted = set(ids[:2])
+        _step(llm, got)
+    _abort_then_finish(llm, set(ids[:2]), dict(zip(ids, expected, strict=False)), got)
+
+
+def _step(llm: LLM, got: dict[str, list[int]]) -> None:
+    for out in llm.step():
+        got[out.request_id] = out.outputs[0].token_ids
+
+
+def _abort_then_finish(llm: LLM, aborted: set[str], expected: dict[str, list[int]],
+                       got: dict[str, list[int]]) -> None:  # fmt: skip
+    """Aborts `aborted`, runs the rest to their end: each gets its `expected` tokens, and every
+    slot comes back."""
     llm.core.finish_requests(list(aborted), FinishReason.ABORT)
     while llm.core.has_unfinished_requests():
-        for out in llm.step():
-            got[out.request_id] = out.outputs[0].token_ids
-    for i, request_id in enumerate(ids):
+        _step(llm, got)
+    for request_id, tokens in expected.items():
         if request_id not in aborted:
-            assert got[request_id] == expected[i], f"prompt {i} diverged"
+            assert got[request_id] == tokens, f"request {request_id} diverged"
     assert_state_slots_free(llm)
 
 
@@ -208,14 +216,54 @@ def test_two_ranks_resume_from_their_shares_of_a_saved_state(stateful):
     assert turns[0] == turns[1] and turns[0][2] == sum((len(p) + 19) // 16 * 16 for p in firsts)
 
 
-@pytest.mark.parametrize(
-    ("knobs", "message"),
-    [
-        ({"preemption_mode": "swap"}, "swapped request would resume without"),
-        ({"num_speculative_tokens": 2}, "rejected draft"),
-    ],
-)
-def test_what_would_lose_the_state_is_refused(stateful, knobs, message):
+SWAPPING = {"dtype": "float32", "kv_block_size": 4, "num_kv_blocks": 40,
+            "max_num_batched_tokens": 96, "preemption_mode": "swap"}  # fmt: skip
+
+
+def test_swapped_requests_resume_from_their_stashed_state(stateful):
+    """Preempted by swapping, a request's KV goes to swap space and its state to host memory
+    (`ConvState.swap_out`), charged to the swap space; it resumes from both, where it left off,
+    with transformers' tokens."""
+    folder, prompts, max_tokens, expected = stateful
+    llm = LLM(str(folder), **SWAPPING)
+    kv = llm.core.kv_cache_manager
+    assert kv.swap_state_blocks >= 1
+    assert greedy_tokens(llm, prompts, max_tokens) == expected
+    scheduler = llm.core.scheduler
+    assert scheduler.num_swaps > 0 and scheduler.num_swaps == scheduler.num_preemptions
+    assert_state_slots_free(llm)
+
+
+def test_a_request_aborted_while_swapped_out_drops_its_state(stateful):
+    """Requests that end while swapped out give back their swap blocks and their stashed
+    states; the others resume with their own tokens."""
+    folder, prompts, max_tokens, expected = stateful
+    llm = LLM(str(folder), **SWAPPING)
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in max_tokens]
+    ids = [llm.add_request(p, sp) for p, sp in zip(prompts, params, strict=True)]
+    got: dict[str, list[int]] = {}
+    kv = llm.core.kv_cache_manager
+    while not kv.swapped:  # (a step's runner stashes what its core swapped out)
+        _step(llm, got)
+    aborted = set(kv.swapped)
+    assert llm.core.runner.conv_state.num_stashed == len(aborted) >= 1
+    _abort_then_finish(llm, aborted, dict(zip(ids, expected, strict=True)), got)
+
+
+def test_two_ranks_swap_their_shares_of_a_state(stateful):
+    """Split over ranks, each stashes its share of a swapped request's state from the row rank
+    0 names, and restores it into the row the request resumes in: transformers' tokens."""
+    folder, prompts, max_tokens, expected = stateful
+    llm = LLM(str(folder), **SWAPPING, tensor_parallel_size=2)
+    try:
+        assert greedy_tokens(llm, prompts, max_tokens) == expected
+        assert llm.core.scheduler.num_swaps > 0
+        assert_state_slots_free(llm)
+    finally:
+        llm.core.workers.close()
+
+
+def test_drafts_are_refused(stateful):
     folder, *_ = stateful
-    with pytest.raises(ConfigError, match=message):
-        LLM(str(folder), dtype="float32", **knobs)
+    with pytest.raises(ConfigError, match="rejected draft"):
+        LLM(str(folder), dtype="float32", num_speculative_tokens=2)
