@@ -59,14 +59,6 @@ from inflight.runner.model_runner import ModelRunner
 logger = logging.getLogger(__name__)
 
 
-def check_conv_state_fits(config: EngineConfig) -> None:
-    """Refuses what would resume a request without its convolution state (LFM2's, and
-    Qwen3.5's DeltaNet matrices: `runner/conv_state.py`): drafts (ConfigError)."""
-    if config.scheduler.num_speculative_tokens:
-        raise ConfigError("speculative decoding: a rejected draft would have moved the "
-                          "convolution state of this model's convolution layers")  # fmt: skip
-
-
 def state_snapshot_rows(config: EngineConfig, arch: LlamaArchConfig) -> int:
     """The states a state-carrying model saves for prefix-cache hits (`StateSnapshots`): one a
     seat, where the cache is on; else none."""
@@ -115,8 +107,6 @@ class EngineCore:
         if self.workers is not None:  # (they loaded their slices meanwhile)
             self.workers.connect()
         self.arch = loaded.arch
-        if self.arch.conv_layers:
-            check_conv_state_fits(config)
         draft = None
         if config.scheduler.speculative_model is not None:
             draft = self._load_drafter(config.scheduler.speculative_model, loaded, config)
@@ -136,7 +126,8 @@ class EngineCore:
             conv_slots = sched_cfg.max_num_seqs if self.arch.conv_layers else 0
             self.workers.setup(KVSetup(plan.num_blocks, plan.num_cpu_blocks, kv_dtype,
                                        self.kv_layout, plan.max_model_len, conv_slots,
-                                       state_snapshot_rows(self.config, self.arch)))  # fmt: skip
+                                       state_snapshot_rows(self.config, self.arch),
+                                       sched_cfg.num_speculative_tokens))  # fmt: skip
         # the scratch block: the start-up warm-up's, and padding rows' of decode graphs; this
         # rank's share of the heads where the model is split (`model.cfg`)
         self.kv_cache = KVCache(loaded.model.cfg, attn, plan.num_blocks, kv_dtype, self.device,
@@ -257,7 +248,7 @@ class EngineCore:
         rank_arch = shard_arch(Shard(arch, 0, size))
         rank_pool = self._kv_bytes(config, rank_arch, kv_dtype) + conv_state_bytes(
             rank_arch, config.scheduler.max_num_seqs, self.dtype,
-            state_snapshot_rows(config, arch),
+            state_snapshot_rows(config, arch), config.scheduler.num_speculative_tokens,
         )  # fmt: skip
         weights = estimated_weight_bytes(path, self.dtype, activations)
         check_memory_fits(path, weights * here // size, here * rank_pool)
@@ -347,10 +338,12 @@ class EngineCore:
             saved = self.kv_cache_manager.snapshots
             conv_state = ConvState.for_model(model.cfg, config.scheduler.max_num_seqs,
                                              self.dtype, device,
-                                             0 if saved is None else saved.capacity)  # fmt: skip
+                                             0 if saved is None else saved.capacity,
+                                             config.scheduler.num_speculative_tokens)  # fmt: skip
             logger.info("sequence state (convolution inputs, DeltaNet matrices): %d slots, %d "
-                        "saved for the prefix cache, %.1f MiB", conv_state.num_slots,
-                        conv_state.num_snapshots, conv_state.num_bytes / 2**20)  # fmt: skip
+                        "saved for the prefix cache, %d draft rows a slot, %.1f MiB",
+                        conv_state.num_slots, conv_state.num_snapshots, conv_state.num_drafts,
+                        conv_state.num_bytes / 2**20)  # fmt: skip
         return ModelRunner(model, self.kv_cache, attn, device, config.model.seed, graphs, drafter,
                            self.kv_layout, self.workers, conv_state)  # fmt: skip
 
@@ -374,6 +367,10 @@ class EngineCore:
         draft = load_model(resolve_model_path(model), self.dtype, self.device,
                            config.cache.kv_block_size, config.model.attention_backend,
                            target.quantized_activations, warn_unused=False)  # fmt: skip
+        if draft.arch.conv_layers:
+            raise ConfigError(f"speculative_model {model} carries a state from step to step "
+                              "(convolution layers), which the drafter does not keep; draft "
+                              "with a model that attends in every layer")  # fmt: skip
         if draft.arch.vocab_size != target.arch.vocab_size:
             raise ConfigError(
                 f"speculative_model {model} has a vocabulary of {draft.arch.vocab_size} tokens, "

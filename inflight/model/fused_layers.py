@@ -274,7 +274,8 @@ class FusedDecoderLayers:
             pairs = list(zip(self.conv_index, kv_caches, strict=True))
             step = next(kv for c, kv in pairs if c >= 0)[1]
             conv_states = step.states
-            conv_rows = [step.taps, step.keep, step.read_rows, step.write_rows]
+            conv_rows = [step.taps, step.keep, step.read_rows, step.write_rows,
+                         step.snapshot_rows]  # fmt: skip
             delta_states, starts = step.recurrent, step.starts
             placeholder = next(kv for c, kv in pairs if c < 0)
             kv_caches = [placeholder if c >= 0 else kv for c, kv in pairs]

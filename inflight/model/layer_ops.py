@@ -80,6 +80,10 @@ class TorchLayerOps:
         for k in range(1, back + 1):
             out += table[step.taps[k]] * weight[:, k]
         state[step.write_rows] = table[step.keep].view(-1, back, x.shape[1]).to(state.dtype)
+        if step.snapshot_rows.numel():  # the state after a speculating request's tokens
+            tokens = (step.snapshot_rows >= 0).nonzero().squeeze(1)
+            after = step.taps[1:, tokens].T  # [n, back]: each one's last inputs, oldest first
+            state[step.snapshot_rows[tokens]] = table[after].to(state.dtype)
         return out
 
 
@@ -116,4 +120,4 @@ class CpuLayerOps(TorchLayerOps):
         if x.dtype != weight.dtype or x.dtype not in (torch.float32, torch.bfloat16):
             return super().short_convolution(x, weight, state, step)  # PyTorch's promotions
         return self.ext.short_convolution(x, weight, state, step.taps, step.keep, step.read_rows,
-                                          step.write_rows)  # fmt: skip
+                                          step.write_rows, step.snapshot_rows)  # fmt: skip

@@ -79,8 +79,9 @@ def gated_delta_rule(
     dim] (normalized, each key head repeated for its value heads), v [T, value heads, value
     dim], g (log decay) and beta [T, value heads], all float32. Each request's state matrices
     are read from `states` [rows, heads, key dim, value dim] at `step.read_rows` and its last
-    written at `step.write_rows` (`runner.conv_state.ConvStep`). Returns o [T, heads, value
-    dim]. The requests at the same offset into their rows go together."""
+    written at `step.write_rows` (`runner.conv_state.ConvStep`), and after a token at its
+    `step.snapshot_rows` entry where it names a row. Returns o [T, heads, value dim]. The
+    requests at the same offset into their rows go together."""
     starts = step.starts
     lengths = torch.tensor([b - a for a, b in itertools.pairwise(starts)])
     first = torch.tensor(starts[:-1])
@@ -96,6 +97,9 @@ def gated_delta_rule(
         s = s + key * ((v[rows] - remembered) * beta[rows][..., None])[..., None, :]
         out[rows] = (s * q[rows][..., None]).sum(dim=-2)
         state[live] = s
+        if step.snapshot_rows.numel():  # (a speculating request's state after each token)
+            snapshots = step.snapshot_rows[rows]
+            states[snapshots[snapshots >= 0]] = s[snapshots >= 0]
     states[step.write_rows] = state
     return out
 
@@ -153,8 +157,8 @@ class Qwen3_5DecoderLayer(Qwen3DecoderLayer):
         if ext is not None:
             gated = ext.gated_delta_net(
                 qkvz, ba, self.conv_weight, conv_state, step.taps, step.keep, step.read_rows,
-                step.write_rows, step.starts, states, self.decay_rate, self.dt_bias,
-                self.norm.weight, self.norm.eps, self.key_heads, self.tiled,
+                step.write_rows, step.snapshot_rows, step.starts, states, self.decay_rate,
+                self.dt_bias, self.norm.weight, self.norm.eps, self.key_heads, self.tiled,
             )  # fmt: skip
         else:
             gated = self.delta_net(qkvz, ba, conv_state, states, step)

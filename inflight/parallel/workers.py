@@ -76,6 +76,7 @@ class KVSetup:
     max_model_len: int  # (LongRoPE's factors are chosen by it)
     conv_slots: int = 0  # the convolution state's slots (LFM2's: `max_num_seqs`), or none
     conv_snapshots: int = 0  # its rows of states saved for prefix-cache hits
+    conv_drafts: int = 0  # its draft rows a slot (the states after a speculating step's tokens)
 
 
 def threads_per_rank(size: int) -> int:
@@ -204,8 +205,8 @@ class RankWorkers:
         self._send(("forward", plain, build))
 
     def swap(self, swap_out: Any, swap_in: Any, states: Any) -> None:
-        """Every other rank copies the KV blocks, and stashes or drops its share of the
-        convolution states (`ConvState.apply_swaps`), as rank 0 did."""
+        """Every other rank copies the KV blocks, and keeps the drafts, stashes or drops its
+        share of the convolution states (`ConvState.apply_swaps`), as rank 0 did."""
         self._send(("swap", swap_out, swap_in, states))
 
     def close(self) -> None:
@@ -374,7 +375,7 @@ def rank_loop(spec: RankSpec, model: LlamaModel, conn: Connection) -> None:
     conv_state = None
     if kv.conv_slots:  # its share of every channel, in the slots rank 0 assigns
         conv_state = ConvState.for_model(model.cfg, kv.conv_slots, model.norm.weight.dtype,
-                                         device, kv.conv_snapshots)  # fmt: skip
+                                         device, kv.conv_snapshots, kv.conv_drafts)  # fmt: skip
     conn.send(("ready",))
     while True:
         kind, *args = conn.recv()

@@ -27,8 +27,13 @@ Prefix-cache hits resume from a saved state: a row per snapshot beside the slots
 core fills and reads by block hash (`core/state_snapshots.py`; the other ranks copy their share
 of the same rows, `copy_saved_states`). A request whose KV is swapped out keeps its state in
 host memory until it resumes (`swap_out`: every rank stashes its share of the same row, and
-restores it into the row its request resumes in). What this does not carry: drafts (refused: a
-rejected draft would have moved the state).
+restores it into the row its request resumes in).
+
+A speculating request's step runs its last token and its drafts, and keeps only the drafts the
+target agrees with: its state must be the one after the last kept. The step writes the state
+after each token but the last into draft rows of its slot's own (`ConvStep.snapshot_rows`; the
+last token's goes to the slot as any step's), and once verified the runner keeps the right one
+(`keep_drafts`: the draft row copied into the slot, every rank alike).
 """
 
 from __future__ import annotations
@@ -55,7 +60,11 @@ class ConvStep:
     keep: torch.Tensor  # [R * (kernel - 1)]: each request's state after the step, in order
     read_rows: torch.Tensor  # [R]: the state row each request reads
     write_rows: torch.Tensor  # [R]: the state row each request writes
-    rows: tuple[list[int], list[int]]  # the same, as rank 0 hands them to the other ranks
+    # [T]: the row a token's state is written to as well (-1: none), or empty where no request
+    # speculates: a speculating request's tokens but its last (`ConvState.keep_drafts`)
+    snapshot_rows: torch.Tensor
+    # read_rows, write_rows and snapshot_rows, as rank 0 hands them to the other ranks
+    rows: tuple[list[int], list[int], list[int]]
     starts: list[int]  # each request's first row of the step, then their number (T)
     # each DeltaNet layer's state matrices [rows, value heads, key dim, value dim] (their rows
     # are the convolution's: `read_rows`, `write_rows`); none for LFM2
@@ -91,27 +100,32 @@ def sequence_state_bytes(arch: LlamaArchConfig, dtype: torch.dtype) -> int:
 
 
 def conv_state_bytes(
-    arch: LlamaArchConfig, num_slots: int, dtype: torch.dtype, num_snapshots: int = 0
-) -> int:
+    arch: LlamaArchConfig, num_slots: int, dtype: torch.dtype, num_snapshots: int = 0,
+    num_drafts: int = 0,
+) -> int:  # fmt: skip
     """What `ConvState` holds for a model of `arch` (a rank's share of the channels) with
-    `num_slots` slots: a row a slot, a zero row, a scratch row and a row a snapshot."""
-    return (num_slots + 2 + num_snapshots) * sequence_state_bytes(arch, dtype)
+    `num_slots` slots: a row a slot, a zero row, a scratch row, a row a snapshot and, where
+    requests speculate `num_drafts` tokens, that many rows a slot."""
+    rows = num_slots * (1 + num_drafts) + 2 + num_snapshots
+    return rows * sequence_state_bytes(arch, dtype)
 
 
 class ConvState:
-    """Every convolution layer's state tensor [slots + 2 + snapshots, kernel - 1, channels]
-    (and a DeltaNet layer's matrices [slots + 2 + snapshots, *recurrent]): row s is slot s's;
-    row `slots` is zeros (read before a request's first token, never written); the next is
-    scratch (written by warm-up steps, never read); then the prefix cache's saved states
-    (`core/state_snapshots.py`: row `slots + 2 + r` is snapshot r)."""
+    """Every convolution layer's state tensor [rows, kernel - 1, channels] (and a DeltaNet
+    layer's matrices [rows, *recurrent]): row s is slot s's; row `slots` is zeros (read before
+    a request's first token, never written); the next is scratch (written by warm-up steps,
+    never read); then the prefix cache's saved states (`core/state_snapshots.py`: row
+    `slots + 2 + r` is snapshot r); then each slot's `num_drafts` draft rows (the states after
+    a speculating request's tokens but its last)."""
 
     def __init__(self, num_layers: int, num_slots: int, kernel: int, channels: int,
                  dtype: torch.dtype, device: torch.device,
                  recurrent: tuple[int, int, int] | None = None,
-                 num_snapshots: int = 0) -> None:  # fmt: skip
+                 num_snapshots: int = 0, num_drafts: int = 0) -> None:  # fmt: skip
         self.kernel, self.num_slots, self.device = kernel, num_slots, device
-        self.num_snapshots = num_snapshots
-        rows = num_slots + 2 + num_snapshots
+        self.num_snapshots, self.num_drafts = num_snapshots, num_drafts
+        self._first_draft_row = num_slots + 2 + num_snapshots
+        rows = self._first_draft_row + num_slots * num_drafts
         shape = (rows, kernel - 1, channels)
         self.layers = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.recurrent = [] if recurrent is None else [
@@ -126,13 +140,16 @@ class ConvState:
         self._valid = [-1] * num_slots
         # swapped-out requests: their rows' copies in host memory, and the position they hold
         self._stashed: dict[str, tuple[list[torch.Tensor], int]] = {}
+        # draft rows copied into slots since the other ranks last heard (`take_kept_drafts`)
+        self._kept_drafts: list[tuple[int, int]] = []
 
     @classmethod
     def for_model(cls, arch: LlamaArchConfig, num_slots: int, dtype: torch.dtype,
-                  device: torch.device, num_snapshots: int = 0) -> ConvState:  # fmt: skip
+                  device: torch.device, num_snapshots: int = 0,
+                  num_drafts: int = 0) -> ConvState:  # fmt: skip
         """The state of a model of `arch`: a rank's share of the channels where it is split."""
         return cls(len(arch.conv_layers), num_slots, arch.conv_kernel, arch.conv_width, dtype,
-                   device, recurrent_shape(arch), num_snapshots)  # fmt: skip
+                   device, recurrent_shape(arch), num_snapshots, num_drafts)  # fmt: skip
 
     def _copy_row(self, source: int, target: int) -> None:
         for t in self.layers + self.recurrent:
@@ -172,8 +189,33 @@ class ConvState:
             moved.append((request_id, slot))
         return moved
 
-    def apply_swaps(self, moved: list[tuple[str, int]], dropped: list[str]) -> None:
-        """Another tensor-parallel rank's share of rank 0's `swap_out` and `release`."""
+    def keep_drafts(self, s: ScheduledRequest, num_kept: int) -> None:
+        """A verified speculating request's state: the one after its last kept draft (the
+        step wrote it to a draft row of its slot, where it kept fewer than all)."""
+        slot = self._slot_of[s.request_id]
+        rejected = len(s.draft_token_ids) - num_kept
+        if rejected:
+            self._copy_row(self._draft_row(slot, num_kept), slot)
+            self._kept_drafts.append((self._draft_row(slot, num_kept), slot))
+            self._valid[slot] -= rejected
+
+    def take_kept_drafts(self) -> list[tuple[int, int]]:
+        """The (draft row, slot) copies `keep_drafts` made since the last call, for the other
+        tensor-parallel ranks (`apply_swaps`), which make them before their next step."""
+        copies, self._kept_drafts = self._kept_drafts, []
+        return copies
+
+    def _draft_row(self, slot: int, token: int) -> int:
+        """The row of slot `slot` that holds the state after a speculating request's `token`th
+        token of its step."""
+        return self._first_draft_row + slot * self.num_drafts + token
+
+    def apply_swaps(self, moved: list[tuple[str, int]], dropped: list[str],
+                    kept_drafts: list[tuple[int, int]]) -> None:  # fmt: skip
+        """Another tensor-parallel rank's share of rank 0's `keep_drafts` (first: a state
+        stashed next is the kept one), `swap_out` and `release`."""
+        for source, target in kept_drafts:
+            self._copy_row(source, target)
         for request_id, row in moved:
             self._stash(request_id, row, -1)
         for request_id in dropped:
@@ -197,7 +239,8 @@ class ConvState:
         row and takes no slot. Raises RuntimeError where a request would resume without its
         state (a bug: the engine refuses what leads there)."""
         read, write, written = [], [], []
-        for s in scheduled:
+        snapshots: list[int] = []
+        for s, first in zip(scheduled, query_start_loc, strict=False):
             if scratch:
                 read.append(self._zero_row)
                 write.append(self._scratch_row)
@@ -225,9 +268,18 @@ class ConvState:
             read.append(self._zero_row if s.start_pos == 0 else slot)
             write.append(slot)
             written.append((slot, s.start_pos + s.num_tokens))
+            drafts = len(s.draft_token_ids)
+            if drafts:  # the states after its tokens but the last, for `keep_drafts`
+                if drafts > self.num_drafts:
+                    raise RuntimeError(f"request {s.request_id} has {drafts} drafts, more than "
+                                       f"the {self.num_drafts} draft rows")  # fmt: skip
+                snapshots += [-1] * (first - len(snapshots))
+                snapshots += [self._draft_row(slot, i) for i in range(drafts)]
+        if snapshots:
+            snapshots += [-1] * (query_start_loc[-1] - len(snapshots))
         if scratch:
-            return self.at_rows((read, write), query_start_loc)
-        return self.at_rows((read, write), query_start_loc, written, self._valid)
+            return self.at_rows((read, write, snapshots), query_start_loc)
+        return self.at_rows((read, write, snapshots), query_start_loc, written, self._valid)
 
     def copy_saved_states(self, scheduled: list[ScheduledRequest], write_rows: list[int]) -> None:
         """Another tensor-parallel rank's share of `step`'s copies: each request's row (rank
@@ -252,17 +304,19 @@ class ConvState:
             raise RuntimeError(f"snapshot {snapshot} of {self.num_snapshots}")
         return self.num_slots + 2 + snapshot
 
-    def at_rows(self, rows: tuple[list[int], list[int]], query_start_loc: list[int],
+    def at_rows(self, rows: tuple[list[int], list[int], list[int]], query_start_loc: list[int],
                 written: list[tuple[int, int]] | None = None,
                 valid: list[int] | None = None) -> ConvStep:  # fmt: skip
         """A step over the rows rank 0 chose (`ConvStep.rows`): another tensor-parallel rank's,
         whose slots mirror rank 0's (the same rows of its share of the channels); rank 0's own,
         with the rows it marks valid once run (`written`, in `valid`)."""
         taps, keep = self._indices(query_start_loc)
-        read, write = rows
+        read, write, snapshots = rows
         return ConvStep(states=self.layers, taps=taps.to(self.device), keep=keep.to(self.device),
                         read_rows=torch.tensor(read, device=self.device),
-                        write_rows=torch.tensor(write, device=self.device), rows=rows,
+                        write_rows=torch.tensor(write, device=self.device),
+                        snapshot_rows=torch.tensor(snapshots, dtype=torch.long,
+                                                   device=self.device), rows=rows,
                         starts=list(query_start_loc), recurrent=self.recurrent,
                         _written=written or [], _valid=valid)  # fmt: skip
 

@@ -163,11 +163,12 @@ class ModelRunner:
             self._pooled_sums.pop(request_id, None)
         if self.drafter is not None:
             self.drafter.drop(out.finished_request_ids + out.preempted_request_ids)
-        states: tuple[list[tuple[str, int]], list[str]] = ([], [])
+        states: tuple[list[tuple[str, int]], list[str], list[tuple[int, int]]] = ([], [], [])
         if self.conv_state is not None:  # (a swapped request's state goes to host memory)
+            kept_drafts = self.conv_state.take_kept_drafts()  # (before a swap stashes its row)
+            ended = out.finished_request_ids + out.preempted_request_ids
             states = (self.conv_state.swap_out(out.swapped_request_ids),
-                      self.conv_state.release(out.finished_request_ids
-                                              + out.preempted_request_ids))  # fmt: skip
+                      self.conv_state.release(ended), kept_drafts)  # fmt: skip
         self.kv_cache.swap(out.swap_out, out.swap_in)
         if self.workers is not None and (out.swap_out or out.swap_in or any(states)):
             self.workers.swap(out.swap_out, out.swap_in, states)
@@ -303,6 +304,8 @@ class ModelRunner:
                     result.accepted_draft_ids[s.request_id] = kept
                     if self.drafter is not None:
                         self.drafter.commit(s, len(kept))
+                    if self.conv_state is not None:
+                        self.conv_state.keep_drafts(s, len(kept))
                     result.sampled_token_ids[s.request_id] = token_id
                 else:
                     plain_rows.append(row)

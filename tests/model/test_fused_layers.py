@@ -253,14 +253,15 @@ def test_bad_inputs_are_refused_before_any_write(tiny_llama):
     assert bool((values[0, :, 0] == 7.0).all())
     with pytest.raises(RuntimeError, match="caches must be contiguous"):
         run(k_caches=[k.to(torch.bfloat16) for k, _ in caches])
-    # a convolution layer's state beside its kernel, and the step's four row indices
+    # a convolution layer's state beside its kernel, and the step's five row indices
     conv_layers = build(**{**fused.model_args(), **convs})
     state = torch.zeros(4, 2, num_heads * head_dim)
     rows = [torch.zeros(3, 2, dtype=torch.long)] + [torch.zeros(2, dtype=torch.long)] * 3
+    rows.append(torch.zeros(0, dtype=torch.long))  # (no snapshots)
     with pytest.raises(RuntimeError, match="a state per convolution layer"):
         run(conv_layers, conv=([], rows))
-    with pytest.raises(RuntimeError, match="the step's four row indices"):
-        run(conv_layers, conv=([state], rows[:3]))
+    with pytest.raises(RuntimeError, match="the step's five row indices"):
+        run(conv_layers, conv=([state], rows[:4]))
     with pytest.raises(RuntimeError, match=r"state \[rows, K - 1, C\]"):
         run(conv_layers, conv=([torch.zeros(4, 3, num_heads * head_dim)], rows))
     delta_layers = build(**{**fused.model_args(), **convs, "delta_tensors": tensors,

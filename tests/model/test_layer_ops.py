@@ -148,12 +148,15 @@ def test_bad_inputs_raise_instead_of_reading_out_of_bounds():
         FUSED.rope_(x, torch.randn(4, 3), torch.randn(4, 2), 1, 8)
 
 
-def conv_step(lengths: list[int], back: int, rows: int, in_place: bool = False) -> SimpleNamespace:
+def conv_step(
+    lengths: list[int], back: int, rows: int, in_place: bool = False,
+    snapshots: dict[int, int] | None = None,
+) -> SimpleNamespace:  # fmt: skip
     """A `ConvStep`'s indices for requests of these many rows each (the step's rows in request
     order), request r reading state row r and writing row `rows - 1 - r` (row r again:
     `in_place`, as a running request's slot is written): each token's taps are the `back + 1`
     inputs ending at its own, the earliest from the state rows read (table rows after the
-    step's T)."""
+    step's T); `snapshots`: token -> the row its state after it is written to as well."""
     T, taps, keep, start = sum(lengths), [], [], 0
     read = torch.arange(len(lengths))
     for r, n in enumerate(lengths):
@@ -161,9 +164,13 @@ def conv_step(lengths: list[int], back: int, rows: int, in_place: bool = False) 
         taps += [inputs[j : j + back + 1] for j in range(n)]
         keep += inputs[-back:]
         start += n
+    snapshot_rows = [-1] * T if snapshots else []
+    for token, row in (snapshots or {}).items():
+        snapshot_rows[token] = row
     return SimpleNamespace(
         taps=torch.tensor(taps).reshape(T, back + 1).t().contiguous(), keep=torch.tensor(keep),
         read_rows=read, write_rows=read if in_place else rows - 1 - read,
+        snapshot_rows=torch.tensor(snapshot_rows, dtype=torch.long),
     )  # fmt: skip
 
 
@@ -171,22 +178,30 @@ def conv_step(lengths: list[int], back: int, rows: int, in_place: bool = False) 
 @pytest.mark.parametrize("state_dtype", DTYPES)
 @pytest.mark.parametrize("lengths", [[1], [1, 1, 1], [3, 1, 17], [40]])
 @pytest.mark.parametrize("in_place", [False, True])
-def test_short_convolution_rounds_as_pytorch(dtype, state_dtype, lengths, in_place):
+@pytest.mark.parametrize("snapshots", [False, True])
+def test_short_convolution_rounds_as_pytorch(dtype, state_dtype, lengths, in_place, snapshots):
     """LFM2's and Qwen3.5's causal convolution in C++: PyTorch's outputs and written state,
     bit for bit, from the step's rows and the state rows each request reads (and writes again,
-    `in_place`), whose earlier inputs round to x's dtype as PyTorch's `.to` rounds them."""
+    `in_place`), whose earlier inputs round to x's dtype as PyTorch's `.to` rounds them; with
+    `snapshots`, the state after the first token and after the last written to rows of their
+    own too (a speculating request's)."""
     torch.manual_seed(len(lengths))
     C, kernel, rows = 72, 4, 8
     x = torch.randn(sum(lengths), C + 5, dtype=dtype)[:, :C]  # strided rows
     weight = torch.randn(kernel, C, dtype=dtype).t()  # strided, as a folder's squeeze leaves it
     state = torch.randn(rows, kernel - 1, C).to(state_dtype)
-    step = conv_step(lengths, kernel - 1, rows, in_place)
+    last = sum(lengths) - 1
+    written = {0: 3, last: 4} if last else {0: 4}  # (a token's state after it, at a row)
+    step = conv_step(lengths, kernel - 1, rows, in_place, written if snapshots else None)
     want_state, got_state = state.clone(), state.clone()
     want = REF.short_convolution(x, weight, want_state, step)
     got = FUSED.short_convolution(x, weight, got_state, step)
     assert got.dtype == want.dtype == dtype
     assert torch.equal(got, want)
     assert torch.equal(got_state, want_state)
+    if snapshots:  # (the state after the step's last token is its request's written one)
+        assert not torch.equal(want_state[3], state[3]) or not last
+        assert torch.equal(want_state[4], want_state[step.write_rows[-1]])
 
 
 def test_short_convolution_refuses_rows_out_of_range():
@@ -194,19 +209,23 @@ def test_short_convolution_refuses_rows_out_of_range():
     step = conv_step([2], 2, 4)
     ext = FUSED.ext
     bad = {"taps": step.taps + 3, "keep": step.keep * 9, "read_rows": step.read_rows + 4,
-           "write_rows": step.write_rows - 9}  # fmt: skip
+           "write_rows": step.write_rows - 9, "snapshot_rows": torch.tensor([-1, 4])}  # fmt: skip
     for name, value in bad.items():
         rows = {**vars(step), name: value}
-        with pytest.raises(RuntimeError, match=f"{name} .* out of range"):
+        what = "snapshot row" if name == "snapshot_rows" else name
+        with pytest.raises(RuntimeError, match=f"{what} .* out of range"):
             ext.short_convolution(x, weight, state, rows["taps"], rows["keep"], rows["read_rows"],
-                                  rows["write_rows"])  # fmt: skip
+                                  rows["write_rows"], rows["snapshot_rows"])  # fmt: skip
     assert not state.any(), "nothing written before the checks pass"
     with pytest.raises(RuntimeError, match="taps"):  # a token without its taps
         ext.short_convolution(x, weight, state, step.taps[:, :1].contiguous(), step.keep,
-                              step.read_rows, step.write_rows)  # fmt: skip
+                              step.read_rows, step.write_rows, step.snapshot_rows)  # fmt: skip
+    with pytest.raises(RuntimeError, match="snapshot_rows"):  # a row for one token of two
+        ext.short_convolution(x, weight, state, step.taps, step.keep, step.read_rows,
+                              step.write_rows, torch.tensor([3]))  # fmt: skip
     with pytest.raises(RuntimeError, match="weight"):
         ext.short_convolution(x, weight.double(), state, step.taps, step.keep, step.read_rows,
-                              step.write_rows)  # fmt: skip
+                              step.write_rows, step.snapshot_rows)  # fmt: skip
 
 
 CPU = torch.device("cpu")

@@ -106,6 +106,12 @@ def test_the_deltanet_layers_hold_state_matrices_and_no_kv(qwen3_5):
     assert state.layers[0].shape == (7, 3, 2 * 2 * 16 + 4 * 32)  # q, k, v: 3 positions back
     assert state.recurrent[0].shape == (7, 4, 16, 32) and state.recurrent[0].dtype == torch.float32
     assert conv_state_bytes(arch, 5, torch.float32) == state.num_bytes
+    # speculating 3 tokens: three draft rows a slot beside it
+    spec = LLM(str(folder), dtype="float32", num_kv_blocks=64, max_num_seqs=5,
+               enable_prefix_caching=False, num_speculative_tokens=3)  # fmt: skip
+    drafting = spec.core.runner.conv_state
+    assert drafting.recurrent[0].shape[0] == 7 + 5 * 3
+    assert conv_state_bytes(arch, 5, torch.float32, num_drafts=3) == drafting.num_bytes
 
 
 def test_the_state_is_reported_beside_the_kv_pool(qwen3_5):
@@ -179,15 +185,16 @@ def test_an_image_and_text_folder_serves_its_language_model(tmp_path, qwen3_5):
 
 def test_the_cpp_rule_computes_the_python_one():
     """`gated_delta_rule` in C++ against the Python loop: requests of 1 to 9 rows (decodes and
-    prompt chunks), some starting from zeros, some from a state, in place or into another row;
-    rows not written stay as they were."""
+    prompt chunks), some starting from zeros, some from a state, in place or into another row,
+    the state after two tokens written to draft rows too; rows not written stay as they
+    were."""
     from inflight.kernels import load_extension
     from inflight.model.qwen3_5 import gated_delta_rule, l2_normalized
 
     ext = load_extension()
     torch.manual_seed(0)
     state = ConvState(1, 4, kernel=4, channels=8, dtype=torch.float32,
-                      device=torch.device("cpu"), recurrent=(6, 16, 24))  # fmt: skip
+                      device=torch.device("cpu"), recurrent=(6, 16, 24), num_drafts=1)  # fmt: skip
     states = state.recurrent[0]
     states[:4].normal_()  # (the slots' rows; the zero row, 4, stays zeros)
     lengths = [1, 9, 1, 4]
@@ -197,21 +204,28 @@ def test_the_cpp_rule_computes_the_python_one():
     k = l2_normalized(torch.randn(t, 6, 16))
     v, g, beta = torch.randn(t, 6, 24), -torch.rand(t, 6), torch.rand(t, 6)
     rows = {"read_rows": torch.tensor([0, 4, 3, 1]), "write_rows": torch.tensor([0, 2, 5, 1])}
-    step = type("Step", (), {**rows, "starts": starts})()
+    snapshots = torch.full((t,), -1)
+    snapshots[2], snapshots[t - 2] = 6, 7  # (request 1's second token, request 3's third)
+    step = type("Step", (), {**rows, "starts": starts, "snapshot_rows": snapshots})()
     before, python_states = states.clone(), states.clone()
     want = gated_delta_rule(q, k, v, g, beta, python_states, step)
-    got = ext.gated_delta_rule(q, k, v, g, beta, states, step.read_rows, step.write_rows, starts)
+    got = ext.gated_delta_rule(q, k, v, g, beta, states, step.read_rows, step.write_rows,
+                               snapshots, starts)  # fmt: skip
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(states, python_states, rtol=1e-5, atol=1e-5)
     assert states[4].abs().sum() == 0  # the zero row is read, never written
-    untouched = [3, 4]
+    untouched = [3, 4, *range(8, 10)]
     assert torch.equal(states[untouched], before[untouched])
+    assert not torch.equal(states[6], before[6]) and not torch.equal(states[7], before[7])
     with pytest.raises(RuntimeError, match="out of range"):
-        ext.gated_delta_rule(q, k, v, g, beta, states, torch.tensor([0, 4, 3, 6]),
-                             step.write_rows, starts)  # fmt: skip
+        ext.gated_delta_rule(q, k, v, g, beta, states, torch.tensor([0, 4, 3, 10]),
+                             step.write_rows, snapshots, starts)  # fmt: skip
+    with pytest.raises(RuntimeError, match="snapshot row 10 out of range"):
+        ext.gated_delta_rule(q, k, v, g, beta, states, step.read_rows, step.write_rows,
+                             snapshots.clamp(min=10), starts)  # fmt: skip
     with pytest.raises(RuntimeError, match="float32"):
         ext.gated_delta_rule(q.double(), k, v, g, beta, states, step.read_rows,
-                             step.write_rows, starts)  # fmt: skip
+                             step.write_rows, snapshots, starts)  # fmt: skip
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -231,7 +245,7 @@ def test_the_cpp_layer_computes_the_pytorch_one(qwen3_5, dtype, tiled):
     torch.manual_seed(int(tiled))
     lengths, rows = [1, 9, 1, 4], 10
     t = sum(lengths)
-    step = conv_step(lengths, layer.conv_weight.shape[1] - 1, rows)
+    step = conv_step(lengths, layer.conv_weight.shape[1] - 1, rows, snapshots={2: 4, 12: 5})
     step.starts = [0, *torch.tensor(lengths).cumsum(0).tolist()]
     qkvz = torch.randn(t, layer.qkvz_proj.out_features, dtype=dtype)
     ba = torch.randn(t, 2 * layer.value_heads, dtype=dtype)
@@ -242,8 +256,8 @@ def test_the_cpp_layer_computes_the_pytorch_one(qwen3_5, dtype, tiled):
     want = layer.delta_net(qkvz, ba, want_conv, want_states, step)
     got = ext.gated_delta_net(
         qkvz, ba, layer.conv_weight, got_conv, step.taps, step.keep, step.read_rows,
-        step.write_rows, step.starts, got_states, layer.decay_rate, layer.dt_bias,
-        layer.norm.weight, layer.norm.eps, layer.key_heads, tiled,
+        step.write_rows, step.snapshot_rows, step.starts, got_states, layer.decay_rate,
+        layer.dt_bias, layer.norm.weight, layer.norm.eps, layer.key_heads, tiled,
     )  # fmt: skip
     assert got.dtype == dtype and got.shape == want.shape
     assert torch.equal(got_conv, want_conv)
@@ -255,14 +269,14 @@ def test_the_cpp_layer_computes_the_pytorch_one(qwen3_5, dtype, tiled):
         assert (got == want).float().mean() > 0.95
     with pytest.raises(RuntimeError, match="key heads"):
         ext.gated_delta_net(qkvz, ba, layer.conv_weight, got_conv, step.taps, step.keep,
-                            step.read_rows, step.write_rows, step.starts, got_states,
-                            layer.decay_rate, layer.dt_bias, layer.norm.weight, 1e-6,
-                            layer.value_heads + 1, tiled)  # fmt: skip
+                            step.read_rows, step.write_rows, step.snapshot_rows, step.starts,
+                            got_states, layer.decay_rate, layer.dt_bias, layer.norm.weight,
+                            1e-6, layer.value_heads + 1, tiled)  # fmt: skip
     with pytest.raises(RuntimeError, match="out of range"):
         ext.gated_delta_net(qkvz, ba, layer.conv_weight, got_conv, step.taps, step.keep,
-                            step.read_rows, step.write_rows, [0, 1, 10, 11, t + 1], got_states,
-                            layer.decay_rate, layer.dt_bias, layer.norm.weight, 1e-6,
-                            layer.key_heads, tiled)  # fmt: skip
+                            step.read_rows, step.write_rows, step.snapshot_rows,
+                            [0, 1, 10, 11, t + 1], got_states, layer.decay_rate, layer.dt_bias,
+                            layer.norm.weight, 1e-6, layer.key_heads, tiled)  # fmt: skip
 
 
 @pytest.mark.parametrize("qtype", [GGMLQuantizationType.F32, GGMLQuantizationType.Q8_0],

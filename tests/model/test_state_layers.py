@@ -263,7 +263,52 @@ def test_two_ranks_swap_their_shares_of_a_state(stateful):
         llm.core.workers.close()
 
 
-def test_drafts_are_refused(stateful):
+@pytest.mark.parametrize("knobs", [
+    {},
+    {"attention_backend": "torch"},  # (the layers' PyTorch ops)
+    {"kv_block_size": 4, "num_kv_blocks": 40, "max_num_batched_tokens": 96},  # recompute
+    SWAPPING,
+    {"tensor_parallel_size": 2},
+])  # fmt: skip
+def test_speculating_requests_resume_from_the_state_after_their_last_kept_draft(
+    stateful, monkeypatch, knobs
+):
+    """Drafts that are right for 0 to k tokens, then wrong (forced: the answer's next tokens,
+    spoiled from a point that moves), verified in steps beside other requests: each request's
+    state after a step is the one after its last kept draft (`ConvState.keep_drafts`, on every
+    rank), so every request gets transformers' tokens, through preemption and swaps too."""
+    from inflight.core.speculation import Speculation
+
+    folder, prompts, max_tokens, expected = stateful
+    answers = {tuple(p): e for p, e in zip(prompts, expected, strict=True)}
+    proposed = {"drafts": 0, "all right": 0, "some wrong": 0}
+
+    def drafts(self, request, limit):
+        answer = answers[tuple(request.prompt_token_ids)]
+        n = len(request.output_token_ids)
+        true = answer[n : n + min(self.k, limit)]
+        right = (7 * n + len(answer)) % (len(true) + 1)
+        proposed["drafts"] += len(true)
+        proposed["all right" if right == len(true) else "some wrong"] += bool(true)
+        return true[:right] + [t - 1 if t else 1 for t in true[right:]]
+
+    monkeypatch.setattr(Speculation, "propose", drafts)
+    llm = LLM(str(folder), **{"dtype": "float32", **knobs}, num_speculative_tokens=3)
+    try:
+        assert greedy_tokens(llm, prompts, max_tokens) == expected
+        assert proposed["drafts"] > 100 and proposed["all right"] > 10
+        assert proposed["some wrong"] > 10
+        if "num_kv_blocks" in knobs:
+            assert llm.core.scheduler.num_preemptions > 0
+        assert_state_slots_free(llm)
+    finally:
+        if llm.core.workers is not None:
+            llm.core.workers.close()
+
+
+def test_a_draft_model_that_carries_state_is_refused(stateful, tiny_llama):
+    """The drafter keeps KV alone: a state-carrying draft model is refused, naming why."""
     folder, *_ = stateful
-    with pytest.raises(ConfigError, match="rejected draft"):
-        LLM(str(folder), dtype="float32", num_speculative_tokens=2)
+    with pytest.raises(ConfigError, match="carries a state"):
+        LLM(str(tiny_llama), dtype="float32", speculative_model=str(folder),
+            num_speculative_tokens=2)  # fmt: skip

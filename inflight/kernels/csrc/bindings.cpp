@@ -30,7 +30,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("short_convolution", &short_convolution, no_gil(),
         "a causal depthwise convolution over the step's rows and each request's state row",
         py::arg("x"), py::arg("weight"), py::arg("state"), py::arg("taps"), py::arg("keep"),
-        py::arg("read_rows"), py::arg("write_rows"));
+        py::arg("read_rows"), py::arg("write_rows"), py::arg("snapshot_rows"));
   m.def("gated_delta_rule", &gated_delta_rule, no_gil(),
         "the gated delta rule over each request's rows, its state matrices read and written");
   m.def("gated_delta_net", &gated_delta_net, no_gil(),
@@ -38,7 +38,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "RMSNorm times SiLU(z)",
         py::arg("qkvz"), py::arg("ba"), py::arg("conv_weight"), py::arg("conv_state"),
         py::arg("taps"), py::arg("keep"), py::arg("read_rows"), py::arg("write_rows"),
-        py::arg("starts"), py::arg("states"), py::arg("decay_rate"), py::arg("dt_bias"),
+        py::arg("snapshot_rows"), py::arg("starts"), py::arg("states"), py::arg("decay_rate"), py::arg("dt_bias"),
         py::arg("norm_weight"), py::arg("eps"), py::arg("key_heads"), py::arg("tiled"));
   m.def("bf16_linear_available", &bf16_linear_available, no_gil(),
         "whether this machine compiled bf16_linear (AVX-512 BF16)");

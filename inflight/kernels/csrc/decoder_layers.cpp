@@ -446,11 +446,11 @@ std::vector<at::Tensor> DecoderLayers::operator()(
   for (const int64_t g : layer_groups) {
     INFLIGHT_CHECK(g >= 0 && static_cast<size_t>(g) <= G, "KV group ", g, " out of range");
   }
-  // the convolution layers' states, one a layer, and the step's four row indices; the DeltaNet
+  // the convolution layers' states, one a layer, and the step's five row indices; the DeltaNet
   // layers' state matrices (`ConvStep.recurrent`)
   INFLIGHT_CHECK(conv_states.size() == conv_weights_.size() &&
-                     (conv_weights_.empty() || conv_rows.size() == 4),
-                 "a state per convolution layer, and the step's four row indices");
+                     (conv_weights_.empty() || conv_rows.size() == 5),
+                 "a state per convolution layer, and the step's five row indices");
   for (size_t c = 0; c < conv_states.size(); ++c) {
     INFLIGHT_CHECK(conv_states[c].dim() == 3 &&
                        conv_states[c].size(1) == conv_weights_[c].size(1) - 1 &&
@@ -502,14 +502,16 @@ std::vector<at::Tensor> DecoderLayers::operator()(
       auto ba = linear(x, {d[0], ds[0], ds[1], kNone}, how, split);
       at::Tensor inputs = conv_states[conv], matrices = delta_states[conv];  // (written)
       auto gated = gated_delta_net(qkvz, ba, conv_weights_[conv], inputs, conv_rows[0],
-                                   conv_rows[1], conv_rows[2], conv_rows[3], delta_starts,
+                                   conv_rows[1], conv_rows[2], conv_rows[3], conv_rows[4],
+                                   delta_starts,
                                    matrices, d[1], d[2], d[3], eps_, delta_key_heads_, delta_tiled_);
       out = linear(gated, {w[2], small[1], dec[1], o_biases_[l]}, how, split);
     } else if (conv >= 0) {  // B, C and x rows; C * conv(B * x) (`Lfm2DecoderLayer.attention`)
       auto bcx = linear(x, {w[1], small[0], dec[0], kNone}, how, split).chunk(3, 1);
       at::Tensor state = conv_states[conv];
       auto mixed = short_convolution(at::mul(bcx[0], bcx[2]), conv_weights_[conv], state,
-                                     conv_rows[0], conv_rows[1], conv_rows[2], conv_rows[3]);
+                                     conv_rows[0], conv_rows[1], conv_rows[2], conv_rows[3],
+                                     conv_rows[4]);
       out = linear(at::mul(bcx[1], mixed), {w[2], small[1], dec[1], o_biases_[l]}, how, split);
     } else {
       at::Tensor qkv = linear(x, {w[1], small[0], dec[0], qkv_biases_[l]}, how, split);

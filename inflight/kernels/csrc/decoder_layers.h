@@ -46,7 +46,7 @@ class DecoderLayers {
   // One step: {last layer's MLP output, residual stream}. The caches are each layer's (a
   // convolution layer's placeholders, never read); KV groups after the first bring their own
   // slots and tables (`layer_groups`: each layer's group, or none); convolution layers read and
-  // write `conv_states` (one a convolution layer) through the step's four `conv_rows`, DeltaNet
+  // write `conv_states` (one a convolution layer) through the step's five `conv_rows`, DeltaNet
   // layers `delta_states` over the requests starting at `delta_starts`.
   std::vector<at::Tensor> operator()(
       at::Tensor hidden, OptTensor residual, const at::Tensor& cos, const at::Tensor& sin,

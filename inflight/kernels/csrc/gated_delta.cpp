@@ -27,10 +27,12 @@ namespace {
 
 // One request's rows [begin, end) of one head: S read from `from`, written to `to`. The first
 // token's decay reads `from` and writes `to` (the state moves rows without a copy of its own);
-// every later pass works on `to` in place.
+// every later pass works on `to` in place. Where `snap` names a row for a token, S after it is
+// copied to that row's matrix of this head (`states` + (row H + h) K V).
 void delta_head(const float* q, const float* k, const float* v, const float* g,
                 const float* beta, const float* from, float* to, float* out, int64_t begin,
-                int64_t end, int64_t H, int64_t h, int64_t K, int64_t V) {
+                int64_t end, int64_t H, int64_t h, int64_t K, int64_t V, const int64_t* snap,
+                float* states) {
   if (begin == end) {
     if (from != to) std::memcpy(to, from, sizeof(float) * K * V);
     return;
@@ -66,6 +68,9 @@ void delta_head(const float* q, const float* k, const float* v, const float* g,
         o[j] += row[j] * qi;
       }
     }
+    if (snap != nullptr && snap[t] >= 0) {
+      std::memcpy(states + (snap[t] * H + h) * K * V, to, sizeof(float) * K * V);
+    }
   }
 }
 
@@ -73,8 +78,9 @@ void delta_head(const float* q, const float* k, const float* v, const float* g,
 // `states` at read_rows[r] and written at write_rows[r]: a (request, head) per work item.
 void run_rule(const float* qp, const float* kp, const float* vp, const float* gp,
               const float* bp, at::Tensor& states, const at::Tensor& read_rows,
-              const at::Tensor& write_rows, const std::vector<int64_t>& starts, int64_t T,
-              int64_t H, int64_t K, int64_t V, float* op) {
+              const at::Tensor& write_rows, const at::Tensor& snapshot_rows,
+              const std::vector<int64_t>& starts, int64_t T, int64_t H, int64_t K, int64_t V,
+              float* op) {
   const int64_t R = static_cast<int64_t>(starts.size()) - 1;
   INFLIGHT_CHECK(R >= 0 && read_rows.numel() == R && write_rows.numel() == R &&
                      read_rows.scalar_type() == at::kLong &&
@@ -88,13 +94,15 @@ void run_rule(const float* qp, const float* kp, const float* vp, const float* gp
                        0 <= starts[r] && starts[r] <= starts[r + 1] && starts[r + 1] <= T,
                    "gated_delta_rule: request ", r, "'s rows or state rows are out of range");
   }
+  const int64_t* snap = snapshot_rows_of(snapshot_rows, T, rows);
   float* sp = states.data_ptr<float>();
   const int64_t matrix = K * V;
   at::parallel_for(0, R * H, 1, [&](int64_t first, int64_t last) {
     for (int64_t item = first; item < last; ++item) {
       const int64_t r = item / H, h = item % H;
       delta_head(qp, kp, vp, gp, bp, sp + (reads[r] * H + h) * matrix,
-                 sp + (writes[r] * H + h) * matrix, op, starts[r], starts[r + 1], H, h, K, V);
+                 sp + (writes[r] * H + h) * matrix, op, starts[r], starts[r + 1], H, h, K, V,
+                 snap, sp);
     }
   });
 }
@@ -179,7 +187,7 @@ void gate_outputs(const X* normed, const X* z, int64_t z_stride, int64_t T, int6
 at::Tensor gated_delta_rule(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const at::Tensor& g, const at::Tensor& beta, at::Tensor& states,
                             const at::Tensor& read_rows, const at::Tensor& write_rows,
-                            const std::vector<int64_t>& starts) {
+                            const at::Tensor& snapshot_rows, const std::vector<int64_t>& starts) {
   const std::initializer_list<const at::Tensor*> floats{&q, &k, &v, &g, &beta, &states};
   for (const at::Tensor* t : floats) {
     INFLIGHT_CHECK(t->scalar_type() == at::kFloat && t->is_contiguous() && t->is_cpu(),
@@ -199,8 +207,8 @@ at::Tensor gated_delta_rule(const at::Tensor& q, const at::Tensor& k, const at::
                  states.sizes());
   auto out = at::cpu::empty({T, H, V}, q.options());
   run_rule(q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(), g.data_ptr<float>(),
-           beta.data_ptr<float>(), states, read_rows, write_rows, starts, T, H, K, V,
-           out.data_ptr<float>());
+           beta.data_ptr<float>(), states, read_rows, write_rows, snapshot_rows, starts, T, H, K,
+           V, out.data_ptr<float>());
   return out;
 }
 
@@ -208,7 +216,8 @@ at::Tensor gated_delta_net(const at::Tensor& qkvz, const at::Tensor& ba,
                            const at::Tensor& conv_weight, at::Tensor& conv_state,
                            const at::Tensor& taps, const at::Tensor& keep,
                            const at::Tensor& read_rows, const at::Tensor& write_rows,
-                           const std::vector<int64_t>& starts, at::Tensor& states,
+                           const at::Tensor& snapshot_rows, const std::vector<int64_t>& starts,
+                           at::Tensor& states,
                            const at::Tensor& decay_rate, const at::Tensor& dt_bias,
                            const at::Tensor& norm_weight, double eps, int64_t key_heads,
                            bool tiled) {
@@ -235,7 +244,7 @@ at::Tensor gated_delta_net(const at::Tensor& qkvz, const at::Tensor& ba,
                      norm_weight.scalar_type() == qkvz.scalar_type(),
                  "gated_delta_net: norm_weight [", V, "] in qkvz's dtype");
   const at::Tensor mixed = short_convolution(qkvz.narrow(1, 0, W), conv_weight, conv_state, taps,
-                                             keep, read_rows, write_rows);
+                                             keep, read_rows, write_rows, snapshot_rows);
   const auto f32 = qkvz.options().dtype(at::kFloat);
   auto q = at::cpu::empty({T, H, K}, f32), k = at::cpu::empty({T, H, K}, f32);
   auto v = at::cpu::empty({T, H, V}, f32);
@@ -249,8 +258,8 @@ at::Tensor gated_delta_net(const at::Tensor& qkvz, const at::Tensor& ba,
                    g.data_ptr<float>(), beta.data_ptr<float>());
     auto out = at::cpu::empty({T, H, V}, f32);
     run_rule(q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(), g.data_ptr<float>(),
-             beta.data_ptr<float>(), states, read_rows, write_rows, starts, T, H, K, V,
-             out.data_ptr<float>());
+             beta.data_ptr<float>(), states, read_rows, write_rows, snapshot_rows, starts, T, H,
+             K, V, out.data_ptr<float>());
     const at::Tensor normed = rms_norm(out.to(qkvz.scalar_type()).view({T * H, V}),
                                        norm_weight, eps);
     gate_outputs<X>(normed.data_ptr<X>(), qkvz.data_ptr<X>() + W, qkvz.stride(0), T, values,

@@ -282,9 +282,22 @@ void check_indices(const at::Tensor& t, int64_t numel, int64_t bound, const char
 
 }  // namespace
 
+const int64_t* snapshot_rows_of(const at::Tensor& snapshot_rows, int64_t T, int64_t rows) {
+  if (snapshot_rows.numel() == 0) return nullptr;
+  INFLIGHT_CHECK(snapshot_rows.scalar_type() == at::kLong && snapshot_rows.is_contiguous() &&
+                     snapshot_rows.numel() == T,
+                 "snapshot_rows: ", T, " int64 rows (-1: none), contiguous, or none");
+  const int64_t* p = snapshot_rows.data_ptr<int64_t>();
+  for (int64_t t = 0; t < T; ++t) {
+    INFLIGHT_CHECK(-1 <= p[t] && p[t] < rows, "snapshot row ", p[t], " out of range (", rows, ")");
+  }
+  return p;
+}
+
 at::Tensor short_convolution(const at::Tensor& x, const at::Tensor& weight, at::Tensor& state,
                              const at::Tensor& taps, const at::Tensor& keep,
-                             const at::Tensor& read_rows, const at::Tensor& write_rows) {
+                             const at::Tensor& read_rows, const at::Tensor& write_rows,
+                             const at::Tensor& snapshot_rows) {
   INFLIGHT_CHECK(x.dim() == 2 && x.stride(1) == 1, "x: [T, channels] with contiguous rows");
   const int64_t T = x.size(0), C = x.size(1);
   INFLIGHT_CHECK(weight.dim() == 2 && weight.size(0) == C && weight.size(1) >= 2 &&
@@ -299,6 +312,7 @@ at::Tensor short_convolution(const at::Tensor& x, const at::Tensor& weight, at::
   check_indices(write_rows, R, state.size(0), "write_rows");
   check_indices(taps, (back + 1) * T, T + R * back, "taps");
   check_indices(keep, R * back, T + R * back, "keep");
+  const int64_t* snap = snapshot_rows_of(snapshot_rows, T, state.size(0));
   auto out = at::cpu::empty({T, C}, x.options());
   const int64_t *tp = taps.data_ptr<int64_t>(), *kp = keep.data_ptr<int64_t>(),
                 *rp = read_rows.data_ptr<int64_t>(), *wp = write_rows.data_ptr<int64_t>();
@@ -334,6 +348,18 @@ at::Tensor short_convolution(const at::Tensor& x, const at::Tensor& weight, at::
       for (int64_t r = 0; r < R; ++r) {
         for (int64_t i = 0; i < back * C; ++i) {
           sp[wp[r] * back * C + i] = Num<S>::store(kept[r * back * C + i]);
+        }
+      }
+      // a snapshot after token t: its last `back` inputs, taps 1..back of t (oldest first)
+      for (int64_t t = 0; snap != nullptr && t < T; ++t) {
+        if (snap[t] < 0) continue;
+        for (int64_t i = 0; i < back; ++i) {
+          const int64_t from = tp[(i + 1) * T + t];
+          S* row = sp + (snap[t] * back + i) * C;
+          for (int64_t c = 0; c < C; ++c) {
+            row[c] = Num<S>::store(from < T ? Num<X>::load(xp[from * x.stride(0) + c])
+                                            : prev[(from - T) * C + c]);
+          }
         }
       }
     });

@@ -51,19 +51,25 @@ void rope_(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
 // a causal depthwise convolution of x [T, C] with weight [C, kernel] (LFM2's, Qwen3.5's), each
 // request's earlier inputs read from state [rows, kernel - 1, C] at read_rows, the step's last
 // ones written at write_rows (`runner.conv_state.ConvStep`'s taps and keep index the step's rows
-// then the rows read); each product and sum rounded as PyTorch's ops round them -> [T, C]
+// then the rows read); each product and sum rounded as PyTorch's ops round them -> [T, C].
+// snapshot_rows (int64 [T], or empty): where a token's entry is a row, the state after that
+// token is written there too (a speculating request's, for whichever draft it keeps last)
+// snapshot_rows' entries checked against the state's rows (nullptr: none)
+const int64_t* snapshot_rows_of(const at::Tensor& snapshot_rows, int64_t T, int64_t rows);
 at::Tensor short_convolution(const at::Tensor& x, const at::Tensor& weight, at::Tensor& state,
                              const at::Tensor& taps, const at::Tensor& keep,
-                             const at::Tensor& read_rows, const at::Tensor& write_rows);
+                             const at::Tensor& read_rows, const at::Tensor& write_rows,
+                             const at::Tensor& snapshot_rows);
 
 // gated_delta.cpp: the gated delta rule (Qwen3.5's DeltaNet layers) over each request's rows
 // [starts[r], starts[r + 1]) of q, k [T, H, K], v [T, H, V], g and beta [T, H] (float32), its
 // state matrices read from `states` [rows, H, K, V] at read_rows[r] and written at
-// write_rows[r]; returns o [T, H, V]
+// write_rows[r] (and after a token at its snapshot_rows entry, as short_convolution's); returns
+// o [T, H, V]
 at::Tensor gated_delta_rule(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const at::Tensor& g, const at::Tensor& beta, at::Tensor& states,
                             const at::Tensor& read_rows, const at::Tensor& write_rows,
-                            const std::vector<int64_t>& starts);
+                            const at::Tensor& snapshot_rows, const std::vector<int64_t>& starts);
 // a DeltaNet layer between its projections: qkvz [T, q | k | v | z] and ba [T, b | a] (the model's
 // dtype) through the short convolution (its state and ConvStep rows), SiLU, the rule (its state
 // matrices `states`), the per-head RMSNorm times SiLU(z) -> [T, value heads x value dim]
@@ -71,7 +77,8 @@ at::Tensor gated_delta_net(const at::Tensor& qkvz, const at::Tensor& ba,
                            const at::Tensor& conv_weight, at::Tensor& conv_state,
                            const at::Tensor& taps, const at::Tensor& keep,
                            const at::Tensor& read_rows, const at::Tensor& write_rows,
-                           const std::vector<int64_t>& starts, at::Tensor& states,
+                           const at::Tensor& snapshot_rows, const std::vector<int64_t>& starts,
+                           at::Tensor& states,
                            const at::Tensor& decay_rate, const at::Tensor& dt_bias,
                            const at::Tensor& norm_weight, double eps, int64_t key_heads,
                            bool tiled);
