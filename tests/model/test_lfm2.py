@@ -188,19 +188,34 @@ def test_an_lfm2_moe_gguf_generates_as_transformers_with_its_weights(
     assert_gguf_generates_as_its_weights(llm, folder, qtype)
 
 
-def test_the_convolution_state_is_counted_before_loading(lfm2):
-    """The pre-load memory check counts the slots' state beside the KV pool, and the states
-    saved for the prefix cache: what `ConvState` then holds, byte for byte."""
+def test_the_convolution_state_is_counted_before_loading(lfm2, monkeypatch):
+    """The pre-load memory check counts the slots' state beside the KV pool, the states saved
+    for the prefix cache and speculation's draft rows: what `ConvState` then holds, byte for
+    byte."""
+    import inflight.engine.engine_core as engine_core
     from inflight.engine.engine_core import state_snapshot_rows
     from inflight.runner.conv_state import conv_state_bytes
 
+    checked = []
+    check = engine_core.check_memory_fits
+
+    def counting(path, weights, pool):
+        checked.append(pool)
+        return check(path, weights, pool)
+
+    monkeypatch.setattr(engine_core, "check_memory_fits", counting)
     folder, *_ = lfm2
-    for caching in (True, False):
-        llm = LLM(str(folder), dtype="float32", max_num_seqs=5, enable_prefix_caching=caching)
+    held = []
+    for knobs in ({}, {"enable_prefix_caching": False}, {"num_speculative_tokens": 3}):
+        llm = LLM(str(folder), dtype="float32", max_num_seqs=5, num_kv_blocks=64, **knobs)
         state = llm.core.runner.conv_state
         assert state_snapshot_rows(llm.core.config, llm.core.arch) == state.num_snapshots
-        assert state.num_snapshots == (5 if caching else 0)
-        assert conv_state_bytes(llm.core.arch, 5, torch.float32,
-                                state.num_snapshots) == state.num_bytes > 0  # fmt: skip
+        assert state.num_snapshots == (0 if knobs.get("enable_prefix_caching") is False else 5)
+        assert state.num_drafts == knobs.get("num_speculative_tokens", 0)
+        assert conv_state_bytes(llm.core.arch, 5, torch.float32, state.num_snapshots,
+                                state.num_drafts) == state.num_bytes > 0  # fmt: skip
+        held.append(state.num_bytes)
+    # (the same KV pool each time: the differences are the state's alone)
+    assert [c - checked[0] for c in checked] == [h - held[0] for h in held]
     assert conv_state_bytes(LlamaArchConfig.from_hf_config({**PUBLISHED, "full_attn_idxs": None}),
                             5, torch.float32) == 0  # fmt: skip
