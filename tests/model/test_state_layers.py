@@ -306,6 +306,20 @@ def test_speculating_requests_resume_from_the_state_after_their_last_kept_draft(
             llm.core.workers.close()
 
 
+def test_a_draft_model_drafts_for_a_state_carrying_target(stateful, tiny_llama, monkeypatch):
+    """A draft model that attends in every layer writes the drafts (every step: the cost rule
+    held off); the target's state follows what it keeps, so its tokens are transformers'."""
+    from inflight.core.speculation import StepCostFit
+
+    monkeypatch.setattr(StepCostFit, "break_even_rate", lambda self: 0.0)
+    folder, prompts, max_tokens, expected = stateful
+    llm = LLM(str(folder), dtype="float32", speculative_model=str(tiny_llama),
+              num_speculative_tokens=2)  # fmt: skip
+    assert greedy_tokens(llm, prompts, max_tokens) == expected
+    assert llm.core.scheduler.speculation.stats.drafted > 100
+    assert_state_slots_free(llm)
+
+
 def test_a_draft_model_that_carries_state_is_refused(stateful, tiny_llama):
     """The drafter keeps KV alone: a state-carrying draft model is refused, naming why."""
     folder, *_ = stateful
