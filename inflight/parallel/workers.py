@@ -206,7 +206,7 @@ class RankWorkers:
 
     def swap(self, swap_out: Any, swap_in: Any, states: Any) -> None:
         """Every other rank copies the KV blocks, and keeps the drafts, stashes or drops its
-        share of the convolution states (`ConvState.apply_swaps`), as rank 0 did."""
+        share of the convolution states (`ConvState.mirror`), as rank 0 did."""
         self._send(("swap", swap_out, swap_in, states))
 
     def close(self) -> None:
@@ -385,7 +385,7 @@ def rank_loop(spec: RankSpec, model: LlamaModel, conn: Connection) -> None:
             swap_out, swap_in, states = args
             cache.swap(swap_out, swap_in)
             if conv_state is not None:
-                conv_state.apply_swaps(*states)
+                conv_state.mirror(*states)
         elif kind == "forward":
             scheduled, build = args
             conv_rows = build.pop("conv_rows", None)

@@ -167,7 +167,7 @@ class ConvState:
     def release(self, request_ids: Iterable[str]) -> list[str]:
         """Gives back the slots of requests that finished or were preempted, and drops the
         stashed states of those that finished while swapped out; returns the latter (for the
-        other tensor-parallel ranks, `apply_swaps`)."""
+        other tensor-parallel ranks, `mirror`)."""
         dropped = []
         for request_id in request_ids:
             slot = self._slot_of.pop(request_id, None)
@@ -181,7 +181,7 @@ class ConvState:
     def swap_out(self, request_ids: Iterable[str]) -> list[tuple[str, int]]:
         """Stashes the rows of requests whose KV went to swap space in host memory (their
         slots are then released as any preempted request's); returns (request, row) for the
-        other ranks' shares (`apply_swaps`)."""
+        other ranks' shares (`mirror`)."""
         moved = []
         for request_id in request_ids:
             slot = self._slot_of[request_id]
@@ -201,7 +201,7 @@ class ConvState:
 
     def take_kept_drafts(self) -> list[tuple[int, int]]:
         """The (draft row, slot) copies `keep_drafts` made since the last call, for the other
-        tensor-parallel ranks (`apply_swaps`), which make them before their next step."""
+        tensor-parallel ranks (`mirror`), which make them before their next step."""
         copies, self._kept_drafts = self._kept_drafts, []
         return copies
 
@@ -210,8 +210,8 @@ class ConvState:
         token of its step."""
         return self._first_draft_row + slot * self.num_drafts + token
 
-    def apply_swaps(self, moved: list[tuple[str, int]], dropped: list[str],
-                    kept_drafts: list[tuple[int, int]]) -> None:  # fmt: skip
+    def mirror(self, moved: list[tuple[str, int]], dropped: list[str],
+               kept_drafts: list[tuple[int, int]]) -> None:  # fmt: skip
         """Another tensor-parallel rank's share of rank 0's `keep_drafts` (first: a state
         stashed next is the kept one), `swap_out` and `release`."""
         for source, target in kept_drafts:

@@ -1,6 +1,6 @@
 """The convolution state's rows beyond a running request's slot (`runner/conv_state.py`): a
 swapped request's stash in host memory and a speculating request's draft rows, on rank 0 and
-as another tensor-parallel rank follows it (`apply_swaps`), with the rows' values checked."""
+as another tensor-parallel rank follows it (`mirror`), with the rows' values checked."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def test_a_swapped_requests_row_is_stashed_and_restored_on_every_rank():
     fill(rank0, slot, 5.0), fill(other, slot, 5.0)
     moved = rank0.swap_out(["a"])
     assert moved == [("a", slot)] and rank0.release(["a"]) == []
-    other.apply_swaps(moved, [], [])
+    other.mirror(moved, [], [])
     assert rank0.num_stashed == other.num_stashed == 1 and rank0.num_free_slots == 2
     rank0.step([scheduled("b", [7], 0)], [0, 1]).commit()  # b takes that slot and writes it
     fill(rank0, slot, -1.0), fill(other, slot, -1.0)
@@ -56,11 +56,11 @@ def test_a_swapped_requests_row_is_stashed_and_restored_on_every_rank():
         assert all(bool((t == 5.0).all()) for t in row)
     assert rank0.num_stashed == other.num_stashed == 0
     step.commit()
-    other.apply_swaps(rank0.swap_out(["a"]), [], [])
+    other.mirror(rank0.swap_out(["a"]), [], [])
     assert rank0.release(["a"]) == []  # (its preemption: the slot back, the stash kept)
     dropped = rank0.release(["a", "b"])  # a ends while swapped out; b while running
     assert dropped == ["a"] and rank0.num_free_slots == 2
-    other.apply_swaps([], dropped, [])
+    other.mirror([], dropped, [])
     assert rank0.num_stashed == other.num_stashed == 0
 
 
@@ -83,7 +83,7 @@ def test_a_speculating_request_keeps_the_state_after_its_last_kept_draft():
     rank0.keep_drafts(verify, 1)  # the first draft kept: the state after token 1
     copies = rank0.take_kept_drafts()
     assert copies == [(draft_rows[1], slot)] and rank0.take_kept_drafts() == []
-    other.apply_swaps([], [], copies)
+    other.mirror([], [], copies)
     for row in (rows(rank0, slot), rows(other, slot)):
         assert all(bool((t == 1.0).all()) for t in row)
     rank0.step([scheduled("a", [5], 4)], [0, 1])  # resumes at 2 + 1 + 1: no error
