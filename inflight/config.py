@@ -214,6 +214,16 @@ class CacheConfig:
     enable_prefix_caching: bool = field(
         default=True, metadata={"help": "reuse the KV of full blocks shared by earlier requests"}
     )
+    reuse_decoded_kv: bool = field(
+        default=False,
+        metadata={
+            "help": "let a prompt hit cached blocks of tokens another request decoded (a "
+            "conversation's last answer): its next turn skips computing them, but their KV "
+            "(and a state-carrying model's state) is then the decode kernel's, which rounds "
+            "otherwise than the prompt kernel, so its log-probabilities move in the last bits "
+            "with what the cache held"
+        },
+    )
     free_window_blocks: bool = field(
         default=True,
         metadata={

@@ -76,9 +76,13 @@ class KVCacheManager:
         group_windows: Sequence[int | None] = (None,),
         snapshots: StateSnapshots | None = None,
         swap_state_blocks: int = 0,
+        reuse_decoded_kv: bool = False,
     ) -> None:
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
+        # a block's tokens computed as decodes serve only requests that compute them alike
+        # (`_key`), unless reusing them is asked for
+        self.reuse_decoded_kv = reuse_decoded_kv
         # a state-carrying model's: a hit reaches only as far as a saved state (`StateSnapshots`)
         self.snapshots = snapshots if enable_prefix_caching else None
         self.group_windows = tuple(group_windows)
@@ -204,9 +208,19 @@ class KVCacheManager:
                                 request.cache_salt, num_full)  # fmt: skip
         return hashes
 
-    def _group_key(self, group: int, block_hash: int) -> int:
-        """The pool's key of a block of a group: group 0's keys are the chained hashes."""
-        return block_hash if group == 0 else hash((group, block_hash))
+    def _key(self, request: Request, block: int, group: int = 0) -> int:
+        """The pool's (and the saved states') key of a request's block `block` of a group: its
+        chained hash, with how many of its tokens are prompt tokens where fewer than all. A
+        token past the prompt attends as a decode (an output, a draft, an output recomputed
+        after preemption) and a prompt token through the prompt kernel, which round otherwise:
+        so a block serves only requests that would compute each of its tokens alike (its own
+        recompute after a preemption; not a conversation's next turn, whose prompt holds the
+        answer), unless `reuse_decoded_kv`. Group 0's keys of prompt blocks are the hashes."""
+        key = self.block_hashes(request)[block]
+        prompt = min(max(request.num_prompt_tokens - block * self.block_size, 0), self.block_size)
+        if prompt < self.block_size and not self.reuse_decoded_kv:
+            key = hash((key, prompt))
+        return key if group == 0 else hash((group, key))
 
     def get_computed_blocks(self, request: Request) -> PrefixHit:
         """The longest cached prefix of a request that has computed nothing yet."""
@@ -216,7 +230,6 @@ class KVCacheManager:
             return NO_HIT
         block_size = self.block_size
         max_blocks = (request.num_tokens - 1) // block_size
-        hashes = self.block_hashes(request)
         tokens = request.all_token_ids
 
         looked_up: dict[tuple[int, int], int | None] = {}
@@ -224,7 +237,7 @@ class KVCacheManager:
         def lookup(group: int, i: int) -> int | None:
             if (group, i) not in looked_up:
                 block_tokens = tuple(tokens[i * block_size : (i + 1) * block_size])
-                key = self._group_key(group, hashes[i])
+                key = self._key(request, i, group)
                 looked_up[group, i] = self.pool.lookup(key, block_tokens)
             return looked_up[group, i]
 
@@ -240,7 +253,7 @@ class KVCacheManager:
             n -= 1
         state_row = None
         if self.snapshots is not None:  # (no further than a state saved after a block)
-            while n > 0 and (state_row := self.snapshots.lookup(hashes[n - 1])) is None:
+            while n > 0 and (state_row := self.snapshots.lookup(self._key(request, n - 1))) is None:
                 n -= 1
         if n == 0:
             return NO_HIT
@@ -258,14 +271,14 @@ class KVCacheManager:
         computed = request.num_computed_tokens
         if self.snapshots is None or not computed or computed % self.block_size:
             return None
-        return self.snapshots.save(self.block_hashes(request)[computed // self.block_size - 1])
+        return self.snapshots.save(self._key(request, computed // self.block_size - 1))
 
     def state_saved_at(self, request: Request, num_tokens: int) -> bool:
         """Whether the state after the request's first `num_tokens` (a full block's end) is
         saved."""
         assert self.snapshots is not None and num_tokens % self.block_size == 0
-        hashes = self.block_hashes(request)
-        return self.snapshots.lookup(hashes[num_tokens // self.block_size - 1]) is not None
+        last_block = num_tokens // self.block_size - 1
+        return self.snapshots.lookup(self._key(request, last_block)) is not None
 
     def record_lookup(self, num_tokens: int, num_hit_tokens: int) -> None:
         if self.enable_prefix_caching:
@@ -282,13 +295,12 @@ class KVCacheManager:
         if not tables or num_full <= start:
             return
         block_size = self.block_size
-        hashes = self.block_hashes(request)
         tokens = request.all_token_ids
         for i in range(start, num_full):
             block_tokens = tuple(tokens[i * block_size : (i + 1) * block_size])
             for g, table in enumerate(tables):
                 if table[i] != NULL_BLOCK:
-                    self.pool.cache(table[i], self._group_key(g, hashes[i]), block_tokens)
+                    self.pool.cache(table[i], self._key(request, i, g), block_tokens)
         self._num_published[request.request_id] = num_full
 
     # ---------------------------------------------------------------- blocks

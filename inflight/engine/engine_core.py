@@ -141,7 +141,8 @@ class EngineCore:
         group_windows = self.kv_layout.group_windows if self.kv_layout else (None,)
         self.kv_cache_manager = KVCacheManager(plan.num_blocks, block_size, caching,
                                                plan.num_cpu_blocks, group_windows,
-                                               snapshots, plan.swap_state_blocks)  # fmt: skip
+                                               snapshots, plan.swap_state_blocks,
+                                               config.cache.reuse_decoded_kv)  # fmt: skip
         self.scheduler = Scheduler(sched_cfg, self.kv_cache_manager)
         self.runner = self._build_runner(config, draft, plan, kv_dtype)
         self.runner.warm_up(warm_up_tokens(sched_cfg.max_num_batched_tokens, plan.max_model_len,

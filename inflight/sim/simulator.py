@@ -182,7 +182,8 @@ class _Replica:
         s = self.setup
         self.kv = KVCacheManager(s.num_kv_blocks, s.cache.kv_block_size,
                                  s.cache.enable_prefix_caching, s.num_cpu_blocks,
-                                 s.group_windows)  # fmt: skip
+                                 s.group_windows,
+                                 reuse_decoded_kv=s.cache.reuse_decoded_kv)  # fmt: skip
         self.scheduler = Scheduler(s.scheduler, self.kv, clock=lambda: self.now)
 
     @property

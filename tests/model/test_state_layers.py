@@ -153,17 +153,21 @@ def _tokens_and_logprobs(llm: LLM, prompts: list[list[int]], n: int) -> list[tup
     return [(o.token_ids, [lp.logprob for lp in o.logprobs]) for o in outs]
 
 
-def test_a_conversation_resumes_from_the_state_saved_after_its_last_full_block(stateful):
-    """A prefix hit resumes from the state saved after its last block (`StateSnapshots`): a
-    second turn (the first's prompt, its answer and a new message) starts from the state saved
-    as the answer ended a block, and gives the tokens it gets without the cache; the hits are
-    exactly the blocks up to the last saved state. (Log-probabilities to float32 rounding: the
-    answer's KV and state are as decoding computed them, and a decode attends in another order
-    than a prompt chunk; prompt-only hits are bit for bit, below.)"""
+@pytest.mark.parametrize("reuse_decoded_kv", [False, True])
+def test_a_conversation_resumes_from_the_state_saved_after_its_last_full_block(
+    stateful, reuse_decoded_kv
+):
+    """A conversation's second turn (the first's prompt, its answer and a new message) starts
+    from the state saved after the first prompt's last full block, and gives the tokens and
+    log-probabilities it gets without the cache, bit for bit: the answer, computed as decodes,
+    is computed again as prompt rows. With `reuse_decoded_kv` it starts from the state saved as
+    the answer ended a block: the same tokens, log-probabilities to float32 rounding (a decode
+    attends in another order than a prompt chunk). The hits are exactly the blocks up to the
+    state it resumes from."""
     folder, prompts, _, _ = stateful
     firsts = [prompts[1], prompts[6]]
     plain = LLM(str(folder), dtype="float32", enable_prefix_caching=False)
-    llm = LLM(str(folder), dtype="float32", max_num_seqs=16)
+    llm = LLM(str(folder), dtype="float32", max_num_seqs=16, reuse_decoded_kv=reuse_decoded_kv)
     kv = llm.core.kv_cache_manager
     first = _tokens_and_logprobs(llm, firsts, 21)
     assert first == _tokens_and_logprobs(plain, firsts, 21) and kv.prefix_stats.hits == 0
@@ -173,10 +177,14 @@ def test_a_conversation_resumes_from_the_state_saved_after_its_last_full_block(s
     assert len(kv.snapshots) == len(saved) and kv.snapshots.num_evicted == 0
     seconds = [prompt + out[0] + [7, 8, 9] for prompt, out in zip(firsts, first, strict=True)]
     got, want = _tokens_and_logprobs(llm, seconds, 9), _tokens_and_logprobs(plain, seconds, 9)
-    assert [g[0] for g in got] == [w[0] for w in want]
-    for (_, g), (_, w) in zip(got, want, strict=True):
-        torch.testing.assert_close(torch.tensor(g), torch.tensor(w), rtol=0, atol=1e-5)
-    assert kv.prefix_stats.hits == sum((len(p) + 21 - 2) // 16 * 16 for p in firsts)
+    if reuse_decoded_kv:
+        assert [g[0] for g in got] == [w[0] for w in want]
+        for (_, g), (_, w) in zip(got, want, strict=True):
+            torch.testing.assert_close(torch.tensor(g), torch.tensor(w), rtol=0, atol=1e-5)
+        assert kv.prefix_stats.hits == sum((len(p) + 21 - 2) // 16 * 16 for p in firsts)
+    else:
+        assert got == want
+        assert kv.prefix_stats.hits == sum(len(p) // 16 * 16 for p in firsts)
     assert_state_slots_free(llm)
 
 
@@ -213,7 +221,7 @@ def test_two_ranks_resume_from_their_shares_of_a_saved_state(stateful):
         if ranks == 2:
             assert llm.core.runner.conv_state.num_snapshots == 4
             llm.core.workers.close()
-    assert turns[0] == turns[1] and turns[0][2] == sum((len(p) + 19) // 16 * 16 for p in firsts)
+    assert turns[0] == turns[1] and turns[0][2] == sum(len(p) // 16 * 16 for p in firsts)
 
 
 SWAPPING = {"dtype": "float32", "kv_block_size": 4, "num_kv_blocks": 40,
