@@ -267,9 +267,12 @@ class KVCacheManager:
     def state_to_save(self, request: Request) -> int | None:
         """The snapshot row a state-carrying model's request saves its state into before its
         next step, where its computed tokens end a full block whose state is not saved yet;
-        None otherwise."""
+        None otherwise. Past its prompt only with `reuse_decoded_kv`: such a state would serve
+        no other request (`_key`), and would push out the saved states that do."""
         computed = request.num_computed_tokens
         if self.snapshots is None or not computed or computed % self.block_size:
+            return None
+        if computed > request.num_prompt_tokens and not self.reuse_decoded_kv:
             return None
         return self.snapshots.save(self._key(request, computed // self.block_size - 1))
 

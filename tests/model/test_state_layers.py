@@ -173,7 +173,9 @@ def test_a_conversation_resumes_from_the_state_saved_after_its_last_full_block(
     assert first == _tokens_and_logprobs(plain, firsts, 21) and kv.prefix_stats.hits == 0
     # a step starts after every 16th computed token (a prompt's chunk ends at its last full
     # block for it): a state is saved at each, up to the last token the first turn computed
-    saved = [p for prompt in firsts for p in range(16, len(prompt) + 21 - 1, 16)]
+    # (up to its prompt's last full block, unless decoded blocks serve others)
+    last = [len(prompt) + (21 - 1 if reuse_decoded_kv else 0) for prompt in firsts]
+    saved = [p for prompt_end in last for p in range(16, prompt_end + 1, 16)]
     assert len(kv.snapshots) == len(saved) and kv.snapshots.num_evicted == 0
     seconds = [prompt + out[0] + [7, 8, 9] for prompt, out in zip(firsts, first, strict=True)]
     got, want = _tokens_and_logprobs(llm, seconds, 9), _tokens_and_logprobs(plain, seconds, 9)
@@ -193,7 +195,7 @@ def test_saved_states_serve_hits_under_preemption_and_few_rows(stateful):
     the least recently used given up): every token and log-probability as without the cache."""
     folder, prompts, _, _ = stateful
     shared = [prompts[5][:20] + p for p in prompts[:8]] + [prompts[5]] * 3
-    knobs = {"dtype": "float32", "kv_block_size": 4, "num_kv_blocks": 40, "max_num_seqs": 3,
+    knobs = {"dtype": "float32", "kv_block_size": 4, "num_kv_blocks": 32, "max_num_seqs": 3,
              "max_num_batched_tokens": 32}  # fmt: skip
     want = _tokens_and_logprobs(LLM(str(folder), **knobs, enable_prefix_caching=False), shared, 12)
     llm = LLM(str(folder), **knobs)
