@@ -11,9 +11,9 @@ matrices are rows of their own, as an engine's slots are; the best of 7 rounds o
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
+from attention_kernels import best_seconds  # (this folder's: run as a script)
 
 from inflight.kernels import load_extension
 
@@ -48,15 +48,8 @@ def layer_call(requests: int, tokens: int, draft_rows: bool, dtype: torch.dtype)
     return lambda: ext.gated_delta_net(*args)
 
 
-def best_ms(call, rounds: int = 7, calls: int = 20) -> float:
-    call()
-    times = []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        for _ in range(calls):
-            call()
-        times.append((time.perf_counter() - start) / calls)
-    return min(times) * 1e3
+def best_ms(call) -> float:
+    return best_seconds(call) * 1e3  # (the best of 7 rounds of 20 calls)
 
 
 def main() -> None:
