@@ -1,13 +1,16 @@
 """A token's values never depend on its batch or on preemption: each of 32 greedy requests of the
 real default model gets the same tokens and the same log-probabilities, bit for bit, run alone
 as beside the 31 others, all at once or in a KV pool so small that requests are preempted and
-recomputed, their prompts chunked and mixed with decodes. (Tokens alone rarely show a
-difference: it takes a near-tie to flip one. The log-probabilities show any.)
+recomputed, their prompts chunked and mixed with decodes; and a conversation's next turn with
+the prefix cache as without it. (Tokens alone rarely show a difference: it takes a near-tie to
+flip one. The log-probabilities show any.)
 
 What keeps it: every linear row goes through the GGUF blocks with 16-bit activations (8-bit ones
 where K-quant blocks hold most weights) whatever the step's size (float32 on the 8-column layout,
 the default there), and every token at or past its prompt attends as a decode, recomputed outputs
-included (runner/step_inputs.py). Before either, all 32 requests' log-probabilities moved."""
+included (runner/step_inputs.py); a cached block holding decoded tokens is a hit only for a
+request that decodes them too (`KVCacheManager._key`). Before the first two, all 32 requests'
+log-probabilities moved; before the last, a next turn's moved by up to 0.03."""
 
 from __future__ import annotations
 
@@ -106,6 +109,28 @@ def test_8_bit_activations_do_not_depend_on_the_batch_or_on_preemption(smollm_pr
     assert loaded.model.fused_layers.activation_bits == 8
     moved = [i for i, (g, w) in enumerate(zip(got, want, strict=True)) if g != w]
     assert not moved, f"requests {moved} changed with the batch"
+
+
+def test_a_conversations_next_turn_does_not_depend_on_the_prefix_cache(smollm_prompts,
+                                                                       loaded_float32):  # fmt: skip
+    """Second turns (a first prompt, its answer, a new message) of 8 conversations give the
+    tokens and log-probabilities they give without the cache, bit for bit, though the first
+    turns' blocks are cached: the answers, decoded, are computed again as prompt rows.
+    `reuse_decoded_kv` hits them as decoded (on the Zen 4 VM some log-probabilities then
+    moved)."""
+    firsts = [p for p in smollm_prompts if len(p) >= 16][:8]
+    loaded = loaded_float32()
+    knobs = {"dtype": "float32", "loaded_model": loaded}
+    first = greedy(LLM(**knobs, enable_prefix_caching=False), firsts)
+    seconds = [p + out + p[:9] for p, (out, _) in zip(firsts, first, strict=True)]
+    want = greedy(LLM(**knobs, enable_prefix_caching=False), seconds)
+    got = {}
+    for reuse in (False, True):
+        llm = LLM(**knobs, reuse_decoded_kv=reuse)
+        assert greedy(llm, firsts) == first
+        got[reuse] = greedy(llm, seconds), llm.core.kv_cache_manager.prefix_stats.hits
+    assert got[False][0] == want
+    assert 0 < got[False][1] < got[True][1]  # (the knob's hits reach into the answers)
 
 
 def seeded(llm: LLM, prompts: list[list[int]], logprobs: int | None = 0) -> list[tuple]:
