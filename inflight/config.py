@@ -214,6 +214,14 @@ class CacheConfig:
     enable_prefix_caching: bool = field(
         default=True, metadata={"help": "reuse the KV of full blocks shared by earlier requests"}
     )
+    num_saved_states: int | None = field(
+        default=None,
+        metadata={
+            "help": "states a model that carries state between steps (LFM2, Qwen3.5) keeps for "
+            "prefix-cache hits, each a seat's state in bytes, least recently used given up "
+            "first (default: one a seat; 0: no hits for such a model)"
+        },
+    )
     reuse_decoded_kv: bool = field(
         default=False,
         metadata={
@@ -255,6 +263,10 @@ class CacheConfig:
         _require(
             self.num_kv_blocks is None or self.num_kv_blocks >= 1,
             f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}",
+        )
+        _require(
+            self.num_saved_states is None or self.num_saved_states >= 0,
+            f"num_saved_states must be >= 0, got {self.num_saved_states}",
         )
         _require(
             self.kv_cache_dtype in ("auto", "bf16", "fp8", "int8"),

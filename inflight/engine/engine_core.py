@@ -60,11 +60,12 @@ logger = logging.getLogger(__name__)
 
 
 def state_snapshot_rows(config: EngineConfig, arch: LlamaArchConfig) -> int:
-    """The states a state-carrying model saves for prefix-cache hits (`StateSnapshots`): one a
-    seat, where the cache is on; else none."""
+    """The states a state-carrying model saves for prefix-cache hits (`StateSnapshots`):
+    `num_saved_states`, by default one a seat, where the cache is on; else none."""
     if not (arch.conv_layers and config.cache.enable_prefix_caching and arch.pooling != "mean"):
         return 0
-    return config.scheduler.max_num_seqs
+    saved = config.cache.num_saved_states
+    return config.scheduler.max_num_seqs if saved is None else saved
 
 
 def warm_up_tokens(budget: int, max_model_len: int, device: torch.device, block_size: int) -> int:
@@ -134,9 +135,11 @@ class EngineCore:
                                 plan.num_cpu_blocks, scratch_block=True,
                                 layout=self.kv_layout)  # fmt: skip
         # mean pooling reads every prompt position's hidden state: none may come from the cache;
-        # a state-carrying model's hits resume from saved states (`StateSnapshots`)
-        caching = config.cache.enable_prefix_caching and self.arch.pooling != "mean"
+        # a state-carrying model's hits resume from saved states (`StateSnapshots`): none
+        # without them
         saved_states = state_snapshot_rows(self.config, self.arch)
+        caching = (config.cache.enable_prefix_caching and self.arch.pooling != "mean"
+                   and (saved_states > 0 or not self.arch.conv_layers))  # fmt: skip
         snapshots = StateSnapshots(saved_states) if saved_states else None
         group_windows = self.kv_layout.group_windows if self.kv_layout else (None,)
         self.kv_cache_manager = KVCacheManager(plan.num_blocks, block_size, caching,

@@ -207,6 +207,29 @@ def test_saved_states_serve_hits_under_preemption_and_few_rows(stateful):
     assert_state_slots_free(llm)
 
 
+@pytest.mark.parametrize("saved", [0, 1, 40])
+def test_the_number_of_saved_states_is_a_knob(stateful, saved):
+    """`num_saved_states` rows of saved states (0: such a model takes no hits at all, for none
+    could resume): a conversation's second turn gives the uncached tokens and log-probabilities
+    whatever the number, and hits the first prompt's full blocks where a state is kept."""
+    folder, prompts, _, _ = stateful
+    firsts = [prompts[1], prompts[6]]
+    plain = LLM(str(folder), dtype="float32", enable_prefix_caching=False)
+    llm = LLM(str(folder), dtype="float32", num_saved_states=saved)
+    assert llm.core.runner.conv_state.num_snapshots == saved
+    first = _tokens_and_logprobs(llm, firsts, 21)
+    seconds = [prompt + out[0] + [7, 8, 9] for prompt, out in zip(firsts, first, strict=True)]
+    assert _tokens_and_logprobs(llm, seconds, 9) == _tokens_and_logprobs(plain, seconds, 9)
+    hits = llm.core.kv_cache_manager.prefix_stats.hits
+    if saved == 0:
+        assert hits == 0 and llm.core.kv_cache_manager.pool.num_cached_blocks == 0
+    elif saved == 1:  # (the second first turn's states pushed out the first's)
+        assert hits == len(firsts[1]) // 16 * 16
+    else:
+        assert hits == sum(len(p) // 16 * 16 for p in firsts)
+    assert_state_slots_free(llm)
+
+
 def test_two_ranks_resume_from_their_shares_of_a_saved_state(stateful):
     """Split over ranks, each saves and restores its share of the states in the rows rank 0's
     core chose (`ConvState.copy_saved_states`): a conversation's second turn gives one rank's
