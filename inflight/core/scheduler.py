@@ -422,7 +422,9 @@ class Scheduler:
         assert held == pool.num_refs, (held, pool.num_refs)  # shared blocks count once a holder
         assert pool.num_used_blocks <= held
         assert pool.num_free_blocks + pool.num_used_blocks == pool.num_blocks
-        if (swap_space := self.kv.cpu_pool) is not None:  # a block there has one owner
+        swap_space = self.kv.cpu_pool
+        if swap_space is not None and (out.swap_out or out.swap_in or out.finished_request_ids):
+            # a block there has one owner (counted again only where the space changed)
             assert swap_space.num_used_blocks == self.kv.num_swap_blocks_held
         assert set(out.swapped_request_ids) <= set(out.preempted_request_ids)
         self.admission.check(self.running)
