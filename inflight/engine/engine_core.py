@@ -246,7 +246,7 @@ class EngineCore:
         """Refuses (before loading) weights and KV pools that will not fit this machine's
         memory: the weights and pools of the ranks it holds (every rank of a split model by
         default; one where the others run on other nodes), each its share (a pool with the
-        convolution state beside it, where the model has one)."""
+        convolution state beside it, where the model has one), and each one's swap space."""
         size = config.model.tensor_parallel_size
         here = size if ranks_here is None else ranks_here
         rank_arch = shard_arch(Shard(arch, 0, size))
@@ -255,7 +255,9 @@ class EngineCore:
             state_snapshot_rows(config, arch), config.scheduler.num_speculative_tokens,
         )  # fmt: skip
         weights = estimated_weight_bytes(path, self.dtype, activations)
-        check_memory_fits(path, weights * here // size, here * rank_pool)
+        # (each rank plans its swap blocks from rank 0's bytes a block: about the whole space)
+        swap = config.cache.swap_space_bytes if config.scheduler.preemption_mode == "swap" else 0
+        check_memory_fits(path, weights * here // size, here * rank_pool, here * swap)
 
     def _kv_layout(
         self, config: EngineConfig, target: LoadedModel, draft: LoadedModel | None

@@ -454,18 +454,20 @@ def available_memory_bytes() -> int | None:
     return min(found) if found else None
 
 
-def check_memory_fits(path: Path, weight_bytes: int, kv_bytes: int) -> None:
-    """Refuses, before anything is loaded, a model whose weights and KV pool will not fit the
-    memory available, with the numbers (rather than an out-of-memory kill halfway)."""
+def check_memory_fits(path: Path, weight_bytes: int, kv_bytes: int, swap_bytes: int = 0) -> None:
+    """Refuses, before anything is loaded, a model whose weights, KV pool and swap space (host
+    memory, where preemption swaps) will not fit the memory available, with the numbers
+    (rather than an out-of-memory kill halfway, or a failed allocation of the swap space)."""
     available = available_memory_bytes()
-    if available is None or weight_bytes + kv_bytes <= available:
+    if available is None or weight_bytes + kv_bytes + swap_bytes <= available:
         return
     gib = 2**30
+    swap = f", {swap_bytes / gib:.2f} GiB for the swap space" if swap_bytes else ""
     raise ModelLoadError(
         f"{path.name} needs about {weight_bytes / gib:.2f} GiB for its weights and "
-        f"{kv_bytes / gib:.2f} GiB for the KV pool, and {available / gib:.2f} GiB of memory is "
-        "available: lower kv_cache_memory_bytes (--kv-cache-memory-bytes) or num_kv_blocks, or "
-        "serve a smaller model"
+        f"{kv_bytes / gib:.2f} GiB for the KV pool{swap}, and {available / gib:.2f} GiB of "
+        "memory is available: lower kv_cache_memory_bytes (--kv-cache-memory-bytes) or "
+        f"num_kv_blocks{', swap_space_bytes' if swap_bytes else ''}, or serve a smaller model"
     )
 
 

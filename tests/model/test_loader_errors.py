@@ -137,3 +137,19 @@ def test_a_model_that_will_not_fit_is_refused_before_loading(tiny_llama, monkeyp
     want = r"\w+ needs about 0\.00 GiB for its weights and 4\.00 GiB for the KV pool, and "
     with pytest.raises(ModelLoadError, match=want + r"3\.00 GiB of memory is available"):
         LLM(str(tiny_llama), dtype="float32", num_kv_blocks=2**19, kv_block_size=16)
+
+
+@pytest.mark.parametrize("swap", [2**32, 2**63])
+def test_a_swap_space_that_will_not_fit_is_refused_before_loading(tiny_llama, monkeypatch, swap):
+    """The swap space is host memory (where preemption swaps): one past what is available is
+    refused with the numbers, naming its knob, not a failed allocation after loading."""
+    from inflight.engine import engine_core
+    from inflight.model import loader
+
+    monkeypatch.setattr(engine_core, "load_model", lambda *a, **k: pytest.fail("loaded"))
+    monkeypatch.setattr(loader, "available_memory_bytes", lambda: 3 * 2**30)
+    want = rf"{swap / 2**30:.2f} GiB for the swap space, .* swap_space_bytes"
+    with pytest.raises(ModelLoadError, match=want):
+        LLM(str(tiny_llama), dtype="float32", preemption_mode="swap", swap_space_bytes=swap)
+    monkeypatch.undo()  # (recompute preemption holds no swap space, whatever its size)
+    LLM(str(tiny_llama), dtype="float32", swap_space_bytes=swap, num_kv_blocks=64)
