@@ -123,11 +123,12 @@ class EngineCore:
 
         block_size = config.cache.kv_block_size
         attn = loaded.model.layers[0].attn
+        saved_states = state_snapshot_rows(self.config, self.arch)
         if self.workers is not None:
             conv_slots = sched_cfg.max_num_seqs if self.arch.conv_layers else 0
             self.workers.setup(KVSetup(plan.num_blocks, plan.num_cpu_blocks, kv_dtype,
                                        self.kv_layout, plan.max_model_len, conv_slots,
-                                       state_snapshot_rows(self.config, self.arch),
+                                       saved_states,
                                        sched_cfg.num_speculative_tokens))  # fmt: skip
         # the scratch block: the start-up warm-up's, and padding rows' of decode graphs; this
         # rank's share of the heads where the model is split (`model.cfg`)
@@ -137,7 +138,6 @@ class EngineCore:
         # mean pooling reads every prompt position's hidden state: none may come from the cache;
         # a state-carrying model's hits resume from saved states (`StateSnapshots`): none
         # without them
-        saved_states = state_snapshot_rows(self.config, self.arch)
         caching = (config.cache.enable_prefix_caching and self.arch.pooling != "mean"
                    and (saved_states > 0 or not self.arch.conv_layers))  # fmt: skip
         snapshots = StateSnapshots(saved_states) if saved_states else None

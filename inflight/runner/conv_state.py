@@ -195,8 +195,9 @@ class ConvState:
         slot = self._slot_of[s.request_id]
         rejected = len(s.draft_token_ids) - num_kept
         if rejected:
-            self._copy_row(self._draft_row(slot, num_kept), slot)
-            self._kept_drafts.append((self._draft_row(slot, num_kept), slot))
+            kept = self._draft_row(slot, num_kept)
+            self._copy_row(kept, slot)
+            self._kept_drafts.append((kept, slot))
             self._valid[slot] -= rejected
 
     def take_kept_drafts(self) -> list[tuple[int, int]]:
