@@ -199,9 +199,9 @@ def test_the_convolution_state_is_counted_before_loading(lfm2, monkeypatch):
     checked = []
     check = engine_core.check_memory_fits
 
-    def counting(path, weights, pool):
+    def counting(path, weights, pool, swap=0):
         checked.append(pool)
-        return check(path, weights, pool)
+        return check(path, weights, pool, swap)
 
     monkeypatch.setattr(engine_core, "check_memory_fits", counting)
     folder, *_ = lfm2
