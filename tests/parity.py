@@ -130,3 +130,25 @@ def _rounded_as_split(kv_b: torch.Tensor, split_latent: tuple[int, int], qtype) 
     k = rounded(per_head[:, :nope].transpose(1, 2)).transpose(1, 2)
     v = rounded(per_head[:, nope:])
     return torch.cat([k, v], dim=1).reshape(kv_b.shape)
+
+
+def greedy_outputs(llm, prompts: list[list[int]], n: int) -> list[tuple]:
+    """Each prompt's n greedy tokens and their log-probabilities."""
+    from inflight import SamplingParams
+
+    params = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True, logprobs=0)
+    outs = [o.outputs[0] for o in llm.generate(prompts, params, use_tqdm=False)]
+    return [(o.token_ids, [lp.logprob for lp in o.logprobs]) for o in outs]
+
+
+def assert_same_outputs(got: list[tuple], want: list[tuple]) -> None:
+    """`greedy_outputs` of two runs that differ in batching, chunking, preemption or
+    the cache: the same tokens and log-probabilities, bit for bit on a CPU (its kernels sum a
+    row alike in any batch), to float32 rounding on a GPU (cuBLAS and PyTorch's ops pick their
+    kernels by shape, so a row's sums follow its batch there)."""
+    if not torch.cuda.is_available():
+        assert got == want
+        return
+    assert [g[0] for g in got] == [w[0] for w in want]
+    for (_, g), (_, w) in zip(got, want, strict=True):
+        torch.testing.assert_close(torch.tensor(g), torch.tensor(w), rtol=0, atol=1e-5)

@@ -8,7 +8,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from inflight import LLM, SamplingParams
-from tests.parity import hf_greedy, random_prompts
+from tests.parity import assert_same_outputs, greedy_outputs, hf_greedy, random_prompts
 
 
 def test_shared_prefixes_match_transformers_with_and_without_the_cache(tiny_model_factory):
@@ -35,12 +35,6 @@ def test_shared_prefixes_match_transformers_with_and_without_the_cache(tiny_mode
         assert kv.pool.num_used_blocks == 0
 
 
-def _tokens_and_logprobs(llm: LLM, prompts: list[list[int]], n: int) -> list[tuple]:
-    params = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True, logprobs=0)
-    outs = [o.outputs[0] for o in llm.generate(prompts, params, use_tqdm=False)]
-    return [(o.token_ids, [lp.logprob for lp in o.logprobs]) for o in outs]
-
-
 @pytest.mark.parametrize("arch", ["llama", "gemma3", "deepseek_v3"])
 def test_a_next_turn_is_the_uncached_one_bit_for_bit(tiny_model_factory, arch):
     """A conversation's next turn holds the last answer in its prompt: its blocks, computed as
@@ -53,11 +47,14 @@ def test_a_next_turn_is_the_uncached_one_bit_for_bit(tiny_model_factory, arch):
     hits = []
     for reuse in (False, True):
         llm = LLM(folder, dtype="float32", reuse_decoded_kv=reuse)
-        first = _tokens_and_logprobs(llm, firsts, 21)
+        first = greedy_outputs(llm, firsts, 21)
         seconds = [p + out[0] + [7, 8, 9] for p, out in zip(firsts, first, strict=True)]
-        got, want = _tokens_and_logprobs(llm, seconds, 9), _tokens_and_logprobs(plain, seconds, 9)
+        got, want = (
+            greedy_outputs(llm, seconds, 9),
+            greedy_outputs(plain, seconds, 9),
+        )
         if not reuse:
-            assert got == want
+            assert_same_outputs(got, want)
         hits.append(llm.core.kv_cache_manager.prefix_stats.hits)
     assert hits[0] == sum(len(p) // 16 * 16 for p in firsts) < hits[1]
 
@@ -68,7 +65,7 @@ def test_a_preempted_request_hits_the_blocks_it_decoded(tiny_model_factory):
     that never preempts."""
     folder = str(tiny_model_factory("llama"))
     prompts = random_prompts(400, lengths=(20, 24, 28, 32), seed=4)
-    want = _tokens_and_logprobs(LLM(folder, dtype="float32"), prompts, 40)
+    want = greedy_outputs(LLM(folder, dtype="float32"), prompts, 40)
     llm = LLM(folder, dtype="float32", kv_block_size=4, num_kv_blocks=40)
     kv = llm.core.kv_cache_manager
     lookup, past_prompt = kv.get_computed_blocks, []
@@ -79,6 +76,6 @@ def test_a_preempted_request_hits_the_blocks_it_decoded(tiny_model_factory):
         return hit
 
     kv.get_computed_blocks = recording
-    assert _tokens_and_logprobs(llm, prompts, 40) == want
+    assert_same_outputs(greedy_outputs(llm, prompts, 40), want)
     assert llm.core.scheduler.num_preemptions > 0
     assert any(past_prompt), "some hit reaches into its request's own outputs"

@@ -14,9 +14,17 @@ from inflight import LLM, SamplingParams
 from inflight.errors import ConfigError
 from inflight.request import FinishReason
 from tests.parity import (
+    assert_same_outputs,
     assert_state_slots_free,
+    greedy_outputs,
     greedy_reference,
     greedy_tokens,
+)
+
+# on a GPU the engine runs on CUDA, where tensor parallelism (CPU ranks) and the C++ kernels
+# (host memory) are refused
+CPU_ONLY = pytest.mark.skipif(
+    torch.cuda.is_available(), reason="CPU ranks and the C++ kernels: not on a GPU"
 )
 
 
@@ -45,7 +53,7 @@ def test_requests_come_and_go_through_few_slots(stateful, knobs):
     assert_state_slots_free(llm)
 
 
-@pytest.mark.parametrize("backend", ["cpu", "torch"])
+@pytest.mark.parametrize("backend", [pytest.param("cpu", marks=CPU_ONLY), "torch"])
 def test_a_batch_failing_midway_is_run_again_from_its_rebuilt_state(stateful, backend):
     """A step of several requests that fails after the stateful layers advanced their state in
     place is run again in halves, each request's state first rebuilt from its tokens: every
@@ -147,30 +155,25 @@ def _abort_then_finish(llm: LLM, aborted: set[str], expected: dict[str, list[int
     assert_state_slots_free(llm)
 
 
-def _tokens_and_logprobs(llm: LLM, prompts: list[list[int]], n: int) -> list[tuple]:
-    params = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True, logprobs=0)
-    outs = [o.outputs[0] for o in llm.generate(prompts, params, use_tqdm=False)]
-    return [(o.token_ids, [lp.logprob for lp in o.logprobs]) for o in outs]
-
-
 @pytest.mark.parametrize("reuse_decoded_kv", [False, True])
 def test_a_conversation_resumes_from_the_state_saved_after_its_last_full_block(
     stateful, reuse_decoded_kv
 ):
     """A conversation's second turn (the first's prompt, its answer and a new message) starts
     from the state saved after the first prompt's last full block, and gives the tokens and
-    log-probabilities it gets without the cache, bit for bit: the answer, computed as decodes,
-    is computed again as prompt rows. With `reuse_decoded_kv` it starts from the state saved as
-    the answer ended a block: the same tokens, log-probabilities to float32 rounding (a decode
-    attends in another order than a prompt chunk). The hits are exactly the blocks up to the
-    state it resumes from."""
+    log-probabilities it gets without the cache (`assert_same_outputs`): the answer, computed as
+    decodes, is computed again as prompt rows. With `reuse_decoded_kv` it starts from the state
+    saved as the answer ended a block: the same tokens, log-probabilities to float32 rounding (a
+    decode attends in another order than a prompt chunk). The hits are exactly the blocks up to
+    the state it resumes from."""
     folder, prompts, _, _ = stateful
     firsts = [prompts[1], prompts[6]]
     plain = LLM(str(folder), dtype="float32", enable_prefix_caching=False)
     llm = LLM(str(folder), dtype="float32", max_num_seqs=16, reuse_decoded_kv=reuse_decoded_kv)
     kv = llm.core.kv_cache_manager
-    first = _tokens_and_logprobs(llm, firsts, 21)
-    assert first == _tokens_and_logprobs(plain, firsts, 21) and kv.prefix_stats.hits == 0
+    first = greedy_outputs(llm, firsts, 21)
+    assert_same_outputs(first, greedy_outputs(plain, firsts, 21))
+    assert kv.prefix_stats.hits == 0
     # a step starts after every 16th computed token (a prompt's chunk ends at its last full
     # block for it): a state is saved at each, up to the last token the first turn computed
     # (up to its prompt's last full block, unless decoded blocks serve others)
@@ -178,14 +181,17 @@ def test_a_conversation_resumes_from_the_state_saved_after_its_last_full_block(
     saved = [p for prompt_end in last for p in range(16, prompt_end + 1, 16)]
     assert len(kv.snapshots) == len(saved) and kv.snapshots.num_evicted == 0
     seconds = [prompt + out[0] + [7, 8, 9] for prompt, out in zip(firsts, first, strict=True)]
-    got, want = _tokens_and_logprobs(llm, seconds, 9), _tokens_and_logprobs(plain, seconds, 9)
+    got, want = (
+        greedy_outputs(llm, seconds, 9),
+        greedy_outputs(plain, seconds, 9),
+    )
     if reuse_decoded_kv:
         assert [g[0] for g in got] == [w[0] for w in want]
         for (_, g), (_, w) in zip(got, want, strict=True):
             torch.testing.assert_close(torch.tensor(g), torch.tensor(w), rtol=0, atol=1e-5)
         assert kv.prefix_stats.hits == sum((len(p) + 21 - 2) // 16 * 16 for p in firsts)
     else:
-        assert got == want
+        assert_same_outputs(got, want)
         assert kv.prefix_stats.hits == sum(len(p) // 16 * 16 for p in firsts)
     assert_state_slots_free(llm)
 
@@ -197,10 +203,10 @@ def test_saved_states_serve_hits_under_preemption_and_few_rows(stateful):
     shared = [prompts[5][:20] + p for p in prompts[:8]] + [prompts[5]] * 3
     knobs = {"dtype": "float32", "kv_block_size": 4, "num_kv_blocks": 32, "max_num_seqs": 3,
              "max_num_batched_tokens": 32}  # fmt: skip
-    want = _tokens_and_logprobs(LLM(str(folder), **knobs, enable_prefix_caching=False), shared, 12)
+    want = greedy_outputs(LLM(str(folder), **knobs, enable_prefix_caching=False), shared, 12)
     llm = LLM(str(folder), **knobs)
-    assert _tokens_and_logprobs(llm, shared, 12) == want
-    assert _tokens_and_logprobs(llm, shared, 12) == want  # (now from the saved states too)
+    assert_same_outputs(greedy_outputs(llm, shared, 12), want)
+    assert_same_outputs(greedy_outputs(llm, shared, 12), want)  # (from saved states too)
     kv = llm.core.kv_cache_manager
     assert kv.prefix_stats.hits > 0 and kv.snapshots.num_evicted > 0
     assert llm.core.scheduler.num_preemptions > 0
@@ -217,9 +223,9 @@ def test_the_number_of_saved_states_is_a_knob(stateful, saved):
     plain = LLM(str(folder), dtype="float32", enable_prefix_caching=False)
     llm = LLM(str(folder), dtype="float32", num_saved_states=saved)
     assert llm.core.runner.conv_state.num_snapshots == saved
-    first = _tokens_and_logprobs(llm, firsts, 21)
+    first = greedy_outputs(llm, firsts, 21)
     seconds = [prompt + out[0] + [7, 8, 9] for prompt, out in zip(firsts, first, strict=True)]
-    assert _tokens_and_logprobs(llm, seconds, 9) == _tokens_and_logprobs(plain, seconds, 9)
+    assert_same_outputs(greedy_outputs(llm, seconds, 9), greedy_outputs(plain, seconds, 9))
     hits = llm.core.kv_cache_manager.prefix_stats.hits
     if saved == 0:
         assert hits == 0 and llm.core.kv_cache_manager.pool.num_cached_blocks == 0
@@ -230,6 +236,7 @@ def test_the_number_of_saved_states_is_a_knob(stateful, saved):
     assert_state_slots_free(llm)
 
 
+@CPU_ONLY
 def test_two_ranks_resume_from_their_shares_of_a_saved_state(stateful):
     """Split over ranks, each saves and restores its share of the states in the rows rank 0's
     core chose (`ConvState.copy_saved_states`): a conversation's second turn gives one rank's
@@ -283,6 +290,7 @@ def test_a_request_aborted_while_swapped_out_drops_its_state(stateful):
     _abort_then_finish(llm, aborted, dict(zip(ids, expected, strict=True)), got)
 
 
+@CPU_ONLY
 def test_two_ranks_swap_their_shares_of_a_state(stateful):
     """Split over ranks, each stashes its share of a swapped request's state from the row rank
     0 names, and restores it into the row the request resumes in: transformers' tokens."""
@@ -301,7 +309,7 @@ def test_two_ranks_swap_their_shares_of_a_state(stateful):
     {"attention_backend": "torch"},  # (the layers' PyTorch ops)
     {"kv_block_size": 4, "num_kv_blocks": 40, "max_num_batched_tokens": 96},  # recompute
     SWAPPING,
-    {"tensor_parallel_size": 2},
+    pytest.param({"tensor_parallel_size": 2}, marks=CPU_ONLY),
 ])  # fmt: skip
 def test_speculating_requests_resume_from_the_state_after_their_last_kept_draft(
     stateful, monkeypatch, knobs
