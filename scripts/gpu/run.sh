@@ -17,6 +17,11 @@
 #             which a 2-core AVX2 CI machine skips), the GPU hidden
 #   kv        the KV cache dtypes: their Triton kernel tests, then mixed64 with each (auto, int8,
 #             fp8)
+#   state     the state-carrying families (LFM2, Qwen3.5, Qwen3-Next) on the GPU: tiny-model
+#             parity under every engine setting, their swap, speculation and saved states; and
+#             the prefix cache's parity (attention families)
+#   quant-prep  starts quant's builds and its F16 file in the background, so that the stages
+#             named between it and quant run meanwhile
 #   quant     quantized weights on this machine's CPU against llama.cpp, the GPU hidden: builds
 #             llama-server and llama-quantize from the carried source (.gpu/llama-src.tgz, with
 #             .gpu/cmake-min.txz where the image has no cmake), writes a Llama-3.2-3B-shaped F16
@@ -34,6 +39,30 @@ mkdir -p /tmp/models /tmp/res "$OUT"
 nvidia-smi -L
 python3 scripts/gpu/random_models.py /tmp/models ${MODELS:-} 2>&1 | grep parameters  # MODELS: all, or some
 bench="python3 -m inflight bench"
+quant_builds=""
+# quant's builds (llama-quantize and llama-server, inflight's C++ kernels) and its F16 file, in
+# the background, every core's
+start_quant_builds() {
+  lscpu | grep -E "Model name|^CPU\(s\)|Thread|Core|Socket" | tr -s ' '
+  command -v cmake > /dev/null || { mkdir -p /tmp/cmake && tar xJf .gpu/cmake-min.txz -C /tmp/cmake \
+    && export PATH=/tmp/cmake/bin:$PATH; }
+  local gen targets
+  gen=$(command -v ninja > /dev/null && echo "-G Ninja")
+  targets="llama-quantize"; [ "${PEER:-1}" = 1 ] && targets="llama-quantize llama-server"
+  tar xzf .gpu/llama-src.tgz -C /tmp
+  ( cmake -B /tmp/lb -S /tmp/llama.cpp $gen -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
+      -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+      && timeout 300 cmake --build /tmp/lb -j "$(nproc)" --target $targets
+  ) > "$OUT/llama-build.log" 2>&1 &
+  quant_builds="$!"
+  CUDA_VISIBLE_DEVICES= timeout 200 python3 scripts/synthetic_gguf.py llama-3.2-3b --type F16 \
+    --tokenizer .gpu/smol-tokenizer.gguf --out /tmp/models/l3b-f16.gguf > "$OUT/f16.log" 2>&1 &
+  quant_builds="$quant_builds $!"
+  CUDA_VISIBLE_DEVICES= timeout 300 python3 -c \
+    "from inflight.kernels import load_extension; load_extension(); print('kernels built')" \
+    > "$OUT/kernels-build.log" 2>&1 &
+  quant_builds="$quant_builds $!"
+}
 for stage in $stages; do
   echo "== $stage"
   case $stage in
@@ -103,23 +132,23 @@ for stage in $stages; do
         --peers hf-static,hf-continuous --out /tmp/res/compare-$model > "$OUT/compare-$model.log" 2>&1
       echo "compare $model"; grep -E "^\| (inflight|hf|transformers)|x\*\*" "$OUT/compare-$model.log"
     done ;;
+  state)
+    timeout 240 python3 -m pytest -q -p no:cacheprovider tests/model/test_parity_tiny.py \
+      tests/model/test_state_layers.py -k "(lfm2 or qwen3_5 or qwen3_next) and not two_ranks" \
+      > "$OUT/state.log" 2>&1
+    echo "pytest rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/state.log" | tail -20
+    timeout 120 python3 -m pytest -q -p no:cacheprovider tests/model/test_prefix_cache_parity.py \
+      > "$OUT/prefix-cache.log" 2>&1
+    echo "pytest rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/prefix-cache.log" | tail -8 ;;
+  quant-prep) start_quant_builds ;;
   quant)
     # PEER=0: llama-quantize alone (no llama-server runs); PD_MODES, PD_ROUNDS: prefill_decode's
-    # inflight modes and rounds; CMP_MODES: bench compare's; MEM=0 skips `bench memory`
+    # inflight modes and rounds; CMP_MODES: bench compare's (CMP=0 skips it); MEM=0 skips
+    # `bench memory`
+    [ -n "$quant_builds" ] || start_quant_builds
     export CUDA_VISIBLE_DEVICES=
-    lscpu | grep -E "Model name|^CPU\(s\)|Thread|Core|Socket" | tr -s ' '
-    command -v cmake > /dev/null || { mkdir -p /tmp/cmake && tar xJf .gpu/cmake-min.txz -C /tmp/cmake \
-      && export PATH=/tmp/cmake/bin:$PATH; }
-    gen=$(command -v ninja > /dev/null && echo "-G Ninja")
-    targets="llama-quantize"; [ "${PEER:-1}" = 1 ] && targets="llama-quantize llama-server"
-    tar xzf .gpu/llama-src.tgz -C /tmp
-    ( cmake -B /tmp/lb -S /tmp/llama.cpp $gen -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
-        -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
-        && timeout 300 cmake --build /tmp/lb -j "$(nproc)" --target $targets
-    ) > "$OUT/llama-build.log" 2>&1 &
-    timeout 200 python3 scripts/synthetic_gguf.py llama-3.2-3b --type F16 \
-      --tokenizer .gpu/smol-tokenizer.gguf --out /tmp/models/l3b-f16.gguf 2>&1 | tail -1
-    wait; echo "llama.cpp build: $(tail -1 "$OUT/llama-build.log")"
+    wait $quant_builds; echo "llama.cpp build: $(tail -1 "$OUT/llama-build.log")"
+    tail -1 "$OUT/f16.log"; tail -1 "$OUT/kernels-build.log"
     q=/tmp/models/l3b-q4_k_m.gguf
     timeout 120 /tmp/lb/bin/llama-quantize /tmp/models/l3b-f16.gguf $q Q4_K_M > "$OUT/quantize.log" 2>&1
     rm -f /tmp/models/l3b-f16.gguf; ls -la $q
@@ -130,10 +159,12 @@ for stage in $stages; do
     fi
     timeout 240 python3 scripts/prefill_decode.py $q "${peer[@]}" --modes "${PD_MODES:-int16,int8}" \
       --rounds "${PD_ROUNDS:-2}" --out /tmp/res/prefill_decode.json 2>&1 | grep -E "^round|Error"
-    timeout 300 $bench compare $q --workload mixed64 --num-requests 16 --max-num-seqs 16 \
-      --modes "${CMP_MODES:-continuous,int8}" "${cmp_peer[@]}" \
-      --out /tmp/res/q4km-mixed64 > "$OUT/q4km-mixed64.log" 2>&1
-    grep -E "weights hold|^\| (inflight|llama)|x\*\*" "$OUT/q4km-mixed64.log"
+    if [ "${CMP:-1}" = 1 ]; then
+      timeout 300 $bench compare $q --workload mixed64 --num-requests 16 --max-num-seqs 16 \
+        --modes "${CMP_MODES:-continuous,int8}" "${cmp_peer[@]}" \
+        --out /tmp/res/q4km-mixed64 > "$OUT/q4km-mixed64.log" 2>&1
+      grep -E "weights hold|^\| (inflight|llama)|x\*\*" "$OUT/q4km-mixed64.log"
+    fi
     # `inflight serve`'s peak RSS against the file + KV pool + 1 GiB target (MEM=0: skipped)
     if [ "${MEM:-1}" = 1 ]; then
       timeout 240 $bench memory $q "${peer[@]}" --max-num-seqs 4 --num-requests 4 \
