@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
+import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -43,6 +45,29 @@ MAX_CPUS_PER_RANK = 1 << 16  # a Ray rank's CPUs: beyond any node's
 def _require(ok: bool, message: str) -> None:
     if not ok:
         raise ConfigError(message)
+
+
+def _check_kinds(config: Any) -> None:
+    """Each int, bool or float knob holds a value of its kind before any range is checked; else
+    torch's shapes fail on a float after the weights load, and a flag takes "no" for true. An
+    integer knob takes an integral float too (2e9 bytes, as Python writes it), as an int."""
+    hints = typing.get_type_hints(type(config))
+    for f in dataclasses.fields(config):
+        value, hint = getattr(config, f.name), hints[f.name]
+        kinds = [a for a in typing.get_args(hint) if a is not type(None)] or [hint]
+        if value is None or len(kinds) != 1 or kinds[0] not in (int, bool, float):
+            continue  # (None where the hint allows it; texts and choices: checked by name)
+        kind, number = kinds[0], not isinstance(value, bool)
+        if kind is bool:
+            _require(not number, f"{f.name} must be true or false, got {value!r}")
+        elif kind is int:
+            integral = number and isinstance(value, numbers.Real) and math.isfinite(value)
+            integral = integral and float(value).is_integer()
+            _require(integral, f"{f.name} must be an integer, got {value!r}")
+            object.__setattr__(config, f.name, int(value))
+        else:
+            real = number and isinstance(value, numbers.Real) and not math.isnan(value)
+            _require(real, f"{f.name} must be a number, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -142,6 +167,7 @@ class ModelConfig:
     )
 
     def __post_init__(self) -> None:
+        _check_kinds(self)
         dtype: Any = self.dtype
         if type(dtype).__module__ == "torch" and type(dtype).__name__ == "dtype":  # torch.float16
             dtype = str(dtype).removeprefix("torch.")
@@ -158,9 +184,7 @@ class ModelConfig:
         )
         _require(self.device in ("auto", "cpu", "cuda"), f"unknown device {self.device!r}")
         _require(
-            isinstance(self.tensor_parallel_size, int)
-            and not isinstance(self.tensor_parallel_size, bool)
-            and 1 <= self.tensor_parallel_size <= MAX_TENSOR_PARALLEL,
+            1 <= self.tensor_parallel_size <= MAX_TENSOR_PARALLEL,
             f"tensor_parallel_size must be an integer from 1 to {MAX_TENSOR_PARALLEL}, got "
             f"{self.tensor_parallel_size!r}",
         )
@@ -170,12 +194,7 @@ class ModelConfig:
             f"{self.distributed_executor_backend!r}",
         )
         _require(
-            self.ray_cpus_per_rank is None
-            or (
-                isinstance(self.ray_cpus_per_rank, int)
-                and not isinstance(self.ray_cpus_per_rank, bool)
-                and 1 <= self.ray_cpus_per_rank <= MAX_CPUS_PER_RANK
-            ),
+            self.ray_cpus_per_rank is None or 1 <= self.ray_cpus_per_rank <= MAX_CPUS_PER_RANK,
             f"ray_cpus_per_rank must be an integer from 1 to {MAX_CPUS_PER_RANK}, got "
             f"{self.ray_cpus_per_rank!r}",
         )
@@ -251,6 +270,7 @@ class CacheConfig:
     )
 
     def __post_init__(self) -> None:
+        _check_kinds(self)
         _require(self.kv_block_size >= 1, f"kv_block_size must be >= 1, got {self.kv_block_size}")
         _require(
             self.kv_cache_memory_bytes >= 1,
@@ -363,6 +383,7 @@ class SchedulerConfig:
     max_model_len: int = field(default=0, metadata={"knob": False})
 
     def __post_init__(self) -> None:
+        _check_kinds(self)
         _require(self.max_num_seqs >= 1, f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
         _require(
             self.max_num_batched_tokens >= 1,
@@ -385,8 +406,7 @@ class SchedulerConfig:
         for name in ("slo_ttft", "slo_tpot"):
             value = getattr(self, name)
             _require(
-                value is None or (isinstance(value, int | float) and not isinstance(value, bool)
-                                  and math.isfinite(value) and value > 0),
+                value is None or (math.isfinite(value) and value > 0),
                 f"{name} must be a positive finite number of seconds, got {value!r}",
             )  # fmt: skip
         _require(

@@ -250,14 +250,17 @@ class EngineCore:
         size = config.model.tensor_parallel_size
         here = size if ranks_here is None else ranks_here
         rank_arch = shard_arch(Shard(arch, 0, size))
-        rank_pool = self._kv_bytes(config, rank_arch, kv_dtype) + conv_state_bytes(
+        rank_pool = self._kv_bytes(config, rank_arch, kv_dtype)
+        rank_state = conv_state_bytes(
             rank_arch, config.scheduler.max_num_seqs, self.dtype,
             state_snapshot_rows(config, arch), config.scheduler.num_speculative_tokens,
         )  # fmt: skip
         weights = estimated_weight_bytes(path, self.dtype, activations)
         # (each rank plans its swap blocks from rank 0's bytes a block: about the whole space)
         swap = config.cache.swap_space_bytes if config.scheduler.preemption_mode == "swap" else 0
-        check_memory_fits(path, weights * here // size, here * rank_pool, here * swap)
+        check_memory_fits(
+            path, weights * here // size, here * rank_pool, here * swap, here * rank_state
+        )
 
     def _kv_layout(
         self, config: EngineConfig, target: LoadedModel, draft: LoadedModel | None

@@ -454,20 +454,29 @@ def available_memory_bytes() -> int | None:
     return min(found) if found else None
 
 
-def check_memory_fits(path: Path, weight_bytes: int, kv_bytes: int, swap_bytes: int = 0) -> None:
-    """Refuses, before anything is loaded, a model whose weights, KV pool and swap space (host
-    memory, where preemption swaps) will not fit the memory available, with the numbers
-    (rather than an out-of-memory kill halfway, or a failed allocation of the swap space)."""
+def check_memory_fits(
+    path: Path, weight_bytes: int, kv_bytes: int, swap_bytes: int = 0, state_bytes: int = 0
+) -> None:
+    """Refuses, before anything is loaded, a model whose weights, KV pool, swap space (host
+    memory, where preemption swaps) and state rows (a state-carrying model's seats, saved states
+    and draft rows) will not fit the memory available, with the numbers and the knobs that set
+    them (rather than an out-of-memory kill halfway, or a failed allocation)."""
     available = available_memory_bytes()
-    if available is None or weight_bytes + kv_bytes + swap_bytes <= available:
+    if available is None or weight_bytes + kv_bytes + swap_bytes + state_bytes <= available:
         return
     gib = 2**30
-    swap = f", {swap_bytes / gib:.2f} GiB for the swap space" if swap_bytes else ""
+    parts = [f"{kv_bytes / gib:.2f} GiB for the KV pool"]
+    knobs = ["kv_cache_memory_bytes (--kv-cache-memory-bytes) or num_kv_blocks"]
+    if swap_bytes:
+        parts.append(f"{swap_bytes / gib:.2f} GiB for the swap space")
+        knobs.append("swap_space_bytes")
+    if state_bytes:
+        parts.append(f"{state_bytes / gib:.2f} GiB for its layers' state rows")
+        knobs.append("max_num_seqs, num_saved_states or num_speculative_tokens")
     raise ModelLoadError(
-        f"{path.name} needs about {weight_bytes / gib:.2f} GiB for its weights and "
-        f"{kv_bytes / gib:.2f} GiB for the KV pool{swap}, and {available / gib:.2f} GiB of "
-        "memory is available: lower kv_cache_memory_bytes (--kv-cache-memory-bytes) or "
-        f"num_kv_blocks{', swap_space_bytes' if swap_bytes else ''}, or serve a smaller model"
+        f"{path.name} needs about {weight_bytes / gib:.2f} GiB for its weights, "
+        f"{', '.join(parts)}, and {available / gib:.2f} GiB of memory is available: lower "
+        f"{', '.join(knobs)}, or serve a smaller model"
     )
 
 

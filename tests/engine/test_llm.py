@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+
+import numpy
 import pytest
 
 from inflight import LLM, ConfigError, InvalidRequestError, SamplingParams
@@ -85,6 +88,36 @@ def test_unknown_and_invalid_knobs(tiny_llama):
         LLM(str(tiny_llama), kv_admission="guaranteed")
     with pytest.raises(ConfigError, match="fewer than max_model_len=512"):
         LLM(str(tiny_llama), max_model_len=512, num_kv_blocks=4)
+
+
+@pytest.mark.parametrize(
+    ("knob", "value", "message"),
+    [
+        ("max_num_seqs", 2.5, "max_num_seqs must be an integer, got 2.5"),
+        ("max_num_seqs", True, "max_num_seqs must be an integer, got True"),
+        ("kv_block_size", float("nan"), "kv_block_size must be an integer, got nan"),
+        ("kv_cache_memory_bytes", float("inf"), "kv_cache_memory_bytes must be an integer"),
+        ("num_kv_blocks", "64", "num_kv_blocks must be an integer, got '64'"),
+        ("seed", 1.5, "seed must be an integer"),
+        ("num_speculative_tokens", 1.5, "num_speculative_tokens must be an integer"),
+        ("enable_prefix_caching", "no", "enable_prefix_caching must be true or false, got 'no'"),
+        ("reuse_decoded_kv", 1, "reuse_decoded_kv must be true or false, got 1"),
+        ("aging_s", float("nan"), "aging_s must be a number, got nan"),
+        ("slo_ttft", "1", "slo_ttft must be a number"),
+    ],
+)
+def test_knobs_of_the_wrong_kind_are_refused_before_loading(tiny_llama, knob, value, message):
+    """A float where an integer goes would fail in torch's shapes after loading, and a flag
+    given "no" would be taken as true: each is refused first, naming the knob."""
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        LLM(str(tiny_llama), **{knob: value})
+
+
+def test_integral_floats_are_taken_as_integers(tiny_llama):
+    """2e6 bytes, as Python writes it, is the integer it names (and numpy's integers are too)."""
+    llm = LLM(str(tiny_llama), kv_cache_memory_bytes=2e6, max_num_seqs=numpy.int64(3))
+    assert llm.core.config.cache.kv_cache_memory_bytes == 2_000_000
+    assert type(llm.core.config.scheduler.max_num_seqs) is int
 
 
 def test_chat_uses_the_template(llm):

@@ -199,9 +199,9 @@ def test_the_convolution_state_is_counted_before_loading(lfm2, monkeypatch):
     checked = []
     check = engine_core.check_memory_fits
 
-    def counting(path, weights, pool, swap=0):
-        checked.append(pool)
-        return check(path, weights, pool, swap)
+    def counting(path, weights, pool, swap=0, state=0):
+        checked.append((pool, state))
+        return check(path, weights, pool, swap, state)
 
     monkeypatch.setattr(engine_core, "check_memory_fits", counting)
     folder, *_ = lfm2
@@ -215,7 +215,13 @@ def test_the_convolution_state_is_counted_before_loading(lfm2, monkeypatch):
         assert conv_state_bytes(llm.core.arch, 5, torch.float32, state.num_snapshots,
                                 state.num_drafts) == state.num_bytes > 0  # fmt: skip
         held.append(state.num_bytes)
-    # (the same KV pool each time: the differences are the state's alone)
-    assert [c - checked[0] for c in checked] == [h - held[0] for h in held]
+    # (the same KV pool each time, the state beside it)
+    assert {pool for pool, _ in checked} == {checked[0][0]}
+    assert [state for _, state in checked] == held
+    # state rows past the memory are refused before loading, naming them and their knobs
+    monkeypatch.setattr(engine_core, "load_model", lambda *a, **k: pytest.fail("loaded"))
+    want = r"GiB for its layers' state rows, .* max_num_seqs, num_saved_states"
+    with pytest.raises(ModelLoadError, match=want):
+        LLM(str(folder), dtype="float32", num_kv_blocks=64, num_saved_states=2**50)
     assert conv_state_bytes(LlamaArchConfig.from_hf_config({**PUBLISHED, "full_attn_idxs": None}),
                             5, torch.float32) == 0  # fmt: skip

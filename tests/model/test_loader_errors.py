@@ -134,7 +134,7 @@ def test_a_model_that_will_not_fit_is_refused_before_loading(tiny_llama, monkeyp
     monkeypatch.setattr(engine_core, "load_model", lambda *a, **k: pytest.fail("loaded"))
     monkeypatch.setattr(loader, "available_memory_bytes", lambda: 3 * 2**30)
     # 2 layers x K and V x 2 heads x 16 x 4 bytes = 512 bytes a token: 4 GiB in 2**19 blocks
-    want = r"\w+ needs about 0\.00 GiB for its weights and 4\.00 GiB for the KV pool, and "
+    want = r"\w+ needs about 0\.00 GiB for its weights, 4\.00 GiB for the KV pool, and "
     with pytest.raises(ModelLoadError, match=want + r"3\.00 GiB of memory is available"):
         LLM(str(tiny_llama), dtype="float32", num_kv_blocks=2**19, kv_block_size=16)
 
