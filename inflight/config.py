@@ -17,6 +17,7 @@ from typing import Any, Literal
 from inflight.chat_template import chat_template_text
 from inflight.errors import ConfigError
 from inflight.request import SLOTarget
+from inflight.sampling_params import MAX_SEED, MIN_SEED
 
 GiB = 1024**3
 
@@ -183,6 +184,10 @@ class ModelConfig:
             f"max_model_len must be >= 1, got {self.max_model_len}",
         )
         _require(self.device in ("auto", "cpu", "cuda"), f"unknown device {self.device!r}")
+        _require(
+            MIN_SEED <= self.seed <= MAX_SEED,
+            f"seed must be in [{MIN_SEED}, {MAX_SEED}], got {self.seed}",
+        )
         _require(
             1 <= self.tensor_parallel_size <= MAX_TENSOR_PARALLEL,
             f"tensor_parallel_size must be an integer from 1 to {MAX_TENSOR_PARALLEL}, got "

@@ -18,6 +18,9 @@ MAX_TEMPERATURE = 100.0  # OpenAI allows 2; beyond 100 sampling is uniform anywa
 # Seeds are what torch.Generator.manual_seed takes: int64 or uint64.
 MIN_SEED, MAX_SEED = -(2**63), 2**64 - 1
 MAX_INT64 = 2**63 - 1
+# choices of one request: each is a sequence of its own, all built when it is added (n = 2**31
+# would hang the caller building them, then run out of memory)
+MAX_N = 4096
 # repetition_penalty divides logits: bounded away from 0 (a denormal makes them infinite).
 MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY = 0.01, 100.0
 # Stop conditions are checked on every new token: bounded, so one request cannot slow the
@@ -158,7 +161,7 @@ class SamplingParams:
             self.stop = [self.stop]
         self.stop = list(self.stop or [])
         self.stop_token_ids = list(self.stop_token_ids or [])
-        check_int(self.n, "n", 1, MAX_INT64)
+        check_int(self.n, "n", 1, MAX_N)
         self.temperature = checked_float(self.temperature, "temperature", 0.0, MAX_TEMPERATURE)
         self.top_p = checked_float(self.top_p, "top_p", 0.0, 1.0, lo_open=True)
         check_int(self.top_k, "top_k", -1, MAX_INT64)

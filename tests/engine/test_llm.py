@@ -34,6 +34,7 @@ def llm(tiny_llama) -> LLM:
         (lambda: SamplingParams(max_tokens=0), "max_tokens", r"must be in \[1, "),
         (lambda: SamplingParams(n=0), "n", r"n must be in \[1, "),
         (lambda: SamplingParams(n=1.5), "n", "must be an integer"),
+        (lambda: SamplingParams(n=2**31), "n", r"n must be in \[1, 4096\], got 2147483648"),
         (lambda: SamplingParams(seed=2**64), "seed", "must be in"),
         (lambda: SamplingParams(seed=-(2**63) - 1), "seed", "must be in"),
         (
@@ -99,6 +100,7 @@ def test_unknown_and_invalid_knobs(tiny_llama):
         ("kv_cache_memory_bytes", float("inf"), "kv_cache_memory_bytes must be an integer"),
         ("num_kv_blocks", "64", "num_kv_blocks must be an integer, got '64'"),
         ("seed", 1.5, "seed must be an integer"),
+        ("seed", 2**64, "seed must be in [-9223372036854775808, 18446744073709551615], got 184"),
         ("num_speculative_tokens", 1.5, "num_speculative_tokens must be an integer"),
         ("enable_prefix_caching", "no", "enable_prefix_caching must be true or false, got 'no'"),
         ("reuse_decoded_kv", 1, "reuse_decoded_kv must be true or false, got 1"),
