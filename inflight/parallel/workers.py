@@ -394,7 +394,7 @@ def rank_loop(spec: RankSpec, model: LlamaModel, conn: Connection) -> None:
                                        **build)  # fmt: skip
             conv = {}
             if conv_state is not None and conv_rows is not None:
-                conv_state.copy_saved_states(scheduled, conv_rows[1])
+                conv_state.mirror_step_copies(scheduled, conv_rows[1])
                 conv["conv_step"] = conv_state.at_rows(conv_rows, inputs.query_start_loc)
             with torch.inference_mode():
                 model(inputs.input_ids, inputs.positions, cache.layers, inputs.attn_metadata,

@@ -25,7 +25,7 @@ chose (`ConvStep.rows`, sent with the step).
 
 Prefix-cache hits resume from a saved state: a row per snapshot beside the slots, which the
 core fills and reads by block hash (`core/state_snapshots.py`; the other ranks copy their share
-of the same rows, `copy_saved_states`). A request whose KV is swapped out keeps its state in
+of the same rows, `mirror_step_copies`). A request whose KV is swapped out keeps its state in
 host memory until it resumes (`swap_out`: every rank stashes its share of the same row, and
 restores it into the row its request resumes in).
 
@@ -282,10 +282,10 @@ class ConvState:
             return self.at_rows((read, write, snapshots), query_start_loc)
         return self.at_rows((read, write, snapshots), query_start_loc, written, self._valid)
 
-    def copy_saved_states(self, scheduled: list[ScheduledRequest], write_rows: list[int]) -> None:
-        """Another tensor-parallel rank's share of `step`'s copies: each request's row (rank
-        0's slot, its write row) restored from its stash (back from swap space), or from or
-        into the rows rank 0's core chose."""
+    def mirror_step_copies(self, scheduled: list[ScheduledRequest], write_rows: list[int]) -> None:
+        """Another tensor-parallel rank's share of the copies rank 0's `step` made: each
+        request's row (rank 0's slot, its write row) restored from its stash (back from swap
+        space), restored from the saved state its prefix hit resumes from, or saved."""
         for s, row in zip(scheduled, write_rows, strict=True):
             if s.request_id in self._stashed:
                 self._unstash(s.request_id, row)

@@ -239,7 +239,7 @@ def test_the_number_of_saved_states_is_a_knob(stateful, saved):
 @CPU_ONLY
 def test_two_ranks_resume_from_their_shares_of_a_saved_state(stateful):
     """Split over ranks, each saves and restores its share of the states in the rows rank 0's
-    core chose (`ConvState.copy_saved_states`): a conversation's second turn gives one rank's
+    core chose (`ConvState.mirror_step_copies`): a conversation's second turn gives one rank's
     tokens from the same hits."""
     folder, prompts, _, _ = stateful
     firsts = [prompts[1], prompts[6]]

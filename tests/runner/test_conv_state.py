@@ -51,7 +51,7 @@ def test_a_swapped_requests_row_is_stashed_and_restored_on_every_rank():
     step = rank0.step([back], [0, 1])
     (resumed,) = step.rows[1]
     assert resumed != slot and step.rows[0] == [resumed]  # its row restored, then read
-    other.copy_saved_states([back], step.rows[1])
+    other.mirror_step_copies([back], step.rows[1])
     for row in (rows(rank0, resumed), rows(other, resumed)):
         assert all(bool((t == 5.0).all()) for t in row)
     assert rank0.num_stashed == other.num_stashed == 0
