@@ -60,12 +60,9 @@ logger = logging.getLogger(__name__)
 
 
 def state_snapshot_rows(config: EngineConfig, arch: LlamaArchConfig) -> int:
-    """The states a state-carrying model saves for prefix-cache hits (`StateSnapshots`):
-    `num_saved_states`, by default one a seat, where the cache is on; else none."""
-    if not (arch.conv_layers and config.cache.enable_prefix_caching and arch.pooling != "mean"):
-        return 0
-    saved = config.cache.num_saved_states
-    return config.scheduler.max_num_seqs if saved is None else saved
+    """`arch.saved_states` under `config`'s knobs."""
+    return arch.saved_states(config.cache.enable_prefix_caching, config.cache.num_saved_states,
+                             config.scheduler.max_num_seqs)  # fmt: skip
 
 
 def warm_up_tokens(budget: int, max_model_len: int, device: torch.device, block_size: int) -> int:

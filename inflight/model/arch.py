@@ -444,6 +444,31 @@ class LlamaArchConfig:
         return tuple(i for i in range(self.num_layers) if i not in self.conv_layers)
 
     @property
+    def recurrent_shape(self) -> tuple[int, int, int] | None:
+        """A DeltaNet layer's state matrices of one request [value heads, key dim, value dim]
+        (None: the model has no DeltaNet layers)."""
+        if not self.delta_value_heads:
+            return None
+        return self.delta_value_heads, self.delta_key_dim, self.delta_value_dim
+
+    def sequence_state_bytes(self, element_bytes: int) -> int:
+        """One sequence's state in every convolution layer: its last inputs, `element_bytes`
+        each, and where the layers are DeltaNet's, their float32 matrices (0 without them)."""
+        if not self.conv_layers:
+            return 0
+        inputs = (self.conv_kernel - 1) * self.conv_width * element_bytes
+        shape = self.recurrent_shape
+        return len(self.conv_layers) * (inputs + (0 if shape is None else math.prod(shape) * 4))
+
+    def saved_states(self, prefix_caching: bool, num_saved_states: int | None, seats: int) -> int:
+        """The states a state-carrying model saves for prefix-cache hits (`StateSnapshots`):
+        `num_saved_states`, by default one a seat, where the cache is on; else none (and none
+        for a model that pools every prompt position, which no hit may skip)."""
+        if not (self.conv_layers and prefix_caching and self.pooling != "mean"):
+            return 0
+        return seats if num_saved_states is None else num_saved_states
+
+    @property
     def layer_windows(self) -> list[int | None]:
         """Every KV layer's `layer_window`, in order."""
         return [self.layer_window(layer) for layer in self.kv_layers]

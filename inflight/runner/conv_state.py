@@ -39,7 +39,6 @@ last token's goes to the slot as any step's), and once verified the runner keeps
 from __future__ import annotations
 
 import itertools
-import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -81,22 +80,9 @@ class ConvStep:
             self._valid[slot] = position
 
 
-def recurrent_shape(arch: LlamaArchConfig) -> tuple[int, int, int] | None:
-    """A DeltaNet layer's state matrices of one request [value heads, key dim, value dim]
-    (None: the model has no DeltaNet layers)."""
-    if not arch.delta_value_heads:
-        return None
-    return arch.delta_value_heads, arch.delta_key_dim, arch.delta_value_dim
-
-
 def sequence_state_bytes(arch: LlamaArchConfig, dtype: torch.dtype) -> int:
-    """One sequence's state in every convolution layer: its last inputs in `dtype`, and where
-    the layers are DeltaNet's, their float32 matrices (0 without convolution layers)."""
-    if not arch.conv_layers:
-        return 0
-    inputs = (arch.conv_kernel - 1) * arch.conv_width * torch.empty((), dtype=dtype).element_size()
-    shape = recurrent_shape(arch)
-    return len(arch.conv_layers) * (inputs + (0 if shape is None else math.prod(shape) * 4))
+    """`arch.sequence_state_bytes` with its inputs in `dtype`."""
+    return arch.sequence_state_bytes(torch.empty((), dtype=dtype).element_size())
 
 
 def conv_state_bytes(
@@ -149,7 +135,7 @@ class ConvState:
                   num_drafts: int = 0) -> ConvState:  # fmt: skip
         """The state of a model of `arch`: a rank's share of the channels where it is split."""
         return cls(len(arch.conv_layers), num_slots, arch.conv_kernel, arch.conv_width, dtype,
-                   device, recurrent_shape(arch), num_snapshots, num_drafts)  # fmt: skip
+                   device, arch.recurrent_shape, num_snapshots, num_drafts)  # fmt: skip
 
     def _copy_row(self, source: int, target: int) -> None:
         for t in self.layers + self.recurrent:

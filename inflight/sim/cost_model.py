@@ -87,10 +87,13 @@ def model_step_work(out: SchedulerOutput, arch: LlamaArchConfig) -> StepWork:
 
 
 def step_amounts(model: ModelProfile, work: StepWork) -> tuple[float, float, float]:
-    """What the step moves and computes on one rank: (weight bytes, KV bytes, FLOPs)."""
+    """What the step moves and computes on one rank: (weight bytes, KV bytes, FLOPs). A
+    state-carrying model's sequences each read and write their state once a step (counted with
+    the KV: per-sequence bytes at the memory's rate)."""
     tp = model.tensor_parallel
     weight_bytes = model.step_weight_bytes(work.num_tokens) / tp
     kv_bytes = float((work.kv_read_tokens + work.num_tokens) * model.kv_bytes_per_token)
+    kv_bytes += 2.0 * work.num_seqs * model.sequence_state_bytes
     flops = (
         2.0 * model.active_linear_params * work.num_tokens
         + 2.0 * model.head_params * work.num_sampled

@@ -170,6 +170,15 @@ class ModelProfile:
         return ACTIVATION_BYTES[self.compute_dtype]
 
     @property
+    def sequence_state_bytes(self) -> int:
+        """One sequence's state in the layers that carry it in place of KV (LFM2's
+        convolutions, Qwen3.5's DeltaNet matrices), on one rank (its share of the channels and
+        heads); 0 for a model that attends in every layer."""
+        return (
+            self.arch.sequence_state_bytes(self.activation_bytes_per_value) // self.tensor_parallel
+        )
+
+    @property
     def attention_flops_per_pair(self) -> int:
         """FLOPs for one (query token, key token) pair over all layers that attend: QK^T and
         PV."""

@@ -29,6 +29,7 @@ from inflight.core.kv_groups import plan_kv_layout
 from inflight.core.outputs import ModelRunnerOutput, SchedulerOutput
 from inflight.core.scheduler import Scheduler
 from inflight.core.sizing import plan_kv_pool
+from inflight.core.state_snapshots import StateSnapshots
 from inflight.errors import ConfigError, SLOUnmetError
 from inflight.metrics.stats import StepStats, StepTotals
 from inflight.request import Request
@@ -57,6 +58,10 @@ class SimSetup:
     link: Link | None = None  # joins a replica's tensor-parallel ranks (`model.tensor_parallel`)
     group_windows: tuple[int | None, ...] = (None,)  # the KV groups' (core/kv_groups.py)
     page_bytes_per_token: int = 0  # of a page's layers (0: every layer's, one group)
+    # a state-carrying model's: the states saved for prefix hits, and the swap blocks a swapped
+    # request's state is charged (the engine's `StateSnapshots`, `KVPlan.swap_state_blocks`)
+    saved_states: int = 0
+    swap_state_blocks: int = 0
 
     @property
     def max_model_len(self) -> int:
@@ -111,6 +116,8 @@ def build_setup(
     requested = config.model.max_model_len
     tp = model.tensor_parallel
     ranks = f" on each of {tp} ranks" if tp > 1 else ""
+    saved_states = arch.saved_states(cache.enable_prefix_caching, cache.num_saved_states,
+                                     sched.max_num_seqs)  # fmt: skip
     if hardware.is_cpu:
         budget = cache.kv_cache_memory_bytes
         needed = model.rank_weight_bytes + budget + runtime_reserve_bytes
@@ -122,9 +129,12 @@ def build_setup(
                 f"{hardware.memory_bytes / 1e9:.1f} GB"
             )
     else:
+        # (a state-carrying model's rows: a seat's, the saved states', a zero and a scratch row)
+        state_rows = (sched.max_num_seqs + saved_states + 2) * model.sequence_state_bytes
         fixed = (
             model.rank_weight_bytes
             + model.activation_bytes(sched.max_num_batched_tokens, sched.max_num_seqs)
+            + state_rows
             + runtime_reserve_bytes
         )
         usable = hardware.memory_bytes * memory_utilization
@@ -140,11 +150,13 @@ def build_setup(
         num_kv_blocks=cache.num_kv_blocks, max_num_seqs=sched.max_num_seqs,
         requested_len=requested, model_limit=limit,
         swap_space_bytes=cache.swap_space_bytes if sched.preemption_mode == "swap" else 0,
+        swap_state_bytes=model.sequence_state_bytes,
         group_windows=group_windows, chunk=sched.chunk_limit,
     )  # fmt: skip
     return SimSetup(
         hardware, model, dataclasses.replace(sched, max_model_len=plan.max_model_len), cache,
         plan.num_blocks, plan.num_cpu_blocks, replicas, link, group_windows, bytes_per_token,
+        saved_states, plan.swap_state_blocks,
     )  # fmt: skip
 
 
@@ -179,11 +191,14 @@ class _Replica:
     current: SchedulerOutput | None = None
 
     def __post_init__(self) -> None:
-        s = self.setup
-        self.kv = KVCacheManager(s.num_kv_blocks, s.cache.kv_block_size,
-                                 s.cache.enable_prefix_caching, s.num_cpu_blocks,
-                                 s.group_windows,
-                                 reuse_decoded_kv=s.cache.reuse_decoded_kv)  # fmt: skip
+        s, arch = self.setup, self.setup.model.arch
+        # as the engine's core: a state-carrying model hits only where a state was saved
+        caching = (s.cache.enable_prefix_caching and arch.pooling != "mean"
+                   and (s.saved_states > 0 or not arch.conv_layers))  # fmt: skip
+        snapshots = StateSnapshots(s.saved_states) if s.saved_states else None
+        self.kv = KVCacheManager(s.num_kv_blocks, s.cache.kv_block_size, caching,
+                                 s.num_cpu_blocks, s.group_windows, snapshots,
+                                 s.swap_state_blocks, s.cache.reuse_decoded_kv)  # fmt: skip
         self.scheduler = Scheduler(s.scheduler, self.kv, clock=lambda: self.now)
 
     @property

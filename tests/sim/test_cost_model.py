@@ -8,7 +8,13 @@ import pytest
 
 from inflight.core.outputs import ScheduledRequest, SchedulerOutput
 from inflight.sampling_params import SamplingParams
-from inflight.sim.cost_model import CostModel, StepWork, model_step_work, step_work
+from inflight.sim.cost_model import (
+    CostModel,
+    StepWork,
+    model_step_work,
+    step_amounts,
+    step_work,
+)
 from inflight.sim.hardware import PROFILES
 from inflight.sim.model_profile import load_model_profile
 from tests.sim.helpers import toy_hardware, toy_model
@@ -154,3 +160,13 @@ def test_the_profile_counts_each_familys_layers_as_transformers_holds_them(
     assert one == pytest.approx(many - unused * 4)
     embedding = 0 if arch.tie_word_embeddings else profile.head_bytes
     assert many == pytest.approx(profile.weight_bytes_total - embedding)
+    # a sequence's state (convolution inputs, DeltaNet matrices) as the runner holds it, its
+    # rows a seat's, the saved states', a zero and a scratch row; read and written each step
+    state = llm.core.runner.conv_state
+    if state is None:
+        assert profile.sequence_state_bytes == 0
+    else:
+        rows = llm.core.config.scheduler.max_num_seqs + state.num_snapshots + 2
+        assert state.num_bytes == rows * profile.sequence_state_bytes > 0
+    _, moved, _ = step_amounts(profile, StepWork(num_tokens=3, num_seqs=3, kv_read_tokens=30))
+    assert moved == 33 * profile.kv_bytes_per_token + 6 * profile.sequence_state_bytes
