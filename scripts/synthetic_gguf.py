@@ -32,6 +32,10 @@ Qwen3-30B-A3B is written as llama.cpp's converter lays it out (`qwen3moe`: 128 e
 layer, 8 a token, stacked per layer; q/k norms), SmolLM2's vocabulary padded to its 151,936;
 `--layers N` writes its first N layers alone (its 48 take 57 GiB in F16).
 
+`--like FILE` takes another GGUF's architecture, metadata, tokenizer and tensor shapes whole
+(Gemma 3 270M's, say), its weights random; `--like FILE --header-only` writes that file's
+metadata and tensor shapes alone (a few MB: a machine without the file makes it from them).
+
 `--type` is any type the `gguf` package quantizes (F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1);
 for the K-quant mixes (Q4_K_M, Q5_K_M, Q6_K) write F16 and convert it with llama.cpp's
 `llama-quantize` (built beside `llama-server`, see docs/benchmarks.md):
@@ -380,11 +384,119 @@ def copy_tokenizer(source: GGUFReader, w: GGUFWriter, vocab: int) -> None:
                         field.types[-1] if len(field.types) > 1 else None)  # fmt: skip
 
 
+# a header-only file's tensors ("name:dim,dim,..." in numpy order), written by --header-only
+LIKE_TENSORS = "inflight.synthetic.tensors"
+# fields the reader makes of the file's own header, and those each written file sets anew
+NOT_COPIED = ("GGUF.", "general.architecture", "general.file_type", "general.name", LIKE_TENSORS)
+
+
+def like_specs(source: GGUFReader) -> list[tuple[str, tuple[int, ...]]]:
+    """(name, shape in numpy order) of every tensor of `source`, or of the one it is a header of."""
+    if LIKE_TENSORS in source.fields:
+        entries = (e.split(":") for e in source.fields[LIKE_TENSORS].contents())
+        return [(name, tuple(int(d) for d in dims.split(","))) for name, dims in entries]
+    # (the reader's shapes are GGUF's, fastest dimension first)
+    return [(t.name, tuple(int(d) for d in reversed(t.shape.tolist()))) for t in source.tensors]
+
+
+def copy_metadata(source: GGUFReader, w: GGUFWriter) -> None:
+    """Every key of `source` but its header's and those each file sets anew."""
+    for key, field in source.fields.items():
+        if key.startswith(NOT_COPIED):
+            continue
+        w.add_key_value(key, field.contents(), field.types[0],
+                        field.types[-1] if len(field.types) > 1 else None)  # fmt: skip
+
+
+def write_header_only(source: GGUFReader, out: Path) -> None:
+    """`source`'s metadata and its tensors' shapes, no tensor data."""
+    w = GGUFWriter(out, str(source.fields["general.architecture"].contents()))
+    copy_metadata(source, w)
+    specs = like_specs(source)
+    w.add_array(LIKE_TENSORS, [f"{name}:{','.join(map(str, shape))}" for name, shape in specs])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    w.close()
+
+
+def write_tensors(
+    w: GGUFWriter,
+    specs: list[tuple[str, tuple[int, ...]]],
+    qtype: GGMLQuantizationType,
+    seed: int,
+    mxfp4_experts: bool = False,
+) -> None:
+    """The header and metadata given so far, then the tensors of `specs` (name, shape in numpy
+    order): matrices in `qtype`, N(0, 0.02); norms 1 and other vectors small, in F32;
+    `mxfp4_experts`: expert stacks as random MXFP4 blocks."""
+    rng = np.random.default_rng(seed)
+
+    def kind(name: str, shape: tuple[int, ...]) -> GGMLQuantizationType:
+        if mxfp4_experts and "_exps.weight" in name:
+            return GGMLQuantizationType.MXFP4
+        matrix = len(shape) >= 2 and name.endswith(".weight") and "ffn_gate_inp" not in name
+        # (convolution kernels stay F32, as llama.cpp's quantizer leaves them)
+        kernel = "shortconv.conv" in name or "ssm_conv1d" in name
+        return qtype if matrix and not kernel else GGMLQuantizationType.F32
+
+    for name, shape in specs:  # headers first: the writer streams the data afterwards
+        size = 4 * math.prod(shape)
+        if kind(name, shape) == GGMLQuantizationType.MXFP4:
+            size = math.prod(shape) // 32 * 17
+        elif kind(name, shape) != GGMLQuantizationType.F32:
+            rows = math.prod(shape[:-1])
+            size = quantize(np.zeros((1, shape[-1]), np.float32), qtype).nbytes * rows
+        # (a dtype other than uint8: the shape given is then the values', not the bytes')
+        raw = None if kind(name, shape) == GGMLQuantizationType.F32 else kind(name, shape)
+        w.add_tensor_info(name, shape, np.dtype(np.float32), size, raw_dtype=raw)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    for name, shape in tqdm(specs, desc="writing tensors", unit="tensor"):
+        if kind(name, shape) == GGMLQuantizationType.MXFP4:  # a layer's experts: 141 MB
+            w.write_tensor_data(random_mxfp4(rng, shape[0] * shape[1], shape[2]))
+            continue
+        if kind(name, shape) == GGMLQuantizationType.F32:  # norms 1; biases, sinks, routers small
+            norm = name.endswith("norm.weight")
+            values = (np.ones(shape, np.float32) if norm else
+                      rng.standard_normal(shape, dtype=np.float32) * np.float32(0.02))  # fmt: skip
+            if name.endswith(".ssm_a"):  # a decay rate -exp(A_log): negative, as trained
+                values = -rng.uniform(1.0, 16.0, shape).astype(np.float32)
+            w.write_tensor_data(values)
+            continue
+        count, rows = math.prod(shape[:-1]), []  # (an expert stack's rows: all experts')
+        for start in range(0, count, 4096):  # a slice at a time: float32 stays small
+            n = min(4096, count - start)
+            values = rng.standard_normal((n, shape[-1]), dtype=np.float32) * np.float32(0.02)
+            rows.append(quantize(values, qtype))
+        w.write_tensor_data(np.concatenate(rows))
+
+
+def write_like(like: GGUFReader, qtype: GGMLQuantizationType, seed: int, out: Path) -> None:
+    """A file of `like`'s architecture, metadata and tensor shapes, its weights random."""
+    w = GGUFWriter(out, str(like.fields["general.architecture"].contents()))
+    w.add_name(f"synthetic like {like.fields['general.name'].contents()}"
+               if "general.name" in like.fields else "synthetic")  # fmt: skip
+    copy_metadata(like, w)
+    w.add_file_type(int(LlamaFileType[f"MOSTLY_{qtype.name}"]))
+    write_tensors(w, like_specs(like), qtype, seed)
+    w.close()
+
+
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("shape", choices=[*SHAPES, "lfm2-8b-a1b", "gpt-oss-20b",
-                                          "deepseek-v2-lite", *QWEN3_5,
-                                          "qwen3-30b-a3b"])  # fmt: skip
+    parser.add_argument("shape", nargs="?", choices=[*SHAPES, "lfm2-8b-a1b", "gpt-oss-20b",
+                                                     "deepseek-v2-lite", *QWEN3_5,
+                                                     "qwen3-30b-a3b"])  # fmt: skip
+    parser.add_argument("--like", type=Path,
+                        help="a GGUF file (or a header of one) whose architecture, metadata, "
+                        "tokenizer and tensor shapes to take, in place of a shape")  # fmt: skip
+    parser.add_argument(
+        "--header-only",
+        action="store_true",
+        help="with --like: its metadata and tensor shapes alone, no data",
+    )
     parser.add_argument("--layers", type=int,
                         help="the first N layers alone (qwen3-30b-a3b, qwen3.5-*: a file that "
                         "fits a small machine, its layers' shapes whole)")  # fmt: skip
@@ -398,7 +510,17 @@ def main(argv: list[str]) -> None:
                         help="write the tokenizer's metadata alone, no tensors (for machines "
                         "without the default model)")  # fmt: skip
     args = parser.parse_args(argv)
+    if (args.shape is None) == (args.like is None):
+        parser.error("name a shape or --like FILE")
     qtype = GGMLQuantizationType[args.type]
+    if args.like is not None:
+        like = GGUFReader(args.like)
+        if args.header_only:
+            write_header_only(like, args.out)
+        else:
+            write_like(like, qtype, args.seed, args.out)
+        print(f"{args.out}: {args.out.stat().st_size / 2**20:.1f} MiB")
+        return
     source = GGUFReader(args.tokenizer or default_model_path())
     if args.tokenizer_only:
         w = GGUFWriter(args.out, "llama")
@@ -488,47 +610,7 @@ def main(argv: list[str]) -> None:
     w.add_vocab_size(vocab)
     w.add_file_type(int(LlamaFileType[f"MOSTLY_{qtype.name}"]))
     copy_tokenizer(source, w, vocab)
-    rng = np.random.default_rng(args.seed)
-
-    def kind(name: str, shape: tuple[int, ...]) -> GGMLQuantizationType:
-        if gpt_oss and "_exps.weight" in name:
-            return GGMLQuantizationType.MXFP4
-        matrix = len(shape) >= 2 and name.endswith(".weight") and "ffn_gate_inp" not in name
-        # (convolution kernels stay F32, as llama.cpp's quantizer leaves them)
-        kernel = "shortconv.conv" in name or "ssm_conv1d" in name
-        return qtype if matrix and not kernel else GGMLQuantizationType.F32
-
-    for name, shape in specs:  # headers first: the writer streams the data afterwards
-        size = 4 * math.prod(shape)
-        if kind(name, shape) == GGMLQuantizationType.MXFP4:
-            size = math.prod(shape) // 32 * 17
-        elif kind(name, shape) != GGMLQuantizationType.F32:
-            rows = math.prod(shape[:-1])
-            size = quantize(np.zeros((1, shape[-1]), np.float32), qtype).nbytes * rows
-        # (a dtype other than uint8: the shape given is then the values', not the bytes')
-        raw = None if kind(name, shape) == GGMLQuantizationType.F32 else kind(name, shape)
-        w.add_tensor_info(name, shape, np.dtype(np.float32), size, raw_dtype=raw)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_ti_data_to_file()
-    for name, shape in tqdm(specs, desc=f"writing {args.out.name}", unit="tensor"):
-        if kind(name, shape) == GGMLQuantizationType.MXFP4:  # a layer's experts: 141 MB
-            w.write_tensor_data(random_mxfp4(rng, shape[0] * shape[1], shape[2]))
-            continue
-        if kind(name, shape) == GGMLQuantizationType.F32:  # norms 1; biases, sinks, routers small
-            norm = name.endswith("norm.weight")
-            values = (np.ones(shape, np.float32) if norm else
-                      rng.standard_normal(shape, dtype=np.float32) * np.float32(0.02))  # fmt: skip
-            if name.endswith(".ssm_a"):  # a decay rate -exp(A_log): negative, as trained
-                values = -rng.uniform(1.0, 16.0, shape).astype(np.float32)
-            w.write_tensor_data(values)
-            continue
-        count, rows = math.prod(shape[:-1]), []  # (an expert stack's rows: all experts')
-        for start in range(0, count, 4096):  # a slice at a time: float32 stays small
-            n = min(4096, count - start)
-            values = rng.standard_normal((n, shape[-1]), dtype=np.float32) * np.float32(0.02)
-            rows.append(quantize(values, qtype))
-        w.write_tensor_data(np.concatenate(rows))
+    write_tensors(w, specs, qtype, args.seed, mxfp4_experts=gpt_oss)
     w.close()
     print(f"{args.out}: {args.out.stat().st_size / 2**30:.2f} GiB")
 
