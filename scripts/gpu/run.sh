@@ -25,7 +25,8 @@
 #   quant     quantized weights on this machine's CPU against llama.cpp, the GPU hidden: builds
 #             llama-server and llama-quantize from the carried source (.gpu/llama-src.tgz, with
 #             .gpu/cmake-min.txz where the image has no cmake), writes a Llama-3.2-3B-shaped F16
-#             file (.gpu/smol-tokenizer.gguf's tokenizer), converts it to Q4_K_M, then runs
+#             file (.gpu/smol-tokenizer.gguf's tokenizer; LIKE=.gpu/gemma3-like.gguf: Gemma 3
+#             270M's architecture, tokenizer and shapes instead), converts it to Q4_K_M, then runs
 #             prefill_decode.py, `bench compare --workload mixed64` (16 requests) and `bench
 #             memory` (`inflight serve`'s peak against file + KV pool + 1 GiB)
 # Logs and results go to $OUT, which comes back. All stages: about 8 minutes on an H100.
@@ -55,8 +56,10 @@ start_quant_builds() {
       && timeout 300 cmake --build /tmp/lb -j "$(nproc)" --target $targets
   ) > "$OUT/llama-build.log" 2>&1 &
   quant_builds="$!"
-  CUDA_VISIBLE_DEVICES= timeout 200 python3 scripts/synthetic_gguf.py llama-3.2-3b --type F16 \
-    --tokenizer .gpu/smol-tokenizer.gguf --out /tmp/models/l3b-f16.gguf > "$OUT/f16.log" 2>&1 &
+  local shape=(llama-3.2-3b --tokenizer .gpu/smol-tokenizer.gguf)
+  [ -n "${LIKE:-}" ] && shape=(--like "$LIKE")
+  CUDA_VISIBLE_DEVICES= timeout 200 python3 scripts/synthetic_gguf.py "${shape[@]}" --type F16 \
+    --out /tmp/models/q-f16.gguf > "$OUT/f16.log" 2>&1 &
   quant_builds="$quant_builds $!"
   CUDA_VISIBLE_DEVICES= timeout 300 python3 -c \
     "from inflight.kernels import load_extension; load_extension(); print('kernels built')" \
@@ -149,9 +152,9 @@ for stage in $stages; do
     export CUDA_VISIBLE_DEVICES=
     wait $quant_builds; echo "llama.cpp build: $(tail -1 "$OUT/llama-build.log")"
     tail -1 "$OUT/f16.log"; tail -1 "$OUT/kernels-build.log"
-    q=/tmp/models/l3b-q4_k_m.gguf
-    timeout 120 /tmp/lb/bin/llama-quantize /tmp/models/l3b-f16.gguf $q Q4_K_M > "$OUT/quantize.log" 2>&1
-    rm -f /tmp/models/l3b-f16.gguf; ls -la $q
+    q=/tmp/models/q4_k_m.gguf
+    timeout 120 /tmp/lb/bin/llama-quantize /tmp/models/q-f16.gguf $q Q4_K_M > "$OUT/quantize.log" 2>&1
+    rm -f /tmp/models/q-f16.gguf; ls -la $q
     peer=(); cmp_peer=()
     if [ "${PEER:-1}" = 1 ]; then
       peer=(--llama-server /tmp/lb/bin/llama-server)
