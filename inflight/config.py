@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+import os
 import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -46,6 +47,18 @@ MAX_CPUS_PER_RANK = 1 << 16  # a Ray rank's CPUs: beyond any node's
 def _require(ok: bool, message: str) -> None:
     if not ok:
         raise ConfigError(message)
+
+
+def _take_path(config: Any, name: str) -> None:
+    """A path knob's value as text (a `pathlib.Path` too); anything else is refused by name."""
+    value = getattr(config, name)
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+        object.__setattr__(config, name, value)
+    _require(
+        value is None or isinstance(value, str),
+        f"{name} must be a path (a model folder or GGUF file), got {value!r}",
+    )
 
 
 def _check_kinds(config: Any) -> None:
@@ -169,6 +182,7 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         _check_kinds(self)
+        _take_path(self, "model")
         dtype: Any = self.dtype
         if type(dtype).__module__ == "torch" and type(dtype).__name__ == "dtype":  # torch.float16
             dtype = str(dtype).removeprefix("torch.")
@@ -390,6 +404,14 @@ class SchedulerConfig:
     def __post_init__(self) -> None:
         _check_kinds(self)
         _require(self.max_num_seqs >= 1, f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        pairs = self.tenant_weights
+        _require(
+            isinstance(pairs, tuple | list)
+            and all(isinstance(p, tuple | list) and len(p) == 2 and isinstance(p[0], str)
+                    and isinstance(p[1], int | float) and not isinstance(p[1], bool)
+                    and math.isfinite(p[1]) and p[1] > 0 for p in pairs),
+            f"tenant_weights must be (tenant, positive finite weight) pairs, got {pairs!r}",
+        )  # fmt: skip
         _require(
             self.max_num_batched_tokens >= 1,
             f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}",
@@ -422,10 +444,7 @@ class SchedulerConfig:
             0 <= self.num_speculative_tokens <= 64,
             f"num_speculative_tokens must be in [0, 64], got {self.num_speculative_tokens}",
         )
-        _require(
-            self.speculative_model is None or isinstance(self.speculative_model, str),
-            f"speculative_model must be a path, got {self.speculative_model!r}",
-        )
+        _take_path(self, "speculative_model")
         _require(
             self.speculative_model is None or self.num_speculative_tokens >= 1,
             "speculative_model drafts num_speculative_tokens tokens: set it to 1 or more",

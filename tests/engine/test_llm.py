@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import numpy
 import pytest
@@ -106,13 +107,23 @@ def test_unknown_and_invalid_knobs(tiny_llama):
         ("reuse_decoded_kv", 1, "reuse_decoded_kv must be true or false, got 1"),
         ("aging_s", float("nan"), "aging_s must be a number, got nan"),
         ("slo_ttft", "1", "slo_ttft must be a number"),
+        ("model", 123, "model must be a path (a model folder or GGUF file), got 123"),
+        ("speculative_model", b"/tmp", "speculative_model must be a path"),
+        ("tenant_weights", 5, "tenant_weights must be (tenant, positive finite weight) pairs"),
+        ("tenant_weights", (("a", float("nan")),), "tenant_weights must be (tenant, positive"),
     ],
 )
 def test_knobs_of_the_wrong_kind_are_refused_before_loading(tiny_llama, knob, value, message):
     """A float where an integer goes would fail in torch's shapes after loading, and a flag
     given "no" would be taken as true: each is refused first, naming the knob."""
+    knobs = {"model": str(tiny_llama), knob: value}
     with pytest.raises(ConfigError, match=re.escape(message)):
-        LLM(str(tiny_llama), **{knob: value})
+        LLM(**knobs)
+
+
+def test_a_model_path_may_be_a_path_object(tiny_llama):
+    llm = LLM(Path(tiny_llama), dtype="float32", num_kv_blocks=16)
+    assert llm.core.config.model.model == str(tiny_llama)
 
 
 def test_integral_floats_are_taken_as_integers(tiny_llama):
