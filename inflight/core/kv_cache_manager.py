@@ -99,6 +99,9 @@ class KVCacheManager:
         self.block_tables: dict[str, list[list[int]]] = {}  # request -> a table per group
         self._hashes: dict[str, list[int]] = {}  # request -> hashes of its full blocks
         self._num_published: dict[str, int] = {}  # request -> leading blocks already cached
+        # a state-carrying model's request -> where its prompt left the cached blocks (of other
+        # requests' prompts) though no state was saved there: it saves one (`state_boundaries`)
+        self._shared_ends: dict[str, int] = {}
         self.prefix_stats = PrefixCacheStats()
         self.num_window_releases = 0  # pages windowed groups gave back before their request ended
 
@@ -253,8 +256,11 @@ class KVCacheManager:
             n -= 1
         state_row = None
         if self.snapshots is not None:  # (no further than a state saved after a block)
+            shared = n
             while n > 0 and (state_row := self.snapshots.lookup(self._key(request, n - 1))) is None:
                 n -= 1
+            if shared > n:  # others' prompts went on as this one does: save a state there
+                self._shared_ends[request.request_id] = shared * block_size
         if n == 0:
             return NO_HIT
         tables = []
@@ -275,6 +281,15 @@ class KVCacheManager:
         if computed > request.num_prompt_tokens and not self.reuse_decoded_kv:
             return None
         return self.snapshots.save(self._key(request, computed // self.block_size - 1))
+
+    def state_boundaries(self, request: Request) -> list[int]:
+        """Where a state-carrying model's prompt chunks end so that the state after them is
+        saved (`state_to_save`), ascending: where its prompt left the blocks other prompts had
+        cached (a system prompt they share: the next request with it resumes there), and its
+        last full block (a conversation's next turn resumes there)."""
+        last = (request.num_tokens - 1) // self.block_size * self.block_size
+        shared = self._shared_ends.get(request.request_id)
+        return [shared, last] if shared is not None and shared < last else [last]
 
     def state_saved_at(self, request: Request, num_tokens: int) -> bool:
         """Whether the state after the request's first `num_tokens` (a full block's end) is
@@ -413,6 +428,7 @@ class KVCacheManager:
                                + self._state_blocks.pop(request.request_id, []))  # fmt: skip
         self._num_published.pop(request.request_id, None)
         self._hashes.pop(request.request_id, None)
+        self._shared_ends.pop(request.request_id, None)
         for table in self.block_tables.pop(request.request_id, ()):
             # Reversed, so a sequence's tail blocks (least likely to be shared) are evicted first.
             self.pool.free([b for b in table[::-1] if b != NULL_BLOCK])

@@ -375,13 +375,14 @@ class Scheduler:
 
     def _to_a_saved_state(self, request: Request, start: int, num_new: int) -> int:
         """A prompt chunk of a state-carrying model (`KVCacheManager.snapshots`) that would run
-        past the last full block of the request's tokens ends there instead, so that the state
-        after it is saved at the next step's start (`StateSnapshots`), unless it is already."""
+        past one of the request's state boundaries (`KVCacheManager.state_boundaries`) ends
+        there instead, so that the state after it is saved at the next step's start
+        (`StateSnapshots`), unless it is already."""
         if self.kv.snapshots is None:
             return num_new
-        end = (request.num_tokens - 1) // self.kv.block_size * self.kv.block_size
-        if start < end < start + num_new and not self.kv.state_saved_at(request, end):
-            return end - start
+        for end in self.kv.state_boundaries(request):
+            if start < end < start + num_new and not self.kv.state_saved_at(request, end):
+                return end - start
         return num_new
 
     def _scheduled(

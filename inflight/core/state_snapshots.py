@@ -8,7 +8,9 @@ the state after the block, which no block holds. So a prefix hit of these models
 as far as the last of its blocks with a snapshot (`KVCacheManager.get_computed_blocks`). A
 snapshot is taken at the start of a step whose request has just computed a full block (its
 state committed, `ConvState`'s row valid there): the scheduler ends a prompt's chunk at the
-prompt's last full block for it, and a decode reaches a block's end every `block_size` tokens.
+prompt's last full block for it, and where it leaves other prompts' cached blocks
+(`KVCacheManager.state_boundaries`), and a decode reaches a block's end every `block_size`
+tokens.
 The core decides the rows; the runner copies (`ScheduledRequest.state_save`, `state_restore`).
 """
 

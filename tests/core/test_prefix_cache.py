@@ -151,3 +151,41 @@ def test_saved_states_are_given_up_least_recently_used_first():
     assert store.save(2**64 + 7) == second and store.lookup(303) is None  # (303: least recent)
     assert store.lookup(101) == first and store.num_saved == 4
     assert StateSnapshots(0).save(5) is None
+
+
+def test_a_state_model_saves_a_state_where_a_prompt_leaves_the_cached_blocks():
+    """A state-carrying model's hits reach only as far as a saved state. A prompt that follows
+    cached blocks of another prompt's further than any saved state ends its chunk where it
+    leaves them and saves the state there (besides at its own last full block), so that the
+    next prompt sharing that prefix resumes from it; whatever its chunk budget."""
+    from inflight.config import SchedulerConfig
+    from inflight.core.scheduler import Scheduler
+    from inflight.core.state_snapshots import StateSnapshots
+    from tests.core.helpers import step
+
+    system = list(range(100, 110))  # two full blocks of 4, two tokens of a third
+    kv = KVCacheManager(64, 4, True, snapshots=StateSnapshots(8))
+    scheduler = Scheduler(SchedulerConfig(max_model_len=256, max_num_batched_tokens=64), kv)
+
+    def chunks(r: Request) -> list[tuple[int, int, int | None, int | None]]:
+        """(start, tokens, state restored, state saved) of each of `r`'s steps."""
+        scheduler.add_request(r)
+        seen = []
+        while scheduler.has_unfinished_requests():
+            out = step(scheduler)
+            seen += [(s.start_pos, s.num_tokens, s.state_restore, s.state_save)
+                     for s in out.scheduled if s.num_tokens > 1]  # fmt: skip
+        return seen
+
+    # the first: one chunk to its last full block (12 of 14), the state saved after it
+    first = chunks(request("a", [*system, 1, 2, 3, 4], max_tokens=1))
+    assert [c[:2] for c in first] == [(0, 12), (12, 2)] and first[1][3] is not None
+    # the second follows the first's blocks for 8 tokens, where no state is saved: it ends a
+    # chunk there and saves the state after it
+    second = chunks(request("b", [*system, 5, 6, 7, 8], max_tokens=1))
+    assert [c[:2] for c in second] == [(0, 8), (8, 4), (12, 2)]
+    assert second[1][3] is not None and second[0][2] is None
+    # the third resumes there
+    third = chunks(request("c", [*system, 9, 10, 11, 12], max_tokens=1))
+    assert third[0][:3] == (8, 4, second[1][3])
+    assert kv.prefix_stats.hits == 8

@@ -196,6 +196,27 @@ def test_a_conversation_resumes_from_the_state_saved_after_its_last_full_block(
     assert_state_slots_free(llm)
 
 
+def test_requests_sharing_a_system_prompt_resume_where_it_ends(stateful):
+    """A system prompt shared by requests, each prompt computed in one chunk: the first saves a
+    state only after its own last full block, where no other request's prompt goes; the second
+    finds the first's blocks up to where their prompts part, but no state there, so it ends a
+    chunk there and saves one; every later request resumes from it. Tokens and
+    log-probabilities as without the cache."""
+    folder, prompts, _, _ = stateful
+    system = prompts[-1][:40]  # two full blocks of 16, then 8 tokens of a third
+    asked = [system + prompts[i] for i in (8, 9, 10, 11)]
+    assert len({p[32:48] for p in map(tuple, asked)}) == 4  # (parted within the third block)
+    plain = LLM(str(folder), dtype="float32", enable_prefix_caching=False)
+    llm = LLM(str(folder), dtype="float32")
+    kv = llm.core.kv_cache_manager
+    got = greedy_outputs(llm, asked[:1], 6) + greedy_outputs(llm, asked[1:2], 6)
+    assert kv.prefix_stats.hits == 0  # (the second saved the state after the shared blocks)
+    got += greedy_outputs(llm, asked[2:], 6)
+    assert kv.prefix_stats.hits == 2 * 32
+    assert_same_outputs(got, greedy_outputs(plain, asked, 6))
+    assert_state_slots_free(llm)
+
+
 def test_saved_states_serve_hits_under_preemption_and_few_rows(stateful):
     """Requests sharing prefixes in a pool that preempts, with 3 seats (so 3 saved states,
     the least recently used given up): every token and log-probability as without the cache."""
