@@ -259,8 +259,11 @@ class KVCacheManager:
             shared = n
             while n > 0 and (state_row := self.snapshots.lookup(self._key(request, n - 1))) is None:
                 n -= 1
-            if shared > n:  # others' prompts went on as this one does: save a state there
-                self._shared_ends[request.request_id] = shared * block_size
+            # others' prompts went on as this one does: save a state there (within its prompt,
+            # unless a decoded block's state would be saved: `state_to_save`)
+            end = shared * block_size
+            if shared > n and (end <= request.num_prompt_tokens or self.reuse_decoded_kv):
+                self._shared_ends[request.request_id] = end
         if n == 0:
             return NO_HIT
         tables = []
