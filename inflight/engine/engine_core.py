@@ -132,11 +132,7 @@ class EngineCore:
         self.kv_cache = KVCache(loaded.model.cfg, attn, plan.num_blocks, kv_dtype, self.device,
                                 plan.num_cpu_blocks, scratch_block=True,
                                 layout=self.kv_layout)  # fmt: skip
-        # mean pooling reads every prompt position's hidden state: none may come from the cache;
-        # a state-carrying model's hits resume from saved states (`StateSnapshots`): none
-        # without them
-        caching = (config.cache.enable_prefix_caching and self.arch.pooling != "mean"
-                   and (saved_states > 0 or not self.arch.conv_layers))  # fmt: skip
+        caching = self.arch.caches_prefixes(config.cache.enable_prefix_caching, saved_states)
         snapshots = StateSnapshots(saved_states) if saved_states else None
         group_windows = self.kv_layout.group_windows if self.kv_layout else (None,)
         self.kv_cache_manager = KVCacheManager(plan.num_blocks, block_size, caching,

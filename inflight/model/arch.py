@@ -468,6 +468,13 @@ class LlamaArchConfig:
             return 0
         return seats if num_saved_states is None else num_saved_states
 
+    def caches_prefixes(self, prefix_caching: bool, saved_states: int) -> bool:
+        """Whether the prefix cache serves this model: not where pooling reads every prompt
+        position (none may come from the cache), nor for a state-carrying model without saved
+        states (none could resume)."""
+        return (prefix_caching and self.pooling != "mean"
+                and (saved_states > 0 or not self.conv_layers))  # fmt: skip
+
     @property
     def layer_windows(self) -> list[int | None]:
         """Every KV layer's `layer_window`, in order."""

@@ -193,8 +193,7 @@ class _Replica:
     def __post_init__(self) -> None:
         s, arch = self.setup, self.setup.model.arch
         # as the engine's core: a state-carrying model hits only where a state was saved
-        caching = (s.cache.enable_prefix_caching and arch.pooling != "mean"
-                   and (s.saved_states > 0 or not arch.conv_layers))  # fmt: skip
+        caching = arch.caches_prefixes(s.cache.enable_prefix_caching, s.saved_states)
         snapshots = StateSnapshots(s.saved_states) if s.saved_states else None
         self.kv = KVCacheManager(s.num_kv_blocks, s.cache.kv_block_size, caching,
                                  s.num_cpu_blocks, s.group_windows, snapshots,
