@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from inflight.chat_template import chat_template_text
+from inflight.core.fair_share import is_tenant_weight
 from inflight.errors import ConfigError
 from inflight.request import SLOTarget
 from inflight.sampling_params import MAX_SEED, MIN_SEED
@@ -408,8 +409,7 @@ class SchedulerConfig:
         _require(
             isinstance(pairs, tuple | list)
             and all(isinstance(p, tuple | list) and len(p) == 2 and isinstance(p[0], str)
-                    and isinstance(p[1], int | float) and not isinstance(p[1], bool)
-                    and math.isfinite(p[1]) and p[1] > 0 for p in pairs),
+                    and is_tenant_weight(p[1]) for p in pairs),
             f"tenant_weights must be (tenant, positive finite weight) pairs, got {pairs!r}",
         )  # fmt: skip
         _require(

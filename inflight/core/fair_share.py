@@ -26,12 +26,18 @@ from inflight.core.policy import FCFSQueue
 from inflight.request import Request
 
 
+def is_tenant_weight(value: object) -> bool:
+    """A tenant's weight, its share: a positive finite number (not a bool)."""
+    return (isinstance(value, int | float) and not isinstance(value, bool)
+            and math.isfinite(value) and value > 0)  # fmt: skip
+
+
 class TenantShares:
     """Weights and weighted service (the counters) of every tenant seen."""
 
     def __init__(self, weights: Mapping[str, float] | None = None) -> None:
         for tenant, weight in (weights or {}).items():
-            if not (isinstance(weight, int | float) and math.isfinite(weight) and weight > 0):
+            if not is_tenant_weight(weight):
                 raise ValueError(f"tenant {tenant!r}: weight must be positive, got {weight!r}")
         self.weights = dict(weights or {})
         self.counters: dict[str, float] = {}

@@ -11,10 +11,10 @@ ignored, never an error. Tenant names are short printable text; a longer or stra
 from __future__ import annotations
 
 import contextvars
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from inflight.core.fair_share import is_tenant_weight
 from inflight.errors import InvalidRequestError
 from inflight.request import DEFAULT_TENANT
 
@@ -82,7 +82,7 @@ def read_api_keys(path: str | Path) -> tuple[dict[str, str], dict[str, float]]:
             weight = float(words[2]) if len(words) == 3 else 1.0
         except ValueError:
             raise ValueError(f"{where}: weight {words[2]!r} is not a number") from None
-        if not (math.isfinite(weight) and weight > 0):
+        if not is_tenant_weight(weight):
             raise ValueError(f"{where}: weight must be a positive finite number, got {weight}")
         if key in keys:
             raise ValueError(f"{where}: this key was given before")
