@@ -259,10 +259,9 @@ class KVCacheManager:
             shared = n
             while n > 0 and (state_row := self.snapshots.lookup(self._key(request, n - 1))) is None:
                 n -= 1
-            # others' prompts went on as this one does: save a state there (within its prompt,
-            # unless a decoded block's state would be saved: `state_to_save`)
+            # others' prompts went on as this one does: save a state there
             end = shared * block_size
-            if shared > n and (end <= request.num_prompt_tokens or self.reuse_decoded_kv):
+            if shared > n and self._state_savable(request, end):
                 self._shared_ends[request.request_id] = end
         if n == 0:
             return NO_HIT
@@ -281,9 +280,14 @@ class KVCacheManager:
         computed = request.num_computed_tokens
         if self.snapshots is None or not computed or computed % self.block_size:
             return None
-        if computed > request.num_prompt_tokens and not self.reuse_decoded_kv:
+        if not self._state_savable(request, computed):
             return None
         return self.snapshots.save(self._key(request, computed // self.block_size - 1))
+
+    def _state_savable(self, request: Request, num_tokens: int) -> bool:
+        """Whether the state after the request's first `num_tokens` is one to save: within its
+        prompt, and past it only with `reuse_decoded_kv` (see `state_to_save`)."""
+        return num_tokens <= request.num_prompt_tokens or self.reuse_decoded_kv
 
     def state_boundaries(self, request: Request) -> list[int]:
         """Where a state-carrying model's prompt chunks end so that the state after them is
