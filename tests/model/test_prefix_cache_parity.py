@@ -49,10 +49,7 @@ def test_a_next_turn_is_the_uncached_one_bit_for_bit(tiny_model_factory, arch):
         llm = LLM(folder, dtype="float32", reuse_decoded_kv=reuse)
         first = greedy_outputs(llm, firsts, 21)
         seconds = [p + out[0] + [7, 8, 9] for p, out in zip(firsts, first, strict=True)]
-        got, want = (
-            greedy_outputs(llm, seconds, 9),
-            greedy_outputs(plain, seconds, 9),
-        )
+        got, want = greedy_outputs(llm, seconds, 9), greedy_outputs(plain, seconds, 9)
         if not reuse:
             assert_same_outputs(got, want)
         hits.append(llm.core.kv_cache_manager.prefix_stats.hits)

@@ -181,10 +181,7 @@ def test_a_conversation_resumes_from_the_state_saved_after_its_last_full_block(
     saved = [p for prompt_end in last for p in range(16, prompt_end + 1, 16)]
     assert len(kv.snapshots) == len(saved) and kv.snapshots.num_evicted == 0
     seconds = [prompt + out[0] + [7, 8, 9] for prompt, out in zip(firsts, first, strict=True)]
-    got, want = (
-        greedy_outputs(llm, seconds, 9),
-        greedy_outputs(plain, seconds, 9),
-    )
+    got, want = greedy_outputs(llm, seconds, 9), greedy_outputs(plain, seconds, 9)
     if reuse_decoded_kv:
         assert [g[0] for g in got] == [w[0] for w in want]
         for (_, g), (_, w) in zip(got, want, strict=True):
