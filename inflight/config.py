@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from inflight.chat_template import chat_template_text
-from inflight.core.fair_share import is_tenant_weight
 from inflight.errors import ConfigError
 from inflight.request import SLOTarget
 from inflight.sampling_params import MAX_SEED, MIN_SEED
@@ -48,6 +47,12 @@ MAX_CPUS_PER_RANK = 1 << 16  # a Ray rank's CPUs: beyond any node's
 def _require(ok: bool, message: str) -> None:
     if not ok:
         raise ConfigError(message)
+
+
+def is_tenant_weight(value: object) -> bool:
+    """A tenant's weight, its share: a positive finite number (not a bool)."""
+    return (isinstance(value, int | float) and not isinstance(value, bool)
+            and math.isfinite(value) and value > 0)  # fmt: skip
 
 
 def _take_path(config: Any, name: str) -> None:

@@ -22,14 +22,9 @@ import math
 from collections import Counter, deque
 from collections.abc import Iterable, Mapping
 
+from inflight.config import is_tenant_weight
 from inflight.core.policy import FCFSQueue
 from inflight.request import Request
-
-
-def is_tenant_weight(value: object) -> bool:
-    """A tenant's weight, its share: a positive finite number (not a bool)."""
-    return (isinstance(value, int | float) and not isinstance(value, bool)
-            and math.isfinite(value) and value > 0)  # fmt: skip
 
 
 class TenantShares:

@@ -14,7 +14,7 @@ import contextvars
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from inflight.core.fair_share import is_tenant_weight
+from inflight.config import is_tenant_weight
 from inflight.errors import InvalidRequestError
 from inflight.request import DEFAULT_TENANT
 
