@@ -13,7 +13,6 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -27,7 +26,7 @@ from inflight.engine.client import EngineClient
 from inflight.errors import InflightError
 from inflight.server import reasoning, tool_parsers
 from inflight.server.auth import Unauthorized, api_key_guard, api_key_or_query_guard
-from inflight.server.errors import error_status
+from inflight.server.errors import error_status, validation_message
 from inflight.server.middleware import (
     AllowedHosts,
     Draining,
@@ -96,36 +95,6 @@ SHOWN_KNOBS = (
     "dtype", "device", "max_model_len", "max_num_seqs", "max_num_batched_tokens",
     "prefill_chunk_size", "kv_block_size", "num_kv_blocks", "batching",
 )  # fmt: skip
-
-
-def _field_path(loc: tuple) -> list[str]:
-    """A pydantic error location as field names and indices, without "body", without the
-    names pydantic gives the members of a union ("list[int]", "function-after[...]"), and
-    without a bad dict key (it is the client's text: "[key]" follows it)."""
-    path: list[str] = []
-    for x in loc:
-        if x == "[key]":
-            path.pop()
-        elif x != "body" and not (isinstance(x, str) and "[" in x):
-            path.append(str(x))
-    return path
-
-
-def validation_message(errors: list[dict[str, Any]]) -> tuple[str | None, str]:
-    """(param, message) for a 400: the first bad field, with every reason pydantic gives for
-    it (a union field fails once per allowed form)."""
-    if not errors:
-        return None, "invalid request"
-    paths = [_field_path(e.get("loc", ())) for e in errors]
-    same = [(path, e) for path, e in zip(paths, errors, strict=True) if path[:1] == paths[0][:1]]
-    common = same[0][0]
-    for path, _ in same[1:]:
-        n = 0
-        while n < min(len(common), len(path)) and common[n] == path[n]:
-            n += 1
-        common = common[:n]
-    reasons = dict.fromkeys(f"{'.'.join(path) or 'body'}: {e.get('msg')}" for path, e in same)
-    return ".".join(common) or None, "; or ".join(list(reasons)[:4])
 
 
 def build_app(engine: EngineClient, config: ServerConfig) -> FastAPI:

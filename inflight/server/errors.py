@@ -79,3 +79,33 @@ def streamed(model: type) -> dict[int | str, dict[str, Any]]:
         "event": {"type": "string"}}}  # fmt: skip
     sse = {"schema": event, "description": "one server-sent event per chunk"}
     return {200: {"model": model, "content": {"text/event-stream": sse}}}
+
+
+def field_path(loc: tuple) -> list[str]:
+    """A pydantic error location as field names and indices, without "body", without the
+    names pydantic gives the members of a union ("list[int]", "function-after[...]"), and
+    without a bad dict key (it is the client's text: "[key]" follows it)."""
+    path: list[str] = []
+    for x in loc:
+        if x == "[key]":
+            path.pop()
+        elif x != "body" and not (isinstance(x, str) and "[" in x):
+            path.append(str(x))
+    return path
+
+
+def validation_message(errors: list[dict[str, Any]]) -> tuple[str | None, str]:
+    """(param, message) for a 400: the first bad field, with every reason pydantic gives for
+    it (a union field fails once per allowed form)."""
+    if not errors:
+        return None, "invalid request"
+    paths = [field_path(e.get("loc", ())) for e in errors]
+    same = [(path, e) for path, e in zip(paths, errors, strict=True) if path[:1] == paths[0][:1]]
+    common = same[0][0]
+    for path, _ in same[1:]:
+        n = 0
+        while n < min(len(common), len(path)) and common[n] == path[n]:
+            n += 1
+        common = common[:n]
+    reasons = dict.fromkeys(f"{'.'.join(path) or 'body'}: {e.get('msg')}" for path, e in same)
+    return ".".join(common) or None, "; or ".join(list(reasons)[:4])

@@ -17,6 +17,7 @@ from inflight.errors import InvalidRequestError
 from inflight.sampling_params import FLOAT32_TINY, MAX_INT64
 from inflight.server import protocol as p
 from inflight.server import schema_rules as rules
+from inflight.server.errors import field_path, validation_message
 
 MAX_INPUT_ITEMS = 4096
 
@@ -126,9 +127,17 @@ def _text_of(content: Any, param: str) -> str:
 
 def input_messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The request's input as chat messages (OpenAI's chat shapes)."""
+    return [message for message, _ in _messages_and_sources(items)]
+
+
+def _messages_and_sources(
+    items: str | list[dict[str, Any]],
+) -> list[tuple[dict[str, Any], list[str]]]:
+    """Each chat message with the input fields it came from: the item's own (`input.3`), or
+    one per call where parallel `function_call` items make one assistant turn."""
     if isinstance(items, str):
-        return [{"role": "user", "content": items}]
-    messages: list[dict[str, Any]] = []
+        return [({"role": "user", "content": items}, ["input"])]
+    pairs: list[tuple[dict[str, Any], list[str]]] = []
     for i, item in enumerate(items):
         param = f"input.{i}"
         kind = item.get("type", "message")
@@ -136,38 +145,62 @@ def input_messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
             role = item.get("role")
             if role not in ("user", "system", "developer", "assistant"):
                 raise InvalidRequestError(f"unknown role {role!r}", f"{param}.role")
-            messages.append(
-                {"role": role, "content": _text_of(item.get("content"), f"{param}.content")}
-            )
+            content = _text_of(item.get("content"), f"{param}.content")
+            pairs.append(({"role": role, "content": content}, [param]))
         elif kind == "function_call":
             call = {
                 "id": item.get("call_id"),
                 "type": "function",
                 "function": {"name": item.get("name"), "arguments": item.get("arguments")},
             }
-            if messages and messages[-1]["role"] == "assistant" and messages[-1].get("tool_calls"):
-                messages[-1]["tool_calls"].append(call)  # parallel calls: one assistant turn
+            last = pairs[-1] if pairs else None
+            if last and last[0]["role"] == "assistant" and last[0].get("tool_calls"):
+                last[0]["tool_calls"].append(call)  # parallel calls: one assistant turn
+                last[1].append(param)
             else:
-                messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+                pairs.append(({"role": "assistant", "content": None, "tool_calls": [call]},
+                              [param]))  # fmt: skip
         elif kind == "function_call_output":
             output = item.get("output")
-            messages.append(
-                {
-                    "role": "tool",
-                    "tool_call_id": item.get("call_id"),
-                    "content": output if isinstance(output, str) else json.dumps(output),
-                }
-            )
+            message = {
+                "role": "tool",
+                "tool_call_id": item.get("call_id"),
+                "content": output if isinstance(output, str) else json.dumps(output),
+            }
+            pairs.append((message, [param]))
         elif kind != "reasoning":  # earlier reasoning is not sent back to the model
             raise InvalidRequestError(f"input items of type {kind!r} are not supported", param)
-    return messages
+    return pairs
+
+
+# A chat message's field by the name its input item gives it
+_ITEM_FIELDS = {"content": "content", "role": "role", "tool_call_id": "call_id", "id": "call_id",
+                "name": "name", "arguments": "arguments"}  # fmt: skip
+
+
+def _input_location(path: list[str], pairs: list[tuple[dict[str, Any], list[str]]]) -> list[str]:
+    """A chat message's error location (`messages.2.tool_calls.1.function.arguments`) as the
+    Responses request's own field (`input.5.arguments`)."""
+    if len(path) < 2 or path[0] != "messages" or not path[1].isdigit():
+        return path
+    message, sources = pairs[int(path[1])]
+    where, rest = sources[0], path[2:]
+    if rest[:1] == ["tool_calls"] and len(rest) > 1 and rest[1].isdigit():
+        where, rest = sources[min(int(rest[1]), len(sources) - 1)], rest[2:]
+    if not where.startswith("input."):
+        return [where]  # instructions, the stored conversation, or a text input
+    field = [_ITEM_FIELDS[f] for f in rest if f in _ITEM_FIELDS][:1]
+    if field == ["content"] and message["role"] == "tool":
+        field = ["output"]
+    return [where, *field]
 
 
 def chat_request(req: ResponsesRequest, history: list[dict[str, Any]]) -> p.ChatCompletionRequest:
-    messages = list(history)
+    pairs = [(message, ["previous_response_id"]) for message in history]
     if req.instructions is not None:  # instructions are not carried over to continuations
-        messages.insert(0, {"role": "system", "content": req.instructions})
-    messages += input_messages(req.input)
+        pairs.insert(0, ({"role": "system", "content": req.instructions}, ["instructions"]))
+    pairs += _messages_and_sources(req.input)
+    messages = [message for message, _ in pairs]
     if not messages:  # a rule the OpenAPI document states in words
         raise InvalidRequestError("input holds no message to answer (earlier reasoning alone is "
                                   "not one)", "input", "invalid_combination")  # fmt: skip
@@ -203,7 +236,7 @@ def chat_request(req: ResponsesRequest, history: list[dict[str, Any]]) -> p.Chat
     try:
         return p.ChatCompletionRequest.model_validate(body)
     except ValidationError as e:
-        first = e.errors()[0]
-        where = ".".join(str(x) for x in first["loc"])
-        param = "input" if where.startswith("messages") else where
-        raise InvalidRequestError(f"{where}: {first['msg']}", param) from None
+        errors = [{**error, "loc": _input_location(field_path(error["loc"]), pairs)}
+                  for error in e.errors()]  # fmt: skip
+        param, message = validation_message(errors)
+        raise InvalidRequestError(message, param) from None

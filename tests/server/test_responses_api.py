@@ -45,8 +45,10 @@ def client(server):
 
 
 def raw(server, body, key=KEY, method="POST", path="/v1/responses") -> httpx.Response:
-    headers = {"authorization": f"Bearer {key}"}
-    return httpx.request(method, server.url + path, json=body, headers=headers, timeout=60)
+    """The body as JSON text, lone surrogates escaped as a hostile client would send them."""
+    headers = {"authorization": f"Bearer {key}", "content-type": "application/json"}
+    content = None if body is None else json.dumps(body)
+    return httpx.request(method, server.url + path, content=content, headers=headers, timeout=60)
 
 
 def test_text_input_gives_a_message_and_usage(client):
@@ -143,6 +145,9 @@ def test_stored_responses_are_read_and_deleted_by_their_own_key_only(server, cli
         client.responses.retrieve(unstored.id)
 
 
+CALL = {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"}
+
+
 @pytest.mark.parametrize(("body", "param"), [
     ({"input": [{"type": "input_image", "image_url": "x"}]}, "input.0"),
     ({"input": [{"role": "robot", "content": "x"}]}, "input.0.role"),
@@ -152,11 +157,21 @@ def test_stored_responses_are_read_and_deleted_by_their_own_key_only(server, cli
     ({"input": "x", "temprature": 1}, "temprature"),
     ({"input": "x", "background": True}, "background"),
     ({"input": "x", "max_output_tokens": 2**64}, "max_output_tokens"),
+    # fields the chat request checks, named as the Responses request holds them
+    ({"input": [{"role": "user", "content": [{"type": "input_text", "text": "\udfff"}]}]},
+     "input.0.content"),
+    ({"input": "x", "instructions": "\ud800"}, "instructions"),
+    ({"input": [{"role": "user", "content": "a"}, CALL, {**CALL, "arguments": 5}]},
+     "input.2.arguments"),
+    ({"input": [{"role": "user", "content": "a"}, {**CALL, "call_id": 7}]}, "input.1.call_id"),
+    ({"input": [{"type": "function_call_output", "call_id": "c1", "output": "\udc00"}]},
+     "input.0.output"),
 ])  # fmt: skip
 def test_bad_responses_requests_are_400s_naming_the_field(server, body, param):
     r = raw(server, {"model": MODEL, **body})
     assert r.status_code == 400, r.text
-    assert r.json()["error"]["param"] == param
+    error = r.json()["error"]
+    assert error["param"] == param and "messages" not in error["message"], error
     assert httpx.get(server.url + "/health").status_code == 200
 
 
