@@ -227,9 +227,11 @@ def build_tiny_model(
         }
         config = LlamaConfig(**common, rope_scaling=rope, tie_word_embeddings=True)
         cls = LlamaForCausalLM
-    elif arch == "llama_wide":  # widths of whole 256-weight super-blocks, for the K-quants
+    elif arch in ("llama_wide", "llama_wide_tied"):  # widths of whole 256-weight super-blocks,
+        # for the K-quants
         wide = {**common, "hidden_size": 256, "intermediate_size": 512}
-        config, cls = LlamaConfig(**wide, rope_theta=10000.0), LlamaForCausalLM
+        config = LlamaConfig(**wide, rope_theta=10000.0, tie_word_embeddings=arch.endswith("tied"))
+        cls = LlamaForCausalLM
     elif arch == "qwen2":
         config, cls = Qwen2Config(**common, tie_word_embeddings=False), Qwen2ForCausalLM
     elif arch == "qwen3":  # heads of 128 as in every Qwen3 (4 x 128 > hidden 64), which is also

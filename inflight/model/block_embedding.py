@@ -4,9 +4,9 @@ blocks then holds no float copy of its vocabulary either (SmolLM2's: 113 MB in f
 model's with the same vocabulary: 0.56 GiB), for a few microseconds a step (the 5-bit,
 K-quant and MXFP4 formats' rows in C++, `gguf_dequantize_rows`: 9 µs a row of 2,048 Q6_K weights
 where PyTorch's ops took 127). The values are the `gguf` package's dequantization, bit for bit
-(`gguf_blocks.dequantize`). A tied embedding in a
-legacy format reads its rows from its LM head's 8-column layout instead (`over_layout`), so the
-vocabulary is held once (Gemma 3's Q8_0 262k x 640: 0.17 GiB)."""
+(`gguf_blocks.dequantize`). A tied embedding reads its rows from its LM head's 8-column layout
+instead (`over_layout`), so the vocabulary is held once (Gemma 3's Q8_0 262k x 640: 0.17 GiB;
+Qwen3.5-0.8B's Q6_K 248k x 1,024: 0.19 GiB, 40% of its file)."""
 
 from __future__ import annotations
 
@@ -44,8 +44,8 @@ class BlockEmbedding(nn.Module):
         cls, layout: torch.Tensor, fmt: BlockFormat, vocab: int, dtype: torch.dtype
     ) -> BlockEmbedding:
         """Looked up in `regroup_blocks`' 8-column layout [ceil(vocab / 8), blocks, 8 x bytes]
-        of a legacy format's blocks (a tied LM head's weight)."""
-        if not fmt.legacy or layout.dim() != 3 or layout.shape[2] != GROUP * fmt.file_bytes or (
+        of the blocks (a tied LM head's weight)."""
+        if layout.dim() != 3 or layout.shape[2] != GROUP * fmt.file_bytes or (
             layout.shape[0] != -(-vocab // GROUP)
         ):  # fmt: skip
             raise ValueError(f"{tuple(layout.shape)} is not the 8-column layout of {vocab} rows "
@@ -53,8 +53,12 @@ class BlockEmbedding(nn.Module):
         return cls(layout, dtype, regrouped=(fmt, vocab))
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        if self.regrouped:
+        if self.regrouped and self.format.legacy:
             rows = dequantize(regrouped_rows(self.blocks, ids.reshape(-1), self.format.file_bytes))
+        elif self.regrouped:
+            rows = load_extension().gguf_dequantize_layout_rows(
+                self.blocks, ids.reshape(-1), self.num_embeddings
+            )
         elif not self.format.legacy and self.blocks.device.type == "cpu":
             # (in C++: the same values, without ~25 PyTorch ops a step)
             rows = load_extension().gguf_dequantize_rows(self.blocks, ids.reshape(-1))

@@ -16,11 +16,10 @@ weight is a scale times an unsigned quant, less a zero point or plus an offset:
 
 `dequantize` computes those float32 operations in the `gguf` package's order, so its values are
 gguf's bit for bit (the embedding's lookups, and the reference the kernels are tested against).
-The kernel layout keeps the quants' bits and the header's fields as they are (6-bit sc and min
-widened to a byte each: Q4_K's 144 bytes per column become 148, Q5_K's 176 become 180; the rest
-keep their size), re-laid so that eight columns share each instruction: csrc/gguf_regroup.cpp
-writes it for the 5-bit and K-quant formats, and csrc/gguf_int_linear.cpp and csrc/gguf_blocks.h
-say how it is read.
+The kernel layout keeps the quants' bits and the header's fields as they are, every format at its
+file size (a K-quant's 6-bit sc and min re-laid in their 12 bytes), re-laid so that eight columns
+share each instruction: csrc/gguf_regroup.cpp writes it for the 5-bit and K-quant formats, and
+csrc/gguf_int_linear.cpp and csrc/gguf_blocks.h say how it is read.
 """
 
 from __future__ import annotations
@@ -42,7 +41,6 @@ class BlockFormat:
     name: str
     file_bytes: int  # one block's bytes in the file
     weights: int  # per block
-    layout_bytes: int  # one block's bytes per column in gguf_int_linear's layout
     bits: int  # per quant
 
     @property
@@ -60,15 +58,15 @@ class BlockFormat:
 FORMATS = {
     f.file_bytes: f
     for f in (
-        BlockFormat("Q4_0", 18, 32, 18, 4),
-        BlockFormat("Q4_1", 20, 32, 20, 4),
-        BlockFormat("Q8_0", 34, 32, 34, 8),
-        BlockFormat("Q5_0", 22, 32, 22, 5),
-        BlockFormat("Q5_1", 24, 32, 24, 5),
-        BlockFormat("Q4_K", 144, 256, 148, 4),
-        BlockFormat("Q5_K", 176, 256, 180, 5),
-        BlockFormat("Q6_K", 210, 256, 210, 6),
-        BlockFormat("MXFP4", 17, 32, 17, 4),
+        BlockFormat("Q4_0", 18, 32, 4),
+        BlockFormat("Q4_1", 20, 32, 4),
+        BlockFormat("Q8_0", 34, 32, 8),
+        BlockFormat("Q5_0", 22, 32, 5),
+        BlockFormat("Q5_1", 24, 32, 5),
+        BlockFormat("Q4_K", 144, 256, 4),
+        BlockFormat("Q5_K", 176, 256, 5),
+        BlockFormat("Q6_K", 210, 256, 6),
+        BlockFormat("MXFP4", 17, 32, 4),
     )
 }
 BY_NAME = {f.name: f for f in FORMATS.values()}
@@ -199,7 +197,7 @@ def dequantize(blocks: torch.Tensor) -> torch.Tensor:
 def regrouped_shape(blocks: torch.Tensor, columns: int = GROUP) -> tuple[int, int, int]:
     """`regroup_blocks(blocks, columns)`'s shape."""
     n, per_row, _ = blocks.shape
-    return -(-n // columns), per_row, columns * format_of(blocks).layout_bytes
+    return -(-n // columns), per_row, columns * format_of(blocks).file_bytes
 
 
 def regroup_blocks(

@@ -406,16 +406,9 @@ def estimated_weight_bytes(path: Path, dtype: torch.dtype, quantized_activations
         numel = math.prod(entry["shape"])
         fmt = kept.get(entry["type"])
         if fmt is not None and len(entry["shape"]) == 2:
-            # the embedding too: looked up from its blocks (in the file's layout, or in a tied LM
-            # head's, which regroups a copy of them)
-            blocks = math.prod(entry["data_shape"]) * np.dtype(entry["dtype"]).itemsize
-            layout = blocks * fmt.layout_bytes // fmt.file_bytes
-            if hf_name(entry["name"], index.arch.architecture) != "model.embed_tokens.weight":
-                total += layout
-            elif index.arch.tie_word_embeddings:  # the head's layout; a legacy format's serves
-                total += layout + (0 if fmt.legacy else blocks)  # the lookups too
-            else:
-                total += blocks
+            # the file's bytes, regrouped (the kernels' layout keeps their size); the embedding
+            # too, looked up from its blocks (a tied one from its LM head's layout)
+            total += math.prod(entry["data_shape"]) * np.dtype(entry["dtype"]).itemsize
         else:
             total += numel * size
     return total
@@ -482,12 +475,11 @@ def check_memory_fits(
 
 def _block_embedding(model: LlamaModel, blocks: torch.Tensor, dtype: torch.dtype) -> BlockEmbedding:
     """The embedding over its GGUF blocks: in a tied LM head's 8-column layout where the head
-    has one of a legacy format (the vocabulary held once), else in a copy of the file's."""
+    multiplies from one (the vocabulary held once), else in a copy of the file's."""
     fmt, head = format_of(blocks), model.lm_head
     layout = getattr(head, "small_weight", None)
     shared = (
         model.cfg.tie_word_embeddings
-        and fmt.legacy
         and getattr(head, "small_kernel", "").startswith("gguf-int")
         and layout is not None
         and layout.shape == (-(-blocks.shape[0] // GROUP), blocks.shape[1], GROUP * fmt.file_bytes)

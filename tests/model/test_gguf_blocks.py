@@ -77,8 +77,8 @@ def test_dequantize_is_gguf_bit_for_bit(qtype):
         got = dequantize(blocks).numpy()
         assert got.shape == (12, 512)
         assert np.array_equal(got.view(np.uint32), want.reshape(12, 512).view(np.uint32))
-    fmt = FORMATS[GGML_QUANT_SIZES[qtype][1]]
-    assert regroup_blocks(blocks).shape == (2, blocks.shape[1], 8 * fmt.layout_bytes)
+    fmt = FORMATS[GGML_QUANT_SIZES[qtype][1]]  # the kernels' layout keeps the file's bytes
+    assert regroup_blocks(blocks).shape == (2, blocks.shape[1], 8 * fmt.file_bytes)
 
 
 def test_mxfp4_scales_are_powers_of_two_to_the_subnormals_and_the_largest():
@@ -291,22 +291,55 @@ def test_a_k_quant_file_keeps_every_weight_as_blocks_and_answers_as_its_dequanti
             assert la.logprob == pytest.approx(lb.logprob, abs=5e-3)
 
 
-@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q8_0"])
-def test_a_tied_embedding_looks_its_rows_up_in_the_lm_heads_layout(name):
-    """The legacy formats' 8-column layout, undone row by row, gives back the file's blocks
-    (43 rows: the last group padded), so the embedding needs no copy of its own."""
-    gen = torch.Generator().manual_seed(5)
-    fmt = BY_NAME[name]
-    blocks = torch.randint(0, 256, (43, 3, fmt.file_bytes), dtype=torch.uint8, generator=gen)
-    blocks[..., :2] = torch.tensor([0, 60], dtype=torch.uint8)  # finite fp16 scales (d = 2.0)
+@pytest.mark.parametrize("qtype", ALL, ids=lambda q: q.name)
+def test_a_tied_embedding_looks_its_rows_up_in_the_lm_heads_layout(qtype):
+    """The 8-column layout, read back row by row, gives the file's rows bit for bit (43 rows:
+    the last group padded), so the embedding needs no copy of its own: the legacy formats'
+    bytes put back in order, the others' blocks undone in C++."""
+    fmt = FORMATS[GGML_QUANT_SIZES[qtype][1]]
+    blocks = random_bytes(43, 512, qtype, seed=5)
     layout = regroup_blocks(blocks)
     ids = torch.tensor([[0, 7, 8, 42], [41, 13, 13, 1]])
-    assert torch.equal(regrouped_rows(layout, ids.flatten(), fmt.file_bytes),
-                       blocks[ids.flatten()])  # fmt: skip
+    if fmt.legacy:
+        assert torch.equal(regrouped_rows(layout, ids.flatten(), fmt.file_bytes),
+                           blocks[ids.flatten()])  # fmt: skip
     shared = BlockEmbedding.over_layout(layout, fmt, 43, torch.float32)
-    assert torch.equal(shared(ids), BlockEmbedding(blocks, torch.float32)(ids))
+    want = BlockEmbedding(blocks, torch.float32)(ids)
+    assert torch.equal(shared(ids).view(torch.int32), want.view(torch.int32))
     with pytest.raises(ValueError, match="not the 8-column layout of 50 rows"):
         BlockEmbedding.over_layout(layout, fmt, 50, torch.float32)
+    if not fmt.legacy:
+        for bad in (43, -1, 2**63 - 1):  # the padded group's columns are no rows either
+            with pytest.raises(RuntimeError, match="of 43"):
+                ext.gguf_dequantize_layout_rows(layout, torch.tensor([bad]), 43)
+
+
+def test_a_layout_lookup_refuses_a_legacy_or_misshapen_layout():
+    legacy = regroup_blocks(random_bytes(16, 64, Q.Q8_0))
+    with pytest.raises(RuntimeError, match="5-bit, K-quant or MXFP4"):
+        ext.gguf_dequantize_layout_rows(legacy, torch.tensor([0]), 16)
+    layout = regroup_blocks(random_bytes(16, 256, Q.Q4_K))
+    with pytest.raises(RuntimeError, match="ceil"):
+        ext.gguf_dequantize_layout_rows(layout, torch.tensor([0]), 17)
+
+
+@pytest.mark.skipif(not blocks_serve_every_batch(torch.float32, 16),
+                    reason="no AVX2 8-column layout here")  # fmt: skip
+def test_a_tied_k_quant_model_holds_its_vocabulary_once(tmp_path, tiny_model_factory):
+    """As llama.cpp writes a tied Q4_K_M model: a Q6_K embedding, which is the LM head too."""
+    path = write_tiny_gguf(tiny_model_factory("llama_wide_tied"), tmp_path / "tied.gguf", None,
+                           mix=lambda name: Q.Q6_K if name.startswith("token_embd")
+                           else k_quant_mix(name))  # fmt: skip
+    llm = LLM(str(path), dtype="float32", device="cpu")
+    model = llm.core.loaded.model
+    assert model.cfg.tie_word_embeddings and model.embed_tokens.regrouped
+    assert model.embed_tokens.format.name == "Q6_K"
+    assert model.embed_tokens.blocks.data_ptr() == model.lm_head.small_weight.data_ptr()
+    loaded = llm.core.loaded.weight_bytes
+    assert abs(estimated_weight_bytes(path, torch.float32, "auto") - loaded) <= 0.05 * loaded
+    exact = LLM(str(path), dtype="float32", device="cpu", quantized_activations="off")
+    ids = torch.tensor([0, 5, 399, 17, 5])
+    assert torch.equal(model.embed_tokens(ids), exact.core.loaded.model.embed_tokens(ids))
 
 
 @pytest.mark.skipif(not blocks_serve_every_batch(torch.float32, 16),

@@ -104,6 +104,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gguf_dequantize_rows", &gguf_dequantize_rows, no_gil(),
         "rows of a weight's 5-bit, K-quant or MXFP4 GGUF blocks as float32 (gguf's values)",
         py::arg("blocks"), py::arg("ids"));
+  m.def("gguf_dequantize_layout_rows", &gguf_dequantize_layout_rows, no_gil(),
+        "the same rows read from the blocks' 8-column layout of `rows` rows",
+        py::arg("layout"), py::arg("ids"), py::arg("rows"));
   m.def("gguf_regroup_blocks", &gguf_regroup_blocks, no_gil(),
         "a weight's 5-bit or K-quant GGUF blocks in gguf_int_linear's 8-column layout (in out, "
         "where given)",

@@ -8,8 +8,10 @@
 // super-block) for the K-quants. A sub-block's quants are 16 bytes of low nibbles laid like
 // Q4_0's (byte i: element i low, element i + 16 high), then, for 5 and 6 bits, the high bits
 // (1 or 2 per element: 4 or 8 bytes); model/gguf_blocks.py writes the layout and says where each
-// bit goes. Headers: Q5_0 fp16 d; Q5_1 d, m; Q4_K and Q5_K fp16 d, fp16 dmin, 8 u8 scales and 8
-// u8 mins (the file's 6-bit values, unpacked); Q6_K fp16 d and 16 int8 scales, one per 16 weights;
+// bit goes. Headers: Q5_0 fp16 d; Q5_1 d, m; Q4_K and Q5_K fp16 d, fp16 dmin, and the 8 6-bit
+// scales and 8 6-bit mins in the file's 12 bytes, re-laid so that 8 columns' fields of one
+// sub-block come in one 8-byte load (`k_scale_fields` in gguf_regroup.cpp); Q6_K fp16 d and 16
+// int8 scales, one per 16 weights;
 // MXFP4 (gpt-oss's experts) its E8M0 exponent byte e, the block's scale 2^(e - 128) (as ggml
 // halves it), and nibbles laid like Q4_0's that index the FP4 values, doubled to the integers
 // 0, +-1, +-2, +-3, +-4, +-6, +-8, +-12.
@@ -29,7 +31,7 @@ constexpr int64_t sub_blocks(Format f) { return is_k_quant(f) ? 8 : 1; }
 constexpr int64_t header_bytes(Format f) {
   switch (f) {
     case Format::kQ4_1: case Format::kQ5_1: return 4;
-    case Format::kQ4_K: case Format::kQ5_K: return 20;
+    case Format::kQ4_K: case Format::kQ5_K: return 16;
     case Format::kQ6_K: return 18;
     case Format::kMXFP4: return 1;
     default: return 2;

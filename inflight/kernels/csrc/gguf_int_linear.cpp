@@ -370,16 +370,12 @@ inline __m256 bytes_at(const uint8_t* p) {
   return _mm256_cvtepi32_ps(Signed ? _mm256_cvtepi8_epi32(v) : _mm256_cvtepu8_epi32(v));
 }
 
-// Sub-block j's scales from its block's header (8 columns' fields side by side).
+// Sub-block j's scales from its block's header (8 columns' fields side by side); the K-quants'
+// 6-bit ones through `ScaleReader`.
 template <Format F>
 inline SubScales sub_scales(const uint8_t* block, int j) {
   const __m256 d = halves_at(block);
-  if constexpr (F == Format::kQ4_K || F == Format::kQ5_K) {
-    // [8 d][8 dmin][8 sub-blocks x 8 u8 scales][8 sub-blocks x 8 u8 mins]
-    const __m256 mins = _mm256_mul_ps(halves_at(block + 16), bytes_at<false>(block + 96 + 8 * j));
-    return {_mm256_mul_ps(d, bytes_at<false>(block + 32 + 8 * j)),
-            _mm256_xor_ps(mins, _mm256_set1_ps(-0.0f)), d};  // the weight is d sc q - dmin m
-  } else if constexpr (F == Format::kQ6_K) {  // [8 d][16 halves x 8 int8 scales]
+  if constexpr (F == Format::kQ6_K) {  // [8 d][16 halves x 8 int8 scales]
     return {_mm256_mul_ps(d, bytes_at<true>(block + 16 + 16 * j)), d,
             _mm256_mul_ps(d, bytes_at<true>(block + 24 + 16 * j))};
   } else if constexpr (has_min(F)) {  // [8 d][8 m]
@@ -471,6 +467,55 @@ inline SubBlock<F> sub_block(const uint8_t* wg, int64_t b) {
   return {block, block + quants_at(F) + j * kLanes * quant_bytes(F), j};
 }
 
+// A Q4_K / Q5_K super-block's 6-bit scales and mins, 8 columns' of each sub-block as bytes:
+// out [8 sub-blocks x 8 scales][8 sub-blocks x 8 mins]. The layout keeps the file's 12 bytes a
+// column (gguf_regroup.cpp `place`): at 32, a byte per column and sub-block holding the low
+// nibbles of its scale and min; at 96, a byte per column shared by sub-blocks j and j + 4, whose
+// nibble j / 4 holds the top 2 bits of the scale and of the min.
+inline void unpack_k_scales(const uint8_t* block, uint8_t* out) {
+  auto load = [](const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); };
+  auto store = [](uint8_t* p, __m256i v) { _mm256_store_si256(reinterpret_cast<__m256i*>(p), v); };
+  const __m256i nibble = _mm256_set1_epi8(15), three = _mm256_set1_epi8(3),
+                twelve = _mm256_set1_epi8(12), high = load(block + 96);
+  for (int half = 0; half < 2; ++half) {  // sub-blocks 0-3, then 4-7
+    const __m256i low = load(block + 32 + 32 * half);
+    // (a 16-bit shift: the bits it brings in from the byte above are masked off)
+    const __m256i top = _mm256_and_si256(half ? _mm256_srli_epi16(high, 4) : high, nibble);
+    store(out + 32 * half,
+          _mm256_or_si256(_mm256_and_si256(low, nibble),
+                          _mm256_slli_epi16(_mm256_and_si256(top, three), 4)));
+    store(out + 64 + 32 * half,
+          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(low, 4), nibble),
+                          _mm256_slli_epi16(_mm256_and_si256(top, twelve), 2)));
+  }
+}
+
+// Each sub-block's scales in turn (`sub_scales`). A K-quant super-block's are unpacked together
+// when its first sub-block is read: a few instructions for all eight, where one sub-block's alone
+// took a dozen, which one-row decodes felt.
+template <Format F>
+class ScaleReader {
+ public:
+  SubScales operator()(const SubBlock<F>& sb) {
+    if constexpr (F == Format::kQ4_K || F == Format::kQ5_K) {
+      if (sb.block != block_) {
+        unpack_k_scales(sb.block, fields_);
+        block_ = sb.block;
+      }
+      const __m256 d = halves_at(sb.block);
+      const __m256 m = _mm256_mul_ps(halves_at(sb.block + 16), bytes_at<false>(fields_ + 64 + 8 * sb.j));
+      return {_mm256_mul_ps(d, bytes_at<false>(fields_ + 8 * sb.j)),
+              _mm256_xor_ps(m, _mm256_set1_ps(-0.0f)), d};  // the weight is d sc q - dmin m
+    } else {
+      return sub_scales<F>(sb.block, sb.j);
+    }
+  }
+
+ private:
+  const uint8_t* block_ = nullptr;
+  alignas(32) uint8_t fields_[128];
+};
+
 // A batch of a few rows reads each weight once, from memory: the hardware's prefetcher alone
 // left a 4-row tile waiting on DRAM (a 3B-shaped file's layers at 4 rows: 106 -> 152 billion
 // multiply-adds a second on Zen 4, one row unchanged). A group's blocks lie in order, so 2 KiB
@@ -490,10 +535,11 @@ void tile(const Problem<A>& p, int64_t m0, int64_t g) {
   const uint8_t* wg = p.w + g * (blocks / sub_blocks(F)) * group_block_bytes(F);
   __m256 acc[MR];
   for (int r = 0; r < MR; ++r) acc[r] = _mm256_setzero_ps();
+  ScaleReader<F> scales;
   for (int64_t b = 0; b < blocks; ++b) {
     const SubBlock<F> sb = sub_block<F>(wg, b);
     fetch_ahead(sb.quants);
-    const SubScales s = sub_scales<F>(sb.block, sb.j);
+    const SubScales s = scales(sb);
 #pragma GCC unroll 4  // acc[] in registers: GCC kept them in memory, a store and a load each block
     for (int r = 0; r < MR; ++r) {
       const int64_t rb = (m0 + r) * blocks + b;  // this row's block of x
@@ -614,6 +660,7 @@ void unpacked_tile(const Problem<int16_t>& p, const __m256i* wv, int64_t m0, int
   const int16_t* xq = p.x->q.data() + m0 * p.K;
   __m256 acc[MR];
   for (int r = 0; r < MR; ++r) acc[r] = _mm256_setzero_ps();
+  ScaleReader<F> scales;
   for (int64_t b = 0; b < blocks; ++b) {
     const __m256i* v = wv + b * unpacked_vectors<int16_t>();
     Dots dots[MR];
@@ -640,7 +687,7 @@ void unpacked_tile(const Problem<int16_t>& p, const __m256i* wv, int64_t m0, int
       }
     }
     const SubBlock<F> sb = sub_block<F>(wg, b);
-    const SubScales s = sub_scales<F>(sb.block, sb.j);
+    const SubScales s = scales(sb);
     for (int r = 0; r < MR; ++r) {
       const int64_t rb = (m0 + r) * blocks + b;  // this row's block of x
       acc[r] = add_block<F>(acc[r], dots[r], s, *p.x, rb);
@@ -656,10 +703,11 @@ void unpacked_tile(const Problem<int8_t>& p, const __m256i* wv, int64_t m0, int6
   const uint8_t* wg = p.w + g * (blocks / sub_blocks(F)) * group_block_bytes(F);
   __m256 acc[MR];
   for (int r = 0; r < MR; ++r) acc[r] = _mm256_setzero_ps();
+  ScaleReader<F> scales;
   for (int64_t b = 0; b < blocks; ++b) {
     const __m256i* v = wv + b * unpacked_vectors<int8_t>();
     const SubBlock<F> sb = sub_block<F>(wg, b);
-    const SubScales s = sub_scales<F>(sb.block, sb.j);
+    const SubScales s = scales(sb);
 #pragma GCC unroll 4  // acc[] in registers: GCC kept them in memory, a store and a load each block
     for (int r = 0; r < MR; ++r) {
       const int64_t rb = (m0 + r) * blocks + b;  // this row's block of x
@@ -882,12 +930,12 @@ void prepare_pass(const Problem<int8_t>& p, int64_t g0, int64_t count, uint8_t* 
     if (2 * pair < count) {
       unpack_pair<F>(group_at(2 * pair), group_at(2 * pair + 1), blocks, wq + pair * pair_bytes);
     }
+    ScaleReader<F> readers[2];
     for (int64_t b = 0; b < blocks; ++b) {
       SubScales half[2] = {{zero, zero, zero}, {zero, zero, zero}};
       for (int h = 0; h < 2; ++h) {
         if (const uint8_t* wg = group_at(2 * pair + h)) {
-          const SubBlock<F> sb = sub_block<F>(wg, b);
-          half[h] = sub_scales<F>(sb.block, sb.j);
+          half[h] = readers[h](sub_block<F>(wg, b));
         }
       }
       scales[b * 2 + pair] = {join(half[0].d, half[1].d), join(half[0].m, half[1].m),

@@ -46,7 +46,11 @@ inline void five_bit(const uint8_t* qh_bytes, const uint8_t* qs, uint8_t* q) {
 }
 
 // Q4_K / Q5_K: 12 bytes hold 8 6-bit scales and 8 6-bit mins (bytes 0-3: scales 0-3 and the top
-// bits of scales 4-7; 4-7: the same for the mins; 8-11: the low 4 bits of scales 4-7 and mins 4-7)
+// bits of scales 4-7; 4-7: the same for the mins; 8-11: the low 4 bits of scales 4-7 and mins 4-7).
+// The layout keeps them in 12 bytes a column, laid for the kernel (`k_scale_fields`): 8 bytes of
+// low nibbles, sub-block j's at 32 + 8 j (the scale's | the min's << 4), then 4 of high bits,
+// sub-blocks j and j + 4 sharing the byte at 96 + 8 j (nibble j / 4: the scale's top 2 bits | the
+// min's << 2), each 8 columns side by side.
 inline void k_scales(const uint8_t* s, Decoded& out) {
   for (int j = 0; j < 4; ++j) {
     out.scales[j] = s[j] & 63;
@@ -118,10 +122,11 @@ void place(const Decoded& in, int lane, uint8_t* out) {
     put_u16(out + 2 * lane, in.d);
   }
   if constexpr (has_min(F)) put_u16(out + 16 + 2 * lane, in.m);
-  if constexpr (F == Format::kQ4_K || F == Format::kQ5_K) {  // [8 d][8 dmin][scales][mins]
+  if constexpr (F == Format::kQ4_K || F == Format::kQ5_K) {  // [8 d][8 dmin][lows][highs]
     for (int j = 0; j < 8; ++j) {
-      out[32 + 8 * j + lane] = in.scales[j];
-      out[96 + 8 * j + lane] = in.mins[j];
+      out[32 + 8 * j + lane] = static_cast<uint8_t>((in.scales[j] & 15) | (in.mins[j] & 15) << 4);
+      const int high = (in.scales[j] >> 4) | (in.mins[j] >> 4) << 2;
+      out[96 + 8 * (j & 3) + lane] |= static_cast<uint8_t>(high << (4 * (j >> 2)));
     }
   } else if constexpr (F == Format::kQ6_K) {  // [8 d][16 halves x 8 int8 scales]
     for (int h = 0; h < 16; ++h) out[16 + 8 * h + lane] = in.scales[h];
@@ -140,6 +145,44 @@ void place(const Decoded& in, int lane, uint8_t* out) {
           const int f = (low >> 4) | ((high >> 4) << 2);
           sub[128 + 16 * t + p % 16] |= static_cast<uint8_t>(f << (4 * (p / 16)));
         }
+      }
+    }
+  }
+}
+
+// Column `lane`'s block back out of its group's block: `place` undone.
+template <Format F>
+void take(const uint8_t* in, int lane, Decoded& out) {
+  auto u16 = [](const uint8_t* p) { return u16_at(p); };
+  out.d = F == Format::kMXFP4 ? in[lane] : u16(in + 2 * lane);
+  if constexpr (has_min(F)) out.m = u16(in + 16 + 2 * lane);
+  if constexpr (F == Format::kQ4_K || F == Format::kQ5_K) {
+    for (int j = 0; j < 8; ++j) {
+      const int low = in[32 + 8 * j + lane], high = in[96 + 8 * (j & 3) + lane] >> (4 * (j >> 2));
+      out.scales[j] = static_cast<uint8_t>((low & 15) | (high & 3) << 4);
+      out.mins[j] = static_cast<uint8_t>((low >> 4) | ((high >> 2) & 3) << 4);
+    }
+  } else if constexpr (F == Format::kQ6_K) {
+    for (int h = 0; h < 16; ++h) out.scales[h] = in[16 + 8 * h + lane];
+  }
+  for (int j = 0; j < sub_blocks(F); ++j) {
+    const uint8_t* sub = in + kLanes * header_bytes(F) + j * kLanes * quant_bytes(F);
+    uint8_t* q = out.q + 32 * j;
+    for (int t = 0; t < 4; ++t) {
+      for (int u = 0; u < 4; ++u) {
+        const int p = 4 * lane + u, both = sub[32 * t + p];
+        int low = both & 15, high = both >> 4;
+        if constexpr (extra_bits(F) == 1) {
+          const int f = sub[128 + 8 * t + p % 8] >> (2 * (p / 8));
+          low |= (f & 1) << 4;
+          high |= ((f >> 1) & 1) << 4;
+        } else if constexpr (extra_bits(F) == 2) {
+          const int f = sub[128 + 16 * t + p % 16] >> (4 * (p / 16));
+          low |= (f & 3) << 4;
+          high |= ((f >> 2) & 3) << 4;
+        }
+        q[4 * t + u] = static_cast<uint8_t>(low);
+        q[16 + 4 * t + u] = static_cast<uint8_t>(high);
       }
     }
   }
@@ -262,13 +305,13 @@ void dequantize_block(const Decoded& in, float* out) {
   }
 }
 
-}  // namespace
-
-at::Tensor gguf_dequantize_rows(const at::Tensor& blocks, const at::Tensor& ids) {
-  const Format format = file_format(blocks);
+// Rows `ids` of `rows` as float32, block by block: `read(f, row, b, block)` decodes row `row`'s
+// block b of format f.
+template <class Read>
+at::Tensor dequantize_rows(Format format, int64_t rows, int64_t per_row, const at::Tensor& ids,
+                           Read&& read) {
   INFLIGHT_CHECK(ids.dim() == 1 && ids.scalar_type() == at::kLong,
                  "ids: one int64 row index each");
-  const int64_t rows = blocks.size(0), per_row = blocks.size(1), bytes = blocks.size(2);
   const at::Tensor index = ids.contiguous();
   const int64_t n = index.numel();
   const int64_t* id = index.data_ptr<int64_t>();
@@ -276,20 +319,49 @@ at::Tensor gguf_dequantize_rows(const at::Tensor& blocks, const at::Tensor& ids)
     INFLIGHT_CHECK(id[i] >= 0 && id[i] < rows, "row ", id[i], " of ", rows);
   }
   const int64_t weights = sub_blocks(format) * 32;
-  auto out = at::cpu::empty({n, per_row * weights}, blocks.options().dtype(at::kFloat));
-  const uint8_t* in = blocks.data_ptr<uint8_t>();
+  auto out = at::cpu::empty({n, per_row * weights}, at::TensorOptions().dtype(at::kFloat));
   float* o = out.data_ptr<float>();
   with_format(format, [&](auto f) {
     if constexpr (!is_legacy(f.value)) {
       at::parallel_for(0, n * per_row, 64, [&](int64_t begin, int64_t end) {
         Decoded block;
         for (int64_t k = begin; k < end; ++k) {
-          const int64_t r = k / per_row, b = k % per_row;
-          decode<f.value>(in + (id[r] * per_row + b) * bytes, block);
+          read(f, id[k / per_row], k % per_row, block);
           dequantize_block<f.value>(block, o + k * weights);
         }
       });
     }
   });
   return out;
+}
+
+}  // namespace
+
+at::Tensor gguf_dequantize_rows(const at::Tensor& blocks, const at::Tensor& ids) {
+  const Format format = file_format(blocks);
+  const int64_t per_row = blocks.size(1), bytes = blocks.size(2);
+  const uint8_t* in = blocks.data_ptr<uint8_t>();
+  return dequantize_rows(format, blocks.size(0), per_row, ids,
+                         [&](auto f, int64_t row, int64_t b, Decoded& block) {
+                           decode<f.value>(in + (row * per_row + b) * bytes, block);
+                         });
+}
+
+at::Tensor gguf_dequantize_layout_rows(const at::Tensor& layout, const at::Tensor& ids,
+                                       int64_t rows) {
+  INFLIGHT_CHECK(layout.dim() == 3 && layout.scalar_type() == at::kByte &&
+                     layout.is_contiguous() && layout.size(2) % kLanes == 0 &&
+                     layout.size(0) == (rows + kLanes - 1) / kLanes,
+                 "layout: uint8 [ceil(rows / 8), blocks per row, 8 x block bytes], contiguous");
+  const std::optional<Format> format = format_of(layout.size(2) / kLanes);
+  INFLIGHT_CHECK(format && !is_legacy(*format), "a layout of 5-bit, K-quant or MXFP4 blocks "
+                 "expected, got ", layout.size(2) / kLanes, " bytes a column");
+  const int64_t per_row = layout.size(1), group_bytes = layout.size(2);
+  const uint8_t* in = layout.data_ptr<uint8_t>();
+  return dequantize_rows(*format, rows, per_row, ids,
+                         [&](auto f, int64_t row, int64_t b, Decoded& block) {
+                           const int64_t g = row / kLanes;
+                           take<f.value>(in + (g * per_row + b) * group_bytes,
+                                         static_cast<int>(row % kLanes), block);
+                         });
 }

@@ -167,6 +167,10 @@ at::Tensor gguf_regroup_blocks(const at::Tensor& blocks, const c10::optional<at:
 // rows `ids` of a weight's 5-bit, K-quant or MXFP4 blocks [rows, blocks per row, file block bytes]
 // as float32, gguf's dequantization bit for bit (a token embedding's lookup)
 at::Tensor gguf_dequantize_rows(const at::Tensor& blocks, const at::Tensor& ids);
+// the same rows read from their 8-column layout (`gguf_regroup_blocks`) of `rows` rows: a tied
+// embedding looked up in its LM head's packing
+at::Tensor gguf_dequantize_layout_rows(const at::Tensor& layout, const at::Tensor& ids,
+                                       int64_t rows);
 
 // argmax.cpp: greedy sampling, the first maximum of each row as torch.max picks it
 at::Tensor first_argmax(const at::Tensor& x);
