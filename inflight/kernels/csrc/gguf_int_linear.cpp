@@ -473,7 +473,9 @@ inline SubBlock<F> sub_block(const uint8_t* wg, int64_t b) {
 // nibbles of its scale and min; at 96, a byte per column shared by sub-blocks j and j + 4, whose
 // nibble j / 4 holds the top 2 bits of the scale and of the min.
 inline void unpack_k_scales(const uint8_t* block, uint8_t* out) {
-  auto load = [](const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); };
+  auto load = [](const uint8_t* p) {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  };
   auto store = [](uint8_t* p, __m256i v) { _mm256_store_si256(reinterpret_cast<__m256i*>(p), v); };
   const __m256i nibble = _mm256_set1_epi8(15), three = _mm256_set1_epi8(3),
                 twelve = _mm256_set1_epi8(12), high = load(block + 96);
@@ -503,7 +505,8 @@ class ScaleReader {
         block_ = sb.block;
       }
       const __m256 d = halves_at(sb.block);
-      const __m256 m = _mm256_mul_ps(halves_at(sb.block + 16), bytes_at<false>(fields_ + 64 + 8 * sb.j));
+      const __m256 m =
+          _mm256_mul_ps(halves_at(sb.block + 16), bytes_at<false>(fields_ + 64 + 8 * sb.j));
       return {_mm256_mul_ps(d, bytes_at<false>(fields_ + 8 * sb.j)),
               _mm256_xor_ps(m, _mm256_set1_ps(-0.0f)), d};  // the weight is d sc q - dmin m
     } else {
