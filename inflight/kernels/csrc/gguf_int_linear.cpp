@@ -519,6 +519,23 @@ class ScaleReader {
   alignas(32) uint8_t fields_[128];
 };
 
+constexpr int kMaxRows = 4;  // rows per tile: their accumulators beside the quants in 16 ymm
+
+// A group's sub-blocks' scales, for a panel of several row tiles: each tile reads them rather
+// than converting them again (a K-quant's unpacked once a panel, not once a tile). None
+// (nullptr) where the panel is one tile.
+template <Format F, class A>
+const SubScales* group_scales(const Problem<A>& p, int64_t rows, int64_t g,
+                              std::vector<SubScales>& out) {
+  if (rows <= kMaxRows) return nullptr;
+  const int64_t blocks = p.K / kBlock;
+  const uint8_t* wg = p.w + g * (blocks / sub_blocks(F)) * group_block_bytes(F);
+  ScaleReader<F> read;
+  out.resize(blocks);
+  for (int64_t b = 0; b < blocks; ++b) out[b] = read(sub_block<F>(wg, b));
+  return out.data();
+}
+
 // A batch of a few rows reads each weight once, from memory: the hardware's prefetcher alone
 // left a 4-row tile waiting on DRAM (a 3B-shaped file's layers at 4 rows: 106 -> 152 billion
 // multiply-adds a second on Zen 4, one row unchanged). A group's blocks lie in order, so 2 KiB
@@ -531,9 +548,11 @@ inline void fetch_ahead(const uint8_t* quants) {
   _mm_prefetch(ahead + 128, _MM_HINT_T0);
 }
 
-// Rows m0..m0+MR-1 of the 8 columns of group g.
-template <Format F, class A, int MR>
-void tile(const Problem<A>& p, int64_t m0, int64_t g) {
+// Rows m0..m0+MR-1 of the 8 columns of group g, its scales from `cached` (kCached) or read
+// here. (Chosen at compile time: a run-time choice in the loop cost the AVX2 build its
+// accumulators' registers, 4-row tiles 1.4-1.9x slower.)
+template <Format F, class A, int MR, bool kCached>
+void tile(const Problem<A>& p, int64_t m0, int64_t g, const SubScales* cached) {
   const int64_t blocks = p.K / kBlock;
   const uint8_t* wg = p.w + g * (blocks / sub_blocks(F)) * group_block_bytes(F);
   __m256 acc[MR];
@@ -542,7 +561,12 @@ void tile(const Problem<A>& p, int64_t m0, int64_t g) {
   for (int64_t b = 0; b < blocks; ++b) {
     const SubBlock<F> sb = sub_block<F>(wg, b);
     fetch_ahead(sb.quants);
-    const SubScales s = scales(sb);
+    SubScales s;
+    if constexpr (kCached) {
+      s = cached[b];
+    } else {
+      s = scales(sb);
+    }
 #pragma GCC unroll 4  // acc[] in registers: GCC kept them in memory, a store and a load each block
     for (int r = 0; r < MR; ++r) {
       const int64_t rb = (m0 + r) * blocks + b;  // this row's block of x
@@ -553,7 +577,6 @@ void tile(const Problem<A>& p, int64_t m0, int64_t g) {
   for (int r = 0; r < MR; ++r) store_row(p, m0 + r, g, acc[r]);
 }
 
-constexpr int kMaxRows = 4;  // rows per tile: their accumulators beside the quants in 16 ymm
 
 // Batches of several rows: `tile` above unpacks a block's quants again for every row tile (to
 // 16-bit values, or for 8-bit x to bytes), and that unpacking, not the multiplies, is most of
@@ -654,8 +677,9 @@ void unpack_group(const uint8_t* wg, int64_t blocks, __m256i* out) {
 }
 
 // Rows m0..m0+MR-1 of the 8 columns of group g, from its widened blocks `wv` (16-bit x).
-template <Format F, int MR>
-void unpacked_tile(const Problem<int16_t>& p, const __m256i* wv, int64_t m0, int64_t g) {
+template <Format F, int MR, bool kCached>
+void unpacked_tile(const Problem<int16_t>& p, const __m256i* wv, int64_t m0, int64_t g,
+                   const SubScales* cached) {
   // Q6_K keeps its two halves (the even and the odd steps) apart, for their own scales
   constexpr int kHalves = F == Format::kQ6_K ? 2 : 1;
   const int64_t blocks = p.K / kBlock;
@@ -690,7 +714,12 @@ void unpacked_tile(const Problem<int16_t>& p, const __m256i* wv, int64_t m0, int
       }
     }
     const SubBlock<F> sb = sub_block<F>(wg, b);
-    const SubScales s = scales(sb);
+    SubScales s;
+    if constexpr (kCached) {
+      s = cached[b];
+    } else {
+      s = scales(sb);
+    }
     for (int r = 0; r < MR; ++r) {
       const int64_t rb = (m0 + r) * blocks + b;  // this row's block of x
       acc[r] = add_block<F>(acc[r], dots[r], s, *p.x, rb);
@@ -700,8 +729,9 @@ void unpacked_tile(const Problem<int16_t>& p, const __m256i* wv, int64_t m0, int
 }
 
 // The same with 8-bit x, from the group's unpacked bytes `wv`.
-template <Format F, int MR>
-void unpacked_tile(const Problem<int8_t>& p, const __m256i* wv, int64_t m0, int64_t g) {
+template <Format F, int MR, bool kCached>
+void unpacked_tile(const Problem<int8_t>& p, const __m256i* wv, int64_t m0, int64_t g,
+                   const SubScales* cached) {
   const int64_t blocks = p.K / kBlock;
   const uint8_t* wg = p.w + g * (blocks / sub_blocks(F)) * group_block_bytes(F);
   __m256 acc[MR];
@@ -710,7 +740,12 @@ void unpacked_tile(const Problem<int8_t>& p, const __m256i* wv, int64_t m0, int6
   for (int64_t b = 0; b < blocks; ++b) {
     const __m256i* v = wv + b * unpacked_vectors<int8_t>();
     const SubBlock<F> sb = sub_block<F>(wg, b);
-    const SubScales s = scales(sb);
+    SubScales s;
+    if constexpr (kCached) {
+      s = cached[b];
+    } else {
+      s = scales(sb);
+    }
 #pragma GCC unroll 4  // acc[] in registers: GCC kept them in memory, a store and a load each block
     for (int r = 0; r < MR; ++r) {
       const int64_t rb = (m0 + r) * blocks + b;  // this row's block of x
@@ -731,18 +766,28 @@ void unpacked_tile(const Problem<int8_t>& p, const __m256i* wv, int64_t m0, int6
 
 template <Format F, class A>
 void run_unpacked(const Problem<A>& p, int64_t M) {
-  using TileFn = void (*)(const Problem<A>&, const __m256i*, int64_t, int64_t);
-  static constexpr TileFn kTiles[kMaxRows] = {&unpacked_tile<F, 1>, &unpacked_tile<F, 2>,
-                                              &unpacked_tile<F, 3>, &unpacked_tile<F, 4>};
+  using TileFn = void (*)(const Problem<A>&, const __m256i*, int64_t, int64_t, const SubScales*);
+  static constexpr TileFn kTiles[2][kMaxRows] = {
+      {&unpacked_tile<F, 1, false>, &unpacked_tile<F, 2, false>, &unpacked_tile<F, 3, false>,
+       &unpacked_tile<F, 4, false>},
+      {&unpacked_tile<F, 1, true>, &unpacked_tile<F, 2, true>, &unpacked_tile<F, 3, true>,
+       &unpacked_tile<F, 4, true>}};
   const int64_t groups = (p.N + kLanes - 1) / kLanes, blocks = p.K / kBlock;
   const int64_t group_bytes = (blocks / sub_blocks(F)) * group_block_bytes(F);
   at::parallel_for(0, groups, 1, [&](int64_t g_begin, int64_t g_end) {
     // 32-byte aligned (C++17 new)
     std::vector<__m256i> unpacked(blocks * unpacked_vectors<A>());
+    std::vector<SubScales> scales;
+    const SubScales* cached = nullptr;
     over_panels(
         M, g_begin, g_end,
-        [&](int64_t g) { unpack_group<F, A>(p.w + g * group_bytes, blocks, unpacked.data()); },
-        [&](int64_t rows, int64_t m0, int64_t g) { kTiles[rows - 1](p, unpacked.data(), m0, g); });
+        [&](int64_t g) {
+          unpack_group<F, A>(p.w + g * group_bytes, blocks, unpacked.data());
+          cached = group_scales<F>(p, M, g, scales);
+        },
+        [&](int64_t rows, int64_t m0, int64_t g) {
+          kTiles[cached != nullptr][rows - 1](p, unpacked.data(), m0, g, cached);
+        });
   });
 }
 
@@ -996,11 +1041,16 @@ int64_t groups_of(const Problem<A>& p) {
 // of a few rows.
 template <Format F, class A>
 void run_tiles(const Problem<A>& p, int64_t M, int64_t g_begin, int64_t g_end) {
-  using TileFn = void (*)(const Problem<A>&, int64_t, int64_t);
-  static constexpr TileFn kTiles[kMaxRows] = {&tile<F, A, 1>, &tile<F, A, 2>, &tile<F, A, 3>,
-                                              &tile<F, A, 4>};
-  over_panels(M, g_begin, g_end, [](int64_t) {},
-              [&](int64_t rows, int64_t m0, int64_t g) { kTiles[rows - 1](p, m0, g); });
+  using TileFn = void (*)(const Problem<A>&, int64_t, int64_t, const SubScales*);
+  static constexpr TileFn kTiles[2][kMaxRows] = {
+      {&tile<F, A, 1, false>, &tile<F, A, 2, false>, &tile<F, A, 3, false>, &tile<F, A, 4, false>},
+      {&tile<F, A, 1, true>, &tile<F, A, 2, true>, &tile<F, A, 3, true>, &tile<F, A, 4, true>}};
+  std::vector<SubScales> scales;
+  const SubScales* cached = nullptr;
+  over_panels(M, g_begin, g_end, [&](int64_t g) { cached = group_scales<F>(p, M, g, scales); },
+              [&](int64_t rows, int64_t m0, int64_t g) {
+                kTiles[cached != nullptr][rows - 1](p, m0, g, cached);
+              });
 }
 
 template <Format F, class A>
