@@ -494,24 +494,26 @@ inline void unpack_k_scales(const uint8_t* block, uint8_t* out) {
 
 // Each sub-block's scales in turn (`sub_scales`). A K-quant super-block's are unpacked together
 // when its first sub-block is read: a few instructions for all eight, where one sub-block's alone
-// took a dozen, which one-row decodes felt.
-template <Format F>
+// took a dozen, which one-row decodes felt. The other formats read their header as it is, and
+// hold nothing (state they do not use cost the AVX2 build's one-row tiles 15%).
+template <Format F, bool kSixBit = F == Format::kQ4_K || F == Format::kQ5_K>
 class ScaleReader {
  public:
+  SubScales operator()(const SubBlock<F>& sb) { return sub_scales<F>(sb.block, sb.j); }
+};
+template <Format F>
+class ScaleReader<F, true> {
+ public:
   SubScales operator()(const SubBlock<F>& sb) {
-    if constexpr (F == Format::kQ4_K || F == Format::kQ5_K) {
-      if (sb.block != block_) {
-        unpack_k_scales(sb.block, fields_);
-        block_ = sb.block;
-      }
-      const __m256 d = halves_at(sb.block);
-      const __m256 m =
-          _mm256_mul_ps(halves_at(sb.block + 16), bytes_at<false>(fields_ + 64 + 8 * sb.j));
-      return {_mm256_mul_ps(d, bytes_at<false>(fields_ + 8 * sb.j)),
-              _mm256_xor_ps(m, _mm256_set1_ps(-0.0f)), d};  // the weight is d sc q - dmin m
-    } else {
-      return sub_scales<F>(sb.block, sb.j);
+    if (sb.block != block_) {
+      unpack_k_scales(sb.block, fields_);
+      block_ = sb.block;
     }
+    const __m256 d = halves_at(sb.block);
+    const __m256 m =
+        _mm256_mul_ps(halves_at(sb.block + 16), bytes_at<false>(fields_ + 64 + 8 * sb.j));
+    return {_mm256_mul_ps(d, bytes_at<false>(fields_ + 8 * sb.j)),
+            _mm256_xor_ps(m, _mm256_set1_ps(-0.0f)), d};  // the weight is d sc q - dmin m
   }
 
  private:
@@ -521,9 +523,9 @@ class ScaleReader {
 
 constexpr int kMaxRows = 4;  // rows per tile: their accumulators beside the quants in 16 ymm
 
-// A group's sub-blocks' scales, for a panel of several row tiles: each tile reads them rather
-// than converting them again (a K-quant's unpacked once a panel, not once a tile). None
-// (nullptr) where the panel is one tile.
+// A group's sub-blocks' scales, for a panel of several row tiles over its unpacked quants
+// (`run_unpacked`): each tile reads them rather than converting them again (a K-quant's
+// unpacked once a panel, not once a tile). None (nullptr) where the panel is one tile.
 template <Format F, class A>
 const SubScales* group_scales(const Problem<A>& p, int64_t rows, int64_t g,
                               std::vector<SubScales>& out) {
@@ -548,11 +550,11 @@ inline void fetch_ahead(const uint8_t* quants) {
   _mm_prefetch(ahead + 128, _MM_HINT_T0);
 }
 
-// Rows m0..m0+MR-1 of the 8 columns of group g, its scales from `cached` (kCached) or read
-// here. (Chosen at compile time: a run-time choice in the loop cost the AVX2 build its
-// accumulators' registers, 4-row tiles 1.4-1.9x slower.)
-template <Format F, class A, int MR, bool kCached>
-void tile(const Problem<A>& p, int64_t m0, int64_t g, const SubScales* cached) {
+// Rows m0..m0+MR-1 of the 8 columns of group g. (Its scales are read here, tile by tile: the
+// scales cached for a panel, as `unpacked_tile` takes them, cost the AVX2 build's one-row tiles
+// 10-14% with 16-bit x, in cache, though no one-row call reads the cache.)
+template <Format F, class A, int MR>
+void tile(const Problem<A>& p, int64_t m0, int64_t g) {
   const int64_t blocks = p.K / kBlock;
   const uint8_t* wg = p.w + g * (blocks / sub_blocks(F)) * group_block_bytes(F);
   __m256 acc[MR];
@@ -561,12 +563,7 @@ void tile(const Problem<A>& p, int64_t m0, int64_t g, const SubScales* cached) {
   for (int64_t b = 0; b < blocks; ++b) {
     const SubBlock<F> sb = sub_block<F>(wg, b);
     fetch_ahead(sb.quants);
-    SubScales s;
-    if constexpr (kCached) {
-      s = cached[b];
-    } else {
-      s = scales(sb);
-    }
+    const SubScales s = scales(sb);
 #pragma GCC unroll 4  // acc[] in registers: GCC kept them in memory, a store and a load each block
     for (int r = 0; r < MR; ++r) {
       const int64_t rb = (m0 + r) * blocks + b;  // this row's block of x
@@ -1041,16 +1038,11 @@ int64_t groups_of(const Problem<A>& p) {
 // of a few rows.
 template <Format F, class A>
 void run_tiles(const Problem<A>& p, int64_t M, int64_t g_begin, int64_t g_end) {
-  using TileFn = void (*)(const Problem<A>&, int64_t, int64_t, const SubScales*);
-  static constexpr TileFn kTiles[2][kMaxRows] = {
-      {&tile<F, A, 1, false>, &tile<F, A, 2, false>, &tile<F, A, 3, false>, &tile<F, A, 4, false>},
-      {&tile<F, A, 1, true>, &tile<F, A, 2, true>, &tile<F, A, 3, true>, &tile<F, A, 4, true>}};
-  std::vector<SubScales> scales;
-  const SubScales* cached = nullptr;
-  over_panels(M, g_begin, g_end, [&](int64_t g) { cached = group_scales<F>(p, M, g, scales); },
-              [&](int64_t rows, int64_t m0, int64_t g) {
-                kTiles[cached != nullptr][rows - 1](p, m0, g, cached);
-              });
+  using TileFn = void (*)(const Problem<A>&, int64_t, int64_t);
+  static constexpr TileFn kTiles[kMaxRows] = {&tile<F, A, 1>, &tile<F, A, 2>, &tile<F, A, 3>,
+                                              &tile<F, A, 4>};
+  over_panels(M, g_begin, g_end, [](int64_t) {},
+              [&](int64_t rows, int64_t m0, int64_t g) { kTiles[rows - 1](p, m0, g); });
 }
 
 template <Format F, class A>
