@@ -10,11 +10,11 @@
 // (1 or 2 per element: 4 or 8 bytes); model/gguf_blocks.py writes the layout and says where each
 // bit goes. Headers: Q5_0 fp16 d; Q5_1 d, m; Q4_K and Q5_K fp16 d, fp16 dmin, and the 8 6-bit
 // scales and 8 6-bit mins in the file's 12 bytes, re-laid so that 8 columns' fields of one
-// sub-block come in one 8-byte load (`k_scale_fields` in gguf_regroup.cpp); Q6_K fp16 d and 16
-// int8 scales, one per 16 weights;
-// MXFP4 (gpt-oss's experts) its E8M0 exponent byte e, the block's scale 2^(e - 128) (as ggml
-// halves it), and nibbles laid like Q4_0's that index the FP4 values, doubled to the integers
-// 0, +-1, +-2, +-3, +-4, +-6, +-8, +-12.
+// sub-block come in one 8-byte load (gguf_regroup.cpp `place`, gguf_int_linear.cpp
+// `unpack_k_scales`); Q6_K fp16 d and 16 int8 scales, one per 16 weights; MXFP4 (gpt-oss's
+// experts) its E8M0 exponent byte e, the block's scale 2^(e - 128) (as ggml halves it), and
+// nibbles laid like Q4_0's that index the FP4 values, doubled to the integers 0, +-1, +-2, +-3,
+// +-4, +-6, +-8, +-12.
 #pragma once
 #include <cstdint>
 #include <optional>

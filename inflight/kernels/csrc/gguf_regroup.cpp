@@ -47,10 +47,10 @@ inline void five_bit(const uint8_t* qh_bytes, const uint8_t* qs, uint8_t* q) {
 
 // Q4_K / Q5_K: 12 bytes hold 8 6-bit scales and 8 6-bit mins (bytes 0-3: scales 0-3 and the top
 // bits of scales 4-7; 4-7: the same for the mins; 8-11: the low 4 bits of scales 4-7 and mins 4-7).
-// The layout keeps them in 12 bytes a column, laid for the kernel (`k_scale_fields`): 8 bytes of
+// The layout keeps them in 12 bytes a column, laid for the kernel (`unpack_k_scales`): 8 bytes of
 // low nibbles, sub-block j's at 32 + 8 j (the scale's | the min's << 4), then 4 of high bits,
-// sub-blocks j and j + 4 sharing the byte at 96 + 8 j (nibble j / 4: the scale's top 2 bits | the
-// min's << 2), each 8 columns side by side.
+// sub-blocks j and j + 4 (j < 4) sharing the byte at 96 + 8 j (nibble 0 for j, 1 for j + 4: the
+// scale's top 2 bits | the min's << 2), each 8 columns side by side.
 inline void k_scales(const uint8_t* s, Decoded& out) {
   for (int j = 0; j < 4; ++j) {
     out.scales[j] = s[j] & 63;
