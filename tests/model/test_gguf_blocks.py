@@ -319,8 +319,9 @@ def test_a_layout_lookup_refuses_a_legacy_or_misshapen_layout():
     with pytest.raises(RuntimeError, match="5-bit, K-quant or MXFP4"):
         ext.gguf_dequantize_layout_rows(legacy, torch.tensor([0]), 16)
     layout = regroup_blocks(random_bytes(16, 256, Q.Q4_K))
-    with pytest.raises(RuntimeError, match="ceil"):
-        ext.gguf_dequantize_layout_rows(layout, torch.tensor([0]), 17)
+    for rows in (17, 8, 0, -1, 2**63 - 1):
+        with pytest.raises(RuntimeError, match="ceil"):
+            ext.gguf_dequantize_layout_rows(layout, torch.tensor([0]), rows)
 
 
 @pytest.mark.skipif(not blocks_serve_every_batch(torch.float32, 16),

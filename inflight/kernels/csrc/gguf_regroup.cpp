@@ -350,8 +350,8 @@ at::Tensor gguf_dequantize_rows(const at::Tensor& blocks, const at::Tensor& ids)
 at::Tensor gguf_dequantize_layout_rows(const at::Tensor& layout, const at::Tensor& ids,
                                        int64_t rows) {
   INFLIGHT_CHECK(layout.dim() == 3 && layout.scalar_type() == at::kByte &&
-                     layout.is_contiguous() && layout.size(2) % kLanes == 0 &&
-                     layout.size(0) == (rows + kLanes - 1) / kLanes,
+                     layout.is_contiguous() && layout.size(2) % kLanes == 0 && rows > 0 &&
+                     rows <= layout.size(0) * kLanes && rows > (layout.size(0) - 1) * kLanes,
                  "layout: uint8 [ceil(rows / 8), blocks per row, 8 x block bytes], contiguous");
   const std::optional<Format> format = format_of(layout.size(2) / kLanes);
   INFLIGHT_CHECK(format && !is_legacy(*format), "a layout of 5-bit, K-quant or MXFP4 blocks "
