@@ -574,7 +574,6 @@ void tile(const Problem<A>& p, int64_t m0, int64_t g) {
   for (int r = 0; r < MR; ++r) store_row(p, m0 + r, g, acc[r]);
 }
 
-
 // Batches of several rows: `tile` above unpacks a block's quants again for every row tile (to
 // 16-bit values, or for 8-bit x to bytes), and that unpacking, not the multiplies, is most of
 // its work. Here a group's blocks are unpacked once per panel of rows into a buffer that stays

@@ -153,9 +153,8 @@ void place(const Decoded& in, int lane, uint8_t* out) {
 // Column `lane`'s block back out of its group's block: `place` undone.
 template <Format F>
 void take(const uint8_t* in, int lane, Decoded& out) {
-  auto u16 = [](const uint8_t* p) { return u16_at(p); };
-  out.d = F == Format::kMXFP4 ? in[lane] : u16(in + 2 * lane);
-  if constexpr (has_min(F)) out.m = u16(in + 16 + 2 * lane);
+  out.d = F == Format::kMXFP4 ? in[lane] : u16_at(in + 2 * lane);
+  if constexpr (has_min(F)) out.m = u16_at(in + 16 + 2 * lane);
   if constexpr (F == Format::kQ4_K || F == Format::kQ5_K) {
     for (int j = 0; j < 8; ++j) {
       const int low = in[32 + 8 * j + lane], high = in[96 + 8 * (j & 3) + lane] >> (4 * (j >> 2));
