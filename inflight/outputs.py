@@ -76,3 +76,6 @@ class RequestOutput:
     prompt_logprobs: list[Logprobs | None] | None = None
     # an embedding model's vector of the prompt (pooled and L2-normalized), once it is done
     embedding: list[float] | None = None
+    # prompt tokens served from the prefix cache (of n samples, the fewest any found: the
+    # prompt is computed once, by the sample admitted first)
+    num_cached_tokens: int = 0

@@ -88,6 +88,8 @@ class Request:
     finish_reason: FinishReason | None = None
     stop_reason: int | str | None = None
     num_preemptions: int = 0
+    # prompt tokens whose KV its first admission found in the prefix cache
+    num_cached_tokens: int = 0
     # scores of prompt tokens 1, 2, ... so far, where its sampling params ask for them
     prompt_logprobs: list[Logprobs] = field(default_factory=list)
 

@@ -147,6 +147,7 @@ class EngineCoreOutput:
     finish_reason: FinishReason | None = None
     stop_reason: int | str | None = None
     num_preemptions: int = 0
+    num_cached_tokens: int = 0
     arrival_time: float = 0.0
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
@@ -170,6 +171,7 @@ class EngineCoreOutput:
             finish_reason=request.finish_reason,
             stop_reason=request.stop_reason,
             num_preemptions=request.num_preemptions,
+            num_cached_tokens=request.num_cached_tokens,
             arrival_time=request.arrival_time,
             first_scheduled_time=request.first_scheduled_time,
             first_token_time=request.first_token_time,

@@ -363,6 +363,7 @@ class Scheduler:
                         break
                 if request.num_computed_tokens == 0:
                     self.kv.record_lookup(request.num_tokens, num_cached)
+                    request.num_cached_tokens = num_cached
                 request.num_computed_tokens += num_cached
             self.waiting.remove(request)
             request.status = RequestStatus.RUNNING

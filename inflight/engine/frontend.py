@@ -51,7 +51,11 @@ def render_chat(
     render them; `template_kwargs` are variables of the template's own (Qwen3's
     `enable_thinking`)."""
     if not tokenizer.chat_template:
-        raise InvalidRequestError("this model has no chat template", param="messages")
+        raise InvalidRequestError(
+            "this model has no chat template: give the engine one (`--chat-template`, "
+            "`chat_template=`: a Jinja template's file or text), or send a plain prompt",
+            param="messages",
+        )
     template_kwargs = dict(template_kwargs or {})
     reserved = sorted(RESERVED_TEMPLATE_KWARGS.intersection(template_kwargs))
     if reserved:

@@ -187,6 +187,7 @@ class ParentRequest:
     num_finished: int = 0
     prompt_logprobs: list[Logprobs | None] | None = None
     embedding: list[float] | None = None
+    num_cached_tokens: int | None = None  # the fewest any child found (none reported: None)
 
     def __post_init__(self) -> None:
         want_logprobs = self.params.logprobs is not None
@@ -210,6 +211,7 @@ class ParentRequest:
             metrics=self.metrics.copy(),
             prompt_logprobs=self.prompt_logprobs,
             embedding=self.embedding,
+            num_cached_tokens=self.num_cached_tokens or 0,
         )
 
 
@@ -251,6 +253,9 @@ class OutputProcessor:
                 parent.prompt_logprobs = [None, *out.prompt_logprobs]
             if out.embedding is not None:
                 parent.embedding = out.embedding
+            cached = parent.num_cached_tokens
+            parent.num_cached_tokens = min(cached, out.num_cached_tokens) if cached is not None \
+                else out.num_cached_tokens  # fmt: skip
             stop_string = state.detokenizer.add_tokens(out.new_token_ids)
             consumed = state.detokenizer.num_consumed  # none past a stop string
             completion.token_ids.extend(out.new_token_ids[:consumed])

@@ -264,10 +264,15 @@ class ChatCompletionRequest(SamplingFields):
         return self
 
 
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = 0  # served from the prefix cache, not computed
+
+
 class UsageInfo(BaseModel):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
+    prompt_tokens_details: PromptTokensDetails = PromptTokensDetails()
 
 
 def new_id(prefix: str) -> str:

@@ -85,7 +85,10 @@ class ResponsesServing:
                 "input_tokens": usage.prompt_tokens,
                 "output_tokens": usage.completion_tokens,
                 "total_tokens": usage.total_tokens,
-                "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+                "input_tokens_details": {
+                    "cached_tokens": usage.prompt_tokens_details.cached_tokens,
+                    "cache_write_tokens": 0,
+                },
                 "output_tokens_details": {"reasoning_tokens": 0},
             }
         return response

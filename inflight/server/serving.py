@@ -239,8 +239,9 @@ async def sse_stream(chunks: AsyncGenerator[dict[str, Any], None]) -> AsyncItera
 def usage_of(outputs: list[RequestOutput]) -> p.UsageInfo:
     prompt = sum(len(o.prompt_token_ids) for o in outputs)
     completion = sum(len(c.token_ids) for o in outputs for c in o.outputs)
+    cached = p.PromptTokensDetails(cached_tokens=sum(o.num_cached_tokens for o in outputs))
     return p.UsageInfo(prompt_tokens=prompt, completion_tokens=completion,
-                       total_tokens=prompt + completion)  # fmt: skip
+                       total_tokens=prompt + completion, prompt_tokens_details=cached)  # fmt: skip
 
 
 class DeltaTracker:

@@ -169,3 +169,19 @@ def test_chat_prompt_logprobs_come_whole_and_on_the_first_chunk(server):
     plain = httpx.post(server.url + "/v1/chat/completions",
                        json={**body, "prompt_logprobs": None}, timeout=60).json()  # fmt: skip
     assert "prompt_logprobs" not in plain
+
+
+def test_usage_counts_the_prompt_tokens_served_from_the_prefix_cache(server):
+    """`prompt_tokens_details.cached_tokens`: none for a prompt seen first, its full blocks (2 of
+    16 tokens of a 40-token prompt) when it comes again, once per prompt whatever `n`, summed
+    over prompts, and the same in the stream's usage chunk."""
+    greedy = {"max_tokens": 3, "temperature": 0, "ignore_eos": True}
+    prompt, other = list(range(100, 140)), list(range(200, 240))
+    cached = lambda r: r["usage"]["prompt_tokens_details"]["cached_tokens"]  # noqa: E731
+    assert cached(complete(server, prompt=prompt, **greedy)) == 0
+    assert cached(complete(server, prompt=prompt, n=2, **greedy)) == 32
+    assert cached(complete(server, prompt=[prompt, other], **greedy)) == 32
+    assert cached(complete(server, prompt=[prompt, other], **greedy)) == 64
+    body = {"model": "tiny", "prompt": other, "stream": True,
+            "stream_options": {"include_usage": True}, **greedy}  # fmt: skip
+    assert cached(json.loads(sse_events(server, "/v1/completions", body)[-2])) == 32

@@ -79,6 +79,9 @@ def test_a_named_function_call_and_its_output_continue_the_conversation(client):
     assert second.previous_response_id == first.id and second.output_text
     # the continuation saw the call and its output: more prompt than the new item alone
     assert second.usage.input_tokens > first.usage.input_tokens
+    # and found the first turn's prompt blocks in the prefix cache
+    cached = second.usage.input_tokens_details.cached_tokens
+    assert 0 < cached <= first.usage.input_tokens and cached % 16 == 0
 
 
 def test_text_format_json_schema_constrains_the_output(client):
