@@ -4,10 +4,11 @@ per `--quantized-activations` mode asked for, each in a process of its own) and 
 round runs each of them once, in alternating order, so that a ratio taken within a round
 compares runs seconds apart (on a shared VM, whose speed drifts by tens of percent within a
 minute, separate sittings per runner compare moments, not programs). Prefill: tokens per second
-of a 512-token prompt (one output token); decode: ms per token over 48 tokens after an 8-token
-prompt. Prompts are random token ids, different in every round (no cache can serve them).
-`--apart`: for a file two runners cannot hold in memory at once, each round starts each runner,
-runs it and stops it before the next starts (slower: every round loads the file again).
+of a 512-token prompt (`--prompt-tokens`; one output token); decode: ms per token over 48 tokens
+after an 8-token prompt. Prompts are random token ids, different in every round (no cache can
+serve them). `--apart`: for a file two runners cannot hold in memory at once, each round starts
+each runner, runs it and stops it before the next starts (slower: every round loads the file
+again).
 
     .venv/bin/python scripts/prefill_decode.py /tmp/llama3b-q4_k_m.gguf --llama-server BIN \\
         --modes int16,int8 --rounds 8 --out results/prefill_decode.json
@@ -33,17 +34,19 @@ PROMPT, DECODE = 512, 48
 PEER = "llama-server"
 
 
-def prompts(seed: int) -> tuple[list[int], list[int]]:
+def prompts(seed: int, length: int) -> tuple[list[int], list[int]]:
+    """The round's long prompt (`length` tokens, for prefill) and short one (for decode)."""
     rng = random.Random(seed)
-    long = [rng.randrange(100, 30000) for _ in range(PROMPT)]
+    long = [rng.randrange(100, 30000) for _ in range(length)]
     return long, [rng.randrange(100, 30000) for _ in range(8)]
 
 
-def inflight_worker(model: str, mode: str, seats: int, conn: Connection) -> None:
+def inflight_worker(model: str, mode: str, seats: int, length: int, conn: Connection) -> None:
     """Loads one engine, then answers each seed sent with that round's timings."""
     from inflight import LLM, SamplingParams
 
-    llm = LLM(model, dtype="float32", kv_cache_memory_bytes=512 << 20, max_num_seqs=seats,
+    kv_bytes = (512 << 20) * -(-length // 1024)  # (a 3B model's 4,096 tokens: 0.9 GiB)
+    llm = LLM(model, dtype="float32", kv_cache_memory_bytes=kv_bytes, max_num_seqs=seats,
               enable_prefix_caching=False, quantized_activations=mode)  # fmt: skip
 
     def timed(tokens: list[int], n: int) -> float:
@@ -55,18 +58,18 @@ def inflight_worker(model: str, mode: str, seats: int, conn: Connection) -> None
     timed([1, 2, 3], 2)
     conn.send("ready")
     while (seed := conn.recv()) is not None:
-        long, short = prompts(seed)
+        long, short = prompts(seed, length)
         prefill = timed(long, 1)
         first, whole = timed(short, 1), timed(short, DECODE + 1)
-        conn.send({"prefill_tok_s": PROMPT / prefill, "decode_ms": (whole - first) / DECODE * 1e3})
+        conn.send({"prefill_tok_s": length / prefill, "decode_ms": (whole - first) / DECODE * 1e3})
 
 
 class InflightRunner:
-    def __init__(self, model: str, mode: str, seats: int) -> None:
+    def __init__(self, model: str, mode: str, seats: int, length: int) -> None:
         spawn = multiprocessing.get_context("spawn")
         self.conn, child = spawn.Pipe()
-        self.process = spawn.Process(target=inflight_worker, args=(model, mode, seats, child),
-                                     daemon=True)  # fmt: skip
+        worker_args = (model, mode, seats, length, child)
+        self.process = spawn.Process(target=inflight_worker, args=worker_args, daemon=True)
         self.process.start()
         if self.conn.recv() != "ready":
             raise RuntimeError(f"inflight {mode} did not start")
@@ -81,9 +84,11 @@ class InflightRunner:
 
 
 class LlamaServerRunner:
-    def __init__(self, binary: str, model: str, port: int = 8099) -> None:
+    def __init__(self, binary: str, model: str, length: int, port: int = 8099) -> None:
+        self.length = length
         self.server = subprocess.Popen(
-            [binary, "-m", model, "-c", "4096", "-np", "1", "--port", str(port)],
+            [binary, "-m", model, "-c", str(max(4096, length + 64)), "-np", "1", "--port",
+             str(port)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
         self.base = f"http://127.0.0.1:{port}"
@@ -105,7 +110,7 @@ class LlamaServerRunner:
         return json.loads(urllib.request.urlopen(request, timeout=900).read())["timings"]
 
     def run(self, seed: int) -> dict:
-        long, short = prompts(seed)
+        long, short = prompts(seed, self.length)
         prefill = self.complete(long, 1)["prompt_per_second"]
         return {"prefill_tok_s": prefill,
                 "decode_ms": self.complete(short, DECODE)["predicted_per_token_ms"]}  # fmt: skip
@@ -142,6 +147,12 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--llama-server", help="llama-server binary (left out: inflight only)")
     parser.add_argument("--modes", default="int16,int8", help="inflight quantized_activations")
     parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument(
+        "--prompt-tokens",
+        type=int,
+        default=PROMPT,
+        help="the timed prompt's length (a long one weighs attention)",
+    )
     parser.add_argument("--max-num-seqs", type=int, default=64,
                         help="inflight's seats (a model whose layers carry state per seat: "
                         "fewer, so that its slots fit beside the peer)")  # fmt: skip
@@ -150,11 +161,15 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--out", type=Path, default=Path("results/prefill_decode.json"))
     args = parser.parse_args(argv)
     starters: dict[str, Callable[[], InflightRunner | LlamaServerRunner]] = {
-        f"inflight {mode}": functools.partial(InflightRunner, args.model, mode, args.max_num_seqs)
+        f"inflight {mode}": functools.partial(
+            InflightRunner, args.model, mode, args.max_num_seqs, args.prompt_tokens
+        )
         for mode in args.modes.split(",")
     }
     if args.llama_server:
-        starters[PEER] = functools.partial(LlamaServerRunner, args.llama_server, args.model)
+        starters[PEER] = functools.partial(
+            LlamaServerRunner, args.llama_server, args.model, args.prompt_tokens
+        )
     runners: dict[str, InflightRunner | LlamaServerRunner] = {}
     try:
         if not args.apart:
@@ -181,8 +196,9 @@ def main(argv: list[str]) -> None:
               f"ahead), decode {s['decode_time_ratio_median']:.2f}x its token time "
               f"({s['decode_rounds_ahead']} rounds ahead)")  # fmt: skip
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"model": args.model, "runs": results, "against_peer": ratios},
-                                   indent=2))  # fmt: skip
+    report = {"model": args.model, "prompt_tokens": args.prompt_tokens, "runs": results,
+              "against_peer": ratios}  # fmt: skip
+    args.out.write_text(json.dumps(report, indent=2))
 
 
 if __name__ == "__main__":

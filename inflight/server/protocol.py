@@ -268,11 +268,16 @@ class PromptTokensDetails(BaseModel):
     cached_tokens: int = 0  # served from the prefix cache, not computed
 
 
+class CompletionTokensDetails(BaseModel):
+    reasoning_tokens: int = 0  # in think blocks (`reasoning_content`)
+
+
 class UsageInfo(BaseModel):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
     prompt_tokens_details: PromptTokensDetails = PromptTokensDetails()
+    completion_tokens_details: CompletionTokensDetails | None = omitted()  # chat's
 
 
 def new_id(prefix: str) -> str:

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from transformers import PreTrainedTokenizerBase
+
 from inflight.server.tool_parsers import partial_tag_start
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
@@ -47,6 +49,29 @@ def split_reasoning(text: str, opened: bool, final: bool) -> tuple[str, str]:
     if final:  # cut off while thinking
         return body, ""
     return body[: partial_tag_start(body, THINK_CLOSE)], ""
+
+
+def reasoning_tokens(tokenizer: PreTrainedTokenizerBase, token_ids: list[int], opened: bool) -> int:
+    """How many of an output's tokens its think block spans (its tags included): the shortest
+    prefix whose text holds the closing tag, all of them where the block never closes, none
+    where the output holds no block (usage's `reasoning_tokens`)."""
+
+    def text(n: int) -> str:
+        return tokenizer.decode(token_ids[:n], skip_special_tokens=False)
+
+    whole = text(len(token_ids))
+    if not opened and not whole.lstrip().startswith(THINK_OPEN):
+        return 0
+    if THINK_CLOSE not in whole:
+        return len(token_ids)
+    close = tokenizer.convert_tokens_to_ids(THINK_CLOSE)  # one token in Qwen3's, SmolLM3's, ...
+    if isinstance(close, int) and close != tokenizer.unk_token_id and close in token_ids:
+        return token_ids.index(close) + 1
+    lo, hi = 1, len(token_ids)  # the shortest prefix holding the tag lies in (lo - 1, hi]
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if THINK_CLOSE in text(mid) else (mid + 1, hi)
+    return hi
 
 
 @dataclass

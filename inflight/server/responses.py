@@ -81,6 +81,8 @@ class ResponsesServing:
             "metadata": {},
         }
         if usage is not None:  # absent until it is known: the spec's `usage` is never null
+            thought = usage.completion_tokens_details
+            reasoning_tokens = thought.reasoning_tokens if thought is not None else 0
             response["usage"] = {
                 "input_tokens": usage.prompt_tokens,
                 "output_tokens": usage.completion_tokens,
@@ -89,7 +91,7 @@ class ResponsesServing:
                     "cached_tokens": usage.prompt_tokens_details.cached_tokens,
                     "cache_write_tokens": 0,
                 },
-                "output_tokens_details": {"reasoning_tokens": 0},
+                "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
             }
         return response
 

@@ -236,12 +236,16 @@ async def sse_stream(chunks: AsyncGenerator[dict[str, Any], None]) -> AsyncItera
     yield DONE
 
 
-def usage_of(outputs: list[RequestOutput]) -> p.UsageInfo:
+def usage_of(outputs: list[RequestOutput], reasoning_tokens: int | None = None) -> p.UsageInfo:
+    """Tokens in and out; `reasoning_tokens` (chat's) where counted."""
     prompt = sum(len(o.prompt_token_ids) for o in outputs)
     completion = sum(len(c.token_ids) for o in outputs for c in o.outputs)
     cached = p.PromptTokensDetails(cached_tokens=sum(o.num_cached_tokens for o in outputs))
+    details = None if reasoning_tokens is None else p.CompletionTokensDetails(
+        reasoning_tokens=reasoning_tokens)  # fmt: skip
     return p.UsageInfo(prompt_tokens=prompt, completion_tokens=completion,
-                       total_tokens=prompt + completion, prompt_tokens_details=cached)  # fmt: skip
+                       total_tokens=prompt + completion, prompt_tokens_details=cached,
+                       completion_tokens_details=details)  # fmt: skip
 
 
 class DeltaTracker:

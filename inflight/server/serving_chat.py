@@ -12,6 +12,7 @@ from typing import Any
 from inflight.core.outputs import Logprobs
 from inflight.errors import InvalidRequestError
 from inflight.model.loader import arch_config
+from inflight.outputs import RequestOutput
 from inflight.server import protocol as p
 from inflight.server import reasoning, tool_parsers
 from inflight.server import tool_calls as tc
@@ -139,6 +140,13 @@ class ChatServing(OpenAIServing):
         ]
         return p.ChatLogprobs(content=content)
 
+    def _usage(self, out: RequestOutput, opened: bool) -> p.UsageInfo:
+        """Usage with the tokens the choices spent in think blocks (none where the model's
+        blocks are not parsed)."""
+        thought = sum(reasoning.reasoning_tokens(self.tokenizer, c.token_ids, opened)
+                      for c in out.outputs) if self.thinks else 0  # fmt: skip
+        return usage_of([out], thought)
+
     async def create(self, req: p.ChatCompletionRequest) -> p.ChatCompletionResponse:
         streams, mode, opened = await self._start(req)
         (out,) = await final_outputs(streams)
@@ -166,8 +174,8 @@ class ChatServing(OpenAIServing):
                 )
             )
         return p.ChatCompletionResponse(
-            id=p.new_id("chatcmpl"), model=self.model_name, choices=choices, usage=usage_of([out]),
-            prompt_logprobs=self.prompt_logprobs(req, out),
+            id=p.new_id("chatcmpl"), model=self.model_name, choices=choices,
+            usage=self._usage(out, opened), prompt_logprobs=self.prompt_logprobs(req, out),
         )  # fmt: skip
 
     async def stream(self, req: p.ChatCompletionRequest) -> AsyncGenerator[dict[str, Any], None]:
@@ -225,7 +233,7 @@ class ChatServing(OpenAIServing):
             if out.finished:
                 final = out
         if self.wants_usage_chunk(req) and final is not None:
-            usage = usage_of([final])
+            usage = self._usage(final, opened)
             yield p.ChatCompletionChunk(
                 id=rid, model=self.model_name, choices=[], usage=usage
             ).model_dump()

@@ -53,6 +53,25 @@ def test_the_split_whole_and_streamed(text, opened, thought, content):
     assert (got_thought, got_content) == (thought, content)
 
 
+@pytest.mark.parametrize(("text", "opened", "thought", "content"), CASES)
+def test_reasoning_tokens_are_those_up_to_the_closing_tag(tiny_llama, text, opened, thought,
+                                                          content):  # fmt: skip
+    """The shortest prefix of the output's tokens whose text closes the block; all of them for a
+    block cut off, none without one (the tiny tokenizer spells the tags in several tokens)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_llama)
+    ids = tokenizer(text, add_special_tokens=False).input_ids
+    n = reasoning.reasoning_tokens(tokenizer, ids, opened)
+    closes = lambda k: reasoning.THINK_CLOSE in tokenizer.decode(ids[:k])  # noqa: E731
+    if not thought and not opened:
+        assert n == 0
+    elif not content:
+        assert n == len(ids)
+    else:
+        assert closes(n) and not closes(n - 1) and 1 < n < len(ids)
+
+
 def test_the_parser_is_chosen_from_the_template():
     assert reasoning.choose(QWEN3_LIKE) == "think"
     assert reasoning.choose(template_text({"default": "x", "thinking": "</think>"})) == "think"
@@ -115,9 +134,11 @@ def test_thinking_is_returned_apart_from_the_answer_over_http(server):
     message = forced.json()["choices"][0]["message"]
     # the output never closes the block (cut off at 8 tokens): all of it is reasoning
     assert message["reasoning_content"] and not message["content"]
+    assert forced.json()["usage"]["completion_tokens_details"]["reasoning_tokens"] == 8
     off = chat(server, chat_template_kwargs={"enable_thinking": False})
     message = off.json()["choices"][0]["message"]
     assert message["content"] and message.get("reasoning_content") is None
+    assert off.json()["usage"]["completion_tokens_details"]["reasoning_tokens"] == 0
     streamed = chat(server, stream=True, chat_template_kwargs={"force_thinking": True})
     assert _streamed(streamed) == (forced.json()["choices"][0]["message"]["reasoning_content"], "")
 
@@ -169,4 +190,5 @@ def test_a_streamed_response_thinks_in_reasoning_summary_events(thinking_model, 
     (part_done,) = [e for e in events if e.type == "response.reasoning_summary_part.done"]
     assert deltas == part_done.part.text == item.summary[0].text
     assert part_done.status == "incomplete" and events[-1].type == "response.incomplete"
+    assert whole.usage.output_tokens_details.reasoning_tokens == whole.usage.output_tokens == 8
     assert events[-1].response.output[0].summary[0].text == deltas
