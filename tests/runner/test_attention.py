@@ -354,6 +354,43 @@ def test_verified_drafts_attend_bit_for_bit_as_lone_decodes(kernel, dtype):
         assert torch.equal(together[i], alone[0]), f"row {i}"
 
 
+@pytest.mark.parametrize(("cache_dtype", "q_dtype"), [
+    (torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16),
+    (torch.int8, torch.bfloat16), (torch.float8_e4m3fn, torch.bfloat16),
+])  # fmt: skip
+@pytest.mark.parametrize(("h", "kvh", "d"), [(9, 3, 64), (4, 1, 256)])
+def test_cpu_draft_rows_read_their_cache_together_and_round_alone(cache_dtype, q_dtype, h, kvh,
+                                                                 d):  # fmt: skip
+    """Rows of one request (drafts, recomputed outputs: one block table, consecutive positions)
+    each the bits it has decoded alone, for every cache dtype and its kernel: across a cut at 512
+    positions (rows at 510 to 514), in parts (2,000), with a window, beside other requests."""
+    gen = torch.Generator().manual_seed(9)
+    bs, firsts, drafts = 16, [2000, 510, 40, 7], [5, 5, 5, 1]
+    lens = [n + i for n, k in zip(firsts, drafts, strict=True) for i in range(k)]
+    owner = [r for r, k in enumerate(drafts) for _ in range(k)]
+    blocks = -(-max(lens) // bs)
+    cpu = CpuKernelBackend(bs)
+    shapes = cpu.cache_shapes(len(firsts) * blocks, kvh, d, is_scaled(cache_dtype))
+    k_cache, v_cache = (torch.zeros(s, dtype=cache_dtype) for s in shapes)
+    tables = torch.randperm(len(firsts) * blocks, generator=gen).view(len(firsts), blocks)
+    slots = torch.tensor([int(tables[r, p // bs]) * bs + p % bs
+                          for r in range(len(firsts)) for p in range(blocks * bs)])  # fmt: skip
+    cpu.write_cache(k_cache, v_cache, *(torch.randn(len(slots), kvh, d, generator=gen)
+                                        for _ in range(2)), slots)  # fmt: skip
+    q = torch.randn(len(lens), h, d, generator=gen).to(q_dtype)
+    row_tables, row_lens = tables[owner], torch.tensor(lens)
+
+    def decode(rows, window):
+        return cpu._ext.paged_decode_attention(q[rows].contiguous(), k_cache, v_cache,
+                                               row_tables[rows], row_lens[rows], d**-0.5,
+                                               window, 0.0, None)  # fmt: skip
+
+    for window in (0, 300):
+        together = decode(list(range(len(lens))), window)
+        for row in range(len(lens)):
+            assert torch.equal(decode([row], window)[0], together[row]), f"row {row}, {window}"
+
+
 @pytest.mark.parametrize("kernel", ["cpu", pytest.param("triton", marks=INTERPRETED)])
 def test_a_recomputed_chunk_attends_its_outputs_as_lone_decodes(kernel):
     """After a preemption a request recomputes its prompt and its outputs in one chunk: the
