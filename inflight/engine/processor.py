@@ -253,9 +253,8 @@ class OutputProcessor:
                 parent.prompt_logprobs = [None, *out.prompt_logprobs]
             if out.embedding is not None:
                 parent.embedding = out.embedding
-            cached = parent.num_cached_tokens
-            parent.num_cached_tokens = min(cached, out.num_cached_tokens) if cached is not None \
-                else out.num_cached_tokens  # fmt: skip
+            if parent.num_cached_tokens is None or out.num_cached_tokens < parent.num_cached_tokens:
+                parent.num_cached_tokens = out.num_cached_tokens
             stop_string = state.detokenizer.add_tokens(out.new_token_ids)
             consumed = state.detokenizer.num_consumed  # none past a stop string
             completion.token_ids.extend(out.new_token_ids[:consumed])
