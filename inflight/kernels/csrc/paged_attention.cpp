@@ -561,6 +561,11 @@ void decode_rows_avx2(const q_t* const* q, const cache_t* k_cache, const cache_t
   auto covers = [&](int64_t t, int64_t b) {
     return its[t].first_block() <= b && b < its[t].end_block();
   };
+  // row t's positions [t0, t1) within block b, counted from the block's first
+  auto span = [&](int64_t t, int64_t b) {
+    return std::pair<int64_t, int64_t>{std::max(its[t].first, b * BS) - b * BS,
+                                       std::min(its[t].len, (b + 1) * BS) - b * BS};
+  };
   for (int64_t b = b0; b < b1; ++b) {
     const int64_t run = lay.run(whole.table[b], whole.head);
     for (int64_t c = 0; c < BS; c += kTile) {
@@ -615,8 +620,7 @@ void decode_rows_avx2(const q_t* const* q, const cache_t* k_cache, const cache_t
     if constexpr (kScaledCache<cache_t>) {  // the probabilities are not needed unscaled again
       for (int64_t t = 0; t < T; ++t) {
         if (!covers(t, b)) continue;
-        const int64_t t0 = std::max(its[t].first, b * BS) - b * BS;
-        const int64_t t1 = std::min(its[t].len, (b + 1) * BS) - b * BS;
+        const auto [t0, t1] = span(t, b);
         float* p = scores.data() + t * G * row + b * BS - base;
         for (int64_t i = t0; i < t1; ++i) {
           const float v_scale = lay.value_scale(run, i);
@@ -629,8 +633,7 @@ void decode_rows_avx2(const q_t* const* q, const cache_t* k_cache, const cache_t
       for (int64_t c = 0; c < BS; c += kTile) {
         bool tiled = false;  // widened once, for the first row that reads it
         for (int64_t t = 0; t < T; ++t) {
-          const int64_t t0 = std::max(its[t].first, b * BS) - b * BS;
-          const int64_t t1 = std::min(its[t].len, (b + 1) * BS) - b * BS;
+          const auto [t0, t1] = span(t, b);
           const int64_t lo = std::max(t0, c), hi = std::min(t1, c + kTile);
           if (!covers(t, b) || lo >= hi) continue;
           if (!tiled) {
@@ -646,8 +649,7 @@ void decode_rows_avx2(const q_t* const* q, const cache_t* k_cache, const cache_t
     }
     for (int64_t t = 0; t < T; ++t) {
       if (!covers(t, b)) continue;
-      const int64_t t0 = std::max(its[t].first, b * BS) - b * BS;
-      const int64_t t1 = std::min(its[t].len, (b + 1) * BS) - b * BS;
+      const auto [t0, t1] = span(t, b);
       float* p = scores.data() + t * G * row + b * BS + t0 - base;  // head g's at p + g * row
       weigh(t, run + lay.value_in_run(t0), lay.value_row(), t1 - t0, p,
             t == 0 ? pf + lay.value_in_run(t0) * sizeof(cache_t) : nullptr);
@@ -817,8 +819,9 @@ void decode(const q_t* q, const cache_t* k_cache, const cache_t* v_cache,
   // Units: runs of parts of one key, in row order.
   std::vector<int64_t> order(parts.size());
   std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(),
-                   [&](int64_t a, int64_t b) { return keys[a] < keys[b]; });
+  if (grouped)  // (apart, each row its own group: the parts come in key order already)
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int64_t a, int64_t b) { return keys[a] < keys[b]; });
   std::vector<std::pair<int64_t, int64_t>> units;  // [begin, end) in `order`
   for (size_t i = 0; i < order.size(); ++i) {
     if (i > 0 && keys[order[i]] == keys[order[i - 1]]) units.back().second += 1;
