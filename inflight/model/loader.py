@@ -57,6 +57,7 @@ from inflight.model.packed_linear import (
     decode_rows_from_blocks,
     eight_bit_tiles,
     eight_bits_are_faster,
+    mixed_blocks,
     pack_linears,
     warm_up,
 )
@@ -216,9 +217,9 @@ def resolve_engine_dtype(
 ) -> torch.dtype:
     """The dtype an engine on `path` computes in: `resolve_dtype`'s, except that `auto` on a
     CPU with native bf16 is float32 for a GGUF file with weights whose blocks serve every row
-    in float32 and none in bf16 (a K-quant file's: bf16 keeps blocks for the legacy formats'
-    decode rows alone): in bf16 they would be dequantized to bf16 copies, about 4.5x a Q4_K_M
-    file's bytes, where float32 keeps the file's."""
+    in float32 and none in bf16 (a K-quant file's: bf16 keeps blocks of the legacy formats
+    alone): in bf16 they would be dequantized to bf16 copies, about 4.5x a Q4_K_M file's bytes,
+    where float32 keeps the file's."""
     dtype = resolve_dtype(asked, device)
     bits = ACTIVATION_BITS.get(quantized_activations, 0)
     if asked != "auto" or dtype == torch.float32 or device.type != "cpu" or not is_gguf(path):
@@ -401,14 +402,18 @@ def estimated_weight_bytes(path: Path, dtype: torch.dtype, quantized_activations
                 total += math.prod(shape) * size
         return total
     index = read_gguf_index(path)
+    names = {entry["name"] for entry in index.entries}
     total = 0
     for entry in index.entries:
         numel = math.prod(entry["shape"])
         fmt = kept.get(entry["type"])
         if fmt is not None and len(entry["shape"]) == 2:
             # the file's bytes, regrouped (the kernels' layout keeps their size); the embedding
-            # too, looked up from its blocks (a tied one from its LM head's layout)
-            total += math.prod(entry["data_shape"]) * np.dtype(entry["dtype"]).itemsize
+            # too, looked up from its blocks (a tied one from its LM head's 8-column layout; the
+            # 16-column one's rows are not looked up: a copy of the blocks beside it)
+            blocks = math.prod(entry["data_shape"]) * np.dtype(entry["dtype"]).itemsize
+            tied = entry["name"] == "token_embd.weight" and "output.weight" not in names
+            total += 2 * blocks if tied and not mixed_blocks(dtype, bits) else blocks
         else:
             total += numel * size
     return total
@@ -495,19 +500,22 @@ def gguf_entries(index: GGUFIndex) -> dict[str, dict[str, Any]]:
     return {name: e for name, e in named if name is not None}
 
 
-def drop_block_weights(model: LlamaModel, entries: dict[str, dict[str, Any]],
-                       types: Iterable[int], source: Path) -> set[str]:  # fmt: skip
+def drop_block_weights(
+    model: LlamaModel, entries: dict[str, dict[str, Any]], types: Iterable[int], source: Path,
+    mixed: bool = True,
+) -> set[str]:  # fmt: skip
     """Takes the float weight off every linear of `model` (still on the meta device) whose
     parts all come as GGUF blocks of `types` (GGML type numbers the kernels read; a fused
-    linear's parts may differ), and off the embedding when its blocks are (it is then looked up
-    from them); returns the names that therefore need no float tensor. `entries`: the tensors
-    that come as blocks, by HF name (`gguf_entries`, `mxfp4.block_entries`), from `source`."""
+    linear's parts may differ where `mixed`, else they share one), and off the embedding when
+    its blocks are (it is then looked up from them); returns the names that therefore need no
+    float tensor. `entries`: the tensors that come as blocks, by HF name (`gguf_entries`,
+    `mxfp4.block_entries`), from `source`."""
     kernel_kinds = {(int(t), 2) for t in types}
     dropped = []
     for module, sources in model.linear_sources().items():
         found = {(entries[n]["type"], len(entries[n]["shape"])) if n in entries else None
                  for n in sources}  # fmt: skip
-        if not found <= kernel_kinds:
+        if not found <= kernel_kinds or (len(found) > 1 and not mixed):
             continue
         # the shapes the float weights would have been checked against (GGUF lists dims
         # fastest-first: [in_features, out_features])
@@ -609,10 +617,10 @@ def load_model(
     `quantized_activations` (int16, int8; auto: the model's, `model_activations`; the loaded
     model records which): linears over GGUF blocks round x to that many bits (where it
     applies: float32 GGUF weights on an AVX2 CPU, AVX-512 ones included, `block_formats` says
-    which formats; the decode rows of bf16 Q4_0 / Q4_1 / Q8_0 ones with 16 bits on an AVX-512
-    VNNI CPU). An engine resolves auto by its seats first (`resolve_quantized_activations`),
-    and says whether the user asked for them (`warn_unused`: a warning where they have no
-    effect; auto's none)."""
+    which formats; bf16 Q4_0 / Q4_1 / Q8_0 ones with 16 bits on an AVX-512 VNNI CPU). An
+    engine resolves auto by its seats first (`resolve_quantized_activations`), and says whether
+    the user asked for them (`warn_unused`: a warning where they have no effect; auto's
+    none)."""
     if quantized_activations == "auto":
         quantized_activations = model_activations(path, dtype)
     index = read_gguf_index(path) if is_gguf(path) else None
@@ -643,6 +651,7 @@ def load_model(
     blocks: dict[str, torch.Tensor] | None = {} if block_types else None
     # linears whose blocks take every batch never get a float weight (nor a dequantized tensor)
     blocks_only = bool(block_types) and blocks_serve_every_batch(dtype, bits)
+    mixed = mixed_blocks(dtype, bits)  # (a fused weight's parts of different formats packed)
     rank_arch = arch if shard is None else shard_arch(shard)
     family = model_class(arch)
     # (a float32 router's PyTorch path sums otherwise than the packed linear it replaces, so
@@ -659,7 +668,7 @@ def load_model(
                    else block_entries(_safetensors_shapes(_safetensors_files(path))))  # fmt: skip
         if shard is not None:
             entries = shard_entries(shard, entries)
-        skip = drop_block_weights(model, entries, block_types, path)
+        skip = drop_block_weights(model, entries, block_types, path, mixed)
     materialize(model, device, dtype)
     model.finish_init()
     if index is not None:
@@ -721,8 +730,8 @@ def load_model(
         embedding = blocks["model.embed_tokens.weight"]
     if can_pack(dtype, device):
         small_rows = packed_linear.bf16_small_batch_rows() if kernels else 0
-        by_module = ModuleBlocks(model, blocks or {}, release, mixed=blocks_only)
-        pack_linears(model, small_rows, by_module, bits)
+        by_module = ModuleBlocks(model, blocks or {}, release, mixed=blocks_only and mixed)
+        pack_linears(model, small_rows, by_module, bits, dtype)
         if blocks:
             blocks.clear()  # parts no linear took (with views of the file, its mapping)
         # Once per loaded model (engines may share it): decode batch sizes up to 64 that oneDNN

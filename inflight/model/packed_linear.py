@@ -34,14 +34,16 @@ path too (`block_formats`); elsewhere they are dequantized to float like any oth
 on 32-byte registers fuse each multiply with its add).
 
 In a bf16 engine, where 16-bit x has the 16-column layout (AVX-512 VNNI: `vpdpwssd` on
-64-byte registers), a weight with blocks keeps that regrouping as its `decode_weight`: the
-step's decode rows, however many, multiply from the blocks, and its prompt rows through bf16
-(the bf16 kernel, or oneDNN as above). A decode step reads the blocks (about a quarter of bf16's
-bytes): faster than bf16 at a few rows and level from about 8 to 64 (where oneDNN takes bf16's
-large batches on AMX tiles, `auto` keeps bf16 engines of many seats off it: model/loader.py);
-prompts, compute-bound, stay in bf16, exact. And because which path a row takes depends on
-what the row is, not on its batch, a draft verified beside others rounds exactly as the token
-decoded alone would.
+64-byte registers), a weight of a legacy format (Q4_0, Q4_1, Q8_0; one format a weight) takes
+every batch from that regrouping and keeps no bf16 copy: the loader never builds one. Prompt
+rows run as fast as they did through a bf16 copy (the default model's 512-token prompts 0.99x,
+Zen 4), a decode step reads about a quarter of bf16's bytes, and a row rounds alike whatever
+it is and whatever shares its batch. With `INFLIGHT_ONEDNN_BF16=1` (oneDNN for batches of
+more than 64 rows, on AMX tiles) the weight keeps its bf16 copies beside the blocks instead,
+as `decode_weight`: the step's decode rows, however many, multiply from the blocks, its prompt
+rows through bf16 (`auto` keeps bf16 engines of many seats off the blocks there:
+model/loader.py); which path a row takes depends on what the row is, not on its batch, so a
+draft verified beside others rounds exactly as the token decoded alone would.
 
 The packings inflight's kernels stream (block layouts, the bf16 packing) are copied onto
 transparent huge pages where the OS offers them (`inflight/huge_pages.py` says why).
@@ -132,12 +134,25 @@ def gguf_kernel_applies(dtype: torch.dtype, activation_bits: int = 0) -> bool:
 
 def blocks_serve_every_batch(dtype: torch.dtype, activation_bits: int) -> bool:
     """Whether a weight with GGUF blocks multiplies every batch from them (x rounded to
-    `activation_bits`), so that its float copy is never needed: a float32 engine's quantized
-    activations, over the 8-column layout on every AVX2 CPU, AVX-512 ones included (the loader
-    then never builds that copy)."""
+    `activation_bits`), so that its float copy is never needed (the loader then never builds
+    it): a float32 engine's quantized activations, over the 8-column layout on every AVX2 CPU,
+    AVX-512 ones included; a bf16 engine's 16-bit ones over the 16-column layout (AVX-512
+    VNNI: the legacy formats, one a weight), unless oneDNN is to take its large batches
+    (`INFLIGHT_ONEDNN_BF16=1`). Those take its prompt rows as fast as a bf16 copy did (the
+    default model's 512-token prompts 0.99x, Zen 4), in a quarter of its bytes."""
+    if dtype == torch.bfloat16:
+        return (decode_rows_from_blocks(dtype, activation_bits)
+                and bf16_small_batch_rows() >= EVERY_BATCH)  # fmt: skip
     return (dtype == torch.float32 and activation_bits in GGUF_INT_SMALL_BATCH_ROWS
             and GGUF_INT_SMALL_BATCH_ROWS[activation_bits] >= EVERY_BATCH
             and load_extension().gguf_int_linear_available())  # fmt: skip
+
+
+def mixed_blocks(dtype: torch.dtype, activation_bits: int) -> bool:
+    """Whether blocks serve every batch over the 8-column layout, which reads every format
+    (K-quants too) and packs a fused weight's parts of different formats together: a float32
+    engine's. The 16-column layout reads the legacy formats, one a weight."""
+    return dtype == torch.float32 and blocks_serve_every_batch(dtype, activation_bits)
 
 
 def eight_bit_tiles() -> bool:
@@ -164,15 +179,17 @@ def block_formats(dtype: torch.dtype, activation_bits: int) -> frozenset[str]:
     legacy three (Q4_0, Q4_1, Q8_0) wherever any block kernel applies, none elsewhere."""
     if not gguf_kernel_applies(dtype, activation_bits):
         return frozenset()
-    if blocks_serve_every_batch(dtype, activation_bits):
+    if mixed_blocks(dtype, activation_bits):
         return frozenset(BY_NAME)
     return frozenset(f.name for f in FORMATS.values() if f.legacy)
 
 
 def decode_rows_from_blocks(dtype: torch.dtype, activation_bits: int) -> bool:
-    """Whether a `dtype` engine's decode rows multiply from GGUF blocks of their own, beside its
-    prompt rows' bf16 weights, with x of that many bits: a bf16 engine with 16 bits where they
-    have the 16-column layout (AVX-512 VNNI). A float32 engine's blocks serve every row."""
+    """Whether a `dtype` engine's rows multiply from a 16-column regrouping of GGUF blocks,
+    with x of that many bits: a bf16 engine with 16 bits (AVX-512 VNNI). Its blocks then serve
+    every row (`blocks_serve_every_batch`), or with oneDNN for large batches its decode rows
+    alone, beside its prompt rows' bf16 weights. A float32 engine's 8-column blocks serve every
+    row."""
     ext = load_extension()
     return (dtype == torch.bfloat16 and activation_bits == 16
             and ext.gguf_int_linear_available()
@@ -194,10 +211,11 @@ class PackedLinear(nn.Module):
     inflight's bf16 layout for a bf16 weight (`bf16_linear`, up to the `small_batch_rows` asked
     for).
 
-    A bf16 weight with GGUF blocks and 16-bit activations, where they have the 16-column layout
-    (AVX-512 VNNI), also keeps them as `decode_weight`, for the decode rows the caller names
-    (see the module's docstring); `activation_bits` is its small-batch kernel's (0 then:
-    exact)."""
+    A bf16 weight with GGUF blocks of one legacy format and 16-bit activations, where they have
+    the 16-column layout (AVX-512 VNNI), takes every batch from them; where oneDNN is to take
+    large batches (`small_batch_rows` below `EVERY_BATCH`) it keeps them as `decode_weight`
+    instead, for the decode rows the caller names (see the module's docstring).
+    `activation_bits` is its small-batch kernel's (0: exact)."""
 
     def __init__(
         self,
@@ -205,7 +223,9 @@ class PackedLinear(nn.Module):
         small_batch_rows: int = 0,
         gguf_blocks: torch.Tensor | list[torch.Tensor] | None = None,
         activation_bits: int = 0,
+        dtype: torch.dtype = torch.float32,
     ) -> None:
+        """`dtype`: the engine's, for a linear whose float weight the loader never built."""
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         parts = [] if gguf_blocks is None else (
@@ -222,13 +242,16 @@ class PackedLinear(nn.Module):
             )
         # a float32 weight whose blocks take every batch keeps no float copy: `weight` is then
         # its shape alone (meta), and the loader may not have built the float weight at all
-        dtype = torch.float32 if linear.weight is None else linear.weight.dtype
+        dtype = dtype if linear.weight is None else linear.weight.dtype
         formats = {format_of(p).name for p in parts}
         usable = bool(small_batch_rows > 0 and parts
                       and formats <= block_formats(dtype, activation_bits))  # fmt: skip
-        self.blocks_only = usable and blocks_serve_every_batch(dtype, activation_bits)
-        # parts in different formats: only the integer kernel's mixed packing takes them
-        usable = usable and (len(parts) == 1 or self.blocks_only)
+        # parts in different formats: only the 8-column layout's mixed packing takes them
+        usable = usable and (len(parts) == 1 or mixed_blocks(dtype, activation_bits))
+        # (a bf16 engine's: unless its large batches are to go through oneDNN)
+        onednn_batches = dtype == torch.bfloat16 and small_batch_rows < EVERY_BATCH
+        self.blocks_only = (usable and not onednn_batches
+                            and blocks_serve_every_batch(dtype, activation_bits))  # fmt: skip
         if linear.weight is None and not self.blocks_only:
             raise ValueError("a linear without its float weight needs GGUF blocks that take "
                              "every batch")  # fmt: skip
@@ -257,7 +280,12 @@ class PackedLinear(nn.Module):
         self.register_buffer("decode_weight", None)
         if small_batch_rows <= 0:
             return
-        if usable and decode_rows_from_blocks(dtype, activation_bits):
+        if self.blocks_only and dtype == torch.bfloat16:  # (16-bit x, the 16-column layout)
+            self.small_weight = regroup_blocks(parts[0], 16)
+            self.small_batch_rows = EVERY_BATCH
+            self.small_kernel, self.activation_bits = "gguf-int16", 16
+            self._small_linear = functools.partial(ext.gguf_int_linear, activation_bits=16)
+        elif usable and decode_rows_from_blocks(dtype, activation_bits):
             self.decode_weight = regroup_blocks(parts[0], 16)
         if usable and dtype == torch.float32:
             if activation_bits and self.decode_weight is None:
@@ -271,7 +299,7 @@ class PackedLinear(nn.Module):
                 self.small_weight = parts[0]
                 self.small_batch_rows = GGUF_SMALL_BATCH_ROWS
                 self.small_kernel, self._small_linear = "gguf", ext.gguf_linear
-        elif bf16_kernel:
+        elif bf16_kernel and not self.blocks_only:
             self.small_weight = _bf16_packing(dense)
             self.small_batch_rows = small_batch_rows
             self.small_kernel, self._small_linear = "bf16", ext.bf16_linear
@@ -359,6 +387,7 @@ def integer_block_packings(
     all (DeepSeek's heads, a layer's experts); None otherwise (they run one by one)."""
     linears = list(linears)
     if not all(isinstance(m, PackedLinear) and m.blocks_only and m.activation_bits
+               and m.weight.dtype == torch.float32  # (the 8-column layout)
                and (biased or m.bias is None) for m in linears):  # fmt: skip
         return None
     bits = {m.activation_bits for m in linears}
@@ -370,10 +399,12 @@ def pack_linears(
     small_batch_rows: int = 0,
     gguf_blocks: BlockSource | None = None,
     activation_bits: int = 0,
+    dtype: torch.dtype = torch.float32,
 ) -> int:
     """Replaces every `nn.Linear` under `model` with a `PackedLinear`; returns how many.
     `gguf_blocks` maps module names to their weights' GGUF blocks, where they have them;
-    `activation_bits` (8 or 16) asks their kernel to round x to that many bits. Each entry of
+    `activation_bits` (8 or 16) asks their kernel to round x to that many bits; `dtype` is the
+    engine's (that of the linears left without a float weight). Each entry of
     `gguf_blocks` is taken out as its linear is packed, so that its memory goes with it.
 
     A tied LM head gets its own packed copy; the embedding keeps the plain weight it indexes.
@@ -384,7 +415,7 @@ def pack_linears(
         parent_name, _, leaf = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         blocks = None if gguf_blocks is None else gguf_blocks.pop(name, None)
-        packed.append(PackedLinear(linear, small_batch_rows, blocks, activation_bits))
+        packed.append(PackedLinear(linear, small_batch_rows, blocks, activation_bits, dtype))
         setattr(parent, leaf, packed[-1])
     kernels = Counter(
         f"{m.small_kernel} kernel (every batch, no oneDNN copy)" if not m.dense_copy

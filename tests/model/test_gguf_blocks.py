@@ -343,6 +343,28 @@ def test_a_tied_k_quant_model_holds_its_vocabulary_once(tmp_path, tiny_model_fac
     assert torch.equal(model.embed_tokens(ids), exact.core.loaded.model.embed_tokens(ids))
 
 
+@pytest.mark.skipif(not blocks_serve_every_batch(torch.bfloat16, 16),
+                    reason="no 16-column layout (AVX-512 VNNI)")  # fmt: skip
+@pytest.mark.parametrize("qtype", [GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q8_0])
+def test_a_bf16_engine_holds_a_legacy_files_weights_as_their_blocks_alone(
+    tmp_path, tiny_model_factory, qtype
+):
+    """No bf16 copy beside the blocks (nor one built and dropped at load): every row through
+    the 16-column layout, the memory the estimate said, the embedding's rows the exact path's."""
+    path = write_tiny_gguf(tiny_model_factory("qwen3"), tmp_path / "m.gguf", qtype)
+    llm = LLM(str(path), dtype="bfloat16", device="cpu")
+    loaded = llm.core.loaded
+    linears = [m for m in loaded.model.modules() if isinstance(m, PackedLinear)]
+    assert linears and all(m.blocks_only and m.weight.is_meta for m in linears)
+    assert {m.small_kernel for m in linears} == {"gguf-int16"}
+    estimate = estimated_weight_bytes(path, torch.bfloat16, "auto")
+    assert abs(estimate - loaded.weight_bytes) <= 0.05 * loaded.weight_bytes
+    exact = LLM(str(path), dtype="bfloat16", device="cpu", quantized_activations="off")
+    assert loaded.weight_bytes < 0.6 * exact.core.loaded.weight_bytes  # (Q8_0: 34 bytes a 32)
+    ids = torch.tensor([0, 5, 399, 17])
+    assert torch.equal(loaded.model.embed_tokens(ids), exact.core.loaded.model.embed_tokens(ids))
+
+
 @pytest.mark.skipif(not blocks_serve_every_batch(torch.float32, 16),
                     reason="no AVX2 8-column layout here")  # fmt: skip
 def test_a_tied_q8_0_model_holds_its_vocabulary_once(tmp_path, tiny_model_factory):

@@ -210,7 +210,40 @@ def test_packed_linear_sends_every_batch_to_the_integer_kernel_and_keeps_no_floa
 
 @pytest.mark.skipif(not decode_rows_from_blocks(torch.bfloat16, 16),
                     reason="no 16-column layout (AVX-512 VNNI)")  # fmt: skip
-def test_packed_linear_sends_bf16_decode_rows_to_the_blocks_and_prompt_rows_to_bf16():
+@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q4_1, Q.Q8_0])
+def test_a_bf16_weight_takes_every_batch_from_its_blocks_and_keeps_no_bf16_copy(qtype):
+    """Prompt rows and decode rows alike through the 16-column layout (16-bit x): no bf16
+    packing beside the blocks, and a row's values the same whatever shares its batch."""
+    dtype = torch.bfloat16
+    if not can_pack(dtype, torch.device("cpu")):
+        pytest.skip(f"no oneDNN {dtype}")
+    blocks, weight = quantized(96, 64, qtype)
+    linear = nn.Linear(64, 96).to(dtype)
+    linear.weight.data.copy_(weight)
+    packed = PackedLinear(linear, EVERY_BATCH, gguf_blocks=blocks, activation_bits=16)
+    assert packed.blocks_only and packed.weight.is_meta and packed.decode_weight is None
+    assert packed.small_kernel == "gguf-int16" and packed.activation_bits == 16
+    wide = regroup(blocks, 16)
+    assert torch.equal(packed.small_weight, wide)
+    with torch.inference_mode():
+        for rows in (1, 9, 70, 300):
+            x = torch.randn(rows, 64, dtype=dtype)
+            want = ext.gguf_int_linear(x, wide, packed.bias, 96, 16)
+            assert torch.equal(packed(x), want)
+            assert torch.equal(packed(x, torch.tensor([0])), want)  # decodes: no path apart
+            assert torch.equal(packed(x[-1:]), want[-1:])
+    linear.weight = None  # as the loader leaves it
+    alone = PackedLinear(linear, EVERY_BATCH, blocks, activation_bits=16, dtype=dtype)
+    assert alone.blocks_only and torch.equal(alone.small_weight, wide)
+    with pytest.raises(ValueError, match="without its float weight needs GGUF blocks"):
+        PackedLinear(linear, 64, blocks, activation_bits=16, dtype=dtype)  # oneDNN's knob
+
+
+@pytest.mark.skipif(not decode_rows_from_blocks(torch.bfloat16, 16),
+                    reason="no 16-column layout (AVX-512 VNNI)")  # fmt: skip
+def test_with_onednn_for_large_batches_bf16_decode_rows_take_the_blocks_and_prompt_rows_bf16():
+    """`INFLIGHT_ONEDNN_BF16=1` (a small-batch limit of 64 rows): the bf16 packing and oneDNN's
+    for the prompt rows, the blocks for the decode rows."""
     dtype = torch.bfloat16
     if not can_pack(dtype, torch.device("cpu")):
         pytest.skip(f"no oneDNN {dtype}")
@@ -218,6 +251,7 @@ def test_packed_linear_sends_bf16_decode_rows_to_the_blocks_and_prompt_rows_to_b
     linear = nn.Linear(64, 96).to(dtype)
     linear.weight.data.copy_(weight)
     packed = PackedLinear(linear, small_batch_rows=64, gguf_blocks=blocks, activation_bits=16)
+    assert not packed.blocks_only
     assert packed.decode_weight is not None and not packed.activation_bits
     assert packed.small_kernel == "bf16"
     wide = regroup(blocks, 16)
@@ -300,10 +334,12 @@ def test_auto_sends_bf16_decode_rows_to_the_blocks_for_a_few_seats_or_without_am
     if not (wide and can_pack(bf16, torch.device("cpu"))):
         return
     path = write_tiny_gguf(tiny_llama, tmp_path / "tiny-q4_1.gguf", Q.Q4_1)
-    for seats, decode_rows in ((few, True), (64, many == "int16")):
+    for seats, from_blocks in ((few, True), (64, many == "int16")):
         llm = LLM(str(path), dtype="bfloat16", device="cpu", max_num_seqs=seats)
-        assert bool(llm.core.loaded.model.fused_layers.decode_weights) == decode_rows
-        assert llm.core.loaded.quantized_activations == ("int16" if decode_rows else "off")
+        linears = [m for m in llm.core.loaded.model.modules() if isinstance(m, PackedLinear)]
+        # every row from the blocks, no bf16 copy (or, past the seats on AMX, none of them)
+        assert {m.blocks_only and m.weight.is_meta for m in linears} == {from_blocks}
+        assert llm.core.loaded.quantized_activations == ("int16" if from_blocks else "off")
 
 
 def _layers_in(layer_type: Q, rest: Q):
