@@ -35,15 +35,16 @@ on 32-byte registers fuse each multiply with its add).
 
 In a bf16 engine, where 16-bit x has the 16-column layout (AVX-512 VNNI: `vpdpwssd` on
 64-byte registers), a weight of a legacy format (Q4_0, Q4_1, Q8_0; one format a weight) takes
-every batch from that regrouping and keeps no bf16 copy: the loader never builds one. Prompt
-rows run as fast as they did through a bf16 copy (the default model's 512-token prompts 0.99x,
-Zen 4), a decode step reads about a quarter of bf16's bytes, and a row rounds alike whatever
-it is and whatever shares its batch. With `INFLIGHT_ONEDNN_BF16=1` (oneDNN for batches of
-more than 64 rows, on AMX tiles) the weight keeps its bf16 copies beside the blocks instead,
-as `decode_weight`: the step's decode rows, however many, multiply from the blocks, its prompt
-rows through bf16 (`auto` keeps bf16 engines of many seats off the blocks there:
-model/loader.py); which path a row takes depends on what the row is, not on its batch, so a
-draft verified beside others rounds exactly as the token decoded alone would.
+every batch from that regrouping and keeps no bf16 copy: the loader never builds one (a 1B
+Q4_0 file's engine peaked at 5.8 GiB with it, 3.0 without). A decode step reads about a quarter
+of bf16's bytes, a row rounds alike whatever it is and whatever shares its batch, and prompt
+rows run at about 0.9x their rate through a bf16 copy (Zen 4: each block of 32 pays its
+scale). With `INFLIGHT_ONEDNN_BF16=1` (oneDNN for batches of more than 64 rows, on AMX tiles)
+the weight keeps its bf16 copies beside the blocks instead, as `decode_weight`: the step's
+decode rows, however many, multiply from the blocks, its prompt rows through bf16 (`auto`
+keeps bf16 engines of many seats off the blocks there: model/loader.py); which path a row
+takes depends on what the row is, not on its batch, so a draft verified beside others rounds
+exactly as the token decoded alone would.
 
 The packings inflight's kernels stream (block layouts, the bf16 packing) are copied onto
 transparent huge pages where the OS offers them (`inflight/huge_pages.py` says why).
@@ -138,8 +139,8 @@ def blocks_serve_every_batch(dtype: torch.dtype, activation_bits: int) -> bool:
     it): a float32 engine's quantized activations, over the 8-column layout on every AVX2 CPU,
     AVX-512 ones included; a bf16 engine's 16-bit ones over the 16-column layout (AVX-512
     VNNI: the legacy formats, one a weight), unless oneDNN is to take its large batches
-    (`INFLIGHT_ONEDNN_BF16=1`). Those take its prompt rows as fast as a bf16 copy did (the
-    default model's 512-token prompts 0.99x, Zen 4), in a quarter of its bytes."""
+    (`INFLIGHT_ONEDNN_BF16=1`): a quarter of a bf16 copy's bytes, prompt rows at about 0.9x
+    its rate (see the module's docstring)."""
     if dtype == torch.bfloat16:
         return (decode_rows_from_blocks(dtype, activation_bits)
                 and bf16_small_batch_rows() >= EVERY_BATCH)  # fmt: skip
@@ -240,8 +241,8 @@ class PackedLinear(nn.Module):
                 f"GGUF blocks {', '.join(str(tuple(p.shape)) for p in parts)} do not fit a "
                 f"[{self.out_features}, {self.in_features}] weight"
             )
-        # a float32 weight whose blocks take every batch keeps no float copy: `weight` is then
-        # its shape alone (meta), and the loader may not have built the float weight at all
+        # a weight whose blocks take every batch keeps no float copy: `weight` is then its
+        # shape alone (meta), and the loader may not have built the float weight at all
         dtype = dtype if linear.weight is None else linear.weight.dtype
         formats = {format_of(p).name for p in parts}
         usable = bool(small_batch_rows > 0 and parts
