@@ -5,8 +5,8 @@ model's with the same vocabulary: 0.56 GiB), for a few microseconds a step (the 
 K-quant and MXFP4 formats' rows in C++, `gguf_dequantize_rows`: 9 µs a row of 2,048 Q6_K weights
 where PyTorch's ops took 127). The values are the `gguf` package's dequantization, bit for bit
 (`gguf_blocks.dequantize`). A tied embedding reads its rows from its LM head's 8-column layout
-instead (`over_layout`), so the vocabulary is held once (Gemma 3's Q8_0 262k x 640: 0.17 GiB;
-Qwen3.5-0.8B's Q6_K 248k x 1,024: 0.19 GiB, 40% of its file)."""
+instead (`over_layout`; 16 columns in a bf16 engine), so the vocabulary is held once (Gemma
+3's Q8_0 262k x 640: 0.17 GiB; Qwen3.5-0.8B's Q6_K 248k x 1,024: 0.19 GiB, 40% of its file)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,14 @@ import torch
 from torch import nn
 
 from inflight.kernels import load_extension
-from inflight.model.gguf_blocks import GROUP, BlockFormat, dequantize, format_of, regrouped_rows
+from inflight.model.gguf_blocks import (
+    GROUP,
+    WIDE,
+    BlockFormat,
+    dequantize,
+    format_of,
+    regrouped_rows,
+)
 
 
 class BlockEmbedding(nn.Module):
@@ -43,18 +50,23 @@ class BlockEmbedding(nn.Module):
     def over_layout(
         cls, layout: torch.Tensor, fmt: BlockFormat, vocab: int, dtype: torch.dtype
     ) -> BlockEmbedding:
-        """Looked up in `regroup_blocks`' 8-column layout [ceil(vocab / 8), blocks, 8 x bytes]
-        of the blocks (a tied LM head's weight)."""
-        if layout.dim() != 3 or layout.shape[2] != GROUP * fmt.file_bytes or (
-            layout.shape[0] != -(-vocab // GROUP)
+        """Looked up in `regroup_blocks`' layout of the blocks (a tied LM head's weight):
+        [ceil(vocab / c), blocks, c x bytes] for c = 8 columns, or 16 for a legacy format (a
+        bf16 engine's)."""
+        columns = layout.shape[2] // fmt.file_bytes if layout.dim() == 3 else 0
+        if columns not in ((GROUP, WIDE) if fmt.legacy else (GROUP,)) or (
+            layout.shape[2] != columns * fmt.file_bytes or layout.shape[0] != -(-vocab // columns)
         ):  # fmt: skip
-            raise ValueError(f"{tuple(layout.shape)} is not the 8-column layout of {vocab} rows "
-                             f"of {fmt.name} blocks")  # fmt: skip
+            raise ValueError(f"{tuple(layout.shape)} is not the 8- or 16-column layout of {vocab} "
+                             f"rows of {fmt.name} blocks")  # fmt: skip
         return cls(layout, dtype, regrouped=(fmt, vocab))
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         if self.regrouped and self.format.legacy:
-            rows = dequantize(regrouped_rows(self.blocks, ids.reshape(-1), self.format.file_bytes))
+            columns = self.blocks.shape[2] // self.format.file_bytes
+            rows = dequantize(
+                regrouped_rows(self.blocks, ids.reshape(-1), self.format.file_bytes, columns)
+            )
         elif self.regrouped:
             rows = load_extension().gguf_dequantize_layout_rows(
                 self.blocks, ids.reshape(-1), self.num_embeddings

@@ -34,6 +34,7 @@ from inflight.huge_pages import empty_on_huge_pages
 from inflight.kernels import load_extension
 
 GROUP = 8  # columns that gguf_int_linear computes together, one per float32 lane
+WIDE = 16  # columns of the wide layout (16-bit x on AVX-512 VNNI; the legacy formats)
 
 
 @dataclass(frozen=True)
@@ -245,21 +246,26 @@ def _regroup_legacy(blocks: torch.Tensor, columns: int, out: torch.Tensor) -> to
     return torch.cat([*scales, chunks], dim=-1, out=out)
 
 
-def regrouped_rows(layout: torch.Tensor, rows: torch.Tensor, block_bytes: int) -> torch.Tensor:
-    """Rows [R] of a legacy format's 8-column layout (`regroup_blocks(blocks)`) as the file's
-    blocks [R, blocks per row, block_bytes]: `_regroup_legacy`'s byte order undone for them, so
-    that a tied embedding looks its rows up in its LM head's layout rather than in a copy."""
+def regrouped_rows(
+    layout: torch.Tensor, rows: torch.Tensor, block_bytes: int, columns: int = GROUP
+) -> torch.Tensor:
+    """Rows [R] of a legacy format's layout of `columns` (8 or 16) columns (`regroup_blocks`)
+    as the file's blocks [R, blocks per row, block_bytes]: `_regroup_legacy`'s byte order
+    undone for them, so that a tied embedding looks its rows up in its LM head's layout rather
+    than in a copy."""
     header = _LEGACY_HEADER_BYTES[block_bytes]
-    picked = layout[rows // GROUP]  # [R, B, 8 x block bytes]
+    picked = layout[rows // columns]  # [R, B, columns x block bytes]
     r, b = picked.shape[:2]
-    column = (rows % GROUP).view(r, 1, 1, 1)
-    fields = []  # each 2-byte header field: 8 columns' in turn
-    for start in range(0, header * GROUP, 2 * GROUP):
-        field = picked[..., start : start + 2 * GROUP].view(r, b, GROUP, 2)
+    column = (rows % columns).view(r, 1, 1, 1)
+    fields = []  # each 2-byte header field: the columns' in turn
+    for start in range(0, header * columns, 2 * columns):
+        field = picked[..., start : start + 2 * columns].view(r, b, columns, 2)
         fields.append(field.gather(2, column.expand(r, b, 1, 2)).view(r, b, 2))
-    quants = picked[..., header * GROUP :].view(r, b, -1, GROUP, 4)  # 4-byte chunks, by column
-    chunks = quants.gather(3, column.view(r, 1, 1, 1, 1).expand(r, b, quants.shape[2], 1, 4))
-    return torch.cat([*fields, chunks.view(r, b, -1)], dim=-1)
+    if columns == GROUP:
+        quants = picked[..., header * GROUP :].view(r, b, -1, GROUP, 4)  # 4-byte chunks, by column
+        chunks = quants.gather(3, column.view(r, 1, 1, 1, 1).expand(r, b, quants.shape[2], 1, 4))
+        return torch.cat([*fields, chunks.view(r, b, -1)], dim=-1)
+    return torch.cat([*fields, _wide_rows(picked[..., header * columns :], rows % columns)], -1)
 
 
 @functools.cache
@@ -272,6 +278,37 @@ def _wide_order(four_bit: bool) -> tuple[torch.Tensor, torch.Tensor]:
     column = 4 * lane + (i % 8) // 2
     k = (8 if four_bit else 4) * q + 2 * (i // 8) + i % 2
     return column.flatten(), k.flatten()
+
+
+@functools.cache
+def _wide_places(four_bit: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """`_wide_order` inverted: for each column and value of a 16-column block in the wide layout,
+    the byte that holds it and (4 bits) the shift of its nibble there, [16, values] each."""
+    column, k = _wide_order(four_bit)
+    byte = torch.arange(len(column))
+    values = 32 if four_bit else len(column) // 16
+    place = torch.empty(16, values, dtype=torch.long)
+    shift = torch.zeros(16, values, dtype=torch.long)
+    place[column, k] = byte
+    if four_bit:  # the high nibble holds value k + 4
+        place[column, k + 4] = byte
+        shift[column, k + 4] = 4
+    return place, shift
+
+
+def _wide_rows(quants: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
+    """[R, B, the wide layout's quant bytes] -> row r's column `columns[r]` as the file's quant
+    bytes [R, B, quant bytes]: `_wide_quants` undone for it."""
+    r, b, n = quants.shape
+    four_bit = n == 16 * 16
+    place, shift = _wide_places(four_bit)
+    index = place[columns].view(r, 1, -1).expand(r, b, -1)
+    picked = quants.gather(2, index)
+    if not four_bit:
+        return picked
+    # value i of 32 (its byte's nibble), and the file's byte i: value i low, value i + 16 high
+    values = (picked.long() >> shift[columns].view(r, 1, -1)) & 15
+    return (values[..., :16] | (values[..., 16:] << 4)).to(torch.uint8)
 
 
 def _wide_quants(quants: torch.Tensor) -> torch.Tensor:

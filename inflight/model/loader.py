@@ -32,7 +32,7 @@ from inflight.model import packed_linear
 from inflight.model.arch import LlamaArchConfig
 from inflight.model.block_embedding import BlockEmbedding
 from inflight.model.fused_layers import FusedDecoderLayers
-from inflight.model.gguf_blocks import BY_NAME, GROUP, BlockFormat, format_of
+from inflight.model.gguf_blocks import BY_NAME, GROUP, WIDE, BlockFormat, format_of
 from inflight.model.gguf_loader import (
     GGUFIndex,
     hf_name,
@@ -402,18 +402,14 @@ def estimated_weight_bytes(path: Path, dtype: torch.dtype, quantized_activations
                 total += math.prod(shape) * size
         return total
     index = read_gguf_index(path)
-    names = {entry["name"] for entry in index.entries}
     total = 0
     for entry in index.entries:
         numel = math.prod(entry["shape"])
         fmt = kept.get(entry["type"])
         if fmt is not None and len(entry["shape"]) == 2:
             # the file's bytes, regrouped (the kernels' layout keeps their size); the embedding
-            # too, looked up from its blocks (a tied one from its LM head's 8-column layout; the
-            # 16-column one's rows are not looked up: a copy of the blocks beside it)
-            blocks = math.prod(entry["data_shape"]) * np.dtype(entry["dtype"]).itemsize
-            tied = entry["name"] == "token_embd.weight" and "output.weight" not in names
-            total += 2 * blocks if tied and not mixed_blocks(dtype, bits) else blocks
+            # too, looked up from its blocks (a tied one from its LM head's layout)
+            total += math.prod(entry["data_shape"]) * np.dtype(entry["dtype"]).itemsize
         else:
             total += numel * size
     return total
@@ -479,15 +475,18 @@ def check_memory_fits(
 
 
 def _block_embedding(model: LlamaModel, blocks: torch.Tensor, dtype: torch.dtype) -> BlockEmbedding:
-    """The embedding over its GGUF blocks: in a tied LM head's 8-column layout where the head
-    multiplies from one (the vocabulary held once), else in a copy of the file's."""
+    """The embedding over its GGUF blocks: in a tied LM head's layout where the head multiplies
+    from one (8 columns, or a bf16 engine's 16: the vocabulary held once), else in a copy of the
+    file's."""
     fmt, head = format_of(blocks), model.lm_head
     layout = getattr(head, "small_weight", None)
+    columns = WIDE if dtype == torch.bfloat16 else GROUP
     shared = (
         model.cfg.tie_word_embeddings
         and getattr(head, "small_kernel", "").startswith("gguf-int")
         and layout is not None
-        and layout.shape == (-(-blocks.shape[0] // GROUP), blocks.shape[1], GROUP * fmt.file_bytes)
+        and layout.shape
+        == (-(-blocks.shape[0] // columns), blocks.shape[1], columns * fmt.file_bytes)
     )
     if shared:
         return BlockEmbedding.over_layout(layout, fmt, blocks.shape[0], dtype)

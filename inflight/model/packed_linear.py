@@ -65,7 +65,14 @@ from torch import nn
 
 from inflight.huge_pages import empty_on_huge_pages
 from inflight.kernels import load_extension
-from inflight.model.gguf_blocks import BY_NAME, FORMATS, format_of, mixed_packing, regroup_blocks
+from inflight.model.gguf_blocks import (
+    BY_NAME,
+    FORMATS,
+    WIDE,
+    format_of,
+    mixed_packing,
+    regroup_blocks,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -282,12 +289,12 @@ class PackedLinear(nn.Module):
         if small_batch_rows <= 0:
             return
         if self.blocks_only and dtype == torch.bfloat16:  # (16-bit x, the 16-column layout)
-            self.small_weight = regroup_blocks(parts[0], 16)
+            self.small_weight = regroup_blocks(parts[0], WIDE)
             self.small_batch_rows = EVERY_BATCH
             self.small_kernel, self.activation_bits = "gguf-int16", 16
             self._small_linear = functools.partial(ext.gguf_int_linear, activation_bits=16)
         elif usable and decode_rows_from_blocks(dtype, activation_bits):
-            self.decode_weight = regroup_blocks(parts[0], 16)
+            self.decode_weight = regroup_blocks(parts[0], WIDE)
         if usable and dtype == torch.float32:
             if activation_bits and self.decode_weight is None:
                 self.small_weight = _regrouped(parts)

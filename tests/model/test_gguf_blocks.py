@@ -295,18 +295,25 @@ def test_a_k_quant_file_keeps_every_weight_as_blocks_and_answers_as_its_dequanti
 def test_a_tied_embedding_looks_its_rows_up_in_the_lm_heads_layout(qtype):
     """The 8-column layout, read back row by row, gives the file's rows bit for bit (43 rows:
     the last group padded), so the embedding needs no copy of its own: the legacy formats'
-    bytes put back in order, the others' blocks undone in C++."""
+    bytes put back in order (from the 16-column layout too), the others' blocks undone in C++."""
     fmt = FORMATS[GGML_QUANT_SIZES[qtype][1]]
     blocks = random_bytes(43, 512, qtype, seed=5)
     layout = regroup_blocks(blocks)
     ids = torch.tensor([[0, 7, 8, 42], [41, 13, 13, 1]])
+    want = BlockEmbedding(blocks, torch.float32)(ids)
     if fmt.legacy:
         assert torch.equal(regrouped_rows(layout, ids.flatten(), fmt.file_bytes),
                            blocks[ids.flatten()])  # fmt: skip
+        wide = regroup_blocks(blocks, 16)  # (a bf16 engine's LM head's)
+        assert torch.equal(regrouped_rows(wide, ids.flatten(), fmt.file_bytes, 16),
+                           blocks[ids.flatten()])  # fmt: skip
+        shared = BlockEmbedding.over_layout(wide, fmt, 43, torch.float32)
+        assert torch.equal(shared(ids).view(torch.int32), want.view(torch.int32))
+        with pytest.raises(ValueError, match="not the 8- or 16-column layout of 50 rows"):
+            BlockEmbedding.over_layout(wide, fmt, 50, torch.float32)
     shared = BlockEmbedding.over_layout(layout, fmt, 43, torch.float32)
-    want = BlockEmbedding(blocks, torch.float32)(ids)
     assert torch.equal(shared(ids).view(torch.int32), want.view(torch.int32))
-    with pytest.raises(ValueError, match="not the 8-column layout of 50 rows"):
+    with pytest.raises(ValueError, match="not the 8- or 16-column layout of 50 rows"):
         BlockEmbedding.over_layout(layout, fmt, 50, torch.float32)
     if not fmt.legacy:
         for bad in (43, -1, 2**63 - 1):  # the padded group's columns are no rows either
@@ -357,6 +364,9 @@ def test_a_bf16_engine_holds_a_legacy_files_weights_as_their_blocks_alone(
     linears = [m for m in loaded.model.modules() if isinstance(m, PackedLinear)]
     assert linears and all(m.blocks_only and m.weight.is_meta for m in linears)
     assert {m.small_kernel for m in linears} == {"gguf-int16"}
+    model = loaded.model  # the vocabulary held once: the LM head's 16-column layout
+    assert model.cfg.tie_word_embeddings and model.embed_tokens.regrouped
+    assert model.embed_tokens.blocks.data_ptr() == model.lm_head.small_weight.data_ptr()
     estimate = estimated_weight_bytes(path, torch.bfloat16, "auto")
     assert abs(estimate - loaded.weight_bytes) <= 0.05 * loaded.weight_bytes
     exact = LLM(str(path), dtype="bfloat16", device="cpu", quantized_activations="off")
