@@ -50,20 +50,26 @@ class BlockEmbedding(nn.Module):
     def over_layout(
         cls, layout: torch.Tensor, fmt: BlockFormat, vocab: int, dtype: torch.dtype
     ) -> BlockEmbedding:
-        """Looked up in `regroup_blocks`' layout of the blocks (a tied LM head's weight):
-        [ceil(vocab / c), blocks, c x bytes] for c = 8 columns, or 16 for a legacy format (a
-        bf16 engine's)."""
-        columns = layout.shape[2] // fmt.file_bytes if layout.dim() == 3 else 0
-        if columns not in ((GROUP, WIDE) if fmt.legacy else (GROUP,)) or (
-            layout.shape[2] != columns * fmt.file_bytes or layout.shape[0] != -(-vocab // columns)
-        ):  # fmt: skip
+        """Looked up in `regroup_blocks`' layout of the blocks (a tied LM head's weight)."""
+        if not cls.layout_columns(layout, fmt, vocab):
             raise ValueError(f"{tuple(layout.shape)} is not the 8- or 16-column layout of {vocab} "
                              f"rows of {fmt.name} blocks")  # fmt: skip
         return cls(layout, dtype, regrouped=(fmt, vocab))
 
+    @staticmethod
+    def layout_columns(layout: torch.Tensor, fmt: BlockFormat, vocab: int) -> int:
+        """The columns c of `layout` where it is `regroup_blocks`' layout of `vocab` rows of
+        `fmt` blocks, [ceil(vocab / c), blocks, c x bytes]: 8, or 16 for a legacy format (a
+        bf16 engine's); 0 where it is not."""
+        columns = layout.shape[2] // fmt.file_bytes if layout.dim() == 3 else 0
+        fits = columns in ((GROUP, WIDE) if fmt.legacy else (GROUP,)) and (
+            layout.shape[2] == columns * fmt.file_bytes and layout.shape[0] == -(-vocab // columns)
+        )  # fmt: skip
+        return columns if fits else 0
+
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         if self.regrouped and self.format.legacy:
-            columns = self.blocks.shape[2] // self.format.file_bytes
+            columns = self.layout_columns(self.blocks, self.format, self.num_embeddings)
             rows = dequantize(
                 regrouped_rows(self.blocks, ids.reshape(-1), self.format.file_bytes, columns)
             )

@@ -32,7 +32,7 @@ from inflight.model import packed_linear
 from inflight.model.arch import LlamaArchConfig
 from inflight.model.block_embedding import BlockEmbedding
 from inflight.model.fused_layers import FusedDecoderLayers
-from inflight.model.gguf_blocks import BY_NAME, GROUP, WIDE, BlockFormat, format_of
+from inflight.model.gguf_blocks import BY_NAME, BlockFormat, format_of
 from inflight.model.gguf_loader import (
     GGUFIndex,
     hf_name,
@@ -480,13 +480,13 @@ def _block_embedding(model: LlamaModel, blocks: torch.Tensor, dtype: torch.dtype
     file's."""
     fmt, head = format_of(blocks), model.lm_head
     layout = getattr(head, "small_weight", None)
-    columns = WIDE if dtype == torch.bfloat16 else GROUP
     shared = (
         model.cfg.tie_word_embeddings
         and getattr(head, "small_kernel", "").startswith("gguf-int")
         and layout is not None
-        and layout.shape
-        == (-(-blocks.shape[0] // columns), blocks.shape[1], columns * fmt.file_bytes)
+        and layout.dim() == 3
+        and layout.shape[1] == blocks.shape[1]
+        and BlockEmbedding.layout_columns(layout, fmt, blocks.shape[0]) > 0
     )
     if shared:
         return BlockEmbedding.over_layout(layout, fmt, blocks.shape[0], dtype)

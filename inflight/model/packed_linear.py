@@ -148,12 +148,13 @@ def blocks_serve_every_batch(dtype: torch.dtype, activation_bits: int) -> bool:
     VNNI: the legacy formats, one a weight), unless oneDNN is to take its large batches
     (`INFLIGHT_ONEDNN_BF16=1`): a quarter of a bf16 copy's bytes, prompt rows at about 0.9x
     its rate (see the module's docstring)."""
+    every_batch = (activation_bits in GGUF_INT_SMALL_BATCH_ROWS
+                   and GGUF_INT_SMALL_BATCH_ROWS[activation_bits] >= EVERY_BATCH
+                   and load_extension().gguf_int_linear_available())  # fmt: skip
     if dtype == torch.bfloat16:
-        return (decode_rows_from_blocks(dtype, activation_bits)
+        return (every_batch and decode_rows_from_blocks(dtype, activation_bits)
                 and bf16_small_batch_rows() >= EVERY_BATCH)  # fmt: skip
-    return (dtype == torch.float32 and activation_bits in GGUF_INT_SMALL_BATCH_ROWS
-            and GGUF_INT_SMALL_BATCH_ROWS[activation_bits] >= EVERY_BATCH
-            and load_extension().gguf_int_linear_available())  # fmt: skip
+    return every_batch and dtype == torch.float32
 
 
 def mixed_blocks(dtype: torch.dtype, activation_bits: int) -> bool:
@@ -288,26 +289,22 @@ class PackedLinear(nn.Module):
         self.register_buffer("decode_weight", None)
         if small_batch_rows <= 0:
             return
-        if self.blocks_only and dtype == torch.bfloat16:  # (16-bit x, the 16-column layout)
-            self.small_weight = regroup_blocks(parts[0], WIDE)
-            self.small_batch_rows = EVERY_BATCH
-            self.small_kernel, self.activation_bits = "gguf-int16", 16
-            self._small_linear = functools.partial(ext.gguf_int_linear, activation_bits=16)
-        elif usable and decode_rows_from_blocks(dtype, activation_bits):
-            self.decode_weight = regroup_blocks(parts[0], WIDE)
-        if usable and dtype == torch.float32:
-            if activation_bits and self.decode_weight is None:
-                self.small_weight = _regrouped(parts)
-                self.small_batch_rows = GGUF_INT_SMALL_BATCH_ROWS[activation_bits]
-                self.small_kernel = f"gguf-int{activation_bits}"
-                self.activation_bits = activation_bits
-                self._small_linear = functools.partial(ext.gguf_int_linear,
-                                                       activation_bits=activation_bits)  # fmt: skip
-            else:  # exact, or exact for the prompt rows beside the decode rows' blocks
-                self.small_weight = parts[0]
-                self.small_batch_rows = GGUF_SMALL_BATCH_ROWS
-                self.small_kernel, self._small_linear = "gguf", ext.gguf_linear
-        elif bf16_kernel and not self.blocks_only:
+        if usable and not self.blocks_only and decode_rows_from_blocks(dtype, activation_bits):
+            self.decode_weight = regroup_blocks(parts[0], WIDE)  # (beside bf16 for prompts)
+        if self.blocks_only or (usable and dtype == torch.float32 and activation_bits):
+            # the integer kernel (every batch, or up to its limit); a bf16 weight's 16 columns
+            wide = dtype == torch.bfloat16
+            self.small_weight = regroup_blocks(parts[0], WIDE) if wide else _regrouped(parts)
+            self.small_batch_rows = GGUF_INT_SMALL_BATCH_ROWS[activation_bits]
+            self.small_kernel = f"gguf-int{activation_bits}"
+            self.activation_bits = activation_bits
+            self._small_linear = functools.partial(ext.gguf_int_linear,
+                                                   activation_bits=activation_bits)  # fmt: skip
+        elif usable and dtype == torch.float32:  # exact
+            self.small_weight = parts[0]
+            self.small_batch_rows = GGUF_SMALL_BATCH_ROWS
+            self.small_kernel, self._small_linear = "gguf", ext.gguf_linear
+        elif bf16_kernel:
             self.small_weight = _bf16_packing(dense)
             self.small_batch_rows = small_batch_rows
             self.small_kernel, self._small_linear = "bf16", ext.bf16_linear
