@@ -97,6 +97,12 @@ def test_kernel_is_the_exact_product_with_x_rounded_per_block(qtype, n, k, bits)
         assert_exact_over_rounded_x(got, x, weight, bits)
         got = ext.gguf_int_linear(x, packed, bias, n, bits)
         assert_exact_over_rounded_x(got, x, weight, bits, bias)
+        # a bf16 engine's x: widened exactly, y rounded to bf16 once
+        x_bf16 = x.to(torch.bfloat16)
+        got = ext.gguf_int_linear(x_bf16, packed, bias, n, bits)
+        assert torch.equal(
+            got, ext.gguf_int_linear(x_bf16.float(), packed, bias, n, bits).bfloat16()
+        )
 
 
 @pytest.mark.parametrize("bits", BITS)

@@ -61,6 +61,7 @@
 #include <array>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <utility>
 #include <limits>
 #include <type_traits>
@@ -98,6 +99,19 @@ inline int32_t lane_sum(__m256i v) {
   return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1)));
 }
 
+// A block's scale from its largest |x| (`amax`) and the largest integer `top`.
+inline float block_scale(float amax, bool has_nan, float top) {
+  float d = amax / top;
+  // a denormal scale has no finite inverse: such a block (|x| < 1e-36) rounds to zero
+  if (d > 0.0f && 1.0f / d == std::numeric_limits<float>::infinity()) d = 0.0f;
+  // max drops NaN, and an infinity leaves no finite scale (x times its inverse would be NaN,
+  // whose integer conversion each multiply path would then meet differently): either makes the
+  // scale NaN, which carries into the row's outputs as float32 arithmetic carries them (to inf
+  // or NaN: rounded x cannot tell which), the same bits on every path
+  if (has_nan || std::isinf(d)) d = std::numeric_limits<float>::quiet_NaN();
+  return d;
+}
+
 // One block of x (32 floats) rounded to A: the integers into `out`; returns the scale and sets
 // `isum` to the integers' sum and `first` to that of the first 16.
 template <class A>
@@ -111,14 +125,7 @@ inline float round_block(const float* xb, A* out, int32_t& isum, int32_t& first)
     amax = _mm256_max_ps(amax, _mm256_and_ps(v[j], abs_mask));
     nan = _mm256_or_ps(nan, _mm256_cmp_ps(v[j], v[j], _CMP_UNORD_Q));
   }
-  float d = lane_max8(amax) / kMax;
-  // a denormal scale has no finite inverse: such a block (|x| < 1e-36) rounds to zero
-  if (d > 0.0f && 1.0f / d == std::numeric_limits<float>::infinity()) d = 0.0f;
-  // max drops NaN, and an infinity leaves no finite scale (x times its inverse would be NaN,
-  // whose integer conversion each multiply path would then meet differently): either makes the
-  // scale NaN, which carries into the row's outputs as float32 arithmetic carries them (to inf
-  // or NaN: rounded x cannot tell which), the same bits on every path
-  if (_mm256_movemask_ps(nan) || std::isinf(d)) d = std::numeric_limits<float>::quiet_NaN();
+  const float d = block_scale(lane_max8(amax), _mm256_movemask_ps(nan) != 0, kMax);
   const __m256 inv = _mm256_set1_ps(d > 0.0f ? 1.0f / d : 0.0f);
   __m256i q[4];
   for (int j = 0; j < 4; ++j) q[j] = _mm256_cvtps_epi32(_mm256_mul_ps(v[j], inv));  // to even
@@ -1079,44 +1086,78 @@ bool runs_tiles(int64_t M) {
 // Chunk q of a 4-bit block: byte i of 128-bit lane L is column 4L + (i % 8) / 2; its low nibble
 // is k = 8q + 2 (i / 8) + i % 2 and its high nibble that k + 4. Q8_0's chunk q: byte i of lane L
 // is column 4L + (i % 8) / 2 at k = 4q + 2 (i / 8) + i % 2.
-// x is rounded as above, then stored tile-major (a tile's rows side by side for each k pair and
-// block), so that one pointer and constant offsets reach every row of a tile.
+// x is rounded as above (`round_block16`), then stored tile-major (a tile's rows one after
+// another for each block), so that one pointer and constant offsets reach every row of a tile.
 // The per-block sums are the same integers as the 8-column kernel's and the float operations the
 // same per column, so the outputs are bit for bit the same too.
 constexpr int64_t kWideLanes = 16;
 constexpr int kWideRows = 8;        // rows per tile: 8 int and 8 float accumulators + 4 quants
 constexpr int64_t kWidePanel = 64;  // rows per pass over a thread's columns (x's stay in L2)
+constexpr int64_t kPairs = kBlock / 2;  // k pairs of a block: one 64-byte register of a row
 
 constexpr int64_t wide_block_bytes(Format f) { return kWideLanes * block_bytes(f); }
 
-// x rounded to 16 bits per block of 32, tile-major: [tiles][K / 2 pairs][8 rows] and
-// [tiles][K / 32 blocks][8 rows]; rows past M are zero and never read.
+// x rounded to 16 bits per block of 32, tile-major: [tiles][K / 32 blocks][8 rows][16 pairs]
+// and [tiles][K / 32 blocks][8 rows]. Rows past M are left unwritten: no tile reads them.
 struct TiledRows {
-  std::vector<int32_t> pairs;  // two 16-bit values of one row
-  std::vector<float> scale, sum;
-  std::vector<int32_t> isum;
+  std::unique_ptr<int32_t[]> pairs;  // two 16-bit values of one row
+  std::unique_ptr<float[]> scale, sum;
+  std::unique_ptr<int32_t[]> isum;
 };
+
+// A block of x (32 values) as two registers of float32: bf16 widens exactly.
+inline void load_block16(const float* xb, __m512& lo, __m512& hi) {
+  lo = _mm512_loadu_ps(xb);
+  hi = _mm512_loadu_ps(xb + 16);
+}
+inline void load_block16(const c10::BFloat16* xb, __m512& lo, __m512& hi) {
+  const __m512i raw = _mm512_loadu_si512(xb);
+  auto widen = [](__m256i h) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  };
+  lo = widen(_mm512_castsi512_si256(raw));
+  hi = widen(_mm512_extracti64x4_epi64(raw, 1));
+}
+
+// `round_block`'s rounding to 16 bits on 64-byte registers (the same scale, integers and sum),
+// the 32 integers stored in order as 16 pairs.
+template <class In>
+inline float round_block16(const In* xb, int32_t* out, int32_t& isum) {
+  __m512 lo, hi;
+  load_block16(xb, lo, hi);
+  const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi)));
+  const bool nan =
+      _mm512_cmp_ps_mask(lo, lo, _CMP_UNORD_Q) | _mm512_cmp_ps_mask(hi, hi, _CMP_UNORD_Q);
+  const float d = block_scale(amax, nan, 32767.0f);
+  const __m512 inv = _mm512_set1_ps(d > 0.0f ? 1.0f / d : 0.0f);
+  const __m512i q_lo = _mm512_cvtps_epi32(_mm512_mul_ps(lo, inv));  // to even
+  const __m512i q_hi = _mm512_cvtps_epi32(_mm512_mul_ps(hi, inv));
+  isum = _mm512_reduce_add_epi32(_mm512_add_epi32(q_lo, q_hi));
+  const __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtsepi32_epi16(q_lo)),
+                                       _mm512_cvtsepi32_epi16(q_hi), 1);
+  _mm512_storeu_si512(out, q);
+  return d;
+}
 
 template <class In>
 TiledRows round_rows_tiled(const In* x, int64_t M, int64_t K) {
   const int64_t blocks = K / kBlock, tiles = (M + kWideRows - 1) / kWideRows;
   const int64_t n = tiles * blocks * kWideRows;
-  TiledRows t{std::vector<int32_t>(n * kBlock / 2), std::vector<float>(n),
-              std::vector<float>(n), std::vector<int32_t>(n)};
+  // never zeroed: a fresh prompt's megabytes of x would be written twice
+  TiledRows t{std::make_unique_for_overwrite<int32_t[]>(n * kPairs),
+              std::make_unique_for_overwrite<float[]>(n),
+              std::make_unique_for_overwrite<float[]>(n),
+              std::make_unique_for_overwrite<int32_t[]>(n)};
   at::parallel_for(0, M * blocks, 256, [&](int64_t begin, int64_t end) {
-    alignas(32) float buf[kBlock];
-    alignas(32) int16_t q[kBlock];
     for (int64_t i = begin; i < end; ++i) {
       const int64_t m = i / blocks, b = i % blocks;
       const int64_t tile = m / kWideRows, r = m % kWideRows;
       const int64_t at = (tile * blocks + b) * kWideRows + r;
-      int32_t isum, first;
-      const float d = round_block(block_as_float(x + i * kBlock, buf), q, isum, first);
+      int32_t isum;
+      const float d = round_block16(x + i * kBlock, t.pairs.get() + at * kPairs, isum);
       t.scale[at] = d;
       t.isum[at] = isum;
       t.sum[at] = d * static_cast<float>(isum);
-      int32_t* dst = t.pairs.data() + ((tile * blocks + b) * kBlock / 2) * kWideRows + r;
-      for (int p = 0; p < kBlock / 2; ++p) std::memcpy(dst + p * kWideRows, q + 2 * p, 4);
     }
   });
   return t;
@@ -1147,18 +1188,18 @@ void wide_tile(const WideProblem<Out>& p, int64_t tile, int64_t g) {
   constexpr int kChains = MR == 1 ? 4 : (MR == 2 ? 2 : 1);
   const int64_t blocks = p.K / kBlock;
   const uint8_t* wg = p.w + g * blocks * kBytes;
-  const int32_t* xp = p.x->pairs.data() + tile * blocks * (kBlock / 2) * kWideRows;
   const int64_t row_blocks = tile * blocks * kWideRows;  // this tile's scales and sums
-  const float* scales = p.x->scale.data() + row_blocks;
-  const float* sums = p.x->sum.data() + row_blocks;
-  const int32_t* isums = p.x->isum.data() + row_blocks;
+  const int32_t* xp = p.x->pairs.get() + row_blocks * kPairs;
+  const float* scales = p.x->scale.get() + row_blocks;
+  const float* sums = p.x->sum.get() + row_blocks;
+  const int32_t* isums = p.x->isum.get() + row_blocks;
   const __m512i nibble = _mm512_set1_epi8(0x0F), zero = _mm512_setzero_si512();
   __m512 acc[MR];
   for (int r = 0; r < MR; ++r) acc[r] = _mm512_setzero_ps();
   for (int64_t b = 0; b < blocks; ++b) {
     const uint8_t* block = wg + b * kBytes;
     const uint8_t* quants = block + kWideLanes * header_bytes(F);
-    const int32_t* xb = xp + b * (kBlock / 2) * kWideRows;
+    const int32_t* xb = xp + b * kWideRows * kPairs;
     __m512i dot[MR][kChains];
     for (int r = 0; r < MR; ++r)
       for (int c = 0; c < kChains; ++c) dot[r][c] = zero;
@@ -1170,7 +1211,7 @@ void wide_tile(const WideProblem<Out>& p, int64_t tile, int64_t g) {
         for (int i = 0; i < 4; ++i) {
           __m512i& acc_ri = dot[r][i % kChains];
           acc_ri = _mm512_dpwssd_epi32(acc_ri, w[i],
-                                       _mm512_set1_epi32(xb[(first + i) * kWideRows + r]));
+                                       _mm512_set1_epi32(xb[r * kPairs + first + i]));
         }
       }
     };
