@@ -84,13 +84,21 @@ constexpr int64_t quants_at(Format f) { return kLanes * header_bytes(f); }
 // x's rows rounded per block of 32 to A (int8_t or int16_t): the integer values, each block's
 // scale, the integer sum of its rounded values (Q4_0's correction) and dx times that sum (Q4_1's
 // offset term).
+// Never zeroed where every element is written: a prompt's megabytes of x would be written twice.
+template <class T>
+using Buffer = std::unique_ptr<T[]>;
+template <class T>
+Buffer<T> buffer(int64_t n) {
+  return std::make_unique_for_overwrite<T[]>(n);
+}
+
 template <class A>
 struct RoundedRows {
-  std::vector<A> q;          // [M, K]
-  std::vector<float> scale;  // [M, K / 32]
-  std::vector<int32_t> isum;
-  std::vector<int32_t> isum_first;  // the sum of each block's first 16 (Q6_K's halves)
-  std::vector<float> sum;
+  Buffer<A> q;          // [M, K]
+  Buffer<float> scale;  // [M, K / 32]
+  Buffer<int32_t> isum;
+  Buffer<int32_t> isum_first;  // the sum of each block's first 16 (Q6_K's halves)
+  Buffer<float> sum;
 };
 
 inline int32_t lane_sum(__m256i v) {
@@ -155,12 +163,13 @@ inline const float* block_as_float(const c10::BFloat16* xb, float* buf) {
 template <class A>
 RoundedRows<A> round_rows(const float* x, int64_t M, int64_t K, int64_t rows) {
   const int64_t n = M * K / kBlock;
-  RoundedRows<A> r{std::vector<A>(rows * K), std::vector<float>(n), std::vector<int32_t>(n),
-                   std::vector<int32_t>(n), std::vector<float>(n)};
+  RoundedRows<A> r{buffer<A>(rows * K), buffer<float>(n), buffer<int32_t>(n), buffer<int32_t>(n),
+                   buffer<float>(n)};
+  std::fill(r.q.get() + M * K, r.q.get() + rows * K, A{0});
   // blocks round independently: a prompt's rows are split between the threads
   at::parallel_for(0, n, 256, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
-      r.scale[i] = round_block(x + i * kBlock, r.q.data() + i * kBlock, r.isum[i],
+      r.scale[i] = round_block(x + i * kBlock, r.q.get() + i * kBlock, r.isum[i],
                                r.isum_first[i]);
       r.sum[i] = r.scale[i] * static_cast<float>(r.isum[i]);
     }
@@ -574,7 +583,7 @@ void tile(const Problem<A>& p, int64_t m0, int64_t g) {
 #pragma GCC unroll 4  // acc[] in registers: GCC kept them in memory, a store and a load each block
     for (int r = 0; r < MR; ++r) {
       const int64_t rb = (m0 + r) * blocks + b;  // this row's block of x
-      const A* xb = p.x->q.data() + rb * kBlock;
+      const A* xb = p.x->q.get() + rb * kBlock;
       acc[r] = add_block<F>(acc[r], block_dot<F>(sb.quants, xb), s, *p.x, rb);
     }
   }
@@ -687,7 +696,7 @@ void unpacked_tile(const Problem<int16_t>& p, const __m256i* wv, int64_t m0, int
   constexpr int kHalves = F == Format::kQ6_K ? 2 : 1;
   const int64_t blocks = p.K / kBlock;
   const uint8_t* wg = p.w + g * (blocks / sub_blocks(F)) * group_block_bytes(F);
-  const int16_t* xq = p.x->q.data() + m0 * p.K;
+  const int16_t* xq = p.x->q.get() + m0 * p.K;
   __m256 acc[MR];
   for (int r = 0; r < MR; ++r) acc[r] = _mm256_setzero_ps();
   ScaleReader<F> scales;
@@ -752,7 +761,7 @@ void unpacked_tile(const Problem<int8_t>& p, const __m256i* wv, int64_t m0, int6
 #pragma GCC unroll 4  // acc[] in registers: GCC kept them in memory, a store and a load each block
     for (int r = 0; r < MR; ++r) {
       const int64_t rb = (m0 + r) * blocks + b;  // this row's block of x
-      const int8_t* xb = p.x->q.data() + rb * kBlock;
+      const int8_t* xb = p.x->q.get() + rb * kBlock;
       Dots dots;
       if constexpr (F == Format::kQ8_0) {  // sum (w + 128) x - 128 sum x: w x, exactly
         __m256i dot = _mm256_setzero_si256();
@@ -919,7 +928,7 @@ template <Format F>
 void amx_pass(const Problem<int8_t>& p, const uint8_t* wq, int64_t pair_bytes,
               const PairScales* scales, int64_t m0, int64_t rows, int64_t g0, int64_t groups) {
   const int64_t blocks = p.K / kBlock;
-  const int8_t* xq = p.x->q.data() + m0 * p.K;
+  const int8_t* xq = p.x->q.get() + m0 * p.K;
   const bool two_tiles = rows > 16, two_pairs = groups > 2;
   alignas(64) TileSums sums[kChunk];
   // a lone pair's partner is scaled too (zero scales, zero sums), so that the loop over pairs
@@ -1100,9 +1109,9 @@ constexpr int64_t wide_block_bytes(Format f) { return kWideLanes * block_bytes(f
 // x rounded to 16 bits per block of 32, tile-major: [tiles][K / 32 blocks][8 rows][16 pairs]
 // and [tiles][K / 32 blocks][8 rows]. Rows past M are left unwritten: no tile reads them.
 struct TiledRows {
-  std::unique_ptr<int32_t[]> pairs;  // two 16-bit values of one row
-  std::unique_ptr<float[]> scale, sum;
-  std::unique_ptr<int32_t[]> isum;
+  Buffer<int32_t> pairs;  // two 16-bit values of one row
+  Buffer<float> scale, sum;
+  Buffer<int32_t> isum;
 };
 
 // A block of x (32 values) as two registers of float32: bf16 widens exactly.
@@ -1143,11 +1152,7 @@ template <class In>
 TiledRows round_rows_tiled(const In* x, int64_t M, int64_t K) {
   const int64_t blocks = K / kBlock, tiles = (M + kWideRows - 1) / kWideRows;
   const int64_t n = tiles * blocks * kWideRows;
-  // never zeroed: a fresh prompt's megabytes of x would be written twice
-  TiledRows t{std::make_unique_for_overwrite<int32_t[]>(n * kPairs),
-              std::make_unique_for_overwrite<float[]>(n),
-              std::make_unique_for_overwrite<float[]>(n),
-              std::make_unique_for_overwrite<int32_t[]>(n)};
+  TiledRows t{buffer<int32_t>(n * kPairs), buffer<float>(n), buffer<float>(n), buffer<int32_t>(n)};
   at::parallel_for(0, M * blocks, 256, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       const int64_t m = i / blocks, b = i % blocks;
