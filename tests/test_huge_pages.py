@@ -3,6 +3,7 @@ source, huge pages where offered, for the KV cache and for the weights the kerne
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import pytest
@@ -56,8 +57,31 @@ def test_only_whole_huge_pages_inside_a_tensor_are_marked():
     t.copy_(torch.arange(HUGE_PAGE + 1000, dtype=torch.uint8))
     assert t.data_ptr() % HUGE_PAGE == 0
     assert anon_huge_kb(t.data_ptr()) == 2048  # the one whole page; the tail is not rounded up
-    small = empty_on_huge_pages((1000,), torch.float32)  # less than a huge page: the heap's
-    assert small.shape == (1000,) and not small.any() and anon_huge_kb(small.data_ptr()) == 0
+
+
+@pytest.mark.skipif(not huge_pages_offered(), reason="no transparent huge pages here")
+def test_small_tensors_share_huge_pages_each_on_its_own_bytes():
+    """Tensors under 2 MB one after another in a huge page: zeros, each on a cache line of its
+    own, writes to one leaving the others as they were; a tensor that does not fit the rest of
+    a page starts the next."""
+    filler = empty_on_huge_pages((HUGE_PAGE - 1,), torch.uint8)  # a page to itself
+    sizes = [(1000,), (3, 7), (250_000,), (1,), (300_000,)]  # the last: past the first page
+    tensors = [empty_on_huge_pages(shape, torch.float32) for shape in sizes]
+    for t, shape in zip(tensors, sizes, strict=True):
+        assert t.shape == shape and not t.any() and t.data_ptr() % 64 == 0
+    pages = [t.data_ptr() // HUGE_PAGE for t in [filler, *tensors]]
+    assert len(set(pages)) == 3 and pages[0] not in pages[1:]
+    pages = pages[1:]
+    assert pages[0] == pages[1] == pages[2] == pages[3] != pages[4]
+    spans = sorted((t.data_ptr(), t.data_ptr() + t.nbytes) for t in tensors[:4])
+    assert all(end <= start for (_, end), (start, _) in itertools.pairwise(spans))
+    for i, t in enumerate(tensors):
+        t.fill_(i + 1)
+    assert all(bool((t == i + 1).all()) for i, t in enumerate(tensors))
+    assert all(anon_huge_kb(t.data_ptr()) >= 2048 for t in tensors)  # (written: faulted in)
+    view = tensors[0][:10]
+    del tensors  # the page lives as long as any tensor on it
+    assert bool((view == 1).all())
 
 
 def test_a_packed_linear_streams_its_blocks_from_huge_pages():
