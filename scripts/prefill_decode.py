@@ -10,8 +10,15 @@ serve them). `--apart`: for a file two runners cannot hold in memory at once, ea
 each runner, runs it and stops it before the next starts (slower: every round loads the file
 again).
 
+A mode may carry environment variables for its engine's process (`auto+INFLIGHT_ONEDNN_BF16=1`),
+and `--checkout LABEL=DIR` runs every mode again from another checkout of this repository (a
+`git worktree` of an earlier commit, its kernels built in DIR/.kernels), so that two builds
+compare within each round.
+
     .venv/bin/python scripts/prefill_decode.py /tmp/llama3b-q4_k_m.gguf --llama-server BIN \\
         --modes int16,int8 --rounds 8 --out results/prefill_decode.json
+    .venv/bin/python scripts/prefill_decode.py F --dtype auto \\
+        --modes auto,auto+INFLIGHT_ONEDNN_BF16=1 --checkout before=/tmp/before --rounds 6
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ import argparse
 import functools
 import json
 import multiprocessing
+import os
 import random
 import statistics
 import subprocess
@@ -41,12 +49,20 @@ def prompts(seed: int, length: int) -> tuple[list[int], list[int]]:
     return long, [rng.randrange(100, 30000) for _ in range(8)]
 
 
-def inflight_worker(model: str, mode: str, seats: int, length: int, conn: Connection) -> None:
-    """Loads one engine, then answers each seed sent with that round's timings."""
+def inflight_worker(
+    model: str, mode: str, dtype: str, seats: int, length: int, checkout: str, conn: Connection
+) -> None:
+    """Loads one engine (`mode`: quantized_activations, then `+KEY=VALUE` environment variables;
+    from `checkout` where given), then answers each seed sent with that round's timings."""
+    mode, *env = mode.split("+")
+    os.environ.update(item.split("=", 1) for item in env)
+    if checkout:
+        sys.path.insert(0, checkout)
+        os.environ["TORCH_EXTENSIONS_DIR"] = str(Path(checkout) / ".kernels")
     from inflight import LLM, SamplingParams
 
     kv_bytes = (512 << 20) * -(-length // 1024)  # (a 3B model's 4,096 tokens: 0.9 GiB)
-    llm = LLM(model, dtype="float32", kv_cache_memory_bytes=kv_bytes, max_num_seqs=seats,
+    llm = LLM(model, dtype=dtype, kv_cache_memory_bytes=kv_bytes, max_num_seqs=seats,
               enable_prefix_caching=False, quantized_activations=mode)  # fmt: skip
 
     def timed(tokens: list[int], n: int) -> float:
@@ -65,10 +81,12 @@ def inflight_worker(model: str, mode: str, seats: int, length: int, conn: Connec
 
 
 class InflightRunner:
-    def __init__(self, model: str, mode: str, seats: int, length: int) -> None:
+    def __init__(
+        self, model: str, mode: str, dtype: str, seats: int, length: int, checkout: str = ""
+    ) -> None:
         spawn = multiprocessing.get_context("spawn")
         self.conn, child = spawn.Pipe()
-        worker_args = (model, mode, seats, length, child)
+        worker_args = (model, mode, dtype, seats, length, checkout, child)
         self.process = spawn.Process(target=inflight_worker, args=worker_args, daemon=True)
         self.process.start()
         if self.conn.recv() != "ready":
@@ -145,7 +163,13 @@ def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("model")
     parser.add_argument("--llama-server", help="llama-server binary (left out: inflight only)")
-    parser.add_argument("--modes", default="int16,int8", help="inflight quantized_activations")
+    parser.add_argument("--modes", default="int16,int8",
+                        help="inflight quantized_activations, each with any +KEY=VALUE "
+                        "environment variables for its engine")  # fmt: skip
+    parser.add_argument("--dtype", default="float32", help="inflight's dtype (auto: its choice)")
+    parser.add_argument("--checkout", action="append", default=[], metavar="LABEL=DIR",
+                        help="every mode again from another checkout (kernels built in "
+                        "DIR/.kernels)")  # fmt: skip
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument(
         "--prompt-tokens",
@@ -160,10 +184,18 @@ def main(argv: list[str]) -> None:
                         help="one runner in memory at a time (each round loads each)")  # fmt: skip
     parser.add_argument("--out", type=Path, default=Path("results/prefill_decode.json"))
     args = parser.parse_args(argv)
+    checkouts = [("", "")] + [tuple(c.split("=", 1)) for c in args.checkout]
     starters: dict[str, Callable[[], InflightRunner | LlamaServerRunner]] = {
-        f"inflight {mode}": functools.partial(
-            InflightRunner, args.model, mode, args.max_num_seqs, args.prompt_tokens
+        f"inflight {mode}" + (f" @{label}" if label else ""): functools.partial(
+            InflightRunner,
+            args.model,
+            mode,
+            args.dtype,
+            args.max_num_seqs,
+            args.prompt_tokens,
+            str(Path(checkout).resolve()) if checkout else "",
         )
+        for label, checkout in checkouts
         for mode in args.modes.split(",")
     }
     if args.llama_server:
