@@ -81,10 +81,8 @@ constexpr int64_t kLanes = 8;  // columns per group, one float32 lane each
 constexpr int64_t group_block_bytes(Format f) { return kLanes * block_bytes(f); }
 constexpr int64_t quants_at(Format f) { return kLanes * header_bytes(f); }
 
-// x's rows rounded per block of 32 to A (int8_t or int16_t): the integer values, each block's
-// scale, the integer sum of its rounded values (Q4_0's correction) and dx times that sum (Q4_1's
-// offset term).
-// Never zeroed where every element is written: a prompt's megabytes of x would be written twice.
+// Rounded x's storage, never zeroed where every element is written: a prompt's megabytes of x
+// would be written twice.
 template <class T>
 using Buffer = std::unique_ptr<T[]>;
 template <class T>
@@ -92,6 +90,9 @@ Buffer<T> buffer(int64_t n) {
   return std::make_unique_for_overwrite<T[]>(n);
 }
 
+// x's rows rounded per block of 32 to A (int8_t or int16_t): the integer values, each block's
+// scale, the integer sum of its rounded values (Q4_0's correction) and dx times that sum (Q4_1's
+// offset term).
 template <class A>
 struct RoundedRows {
   Buffer<A> q;          // [M, K]
