@@ -238,6 +238,32 @@ def test_a_gguf_generates_as_transformers_with_its_weights(
         assert all(m.blocks_only for m in shared)
 
 
+@pytest.mark.skipif(not blocks_serve_every_batch(torch.bfloat16, 16),
+                    reason="no 16-column layout (AVX-512 VNNI with bf16)")  # fmt: skip
+def test_a_bf16_engine_takes_a_q8_0_moe_files_experts_from_their_blocks(
+    tmp_path, tiny_model_factory
+):
+    """A bf16 engine over a MoE file of legacy blocks: every expert, the shared one included,
+    multiplies from its blocks with no bf16 copy, one by one (the one-call C++ experts read the
+    8-column layout), and each request's greedy tokens are the same alone as in a batch."""
+    path = write_tiny_gguf(tiny_model_factory("qwen2_moe"), tmp_path / "moe.gguf", Q.Q8_0)
+    llm = LLM(str(path), dtype="bfloat16", device="cpu", enable_prefix_caching=False)
+    sparse = [layer for layer in llm.core.loaded.model.layers if layer.sparse]
+    assert sparse
+    for layer in sparse:
+        experts = [m for e in [*layer.experts, layer.shared_expert] for m in e.modules()
+                   if isinstance(m, PackedLinear)]  # fmt: skip
+        assert len(experts) == 2 * (len(layer.experts) + 1)
+        assert all(m.blocks_only and m.weight.is_meta for m in experts)
+        assert {m.small_kernel for m in experts} == {"gguf-int16"}
+        assert layer.expert_packings is None  # the Python loop over the experts
+    prompts = random_prompts(llm.core.arch.vocab_size, lengths=(3, 17, 40, 9))
+    params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+    together = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    alone = [llm.generate([p], params, use_tqdm=False)[0].outputs[0].token_ids for p in prompts]
+    assert together == alone
+
+
 def _with_mtp_weights(folder, out, family):
     """A copy of the tiny model with the multi-token-prediction weights its published
     checkpoints hold: GLM-4.5's layer after the last (the last layer's weights again, and the
