@@ -16,6 +16,7 @@ from inflight import LLM, SamplingParams
 from inflight.core.speculation import StepCostFit
 from inflight.errors import ConfigError, ModelLoadError
 from inflight.model.arch import LlamaArchConfig
+from inflight.model.packed_linear import blocks_serve_every_batch
 from inflight.parallel.shard import Shard, shard_arch, shard_tensor
 from inflight.sampling_params import StructuredOutputs
 from tests.gguf_files import k_quant_mix, write_tiny_gguf
@@ -100,6 +101,25 @@ def test_default_model_over_three_ranks_matches_one():
     split = LLM(tensor_parallel_size=3, kv_cache_memory_bytes=64 << 20, **knobs)
     got = [o.outputs[0].token_ids for o in split.generate(prompts, params, use_tqdm=False)]
     assert split.core.loaded.model.layers[0].down_proj.blocks_only  # no float copy
+    split.core.workers.close()
+    assert got == expected
+
+
+@pytest.mark.skipif(not blocks_serve_every_batch(torch.bfloat16, 16),
+                    reason="no 16-column layout (AVX-512 VNNI with bf16)")  # fmt: skip
+def test_default_model_in_bf16_over_three_ranks_matches_one():
+    """A bf16 engine's ranks each hold their slices of the Q4_1 blocks in the 16-column layout
+    alone (no bf16 copy), and give one rank's greedy tokens."""
+    prompts = ["The capital of France is", "def fibonacci(n):", "Once upon a time"]
+    params = SamplingParams(temperature=0, max_tokens=16)
+    knobs = {"dtype": "bfloat16", "kv_cache_memory_bytes": 64 << 20}
+    one = LLM(**knobs)
+    expected = [o.outputs[0].token_ids for o in one.generate(prompts, params, use_tqdm=False)]
+    del one
+    split = LLM(tensor_parallel_size=3, **knobs)
+    got = [o.outputs[0].token_ids for o in split.generate(prompts, params, use_tqdm=False)]
+    down = split.core.loaded.model.layers[0].down_proj
+    assert down.blocks_only and down.small_kernel == "gguf-int16" and down.in_features == 512
     split.core.workers.close()
     assert got == expected
 
