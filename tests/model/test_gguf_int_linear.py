@@ -7,6 +7,7 @@ where it beats oneDNN."""
 
 from __future__ import annotations
 
+import itertools
 import logging
 
 import numpy as np
@@ -171,23 +172,26 @@ def test_bad_inputs_are_refused(qtype):
         run(bias=torch.randn(63))
     with pytest.raises(RuntimeError, match="activation_bits must be 8 or 16, got 4"):
         run(bits=4)
-    for bits in BITS:
-        for poison in (float("nan"), float("inf"), -float("inf"), 1e-40):  # 1e-40: denormal
-            bad = x.clone()
-            bad[0, :32] = 0.0
-            bad[0, 3] = poison
-            layout = regroup(blocks, bits)
-            out = run(bad, layout, bits=bits)  # no crash; the poisoned row only
-            assert torch.equal(out[1], run(x, layout, bits=bits)[1])
-            assert torch.isfinite(out[0]).all() == (poison == 1e-40)
-            # a batch past the unpacked path's thresholds: still the poisoned row alone
-            many = torch.cat([bad, torch.randn(10, 64)])
-            out = run(many, layout, bits=bits)
-            assert torch.equal(out[1:], run(many[1:], layout, bits=bits))
-            assert torch.isfinite(out[0]).all() == (poison == 1e-40)
-            # and the poisoned row's own bits, NaN included, as alone (AMX tiles take 11 rows)
-            alone = run(bad[:1], layout, bits=bits)[0]
-            assert torch.equal(out[0].view(torch.int32), alone.view(torch.int32))
+    poisons = (float("nan"), float("inf"), -float("inf"), 1e-40)  # 1e-40: denormal
+    # x of a float32 engine and of a bf16 one (which the 16-column layout widens itself)
+    for bits, dtype, poison in itertools.product(BITS, (torch.float32, torch.bfloat16), poisons):
+        bad = x.clone()
+        bad[0, :32] = 0.0
+        bad[0, 3] = poison
+        bad = bad.to(dtype)
+        layout = regroup(blocks, bits)
+        out = run(bad, layout, bits=bits)  # no crash; the poisoned row only
+        assert torch.equal(out[1], run(x.to(dtype), layout, bits=bits)[1])
+        assert torch.isfinite(out[0]).all() == (poison == 1e-40)
+        # a batch past the unpacked path's thresholds: still the poisoned row alone
+        many = torch.cat([bad, torch.randn(10, 64, dtype=dtype)])
+        out = run(many, layout, bits=bits)
+        assert torch.equal(out[1:], run(many[1:], layout, bits=bits))
+        assert torch.isfinite(out[0]).all() == (poison == 1e-40)
+        # and the poisoned row's own bits, NaN included, as alone (AMX tiles take 11 rows)
+        alone = run(bad[:1], layout, bits=bits)[0]
+        bits_of = torch.int32 if dtype == torch.float32 else torch.int16
+        assert torch.equal(out[0].view(bits_of), alone.view(bits_of))
 
 
 @pytest.mark.parametrize("bits", BITS)
