@@ -153,13 +153,6 @@ inline float round_block(const float* xb, A* out, int32_t& isum, int32_t& first)
   return d;
 }
 
-// A block of x as float32: itself, or bf16 widened (exactly) into `buf`.
-inline const float* block_as_float(const float* xb, float*) { return xb; }
-inline const float* block_as_float(const c10::BFloat16* xb, float* buf) {
-  for (int j = 0; j < kBlock; ++j) buf[j] = static_cast<float>(xb[j]);
-  return buf;
-}
-
 // `rows` >= M rows of q, those past M zero (the tile unit reads x 16 rows at a time)
 template <class A>
 RoundedRows<A> round_rows(const float* x, int64_t M, int64_t K, int64_t rows) {
