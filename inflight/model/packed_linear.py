@@ -38,7 +38,7 @@ In a bf16 engine, where 16-bit x has the 16-column layout (AVX-512 VNNI: `vpdpws
 every batch from that regrouping and keeps no bf16 copy: the loader never builds one (a 1B
 Q4_0 file's engine peaked at 5.8 GiB with it, 3.0 without). A decode step reads about a quarter
 of bf16's bytes, a row rounds alike whatever it is and whatever shares its batch, and prompt
-rows run at about 0.9x their rate through a bf16 copy (Zen 4: each block of 32 pays its
+rows run at about 0.85x their rate through a bf16 copy (Zen 4: each block of 32 pays its
 scale). With `INFLIGHT_ONEDNN_BF16=1` (oneDNN for batches of more than 64 rows, on AMX tiles)
 the weight keeps its bf16 copies beside the blocks instead, as `decode_weight`: the step's
 decode rows, however many, multiply from the blocks, its prompt rows through bf16 (`auto`
@@ -146,7 +146,7 @@ def blocks_serve_every_batch(dtype: torch.dtype, activation_bits: int) -> bool:
     it): a float32 engine's quantized activations, over the 8-column layout on every AVX2 CPU,
     AVX-512 ones included; a bf16 engine's 16-bit ones over the 16-column layout (AVX-512
     VNNI: the legacy formats, one a weight), unless oneDNN is to take its large batches
-    (`INFLIGHT_ONEDNN_BF16=1`): a quarter of a bf16 copy's bytes, prompt rows at about 0.9x
+    (`INFLIGHT_ONEDNN_BF16=1`): a quarter of a bf16 copy's bytes, prompt rows at about 0.85x
     its rate (see the module's docstring)."""
     every_batch = (activation_bits in GGUF_INT_SMALL_BATCH_ROWS
                    and GGUF_INT_SMALL_BATCH_ROWS[activation_bits] >= EVERY_BATCH
