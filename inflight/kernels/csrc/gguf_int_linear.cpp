@@ -3,9 +3,10 @@
 // and K-quant formats (Q5_0, Q5_1, Q4_K, Q5_K, Q6_K: what Q4_K_M, Q5_K_M and Q6_K files hold)
 // and MXFP4 (gpt-oss's experts);
 // or, for 16 bits on AVX-512 VNNI, the legacy three sixteen columns at a time too (further
-// down; a bf16 engine's decode rows); and for 8 bits on CPUs with AMX, batches of 8 rows or more
-// on the tile unit, over the same 8-column layout (`run_amx`); elsewhere batches of several rows
-// multiply from a group's quants unpacked once (`run_unpacked`):
+// down; a bf16 engine's decode rows); and for 8 bits, batches of 8 rows or more over two groups'
+// quants unpacked side by side, on CPUs with AMX on the tile unit (`run_amx`), on AVX-512 VNNI
+// with 64-byte registers (`run_pairs`), both over the same 8-column layout; elsewhere batches of
+// several rows multiply from a group's quants unpacked once (`run_unpacked`):
 // the `quantized_activations` knob's path; gguf_linear.cpp is the exact one. x and y are
 // float32, or bf16 (a bf16 engine's decode rows).
 //
@@ -594,7 +595,8 @@ void tile(const Problem<A>& p, int64_t m0, int64_t g) {
 // the loads from L2 keep up.)
 
 // The fewest rows from which unpacking once is faster: 16-bit x on AVX2 Zen 3, 8-bit x on
-// AVX-512 Zen 4. Q8_0 under 16-bit x unpacks to twice its bytes for a sign extension `tile`
+// AVX-512 Zen 4 (which `run_pairs` now serves from the same row count: this path remains for
+// CPUs without AVX-512 VNNI). Q8_0 under 16-bit x unpacks to twice its bytes for a sign extension `tile`
 // does in one instruction per 16 weights, and pays for that only in large batches: on Zen 4,
 // AVX2-only build, 4 rows of a 3,072 x 8,192 linear 1.9 -> 1.1 ms from the blocks, SmolLM2's LM
 // head 1.6 -> 1.2 ms, level at 16 rows, unpacked faster from 64 (1.2x).
@@ -800,45 +802,10 @@ void run_unpacked(const Problem<A>& p, int64_t M) {
 constexpr int64_t kAmxRows = 16;     // rows per tile: the tile unit's most
 constexpr int64_t kAmxMinRows = 8;   // from here the tile unit beats the vector path (Xeon)
 
-#if defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__AVX512F__)
-// Batches of many rows with 8-bit x on CPUs with AMX: the tile unit computes a sub-block's
-// integer dot products for 16 rows and 16 columns (two groups) in one instruction (`tdpbsud`:
-// x's signed bytes times the quants' unsigned ones; `tdpbssd` for Q8_0's signed ones), and each
-// row's sums per group of 8 columns then meet `add_block`, the float sequence every other path
-// runs. The sums are the same exact integers the vector path computes, so a row's outputs are
-// the same bits in any batch. A pass covers 32 rows and 32 columns: four independent products
-// per sub-block, so that the tile unit works while earlier sums are stored. A pass's quants are
-// unpacked once to bytes in the tile unit's order (row k / 4 of a sub-block holds values
-// k..k+3 of 16 columns: `chunk_values`' low and high vectors of two groups side by side) and
-// serve every row of a panel of x (1 MiB of its rows, in L2). Q6_K multiplies each half of a
-// sub-block (16 values) apart, for its own scale. Every sub-block's sums go through memory to
-// be scaled, which bounds the speed far below the tile unit's peak (docs/benchmarks.md).
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
+// The paths that multiply 16 columns at once over 8-bit x (the tile unit; `vpdpbusd` on 64-byte
+// registers) take two groups' quants unpacked side by side, and their scales joined.
 constexpr int64_t kPairBytes = 2 * kLanes * kBlock;  // a sub-block of two groups, unpacked
-
-// Tiles 0, 3, 6, 7: the sums of (row tile, pair) (0, 0), (0, 1), (1, 0), (1, 1); 1, 4: the two
-// row tiles' x; 2, 5: the two pairs' quants. A step multiplies `step` values of x (32, or a
-// Q6_K half's 16).
-struct alignas(64) TileConfig {
-  uint8_t palette = 1, start_row = 0, reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-  explicit TileConfig(uint16_t step) {
-    for (int t : {0, 3, 6, 7}) colsb[t] = 64, rows[t] = 16;
-    for (int t : {1, 4}) colsb[t] = step, rows[t] = 16;
-    for (int t : {2, 5}) colsb[t] = 64, rows[t] = static_cast<uint8_t>(step / 4);
-  }
-};
-
-// Linux hands the tile registers' state to a process only on request. INFLIGHT_NO_AMX=1 keeps
-// the vector path: for comparisons, or on a machine whose tiles misbehave.
-bool amx_permitted() {
-  static const bool permitted = [] {
-    constexpr long kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
-    if (std::getenv("INFLIGHT_NO_AMX")) return false;
-    return syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
-  }();
-  return permitted;
-}
 
 // The quants of groups g and g + 1 (`second` null past the last group: zeros) as bytes,
 // [sub-blocks][8 rows][2 groups][32 bytes].
@@ -866,6 +833,74 @@ void unpack_pair(const uint8_t* first, const uint8_t* second, int64_t blocks, ui
       }
     }
   }
+}
+
+using PairScales = ScalesOf<__m512>;  // a sub-block's scales of a pair's 16 columns
+
+// Groups g and g + 1 made ready for 16 columns at once: their quants unpacked into `wq` and
+// each sub-block's scales at scales[b * stride]; a group at or past `end` has none (zero scales,
+// its quants left unwritten).
+template <Format F>
+void prepare_pair(const Problem<int8_t>& p, int64_t g, int64_t end, uint8_t* wq,
+                  PairScales* scales, int64_t stride) {
+  const int64_t blocks = p.K / kBlock;
+  const int64_t group_bytes = (blocks / sub_blocks(F)) * group_block_bytes(F);
+  const uint8_t* groups[2] = {g < end ? p.w + g * group_bytes : nullptr,
+                              g + 1 < end ? p.w + (g + 1) * group_bytes : nullptr};
+  if (groups[0] != nullptr) unpack_pair<F>(groups[0], groups[1], blocks, wq);
+  const __m256 zero = _mm256_setzero_ps();
+  ScaleReader<F> readers[2];
+  for (int64_t b = 0; b < blocks; ++b) {
+    SubScales half[2] = {{zero, zero, zero}, {zero, zero, zero}};
+    for (int h = 0; h < 2; ++h) {
+      if (groups[h] != nullptr) half[h] = readers[h](sub_block<F>(groups[h], b));
+    }
+    auto join = [](__m256 lo, __m256 hi) {
+      return _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);
+    };
+    scales[b * stride] = {join(half[0].d, half[1].d), join(half[0].m, half[1].m),
+                          join(half[0].d2, half[1].d2)};
+  }
+}
+#endif
+
+#if defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__AVX512F__) && \
+    defined(__AVX512DQ__)
+// Batches of many rows with 8-bit x on CPUs with AMX: the tile unit computes a sub-block's
+// integer dot products for 16 rows and 16 columns (two groups) in one instruction (`tdpbsud`:
+// x's signed bytes times the quants' unsigned ones; `tdpbssd` for Q8_0's signed ones), and each
+// row's sums per group of 8 columns then meet `add_block`, the float sequence every other path
+// runs. The sums are the same exact integers the vector path computes, so a row's outputs are
+// the same bits in any batch. A pass covers 32 rows and 32 columns: four independent products
+// per sub-block, so that the tile unit works while earlier sums are stored. A pass's quants are
+// unpacked once to bytes in the tile unit's order (row k / 4 of a sub-block holds values
+// k..k+3 of 16 columns: `chunk_values`' low and high vectors of two groups side by side) and
+// serve every row of a panel of x (1 MiB of its rows, in L2). Q6_K multiplies each half of a
+// sub-block (16 values) apart, for its own scale. Every sub-block's sums go through memory to
+// be scaled, which bounds the speed far below the tile unit's peak (docs/benchmarks.md).
+// Tiles 0, 3, 6, 7: the sums of (row tile, pair) (0, 0), (0, 1), (1, 0), (1, 1); 1, 4: the two
+// row tiles' x; 2, 5: the two pairs' quants. A step multiplies `step` values of x (32, or a
+// Q6_K half's 16).
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+  explicit TileConfig(uint16_t step) {
+    for (int t : {0, 3, 6, 7}) colsb[t] = 64, rows[t] = 16;
+    for (int t : {1, 4}) colsb[t] = step, rows[t] = 16;
+    for (int t : {2, 5}) colsb[t] = 64, rows[t] = static_cast<uint8_t>(step / 4);
+  }
+};
+
+// Linux hands the tile registers' state to a process only on request. INFLIGHT_NO_AMX=1 keeps
+// the vector path: for comparisons, or on a machine whose tiles misbehave.
+bool amx_permitted() {
+  static const bool permitted = [] {
+    constexpr long kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    if (std::getenv("INFLIGHT_NO_AMX")) return false;
+    return syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
+  }();
+  return permitted;
 }
 
 // [halves][row tiles][pairs][16 rows][16 columns] of one sub-block
@@ -911,8 +946,6 @@ inline void tile_step(const int8_t* xq, int64_t ldx, const uint8_t* wq, int64_t 
 constexpr int64_t kPassRows = 32;         // rows per pass: two row tiles
 constexpr int64_t kChunk = 2;             // sub-blocks summed before they are scaled: in L1
 constexpr int64_t kPanelBytes = 1 << 20;  // x's rows per panel: half of a core's L2
-
-using PairScales = ScalesOf<__m512>;  // a sub-block's scales of a pair's 16 columns
 
 // Rows m0..m0+rows-1 of a pass's two pairs (columns past the last output have zero scales and
 // quants, and are not stored): their quants unpacked at `wq` (the second pair `pair_bytes`
@@ -973,28 +1006,8 @@ void amx_pass(const Problem<int8_t>& p, const uint8_t* wq, int64_t pair_bytes,
 template <Format F>
 void prepare_pass(const Problem<int8_t>& p, int64_t g0, int64_t count, uint8_t* wq,
                   int64_t pair_bytes, PairScales* scales) {
-  const int64_t blocks = p.K / kBlock;
-  const int64_t group_bytes = (blocks / sub_blocks(F)) * group_block_bytes(F);
-  auto group_at = [&](int64_t q) { return q < count ? p.w + (g0 + q) * group_bytes : nullptr; };
-  auto join = [](__m256 lo, __m256 hi) {
-    return _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);
-  };
-  const __m256 zero = _mm256_setzero_ps();
   for (int64_t pair = 0; pair < 2; ++pair) {
-    if (2 * pair < count) {
-      unpack_pair<F>(group_at(2 * pair), group_at(2 * pair + 1), blocks, wq + pair * pair_bytes);
-    }
-    ScaleReader<F> readers[2];
-    for (int64_t b = 0; b < blocks; ++b) {
-      SubScales half[2] = {{zero, zero, zero}, {zero, zero, zero}};
-      for (int h = 0; h < 2; ++h) {
-        if (const uint8_t* wg = group_at(2 * pair + h)) {
-          half[h] = readers[h](sub_block<F>(wg, b));
-        }
-      }
-      scales[b * 2 + pair] = {join(half[0].d, half[1].d), join(half[0].m, half[1].m),
-                              join(half[0].d2, half[1].d2)};
-    }
+    prepare_pair<F>(p, g0 + 2 * pair, g0 + count, wq + pair * pair_bytes, scales + pair, 2);
   }
 }
 
@@ -1043,6 +1056,110 @@ int64_t groups_of(const Problem<A>& p) {
   return (p.N + kLanes - 1) / kLanes;
 }
 
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512DQ__)
+// Batches of 8-bit x on AVX-512 VNNI without the tile unit: two groups' quants unpacked side by
+// side (`prepare_pair`, the tile unit's order), so that one `vpdpbusd` on a 64-byte register
+// multiplies a 4-value step of 16 columns by x's broadcast bytes. A sub-block's 8 steps stay in
+// registers for every row of a tile, where the 8-column unpacked path loads each step again
+// for each row and pays each row's scaling per 8 columns. The sums are the same exact integers
+// and `add_block` the same float sequence per column, so the outputs are the same bits.
+constexpr bool kPairs8 = true;
+constexpr int kPairTileRows = 4;
+
+inline __m512i broadcast4_wide(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, sizeof v);
+  return _mm512_set1_epi32(v);
+}
+
+// Row m's 16 outputs of pair `pair` (the bias added; columns past N dropped).
+inline void store_pair_row(const Problem<int8_t>& p, int64_t m, int64_t pair, __m512 acc) {
+  const int64_t n0 = pair * 2 * kLanes, columns = std::min(2 * kLanes, p.N - n0);
+  const __mmask16 mask = static_cast<__mmask16>((1u << columns) - 1);
+  if (p.bias) acc = _mm512_add_ps(acc, _mm512_maskz_loadu_ps(mask, p.bias + n0));
+  _mm512_mask_storeu_ps(p.y + m * p.ldy + n0, mask, acc);
+}
+
+// Rows m0..m0+MR-1 of pair `pair`'s 16 columns, from its unpacked quants `wq` and scales.
+template <Format F, int MR>
+void pair_tile(const Problem<int8_t>& p, const uint8_t* wq, const PairScales* scales, int64_t m0,
+               int64_t pair) {
+  const int64_t blocks = p.K / kBlock;
+  const __m512i zero = _mm512_setzero_si512();
+  __m512 acc[MR];
+  for (int r = 0; r < MR; ++r) acc[r] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b) {
+    const auto* wb = reinterpret_cast<const __m512i*>(wq + b * kPairBytes);
+    __m512i w[8];  // step i: values 4i..4i+3 of the 16 columns
+    for (int i = 0; i < 8; ++i) {
+      w[i] = _mm512_load_si512(wb + i);
+      // Q8_0's signed quants as w + 128 (`vpdpbusd` takes unsigned bytes); 128 x's sum off below
+      if constexpr (F == Format::kQ8_0) w[i] = _mm512_xor_si512(w[i], _mm512_set1_epi8(-128));
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < MR; ++r) {
+      const int64_t rb = (m0 + r) * blocks + b;  // this row's block of x
+      const int8_t* xb = p.x->q.get() + rb * kBlock;
+      // four chains: steps 0-3 (values 0-15) and 4-7 (16-31) apart, for Q6_K's two halves
+      __m512i c[4] = {zero, zero, zero, zero};
+#pragma GCC unroll 8
+      for (int i = 0; i < 8; ++i) {
+        c[i / 4 * 2 + i % 2] =
+            _mm512_dpbusd_epi32(c[i / 4 * 2 + i % 2], w[i], broadcast4_wide(xb + 4 * i));
+      }
+      DotsOf<__m512i> dot{_mm512_add_epi32(c[0], c[1]), _mm512_add_epi32(c[2], c[3])};
+      if constexpr (F != Format::kQ6_K) dot = {_mm512_add_epi32(dot.first, dot.second), zero};
+      if constexpr (F == Format::kQ8_0) dot.first = lanes_minus(dot.first, 128 * p.x->isum[rb]);
+      acc[r] = add_block<F>(acc[r], dot, scales[b], *p.x, rb);
+    }
+  }
+  for (int r = 0; r < MR; ++r) store_pair_row(p, m0 + r, pair, acc[r]);
+}
+
+template <Format F, int... R>
+constexpr auto pair_tiles(std::integer_sequence<int, R...>) {
+  using TileFn = void (*)(const Problem<int8_t>&, const uint8_t*, const PairScales*, int64_t,
+                          int64_t);
+  return std::array<TileFn, sizeof...(R)>{&pair_tile<F, R + 1>...};
+}
+
+template <Format F>
+void run_pairs(const Problem<int8_t>& p, int64_t M) {
+  static constexpr auto kTiles = pair_tiles<F>(std::make_integer_sequence<int, kPairTileRows>());
+  const int64_t groups = groups_of(p), blocks = p.K / kBlock;
+  // Threads split the pairs; a pair's quants are unpacked once per panel of rows
+  at::parallel_for(0, (groups + 1) / 2, 1, [&](int64_t begin, int64_t end) {
+    std::vector<__m512i> unpacked(blocks * kPairBytes / 64);  // 64-byte aligned (C++17 new)
+    std::vector<PairScales> scales(blocks);
+    auto* wq = reinterpret_cast<uint8_t*>(unpacked.data());
+    for (int64_t panel = 0; panel < M; panel += kUnpackPanel) {
+      const int64_t panel_end = std::min(M, panel + kUnpackPanel);
+      for (int64_t pair = begin; pair < end; ++pair) {
+        prepare_pair<F>(p, 2 * pair, groups, wq, scales.data(), 1);
+        for (int64_t m0 = panel; m0 < panel_end; m0 += kPairTileRows) {
+          kTiles[std::min<int64_t>(kPairTileRows, panel_end - m0) - 1](p, wq, scales.data(), m0,
+                                                                     pair);
+        }
+      }
+    }
+  });
+}
+#else
+constexpr bool kPairs8 = false;
+template <Format F>
+void run_pairs(const Problem<int8_t>&, int64_t) {}
+#endif
+
+// The fewest rows from which 8-bit x takes `run_pairs`: on Zen 4, 3,072-wide linears of every
+// format 1.07-1.4x faster there than over 8 columns, 1.3-1.5x from 32 rows; at 5 rows level for
+// Q4_K and Q5_0, and at 1-3 rows slower (one row reads each unpacked step once).
+constexpr int64_t kPairMinRows = 8;
+
+// Whether a batch of M rows with `bits`-bit x goes through `run_pairs`.
+inline bool uses_pairs(int64_t bits, int64_t M) {
+  return kPairs8 && bits == 8 && M >= kPairMinRows && !uses_amx(bits, M);
+}
+
 // Column groups g_begin..g_end-1 of M rows, tile by tile: a thread's share of `run`'s batch
 // of a few rows.
 template <Format F, class A>
@@ -1058,6 +1175,7 @@ template <Format F, class A>
 void run(const Problem<A>& p, int64_t M) {
   if constexpr (std::is_same_v<A, int8_t>) {
     if (uses_amx(8, M)) return run_amx<F>(p, M);
+    if (uses_pairs(8, M)) return run_pairs<F>(p, M);
   }
   if constexpr (unpacks<F, A>()) {
     if (M >= unpack_min_rows<F, A>()) return run_unpacked<F>(p, M);
@@ -1072,7 +1190,7 @@ void run(const Problem<A>& p, int64_t M) {
 // a decode), where the tile unit and unpacking once take larger batches.
 template <Format F, class A>
 bool runs_tiles(int64_t M) {
-  if (uses_amx(sizeof(A) * 8, M)) return false;
+  if (uses_amx(sizeof(A) * 8, M) || uses_pairs(sizeof(A) * 8, M)) return false;
   if constexpr (unpacks<F, A>()) return M < unpack_min_rows<F, A>();
   return true;
 }
