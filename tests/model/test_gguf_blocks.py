@@ -133,6 +133,24 @@ def test_rows_do_not_depend_on_their_batch(qtype, bits):
     assert_rows_do_not_depend_on_their_batch(packed, 61, 512, bits)
 
 
+@needs_kernel
+@pytest.mark.parametrize("bits", [8, 16])
+@pytest.mark.parametrize("qtype", [Q.Q4_1, Q.Q6_K], ids=lambda q: q.name)
+def test_a_batch_past_a_panel_of_wide_rows_is_exact_and_gives_each_row_its_bits(qtype, bits):
+    """Batch paths go over x's rows in panels sized to stay in L2 (64 rows, or 1 MiB of 8-bit
+    rows: 128 at 8,192 inputs): rows on both sides of a panel's end, and in the last partial
+    panel, match the exact product and their own value alone (the layout this CPU reads x of
+    `bits` bits over: 16 columns for Q4_1 with 16 bits on AVX-512 VNNI)."""
+    n, k = 19, 8192
+    blocks = blocks_of(n, k, qtype, seed=3)
+    packed = regroup_blocks(blocks, ext.gguf_int_linear_columns(bits) if qtype == Q.Q4_1 else 8)
+    x = torch.randn(140, k)
+    batched = ext.gguf_int_linear(x, packed, None, n, bits)
+    assert_exact_over_rounded_x(batched, x, dequantize(blocks), bits)
+    for r in (0, 63, 64, 127, 128, 139):
+        assert torch.equal(ext.gguf_int_linear(x[r : r + 1], packed, None, n, bits)[0], batched[r])
+
+
 TILE_CHECK = """
 import sys, torch
 from inflight.kernels import load_extension
