@@ -189,7 +189,7 @@ def model_activations(path: Path, dtype: torch.dtype) -> str:
     most of what 16-bit x pays per sub-block (a 3B-shaped Q4_K_M file's mixed batches 1.4x
     faster on AVX2); on AMX tiles its prompt rows run 2-3x faster than on vector registers
     (Gemma 3's file, mostly Q5_0: mixed batches 1.36-1.40x int16's), and with VNNI's byte dot
-    products 1.27x (Gemma 3; the default model in float32 1.25x). On AVX2 alone the default
+    products on 64-byte registers 1.40-1.44x (Gemma 3). On AVX2 alone the default
     model (Q4_1) keeps transformers' greedy tokens with 16 bits, where 8 change its answers
     within a few dozen tokens (docs/benchmarks.md, "Quantized activations")."""
     if not is_gguf(path) or not blocks_serve_every_batch(dtype, ACTIVATION_BITS["int8"]):
