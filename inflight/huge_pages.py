@@ -83,9 +83,9 @@ class _SmallTensors:
     """Tensors under 2 MB, one after another (each on a cache line) in mappings of `PAGES` huge
     pages of their own: a decode step streams a small model's weights through a TLB entry per
     2 MB rather than per 4 KB (the default model's layers are 0.3-1.1 MB each). A tensor may
-    straddle two pages. Packed a page each where they did not fit the rest of the last, tensors
-    of just over 1 MB (a Qwen3-30B-A3B-shaped file's experts) held nearly twice their bytes:
-    1.6 GB past the weights on its first 8 layers."""
+    straddle two pages: starting a page for each tensor that does not fit the rest of the last
+    would hold tensors of just over 1 MB (a Qwen3-30B-A3B-shaped file's experts) at nearly
+    twice their bytes, 1.6 GB past the weights of its first 8 layers."""
 
     ALIGN = 64
     PAGES = 32

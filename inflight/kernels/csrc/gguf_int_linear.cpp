@@ -595,9 +595,9 @@ void tile(const Problem<A>& p, int64_t m0, int64_t g) {
 // the loads from L2 keep up.)
 
 // The fewest rows from which unpacking once is faster: 16-bit x on AVX2 Zen 3, 8-bit x on
-// AVX-512 Zen 4 (which `run_pairs` now serves from the same row count: this path remains for
-// CPUs without AVX-512 VNNI). Q8_0 under 16-bit x unpacks to twice its bytes for a sign extension `tile`
-// does in one instruction per 16 weights, and pays for that only in large batches: on Zen 4,
+// AVX-512 Zen 4 (which `run_pairs` serves from the same row count: this path remains for CPUs
+// without AVX-512 VNNI). Q8_0 under 16-bit x unpacks to twice its bytes for a sign extension
+// `tile` does in one instruction per 16 weights, and pays for that only in large batches: on Zen 4,
 // AVX2-only build, 4 rows of a 3,072 x 8,192 linear 1.9 -> 1.1 ms from the blocks, SmolLM2's LM
 // head 1.6 -> 1.2 ms, level at 16 rows, unpacked faster from 64 (1.2x).
 template <Format F, class A>
